@@ -1,0 +1,99 @@
+"""On-disk stores shared by every stage: atomic directories and manifests.
+
+Every stage of the pipeline (image cache, entities, summaries, entity index, trained model) writes one directory.
+A directory is built under a temporary name and renamed into place only when complete, so a reader never sees a
+half-written store. Its `manifest.json` records the format version, the model fingerprint, dims, dtype, counts and
+the time; the next stage calls `check_manifest` to refuse a store built by another model or with other dims.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+from typing import Any, Iterator
+
+from cfir_jax.errors import CfirError
+
+MANIFEST = "manifest.json"
+
+
+class StoreError(CfirError):
+    """A store is missing, incomplete, or was built for something else."""
+
+
+def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
+    """Writes `obj` as JSON to `path` through a temporary file and a rename."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w") as f:
+        json.dump(obj, f, indent=2, sort_keys=True, default=str)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+@contextlib.contextmanager
+def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
+    """Yields a temporary directory that replaces `final` only if the block finishes without error.
+
+    On an exception the temporary directory is left for inspection (and removed by the next attempt); the old
+    `final`, if any, is untouched.
+    """
+    final = Path(final)
+    final.parent.mkdir(parents=True, exist_ok=True)
+    tmp = final.with_name(f"{final.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir()
+    yield tmp
+    old = final.with_name(f"{final.name}.old")
+    if final.exists():
+        if old.exists():
+            shutil.rmtree(old)
+        os.replace(final, old)
+    os.replace(tmp, final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def write_manifest(directory: str | os.PathLike, kind: str, version: int, **fields: Any) -> dict:
+    """Writes the manifest of a store; `kind` names the store ("image_cache", ...), `version` its format."""
+    manifest = {"kind": kind, "format_version": version, "created": time.strftime("%Y-%m-%dT%H:%M:%S"), **fields}
+    write_json_atomic(Path(directory) / MANIFEST, manifest)
+    return manifest
+
+
+def read_manifest(directory: str | os.PathLike, kind: str, version: int | None = None) -> dict:
+    """Reads the manifest of a complete store, or raises a one-line StoreError saying what is wrong."""
+    directory = Path(directory)
+    path = directory / MANIFEST
+    if not directory.is_dir():
+        raise StoreError(f"{directory}: no {kind} store here (missing directory); build it with index.py")
+    if not path.is_file():
+        raise StoreError(f"{directory}: incomplete {kind} store (no {MANIFEST}); rebuild it with index.py")
+    try:
+        manifest = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise StoreError(f"{path}: unreadable manifest ({e.__class__.__name__}); rebuild the store") from None
+    if manifest.get("kind") != kind:
+        raise StoreError(f"{path}: expected a {kind} store, found {manifest.get('kind')!r}")
+    if version is not None and manifest.get("format_version") != version:
+        raise StoreError(
+            f"{path}: {kind} format version {manifest.get('format_version')} but this code reads {version}; rebuild it"
+        )
+    return manifest
+
+
+def check_manifest(manifest: dict, where: str | os.PathLike, **expected: Any) -> None:
+    """Raises a one-line StoreError naming the first field of `manifest` that differs from `expected`."""
+    for key, want in expected.items():
+        have = manifest.get(key)
+        if have != want:
+            raise StoreError(
+                f"{where}: store was built with {key}={have!r} but this run uses {key}={want!r}; "
+                "rebuild the store or use the matching model/config"
+            )
