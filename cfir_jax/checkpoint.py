@@ -1,0 +1,113 @@
+"""Model directories: the parameters of a DBeit3 as an orbax checkpoint, its config, and its fingerprints.
+
+Layout of a model directory (written by `python -m cfir_jax.convert` and by training's export):
+    DIR/manifest.json      kind "model": model config, parameter count, fingerprints
+    DIR/params/            orbax StandardCheckpointer tree of every nnx.Param
+
+Fingerprints identify the weights that a store depends on: the image cache depends only on the vision tower
+(`vision`), the entity index on the text tower that encoded the entities (`text`). Since training never touches the
+vision tower, a trained model keeps the vision fingerprint of its initial checkpoint and can use the same cache.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import jax
+import ml_collections
+import numpy as np
+from flax import nnx
+
+from cfir_jax import model as model_lib
+from cfir_jax.store import StoreError, atomic_dir, read_manifest, write_manifest
+
+FORMAT_VERSION = 1
+# Parameters each fingerprint covers (regex over the '/'-joined parameter path).
+TOWERS = {
+    "vision": r"(vision_embed|A|vision_head)/.*",
+    "text": r"(text_embed|B|language_head)/.*",
+}
+
+
+def fingerprint(model: model_lib.DBeit3, tower: str) -> str:
+    """A short hash of the config and the values of one tower's parameters (stable across dtypes of storage)."""
+    h = hashlib.sha256()
+    cfg = model.config
+    for key in ("embed_dim", "num_layers", "num_heads", "ffn_dim", "vocab_size", "patch_size", "image_size"):
+        h.update(f"{key}={cfg[key]};".encode())
+    state = nnx.state(model, nnx.Param)
+    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(state)[0], key=lambda kv: model_lib.param_path(kv[0])):
+        name = model_lib.param_path(path)
+        if re.fullmatch(TOWERS[tower], name):
+            h.update(name.encode())
+            h.update(np.asarray(jax.device_get(leaf), np.float32).tobytes())
+    return f"{tower}-{h.hexdigest()[:16]}"
+
+
+def save_model(model: model_lib.DBeit3, directory: str | os.PathLike, **extra: Any) -> dict:
+    """Writes `model` to a model directory atomically; returns the manifest."""
+    import orbax.checkpoint as ocp
+
+    directory = Path(directory).absolute()
+    state = nnx.state(model, nnx.Param)
+    with atomic_dir(directory) as tmp:
+        with ocp.StandardCheckpointer() as ckptr:
+            ckptr.save(tmp / "params", nnx.to_pure_dict(state))
+        manifest = write_manifest(
+            tmp,
+            "model",
+            FORMAT_VERSION,
+            model_config=model.config.to_dict(),
+            num_params=model_lib.count_params(model),
+            vision_fingerprint=fingerprint(model, "vision"),
+            text_fingerprint=fingerprint(model, "text"),
+            **extra,
+        )
+    return manifest
+
+
+def read_model_manifest(directory: str | os.PathLike) -> dict:
+    return read_manifest(directory, "model", FORMAT_VERSION)
+
+
+def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict | None = None) -> model_lib.DBeit3:
+    """Restores a model directory. `config` (a `model` section) overrides precision/compile switches; its sizes
+    must match the stored ones."""
+    import orbax.checkpoint as ocp
+
+    directory = Path(directory).absolute()
+    manifest = read_model_manifest(directory)
+    stored = ml_collections.ConfigDict(manifest["model_config"])
+    if config is not None:
+        for key in ("embed_dim", "num_layers", "num_heads", "ffn_dim", "vocab_size", "image_size", "patch_size"):
+            if key in config and config[key] != stored[key]:
+                raise StoreError(
+                    f"{directory}: model was saved with {key}={stored[key]} but the config asks for {config[key]}; "
+                    "use the config of the saved model size"
+                )
+        merged = stored.copy_and_resolve_references()
+        merged.update({k: v for k, v in config.items() if k in ("dtype", "scan_layers", "remat", "dropout",
+                                                                  "drop_path_rate")})
+        stored = merged
+    abstract = model_lib.abstract_model(stored)
+    graphdef, abstract_state = nnx.split(abstract)
+    target = nnx.to_pure_dict(abstract_state)
+    with ocp.StandardCheckpointer() as ckptr:
+        restored = ckptr.restore(directory / "params", target)
+    nnx.replace_by_pure_dict(abstract_state, restored)
+    return nnx.merge(graphdef, abstract_state)
+
+
+def model_summary(manifest: dict) -> str:
+    cfg = manifest["model_config"]
+    return (f"{cfg['embed_dim']}d x {cfg['num_layers']} layers, {manifest['num_params']:,} params, "
+            f"{manifest['vision_fingerprint']}, {manifest['text_fingerprint']}")
+
+
+def dump_config(config: ml_collections.ConfigDict, path: str | os.PathLike) -> None:
+    Path(path).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str))

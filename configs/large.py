@@ -1,0 +1,11 @@
+"""CFIR-L: Decoupling-BEiT-3 large (1024 dims, 24 layers), 224 px images (`:384` for the released retrieval models).
+
+  python train.py --config configs/large.py --workdir W
+  python train.py --config configs/large.py:runlocal --workdir W
+"""
+
+from cfir_jax.config import build_config
+
+
+def get_config(arg=None):
+    return build_config("large", arg)
