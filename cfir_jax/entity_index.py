@@ -1,0 +1,352 @@
+"""The entity candidate index: for every entity text, its top-K images by dot product (CFIR's ER stage).
+
+Layout of the store directory (kind "entity_index"):
+  candidates.npy  int32 [E, K]    image rows of the cache, best first (memory-mappable)
+  scores.npy      float16 [E, K]  their dot products (optional)
+  vocab.json      [E] entity texts; row i of the arrays belongs to vocab[i]
+  scann/          the serialized ScaNN searcher over the image cache, for entities unseen at index time (optional)
+  manifest.json   format version, model fingerprint, dim, K, backend, counts, recall@K measured against exact search
+
+A build works in chunks of entities inside a sibling work directory (`.<name>.building`), recording each finished
+chunk, so an interrupted build resumes where it stopped; the finished files are then moved into place atomically.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from cfir_jax.errors import CfirError
+from cfir_jax.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k
+from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
+
+KIND = "entity_index"
+VERSION = 1
+BACKENDS = ("scann", "exact")
+log = logging.getLogger(__name__)
+
+
+def _check_inputs(texts: Sequence[str], embeddings: np.ndarray, images: np.ndarray) -> None:
+    if embeddings.ndim != 2 or embeddings.shape[0] != len(texts):
+        raise CfirError(
+            f"entity_embeddings has shape {embeddings.shape} but there are {len(texts)} entity texts; "
+            "pass one [D] row per text"
+        )
+    if images.ndim != 2 or images.shape[0] == 0:
+        raise CfirError(f"image_embeddings must be a non-empty [N, D] matrix, got shape {images.shape}")
+    if embeddings.shape[1] != images.shape[1]:
+        raise CfirError(
+            f"entity dim {embeddings.shape[1]} != image dim {images.shape[1]}; encode both with the same model"
+        )
+    seen: set[str] = set()
+    for t in texts:
+        if t in seen:
+            raise CfirError(f"duplicate entity text {t!r}; de-duplicate the entity list before indexing")
+        seen.add(t)
+
+
+def _fingerprint_inputs(texts: Sequence[str], embeddings: np.ndarray, **params) -> str:
+    """A digest of what a build depends on, so a resume with other inputs starts over instead of mixing them."""
+    h = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode())
+    for t in texts:
+        h.update(t.encode())
+        h.update(b"\0")
+    h.update(np.ascontiguousarray(embeddings[:: max(1, len(texts) // 1024)], dtype=np.float32).tobytes())
+    return h.hexdigest()
+
+
+class _Searcher:
+    """One top-K search function over the image cache for either backend."""
+
+    def __init__(self, backend: str, images: np.ndarray, k: int, scann: ScannSearcher | None):
+        self.backend, self.images, self.k, self.scann = backend, images, k, scann
+
+    def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.backend == "exact":
+            return exact_topk(queries, self.images, self.k)
+        return self.scann.search(queries, self.k)
+
+
+def _make_searcher(
+    backend: str, images: np.ndarray, k: int, scann_config: ScannConfig | None, scann_dir: Path | None
+) -> _Searcher:
+    if backend not in BACKENDS:
+        raise CfirError(f"backend={backend!r}: choose one of {BACKENDS}")
+    scann = None
+    if backend == "scann":
+        if scann_dir is not None and (scann_dir / "cfir_scann.json").is_file():
+            scann = ScannSearcher.load(scann_dir)
+        else:
+            scann = ScannSearcher.build(images, k, scann_config)
+            if scann_dir is not None:
+                scann.serialize(scann_dir)
+    return _Searcher(backend, images, k, scann)
+
+
+def _measure_recall(search: _Searcher, embeddings: np.ndarray, candidates: np.ndarray, sample: int) -> float | None:
+    """recall@K of the stored candidates against exact search, on `sample` entities drawn with a fixed seed."""
+    if search.backend == "exact":
+        return 1.0
+    if sample <= 0 or len(embeddings) == 0:
+        return None
+    rows = np.sort(np.random.default_rng(0).choice(len(embeddings), min(sample, len(embeddings)), replace=False))
+    _, exact = exact_topk(np.asarray(embeddings[rows], np.float32), search.images, search.k)
+    return recall_at_k(np.asarray(candidates[rows]), exact)
+
+
+def _fill_chunks(
+    work: Path,
+    embeddings: np.ndarray,
+    search: _Searcher,
+    keep_scores: bool,
+    chunk_size: int,
+    on_chunk: Callable[[int], None] | None,
+    progress: bool,
+) -> None:
+    """Fills work/candidates.npy (and scores.npy) chunk by chunk, skipping chunks recorded in work/done.json."""
+    e, k = len(embeddings), search.k
+    cand_path, score_path, done_path = work / "candidates.npy", work / "scores.npy", work / "done.json"
+    mode = "r+" if cand_path.is_file() else "w+"
+    cand = np.lib.format.open_memmap(cand_path, mode=mode, dtype=np.int32, shape=(e, k))
+    scores = None
+    if keep_scores:
+        mode = "r+" if score_path.is_file() else "w+"
+        scores = np.lib.format.open_memmap(score_path, mode=mode, dtype=np.float16, shape=(e, k))
+    done = set(json.loads(done_path.read_text())) if done_path.is_file() else set()
+    n_chunks = -(-e // chunk_size)
+    for c in tqdm(range(n_chunks), desc="entity index", disable=not progress):
+        if c in done:
+            continue
+        a, b = c * chunk_size, min(e, (c + 1) * chunk_size)
+        s, i = search(np.asarray(embeddings[a:b], np.float32))
+        cand[a:b] = i
+        if scores is not None:
+            scores[a:b] = s
+            scores.flush()
+        cand.flush()
+        # Recorded only after the rows are on disk: a crash before this line redoes the chunk, never skips it.
+        done.add(c)
+        write_json_atomic(done_path, sorted(done))
+        if on_chunk is not None:
+            on_chunk(c)
+    del cand, scores
+
+
+def build_entity_index(
+    out_dir: str | os.PathLike,
+    entity_texts: Sequence[str],
+    entity_embeddings: np.ndarray,
+    image_embeddings: np.ndarray,
+    k: int,
+    *,
+    model_fingerprint: str,
+    backend: str = "scann",
+    scann_config: ScannConfig | None = None,
+    keep_scores: bool = True,
+    keep_searcher: bool = True,
+    recall_sample: int = 256,
+    chunk_size: int = 4096,
+    on_chunk: Callable[[int], None] | None = None,
+    progress: bool = False,
+) -> float | None:
+    """Builds the entity index into out_dir; resumes an interrupted build of the same inputs.
+
+    entity_texts [E] unique; entity_embeddings [E, D] f32; image_embeddings [N, D] f16/f32 (memmap fine).
+    k > N is clamped to N. on_chunk(i) is called after chunk i is on disk (progress hooks, tests).
+    Returns the recall@K of the stored candidates against exact search on `recall_sample` entities (1.0 for
+    backend="exact"; None if not measured).
+    """
+    out_dir = Path(out_dir)
+    _check_inputs(entity_texts, entity_embeddings, image_embeddings)
+    n, dim = image_embeddings.shape
+    k_requested = int(k)
+    k = min(k_requested, n)
+    if k < 1:
+        raise CfirError(f"k={k_requested} must be >= 1")
+    if k < k_requested:
+        log.warning("entity index: K=%d > %d images; clamped to K=%d", k_requested, n, k)
+    if backend not in BACKENDS:
+        raise CfirError(f"backend={backend!r}: choose one of {BACKENDS}")
+    work = out_dir.with_name(f".{out_dir.name}.building")
+    digest = _fingerprint_inputs(
+        entity_texts, entity_embeddings, k=k, n=n, dim=dim, backend=backend, fp=model_fingerprint,
+        scann=dataclasses.asdict(scann_config) if scann_config else None, scores=keep_scores, chunk=chunk_size,
+    )
+    params_path = work / "build.json"
+    if work.exists() and not (params_path.is_file() and json.loads(params_path.read_text()).get("digest") == digest):
+        shutil.rmtree(work)  # A partial build of other inputs: starting over is the only safe choice.
+    work.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(params_path, {"digest": digest})
+
+    scann_dir = work / "scann" if backend == "scann" and keep_searcher else None
+    search = _make_searcher(backend, image_embeddings, k, scann_config, scann_dir)
+    _fill_chunks(work, entity_embeddings, search, keep_scores, chunk_size, on_chunk, progress)
+    cand = np.load(work / "candidates.npy", mmap_mode="r")
+    recall = _measure_recall(search, entity_embeddings, cand, recall_sample)
+    del cand
+
+    with atomic_dir(out_dir) as tmp:
+        names = ["candidates.npy"] + (["scores.npy"] if keep_scores else []) + (["scann"] if scann_dir else [])
+        for name in names:
+            os.replace(work / name, tmp / name)
+        (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False))
+        write_manifest(
+            tmp, KIND, VERSION, model_fingerprint=model_fingerprint, dim=dim, k=k, k_requested=k_requested,
+            backend=backend, n_entities=len(entity_texts), n_images=n, recall_at_k=recall,
+            recall_sample=min(recall_sample, len(entity_texts)) if backend == "scann" else 0,
+            scann_config=dataclasses.asdict(search.scann.config) if search.scann else None,
+            has_scores=keep_scores, has_searcher=scann_dir is not None,
+        )
+    shutil.rmtree(work)
+    return recall
+
+
+@dataclasses.dataclass
+class EntityIndex:
+    """An opened entity index: memory-mapped candidates [E, K] int32 (and scores [E, K] f16), its vocabulary."""
+
+    directory: Path
+    manifest: dict
+    vocab: list[str]
+    candidates_array: np.ndarray
+    scores_array: np.ndarray | None
+    _rows: dict[str, int] | None = None
+    _searcher: ScannSearcher | None = None
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike,
+        expect_fingerprint: str | None = None,
+        expect_dim: int | None = None,
+        expect_n_images: int | None = None,
+    ) -> "EntityIndex":
+        """Opens a complete index; a missing/incomplete store or a mismatch raises a one-line StoreError."""
+        directory = Path(directory)
+        manifest = read_manifest(directory, KIND, VERSION)
+        expected = dict(model_fingerprint=expect_fingerprint, dim=expect_dim, n_images=expect_n_images)
+        check_manifest(manifest, directory, **{key: v for key, v in expected.items() if v is not None})
+        try:
+            vocab = json.loads((directory / "vocab.json").read_text())
+            cand = np.load(directory / "candidates.npy", mmap_mode="r")
+            scores = np.load(directory / "scores.npy", mmap_mode="r") if manifest.get("has_scores") else None
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{directory}: damaged entity index ({e.__class__.__name__}: {e}); rebuild it") from None
+        if cand.shape != (manifest["n_entities"], manifest["k"]) or len(vocab) != manifest["n_entities"]:
+            raise StoreError(
+                f"{directory}: candidates {cand.shape} / vocab {len(vocab)} disagree with the manifest "
+                f"({manifest['n_entities']} x {manifest['k']}); rebuild it"
+            )
+        return cls(directory, manifest, vocab, cand, scores)
+
+    @property
+    def k(self) -> int:
+        return int(self.manifest["k"])
+
+    def __len__(self) -> int:
+        return len(self.vocab)
+
+    def row(self, entity_text: str) -> int | None:
+        """The row of an entity text, or None if it was not indexed."""
+        if self._rows is None:
+            self._rows = {t: i for i, t in enumerate(self.vocab)}
+        return self._rows.get(entity_text)
+
+    def candidates(self, entity_rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Candidate image rows of entity_rows [R] -> int32 [R, K] (rows of the image cache, best first)."""
+        rows = np.asarray(entity_rows, dtype=np.int64)
+        if rows.size and (rows.min() < 0 or rows.max() >= len(self.vocab)):
+            raise CfirError(f"entity rows must be in [0, {len(self.vocab)}); got {rows.min()}..{rows.max()}")
+        return np.asarray(self.candidates_array[rows], dtype=np.int32)
+
+    def scores(self, entity_rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        """Stored scores of entity_rows [R] -> float32 [R, K]; StoreError if the index kept none."""
+        if self.scores_array is None:
+            raise StoreError(f"{self.directory}: built with keep_scores=False; rebuild with scores to read them")
+        rows = np.asarray(entity_rows, dtype=np.int64)
+        return np.asarray(self.scores_array[rows], dtype=np.float32)
+
+    def searcher(self) -> ScannSearcher:
+        """The stored ScaNN searcher over the image cache (for entities unseen at index time)."""
+        if self._searcher is None:
+            if not self.manifest.get("has_searcher"):
+                raise StoreError(f"{self.directory}: no ScaNN searcher stored; build with backend='scann'")
+            self._searcher = ScannSearcher.load(self.directory / "scann")
+        return self._searcher
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """Hard-links a file tree (cheap, the old index stays valid until the rename), copying where links fail."""
+    if src.is_dir():
+        dst.mkdir()
+        for child in src.iterdir():
+            _link_or_copy(child, dst / child.name)
+        return
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+
+
+def append_entities(
+    directory: str | os.PathLike,
+    new_texts: Sequence[str],
+    new_embeddings: np.ndarray,
+    image_embeddings: np.ndarray,
+    *,
+    expect_fingerprint: str | None = None,
+    scann_config: ScannConfig | None = None,
+    chunk_size: int = 4096,
+) -> int:
+    """Adds entities to an existing index without rebuilding it; texts already indexed are skipped.
+
+    new_embeddings [E', D] f32 rows of new_texts. The old directory is replaced atomically by one holding old and
+    new rows (old rows first), the manifest written last. Returns how many entities were added.
+    """
+    directory = Path(directory)
+    index = EntityIndex.open(directory, expect_fingerprint=expect_fingerprint, expect_dim=image_embeddings.shape[1],
+                             expect_n_images=image_embeddings.shape[0])
+    _check_inputs(new_texts, new_embeddings, image_embeddings)
+    fresh = [i for i, t in enumerate(new_texts) if index.row(t) is None]
+    if not fresh:
+        return 0
+    texts = [new_texts[i] for i in fresh]
+    emb = np.asarray(new_embeddings, np.float32)[fresh]
+    m = index.manifest
+    has_searcher = bool(m.get("has_searcher"))
+    search = _make_searcher(m["backend"], image_embeddings, index.k, scann_config,
+                            directory / "scann" if has_searcher else None)
+    e_old, e_new, k = len(index), len(texts), index.k
+    with atomic_dir(directory) as tmp:
+        cand = np.lib.format.open_memmap(tmp / "candidates.npy", mode="w+", dtype=np.int32, shape=(e_old + e_new, k))
+        cand[:e_old] = index.candidates_array
+        scores = None
+        if m.get("has_scores"):
+            scores = np.lib.format.open_memmap(tmp / "scores.npy", mode="w+", dtype=np.float16,
+                                               shape=(e_old + e_new, k))
+            scores[:e_old] = index.scores_array
+        for a in range(0, e_new, chunk_size):
+            s, i = search(emb[a : a + chunk_size])
+            cand[e_old + a : e_old + a + len(i)] = i
+            if scores is not None:
+                scores[e_old + a : e_old + a + len(i)] = s
+        cand.flush()
+        if scores is not None:
+            scores.flush()
+        del cand, scores
+        if has_searcher:
+            _link_or_copy(directory / "scann", tmp / "scann")
+        (tmp / "vocab.json").write_text(json.dumps(index.vocab + texts, ensure_ascii=False))
+        fields = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created")}
+        fields.update(n_entities=e_old + e_new, appended=int(m.get("appended", 0)) + e_new)
+        write_manifest(tmp, KIND, VERSION, **fields)
+    return e_new

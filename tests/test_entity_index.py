@@ -1,0 +1,122 @@
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+import pytest
+
+from cfir_jax.entity_index import EntityIndex, append_entities, build_entity_index
+from cfir_jax.errors import CfirError
+from cfir_jax.knn import exact_topk, synthetic_embeddings
+from cfir_jax.store import StoreError
+
+FP = "beit3-test-fingerprint"
+
+
+@pytest.fixture(scope="module")
+def data():
+    images = synthetic_embeddings(3000, 32, seed=0, dtype=np.float16)
+    ents = synthetic_embeddings(50, 32, seed=1)
+    texts = [f"entity {i}" for i in range(len(ents))]
+    return images, ents, texts
+
+
+def test_exact_index_candidates_equal_exact_search(tmp_path, data):
+    images, ents, texts = data
+    recall = build_entity_index(tmp_path / "idx", texts, ents, images, 40, model_fingerprint=FP, backend="exact",
+                                chunk_size=16)
+    index = EntityIndex.open(tmp_path / "idx", expect_fingerprint=FP, expect_dim=32)
+    scores, ref = exact_topk(ents, images, 40)
+    assert recall == 1.0 and index.k == 40 and len(index) == 50
+    np.testing.assert_array_equal(index.candidates(np.arange(50)), ref)
+    np.testing.assert_allclose(index.scores([3]), scores[3:4], atol=2e-3)
+    assert index.row("entity 7") == 7 and index.row("never seen") is None
+    assert not (tmp_path / ".idx.building").exists()
+
+
+def test_scann_index_records_recall_and_stores_a_searcher(tmp_path, data):
+    images, ents, texts = data
+    recall = build_entity_index(tmp_path / "idx", texts, ents, images, 20, model_fingerprint=FP, recall_sample=32)
+    index = EntityIndex.open(tmp_path / "idx")
+    assert index.manifest["recall_at_k"] == recall and recall >= 0.9
+    _, found = index.searcher().search(ents[:4], 20)
+    _, exact = exact_topk(ents[:4], images, 20)
+    assert np.mean([len(np.intersect1d(a, b)) for a, b in zip(found, exact)]) >= 18
+
+
+def test_interrupted_build_resumes_to_the_same_index(tmp_path, data):
+    images, ents, texts = data
+    calls = []
+
+    def crash(chunk):
+        calls.append(chunk)
+        if chunk == 1:
+            raise KeyboardInterrupt("simulated crash")
+
+    with pytest.raises(KeyboardInterrupt):
+        build_entity_index(tmp_path / "a", texts, ents, images, 30, model_fingerprint=FP, backend="exact",
+                           chunk_size=10, on_chunk=crash)
+    assert not (tmp_path / "a").exists()
+    resumed = []
+    build_entity_index(tmp_path / "a", texts, ents, images, 30, model_fingerprint=FP, backend="exact",
+                       chunk_size=10, on_chunk=resumed.append)
+    assert resumed == [2, 3, 4]  # chunks 0 and 1 were on disk before the crash
+    build_entity_index(tmp_path / "b", texts, ents, images, 30, model_fingerprint=FP, backend="exact", chunk_size=10)
+    a, b = EntityIndex.open(tmp_path / "a"), EntityIndex.open(tmp_path / "b")
+    np.testing.assert_array_equal(a.candidates_array, b.candidates_array)
+    np.testing.assert_array_equal(a.scores_array, b.scores_array)
+
+
+def test_fingerprint_mismatch_is_refused_in_one_line(tmp_path, data):
+    images, ents, texts = data
+    build_entity_index(tmp_path / "idx", texts, ents, images, 5, model_fingerprint=FP, backend="exact")
+    with pytest.raises(StoreError, match="model_fingerprint") as e:
+        EntityIndex.open(tmp_path / "idx", expect_fingerprint="other-model")
+    assert "\n" not in str(e.value)
+
+
+def test_dim_mismatch_is_refused(tmp_path, data):
+    images, ents, texts = data
+    build_entity_index(tmp_path / "idx", texts, ents, images, 5, model_fingerprint=FP, backend="exact")
+    with pytest.raises(StoreError, match="dim"):
+        EntityIndex.open(tmp_path / "idx", expect_dim=64)
+
+
+def test_incomplete_store_is_refused(tmp_path):
+    (tmp_path / "idx").mkdir()
+    with pytest.raises(StoreError, match="incomplete"):
+        EntityIndex.open(tmp_path / "idx")
+
+
+def test_duplicate_entity_texts_are_an_error(tmp_path, data):
+    images, ents, _ = data
+    with pytest.raises(CfirError, match="duplicate entity text 'x'"):
+        build_entity_index(tmp_path / "idx", ["x", "y", "x"], ents[:3], images, 5, model_fingerprint=FP)
+
+
+def test_k_above_image_count_is_clamped(tmp_path, data):
+    images, ents, texts = data
+    build_entity_index(tmp_path / "idx", texts[:3], ents[:3], images[:25], 100, model_fingerprint=FP,
+                       backend="exact")
+    index = EntityIndex.open(tmp_path / "idx")
+    assert index.k == 25 and index.manifest["k_requested"] == 100
+
+
+def test_append_equals_building_everything_at_once(tmp_path, data):
+    images, ents, texts = data
+    build_entity_index(tmp_path / "inc", texts[:30], ents[:30], images, 15, model_fingerprint=FP, backend="exact")
+    # Rows 20..29 are already indexed: append must skip them and add only 30..49.
+    added = append_entities(tmp_path / "inc", texts[20:], ents[20:], images, expect_fingerprint=FP)
+    build_entity_index(tmp_path / "all", texts, ents, images, 15, model_fingerprint=FP, backend="exact")
+    inc, full = EntityIndex.open(tmp_path / "inc"), EntityIndex.open(tmp_path / "all")
+    assert added == 20 and inc.vocab == full.vocab
+    np.testing.assert_array_equal(inc.candidates_array, full.candidates_array)
+    np.testing.assert_array_equal(inc.scores_array, full.scores_array)
+    assert inc.manifest["n_entities"] == 50
+
+
+def test_candidates_of_unknown_row_is_an_error(tmp_path, data):
+    images, ents, texts = data
+    build_entity_index(tmp_path / "idx", texts[:5], ents[:5], images, 5, model_fingerprint=FP, backend="exact")
+    with pytest.raises(CfirError, match="entity rows"):
+        EntityIndex.open(tmp_path / "idx").candidates([7])
