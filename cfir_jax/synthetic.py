@@ -1,0 +1,349 @@
+"""A seeded synthetic world of entities, images and documents, for running the whole pipeline on a CPU.
+
+Generative story (every draw comes from one `numpy.random.Generator` seeded by `SyntheticConfig.seed`):
+
+1. Topics. `num_topics` topics, each a unit vector u_t in R^D and a handful of lowercase nouns ("harbour",
+   "festival") that filler sentences draw from.
+2. Entities. `num_entities` named entities, each a person ("Mary Walker"), a place ("Lake Ashford", "Redwick
+   River", "New Oakham") or an organisation ("the Stoneford Institute"), built from name pools that spaCy's small
+   English NER recognises. Each entity belongs to one topic and has a latent unit vector v_e in R^D.
+3. Images. Each image depicts 1-3 entities: the first one cycles through a shuffled list of all entities (so every
+   entity is depicted), the others come from the first one's topic. Its embedding is
+   normalise(sum_e v_e + topic_weight * u_t + noise * g / sqrt(D)), g ~ N(0, I): what a frozen image encoder
+   would give if it saw exactly these entities in this kind of scene. No pixels (`image` bytes are empty); the
+   caption names the entities ("A photo of Mary Walker near Lake Ashford.").
+4. Documents. Each document is relevant to 1-`max_relevant` images (the second one from the first one's topic,
+   images drawn without replacement while they last). Its text mentions every entity of its relevant images two or
+   three times and a few distractor entities once, in sentence templates, interleaved with topic filler sentences
+   until it is `min_words`-`max_words` words long. So the entity stage has something to find, the entity index
+   finds the relevant images through their entities, and the distractors put wrong candidates in the union.
+5. Qrels. document -> its relevant images (rel 1); documents are split train / validation / test by
+   `split_fractions`.
+6. Tokenizer. A sentencepiece unigram model trained on the documents and captions, with the BEiT-3 beit3.spm id
+   conventions (<unk>=0, <s>=1, </s>=2, no pad piece), shipped as the corpus' `tokenizer.spm`.
+
+Ground truth: `Document.entities` lists the entities the text mentions (relevant ones first, then distractors);
+`Image.entities` lists the entities the image depicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import io
+import os
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from cfir_jax.corpus import Corpus, Document, Image, SPLITS, corpus_is_complete, write_corpus
+from cfir_jax.errors import CfirError
+
+NAME = "synthetic"
+
+FIRST_NAMES = (
+    "James Mary John Patricia Robert Jennifer Michael Linda William Elizabeth David Barbara Richard Susan Joseph "
+    "Jessica Thomas Sarah Charles Karen Daniel Nancy Matthew Lisa Anthony Margaret Mark Sandra Donald Ashley Steven "
+    "Emily Paul Donna Andrew Michelle Joshua Carol Kenneth Amanda Kevin Melissa Brian Deborah George Stephanie "
+    "Edward Rebecca Ronald Laura Timothy Helen Jason Sharon Jeffrey Cynthia Ryan Kathleen Jacob Anna"
+).split()
+LAST_NAMES = (
+    "Smith Johnson Williams Brown Jones Miller Davis Wilson Anderson Taylor Thomas Moore Martin Jackson Thompson "
+    "White Harris Clark Lewis Robinson Walker Young Allen King Wright Scott Hill Green Adams Baker Nelson Carter "
+    "Mitchell Roberts Turner Phillips Campbell Parker Evans Edwards Collins Stewart Morris Rogers Reed Cook Morgan "
+    "Bell Murphy Bailey Cooper Richardson Cox Howard Ward Peterson Gray Hughes Price Bennett"
+).split()
+# Place and organisation names are built from English-looking town names: prefix + suffix ("Ash" + "ford").
+STEM_PREFIXES = "Ash Brook Clear Elm Fair Glen Green Hart Kings Lang Marl North Oak Pine Red Rock Stone West Wood Silver".split()
+STEM_SUFFIXES = "ford field ton wood dale bury ham wick port ville".split()
+PLACE_PATTERNS = ("{} River", "Lake {}", "New {}", "Mount {}", "{} Bay")
+ORG_PATTERNS = ("{} Institute", "{} University", "{} Museum", "{} Foundation", "{} Corporation")
+
+NOUNS = (
+    "harbour festival railway bridge castle market library garden factory mill orchard vineyard cathedral "
+    "observatory theatre school hospital canal tunnel lighthouse farm quarry mine forest meadow island coast "
+    "fortress palace monastery village airport stadium brewery shipyard gallery laboratory archive expedition "
+    "exhibition concert treaty election campaign strike flood drought harvest voyage survey census parade "
+    "ceremony tournament regatta fair dam reservoir pier ferry tramway highway museum collection manuscript "
+    "painting sculpture mural fossil telescope engine locomotive steamship aircraft satellite"
+).split()
+
+PERSON_TEMPLATES = (
+    "In {year}, {P} wrote a detailed account of the {n1}.",
+    "{P} spent several years studying the {n1} and its {n2}.",
+    "According to {P}, the {n1} changed rapidly during that period.",
+    "Later accounts credit {P} with the design of the {n1}.",
+    "The letters of {P} describe the {n1} in great detail.",
+)
+PLACE_TEMPLATES = (
+    "The {n1} near {L} attracted many visitors every summer.",
+    "In {year}, a new {n1} was built at {L}.",
+    "Travellers often described {L} as the heart of the {n1}.",
+    "The road to {L} passed by an old {n1}.",
+)
+ORG_TEMPLATES = (
+    "Researchers at the {O} published a report on the {n1} in {year}.",
+    "The {O} has kept records of the {n1} since {year}.",
+    "Funding from the {O} paid for the restoration of the {n1}.",
+)
+FILLER_TEMPLATES = (
+    "The {n1} was closely linked to the {n2} of the area.",
+    "Many people considered the {n1} an important part of local life.",
+    "Over the following decades the {n1} and the {n2} grew together.",
+    "Records of the {n1} were kept in a small {n2} nearby.",
+    "It was said that the {n1} could be seen from the {n2}.",
+    "Each year the {n1} drew crowds who also came for the {n2}.",
+    "Little is known about how the {n1} was first organised.",
+    "Some historians argue that the {n1} mattered more than the {n2}.",
+)
+# Persons take what the place and organisation pools (1,000 names each) leave; 60 x 60 person names cover it.
+MAX_ENTITIES = 5000
+CAPTION_TEMPLATES = ("A photo of {}.", "A picture showing {}.", "An old photograph of {}.", "A view of {}.")
+
+
+@dataclasses.dataclass(frozen=True)
+class SyntheticConfig:
+    """Sizes and knobs of the synthetic world; the default generates in seconds, `tiny()` is for tests."""
+
+    seed: int = 0
+    num_entities: int = 600
+    num_images: int = 5000
+    num_documents: int = 2000
+    num_topics: int = 20
+    nouns_per_topic: int = 8
+    dim: int = 64
+    min_words: int = 250
+    max_words: int = 450
+    max_relevant: int = 2  # relevant images per document: 1..max_relevant
+    max_distractors: int = 3  # distractor entities per document: 1..max_distractors
+    topic_weight: float = 0.3
+    noise: float = 0.2
+    split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)  # train, validation, test
+    vocab_size: int = 4000
+
+    @classmethod
+    def tiny(cls, seed: int = 0) -> "SyntheticConfig":
+        """A world small enough to generate in a second or two (tests)."""
+        return cls(seed=seed, num_entities=60, num_images=120, num_documents=40, num_topics=5, vocab_size=1000)
+
+    @classmethod
+    def named(cls, size: str, seed: int = 0) -> "SyntheticConfig":
+        """'tiny' or 'default'."""
+        if size == "tiny":
+            return cls.tiny(seed)
+        if size == "default":
+            return cls(seed=seed)
+        raise CfirError(f"unknown synthetic size {size!r}; use 'tiny' or 'default'")
+
+
+@dataclasses.dataclass(frozen=True)
+class Entity:
+    name: str
+    kind: str  # "person", "place" or "org"
+    topic: int
+
+
+@dataclasses.dataclass
+class World:
+    """The generated world in memory: what `generate` writes, plus the latent vectors behind the embeddings."""
+
+    entities: list[Entity]
+    entity_vectors: np.ndarray  # [num_entities, D] unit rows
+    topic_vectors: np.ndarray  # [num_topics, D] unit rows
+    documents: list[Document]
+    images: list[Image]
+    qrels: dict[str, dict[str, dict[str, int]]]
+
+
+def _normalise(x: np.ndarray) -> np.ndarray:
+    return (x / np.linalg.norm(x, axis=-1, keepdims=True)).astype(np.float32)
+
+
+def _check_config(config: SyntheticConfig) -> None:
+    capacity = MAX_ENTITIES
+    if not 1 <= config.num_entities <= capacity:
+        raise CfirError(f"SyntheticConfig.num_entities={config.num_entities}: must be in [1, {capacity}]")
+    if config.num_topics < 1 or config.num_topics * config.nouns_per_topic > 4 * len(NOUNS):
+        raise CfirError(f"SyntheticConfig.num_topics={config.num_topics}: must be in [1, {4 * len(NOUNS) // 8}]")
+    if config.num_images < 1 or config.num_documents < 1 or config.dim < 2:
+        raise CfirError("SyntheticConfig: num_images, num_documents must be >= 1 and dim >= 2")
+    if not 0 < config.min_words <= config.max_words:
+        raise CfirError(f"SyntheticConfig: need 0 < min_words <= max_words, got {config.min_words}, {config.max_words}")
+    if len(config.split_fractions) != 3 or abs(sum(config.split_fractions) - 1) > 1e-6:
+        raise CfirError(f"SyntheticConfig.split_fractions={config.split_fractions}: three fractions summing to 1")
+
+
+def _make_entities(rng: np.random.Generator, config: SyntheticConfig) -> list[Entity]:
+    """Unique names: half persons, a quarter places, a quarter organisations (as far as the pools allow)."""
+    stems = [p + s for p in STEM_PREFIXES for s in STEM_SUFFIXES]
+    persons = [f"{f} {l}" for f in FIRST_NAMES for l in LAST_NAMES]
+    places = [p.format(s) for p in PLACE_PATTERNS for s in stems]
+    orgs = [p.format(s) for p in ORG_PATTERNS for s in stems]
+    n_places = min(len(places), config.num_entities // 4)
+    n_orgs = min(len(orgs), config.num_entities // 4)
+    n_persons = config.num_entities - n_places - n_orgs
+    picked = (
+        [(n, "person") for n in rng.choice(persons, n_persons, replace=False)]
+        + [(n, "place") for n in rng.choice(places, n_places, replace=False)]
+        + [(n, "org") for n in rng.choice(orgs, n_orgs, replace=False)]
+    )
+    order = rng.permutation(len(picked))
+    topics = rng.integers(0, config.num_topics, len(picked))
+    return [Entity(str(picked[j][0]), picked[j][1], int(t)) for j, t in zip(order, topics)]
+
+
+def _mention_sentence(rng: np.random.Generator, entity: Entity, nouns: list[str]) -> str:
+    templates = {"person": PERSON_TEMPLATES, "place": PLACE_TEMPLATES, "org": ORG_TEMPLATES}[entity.kind]
+    template = templates[rng.integers(len(templates))]
+    n1, n2 = rng.choice(nouns, 2, replace=False)
+    slots = {"person": "P", "place": "L", "org": "O"}
+    return template.format(**{slots[entity.kind]: entity.name, "n1": n1, "n2": n2, "year": int(rng.integers(1800, 2000))})
+
+
+def _filler_sentence(rng: np.random.Generator, nouns: list[str]) -> str:
+    n1, n2 = rng.choice(nouns, 2, replace=False)
+    return FILLER_TEMPLATES[rng.integers(len(FILLER_TEMPLATES))].format(n1=n1, n2=n2)
+
+
+def _caption(rng: np.random.Generator, names: list[str]) -> str:
+    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
+    return CAPTION_TEMPLATES[rng.integers(len(CAPTION_TEMPLATES))].format(listed)
+
+
+def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
+    """Draws the whole world in memory (see the module docstring for the story)."""
+    _check_config(config)
+    rng = np.random.default_rng(config.seed)
+    D = config.dim
+    entities = _make_entities(rng, config)
+    entity_vectors = _normalise(rng.standard_normal((len(entities), D)))
+    topic_vectors = _normalise(rng.standard_normal((config.num_topics, D)))
+    topic_nouns = [list(rng.choice(NOUNS, config.nouns_per_topic, replace=False)) for _ in range(config.num_topics)]
+    by_topic: list[list[int]] = [[] for _ in range(config.num_topics)]
+    for e, ent in enumerate(entities):
+        by_topic[ent.topic].append(e)
+
+    # Images: the first entity cycles through a shuffled entity list so every entity gets depicted.
+    cycle = np.concatenate([rng.permutation(len(entities)) for _ in range(config.num_images // len(entities) + 1)])
+    images, image_topic, images_of_topic = [], [], [[] for _ in range(config.num_topics)]
+    for i in range(config.num_images):
+        first = int(cycle[i])
+        topic = entities[first].topic
+        others = [e for e in by_topic[topic] if e != first]
+        k = min(int(rng.integers(1, 4)), 1 + len(others))
+        members = [first] + [int(e) for e in rng.choice(others, k - 1, replace=False)] if k > 1 else [first]
+        noise = rng.standard_normal(D) / np.sqrt(D)
+        emb = _normalise(
+            entity_vectors[members].sum(0) + config.topic_weight * topic_vectors[topic] + config.noise * noise
+        )
+        names = [entities[e].name for e in members]
+        image_id = f"img{i:07d}"
+        images.append(
+            Image(
+                image_id=image_id,
+                caption=_caption(rng, names),
+                url=f"https://synthetic.invalid/images/{image_id}.jpg",
+                image=b"",
+                embedding=emb,
+                entities=tuple(names),
+            )
+        )
+        image_topic.append(topic)
+        images_of_topic[topic].append(i)
+
+    # Relevant images are drawn without replacement while they last, so most images belong to one document.
+    pool = list(rng.permutation(config.num_images))
+    used = np.zeros(config.num_images, bool)
+    documents, relevant = [], []
+    entity_index = {ent.name: e for e, ent in enumerate(entities)}
+    for d in range(config.num_documents):
+        while pool and used[pool[-1]]:
+            pool.pop()
+        first = int(pool.pop()) if pool else int(rng.integers(config.num_images))
+        used[first] = True
+        rel = [first]
+        if int(rng.integers(1, config.max_relevant + 1)) > 1:
+            same = [i for i in images_of_topic[image_topic[first]] if i != first and not used[i]]
+            if same:
+                second = int(same[rng.integers(len(same))])
+                used[second] = True
+                rel.append(second)
+        rel_names: list[str] = []
+        for i in rel:
+            rel_names += [n for n in images[i].entities if n not in rel_names]
+        candidates = [e.name for e in entities if e.name not in rel_names]
+        n_distract = min(int(rng.integers(1, config.max_distractors + 1)), len(candidates))
+        distractors = [str(n) for n in rng.choice(candidates, n_distract, replace=False)] if n_distract else []
+        nouns = topic_nouns[image_topic[first]]
+        mentions = [s for n in rel_names for s in [n] * int(rng.integers(2, 4))] + distractors
+        sentences = [_mention_sentence(rng, entities[entity_index[n]], nouns) for n in mentions]
+        rng.shuffle(sentences)
+        target = int(rng.integers(config.min_words, config.max_words + 1))
+        words = sum(len(s.split()) for s in sentences)
+        while words < target:
+            filler = _filler_sentence(rng, nouns)
+            sentences.insert(int(rng.integers(len(sentences) + 1)), filler)
+            words += len(filler.split())
+        title = rel_names[0]
+        documents.append(
+            Document(
+                doc_id=f"doc{d:06d}",
+                text=f"{title}. " + " ".join(sentences),
+                title=title,
+                entities=tuple(rel_names + distractors),
+            )
+        )
+        relevant.append(rel)
+
+    qrels: dict[str, dict[str, dict[str, int]]] = {s: {} for s in SPLITS}
+    n_train = round(config.split_fractions[0] * config.num_documents)
+    n_validation = round(config.split_fractions[1] * config.num_documents)
+    for rank, d in enumerate(rng.permutation(config.num_documents)):
+        split = "train" if rank < n_train else "validation" if rank < n_train + n_validation else "test"
+        qrels[split][documents[d].doc_id] = {images[i].image_id: 1 for i in relevant[d]}
+    return World(entities, entity_vectors, topic_vectors, documents, images, qrels)
+
+
+def train_tokenizer(texts: list[str], path: str | os.PathLike, vocab_size: int, seed: int = 0) -> int:
+    """Trains a sentencepiece unigram model on `texts` with beit3.spm's ids (<unk>=0 <s>=1 </s>=2, no pad).
+
+    `vocab_size` is an upper bound: the synthetic lexicon (~1,100 distinct words) supports only ~700 unigram
+    pieces, and sentencepiece stops there. Returns the size reached.
+    """
+    import sentencepiece as spm
+
+    # Sentences, not whole documents: sentencepiece skips inputs longer than max_sentence_length bytes.
+    sentences = [s.strip() for t in texts for s in t.split(". ") if s.strip()]
+    spm.set_random_generator_seed(seed)
+    model = io.BytesIO()
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences),
+        model_writer=model,
+        vocab_size=vocab_size,
+        model_type="unigram",
+        unk_id=0,
+        bos_id=1,
+        eos_id=2,
+        pad_id=-1,
+        character_coverage=1.0,
+        hard_vocab_limit=False,  # a tiny world has fewer pieces than the vocab asked for
+        num_threads=1,  # one thread: the same seed must give the same model
+        minloglevel=2,
+    )
+    Path(path).write_bytes(model.getvalue())
+    return spm.SentencePieceProcessor(model_proto=model.getvalue()).vocab_size()
+
+
+def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConfig()) -> Corpus:
+    """Generates the synthetic world into the corpus directory `out_dir` (reused when it holds this config)."""
+    fields = {"config": dataclasses.asdict(config), "source": "synthetic"}
+    if corpus_is_complete(out_dir, NAME, fields):
+        return Corpus.open(out_dir)
+    world = build_world(config)
+    with tempfile.TemporaryDirectory() as tmp:
+        spm_path = Path(tmp) / "tokenizer.spm"
+        texts = [d.text for d in world.documents] + [i.caption for i in world.images]
+        vocab = train_tokenizer(texts, spm_path, config.vocab_size, config.seed)
+        return write_corpus(
+            out_dir, NAME, world.documents, world.images, world.qrels, spm_path, tokenizer_vocab_size=vocab, **fields
+        )
