@@ -1,0 +1,76 @@
+"""The BEiT-3 tokenizer gives the ids of transformers' XLMRobertaTokenizer on the real beit3.spm."""
+
+import random
+
+import numpy as np
+import pytest
+
+from cfir_jax.errors import CfirError
+from cfir_jax.tokenizer import Beit3Tokenizer
+from conftest import SPM_PATH
+
+pytestmark = pytest.mark.skipif(not SPM_PATH.is_file(), reason="needs ../shared/data/beit3.spm")
+
+WORDS = ["Eiffel", "Tower", "photo", "of", "the", "Zürich", "naïve", "東京", "Москва", "مرحبا", "🙂", "e.g.", "U.S.",
+         "1,024", "3.14", "don't", "—", "«quote»", "C++", "x86_64", "<s>", "</s>", "<mask>", "<pad>", "<unk>", "<",
+         ">", "&amp;", "http://example.org/a_b", "ﬁ", "Å", "ǅ", "\u200b", "a\u0301"]
+SPACES = [" ", "  ", "\t", "\n", " \n ", "\u3000", "\u00a0", ""]
+
+
+def _varied_strings(n: int, seed: int = 0) -> list[str]:
+    rng = random.Random(seed)
+    out = ["", " ", "   ", "\n\t", "A photo of the Eiffel Tower", "a" * 5000, "word " * 2000]
+    while len(out) < n:
+        k = rng.randint(1, 40)
+        out.append("".join(rng.choice(WORDS) + rng.choice(SPACES) for _ in range(k)))
+        out.append("".join(chr(rng.randint(32, 0x2FFF)) for _ in range(rng.randint(1, 60))))
+    return out[:n]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    from transformers import XLMRobertaTokenizer
+
+    return Beit3Tokenizer(SPM_PATH), XLMRobertaTokenizer(str(SPM_PATH))
+
+
+def test_reference_example(tokenizers):
+    ours, _ = tokenizers
+    assert ours.encode(["A photo of the Eiffel Tower"]) == [[94, 1127, 9, 4, 41823, 6184]]
+
+
+def test_ids_equal_transformers_on_varied_strings(tokenizers):
+    ours, ref = tokenizers
+    texts = _varied_strings(600)
+    got = ours.encode(texts)
+    for text, ids in zip(texts, got):
+        assert ids == ref.convert_tokens_to_ids(ref.tokenize(text)), repr(text)
+
+
+def test_batch_layout_matches_reference_recipe(tokenizers):
+    """[0] + ids[:max_len-2] + [2], padded with 1; mask True on pads (unilm's BEiT-3 retrieval dataset)."""
+    ours, ref = tokenizers
+    texts = _varied_strings(50, seed=1)
+    ids, mask = ours(texts, 16)
+    assert ids.shape == mask.shape == (50, 16) and ids.dtype == np.int32
+    for row, text in enumerate(texts):
+        pieces = ref.convert_tokens_to_ids(ref.tokenize(text))[:14]
+        want = [0] + pieces + [2]
+        want += [1] * (16 - len(want))
+        assert ids[row].tolist() == want
+        assert mask[row].tolist() == [t == 1 for t in want]
+
+
+def test_vocab_and_special_ids(tokenizers):
+    ours, ref = tokenizers
+    assert ours.vocab_size == len(ref) == 64002
+    assert ours.mask_id == ref.mask_token_id
+
+
+def test_missing_or_bad_model_is_one_line_error(tmp_path):
+    with pytest.raises(CfirError, match="not found"):
+        Beit3Tokenizer(tmp_path / "nope.spm")
+    bad = tmp_path / "bad.spm"
+    bad.write_bytes(b"\x00\x01garbage")
+    with pytest.raises(CfirError, match="not a sentencepiece model"):
+        Beit3Tokenizer(bad)
