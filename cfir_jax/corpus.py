@@ -64,7 +64,8 @@ class Image:
     caption: str = ""
     url: str = ""
     image: bytes = b""
-    embedding: np.ndarray | None = None
+    # Left out of ==: comparing arrays with == is elementwise and would make Image equality raise.
+    embedding: np.ndarray | None = dataclasses.field(default=None, compare=False)
     entities: tuple[str, ...] = ()  # entities the image depicts (synthetic ground truth)
 
 
