@@ -1,0 +1,96 @@
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+import pytest
+
+from cfir_jax.errors import CfirError
+from cfir_jax.knn import exact_topk, synthetic_embeddings
+from cfir_jax.sr_scorer import CompactCache, SRScorer, build_compact, compact_in_memory, unique_sorted
+from cfir_jax.store import StoreError
+
+
+@pytest.fixture(scope="module")
+def setting():
+    """A clustered float16 cache and one document: 8 entities' top-1500 lists and a summary near them."""
+    cache = synthetic_embeddings(40_000, 128, seed=0, dtype=np.float16)
+    rng = np.random.default_rng(1)
+    ents = cache[rng.integers(0, len(cache), 8)].astype(np.float32)
+    ents += 0.05 * rng.standard_normal(ents.shape).astype(np.float32)
+    _, cand = exact_topk(ents / np.linalg.norm(ents, axis=1, keepdims=True), cache, 1500)
+    query = ents.mean(0) / np.linalg.norm(ents.mean(0))
+    return cache, compact_in_memory(cache, dims=32), cand.ravel(), query
+
+
+def _exact(cache, query, candidates, k):
+    ids = np.unique(candidates)
+    scores = np.asarray(cache[ids], np.float32) @ query
+    return ids[np.argsort(-scores)[:k]]
+
+
+def test_top_k_agrees_with_exact_scoring(setting):
+    cache, compact, cand, query = setting
+    scorer = SRScorer(cache, compact, shortlist=2048, k=1000)
+    scores, ids = scorer.score(query, cand)
+    ref = _exact(cache, query, cand, 1000)
+    assert len(np.unique(cand)) > 2048  # the approximate pass really ran
+    assert len(np.intersect1d(ids, ref)) >= 990
+    np.testing.assert_allclose(scores, np.asarray(cache[ids], np.float32) @ query, rtol=1e-5, atol=1e-5)
+    assert np.all(np.diff(scores) <= 0)
+
+
+def test_results_are_deduplicated(setting):
+    cache, compact, cand, query = setting
+    _, ids = SRScorer(cache, compact, shortlist=2048, k=1000).score(query, np.concatenate([cand, cand[:500]]))
+    assert len(np.unique(ids)) == len(ids) == 1000
+
+
+def test_planted_best_candidate_is_always_first(setting):
+    cache, compact, cand, query = setting
+    scorer = SRScorer(cache, compact, shortlist=1024, k=100)
+    rng = np.random.default_rng(2)
+    for target in rng.choice(np.unique(cand), 5, replace=False):
+        planted = np.asarray(cache[target], np.float32)
+        _, ids = scorer.score(planted / np.linalg.norm(planted), cand)
+        assert ids[0] == target
+
+
+def test_candidate_counts_never_recompile(setting):
+    cache, compact, cand, query = setting
+    scorer = SRScorer(cache, compact, shortlist=1024, k=100, max_traces=4)
+    assert scorer.buckets == [128, 256, 512, 1024]
+    for m in [3, 100, 129, 200, 511, 700, 1000, 1024, 1500, 5000, len(cand)]:
+        _, ids = scorer.score(query, cand[:m])
+        assert len(ids) == min(100, len(np.unique(cand[:m])))
+
+
+def test_fewer_candidates_than_k_returns_all_of_them(setting):
+    cache, compact, _, query = setting
+    scores, ids = SRScorer(cache, compact, shortlist=256, k=100).score(query, np.array([5, 9, 5, 2], np.int32))
+    assert sorted(ids.tolist()) == [2, 5, 9] and len(scores) == 3
+
+
+def test_out_of_range_candidate_is_a_cfir_error(setting):
+    cache, compact, _, query = setting
+    with pytest.raises(CfirError, match="candidate ids"):
+        SRScorer(cache, compact, shortlist=256, k=10).score(query, np.array([1, len(cache)]))
+
+
+def test_build_compact_round_trips_and_is_memory_mapped(tmp_path, setting):
+    cache = setting[0][:5000]
+    built = build_compact(cache, tmp_path / "compact", dims=32, chunk_rows=1000)
+    assert isinstance(built.codes, np.memmap) and built.codes.dtype == np.int8 and built.codes.shape == (5000, 32)
+    ref = compact_in_memory(cache, dims=32)
+    # Chunked matmuls round differently in the last bit: codes may differ by one step, never more.
+    assert np.abs(built.codes.astype(np.int32) - ref.codes).max() <= 1
+    approx = built.scales[:, None] * built.codes.astype(np.float32) @ built.rotation.T
+    rel = np.linalg.norm(approx - np.asarray(cache, np.float32)) / np.linalg.norm(np.asarray(cache, np.float32))
+    assert rel < 0.6  # 32 of 128 dims on a slowly decaying spectrum keep most of the energy
+    with pytest.raises(StoreError, match="n="):
+        CompactCache.open(tmp_path / "compact", expect_n=4999)
+
+
+def test_unique_sorted_matches_numpy_unique():
+    x = np.random.default_rng(0).integers(0, 100, 1000).astype(np.int32)
+    np.testing.assert_array_equal(unique_sorted(x), np.unique(x))
