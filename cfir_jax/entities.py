@@ -378,18 +378,19 @@ def build_entity_store(
         desc="entities",
     )
     for chunk_ids, chunk_entities in chunks:
+        flat: list[int] = []  # One array per chunk, not per document: 10M tiny arrays would cost gigabytes.
         for doc_id, entities in zip(chunk_ids, chunk_entities):
             check_doc_id(doc_id, seen, "entities")
             doc_ids.append(doc_id)
-            row = [vocab.setdefault(name, len(vocab)) for name in entities]
-            ids.append(np.asarray(row, dtype=np.int32))
-            offsets.append(offsets[-1] + len(row))
+            flat.extend(vocab.setdefault(name, len(vocab)) for name in entities)
+            offsets.append(offsets[-1] + len(entities))
+        ids.append(np.asarray(flat, dtype=np.int64))
     if not doc_ids:
         raise CfirError(f"{out_dir}: no documents to extract entities from; check the corpus path and split")
     if len(vocab) > np.iinfo(np.int32).max:
         raise CfirError(f"{out_dir}: {len(vocab)} distinct entities overflow int32 ids; shard the corpus")
 
-    entity_ids = np.concatenate(ids) if ids else np.zeros([0], np.int32)
+    entity_ids = np.concatenate(ids).astype(np.int32)  # Checked above to fit.
     offsets_arr = np.asarray(offsets, dtype=np.int64)
     doc_freq = np.bincount(entity_ids, minlength=len(vocab)).astype(np.int32)
     num_without = int(np.sum(np.diff(offsets_arr) == 0))
