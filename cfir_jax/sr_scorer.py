@@ -3,27 +3,33 @@
 A query's union holds ~55,000 of the cache's millions of images. Gathering 55k float16 rows of 768 dims (84 MB)
 and scoring them exactly costs ~85-200 ms on 2 CPU cores; CFIR's budget is ~5 ms. So scoring runs in two passes:
 
-1. approximate: a compact copy of the cache, built once offline (`build_compact`) and memory-mapped: each row
-   rotated onto the top-r principal directions of the cache (uncentered PCA, so dot products are preserved up to
-   the dropped directions) and quantised to int8 with a per-row scale: r bytes per row (128 by default, 6x less
-   than float16). All candidates are gathered and scored from it in cache-sized chunks on both cores.
-2. exact: the best `shortlist` candidates are gathered from the float16 cache and re-scored in float32 by one
-   jitted function padded to power-of-two buckets (so no candidate count ever compiles it again), which also takes
-   the final top-k.
+1. approximate: a compact copy of the cache, built once offline (`build_compact`): each row rotated onto the top-r
+   principal directions of the cache (uncentered PCA, so dot products are preserved up to the dropped directions)
+   and quantised to int8 with a per-row scale: r bytes per row (128 by default, 6x less than float16). All
+   candidates are gathered and scored from it, the two halves of the union on the two cores.
+2. exact: the best `shortlist` candidates are gathered from the float16 cache and re-scored in float32; the final
+   top-k is taken with argpartition over the shortlist.
+
+Where the time goes and why the stages look as they do (measured at 4M x 768 on 2 cores; benchmarks/sr_latency.py):
+the approximate gather is bound by memory latency (one or two random cache lines per candidate), so candidate ids
+are sorted first (the dedup sort gives that for free) and the two halves run on two threads (numpy releases the GIL
+in take, casts and BLAS). float16 -> float32 casts are the exact pass's cost: numpy's cast is scalar (~4 ns/value on
+AVX2 hosts without AVX-512), XLA's ~1.5 ns plus a thread hand-off per call, torch's vectorised F16C cast ~0.5 ns, so
+the exact pass casts with torch (CPU, already a project dependency for checkpoint conversion) and stays out of jit:
+one jitted call per query cost more in dispatch and waiting than the whole numpy/torch path.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import math
 import os
+import threading
+import time
 from pathlib import Path
 
-import chex
-import jax
-import jax.numpy as jnp
 import numpy as np
+import torch
 from tqdm import tqdm
 
 from cfir_jax.errors import CfirError
@@ -32,6 +38,9 @@ from cfir_jax.store import atomic_dir, check_manifest, read_manifest, write_mani
 COMPACT_KIND = "sr_compact"
 COMPACT_VERSION = 1
 _CHUNK_ROWS = 1024  # int8 -> float32 conversion chunk: 1024 x 128 x 4 B = 512 KiB stays in L2.
+# Below these sizes a thread hand-off (~20-50 us) costs more than the second core saves.
+_PARALLEL_MIN_APPROX = 4 * _CHUNK_ROWS
+_PARALLEL_MIN_EXACT = 512
 
 
 @dataclasses.dataclass
@@ -122,21 +131,6 @@ def compact_in_memory(cache: np.ndarray, dims: int = 128, sample: int = 100_000,
     return CompactCache(rotation, codes, scales)
 
 
-def _rerank_topk(rows: jax.Array, query: jax.Array, ids: jax.Array, n_valid: jax.Array, *, k: int):
-    """Exact float32 scores of rows [S, D] (f16) against query [D]; rows >= n_valid are padding.
-
-    Returns (scores [k], ids [k]) best first.
-    """
-    scores = jnp.dot(rows.astype(jnp.float32), query, precision=jax.lax.Precision.HIGHEST)
-    scores = jnp.where(jnp.arange(rows.shape[0]) < n_valid, scores, -jnp.inf)
-    top, pos = jax.lax.top_k(scores, k)
-    return top, ids[pos]
-
-
-def _bucket(m: int, smallest: int) -> int:
-    return max(smallest, 1 << math.ceil(math.log2(max(1, m))))
-
-
 def unique_sorted(candidates: np.ndarray) -> np.ndarray:
     """Sorted unique ids of candidates [M] int32; a sort is ~20x faster than np.unique here and aids locality."""
     s = np.sort(np.asarray(candidates, dtype=np.int32))
@@ -148,24 +142,52 @@ def unique_sorted(candidates: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
+
+
+@dataclasses.dataclass
+class StageTimes:
+    """Wall seconds per `SRScorer.score` call, one entry per call, per stage (filled when passed to score)."""
+
+    dedup: list[float] = dataclasses.field(default_factory=list)
+    approximate: list[float] = dataclasses.field(default_factory=list)
+    shortlist: list[float] = dataclasses.field(default_factory=list)
+    exact: list[float] = dataclasses.field(default_factory=list)
+
+    def p50_ms(self) -> dict[str, float]:
+        """Median milliseconds per stage."""
+        return {k: float(np.median(v)) * 1e3 for k, v in dataclasses.asdict(self).items() if v}
+
+
+def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
+    """Positions of the k best of scores [S], best first (ties broken by position)."""
+    if scores.size > k:
+        part = np.argpartition(scores, scores.size - k)[scores.size - k :]
+    else:
+        part = np.arange(scores.size)
+    return part[np.argsort(-scores[part], kind="stable")]
+
+
 class SRScorer:
     """Scores a candidate union against a summary embedding: approximate int8 pass, exact float32 re-rank, top-k.
 
-    cache_embeddings [N, D] float16/float32 (memmap fine); compact: a CompactCache (or a directory written by
-    build_compact); shortlist: candidates re-scored exactly (>= k); k: results returned.
+    cache_embeddings [N, D] float16/float32 (memmap fine, in memory faster); compact: a CompactCache (or a directory
+    written by build_compact); shortlist: candidates re-scored exactly (>= k); k: results returned; threads: workers
+    for the two passes. Buffers are preallocated per scorer and reused, so one scorer serves one call at a time
+    (calls are serialised by a lock; use one scorer per thread for concurrency).
     """
 
     def __init__(
         self,
         cache_embeddings: np.ndarray,
         compact: CompactCache | str | os.PathLike,
-        shortlist: int = 4096,
+        shortlist: int = 2048,
         k: int = 1000,
         threads: int = 2,
-        max_traces: int | None = None,
     ):
         if cache_embeddings.ndim != 2:
             raise CfirError(f"SR cache must be [N, D], got shape {cache_embeddings.shape}")
+        if cache_embeddings.dtype not in (np.float16, np.float32):
+            raise CfirError(f"SR cache must be float16 or float32, got {cache_embeddings.dtype}")
         if not isinstance(compact, CompactCache):
             compact = CompactCache.open(compact, expect_n=cache_embeddings.shape[0], expect_dim=cache_embeddings.shape[1])
         if compact.codes.shape[0] != cache_embeddings.shape[0] or compact.rotation.shape[0] != cache_embeddings.shape[1]:
@@ -173,87 +195,129 @@ class SRScorer:
                 f"compact cache is for [{compact.codes.shape[0]}, {compact.rotation.shape[0]}] but the image cache is "
                 f"{list(cache_embeddings.shape)}; rebuild it with build_compact"
             )
-        if shortlist < k:
-            raise CfirError(f"shortlist={shortlist} must be >= k={k}")
+        if k < 1 or shortlist < k:
+            raise CfirError(f"need 1 <= k <= shortlist, got k={k}, shortlist={shortlist}")
         self.cache = cache_embeddings
         self.compact = compact
         self.k = k
         self.shortlist = shortlist
         self.threads = max(1, threads)
         self._pool = concurrent.futures.ThreadPoolExecutor(self.threads) if self.threads > 1 else None
-        # Smallest bucket holds k so top_k(k) is always defined; then powers of two up to the shortlist's.
-        self.min_bucket = _bucket(k, 1)
-        top = _bucket(shortlist, self.min_bucket)
-        self.buckets = [self.min_bucket << i for i in range(int(math.log2(top // self.min_bucket)) + 1)]
+        self._lock = threading.Lock()
+        # Per-worker scratch: gathered codes and their float32 cast, one conversion chunk each.
+        r = compact.dims
+        self._codes_buf = [np.empty((_CHUNK_ROWS, r), np.int8) for _ in range(self.threads)]
+        self._float_buf = [np.empty((_CHUNK_ROWS, r), np.float32) for _ in range(self.threads)]
+        self._rows = np.empty((shortlist, cache_embeddings.shape[1]), cache_embeddings.dtype)
+        self._exact = np.empty(shortlist, np.float32)
+        # Our own threads split the work; torch's intra-op pool on top would oversubscribe 2 cores and its
+        # spin-waiting threads slow the BLAS calls of the next query.
+        torch.set_num_threads(1)
 
-        def rerank(rows, query, ids, n_valid):
-            return _rerank_topk(rows, query, ids, n_valid, k=k)
+    def _split(self, m: int, parallel_min: int) -> list[tuple[int, int]]:
+        """[0, m) as one contiguous slice per worker (one slice when m < parallel_min is not worth a hand-off)."""
+        parts = self.threads if (self._pool is not None and m >= parallel_min) else 1
+        bounds = np.linspace(0, m, parts + 1).astype(int)
+        return list(zip(bounds[:-1].tolist(), bounds[1:].tolist()))
 
-        if max_traces is not None:
-            # Each scorer wraps its own function, so chex counts this scorer's compilations only.
-            rerank = chex.assert_max_traces(rerank, n=max_traces)
-        self._rerank = jax.jit(rerank)
-
-    def _approx_chunk(self, ids: np.ndarray, query_r: np.ndarray, out: np.ndarray) -> None:
-        codes = self.compact.codes
-        gathered = np.empty((_CHUNK_ROWS, codes.shape[1]), np.int8)
-        as_float = np.empty((_CHUNK_ROWS, codes.shape[1]), np.float32)
-        for c0 in range(0, ids.size, _CHUNK_ROWS):
-            part = ids[c0 : c0 + _CHUNK_ROWS]
-            m = part.size
-            np.take(codes, part, axis=0, out=gathered[:m])
-            as_float[:m] = gathered[:m]
-            np.dot(as_float[:m], query_r, out=out[c0 : c0 + m])
-        out *= np.take(self.compact.scales, ids)
+    def _run(self, fn, m: int, parallel_min: int) -> None:
+        """Calls fn(worker, start, stop) over the worker slices of [0, m), in parallel when it pays."""
+        slices = self._split(m, parallel_min)
+        if len(slices) == 1:
+            fn(0, 0, m)
+            return
+        for f in [self._pool.submit(fn, w, a, b) for w, (a, b) in enumerate(slices)]:
+            f.result()
 
     def approximate_scores(self, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
-        """Compact-copy scores of sorted unique ids [M] for query [D]: [M] float32."""
-        query_r = np.ascontiguousarray(query @ self.compact.rotation, dtype=np.float32)
+        """Compact-copy scores of sorted unique, in-range ids [M] for query [D]: [M] float32."""
+        query_r = np.ascontiguousarray(np.asarray(query, np.float32) @ self.compact.rotation, dtype=np.float32)
+        codes = self.compact.codes
         out = np.empty(ids.size, np.float32)
-        if self._pool is None or ids.size < 4 * _CHUNK_ROWS:
-            self._approx_chunk(ids, query_r, out)
-            return out
-        # numpy releases the GIL in take/copy/BLAS, so threads over contiguous slices use every core.
-        bounds = np.linspace(0, ids.size, self.threads + 1).astype(int)
-        futures = [
-            self._pool.submit(self._approx_chunk, ids[a:b], query_r, out[a:b]) for a, b in zip(bounds[:-1], bounds[1:])
-        ]
-        for f in futures:
-            f.result()
+
+        def work(w: int, a: int, b: int) -> None:
+            gathered, as_float = self._codes_buf[w], self._float_buf[w]
+            for c0 in range(a, b, _CHUNK_ROWS):
+                m = min(_CHUNK_ROWS, b - c0)
+                # mode="clip" skips numpy's per-index bounds check and the buffered copy that mode="raise" makes
+                # with out=; ids were range-checked once by the caller.
+                np.take(codes, ids[c0 : c0 + m], axis=0, out=gathered[:m], mode="clip")
+                np.copyto(as_float[:m], gathered[:m])
+                np.dot(as_float[:m], query_r, out=out[c0 : c0 + m])
+            out[a:b] *= np.take(self.compact.scales, ids[a:b], mode="clip")
+
+        self._run(work, ids.size, _PARALLEL_MIN_APPROX)
         return out
 
-    def score(self, query: np.ndarray, candidate_indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def exact_scores(self, query: np.ndarray, ids: np.ndarray) -> np.ndarray:
+        """float32 dot products of cache rows ids [S] (S <= shortlist, sorted for locality) with query [D]: [S]."""
+        s = ids.size
+        rows = self._rows[:s]
+        out = self._exact[:s]
+        tq = torch.from_numpy(np.ascontiguousarray(query, dtype=np.float32))
+
+        def work(w: int, a: int, b: int) -> None:
+            np.take(self.cache, ids[a:b], axis=0, out=rows[a:b], mode="clip")
+            # float16 products are exact in float32 and torch accumulates in float32, like the float32 reference.
+            torch.mv(torch.from_numpy(rows[a:b]).float(), tq, out=torch.from_numpy(out[a:b]))
+
+        self._run(work, s, _PARALLEL_MIN_EXACT)
+        return out.copy()
+
+    def score(
+        self, query: np.ndarray, candidate_indices: np.ndarray, times: StageTimes | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """query [D] float32, candidate_indices [M] int (duplicates allowed) -> (scores [k'], indices [k'] int32).
 
         k' = min(k, unique candidates); best first; scores are exact float32 dot products with the cache rows.
+        times, if given, receives this call's wall seconds per stage.
         """
         query = np.asarray(query, dtype=np.float32)
         if query.shape != (self.cache.shape[1],):
             raise CfirError(f"SR query must have shape [{self.cache.shape[1]}], got {query.shape}")
-        ids = unique_sorted(candidate_indices)
-        if ids.size == 0:
-            return np.zeros(0, np.float32), np.zeros(0, np.int32)
-        if ids[0] < 0 or ids[-1] >= self.cache.shape[0]:
-            raise CfirError(f"candidate ids must be in [0, {self.cache.shape[0]}); got {ids[0]}..{ids[-1]}")
-        if ids.size > self.shortlist:
-            approx = self.approximate_scores(query, ids)
-            keep = np.argpartition(approx, ids.size - self.shortlist)[ids.size - self.shortlist :]
-            short = ids[np.sort(keep)]  # sorted ids: the float16 gather walks the cache forwards.
-        else:
-            short = ids
-        m = short.size
-        bucket = _bucket(m, self.min_bucket)
-        padded = np.zeros(bucket, np.int32)
-        padded[:m] = short
-        rows = np.take(self.cache, padded, axis=0)
-        top, top_ids = self._rerank(rows, query, padded, np.int32(m))
-        kk = min(self.k, m)
-        return np.asarray(top)[:kk], np.asarray(top_ids)[:kk]
+        candidate_indices = np.asarray(candidate_indices)
+        if candidate_indices.ndim != 1 or not np.issubdtype(candidate_indices.dtype, np.integer):
+            raise CfirError(
+                f"candidate ids must be a 1-D integer array, got {candidate_indices.dtype} {candidate_indices.shape}"
+            )
+        n = self.cache.shape[0]
+        if candidate_indices.dtype != np.int32 and candidate_indices.size and (
+            candidate_indices.min() < 0 or candidate_indices.max() >= n
+        ):
+            # Checked before unique_sorted's int32 cast, which would wrap ids >= 2**31 into range silently.
+            raise CfirError(
+                f"candidate ids must be in [0, {n}); got {candidate_indices.min()}..{candidate_indices.max()}"
+            )
+        with self._lock:
+            t0 = time.perf_counter()
+            ids = unique_sorted(candidate_indices)
+            if ids.size == 0:
+                return np.zeros(0, np.float32), np.zeros(0, np.int32)
+            if ids[0] < 0 or ids[-1] >= n:
+                raise CfirError(f"candidate ids must be in [0, {n}); got {ids[0]}..{ids[-1]}")
+            t1 = time.perf_counter()
+            if ids.size > self.shortlist:
+                approx = self.approximate_scores(query, ids)
+                t2 = time.perf_counter()
+                keep = np.argpartition(approx, ids.size - self.shortlist)[ids.size - self.shortlist :]
+                short = ids[np.sort(keep)]  # sorted ids: the float16 gather walks the cache forwards.
+            else:
+                t2 = t1
+                short = ids
+            t3 = time.perf_counter()
+            exact = self.exact_scores(query, short)
+            best = _top_k(exact, self.k)
+            scores, top_ids = exact[best], short[best]
+            t4 = time.perf_counter()
+        if times is not None:
+            for stage, dt in zip(("dedup", "approximate", "shortlist", "exact"), (t1 - t0, t2 - t1, t3 - t2, t4 - t3)):
+                getattr(times, stage).append(dt)
+        return scores, top_ids
 
     def score_batch(
-        self, queries: np.ndarray, candidate_lists: list[np.ndarray]
+        self, queries: np.ndarray, candidate_lists: list[np.ndarray], times: StageTimes | None = None
     ) -> list[tuple[np.ndarray, np.ndarray]]:
         """`score` for each (queries[i] [D], candidate_lists[i] [M_i]) pair."""
         if len(queries) != len(candidate_lists):
             raise CfirError(f"{len(queries)} queries but {len(candidate_lists)} candidate lists")
-        return [self.score(q, c) for q, c in zip(queries, candidate_lists)]
+        return [self.score(q, c, times) for q, c in zip(queries, candidate_lists)]

@@ -7,7 +7,7 @@ import pytest
 
 from cfir_jax.errors import CfirError
 from cfir_jax.knn import exact_topk, synthetic_embeddings
-from cfir_jax.sr_scorer import CompactCache, SRScorer, build_compact, compact_in_memory, unique_sorted
+from cfir_jax.sr_scorer import CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, unique_sorted
 from cfir_jax.store import StoreError
 
 
@@ -56,13 +56,33 @@ def test_planted_best_candidate_is_always_first(setting):
         assert ids[0] == target
 
 
-def test_candidate_counts_never_recompile(setting):
+def test_every_candidate_count_returns_the_exact_top_k(setting):
     cache, compact, cand, query = setting
-    scorer = SRScorer(cache, compact, shortlist=1024, k=100, max_traces=4)
-    assert scorer.buckets == [128, 256, 512, 1024]
+    scorer = SRScorer(cache, compact, shortlist=1024, k=100)
+    # Below k, between k and the shortlist, above it, and above the size where the work splits over two threads.
     for m in [3, 100, 129, 200, 511, 700, 1000, 1024, 1500, 5000, len(cand)]:
-        _, ids = scorer.score(query, cand[:m])
+        scores, ids = scorer.score(query, cand[:m])
+        ref = _exact(cache, query, cand[:m], 100)
         assert len(ids) == min(100, len(np.unique(cand[:m])))
+        assert len(np.intersect1d(ids, ref)) >= 0.99 * len(ref)
+        np.testing.assert_allclose(scores, np.asarray(cache[ids], np.float32) @ query, rtol=1e-5, atol=1e-5)
+
+
+def test_one_and_two_threads_give_the_same_result(setting):
+    cache, compact, cand, query = setting
+    s1, i1 = SRScorer(cache, compact, shortlist=2048, k=1000, threads=1).score(query, cand)
+    s2, i2 = SRScorer(cache, compact, shortlist=2048, k=1000, threads=2).score(query, cand)
+    np.testing.assert_array_equal(i1, i2)
+    np.testing.assert_allclose(s1, s2, rtol=1e-6)
+
+
+def test_stage_times_record_every_stage_of_every_call(setting):
+    cache, compact, cand, query = setting
+    times = StageTimes()
+    SRScorer(cache, compact, shortlist=1024, k=100).score_batch(np.stack([query, -query]), [cand, cand[:50]], times)
+    assert all(len(v) == 2 for v in (times.dedup, times.approximate, times.shortlist, times.exact))
+    assert times.approximate[0] > 0 and times.approximate[1] == 0  # 50 candidates fit the shortlist: no approx pass
+    assert set(times.p50_ms()) == {"dedup", "approximate", "shortlist", "exact"}
 
 
 def test_fewer_candidates_than_k_returns_all_of_them(setting):
@@ -75,6 +95,24 @@ def test_out_of_range_candidate_is_a_cfir_error(setting):
     cache, compact, _, query = setting
     with pytest.raises(CfirError, match="candidate ids"):
         SRScorer(cache, compact, shortlist=256, k=10).score(query, np.array([1, len(cache)]))
+
+
+def test_int64_id_beyond_int32_is_a_cfir_error_not_wrapped(setting):
+    cache, compact, _, query = setting
+    with pytest.raises(CfirError, match="candidate ids"):
+        SRScorer(cache, compact, shortlist=256, k=10).score(query, np.array([1, 2**32 + 1], np.int64))
+
+
+def test_float_candidate_ids_are_a_cfir_error(setting):
+    cache, compact, _, query = setting
+    with pytest.raises(CfirError, match="integer"):
+        SRScorer(cache, compact, shortlist=256, k=10).score(query, np.array([1.0, 2.0]))
+
+
+def test_shortlist_smaller_than_k_is_a_cfir_error(setting):
+    cache, compact, _, _ = setting
+    with pytest.raises(CfirError, match="shortlist"):
+        SRScorer(cache, compact, shortlist=50, k=100)
 
 
 def test_build_compact_round_trips_and_is_memory_mapped(tmp_path, setting):
