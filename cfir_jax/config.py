@@ -61,12 +61,72 @@ def parse_variant(arg: str | None) -> tuple[int | None, set[str]]:
     return image_size, flags
 
 
+# CFIR's trainable set (REFERENCE §2): every B (language) branch, the B position table and final LayerNorm, the
+# language head and the temperature. The token embedding table and the whole vision side stay frozen.
+LANGUAGE_EXPERT = [("B/.*|language_head/.*|logit_scale", "train"), (".*", "frozen")]
+# No weight decay on biases, LayerNorm scales, position tables, the temperature (REFERENCE §2).
+NO_WEIGHT_DECAY = r".*/bias|.*/scale|.*embed_positions|logit_scale|.*cls_token|.*mask_token"
+
+
+def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
+    """The `train` section: the CFIR paper's recipe (Adam(W) lr 1e-4, wd 0.05, batch 512, 30 epochs)."""
+    return ml_collections.ConfigDict(
+        dict(
+            text="summary",  # 'summary' (CFIR), 'document' (ablation) or 'caption' (image-text pretraining)
+            max_text_len=64,
+            global_batch=16 if runlocal else 512,
+            grad_accum_steps=1,  # > 1: exact full-batch gradient in micro-batches (gradient caching)
+            num_epochs=1.0 if runlocal else 30.0,
+            num_steps=8 if runlocal else 0,  # > 0 overrides num_epochs
+            lr=1e-4,
+            min_lr=1e-6,
+            warmup_steps=2 if runlocal else 1000,
+            weight_decay=0.05,
+            b1=0.9,
+            b2=0.999,
+            eps=1e-8,
+            layer_decay=1.0,  # the reference fine-tune uses 0.65 (base) / 0.85 (large)
+            grad_clip=0.0,
+            extra_negatives=0,  # extra cache images per batch as negatives (text->image side only)
+            negatives="random",  # 'random' or 'hard' (entity candidates of the document)
+            trainable=LANGUAGE_EXPERT,
+            no_weight_decay=NO_WEIGHT_DECAY,
+            seed=0,
+            log_every=1 if runlocal else 50,
+            eval_every=4 if runlocal else 1000,
+            eval_batch=64 if runlocal else 1024,
+            checkpoint_every=4 if runlocal else 1000,
+            keep_checkpoints=3,
+            async_checkpoints=True,
+            tensorboard=True,
+            init_model="",  # model directory (python -m cfir_jax.convert ...); empty: random init
+            export_model="",  # where the exported model takes its vision tower from: a model dir or 'scratch'
+        )
+    )
+
+
+def mesh_config(size: str) -> ml_collections.ConfigDict:
+    """The `mesh` section: ('data', 'fsdp') axis sizes and the parameter sharding rules."""
+    fsdp_large = size == "large"
+    return ml_collections.ConfigDict(
+        dict(
+            data=1 if fsdp_large else -1,
+            fsdp=-1 if fsdp_large else 1,
+            # base: replicate (87M trained params fit anywhere); large: shard every parameter over 'fsdp'.
+            sharding_rules=[(".*", "fsdp" if fsdp_large else "replicate")],
+        )
+    )
+
+
 def build_config(size: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    """The full config of a model size; the training/index/retrieval sections are filled by their modules."""
+    """The full config of a model size (see configs/base.py, configs/large.py)."""
     image_size, flags = parse_variant(arg)
     runlocal = "runlocal" in flags
     cfg = ml_collections.ConfigDict()
-    cfg.model = model_config("tiny" if runlocal else size, image_size or 224)
     cfg.size = size
     cfg.runlocal = runlocal
+    cfg.model = model_config("tiny" if runlocal else size, image_size or 224, dropout=0.1)
+    cfg.tokenizer = ""  # path to beit3.spm; empty: the corpus' own tokenizer.spm
+    cfg.train = train_config(runlocal)
+    cfg.mesh = mesh_config(size)
     return cfg

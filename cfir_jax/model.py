@@ -253,8 +253,7 @@ class DBeit3(nnx.Module):
         self, ids: jax.Array, padding_mask: jax.Array, rng: jax.Array | None = None, return_hidden: bool = False
     ):
         """ids [B, L] int32, padding_mask [B, L] (1 = pad) -> token states [B, L, D] (and hidden states)."""
-        x = self.text_embed(ids).astype(self.dtype)
-        return self.B(x, padding_mask, rng, return_hidden)
+        return _text_features(self, ids, padding_mask, rng, return_hidden)
 
     def encode_image(self, pixels: jax.Array, rng: jax.Array | None = None) -> jax.Array:
         """pixels [B, H, W, 3] float in [-1, 1] -> L2-normalised embeddings [B, D] float32."""
@@ -265,7 +264,40 @@ class DBeit3(nnx.Module):
 
         `rng` enables dropout and drop path (training); None is the deterministic evaluation pass.
         """
-        return _l2_normalize(self.language_head(self.text_features(ids, padding_mask, rng)[:, 0]))
+        return _encode_text(self, ids, padding_mask, rng)
+
+    def text_tower(self) -> "TextTower":
+        """The text path alone (sharing this model's Variables)."""
+        return TextTower(self)
+
+
+class TextTower(nnx.Module):
+    """The text path of a DBeit3: token embedding, language expert B, language head and temperature.
+
+    It shares the Variables of the DBeit3 it is made from and has the same parameter paths, so training can put
+    exactly this on the accelerators and leave the vision tower on the host.
+    """
+
+    def __init__(self, model: DBeit3):
+        self.config = model.config
+        self.dtype = model.dtype
+        self.text_embed = model.text_embed
+        self.B = model.B
+        self.language_head = model.language_head
+        self.logit_scale = model.logit_scale
+
+    def encode_text(self, ids: jax.Array, padding_mask: jax.Array, rng: jax.Array | None = None) -> jax.Array:
+        """As `DBeit3.encode_text`."""
+        return _encode_text(self, ids, padding_mask, rng)
+
+
+def _text_features(m: DBeit3 | TextTower, ids, padding_mask, rng=None, return_hidden=False):
+    x = m.text_embed(ids).astype(m.dtype)
+    return m.B(x, padding_mask, rng, return_hidden)
+
+
+def _encode_text(m: DBeit3 | TextTower, ids, padding_mask, rng=None) -> jax.Array:
+    return _l2_normalize(m.language_head(_text_features(m, ids, padding_mask, rng)[:, 0]))
 
 
 def _l2_normalize(x: jax.Array) -> jax.Array:
