@@ -509,8 +509,8 @@ def _import_precomputed(
         if emb is None:
             raise CfirError(f"{corpus.path}: the corpus has no precomputed embeddings; pass a model or a .npy/parquet")
         files = [corpus.path / "embeddings.npy"]
-        ids = corpus.image_ids
-        chunks = iter([(ids, emb)])
+        ids, step = corpus.image_ids, 65536
+        chunks = ((ids[i : i + step], np.asarray(emb[i : i + step])) for i in range(0, len(ids), step))
     else:
         path = Path(source)
         if not path.exists():
