@@ -118,6 +118,70 @@ def mesh_config(size: str) -> ml_collections.ConfigDict:
     )
 
 
+def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
+    """The `index` section: where the corpus comes from and how each offline stage runs (REFERENCE §6-§7)."""
+    return ml_collections.ConfigDict(
+        dict(
+            corpus=dict(
+                source="atomic",  # 'atomic' (local parquet files in the HF layout) or 'synthetic'
+                texts="",  # AToMiC-Texts-v0.2.1 directory (or parquet files, comma-separated)
+                images="",  # AToMiC-Images-v0.2 directory
+                qrels="",  # AToMiC-Qrels-v0.2 directory
+                setting="base",  # small | base | large (REFERENCE §7)
+                synthetic_size="default",  # 'tiny' or 'default' (synthetic source)
+                seed=0,
+            ),
+            # The frozen encoder: a model directory (python -m cfir_jax.convert on beit3_*_itc_patch16_224.pth),
+            # or 'pretrain' (synthetic worlds: train the text tower on captions first, see configs/demo.py).
+            encoder="",
+            image_cache=dict(
+                precomputed="",  # '' encode with the encoder; 'corpus' or a .npy/.parquet of embeddings to import
+                dtype="float16",
+                compute_dtype="float32",
+                batch_size=64 if runlocal else 256,
+                shard_size=65536,
+            ),
+            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=()),  # () = DEFAULT_LABELS
+            summaries=dict(
+                summarizer="bart",  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
+                bart_model="facebook/bart-large-cnn",
+                max_length=64,
+                min_length=8,
+                num_beams=4,
+                length_penalty=2.0,
+                no_repeat_ngram_size=3,
+                max_input_tokens=1024,
+                batch_size=8,
+                extractive_tokens=64,
+            ),
+            entity_index=dict(
+                k=10_000,  # candidates per entity (paper: 10,000)
+                backend="scann",  # 'scann' (CPU) or 'exact' (blocked matmul + top_k, accelerators)
+                max_text_len=16,
+                encode_batch=256,
+                num_leaves=0,  # 0: derived from the number of images
+                num_leaves_to_search=0,
+                reorder=0,
+                recall_sample=256,
+            ),
+        )
+    )
+
+
+def retrieval_config() -> ml_collections.ConfigDict:
+    """The `retrieval` section (CFIR's ER + SR stages)."""
+    return ml_collections.ConfigDict(
+        dict(
+            top_k=1000,
+            text="summary",  # the query text scored in SR: 'summary' (CFIR) or 'document'
+            max_text_len=64,
+            unknown_entities="search",  # 'ignore' (the paper) or 'search' (ScaNN over the cache at query time)
+            sr_shortlist=4096,  # candidates re-scored exactly after the compact pass
+            sr_compact_dims=128,
+        )
+    )
+
+
 def build_config(size: str, arg: str | None = None) -> ml_collections.ConfigDict:
     """The full config of a model size (see configs/base.py, configs/large.py)."""
     image_size, flags = parse_variant(arg)
@@ -129,4 +193,6 @@ def build_config(size: str, arg: str | None = None) -> ml_collections.ConfigDict
     cfg.tokenizer = ""  # path to beit3.spm; empty: the corpus' own tokenizer.spm
     cfg.train = train_config(runlocal)
     cfg.mesh = mesh_config(size)
+    cfg.index = index_config(runlocal)
+    cfg.retrieval = retrieval_config()
     return cfg

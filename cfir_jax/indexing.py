@@ -1,0 +1,324 @@
+"""index.py as a library: builds, in order, every store that training and retrieval read.
+
+Stages (each writes one directory of the workdir layout, see cfir_jax.layout):
+  corpus        AToMiC parquet files -> the corpus format (tfds array_record, read with grain); or a synthetic world
+  image_cache   every image encoded once by the frozen vision tower (or precomputed embeddings imported)
+  encoder       synthetic worlds only: the text tower trained on captions, standing in for BEiT-3's itc weights
+  entities      spaCy NER over every document
+  summaries     BART-large-CNN (or extractive) summary of every document
+  entity_index  every entity text encoded by the frozen text tower, its top-K images by ScaNN (or exact search)
+
+A stage is skipped when its store is complete and current (each stage module checks its own manifest), resumes
+where it stopped when interrupted, and refuses stores built by another model. A closing table gives counts, size on
+disk and time per stage.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import time
+from pathlib import Path
+from typing import Callable
+
+import ml_collections
+
+from cfir_jax.errors import CfirError
+from cfir_jax.layout import Layout
+from cfir_jax.store import write_json_atomic
+
+STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index")
+
+
+@dataclasses.dataclass
+class StageReport:
+    name: str
+    count: str
+    seconds: float
+    path: Path
+
+    @property
+    def size_bytes(self) -> int:
+        if not self.path.exists():
+            return 0
+        if self.path.is_file():
+            return self.path.stat().st_size
+        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1024 or unit == "TB":
+            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
+        n /= 1024
+    return str(n)
+
+
+def report_table(reports: list[StageReport]) -> str:
+    rows = [("stage", "contents", "on disk", "time")]
+    rows += [(r.name, r.count, _human(r.size_bytes), f"{r.seconds:.1f} s") for r in reports]
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------------------- stages
+
+
+def build_corpus(config, layout: Layout):
+    from cfir_jax.corpus import Corpus
+
+    c = config.index.corpus
+    if c.source == "synthetic":
+        from cfir_jax import synthetic
+
+        return synthetic.generate(layout.corpus, synthetic.SyntheticConfig.named(c.synthetic_size, seed=c.seed))
+    if c.source == "atomic":
+        from cfir_jax.atomic import build_atomic_corpus
+
+        if not (c.texts and c.images and c.qrels):
+            if layout.corpus.is_dir():
+                return Corpus.open(layout.corpus)
+            raise CfirError("AToMiC corpus: set --config.index.corpus.texts=..., .images=..., .qrels=... (local "
+                            "copies of TREC-AToMiC/AToMiC-Texts-v0.2.1, AToMiC-Images-v0.2, AToMiC-Qrels-v0.2)")
+        split = lambda s: [p for p in s.split(",") if p] if "," in s else s  # noqa: E731
+        return build_atomic_corpus(split(c.texts), split(c.images), c.qrels, layout.corpus, setting=c.setting)
+    raise CfirError(f"index.corpus.source={c.source!r}: use 'atomic' or 'synthetic'")
+
+
+def encoder_dir(config, layout: Layout) -> Path | None:
+    """The frozen encoder's model directory: the configured one, or W/encoder for 'pretrain'."""
+    enc = config.index.encoder
+    if enc == "pretrain":
+        return layout.encoder
+    return Path(enc) if enc else None
+
+
+def load_encoder(config, layout: Layout):
+    from cfir_jax import checkpoint
+
+    path = encoder_dir(config, layout)
+    if path is None:
+        raise CfirError("no encoder: set --config.index.encoder=MODEL_DIR (python -m cfir_jax.convert "
+                        "--checkpoint beit3_base_itc_patch16_224.pth ...) or 'pretrain' for synthetic corpora")
+    return checkpoint.load_model(path, config.model)
+
+
+def build_image_cache(config, layout: Layout, corpus):
+    from cfir_jax.image_cache import build_image_cache as build
+
+    ic = config.index.image_cache
+    if ic.precomputed:
+        return build(layout.image_cache, corpus, precomputed=ic.precomputed, dtype=ic.dtype)
+    model = load_encoder(config, layout)
+    return build(layout.image_cache, corpus, model, batch_size=ic.batch_size, shard_size=ic.shard_size,
+                 dtype=ic.dtype, compute_dtype=ic.compute_dtype)
+
+
+def pretrain_encoder(config, layout: Layout) -> str:
+    """Synthetic worlds: train the text tower on (caption, image) pairs and export it as W/encoder."""
+    from cfir_jax import checkpoint, trainer
+    from cfir_jax.train_data import load_train_data
+
+    if config.index.encoder != "pretrain":
+        path = encoder_dir(config, layout)
+        if path is None:
+            if config.index.image_cache.precomputed:
+                raise CfirError("index.encoder is empty: set it to a converted BEiT-3 model directory, or 'pretrain'")
+            return "-"
+        manifest = checkpoint.read_model_manifest(path)
+        return checkpoint.model_summary(manifest)
+    try:
+        return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
+    except CfirError:
+        pass
+    pre = config.copy_and_resolve_references()
+    pre.train.update(dict(config.index.get("pretrain", {})))
+    pre.train.text = "caption"
+    pre.train.export_model = "scratch"
+    pre.train.init_model = ""
+    data = load_train_data(pre, layout.root, with_eval=False)
+    trainer.train(pre, layout.pretrain, data)
+    # Publish the encoder under its own name (atomic: the export is complete before the rename).
+    os.replace(layout.pretrain / "model", layout.encoder)
+    return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
+
+
+def build_entities(config, layout: Layout, corpus):
+    from cfir_jax.entities import DEFAULT_LABELS, EntityExtractor, EntityStore, build_entity_store, load_spacy
+    from cfir_jax.store import read_manifest
+
+    e = config.index.entities
+    nlp = load_spacy(e.spacy_model or None)
+    extractor = EntityExtractor(nlp, tuple(e.labels) or DEFAULT_LABELS, e.batch_size, e.n_process)
+    if _current(layout.entities, "entities", num_docs=corpus.num_documents):
+        manifest = read_manifest(layout.entities, "entities")
+        if manifest.get("labels") in (list(extractor.labels), tuple(extractor.labels)):
+            return EntityStore.open(layout.entities)
+    docs = ((corpus.doc_ids[i], corpus.document(i).text) for i in range(corpus.num_documents))
+    build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents)
+    return EntityStore.open(layout.entities)
+
+
+def make_summarizer(config):
+    from cfir_jax.summaries import BartSummarizer, ExtractiveSummarizer
+
+    s = config.index.summaries
+    if s.summarizer == "extractive":
+        return ExtractiveSummarizer(max_tokens=s.extractive_tokens)
+    if s.summarizer == "bart":
+        return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
+                              length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
+                              max_input_tokens=s.max_input_tokens, batch_size=s.batch_size)
+    raise CfirError(f"index.summaries.summarizer={s.summarizer!r}: use 'bart' or 'extractive'")
+
+
+def build_summaries(config, layout: Layout, corpus):
+    from cfir_jax.store import read_manifest
+    from cfir_jax.summaries import SummaryStore, build_summary_store
+
+    s = config.index.summaries
+    if _current(layout.summaries, "summaries", num_docs=corpus.num_documents):
+        manifest = read_manifest(layout.summaries, "summaries")
+        if manifest.get("summarizer", manifest.get("name")) == s.summarizer:
+            return SummaryStore.open(layout.summaries)
+    summarizer = make_summarizer(config)
+    docs = ((corpus.doc_ids[i], corpus.document(i).text) for i in range(corpus.num_documents))
+    build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents)
+    return SummaryStore.open(layout.summaries)
+
+
+def entity_encoder(config, layout: Layout, corpus):
+    """The frozen text encoder for entity texts (16 tokens), and its fingerprint."""
+    from cfir_jax import checkpoint
+    from cfir_jax.text_encoder import TextEncoder
+    from cfir_jax.train_data import resolve_tokenizer
+
+    model = load_encoder(config, layout)
+    ei = config.index.entity_index
+    encoder = TextEncoder(model, resolve_tokenizer(config, corpus), ei.max_text_len, ei.encode_batch)
+    return encoder, checkpoint.fingerprint(model, "text")
+
+
+def scann_config(config):
+    from cfir_jax.knn import ScannConfig
+
+    ei = config.index.entity_index
+    return ScannConfig(num_leaves=ei.num_leaves or None, num_leaves_to_search=ei.num_leaves_to_search or None,
+                       reorder=ei.reorder or None)
+
+
+def build_entity_index(config, layout: Layout, corpus, entities, cache):
+    from cfir_jax.entity_index import EntityIndex, build_entity_index as build
+
+    encoder, fingerprint = entity_encoder(config, layout, corpus)
+    ei = config.index.entity_index
+    if _current(layout.entity_index, "entity_index", model_fingerprint=fingerprint, num_entities=len(entities.vocab),
+                k_requested=ei.k, backend=ei.backend):
+        return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
+    embeddings = encoder.encode(entities.vocab)
+    build(layout.entity_index, entities.vocab, embeddings, cache.embeddings, ei.k, model_fingerprint=fingerprint,
+          backend=ei.backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
+          progress=_show_progress())
+    return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
+
+
+def add_entities(config, workdir, path: str | os.PathLike) -> int:
+    """Appends the entity texts of a file (one per line) to an existing entity index without rebuilding it."""
+    from cfir_jax.corpus import Corpus
+    from cfir_jax.entities import normalize_entity
+    from cfir_jax.entity_index import append_entities
+    from cfir_jax.image_cache import ImageCache
+
+    layout = Layout.of(workdir)
+    path = Path(path)
+    if not path.is_file():
+        raise CfirError(f"{path}: entity file not found")
+    try:
+        lines = path.read_text(encoding="utf-8").splitlines()
+    except UnicodeDecodeError:
+        raise CfirError(f"{path}: not UTF-8 text (expected one entity per line)") from None
+    texts = sorted({normalize_entity(t) for t in lines if t.strip()} - {""})
+    if not texts:
+        raise CfirError(f"{path}: no entity texts (expected one entity per line)")
+    corpus = Corpus.open(layout.corpus)
+    encoder, fingerprint = entity_encoder(config, layout, corpus)
+    cache = ImageCache.open(layout.image_cache, expect_dim=config.model.embed_dim)
+    return append_entities(layout.entity_index, texts, encoder.encode(texts), cache.embeddings,
+                           expect_fingerprint=fingerprint, scann_config=scann_config(config))
+
+
+def _current(directory: Path, kind: str, **expected) -> bool:
+    from cfir_jax.store import read_manifest
+
+    try:
+        manifest = read_manifest(directory, kind)
+    except CfirError:
+        return False
+    return all(manifest.get(k) == v for k, v in expected.items())
+
+
+def _show_progress() -> bool:
+    import sys
+
+    return sys.stderr.isatty()
+
+
+# ------------------------------------------------------------------------------------------------------------ main
+
+
+def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: tuple[str, ...] = STAGES,
+                log: Callable[[str], None] = print) -> list[StageReport]:
+    """Runs the stages in order (each skipped when current); returns the per-stage report."""
+    unknown = set(stages) - set(STAGES)
+    if unknown:
+        raise CfirError(f"unknown stage(s) {sorted(unknown)}: choose from {', '.join(STAGES)}")
+    from cfir_jax.corpus import Corpus
+    from cfir_jax.image_cache import ImageCache
+
+    layout = Layout.of(workdir)
+    layout.root.mkdir(parents=True, exist_ok=True)
+    reports: list[StageReport] = []
+
+    def run(name: str, fn: Callable, describe: Callable[[object], str], path: Path):
+        t = time.time()
+        log(f"[{name}] ...")
+        result = fn()
+        reports.append(StageReport(name, describe(result), time.time() - t, path))
+        log(f"[{name}] {reports[-1].count} ({reports[-1].seconds:.1f} s)")
+        return result
+
+    corpus = run("corpus", lambda: build_corpus(config, layout) if "corpus" in stages else Corpus.open(layout.corpus),
+                 lambda c: f"{c.num_documents:,} documents, {c.num_images:,} images", layout.corpus)
+    cache = run("image_cache", lambda: build_image_cache(config, layout, corpus) if "image_cache" in stages
+                else ImageCache.open(layout.image_cache),
+                lambda c: f"{c.num_images:,} x {c.dim} {c.dtype}, {c.manifest.get('num_skipped', 0)} skipped",
+                layout.image_cache)
+    if cache.dim != config.model.embed_dim:
+        raise CfirError(f"{layout.image_cache}: embeddings have dim {cache.dim} but model.embed_dim is "
+                        f"{config.model.embed_dim}")
+    if "encoder" in stages:
+        run("encoder", lambda: pretrain_encoder(config, layout), str, encoder_dir(config, layout) or layout.encoder)
+    entities = run("entities", lambda: build_entities(config, layout, corpus) if "entities" in stages else None,
+                   lambda s: "-" if s is None else f"{len(s.vocab):,} entities, {s.num_without_entities} docs without",
+                   layout.entities)
+    if "summaries" in stages:
+        run("summaries", lambda: build_summaries(config, layout, corpus),
+            lambda s: f"{s.num_docs:,} summaries ({config.index.summaries.summarizer})", layout.summaries)
+    if "entity_index" in stages:
+        if entities is None:
+            from cfir_jax.entities import EntityStore
+
+            entities = EntityStore.open(layout.entities)
+        run("entity_index", lambda: build_entity_index(config, layout, corpus, entities, cache),
+            lambda ix: f"{len(ix):,} entities x K={ix.k}, recall@K {ix.manifest.get('recall_at_k')}",
+            layout.entity_index)
+    write_json_atomic(layout.index_json, {
+        "encoder": str(encoder_dir(config, layout) or ""),
+        "config": json.loads(json.dumps(config.to_dict(), default=str)),
+        "stages": [dataclasses.asdict(r) | {"size_bytes": r.size_bytes} for r in reports],
+    })
+    return reports
+

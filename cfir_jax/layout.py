@@ -1,0 +1,42 @@
+"""The workdir layout: one directory holds every store, written by index.py and train.py, read by retrieve.py.
+
+    W/corpus/          the corpus (documents, images, qrels; cfir_jax.corpus)
+    W/image_cache/     [N, D] image embeddings (cfir_jax.image_cache)
+    W/encoder/         the frozen encoder model directory, when index.py made it (synthetic pretraining)
+    W/pretrain/        the caption pretraining run that produced W/encoder
+    W/entities/        named entities of every document (cfir_jax.entities)
+    W/summaries/       a summary of every document (cfir_jax.summaries)
+    W/entity_index/    top-K images of every entity (cfir_jax.entity_index)
+    W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.sr_scorer)
+    W/index.json       what index.py built: the encoder used, stage summaries
+    W/train/           training run: checkpoints, metrics.jsonl, config.json, tensorboard
+    W/model/           the trained model (vision tower of the encoder + trained language expert)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+
+@dataclasses.dataclass(frozen=True)
+class Layout:
+    root: Path
+
+    @classmethod
+    def of(cls, workdir: str | os.PathLike) -> "Layout":
+        return cls(Path(workdir).absolute())
+
+    def __getattr__(self, name: str) -> Path:
+        if name in STORES:
+            return self.root / name
+        raise AttributeError(name)
+
+    @property
+    def index_json(self) -> Path:
+        return self.root / "index.json"
+
+
+STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "sr_compact",
+          "train", "model")

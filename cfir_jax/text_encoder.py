@@ -1,0 +1,60 @@
+"""Batch text encoding with a frozen text tower: strings -> L2-normalised embeddings, one compilation per batch size.
+
+Used for entity texts (16 tokens) when indexing and at query time, and for summaries/documents (64 tokens) when
+retrieving. Batches are padded to a fixed shape so encoding any number of strings compiles once.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from cfir_jax.errors import CfirError
+from cfir_jax.model import DBeit3, TextTower
+from cfir_jax.tokenizer import Beit3Tokenizer
+
+
+class TextEncoder:
+    """`encode(texts) -> [len(texts), D] float32`: tokenise, pad to `batch_size`, run the jitted text tower."""
+
+    def __init__(self, model: DBeit3 | TextTower, tokenizer: Beit3Tokenizer, max_len: int, batch_size: int = 64):
+        tower = model.text_tower() if isinstance(model, DBeit3) else model
+        if tokenizer.vocab_size > tower.config.vocab_size:
+            raise CfirError(f"tokenizer {tokenizer.path} has {tokenizer.vocab_size} ids but the model's text "
+                            f"embedding has {tower.config.vocab_size} rows: tokenizer and model do not belong together")
+        self.tokenizer = tokenizer
+        self.max_len = max_len
+        self.batch_size = batch_size
+        self.dim = tower.config.embed_dim
+        graphdef, state = nnx.split(tower)
+        self._state = state
+
+        @jax.jit
+        def encode(state, ids, mask):
+            return nnx.merge(graphdef, state).encode_text(ids, mask)
+
+        self._encode = encode
+
+    def encode_tokens(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """ids/mask [N, max_len] -> [N, D] float32."""
+        n = len(ids)
+        out = np.empty((n, self.dim), np.float32)
+        for start in range(0, n, self.batch_size):
+            chunk_ids, chunk_mask = ids[start : start + self.batch_size], mask[start : start + self.batch_size]
+            pad = self.batch_size - len(chunk_ids)
+            if pad:
+                chunk_ids = np.concatenate([chunk_ids, np.repeat(chunk_ids[-1:], pad, 0)])
+                chunk_mask = np.concatenate([chunk_mask, np.repeat(chunk_mask[-1:], pad, 0)])
+            emb = np.asarray(self._encode(self._state, chunk_ids, chunk_mask))
+            out[start : start + self.batch_size] = emb[: self.batch_size - pad]
+        return out
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        """texts [N] -> [N, D] float32 (N may be 0)."""
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), np.float32)
+        ids, mask = self.tokenizer(list(texts), self.max_len)
+        return self.encode_tokens(ids, mask)

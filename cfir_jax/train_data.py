@@ -1,0 +1,120 @@
+"""Training pairs from the index stores: (summary | document | caption) text, cached image embedding.
+
+CFIR trains the language expert on (summary of a train-split document, one of its relevant images) pairs, the image
+side being the frozen cache. The caption variant pairs each image with its own caption: that is how the demo stands
+in for BEiT-3's image-text pretraining on a synthetic world that has no pretrained weights.
+"""
+
+from __future__ import annotations
+
+import ml_collections
+import numpy as np
+
+from cfir_jax.corpus import Corpus
+from cfir_jax.errors import CfirError
+from cfir_jax.image_cache import ImageCache
+from cfir_jax.layout import Layout
+from cfir_jax.tokenizer import Beit3Tokenizer
+from cfir_jax.trainer import EvalData, TrainData
+
+TEXTS = ("summary", "document", "caption")
+
+
+def resolve_tokenizer(config: ml_collections.ConfigDict, corpus: Corpus) -> Beit3Tokenizer:
+    """The config's tokenizer (beit3.spm), else the one shipped with the corpus (synthetic worlds)."""
+    path = config.get("tokenizer") or corpus.tokenizer_path
+    if not path:
+        raise CfirError("no tokenizer: set --config.tokenizer=/path/to/beit3.spm (BEiT-3's sentencepiece model)")
+    return Beit3Tokenizer(path)
+
+
+def document_texts(layout: Layout, corpus: Corpus, kind: str) -> list[str]:
+    """One text per corpus document, in corpus row order: its summary or its full text."""
+    if kind == "summary":
+        from cfir_jax.summaries import SummaryStore
+
+        store = SummaryStore.open(layout.summaries)
+        if store.doc_ids != corpus.doc_ids:
+            raise CfirError(f"{layout.summaries}: summaries were built for other documents than {corpus.path}; "
+                            "rebuild them with index.py")
+        return list(store.summaries)
+    if kind == "document":
+        return [corpus.document(i).text for i in range(corpus.num_documents)]
+    raise CfirError(f"unknown text kind {kind!r}: use one of {TEXTS}")
+
+
+def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool = True) -> TrainData:
+    """Builds the host-side TrainData of `config.train.text` from the stores of `workdir`."""
+    tcfg = config.train
+    if tcfg.text not in TEXTS:
+        raise CfirError(f"train.text={tcfg.text!r}: use one of {TEXTS}")
+    layout = Layout.of(workdir)
+    corpus = Corpus.open(layout.corpus)
+    cache = ImageCache.open(layout.image_cache, expect_dim=config.model.embed_dim)
+    tokenizer = resolve_tokenizer(config, corpus)
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise CfirError(f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}")
+    row_of = {image_id: i for i, image_id in enumerate(cache.ids)}
+
+    if tcfg.text == "caption":
+        texts, pair_text, pair_image = [], [], []
+        for i, image_id in enumerate(corpus.image_ids):
+            if image_id in row_of:
+                caption = corpus.image(i).caption
+                if caption:
+                    pair_text.append(len(texts))
+                    texts.append(caption)
+                    pair_image.append(row_of[image_id])
+        doc_texts = None
+    else:
+        doc_texts = document_texts(layout, corpus, tcfg.text)
+        texts = doc_texts
+        doc_row = {doc_id: i for i, doc_id in enumerate(corpus.doc_ids)}
+        pair_text, pair_image = [], []
+        for doc_id, rels in sorted(corpus.qrels("train").items()):
+            for image_id, rel in sorted(rels.items()):
+                if rel > 0 and image_id in row_of and doc_id in doc_row:
+                    pair_text.append(doc_row[doc_id])
+                    pair_image.append(row_of[image_id])
+    ids, mask = tokenizer(texts, tcfg.max_text_len)
+
+    eval_data = None
+    if with_eval and "validation" in corpus.splits:
+        eval_data = validation_data(corpus, cache, tokenizer, doc_texts or document_texts(layout, corpus, "document"),
+                                    tcfg.max_text_len)
+    hard_offsets = hard_rows = None
+    if tcfg.extra_negatives > 0 and tcfg.negatives == "hard" and tcfg.text != "caption":
+        hard_offsets, hard_rows = entity_candidates_per_doc(layout, corpus)
+    return TrainData(ids, mask, np.asarray(pair_text, np.int64), np.asarray(pair_image, np.int64), cache.embeddings,
+                     eval_data, hard_offsets, hard_rows)
+
+
+def validation_data(corpus: Corpus, cache: ImageCache, tokenizer: Beit3Tokenizer, doc_texts: list[str],
+                    max_len: int) -> EvalData | None:
+    """Validation documents against the images of the validation qrels (the 'small' setting), exact search."""
+    qrels = {d: {i: r for i, r in rels.items() if r > 0} for d, rels in corpus.qrels("validation").items()}
+    row_of = {image_id: i for i, image_id in enumerate(cache.ids)}
+    image_ids = sorted({i for rels in qrels.values() for i in rels if i in row_of})
+    doc_row = {doc_id: i for i, doc_id in enumerate(corpus.doc_ids)}
+    query_ids = sorted(d for d, rels in qrels.items() if rels and d in doc_row)
+    if not image_ids or not query_ids:
+        return None
+    ids, mask = tokenizer([doc_texts[doc_row[d]] for d in query_ids], max_len)
+    rows = np.asarray([row_of[i] for i in image_ids])
+    return EvalData(ids, mask, query_ids, np.asarray(cache.embeddings[rows], np.float32), image_ids, qrels)
+
+
+def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+    """CSR over documents of the candidate image rows of their entities (hard negatives)."""
+    from cfir_jax.entities import EntityStore
+    from cfir_jax.entity_index import EntityIndex
+
+    entities = EntityStore.open(layout.entities)
+    index = EntityIndex.open(layout.entity_index)
+    offsets, rows = [0], []
+    for d in range(corpus.num_documents):
+        ent_rows = [r for r in (index.row(e) for e in entities.entities_of(d)) if r is not None]
+        cands = np.unique(index.candidates(np.asarray(ent_rows, np.int64))[:, :64]) if ent_rows else np.zeros(0)
+        rows.append(cands.astype(np.int64))
+        offsets.append(offsets[-1] + len(cands))
+    return np.asarray(offsets, np.int64), np.concatenate(rows) if rows else np.zeros(0, np.int64)

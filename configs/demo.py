@@ -1,0 +1,36 @@
+"""The demo: the whole CFIR pipeline on a synthetic world, on a laptop CPU, in minutes (no downloads).
+
+  python index.py    --config configs/demo.py --workdir demo_work   # world, cache, caption pretraining, entities,
+                                                                    # summaries, entity index
+  python train.py    --config configs/demo.py --workdir demo_work   # CFIR: language expert on summaries
+  python retrieve.py --config configs/demo.py --index demo_work --query examples/doc.txt
+  python retrieve.py --config configs/demo.py --index demo_work --evaluate test
+
+`configs/demo.py:tiny` is the same on a 40-document world (tests). The world's images come with embeddings (the
+frozen image tower's output stands in for BEiT-3's), and no pretrained text weights exist for it, so index.py first
+trains the text tower on image captions (as BEiT-3's itc pretraining did) and freezes that as the entity encoder.
+Expected (default size): CFIR well above dense document and summary search on the test split (see README).
+"""
+
+from cfir_jax.config import build_config
+
+
+def get_config(arg=None):
+    tiny = arg == "tiny"
+    cfg = build_config("base", "runlocal")
+    cfg.model.update(embed_dim=64, num_layers=2, num_heads=4, ffn_dim=256, vocab_size=1024, max_text_positions=512,
+                     dropout=0.0)
+    cfg.index.corpus.update(source="synthetic", synthetic_size="tiny" if tiny else "default")
+    cfg.index.encoder = "pretrain"
+    cfg.index.image_cache.update(precomputed="corpus", dtype="float16")
+    cfg.index.summaries.update(summarizer="extractive", extractive_tokens=48)
+    cfg.index.entity_index.update(k=20 if tiny else 200, backend="exact", max_text_len=16, encode_batch=64)
+    # Caption pretraining of the text tower (the stand-in for BEiT-3's image-text pretraining).
+    cfg.index.pretrain = dict(global_batch=32 if tiny else 128, num_steps=30 if tiny else 400, lr=2e-3,
+                              warmup_steps=5 if tiny else 40, max_text_len=32, log_every=10, eval_every=10**9,
+                              checkpoint_every=10**9)
+    cfg.train.update(text="summary", max_text_len=64, global_batch=32 if tiny else 128,
+                     num_steps=20 if tiny else 300, lr=1e-3, warmup_steps=5 if tiny else 30, log_every=10,
+                     eval_every=10 if tiny else 100, checkpoint_every=10 if tiny else 100, eval_batch=128)
+    cfg.retrieval.update(top_k=100 if tiny else 1000)
+    return cfg

@@ -1,0 +1,36 @@
+"""Builds the offline index of CFIR: corpus, image cache, (encoder), entities, summaries, entity index.
+
+    python index.py --config configs/base.py --workdir W \
+        --config.index.corpus.texts=AToMiC-Texts-v0.2.1 --config.index.corpus.images=AToMiC-Images-v0.2 \
+        --config.index.corpus.qrels=AToMiC-Qrels-v0.2 --config.index.encoder=models/beit3_base_itc \
+        --config.tokenizer=beit3.spm
+    python index.py --config configs/demo.py --workdir demo_work        # the synthetic world
+    python index.py --config ... --workdir W --add-entities new_entities.txt
+"""
+
+from cfir_jax import cli
+from cfir_jax.errors import cli_main
+
+
+def _flags(parser):
+    parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build")
+    parser.add_argument("--add-entities", default="", help="file of entity texts (one per line) to append")
+
+
+@cli_main
+def main():
+    args, config = cli.parse(__doc__.splitlines()[0], _flags)
+    cli.maybe_initialize_distributed()
+    from cfir_jax import indexing
+
+    if args.add_entities:
+        added = indexing.add_entities(config, args.workdir, args.add_entities)
+        print(f"added {added} new entities to {args.workdir}/entity_index")
+        return
+    stages = tuple(s for s in args.stages.split(",") if s) or indexing.STAGES
+    reports = indexing.build_index(config, args.workdir, stages)
+    print(indexing.report_table(reports))
+
+
+if __name__ == "__main__":
+    main()
