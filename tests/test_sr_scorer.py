@@ -97,6 +97,24 @@ def test_out_of_range_candidate_is_a_cfir_error(setting):
         SRScorer(cache, compact, shortlist=256, k=10).score(query, np.array([1, len(cache)]))
 
 
+def test_approximate_scores_track_exact_scores(setting):
+    cache, compact, cand, query = setting
+    ids = np.unique(cand)
+    scorer = SRScorer(cache, compact, shortlist=1024, k=100)
+    approx = scorer.approximate_scores(query, ids)
+    exact = scorer.exact_scores(query, ids[:1024])
+    np.testing.assert_allclose(exact, np.asarray(cache[ids[:1024]], np.float32) @ query, rtol=1e-5, atol=1e-5)
+    assert np.corrcoef(approx[:1024], exact)[0, 1] > 0.9
+
+
+def test_public_stage_methods_reject_out_of_range_ids(setting):
+    cache, compact, _, query = setting
+    scorer = SRScorer(cache, compact, shortlist=256, k=10)
+    for method in (scorer.approximate_scores, scorer.exact_scores):
+        with pytest.raises(CfirError, match="candidate ids"):
+            method(query, np.array([0, len(cache)]))
+
+
 def test_int64_id_beyond_int32_is_a_cfir_error_not_wrapped(setting):
     cache, compact, _, query = setting
     with pytest.raises(CfirError, match="candidate ids"):
@@ -122,7 +140,8 @@ def test_build_compact_round_trips_and_is_memory_mapped(tmp_path, setting):
     ref = compact_in_memory(cache, dims=32)
     # Chunked matmuls round differently in the last bit: codes may differ by one step, never more.
     assert np.abs(built.codes.astype(np.int32) - ref.codes).max() <= 1
-    approx = built.scales[:, None] * built.codes.astype(np.float32) @ built.rotation.T
+    assert built.scales.shape == (32,)
+    approx = (built.codes.astype(np.float32) * built.scales) @ built.rotation.T
     rel = np.linalg.norm(approx - np.asarray(cache, np.float32)) / np.linalg.norm(np.asarray(cache, np.float32))
     assert rel < 0.6  # 32 of 128 dims on a slowly decaying spectrum keep most of the energy
     with pytest.raises(StoreError, match="n="):
