@@ -1,0 +1,68 @@
+"""Reading query documents safely: one document (`--query doc.txt`) or many (`--queries docs.jsonl`)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cfir_jax.errors import CfirError
+from cfir_jax.retrieval import DocumentInput
+
+MAX_QUERY_BYTES = 1 << 20  # a document is a few KB; anything past 1 MiB is not one
+MAX_QUERIES_BYTES = 1 << 30
+
+
+def _read_text(path: str | Path, limit: int, what: str) -> str:
+    path = Path(path)
+    if not path.exists():
+        raise CfirError(f"{path}: {what} not found")
+    if not path.is_file():
+        raise CfirError(f"{path}: {what} is not a regular file")
+    size = path.stat().st_size
+    if size == 0:
+        raise CfirError(f"{path}: {what} is empty")
+    if size > limit:
+        raise CfirError(f"{path}: {what} is {size / 2**20:.1f} MiB, over the {limit / 2**20:.0f} MiB limit "
+                        "(is it really a document?)")
+    data = path.read_bytes()
+    if b"\x00" in data:
+        raise CfirError(f"{path}: {what} is binary (NUL bytes), expected UTF-8 text")
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise CfirError(f"{path}: {what} is not UTF-8 text (bad byte at offset {e.start})") from None
+    if not text.strip():
+        raise CfirError(f"{path}: {what} holds only whitespace")
+    return text
+
+
+def read_query(path: str | Path) -> DocumentInput:
+    """A plain-text document file."""
+    return DocumentInput(_read_text(path, MAX_QUERY_BYTES, "query file").strip(), doc_id=Path(path).stem or "query")
+
+
+def read_queries(path: str | Path) -> list[DocumentInput]:
+    """JSON lines {"id": ..., "text": ...}; ids unique, no whitespace (they become TREC topic ids)."""
+    text = _read_text(path, MAX_QUERIES_BYTES, "queries file")
+    docs, seen = [], set()
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise CfirError(f"{path}:{n}: not JSON ({e.msg})") from None
+        if not isinstance(record, dict) or not isinstance(record.get("text"), str) or "id" not in record:
+            raise CfirError(f'{path}:{n}: expected {{"id": ..., "text": "..."}}')
+        doc_id = str(record["id"])
+        if not doc_id or any(c.isspace() for c in doc_id):
+            raise CfirError(f"{path}:{n}: id {doc_id!r} is empty or has whitespace (TREC topic ids cannot)")
+        if doc_id in seen:
+            raise CfirError(f"{path}:{n}: duplicate id {doc_id!r}")
+        if not record["text"].strip():
+            raise CfirError(f"{path}:{n}: empty text for id {doc_id!r}")
+        seen.add(doc_id)
+        docs.append(DocumentInput(record["text"], doc_id))
+    if not docs:
+        raise CfirError(f"{path}: no queries")
+    return docs

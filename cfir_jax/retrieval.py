@@ -1,0 +1,308 @@
+"""The CFIR retrieval pipeline and its baselines, as a library.
+
+CFIR (REFERENCE §6): document -> named entities -> the union of their candidate lists from the entity index (entity
+ranking, ER) -> the document's summary embedded by the trained text tower -> the union scored by dot product with
+the cached image embeddings (summary re-ranking, SR, `cfir_jax.sr_scorer`) -> top-k.
+
+Entities the index has never seen are dropped (`unknown_entities="ignore"`, the paper) or encoded by the frozen
+entity encoder and searched over the cache at query time (`"search"`, the default: no entity is lost). A document
+with no usable entity falls back to searching the whole cache with its summary embedding, and says so.
+
+Baselines through the same code, for the paper's comparisons: `dense_document` and `dense_summary` (exact search of
+the whole cache with the full document's or the summary's embedding) and `entity_only` (the union ranked by each
+image's best entity score).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Sequence
+
+import ml_collections
+import numpy as np
+
+from cfir_jax.errors import CfirError
+from cfir_jax.layout import Layout
+
+METHODS = ("cfir", "dense_document", "dense_summary", "entity_only")
+
+
+@dataclasses.dataclass
+class Hit:
+    rank: int
+    image_id: str
+    score: float
+    row: int  # row of the image cache
+    entities: tuple[str, ...] = ()  # the document entities whose candidate lists brought this image in
+
+
+@dataclasses.dataclass
+class Result:
+    hits: list[Hit]
+    entities: list[str]  # entities found in the document (normalised)
+    unknown_entities: list[str]  # of those, the ones the index had not seen
+    summary: str
+    note: str = ""  # e.g. the fallback taken
+    num_candidates: int = 0  # size of the candidate union
+    times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+
+
+@dataclasses.dataclass
+class DocumentInput:
+    """A document to retrieve for; entities/summary given when the index already computed them."""
+
+    text: str
+    doc_id: str = "query"
+    entities: list[str] | None = None
+    summary: str | None = None
+
+
+class Retriever:
+    """Loads the stores of a workdir once; `retrieve(doc)` runs one query, `retrieve_many(docs)` a batch."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True):
+        from cfir_jax import checkpoint
+        from cfir_jax.corpus import Corpus
+        from cfir_jax.entity_index import EntityIndex
+        from cfir_jax.image_cache import ImageCache
+        from cfir_jax.text_encoder import TextEncoder
+        from cfir_jax.train_data import resolve_tokenizer
+
+        if method not in METHODS:
+            raise CfirError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
+        self.config, self.method = config, method
+        self.rcfg = config.retrieval
+        if self.rcfg.unknown_entities not in ("ignore", "search"):
+            raise CfirError(f"retrieval.unknown_entities={self.rcfg.unknown_entities!r}: use 'ignore' or 'search'")
+        layout = self.layout = Layout.of(workdir)
+        if not layout.root.is_dir():
+            raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
+        index_info = _read_index_json(layout)
+        self.corpus = Corpus.open(layout.corpus)
+        model_dir = layout.model if (layout.model / "manifest.json").is_file() else None
+        encoder_dir = Path(index_info["encoder"]) if index_info.get("encoder") else None
+        if model_dir is None:
+            if encoder_dir is None:
+                raise CfirError(f"{layout.root}: no trained model (run train.py) and no index encoder")
+            model_dir, self.note_model = encoder_dir, "untrained: the index encoder scores summaries (run train.py)"
+        else:
+            self.note_model = ""
+        model = checkpoint.load_model(model_dir, config.model)
+        model_manifest = checkpoint.read_model_manifest(model_dir)
+        self.cache = ImageCache.open(layout.image_cache, expect_dim=model.config.embed_dim)
+        if not self.cache.fingerprint.startswith("precomputed:") and \
+                self.cache.fingerprint != model_manifest["vision_fingerprint"]:
+            raise CfirError(f"{layout.image_cache}: image cache was built by {self.cache.fingerprint} but the model "
+                            f"{model_dir} has {model_manifest['vision_fingerprint']}: rebuild the cache or use its model")
+        tokenizer = resolve_tokenizer(config, self.corpus)
+        self.query_encoder = TextEncoder(model, tokenizer, self.rcfg.max_text_len, batch_size=32)
+        self.doc_encoder = TextEncoder(model, tokenizer, model.config.max_text_positions - 2, batch_size=8)
+        self.embeddings = self.cache.embeddings
+        self.image_ids = self.cache.ids
+        self.entity_index = self.entity_encoder = None
+        if method in ("cfir", "entity_only"):
+            enc_model = checkpoint.load_model(encoder_dir, config.model) if encoder_dir else model
+            fingerprint = checkpoint.fingerprint(enc_model, "text")
+            self.entity_index = EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint,
+                                                 expect_dim=model.config.embed_dim)
+            if self.entity_index.manifest.get("n_images") not in (None, self.cache.num_images):
+                raise CfirError(f"{layout.entity_index}: built over {self.entity_index.manifest['n_images']} images "
+                                f"but the cache has {self.cache.num_images}: rebuild the entity index")
+            self.entity_encoder = TextEncoder(enc_model, tokenizer, config.index.entity_index.max_text_len, 16)
+        self._nlp = self._summarizer = self._sr = None
+        self._load_nlp = load_nlp
+        self._caption_cache: dict[int, tuple[str, str]] = {}
+
+    # ----------------------------------------------------------------------------------------- lazy components
+    def extractor(self):
+        if self._nlp is None:
+            from cfir_jax.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+
+            e = self.config.index.entities
+            self._nlp = EntityExtractor(load_spacy(e.spacy_model or None), tuple(e.labels) or DEFAULT_LABELS)
+        return self._nlp
+
+    def summarizer(self):
+        if self._summarizer is None:
+            from cfir_jax.indexing import make_summarizer
+
+            self._summarizer = make_summarizer(self.config)
+        return self._summarizer
+
+    def sr_scorer(self):
+        if self._sr is None:
+            from cfir_jax.sr_scorer import SRScorer, build_compact
+
+            compact_dir = self.layout.sr_compact
+            dims = min(self.rcfg.sr_compact_dims, self.cache.dim)
+            try:
+                from cfir_jax.sr_scorer import CompactCache
+
+                CompactCache.open(compact_dir, expect_n=self.cache.num_images, expect_dim=self.cache.dim)
+            except CfirError:
+                build_compact(self.embeddings, compact_dir, dims=dims)
+            self._sr = SRScorer(self.embeddings, compact_dir, shortlist=self.rcfg.sr_shortlist, k=self.rcfg.top_k)
+        return self._sr
+
+    # ------------------------------------------------------------------------------------------------- stages
+    def _document_entities(self, docs: Sequence[DocumentInput]) -> list[list[str]]:
+        missing = [i for i, d in enumerate(docs) if d.entities is None]
+        found = list(self.extractor().extract([docs[i].text for i in missing])) if missing else []
+        out = [d.entities for d in docs]
+        for i, ents in zip(missing, found):
+            out[i] = ents
+        return out
+
+    def _summaries(self, docs: Sequence[DocumentInput]) -> list[str]:
+        missing = [i for i, d in enumerate(docs) if d.summary is None]
+        made = self.summarizer().summarize([docs[i].text for i in missing]) if missing else []
+        out = [d.summary for d in docs]
+        for i, s in zip(missing, made):
+            out[i] = s
+        return out
+
+    def _full_search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        from cfir_jax.knn import exact_topk
+
+        scores, rows = exact_topk(query[None], self.embeddings, min(k, len(self.embeddings)))
+        return scores[0], rows[0]
+
+    def _candidates(self, entities: list[str]) -> tuple[list[np.ndarray], list[str], list[str]]:
+        """Candidate lists per usable entity, the usable entities, and the unknown ones."""
+        known_rows, known, unknown = [], [], []
+        for e in entities:
+            r = self.entity_index.row(e)
+            if r is None:
+                unknown.append(e)
+            else:
+                known_rows.append(r)
+                known.append(e)
+        lists = list(self.entity_index.candidates(np.asarray(known_rows, np.int64))) if known_rows else []
+        searched: list[str] = []
+        if unknown and self.rcfg.unknown_entities == "search":
+            emb = self.entity_encoder.encode(unknown)
+            k = self.entity_index.k
+            if self.entity_index.manifest.get("has_searcher"):
+                _, rows = self.entity_index.searcher().search(emb, k)
+            else:
+                from cfir_jax.knn import exact_topk
+
+                _, rows = exact_topk(emb, self.embeddings, k)
+            lists += [np.asarray(r, np.int32) for r in rows]
+            searched = unknown
+        return lists, known + searched, unknown
+
+    def retrieve_many(self, docs: Sequence[DocumentInput]) -> list[Result]:
+        """Runs the configured method for every document (entities and summaries batched)."""
+        k = self.rcfg.top_k
+        t0 = time.perf_counter()
+        entities = self._document_entities(docs) if self.method in ("cfir", "entity_only") else [[] for _ in docs]
+        t1 = time.perf_counter()
+        use_summary = self.method in ("cfir", "dense_summary") and self.rcfg.text == "summary"
+        summaries = self._summaries(docs) if use_summary else [""] * len(docs)
+        t2 = time.perf_counter()
+        if self.method == "dense_document":
+            queries = self.doc_encoder.encode([d.text for d in docs])
+        elif self.method == "entity_only":
+            queries = None
+        else:
+            queries = self.query_encoder.encode(summaries if use_summary else [d.text for d in docs])
+        t3 = time.perf_counter()
+        per_doc_ms = {"entities": 1e3 * (t1 - t0) / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
+                      "encode": 1e3 * (t3 - t2) / len(docs)}
+        results = []
+        for i, doc in enumerate(docs):
+            ts = time.perf_counter()
+            note, lists, used, unknown = "", [], [], []
+            if self.method in ("cfir", "entity_only"):
+                lists, used, unknown = self._candidates(entities[i])
+            if self.method in ("dense_document", "dense_summary") or (self.method == "cfir" and not lists):
+                if self.method == "cfir":
+                    note = "no usable entity: searched the whole cache with the summary embedding"
+                scores, rows = self._full_search(queries[i], k)
+            elif self.method == "entity_only":
+                scores, rows = self._entity_ranking(lists, used, k)
+            else:
+                union = np.concatenate(lists)
+                scores, rows = self.sr_scorer().score(queries[i], union)
+            hits = self._hits(scores, rows, lists, used)
+            times = dict(per_doc_ms, rank=1e3 * (time.perf_counter() - ts))
+            num = int(len(np.unique(np.concatenate(lists)))) if lists else len(self.embeddings)
+            results.append(Result(hits, list(entities[i]), unknown, summaries[i], note, num, times))
+        return results
+
+    def retrieve(self, doc: DocumentInput | str) -> Result:
+        return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
+
+    def _entity_ranking(self, lists, used, k) -> tuple[np.ndarray, np.ndarray]:
+        """Entity-only baseline: each candidate scored by its best entity-candidate similarity."""
+        rows = np.concatenate(lists) if lists else np.zeros(0, np.int32)
+        if not len(rows):
+            return np.zeros(0, np.float32), np.zeros(0, np.int32)
+        emb = self.entity_encoder.encode(used)
+        scores = np.concatenate([np.asarray(self.embeddings[np.asarray(lst)], np.float32) @ emb[j]
+                                 for j, lst in enumerate(lists)])
+        order = np.lexsort((rows, -scores))
+        rows, scores = rows[order], scores[order]
+        _, first = np.unique(rows, return_index=True)
+        keep = np.sort(first)[:k]
+        return scores[keep], rows[keep]
+
+    def _hits(self, scores, rows, lists, used) -> list[Hit]:
+        members = [set(np.asarray(lst).tolist()) for lst in lists]
+        hits = []
+        for rank, (s, r) in enumerate(zip(scores, rows), 1):
+            r = int(r)
+            brought = tuple(e for e, m in zip(used, members) if r in m)
+            hits.append(Hit(rank, self.image_ids[r], float(s), r, brought))
+        return hits
+
+    def describe_image(self, image_id: str) -> tuple[str, str]:
+        """(caption, url) of an image of the corpus ('' when unknown)."""
+        if not hasattr(self, "_corpus_row"):
+            self._corpus_row = {i: n for n, i in enumerate(self.corpus.image_ids)}
+        n = self._corpus_row.get(image_id)
+        if n is None:
+            return "", ""
+        if n not in self._caption_cache:
+            image = self.corpus.image(n)
+            self._caption_cache[n] = (image.caption, image.url)
+        return self._caption_cache[n]
+
+    # ----------------------------------------------------------------------------------------------- corpus docs
+    def corpus_documents(self, split: str) -> list[DocumentInput]:
+        """The documents of a qrels split with the entities and summaries the index computed for them."""
+        from cfir_jax.entities import EntityStore
+        from cfir_jax.summaries import SummaryStore
+
+        qrels = self.corpus.qrels(split)
+        row_of = {d: i for i, d in enumerate(self.corpus.doc_ids)}
+        entities = EntityStore.open(self.layout.entities) if self.method in ("cfir", "entity_only") else None
+        summaries = SummaryStore.open(self.layout.summaries) if self.method in ("cfir", "dense_summary") else None
+        docs = []
+        for doc_id in sorted(qrels):
+            if doc_id not in row_of:
+                continue
+            i = row_of[doc_id]
+            docs.append(DocumentInput(
+                self.corpus.document(i).text, doc_id,
+                entities=entities.entities_of(i) if entities is not None else None,
+                summary=summaries.summary(i) if summaries is not None else None))
+        return docs
+
+
+def _read_index_json(layout: Layout) -> dict:
+    if not layout.index_json.is_file():
+        raise CfirError(f"{layout.root}: incomplete index (no index.json); run index.py to finish it")
+    try:
+        return json.loads(layout.index_json.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CfirError(f"{layout.index_json}: unreadable; run index.py again") from None
+
+
+def run_of(results: Sequence[Result], docs: Sequence[DocumentInput]) -> dict[str, list[tuple[str, float]]]:
+    """A TREC run {doc_id: [(image_id, score), ...]} from the results."""
+    return {d.doc_id: [(h.image_id, h.score) for h in r.hits] for d, r in zip(docs, results)}

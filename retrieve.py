@@ -1,0 +1,137 @@
+"""Finds the images of a document with CFIR (entities -> candidate union -> summary re-ranking).
+
+    python retrieve.py --index W --query doc.txt [--top-k 20] [--format table|json|trec] [--html out.html]
+    python retrieve.py --index W --queries docs.jsonl --output run.trec [--qrels qrels.txt]
+    python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split, every method
+"""
+
+import argparse
+import sys
+
+from cfir_jax.errors import CfirError, cli_main
+
+
+def _args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--index", required=True, help="workdir built by index.py (and train.py)")
+    p.add_argument("--config", default="", help="config file; default: the config the index was built with")
+    what = p.add_mutually_exclusive_group(required=True)
+    what.add_argument("--query", help="a plain-text document")
+    what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
+    what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
+    p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
+    p.add_argument("--compare", action="store_true", help="with --evaluate: every method, one table")
+    p.add_argument("--top-k", type=int, default=0, help="hits to show/write (default: retrieval.top_k)")
+    p.add_argument("--format", default="table", help="table | json | trec (stdout)")
+    p.add_argument("--html", default="", help="write an HTML page with the images")
+    p.add_argument("--output", default="", help="write a TREC run file")
+    p.add_argument("--qrels", default="", help="TREC qrels (or AToMiC parquet) to evaluate the run against")
+    p.add_argument("--tag", default="cfir", help="run tag of TREC output")
+    return p.parse_known_args(argv)
+
+
+@cli_main
+def main():
+    args, overrides = _args()
+    from cfir_jax import cli, report
+    from cfir_jax.layout import Layout
+
+    if args.format not in report.FORMATS:
+        raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
+    if args.top_k < 0:
+        raise CfirError("--top-k must be positive")
+    config = cli.load_config_file(args.config) if args.config else _index_config(args.index)
+    cli.apply_overrides(config, overrides)
+    if args.top_k:
+        config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
+    top = args.top_k or config.retrieval.top_k
+    Layout.of(args.index)  # noqa: B018 (validates nothing; Retriever reports a missing index)
+
+    if args.evaluate:
+        return _evaluate(config, args, top)
+    from cfir_jax.queries import read_queries, read_query
+    from cfir_jax.retrieval import Retriever, run_of
+
+    docs = [read_query(args.query)] if args.query else read_queries(args.queries)
+    retriever = Retriever(config, args.index, args.method)
+    results = retriever.retrieve_many(docs)
+    describe = retriever.describe_image
+    for doc, result in zip(docs, results):
+        if args.format == "table":
+            print(report.table(result, describe, min(top, 20) if not args.top_k else top))
+        elif args.format == "json":
+            print(report.as_json(doc.doc_id, result, describe, top))
+        else:
+            print(report.trec_lines(doc.doc_id, result, args.tag, top))
+    if args.html:
+        from pathlib import Path
+
+        row = {i: n for n, i in enumerate(retriever.corpus.image_ids)}
+        image_bytes = lambda image_id: retriever.corpus.image(row[image_id]).image if image_id in row else b""  # noqa
+        page = "".join(report.html_page(d.doc_id, r, describe, image_bytes, top) for d, r in zip(docs, results))
+        Path(args.html).write_text(page)
+        print(f"wrote {args.html}", file=sys.stderr)
+    run = run_of(results, docs)
+    _write_and_score(run, args, top)
+
+
+def _write_and_score(run, args, top):
+    from cfir_jax import metrics, trec
+
+    if args.output:
+        trec.write_run(args.output, run, tag=args.tag, max_hits=top)
+        print(f"wrote {args.output}", file=sys.stderr)
+    if args.qrels:
+        print(metrics.evaluate(run, trec.read_qrels(args.qrels)).table())
+
+
+def _evaluate(config, args, top):
+    from cfir_jax import metrics
+    from cfir_jax.retrieval import METHODS, Retriever, run_of
+
+    methods = METHODS if args.compare else (args.method,)
+    rows = []
+    for method in methods:
+        retriever = Retriever(config, args.index, method)
+        docs = retriever.corpus_documents(args.evaluate)
+        results = retriever.retrieve_many(docs)
+        run = run_of(results, docs)
+        qrels = retriever.corpus.qrels(args.evaluate)
+        res = metrics.evaluate(run, qrels, measures=("mrr@10", "recall@10", "recall@100", "recall@1000",
+                                                     "success@1000"))
+        ms = sum(r.times_ms.get("rank", 0.0) for r in results) / max(len(results), 1)
+        rows.append((method, res.aggregate, ms, sum(r.num_candidates for r in results) / max(len(results), 1)))
+        if len(methods) == 1:
+            args.qrels = ""
+            _write_and_score(run, args, top)
+    head = ["method", "MRR@10", "R@10", "R@100", "R@1000", "S@1000", "rank ms/q", "candidates/q"]
+    table = [head] + [[m, *(f"{a[k]:.4f}" for k in ("mrr@10", "recall@10", "recall@100", "recall@1000",
+                                                    "success@1000")), f"{ms:.2f}", f"{c:,.0f}"]
+                      for m, a, ms, c in rows]
+    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
+    print(f"{args.evaluate} split, {len(docs)} topics")
+    for j, r in enumerate(table):
+        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
+        if j == 0:
+            print("  ".join("-" * w for w in widths))
+
+
+def _index_config(workdir):
+    import json
+    from pathlib import Path
+
+    import ml_collections
+
+    path = Path(workdir) / "index.json"
+    if not Path(workdir).is_dir():
+        raise CfirError(f"{workdir}: no index here (missing directory); build it with index.py")
+    if not path.is_file():
+        raise CfirError(f"{workdir}: incomplete index (no index.json); run index.py to finish it")
+    try:
+        return ml_collections.ConfigDict(json.loads(path.read_text())["config"])
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
+        raise CfirError(f"{path}: unreadable; run index.py again") from None
+
+
+if __name__ == "__main__":
+    main()
