@@ -100,7 +100,7 @@ def main() -> None:
     t = time.perf_counter()
     cache = load_cache(args)
     compact = load_compact(args, cache)
-    print(f"cache + compact copy ({compact.dims} int8 + scale per row, {compact.codes.nbytes / 2**20:.0f} MiB) "
+    print(f"cache + compact copy ({compact.dims} int8 dims per row, {compact.codes.nbytes / 2**20:.0f} MiB) "
           f"ready in {time.perf_counter() - t:.1f}s")
     docs = make_documents(args.n_images, args.queries, args.per_entity, 10, seed=1)
     rng = np.random.default_rng(2)

@@ -70,10 +70,19 @@ def test_every_candidate_count_returns_the_exact_top_k(setting):
 
 def test_one_and_two_threads_give_the_same_result(setting):
     cache, compact, cand, query = setting
+    assert len(np.unique(cand)) > 4096  # above the size where the approximate pass splits over threads
     s1, i1 = SRScorer(cache, compact, shortlist=2048, k=1000, threads=1).score(query, cand)
     s2, i2 = SRScorer(cache, compact, shortlist=2048, k=1000, threads=2).score(query, cand)
     np.testing.assert_array_equal(i1, i2)
     np.testing.assert_allclose(s1, s2, rtol=1e-6)
+
+
+def test_float32_cache_scores_exactly(setting):
+    cache, compact, cand, query = setting
+    cache32 = np.asarray(cache, np.float32)
+    scores, ids = SRScorer(cache32, compact, shortlist=2048, k=1000).score(query, cand)
+    assert len(np.intersect1d(ids, _exact(cache32, query, cand, 1000))) >= 990
+    np.testing.assert_allclose(scores, cache32[ids] @ query, rtol=1e-5, atol=1e-5)
 
 
 def test_stage_times_record_every_stage_of_every_call(setting):
