@@ -176,7 +176,7 @@ def retrieval_config() -> ml_collections.ConfigDict:
             text="summary",  # the query text scored in SR: 'summary' (CFIR) or 'document'
             max_text_len=64,
             unknown_entities="search",  # 'ignore' (the paper) or 'search' (ScaNN over the cache at query time)
-            sr_shortlist=4096,  # candidates re-scored exactly after the compact pass
+            sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
         )
     )

@@ -160,3 +160,16 @@ def test_build_compact_round_trips_and_is_memory_mapped(tmp_path, setting):
 def test_unique_sorted_matches_numpy_unique():
     x = np.random.default_rng(0).integers(0, 100, 1000).astype(np.int32)
     np.testing.assert_array_equal(unique_sorted(x), np.unique(x))
+
+
+def test_float16_cast_without_torch_is_exact(monkeypatch):
+    """The exact pass works without PyTorch (JAX users): the lookup-table cast equals numpy's astype bit for bit."""
+    import cfir_jax.sr_scorer as sr
+
+    src = np.random.default_rng(0).normal(size=(70, 33)).astype(np.float16)
+    src[0, :4] = [0.0, -0.0, np.float16(6e-8), np.inf]  # zeros, a subnormal, inf
+    for torch_module in (None, sr.torch):
+        monkeypatch.setattr(sr, "torch", torch_module)
+        dst = np.empty(src.shape, np.float32)
+        sr._cast_f16(src, dst)
+        np.testing.assert_array_equal(dst, src.astype(np.float32))
