@@ -215,7 +215,7 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
 
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     ei = config.index.entity_index
-    if _current(layout.entity_index, "entity_index", model_fingerprint=fingerprint, num_entities=len(entities.vocab),
+    if _current(layout.entity_index, "entity_index", model_fingerprint=fingerprint, n_entities=len(entities.vocab),
                 k_requested=ei.k, backend=ei.backend):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
     embeddings = encoder.encode(entities.vocab)
