@@ -126,3 +126,22 @@ def test_reference_parameter_counts():
         abstract = model_lib.abstract_model(get("384").model)
         assert model_lib.count_params(abstract) == total
         assert model_lib.count_params(abstract, language_expert) == trainable
+
+
+def test_remat_changes_nothing_but_memory():
+    """Activation checkpointing (scanned or unrolled) gives the same loss gradients as storing activations."""
+    from flax import nnx
+
+    ids, mask = _text_batch(np.random.default_rng(9))
+
+    def grads(**kw):
+        model = model_lib.create_model(_config(SHAPES[0], **kw), seed=1)
+
+        def loss(m):
+            return jnp.sum(m.encode_text(ids, mask) ** 3)
+
+        return nnx.to_pure_dict(nnx.grad(loss)(model))
+
+    base = grads(remat=False)
+    for kw in (dict(remat=True), dict(remat=True, scan_layers=False)):
+        jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), base, grads(**kw))

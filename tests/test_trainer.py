@@ -106,6 +106,45 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
     assert (whole / "metrics.jsonl").read_text() == (broken / "metrics.jsonl").read_text()
 
 
+@pytest.mark.slow
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+    """Preemption: SIGTERM mid-run -> checkpoint at the current step, exit 0; the rerun finishes identically."""
+    work = tmp_path / "pre"
+    proc = subprocess.Popen([sys.executable, WORKER, "run", str(work), str(tmp_path / "x.npz"), "-2"], env=_env(1),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 300
+    while not (work / "metrics.jsonl").is_file() or not (work / "metrics.jsonl").read_text().strip():
+        assert proc.poll() is None and time.time() < deadline, "training ended before SIGTERM"
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    saved = sorted(int(p.name) for p in (work / "checkpoints").iterdir() if p.name.isdigit())
+    assert saved and saved[-1] < 8 and "SIGTERM" in err
+    assert not (tmp_path / "x.npz").exists()
+    done = subprocess.run([sys.executable, WORKER, "run", str(work), str(tmp_path / "y.npz"), "-1"], env=_env(1),
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    whole = subprocess.run([sys.executable, WORKER, "run", str(tmp_path / "whole"), str(tmp_path / "z.npz"), "-1"],
+                           env=_env(1), capture_output=True, text=True, timeout=600)
+    assert whole.returncode == 0
+    a, b = np.load(tmp_path / "y.npz"), np.load(tmp_path / "z.npz")
+    for k in a.files:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+
+
+def test_layer_lr_decay_scales():
+    """REFERENCE §2: embeddings = layer 0, layers.i = i + 1, the rest = L + 1; scale decay ** (L + 1 - layer)."""
+    from cfir_jax.partition import layer_lr_scales
+
+    tree = {"B": {"embed_positions": np.zeros((5, 2)), "layers": {"fc1": {"kernel": np.zeros((3, 2, 2))}},
+                  "layer_norm": {"scale": np.zeros(2)}}, "language_head": {"kernel": np.zeros((2, 2))}}
+    s = layer_lr_scales(tree, num_layers=3, decay=0.5)
+    assert float(s["B"]["embed_positions"]) == 0.5 ** 4
+    np.testing.assert_allclose(s["B"]["layers"]["fc1"]["kernel"].ravel(), [0.5 ** 3, 0.5 ** 2, 0.5])
+    assert float(s["B"]["layer_norm"]["scale"]) == 1.0 and float(s["language_head"]["kernel"]) == 1.0
+
+
 def test_frozen_parameters_are_bit_identical_after_training(tmp_path):
     """Init from a model directory, export with its vision tower: every frozen parameter is unchanged bit for bit
     (the vision tower never leaves the host; the token table is restored, never updated)."""

@@ -42,11 +42,15 @@ def steps(cfg, devices, n=2):
 
 
 class StallingData(trainer.TrainData):
+    """stall_at >= 0: block before that step (to be SIGKILLed); stall_at == -2: 0.5 s per batch (to be SIGTERMed)."""
+
     stall_at = -1
 
     def batch_rows(self, step, global_batch, seed):
         if step == self.stall_at:
             time.sleep(3600)  # the test kills us here
+        if self.stall_at == -2:
+            time.sleep(0.5)
         return super().batch_rows(step, global_batch, seed)
 
 
@@ -71,7 +75,7 @@ def main():
         np.savez(sys.argv[2], loss=loss, **params)
     elif mode == "run":
         workdir, out, stall = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        cfg = tiny_config(num_steps=8, checkpoint_every=2)
+        cfg = tiny_config(num_steps=8, checkpoint_every=2 if stall != -2 else 100)
         d = planted_data()
         data = StallingData(**{f: getattr(d, f) for f in d.__dataclass_fields__})
         data.stall_at = stall
