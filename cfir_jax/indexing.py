@@ -214,6 +214,7 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
     from cfir_jax.entity_index import EntityIndex, build_entity_index as build
 
     encoder, fingerprint = entity_encoder(config, layout, corpus)
+    _check_cache_encoder(config, layout, cache)
     ei = config.index.entity_index
     if _current(layout.entity_index, "entity_index", model_fingerprint=fingerprint, n_entities=len(entities.vocab),
                 k_requested=ei.k, backend=ei.backend):
@@ -246,8 +247,19 @@ def add_entities(config, workdir, path: str | os.PathLike) -> int:
     corpus = Corpus.open(layout.corpus)
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     cache = ImageCache.open(layout.image_cache, expect_dim=config.model.embed_dim)
+    _check_cache_encoder(config, layout, cache)
     return append_entities(layout.entity_index, texts, encoder.encode(texts), cache.embeddings,
                            expect_fingerprint=fingerprint, scann_config=scann_config(config))
+
+
+def _check_cache_encoder(config, layout: Layout, cache) -> None:
+    """Entity texts and images must come from one model: a cache encoded by another model is refused (one line)."""
+    from cfir_jax import checkpoint
+    from cfir_jax.store import check_manifest
+
+    if cache.manifest.get("source") == "model":  # imported embeddings carry no model fingerprint to compare
+        vision = checkpoint.read_model_manifest(encoder_dir(config, layout))["vision_fingerprint"]
+        check_manifest(cache.manifest, cache.path, fingerprint=vision)
 
 
 def _current(directory: Path, kind: str, **expected) -> bool:
