@@ -74,3 +74,24 @@ def test_scann_load_of_missing_dir_is_a_cfir_error(tmp_path):
 
 def test_recall_at_k_counts_overlap():
     assert recall_at_k(np.array([[1, 2, 3], [4, 5, 6]]), np.array([[3, 2, 9], [7, 8, 9]])) == pytest.approx(2 / 6)
+
+
+@pytest.mark.parametrize("n,k", [(100_000, 100), (100_000, 1000), (100_000, 10_000), (1_000_000, 10_000), (3000, 5)])
+def test_resolved_searches_enough_leaves_to_hold_the_reorder_candidates(n, k):
+    c = ScannConfig().resolved(n, k)
+    assert c.reorder == min(n, max(4 * k, 1000))  # the floor: recall@100 at 768 dims was 0.89 with 400
+    assert c.num_leaves_to_search * n / c.num_leaves >= min(n, 1.5 * c.reorder)
+    assert c.num_leaves_to_search >= c.num_leaves / 5 and c.num_leaves_to_search <= c.num_leaves
+
+
+def test_resolved_keeps_explicit_settings():
+    c = ScannConfig(num_leaves=50, num_leaves_to_search=7, reorder=123).resolved(100_000, 1000)
+    assert (c.num_leaves, c.num_leaves_to_search, c.reorder) == (50, 7, 123)
+
+
+def test_scann_recall_when_k_is_a_tenth_of_the_database():
+    db = synthetic_embeddings(10_000, 64, seed=6)
+    q = synthetic_embeddings(32, 64, seed=7)
+    _, exact = exact_topk(q, db, 1000)
+    _, approx = ScannSearcher.build(db, 1000).search(q, 1000)
+    assert recall_at_k(approx, exact) >= 0.95
