@@ -48,12 +48,17 @@ def test_exact_topk_rejects_dim_mismatch():
         exact_topk(np.zeros((2, 8), np.float32), np.zeros((10, 16), np.float32), 3)
 
 
+def _default_scann_recall(n: int, n_queries: int, k: int, seed: int) -> float:
+    """recall@k of ScaNN at the default config over n clustered 64-d rows."""
+    db = synthetic_embeddings(n, 64, seed=seed)
+    q = synthetic_embeddings(n_queries, 64, seed=seed + 1)
+    _, exact = exact_topk(q, db, k)
+    _, approx = ScannSearcher.build(db, k).search(q, k)
+    return recall_at_k(approx, exact)
+
+
 def test_scann_recall_on_clustered_data_at_defaults():
-    db = synthetic_embeddings(20_000, 64, seed=0)
-    q = synthetic_embeddings(64, 64, seed=1)
-    _, exact = exact_topk(q, db, 100)
-    _, approx = ScannSearcher.build(db, 100).search(q, 100)
-    assert recall_at_k(approx, exact) >= 0.95
+    assert _default_scann_recall(20_000, 64, 100, seed=0) >= 0.95
 
 
 def test_scann_serialize_roundtrip_after_move(tmp_path):
@@ -90,8 +95,4 @@ def test_resolved_keeps_explicit_settings():
 
 
 def test_scann_recall_when_k_is_a_tenth_of_the_database():
-    db = synthetic_embeddings(10_000, 64, seed=6)
-    q = synthetic_embeddings(32, 64, seed=7)
-    _, exact = exact_topk(q, db, 1000)
-    _, approx = ScannSearcher.build(db, 1000).search(q, 1000)
-    assert recall_at_k(approx, exact) >= 0.95
+    assert _default_scann_recall(10_000, 32, 1000, seed=6) >= 0.95
