@@ -34,18 +34,16 @@ def _args(argv=None):
 def main():
     args, overrides = _args()
     from cfir_jax import cli, report
-    from cfir_jax.layout import Layout
 
     if args.format not in report.FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
     if args.top_k < 0:
         raise CfirError("--top-k must be positive")
-    config = cli.load_config_file(args.config) if args.config else _index_config(args.index)
+    config = cli.load_config_file(args.config) if args.config else cli.workdir_config(args.index)
     cli.apply_overrides(config, overrides)
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
-    Layout.of(args.index)  # noqa: B018 (validates nothing; Retriever reports a missing index)
 
     if args.evaluate:
         return _evaluate(config, args, top)
@@ -114,23 +112,6 @@ def _evaluate(config, args, top):
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
         if j == 0:
             print("  ".join("-" * w for w in widths))
-
-
-def _index_config(workdir):
-    import json
-    from pathlib import Path
-
-    import ml_collections
-
-    path = Path(workdir) / "index.json"
-    if not Path(workdir).is_dir():
-        raise CfirError(f"{workdir}: no index here (missing directory); build it with index.py")
-    if not path.is_file():
-        raise CfirError(f"{workdir}: incomplete index (no index.json); run index.py to finish it")
-    try:
-        return ml_collections.ConfigDict(json.loads(path.read_text())["config"])
-    except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
-        raise CfirError(f"{path}: unreadable; run index.py again") from None
 
 
 if __name__ == "__main__":

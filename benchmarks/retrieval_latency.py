@@ -287,9 +287,9 @@ def workdir_config(workdir: str, spec: str | None):
 
     if spec:
         return cli.load_config_file(spec)
-    from retrieve import _index_config  # the repository root is on sys.path (common)
+    from cfir_jax.cli import workdir_config
 
-    return _index_config(workdir)
+    return workdir_config(workdir)
 
 
 def end_to_end(args) -> None:

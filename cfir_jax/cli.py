@@ -33,6 +33,21 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
         raise CfirError(f"{spec}: {e}") from None
 
 
+def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
+    """The config an index was built with (recorded in W/index.json by index.py)."""
+    import json
+
+    path = Path(workdir) / "index.json"
+    if not Path(workdir).is_dir():
+        raise CfirError(f"{workdir}: no index here (missing directory); build it with index.py")
+    if not path.is_file():
+        raise CfirError(f"{workdir}: incomplete index (no index.json); run index.py to finish it")
+    try:
+        return ml_collections.ConfigDict(json.loads(path.read_text())["config"])
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
+        raise CfirError(f"{path}: unreadable; run index.py again") from None
+
+
 def _parse_value(text: str, current):
     if isinstance(current, str):
         return text

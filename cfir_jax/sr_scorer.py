@@ -10,7 +10,7 @@ and scoring them exactly costs ~100 ms on 2 CPU cores; CFIR's budget is ~5 ms. S
 2. exact: the best `shortlist` candidates are gathered from the float16 cache and re-scored in float32; the final
    top-k is taken with argpartition over the shortlist.
 
-Where the time goes (4M x 768 float16, 58.6k unique candidates, benchmarks/sr_latency.py on 2 loaded cores): dedup
+Where the time goes (4M x 768 float16, 58.6k unique candidates, benchmarks/retrieval_latency.py on 2 loaded cores): dedup
 (a sort, which also orders the gathers) ~1.3 ms, approximate ~9 ms, shortlist 0.35 ms, exact (2560 rows) ~2.6 ms.
 The approximate pass is bound by memory latency, one random 128-byte row per candidate: a compiled numba loop
 fusing gather, cast and dot was only 22% faster than numpy, 4-bit codes (one cache line per row) 27% faster but

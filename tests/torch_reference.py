@@ -12,9 +12,10 @@ import types
 import numpy as np
 
 
-def _install_timm_stand_in() -> None:
-    if "timm.models.layers" in sys.modules:
-        return
+def _import_torchscale():
+    """Imports torchscale's BEiT3 with a stand-in `timm.models.layers.drop_path`, then removes the stand-in so
+    that libraries probing for a real timm (transformers does, through importlib.util.find_spec) are not misled."""
+    stand_in = "timm" not in sys.modules
 
     def drop_path(x, drop_prob: float = 0.0, training: bool = False):
         if drop_prob == 0.0 or not training:
@@ -23,20 +24,27 @@ def _install_timm_stand_in() -> None:
         mask = x.new_empty((x.shape[0],) + (1,) * (x.ndim - 1)).bernoulli_(keep)
         return x * mask / keep
 
-    timm = types.ModuleType("timm")
-    models = types.ModuleType("timm.models")
-    layers = types.ModuleType("timm.models.layers")
-    layers.drop_path = drop_path
-    timm.models, models.layers = models, layers
-    sys.modules.update({"timm": timm, "timm.models": models, "timm.models.layers": layers})
+    if stand_in:
+        timm = types.ModuleType("timm")
+        models = types.ModuleType("timm.models")
+        layers = types.ModuleType("timm.models.layers")
+        layers.drop_path = drop_path
+        timm.models, models.layers = models, layers
+        sys.modules.update({"timm": timm, "timm.models": models, "timm.models.layers": layers})
+    try:
+        from torchscale.architecture.config import EncoderConfig
+        from torchscale.model.BEiT3 import BEiT3
+    finally:
+        if stand_in:
+            for name in ("timm", "timm.models", "timm.models.layers"):
+                sys.modules.pop(name, None)
+    return EncoderConfig, BEiT3
 
-
-_install_timm_stand_in()
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
-from torchscale.architecture.config import EncoderConfig  # noqa: E402
-from torchscale.model.BEiT3 import BEiT3  # noqa: E402
+
+EncoderConfig, BEiT3 = _import_torchscale()
 
 
 class TorchRetrieval(torch.nn.Module):
