@@ -119,6 +119,8 @@ class ScannConfig:
     0.67 / 0.87 / 0.96 / 1.0 over 10 / 20 / 32 / 100% of the leaves (a tenth of the database wants a third of it
     searched). dims_per_block 2 (AH codebooks of 16 centres per 2 dims) and the anisotropic threshold 0.2 (the
     ScaNN paper's value for unit-norm data) are kept: with enough reordering, AH's error is not what limits recall.
+    These defaults at 100k x 768 (benchmarks/index_throughput.py): recall@100 0.984, @1000 0.979, @10000 0.998,
+    12.4x / 8.6x / 5.6x faster than exact search.
     """
 
     num_leaves: int | None = None
