@@ -169,9 +169,12 @@ class Expert(nnx.Module):
         rates = jnp.asarray(self.drop_path_rates, jnp.float32)
         keys = jax.random.split(rng, self.num_layers) if rng is not None else None
         dropout = self.dropout if rng is not None else 0.0
+        # Inside the scan the rate is traced, so decide here (statically) whether drop path runs at all: a zero
+        # rate must cost nothing (a random draw and a select per branch and layer otherwise).
+        use_drop_path = rng is not None and max(self.drop_path_rates) > 0.0
 
         def apply(x, state, rate, key):
-            return nnx.merge(graphdef, state)(x, key_mask, rate, dropout, key)
+            return nnx.merge(graphdef, state)(x, key_mask, rate if use_drop_path else 0.0, dropout, key)
 
         if self.remat:
             apply = jax.checkpoint(apply, prevent_cse=not self.scan_layers)
