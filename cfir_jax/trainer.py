@@ -529,14 +529,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
     tcfg = config.train
     workdir = Path(workdir).absolute()
     workdir.mkdir(parents=True, exist_ok=True)
-    n_proc = jax.process_count()
-    if tcfg.global_batch % (n_proc * len(devices or jax.devices())) and tcfg.global_batch % n_proc:
-        raise CfirError(f"global_batch {tcfg.global_batch} is not divisible by the {n_proc} processes")
     if tcfg.global_batch % tcfg.grad_accum_steps:
         raise CfirError(f"global_batch {tcfg.global_batch} is not divisible by grad_accum_steps "
                         f"{tcfg.grad_accum_steps}")
     steps = total_steps(config, data)
     setup = make_setup(config, steps, devices)
+    # The batch (and each gradient-caching micro-batch) is split evenly over every device of the mesh.
+    per_step = tcfg.global_batch // tcfg.grad_accum_steps
+    if per_step % setup.mesh.size:
+        raise CfirError(f"global_batch / grad_accum_steps = {per_step} is not divisible by the {setup.mesh.size} "
+                        "devices of the mesh; choose a multiple")
     if jax.process_index() == 0:
         (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str))
 

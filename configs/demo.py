@@ -26,11 +26,11 @@ def get_config(arg=None):
     cfg.index.summaries.update(summarizer="extractive", extractive_tokens=48)
     cfg.index.entity_index.update(k=20 if tiny else 200, backend="exact", max_text_len=16, encode_batch=64)
     # Caption pretraining of the text tower (the stand-in for BEiT-3's image-text pretraining).
-    cfg.index.pretrain = dict(global_batch=32 if tiny else 96, num_steps=30 if tiny else 300, lr=2e-3,
+    cfg.index.pretrain = dict(global_batch=32 if tiny else 128, num_steps=30 if tiny else 400, lr=2e-3,
                               warmup_steps=5 if tiny else 40, max_text_len=32, log_every=10, eval_every=10**9,
                               checkpoint_every=10**9)
-    cfg.train.update(text="summary", max_text_len=64, global_batch=32 if tiny else 96,
-                     num_steps=20 if tiny else 250, lr=1e-3, warmup_steps=5 if tiny else 30, log_every=10,
+    cfg.train.update(text="summary", max_text_len=64, global_batch=32 if tiny else 128,
+                     num_steps=20 if tiny else 300, lr=1e-3, warmup_steps=5 if tiny else 30, log_every=10,
                      eval_every=10 if tiny else 100, checkpoint_every=10 if tiny else 100, eval_batch=128)
     cfg.retrieval.update(top_k=100 if tiny else 1000)
     return cfg
