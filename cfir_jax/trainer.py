@@ -220,7 +220,7 @@ def init_state(config, setup: Setup, init_model: str | None) -> tuple[dict, dict
     pred = trainable_filter(config.train.trainable)
     rep = partition.replicated(setup.mesh)
     if init_model:
-        params, frozen = restore_tower(init_model, setup)
+        params, frozen = restore_tower(init_model, setup, config.model)
     else:
 
         def make():
@@ -235,42 +235,27 @@ def init_state(config, setup: Setup, init_model: str | None) -> tuple[dict, dict
     return state, frozen
 
 
-def restore_tower(model_dir: str, setup: Setup) -> tuple[dict, dict]:
+def restore_tower(model_dir: str, setup: Setup, model_config) -> tuple[dict, dict]:
     """Restores only the text tower's parameters from a model directory, straight into their shardings."""
     import orbax.checkpoint as ocp
 
     from cfir_jax import checkpoint
 
-    manifest = checkpoint.read_model_manifest(model_dir)
-    want = {k: v.shape for k, v in _flat(setup.abstract_params).items()} | {
-        k: v.shape for k, v in _flat(setup.abstract_frozen).items()}
-    del manifest  # read for its validation: a missing or incomplete model dir fails here with a one-line error
+    stored = checkpoint.read_model_manifest(model_dir)["model_config"]  # one-line error if missing/incomplete
+    for key in ("embed_dim", "num_layers", "num_heads", "ffn_dim", "vocab_size", "max_text_positions"):
+        if stored.get(key) != model_config[key]:
+            raise CfirError(f"{model_dir}: init model has {key}={stored.get(key)} but the config has "
+                            f"{model_config[key]}: it is a model of another size")
     target = _nest(_flat(setup.abstract_params) | _flat(setup.abstract_frozen))
     shardings = _nest(_flat(setup.param_shardings) | _flat(setup.frozen_shardings))
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, shardings)
-    path = Path(model_dir).absolute() / "params"
     with ocp.PyTreeCheckpointer() as ckptr:
-        try:
-            meta = ckptr.metadata(path)
-            stored = {k: tuple(v.shape) for k, v in _flat(_tree_of(meta)).items()}
-        except Exception:  # metadata layout differs across orbax versions; shape errors then come from restore
-            stored = {}
-        for name, shape in want.items():
-            if stored and name in stored and tuple(stored[name]) != tuple(shape):
-                raise CfirError(f"{model_dir}: parameter {name} has shape {stored[name]} but the config expects "
-                                f"{tuple(shape)}: the init model is of another size")
-        restored = ckptr.restore(path, args=ocp.args.PyTreeRestore(
+        restored = ckptr.restore(Path(model_dir).absolute() / "params", args=ocp.args.PyTreeRestore(
             item=target, restore_args=ocp.checkpoint_utils.construct_restore_args(target), partial_restore=True))
     flat = _flat(restored)
     params = _nest({k: flat[k] for k in _flat(setup.abstract_params)})
     frozen = _nest({k: flat[k] for k in _flat(setup.abstract_frozen)})
     return params, frozen
-
-
-def _tree_of(meta):
-    tree = getattr(meta, "item_metadata", meta)
-    tree = getattr(tree, "tree", tree)
-    return tree
 
 
 def _flat(tree) -> dict[str, Any]:
@@ -551,7 +536,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
     if latest is not None:
         if tcfg.init_model:
             # The frozen table comes from the init model on every (re)start; trained params from the checkpoint.
-            _, frozen = restore_tower(tcfg.init_model, setup)
+            _, frozen = restore_tower(tcfg.init_model, setup, config.model)
         restored = manager.restore(latest, args=ocp.args.Composite(
             state=ocp.args.StandardRestore(setup.abstract_state), data=ocp.args.JsonRestore()))
         state = restored["state"]

@@ -257,3 +257,15 @@ def test_loss_matches_reference_formula():
                               jax.numpy.asarray(s, "float32"))
     assert float(got) == pytest.approx(want, rel=1e-5)
     chex.assert_shape(got, ())
+
+
+def test_init_model_of_another_size_is_refused(tmp_path):
+    from cfir_jax.errors import CfirError
+
+    cfg = tiny_config()
+    other = tiny_config()
+    other.model.update(embed_dim=48, num_heads=3)
+    checkpoint.save_model(model_lib.create_model(other.model), tmp_path / "other")
+    cfg.train.init_model = str(tmp_path / "other")
+    with pytest.raises(CfirError, match="embed_dim=48 but the config has 32"):
+        trainer.train(cfg, tmp_path / "run", planted_data(with_eval=False))
