@@ -218,8 +218,14 @@ class Retriever:
         for i, doc in enumerate(docs):
             ts = time.perf_counter()
             note, lists, used, unknown = "", [], [], []
+            union = None
             if self.method in ("cfir", "entity_only"):
                 lists, used, unknown = self._candidates(entities[i])
+                if lists:
+                    from cfir_jax.sr_scorer import unique_sorted
+
+                    # The union once, de-duplicated and sorted (the scorer's gathers want sorted ids anyway).
+                    union = unique_sorted(np.concatenate(lists).astype(np.int32, copy=False))
             if self.method in ("dense_document", "dense_summary") or (self.method == "cfir" and not lists):
                 if self.method == "cfir":
                     note = "no usable entity: searched the whole cache with the summary embedding"
@@ -227,11 +233,10 @@ class Retriever:
             elif self.method == "entity_only":
                 scores, rows = self._entity_ranking(lists, used, k)
             else:
-                union = np.concatenate(lists)
                 scores, rows = self.sr_scorer().score(queries[i], union)
             hits = self._hits(scores, rows, lists, used)
             times = dict(per_doc_ms, rank=1e3 * (time.perf_counter() - ts))
-            num = int(len(np.unique(np.concatenate(lists)))) if lists else len(self.embeddings)
+            num = len(union) if union is not None else len(self.embeddings)
             results.append(Result(hits, list(entities[i]), unknown, summaries[i], note, num, times))
         return results
 
