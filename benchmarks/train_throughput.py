@@ -5,8 +5,9 @@
     python benchmarks/train_throughput.py --steps 0          # memory analysis only
 
 Throughput: `trainer.make_setup` / `init_state` / `make_train_step` with the size's config (`configs/<size>.py`:
-the paper recipe, dropout 0.1, weight decay mask, warmup-cosine AdamW) and a `TrainData` of random tokens and random
-unit image embeddings, batches assembled by `global_batch_arrays` each step as the training loop does; the
+the recipe's weight decay mask, layer-wise lr decay, warmup-cosine AdamW; residual dropout 0.1 in place of its drop
+path on both sides, as torchscale's drop path is fixed when the reference model is built) and a `TrainData` of
+random tokens and random unit image embeddings, batches assembled by `global_batch_arrays` each step as the training loop does; the
 reference is torchscale with the same trainable set (the B experts, language head, temperature), the same dropout on
 the layers' residual branches and torch.optim.AdamW. The two run interleaved in one process: compare the ratio.
 
@@ -45,6 +46,7 @@ def _config(size: str, batch: int, seq: int, dtype: str, remat: bool | None):
     cfg.train.global_batch = batch
     cfg.train.max_text_len = seq
     cfg.model.dtype = dtype
+    cfg.model.update(dropout=0.1, drop_path_rate=0.0)  # what torch_model can mirror (see the module docstring)
     if remat is not None:
         cfg.model.remat = remat
     return cfg
@@ -73,7 +75,7 @@ def throughput(args) -> None:
     data = random_train_data(4 * args.batch, args.seq, cfg.model.vocab_size, cfg.model.embed_dim)
     total = args.warmup + args.steps + 1
     # One real device: XLA:CPU already spreads each op over all cores, as torch does with its threads.
-    setup = make_setup(cfg, total, jax.devices()[:1])
+    setup = make_setup(cfg, total, jax.devices()[:1], data.steps_per_epoch(cfg.train.global_batch))
     state, frozen = init_state(cfg, setup, None)
     step_fn = make_train_step(cfg, setup)
     t = time.perf_counter()
@@ -121,7 +123,7 @@ def memory(args) -> None:
     for size in [s for s in args.memory_sizes.split(",") if s]:
         dtype = "bfloat16" if args.precision == "bf16" else "float32"
         cfg = _config(size, args.memory_batch, args.seq, dtype, args.remat)
-        setup = make_setup(cfg, 1000)
+        setup = make_setup(cfg, 1000, steps_per_epoch=100)  # the schedule does not change memory
         step = make_train_step(cfg, setup)
         frozen = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                               setup.abstract_frozen, setup.frozen_shardings)

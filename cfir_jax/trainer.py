@@ -117,14 +117,28 @@ class TrainData:
 # ------------------------------------------------------------------------------------------------ optimiser/state
 
 
-def make_schedule(cfg: ml_collections.ConfigDict, total_steps: int) -> optax.Schedule:
+def warmup_steps(cfg: ml_collections.ConfigDict, steps_per_epoch: int | None) -> int:
+    """The warmup length in steps: `warmup_steps` when > 0, else `warmup_epochs` epochs of `steps_per_epoch`."""
+    if cfg.warmup_steps > 0:
+        return int(cfg.warmup_steps)
+    if not cfg.warmup_epochs:
+        return 0
+    if steps_per_epoch is None:
+        raise ValueError("train.warmup_epochs needs the number of steps per epoch (pass steps_per_epoch)")
+    return int(round(cfg.warmup_epochs * steps_per_epoch))
+
+
+def make_schedule(cfg: ml_collections.ConfigDict, total_steps: int, steps_per_epoch: int | None = None
+                  ) -> optax.Schedule:
     """Linear warmup from 0 to lr, then cosine to min_lr (the reference's schedule)."""
-    warmup = min(int(cfg.warmup_steps), max(total_steps - 1, 0))
+    warmup = min(warmup_steps(cfg, steps_per_epoch), max(total_steps - 1, 0))
     return optax.warmup_cosine_decay_schedule(0.0, cfg.lr, warmup, max(total_steps, warmup + 1), cfg.min_lr)
 
 
-def make_optimizer(cfg: ml_collections.ConfigDict, params: Any, num_layers: int, total_steps: int):
-    schedule = make_schedule(cfg, total_steps)
+def make_optimizer(cfg: ml_collections.ConfigDict, params: Any, num_layers: int, total_steps: int,
+                   steps_per_epoch: int | None = None):
+    """AdamW with the weight-decay mask and layer-wise lr decay of the config; returns (optimizer, schedule)."""
+    schedule = make_schedule(cfg, total_steps, steps_per_epoch)
     parts = []
     if cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(cfg.grad_clip))
@@ -170,7 +184,9 @@ def _tower(model_cfg, seed: int = 0) -> model_lib.TextTower:
     return model_lib.create_model(model_cfg, seed).text_tower()
 
 
-def make_setup(config: ml_collections.ConfigDict, total_steps: int, devices=None) -> Setup:
+def make_setup(config: ml_collections.ConfigDict, total_steps: int, devices=None,
+               steps_per_epoch: int | None = None) -> Setup:
+    """`steps_per_epoch` turns `train.warmup_epochs` into steps (needed unless `train.warmup_steps` > 0)."""
     mesh = partition.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
     pred = trainable_filter(config.train.trainable)
     abstract_tower = nnx.eval_shape(lambda: _tower(config.model))
@@ -179,7 +195,7 @@ def make_setup(config: ml_collections.ConfigDict, total_steps: int, devices=None
     rules = config.mesh.sharding_rules
     param_sh = partition.tree_shardings(abs_params, mesh, rules)
     frozen_sh = partition.tree_shardings(abs_frozen, mesh, rules)
-    tx, schedule = make_optimizer(config.train, abs_params, config.model.num_layers, total_steps)
+    tx, schedule = make_optimizer(config.train, abs_params, config.model.num_layers, total_steps, steps_per_epoch)
     abs_opt = jax.eval_shape(tx.init, abs_params)
     # Optimizer moments mirror the parameters' sharding; scalars (counts) are replicated.
     opt_sh = jax.tree.map(lambda leaf: partition.replicated(mesh), abs_opt)
@@ -518,7 +534,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
         raise CfirError(f"global_batch {tcfg.global_batch} is not divisible by grad_accum_steps "
                         f"{tcfg.grad_accum_steps}")
     steps = total_steps(config, data)
-    setup = make_setup(config, steps, devices)
+    setup = make_setup(config, steps, devices, data.steps_per_epoch(tcfg.global_batch))
     # The batch (and each gradient-caching micro-batch) is split evenly over every device of the mesh.
     per_step = tcfg.global_batch // tcfg.grad_accum_steps
     if per_step % setup.mesh.size:

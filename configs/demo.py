@@ -18,8 +18,9 @@ from cfir_jax.config import build_config
 def get_config(arg=None):
     tiny = arg == "tiny"
     cfg = build_config("base", "runlocal")
+    # The demo's own recipe, tuned for a 2-layer model on a synthetic world: no drop path, no layer-wise lr decay.
     cfg.model.update(embed_dim=64, num_layers=2, num_heads=4, ffn_dim=256, vocab_size=1024, max_text_positions=512,
-                     dropout=0.0)
+                     dropout=0.0, drop_path_rate=0.0)
     cfg.index.corpus.update(source="synthetic", synthetic_size="tiny" if tiny else "default")
     cfg.index.encoder = "pretrain"
     cfg.index.image_cache.update(precomputed="corpus", dtype="float16")
@@ -30,7 +31,7 @@ def get_config(arg=None):
                               warmup_steps=5 if tiny else 40, max_text_len=32, log_every=10, eval_every=10**9,
                               checkpoint_every=10**9)
     cfg.train.update(text="summary", max_text_len=64, global_batch=32 if tiny else 128,
-                     num_steps=20 if tiny else 300, lr=1e-3, warmup_steps=5 if tiny else 30, log_every=10,
-                     eval_every=10 if tiny else 100, checkpoint_every=10 if tiny else 100, eval_batch=128)
+                     num_steps=20 if tiny else 300, lr=1e-3, warmup_steps=5 if tiny else 30, layer_decay=1.0,
+                     log_every=10, eval_every=10 if tiny else 100, checkpoint_every=10 if tiny else 100, eval_batch=128)
     cfg.retrieval.update(top_k=100 if tiny else 1000)
     return cfg

@@ -2,6 +2,9 @@
 
   python train.py --config configs/large.py --workdir W
   python train.py --config configs/large.py:runlocal --workdir W
+
+The training recipe is configs/base.py's (its docstring gives each value's source); large differs only in the mesh
+(FSDP over every device) and rematerialised layers.
 """
 
 from cfir_jax.config import build_config

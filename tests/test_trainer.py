@@ -178,7 +178,7 @@ def test_frozen_parameters_are_bit_identical_after_training(tmp_path):
 def test_loss_falls_and_validation_recall_rises(tmp_path):
     cfg = tiny_config(num_steps=60, lr=2e-3, warmup_steps=5, log_every=5, eval_every=30, checkpoint_every=1000,
                       global_batch=16)
-    cfg.model.dropout = 0.0
+    cfg.model.update(dropout=0.0, drop_path_rate=0.0)
     trainer.train(cfg, tmp_path, planted_data(num_pairs=64))
     log = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last = log[0], log[-1]
@@ -213,7 +213,7 @@ def test_gradient_caching_equals_full_batch():
     """grad_accum_steps=4 computes the exact full-batch contrastive gradient (not 4 smaller losses)."""
     full_cfg, cached_cfg = tiny_config(global_batch=16), tiny_config(global_batch=16, grad_accum_steps=4)
     for cfg in (full_cfg, cached_cfg):
-        cfg.model.dropout = 0.0
+        cfg.model.update(dropout=0.0, drop_path_rate=0.0)
     loss_a, a = _params_after_one_step(full_cfg)
     loss_b, b = _params_after_one_step(cached_cfg)
     assert loss_a == pytest.approx(loss_b, rel=1e-6)
@@ -223,7 +223,7 @@ def test_gradient_caching_equals_full_batch():
 def test_extra_negatives_make_the_task_harder():
     base_cfg, neg_cfg = tiny_config(), tiny_config(extra_negatives=32)
     for cfg in (base_cfg, neg_cfg):
-        cfg.model.dropout = 0.0
+        cfg.model.update(dropout=0.0, drop_path_rate=0.0)
     loss_a, _ = _params_after_one_step(base_cfg)
     loss_b, _ = _params_after_one_step(neg_cfg)
     assert loss_b > loss_a  # the same batch with 32 more columns in the text->image softmax

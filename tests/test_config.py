@@ -1,0 +1,86 @@
+"""The shipped configs carry CFIR's training recipe, and the trainer uses it (warmup in epochs, llrd, drop path)."""
+
+import json
+import re
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import configs.base
+import configs.large
+from cfir_jax import model as model_lib, trainer
+from train_fixtures import planted_data, tiny_config
+
+RECIPE_ROW = re.compile(r"^\s+((?:model|train)\.\w+)\s+(\S+)\s+\S")
+
+
+def _recipe_table() -> dict[str, float]:
+    """{key: value} of the recipe table in configs/base.py's docstring."""
+    rows = [RECIPE_ROW.match(line) for line in configs.base.__doc__.splitlines()]
+    return {m.group(1): float(m.group(2)) for m in rows if m}
+
+
+@pytest.mark.parametrize("module", [configs.base, configs.large], ids=["base", "large"])
+def test_recipe_table_of_the_docstring_is_what_the_config_sets(module):
+    table = _recipe_table()
+    assert len(table) == 14 and table["model.drop_path_rate"] == 0.1 and table["train.layer_decay"] == 0.9
+    cfg = module.get_config()
+    for key, value in table.items():
+        section, field = key.split(".")
+        assert float(cfg[section][field]) == pytest.approx(value), key
+    assert cfg.train.warmup_steps == 0  # the warmup is the recipe's 5 epochs, not a fixed step count
+
+
+@pytest.mark.parametrize("module", [configs.base, configs.large], ids=["base", "large"])
+def test_model_of_the_config_has_drop_path_0_1_over_the_layers_and_no_dropout(module):
+    cfg = module.get_config()
+    model = model_lib.abstract_model(cfg.model)
+    layers = cfg.model.num_layers
+    for expert in (model.A, model.B):
+        np.testing.assert_allclose(expert.drop_path_rates, np.linspace(0.0, 0.1, layers))
+        assert expert.dropout == 0.0
+
+
+def test_warmup_of_5_epochs_is_5_epochs_of_steps_for_the_dataset_size():
+    cfg = configs.base.get_config().train
+    pairs = 20 * 512 + 100  # 20 full batches of 512 per epoch (the tail is dropped)
+    spe = planted_data(num_pairs=pairs, with_eval=False).steps_per_epoch(cfg.global_batch)
+    assert spe == 20 and trainer.warmup_steps(cfg, spe) == 100
+    schedule = trainer.make_schedule(cfg, total_steps=30 * spe, steps_per_epoch=spe)
+    assert float(schedule(50)) == pytest.approx(0.5 * cfg.lr)
+    assert float(schedule(100)) == pytest.approx(cfg.lr)
+    assert float(schedule(99)) < cfg.lr
+    with pytest.raises(ValueError, match="steps_per_epoch"):
+        trainer.warmup_steps(cfg, None)
+
+
+def test_trainer_warms_up_over_epochs_of_its_data(tmp_path):
+    """64 pairs at batch 8 = 8 steps per epoch; warmup_epochs=0.5 -> the logged lr climbs over 4 steps."""
+    cfg = tiny_config(num_steps=6, warmup_steps=0, warmup_epochs=0.5, checkpoint_every=100, eval_every=100)
+    trainer.train(cfg, tmp_path, planted_data(num_pairs=64, with_eval=False))
+    lrs = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    np.testing.assert_allclose(lrs[:5], [cfg.train.lr * s / 4 for s in range(5)], rtol=1e-6)
+    assert lrs[5] < cfg.train.lr
+
+
+def test_optimizer_of_the_config_scales_layer_i_by_0_9_to_the_depth_above_it():
+    """Under llrd 0.9, layer i (0-based) of L moves 0.9 ** (L - i) as far as the head; the position table
+    (layer 0 of the reference's numbering) 0.9 ** (L + 1)."""
+    cfg = tiny_config(warmup_steps=1)  # configs/base.py:runlocal: the recipe's layer_decay on a 2-layer model
+    assert cfg.train.layer_decay == 0.9
+    setup = trainer.make_setup(cfg, total_steps=10)
+    params = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), setup.abstract_params)  # zeros: no decay term
+    grads = jax.tree.map(jnp.ones_like, params)
+    opt_state = setup.tx.init(params)
+    for _ in range(2):  # step 0 has lr 0 (warmup from 0); step 1 the full lr
+        updates, opt_state = setup.tx.update(grads, opt_state, params)
+    head = float(np.abs(updates["language_head"]["kernel"]).mean())
+    assert head > 0
+    layers = cfg.model.num_layers
+    fc1 = np.abs(np.asarray(updates["B"]["layers"]["fc1"]["kernel"]))
+    for i in range(layers):
+        assert fc1[i].mean() / head == pytest.approx(0.9 ** (layers - i), rel=1e-4), i
+    positions = float(np.abs(updates["B"]["embed_positions"]).mean())
+    assert positions / head == pytest.approx(0.9 ** (layers + 1), rel=1e-4)
