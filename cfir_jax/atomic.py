@@ -28,6 +28,8 @@ from cfir_jax.errors import CfirError
 
 SETTINGS = ("small", "base", "large")
 TEXT_FIELDS = ("page_title", "section_title", "context_page_description", "context_section_description")
+# The section's list columns, kept in the document records' metadata (the authors' summariser input appends them).
+LIST_FIELDS = ("category", "media", "hierachy")  # (sic) AToMiC's spelling
 CAPTION_FIELDS = ("caption_reference_description", "caption_alt_text_description", "caption_attribution_description")
 QRELS_COLUMNS = ("text_id", "image_id")  # plus "rel" when present (the published qrels are binary)
 BATCH_ROWS = 1024
@@ -93,6 +95,14 @@ def assemble_text(row: Mapping[str, object]) -> str:
     return " ".join(p for p in parts if p)
 
 
+def _strings(value) -> tuple[str, ...]:
+    """The non-empty strings of a list field (a lone string is a list of one), stripped."""
+    if value is None:
+        return ()
+    items = [value] if isinstance(value, str) else value
+    return tuple(str(item).strip() for item in items if item is not None and str(item).strip())
+
+
 def image_caption(row: Mapping[str, object]) -> str:
     """The first non-empty reference caption, else the alt text, else the attribution."""
     for field in CAPTION_FIELDS:
@@ -127,7 +137,7 @@ def read_qrels(qrels_dir: ParquetSource, split: str) -> dict[str, dict[str, int]
 
 
 def _documents(files: list[Path], wanted: set[str]) -> Iterator[Document]:
-    columns = ["text_id", *TEXT_FIELDS]
+    columns = ["text_id", *TEXT_FIELDS, *LIST_FIELDS]
     seen: set[str] = set()
     with tqdm(total=len(wanted), desc="AToMiC texts", unit="doc", disable=None) as bar:
         for path in files:
@@ -139,7 +149,8 @@ def _documents(files: list[Path], wanted: set[str]) -> Iterator[Document]:
                         continue
                     seen.add(text_id)
                     bar.update()
-                    yield Document(doc_id=str(text_id), text=assemble_text(row), title=_first_text(row["page_title"]))
+                    yield Document(doc_id=str(text_id), text=assemble_text(row), title=_first_text(row["page_title"]),
+                                   metadata={field: _strings(row[field]) for field in LIST_FIELDS})
 
 
 def _images(files: list[Path], wanted: set[str] | None) -> Iterator[Image]:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import json
 import os
 import shutil
 import tempfile
@@ -54,6 +55,9 @@ class Document:
     text: str
     title: str = ""
     entities: tuple[str, ...] = ()  # planted entity names (synthetic ground truth); empty for real corpora
+    # The source's list-valued fields of the document by column name (AToMiC: category, media, hierachy), kept for
+    # stages that may read them (the summariser's input, `summaries.summary_input`); empty for synthetic worlds.
+    metadata: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +80,7 @@ def _document_features() -> tfds.features.FeaturesDict:
             "text": tfds.features.Text(),
             "title": tfds.features.Text(),
             "entities": tfds.features.Sequence(tfds.features.Text()),
+            "metadata": tfds.features.Text(),  # JSON {column: [strings]}
         }
     )
 
@@ -160,7 +165,9 @@ def _document_examples(documents: Iterable[Document], ids: list[str]) -> Iterato
     seen: set[str] = set()
     for row, doc in enumerate(documents):
         doc_id = _add_id("document", doc.doc_id, row, ids, seen)
-        yield {"doc_id": doc_id, "text": doc.text, "title": doc.title, "entities": list(doc.entities)}
+        metadata = json.dumps({k: list(v) for k, v in doc.metadata.items()}, ensure_ascii=False, sort_keys=True)
+        yield {"doc_id": doc_id, "text": doc.text, "title": doc.title, "entities": list(doc.entities),
+               "metadata": metadata}
 
 
 def _image_examples(
@@ -328,6 +335,8 @@ def _to_document(record: Mapping[str, Any]) -> Document:
         text=_text(record["text"]),
         title=_text(record["title"]),
         entities=tuple(_text(e) for e in record["entities"]),
+        # Corpora written before documents kept their metadata have no such field.
+        metadata={k: tuple(v) for k, v in json.loads(_text(record.get("metadata") or "{}")).items()},
     )
 
 

@@ -177,16 +177,19 @@ def make_summarizer(config):
 
 def build_summaries(config, layout: Layout, corpus):
     from cfir_jax.store import read_manifest
-    from cfir_jax.summaries import SummaryStore, build_summary_store
+    from cfir_jax.summaries import SummaryStore, build_summary_store, summary_input
 
     s = config.index.summaries
+    summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
     if _current(layout.summaries, "summaries", num_docs=corpus.num_documents):
         manifest = read_manifest(layout.summaries, "summaries")
-        if manifest.get("summarizer", manifest.get("name")) == s.summarizer:
+        # Stores from before the choice existed summarised the document text: the paper's input.
+        if (manifest.get("summarizer", manifest.get("name")) == s.summarizer
+                and manifest.get("input_fields", "paper") == s.fields):
             return SummaryStore.open(layout.summaries)
     summarizer = make_summarizer(config)
-    docs = ((corpus.doc_ids[i], corpus.document(i).text) for i in range(corpus.num_documents))
-    build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents)
+    docs = ((corpus.doc_ids[i], summary_input(corpus.document(i), s.fields)) for i in range(corpus.num_documents))
+    build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents, input_fields=s.fields)
     return SummaryStore.open(layout.summaries)
 
 

@@ -4,7 +4,9 @@ CFIR scores the entity candidates of a document with the embedding of its summar
 document: BEiT-3's text path reads 64 tokens. CFIR summarises with facebook/bart-large-cnn, max_length 64,
 min_length 8, no sampling, and the model's own beam settings (4 beams, length_penalty 2.0, no_repeat_ngram_size 3),
 over the document text truncated at 1024 tokens (REFERENCE §6); `BartSummarizer`'s defaults are exactly these.
-The corpus module assembles the document text (title, section title and descriptions joined with spaces).
+What the summariser reads is a config choice (`index.summaries.fields`, `summary_input`): "paper", the document
+text (page title, section title, page and section descriptions joined with spaces: the corpus' `text`), or
+"authors", which appends the section's category, media and hierachy lists as the authors' released code does.
 
 Store layout (kind "summaries", format `SUMMARY_FORMAT_VERSION`):
   manifest.json      summarizer name and settings, num_docs, num_empty
@@ -23,13 +25,16 @@ import os
 import re
 import socket
 from pathlib import Path
-from typing import Any, Callable, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 
 import numpy as np
 
 from cfir_jax import store
 from cfir_jax.entities import check_doc_id, finish_chunks, iter_chunks, read_lines, write_lines
 from cfir_jax.errors import CfirError
+
+if TYPE_CHECKING:  # the corpus module imports tfds and grain; summaries need only the record type
+    from cfir_jax.corpus import Document
 
 log = logging.getLogger(__name__)
 
@@ -56,6 +61,29 @@ class Summarizer(Protocol):
     def settings(self) -> dict[str, Any]: ...
 
     def summarize(self, texts: list[str]) -> list[str]: ...
+
+
+# -------------------------------------------------------------------------------------------------------------------
+# The summariser's input.
+
+# Named choices of what a document's summary is made from: the list fields (document metadata) appended to its text.
+# "paper": the text alone (the paper's four fields). "authors": the authors' code also appends str() of the category,
+# media and hierachy lists; here each list's items are joined with spaces (the same words without Python's brackets
+# and quotes), and the fields with spaces where that code leaves no separator.
+SUMMARY_INPUTS: dict[str, tuple[str, ...]] = {"paper": (), "authors": ("category", "media", "hierachy")}
+
+
+def summary_input(doc: Document, fields: str = "paper") -> str:
+    """The text summarised for `doc` under the named choice `fields` (SUMMARY_INPUTS)."""
+    if fields not in SUMMARY_INPUTS:
+        raise CfirError(f"index.summaries.fields={fields!r}: use one of {', '.join(SUMMARY_INPUTS)}")
+    missing = [f for f in SUMMARY_INPUTS[fields] if f not in doc.metadata]
+    if missing:
+        raise CfirError(f"index.summaries.fields={fields!r} needs the {', '.join(missing)} lists, which document "
+                        f"{doc.doc_id!r} does not have (synthetic corpora have none; an AToMiC corpus built before "
+                        "they were kept must be rebuilt: delete W/corpus)")
+    parts = [doc.text] + [" ".join(doc.metadata[f]) for f in SUMMARY_INPUTS[fields]]
+    return " ".join(p for p in parts if p)
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -386,14 +414,16 @@ def build_summary_store(
     summarizer: Summarizer,
     num_docs: int | None = None,
     chunk_size: int = 1_000,
+    input_fields: str = "paper",
 ) -> dict:
     """Summarises `docs` ((doc_id, text) pairs) into a summary store at `out_dir`; returns its manifest.
 
     Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents (BART on
-    millions of documents takes days; a chunk is minutes). `num_docs` only sizes the progress bar.
+    millions of documents takes days; a chunk is minutes). `num_docs` only sizes the progress bar. `input_fields`
+    names what the texts were made from (`summary_input`), recorded so that another choice is not resumed or reused.
     """
     out_dir = Path(out_dir)
-    settings = {"summarizer": summarizer.name, **summarizer.settings}
+    settings = {"summarizer": summarizer.name, **summarizer.settings, "input_fields": input_fields}
     doc_ids: list[str] = []
     seen: set[str] = set()
     num_empty = 0

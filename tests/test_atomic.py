@@ -60,6 +60,12 @@ def test_text_is_title_section_and_descriptions_joined_skipping_empty_fields(fx,
     assert by_id["t3"].title == "Gamma"
 
 
+def test_documents_keep_the_category_media_and_hierachy_lists(fx, base):
+    by_id = {base.document(k).doc_id: base.document(k) for k in range(base.num_documents)}
+    assert by_id["t1"].metadata == {"category": ("Cat",), "media": ("i1",), "hierachy": ("Top", "History")}
+    assert by_id["t2"].metadata["hierachy"] == ("Top",)  # the fixture's None section title: an empty item, dropped
+
+
 def test_caption_falls_back_from_reference_to_alt_text_to_attribution(fx):
     assert image_caption(fx.images["i1"]) == "Second reference"  # first non-empty of the list
     assert image_caption(fx.images["i2"]) == "Alt text only"

@@ -332,3 +332,50 @@ def test_summary_store_open_rejects_truncated_and_foreign_stores(tmp_path):
         summaries.SummaryStore.open(tmp_path / "s")
     with pytest.raises(StoreError, match="no summaries store"):
         summaries.SummaryStore.open(tmp_path / "missing")
+
+
+# The summariser's input: the paper's fields or the authors' (with the section's category, media, hierachy lists).
+
+
+def test_summary_input_is_the_text_for_the_paper_and_appends_the_lists_for_the_authors():
+    from cfir_jax.corpus import Document
+
+    doc = Document("t1", "Alpha History Alpha is a town.", metadata={"category": ("Towns", "Alps"), "media": (),
+                                                                     "hierachy": ("Top", "History")})
+    assert summaries.summary_input(doc) == summaries.summary_input(doc, "paper") == doc.text
+    assert summaries.summary_input(doc, "authors") == "Alpha History Alpha is a town. Towns Alps Top History"
+    with pytest.raises(CfirError, match="use one of paper, authors"):
+        summaries.summary_input(doc, "everything")
+    with pytest.raises(CfirError, match="category, media, hierachy lists"):
+        summaries.summary_input(Document("s1", "a synthetic document"), "authors")
+
+
+def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds_when_they_change(tmp_path):
+    """AToMiC fixture corpus, extractive summaries long enough to keep a whole (short) input: 'paper' summarises the
+    document text, 'authors' the text plus the lists; the manifest says which, and a change rebuilds the store."""
+    from atomic_fixtures import write_atomic_fixture
+
+    from cfir_jax import indexing
+    from cfir_jax.atomic import build_atomic_corpus
+    from cfir_jax.config import build_config
+    from cfir_jax.layout import Layout
+
+    fx = write_atomic_fixture(tmp_path / "atomic")
+    layout = Layout.of(tmp_path / "w")
+    corpus = build_atomic_corpus(fx.texts_dir, fx.images_dir, fx.qrels_dir, layout.corpus)
+    config = build_config("base", "runlocal")
+    config.index.summaries.update(summarizer="extractive", extractive_tokens=64)
+    assert config.index.summaries.fields == "paper"
+
+    def summary_of(doc_id: str) -> str:
+        store = indexing.build_summaries(config, layout, corpus)
+        return store.summary(store.doc_ids.index(doc_id))
+
+    assert summary_of("t1") == "Alpha History Alpha is a town. It was founded in 1900."
+    assert summaries.SummaryStore.open(layout.summaries).manifest["input_fields"] == "paper"
+    config.index.summaries.fields = "authors"
+    assert summary_of("t1") == "Alpha History Alpha is a town. It was founded in 1900. Cat i1 Top History"
+    assert summaries.SummaryStore.open(layout.summaries).manifest["input_fields"] == "authors"
+    config.index.summaries.fields = "section_only"
+    with pytest.raises(CfirError, match="fields='section_only'"):
+        indexing.build_summaries(config, layout, corpus)
