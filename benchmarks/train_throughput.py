@@ -4,12 +4,13 @@
     python benchmarks/train_throughput.py --size tiny --steps 3 --memory-sizes ""   # smoke run, no memory part
     python benchmarks/train_throughput.py --steps 0          # memory analysis only
 
-Throughput: `trainer.make_setup` / `init_state` / `make_train_step` with the size's config (`configs/<size>.py`:
-the recipe's weight decay mask, layer-wise lr decay, warmup-cosine AdamW; residual dropout 0.1 in place of its drop
-path on both sides, as torchscale's drop path is fixed when the reference model is built) and a `TrainData` of
-random tokens and random unit image embeddings, batches assembled by `global_batch_arrays` each step as the training loop does; the
-reference is torchscale with the same trainable set (the B experts, language head, temperature), the same dropout on
-the layers' residual branches and torch.optim.AdamW. The two run interleaved in one process: compare the ratio.
+Throughput: `trainer.make_setup` / `init_state` / `make_train_step` with the size's config (`configs/<size>.py`: the
+recipe's weight decay mask, layer-wise lr decay, warmup-cosine AdamW; residual dropout 0.1 in place of its drop path
+on both sides, as torchscale's drop path is fixed when the reference model is built) and a `TrainData` of random
+tokens and random unit image embeddings, batches assembled by `global_batch_arrays` each step as the training loop
+does; the reference is torchscale with the same trainable set (the B experts, language head, temperature), the same
+dropout on the layers' residual branches and torch.optim.AdamW. The two run interleaved in one process: compare the
+ratio.
 
 Memory: the step is lowered ahead of time from `jax.ShapeDtypeStruct`s that carry the shardings (`Setup.
 abstract_state`, the frozen table, the batch), so nothing is allocated, at global batch `--memory-batch` (512, the

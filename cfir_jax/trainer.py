@@ -483,19 +483,35 @@ class MetricsLog:
 
 
 class _Preemption:
-    """Turns SIGTERM into a flag the loop polls: save a checkpoint, then exit cleanly."""
+    """Where to save and stop after a preemption notice (SIGTERM), the same step on every process.
 
-    def __init__(self):
+    Under jax.distributed, JAX's preemption sync manager catches SIGTERM on whichever host gets it and tells the
+    others through the coordination service; the hosts then agree on a step (the largest step any of them has
+    reached, plus one) and orbax's `CheckpointManager.reached_preemption(step)`, asked at every step, is True at that
+    step on all of them, so all save the same step. A per-process flag would let the signalled host save and leave
+    while the others block in the next step's collectives. In a single process, a SIGTERM handler sets the flag.
+    """
+
+    def __init__(self, manager):
+        self.manager = manager
+        self.distributed = jax.distributed.is_initialized()
         self.requested = False
         self._old = None
 
     def __enter__(self):
-        if hasattr(signal, "SIGTERM") and _is_main_thread():
+        # Under jax.distributed the sync manager's own SIGTERM handler must stay the one installed.
+        if not self.distributed and hasattr(signal, "SIGTERM") and _is_main_thread():
             self._old = signal.signal(signal.SIGTERM, self._handle)
         return self
 
     def _handle(self, *_):
         self.requested = True
+
+    def reached(self, step: int) -> bool:
+        """True at the step to save and stop at; every process must ask at every step."""
+        if self.distributed:
+            return self.manager.reached_preemption(step)
+        return self.requested
 
     def __exit__(self, *exc):
         if self._old is not None:
@@ -574,7 +590,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
     bar = tqdm(total=steps, initial=start, disable=not show, unit="step", dynamic_ncols=True)
     last_metrics: dict[str, float] = {}
     t0, seen = time.time(), 0
-    with _Preemption() as preempt:
+    with _Preemption(manager) as preempt:
         for step in range(start, steps):
             batch = global_batch_arrays(data, step, config, setup.mesh)
             state, metrics = step_fn(state, frozen, batch)
@@ -591,14 +607,14 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
                 rate = seen / max(time.time() - t0, 1e-9)
                 bar.set_postfix(loss=f"{values['loss']:.4f}", ex_s=f"{rate:.1f}")
             bar.update(1)
-            if done % tcfg.checkpoint_every == 0 or done == steps:
-                save(done)
-            if preempt.requested:
-                save(done, force=True)
-                manager.wait_until_finished()
+            preempted = preempt.reached(done)
+            if preempted or done % tcfg.checkpoint_every == 0 or done == steps:
+                save(done, force=preempted)
+            if preempted:
+                manager.close()  # waits for the (async) save on every process
                 log.close()
                 bar.close()
-                print(f"SIGTERM: saved checkpoint at step {done}, exiting", file=sys.stderr)
+                print(f"preemption (SIGTERM): saved checkpoint at step {done}, exiting", file=sys.stderr)
                 sys.exit(0)
     manager.wait_until_finished()
     manager.close()

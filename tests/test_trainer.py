@@ -133,6 +133,53 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
 
+def _start_two_processes(*args: str) -> list[subprocess.Popen]:
+    """`train_worker.py distrun` as processes 0 and 1 of a 2 x 4-device jax.distributed job."""
+    port = str(_free_port())
+    return [subprocess.Popen([sys.executable, WORKER, "distrun", str(pid), port, *args], env=_env(4),
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for pid in (0, 1)]
+
+
+def _wait_all(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
+    """Stderr of each process; all must exit 0 (within `timeout`; killed otherwise, as a deadlocked pair would hang)."""
+    try:
+        errs = [p.communicate(timeout=timeout)[1] for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+    assert all(p.returncode == 0 for p in procs), errs[0][-3000:] + "\n-----\n" + errs[1][-3000:]
+    return errs
+
+
+@pytest.mark.slow
+def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tmp_path):
+    """2 processes x 4 devices (jax.distributed): SIGTERM reaches process 1 only. Both agree on a step, save it (one
+    checkpoint, the same step) and exit 0; resuming finishes exactly as an uninterrupted run does."""
+    import re
+
+    work = tmp_path / "pre"
+    procs = _start_two_processes(str(work), str(tmp_path / "x.npz"), "-2")  # 0.5 s per batch
+    deadline = time.time() + 300
+    while not (work / "metrics.jsonl").is_file() or not (work / "metrics.jsonl").read_text().strip():
+        assert all(p.poll() is None for p in procs) and time.time() < deadline, "training ended before SIGTERM"
+        time.sleep(0.2)
+    procs[1].send_signal(signal.SIGTERM)
+    errs = _wait_all(procs, timeout=300)
+    saved = [re.findall(r"saved checkpoint at step (\d+)", err) for err in errs]
+    assert len(saved[0]) == 1 and saved[0] == saved[1], errs
+    step = int(saved[0][0])
+    assert step < 8 and sorted(p.name for p in (work / "checkpoints").iterdir() if p.name.isdigit()) == [str(step)]
+    assert not (tmp_path / "x.npz").exists()
+
+    _wait_all(_start_two_processes(str(work), str(tmp_path / "resumed.npz"), "-1"))
+    _wait_all(_start_two_processes(str(tmp_path / "whole"), str(tmp_path / "whole.npz"), "-1"))
+    a, b = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "resumed.npz")
+    for k in a.files:
+        np.testing.assert_array_equal(a[k], b[k], err_msg=k)
+    assert (tmp_path / "whole" / "metrics.jsonl").read_text() == (work / "metrics.jsonl").read_text()
+
+
 def test_layer_lr_decay_scales():
     """REFERENCE §2: embeddings = layer 0, layers.i = i + 1, the rest = L + 1; scale decay ** (L + 1 - layer)."""
     from cfir_jax.partition import layer_lr_scales

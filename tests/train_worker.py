@@ -4,6 +4,7 @@
     python train_worker.py single OUT.npz             # the same two steps on one device
     python train_worker.py run WORKDIR OUT.npz STALL   # train; STALL > 0 blocks before that step (to be killed)
     python train_worker.py dist PID PORT OUT.npz       # one of 2 processes x 4 devices (jax.distributed)
+    python train_worker.py distrun PID PORT WORKDIR OUT.npz STALL   # `run` as one of 2 processes x 4 devices
 """
 
 import functools
@@ -54,6 +55,19 @@ class StallingData(trainer.TrainData):
         return super().batch_rows(step, global_batch, seed)
 
 
+def stalling_data(d: trainer.TrainData, stall: int) -> StallingData:
+    data = StallingData(**{f: getattr(d, f) for f in d.__dataclass_fields__})
+    data.stall_at = stall
+    return data
+
+
+def initialize_two_processes(pid: int, port: str) -> None:
+    """Process `pid` of 2, each with 4 CPU devices, on localhost (gloo collectives, JAX's preemption service)."""
+    jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
+    assert jax.device_count() == 8 and jax.local_device_count() == 4
+
+
 def main():
     mode = sys.argv[1]
     if mode == "sharded":
@@ -76,16 +90,20 @@ def main():
     elif mode == "run":
         workdir, out, stall = sys.argv[2], sys.argv[3], int(sys.argv[4])
         cfg = tiny_config(num_steps=8, checkpoint_every=2 if stall != -2 else 100)
-        d = planted_data()
-        data = StallingData(**{f: getattr(d, f) for f in d.__dataclass_fields__})
-        data.stall_at = stall
-        result = trainer.train(cfg, workdir, data)
+        result = trainer.train(cfg, workdir, stalling_data(planted_data(), stall))
         np.savez(out, **flat_numpy(result.params))
+    elif mode == "distrun":
+        pid, port, workdir, out, stall = int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
+        initialize_two_processes(pid, port)
+        # No validation set: the evaluation pass is single-process code. Only the preemption saves mid-run.
+        cfg = tiny_config(num_steps=8, global_batch=16, checkpoint_every=100)
+        result = trainer.train(cfg, workdir, stalling_data(planted_data(with_eval=False), stall))
+        params = flat_numpy(result.params)  # every process takes part in the gather
+        if pid == 0:
+            np.savez(out, **params)
     elif mode == "dist":
         pid, port, out = int(sys.argv[2]), sys.argv[3], sys.argv[4]
-        jax.config.update("jax_cpu_collectives_implementation", "gloo")
-        jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2, process_id=pid)
-        assert jax.device_count() == 8 and jax.local_device_count() == 4
+        initialize_two_processes(pid, port)
         cfg = tiny_config(global_batch=16)
         loss, params = steps(cfg, jax.devices())
         if pid == 0:
