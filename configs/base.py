@@ -1,7 +1,8 @@
 """CFIR-B: Decoupling-BEiT-3 base (768 dims, 12 layers), 224 px images (`:384` for the released retrieval models).
 
   python train.py --config configs/base.py --workdir W          # the recipe below
-  python train.py --config configs/base.py:runlocal --workdir W # CPU-sized smoke run (tiny model, same recipe)
+  python train.py --config configs/base.py:runlocal --workdir W # CPU smoke run: tiny model, batch 16, 8 steps
+                                                                # (2 warmup), the same regularisation and lr decay
 
 The training recipe, each value with its source: the CFIR paper where it is explicit, the authors' released code
 (GLA-IR/CFIR) where the paper is silent or ambiguous, BEiT-3's fine-tuning code (microsoft/unilm beit3) for the
