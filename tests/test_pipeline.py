@@ -217,6 +217,7 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
                 "--html", str(tmp_path / "out.html"))
     record = json.loads(proc.stdout.splitlines()[0])
     assert len(record["hits"]) == 3 and record["entities"]
+    assert record["num_unknown_entities"] == len(record["unknown_entities"])
     assert "<img" in (tmp_path / "out.html").read_text() or "no image" in (tmp_path / "out.html").read_text()
     queries = tmp_path / "q.jsonl"
     docs = r.corpus_documents("test")
