@@ -71,6 +71,8 @@ def main():
         print(f"wrote {args.html}", file=sys.stderr)
     run = run_of(results, docs)
     _write_and_score(run, args, top)
+    if args.qrels and args.method in ("cfir", "entity_only"):
+        print(report.unknown_summary(results, config.retrieval.unknown_entities))
 
 
 def _write_and_score(run, args, top):
@@ -84,16 +86,19 @@ def _write_and_score(run, args, top):
 
 
 def _evaluate(config, args, top):
-    from cfir_jax import metrics
+    from cfir_jax import metrics, report
     from cfir_jax.retrieval import METHODS, Retriever, run_of
 
     methods = METHODS if args.compare else (args.method,)
     rows = []
+    unknown_line = ""
     for method in methods:
         retriever = Retriever(config, args.index, method)
         docs = retriever.corpus_documents(args.evaluate)
         results = retriever.retrieve_many(docs)
         run = run_of(results, docs)
+        if method in ("cfir", "entity_only") and not unknown_line:  # the same entities for both methods
+            unknown_line = report.unknown_summary(results, config.retrieval.unknown_entities)
         qrels = retriever.corpus.qrels(args.evaluate)
         res = metrics.evaluate(run, qrels, measures=("mrr@10", "recall@10", "recall@100", "recall@1000",
                                                      "success@1000"))
@@ -112,6 +117,8 @@ def _evaluate(config, args, top):
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
         if j == 0:
             print("  ".join("-" * w for w in widths))
+    if unknown_line:
+        print(unknown_line)
 
 
 if __name__ == "__main__":

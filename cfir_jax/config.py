@@ -129,6 +129,9 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 images="",  # AToMiC-Images-v0.2 directory
                 qrels="",  # AToMiC-Qrels-v0.2 directory
                 setting="base",  # small | base | large (REFERENCE §7)
+                # Qrels splits whose topics are the documents; in the small setting also the splits whose judged
+                # images form the collection (AToMiC's small setting of one split: splits="test").
+                splits="train,validation,test",
                 synthetic_size="default",  # 'tiny' or 'default' (synthetic source)
                 seed=0,
             ),
@@ -167,6 +170,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 num_leaves=0,  # 0: derived from the number of images
                 num_leaves_to_search=0,
                 reorder=0,
+                min_rows_for_tree=2000,  # fewer images: no partition tree, AH over all of them
+                # Whose entities are indexed: 'train' (the paper: the train qrels' documents; test entities it never
+                # saw are unknown at query time) or 'all' documents (the test split then leaks into the index).
+                documents="train",
                 recall_sample=256,
             ),
         )

@@ -22,6 +22,7 @@ id lists, the embedding matrix and every downstream store index rows by position
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import itertools
 import json
 import os
@@ -35,7 +36,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cfir_jax.errors import CfirError
-from cfir_jax.store import atomic_dir, read_manifest, write_manifest
+from cfir_jax.store import atomic_dir, manifest_digest, read_manifest, write_manifest
 
 KIND = "corpus"
 FORMAT_VERSION = 1
@@ -161,13 +162,17 @@ def _add_id(kind: str, value: Any, row: int, ids: list[str], seen: set[str]) -> 
     return value
 
 
-def _document_examples(documents: Iterable[Document], ids: list[str]) -> Iterator[dict]:
+def _document_examples(documents: Iterable[Document], ids: list[str], digest) -> Iterator[dict]:
+    """Record dicts of the documents; `digest` (a hashlib object) absorbs every record, in order."""
     seen: set[str] = set()
     for row, doc in enumerate(documents):
         doc_id = _add_id("document", doc.doc_id, row, ids, seen)
         metadata = json.dumps({k: list(v) for k, v in doc.metadata.items()}, ensure_ascii=False, sort_keys=True)
-        yield {"doc_id": doc_id, "text": doc.text, "title": doc.title, "entities": list(doc.entities),
-               "metadata": metadata}
+        example = {"doc_id": doc_id, "text": doc.text, "title": doc.title, "entities": list(doc.entities),
+                   "metadata": metadata}
+        digest.update(json.dumps(example, sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\0")
+        yield example
 
 
 def _image_examples(
@@ -291,7 +296,8 @@ def write_corpus(
         doc_ids: list[str] = []
         image_ids: list[str] = []
         embeddings: list[np.ndarray] = []
-        _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids))
+        documents_sha = hashlib.sha256()
+        _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
         _write_records(
             tmp, "images", _image_features(embedding_dim), _image_examples(image_iter, image_ids, embedding_dim, embeddings)
         )
@@ -316,6 +322,7 @@ def write_corpus(
             name=name,
             num_documents=len(doc_ids),
             num_images=len(image_ids),
+            documents_sha=documents_sha.hexdigest()[:16],
             splits=splits,
             embedding_dim=embedding_dim,
             has_tokenizer=tokenizer_spm is not None,
@@ -390,6 +397,12 @@ class Corpus:
         self._image_source = _open_records(path, "images", self.num_images)
         self.documents: grain.MapDataset = grain.MapDataset.source(self._doc_source).map(_to_document)
         self.images: grain.MapDataset = grain.MapDataset.source(self._image_source).map(_to_image)
+
+    @property
+    def documents_fingerprint(self) -> str:
+        """Identifies the documents' content (ids, texts, titles, in order): entities and summaries record it."""
+        # Corpora written before the digest existed: their manifest (counts, sources, build time) stands in.
+        return f"docs-{self.manifest.get('documents_sha') or manifest_digest(self.manifest)}"
 
     @classmethod
     def open(cls, path: str | os.PathLike) -> "Corpus":

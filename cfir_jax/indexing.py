@@ -16,6 +16,7 @@ disk and time per stage.
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import os
 import time
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 import ml_collections
+import numpy as np
 
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
@@ -84,7 +86,9 @@ def build_corpus(config, layout: Layout):
             raise CfirError("AToMiC corpus: set --config.index.corpus.texts=..., .images=..., .qrels=... (local "
                             "copies of TREC-AToMiC/AToMiC-Texts-v0.2.1, AToMiC-Images-v0.2, AToMiC-Qrels-v0.2)")
         split = lambda s: [p for p in s.split(",") if p] if "," in s else s  # noqa: E731
-        return build_atomic_corpus(split(c.texts), split(c.images), c.qrels, layout.corpus, setting=c.setting)
+        splits = tuple(p.strip() for p in c.splits.split(",") if p.strip())
+        return build_atomic_corpus(split(c.texts), split(c.images), c.qrels, layout.corpus, setting=c.setting,
+                                   splits=splits)
     raise CfirError(f"index.corpus.source={c.source!r}: use 'atomic' or 'synthetic'")
 
 
@@ -147,18 +151,19 @@ def pretrain_encoder(config, layout: Layout) -> str:
 
 
 def build_entities(config, layout: Layout, corpus):
-    from cfir_jax.entities import DEFAULT_LABELS, EntityExtractor, EntityStore, build_entity_store, load_spacy
-    from cfir_jax.store import read_manifest
+    from cfir_jax.entities import (DEFAULT_LABELS, ENTITY_FORMAT_VERSION, EntityExtractor, EntityStore,
+                                   build_entity_store, load_spacy)
 
     e = config.index.entities
     nlp = load_spacy(e.spacy_model or None)
     extractor = EntityExtractor(nlp, tuple(e.labels) or DEFAULT_LABELS, e.batch_size, e.n_process)
-    if _current(layout.entities, "entities", num_docs=corpus.num_documents):
-        manifest = read_manifest(layout.entities, "entities")
-        if manifest.get("labels") in (list(extractor.labels), tuple(extractor.labels)):
-            return EntityStore.open(layout.entities)
+    # Current only when computed from these very documents (their content, not just their number) by this NER.
+    if _current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
+                labels=list(extractor.labels)):
+        return EntityStore.open(layout.entities)
     docs = ((corpus.doc_ids[i], corpus.document(i).text) for i in range(corpus.num_documents))
-    build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents)
+    build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents,
+                       corpus_fingerprint=corpus.documents_fingerprint)
     return EntityStore.open(layout.entities)
 
 
@@ -176,20 +181,17 @@ def make_summarizer(config):
 
 
 def build_summaries(config, layout: Layout, corpus):
-    from cfir_jax.store import read_manifest
-    from cfir_jax.summaries import SummaryStore, build_summary_store, summary_input
+    from cfir_jax.summaries import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store, summary_input
 
     s = config.index.summaries
     summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
-    if _current(layout.summaries, "summaries", num_docs=corpus.num_documents):
-        manifest = read_manifest(layout.summaries, "summaries")
-        # Stores from before the choice existed summarised the document text: the paper's input.
-        if (manifest.get("summarizer", manifest.get("name")) == s.summarizer
-                and manifest.get("input_fields", "paper") == s.fields):
-            return SummaryStore.open(layout.summaries)
+    if _current(layout.summaries, "summaries", SUMMARY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
+                summarizer=s.summarizer, input_fields=s.fields):
+        return SummaryStore.open(layout.summaries)
     summarizer = make_summarizer(config)
     docs = ((corpus.doc_ids[i], summary_input(corpus.document(i), s.fields)) for i in range(corpus.num_documents))
-    build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents, input_fields=s.fields)
+    build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents, input_fields=s.fields,
+                        corpus_fingerprint=corpus.documents_fingerprint)
     return SummaryStore.open(layout.summaries)
 
 
@@ -210,29 +212,60 @@ def scann_config(config):
 
     ei = config.index.entity_index
     return ScannConfig(num_leaves=ei.num_leaves or None, num_leaves_to_search=ei.num_leaves_to_search or None,
-                       reorder=ei.reorder or None)
+                       reorder=ei.reorder or None, min_rows_for_tree=ei.min_rows_for_tree)
+
+
+def indexed_entities(config, corpus, entities) -> list[str]:
+    """The entity texts the index is built from: those of the documents `index.entity_index.documents` names.
+
+    'train' (the paper's protocol): the topics of the train qrels, so a test document's entities that no training
+    document mentions are unknown at query time, and the test split does not leak into the index. 'all': every
+    document of the corpus. Texts come in entity-store order (first mention), so the choice only filters.
+    """
+    documents = config.index.entity_index.documents
+    if documents == "all":
+        return list(entities.vocab)
+    if documents != "train":
+        raise CfirError(f"index.entity_index.documents={documents!r}: use 'train' (the paper) or 'all'")
+    if "train" not in corpus.splits:
+        raise CfirError(f"{corpus.path}: no train qrels to take the indexed entities from; set "
+                        "--config.index.entity_index.documents=all")
+    train = corpus.qrels("train")
+    ids = [entities.entity_ids_of(i) for i, d in enumerate(entities.doc_ids) if d in train]
+    keep = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+    if not len(keep):
+        raise CfirError(f"{corpus.path}: the train documents have no entities; set "
+                        "--config.index.entity_index.documents=all")
+    return [entities.vocab[i] for i in keep]
+
+
+def _texts_digest(texts: list[str]) -> str:
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
 
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache):
-    from cfir_jax.entity_index import EntityIndex, build_entity_index as build
+    from cfir_jax.entity_index import VERSION, EntityIndex, build_entity_index as build
 
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     _check_cache_encoder(config, layout, cache)
     ei = config.index.entity_index
-    if _current(layout.entity_index, "entity_index", model_fingerprint=fingerprint, n_entities=len(entities.vocab),
-                k_requested=ei.k, backend=ei.backend):
+    texts = indexed_entities(config, corpus, entities)
+    # What the index is derived from: the selected entity texts and this build of the image cache.
+    sources = dict(documents=ei.documents, entities_sha=_texts_digest(texts), cache_fingerprint=cache.content_fingerprint)
+    if _current(layout.entity_index, "entity_index", VERSION, model_fingerprint=fingerprint, k_requested=ei.k,
+                backend=ei.backend, **sources):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
-    embeddings = encoder.encode(entities.vocab)
-    build(layout.entity_index, entities.vocab, embeddings, cache.embeddings, ei.k, model_fingerprint=fingerprint,
+    embeddings = encoder.encode(texts)
+    build(layout.entity_index, texts, embeddings, cache.embeddings, ei.k, model_fingerprint=fingerprint,
           backend=ei.backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
-          progress=_show_progress())
+          progress=_show_progress(), sources=sources)
     return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
 
 
 def add_entities(config, workdir, path: str | os.PathLike) -> int:
     """Appends the entity texts of a file (one per line) to an existing entity index without rebuilding it."""
     from cfir_jax.corpus import Corpus
-    from cfir_jax.entities import normalize_entity
+    from cfir_jax.entities import entity_key, normalize_entity
     from cfir_jax.entity_index import append_entities
     from cfir_jax.image_cache import ImageCache
 
@@ -244,7 +277,12 @@ def add_entities(config, workdir, path: str | os.PathLike) -> int:
         lines = path.read_text(encoding="utf-8").splitlines()
     except UnicodeDecodeError:
         raise CfirError(f"{path}: not UTF-8 text (expected one entity per line)") from None
-    texts = sorted({normalize_entity(t) for t in lines if t.strip()} - {""})
+    # One surface form per key (the first in the file): the index would refuse two of one entity.
+    by_key: dict[str, str] = {}
+    for line in lines:
+        if line.strip():
+            by_key.setdefault(entity_key(line), normalize_entity(line))
+    texts = sorted(by_key.values())
     if not texts:
         raise CfirError(f"{path}: no entity texts (expected one entity per line)")
     corpus = Corpus.open(layout.corpus)
@@ -265,11 +303,12 @@ def _check_cache_encoder(config, layout: Layout, cache) -> None:
         check_manifest(cache.manifest, cache.path, fingerprint=vision)
 
 
-def _current(directory: Path, kind: str, **expected) -> bool:
+def _current(directory: Path, kind: str, version: int, **expected) -> bool:
+    """Whether `directory` holds a complete store of this format whose manifest has the `expected` fields."""
     from cfir_jax.store import read_manifest
 
     try:
-        manifest = read_manifest(directory, kind)
+        manifest = read_manifest(directory, kind, version)
     except CfirError:
         return False
     return all(manifest.get(k) == v for k, v in expected.items())
@@ -326,7 +365,7 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
         if entities is None:
             from cfir_jax.entities import EntityStore
 
-            entities = EntityStore.open(layout.entities)
+            entities = EntityStore.open(layout.entities, corpus_fingerprint=corpus.documents_fingerprint)
         run("entity_index", lambda: build_entity_index(config, layout, corpus, entities, cache),
             lambda ix: f"{len(ix):,} entities x K={ix.k}, recall@K {ix.manifest.get('recall_at_k')}",
             layout.entity_index)

@@ -185,7 +185,10 @@ class ScannSearcher:
         return cls(searcher, config, n, dim)
 
     def search(self, queries: np.ndarray, k: int, batch_size: int = 256) -> tuple[np.ndarray, np.ndarray]:
-        """queries [Q, D] -> (scores [Q, k] float32, indices [Q, k] int32), best first; k is clamped to N."""
+        """queries [Q, D] -> (scores [Q, k] float32, indices [Q, k] int32), best first; k is clamped to N.
+
+        A row with fewer than k neighbours found ends in padding: id -1, score -inf (see `drop_padding`).
+        """
         queries = np.ascontiguousarray(queries, dtype=np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dim:
             raise CfirError(f"ScaNN queries must be [Q, {self.dim}], got shape {queries.shape}")
@@ -198,12 +201,18 @@ class ScannSearcher:
             pre_reorder_num_neighbors=max(k, self.config.reorder),
             batch_size=batch_size,
         )
-        # ScaNN can return fewer than k when the searched leaves hold fewer points: pad with -inf / -1.
+        # ScaNN returns fewer than k neighbours when the searched leaves hold fewer points. It pads those rows with
+        # id 0 and a NaN distance (a real image id!), or returns a narrower array: both become id -1 / score -inf
+        # here, at the end of the row, so callers can drop them (`drop_padding`).
+        idx = np.asarray(idx, np.int64)
+        scores = np.asarray(scores, np.float32)
+        missing = ~np.isfinite(scores)
+        idx[missing], scores[missing] = -1, -np.inf
         if idx.shape[1] < k:
             pad = k - idx.shape[1]
-            idx = np.pad(idx.astype(np.int64), ((0, 0), (0, pad)), constant_values=-1)
+            idx = np.pad(idx, ((0, 0), (0, pad)), constant_values=-1)
             scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
-        return np.asarray(scores, np.float32), np.asarray(idx, np.int64).astype(np.int32)
+        return scores, idx.astype(np.int32)
 
     def serialize(self, directory: str | os.PathLike) -> None:
         """Writes the searcher's assets into `directory` with relative paths, so the directory may be moved."""
@@ -226,6 +235,11 @@ class ScannSearcher:
         n, dim = cfg.pop("n"), cfg.pop("dim")
         searcher = scann.scann_ops_pybind.load_searcher(str(directory))
         return cls(searcher, ScannConfig(**cfg), n, dim)
+
+
+def drop_padding(indices: np.ndarray) -> list[np.ndarray]:
+    """Rows of a padded search result [Q, k] (padding id -1) as a ragged list of int32 [k_i] id arrays."""
+    return [np.asarray(row[row >= 0], np.int32) for row in np.asarray(indices)]
 
 
 def synthetic_embeddings(

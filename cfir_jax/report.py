@@ -5,7 +5,7 @@ from __future__ import annotations
 import base64
 import html
 import json
-from typing import Callable
+from typing import Callable, Sequence
 
 from cfir_jax.retrieval import Result
 
@@ -42,11 +42,27 @@ def table(result: Result, describe: Callable[[str], tuple[str, str]], top: int) 
 def as_json(doc_id: str, result: Result, describe: Callable[[str], tuple[str, str]], top: int) -> str:
     return json.dumps({
         "id": doc_id, "entities": result.entities, "unknown_entities": result.unknown_entities,
+        "num_unknown_entities": len(result.unknown_entities),
         "summary": result.summary, "note": result.note, "num_candidates": result.num_candidates,
         "times_ms": result.times_ms,
         "hits": [{"rank": h.rank, "image_id": h.image_id, "score": h.score, "entities": list(h.entities),
                   "caption": describe(h.image_id)[0], "url": describe(h.image_id)[1]} for h in result.hits[:top]],
     }, ensure_ascii=False)
+
+
+def unknown_summary(results: Sequence[Result], policy: str) -> str:
+    """One line: how many query entities the entity index had never seen, over all results, and what became of them.
+
+    With the paper's protocol (index built from the train documents) these are the test entities it drops
+    (policy 'ignore'); 'search' finds their candidates over the cache at query time.
+    """
+    total = sum(len(r.entities) for r in results)
+    unknown = sum(len(r.unknown_entities) for r in results)
+    topics = sum(bool(r.unknown_entities) for r in results)
+    share = f" ({100 * unknown / total:.1f}%)" if total else ""
+    what = "searched over the cache" if policy == "search" else "ignored"
+    return (f"unknown query entities: {unknown:,} of {total:,}{share}, in {topics:,} of {len(results):,} topics; "
+            f"{what} (retrieval.unknown_entities={policy})")
 
 
 def trec_lines(doc_id: str, result: Result, tag: str, top: int) -> str:

@@ -111,6 +111,11 @@ class Retriever:
             if self.entity_index.manifest.get("n_images") not in (None, self.cache.num_images):
                 raise CfirError(f"{layout.entity_index}: built over {self.entity_index.manifest['n_images']} images "
                                 f"but the cache has {self.cache.num_images}: rebuild the entity index")
+            if "cache_fingerprint" in self.entity_index.manifest:
+                from cfir_jax.store import check_derived
+
+                check_derived(self.entity_index.manifest, layout.entity_index,
+                              cache_fingerprint=self.cache.content_fingerprint)
             self.entity_encoder = TextEncoder(enc_model, tokenizer, config.index.entity_index.max_text_len, 16)
         self._nlp = self._summarizer = self._sr = None
         self._load_nlp = load_nlp
@@ -141,9 +146,10 @@ class Retriever:
             try:
                 from cfir_jax.sr_scorer import CompactCache
 
-                CompactCache.open(compact_dir, expect_n=self.cache.num_images, expect_dim=self.cache.dim)
-            except CfirError:
-                build_compact(self.embeddings, compact_dir, dims=dims)
+                CompactCache.open(compact_dir, expect_n=self.cache.num_images, expect_dim=self.cache.dim,
+                                  expect_cache=self.cache.content_fingerprint, expect_dims=dims)
+            except CfirError:  # derived data: missing, or made from another cache (or dims), is rebuilt
+                build_compact(self.embeddings, compact_dir, dims=dims, cache_fingerprint=self.cache.content_fingerprint)
             self._sr = SRScorer(self.embeddings, compact_dir, shortlist=self.rcfg.sr_shortlist, k=self.rcfg.top_k)
         return self._sr
 
@@ -180,18 +186,18 @@ class Retriever:
             else:
                 known_rows.append(r)
                 known.append(e)
-        lists = list(self.entity_index.candidates(np.asarray(known_rows, np.int64))) if known_rows else []
+        lists = self.entity_index.candidates(np.asarray(known_rows, np.int64)) if known_rows else []
         searched: list[str] = []
         if unknown and self.rcfg.unknown_entities == "search":
             emb = self.entity_encoder.encode(unknown)
             k = self.entity_index.k
+            from cfir_jax.knn import drop_padding, exact_topk
+
             if self.entity_index.manifest.get("has_searcher"):
                 _, rows = self.entity_index.searcher().search(emb, k)
             else:
-                from cfir_jax.knn import exact_topk
-
                 _, rows = exact_topk(emb, self.embeddings, k)
-            lists += [np.asarray(r, np.int32) for r in rows]
+            lists += drop_padding(rows)  # ScaNN may find fewer than K: its padding never reaches the union
             searched = unknown
         return lists, known + searched, unknown
 
@@ -306,8 +312,12 @@ class Retriever:
 
         qrels = self.corpus.qrels(split)
         row_of = {d: i for i, d in enumerate(self.corpus.doc_ids)}
-        entities = EntityStore.open(self.layout.entities) if self.method in ("cfir", "entity_only") else None
-        summaries = SummaryStore.open(self.layout.summaries) if self.method in ("cfir", "dense_summary") else None
+        # Stores computed from other documents than the corpus now holds are refused (one line): rerun index.py.
+        fp = self.corpus.documents_fingerprint
+        entities = EntityStore.open(self.layout.entities, corpus_fingerprint=fp) \
+            if self.method in ("cfir", "entity_only") else None
+        summaries = SummaryStore.open(self.layout.summaries, corpus_fingerprint=fp) \
+            if self.method in ("cfir", "dense_summary") else None
         docs = []
         for doc_id in sorted(qrels):
             if doc_id not in row_of:

@@ -82,10 +82,16 @@ class CompactCache:
         return np.ascontiguousarray((np.asarray(query, np.float32) @ self.rotation) * self.scales, dtype=np.float32)
 
     @classmethod
-    def open(cls, directory: str | os.PathLike, expect_n: int | None = None, expect_dim: int | None = None):
-        """Memory-maps the codes of a directory written by `build_compact`; StoreError if it is for another cache."""
+    def open(cls, directory: str | os.PathLike, expect_n: int | None = None, expect_dim: int | None = None,
+             expect_cache: str | None = None, expect_dims: int | None = None):
+        """Memory-maps the codes of a directory written by `build_compact`; StoreError if it is for another cache.
+
+        expect_cache: the cache's `content_fingerprint`; a copy of another cache of the same shape (the cache
+        rebuilt by another model) is refused, not silently scored with stale codes.
+        """
         manifest = read_manifest(directory, COMPACT_KIND, COMPACT_VERSION)
-        expected = {key: v for key, v in dict(n=expect_n, dim=expect_dim).items() if v is not None}
+        expected = dict(n=expect_n, dim=expect_dim, cache_fingerprint=expect_cache, dims=expect_dims)
+        expected = {key: v for key, v in expected.items() if v is not None}
         check_manifest(manifest, directory, **expected)
         d = Path(directory)
         return cls(
@@ -122,10 +128,12 @@ def build_compact(
     chunk_rows: int = 65536,
     seed: int = 0,
     progress: bool = False,
+    cache_fingerprint: str | None = None,
 ) -> CompactCache:
     """Builds the compact scoring copy of cache [N, D] (f16/f32, memmap fine) into directory `out_path`.
 
-    Writes rotation.npy [D, dims] f32, codes.npy [N, dims] int8, scales.npy [dims] f32 and a manifest, atomically.
+    Writes rotation.npy [D, dims] f32, codes.npy [N, dims] int8, scales.npy [dims] f32 and a manifest, atomically;
+    the manifest records `cache_fingerprint` (the source cache's `content_fingerprint`) for `CompactCache.open`.
     """
     if cache.ndim != 2 or cache.shape[0] == 0:
         raise CfirError(f"build_compact: cache must be a non-empty [N, D] matrix, got shape {cache.shape}")
@@ -142,7 +150,8 @@ def build_compact(
             codes[start : start + len(block)] = quantize_rows(block @ rotation, scales)
         codes.flush()
         del codes
-        write_manifest(tmp, COMPACT_KIND, COMPACT_VERSION, n=n, dim=dim, dims=dims, sample=min(sample, n))
+        write_manifest(tmp, COMPACT_KIND, COMPACT_VERSION, n=n, dim=dim, dims=dims, sample=min(sample, n),
+                       cache_fingerprint=cache_fingerprint)
     return CompactCache.open(out_path)
 
 

@@ -9,6 +9,7 @@ the time; the next stage calls `check_manifest` to refuse a store built by anoth
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import shutil
@@ -86,6 +87,21 @@ def read_manifest(directory: str | os.PathLike, kind: str, version: int | None =
             f"{path}: {kind} format version {manifest.get('format_version')} but this code reads {version}; rebuild it"
         )
     return manifest
+
+
+def manifest_digest(manifest: dict) -> str:
+    """A short sha256 of a manifest: it changes whenever its store is rebuilt (the manifest records the build time),
+    so a store derived from another records it and is rebuilt or refused when the source changes."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def check_derived(manifest: dict, where: str | os.PathLike, **sources: Any) -> None:
+    """Refuses (one line) a derived store whose recorded source fingerprints differ from the current ones."""
+    for key, want in sources.items():
+        have = manifest.get(key)
+        if have != want:
+            raise StoreError(f"{where}: stale, derived from {key}={have!r} but that is now {want!r}; "
+                             "run index.py to rebuild it")
 
 
 def check_manifest(manifest: dict, where: str | os.PathLike, **expected: Any) -> None:

@@ -415,12 +415,14 @@ def build_summary_store(
     num_docs: int | None = None,
     chunk_size: int = 1_000,
     input_fields: str = "paper",
+    corpus_fingerprint: str | None = None,
 ) -> dict:
     """Summarises `docs` ((doc_id, text) pairs) into a summary store at `out_dir`; returns its manifest.
 
     Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents (BART on
     millions of documents takes days; a chunk is minutes). `num_docs` only sizes the progress bar. `input_fields`
-    names what the texts were made from (`summary_input`), recorded so that another choice is not resumed or reused.
+    names what the texts were made from (`summary_input`), recorded so that another choice is not resumed or reused;
+    `corpus_fingerprint` (`Corpus.documents_fingerprint`) is recorded to tell a stale store from a current one.
     """
     out_dir = Path(out_dir)
     settings = {"summarizer": summarizer.name, **summarizer.settings, "input_fields": input_fields}
@@ -442,7 +444,8 @@ def build_summary_store(
             raise CfirError(f"{out_dir}: no documents to summarise; check the corpus path and split")
         write_lines(tmp / "doc_ids.txt", doc_ids)
         manifest = store.write_manifest(
-            tmp, SUMMARY_KIND, SUMMARY_FORMAT_VERSION, **settings, num_docs=len(doc_ids), num_empty=num_empty
+            tmp, SUMMARY_KIND, SUMMARY_FORMAT_VERSION, **settings, num_docs=len(doc_ids), num_empty=num_empty,
+            corpus_fingerprint=corpus_fingerprint,
         )
     finish_chunks(out_dir)
     log.info("%s: %d summaries (%d empty)", out_dir, len(doc_ids), num_empty)
@@ -459,12 +462,16 @@ class SummaryStore:
     summaries: list[str]
 
     @classmethod
-    def open(cls, directory: str | Path, summarizer: str | None = None) -> "SummaryStore":
-        """Opens and validates a store; with `summarizer` ("bart", "extractive"), refuses one made by another."""
+    def open(
+        cls, directory: str | Path, summarizer: str | None = None, corpus_fingerprint: str | None = None
+    ) -> "SummaryStore":
+        """Opens and validates a store; refuses one made by another `summarizer` or from other documents."""
         directory = Path(directory)
         manifest = store.read_manifest(directory, SUMMARY_KIND, SUMMARY_FORMAT_VERSION)
         if summarizer is not None:
             store.check_manifest(manifest, directory, summarizer=summarizer)
+        if corpus_fingerprint is not None:
+            store.check_derived(manifest, directory, corpus_fingerprint=corpus_fingerprint)
         num_docs = manifest.get("num_docs")
         if not isinstance(num_docs, int):
             raise store.StoreError(f"{directory}/manifest.json: missing num_docs; rebuild the summary store")

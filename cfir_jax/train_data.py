@@ -114,7 +114,8 @@ def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarra
     offsets, rows = [0], []
     for d in range(corpus.num_documents):
         ent_rows = [r for r in (index.row(e) for e in entities.entities_of(d)) if r is not None]
-        cands = np.unique(index.candidates(np.asarray(ent_rows, np.int64))[:, :64]) if ent_rows else np.zeros(0)
+        lists = index.candidates(np.asarray(ent_rows, np.int64))
+        cands = np.unique(np.concatenate([c[:64] for c in lists])) if ent_rows else np.zeros(0)
         rows.append(cands.astype(np.int64))
         offsets.append(offsets[-1] + len(cands))
     return np.asarray(offsets, np.int64), np.concatenate(rows) if rows else np.zeros(0, np.int64)

@@ -40,8 +40,9 @@ def extractor(nlp):
 
 def test_real_pipeline_finds_entities_of_a_paragraph(extractor):
     (found,) = list(extractor.extract([PARAGRAPH]))
+    # Surface forms as spaCy spans them: "The Eiffel Tower", "the Champ de Mars" keep their article.
     for name in ("Eiffel Tower", "Champ de Mars", "Paris", "France", "Gustave Eiffel", "French Revolution"):
-        assert name in found
+        assert any(f == name or f.casefold() == f"the {name.casefold()}" for f in found), name
     # Dates are not depictable, so DEFAULT_LABELS leaves them out.
     assert not any(any(ch.isdigit() for ch in name) for name in found)
 
@@ -59,26 +60,50 @@ def test_load_spacy_names_the_missing_pipeline():
         entities.load_spacy("no_such_pipeline_xyz")
 
 
+DAMAGED_BEFORE = ("The Who", "The Hague", "McDonald's", "St. John's")
+
+
 @pytest.mark.parametrize(
     "raw, expected",
     [
-        ("the Eiffel Tower", "Eiffel Tower"),
-        ("The  United\nStates", "United States"),
-        ("France's", "France"),
-        ("Gustave Eiffel’s", "Gustave Eiffel"),
-        ('"La dame de fer",', "La dame de fer"),
-        ("(NATO", "NATO"),
+        *[(name, name) for name in DAMAGED_BEFORE],  # were "Who", "Hague", "McDonald", "St. John"
+        ("The  United\nStates", "The United States"),
         ("Queen (band)", "Queen (band)"),
         ("U.S.", "U.S."),
-        ("A Tribe Called Quest", "A Tribe Called Quest"),
-        ("'the Beatles's'", "Beatles"),
+        ("Yahoo!", "Yahoo!"),
         ("apple", "apple"),
-        ("Theodore Roosevelt", "Theodore Roosevelt"),
-        (" -- ", ""),
+        (" \t ", ""),
     ],
 )
-def test_normalize_entity(raw, expected):
+def test_normalize_entity_keeps_the_surface_form(raw, expected):
     assert entities.normalize_entity(raw) == expected
+
+
+def test_entity_key_folds_only_case_and_whitespace():
+    assert entities.entity_key("The  Hague") == entities.entity_key("the hague") == "the hague"
+    assert len({entities.entity_key(n) for n in DAMAGED_BEFORE}) == len(DAMAGED_BEFORE)
+    assert entities.entity_key("McDonald's") != entities.entity_key("McDonald")
+
+
+def test_store_keeps_the_first_surface_form_and_merges_case_variants(tmp_path, extractor):
+    class Fixed:  # an extractor whose spans are given: spaCy's sm model misses some of these names
+        settings = {"fixed": 1}
+
+        def extract(self, texts):
+            return [entities.EntityExtractor.entities_of_doc(extractor, _Doc(t)) for t in texts]
+
+    docs = [("a", "The Who|The Hague"), ("b", "the Hague|McDonald's|St. John's")]
+    entities.build_entity_store(tmp_path / "e", docs, Fixed())
+    store = entities.EntityStore.open(tmp_path / "e")
+    assert store.vocab == ["The Who", "The Hague", "McDonald's", "St. John's"]
+    assert store.entities_of(1) == ["The Hague", "McDonald's", "St. John's"]
+
+
+class _Doc:
+    """A parsed document stand-in: '|'-separated spans, all labelled ORG."""
+
+    def __init__(self, text):
+        self.ents = [type("Span", (), {"text": t, "label_": "ORG"})() for t in text.split("|")]
 
 
 def test_extract_deduplicates_in_order_of_first_mention(extractor):

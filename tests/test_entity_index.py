@@ -2,12 +2,14 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
+import json
+
 import numpy as np
 import pytest
 
 from cfir_jax.entity_index import EntityIndex, append_entities, build_entity_index
 from cfir_jax.errors import CfirError
-from cfir_jax.knn import exact_topk, synthetic_embeddings
+from cfir_jax.knn import ScannConfig, drop_padding, exact_topk, synthetic_embeddings
 from cfir_jax.store import StoreError
 
 FP = "beit3-test-fingerprint"
@@ -28,8 +30,8 @@ def test_exact_index_candidates_equal_exact_search(tmp_path, data):
     index = EntityIndex.open(tmp_path / "idx", expect_fingerprint=FP, expect_dim=32)
     scores, ref = exact_topk(ents, images, 40)
     assert recall == 1.0 and index.k == 40 and len(index) == 50
-    np.testing.assert_array_equal(index.candidates(np.arange(50)), ref)
-    np.testing.assert_allclose(index.scores([3]), scores[3:4], atol=2e-3)
+    np.testing.assert_array_equal(np.stack(index.candidates(np.arange(50))), ref)
+    np.testing.assert_allclose(index.scores([3])[0], scores[3], atol=2e-3)
     assert index.row("entity 7") == 7 and index.row("never seen") is None
     assert not (tmp_path / ".idx.building").exists()
 
@@ -63,6 +65,11 @@ def test_interrupted_build_resumes_to_the_same_index(tmp_path, data):
     assert resumed == [2, 3, 4]  # chunks 0 and 1 were on disk before the crash
     build_entity_index(tmp_path / "b", texts, ents, images, 30, model_fingerprint=FP, backend="exact", chunk_size=10)
     a, b = EntityIndex.open(tmp_path / "a"), EntityIndex.open(tmp_path / "b")
+    _assert_same_index(a, b)
+
+
+def _assert_same_index(a: EntityIndex, b: EntityIndex) -> None:
+    np.testing.assert_array_equal(a.offsets, b.offsets)
     np.testing.assert_array_equal(a.candidates_array, b.candidates_array)
     np.testing.assert_array_equal(a.scores_array, b.scores_array)
 
@@ -110,8 +117,7 @@ def test_append_equals_building_everything_at_once(tmp_path, data):
     build_entity_index(tmp_path / "all", texts, ents, images, 15, model_fingerprint=FP, backend="exact")
     inc, full = EntityIndex.open(tmp_path / "inc"), EntityIndex.open(tmp_path / "all")
     assert added == 20 and inc.vocab == full.vocab
-    np.testing.assert_array_equal(inc.candidates_array, full.candidates_array)
-    np.testing.assert_array_equal(inc.scores_array, full.scores_array)
+    _assert_same_index(inc, full)
     assert inc.manifest["n_entities"] == 50
 
 
@@ -120,3 +126,35 @@ def test_candidates_of_unknown_row_is_an_error(tmp_path, data):
     build_entity_index(tmp_path / "idx", texts[:5], ents[:5], images, 5, model_fingerprint=FP, backend="exact")
     with pytest.raises(CfirError, match="entity rows"):
         EntityIndex.open(tmp_path / "idx").candidates([7])
+
+
+def _starved_scann(k: int) -> ScannConfig:
+    """A tree searched in one of 60 leaves: far fewer than k points are reachable, so ScaNN pads its answers."""
+    return ScannConfig(num_leaves=60, num_leaves_to_search=1, reorder=k, min_rows_for_tree=1)
+
+
+def test_scann_short_answers_are_stored_ragged_without_padding(tmp_path, data):
+    images, ents, texts = data
+    k = 500
+    build_entity_index(tmp_path / "idx", texts, ents, images, k, model_fingerprint=FP, scann_config=_starved_scann(k))
+    index = EntityIndex.open(tmp_path / "idx")
+    lists, scores = index.candidates(np.arange(len(texts))), index.scores(np.arange(len(texts)))
+    assert index.lengths.min() < k, "the test needs ScaNN to return fewer than K for some entity"
+    assert index.lengths.max() <= k and len(index.candidates_array) == index.lengths.sum()
+    for row, (cand, sc) in enumerate(zip(lists, scores)):
+        assert len(cand) == index.lengths[row] and cand.min() >= 0 and cand.max() < len(images)
+        assert len(np.unique(cand)) == len(cand) and np.all(np.isfinite(sc))
+        # Each stored candidate's score is its real dot product (ScaNN's padding was id 0 with a NaN distance).
+        np.testing.assert_allclose(sc, images[cand].astype(np.float32) @ ents[row], atol=2e-2)
+    _, found = index.searcher().search(ents[:8], k)
+    assert (found == -1).any() and all(len(r) and r.min() >= 0 for r in drop_padding(found))
+
+
+def test_index_of_the_padded_format_is_refused_in_one_line(tmp_path, data):
+    images, ents, texts = data
+    build_entity_index(tmp_path / "idx", texts[:5], ents[:5], images, 5, model_fingerprint=FP, backend="exact")
+    manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
+    (tmp_path / "idx" / "manifest.json").write_text(json.dumps(manifest | {"format_version": 1}))
+    with pytest.raises(StoreError, match="format version 1 .* rebuild") as e:
+        EntityIndex.open(tmp_path / "idx")
+    assert "\n" not in str(e.value)

@@ -135,6 +135,21 @@ def test_atomic_corpus_has_the_judged_documents_and_images(atomic):
     assert f"{len(docs):,} documents, {len(images):,} images" in atomic["stdout"]
 
 
+def test_small_setting_takes_the_documents_and_images_of_the_chosen_split(atomic, tmp_path):
+    from cfir_jax.cli import load_config_file
+    from cfir_jax.indexing import build_corpus
+    from cfir_jax.layout import Layout
+
+    fx = atomic["fx"]
+    config = load_config_file(str(atomic["config"]))
+    config.index.corpus.update(setting="small", splits="test")
+    corpus = build_corpus(config, Layout.of(tmp_path / "W"))
+    assert sorted(corpus.doc_ids) == sorted({t for t, _ in fx.qrels["test"]} & set(fx.texts))
+    small = sorted({i for _, i in fx.qrels["test"]} & set(fx.images))
+    assert sorted(corpus.image_ids) == small and len(small) < len(_expected_corpus(fx)[1])  # base has more
+    assert corpus.splits == ("test",) and corpus.manifest["setting"] == "small"
+
+
 def test_atomic_cache_skips_corrupt_images_and_lists_them(atomic):
     from cfir_jax.image_cache import ImageCache
 
@@ -188,10 +203,15 @@ def test_atomic_entity_index_covers_the_vocabulary_with_exact_top_k(atomic):
     from cfir_jax.tokenizer import Beit3Tokenizer
 
     work = atomic["work"]
-    vocab = EntityStore.open(work / "entities").vocab
+    store = EntityStore.open(work / "entities")
+    train = {t for t, _ in atomic["fx"].qrels["train"]}
+    # The paper's protocol (the default): the entities of the train documents only, in store order.
+    in_train = {j for i, d in enumerate(store.doc_ids) if d in train for j in store.entity_ids_of(i).tolist()}
+    vocab = [store.vocab[j] for j in sorted(in_train)]
+    assert vocab and len(vocab) < len(store.vocab), "the fixture's other splits mention entities train does not"
     model = checkpoint.load_model(atomic["root"] / "model")
     index = EntityIndex.open(work / "entity_index", expect_fingerprint=checkpoint.fingerprint(model, "text"))
-    assert index.vocab == list(vocab) and index.manifest["backend"] == "scann"
+    assert index.vocab == vocab and index.manifest["backend"] == "scann" and index.manifest["documents"] == "train"
     cache = ImageCache.open(work / "image_cache")
     assert index.k == min(K, cache.num_images) and index.manifest["n_images"] == cache.num_images
     # Few images: ScaNN reorders all of them exactly, so its candidates are the exact top-K.
@@ -348,7 +368,7 @@ def test_add_entities_appends_exact_candidates(atomic, tmp_path):
          "--config.index.entity_index.backend=exact")
     old = EntityIndex.open(work / "entity_index")
     assert old.manifest["backend"] == "exact"
-    old_vocab, old_cand = list(old.vocab), np.array(old.candidates_array)
+    old_vocab, old_cand = list(old.vocab), old.candidates(np.arange(len(old.vocab)))
     new = ["Quokka Island", "Zanzibar Lighthouse Society"]
     (tmp_path / "new.txt").write_text(f"{new[0]}\n\n{old_vocab[0]}\n{new[1]}\n")  # one already indexed, a blank line
     proc = _run("--config", atomic["config"], "--workdir", work, "--add-entities", tmp_path / "new.txt")
@@ -356,11 +376,11 @@ def test_add_entities_appends_exact_candidates(atomic, tmp_path):
 
     index = EntityIndex.open(work / "entity_index")
     assert index.vocab == old_vocab + sorted(new)
-    np.testing.assert_array_equal(index.candidates(np.arange(len(old_vocab))), old_cand)
+    np.testing.assert_array_equal(np.stack(index.candidates(np.arange(len(old_vocab)))), np.stack(old_cand))
     model = checkpoint.load_model(atomic["root"] / "model")
     emb = TextEncoder(model, Beit3Tokenizer(SPM_PATH), 16).encode(sorted(new))
     _, exact = exact_topk(emb, ImageCache.open(work / "image_cache").embeddings, index.k)
-    np.testing.assert_array_equal(index.candidates([index.row(t) for t in sorted(new)]), exact)
+    np.testing.assert_array_equal(np.stack(index.candidates([index.row(t) for t in sorted(new)])), exact)
 
 
 @pytest.mark.parametrize("case", ["missing", "binary"])

@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from cfir_jax.cli import load_config_file
+from cfir_jax.errors import CfirError
+from cfir_jax.knn import exact_topk
 from cfir_jax.retrieval import DocumentInput, Retriever
 from conftest import ROOT
 
@@ -49,8 +51,12 @@ def test_cfir_equals_brute_force_over_the_candidate_union(workdir, config):
     results = r.retrieve_many(docs)
     for doc, res in zip(docs, results):
         rows = [r.entity_index.row(e) for e in doc.entities if r.entity_index.row(e) is not None]
-        assert rows, "tiny world documents all have indexed entities"
-        union = np.unique(r.entity_index.candidates(np.asarray(rows)).ravel())
+        unknown = [e for e in doc.entities if r.entity_index.row(e) is None]
+        assert rows or unknown, "tiny world documents all have entities"
+        lists = r.entity_index.candidates(np.asarray(rows)) if rows else []
+        if unknown:  # searched at query time: their exact top-K over the cache (the demo index is exact)
+            lists += list(exact_topk(r.entity_encoder.encode(unknown), r.embeddings, r.entity_index.k)[1])
+        union = np.unique(np.concatenate(lists))
         query = r.query_encoder.encode([doc.summary])[0]
         scores = np.asarray(r.embeddings[union], np.float32) @ query
         order = np.argsort(-scores, kind="stable")[: config.retrieval.top_k]
@@ -63,8 +69,8 @@ def test_planted_image_comes_first(workdir, config):
     """A summary embedding equal to one candidate image's embedding must retrieve that image first."""
     r = Retriever(config, workdir)
     doc = r.corpus_documents("test")[0]
-    row = r.entity_index.row(doc.entities[0])
-    planted = int(r.entity_index.candidates([row])[0, -1])  # its entity's *last* candidate
+    row = next(r.entity_index.row(e) for e in doc.entities if r.entity_index.row(e) is not None)
+    planted = int(r.entity_index.candidates([row])[0][-1])  # its entity's *last* candidate
     target = np.asarray(r.embeddings[planted], np.float32)
     r.query_encoder.encode = lambda texts: np.repeat(target[None] / np.linalg.norm(target), len(texts), 0)
     res = r.retrieve(doc)
@@ -85,6 +91,106 @@ def test_unknown_entities_are_searched_or_ignored(workdir, config):
     config_ignore.retrieval.unknown_entities = "ignore"
     res = Retriever(config_ignore, workdir).retrieve(unseen)
     assert "no usable entity" in res.note
+
+
+def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
+    """ScaNN searching 1 of 2 leaves finds ~60 of the 120 images for K=100: lists are short, never padded."""
+    import shutil
+
+    w = tmp_path / "W"
+    shutil.copytree(workdir, w)
+    starved = ["--config.index.entity_index.backend=scann", "--config.index.entity_index.k=100",
+               "--config.index.entity_index.num_leaves=2", "--config.index.entity_index.num_leaves_to_search=1",
+               "--config.index.entity_index.min_rows_for_tree=1"]
+    _run("index.py", "--config", CONFIG, "--workdir", str(w), "--stages", "entity_index", *starved)
+    for method in ("cfir", "entity_only"):  # before the fix: SR aborted on id -1, entity_only showed a wrong image
+        proc = _run("retrieve.py", "--index", str(w), "--evaluate", "test", "--method", method)
+        assert "MRR@10" in proc.stdout
+    config = json.loads((w / "index.json").read_text())["config"]
+    import ml_collections
+
+    r = Retriever(ml_collections.ConfigDict(config), w, method="entity_only")
+    lengths = r.entity_index.lengths
+    assert lengths.min() < 100, "the test needs ScaNN to return fewer than K"
+    doc = r.corpus_documents("test")[0]
+    unseen = DocumentInput(doc.text, "q", entities=["Zanzibar Quokka Society", *doc.entities], summary=doc.summary)
+    res = r.retrieve(unseen)
+    assert "Zanzibar Quokka Society" in res.unknown_entities
+    lists, _, _ = r._candidates(unseen.entities)
+    for lst in lists:
+        assert len(lst) and lst.min() >= 0 and len(np.unique(lst)) == len(lst)
+    union = set(np.concatenate(lists).tolist())
+    assert res.hits and all(h.row in union and h.entities for h in res.hits)
+
+
+def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, config):
+    """The paper's protocol: the index is built from the train split's entities; test entities it never saw are
+    unknown, and the evaluation says how many."""
+    from cfir_jax.entities import EntityStore, entity_key
+
+    r = Retriever(config, workdir)
+    store = EntityStore.open(workdir / "entities")
+    train, test = r.corpus.qrels("train"), r.corpus.qrels("test")
+    train_keys = {entity_key(e) for i, d in enumerate(store.doc_ids) if d in train for e in store.entities_of(i)}
+    assert {entity_key(t) for t in r.entity_index.vocab} == train_keys
+    test_entities = [e for i, d in enumerate(store.doc_ids) if d in test for e in store.entities_of(i)]
+    unknown = sum(entity_key(e) not in train_keys for e in test_entities)
+    assert unknown > 0, "the tiny world has test entities no train document mentions"
+    proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test")
+    assert f"unknown query entities: {unknown:,} of {len(test_entities):,}" in proc.stdout
+    assert "searched over the cache" in proc.stdout
+    docs = r.corpus_documents("test")
+    doc = next(d for d in docs if any(entity_key(e) not in train_keys for e in d.entities))
+    record = r.retrieve(doc)
+    assert record.unknown_entities and all(entity_key(e) not in train_keys for e in record.unknown_entities)
+
+
+def test_stale_compact_copy_is_rebuilt_when_the_cache_changes(workdir, config, tmp_path):
+    """Another cache of the same shape (e.g. re-encoded at 384 px) must not be scored with the old int8 codes."""
+    import shutil
+
+    from cfir_jax.sr_scorer import CompactCache
+
+    w = tmp_path / "W"
+    shutil.copytree(workdir, w)
+    first = Retriever(config, w, method="dense_summary")
+    first.sr_scorer()
+    old = CompactCache.open(w / "sr_compact", expect_cache=first.cache.content_fingerprint)
+    old_codes = np.array(old.codes)
+    manifest = json.loads((w / "image_cache" / "manifest.json").read_text())
+    emb = np.load(w / "image_cache" / "embeddings.npy")
+    rng = np.random.default_rng(1)
+    new = rng.standard_normal(emb.shape).astype(np.float32)
+    np.save(w / "image_cache" / "embeddings.npy", (new / np.linalg.norm(new, axis=1, keepdims=True)).astype(emb.dtype))
+    manifest.update(fingerprint="precomputed:another-model", created="later")
+    (w / "image_cache" / "manifest.json").write_text(json.dumps(manifest))
+    second = Retriever(config, w, method="dense_summary")
+    assert second.cache.content_fingerprint != first.cache.content_fingerprint
+    second.sr_scorer()
+    rebuilt = CompactCache.open(w / "sr_compact", expect_cache=second.cache.content_fingerprint)
+    assert not np.array_equal(np.array(rebuilt.codes), old_codes)
+    with pytest.raises(CfirError, match="stale.*cache_fingerprint.*index.py"):  # the entity index is derived too
+        Retriever(config, w, method="cfir")
+
+
+def test_entities_and_summaries_of_other_documents_are_refused_then_rebuilt(workdir, config, tmp_path):
+    """Same number of documents, other content: the stores are stale, retrieval refuses them, index.py rebuilds."""
+    import shutil
+
+    w = tmp_path / "W"
+    shutil.copytree(workdir, w)
+    manifest = json.loads((w / "corpus" / "manifest.json").read_text())
+    (w / "corpus" / "manifest.json").write_text(json.dumps(manifest | {"documents_sha": "0" * 16}))
+    for method, store in (("entity_only", "entities"), ("dense_summary", "summaries")):
+        with pytest.raises(CfirError, match=f"{store}: stale, derived from corpus_fingerprint") as e:
+            Retriever(config, w, method=method).corpus_documents("test")
+        assert "\n" not in str(e.value)
+    before = {s: (w / s / "manifest.json").stat().st_mtime_ns for s in ("entities", "summaries")}
+    _run("index.py", "--config", CONFIG, "--workdir", str(w), "--stages", "entities,summaries")
+    for s in ("entities", "summaries"):
+        assert (w / s / "manifest.json").stat().st_mtime_ns != before[s], f"{s} was not rebuilt"
+        assert json.loads((w / s / "manifest.json").read_text())["corpus_fingerprint"] == "docs-" + "0" * 16
+    Retriever(config, w, method="cfir").corpus_documents("test")  # current again
 
 
 def test_document_without_entities_falls_back_to_full_search(workdir, config):
@@ -111,6 +217,7 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
                 "--html", str(tmp_path / "out.html"))
     record = json.loads(proc.stdout.splitlines()[0])
     assert len(record["hits"]) == 3 and record["entities"]
+    assert record["num_unknown_entities"] == len(record["unknown_entities"])
     assert "<img" in (tmp_path / "out.html").read_text() or "no image" in (tmp_path / "out.html").read_text()
     queries = tmp_path / "q.jsonl"
     docs = r.corpus_documents("test")
