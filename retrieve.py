@@ -52,7 +52,7 @@ def main():
 
     docs = [read_query(args.query)] if args.query else read_queries(args.queries)
     retriever = Retriever(config, args.index, args.method)
-    results = retriever.retrieve_many(docs)
+    results = retriever.retrieve_many(docs, progress=len(docs) > 1)
     describe = retriever.describe_image
     for doc, result in zip(docs, results):
         if args.format == "table":
@@ -92,7 +92,7 @@ def _evaluate(config, args, top):
     for method in methods:
         retriever = Retriever(config, args.index, method)
         docs = retriever.corpus_documents(args.evaluate)
-        results = retriever.retrieve_many(docs)
+        results = retriever.retrieve_many(docs, progress=True)
         run = run_of(results, docs)
         qrels = retriever.corpus.qrels(args.evaluate)
         res = metrics.evaluate(run, qrels, measures=("mrr@10", "recall@10", "recall@100", "recall@1000",
