@@ -98,10 +98,9 @@ class DeviceCache:
             shard = len(devices) > 1 and not _fits_one_device(nbytes, devices[0])
         self.mesh = Mesh(np.array(devices if shard else devices[:1]), (AXIS,))
         self.shards = self.mesh.size
-        # Rows per shard, a whole number of full-search blocks (padding rows are zero and never referenced).
-        per = math.ceil(self.n / self.shards)
-        self.block = min(FULL_SEARCH_BLOCK, per)
-        self.rows_per_shard = self.block * math.ceil(per / self.block)
+        # Equal row ranges per shard (the last padded with zero rows, never referenced).
+        self.rows_per_shard = math.ceil(self.n / self.shards)
+        self.block = min(FULL_SEARCH_BLOCK, self.rows_per_shard)
         self.cache = self._put(embeddings, jdtype)
         self.traces = 0  # compilations of the SR function (counted at trace time; tests prove buckets reuse them)
         self._sr = jax.jit(self._sr_impl)
@@ -111,6 +110,9 @@ class DeviceCache:
         """Each device receives only its row range (never the whole cache on one device first)."""
         sharding = NamedSharding(self.mesh, P(AXIS, None))
         shape = (self.rows_per_shard * self.shards, self.dim)
+        if self.shards == 1 and isinstance(embeddings, np.ndarray) and embeddings.dtype == jdtype:
+            # One device, no padding, no cast: XLA:CPU aliases a 64-byte aligned host array instead of copying it.
+            return jax.device_put(embeddings, sharding)
 
         def shard_rows(index) -> np.ndarray:
             start = index[0].start or 0
@@ -197,16 +199,19 @@ class DeviceCache:
 
         def local(cache, q):
             base = jax.lax.axis_index(AXIS) * r
-            blocks = cache.reshape(r // blk, blk, self.dim)
             init = (jnp.full((q.shape[0], k), -jnp.inf, jnp.float32), jnp.full((q.shape[0], k), -1, jnp.int32))
             # The carry becomes shard-dependent after one block: mark it so from the start (shard_map's vma types).
             init = jax.lax.pcast(init, (AXIS,), to="varying")
 
-            def step(best, xs):
-                block, start = xs
+            def step(best, i):
+                # The last block is slid back to end at row r (no padding to a multiple of blk); its rows that the
+                # previous block already scored are masked.
+                start = jnp.minimum(i * blk, r - blk)
+                block = jax.lax.dynamic_slice_in_dim(cache, start, blk)
                 s = jnp.dot(q, block.astype(jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
-                rows = start + jnp.arange(blk, dtype=jnp.int32)
-                s = jnp.where(rows[None] < n, s, -jnp.inf)
+                local_rows = start + jnp.arange(blk, dtype=jnp.int32)
+                rows = base + local_rows
+                s = jnp.where((rows[None] < n) & (local_rows[None] >= i * blk), s, -jnp.inf)
                 bs, bp = jax.lax.top_k(s, kb)
                 # Earlier blocks (lower rows) first: ties keep the lower row.
                 all_s = jnp.concatenate([best[0], bs], axis=1)
@@ -214,8 +219,7 @@ class DeviceCache:
                 ts, tp = jax.lax.top_k(all_s, k)
                 return (ts, jnp.take_along_axis(all_i, tp, axis=1)), None
 
-            starts = base + blk * jnp.arange(r // blk, dtype=jnp.int32)
-            (s, i), _ = jax.lax.scan(step, init, (blocks, starts))
+            (s, i), _ = jax.lax.scan(step, init, jnp.arange(-(-r // blk), dtype=jnp.int32))
             return s[None], i[None]
 
         shard_s, shard_i = jax.shard_map(local, mesh=self.mesh, in_specs=(P(AXIS, None), P()),

@@ -113,6 +113,17 @@ def check_full_topk_equals_numpy_over_shards():
     assert dc.full_topk(queries[:1], 5000)[1].shape == (1, 997)  # k clamped to N
 
 
+def check_full_topk_with_a_partial_last_block():
+    cache = grid_cache(n=997)
+    dc = DeviceCache(cache, k=10, shard=False)
+    dc.block = 300  # 997 rows = 3 blocks + a last one slid back over rows already scored
+    s, r = dc.full_topk(int_queries(3), 50)
+    for q, si, ri in zip(int_queries(3), s, r):
+        want_s, want_r = exact_scores_numpy(cache, q, np.arange(len(cache)), 50)
+        np.testing.assert_array_equal(ri, want_r)
+        np.testing.assert_array_equal(si, want_s)
+
+
 def main(out: str) -> None:
     results = {}
     for name, fn in sorted(globals().items()):
