@@ -4,7 +4,8 @@ The cache [N, D] (float16 or bfloat16) is put on the devices once, row-sharded o
 does not fit one device (an 11M x 1024 float16 cache is 22 GB) or when asked; otherwise it lives on one device.
 
 SR for a batch of queries: each query's candidate union (sorted unique row ids) is padded with -1 to one of a few
-fixed bucket sizes, so queries of different union sizes reuse one compilation per (bucket, query batch). Under
+fixed bucket sizes, and the batch to a power of two, so queries of different union sizes reuse one compilation per
+(bucket, batch size). Under
 `jax.shard_map` every shard gathers the candidates it owns, scores them exactly (rows cast to float32, float32 dot at
 HIGHEST precision), masks the rest and the padding to -inf and keeps its top-k; the shards' top-k lists are then
 merged into the global top-k. `jax.lax.top_k` breaks ties by position, and positions follow row order (the union is
@@ -69,7 +70,8 @@ class DeviceCache:
 
     embeddings [N, D] float16/float32 (memmap fine: copied to the devices shard by shard); dtype: the resident dtype
     ("float16" or "bfloat16"); shard: None = only when the cache does not fit one device, True/False to force;
-    buckets: union sizes compiled for; query_batch: queries per SR call (padded with empty unions); k: results.
+    buckets: union sizes compiled for; query_batch: most queries per SR call (a call's queries are padded with empty
+    unions to a power of two); k: results.
     """
 
     def __init__(
@@ -175,8 +177,10 @@ class DeviceCache:
         for b, members in sorted(by_bucket.items()):
             for c in range(0, len(members), self.query_batch):
                 chunk = members[c : c + self.query_batch]
-                ids = np.full((self.query_batch, b), -1, np.int32)
-                q = np.zeros((self.query_batch, self.dim), np.float32)
+                # Padded to a power of two up to query_batch: a few shapes, and a lone query does not pay for 8.
+                qpad = min(self.query_batch, 1 << (len(chunk) - 1).bit_length())
+                ids = np.full((qpad, b), -1, np.int32)
+                q = np.zeros((qpad, self.dim), np.float32)
                 for j, i in enumerate(chunk):
                     ids[j, : sizes[i]] = np.sort(unions[i])  # sorted: ties then go to the lower row
                     q[j] = queries[i]

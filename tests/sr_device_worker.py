@@ -86,11 +86,13 @@ def check_ties_go_to_the_lower_row_across_shards():
 def check_one_compilation_per_bucket():
     cache = grid_cache()
     dc = DeviceCache(cache, k=10, shard=True, buckets=(64, 512), query_batch=2)
-    for sizes in ([3, 60], [64], [10, 20], [33, 1]):  # all in bucket 64, batches of 1 and 2 queries
+    for sizes in ([3, 60], [64, 2], [10, 20], [33, 1, 5, 40]):  # all in bucket 64, calls of 2 queries
         _assert_equal_to_numpy(dc, cache, int_queries(len(sizes)), unions_of_sizes(sizes))
     assert dc.traces == 1, dc.traces
     dc.score_batch(int_queries(2), unions_of_sizes([100, 500]))  # bucket 512
     assert dc.traces == 2, dc.traces
+    dc.score_batch(int_queries(3), unions_of_sizes([100, 500, 7]))  # bucket 512 reused; bucket 64 with 1 query: new
+    assert dc.traces == 3, dc.traces
 
 
 def check_unsharded_and_bfloat16_equal_numpy():
