@@ -126,8 +126,9 @@ class DeviceCache:
         return jax.make_array_from_callback(shape, sharding, shard_rows)
 
     # ------------------------------------------------------------------------------------------------------ SR
-    def _sr_impl(self, queries: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """queries [Q, D] f32, ids [Q, B] int32 (sorted, -1 = padding) -> (scores, rows) [Q, min(k, B)]."""
+    def _sr_impl(self, cache: jax.Array, queries: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
+        """cache (self.cache, an argument: closed over, XLA would embed it as a constant), queries [Q, D] f32,
+        ids [Q, B] int32 (sorted, -1 = padding) -> (scores, rows) [Q, min(k, B)]."""
         self.traces += 1
         kk = min(self.k, ids.shape[1])
         r = self.rows_per_shard
@@ -148,7 +149,7 @@ class DeviceCache:
             return top_s[None], jnp.take_along_axis(ids, pos, axis=1)[None]
 
         shard_s, shard_i = jax.shard_map(local, mesh=self.mesh, in_specs=(P(AXIS, None), P(), P()),
-                                         out_specs=(P(AXIS), P(AXIS)))(self.cache, queries, ids)
+                                         out_specs=(P(AXIS), P(AXIS)))(cache, queries, ids)
         # [S, Q, kk] -> [Q, S * kk], shard 0 first: on equal scores top_k keeps the lower position = the lower row.
         q = queries.shape[0]
         all_s = shard_s.transpose(1, 0, 2).reshape(q, -1)
@@ -184,7 +185,7 @@ class DeviceCache:
                 for j, i in enumerate(chunk):
                     ids[j, : sizes[i]] = np.sort(unions[i])  # sorted: ties then go to the lower row
                     q[j] = queries[i]
-                s, rows = self._sr(jax.device_put(q, replicated), jax.device_put(ids, replicated))
+                s, rows = self._sr(self.cache, jax.device_put(q, replicated), jax.device_put(ids, replicated))
                 s, rows = np.asarray(s), np.asarray(rows)
                 for j, i in enumerate(chunk):
                     kept = min(self.k, sizes[i])
@@ -196,8 +197,8 @@ class DeviceCache:
         return self.score_batch(np.asarray(query, np.float32)[None], [np.asarray(union)])[0]
 
     # ---------------------------------------------------------------------------------------------- full search
-    def _full_impl(self, queries: jax.Array, *, k: int) -> tuple[jax.Array, jax.Array]:
-        """Exact top-k of queries [Q, D] over every cache row: (scores, rows) [Q, k]."""
+    def _full_impl(self, cache: jax.Array, queries: jax.Array, *, k: int) -> tuple[jax.Array, jax.Array]:
+        """Exact top-k of queries [Q, D] over every row of cache (self.cache): (scores, rows) [Q, k]."""
         r, blk, n = self.rows_per_shard, self.block, self.n
         kb = min(k, blk)
 
@@ -227,7 +228,7 @@ class DeviceCache:
             return s[None], i[None]
 
         shard_s, shard_i = jax.shard_map(local, mesh=self.mesh, in_specs=(P(AXIS, None), P()),
-                                         out_specs=(P(AXIS), P(AXIS)))(self.cache, queries)
+                                         out_specs=(P(AXIS), P(AXIS)))(cache, queries)
         q = queries.shape[0]
         top_s, pos = jax.lax.top_k(shard_s.transpose(1, 0, 2).reshape(q, -1), k)
         return top_s, jnp.take_along_axis(shard_i.transpose(1, 0, 2).reshape(q, -1), pos, axis=1)
@@ -248,7 +249,7 @@ class DeviceCache:
             q = np.zeros((qb, self.dim), np.float32)
             part = queries[q0 : q0 + qb]
             q[: len(part)] = part
-            s, i = self._full(jax.device_put(q, replicated), k=k)
+            s, i = self._full(self.cache, jax.device_put(q, replicated), k=k)
             out_s[q0 : q0 + len(part)] = np.asarray(s)[: len(part)]
             out_i[q0 : q0 + len(part)] = np.asarray(i)[: len(part)]
         return out_s, out_i

@@ -49,3 +49,12 @@ def test_bad_settings_are_refused():
         DeviceCache(cache, dtype="int8")
     with pytest.raises(CfirError, match="increasing positive buckets"):
         DeviceCache(cache, buckets=(64, 8))
+
+
+def test_cache_is_an_argument_not_a_compiled_constant():
+    """Closed over, the cache would be embedded in every compiled program (a second copy, minutes at 6 GB)."""
+    cache = sr_device_worker.grid_cache(n=20_000)  # 640 KB: as a constant, over a megabyte of program text
+    dc = DeviceCache(cache, k=3, buckets=(16,), query_batch=1)
+    q, ids = np.zeros((1, sr_device_worker.D), np.float32), np.zeros((1, 16), np.int32)
+    assert len(dc._sr.lower(dc.cache, q, ids).as_text()) < cache.nbytes / 4
+    assert len(dc._full.lower(dc.cache, q, k=3).as_text()) < cache.nbytes / 4
