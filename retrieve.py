@@ -52,7 +52,7 @@ def main():
 
     docs = [read_query(args.query)] if args.query else read_queries(args.queries)
     retriever = Retriever(config, args.index, args.method)
-    results = retriever.retrieve_many(docs)
+    results = retriever.retrieve_many(docs, progress=len(docs) > 1)
     describe = retriever.describe_image
     for doc, result in zip(docs, results):
         if args.format == "table":
@@ -95,7 +95,7 @@ def _evaluate(config, args, top):
     for method in methods:
         retriever = Retriever(config, args.index, method)
         docs = retriever.corpus_documents(args.evaluate)
-        results = retriever.retrieve_many(docs)
+        results = retriever.retrieve_many(docs, progress=True)
         run = run_of(results, docs)
         if method in ("cfir", "entity_only") and not unknown_line:  # the same entities for both methods
             unknown_line = report.unknown_summary(results, config.retrieval.unknown_entities)

@@ -190,6 +190,15 @@ def retrieval_config() -> ml_collections.ConfigDict:
             unknown_entities="search",  # 'ignore' (the paper) or 'search' (ScaNN over the cache at query time)
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
+            # 'device': the cache resident on the local devices, jitted exact SR over batches (cfir_jax.sr_device);
+            # 'cpu': the two-pass numpy scorer (cfir_jax.sr_scorer); 'auto': device when a GPU or TPU is present.
+            sr_backend="auto",
+            sr_device_dtype="float16",  # or 'bfloat16'
+            sr_device_shard="auto",  # 'auto' (row-shard only when the cache does not fit one device), 'always', 'never'
+            sr_buckets=(4096, 16384, 65536, 262144),  # union sizes compiled for (a union is padded to the next one)
+            sr_query_batch=8,  # queries per device SR call
+            batch_size=256,  # documents per batch in bulk retrieval (retrieve.py --queries / --evaluate)
+            entity_workers=2,  # spaCy processes for the entities of a bulk batch (nlp.pipe n_process)
         )
     )
 

@@ -75,8 +75,16 @@ class _Searcher:
 
     def __init__(self, backend: str, images: np.ndarray, k: int, scann: ScannSearcher | None):
         self.backend, self.images, self.k, self.scann = backend, images, k, scann
+        self.device = None
+        if backend == "exact":
+            from cfir_jax import sr_device
+
+            # On a GPU/TPU the cache goes onto the devices once (sharded if it must) instead of block by block.
+            self.device = sr_device.DeviceCache(images) if sr_device.has_accelerator() else None
 
     def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if self.device is not None:
+            return self.device.full_topk(queries, self.k)
         if self.backend == "exact":
             return exact_topk(queries, self.images, self.k)
         return self.scann.search(queries, self.k)

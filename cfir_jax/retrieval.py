@@ -15,11 +15,12 @@ image's best entity score).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 import ml_collections
 import numpy as np
@@ -117,7 +118,7 @@ class Retriever:
                 check_derived(self.entity_index.manifest, layout.entity_index,
                               cache_fingerprint=self.cache.content_fingerprint)
             self.entity_encoder = TextEncoder(enc_model, tokenizer, config.index.entity_index.max_text_len, 16)
-        self._nlp = self._summarizer = self._sr = None
+        self._nlp = self._summarizer = self._sr = self._device_cache = None
         self._load_nlp = load_nlp
         self._caption_cache: dict[int, tuple[str, str]] = {}
 
@@ -137,7 +138,41 @@ class Retriever:
             self._summarizer = make_summarizer(self.config)
         return self._summarizer
 
+    def setting(self, key: str):
+        """retrieval.<key>, with the current default for workdirs whose recorded config predates the key."""
+        from cfir_jax.config import retrieval_config
+
+        return self.rcfg.get(key, retrieval_config()[key])
+
+    def sr_backend(self) -> str:
+        """'device' or 'cpu' (retrieval.sr_backend; 'auto' is device when a GPU or TPU is present)."""
+        backend = self.setting("sr_backend")
+        if backend not in ("auto", "device", "cpu"):
+            raise CfirError(f"retrieval.sr_backend={backend!r}: use auto, device or cpu")
+        if backend == "auto":
+            from cfir_jax.sr_device import has_accelerator
+
+            backend = "device" if has_accelerator() else "cpu"
+        return backend
+
+    def device_cache(self):
+        """The image cache resident on the local devices (loaded once; SR and exact searches share it)."""
+        if self._device_cache is None:
+            from cfir_jax.sr_device import DeviceCache
+
+            shard = {"auto": None, "always": True, "never": False}.get(self.setting("sr_device_shard"), "bad")
+            if shard == "bad":
+                raise CfirError(f"retrieval.sr_device_shard={self.setting('sr_device_shard')!r}: "
+                                "use auto, always or never")
+            self._device_cache = DeviceCache(
+                self.embeddings, k=self.rcfg.top_k, dtype=self.setting("sr_device_dtype"), shard=shard,
+                buckets=tuple(self.setting("sr_buckets")), query_batch=self.setting("sr_query_batch"))
+        return self._device_cache
+
     def sr_scorer(self):
+        """The SR scorer of the configured backend; both have score_batch(queries [Q, D], unions) -> [(s, rows)]."""
+        if self.sr_backend() == "device":
+            return self.device_cache()
         if self._sr is None:
             from cfir_jax.sr_scorer import SRScorer, build_compact
 
@@ -154,13 +189,20 @@ class Retriever:
         return self._sr
 
     # ------------------------------------------------------------------------------------------------- stages
-    def _document_entities(self, docs: Sequence[DocumentInput]) -> list[list[str]]:
-        missing = [i for i, d in enumerate(docs) if d.entities is None]
-        found = list(self.extractor().extract([docs[i].text for i in missing])) if missing else []
-        out = [d.entities for d in docs]
-        for i, ents in zip(missing, found):
-            out[i] = ents
-        return out
+    def _entity_stream(self, docs: Sequence[DocumentInput]) -> Iterator[list[str]]:
+        """The entities of each document in order, lazily: one spaCy nlp.pipe over all documents that need them,
+        with retrieval.entity_workers processes when there are many, so the workers parse ahead of encoding and SR."""
+        if self.method not in ("cfir", "entity_only"):
+            return iter([[] for _ in docs])
+        missing = [d.text for d in docs if d.entities is None]
+        found: Iterator[list[str]] = iter(())
+        if missing:
+            extractor = self.extractor()
+            if len(missing) >= 2 * self.setting("batch_size") and self.setting("entity_workers") > 1:
+                extractor = copy.copy(extractor)
+                extractor.n_process = int(self.setting("entity_workers"))
+            found = extractor.extract(missing)
+        return (d.entities if d.entities is not None else next(found) for d in docs)
 
     def _summaries(self, docs: Sequence[DocumentInput]) -> list[str]:
         missing = [i for i, d in enumerate(docs) if d.summary is None]
@@ -170,10 +212,16 @@ class Retriever:
             out[i] = s
         return out
 
-    def _full_search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    def _exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k over the whole cache, queries [Q, D] -> [Q, k'] each: on the devices when SR runs there."""
+        if self.sr_backend() == "device":
+            return self.device_cache().full_topk(queries, k)
         from cfir_jax.knn import exact_topk
 
-        scores, rows = exact_topk(query[None], self.embeddings, min(k, len(self.embeddings)))
+        return exact_topk(queries, self.embeddings, min(k, len(self.embeddings)))
+
+    def _full_search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        scores, rows = self._exact_search(query[None], k)
         return scores[0], rows[0]
 
     def _candidates(self, entities: list[str]) -> tuple[list[np.ndarray], list[str], list[str]]:
@@ -191,22 +239,38 @@ class Retriever:
         if unknown and self.rcfg.unknown_entities == "search":
             emb = self.entity_encoder.encode(unknown)
             k = self.entity_index.k
-            from cfir_jax.knn import drop_padding, exact_topk
+            from cfir_jax.knn import drop_padding
 
             if self.entity_index.manifest.get("has_searcher"):
                 _, rows = self.entity_index.searcher().search(emb, k)
             else:
-                _, rows = exact_topk(emb, self.embeddings, k)
+                _, rows = self._exact_search(emb, k)
             lists += drop_padding(rows)  # ScaNN may find fewer than K: its padding never reaches the union
             searched = unknown
         return lists, known + searched, unknown
 
-    def retrieve_many(self, docs: Sequence[DocumentInput]) -> list[Result]:
-        """Runs the configured method for every document (entities and summaries batched)."""
-        k = self.rcfg.top_k
+    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Result]:
+        """Runs the configured method for every document, retrieval.batch_size documents at a time (entities,
+        summaries, encoding and SR batched); progress: a progress bar with documents/s."""
+        from tqdm import tqdm
+
         self._warm_up()
-        t0 = time.perf_counter()
-        entities = self._document_entities(docs) if self.method in ("cfir", "entity_only") else [[] for _ in docs]
+        size = max(1, int(self.setting("batch_size")))
+        entities = self._entity_stream(docs)
+        results: list[Result] = []
+        with tqdm(total=len(docs), unit="doc", desc=f"retrieve ({self.method})", disable=not progress) as bar:
+            for b0 in range(0, len(docs), size):
+                batch = docs[b0 : b0 + size]
+                t0 = time.perf_counter()
+                batch_entities = [next(entities) for _ in batch]
+                results += self._retrieve_batch(batch, batch_entities, time.perf_counter() - t0)
+                bar.update(len(batch))
+        return results
+
+    def _retrieve_batch(self, docs: Sequence[DocumentInput], entities: list[list[str]], entity_s: float
+                        ) -> list[Result]:
+        """One batch: summaries and encoding batched, candidate unions per document, then SR over the batch."""
+        k = self.rcfg.top_k
         t1 = time.perf_counter()
         use_summary = self.method in ("cfir", "dense_summary") and self.rcfg.text == "summary"
         summaries = self._summaries(docs) if use_summary else [""] * len(docs)
@@ -218,30 +282,40 @@ class Retriever:
         else:
             queries = self.query_encoder.encode(summaries if use_summary else [d.text for d in docs])
         t3 = time.perf_counter()
-        per_doc_ms = {"entities": 1e3 * (t1 - t0) / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
+        per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs)}
-        results = []
-        for i, doc in enumerate(docs):
+        ranked, seconds = [None] * len(docs), [0.0] * len(docs)
+        prepared = []
+        for i in range(len(docs)):
             ts = time.perf_counter()
-            note, lists, used, unknown = "", [], [], []
-            union = None
+            note, lists, used, unknown, union = "", [], [], [], None
             if self.method in ("cfir", "entity_only"):
                 lists, used, unknown = self._candidates(entities[i])
                 if lists:
                     from cfir_jax.sr_scorer import unique_sorted
 
-                    # The union once, de-duplicated and sorted (the scorer's gathers want sorted ids anyway).
+                    # The union once, de-duplicated and sorted (the scorers' gathers want sorted ids anyway).
                     union = unique_sorted(np.concatenate(lists).astype(np.int32, copy=False))
             if self.method in ("dense_document", "dense_summary") or (self.method == "cfir" and not lists):
                 if self.method == "cfir":
                     note = "no usable entity: searched the whole cache with the summary embedding"
-                scores, rows = self._full_search(queries[i], k)
+                ranked[i] = self._full_search(queries[i], k)
             elif self.method == "entity_only":
-                scores, rows = self._entity_ranking(lists, used, k)
-            else:
-                scores, rows = self.sr_scorer().score(queries[i], union)
-            hits = self._hits(scores, rows, lists, used)
-            times = dict(per_doc_ms, rank=1e3 * (time.perf_counter() - ts))
+                ranked[i] = self._entity_ranking(lists, used, k)
+            prepared.append((note, lists, used, unknown, union))
+            seconds[i] = time.perf_counter() - ts
+        sr = [i for i in range(len(docs)) if ranked[i] is None]
+        if sr:
+            ts = time.perf_counter()
+            scored = self.sr_scorer().score_batch(queries[sr], [prepared[i][4] for i in sr])
+            share = (time.perf_counter() - ts) / len(sr)
+            for i, pair in zip(sr, scored):
+                ranked[i], seconds[i] = pair, seconds[i] + share
+        results = []
+        for i, (note, lists, used, unknown, union) in enumerate(prepared):
+            ts = time.perf_counter()
+            hits = self._hits(*ranked[i], lists, used)
+            times = dict(per_doc_ms, rank=1e3 * (seconds[i] + time.perf_counter() - ts))
             num = len(union) if union is not None else len(self.embeddings)
             results.append(Result(hits, list(entities[i]), unknown, summaries[i], note, num, times))
         return results

@@ -36,6 +36,21 @@ def test_exact_index_candidates_equal_exact_search(tmp_path, data):
     assert not (tmp_path / ".idx.building").exists()
 
 
+def test_exact_index_uses_the_device_cache_on_accelerators(tmp_path, data, monkeypatch):
+    from cfir_jax import sr_device
+
+    images, ents, texts = data
+    calls = []
+    full_topk = sr_device.DeviceCache.full_topk
+    monkeypatch.setattr(sr_device, "has_accelerator", lambda: True)
+    monkeypatch.setattr(sr_device.DeviceCache, "full_topk",
+                        lambda self, q, k: calls.append(len(q)) or full_topk(self, q, k))
+    build_entity_index(tmp_path / "idx", texts, ents, images, 40, model_fingerprint=FP, backend="exact", chunk_size=16)
+    assert sum(calls) == len(ents)
+    np.testing.assert_array_equal(EntityIndex.open(tmp_path / "idx").candidates(np.arange(50)),
+                                  exact_topk(ents, images, 40)[1])
+
+
 def test_scann_index_records_recall_and_stores_a_searcher(tmp_path, data):
     images, ents, texts = data
     recall = build_entity_index(tmp_path / "idx", texts, ents, images, 20, model_fingerprint=FP, recall_sample=32)
