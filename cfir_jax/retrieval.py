@@ -24,6 +24,7 @@ from typing import Sequence
 import ml_collections
 import numpy as np
 
+from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
 
@@ -91,6 +92,7 @@ class Retriever:
         else:
             self.note_model = ""
         model = checkpoint.load_model(model_dir, config.model)
+        check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS, model.config.max_text_positions)
         model_manifest = checkpoint.read_model_manifest(model_dir)
         self.cache = ImageCache.open(layout.image_cache, expect_dim=model.config.embed_dim)
         if not self.cache.fingerprint.startswith("precomputed:") and \
@@ -105,6 +107,7 @@ class Retriever:
         self.entity_index = self.entity_encoder = None
         if method in ("cfir", "entity_only"):
             enc_model = checkpoint.load_model(encoder_dir, config.model) if encoder_dir else model
+            check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS[1:], enc_model.config.max_text_positions)
             fingerprint = checkpoint.fingerprint(enc_model, "text")
             self.entity_index = EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint,
                                                  expect_dim=model.config.embed_dim)

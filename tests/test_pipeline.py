@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from cfir_jax.cli import load_config_file
+from cfir_jax.errors import CfirError
 from cfir_jax.retrieval import DocumentInput, Retriever
 from conftest import ROOT
 
@@ -94,6 +95,19 @@ def test_document_without_entities_falls_back_to_full_search(workdir, config):
     query = r.query_encoder.encode([res.summary])[0]
     scores = np.asarray(r.embeddings, np.float32) @ query
     assert [h.row for h in res.hits[:10]] == np.argsort(-scores, kind="stable")[:10].tolist()
+
+
+def test_text_length_over_the_model_positions_is_refused_at_configuration(workdir, config):
+    """The tiny model has 512 text positions, 510 usable: longer texts are refused when the retriever or the trainer
+    is configured, in one line naming both numbers and the override, not by a traceback from the first batch."""
+    too_long = config.copy_and_resolve_references()
+    too_long.retrieval.max_text_len = 600
+    with pytest.raises(CfirError, match=r"retrieval\.max_text_len=600 .* 510 .*--config\.retrieval\.max_text_len=510"):
+        Retriever(too_long, workdir)
+    proc = _run("train.py", "--config", CONFIG, "--workdir", str(workdir), "--config.train.max_text_len=511",
+                check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "train.max_text_len=511" in proc.stderr and "--config.train.max_text_len=510" in proc.stderr
 
 
 def test_query_encoding_never_recompiles(workdir, config):
