@@ -180,6 +180,10 @@ def retrieval_config() -> ml_collections.ConfigDict:
             text="summary",  # the query text scored in SR: 'summary' (CFIR) or 'document'
             max_text_len=64,
             unknown_entities="search",  # 'ignore' (the paper) or 'search' (ScaNN over the cache at query time)
+            # SR over the union: 'exact' (the paper: every candidate scored in float32) or 'fast' (compact int8 copy,
+            # then an exact re-rank of the best sr_shortlist; ~16x faster at 4M images, top-1000 agreement ~0.9998).
+            sr="fast",
+            eval_sr="exact",  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
         )

@@ -110,6 +110,65 @@ def test_text_length_over_the_model_positions_is_refused_at_configuration(workdi
     assert "train.max_text_len=511" in proc.stderr and "--config.train.max_text_len=510" in proc.stderr
 
 
+def test_compact_copy_is_built_before_the_first_query_and_timings_are_separate(workdir, config, tmp_path):
+    """The fast scorer's compact copy exists once the Retriever is constructed (its build is never inside a query's
+    timing), and SR is timed apart from the candidate lists and from the per-hit entity bookkeeping."""
+    import shutil
+
+    w = tmp_path / "w"
+    shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("sr_compact", "train"))
+    fast = config.copy_and_resolve_references()
+    fast.retrieval.sr = "fast"
+    r = Retriever(fast, w)
+    manifest = w / "sr_compact" / "manifest.json"
+    assert manifest.is_file()
+    built = manifest.stat().st_mtime_ns
+    res = r.retrieve(r.corpus_documents("test")[0])
+    assert manifest.stat().st_mtime_ns == built
+    assert {"er", "score", "hits"} <= set(res.times_ms) and "rank" not in res.times_ms
+    assert all(res.times_ms[k] >= 0 for k in ("er", "score", "hits"))
+
+
+def test_exact_sr_equals_brute_force_and_fast_sr_reports_its_agreement(workdir, config):
+    """retrieval.sr='exact' is the paper's SR over the whole union; the fast path with a 5-candidate shortlist can
+    miss, and the agreement it reports is its measured top-k overlap with exact scoring."""
+    cfg = config.copy_and_resolve_references()
+    cfg.retrieval.update(top_k=5, sr_shortlist=5, sr="exact")
+    exact = Retriever(cfg, workdir)
+    docs = exact.corpus_documents("test")[:6]
+    cfg.retrieval.sr = "fast"
+    fast = Retriever(cfg, workdir, measure_agreement=True)
+    for doc, e, f in zip(docs, exact.retrieve_many(docs), fast.retrieve_many(docs)):
+        rows = [exact.entity_index.row(x) for x in doc.entities if exact.entity_index.row(x) is not None]
+        union = np.unique(exact.entity_index.candidates(np.asarray(rows)).ravel())
+        scores = np.asarray(exact.embeddings[union], np.float32) @ exact.query_encoder.encode([doc.summary])[0]
+        want = union[np.argsort(-scores, kind="stable")[:5]].tolist()
+        assert [h.row for h in e.hits] == want and e.sr_agreement is None
+        assert f.sr_agreement == len({h.row for h in f.hits} & set(want)) / 5
+
+
+def test_evaluate_is_exact_by_default_and_states_fast_agreement(workdir):
+    exact = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test")
+    assert "SR: exact" in exact.stdout
+    fast = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--config.retrieval.eval_sr=fast")
+    assert "SR: fast" in fast.stdout and "agreement with exact scoring on these" in fast.stdout
+
+
+def test_compare_rows_mirror_table3_and_name_their_models(workdir):
+    """Table 3's rows, each with MRR@10, R@1000, ms/query, and the model it used; without a document-trained model
+    the document row says it used the summary-trained one at the model's full text length."""
+    proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--compare")
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("row "))
+    assert {"MRR@10", "R@1000", "ms/query", "model"} <= set(lines[head].split())
+    body = lines[head + 2 : head + 7]
+    labels = ("document only", "entities only", "summary only", "entities + document", "full CFIR")
+    assert [line[: len(lab)] for line, lab in zip(body, labels)] == list(labels)
+    assert body[0].rstrip().endswith("summary-trained, 510 tokens")
+    assert body[1].rstrip().endswith("frozen index encoder, 16 tokens")
+    assert all(line.rstrip().endswith("summary-trained, 64 tokens") for line in (body[2], body[3], body[4]))
+
+
 def test_query_encoding_never_recompiles(workdir, config):
     r = Retriever(config, workdir)
     for text in ("Short one.", "A much longer document " * 40, "Mid length text about Jeffrey Baker."):
