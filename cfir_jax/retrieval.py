@@ -126,7 +126,9 @@ class Retriever:
         self.query_encoder = TextEncoder(model, tokenizer, self.rcfg.max_text_len, batch_size=32)
         # Without a document-trained model, dense_document encodes the whole document (up to the positions the
         # model has) with the summary-trained one; the document-trained model reads documents as it was trained.
-        doc_len = self.rcfg.max_text_len if self.document_model else model.config.max_text_positions - 2
+        doc_len = model.config.max_text_positions - 2
+        if self.document_model:
+            doc_len = int(model_manifest.get("train_max_text_len") or self.rcfg.max_text_len)
         self.doc_encoder = TextEncoder(model, tokenizer, doc_len, batch_size=8)
         trained = model_manifest.get("train_text") or ("document" if self.document_model else "summary")
         kind = "untrained index encoder" if self.note_model else f"{trained}-trained"

@@ -169,6 +169,27 @@ def test_compare_rows_mirror_table3_and_name_their_models(workdir):
     assert all(line.rstrip().endswith("summary-trained, 64 tokens") for line in (body[2], body[3], body[4]))
 
 
+def test_document_baseline_is_trained_beside_the_main_model_and_used_by_the_document_rows(workdir, tmp_path):
+    """train.py --config.train.text=document exports W/model_document (the paper's document-only model, documents
+    at 64 tokens) and leaves W/model alone; --compare's document rows then use it and say so."""
+    import shutil
+
+    w = tmp_path / "w"
+    shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train"))
+    main_manifest = (w / "model" / "manifest.json").read_text()
+    _run("train.py", "--config", CONFIG, "--workdir", str(w), "--config.train.text=document")
+    assert (w / "model" / "manifest.json").read_text() == main_manifest
+    manifest = json.loads((w / "model_document" / "manifest.json").read_text())
+    assert manifest["train_text"] == "document" and manifest["train_max_text_len"] == 64
+    assert (w / "train_document" / "metrics.jsonl").is_file() and not (w / "train").exists()
+    proc = _run("retrieve.py", "--index", str(w), "--evaluate", "test", "--compare")
+    rows = {line[:19].strip(): line.rstrip() for line in proc.stdout.splitlines()}
+    for label in ("document only", "entities + document"):
+        assert rows[label].endswith("document-trained, 64 tokens"), rows[label]
+    for label in ("summary only", "full CFIR"):
+        assert rows[label].endswith("summary-trained, 64 tokens"), rows[label]
+
+
 def test_query_encoding_never_recompiles(workdir, config):
     r = Retriever(config, workdir)
     for text in ("Short one.", "A much longer document " * 40, "Mid length text about Jeffrey Baker."):
