@@ -217,6 +217,7 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
 
     want = metrics.evaluate(trec.read_run(tmp_path / "run.trec"), trec.read_qrels(qrels))
     assert f"{want.aggregate['mrr@10']:.4f}" in proc.stdout
+    assert "SR: exact" in proc.stdout  # --qrels evaluates, so it scores exactly unless asked otherwise
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "binary", "huge", "whitespace"])
