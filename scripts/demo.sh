@@ -8,8 +8,6 @@ bash scripts/setup.sh
 WORK=${WORK:-demo_work}
 python index.py --config configs/demo.py --workdir "$WORK"
 python train.py --config configs/demo.py --workdir "$WORK"
-# The paper's document-only baseline (Table 3): the same training on documents, exported as $WORK/model_document.
-python train.py --config configs/demo.py --workdir "$WORK" --config.train.text=document
 echo; echo "== retrieve.py --query examples/doc.txt"
 python retrieve.py --index "$WORK" --query examples/doc.txt --top-k 10 --html "$WORK/doc.html"
 echo; echo "== evaluation on the synthetic test split"
