@@ -2,7 +2,10 @@
 
     python retrieve.py --index W --query doc.txt [--top-k 20] [--format table|json|trec] [--html out.html]
     python retrieve.py --index W --queries docs.jsonl --output run.trec [--qrels qrels.txt]
-    python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split, every method
+    python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
+
+Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
+--config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
 """
 
 import argparse
@@ -20,7 +23,7 @@ def _args(argv=None):
     what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
     what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
-    p.add_argument("--compare", action="store_true", help="with --evaluate: every method, one table")
+    p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--top-k", type=int, default=0, help="hits to show/write (default: retrieval.top_k)")
     p.add_argument("--format", default="table", help="table | json | trec (stdout)")
     p.add_argument("--html", default="", help="write an HTML page with the images")
@@ -51,7 +54,9 @@ def main():
     from cfir_jax.retrieval import Retriever, run_of
 
     docs = [read_query(args.query)] if args.query else read_queries(args.queries)
-    retriever = Retriever(config, args.index, args.method)
+    if args.qrels:
+        _evaluation_sr(config)
+    retriever = Retriever(config, args.index, args.method, measure_agreement=bool(args.qrels))
     results = retriever.retrieve_many(docs, progress=len(docs) > 1)
     describe = retriever.describe_image
     for doc, result in zip(docs, results):
@@ -71,8 +76,10 @@ def main():
         print(f"wrote {args.html}", file=sys.stderr)
     run = run_of(results, docs)
     _write_and_score(run, args, top)
-    if args.qrels and args.method in ("cfir", "entity_only"):
-        print(report.unknown_summary(results, config.retrieval.unknown_entities))
+    if args.qrels:
+        if args.method in ("cfir", "entity_only"):
+            print(report.unknown_summary(results, config.retrieval.unknown_entities))
+        print(report.sr_line(config.retrieval, [results]))
 
 
 def _write_and_score(run, args, top):
@@ -85,38 +92,37 @@ def _write_and_score(run, args, top):
         print(metrics.evaluate(run, trec.read_qrels(args.qrels)).table())
 
 
+def _evaluation_sr(config) -> None:
+    """Evaluation scores with retrieval.eval_sr (exact unless asked otherwise), whatever retrieval.sr says."""
+    config.retrieval.sr = config.retrieval.get("eval_sr", "exact")
+
+
 def _evaluate(config, args, top):
     from cfir_jax import metrics, report
-    from cfir_jax.retrieval import METHODS, Retriever, run_of
+    from cfir_jax.retrieval import Retriever, run_of
 
-    methods = METHODS if args.compare else (args.method,)
-    rows = []
+    _evaluation_sr(config)
+    rows = report.TABLE3_ROWS if args.compare else ((args.method, args.method, {}),)
+    table, all_results = [], []
     unknown_line = ""
-    for method in methods:
-        retriever = Retriever(config, args.index, method)
+    for label, method, retrieval_overrides in rows:
+        row_config = config.copy_and_resolve_references()
+        row_config.retrieval.update(retrieval_overrides)
+        retriever = Retriever(row_config, args.index, method, measure_agreement=True)
         docs = retriever.corpus_documents(args.evaluate)
         results = retriever.retrieve_many(docs, progress=True)
-        run = run_of(results, docs)
         if method in ("cfir", "entity_only") and not unknown_line:  # the same entities for both methods
-            unknown_line = report.unknown_summary(results, config.retrieval.unknown_entities)
-        qrels = retriever.corpus.qrels(args.evaluate)
-        res = metrics.evaluate(run, qrels, measures=("mrr@10", "recall@10", "recall@100", "recall@1000",
-                                                     "success@1000"))
-        ms = sum(r.times_ms.get("rank", 0.0) for r in results) / max(len(results), 1)
-        rows.append((method, res.aggregate, ms, sum(r.num_candidates for r in results) / max(len(results), 1)))
-        if len(methods) == 1:
+            unknown_line = report.unknown_summary(results, row_config.retrieval.unknown_entities)
+        all_results.append(results)
+        run = run_of(results, docs)
+        res = metrics.evaluate(run, retriever.corpus.qrels(args.evaluate), measures=report.EVAL_MEASURES)
+        table.append(report.EvalRow(label, res.aggregate, results, retriever.model_used))
+        if len(rows) == 1:
             args.qrels = ""
             _write_and_score(run, args, top)
-    head = ["method", "MRR@10", "R@10", "R@100", "R@1000", "S@1000", "rank ms/q", "candidates/q"]
-    table = [head] + [[m, *(f"{a[k]:.4f}" for k in ("mrr@10", "recall@10", "recall@100", "recall@1000",
-                                                    "success@1000")), f"{ms:.2f}", f"{c:,.0f}"]
-                      for m, a, ms, c in rows]
-    widths = [max(len(r[i]) for r in table) for i in range(len(head))]
     print(f"{args.evaluate} split, {len(docs)} topics")
-    for j, r in enumerate(table):
-        print("  ".join(c.ljust(w) for c, w in zip(r, widths)))
-        if j == 0:
-            print("  ".join("-" * w for w in widths))
+    print(report.eval_table(table))
+    print(report.sr_line(config.retrieval, all_results))
     if unknown_line:
         print(unknown_line)
 

@@ -17,6 +17,10 @@ def main():
     from cfir_jax.train_data import load_train_data
 
     layout = Layout.of(args.workdir)
+    # The document baseline (train.text=document, the paper's "document only") runs and exports beside the main
+    # model, so training it never replaces CFIR's summary-trained model.
+    run_dir, model_dir = (layout.train_document, layout.model_document) if config.train.text == "document" else \
+        (layout.train, layout.model)
     if not config.train.init_model and layout.index_json.is_file():
         # Start from the encoder the index was built with, and export with its (frozen) vision tower.
         import json
@@ -26,14 +30,14 @@ def main():
             config.train.init_model = encoder
             config.train.export_model = config.train.export_model or encoder
     data = load_train_data(config, layout.root)
-    result = trainer.train(config, layout.train, data)
-    if config.train.export_model and (layout.train / "model").is_dir():
+    result = trainer.train(config, run_dir, data)
+    if config.train.export_model and (run_dir / "model").is_dir():
         import os
         import shutil
 
-        if layout.model.exists():
-            shutil.rmtree(layout.model)
-        os.replace(layout.train / "model", layout.model)
+        if model_dir.exists():
+            shutil.rmtree(model_dir)
+        os.replace(run_dir / "model", model_dir)
     print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())))
 
 

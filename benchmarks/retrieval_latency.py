@@ -341,7 +341,7 @@ def end_to_end(args) -> None:
     # entities=None, summary=None: recomputed per query, as for a document the index has never seen.
     docs = [DocumentInput(d.text, d.doc_id) for d in stored[: args.docs + 1]]
     retriever.retrieve_many(docs[:1])  # warm-up: spaCy, the summarizer, encoder compiles, the SR scorer
-    stages = ("entities", "summary", "encode", "rank")
+    stages = ("entities", "summary", "encode", "er", "score", "hits")
     per_stage = {s: [] for s in stages}
     wall, candidates, n_entities, notes = [], [], [], 0
     for doc in docs[1:]:
@@ -362,7 +362,8 @@ def end_to_end(args) -> None:
           + (f"; {notes} fell back to full search (no usable entity)" if notes else ""))
     total = np.median(wall) * 1e3
     labels = {"entities": "entities (spaCy)", "summary": f"summary ({s.summarizer})",
-              "encode": "encode (text tower)", "rank": "SR (candidates + scoring)"}
+              "encode": "encode (text tower)", "er": "ER (candidate lists, union)", "score": "SR (scoring)",
+              "hits": "hits (entity bookkeeping)"}
     for st in stages:
         p50, p95, _ = pct(per_stage[st])
         print(f"  {labels[st]:28s} p50 {p50:8.2f} ms  p95 {p95:8.2f} ms  ({p50 / total:.0%} of the p50 total)")

@@ -7,7 +7,11 @@ colon (`configs/base.py:384`, `configs/large.py:runlocal`) picks the image size 
 
 from __future__ import annotations
 
+from typing import Sequence
+
 import ml_collections
+
+from cfir_jax.errors import CfirError
 
 # REFERENCE §1. Head dim is 64 for both; the text vocabulary has 64010 rows (64002 used, padded).
 MODEL_SIZES = {
@@ -188,6 +192,10 @@ def retrieval_config() -> ml_collections.ConfigDict:
             text="summary",  # the query text scored in SR: 'summary' (CFIR) or 'document'
             max_text_len=64,
             unknown_entities="search",  # 'ignore' (the paper) or 'search' (ScaNN over the cache at query time)
+            # SR over the union: 'exact' (the paper: every candidate scored in float32) or 'fast' (compact int8 copy,
+            # then an exact re-rank of the best sr_shortlist; ~16x faster at 4M images, top-1000 agreement ~0.9998).
+            sr="fast",
+            eval_sr="exact",  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
             # 'device': the cache resident on the local devices, jitted exact SR over batches (cfir_jax.sr_device);
@@ -201,6 +209,32 @@ def retrieval_config() -> ml_collections.ConfigDict:
             entity_workers=2,  # spaCy processes for the entities of a bulk batch (nlp.pipe n_process)
         )
     )
+
+
+# Text lengths (tokens per sequence, BOS and EOS included) that each command encodes with, by config key.
+INDEX_TEXT_LENGTHS = ("index.entity_index.max_text_len", "index.pretrain.max_text_len", "retrieval.max_text_len",
+                      "train.max_text_len")
+RETRIEVAL_TEXT_LENGTHS = ("retrieval.max_text_len", "index.entity_index.max_text_len")
+TRAIN_TEXT_LENGTHS = ("train.max_text_len",)
+
+
+def check_text_lengths(config: ml_collections.ConfigDict, keys: Sequence[str], max_text_positions: int) -> None:
+    """Refuses, in one line, a text length that the model's text position table cannot hold.
+
+    Positions 0 and 1 are never used (REFERENCE §1: a sequence of L tokens takes rows 2..L+1), so a model with
+    `max_text_positions` P encodes at most P - 2 tokens. Checked when a command is configured, not when the first
+    over-long batch reaches the encoder hours later. Keys absent from the config are skipped.
+    """
+    usable = max_text_positions - 2
+    for key in keys:
+        node = config
+        for part in key.split("."):
+            node = node.get(part) if hasattr(node, "get") else None
+            if node is None:
+                break
+        if node is not None and int(node) > usable:
+            raise CfirError(f"{key}={node} exceeds the {usable} text positions the model can use "
+                            f"(max_text_positions={max_text_positions}, minus 2): set --config.{key}={usable}")
 
 
 def build_config(size: str, arg: str | None = None) -> ml_collections.ConfigDict:

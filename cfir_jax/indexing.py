@@ -26,6 +26,7 @@ from typing import Callable
 import ml_collections
 import numpy as np
 
+from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
 from cfir_jax.store import write_json_atomic
@@ -98,6 +99,17 @@ def encoder_dir(config, layout: Layout) -> Path | None:
     if enc == "pretrain":
         return layout.encoder
     return Path(enc) if enc else None
+
+
+def _text_positions(config, layout: Layout) -> int:
+    """max_text_positions of the encoder when it already exists (its own, whatever the config says), else the
+    config's (the model the 'pretrain' stage will create)."""
+    from cfir_jax import checkpoint
+
+    path = encoder_dir(config, layout)
+    if path is not None and (path / "manifest.json").is_file():
+        return int(checkpoint.read_model_manifest(path)["model_config"]["max_text_positions"])
+    return int(config.model.max_text_positions)
 
 
 def load_encoder(config, layout: Layout):
@@ -202,6 +214,7 @@ def entity_encoder(config, layout: Layout, corpus):
     from cfir_jax.train_data import resolve_tokenizer
 
     model = load_encoder(config, layout)
+    check_text_lengths(config, INDEX_TEXT_LENGTHS[:1], model.config.max_text_positions)
     ei = config.index.entity_index
     encoder = TextEncoder(model, resolve_tokenizer(config, corpus), ei.max_text_len, ei.encode_batch)
     return encoder, checkpoint.fingerprint(model, "text")
@@ -333,6 +346,7 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     from cfir_jax.image_cache import ImageCache
 
     layout = Layout.of(workdir)
+    check_text_lengths(config, INDEX_TEXT_LENGTHS, _text_positions(config, layout))
     layout.root.mkdir(parents=True, exist_ok=True)
     reports: list[StageReport] = []
 

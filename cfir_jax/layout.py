@@ -11,6 +11,8 @@
     W/index.json       what index.py built: the encoder used, stage summaries
     W/train/           training run: checkpoints, metrics.jsonl, config.json, tensorboard
     W/model/           the trained model (vision tower of the encoder + trained language expert)
+    W/train_document/  training run of the document baseline (train.py --config.train.text=document)
+    W/model_document/  the document baseline's model (the paper's "document only" row, Table 3)
 """
 
 from __future__ import annotations
@@ -39,4 +41,4 @@ class Layout:
 
 
 STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "sr_compact",
-          "train", "model")
+          "train", "model", "train_document", "model_document")

@@ -8,6 +8,13 @@ Entities the index has never seen are dropped (`unknown_entities="ignore"`, the 
 entity encoder and searched over the cache at query time (`"search"`, the default: no entity is lost). A document
 with no usable entity falls back to searching the whole cache with its summary embedding, and says so.
 
+SR scores the union exactly, as the paper does (`retrieval.sr="exact"`), or through the compact int8 copy and an
+exact re-rank of a shortlist (`"fast"`, ~16x faster at 4M images, top-1000 agreement ~0.9998). Evaluation uses
+`retrieval.eval_sr` ("exact" by default); with "fast" it measures the agreement with exact scoring per query
+(`Retriever(measure_agreement=True)`, outside the timed region). Every store and the compact copy are opened or
+built when the Retriever is constructed, so per-query times measure queries: `er` (candidate lists and their union),
+`score` (SR, or the baselines' whole-cache search / entity ranking) and `hits` (which entities brought each hit in).
+
 Baselines through the same code, for the paper's comparisons: `dense_document` and `dense_summary` (exact search of
 the whole cache with the full document's or the summary's embedding) and `entity_only` (the union ranked by each
 image's best entity score).
@@ -25,10 +32,12 @@ from typing import Iterator, Sequence
 import ml_collections
 import numpy as np
 
+from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
 
 METHODS = ("cfir", "dense_document", "dense_summary", "entity_only")
+SR_MODES = ("exact", "fast")
 
 
 @dataclasses.dataclass
@@ -49,6 +58,7 @@ class Result:
     note: str = ""  # e.g. the fallback taken
     num_candidates: int = 0  # size of the candidate union
     times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
+    sr_agreement: float | None = None  # fast SR's top-k overlap with exact scoring (when measured)
 
 
 @dataclasses.dataclass
@@ -62,9 +72,13 @@ class DocumentInput:
 
 
 class Retriever:
-    """Loads the stores of a workdir once; `retrieve(doc)` runs one query, `retrieve_many(docs)` a batch."""
+    """Loads the stores of a workdir once; `retrieve(doc)` runs one query, `retrieve_many(docs)` a batch.
 
-    def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True):
+    measure_agreement: with fast SR, also score each union exactly (untimed) and record the top-k overlap.
+    """
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True,
+                 measure_agreement: bool = False):
         from cfir_jax import checkpoint
         from cfir_jax.corpus import Corpus
         from cfir_jax.entity_index import EntityIndex
@@ -78,12 +92,22 @@ class Retriever:
         self.rcfg = config.retrieval
         if self.rcfg.unknown_entities not in ("ignore", "search"):
             raise CfirError(f"retrieval.unknown_entities={self.rcfg.unknown_entities!r}: use 'ignore' or 'search'")
+        self.sr_mode = self.rcfg.get("sr", "fast")
+        if self.sr_mode not in SR_MODES:
+            raise CfirError(f"retrieval.sr={self.sr_mode!r}: use 'exact' (the paper) or 'fast'")
+        self.measure_agreement = measure_agreement and self.sr_mode == "fast"
         layout = self.layout = Layout.of(workdir)
         if not layout.root.is_dir():
             raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
         index_info = _read_index_json(layout)
         self.corpus = Corpus.open(layout.corpus)
         model_dir = layout.model if (layout.model / "manifest.json").is_file() else None
+        # The document baseline of the paper (Table 3): a model trained on documents at 64 tokens, when train.py
+        # made one (train.text=document); every method that encodes the document uses it.
+        self.document_model = (layout.model_document / "manifest.json").is_file() and (
+            method == "dense_document" or self.rcfg.text == "document")
+        if self.document_model:
+            model_dir = layout.model_document
         encoder_dir = Path(index_info["encoder"]) if index_info.get("encoder") else None
         if model_dir is None:
             if encoder_dir is None:
@@ -92,6 +116,7 @@ class Retriever:
         else:
             self.note_model = ""
         model = checkpoint.load_model(model_dir, config.model)
+        check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS, model.config.max_text_positions)
         model_manifest = checkpoint.read_model_manifest(model_dir)
         self.cache = ImageCache.open(layout.image_cache, expect_dim=model.config.embed_dim)
         if not self.cache.fingerprint.startswith("precomputed:") and \
@@ -100,12 +125,22 @@ class Retriever:
                             f"{model_dir} has {model_manifest['vision_fingerprint']}: rebuild the cache or use its model")
         tokenizer = resolve_tokenizer(config, self.corpus)
         self.query_encoder = TextEncoder(model, tokenizer, self.rcfg.max_text_len, batch_size=32)
-        self.doc_encoder = TextEncoder(model, tokenizer, model.config.max_text_positions - 2, batch_size=8)
+        # Without a document-trained model, dense_document encodes the whole document (up to the positions the
+        # model has) with the summary-trained one; the document-trained model reads documents as it was trained.
+        doc_len = model.config.max_text_positions - 2
+        if self.document_model:
+            doc_len = int(model_manifest.get("train_max_text_len") or self.rcfg.max_text_len)
+        self.doc_encoder = TextEncoder(model, tokenizer, doc_len, batch_size=8)
+        trained = model_manifest.get("train_text") or ("document" if self.document_model else "summary")
+        kind = "untrained index encoder" if self.note_model else f"{trained}-trained"
+        tokens = doc_len if method == "dense_document" else self.rcfg.max_text_len
+        self.model_used = f"{kind}, {tokens} tokens"  # which model scored this method's queries (the --compare table)
         self.embeddings = self.cache.embeddings
         self.image_ids = self.cache.ids
         self.entity_index = self.entity_encoder = None
         if method in ("cfir", "entity_only"):
             enc_model = checkpoint.load_model(encoder_dir, config.model) if encoder_dir else model
+            check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS[1:], enc_model.config.max_text_positions)
             fingerprint = checkpoint.fingerprint(enc_model, "text")
             self.entity_index = EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint,
                                                  expect_dim=model.config.embed_dim)
@@ -118,9 +153,13 @@ class Retriever:
                 check_derived(self.entity_index.manifest, layout.entity_index,
                               cache_fingerprint=self.cache.content_fingerprint)
             self.entity_encoder = TextEncoder(enc_model, tokenizer, config.index.entity_index.max_text_len, 16)
+            if method == "entity_only":
+                self.model_used = f"frozen index encoder, {self.entity_encoder.max_len} tokens"
         self._nlp = self._summarizer = self._sr = self._device_cache = None
         self._load_nlp = load_nlp
         self._caption_cache: dict[int, tuple[str, str]] = {}
+        if method == "cfir" and (self.sr_mode == "fast" or self.sr_backend() == "device"):
+            self.sr_scorer()  # builds the compact copy (or the device copy) now (minutes at scale), not inside the first query's timing
 
     # ----------------------------------------------------------------------------------------- lazy components
     def extractor(self):
@@ -284,10 +323,10 @@ class Retriever:
         t3 = time.perf_counter()
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs)}
-        ranked, seconds = [None] * len(docs), [0.0] * len(docs)
+        ranked, er_s, score_s = [None] * len(docs), [0.0] * len(docs), [0.0] * len(docs)
         prepared = []
         for i in range(len(docs)):
-            ts = time.perf_counter()
+            t_start = time.perf_counter()
             note, lists, used, unknown, union = "", [], [], [], None
             if self.method in ("cfir", "entity_only"):
                 lists, used, unknown = self._candidates(entities[i])
@@ -296,29 +335,51 @@ class Retriever:
 
                     # The union once, de-duplicated and sorted (the scorers' gathers want sorted ids anyway).
                     union = unique_sorted(np.concatenate(lists).astype(np.int32, copy=False))
+            t_er = time.perf_counter()
+            er_s[i] = t_er - t_start
             if self.method in ("dense_document", "dense_summary") or (self.method == "cfir" and not lists):
                 if self.method == "cfir":
                     note = "no usable entity: searched the whole cache with the summary embedding"
                 ranked[i] = self._full_search(queries[i], k)
             elif self.method == "entity_only":
                 ranked[i] = self._entity_ranking(lists, used, k)
+            score_s[i] = time.perf_counter() - t_er
             prepared.append((note, lists, used, unknown, union))
-            seconds[i] = time.perf_counter() - ts
         sr = [i for i in range(len(docs)) if ranked[i] is None]
-        if sr:
-            ts = time.perf_counter()
-            scored = self.sr_scorer().score_batch(queries[sr], [prepared[i][4] for i in sr])
-            share = (time.perf_counter() - ts) / len(sr)
+        if sr:  # SR of every union of the batch at once: the device scorer pads them into one jitted call
+            t_sr = time.perf_counter()
+            scored = self._score_unions(queries[sr], [prepared[i][4] for i in sr])
+            share = (time.perf_counter() - t_sr) / len(sr)
             for i, pair in zip(sr, scored):
-                ranked[i], seconds[i] = pair, seconds[i] + share
+                ranked[i] = pair
+                score_s[i] += share
         results = []
         for i, (note, lists, used, unknown, union) in enumerate(prepared):
-            ts = time.perf_counter()
+            t_hits = time.perf_counter()
             hits = self._hits(*ranked[i], lists, used)
-            times = dict(per_doc_ms, rank=1e3 * (seconds[i] + time.perf_counter() - ts))
+            times = dict(per_doc_ms, er=1e3 * er_s[i], score=1e3 * score_s[i],
+                         hits=1e3 * (time.perf_counter() - t_hits))
+            agreement = None
+            if self.measure_agreement and self.method == "cfir" and union is not None:
+                from cfir_jax.sr_scorer import exact_top_k
+
+                _, exact_rows = exact_top_k(self.embeddings, queries[i], union, k)
+                agreement = len(np.intersect1d(ranked[i][1], exact_rows)) / max(len(exact_rows), 1)
             num = len(union) if union is not None else len(self.embeddings)
-            results.append(Result(hits, list(entities[i]), unknown, summaries[i], note, num, times))
+            results.append(Result(hits, list(entities[i]), unknown, summaries[i], note, num, times, agreement))
         return results
+
+    def _score_unions(self, queries: np.ndarray, unions: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """SR of sorted unique unions ([Q, D] queries, Q unions [M_i]): (scores [k'], cache rows [k']) per query.
+
+        The device backend is exact by construction; on the CPU, `retrieval.sr="exact"` scores every candidate
+        (the paper's SR) and "fast" runs the two-pass scorer.
+        """
+        if self.sr_mode == "exact" and self.sr_backend() == "cpu":
+            from cfir_jax.sr_scorer import exact_top_k
+
+            return [exact_top_k(self.embeddings, q, u, self.rcfg.top_k) for q, u in zip(queries, unions)]
+        return self.sr_scorer().score_batch(queries, unions)
 
     def _warm_up(self) -> None:
         """Loads the models and compiles the encoders once, so per-query times measure queries."""
@@ -327,6 +388,8 @@ class Retriever:
         if self.method in ("cfir", "entity_only"):
             self.extractor()
             self.entity_encoder.encode(["warm up"])
+            if self.rcfg.unknown_entities == "search" and self.entity_index.manifest.get("has_searcher"):
+                self.entity_index.searcher()  # loads the ScaNN searcher before the first query's timing
         if self.method in ("cfir", "dense_summary") and self.rcfg.text == "summary":
             self.summarizer()
         self.query_encoder.encode(["warm up"])

@@ -1,7 +1,8 @@
 """The BEiT-3 tokenizer: sentencepiece `beit3.spm` with the XLM-R (fairseq) id mapping (REFERENCE §4).
 
 Ids: <s>=0, <pad>=1, </s>=2, <unk>=3, every other piece = its sentencepiece id + 1, <mask> = pieces + 1.
-A sequence is [0] + ids[:max_len - 2] + [2], right-padded with 1; the padding mask is True on pads.
+A sequence is [0] + ids[:max_len - 2] + [2], right-padded with 1; the padding mask is True on the padded tail only,
+derived from each sequence's length (a literal "<pad>" written in the text is id 1 too, and XLM-R attends to it).
 Ids equal `transformers.XLMRobertaTokenizer(vocab_file=beit3.spm)` (4.x) token for token, including its handling
 of special-token strings written in the text ("<s>", "<mask>", ...), but run through sentencepiece's batched C++
 encoder directly, without transformers.
@@ -78,7 +79,10 @@ class Beit3Tokenizer:
         if isinstance(texts, str):
             texts = [texts]
         ids = np.full((len(texts), max_len), PAD, np.int32)
+        lengths = np.empty((len(texts), 1), np.int32)
         for row, pieces in enumerate(self.encode(texts)):
             seq = [BOS] + pieces[: max_len - 2] + [EOS]
             ids[row, : len(seq)] = seq
-        return ids, ids == PAD
+            lengths[row] = len(seq)
+        # From lengths, not `ids == PAD`: a "<pad>" inside the text is a real token (id 1) that must be attended to.
+        return ids, np.arange(max_len)[None, :] >= lengths

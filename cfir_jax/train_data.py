@@ -10,6 +10,7 @@ from __future__ import annotations
 import ml_collections
 import numpy as np
 
+from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.corpus import Corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.image_cache import ImageCache
@@ -48,6 +49,7 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
     tcfg = config.train
     if tcfg.text not in TEXTS:
         raise CfirError(f"train.text={tcfg.text!r}: use one of {TEXTS}")
+    check_text_lengths(config, TRAIN_TEXT_LENGTHS, config.model.max_text_positions)
     layout = Layout.of(workdir)
     corpus = Corpus.open(layout.corpus)
     cache = ImageCache.open(layout.image_cache, expect_dim=config.model.embed_dim)

@@ -19,8 +19,9 @@ from conftest import ROOT, SPM_PATH
 pytestmark = pytest.mark.skipif(not SPM_PATH.is_file(), reason=f"needs BEiT-3's tokenizer at {SPM_PATH}")
 
 # A tiny BEiT-3 (random weights) standing in for the converted base checkpoint: same vocabulary, 32-d embeddings.
+# 66 positions: 64 usable, the default text length of retrieval and training (see the text-length test).
 TINY_MODEL = dict(embed_dim=32, num_layers=2, num_heads=2, ffn_dim=64, image_size=32, vocab_size=64010,
-                  max_text_positions=64, dropout=0.0)
+                  max_text_positions=66, dropout=0.0)
 K = 3
 SHARD_SIZE = 2  # 7 corpus images -> 4 shards, so a build can be interrupted between shards
 
@@ -331,6 +332,16 @@ def test_add_entities_to_an_index_of_another_model_is_refused(atomic, tmp_path):
     (tmp_path / "new.txt").write_text("Quokka Island\n")
     proc = _run("--config", atomic["config"], "--workdir", work, "--add-entities", tmp_path / "new.txt", check=False)
     _assert_one_line_error(proc, "model_fingerprint")
+
+
+def test_text_length_over_the_model_positions_is_refused_at_configuration(atomic, tmp_path):
+    """A model with 64 text positions can encode 62 tokens: the default retrieval.max_text_len=64 is refused before
+    any stage runs, naming both numbers and the override."""
+    _save_model(tmp_path / "short", max_text_positions=64)
+    proc = _run("--config", atomic["config"], "--workdir", tmp_path / "W",
+                f"--config.index.encoder={tmp_path / 'short'}", "--config.model.max_text_positions=64", check=False)
+    _assert_one_line_error(proc, "retrieval.max_text_len=64", "62", "--config.retrieval.max_text_len=62")
+    assert not (tmp_path / "W" / "corpus").exists()
 
 
 def test_missing_atomic_directory_is_a_one_line_error(atomic, tmp_path):

@@ -202,6 +202,99 @@ def test_document_without_entities_falls_back_to_full_search(workdir, config):
     assert [h.row for h in res.hits[:10]] == np.argsort(-scores, kind="stable")[:10].tolist()
 
 
+def test_text_length_over_the_model_positions_is_refused_at_configuration(workdir, config):
+    """The tiny model has 512 text positions, 510 usable: longer texts are refused when the retriever or the trainer
+    is configured, in one line naming both numbers and the override, not by a traceback from the first batch."""
+    too_long = config.copy_and_resolve_references()
+    too_long.retrieval.max_text_len = 600
+    with pytest.raises(CfirError, match=r"retrieval\.max_text_len=600 .* 510 .*--config\.retrieval\.max_text_len=510"):
+        Retriever(too_long, workdir)
+    proc = _run("train.py", "--config", CONFIG, "--workdir", str(workdir), "--config.train.max_text_len=511",
+                check=False)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "train.max_text_len=511" in proc.stderr and "--config.train.max_text_len=510" in proc.stderr
+
+
+def test_compact_copy_is_built_before_the_first_query_and_timings_are_separate(workdir, config, tmp_path):
+    """The fast scorer's compact copy exists once the Retriever is constructed (its build is never inside a query's
+    timing), and SR is timed apart from the candidate lists and from the per-hit entity bookkeeping."""
+    import shutil
+
+    w = tmp_path / "w"
+    shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("sr_compact", "train"))
+    fast = config.copy_and_resolve_references()
+    fast.retrieval.sr = "fast"
+    r = Retriever(fast, w)
+    manifest = w / "sr_compact" / "manifest.json"
+    assert manifest.is_file()
+    built = manifest.stat().st_mtime_ns
+    res = r.retrieve(r.corpus_documents("test")[0])
+    assert manifest.stat().st_mtime_ns == built
+    assert {"er", "score", "hits"} <= set(res.times_ms) and "rank" not in res.times_ms
+    assert all(res.times_ms[k] >= 0 for k in ("er", "score", "hits"))
+
+
+def test_exact_sr_equals_brute_force_and_fast_sr_reports_its_agreement(workdir, config):
+    """retrieval.sr='exact' is the paper's SR over the whole union; the fast path with a 5-candidate shortlist can
+    miss, and the agreement it reports is its measured top-k overlap with exact scoring."""
+    cfg = config.copy_and_resolve_references()
+    cfg.retrieval.update(top_k=5, sr_shortlist=5, sr="exact")
+    exact = Retriever(cfg, workdir)
+    docs = exact.corpus_documents("test")[:6]
+    cfg.retrieval.sr = "fast"
+    fast = Retriever(cfg, workdir, measure_agreement=True)
+    for doc, e, f in zip(docs, exact.retrieve_many(docs), fast.retrieve_many(docs)):
+        rows = [exact.entity_index.row(x) for x in doc.entities if exact.entity_index.row(x) is not None]
+        union = np.unique(exact.entity_index.candidates(np.asarray(rows)).ravel())
+        scores = np.asarray(exact.embeddings[union], np.float32) @ exact.query_encoder.encode([doc.summary])[0]
+        want = union[np.argsort(-scores, kind="stable")[:5]].tolist()
+        assert [h.row for h in e.hits] == want and e.sr_agreement is None
+        assert f.sr_agreement == len({h.row for h in f.hits} & set(want)) / 5
+
+
+def test_evaluate_is_exact_by_default_and_states_fast_agreement(workdir):
+    exact = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test")
+    assert "SR: exact" in exact.stdout
+    fast = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--config.retrieval.eval_sr=fast")
+    assert "SR: fast" in fast.stdout and "agreement with exact scoring on these" in fast.stdout
+
+
+def test_compare_rows_mirror_table3_and_name_their_models(workdir):
+    """Table 3's rows, each with MRR@10, R@1000, ms/query, and the model it used; without a document-trained model
+    the document row says it used the summary-trained one at the model's full text length."""
+    proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--compare")
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("row "))
+    assert {"MRR@10", "R@1000", "ms/query", "model"} <= set(lines[head].split())
+    body = lines[head + 2 : head + 7]
+    labels = ("document only", "entities only", "summary only", "entities + document", "full CFIR")
+    assert [line[: len(lab)] for line, lab in zip(body, labels)] == list(labels)
+    assert body[0].rstrip().endswith("summary-trained, 510 tokens")
+    assert body[1].rstrip().endswith("frozen index encoder, 16 tokens")
+    assert all(line.rstrip().endswith("summary-trained, 64 tokens") for line in (body[2], body[3], body[4]))
+
+
+def test_document_baseline_is_trained_beside_the_main_model_and_used_by_the_document_rows(workdir, tmp_path):
+    """train.py --config.train.text=document exports W/model_document (the paper's document-only model, documents
+    at 64 tokens) and leaves W/model alone; --compare's document rows then use it and say so."""
+    import shutil
+
+    w = tmp_path / "w"
+    shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train"))
+    main_manifest = (w / "model" / "manifest.json").read_text()
+    _run("train.py", "--config", CONFIG, "--workdir", str(w), "--config.train.text=document")
+    assert (w / "model" / "manifest.json").read_text() == main_manifest
+    manifest = json.loads((w / "model_document" / "manifest.json").read_text())
+    assert manifest["train_text"] == "document" and manifest["train_max_text_len"] == 64
+    assert (w / "train_document" / "metrics.jsonl").is_file() and not (w / "train").exists()
+    proc = _run("retrieve.py", "--index", str(w), "--evaluate", "test", "--compare")
+    rows = {line[:19].strip(): line.rstrip() for line in proc.stdout.splitlines()}
+    for label in ("document only", "entities + document"):
+        assert rows[label].endswith("document-trained, 64 tokens"), rows[label]
+    for label in ("summary only", "full CFIR"):
+        assert rows[label].endswith("summary-trained, 64 tokens"), rows[label]
+
+
 def test_query_encoding_never_recompiles(workdir, config):
     r = Retriever(config, workdir)
     for text in ("Short one.", "A much longer document " * 40, "Mid length text about Jeffrey Baker."):
@@ -230,6 +323,7 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
 
     want = metrics.evaluate(trec.read_run(tmp_path / "run.trec"), trec.read_qrels(qrels))
     assert f"{want.aggregate['mrr@10']:.4f}" in proc.stdout
+    assert "SR: exact" in proc.stdout  # --qrels evaluates, so it scores exactly unless asked otherwise
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "binary", "huge", "whitespace"])

@@ -7,7 +7,8 @@ import pytest
 
 from cfir_jax.errors import CfirError
 from cfir_jax.knn import exact_topk, synthetic_embeddings
-from cfir_jax.sr_scorer import CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, unique_sorted
+from cfir_jax.sr_scorer import (CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, exact_top_k,
+                                unique_sorted)
 from cfir_jax.store import StoreError
 
 
@@ -173,3 +174,15 @@ def test_float16_cast_without_torch_is_exact(monkeypatch):
         dst = np.empty(src.shape, np.float32)
         sr._cast_f16(src, dst)
         np.testing.assert_array_equal(dst, src.astype(np.float32))
+
+
+def test_exact_top_k_is_the_papers_sr_over_the_whole_union(setting):
+    """Every candidate scored in float32 (gathered in chunks smaller than the union), best first."""
+    cache, _, candidates, query = setting
+    ids = unique_sorted(candidates)
+    scores, top = exact_top_k(cache, query, ids, 1000, chunk_rows=777)
+    want = np.asarray(cache[ids], np.float32) @ query
+    order = np.argsort(-want, kind="stable")[:1000]
+    np.testing.assert_array_equal(top, ids[order])
+    np.testing.assert_allclose(scores, want[order], rtol=1e-6)
+    assert top.dtype == np.int32

@@ -9,7 +9,6 @@ from cfir_jax.errors import CfirError
 from cfir_jax.tokenizer import Beit3Tokenizer
 from conftest import SPM_PATH
 
-pytestmark = pytest.mark.skipif(not SPM_PATH.is_file(), reason="needs ../shared/data/beit3.spm")
 
 WORDS = ["Eiffel", "Tower", "photo", "of", "the", "Zürich", "naïve", "東京", "Москва", "مرحبا", "🙂", "e.g.", "U.S.",
          "1,024", "3.14", "don't", "—", "«quote»", "C++", "x86_64", "<s>", "</s>", "<mask>", "<pad>", "<unk>", "<",
@@ -31,6 +30,8 @@ def _varied_strings(n: int, seed: int = 0) -> list[str]:
 def tokenizers():
     from transformers import XLMRobertaTokenizer
 
+    if not SPM_PATH.is_file():
+        pytest.skip(f"needs BEiT-3's beit3.spm at {SPM_PATH} (set CFIR_BEIT3_SPM)")
     return Beit3Tokenizer(SPM_PATH), XLMRobertaTokenizer(str(SPM_PATH))
 
 
@@ -48,7 +49,7 @@ def test_ids_equal_transformers_on_varied_strings(tokenizers):
 
 
 def test_batch_layout_matches_reference_recipe(tokenizers):
-    """[0] + ids[:max_len-2] + [2], padded with 1; mask True on pads (unilm's BEiT-3 retrieval dataset)."""
+    """[0] + ids[:max_len-2] + [2], padded with 1; mask True on the padded tail (unilm's BEiT-3 dataset)."""
     ours, ref = tokenizers
     texts = _varied_strings(50, seed=1)
     ids, mask = ours(texts, 16)
@@ -56,9 +57,10 @@ def test_batch_layout_matches_reference_recipe(tokenizers):
     for row, text in enumerate(texts):
         pieces = ref.convert_tokens_to_ids(ref.tokenize(text))[:14]
         want = [0] + pieces + [2]
-        want += [1] * (16 - len(want))
+        length = len(want)
+        want += [1] * (16 - length)
         assert ids[row].tolist() == want
-        assert mask[row].tolist() == [t == 1 for t in want]
+        assert mask[row].tolist() == [i >= length for i in range(16)]
 
 
 def test_vocab_and_special_ids(tokenizers):
@@ -74,3 +76,31 @@ def test_missing_or_bad_model_is_one_line_error(tmp_path):
     bad.write_bytes(b"\x00\x01garbage")
     with pytest.raises(CfirError, match="not a sentencepiece model"):
         Beit3Tokenizer(bad)
+
+
+@pytest.fixture(scope="module")
+def synthetic_tokenizers(tmp_path_factory):
+    """The synthetic world's kind of sentencepiece model (beit3.spm's id conventions), ours and transformers'."""
+    from transformers import XLMRobertaTokenizer
+
+    from cfir_jax.synthetic import train_tokenizer
+
+    path = tmp_path_factory.mktemp("spm") / "tokenizer.spm"
+    texts = [f"Document {i} mentions the Harbour Bridge of Quokka Island and a padded sentence number {i * 7}."
+             for i in range(200)]
+    train_tokenizer(texts, path, vocab_size=120)
+    return Beit3Tokenizer(path), XLMRobertaTokenizer(str(path))
+
+
+@pytest.mark.parametrize("which", ["beit3", "synthetic"])
+def test_literal_pad_in_text_is_attended_to(request, which):
+    """"<pad>" written in a document is token 1 (as XLM-R splits it out) but a real token: mask 0 there, 1 only on
+    the padded tail."""
+    ours, ref = request.getfixturevalue("tokenizers" if which == "beit3" else "synthetic_tokenizers")
+    texts = ["the bridge <pad> of the island", "<pad>", "<pad><pad> island <pad>"]
+    ids, mask = ours(texts, 48)
+    for row, text in enumerate(texts):
+        want = [0] + ref.convert_tokens_to_ids(ref.tokenize(text)) + [2]
+        assert 1 in want[1:-1]  # the literal <pad> became id 1
+        assert ids[row, : len(want)].tolist() == want
+        assert not mask[row, : len(want)].any() and mask[row, len(want) :].all()
