@@ -244,8 +244,8 @@ def test_exact_sr_equals_brute_force_and_fast_sr_reports_its_agreement(workdir, 
     cfg.retrieval.sr = "fast"
     fast = Retriever(cfg, workdir, measure_agreement=True)
     for doc, e, f in zip(docs, exact.retrieve_many(docs), fast.retrieve_many(docs)):
-        rows = [exact.entity_index.row(x) for x in doc.entities if exact.entity_index.row(x) is not None]
-        union = np.unique(exact.entity_index.candidates(np.asarray(rows)).ravel())
+        lists, _, _ = exact._candidates(doc.entities)  # known entities' lists and unseen ones' searches
+        union = np.unique(np.concatenate(lists))
         scores = np.asarray(exact.embeddings[union], np.float32) @ exact.query_encoder.encode([doc.summary])[0]
         want = union[np.argsort(-scores, kind="stable")[:5]].tolist()
         assert [h.row for h in e.hits] == want and e.sr_agreement is None
