@@ -105,15 +105,23 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     )
 
 
+# Logical axis names of the model's parameters (`model.axes`) -> mesh axis or None (replicated), as MaxText's
+# logical_axis_rules. Base replicates (87M trained parameters fit anywhere). Large is FSDP over the residual
+# stream: every 'embed' axis (1024, divisible by any power-of-two fsdp size) is split over 'fsdp'; the vocabulary
+# (64010 rows) is not a power of two, so the token table is split on its 'embed' axis too.
+REPLICATED_RULES = [("layers", None), ("embed", None), ("heads", None), ("mlp", None), ("vocab", None),
+                    ("positions", None), ("joint", None)]
+FSDP_RULES = [("embed", "fsdp")] + [(name, None) for name, _ in REPLICATED_RULES if name != "embed"]
+
+
 def mesh_config(size: str) -> ml_collections.ConfigDict:
-    """The `mesh` section: ('data', 'fsdp') axis sizes and the parameter sharding rules."""
+    """The `mesh` section: ('data', 'fsdp') axis sizes and the logical -> mesh axis rules of the parameters."""
     fsdp_large = size == "large"
     return ml_collections.ConfigDict(
         dict(
             data=1 if fsdp_large else -1,
             fsdp=-1 if fsdp_large else 1,
-            # base: replicate (87M trained params fit anywhere); large: shard every parameter over 'fsdp'.
-            sharding_rules=[(".*", "fsdp" if fsdp_large else "replicate")],
+            logical_axis_rules=list(FSDP_RULES if fsdp_large else REPLICATED_RULES),
         )
     )
 
