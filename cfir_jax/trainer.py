@@ -416,7 +416,10 @@ def evaluate(encoder, params, frozen, eval_data: EvalData, batch_size: int, mesh
 
 
 class MetricsLog:
-    """metrics.jsonl (process 0) and TensorBoard; on resume, entries after the restored step are dropped."""
+    """metrics.jsonl (process 0) and TensorBoard; on resume, entries after the restored step are dropped.
+
+    Not clu.metric_writers: importing it imports TensorFlow (its TensorBoard writer is tf.summary), which the
+    project does not install."""
 
     def __init__(self, workdir: Path, resume_step: int, tensorboard: bool):
         self.path = workdir / "metrics.jsonl"
