@@ -32,6 +32,7 @@ DEFAULT_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success
 _OURS = re.compile(r"^(mrr|recall|success|ndcg|p)@([0-9]+)$", re.IGNORECASE)
 _TREC = re.compile(r"^(recall|success|ndcg_cut|P)[._]([0-9]+)$")
 _TREC_KIND = {"recall": "recall", "success": "success", "ndcg_cut": "ndcg", "P": "p"}
+_TREC_NAME = {kind: name for name, kind in _TREC_KIND.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -109,7 +110,7 @@ def _trec_measure(m: Measure) -> tuple[str, str]:
     """(the pytrec_eval measure to request, the key of its value in pytrec_eval's result)."""
     if m.kind == "mrr":
         return "recip_rank", "recip_rank"
-    name = {"recall": "recall", "success": "success", "ndcg": "ndcg_cut", "p": "P"}[m.kind]
+    name = _TREC_NAME[m.kind]
     return f"{name}.{m.cutoff}", f"{name}_{m.cutoff}"
 
 
