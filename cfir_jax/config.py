@@ -105,13 +105,14 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     )
 
 
-# Logical axis names of the model's parameters (`model.axes`) -> mesh axis or None (replicated), as MaxText's
-# logical_axis_rules. Base replicates (87M trained parameters fit anywhere). Large is FSDP over the residual
-# stream: every 'embed' axis (1024, divisible by any power-of-two fsdp size) is split over 'fsdp'; the vocabulary
-# (64010 rows) is not a power of two, so the token table is split on its 'embed' axis too.
+# Logical axis names of the model's parameters (`model.axes`) -> mesh axis or None (replicated), in priority order
+# as MaxText's logical_axis_rules. Base replicates (87M trained parameters fit anywhere). Large is FSDP: FFN
+# weights split on 'mlp' (4096), everything else on 'embed' (1024); both divide by any power-of-two fsdp size,
+# the vocabulary (64010 rows) does not, so the token table is split on its 'embed' axis.
 REPLICATED_RULES = [("layers", None), ("embed", None), ("heads", None), ("mlp", None), ("vocab", None),
                     ("positions", None), ("joint", None)]
-FSDP_RULES = [("embed", "fsdp")] + [(name, None) for name, _ in REPLICATED_RULES if name != "embed"]
+FSDP_RULES = [("mlp", "fsdp"), ("embed", "fsdp")] + [(n, None) for n, _ in REPLICATED_RULES
+                                                    if n not in ("mlp", "embed")]
 
 
 def mesh_config(size: str) -> ml_collections.ConfigDict:

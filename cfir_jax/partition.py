@@ -60,33 +60,31 @@ def logical_spec(names: Sequence[str | None], shape: Sequence[int], rules: Seque
                  what: str = "parameter") -> P:
     """The mesh PartitionSpec of an array whose axes carry logical `names` (as `model.axes` declares them).
 
-    `rules` are (logical name, mesh axis or None) pairs, as MaxText's logical_axis_rules: the first rule naming the
-    logical axis whose mesh axis is still free in this spec wins (a mesh axis shards one dimension at most); None
-    replicates. A logical name without any rule, or a dimension the mesh axis does not divide, is a CfirError.
+    `rules` are (logical name, mesh axis or None) pairs in priority order, as MaxText's logical_axis_rules: walking
+    the rules, each one places its mesh axis on the array's axis of that name when both are still free (a mesh axis
+    shards one dimension at most), so `[("mlp", "fsdp"), ("embed", "fsdp")]` shards an FFN kernel [embed, mlp] on
+    'mlp' and an attention kernel [embed, heads] on 'embed'; None replicates. A logical name without any rule, or
+    a dimension the mesh axis does not divide, is a CfirError.
     """
-    spec: list[Any] = []
-    used: set[str] = set()
-    for dim, name in zip(shape, names):
-        if name is None:
-            spec.append(None)
-            continue
-        candidates = [axis for logical, axis in rules if logical == name]
-        if not candidates:
+    for name in names:
+        if name is not None and all(logical != name for logical, _ in rules):
             raise CfirError(f"{what}: no logical_axis_rules entry for axis {name!r}; add ({name!r}, mesh axis or None)")
-        chosen = None
-        for axis in candidates:
-            axes = () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
-            if any(a not in mesh.shape for a in axes):
-                raise CfirError(f"logical_axis_rules: ({name!r}, {axis!r}) names no axis of the mesh {MESH_AXES}")
-            if not used.intersection(axes):
-                chosen = axis if axes else None
-                used.update(axes)
-                break
-        size = int(np.prod([mesh.shape[a] for a in ((chosen,) if isinstance(chosen, str) else chosen or ())]))
-        if dim % size:
-            raise CfirError(f"{what}: axis {name!r} of size {dim} is not divisible by mesh axis {chosen!r} of size "
-                            f"{size}; map {name!r} to None or choose a mesh that divides it")
-        spec.append(chosen)
+    spec: list[Any] = [None] * len(names)
+    settled = [name is None for name in names]
+    used: set[str] = set()
+    for logical, axis in rules:
+        axes = () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+        if any(a not in mesh.shape for a in axes):
+            raise CfirError(f"logical_axis_rules: ({logical!r}, {axis!r}) names no axis of the mesh {MESH_AXES}")
+        for i, name in enumerate(names):
+            if settled[i] or name != logical or used.intersection(axes):
+                continue
+            size = int(np.prod([mesh.shape[a] for a in axes]))
+            if shape[i] % size:
+                raise CfirError(f"{what}: axis {name!r} of size {shape[i]} is not divisible by mesh axis {axis!r} of "
+                                f"size {size}; map {name!r} to None or choose a mesh that divides it")
+            spec[i], settled[i] = axis, True
+            used.update(axes)
     return P(*spec)
 
 

@@ -19,11 +19,12 @@ def test_large_config_fsdp_rules_give_expected_specs():
     setup = _large_setup()
     params, frozen = setup.param_shardings, setup.frozen_shardings
     expected = {
-        ("B", "layers", "fc1", "kernel"): P(None, "fsdp", None),  # [layers, embed, mlp]
-        ("B", "layers", "fc2", "kernel"): P(None, None, "fsdp"),  # [layers, mlp, embed]
+        ("B", "layers", "fc1", "kernel"): P(None, None, "fsdp"),  # [layers, embed, mlp]: 'mlp' ranks first
+        ("B", "layers", "fc2", "kernel"): P(None, "fsdp", None),  # [layers, mlp, embed]
         ("B", "layers", "q_proj", "kernel"): P(None, "fsdp", None),  # [layers, embed, heads]
         ("B", "layers", "q_proj", "bias"): P(None, None),  # [layers, heads]
-        ("B", "layers", "ffn_layernorm", "scale"): P(None, None),  # [layers, mlp]
+        ("B", "layers", "ffn_layernorm", "scale"): P(None, "fsdp"),  # [layers, mlp]
+        ("B", "layers", "out_proj", "kernel"): P(None, None, "fsdp"),  # [layers, heads, embed]
         ("B", "embed_positions"): P(None, "fsdp"),  # [positions, embed]
         ("language_head", "kernel"): P("fsdp", None),  # [embed, joint]
         ("logit_scale",): P(),
@@ -52,6 +53,9 @@ def test_logical_spec_uses_a_mesh_axis_once_and_checks_divisibility():
     rules = [("embed", "fsdp"), ("mlp", "fsdp"), ("mlp", "data"), ("layers", None)]
     # 'mlp' falls back to its second rule because 'fsdp' already shards 'embed' in this spec.
     assert partition.logical_spec(("layers", "embed", "mlp"), (3, 8, 6), rules, mesh) == P(None, "fsdp", "data")
+    # Rules are priorities, not the array's axis order: the earlier rule takes 'fsdp' wherever its axis is.
+    priority = [("mlp", "fsdp"), ("embed", "fsdp")]
+    assert partition.logical_spec(("embed", "mlp"), (8, 8), priority, mesh) == P(None, "fsdp")
     with pytest.raises(CfirError, match="'embed' of size 6 is not divisible by mesh axis 'fsdp' of size 4"):
         partition.logical_spec(("embed",), (6,), rules, mesh, "x/kernel")
     with pytest.raises(CfirError, match="no logical_axis_rules entry for axis 'vocab'"):
