@@ -110,15 +110,24 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     )
 
 
+# Logical axis names of the model's parameters (`model.axes`) -> mesh axis or None (replicated), in priority order
+# as MaxText's logical_axis_rules. Base replicates (87M trained parameters fit anywhere). Large is FSDP: FFN
+# weights split on 'mlp' (4096), everything else on 'embed' (1024); both divide by any power-of-two fsdp size,
+# the vocabulary (64010 rows) does not, so the token table is split on its 'embed' axis.
+REPLICATED_RULES = [("layers", None), ("embed", None), ("heads", None), ("mlp", None), ("vocab", None),
+                    ("positions", None), ("joint", None)]
+FSDP_RULES = [("mlp", "fsdp"), ("embed", "fsdp")] + [(n, None) for n, _ in REPLICATED_RULES
+                                                    if n not in ("mlp", "embed")]
+
+
 def mesh_config(size: str) -> ml_collections.ConfigDict:
-    """The `mesh` section: ('data', 'fsdp') axis sizes and the parameter sharding rules."""
+    """The `mesh` section: ('data', 'fsdp') axis sizes and the logical -> mesh axis rules of the parameters."""
     fsdp_large = size == "large"
     return ml_collections.ConfigDict(
         dict(
             data=1 if fsdp_large else -1,
             fsdp=-1 if fsdp_large else 1,
-            # base: replicate (87M trained params fit anywhere); large: shard every parameter over 'fsdp'.
-            sharding_rules=[(".*", "fsdp" if fsdp_large else "replicate")],
+            logical_axis_rules=list(FSDP_RULES if fsdp_large else REPLICATED_RULES),
         )
     )
 

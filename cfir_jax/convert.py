@@ -80,7 +80,10 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping[str, Any]) -
 
 
 def bicubic_resize(grid: np.ndarray, size: int) -> np.ndarray:
-    """[h, w, C] -> [size, size, C] with PyTorch's bicubic (A = -0.75, align_corners=False, clamped borders)."""
+    """[h, w, C] -> [size, size, C] with PyTorch's bicubic (A = -0.75, align_corners=False, clamped borders).
+
+    Hand-written because jax.image.resize's cubic is Keys' A = -0.5 (and antialiases when shrinking): it would not
+    reproduce the reference's resized position tables."""
 
     def weights(in_size: int, out_size: int) -> np.ndarray:
         a = -0.75

@@ -1,28 +1,19 @@
-"""Retrieval metrics with trec_eval's exact semantics, in plain Python and numpy.
+"""Retrieval metrics computed by trec_eval itself (through pytrec_eval), keyed by the names the project uses.
 
-What trec_eval does, and so what `evaluate` does (checked against trec_eval 9.x sources and pytrec_eval):
+What trec_eval does, and so what `evaluate` returns:
   * A run is ranked by score descending, ties broken by docid in descending strcmp order; the order the hits are
     given in, and any rank column, are ignored.
-  * A document is relevant when its qrels rel >= 1 (trec_eval's default -l 1); rel <= 0 and unjudged documents
-    are not relevant. Topics are evaluated when they appear in the qrels (with at least one judgment, of any value)
-    and in the run (with at least one hit). Topics in the run but not in the qrels are ignored. A topic whose
-    judgments are all non-relevant IS evaluated by trec_eval and scores 0 on every measure here (it counts in the
-    mean), exactly as trec_eval and pytrec_eval do.
-  * The aggregate is the mean over evaluated topics. `complete=True` is trec_eval -c: every qrels topic counts,
-    those missing from the run with value 0 (trec_eval divides by the number of qrels topics).
-  * trec_eval has no recip_rank cutoff; MRR@k is what `trec_eval -M k -m recip_rank` reports: recip_rank over the
-    top k of the trec_eval ranking (0 when no relevant document is in the top k). Since -M truncates after sorting,
-    this equals recip_rank when the first relevant rank is <= k and 0 otherwise.
+  * A document is relevant when its qrels rel >= 1 (trec_eval's default -l 1). Topics are evaluated when they are in
+    the qrels (with at least one judgment) and in the run (with at least one hit); a topic judged only non-relevant
+    is evaluated and scores 0. The aggregate is the mean over evaluated topics; `complete=True` is trec_eval -c
+    (qrels topics missing from the run count as 0), which pytrec_eval lacks, so it is added here.
+  * trec_eval has no recip_rank cutoff: MRR@k is what `trec_eval -M k -m recip_rank` reports, recip_rank over the
+    run cut at rank k. -M cuts after ranking, so it is recip_rank when the first relevant rank (1 / recip_rank) is
+    <= k and 0 otherwise; that is how it is derived from pytrec_eval's full-run recip_rank.
 
-Measures (name -> trec_eval / pytrec_eval name):
-  mrr@k -> recip_rank with -M k;  mrr -> recip_rank;  recall@k -> recall.k (recall_k);  success@k -> success.k;
-  ndcg@k -> ndcg_cut.k (gain = rel, discount log2(rank + 1));  p@k -> P.k.
-trec_eval spellings (recip_rank, recall.1000, recall_1000, success.10, ndcg_cut.10, P.10) are accepted too; results
-are keyed by the name given.
-
-Speed: only the ranks of retrieved relevant documents are needed, and a rank is one vectorised count over the
-topic's scores (plus a docid comparison among exact ties), so no topic is fully sorted: 20k topics x 1000 hits
-evaluate in about a second.
+Measures (name -> trec_eval name): mrr@k -> recip_rank with -M k; mrr -> recip_rank; recall@k -> recall.k;
+success@k -> success.k; ndcg@k -> ndcg_cut.k; p@k -> P.k. trec_eval spellings (recip_rank, recall.1000,
+recall_1000, success.10, ndcg_cut.10, P.10) are accepted too; results are keyed by the name given.
 """
 
 from __future__ import annotations
@@ -32,16 +23,16 @@ import math
 import re
 from collections.abc import Mapping, Sequence
 
-import numpy as np
+import pytrec_eval
 
 from cfir_jax.errors import CfirError
 
 DEFAULT_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000")
 
-_KINDS = ("mrr", "recall", "success", "ndcg", "p")
 _OURS = re.compile(r"^(mrr|recall|success|ndcg|p)@([0-9]+)$", re.IGNORECASE)
 _TREC = re.compile(r"^(recall|success|ndcg_cut|P)[._]([0-9]+)$")
 _TREC_KIND = {"recall": "recall", "success": "success", "ndcg_cut": "ndcg", "P": "p"}
+_TREC_NAME = {kind: name for name, kind in _TREC_KIND.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,77 +90,36 @@ class EvalResult:
         return "\n".join(rows)
 
 
-def _topic_scores(qid: str, hits) -> dict[str, float] | Mapping[str, float]:
-    """A topic's hits as a docid -> score mapping; a sequence of pairs with a repeated docid is refused."""
-    if isinstance(hits, Mapping):
-        return hits
-    pairs = [tuple(h) for h in hits]
-    scores = dict(pairs)
+def _topic_scores(qid: str, hits) -> dict[str, float]:
+    """A topic's hits as docid -> float score (what pytrec_eval takes); repeated docids and NaN scores refused."""
+    pairs = hits.items() if isinstance(hits, Mapping) else [tuple(h) for h in hits]
+    try:
+        scores = {docid: float(score) for docid, score in pairs}
+    except (TypeError, ValueError):
+        raise CfirError(f"run topic {qid}: a score is not a number") from None
     if len(scores) != len(pairs):
         seen: set = set()
         dup = next(d for d, _ in pairs if d in seen or seen.add(d))
         raise CfirError(f"run topic {qid}: docid {dup} appears twice; trec_eval refuses duplicate hits")
+    if any(math.isnan(v) for v in scores.values()):
+        raise CfirError(f"run topic {qid}: a score is NaN; trec_eval cannot rank it")
     return scores
 
 
-def _relevant_ranks(qid: str, hits: Mapping[str, float], judged: Mapping[str, int]) -> list[tuple[int, int]]:
-    """Sorted (rank, rel) of the retrieved relevant documents, ranks as trec_eval assigns them (1-based)."""
-    try:
-        scores = np.fromiter(hits.values(), dtype=np.float64, count=len(hits))
-    except (TypeError, ValueError):
-        raise CfirError(f"run topic {qid}: a score is not a number") from None
-    if np.isnan(scores).any():
-        raise CfirError(f"run topic {qid}: a score is NaN; trec_eval cannot rank it")
-    keys = None
-    ranked = []
-    for docid, rel in judged.items():
-        if rel < 1 or docid not in hits:
-            continue
-        score = float(hits[docid])
-        # Rank = 1 + hits ranked above: higher score, or equal score and a larger docid (strcmp descending).
-        rank = 1 + int(np.count_nonzero(scores > score))
-        tied = np.flatnonzero(scores == score)
-        if len(tied) > 1:
-            keys = keys if keys is not None else list(hits)
-            rank += sum(1 for i in tied if keys[i] > docid)
-        ranked.append((rank, rel))
-    ranked.sort()
-    return ranked
+def _trec_measure(m: Measure) -> tuple[str, str]:
+    """(the pytrec_eval measure to request, the key of its value in pytrec_eval's result)."""
+    if m.kind == "mrr":
+        return "recip_rank", "recip_rank"
+    name = _TREC_NAME[m.kind]
+    return f"{name}.{m.cutoff}", f"{name}_{m.cutoff}"
 
 
-def _dcg(gains_by_rank: Sequence[tuple[int, int]], cutoff: int) -> float:
-    """Sum of gain / log2(rank + 1) over ranks <= cutoff, accumulated in rank order as trec_eval does."""
-    total = 0.0
-    for rank, gain in gains_by_rank:
-        if rank > cutoff:
-            break
-        total += gain / math.log2(rank + 1)
-    return total
-
-
-def _topic_values(ranked: list[tuple[int, int]], judged: Mapping[str, int], measures: list[Measure]) -> dict:
-    """Values of `measures` for one topic from the (rank, rel) of its retrieved relevant documents."""
-    num_rel = sum(1 for rel in judged.values() if rel >= 1)
-    first = ranked[0][0] if ranked else None
-    ideal = None
-    values = {}
-    for m in measures:
-        k = m.cutoff
-        if m.kind == "mrr":
-            value = 1.0 / first if first is not None and (k is None or first <= k) else 0.0
-        elif m.kind == "recall":
-            value = sum(1 for r, _ in ranked if r <= k) / num_rel if num_rel else 0.0
-        elif m.kind == "success":
-            value = 1.0 if first is not None and first <= k else 0.0
-        elif m.kind == "p":
-            value = sum(1 for r, _ in ranked if r <= k) / k
-        else:  # ndcg: ideal ranking = all positive judgments by gain descending
-            if ideal is None:
-                ideal = list(enumerate(sorted((rel for rel in judged.values() if rel > 0), reverse=True), 1))
-            best = _dcg(ideal, k)
-            value = _dcg(ranked, k) / best if best > 0 else 0.0
-        values[m.name] = value
-    return values
+def _value(m: Measure, trec_values: Mapping[str, float]) -> float:
+    """One measure of one topic from pytrec_eval's values, applying the MRR cutoff (trec_eval -M k)."""
+    value = trec_values[_trec_measure(m)[1]]
+    if m.kind == "mrr" and m.cutoff is not None and (value == 0.0 or round(1.0 / value) > m.cutoff):
+        return 0.0
+    return value
 
 
 def evaluate(
@@ -178,7 +128,7 @@ def evaluate(
     measures: Sequence[str] = DEFAULT_MEASURES,
     complete: bool = False,
 ) -> EvalResult:
-    """Evaluates `run` against `qrels` exactly as trec_eval does (see the module docstring).
+    """Evaluates `run` against `qrels` with trec_eval (see the module docstring).
 
     run: {qid: {docid: score}} (as `trec.read_run` returns) or {qid: [(docid, score), ...]}; any number of hits.
     qrels: {qid: {docid: rel}} (as `trec.read_qrels` returns). complete: trec_eval -c.
@@ -189,22 +139,22 @@ def evaluate(
     parsed = [parse_measure(m) for m in measures]
     if len({m.name for m in parsed}) != len(parsed):
         raise CfirError(f"measures {list(measures)} name one measure twice")
-    per_query: dict[str, dict[str, float]] = {}
-    # trec_eval walks the qrels topics in strcmp order; keep that order so sums match to the last bit.
-    for qid in sorted(q for q, judged in qrels.items() if judged):
-        judged = qrels[qid]
-        hits = run.get(qid)
-        hits = _topic_scores(qid, hits) if hits is not None else None
-        if not hits:
-            if complete:
-                per_query[qid] = {m.name: 0.0 for m in parsed}
-            continue
-        per_query[qid] = _topic_values(_relevant_ranks(qid, hits, judged), judged, parsed)
-    if not per_query:
+    judged = {q: {d: int(r) for d, r in j.items()} for q, j in qrels.items() if j}
+    scored = {q: _topic_scores(q, hits) for q, hits in run.items() if q in judged and hits}
+    if not scored:
         raise CfirError(
             f"no topic is in both the run ({len(run)} topics) and the qrels ({len(qrels)} topics); "
             "check that the run and qrels are for the same split and use the same ids"
         )
+    evaluator = pytrec_eval.RelevanceEvaluator(judged, {_trec_measure(m)[0] for m in parsed})
+    raw = evaluator.evaluate(scored)
+    per_query: dict[str, dict[str, float]] = {}
+    # trec_eval walks the qrels topics in strcmp order; keep that order so the means match to the last bit.
+    for qid in sorted(judged):
+        if qid in raw:
+            per_query[qid] = {m.name: _value(m, raw[qid]) for m in parsed}
+        elif complete:
+            per_query[qid] = {m.name: 0.0 for m in parsed}
     aggregate = {}
     for m in parsed:
         total = 0.0

@@ -32,6 +32,13 @@ DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float
 _dense_init = nnx.initializers.truncated_normal(stddev=0.02)
 
 
+def axes(*names: str | None) -> dict[str, Any]:
+    """Variable metadata naming each parameter axis logically ('embed', 'mlp', ...); `partition.py` maps the names
+    to mesh axes with the config's rules. Not sharded at creation (eager_sharding off): the model is also built
+    without a mesh (conversion, the host-side vision tower), and the trainer shards by jit out_shardings."""
+    return {"out_sharding": names, "eager_sharding": False}
+
+
 def _dtype(name: str | Any) -> Any:
     return DTYPES[name] if isinstance(name, str) else name
 
@@ -53,20 +60,23 @@ class Block(nnx.Module):
         self.num_heads = config.num_heads
         self.dtype = dtype
 
-        def linear(i: int, o: int) -> nnx.Linear:
-            return nnx.Linear(i, o, kernel_init=_dense_init, dtype=dtype, param_dtype=pdtype, rngs=rngs)
+        def linear(i: int, o: int, names: tuple[str, str]) -> nnx.Linear:
+            return nnx.Linear(i, o, kernel_init=_dense_init, dtype=dtype, param_dtype=pdtype, rngs=rngs,
+                              kernel_metadata=axes(*names), bias_metadata=axes(names[1]))
 
-        def norm(n: int) -> nnx.LayerNorm:
-            return nnx.LayerNorm(n, epsilon=eps, dtype=dtype, param_dtype=pdtype, rngs=rngs)
+        def norm(n: int, name: str) -> nnx.LayerNorm:
+            return nnx.LayerNorm(n, epsilon=eps, dtype=dtype, param_dtype=pdtype, rngs=rngs,
+                                 scale_metadata=axes(name), bias_metadata=axes(name))
 
-        self.self_attn_layer_norm = norm(d)
-        self.q_proj, self.k_proj, self.v_proj = linear(d, d), linear(d, d), linear(d, d)
-        self.inner_attn_ln = norm(d)
-        self.out_proj = linear(d, d)
-        self.final_layer_norm = norm(d)
-        self.fc1 = linear(d, f)
-        self.ffn_layernorm = norm(f)
-        self.fc2 = linear(f, d)
+        # Logical axes: 'embed' the residual stream, 'heads' the concatenated attention heads, 'mlp' the FFN.
+        self.self_attn_layer_norm = norm(d, "embed")
+        self.q_proj, self.k_proj, self.v_proj = (linear(d, d, ("embed", "heads")) for _ in range(3))
+        self.inner_attn_ln = norm(d, "heads")
+        self.out_proj = linear(d, d, ("heads", "embed"))
+        self.final_layer_norm = norm(d, "embed")
+        self.fc1 = linear(d, f, ("embed", "mlp"))
+        self.ffn_layernorm = norm(f, "mlp")
+        self.fc2 = linear(f, d, ("mlp", "embed"))
 
     def __call__(
         self,
@@ -125,11 +135,12 @@ class Expert(nnx.Module):
         self.dropout = float(_cfg(config, "dropout", 0.0))
         self.drop_path_rates = tuple(np.linspace(0.0, float(_cfg(config, "drop_path_rate", 0.0)), config.num_layers))
         self.embed_positions = nnx.Param(
-            nnx.initializers.truncated_normal(0.02)(rngs.params(), (num_positions, config.embed_dim), pdtype)
+            nnx.initializers.truncated_normal(0.02)(rngs.params(), (num_positions, config.embed_dim), pdtype),
+            **axes("positions", "embed"),
         )
 
         @nnx.split_rngs(splits=config.num_layers)
-        @nnx.vmap(in_axes=(0,), out_axes=0)
+        @nnx.vmap(in_axes=(0,), out_axes=0, transform_metadata={nnx.PARTITION_NAME: "layers"})
         def make_layers(rngs: nnx.Rngs) -> Block:
             return Block(config, rngs=rngs)
 
@@ -140,6 +151,8 @@ class Expert(nnx.Module):
             dtype=_dtype(_cfg(config, "dtype", "float32")),
             param_dtype=pdtype,
             rngs=rngs,
+            scale_metadata=axes("embed"),
+            bias_metadata=axes("embed"),
         )
 
     def __call__(
@@ -206,11 +219,12 @@ class PatchEmbed(nnx.Module):
         self.proj = nnx.Conv(
             _cfg(config, "in_chans", 3), d, kernel_size=(p, p), strides=(p, p), padding="VALID",
             dtype=self.dtype, param_dtype=pdtype, rngs=rngs,
+            kernel_metadata=axes(None, None, None, "embed"), bias_metadata=axes("embed"),
         )
-        self.cls_token = nnx.Param(_dense_init(rngs.params(), (1, 1, d), pdtype))
+        self.cls_token = nnx.Param(_dense_init(rngs.params(), (1, 1, d), pdtype), **axes(None, None, "embed"))
         # Present in every official checkpoint (masked image modelling), unused for retrieval; kept so parameter
         # counts and checkpoints match the reference.
-        self.mask_token = nnx.Param(_dense_init(rngs.params(), (1, 1, d), pdtype))
+        self.mask_token = nnx.Param(_dense_init(rngs.params(), (1, 1, d), pdtype), **axes(None, None, "embed"))
 
     def __call__(self, pixels: jax.Array) -> jax.Array:
         x = self.proj(pixels.astype(self.dtype))
@@ -234,15 +248,17 @@ class DBeit3(nnx.Module):
         self.dtype = _dtype(_cfg(config, "dtype", "float32"))
         num_patches = (config.image_size // config.patch_size) ** 2
         self.text_embed = nnx.Embed(
-            config.vocab_size, d, embedding_init=nnx.initializers.normal(d**-0.5), param_dtype=pdtype, rngs=rngs
+            config.vocab_size, d, embedding_init=nnx.initializers.normal(d**-0.5), param_dtype=pdtype, rngs=rngs,
+            embedding_metadata=axes("vocab", "embed"),
         )
         self.vision_embed = PatchEmbed(config, rngs=rngs)
         self.A = Expert(config, num_patches + 1 + 2, rngs=rngs)  # vision expert
         self.B = Expert(config, config.max_text_positions, rngs=rngs)  # language expert
 
         def head() -> nnx.Linear:
+            # 'joint': the shared image-text embedding space the heads project into.
             return nnx.Linear(d, d, use_bias=False, kernel_init=_dense_init, dtype=self.dtype, param_dtype=pdtype,
-                              rngs=rngs)
+                              rngs=rngs, kernel_metadata=axes("embed", "joint"))
 
         self.vision_head = head()
         self.language_head = head()

@@ -1,11 +1,13 @@
-"""The device mesh and the per-parameter rules: trainable or frozen, weight decay, layer-wise lr, sharding.
+"""The device mesh, logical-axis sharding and the per-parameter rules: trainable or frozen, weight decay, layer lr.
 
 Rules are (regex over the '/'-joined parameter path, value) pairs; the first regex that fully matches wins, as
 big_vision freezes a tower with `('img/.*', None)`. CFIR's "train only the language expert" is the one rule
 `('B/.*|language_head/.*|logit_scale', 'train')` followed by `('.*', 'frozen')`.
 
-Mesh axes: `data` (pure data parallelism) and `fsdp` (the batch is split over it too, and parameters whose rule
-says 'fsdp' are sharded over it on their largest divisible dimension). Both axes carry the batch.
+Mesh axes: `data` (pure data parallelism) and `fsdp` (the batch is split over it too, and parameter axes that the
+config's logical_axis_rules map to 'fsdp' are sharded over it). Both axes carry the batch. Parameters declare
+logical axis names in the model (`model.axes`: 'embed', 'mlp', 'heads', 'vocab', 'layers', ...); the config's
+(logical name, mesh axis) pairs decide the layout, so a new layout is a config change, not a code change.
 """
 
 from __future__ import annotations
@@ -54,30 +56,46 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
-def param_spec(shape: tuple[int, ...], rule: str, fsdp_size: int) -> P:
-    """'replicate' -> P(); 'fsdp' -> shard the largest dimension divisible by the fsdp axis size."""
-    if rule == "replicate" or fsdp_size == 1 or not shape:
-        return P()
-    if rule != "fsdp":
-        raise CfirError(f"unknown sharding rule {rule!r}: use 'replicate' or 'fsdp'")
-    order = sorted(range(len(shape)), key=lambda i: -shape[i])
-    for i in order:
-        if shape[i] % fsdp_size == 0:
-            spec = [None] * len(shape)
-            spec[i] = "fsdp"
-            return P(*spec)
-    return P()
+def logical_spec(names: Sequence[str | None], shape: Sequence[int], rules: Sequence[tuple[str, Any]], mesh: Mesh,
+                 what: str = "parameter") -> P:
+    """The mesh PartitionSpec of an array whose axes carry logical `names` (as `model.axes` declares them).
+
+    `rules` are (logical name, mesh axis or None) pairs in priority order, as MaxText's logical_axis_rules: walking
+    the rules, each one places its mesh axis on the array's axis of that name when both are still free (a mesh axis
+    shards one dimension at most), so `[("mlp", "fsdp"), ("embed", "fsdp")]` shards an FFN kernel [embed, mlp] on
+    'mlp' and an attention kernel [embed, heads] on 'embed'; None replicates. A logical name without any rule, or
+    a dimension the mesh axis does not divide, is a CfirError.
+    """
+    for name in names:
+        if name is not None and all(logical != name for logical, _ in rules):
+            raise CfirError(f"{what}: no logical_axis_rules entry for axis {name!r}; add ({name!r}, mesh axis or None)")
+    spec: list[Any] = [None] * len(names)
+    settled = [name is None for name in names]
+    used: set[str] = set()
+    for logical, axis in rules:
+        axes = () if axis is None else (axis,) if isinstance(axis, str) else tuple(axis)
+        if any(a not in mesh.shape for a in axes):
+            raise CfirError(f"logical_axis_rules: ({logical!r}, {axis!r}) names no axis of the mesh {MESH_AXES}")
+        for i, name in enumerate(names):
+            if settled[i] or name != logical or used.intersection(axes):
+                continue
+            size = int(np.prod([mesh.shape[a] for a in axes]))
+            if shape[i] % size:
+                raise CfirError(f"{what}: axis {name!r} of size {shape[i]} is not divisible by mesh axis {axis!r} of "
+                                f"size {size}; map {name!r} to None or choose a mesh that divides it")
+            spec[i], settled[i] = axis, True
+            used.update(axes)
+    return P(*spec)
 
 
-def tree_shardings(tree: Any, mesh: Mesh, rules: Sequence[tuple[str, str]]) -> Any:
-    """NamedShardings for every leaf of a parameter tree (abstract or concrete) by the sharding rules."""
-    fsdp_size = mesh.shape["fsdp"]
+def tree_shardings(tree: Any, logical: Any, mesh: Mesh, rules: Sequence[tuple[str, Any]]) -> Any:
+    """NamedShardings for every leaf of a parameter tree (abstract or concrete) from `logical`, the same tree with a
+    PartitionSpec of logical axis names per leaf (`nnx.get_partition_spec` of the model's state)."""
 
-    def one(path, leaf):
-        return NamedSharding(mesh, param_spec(tuple(leaf.shape), first_match(param_path(path), rules, "sharding"),
-                                              fsdp_size))
+    def one(path, leaf, names):
+        return NamedSharding(mesh, logical_spec(tuple(names), leaf.shape, rules, mesh, param_path(path)))
 
-    return jax.tree_util.tree_map_with_path(one, tree)
+    return jax.tree_util.tree_map_with_path(one, tree, logical, is_leaf=lambda x: isinstance(x, P))
 
 
 def tree_mask(tree: Any, regex: str) -> Any:

@@ -191,15 +191,18 @@ def make_setup(config: ml_collections.ConfigDict, total_steps: int, devices=None
     pred = trainable_filter(config.train.trainable)
     abstract_tower = nnx.eval_shape(lambda: _tower(config.model))
     graphdef, abs_params, abs_frozen = nnx.split(abstract_tower, pred, ...)
+    # The logical axis names the model declares on each Variable, as PartitionSpecs of names.
+    names_params, names_frozen = (nnx.to_pure_dict(nnx.get_partition_spec(s)) for s in (abs_params, abs_frozen))
     abs_params, abs_frozen = nnx.to_pure_dict(abs_params), nnx.to_pure_dict(abs_frozen)
-    rules = config.mesh.sharding_rules
-    param_sh = partition.tree_shardings(abs_params, mesh, rules)
-    frozen_sh = partition.tree_shardings(abs_frozen, mesh, rules)
+    rules = config.mesh.logical_axis_rules
+    param_sh = partition.tree_shardings(abs_params, names_params, mesh, rules)
+    frozen_sh = partition.tree_shardings(abs_frozen, names_frozen, mesh, rules)
     tx, schedule = make_optimizer(config.train, abs_params, config.model.num_layers, total_steps, steps_per_epoch)
     abs_opt = jax.eval_shape(tx.init, abs_params)
-    # Optimizer moments mirror the parameters' sharding; scalars (counts) are replicated.
-    opt_sh = jax.tree.map(lambda leaf: partition.replicated(mesh), abs_opt)
-    opt_sh = _match_moment_shardings(abs_opt, abs_params, param_sh, opt_sh)
+    # Every parameter-shaped tree in the optimizer state (Adam's moments) takes the parameters' shardings; the
+    # rest (step counts) is replicated.
+    opt_sh = optax.tree_map_params(tx, lambda _, sh: sh, abs_opt, param_sh,
+                                   transform_non_params=lambda _: partition.replicated(mesh))
     rep = partition.replicated(mesh)
     state_sh = {"step": rep, "rng": rep, "params": param_sh, "opt_state": opt_sh}
     abstract_state = {
@@ -211,23 +214,6 @@ def make_setup(config: ml_collections.ConfigDict, total_steps: int, devices=None
     abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   abstract_state, state_sh)
     return Setup(mesh, graphdef, abs_params, abs_frozen, param_sh, frozen_sh, state_sh, abstract_state, tx, schedule)
-
-
-def _match_moment_shardings(abs_opt, abs_params, param_sh, default_sh):
-    """Leaves of the optimizer state that have a parameter's path suffix and shape get that parameter's sharding."""
-    by_path = {}
-    for path, leaf in jax.tree_util.tree_flatten_with_path(abs_params)[0]:
-        by_path[model_lib.param_path(path)] = (leaf.shape, None)
-    sh_by_path = {model_lib.param_path(p): s for p, s in jax.tree_util.tree_flatten_with_path(param_sh)[0]}
-
-    def one(path, leaf, default):
-        name = model_lib.param_path(path)
-        for pname, (shape, _) in by_path.items():
-            if name.endswith(pname) and tuple(leaf.shape) == tuple(shape):
-                return sh_by_path[pname]
-        return default
-
-    return jax.tree_util.tree_map_with_path(one, abs_opt, default_sh)
 
 
 def init_state(config, setup: Setup, init_model: str | None) -> tuple[dict, dict]:
@@ -446,7 +432,10 @@ def evaluate(encoder, params, frozen, eval_data: EvalData, batch_size: int, mesh
 
 
 class MetricsLog:
-    """metrics.jsonl (process 0) and TensorBoard; on resume, entries after the restored step are dropped."""
+    """metrics.jsonl (process 0) and TensorBoard; on resume, entries after the restored step are dropped.
+
+    Not clu.metric_writers: importing it imports TensorFlow (its TensorBoard writer is tf.summary), which the
+    project does not install."""
 
     def __init__(self, workdir: Path, resume_step: int, tensorboard: bool):
         self.path = workdir / "metrics.jsonl"

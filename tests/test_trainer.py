@@ -237,14 +237,21 @@ def test_loss_falls_and_validation_recall_rises(tmp_path):
 
 
 def test_no_recompilation_after_first_step():
+    from compile_checks import traced_at_most
+
     cfg = tiny_config()
-    setup = trainer.make_setup(cfg, 10)
-    state, frozen = trainer.init_state(cfg, setup, None)
-    step_fn = trainer.make_train_step(cfg, setup)
     data = planted_data()
-    for i in range(4):
-        state, _ = step_fn(state, frozen, trainer.global_batch_arrays(data, i, cfg, setup.mesh))
-    assert step_fn._cache_size() == 1
+    with traced_at_most(1):
+        setup = trainer.make_setup(cfg, 10)
+        state, frozen = trainer.init_state(cfg, setup, None)
+        step_fn = trainer.make_train_step(cfg, setup)
+        for i in range(4):
+            state, _ = step_fn(state, frozen, trainer.global_batch_arrays(data, i, cfg, setup.mesh))
+        # The guard is live: a batch of another length is a new trace, refused.
+        short = trainer.global_batch_arrays(data, 4, cfg, setup.mesh)
+        short = {k: v[:, :-1] if k in ("ids", "mask") else v for k, v in short.items()}
+        with pytest.raises(AssertionError, match="traced > 1"):
+            step_fn(state, frozen, short)
 
 
 def _params_after_one_step(cfg):

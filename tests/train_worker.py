@@ -19,6 +19,7 @@ import jax.experimental.multihost_utils  # noqa: E402
 import numpy as np  # noqa: E402
 
 from cfir_jax import trainer  # noqa: E402
+from cfir_jax.config import mesh_config  # noqa: E402
 from cfir_jax.model import param_path  # noqa: E402
 from train_fixtures import planted_data, tiny_config  # noqa: E402
 
@@ -76,7 +77,7 @@ def main():
             cfg = tiny_config(global_batch=16)
             cfg.mesh.update(kw)
             if kw:
-                cfg.mesh.sharding_rules = [(".*", "fsdp")]
+                cfg.mesh.logical_axis_rules = mesh_config("large").logical_axis_rules
             one_cfg = tiny_config(global_batch=16)
             one_loss, one = steps(one_cfg, jax.devices()[:1])
             many_loss, many = steps(cfg, jax.devices())
