@@ -126,7 +126,7 @@ def test_reference_parameter_counts():
     for get, total, trainable in ((base, 222_458_881, 86_524_417), (large, 675_188_737, 304_654_337)):
         config = get("384")
         assert model_lib.count_params(model_lib.abstract_model(config.model)) == total
-        setup = trainer.make_setup(config, total_steps=1, devices=jax.devices()[:1])
+        setup = trainer.make_setup(config, total_steps=1, devices=jax.devices()[:1], steps_per_epoch=1)
         assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(setup.abstract_params)) == trainable
 
 
