@@ -3,7 +3,7 @@
 # install -> generate the world -> build the index -> train the language expert -> retrieve -> evaluate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh demo
 . .venv/bin/activate
 WORK=${WORK:-demo_work}
 python index.py --config configs/demo.py --workdir "$WORK"
