@@ -34,6 +34,8 @@ def main():
         if layout.model.exists():
             shutil.rmtree(layout.model)
         os.replace(layout.train / "model", layout.model)
+    if result.already_trained:
+        print(f"train: already trained to step {result.start_step} ({layout.train}/checkpoints); nothing to do")
     print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())))
 
 

@@ -365,7 +365,9 @@ def build_image_cache(
     out_dir = Path(out_dir)
     _check_choice("dtype", dtype, STORAGE_DTYPES)
     if progress is None:
-        progress = sys.stderr.isatty()
+        from cfir_jax.progress import shown
+
+        progress = shown()
     progress = progress and jax.process_index() == 0
     if precomputed is not None:
         if model is not None:

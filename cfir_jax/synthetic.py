@@ -40,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cfir_jax import progress
 from cfir_jax.corpus import Corpus, Document, Image, SPLITS, corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
 
@@ -280,7 +281,7 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
     # Images: the first entity cycles through a shuffled entity list so every entity gets depicted.
     cycle = np.concatenate([rng.permutation(len(entities)) for _ in range(config.num_images // len(entities) + 1)])
     images, image_topic, images_of_topic = [], [], [[] for _ in range(config.num_topics)]
-    for i in range(config.num_images):
+    for i in progress.bar(range(config.num_images), desc="world: images", unit="img"):
         first = int(cycle[i])
         topic = entities[first].topic
         others = [e for e in by_topic[topic] if e != first]
@@ -310,7 +311,7 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
     used = np.zeros(config.num_images, bool)
     documents, relevant = [], []
     entity_index = {ent.name: e for e, ent in enumerate(entities)}
-    for d in range(config.num_documents):
+    for d in progress.bar(range(config.num_documents), desc="world: documents", unit="doc"):
         while pool and used[pool[-1]]:
             pool.pop()
         first = int(pool.pop()) if pool else int(rng.integers(config.num_images))
