@@ -207,12 +207,16 @@ def test_atomic_build_prints_the_closing_table(atomic):
     assert lines[header].split() == ["stage", "contents", "on", "disk", "time"]
     rows = [line.split()[0] for line in lines[header + 2 :]]
     assert rows == ["corpus", "image_cache", "encoder", "entities", "summaries", "entity_index"]
-    assert all(line.rstrip().endswith(" s") for line in lines[header + 2 :])
+    times = {line.split()[0]: line.rstrip() for line in lines[header + 2 :]}
+    assert times.pop("encoder").endswith("reused")  # the converted model named by the config: nothing to build
+    assert all(line.endswith(" s") for line in times.values())
+    assert "nothing to do" not in atomic["stdout"]
 
 
 def test_rerun_rebuilds_nothing(atomic):
     before = {p: p.stat().st_mtime_ns for p in atomic["work"].rglob("manifest.json")}
-    _run("--config", atomic["config"], "--workdir", atomic["work"])
+    proc = _run("--config", atomic["config"], "--workdir", atomic["work"])
+    assert proc.stdout.rstrip().endswith("index: every stage current, nothing to do")
     assert {p: p.stat().st_mtime_ns for p in atomic["work"].rglob("manifest.json")} == before
 
 
