@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from typing import Callable, Iterable, Sequence, TypeVar
 
 T = TypeVar("T")
@@ -30,20 +31,32 @@ def disabled() -> bool | None:
 
 def shown() -> bool:
     """Whether bars are shown now (for code that takes a `progress: bool`)."""
-    import sys
-
     hide = disabled()
     return sys.stderr.isatty() if hide is None else not hide
 
 
-def bar(iterable: Iterable[T] | None = None, **kwargs):
-    """A tqdm bar on stderr, shown according to `disabled()` (and only on process 0 of a multi-host run)."""
+def _terminal_sized() -> bool:
+    """Whether stderr is a terminal that reports its size (columns and lines both > 0)."""
+    try:
+        size = os.get_terminal_size(sys.stderr.fileno())
+    except (OSError, ValueError, AttributeError):
+        return False
+    return size.columns > 0 and size.lines > 0
+
+
+def bar(iterable: Iterable[T] | None = None, show: bool | None = None, **kwargs):
+    """A tqdm bar on stderr, shown when `show` says so, by default according to `disabled()`; only on process 0
+    of a multi-host run."""
     from tqdm.auto import tqdm
 
-    hide = disabled()
+    hide = disabled() if show is None else not show
     if _process_index() > 0:
         hide = True
-    return tqdm(iterable, disable=hide, dynamic_ncols=True, **kwargs)
+    # A terminal of 0 x 0 (a pty nobody sized: `script`, some CI runners) makes tqdm hide every bar (its position is
+    # past the last of 0 lines); draw a 100-column bar there instead of none.
+    if _terminal_sized():
+        return tqdm(iterable, disable=hide, dynamic_ncols=True, **kwargs)
+    return tqdm(iterable, disable=hide, ncols=100, nrows=50, **kwargs)
 
 
 def map_chunks(fn: Callable[[Sequence[T]], list[R]], items: Sequence[T], desc: str, chunk: int = 64,
@@ -73,8 +86,6 @@ def set_log_levels(verbosity: int) -> None:
 
 
 def _process_index() -> int:
-    import sys
-
     if "jax" not in sys.modules:  # do not import jax (seconds) just to draw a bar in a numpy-only stage
         return 0
     return sys.modules["jax"].process_index()

@@ -568,10 +568,10 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
             state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({"step": step, "seed": tcfg.seed}),
             config=ocp.args.JsonSave(config.to_dict())), force=force)
 
-    from tqdm.auto import tqdm
+    from cfir_jax.progress import bar as progress_bar
 
     # step n/N, steps/s and ETA from tqdm; the loss in the postfix at every log step.
-    bar = tqdm(total=steps, initial=start, disable=not show, unit="step", dynamic_ncols=True, desc=desc)
+    bar = progress_bar(total=steps, initial=start, show=show, unit="step", desc=desc)
     last_metrics: dict[str, float] = log.last() if start >= steps else {}
     t0, seen = time.time(), 0
     with _Preemption() as preempt:

@@ -12,7 +12,8 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 # github.com/addf400/files/releases/download/beit3/beit3.spm).
 SPM_PATH = Path(os.environ.get("CFIR_BEIT3_SPM") or ROOT.parent / "shared" / "data" / "beit3.spm")
 NEEDS_BEIT3_SPM = pytest.mark.skipif(
-    not SPM_PATH.is_file(), reason=f"needs BEiT-3's beit3.spm, not at {SPM_PATH}: set CFIR_BEIT3_SPM=/path/to/beit3.spm")
+    not SPM_PATH.is_file(),
+    reason=f"needs BEiT-3's beit3.spm, not at {SPM_PATH}: set CFIR_BEIT3_SPM=/path/to/beit3.spm")
 
 
 @pytest.fixture(scope="session")

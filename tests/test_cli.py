@@ -1,6 +1,10 @@
 """What the command lines tell a user: --help names the overrides and the stages; setup.sh names its sets."""
 
 import logging
+import os
+import re
+import shlex
+import shutil
 import subprocess
 import sys
 
@@ -54,3 +58,14 @@ def test_verbosity_keeps_checkpoint_library_quiet_until_vv(verbosity, ours, libr
         for name, level in saved[1].items():
             logging.getLogger(name).setLevel(level)
         progress.set_log_levels(0)
+
+
+@pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script` to run under a pseudo-terminal")
+def test_bars_draw_on_a_terminal_that_reports_no_size(tmp_path):
+    """Under `script` the pty is 0 x 0 (as on some CI runners): tqdm alone hides its bar there; ours still draws."""
+    code = "from cfir_jax import progress; progress.map_chunks(lambda xs: xs, list(range(50)), desc='demo', chunk=10)"
+    log = tmp_path / "typescript"
+    env = {k: v for k, v in os.environ.items() if k not in ("CFIR_PROGRESS", "COLUMNS", "LINES")}
+    subprocess.run(["script", "-q", "-e", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}", str(log)],
+                   cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=True)
+    assert re.search(r"demo: 100%\|.*\| 50/50 \[", log.read_text(errors="replace")), log.read_text()[-500:]
