@@ -13,7 +13,10 @@ from cfir_jax.errors import cli_main
 
 
 def _flags(parser):
-    parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build")
+    from cfir_jax.indexing import STAGES
+
+    parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
+                        f"order): {', '.join(STAGES)}; default: all")
     parser.add_argument("--add-entities", default="", help="file of entity texts (one per line) to append")
 
 

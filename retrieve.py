@@ -14,8 +14,17 @@ import sys
 from cfir_jax.errors import CfirError, cli_main
 
 
+# Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
+# retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.
+SHOWN = 20
+
+
 def _args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from cfir_jax.cli import overrides_help
+
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                epilog="The config is the index's own (W/index.json) unless --config is given. "
+                                + overrides_help("--config.retrieval.top_k=100"))
     p.add_argument("--index", required=True, help="workdir built by index.py (and train.py)")
     p.add_argument("--config", default="", help="config file; default: the config the index was built with")
     what = p.add_mutually_exclusive_group(required=True)
@@ -24,7 +33,11 @@ def _args(argv=None):
     what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
-    p.add_argument("--top-k", type=int, default=0, help="hits to show/write (default: retrieval.top_k)")
+    p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
+                   "method(s) into a PNG")
+    p.add_argument("--top-k", type=int, default=None,
+                   help=f"hits to show and write, >= 1 (default: {SHOWN} on stdout in every --format; retrieval.top_k, "
+                   "1000, in --output run files and --evaluate, which R@1000 needs)")
     p.add_argument("--format", default="table", help="table | json | trec (stdout)")
     p.add_argument("--html", default="", help="write an HTML page with the images")
     p.add_argument("--output", default="", help="write a TREC run file")
@@ -40,13 +53,20 @@ def main():
 
     if args.format not in report.FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
-    if args.top_k < 0:
-        raise CfirError("--top-k must be positive")
+    if args.plot and not args.evaluate:
+        raise CfirError("--plot draws the recall curves of --evaluate SPLIT; add --evaluate")
+    if args.plot:
+        from cfir_jax.plots import check_png_name
+
+        check_png_name(args.plot)  # before minutes of retrieval, not after
+    if args.top_k is not None and args.top_k < 1:
+        raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     config = cli.load_config_file(args.config) if args.config else cli.workdir_config(args.index)
     cli.apply_overrides(config, overrides)
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
+    shown = args.top_k or min(SHOWN, top)
 
     if args.evaluate:
         return _evaluate(config, args, top)
@@ -61,17 +81,17 @@ def main():
     describe = retriever.describe_image
     for doc, result in zip(docs, results):
         if args.format == "table":
-            print(report.table(result, describe, min(top, 20) if not args.top_k else top))
+            print(report.table(result, describe, shown))
         elif args.format == "json":
-            print(report.as_json(doc.doc_id, result, describe, top))
+            print(report.as_json(doc.doc_id, result, describe, shown))
         else:
-            print(report.trec_lines(doc.doc_id, result, args.tag, top))
+            print(report.trec_lines(doc.doc_id, result, args.tag, shown))
     if args.html:
         from pathlib import Path
 
         row = {i: n for n, i in enumerate(retriever.corpus.image_ids)}
         image_bytes = lambda image_id: retriever.corpus.image(row[image_id]).image if image_id in row else b""  # noqa
-        page = "".join(report.html_page(d.doc_id, r, describe, image_bytes, top) for d, r in zip(docs, results))
+        page = "".join(report.html_page(d.doc_id, r, describe, image_bytes, shown) for d, r in zip(docs, results))
         Path(args.html).write_text(page)
         print(f"wrote {args.html}", file=sys.stderr)
     run = run_of(results, docs)
@@ -98,12 +118,12 @@ def _evaluation_sr(config) -> None:
 
 
 def _evaluate(config, args, top):
-    from cfir_jax import metrics, report
+    from cfir_jax import metrics, plots, report
     from cfir_jax.retrieval import Retriever, run_of
 
     _evaluation_sr(config)
     rows = report.TABLE3_ROWS if args.compare else ((args.method, args.method, {}),)
-    table, all_results = [], []
+    table, all_results, curves = [], [], {}
     unknown_line = ""
     for label, method, retrieval_overrides in rows:
         row_config = config.copy_and_resolve_references()
@@ -115,7 +135,10 @@ def _evaluate(config, args, top):
             unknown_line = report.unknown_summary(results, row_config.retrieval.unknown_entities)
         all_results.append(results)
         run = run_of(results, docs)
-        res = metrics.evaluate(run, retriever.corpus.qrels(args.evaluate), measures=report.EVAL_MEASURES)
+        qrels = retriever.corpus.qrels(args.evaluate)
+        if args.plot:
+            curves[label] = plots.recall_curve(run, qrels)
+        res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES)
         table.append(report.EvalRow(label, res.aggregate, results, retriever.model_used))
         if len(rows) == 1:
             args.qrels = ""
@@ -125,6 +148,9 @@ def _evaluate(config, args, top):
     print(report.sr_line(config.retrieval, all_results))
     if unknown_line:
         print(unknown_line)
+    if args.plot:
+        plots.plot_recall_curves(curves, args.plot, f"{args.evaluate} split, {len(docs)} topics")
+        print(f"wrote {args.plot}", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,8 @@ def main():
         if model_dir.exists():
             shutil.rmtree(model_dir)
         os.replace(run_dir / "model", model_dir)
+    if result.already_trained:
+        print(f"train: already trained to step {result.start_step} ({run_dir}/checkpoints); nothing to do")
     print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())))
 
 

@@ -21,10 +21,10 @@ from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq
-from tqdm import tqdm
 
 from cfir_jax.corpus import SPLITS, Corpus, Document, Image, corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
+from cfir_jax.progress import bar as progress_bar
 
 SETTINGS = ("small", "base", "large")
 TEXT_FIELDS = ("page_title", "section_title", "context_page_description", "context_section_description")
@@ -139,7 +139,7 @@ def read_qrels(qrels_dir: ParquetSource, split: str) -> dict[str, dict[str, int]
 def _documents(files: list[Path], wanted: set[str]) -> Iterator[Document]:
     columns = ["text_id", *TEXT_FIELDS, *LIST_FIELDS]
     seen: set[str] = set()
-    with tqdm(total=len(wanted), desc="AToMiC texts", unit="doc", disable=None) as bar:
+    with progress_bar(total=len(wanted), desc="AToMiC texts", unit="doc") as bar:
         for path in files:
             pf = _open(path, columns)
             for batch in pf.iter_batches(batch_size=BATCH_ROWS, columns=columns):
@@ -156,7 +156,7 @@ def _documents(files: list[Path], wanted: set[str]) -> Iterator[Document]:
 def _images(files: list[Path], wanted: set[str] | None) -> Iterator[Image]:
     columns = ["image_id", "image_url", *CAPTION_FIELDS, "image"]
     seen: set[str] = set()
-    with tqdm(total=len(wanted) if wanted is not None else None, desc="AToMiC images", unit="img", disable=None) as bar:
+    with progress_bar(total=len(wanted) if wanted is not None else None, desc="AToMiC images", unit="img") as bar:
         for path in files:
             pf = _open(path, columns)
             for group in range(pf.num_row_groups):

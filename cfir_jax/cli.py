@@ -5,12 +5,12 @@ from __future__ import annotations
 import argparse
 import ast
 import importlib.util
-import logging
 import os
 from pathlib import Path
 
 import ml_collections
 
+from cfir_jax import progress
 from cfir_jax.errors import CfirError
 
 
@@ -90,18 +90,26 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> 
     return config
 
 
+def overrides_help(example: str = "--config.train.lr=3e-4") -> str:
+    """The --help epilog of every command: how to override config fields."""
+    return (f"Any config field can be set on the command line as --config.SECTION.FIELD=VALUE, e.g. {example} "
+            "--config.index.entity_index.k=1000 --config.tokenizer=beit3.spm (the fields are those of the config "
+            "file; an unknown field is an error).")
+
+
 def parse(description: str, add_arguments=None, argv: list[str] | None = None):
     """Parses `--config`, `--workdir`, the tool's own flags and config overrides; returns (args, config)."""
-    parser = argparse.ArgumentParser(description=description)
+    parser = argparse.ArgumentParser(description=description, epilog=overrides_help())
     parser.add_argument("--config", required=True, help="config file, e.g. configs/base.py or configs/demo.py:tiny")
     parser.add_argument("--workdir", required=True, help="directory holding the stores (see cfir_jax/layout.py)")
-    parser.add_argument("-v", "--verbose", action="store_true", help="log more")
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log more: -v this project's progress logs, -vv the libraries' too (orbax, absl)")
     if add_arguments:
         add_arguments(parser)
     args, rest = parser.parse_known_args(argv)
     config = apply_overrides(load_config_file(args.config), rest)
     config.lock()
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    progress.set_log_levels(args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return args, config
 

@@ -35,9 +35,8 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
-from tqdm.auto import tqdm
 
-from cfir_jax import store
+from cfir_jax import progress, store
 from cfir_jax.errors import CfirError
 
 log = logging.getLogger(__name__)
@@ -235,7 +234,7 @@ def iter_chunks(
     store.write_json_atomic(info_path, {"fingerprint": fingerprint, **build_info})
 
     docs_iter = iter(docs)
-    with tqdm(total=num_docs, desc=desc, unit="doc", disable=None) as bar:
+    with progress.bar(total=num_docs, desc=desc, unit="doc") as bar:
         for index in itertools.count():
             chunk = list(itertools.islice(docs_iter, chunk_size))
             if not chunk:
@@ -262,11 +261,15 @@ def iter_chunks(
                     )
                 results = saved["results"]
             else:
-                results = list(process([text for _, text in chunk]))
+                results = []
+                for result in process([text for _, text in chunk]):
+                    results.append(result)
+                    bar.update(1)  # per document, so a chunk of thousands shows its rate and ETA as it goes
                 if len(results) != len(chunk):  # A broken `process` must not misalign ids and results.
                     raise RuntimeError(f"process returned {len(results)} results for {len(chunk)} texts")
                 store.write_json_atomic(path, {"doc_ids": doc_ids, "results": results})
-            bar.update(len(chunk))
+            if saved is not None:
+                bar.update(len(chunk))
             yield doc_ids, results
 
 

@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 import numpy as np
-from tqdm import tqdm
 
 from cfir_jax.entities import entity_key
 from cfir_jax.errors import CfirError
 from cfir_jax.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k
+from cfir_jax.progress import bar as progress_bar
 from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
 
 KIND = "entity_index"
@@ -178,7 +178,7 @@ def _fill_chunks(
         scores = np.lib.format.open_memmap(score_path, mode=mode, dtype=np.float16, shape=(e, k))
     done = set(json.loads(done_path.read_text())) if done_path.is_file() else set()
     n_chunks = -(-e // chunk_size)
-    for c in tqdm(range(n_chunks), desc="entity index", disable=not progress):
+    for c in progress_bar(range(n_chunks), desc="entity index", show=progress):
         if c in done:
             continue
         a, b = c * chunk_size, min(e, (c + 1) * chunk_size)

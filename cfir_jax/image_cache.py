@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING, Callable, Iterator, Sequence
 import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
-from tqdm import tqdm
 
 from cfir_jax.corpus import Corpus
 from cfir_jax.errors import CfirError
+from cfir_jax.progress import bar as progress_bar
 from cfir_jax.images import ImageDecodeError, decode_image
 from cfir_jax.store import (StoreError, atomic_dir, check_manifest, manifest_digest, read_manifest, write_json_atomic,
                             write_manifest)
@@ -244,7 +244,7 @@ def _encode_shards(
         batches = [rows[i : i + bs] for i in range(0, len(rows), bs)]
         plan += [(shard, b) for b in batches]
         parts[shard] = _ShardParts(batches_left=len(batches))
-    bar = tqdm(total=sum(len(r) for _, r in plan), desc="image cache", unit="img", disable=not progress)
+    bar = progress_bar(total=sum(len(r) for _, r in plan), desc="image cache", unit="img", show=progress)
 
     def finish(shard: int, ids: list[str], out: jax.Array | None) -> None:
         p = parts[shard]
@@ -366,7 +366,9 @@ def build_image_cache(
     out_dir = Path(out_dir)
     _check_choice("dtype", dtype, STORAGE_DTYPES)
     if progress is None:
-        progress = sys.stderr.isatty()
+        from cfir_jax.progress import shown
+
+        progress = shown()
     progress = progress and jax.process_index() == 0
     if precomputed is not None:
         if model is not None:

@@ -40,6 +40,7 @@ class StageReport:
     count: str
     seconds: float
     path: Path
+    reused: bool = False  # the store was complete and current: nothing was (re)built
 
     @property
     def size_bytes(self) -> int:
@@ -60,11 +61,22 @@ def _human(n: float) -> str:
 
 def report_table(reports: list[StageReport]) -> str:
     rows = [("stage", "contents", "on disk", "time")]
-    rows += [(r.name, r.count, _human(r.size_bytes), f"{r.seconds:.1f} s") for r in reports]
+    rows += [(r.name, r.count, _human(r.size_bytes), "reused" if r.reused else f"{r.seconds:.1f} s")
+             for r in reports]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
+    if reports and all(r.reused for r in reports):
+        lines.append("index: every stage current, nothing to do")
     return "\n".join(lines)
+
+
+def _store_stamp(path: Path) -> int | None:
+    """When the store's manifest was last written (every store, models included, is published with one)."""
+    try:
+        return (path / "manifest.json").stat().st_mtime_ns
+    except OSError:
+        return None
 
 
 # ---------------------------------------------------------------------------------------------------------- stages
@@ -156,7 +168,7 @@ def pretrain_encoder(config, layout: Layout) -> str:
     pre.train.export_model = "scratch"
     pre.train.init_model = ""
     data = load_train_data(pre, layout.root, with_eval=False)
-    trainer.train(pre, layout.pretrain, data)
+    trainer.train(pre, layout.pretrain, data, desc="caption pretraining")
     # Publish the encoder under its own name (atomic: the export is complete before the rename).
     os.replace(layout.pretrain / "model", layout.encoder)
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
@@ -328,9 +340,9 @@ def _current(directory: Path, kind: str, version: int, **expected) -> bool:
 
 
 def _show_progress() -> bool:
-    import sys
+    from cfir_jax.progress import shown
 
-    return sys.stderr.isatty()
+    return shown()
 
 
 # ------------------------------------------------------------------------------------------------------------ main
@@ -353,9 +365,12 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     def run(name: str, fn: Callable, describe: Callable[[object], str], path: Path):
         t = time.time()
         log(f"[{name}] ...")
+        before = _store_stamp(path)
         result = fn()
-        reports.append(StageReport(name, describe(result), time.time() - t, path))
-        log(f"[{name}] {reports[-1].count} ({reports[-1].seconds:.1f} s)")
+        # A stage that only opened its complete, current store (or had none to make) left the manifest untouched.
+        reused = _store_stamp(path) == before
+        reports.append(StageReport(name, describe(result), time.time() - t, path, reused))
+        log(f"[{name}] {reports[-1].count} " + ("(current, reused)" if reused else f"({reports[-1].seconds:.1f} s)"))
         return result
 
     corpus = run("corpus", lambda: build_corpus(config, layout) if "corpus" in stages else Corpus.open(layout.corpus),

@@ -119,6 +119,18 @@ def trec_lines(doc_id: str, result: Result, tag: str, top: int) -> str:
     return "\n".join(f"{doc_id} Q0 {h.image_id} {h.rank} {h.score!r} {tag}" for h in result.hits[:top])
 
 
+# Magic numbers of the formats a corpus holds (AToMiC: WebP; synthetic worlds: PNG), for the data URI's type.
+_MAGIC = ((b"\x89PNG\r\n\x1a\n", "image/png"), (b"\xff\xd8\xff", "image/jpeg"), (b"GIF8", "image/gif"))
+
+
+def image_mime(data: bytes) -> str:
+    """The MIME type of encoded image bytes (WebP when unrecognised: AToMiC's format)."""
+    for magic, mime in _MAGIC:
+        if data.startswith(magic):
+            return mime
+    return "image/webp"
+
+
 def html_page(doc_id: str, result: Result, describe: Callable[[str], tuple[str, str]],
               image_bytes: Callable[[str], bytes], top: int) -> str:
     """A self-contained page: the images inline (data URIs) when the corpus has their bytes, else their URLs."""
@@ -127,7 +139,7 @@ def html_page(doc_id: str, result: Result, describe: Callable[[str], tuple[str, 
         caption, url = describe(h.image_id)
         data = image_bytes(h.image_id)
         if data:
-            src = "data:image/webp;base64," + base64.b64encode(data).decode()
+            src = f"data:{image_mime(data)};base64," + base64.b64encode(data).decode()
             img = f'<img src="{src}" alt="{html.escape(h.image_id)}">'
         elif url.startswith(("http://", "https://")):
             img = f'<img src="{html.escape(url)}" alt="{html.escape(h.image_id)}" loading="lazy">'

@@ -10,8 +10,12 @@ Generative story (every draw comes from one `numpy.random.Generator` seeded by `
 3. Images. Each image depicts 1-3 entities: the first one cycles through a shuffled list of all entities (so every
    entity is depicted), the others come from the first one's topic. Its embedding is
    normalise(sum_e v_e + topic_weight * u_t + noise * g / sqrt(D)), g ~ N(0, I): what a frozen image encoder
-   would give if it saw exactly these entities in this kind of scene. No pixels (`image` bytes are empty); the
-   caption names the entities ("A photo of Mary Walker near Lake Ashford.").
+   would give if it saw exactly these entities in this kind of scene. Its pixels (`image`, a 96 px PNG) are
+   drawn from the same facts (`render_image`): the topic's background colour, and per depicted entity a shape
+   (circle: person, triangle: place, square: organisation) in that entity's own colour with its initials, so
+   images of one entity look alike and the gallery of a retrieval shows what was found. The caption names the
+   entities ("A photo of Mary Walker near Lake Ashford."). The demo imports the embeddings (they stand in for a
+   pretrained vision tower that would see these pictures); the cache's vision-tower path runs on the pixels.
 4. Documents. Each document is relevant to 1-`max_relevant` images (the second one from the first one's topic,
    images drawn without replacement while they last). Its text mentions every entity of its relevant images two or
    three times and a few distractor entities once, in sentence templates, interleaved with topic filler sentences
@@ -36,6 +40,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cfir_jax import progress
 from cfir_jax.corpus import Corpus, Document, Image, SPLITS, corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
 
@@ -99,6 +104,9 @@ FILLER_TEMPLATES = (
 # Persons take what the place and organisation pools (1,000 names each) leave; 60 x 60 person names cover it.
 MAX_ENTITIES = 5000
 CAPTION_TEMPLATES = ("A photo of {}.", "A picture showing {}.", "An old photograph of {}.", "A view of {}.")
+IMAGE_SIZE = 96  # px, square: small enough for 5,000 PNGs in a few seconds, large enough to read the initials
+# Bump when the pictures change, so a corpus generated with older pixels is regenerated instead of reused.
+RENDER_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -210,6 +218,53 @@ def _caption(rng: np.random.Generator, names: list[str]) -> str:
     return CAPTION_TEMPLATES[rng.integers(len(CAPTION_TEMPLATES))].format(listed)
 
 
+def _hsv(hue: float, saturation: float, value: float) -> tuple[int, int, int]:
+    import colorsys
+
+    return tuple(int(255 * c) for c in colorsys.hsv_to_rgb(hue % 1.0, saturation, value))
+
+
+def _initials(name: str) -> str:
+    words = [w for w in name.split() if w[0].isupper()]
+    return "".join(w[0] for w in words[:2]) or name[:2]
+
+
+def render_image(entities: list[Entity], members: list[int], topic: int, image_index: int, seed: int) -> bytes:
+    """The picture of one image: PNG bytes [IMAGE_SIZE, IMAGE_SIZE, 3], a pure function of its arguments.
+
+    The background hue follows the topic; each depicted entity (`members`, indices into `entities`) is a shape
+    by kind (circle person, triangle place, square organisation) filled with the entity's colour (hue by golden
+    ratio over the entity index, so neighbours differ) and labelled with its initials. A small per-image jitter
+    (its own generator, not the world's, so adding pixels changed no other draw) keeps images of one entity from
+    being byte-identical.
+    """
+    from PIL import Image as PILImage, ImageDraw
+
+    jitter = np.random.default_rng([seed, image_index]).integers(-6, 7, (len(members), 2))
+    canvas = PILImage.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), _hsv(topic * 0.137, 0.25, 0.95))
+    draw = ImageDraw.Draw(canvas)
+    # Slots for 1, 2 or 3 shapes: (centre x, centre y, radius) as fractions of the side.
+    slots = {1: [(0.5, 0.5, 0.36)], 2: [(0.3, 0.35, 0.26), (0.7, 0.65, 0.26)],
+             3: [(0.28, 0.3, 0.22), (0.72, 0.3, 0.22), (0.5, 0.72, 0.22)]}[len(members)]
+    for (cx, cy, r), e, (dx, dy) in zip(slots, members, jitter):
+        x, y, rad = cx * IMAGE_SIZE + dx, cy * IMAGE_SIZE + dy, r * IMAGE_SIZE
+        ent = entities[e]
+        fill = _hsv(e * 0.618034, 0.75, 0.55 + 0.3 * ((e * 7) % 3) / 2)
+        if ent.kind == "person":
+            draw.ellipse((x - rad, y - rad, x + rad, y + rad), fill=fill, outline=(30, 30, 30))
+        elif ent.kind == "place":
+            draw.polygon([(x, y - rad), (x - rad, y + 0.8 * rad), (x + rad, y + 0.8 * rad)], fill=fill,
+                         outline=(30, 30, 30))
+        else:
+            draw.rectangle((x - 0.85 * rad, y - 0.85 * rad, x + 0.85 * rad, y + 0.85 * rad), fill=fill,
+                           outline=(30, 30, 30))
+        draw.text((x, y + (0.2 * rad if ent.kind == "place" else 0)), _initials(ent.name), fill=(255, 255, 255),
+                  anchor="mm", stroke_width=1, stroke_fill=(0, 0, 0))
+    out = io.BytesIO()
+    canvas.save(out, format="PNG", optimize=False, compress_level=6)
+    return out.getvalue()
+
+
 def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
     """Draws the whole world in memory (see the module docstring for the story)."""
     _check_config(config)
@@ -226,7 +281,7 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
     # Images: the first entity cycles through a shuffled entity list so every entity gets depicted.
     cycle = np.concatenate([rng.permutation(len(entities)) for _ in range(config.num_images // len(entities) + 1)])
     images, image_topic, images_of_topic = [], [], [[] for _ in range(config.num_topics)]
-    for i in range(config.num_images):
+    for i in progress.bar(range(config.num_images), desc="world: images", unit="img"):
         first = int(cycle[i])
         topic = entities[first].topic
         others = [e for e in by_topic[topic] if e != first]
@@ -242,8 +297,8 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
             Image(
                 image_id=image_id,
                 caption=_caption(rng, names),
-                url=f"https://synthetic.invalid/images/{image_id}.jpg",
-                image=b"",
+                url="",
+                image=render_image(entities, members, topic, i, config.seed),
                 embedding=emb,
                 entities=tuple(names),
             )
@@ -256,7 +311,7 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
     used = np.zeros(config.num_images, bool)
     documents, relevant = [], []
     entity_index = {ent.name: e for e, ent in enumerate(entities)}
-    for d in range(config.num_documents):
+    for d in progress.bar(range(config.num_documents), desc="world: documents", unit="doc"):
         while pool and used[pool[-1]]:
             pool.pop()
         first = int(pool.pop()) if pool else int(rng.integers(config.num_images))
@@ -336,7 +391,7 @@ def train_tokenizer(texts: list[str], path: str | os.PathLike, vocab_size: int, 
 
 def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConfig()) -> Corpus:
     """Generates the synthetic world into the corpus directory `out_dir` (reused when it holds this config)."""
-    fields = {"config": dataclasses.asdict(config), "source": "synthetic"}
+    fields = {"config": dataclasses.asdict(config), "source": "synthetic", "render_version": RENDER_VERSION}
     if corpus_is_complete(out_dir, NAME, fields):
         return Corpus.open(out_dir)
     world = build_world(config)

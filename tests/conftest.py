@@ -2,8 +2,28 @@ import os
 import sys
 from pathlib import Path
 
+import pytest
+
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-# The real BEiT-3 tokenizer (never committed): $CFIR_BEIT3_SPM, else the shared copy beside the worktrees.
-SPM_PATH = Path(os.environ.get("CFIR_BEIT3_SPM", ROOT.parent / "shared" / "data" / "beit3.spm"))
+# The real BEiT-3 tokenizer, only for the tests that compare against it (parity with XLMRobertaTokenizer): the file
+# CFIR_BEIT3_SPM names, else the shared copy beside the repository. It is never committed (download:
+# github.com/addf400/files/releases/download/beit3/beit3.spm).
+SPM_PATH = Path(os.environ.get("CFIR_BEIT3_SPM") or ROOT.parent / "shared" / "data" / "beit3.spm")
+NEEDS_BEIT3_SPM = pytest.mark.skipif(
+    not SPM_PATH.is_file(),
+    reason=f"needs BEiT-3's beit3.spm, not at {SPM_PATH}: set CFIR_BEIT3_SPM=/path/to/beit3.spm")
+
+
+@pytest.fixture(scope="session")
+def synthetic_spm(tmp_path_factory) -> Path:
+    """The tiny synthetic world's sentencepiece model (beit3.spm's id conventions): a tokenizer for every test that
+    needs one but not BEiT-3's own vocabulary."""
+    from cfir_jax.synthetic import SyntheticConfig, build_world, train_tokenizer
+
+    world = build_world(SyntheticConfig.tiny())
+    path = tmp_path_factory.mktemp("spm") / "synthetic.spm"
+    texts = [d.text for d in world.documents] + [i.caption for i in world.images]
+    train_tokenizer(texts, path, SyntheticConfig.tiny().vocab_size)
+    return path

@@ -14,11 +14,10 @@ import numpy as np
 import pytest
 
 from atomic_fixtures import write_atomic_fixture
-from conftest import ROOT, SPM_PATH
+from conftest import ROOT
 
-pytestmark = pytest.mark.skipif(not SPM_PATH.is_file(), reason=f"needs BEiT-3's tokenizer at {SPM_PATH}")
-
-# A tiny BEiT-3 (random weights) standing in for the converted base checkpoint: same vocabulary, 32-d embeddings.
+# A tiny BEiT-3 (random weights) standing in for the converted base checkpoint: BEiT-3's vocabulary size, 32-d
+# embeddings; the tokenizer is the synthetic world's (same id conventions as beit3.spm, which these tests don't need).
 # 66 positions: 64 usable, the default text length of retrieval and training (see the text-length test).
 TINY_MODEL = dict(embed_dim=32, num_layers=2, num_heads=2, ffn_dim=64, image_size=32, vocab_size=64010,
                   max_text_positions=66, dropout=0.0)
@@ -91,17 +90,17 @@ def _save_model(directory: Path, seed: int = 0, **overrides) -> None:
 
 
 @pytest.fixture(scope="module")
-def atomic(tmp_path_factory):
+def atomic(tmp_path_factory, synthetic_spm):
     """The AToMiC fixture, a tiny encoder, a config file, and one complete uninterrupted build (W)."""
     root = tmp_path_factory.mktemp("atomic")
     fx = write_atomic_fixture(root / "data")
     _save_model(root / "model")
     config = root / "config.py"
-    config.write_text(CONFIG_FILE.format(model=TINY_MODEL, spm=str(SPM_PATH), encoder=str(root / "model"),
+    config.write_text(CONFIG_FILE.format(model=TINY_MODEL, spm=str(synthetic_spm), encoder=str(root / "model"),
                                          texts=str(fx.texts_dir), images=str(fx.images_dir), qrels=str(fx.qrels_dir),
                                          shard_size=SHARD_SIZE, k=K))
     proc = _run("--config", config, "--workdir", root / "W")
-    return dict(root=root, fx=fx, config=config, work=root / "W", stdout=proc.stdout)
+    return dict(root=root, fx=fx, config=config, work=root / "W", stdout=proc.stdout, spm=synthetic_spm)
 
 
 def _expected_corpus(fx):
@@ -216,7 +215,7 @@ def test_atomic_entity_index_covers_the_vocabulary_with_exact_top_k(atomic):
     cache = ImageCache.open(work / "image_cache")
     assert index.k == min(K, cache.num_images) and index.manifest["n_images"] == cache.num_images
     # Few images: ScaNN reorders all of them exactly, so its candidates are the exact top-K.
-    emb = TextEncoder(model, Beit3Tokenizer(SPM_PATH), 16).encode(vocab)
+    emb = TextEncoder(model, Beit3Tokenizer(atomic["spm"]), 16).encode(vocab)
     _, exact = exact_topk(emb, cache.embeddings, index.k)
     for got, want in zip(index.candidates(np.arange(len(vocab))), exact):
         assert set(got.tolist()) == set(want.tolist())
@@ -229,12 +228,16 @@ def test_atomic_build_prints_the_closing_table(atomic):
     assert lines[header].split() == ["stage", "contents", "on", "disk", "time"]
     rows = [line.split()[0] for line in lines[header + 2 :]]
     assert rows == ["corpus", "image_cache", "encoder", "entities", "summaries", "entity_index"]
-    assert all(line.rstrip().endswith(" s") for line in lines[header + 2 :])
+    times = {line.split()[0]: line.rstrip() for line in lines[header + 2 :]}
+    assert times.pop("encoder").endswith("reused")  # the converted model named by the config: nothing to build
+    assert all(line.endswith(" s") for line in times.values())
+    assert "nothing to do" not in atomic["stdout"]
 
 
 def test_rerun_rebuilds_nothing(atomic):
     before = {p: p.stat().st_mtime_ns for p in atomic["work"].rglob("manifest.json")}
-    _run("--config", atomic["config"], "--workdir", atomic["work"])
+    proc = _run("--config", atomic["config"], "--workdir", atomic["work"])
+    assert proc.stdout.rstrip().endswith("index: every stage current, nothing to do")
     assert {p: p.stat().st_mtime_ns for p in atomic["work"].rglob("manifest.json")} == before
 
 
@@ -389,7 +392,7 @@ def test_add_entities_appends_exact_candidates(atomic, tmp_path):
     assert index.vocab == old_vocab + sorted(new)
     np.testing.assert_array_equal(np.stack(index.candidates(np.arange(len(old_vocab)))), np.stack(old_cand))
     model = checkpoint.load_model(atomic["root"] / "model")
-    emb = TextEncoder(model, Beit3Tokenizer(SPM_PATH), 16).encode(sorted(new))
+    emb = TextEncoder(model, Beit3Tokenizer(atomic["spm"]), 16).encode(sorted(new))
     _, exact = exact_topk(emb, ImageCache.open(work / "image_cache").embeddings, index.k)
     np.testing.assert_array_equal(np.stack(index.candidates([index.row(t) for t in sorted(new)])), exact)
 

@@ -1,6 +1,8 @@
 """The whole pipeline on the tiny synthetic world: index.py -> train.py -> retrieve.py, and retrieval semantics."""
 
 import json
+import os
+import re
 import subprocess
 import sys
 
@@ -16,19 +18,24 @@ from conftest import ROOT
 CONFIG = "configs/demo.py:tiny"
 
 
-def _run(*args, check=True):
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900)
+def _run(*args, check=True, env=None):
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **(env or {})})
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc
+
+
+# The first build's output, kept for the tests of what a user sees (progress bars forced on: stderr is no TTY).
+FIRST_RUN: dict[str, subprocess.CompletedProcess] = {}
 
 
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory):
     """A tiny world indexed and trained once for the whole session."""
     w = tmp_path_factory.mktemp("demo")
-    _run("index.py", "--config", CONFIG, "--workdir", str(w))
-    _run("train.py", "--config", CONFIG, "--workdir", str(w))
+    FIRST_RUN["index"] = _run("index.py", "--config", CONFIG, "--workdir", str(w), env={"CFIR_PROGRESS": "1"})
+    FIRST_RUN["train"] = _run("train.py", "--config", CONFIG, "--workdir", str(w), "-v", env={"CFIR_PROGRESS": "1"})
     return w
 
 
@@ -37,12 +44,40 @@ def config():
     return load_config_file(str(ROOT / "configs/demo.py") + ":tiny")
 
 
-def test_index_rerun_skips_every_stage(workdir):
+def test_index_rerun_skips_every_stage_and_says_so(workdir):
     before = {p: p.stat().st_mtime_ns for p in workdir.rglob("manifest.json")}
     proc = _run("index.py", "--config", CONFIG, "--workdir", str(workdir))
     after = {p: p.stat().st_mtime_ns for p in workdir.rglob("manifest.json")}
     assert before == after, "a complete, current store was rebuilt"
     assert "entity_index" in proc.stdout and "on disk" in proc.stdout  # the closing table
+    assert proc.stdout.rstrip().endswith("index: every stage current, nothing to do")
+    assert " 0.0 s" not in proc.stdout and proc.stdout.count("reused") >= 6
+    assert "nothing to do" not in FIRST_RUN["index"].stdout  # the first build did the work
+
+
+def test_train_rerun_says_it_was_already_trained(workdir):
+    proc = _run("train.py", "--config", CONFIG, "--workdir", str(workdir))
+    assert "train: already trained to step 20" in proc.stdout
+    final = [line for line in proc.stdout.splitlines() if line.startswith("final: ")]
+    assert final and "loss=" in final[0]  # the last logged metrics, not an empty line
+    assert "already trained" not in FIRST_RUN["train"].stdout
+
+
+def test_every_long_stage_shows_a_progress_bar_with_rate(workdir):
+    """tqdm bars (forced on by CFIR_PROGRESS=1, since a captured stderr is no terminal) finish at 100% with a rate:
+    world generation, spaCy, summaries, caption pretraining and training (with the loss)."""
+    index, train = FIRST_RUN["index"].stderr, FIRST_RUN["train"].stderr
+    for desc, unit in (("world: images", "img"), ("world: documents", "doc"), ("entities", "doc"),
+                       ("summaries", "doc"), ("caption pretraining", "step")):
+        assert re.search(rf"{re.escape(desc)}: 100%.*\d+/\d+ \[[\d:]+<[\d:]+, +[\d.]+ ?(s/)?{unit}", index), desc
+    assert re.search(r"train: 100%.* 20/20 \[.*step.*loss=", train), train[-2000:]
+
+
+def test_verbose_training_log_is_not_library_chatter(workdir):
+    """-v shows this project's logs; orbax/absl INFO lines (~150 per run before) stay out unless -vv."""
+    lines = [line for line in FIRST_RUN["train"].stderr.replace("\r", "\n").splitlines()
+             if line.strip() and "train:" not in line]
+    assert not [line for line in lines if "orbax" in line.lower() or "checkpoint" in line.lower()], lines[:20]
 
 
 def test_cfir_equals_brute_force_over_the_candidate_union(workdir, config):
@@ -315,7 +350,8 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
     record = json.loads(proc.stdout.splitlines()[0])
     assert len(record["hits"]) == 3 and record["entities"]
     assert record["num_unknown_entities"] == len(record["unknown_entities"])
-    assert "<img" in (tmp_path / "out.html").read_text() or "no image" in (tmp_path / "out.html").read_text()
+    page = (tmp_path / "out.html").read_text()
+    assert page.count('<img src="data:image/png;base64,') == 3 and "synthetic.invalid" not in page
     queries = tmp_path / "q.jsonl"
     docs = r.corpus_documents("test")
     queries.write_text("".join(json.dumps({"id": d.doc_id, "text": d.text}) + "\n" for d in docs))
@@ -328,6 +364,30 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
     want = metrics.evaluate(trec.read_run(tmp_path / "run.trec"), trec.read_qrels(qrels))
     assert f"{want.aggregate['mrr@10']:.4f}" in proc.stdout
     assert "SR: exact" in proc.stdout  # --qrels evaluates, so it scores exactly unless asked otherwise
+
+
+def test_every_format_shows_the_same_default_number_of_hits(workdir, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(Retriever(load_config_file(str(ROOT / "configs/demo.py") + ":tiny"), workdir)
+                   .corpus_documents("test")[0].text)
+    base = ("retrieve.py", "--index", str(workdir), "--query", str(doc), "--format")
+    table = _run(*base, "table").stdout
+    hits = {
+        "table": len(re.findall(r"^\d+ +img\d+ ", table, flags=re.M)),
+        "json": len(json.loads(_run(*base, "json").stdout)["hits"]),
+        "trec": len(_run(*base, "trec").stdout.strip().splitlines()),
+    }
+    assert set(hits.values()) == {20}, hits  # retrieve.SHOWN; the tiny config's retrieval.top_k is 100
+
+
+def test_evaluate_plot_draws_recall_curves(workdir, tmp_path):
+    from PIL import Image as PILImage
+
+    out = tmp_path / "curves.png"
+    proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--plot", str(out))
+    assert "cfir" in proc.stdout and f"wrote {out}" in proc.stderr
+    with PILImage.open(out) as im:
+        assert im.format == "PNG" and im.width > 400 and len(set(im.convert("RGB").getdata())) > 20
 
 
 @pytest.mark.parametrize("case", ["missing", "empty", "binary", "huge", "whitespace"])
@@ -354,7 +414,12 @@ def test_bad_index_and_flags_are_one_line_errors(workdir, tmp_path):
     incomplete_dir.mkdir()
     incomplete = _run("retrieve.py", "--index", str(incomplete_dir), "--query", str(doc), check=False)
     fmt = _run("retrieve.py", "--index", str(workdir), "--query", str(doc), "--format", "xml", check=False)
-    for proc, words in ((missing, "no index here"), (incomplete, "incomplete index"), (fmt, "unknown format")):
+    zero = _run("retrieve.py", "--index", str(workdir), "--query", str(doc), "--top-k", "0", check=False)
+    negative = _run("retrieve.py", "--index", str(workdir), "--query", str(doc), "--top-k", "-5", check=False)
+    plot = _run("retrieve.py", "--index", str(workdir), "--query", str(doc), "--plot", "x.png", check=False)
+    for proc, words in ((missing, "no index here"), (incomplete, "incomplete index"), (fmt, "unknown format"),
+                        (zero, "--top-k must be at least 1"), (negative, "--top-k must be at least 1"),
+                        (plot, "add --evaluate")):
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and words in proc.stderr, proc.stderr
 
 

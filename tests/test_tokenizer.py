@@ -7,7 +7,7 @@ import pytest
 
 from cfir_jax.errors import CfirError
 from cfir_jax.tokenizer import Beit3Tokenizer
-from conftest import SPM_PATH
+from conftest import NEEDS_BEIT3_SPM, SPM_PATH
 
 
 WORDS = ["Eiffel", "Tower", "photo", "of", "the", "Zürich", "naïve", "東京", "Москва", "مرحبا", "🙂", "e.g.", "U.S.",
@@ -28,6 +28,7 @@ def _varied_strings(n: int, seed: int = 0) -> list[str]:
 
 @pytest.fixture(scope="module")
 def tokenizers():
+    """Ours and transformers' on the real beit3.spm (the tests taking this fixture are marked NEEDS_BEIT3_SPM)."""
     from transformers import XLMRobertaTokenizer
 
     if not SPM_PATH.is_file():
@@ -35,11 +36,13 @@ def tokenizers():
     return Beit3Tokenizer(SPM_PATH), XLMRobertaTokenizer(str(SPM_PATH))
 
 
+@NEEDS_BEIT3_SPM
 def test_reference_example(tokenizers):
     ours, _ = tokenizers
     assert ours.encode(["A photo of the Eiffel Tower"]) == [[94, 1127, 9, 4, 41823, 6184]]
 
 
+@NEEDS_BEIT3_SPM
 def test_ids_equal_transformers_on_varied_strings(tokenizers):
     ours, ref = tokenizers
     texts = _varied_strings(600)
@@ -48,6 +51,17 @@ def test_ids_equal_transformers_on_varied_strings(tokenizers):
         assert ids == ref.convert_tokens_to_ids(ref.tokenize(text)), repr(text)
 
 
+def test_ids_equal_transformers_on_the_synthetic_model(synthetic_spm):
+    """The id mapping, checked without beit3.spm: the synthetic world's model has the same <unk>/<s>/</s> ids."""
+    from transformers import XLMRobertaTokenizer
+
+    ours, ref = Beit3Tokenizer(synthetic_spm), XLMRobertaTokenizer(str(synthetic_spm))
+    texts = _varied_strings(200, seed=2) + ["Mary Walker visited Lake Ashford and the Stoneford Institute."]
+    for text, ids in zip(texts, ours.encode(texts)):
+        assert ids == ref.convert_tokens_to_ids(ref.tokenize(text)), repr(text)
+
+
+@NEEDS_BEIT3_SPM
 def test_batch_layout_matches_reference_recipe(tokenizers):
     """[0] + ids[:max_len-2] + [2], padded with 1; mask True on the padded tail (unilm's BEiT-3 dataset)."""
     ours, ref = tokenizers
@@ -63,6 +77,7 @@ def test_batch_layout_matches_reference_recipe(tokenizers):
         assert mask[row].tolist() == [i >= length for i in range(16)]
 
 
+@NEEDS_BEIT3_SPM
 def test_vocab_and_special_ids(tokenizers):
     ours, ref = tokenizers
     assert ours.vocab_size == len(ref) == 64002
