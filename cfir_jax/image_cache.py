@@ -35,7 +35,6 @@ import json
 import logging
 import os
 import shutil
-import sys
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterator, Sequence
