@@ -49,14 +49,15 @@ def _args(argv=None):
 @cli_main
 def main():
     args, overrides = _args()
-    from cfir_jax import cli, report
+    from cfir_jax import cli
+    from cfir_jax.retrieve import report
 
     if args.format not in report.FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
     if args.plot and not args.evaluate:
         raise CfirError("--plot draws the recall curves of --evaluate SPLIT; add --evaluate")
     if args.plot:
-        from cfir_jax.plots import check_png_name
+        from cfir_jax.eval.plots import check_png_name
 
         check_png_name(args.plot)  # before minutes of retrieval, not after
     if args.top_k is not None and args.top_k < 1:
@@ -70,8 +71,8 @@ def main():
 
     if args.evaluate:
         return _evaluate(config, args, top)
-    from cfir_jax.queries import read_queries, read_query
-    from cfir_jax.retrieval import Retriever, run_of
+    from cfir_jax.retrieve.queries import read_queries, read_query
+    from cfir_jax.retrieve.pipeline import Retriever, run_of
 
     docs = [read_query(args.query)] if args.query else read_queries(args.queries)
     if args.qrels:
@@ -103,7 +104,8 @@ def main():
 
 
 def _write_and_score(run, args, top):
-    from cfir_jax import metrics, trec
+    from cfir_jax.eval import metrics
+    from cfir_jax.eval import trec
 
     if args.output:
         trec.write_run(args.output, run, tag=args.tag, max_hits=top)
@@ -118,8 +120,10 @@ def _evaluation_sr(config) -> None:
 
 
 def _evaluate(config, args, top):
-    from cfir_jax import metrics, plots, report
-    from cfir_jax.retrieval import Retriever, run_of
+    from cfir_jax.eval import metrics
+    from cfir_jax.eval import plots
+    from cfir_jax.retrieve import report
+    from cfir_jax.retrieve.pipeline import Retriever, run_of
 
     _evaluation_sr(config)
     rows = report.TABLE3_ROWS if args.compare else ((args.method, args.method, {}),)

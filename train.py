@@ -12,9 +12,9 @@ from cfir_jax.errors import cli_main
 def main():
     args, config = cli.parse(__doc__.splitlines()[0])
     cli.maybe_initialize_distributed()
-    from cfir_jax import trainer
+    from cfir_jax.train import trainer
     from cfir_jax.layout import Layout
-    from cfir_jax.train_data import load_train_data
+    from cfir_jax.train.data import load_train_data
 
     layout = Layout.of(args.workdir)
     # The document baseline (train.text=document, the paper's "document only") runs and exports beside the main

@@ -29,7 +29,7 @@ def load_averages() -> str:
 
 
 def _retriever(config, workdir: str, **retrieval):
-    from cfir_jax.retrieval import Retriever
+    from cfir_jax.retrieve.pipeline import Retriever
 
     cfg = copy.deepcopy(config)
     cfg.retrieval.update(retrieval)
@@ -38,7 +38,7 @@ def _retriever(config, workdir: str, **retrieval):
 
 def end_to_end(config, args) -> list:
     """Loop vs bulk on fresh documents; returns the stored documents used (for the SR part)."""
-    from cfir_jax.retrieval import DocumentInput
+    from cfir_jax.retrieve.pipeline import DocumentInput
 
     loop = _retriever(config, args.workdir, sr_backend="cpu")
     stored = loop.corpus_documents(args.split)[: args.docs]
@@ -65,7 +65,7 @@ def end_to_end(config, args) -> list:
 
 def sr_only(config, args, docs) -> None:
     """SR queries/s: one query per call vs one batch, CPU scorer and device path, on the documents' real unions."""
-    from cfir_jax.sr_scorer import unique_sorted
+    from cfir_jax.retrieve.sr_scorer import unique_sorted
 
     r = _retriever(config, args.workdir, sr_backend="cpu")
     queries = r.query_encoder.encode([d.summary for d in docs])

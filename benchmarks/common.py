@@ -157,7 +157,7 @@ def torch_model(model_cfg, dropout: float = 0.0):
 
 
 def torch_contrastive_loss(text, image, logit_scale):
-    """The symmetric InfoNCE of `cfir_jax.loss.contrastive_loss` (float32 logits), in torch."""
+    """The symmetric InfoNCE of `cfir_jax.train.loss.contrastive_loss` (float32 logits), in torch."""
     import torch
     import torch.nn.functional as F
 

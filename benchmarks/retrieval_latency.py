@@ -12,7 +12,7 @@ Part 1 (SR, synthetic): each query is a document with 10 entities, each bringing
 pass over the compact copy, shortlist, exact float16 re-rank) runs interleaved across thread counts, query by query,
 so load from other jobs hits every variant alike. Then, on the same queries and cache: the plain numpy baseline
 (gather the unique float16 rows, cast, matmul, top-k; also the reference for agreement), every unique candidate
-through the scorer's exact kernels, the jitted JAX gather + dot, the device path (`cfir_jax.sr_device`: the cache
+through the scorer's exact kernels, the jitted JAX gather + dot, the device path (`cfir_jax.index.device_cache`: the cache
 resident on the JAX devices, jitted exact SR, one query per call and batched; on CPU when no accelerator is present,
 with the paper's 4.7 ms/query as a reference line when one is), and exact search of the whole cache (fewer
 queries: seconds each at 4M). Prints ms/query p50/p95/min, where the scorer's time goes, ratios, and the top-k
@@ -39,9 +39,9 @@ import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
 from cfir_jax.errors import CfirError, cli_main
-from cfir_jax.knn import exact_topk, synthetic_embeddings
-from cfir_jax.sr_device import DeviceCache, has_accelerator
-from cfir_jax.sr_scorer import CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, unique_sorted
+from cfir_jax.index.knn import exact_topk, synthetic_embeddings
+from cfir_jax.index.device_cache import DeviceCache, has_accelerator
+from cfir_jax.retrieve.sr_scorer import CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, unique_sorted
 
 GOAL_P50_MS = 5.0  # the issue's target for SR on 2 CPU cores
 PAPER_MS_PER_QUERY = 4.7  # CFIR-L's reported retrieval time per query (REFERENCE.md, the paper's Table)
@@ -330,7 +330,7 @@ def workdir_config(workdir: str, spec: str | None):
 
 def end_to_end(args) -> None:
     """Part 2: the Retriever on fresh documents of a workdir, one per call; prints p50/p95 ms per stage."""
-    from cfir_jax.retrieval import DocumentInput, Retriever
+    from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
     config = workdir_config(args.workdir, args.config)
     retriever = Retriever(config, args.workdir, "cfir")

@@ -4,7 +4,7 @@
     python benchmarks/train_throughput.py --size tiny --steps 3 --memory-sizes ""   # smoke run, no memory part
     python benchmarks/train_throughput.py --steps 0          # memory analysis only
 
-Throughput: `trainer.make_setup` / `init_state` / `make_train_step` with the size's config (`configs/<size>.py`: the
+Throughput: `make_setup` / `init_state` / `make_train_step` with the size's config (`configs/<size>.py`: the
 recipe's weight decay mask, layer-wise lr decay, warmup-cosine AdamW; residual dropout 0.1 in place of its drop path
 on both sides, as torchscale's drop path is fixed when the reference model is built) and a `TrainData` of random
 tokens and random unit image embeddings, batches assembled by `global_batch_arrays` each step as the training loop
@@ -58,7 +58,7 @@ def random_train_data(num_pairs: int, seq: int, vocab: int, dim: int, seed: int 
     import numpy as np
     from common import random_text_batch, random_unit_embeddings
 
-    from cfir_jax.trainer import TrainData
+    from cfir_jax.train.data import TrainData
 
     ids, mask = random_text_batch(num_pairs, seq, vocab, seed)
     images = random_unit_embeddings(num_pairs, dim, seed + 1)
@@ -69,7 +69,8 @@ def throughput(args) -> None:
     import jax
     from common import hardware_description, interleaved, ratio_line, torch_model, torch_train_step
 
-    from cfir_jax.trainer import global_batch_arrays, init_state, make_setup, make_train_step
+    from cfir_jax.train.state import init_state, make_setup
+    from cfir_jax.train.step import global_batch_arrays, make_train_step
 
     dtype = "bfloat16" if args.precision == "bf16" else "float32"
     cfg = _config(args.size, args.batch, args.seq, dtype, args.remat)
@@ -114,8 +115,9 @@ def memory(args) -> None:
     """Per-device sizes of the AOT-compiled train step for each size at the memory batch, on this process' devices."""
     import jax
 
-    from cfir_jax import partition
-    from cfir_jax.trainer import make_setup, make_train_step
+    from cfir_jax.train import partition
+    from cfir_jax.train.state import make_setup
+    from cfir_jax.train.step import make_train_step
 
     print(f"compiled train step memory per device, global batch {args.memory_batch} x {args.seq} tokens, "
           f"{jax.device_count()} {jax.devices()[0].platform} devices (AOT from ShapeDtypeStructs, nothing allocated)")

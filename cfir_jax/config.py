@@ -104,7 +104,7 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             keep_checkpoints=3,
             async_checkpoints=True,
             tensorboard=True,
-            init_model="",  # model directory (python -m cfir_jax.convert ...); empty: random init
+            init_model="",  # model directory (python -m cfir_jax.model.convert ...); empty: random init
             export_model="",  # where the exported model takes its vision tower from: a model dir or 'scratch'
         )
     )
@@ -148,7 +148,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 synthetic_size="default",  # 'tiny' or 'default' (synthetic source)
                 seed=0,
             ),
-            # The frozen encoder: a model directory (python -m cfir_jax.convert on beit3_*_itc_patch16_224.pth),
+            # The frozen encoder: a model directory (python -m cfir_jax.model.convert on beit3_*_itc_patch16_224.pth),
             # or 'pretrain' (synthetic worlds: train the text tower on captions first, see configs/demo.py).
             encoder="",
             image_cache=dict(
@@ -207,8 +207,8 @@ def retrieval_config() -> ml_collections.ConfigDict:
             eval_sr="exact",  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
-            # 'device': the cache resident on the local devices, jitted exact SR over batches (cfir_jax.sr_device);
-            # 'cpu': the two-pass numpy scorer (cfir_jax.sr_scorer); 'auto': device when a GPU or TPU is present.
+            # 'device': the cache resident on the local devices, jitted exact SR over batches (cfir_jax.index.device_cache);
+            # 'cpu': the two-pass numpy scorer (cfir_jax.retrieve.sr_scorer); 'auto': device when a GPU or TPU is present.
             sr_backend="auto",
             sr_device_dtype="float16",  # or 'bfloat16'
             sr_device_shard="auto",  # 'auto' (row-shard only when the cache does not fit one device), 'always', 'never'

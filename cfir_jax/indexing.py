@@ -30,6 +30,7 @@ from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
 from cfir_jax.store import write_json_atomic
+from cfir_jax.index.summaries import make_summarizer
 
 STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index")
 
@@ -83,15 +84,15 @@ def _store_stamp(path: Path) -> int | None:
 
 
 def build_corpus(config, layout: Layout):
-    from cfir_jax.corpus import Corpus
+    from cfir_jax.data.corpus import Corpus
 
     c = config.index.corpus
     if c.source == "synthetic":
-        from cfir_jax import synthetic
+        from cfir_jax.data import synthetic
 
         return synthetic.generate(layout.corpus, synthetic.SyntheticConfig.named(c.synthetic_size, seed=c.seed))
     if c.source == "atomic":
-        from cfir_jax.atomic import build_atomic_corpus
+        from cfir_jax.data.atomic import build_atomic_corpus
 
         if not (c.texts and c.images and c.qrels):
             if layout.corpus.is_dir():
@@ -116,7 +117,7 @@ def encoder_dir(config, layout: Layout) -> Path | None:
 def _text_positions(config, layout: Layout) -> int:
     """max_text_positions of the encoder when it already exists (its own, whatever the config says), else the
     config's (the model the 'pretrain' stage will create)."""
-    from cfir_jax import checkpoint
+    from cfir_jax.model import checkpoint
 
     path = encoder_dir(config, layout)
     if path is not None and (path / "manifest.json").is_file():
@@ -125,17 +126,17 @@ def _text_positions(config, layout: Layout) -> int:
 
 
 def load_encoder(config, layout: Layout):
-    from cfir_jax import checkpoint
+    from cfir_jax.model import checkpoint
 
     path = encoder_dir(config, layout)
     if path is None:
-        raise CfirError("no encoder: set --config.index.encoder=MODEL_DIR (python -m cfir_jax.convert "
+        raise CfirError("no encoder: set --config.index.encoder=MODEL_DIR (python -m cfir_jax.model.convert "
                         "--checkpoint beit3_base_itc_patch16_224.pth ...) or 'pretrain' for synthetic corpora")
     return checkpoint.load_model(path, config.model)
 
 
 def build_image_cache(config, layout: Layout, corpus):
-    from cfir_jax.image_cache import build_image_cache as build
+    from cfir_jax.index.image_cache import build_image_cache as build
 
     ic = config.index.image_cache
     if ic.precomputed:
@@ -147,8 +148,9 @@ def build_image_cache(config, layout: Layout, corpus):
 
 def pretrain_encoder(config, layout: Layout) -> str:
     """Synthetic worlds: train the text tower on (caption, image) pairs and export it as W/encoder."""
-    from cfir_jax import checkpoint, trainer
-    from cfir_jax.train_data import load_train_data
+    from cfir_jax.model import checkpoint
+    from cfir_jax.train import trainer
+    from cfir_jax.train.data import load_train_data
 
     if config.index.encoder != "pretrain":
         path = encoder_dir(config, layout)
@@ -175,7 +177,7 @@ def pretrain_encoder(config, layout: Layout) -> str:
 
 
 def build_entities(config, layout: Layout, corpus):
-    from cfir_jax.entities import (DEFAULT_LABELS, ENTITY_FORMAT_VERSION, EntityExtractor, EntityStore,
+    from cfir_jax.index.entities import (DEFAULT_LABELS, ENTITY_FORMAT_VERSION, EntityExtractor, EntityStore,
                                    build_entity_store, load_spacy)
 
     e = config.index.entities
@@ -191,21 +193,8 @@ def build_entities(config, layout: Layout, corpus):
     return EntityStore.open(layout.entities)
 
 
-def make_summarizer(config):
-    from cfir_jax.summaries import BartSummarizer, ExtractiveSummarizer
-
-    s = config.index.summaries
-    if s.summarizer == "extractive":
-        return ExtractiveSummarizer(max_tokens=s.extractive_tokens)
-    if s.summarizer == "bart":
-        return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
-                              length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
-                              max_input_tokens=s.max_input_tokens, batch_size=s.batch_size)
-    raise CfirError(f"index.summaries.summarizer={s.summarizer!r}: use 'bart' or 'extractive'")
-
-
 def build_summaries(config, layout: Layout, corpus):
-    from cfir_jax.summaries import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store, summary_input
+    from cfir_jax.index.summaries import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store, summary_input
 
     s = config.index.summaries
     summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
@@ -221,9 +210,9 @@ def build_summaries(config, layout: Layout, corpus):
 
 def entity_encoder(config, layout: Layout, corpus):
     """The frozen text encoder for entity texts (16 tokens), and its fingerprint."""
-    from cfir_jax import checkpoint
-    from cfir_jax.text_encoder import TextEncoder
-    from cfir_jax.train_data import resolve_tokenizer
+    from cfir_jax.model import checkpoint
+    from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.model.tokenizer import resolve_tokenizer
 
     model = load_encoder(config, layout)
     check_text_lengths(config, INDEX_TEXT_LENGTHS[:1], model.config.max_text_positions)
@@ -233,7 +222,7 @@ def entity_encoder(config, layout: Layout, corpus):
 
 
 def scann_config(config):
-    from cfir_jax.knn import ScannConfig
+    from cfir_jax.index.knn import ScannConfig
 
     ei = config.index.entity_index
     return ScannConfig(num_leaves=ei.num_leaves or None, num_leaves_to_search=ei.num_leaves_to_search or None,
@@ -269,7 +258,7 @@ def _texts_digest(texts: list[str]) -> str:
 
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache):
-    from cfir_jax.entity_index import VERSION, EntityIndex, build_entity_index as build
+    from cfir_jax.index.entity_index import VERSION, EntityIndex, build_entity_index as build
 
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     _check_cache_encoder(config, layout, cache)
@@ -289,10 +278,10 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
 
 def add_entities(config, workdir, path: str | os.PathLike) -> int:
     """Appends the entity texts of a file (one per line) to an existing entity index without rebuilding it."""
-    from cfir_jax.corpus import Corpus
-    from cfir_jax.entities import entity_key, normalize_entity
-    from cfir_jax.entity_index import append_entities
-    from cfir_jax.image_cache import ImageCache
+    from cfir_jax.data.corpus import Corpus
+    from cfir_jax.index.entities import entity_key, normalize_entity
+    from cfir_jax.index.entity_index import append_entities
+    from cfir_jax.index.image_cache import ImageCache
 
     layout = Layout.of(workdir)
     path = Path(path)
@@ -320,7 +309,7 @@ def add_entities(config, workdir, path: str | os.PathLike) -> int:
 
 def _check_cache_encoder(config, layout: Layout, cache) -> None:
     """Entity texts and images must come from one model: a cache encoded by another model is refused (one line)."""
-    from cfir_jax import checkpoint
+    from cfir_jax.model import checkpoint
     from cfir_jax.store import check_manifest
 
     if cache.manifest.get("source") == "model":  # imported embeddings carry no model fingerprint to compare
@@ -354,8 +343,8 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise CfirError(f"unknown stage(s) {sorted(unknown)}: choose from {', '.join(STAGES)}")
-    from cfir_jax.corpus import Corpus
-    from cfir_jax.image_cache import ImageCache
+    from cfir_jax.data.corpus import Corpus
+    from cfir_jax.index.image_cache import ImageCache
 
     layout = Layout.of(workdir)
     check_text_lengths(config, INDEX_TEXT_LENGTHS, _text_positions(config, layout))
@@ -392,7 +381,7 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda s: f"{s.num_docs:,} summaries ({config.index.summaries.summarizer})", layout.summaries)
     if "entity_index" in stages:
         if entities is None:
-            from cfir_jax.entities import EntityStore
+            from cfir_jax.index.entities import EntityStore
 
             entities = EntityStore.open(layout.entities, corpus_fingerprint=corpus.documents_fingerprint)
         run("entity_index", lambda: build_entity_index(config, layout, corpus, entities, cache),

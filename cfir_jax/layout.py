@@ -1,13 +1,13 @@
 """The workdir layout: one directory holds every store, written by index.py and train.py, read by retrieve.py.
 
-    W/corpus/          the corpus (documents, images, qrels; cfir_jax.corpus)
-    W/image_cache/     [N, D] image embeddings (cfir_jax.image_cache)
+    W/corpus/          the corpus (documents, images, qrels; cfir_jax.data.corpus)
+    W/image_cache/     [N, D] image embeddings (cfir_jax.index.image_cache)
     W/encoder/         the frozen encoder model directory, when index.py made it (synthetic pretraining)
     W/pretrain/        the caption pretraining run that produced W/encoder
-    W/entities/        named entities of every document (cfir_jax.entities)
-    W/summaries/       a summary of every document (cfir_jax.summaries)
-    W/entity_index/    top-K images of every entity (cfir_jax.entity_index)
-    W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.sr_scorer)
+    W/entities/        named entities of every document (cfir_jax.index.entities)
+    W/summaries/       a summary of every document (cfir_jax.index.summaries)
+    W/entity_index/    top-K images of every entity (cfir_jax.index.entity_index)
+    W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.retrieve.sr_scorer)
     W/index.json       what index.py built: the encoder used, stage summaries
     W/train/           training run: checkpoints, metrics.jsonl, config.json, tensorboard
     W/model/           the trained model (vision tower of the encoder + trained language expert)

@@ -20,7 +20,7 @@ NEEDS_BEIT3_SPM = pytest.mark.skipif(
 def synthetic_spm(tmp_path_factory) -> Path:
     """The tiny synthetic world's sentencepiece model (beit3.spm's id conventions): a tokenizer for every test that
     needs one but not BEiT-3's own vocabulary."""
-    from cfir_jax.synthetic import SyntheticConfig, build_world, train_tokenizer
+    from cfir_jax.data.synthetic import SyntheticConfig, build_world, train_tokenizer
 
     world = build_world(SyntheticConfig.tiny())
     path = tmp_path_factory.mktemp("spm") / "synthetic.spm"

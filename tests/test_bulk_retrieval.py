@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cfir_jax.errors import CfirError
-from cfir_jax.retrieval import DocumentInput, Retriever
+from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from test_pipeline import config, workdir  # noqa: F401 - the session's tiny indexed and trained world
 
 

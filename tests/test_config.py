@@ -10,8 +10,11 @@ import pytest
 
 import configs.base
 import configs.large
-from cfir_jax import model as model_lib, trainer
+from cfir_jax.model import beit3 as model_lib
+from cfir_jax.train import trainer
 from train_fixtures import planted_data, tiny_config
+from cfir_jax.train.optim import make_schedule, warmup_steps
+from cfir_jax.train.state import make_setup
 
 RECIPE_ROW = re.compile(r"^\s+((?:model|train)\.\w+)\s+(\S+)\s+\S")
 
@@ -47,13 +50,13 @@ def test_warmup_of_5_epochs_is_5_epochs_of_steps_for_the_dataset_size():
     cfg = configs.base.get_config().train
     pairs = 20 * 512 + 100  # 20 full batches of 512 per epoch (the tail is dropped)
     spe = planted_data(num_pairs=pairs, with_eval=False).steps_per_epoch(cfg.global_batch)
-    assert spe == 20 and trainer.warmup_steps(cfg, spe) == 100
-    schedule = trainer.make_schedule(cfg, total_steps=30 * spe, steps_per_epoch=spe)
+    assert spe == 20 and warmup_steps(cfg, spe) == 100
+    schedule = make_schedule(cfg, total_steps=30 * spe, steps_per_epoch=spe)
     assert float(schedule(50)) == pytest.approx(0.5 * cfg.lr)
     assert float(schedule(100)) == pytest.approx(cfg.lr)
     assert float(schedule(99)) < cfg.lr
     with pytest.raises(ValueError, match="steps_per_epoch"):
-        trainer.warmup_steps(cfg, None)
+        warmup_steps(cfg, None)
 
 
 def test_trainer_warms_up_over_epochs_of_its_data(tmp_path):
@@ -70,7 +73,7 @@ def test_optimizer_of_the_config_scales_layer_i_by_0_9_to_the_depth_above_it():
     (layer 0 of the reference's numbering) 0.9 ** (L + 1)."""
     cfg = tiny_config(warmup_steps=1)  # configs/base.py:runlocal: the recipe's layer_decay on a 2-layer model
     assert cfg.train.layer_decay == 0.9
-    setup = trainer.make_setup(cfg, total_steps=10)
+    setup = make_setup(cfg, total_steps=10)
     params = jax.tree.map(lambda a: jnp.zeros(a.shape, a.dtype), setup.abstract_params)  # zeros: no decay term
     grads = jax.tree.map(jnp.ones_like, params)
     opt_state = setup.tx.init(params)

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 import torch
 
-from cfir_jax import checkpoint
+from cfir_jax.model import checkpoint
 from cfir_jax.config import model_config
-from cfir_jax.convert import CheckpointError, bicubic_resize, load_torch_checkpoint
+from cfir_jax.model.convert import CheckpointError, bicubic_resize, load_torch_checkpoint
 from conftest import ROOT
 from torch_reference import random_reference, state_dict_numpy
 
@@ -53,7 +53,7 @@ def test_cli_round_trip_through_orbax(reference, tmp_path):
         "    return cfg\n"
     )
     out = tmp_path / "model"
-    proc = subprocess.run([sys.executable, "-m", "cfir_jax.convert", "--checkpoint", str(pth), "--config",
+    proc = subprocess.run([sys.executable, "-m", "cfir_jax.model.convert", "--checkpoint", str(pth), "--config",
                            str(config), "--out", str(out)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     restored = checkpoint.load_model(out)
@@ -68,7 +68,7 @@ def test_cli_round_trip_through_orbax(reference, tmp_path):
 def test_cli_bad_checkpoint_is_one_line_error(tmp_path):
     bad = tmp_path / "bad.pth"
     bad.write_bytes(b"not a checkpoint")
-    proc = subprocess.run([sys.executable, "-m", "cfir_jax.convert", "--checkpoint", str(bad), "--config",
+    proc = subprocess.run([sys.executable, "-m", "cfir_jax.model.convert", "--checkpoint", str(bad), "--config",
                            "configs/base.py:runlocal", "--out", str(tmp_path / "o")], capture_output=True, text=True,
                           cwd=ROOT)
     assert proc.returncode == 2

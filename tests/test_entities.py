@@ -1,4 +1,4 @@
-"""Tests of cfir_jax.entities: spaCy NER, normalisation, and the resumable entity store."""
+"""Tests of cfir_jax.index.entities: spaCy NER, normalisation, and the resumable entity store."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from cfir_jax import entities
+from cfir_jax.index import entities
 from cfir_jax.errors import CfirError
 from cfir_jax.store import StoreError
 

@@ -45,7 +45,7 @@ def get_config(arg=None):
 # with no race against a poller).
 SHARD_KILLER = '''
 import os, runpy, signal, sys
-import cfir_jax.image_cache as ic
+import cfir_jax.index.image_cache as ic
 
 kill_after = int(os.environ.get("KILL_AFTER_SHARD", "-1"))
 write_shard = ic._write_shard
@@ -82,9 +82,9 @@ def _assert_one_line_error(proc, *words):
 
 
 def _save_model(directory: Path, seed: int = 0, **overrides) -> None:
-    from cfir_jax import checkpoint
+    from cfir_jax.model import checkpoint
     from cfir_jax.config import model_config
-    from cfir_jax.model import create_model
+    from cfir_jax.model.beit3 import create_model
 
     checkpoint.save_model(create_model(model_config("tiny", **{**TINY_MODEL, **overrides}), seed=seed), directory)
 
@@ -126,7 +126,7 @@ def _decodable(data) -> bool:
 
 
 def test_atomic_corpus_has_the_judged_documents_and_images(atomic):
-    from cfir_jax.corpus import Corpus
+    from cfir_jax.data.corpus import Corpus
 
     docs, images = _expected_corpus(atomic["fx"])
     corpus = Corpus.open(atomic["work"] / "corpus")
@@ -151,7 +151,7 @@ def test_small_setting_takes_the_documents_and_images_of_the_chosen_split(atomic
 
 
 def test_atomic_cache_skips_corrupt_images_and_lists_them(atomic):
-    from cfir_jax.image_cache import ImageCache
+    from cfir_jax.index.image_cache import ImageCache
 
     fx = atomic["fx"]
     _, images = _expected_corpus(fx)
@@ -168,8 +168,8 @@ def test_atomic_cache_skips_corrupt_images_and_lists_them(atomic):
 
 
 def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
-    from cfir_jax.corpus import Corpus
-    from cfir_jax.entities import DEFAULT_LABELS, EntityExtractor, EntityStore, load_spacy
+    from cfir_jax.data.corpus import Corpus
+    from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, EntityStore, load_spacy
 
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = EntityStore.open(atomic["work"] / "entities")
@@ -182,8 +182,8 @@ def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
 
 
 def test_atomic_every_document_has_a_summary(atomic):
-    from cfir_jax.corpus import Corpus
-    from cfir_jax.summaries import ExtractiveSummarizer, SummaryStore
+    from cfir_jax.data.corpus import Corpus
+    from cfir_jax.index.summaries import ExtractiveSummarizer, SummaryStore
 
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = SummaryStore.open(atomic["work"] / "summaries")
@@ -194,13 +194,13 @@ def test_atomic_every_document_has_a_summary(atomic):
 
 
 def test_atomic_entity_index_covers_the_vocabulary_with_exact_top_k(atomic):
-    from cfir_jax import checkpoint
-    from cfir_jax.entities import EntityStore
-    from cfir_jax.entity_index import EntityIndex
-    from cfir_jax.image_cache import ImageCache
-    from cfir_jax.knn import exact_topk
-    from cfir_jax.text_encoder import TextEncoder
-    from cfir_jax.tokenizer import Beit3Tokenizer
+    from cfir_jax.model import checkpoint
+    from cfir_jax.index.entities import EntityStore
+    from cfir_jax.index.entity_index import EntityIndex
+    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.index.knn import exact_topk
+    from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.model.tokenizer import Beit3Tokenizer
 
     work = atomic["work"]
     store = EntityStore.open(work / "entities")
@@ -273,8 +273,8 @@ def test_build_killed_mid_image_cache_resumes_to_the_same_stores(atomic, tmp_pat
 def test_synthetic_build_killed_during_pretraining_resumes_to_the_same_encoder(tmp_path):
     """SIGKILL once the caption pretraining has written a checkpoint; the rerun resumes it and every store, the
     encoder's parameters included, equals an uninterrupted build's."""
-    from cfir_jax import checkpoint
-    from cfir_jax.model import param_path
+    from cfir_jax.model import checkpoint
+    from cfir_jax.model.beit3 import param_path
 
     flags = ["--config", "configs/demo.py:tiny", "--config.index.pretrain.checkpoint_every=4",
              "--config.index.pretrain.num_steps=16"]
@@ -369,12 +369,12 @@ def test_unknown_stage_is_a_one_line_error(atomic, tmp_path):
 
 
 def test_add_entities_appends_exact_candidates(atomic, tmp_path):
-    from cfir_jax import checkpoint
-    from cfir_jax.entity_index import EntityIndex
-    from cfir_jax.image_cache import ImageCache
-    from cfir_jax.knn import exact_topk
-    from cfir_jax.text_encoder import TextEncoder
-    from cfir_jax.tokenizer import Beit3Tokenizer
+    from cfir_jax.model import checkpoint
+    from cfir_jax.index.entity_index import EntityIndex
+    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.index.knn import exact_topk
+    from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.model.tokenizer import Beit3Tokenizer
 
     work = tmp_path / "W"
     shutil.copytree(atomic["work"], work)

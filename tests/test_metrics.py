@@ -10,7 +10,7 @@ import pytest
 import pytrec_eval
 
 from cfir_jax.errors import CfirError
-from cfir_jax.metrics import DEFAULT_MEASURES, evaluate, parse_measure
+from cfir_jax.eval.metrics import DEFAULT_MEASURES, evaluate, parse_measure
 
 MEASURES = ("mrr@10", "mrr@1", "mrr", "recall@10", "recall@100", "recall@1000", "success@1", "success@1000",
             "ndcg@10", "p@5")

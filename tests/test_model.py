@@ -6,10 +6,11 @@ import numpy as np
 import pytest
 import torch
 
-from cfir_jax import model as model_lib
+from cfir_jax.model import beit3 as model_lib
 from cfir_jax.config import model_config
-from cfir_jax.convert import load_torch_checkpoint
+from cfir_jax.model.convert import load_torch_checkpoint
 from torch_reference import random_reference, state_dict_numpy
+from cfir_jax.train.state import make_setup
 
 SHAPES = [
     # embed_dim, heads, layers, ffn, image size, patch
@@ -119,14 +120,13 @@ def test_dropout_only_with_rng():
 def test_reference_parameter_counts():
     """BEiT3ForRetrieval at 384 px (REFERENCE §3), mask_token included; CFIR's trainable language expert (§2) is what
     the config's own trainable rule hands the trainer's optimizer."""
-    from cfir_jax import trainer
     from configs.base import get_config as base
     from configs.large import get_config as large
 
     for get, total, trainable in ((base, 222_458_881, 86_524_417), (large, 675_188_737, 304_654_337)):
         config = get("384")
         assert model_lib.count_params(model_lib.abstract_model(config.model)) == total
-        setup = trainer.make_setup(config, total_steps=1, devices=jax.devices()[:1], steps_per_epoch=1)
+        setup = make_setup(config, total_steps=1, devices=jax.devices()[:1], steps_per_epoch=1)
         assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(setup.abstract_params)) == trainable
 
 

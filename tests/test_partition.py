@@ -4,15 +4,17 @@ import jax
 import pytest
 from jax.sharding import AbstractMesh, PartitionSpec as P
 
-from cfir_jax import partition, trainer
+from cfir_jax.train import partition
+
 from cfir_jax.errors import CfirError
+from cfir_jax.train.state import make_setup
 
 
 def _large_setup():
     from configs.large import get_config
 
     # One device: the 'fsdp' axis has size 1, but the specs are what 8 devices would get (only sizes change).
-    return trainer.make_setup(get_config(), total_steps=10, devices=jax.devices()[:1], steps_per_epoch=10)
+    return make_setup(get_config(), total_steps=10, devices=jax.devices()[:1], steps_per_epoch=10)
 
 
 def test_large_config_fsdp_rules_give_expected_specs():

@@ -11,8 +11,8 @@ import pytest
 
 from cfir_jax.cli import load_config_file
 from cfir_jax.errors import CfirError
-from cfir_jax.knn import exact_topk
-from cfir_jax.retrieval import DocumentInput, Retriever
+from cfir_jax.index.knn import exact_topk
+from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from conftest import ROOT
 
 CONFIG = "configs/demo.py:tiny"
@@ -161,7 +161,7 @@ def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
 def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, config):
     """The paper's protocol: the index is built from the train split's entities; test entities it never saw are
     unknown, and the evaluation says how many."""
-    from cfir_jax.entities import EntityStore, entity_key
+    from cfir_jax.index.entities import EntityStore, entity_key
 
     r = Retriever(config, workdir)
     store = EntityStore.open(workdir / "entities")
@@ -184,7 +184,7 @@ def test_stale_compact_copy_is_rebuilt_when_the_cache_changes(workdir, config, t
     """Another cache of the same shape (e.g. re-encoded at 384 px) must not be scored with the old int8 codes."""
     import shutil
 
-    from cfir_jax.sr_scorer import CompactCache
+    from cfir_jax.retrieve.sr_scorer import CompactCache
 
     w = tmp_path / "W"
     shutil.copytree(workdir, w)
@@ -359,7 +359,8 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
     qrels.write_text((workdir / "corpus" / "qrels" / "test.txt").read_text())
     proc = _run("retrieve.py", "--index", str(workdir), "--queries", str(queries), "--output",
                 str(tmp_path / "run.trec"), "--qrels", str(qrels))
-    from cfir_jax import metrics, trec
+    from cfir_jax.eval import metrics
+    from cfir_jax.eval import trec
 
     want = metrics.evaluate(trec.read_run(tmp_path / "run.trec"), trec.read_qrels(qrels))
     assert f"{want.aggregate['mrr@10']:.4f}" in proc.stdout

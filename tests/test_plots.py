@@ -4,8 +4,8 @@ import pytest
 from PIL import Image as PILImage
 
 from cfir_jax.errors import CfirError
-from cfir_jax.metrics import evaluate
-from cfir_jax.plots import RECALL_KS, plot_recall_curves, recall_curve
+from cfir_jax.eval.metrics import evaluate
+from cfir_jax.eval.plots import RECALL_KS, plot_recall_curves, recall_curve
 
 QRELS = {"q1": {"a": 1, "b": 1}, "q2": {"c": 1}}
 RUN = {"q1": {"x": 3.0, "a": 2.0, "y": 1.0, "b": 0.5}, "q2": {f"n{k}": 100.0 - k for k in range(40)} | {"c": 1.0}}

@@ -7,9 +7,9 @@ import subprocess
 import numpy as np
 import pytest
 
-from cfir_jax.report import html_page, image_mime
-from cfir_jax.retrieval import Hit, Result
-from cfir_jax.synthetic import IMAGE_SIZE, SyntheticConfig, build_world
+from cfir_jax.retrieve.report import html_page, image_mime
+from cfir_jax.retrieve.pipeline import Hit, Result
+from cfir_jax.data.synthetic import IMAGE_SIZE, SyntheticConfig, build_world
 from conftest import ROOT
 
 WORLD = build_world(SyntheticConfig.tiny())

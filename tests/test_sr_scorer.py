@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 from cfir_jax.errors import CfirError
-from cfir_jax.knn import exact_topk, synthetic_embeddings
-from cfir_jax.sr_scorer import (CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, exact_top_k,
+from cfir_jax.index.knn import exact_topk, synthetic_embeddings
+from cfir_jax.retrieve.sr_scorer import (CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, exact_top_k,
                                 unique_sorted)
 from cfir_jax.store import StoreError
 
@@ -165,7 +165,7 @@ def test_unique_sorted_matches_numpy_unique():
 
 def test_float16_cast_without_torch_is_exact(monkeypatch):
     """The exact pass works without PyTorch (JAX users): the lookup-table cast equals numpy's astype bit for bit."""
-    import cfir_jax.sr_scorer as sr
+    import cfir_jax.retrieve.sr_scorer as sr
 
     src = np.random.default_rng(0).normal(size=(70, 33)).astype(np.float16)
     src[0, :4] = [0.0, -0.0, np.float16(6e-8), np.inf]  # zeros, a subnormal, inf

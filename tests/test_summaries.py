@@ -1,4 +1,4 @@
-"""Tests of cfir_jax.summaries: Flax BART generation against transformers' reference, extractive, and the store."""
+"""Tests of cfir_jax.index.summaries: Flax BART generation against transformers' reference, extractive, and the store."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from cfir_jax import summaries
+from cfir_jax.index import summaries
 from cfir_jax.errors import CfirError
 from cfir_jax.store import StoreError
 
@@ -338,7 +338,7 @@ def test_summary_store_open_rejects_truncated_and_foreign_stores(tmp_path):
 
 
 def test_summary_input_is_the_text_for_the_paper_and_appends_the_lists_for_the_authors():
-    from cfir_jax.corpus import Document
+    from cfir_jax.data.corpus import Document
 
     doc = Document("t1", "Alpha History Alpha is a town.", metadata={"category": ("Towns", "Alps"), "media": (),
                                                                      "hierachy": ("Top", "History")})
@@ -356,7 +356,7 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
     from atomic_fixtures import write_atomic_fixture
 
     from cfir_jax import indexing
-    from cfir_jax.atomic import build_atomic_corpus
+    from cfir_jax.data.atomic import build_atomic_corpus
     from cfir_jax.config import build_config
     from cfir_jax.layout import Layout
 

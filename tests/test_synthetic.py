@@ -10,7 +10,7 @@ import pytest
 import sentencepiece as spm
 
 from cfir_jax.errors import CfirError
-from cfir_jax.synthetic import SyntheticConfig, build_world, generate
+from cfir_jax.data.synthetic import SyntheticConfig, build_world, generate
 
 TINY = SyntheticConfig.tiny()
 
@@ -85,7 +85,7 @@ def test_images_are_pictures_drawn_from_their_entities(corpus):
 
     from PIL import Image as PILImage
 
-    from cfir_jax.synthetic import IMAGE_SIZE, render_image
+    from cfir_jax.data.synthetic import IMAGE_SIZE, render_image
 
     world = build_world(TINY)
     index = {e.name: k for k, e in enumerate(world.entities)}
@@ -115,9 +115,9 @@ def test_vision_tower_encodes_the_synthetic_pixels(corpus, tmp_path):
     import jax.numpy as jnp
 
     from cfir_jax.config import model_config
-    from cfir_jax.image_cache import build_image_cache
-    from cfir_jax.images import decode_image
-    from cfir_jax.model import create_model
+    from cfir_jax.index.image_cache import build_image_cache
+    from cfir_jax.model.preprocess import decode_image
+    from cfir_jax.model.beit3 import create_model
 
     model = create_model(model_config("tiny", image_size=32, vocab_size=300, max_text_positions=40), seed=0)
     cache = build_image_cache(tmp_path / "cache", corpus, model, batch_size=32, shard_size=64, dtype="float32")

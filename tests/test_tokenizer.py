@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from cfir_jax.errors import CfirError
-from cfir_jax.tokenizer import Beit3Tokenizer
+from cfir_jax.model.tokenizer import Beit3Tokenizer
 from conftest import NEEDS_BEIT3_SPM, SPM_PATH
 
 
@@ -98,7 +98,7 @@ def synthetic_tokenizers(tmp_path_factory):
     """The synthetic world's kind of sentencepiece model (beit3.spm's id conventions), ours and transformers'."""
     from transformers import XLMRobertaTokenizer
 
-    from cfir_jax.synthetic import train_tokenizer
+    from cfir_jax.data.synthetic import train_tokenizer
 
     path = tmp_path_factory.mktemp("spm") / "tokenizer.spm"
     texts = [f"Document {i} mentions the Harbour Bridge of Quokka Island and a padded sentence number {i * 7}."

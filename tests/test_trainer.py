@@ -14,8 +14,14 @@ import jax
 import numpy as np
 import pytest
 
-from cfir_jax import checkpoint, model as model_lib, trainer
+from cfir_jax.model import checkpoint
+
+from cfir_jax.model import beit3 as model_lib
+
+from cfir_jax.train import trainer
 from train_fixtures import planted_data, tiny_config
+from cfir_jax.train.state import init_state, make_setup
+from cfir_jax.train.step import global_batch_arrays, make_train_step
 
 WORKER = str(Path(__file__).parent / "train_worker.py")
 # The key projection's bias has an exactly zero gradient (a per-query constant shift of all attention logits), so
@@ -182,7 +188,7 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tmp_path):
 
 def test_layer_lr_decay_scales():
     """REFERENCE §2: embeddings = layer 0, layers.i = i + 1, the rest = L + 1; scale decay ** (L + 1 - layer)."""
-    from cfir_jax.partition import layer_lr_scales
+    from cfir_jax.train.partition import layer_lr_scales
 
     tree = {"B": {"embed_positions": np.zeros((5, 2)), "layers": {"fc1": {"kernel": np.zeros((3, 2, 2))}},
                   "layer_norm": {"scale": np.zeros(2)}}, "language_head": {"kernel": np.zeros((2, 2))}}
@@ -242,23 +248,23 @@ def test_no_recompilation_after_first_step():
     cfg = tiny_config()
     data = planted_data()
     with traced_at_most(1):
-        setup = trainer.make_setup(cfg, 10)
-        state, frozen = trainer.init_state(cfg, setup, None)
-        step_fn = trainer.make_train_step(cfg, setup)
+        setup = make_setup(cfg, 10)
+        state, frozen = init_state(cfg, setup, None)
+        step_fn = make_train_step(cfg, setup)
         for i in range(4):
-            state, _ = step_fn(state, frozen, trainer.global_batch_arrays(data, i, cfg, setup.mesh))
+            state, _ = step_fn(state, frozen, global_batch_arrays(data, i, cfg, setup.mesh))
         # The guard is live: a batch of another length is a new trace, refused.
-        short = trainer.global_batch_arrays(data, 4, cfg, setup.mesh)
+        short = global_batch_arrays(data, 4, cfg, setup.mesh)
         short = {k: v[:, :-1] if k in ("ids", "mask") else v for k, v in short.items()}
         with pytest.raises(AssertionError, match="traced > 1"):
             step_fn(state, frozen, short)
 
 
 def _params_after_one_step(cfg):
-    setup = trainer.make_setup(cfg, 10)
-    state, frozen = trainer.init_state(cfg, setup, None)
-    state, metrics = trainer.make_train_step(cfg, setup)(
-        state, frozen, trainer.global_batch_arrays(planted_data(), 0, cfg, setup.mesh))
+    setup = make_setup(cfg, 10)
+    state, frozen = init_state(cfg, setup, None)
+    state, metrics = make_train_step(cfg, setup)(
+        state, frozen, global_batch_arrays(planted_data(), 0, cfg, setup.mesh))
     return float(metrics["loss"]), {model_lib.param_path(p): np.asarray(v) for p, v in
                                     jax.tree_util.tree_flatten_with_path(state["params"])[0]}
 
@@ -293,7 +299,7 @@ def test_batches_are_a_function_of_the_step():
 
 def test_loss_matches_reference_formula():
     """Symmetric CE with labels arange(B) (unilm's ClipLoss on one device), computed in float64 numpy."""
-    from cfir_jax.loss import contrastive_loss
+    from cfir_jax.train.loss import contrastive_loss
 
     rng = np.random.default_rng(0)
     t, v = rng.normal(size=(6, 8)), rng.normal(size=(6, 8))

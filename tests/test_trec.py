@@ -9,7 +9,7 @@ import pytest
 import pytrec_eval
 
 from cfir_jax.errors import CfirError
-from cfir_jax.trec import read_qrels, read_run, trec_order, write_qrels, write_run
+from cfir_jax.eval.trec import read_qrels, read_run, trec_order, write_qrels, write_run
 
 
 def _rows(path):

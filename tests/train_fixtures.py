@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import numpy as np
+from cfir_jax.train.data import EvalData, TrainData
 
-from cfir_jax.trainer import EvalData, TrainData
+
 
 
 def tiny_config(**train):

@@ -18,10 +18,13 @@ import jax  # noqa: E402
 import jax.experimental.multihost_utils  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cfir_jax import trainer  # noqa: E402
+from cfir_jax.train import trainer  # noqa: E402
 from cfir_jax.config import mesh_config  # noqa: E402
-from cfir_jax.model import param_path  # noqa: E402
+from cfir_jax.model.beit3 import param_path  # noqa: E402
 from train_fixtures import planted_data, tiny_config  # noqa: E402
+from cfir_jax.train.data import TrainData
+from cfir_jax.train.state import init_state, make_setup
+from cfir_jax.train.step import global_batch_arrays, make_train_step
 
 
 def flat_numpy(tree) -> dict:
@@ -32,18 +35,18 @@ def flat_numpy(tree) -> dict:
 
 def steps(cfg, devices, n=2):
     """n training steps from the same init on the given devices; returns (losses, params)."""
-    setup = trainer.make_setup(cfg, 10, devices)
-    state, frozen = trainer.init_state(cfg, setup, None)
-    step_fn = trainer.make_train_step(cfg, setup)
+    setup = make_setup(cfg, 10, devices)
+    state, frozen = init_state(cfg, setup, None)
+    step_fn = make_train_step(cfg, setup)
     data = planted_data()
     losses = []
     for i in range(n):
-        state, metrics = step_fn(state, frozen, trainer.global_batch_arrays(data, i, cfg, setup.mesh))
+        state, metrics = step_fn(state, frozen, global_batch_arrays(data, i, cfg, setup.mesh))
         losses.append(float(metrics["loss"]))
     return np.array(losses), flat_numpy(state["params"])
 
 
-class StallingData(trainer.TrainData):
+class StallingData(TrainData):
     """stall_at >= 0: block before that step (to be SIGKILLed); stall_at == -2: 0.5 s per batch (to be SIGTERMed)."""
 
     stall_at = -1
@@ -56,7 +59,7 @@ class StallingData(trainer.TrainData):
         return super().batch_rows(step, global_batch, seed)
 
 
-def stalling_data(d: trainer.TrainData, stall: int) -> StallingData:
+def stalling_data(d: TrainData, stall: int) -> StallingData:
     data = StallingData(**{f: getattr(d, f) for f in d.__dataclass_fields__})
     data.stall_at = stall
     return data

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax import progress
-from cfir_jax.corpus import Corpus, Document, Image, SPLITS, corpus_is_complete, write_corpus
+from cfir_jax.data.corpus import Corpus, Document, Image, SPLITS, corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
 
 NAME = "synthetic"

@@ -86,3 +86,11 @@ class Beit3Tokenizer:
             lengths[row] = len(seq)
         # From lengths, not `ids == PAD`: a "<pad>" inside the text is a real token (id 1) that must be attended to.
         return ids, np.arange(max_len)[None, :] >= lengths
+
+
+def resolve_tokenizer(config, corpus) -> Beit3Tokenizer:
+    """The config's tokenizer (beit3.spm), else the one a corpus (`data.corpus.Corpus`) ships (synthetic worlds)."""
+    path = config.get("tokenizer") or corpus.tokenizer_path
+    if not path:
+        raise CfirError("no tokenizer: set --config.tokenizer=/path/to/beit3.spm (BEiT-3's sentencepiece model)")
+    return Beit3Tokenizer(path)

@@ -29,9 +29,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from cfir_jax.entities import entity_key
+from cfir_jax.index.entities import entity_key
 from cfir_jax.errors import CfirError
-from cfir_jax.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k
+from cfir_jax.index.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k
 from cfir_jax.progress import bar as progress_bar
 from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
 
@@ -77,7 +77,7 @@ class _Searcher:
         self.backend, self.images, self.k, self.scann = backend, images, k, scann
         self.device = None
         if backend == "exact":
-            from cfir_jax import sr_device
+            from cfir_jax.index import device_cache as sr_device
 
             # On a GPU/TPU the cache goes onto the devices once (sharded if it must) instead of block by block.
             self.device = sr_device.DeviceCache(images) if sr_device.has_accelerator() else None

@@ -7,32 +7,26 @@ in for BEiT-3's image-text pretraining on a synthetic world that has no pretrain
 
 from __future__ import annotations
 
+import dataclasses
+
 import ml_collections
 import numpy as np
 
 from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
-from cfir_jax.corpus import Corpus
+from cfir_jax.data.corpus import Corpus
 from cfir_jax.errors import CfirError
-from cfir_jax.image_cache import ImageCache
+from cfir_jax.index.image_cache import ImageCache
 from cfir_jax.layout import Layout
-from cfir_jax.tokenizer import Beit3Tokenizer
-from cfir_jax.trainer import EvalData, TrainData
+from cfir_jax.model.tokenizer import Beit3Tokenizer
+from cfir_jax.model.tokenizer import resolve_tokenizer
 
 TEXTS = ("summary", "document", "caption")
-
-
-def resolve_tokenizer(config: ml_collections.ConfigDict, corpus: Corpus) -> Beit3Tokenizer:
-    """The config's tokenizer (beit3.spm), else the one shipped with the corpus (synthetic worlds)."""
-    path = config.get("tokenizer") or corpus.tokenizer_path
-    if not path:
-        raise CfirError("no tokenizer: set --config.tokenizer=/path/to/beit3.spm (BEiT-3's sentencepiece model)")
-    return Beit3Tokenizer(path)
 
 
 def document_texts(layout: Layout, corpus: Corpus, kind: str) -> list[str]:
     """One text per corpus document, in corpus row order: its summary or its full text."""
     if kind == "summary":
-        from cfir_jax.summaries import SummaryStore
+        from cfir_jax.index.summaries import SummaryStore
 
         store = SummaryStore.open(layout.summaries)
         if store.doc_ids != corpus.doc_ids:
@@ -108,8 +102,8 @@ def validation_data(corpus: Corpus, cache: ImageCache, tokenizer: Beit3Tokenizer
 
 def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     """CSR over documents of the candidate image rows of their entities (hard negatives)."""
-    from cfir_jax.entities import EntityStore
-    from cfir_jax.entity_index import EntityIndex
+    from cfir_jax.index.entities import EntityStore
+    from cfir_jax.index.entity_index import EntityIndex
 
     entities = EntityStore.open(layout.entities)
     index = EntityIndex.open(layout.entity_index)
@@ -121,3 +115,72 @@ def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarra
         rows.append(cands.astype(np.int64))
         offsets.append(offsets[-1] + len(cands))
     return np.asarray(offsets, np.int64), np.concatenate(rows) if rows else np.zeros(0, np.int64)
+
+
+@dataclasses.dataclass
+class EvalData:
+    """Validation queries against the validation images, scored by exact search."""
+
+    ids: np.ndarray  # [Q, L] int32 tokens of the query texts
+    padding_mask: np.ndarray  # [Q, L] bool
+    query_ids: list[str]  # doc id of each query
+    image_embeddings: np.ndarray  # [M, D] the candidate images
+    image_ids: list[str]
+    qrels: dict[str, dict[str, int]]
+
+
+@dataclasses.dataclass
+class TrainData:
+    """Host-side training pairs: text `pair_text[i]` goes with cache row `pair_image[i]`.
+
+    `ids`/`padding_mask` [T, L] are the tokenised texts (summaries, documents or captions); `image_embeddings`
+    [N, D] is the image cache (memory-mapped). `hard_offsets`/`hard_rows` (CSR over texts) list hard negative
+    image rows per text, e.g. the entity candidates of its document.
+    """
+
+    ids: np.ndarray
+    padding_mask: np.ndarray
+    pair_text: np.ndarray
+    pair_image: np.ndarray
+    image_embeddings: np.ndarray
+    eval: EvalData | None = None
+    hard_offsets: np.ndarray | None = None
+    hard_rows: np.ndarray | None = None
+
+    def __post_init__(self):
+        if len(self.pair_text) != len(self.pair_image):
+            raise CfirError("training pairs: texts and images differ in count")
+        if len(self.pair_text) == 0:
+            raise CfirError("no training pairs: the train qrels share no (text, cached image) pair")
+
+    @property
+    def num_pairs(self) -> int:
+        return len(self.pair_text)
+
+    def steps_per_epoch(self, global_batch: int) -> int:
+        return max(self.num_pairs // global_batch, 1)
+
+    def batch_rows(self, step: int, global_batch: int, seed: int) -> np.ndarray:
+        """Pair indices of the global batch at `step`: epoch e is a seeded permutation, batches drop the tail."""
+        per_epoch = self.steps_per_epoch(global_batch)
+        epoch, offset = divmod(step, per_epoch)
+        order = np.random.default_rng([seed, epoch]).permutation(self.num_pairs)
+        if self.num_pairs < global_batch:  # tiny corpora: sample with wrap-around
+            order = np.resize(order, global_batch)
+        return order[offset * global_batch : (offset + 1) * global_batch]
+
+    def negatives(self, step: int, rows: np.ndarray, count: int, kind: str, seed: int) -> np.ndarray:
+        """[count, D] extra negative image embeddings for the batch at `step` (same on every process)."""
+        rng = np.random.default_rng([seed, step, 7])
+        n = len(self.image_embeddings)
+        if kind == "hard" and self.hard_offsets is not None:
+            pool = np.concatenate([self.hard_rows[self.hard_offsets[t] : self.hard_offsets[t + 1]]
+                                   for t in self.pair_text[rows]] + [np.zeros(0, np.int64)])
+            pool = np.setdiff1d(pool, self.pair_image[rows])
+            picked = rng.choice(pool, min(count, len(pool)), replace=False) if len(pool) else np.zeros(0, np.int64)
+            picked = np.concatenate([picked, rng.integers(0, n, count - len(picked))])
+        elif kind in ("random", "hard"):
+            picked = rng.integers(0, n, count)
+        else:
+            raise CfirError(f"unknown negatives kind {kind!r}: use 'random' or 'hard'")
+        return np.asarray(self.image_embeddings[np.sort(picked)], np.float32)

@@ -17,10 +17,11 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from cfir_jax.errors import CfirError
-from cfir_jax.model import param_path
+from cfir_jax.model.beit3 import param_path
 
 MESH_AXES = ("data", "fsdp")
 BATCH_AXES = ("data", "fsdp")

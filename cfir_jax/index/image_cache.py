@@ -43,15 +43,15 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cfir_jax.corpus import Corpus
+from cfir_jax.data.corpus import Corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.images import ImageDecodeError, decode_image
+from cfir_jax.model.preprocess import ImageDecodeError, decode_image
 from cfir_jax.store import (StoreError, atomic_dir, check_manifest, manifest_digest, read_manifest, write_json_atomic,
                             write_manifest)
 
 if TYPE_CHECKING:
-    from cfir_jax.model import DBeit3
+    from cfir_jax.model.beit3 import DBeit3
 
 KIND = "image_cache"
 FORMAT_VERSION = 1
@@ -121,7 +121,7 @@ def _encode_fn(config) -> tuple[object, Callable]:
     """(graphdef, jitted fn(state, pixels [B, S, S, 3]) -> [B, D]) of the model structure described by `config`."""
     from flax import nnx
 
-    from cfir_jax import model as model_lib
+    from cfir_jax.model import beit3 as model_lib
 
     key = json.dumps(config.to_dict(), sort_keys=True, default=str)
     if key not in _ENCODE_FNS:
@@ -380,7 +380,7 @@ def build_image_cache(
     if batch_size <= 0 or shard_size <= 0:
         raise CfirError(f"batch_size ({batch_size}) and shard_size ({shard_size}) must be positive")
 
-    from cfir_jax.checkpoint import fingerprint
+    from cfir_jax.model.checkpoint import fingerprint
 
     key = dict(
         format_version=FORMAT_VERSION,

@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 from cfir_jax.errors import CfirError
-from cfir_jax.retrieval import DocumentInput
+from cfir_jax.retrieve.pipeline import DocumentInput
 
 MAX_QUERY_BYTES = 1 << 20  # a document is a few KB; anything past 1 MiB is not one
 MAX_QUERIES_BYTES = 1 << 30

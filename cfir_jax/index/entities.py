@@ -36,7 +36,9 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from cfir_jax import progress, store
+from cfir_jax import progress
+
+from cfir_jax import store
 from cfir_jax.errors import CfirError
 
 log = logging.getLogger(__name__)
@@ -187,7 +189,7 @@ class EntityExtractor:
 
 
 # -------------------------------------------------------------------------------------------------------------------
-# Resumable chunked builds (shared with cfir_jax.summaries).
+# Resumable chunked builds (shared with cfir_jax.index.summaries).
 
 
 def partial_dir(out_dir: str | Path) -> Path:

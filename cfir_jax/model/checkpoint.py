@@ -1,6 +1,6 @@
 """Model directories: the parameters of a DBeit3 as an orbax checkpoint, its config, and its fingerprints.
 
-Layout of a model directory (written by `python -m cfir_jax.convert` and by training's export):
+Layout of a model directory (written by `python -m cfir_jax.model.convert` and by training's export):
     DIR/manifest.json      kind "model": model config, parameter count, fingerprints
     DIR/params/            orbax StandardCheckpointer tree of every nnx.Param
 
@@ -23,7 +23,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cfir_jax import model as model_lib
+from cfir_jax.model import beit3 as model_lib
 from cfir_jax.store import StoreError, atomic_dir, read_manifest, write_manifest
 
 FORMAT_VERSION = 1

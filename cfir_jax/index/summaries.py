@@ -12,7 +12,7 @@ Store layout (kind "summaries", format `SUMMARY_FORMAT_VERSION`):
   manifest.json      summarizer name and settings, num_docs, num_empty
   doc_ids.txt        one document id per line, in input order      [num_docs]
   summaries.jsonl    one JSON string per line (a summary may hold line breaks)   [num_docs]
-Builds are resumable in chunks, like the entity store (`cfir_jax.entities.iter_chunks`).
+Builds are resumable in chunks, like the entity store (`cfir_jax.index.entities.iter_chunks`).
 """
 
 from __future__ import annotations
@@ -30,11 +30,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Protocol, Sequence
 import numpy as np
 
 from cfir_jax import store
-from cfir_jax.entities import check_doc_id, finish_chunks, iter_chunks, read_lines, write_lines
+from cfir_jax.index.entities import check_doc_id, finish_chunks, iter_chunks, read_lines, write_lines
 from cfir_jax.errors import CfirError
 
 if TYPE_CHECKING:  # the corpus module imports tfds and grain; summaries need only the record type
-    from cfir_jax.corpus import Document
+    from cfir_jax.data.corpus import Document
 
 log = logging.getLogger(__name__)
 
@@ -493,3 +493,16 @@ class SummaryStore:
         if not 0 <= doc_index < self.num_docs:
             raise CfirError(f"{self.directory}: document index {doc_index} out of range [0, {self.num_docs})")
         return self.summaries[doc_index]
+
+
+def make_summarizer(config):
+    from cfir_jax.index.summaries import BartSummarizer, ExtractiveSummarizer
+
+    s = config.index.summaries
+    if s.summarizer == "extractive":
+        return ExtractiveSummarizer(max_tokens=s.extractive_tokens)
+    if s.summarizer == "bart":
+        return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
+                              length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
+                              max_input_tokens=s.max_input_tokens, batch_size=s.batch_size)
+    raise CfirError(f"index.summaries.summarizer={s.summarizer!r}: use 'bart' or 'extractive'")

@@ -2,7 +2,7 @@
 
 CFIR (REFERENCE §6): document -> named entities -> the union of their candidate lists from the entity index (entity
 ranking, ER) -> the document's summary embedded by the trained text tower -> the union scored by dot product with
-the cached image embeddings (summary re-ranking, SR, `cfir_jax.sr_scorer`) -> top-k.
+the cached image embeddings (summary re-ranking, SR, `cfir_jax.retrieve.sr_scorer`) -> top-k.
 
 Entities the index has never seen are dropped (`unknown_entities="ignore"`, the paper) or encoded by the frozen
 entity encoder and searched over the cache at query time (`"search"`, the default: no entity is lost). A document
@@ -79,12 +79,12 @@ class Retriever:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True,
                  measure_agreement: bool = False):
-        from cfir_jax import checkpoint
-        from cfir_jax.corpus import Corpus
-        from cfir_jax.entity_index import EntityIndex
-        from cfir_jax.image_cache import ImageCache
-        from cfir_jax.text_encoder import TextEncoder
-        from cfir_jax.train_data import resolve_tokenizer
+        from cfir_jax.model import checkpoint
+        from cfir_jax.data.corpus import Corpus
+        from cfir_jax.index.entity_index import EntityIndex
+        from cfir_jax.index.image_cache import ImageCache
+        from cfir_jax.model.text_encoder import TextEncoder
+        from cfir_jax.model.tokenizer import resolve_tokenizer
 
         if method not in METHODS:
             raise CfirError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
@@ -164,7 +164,7 @@ class Retriever:
     # ----------------------------------------------------------------------------------------- lazy components
     def extractor(self):
         if self._nlp is None:
-            from cfir_jax.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+            from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
 
             e = self.config.index.entities
             self._nlp = EntityExtractor(load_spacy(e.spacy_model or None), tuple(e.labels) or DEFAULT_LABELS)
@@ -172,7 +172,7 @@ class Retriever:
 
     def summarizer(self):
         if self._summarizer is None:
-            from cfir_jax.indexing import make_summarizer
+            from cfir_jax.index.summaries import make_summarizer
 
             self._summarizer = make_summarizer(self.config)
         return self._summarizer
@@ -189,7 +189,7 @@ class Retriever:
         if backend not in ("auto", "device", "cpu"):
             raise CfirError(f"retrieval.sr_backend={backend!r}: use auto, device or cpu")
         if backend == "auto":
-            from cfir_jax.sr_device import has_accelerator
+            from cfir_jax.index.device_cache import has_accelerator
 
             backend = "device" if has_accelerator() else "cpu"
         return backend
@@ -197,7 +197,7 @@ class Retriever:
     def device_cache(self):
         """The image cache resident on the local devices (loaded once; SR and exact searches share it)."""
         if self._device_cache is None:
-            from cfir_jax.sr_device import DeviceCache
+            from cfir_jax.index.device_cache import DeviceCache
 
             shard = {"auto": None, "always": True, "never": False}.get(self.setting("sr_device_shard"), "bad")
             if shard == "bad":
@@ -213,12 +213,12 @@ class Retriever:
         if self.sr_backend() == "device":
             return self.device_cache()
         if self._sr is None:
-            from cfir_jax.sr_scorer import SRScorer, build_compact
+            from cfir_jax.retrieve.sr_scorer import SRScorer, build_compact
 
             compact_dir = self.layout.sr_compact
             dims = min(self.rcfg.sr_compact_dims, self.cache.dim)
             try:
-                from cfir_jax.sr_scorer import CompactCache
+                from cfir_jax.retrieve.sr_scorer import CompactCache
 
                 CompactCache.open(compact_dir, expect_n=self.cache.num_images, expect_dim=self.cache.dim,
                                   expect_cache=self.cache.content_fingerprint, expect_dims=dims)
@@ -255,7 +255,7 @@ class Retriever:
         """Exact top-k over the whole cache, queries [Q, D] -> [Q, k'] each: on the devices when SR runs there."""
         if self.sr_backend() == "device":
             return self.device_cache().full_topk(queries, k)
-        from cfir_jax.knn import exact_topk
+        from cfir_jax.index.knn import exact_topk
 
         return exact_topk(queries, self.embeddings, min(k, len(self.embeddings)))
 
@@ -278,7 +278,7 @@ class Retriever:
         if unknown and self.rcfg.unknown_entities == "search":
             emb = self.entity_encoder.encode(unknown)
             k = self.entity_index.k
-            from cfir_jax.knn import drop_padding
+            from cfir_jax.index.knn import drop_padding
 
             if self.entity_index.manifest.get("has_searcher"):
                 _, rows = self.entity_index.searcher().search(emb, k)
@@ -331,7 +331,7 @@ class Retriever:
             if self.method in ("cfir", "entity_only"):
                 lists, used, unknown = self._candidates(entities[i])
                 if lists:
-                    from cfir_jax.sr_scorer import unique_sorted
+                    from cfir_jax.retrieve.sr_scorer import unique_sorted
 
                     # The union once, de-duplicated and sorted (the scorers' gathers want sorted ids anyway).
                     union = unique_sorted(np.concatenate(lists).astype(np.int32, copy=False))
@@ -361,7 +361,7 @@ class Retriever:
                          hits=1e3 * (time.perf_counter() - t_hits))
             agreement = None
             if self.measure_agreement and self.method == "cfir" and union is not None:
-                from cfir_jax.sr_scorer import exact_top_k
+                from cfir_jax.retrieve.sr_scorer import exact_top_k
 
                 _, exact_rows = exact_top_k(self.embeddings, queries[i], union, k)
                 agreement = len(np.intersect1d(ranked[i][1], exact_rows)) / max(len(exact_rows), 1)
@@ -376,7 +376,7 @@ class Retriever:
         (the paper's SR) and "fast" runs the two-pass scorer.
         """
         if self.sr_mode == "exact" and self.sr_backend() == "cpu":
-            from cfir_jax.sr_scorer import exact_top_k
+            from cfir_jax.retrieve.sr_scorer import exact_top_k
 
             return [exact_top_k(self.embeddings, q, u, self.rcfg.top_k) for q, u in zip(queries, unions)]
         return self.sr_scorer().score_batch(queries, unions)
@@ -444,8 +444,8 @@ class Retriever:
     # ----------------------------------------------------------------------------------------------- corpus docs
     def corpus_documents(self, split: str) -> list[DocumentInput]:
         """The documents of a qrels split with the entities and summaries the index computed for them."""
-        from cfir_jax.entities import EntityStore
-        from cfir_jax.summaries import SummaryStore
+        from cfir_jax.index.entities import EntityStore
+        from cfir_jax.index.summaries import SummaryStore
 
         qrels = self.corpus.qrels(split)
         row_of = {d: i for i, d in enumerate(self.corpus.doc_ids)}

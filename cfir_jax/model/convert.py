@@ -1,6 +1,6 @@
 """Conversion of the official BEiT-3 PyTorch checkpoints (REFERENCE §3) into a DBeit3.
 
-    python -m cfir_jax.convert --checkpoint beit3_base_itc_patch16_224.pth --config configs/base.py --out DIR
+    python -m cfir_jax.model.convert --checkpoint beit3_base_itc_patch16_224.pth --config configs/base.py --out DIR
 
 Accepts a path or a state dict; weights under 'model', 'module' or at the top level; keys with or without the
 `beit3.` prefix. Every key and shape is validated before anything is written, and the vision position table is
@@ -19,7 +19,7 @@ from typing import Any, Mapping
 import numpy as np
 from flax import nnx
 
-from cfir_jax import model as model_lib
+from cfir_jax.model import beit3 as model_lib
 from cfir_jax.errors import CfirError, cli_main
 
 # Per-expert parameter names inside a torchscale encoder layer -> our Block attribute.
@@ -258,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init-missing-heads", action="store_true",
                         help="accept a pretraining checkpoint without retrieval heads (heads randomly initialised)")
     args = parser.parse_args(argv)
-    from cfir_jax import checkpoint
+    from cfir_jax.model import checkpoint
 
     config = _load_config(args.config)
     model = load_torch_checkpoint(args.checkpoint, config.model, allow_missing_heads=args.init_missing_heads)

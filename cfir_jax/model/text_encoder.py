@@ -13,8 +13,8 @@ import numpy as np
 from flax import nnx
 
 from cfir_jax.errors import CfirError
-from cfir_jax.model import DBeit3, TextTower
-from cfir_jax.tokenizer import Beit3Tokenizer
+from cfir_jax.model.beit3 import DBeit3, TextTower
+from cfir_jax.model.tokenizer import Beit3Tokenizer
 
 
 class TextEncoder:

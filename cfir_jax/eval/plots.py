@@ -13,7 +13,7 @@ RECALL_KS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700
 
 def recall_curve(run: Mapping, qrels: Mapping, ks: tuple[int, ...] = RECALL_KS) -> list[float]:
     """Mean recall@k over the judged topics, one value per k in `ks` (trec_eval's recall.k)."""
-    from cfir_jax.metrics import evaluate
+    from cfir_jax.eval.metrics import evaluate
 
     result = evaluate(run, qrels, measures=tuple(f"recall@{k}" for k in ks))
     return [result.aggregate[f"recall@{k}"] for k in ks]

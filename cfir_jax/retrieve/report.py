@@ -11,7 +11,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from cfir_jax.retrieval import Result
+from cfir_jax.retrieve.pipeline import Result
 
 FORMATS = ("table", "json", "trec")
 EVAL_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000")

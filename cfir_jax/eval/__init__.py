@@ -1,0 +1,1 @@
+"""Evaluation: trec_eval-identical metrics and TREC run/qrels files."""

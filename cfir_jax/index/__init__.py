@@ -1,0 +1,1 @@
+"""The offline index: image embedding cache, entities, summaries, entity candidate index, and the runner."""

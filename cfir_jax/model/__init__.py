@@ -1,0 +1,1 @@
+"""The Decoupling-BEiT-3 dual encoder: the Flax model, official checkpoint conversion, tokenizer, encoders."""

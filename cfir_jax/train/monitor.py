@@ -1,0 +1,100 @@
+"""What a training run reports and obeys besides the step: the metrics log and preemption (SIGTERM) handling."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import jax
+import jax.experimental.multihost_utils
+
+
+class MetricsLog:
+    """metrics.jsonl (process 0) and TensorBoard; on resume, entries after the restored step are dropped.
+
+    Not clu.metric_writers: importing it imports TensorFlow (its TensorBoard writer is tf.summary), which the
+    project does not install."""
+
+    def __init__(self, workdir: Path, resume_step: int, tensorboard: bool):
+        self.path = workdir / "metrics.jsonl"
+        self.enabled = jax.process_index() == 0
+        self.writer = None
+        if not self.enabled:
+            return
+        if self.path.exists():
+            kept = [line for line in self.path.read_text().splitlines()
+                    if line.strip() and json.loads(line)["step"] <= resume_step]
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text("".join(line + "\n" for line in kept))
+            os.replace(tmp, self.path)
+        if tensorboard:
+            try:
+                from tensorboardX import SummaryWriter
+
+                self.writer = SummaryWriter(str(workdir / "tensorboard"))
+            except ImportError:
+                self.writer = None
+
+    def write(self, step: int, values: dict[str, float]) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps({"step": step, **{k: float(v) for k, v in values.items()}}, sort_keys=True) + "\n")
+        if self.writer is not None:
+            for k, v in values.items():
+                self.writer.add_scalar(k, float(v), step)
+
+    def last(self) -> dict[str, float]:
+        """The last entry of metrics.jsonl (what a finished run logged), without its step; {} when none."""
+        if not self.enabled or not self.path.exists():
+            return {}
+        lines = [line for line in self.path.read_text().splitlines() if line.strip()]
+        return {k: v for k, v in json.loads(lines[-1]).items() if k != "step"} if lines else {}
+
+    def close(self):
+        if self.writer is not None:
+            self.writer.close()
+
+
+class _Preemption:
+    """Where to save and stop after a preemption notice (SIGTERM), the same step on every process.
+
+    Under jax.distributed, JAX's preemption sync manager catches SIGTERM on whichever host gets it and tells the
+    others through the coordination service; the hosts then agree on a step (the largest step any of them has
+    reached, plus one) and orbax's `CheckpointManager.reached_preemption(step)`, asked at every step, is True at that
+    step on all of them, so all save the same step. A per-process flag would let the signalled host save and leave
+    while the others block in the next step's collectives. In a single process, a SIGTERM handler sets the flag.
+    """
+
+    def __init__(self, manager):
+        self.manager = manager
+        self.distributed = jax.distributed.is_initialized()
+        self.requested = False
+        self._old = None
+
+    def __enter__(self):
+        # Under jax.distributed the sync manager's own SIGTERM handler must stay the one installed.
+        if not self.distributed and hasattr(signal, "SIGTERM") and _is_main_thread():
+            self._old = signal.signal(signal.SIGTERM, self._handle)
+        return self
+
+    def _handle(self, *_):
+        self.requested = True
+
+    def reached(self, step: int) -> bool:
+        """True at the step to save and stop at; every process must ask at every step."""
+        if self.distributed:
+            return self.manager.reached_preemption(step)
+        return self.requested
+
+    def __exit__(self, *exc):
+        if self._old is not None:
+            signal.signal(signal.SIGTERM, self._old)
+
+
+def _is_main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()

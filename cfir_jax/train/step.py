@@ -1,0 +1,135 @@
+"""The jitted train step (symmetric contrastive loss over the global batch, gradient caching) and the eval encoder."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import jax
+import jax.experimental.multihost_utils
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+
+from cfir_jax.train import partition
+from cfir_jax.train.data import TrainData
+from cfir_jax.train.loss import contrastive_loss
+from cfir_jax.train.state import Setup
+
+
+def make_train_step(config, setup: Setup) -> Callable:
+    """The jitted step `(state, frozen, batch) -> (state, metrics)`; state is donated."""
+    tcfg = config.train
+    graphdef = setup.graphdef
+    accum = int(tcfg.grad_accum_steps)
+
+    def encode(params, frozen, ids, mask, rng):
+        return nnx.merge(graphdef, params, frozen).encode_text(ids, mask, rng)
+
+    def loss_of_embeddings(text_emb, logit_scale, batch):
+        return contrastive_loss(text_emb, batch["image"], logit_scale, batch.get("negatives"), batch.get("valid"))
+
+    def full_batch_grads(params, frozen, batch, rng):
+        def loss_fn(params):
+            emb = encode(params, frozen, batch["ids"], batch["mask"], rng)
+            return loss_of_embeddings(emb, params["logit_scale"], batch)
+
+        return jax.value_and_grad(loss_fn, has_aux=True)(params)
+
+    def cached_grads(params, frozen, batch, rng):
+        """Exact full-batch gradient in `accum` micro-batches (gradient caching)."""
+        b = batch["ids"].shape[0]
+        mb = b // accum
+        split = lambda x: x.reshape((accum, mb) + x.shape[1:])  # noqa: E731
+        ids, mask = split(batch["ids"]), split(batch["mask"])
+        keys = jax.random.split(rng, accum)
+
+        def embed(_, xs):
+            i, m, k = xs
+            return None, encode(params, frozen, i, m, k)
+
+        _, emb = jax.lax.scan(embed, None, (ids, mask, keys))
+        emb = jax.lax.stop_gradient(emb.reshape(b, -1))
+        (loss, aux), (g_emb, g_scale) = jax.value_and_grad(loss_of_embeddings, argnums=(0, 1), has_aux=True)(
+            emb, params["logit_scale"], batch)
+        g_emb = split(g_emb)
+
+        def backprop(grads, xs):
+            i, m, k, g = xs
+            _, vjp = jax.vjp(lambda p: encode(p, frozen, i, m, k), params)
+            (gp,) = vjp(g)
+            return jax.tree.map(jnp.add, grads, gp), None
+
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        grads, _ = jax.lax.scan(backprop, zeros, (ids, mask, keys, g_emb))
+        grads["logit_scale"] = grads["logit_scale"] + g_scale
+        return (loss, aux), grads
+
+    grads_fn = cached_grads if accum > 1 else full_batch_grads
+
+    def step(state, frozen, batch):
+        rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+        (loss, aux), grads = grads_fn(state["params"], frozen, batch, rng)
+        updates, opt_state = setup.tx.update(grads, state["opt_state"], state["params"])
+        params = optax.apply_updates(state["params"], updates)
+        metrics = {
+            "loss": loss,
+            "accuracy": aux["accuracy"],
+            "lr": setup.schedule(state["step"]),
+            "temperature": 1.0 / jnp.exp(params["logit_scale"]),
+            "logit_scale": params["logit_scale"],
+            "grad_norm": optax.global_norm(grads),
+            "param_norm": optax.global_norm(params),
+            "update_norm": optax.global_norm(updates),
+        }
+        new_state = {"step": state["step"] + 1, "rng": state["rng"], "params": params, "opt_state": opt_state}
+        return new_state, metrics
+
+    bsh = partition.batch_sharding(setup.mesh)
+    rep = partition.replicated(setup.mesh)
+    batch_sh = {"ids": bsh, "mask": bsh, "image": bsh}
+    if tcfg.extra_negatives > 0:
+        batch_sh["negatives"] = rep
+    return jax.jit(
+        step,
+        in_shardings=(setup.state_shardings, setup.frozen_shardings, batch_sh),
+        out_shardings=(setup.state_shardings, rep),
+        donate_argnums=(0,),
+    )
+
+
+def make_encoder(config, setup: Setup) -> Callable:
+    """Jitted deterministic text encoder `(params, frozen, ids, mask) -> [B, D]` (evaluation, export checks)."""
+    graphdef = setup.graphdef
+    bsh = partition.batch_sharding(setup.mesh)
+
+    def encode(params, frozen, ids, mask):
+        return nnx.merge(graphdef, params, frozen).encode_text(ids, mask)
+
+    return jax.jit(encode, in_shardings=(setup.param_shardings, setup.frozen_shardings, bsh, bsh),
+                   out_shardings=partition.replicated(setup.mesh))
+
+
+def global_batch_arrays(data: TrainData, step: int, config, mesh) -> dict:
+    """This process's rows of the global batch at `step`, assembled into global jax.Arrays."""
+    tcfg = config.train
+    rows = data.batch_rows(step, tcfg.global_batch, tcfg.seed)
+    n_proc, pid = jax.process_count(), jax.process_index()
+    per = tcfg.global_batch // n_proc
+    local = rows[pid * per : (pid + 1) * per]
+    texts = data.pair_text[local]
+    order = np.argsort(data.pair_image[local], kind="stable")  # sorted reads from the memory map
+    images = np.empty((len(local), data.image_embeddings.shape[1]), np.float32)
+    images[order] = data.image_embeddings[data.pair_image[local][order]]
+    bsh = partition.batch_sharding(mesh)
+    batch = {
+        "ids": jax.make_array_from_process_local_data(bsh, data.ids[texts]),
+        "mask": jax.make_array_from_process_local_data(bsh, data.padding_mask[texts]),
+        "image": jax.make_array_from_process_local_data(bsh, images),
+    }
+    if tcfg.extra_negatives > 0:
+        neg = data.negatives(step, rows, tcfg.extra_negatives, tcfg.negatives, tcfg.seed)
+        batch["negatives"] = jax.device_put(neg, partition.replicated(mesh))
+    return batch
+
+

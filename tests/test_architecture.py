@@ -1,0 +1,65 @@
+"""The package's imports follow the pipeline: no module imports a later stage, retrieval never imports a builder."""
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[1] / "cfir_jax"
+
+# Stage of each part of the package, in pipeline order. A module may import its own stage and earlier ones only.
+# The floor (errors, store contract, workdir layout, config defaults, CLI helpers) and evaluation (pure metrics and
+# TREC I/O, used by the trainer's validation) sit below everything; training and retrieval are siblings over the
+# index; `indexing` is the runner over the whole build (it calls the index stages and the synthetic world's caption
+# pretraining).
+RANKS = {"floor": 0, "eval": 0, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3, "indexing": 4}
+FLOOR = {"errors", "store", "layout", "config", "cli", "progress"}
+# Retrieval reads stores and the model: these builders are never its business.
+NOT_FOR_RETRIEVAL = ("cfir_jax.indexing", "cfir_jax.train")
+
+
+def _part(module: str) -> str:
+    top = module.split(".")[1] if module.count(".") else "floor"
+    return "floor" if top in FLOOR or top == "__init__" else top
+
+
+def _imports(path: Path) -> set[str]:
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cfir_jax"):
+            found.update(f"{node.module}.{a.name}" if node.module == "cfir_jax" else node.module for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names if a.name.startswith("cfir_jax"))
+    return found
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        out[".".join(p for p in parts if p != "__init__")] = path
+    return out
+
+
+def test_every_module_has_a_known_stage():
+    unknown = {m for m in _modules() if _part(m) not in RANKS}
+    assert not unknown, f"modules outside the pipeline's stages: {sorted(unknown)}"
+
+
+def test_imports_point_down_the_pipeline():
+    upward = []
+    for module, path in _modules().items():
+        for target in _imports(path):
+            if RANKS[_part(target)] > RANKS[_part(module)]:
+                upward.append(f"{module} -> {target}")
+    assert not upward, "imports against the pipeline:\n" + "\n".join(sorted(upward))
+
+
+def test_training_and_retrieval_do_not_import_each_other():
+    crossing = [f"{m} -> {t}" for m, p in _modules().items() for t in _imports(p)
+                if {_part(m), _part(t)} == {"train", "retrieve"}]
+    assert not crossing, "\n".join(crossing)
+
+
+def test_retrieval_never_imports_a_builder():
+    bad = [f"{m} -> {t}" for m, p in _modules().items() if _part(m) == "retrieve" for t in _imports(p)
+           if t.startswith(NOT_FOR_RETRIEVAL)]
+    assert not bad, "\n".join(bad)
