@@ -136,7 +136,7 @@ def load_encoder(config, layout: Layout):
 
 
 def build_image_cache(config, layout: Layout, corpus):
-    from cfir_jax.index.image_cache import build_image_cache as build
+    from cfir_jax.index.image_encoding import build_image_cache as build
 
     ic = config.index.image_cache
     if ic.precomputed:

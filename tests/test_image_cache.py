@@ -24,7 +24,8 @@ from cfir_jax.model.checkpoint import fingerprint
 from cfir_jax.config import model_config
 from cfir_jax.data.corpus import Corpus, Document, Image, write_corpus
 from cfir_jax.errors import CfirError
-from cfir_jax.index.image_cache import ImageCache, build_image_cache, process_shards
+from cfir_jax.index.image_cache import ImageCache
+from cfir_jax.index.image_encoding import build_image_cache, process_shards
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
 from cfir_jax.model.beit3 import abstract_model, param_path
 from cfir_jax.store import StoreError
@@ -386,7 +387,7 @@ def test_eight_devices_equal_one_device(tmp_path, corpus, cache):
         import jax, json, sys
         sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
         from cfir_jax.data.corpus import Corpus
-        from cfir_jax.index.image_cache import build_image_cache
+        from cfir_jax.index.image_encoding import build_image_cache
         from test_image_cache import random_model
         model = random_model(0)
         c = build_image_cache({str(tmp_path / "c8")!r}, Corpus.open({str(corpus.path)!r}), model,

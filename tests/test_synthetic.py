@@ -115,7 +115,7 @@ def test_vision_tower_encodes_the_synthetic_pixels(corpus, tmp_path):
     import jax.numpy as jnp
 
     from cfir_jax.config import model_config
-    from cfir_jax.index.image_cache import build_image_cache
+    from cfir_jax.index.image_encoding import build_image_cache
     from cfir_jax.model.preprocess import decode_image
     from cfir_jax.model.beit3 import create_model
 
