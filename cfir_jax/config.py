@@ -161,7 +161,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             entities=dict(spacy_model="", batch_size=64, n_process=1, labels=()),  # () = DEFAULT_LABELS
             summaries=dict(
                 summarizer="bart",  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
-                # What is summarised (summaries.SUMMARY_INPUTS): 'paper' = page title, section title, page and
+                # What is summarised (index.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and
                 # section descriptions joined with spaces; 'authors' = those plus the section's category, media and
                 # hierachy lists, as the authors' released code feeds BART.
                 fields="paper",

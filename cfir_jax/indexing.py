@@ -30,7 +30,7 @@ from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
 from cfir_jax.store import write_json_atomic
-from cfir_jax.index.summaries import make_summarizer
+from cfir_jax.index.summarizer import make_summarizer
 
 STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index")
 
@@ -177,8 +177,8 @@ def pretrain_encoder(config, layout: Layout) -> str:
 
 
 def build_entities(config, layout: Layout, corpus):
-    from cfir_jax.index.entities import (DEFAULT_LABELS, ENTITY_FORMAT_VERSION, EntityExtractor, EntityStore,
-                                   build_entity_store, load_spacy)
+    from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+    from cfir_jax.index.entity_store import ENTITY_FORMAT_VERSION, EntityStore, build_entity_store
 
     e = config.index.entities
     nlp = load_spacy(e.spacy_model or None)
@@ -194,7 +194,8 @@ def build_entities(config, layout: Layout, corpus):
 
 
 def build_summaries(config, layout: Layout, corpus):
-    from cfir_jax.index.summaries import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store, summary_input
+    from cfir_jax.index.summary_store import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store
+    from cfir_jax.index.summarizer import summary_input
 
     s = config.index.summaries
     summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
@@ -381,7 +382,7 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda s: f"{s.num_docs:,} summaries ({config.index.summaries.summarizer})", layout.summaries)
     if "entity_index" in stages:
         if entities is None:
-            from cfir_jax.index.entities import EntityStore
+            from cfir_jax.index.entity_store import EntityStore
 
             entities = EntityStore.open(layout.entities, corpus_fingerprint=corpus.documents_fingerprint)
         run("entity_index", lambda: build_entity_index(config, layout, corpus, entities, cache),

@@ -5,7 +5,7 @@
     W/encoder/         the frozen encoder model directory, when index.py made it (synthetic pretraining)
     W/pretrain/        the caption pretraining run that produced W/encoder
     W/entities/        named entities of every document (cfir_jax.index.entities)
-    W/summaries/       a summary of every document (cfir_jax.index.summaries)
+    W/summaries/       a summary of every document (cfir_jax.index.summary_store)
     W/entity_index/    top-K images of every entity (cfir_jax.index.entity_index)
     W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.retrieve.sr_scorer)
     W/index.json       what index.py built: the encoder used, stage summaries

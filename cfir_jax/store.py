@@ -10,14 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import json
+import logging
 import os
 import shutil
 import time
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
+from cfir_jax import progress
 from cfir_jax.errors import CfirError
+
+log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
 
@@ -113,3 +118,135 @@ def check_manifest(manifest: dict, where: str | os.PathLike, **expected: Any) ->
                 f"{where}: store was built with {key}={have!r} but this run uses {key}={want!r}; "
                 "rebuild the store or use the matching model/config"
             )
+
+
+def partial_dir(out_dir: str | Path) -> Path:
+    """Where a build of `out_dir` keeps its finished chunks until the store is complete."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(f"{out_dir.name}.partial")
+
+
+def _settings_fingerprint(settings: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(settings, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def iter_chunks(
+    out_dir: str | Path,
+    docs: Iterable[tuple[str, str]],
+    process: Callable[[list[str]], list[Any]],
+    settings: dict[str, Any],
+    chunk_size: int,
+    num_docs: int | None = None,
+    desc: str = "documents",
+) -> Iterator[tuple[list[str], list[Any]]]:
+    """Yields (doc_ids, results) per chunk of `chunk_size` documents, computing each chunk at most once.
+
+    `process` maps a chunk's texts to one JSON-serialisable result per text. Each finished chunk is saved in
+    `partial_dir(out_dir)`; a restarted build with the same `settings` (and chunk size) reads it back instead of
+    recomputing, after checking that the input still has the same document ids there. Different settings discard
+    the old chunks. The caller removes the partial directory once its store is complete (`finish_chunks`).
+    """
+    if chunk_size < 1:
+        raise CfirError(f"chunk_size={chunk_size} must be >= 1")
+    partial = partial_dir(out_dir)
+    build_info = {"settings": settings, "chunk_size": chunk_size}
+    fingerprint = _settings_fingerprint(build_info)
+    info_path = partial / "build.json"
+    if partial.exists():
+        try:
+            old = json.loads(info_path.read_text()).get("fingerprint")
+        except (OSError, ValueError):
+            old = None
+        if old != fingerprint:
+            log.info("%s: settings changed since the interrupted build; starting over", partial)
+            shutil.rmtree(partial)
+    partial.mkdir(parents=True, exist_ok=True)
+    write_json_atomic(info_path, {"fingerprint": fingerprint, **build_info})
+
+    docs_iter = iter(docs)
+    with progress.bar(total=num_docs, desc=desc, unit="doc") as bar:
+        for index in itertools.count():
+            chunk = list(itertools.islice(docs_iter, chunk_size))
+            if not chunk:
+                return
+            for position, item in enumerate(chunk):
+                if not (
+                    isinstance(item, (tuple, list))
+                    and len(item) == 2
+                    and isinstance(item[0], str)
+                    and isinstance(item[1], str)
+                ):
+                    raise CfirError(
+                        f"document #{index * chunk_size + position}: expected a (doc_id: str, text: str) pair, "
+                        f"got {str(item)[:80]!r}; fix the corpus reader"
+                    )
+            doc_ids = [doc_id for doc_id, _ in chunk]
+            path = partial / f"chunk-{index:06d}.json"
+            saved = _read_chunk(path)
+            if saved is not None:
+                if saved["doc_ids"] != doc_ids:
+                    raise CfirError(
+                        f"{path}: the documents differ from those of the interrupted build; "
+                        f"delete {partial} to start over"
+                    )
+                results = saved["results"]
+            else:
+                results = []
+                for result in process([text for _, text in chunk]):
+                    results.append(result)
+                    bar.update(1)  # per document, so a chunk of thousands shows its rate and ETA as it goes
+                if len(results) != len(chunk):  # A broken `process` must not misalign ids and results.
+                    raise RuntimeError(f"process returned {len(results)} results for {len(chunk)} texts")
+                write_json_atomic(path, {"doc_ids": doc_ids, "results": results})
+            if saved is not None:
+                bar.update(len(chunk))
+            yield doc_ids, results
+
+
+def _read_chunk(path: Path) -> dict | None:
+    """A finished chunk, or None when absent or unreadable (then it is recomputed)."""
+    try:
+        saved = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError):
+        log.warning("%s: unreadable chunk; recomputing it", path)
+        return None
+    if not isinstance(saved, dict) or not {"doc_ids", "results"} <= saved.keys():
+        return None
+    return saved
+
+
+def finish_chunks(out_dir: str | Path) -> None:
+    """Removes the chunks of a build whose store is now complete."""
+    shutil.rmtree(partial_dir(out_dir), ignore_errors=True)
+
+
+def check_doc_id(doc_id: str, seen: set[str], where: str) -> None:
+    """Refuses ids a line-per-id file cannot hold, and repeated ids (they would make doc -> row ambiguous)."""
+    if not doc_id or "\n" in doc_id or "\r" in doc_id:
+        raise CfirError(f"{where}: document id {doc_id!r} is empty or contains a line break; fix the corpus ids")
+    if doc_id in seen:
+        raise CfirError(f"{where}: document id {doc_id!r} appears twice; document ids must be unique")
+    seen.add(doc_id)
+
+
+def write_lines(path: Path, lines: Iterable[str]) -> None:
+    with open(path, "w", encoding="utf-8", newline="\n") as f:
+        for line in lines:
+            f.write(line)
+            f.write("\n")
+
+
+def read_lines(path: Path, expected: int, store_dir: Path) -> list[str]:
+    """Reads a line-per-item file and checks its length against the manifest."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise StoreError(f"{path}: missing; the store {store_dir} is incomplete, rebuild it") from None
+    except UnicodeDecodeError:
+        raise StoreError(f"{path}: not UTF-8 text; the store {store_dir} is corrupt, rebuild it") from None
+    lines = text.split("\n")[:-1] if text else []
+    if len(lines) != expected:
+        raise StoreError(f"{path}: {len(lines)} lines but the manifest says {expected}; rebuild the store")
+    return lines

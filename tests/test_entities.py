@@ -8,6 +8,8 @@ import numpy as np
 import pytest
 
 from cfir_jax.index import entities
+from cfir_jax.index import entity_store
+from cfir_jax import store
 from cfir_jax.errors import CfirError
 from cfir_jax.store import StoreError
 
@@ -93,8 +95,8 @@ def test_store_keeps_the_first_surface_form_and_merges_case_variants(tmp_path, e
             return [entities.EntityExtractor.entities_of_doc(extractor, _Doc(t)) for t in texts]
 
     docs = [("a", "The Who|The Hague"), ("b", "the Hague|McDonald's|St. John's")]
-    entities.build_entity_store(tmp_path / "e", docs, Fixed())
-    store = entities.EntityStore.open(tmp_path / "e")
+    entity_store.build_entity_store(tmp_path / "e", docs, Fixed())
+    store = entity_store.EntityStore.open(tmp_path / "e")
     assert store.vocab == ["The Who", "The Hague", "McDonald's", "St. John's"]
     assert store.entities_of(1) == ["The Hague", "McDonald's", "St. John's"]
 
@@ -123,8 +125,8 @@ def test_extract_rejects_a_non_string_text(extractor):
 
 
 def test_store_round_trip_with_documents_without_entities(tmp_path, extractor):
-    manifest = entities.build_entity_store(tmp_path / "ents", DOCS, extractor, chunk_size=2)
-    es = entities.EntityStore.open(tmp_path / "ents", spacy_model=manifest["spacy_model"])
+    manifest = entity_store.build_entity_store(tmp_path / "ents", DOCS, extractor, chunk_size=2)
+    es = entity_store.EntityStore.open(tmp_path / "ents", spacy_model=manifest["spacy_model"])
     assert es.doc_ids == [d for d, _ in DOCS]
     assert es.num_docs == 5
     assert es.num_without_entities == 2 == manifest["num_without_entities"]
@@ -137,20 +139,20 @@ def test_store_round_trip_with_documents_without_entities(tmp_path, extractor):
     assert merkel in es.entity_ids_of(0) and merkel in es.entity_ids_of(3)
     assert es.doc_freq[merkel] == 2
     assert es.index_of("doc-c") == 2
-    assert not entities.partial_dir(tmp_path / "ents").exists()
+    assert not store.partial_dir(tmp_path / "ents").exists()
 
 
 def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, extractor):
-    entities.build_entity_store(tmp_path / "whole", DOCS, extractor, chunk_size=2)
+    entity_store.build_entity_store(tmp_path / "whole", DOCS, extractor, chunk_size=2)
 
     def interrupted():
         yield from DOCS[:3]
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        entities.build_entity_store(tmp_path / "resumed", interrupted(), extractor, chunk_size=2)
+        entity_store.build_entity_store(tmp_path / "resumed", interrupted(), extractor, chunk_size=2)
     assert not (tmp_path / "resumed").exists()
-    assert (entities.partial_dir(tmp_path / "resumed") / "chunk-000000.json").exists()
+    assert (store.partial_dir(tmp_path / "resumed") / "chunk-000000.json").exists()
 
     processed: list[str] = []
 
@@ -161,7 +163,7 @@ def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, extracto
             return super().extract(texts)
 
     counting = Counting(extractor.nlp, batch_size=4)
-    entities.build_entity_store(tmp_path / "resumed", DOCS, counting, chunk_size=2)
+    entity_store.build_entity_store(tmp_path / "resumed", DOCS, counting, chunk_size=2)
     assert processed == [text for _, text in DOCS[2:]]  # The finished first chunk was not recomputed.
     for name in ("doc_ids.txt", "vocab.txt"):
         assert (tmp_path / "whole" / name).read_text() == (tmp_path / "resumed" / name).read_text()
@@ -175,38 +177,38 @@ def test_resume_refuses_different_documents(tmp_path, extractor):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        entities.build_entity_store(tmp_path / "s", interrupted(), extractor, chunk_size=2)
+        entity_store.build_entity_store(tmp_path / "s", interrupted(), extractor, chunk_size=2)
     renamed = [(f"other-{d}", t) for d, t in DOCS]
     with pytest.raises(CfirError, match="differ from those of the interrupted build"):
-        entities.build_entity_store(tmp_path / "s", renamed, extractor, chunk_size=2)
+        entity_store.build_entity_store(tmp_path / "s", renamed, extractor, chunk_size=2)
 
 
 def test_build_rejects_duplicate_document_ids(tmp_path, extractor):
     with pytest.raises(CfirError, match="'doc-a' appears twice"):
-        entities.build_entity_store(tmp_path / "s", DOCS + [DOCS[0]], extractor, chunk_size=2)
+        entity_store.build_entity_store(tmp_path / "s", DOCS + [DOCS[0]], extractor, chunk_size=2)
 
 
 def test_build_rejects_empty_input(tmp_path, extractor):
     with pytest.raises(CfirError, match="no documents"):
-        entities.build_entity_store(tmp_path / "s", [], extractor)
+        entity_store.build_entity_store(tmp_path / "s", [], extractor)
 
 
 def test_open_rejects_a_store_with_wrong_array_shape(tmp_path, extractor):
-    entities.build_entity_store(tmp_path / "s", DOCS, extractor)
+    entity_store.build_entity_store(tmp_path / "s", DOCS, extractor)
     np.save(tmp_path / "s" / "offsets.npy", np.zeros([3], np.int64))
     with pytest.raises(StoreError, match="offsets.npy"):
-        entities.EntityStore.open(tmp_path / "s")
+        entity_store.EntityStore.open(tmp_path / "s")
 
 
 def test_open_rejects_a_store_of_another_pipeline(tmp_path, extractor):
-    entities.build_entity_store(tmp_path / "s", DOCS, extractor)
+    entity_store.build_entity_store(tmp_path / "s", DOCS, extractor)
     with pytest.raises(StoreError, match="spacy_model"):
-        entities.EntityStore.open(tmp_path / "s", spacy_model="en_core_web_lg-3.8.0")
+        entity_store.EntityStore.open(tmp_path / "s", spacy_model="en_core_web_lg-3.8.0")
 
 
 def test_entities_of_rejects_out_of_range_index(tmp_path, extractor):
-    entities.build_entity_store(tmp_path / "s", DOCS, extractor)
-    es = entities.EntityStore.open(tmp_path / "s")
+    entity_store.build_entity_store(tmp_path / "s", DOCS, extractor)
+    es = entity_store.EntityStore.open(tmp_path / "s")
     with pytest.raises(CfirError, match="out of range"):
         es.entities_of(5)
     with pytest.raises(CfirError, match="unknown document id"):
@@ -214,12 +216,12 @@ def test_entities_of_rejects_out_of_range_index(tmp_path, extractor):
 
 
 def test_manifest_records_model_labels_and_counts(tmp_path, extractor):
-    entities.build_entity_store(tmp_path / "s", DOCS, extractor)
+    entity_store.build_entity_store(tmp_path / "s", DOCS, extractor)
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     assert manifest["kind"] == "entities"
     assert manifest["spacy_model"].startswith("en_core_web_sm")
     assert manifest["labels"] == list(entities.DEFAULT_LABELS)
-    es = entities.EntityStore.open(tmp_path / "s")
+    es = entity_store.EntityStore.open(tmp_path / "s")
     assert manifest["num_entities"] == len(es.vocab) and manifest["num_mentions"] == len(es.entity_ids)
 
 

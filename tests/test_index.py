@@ -169,7 +169,8 @@ def test_atomic_cache_skips_corrupt_images_and_lists_them(atomic):
 
 def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, EntityStore, load_spacy
+    from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+    from cfir_jax.index.entity_store import EntityStore
 
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = EntityStore.open(atomic["work"] / "entities")
@@ -183,7 +184,8 @@ def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
 
 def test_atomic_every_document_has_a_summary(atomic):
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.summaries import ExtractiveSummarizer, SummaryStore
+    from cfir_jax.index.summarizer import ExtractiveSummarizer
+    from cfir_jax.index.summary_store import SummaryStore
 
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = SummaryStore.open(atomic["work"] / "summaries")
@@ -195,7 +197,7 @@ def test_atomic_every_document_has_a_summary(atomic):
 
 def test_atomic_entity_index_covers_the_vocabulary_with_exact_top_k(atomic):
     from cfir_jax.model import checkpoint
-    from cfir_jax.index.entities import EntityStore
+    from cfir_jax.index.entity_store import EntityStore
     from cfir_jax.index.entity_index import EntityIndex
     from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.index.knn import exact_topk

@@ -161,7 +161,8 @@ def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
 def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, config):
     """The paper's protocol: the index is built from the train split's entities; test entities it never saw are
     unknown, and the evaluation says how many."""
-    from cfir_jax.index.entities import EntityStore, entity_key
+    from cfir_jax.index.entity_store import EntityStore
+    from cfir_jax.index.entities import entity_key
 
     r = Retriever(config, workdir)
     store = EntityStore.open(workdir / "entities")

@@ -1,4 +1,4 @@
-"""Tests of cfir_jax.index.summaries: Flax BART generation against transformers' reference, extractive, and the store."""
+"""Tests of cfir_jax.index.summarizer and summary_store: Flax BART generation against transformers' reference, extractive, and the store."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from cfir_jax.index import summaries
+from cfir_jax.index import summarizer as summarizer_lib
+from cfir_jax.index import summary_store
 from cfir_jax.errors import CfirError
 from cfir_jax.store import StoreError
 
@@ -80,7 +81,7 @@ def tiny_bart(tmp_path_factory):
 @pytest.fixture(scope="module")
 def summarizer(tiny_bart):
     """Loads the PyTorch-only directory (from_pt conversion); batch 4 for 5 texts exercises the filler rows."""
-    return summaries.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **SETTINGS)
+    return summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +116,7 @@ def test_bart_summaries_equal_flax_generate_called_directly(summarizer, outputs)
 
     model, tokenizer = summarizer.model, summarizer.tokenizer
     batch = tokenizer(TEXTS, return_tensors="np", padding=True, truncation=True, max_length=MAX_INPUT)
-    processors = FlaxLogitsProcessorList([summaries._no_repeat_processor(SETTINGS["no_repeat_ngram_size"])])
+    processors = FlaxLogitsProcessorList([summarizer_lib._no_repeat_processor(SETTINGS["no_repeat_ngram_size"])])
     direct = jax.jit(
         lambda ids, mask: model.generate(
             ids, attention_mask=mask, generation_config=summarizer.generation_config, logits_processor=processors
@@ -163,7 +164,7 @@ def test_bart_greedy_equals_pytorch_generate(tiny_bart):
     (see BartSummarizer); with one beam both reduce to the same argmax chain.
     """
     settings = {**SETTINGS, "num_beams": 1}
-    greedy = summaries.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **settings)
+    greedy = summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **settings)
     tokenizer, ids = _reference(*tiny_bart, TEXTS, **settings)
     assert [o.tolist() for o in greedy.generate_ids(TEXTS)] == _unpad(ids, tokenizer.pad_token_id)
 
@@ -177,7 +178,7 @@ def test_no_repeat_ngram_mask_matches_a_direct_count():
     rng = np.random.default_rng(0)
     sequences = rng.integers(0, 4, size=(6, 12)).astype(np.int32)  # A small vocabulary: many repeats.
     for n in (2, 3):
-        masker = jax.jit(functools.partial(summaries.no_repeat_ngram_mask, ngram_size=n, vocab_size=4))
+        masker = jax.jit(functools.partial(summarizer_lib.no_repeat_ngram_mask, ngram_size=n, vocab_size=4))
         for cur_len in range(0, 12):
             mask = np.asarray(masker(jnp.asarray(sequences), jnp.asarray(cur_len)))
             for row, seq in enumerate(sequences):
@@ -197,7 +198,7 @@ def test_bart_flax_directory_loads_like_the_pytorch_one(tmp_path, tiny_bart, sum
     summarizer.model.save_pretrained(flax_dir)
     summarizer.tokenizer.save_pretrained(flax_dir)
     assert (flax_dir / "flax_model.msgpack").exists()
-    model, _ = summaries._load_bart(flax_dir, np.float32)
+    model, _ = summarizer_lib._load_bart(flax_dir, np.float32)
     leaves = lambda p: [np.asarray(x) for x in __import__("jax").tree_util.tree_leaves(p)]  # noqa: E731
     for a, b in zip(leaves(model.params), leaves(summarizer.model.params)):
         np.testing.assert_array_equal(a, b)
@@ -206,43 +207,43 @@ def test_bart_flax_directory_loads_like_the_pytorch_one(tmp_path, tiny_bart, sum
 
 def test_bart_missing_directory_is_a_cfir_error(tmp_path):
     with pytest.raises(CfirError, match="no such model directory"):
-        summaries.BartSummarizer(str(tmp_path / "nope"))
+        summarizer_lib.BartSummarizer(str(tmp_path / "nope"))
 
 
 def test_bart_directory_without_weights_is_a_cfir_error(tmp_path, tiny_bart):
     (tmp_path / "config.json").write_text((open(os.path.join(tiny_bart[0], "config.json"))).read())
     with pytest.raises(CfirError, match="no weights"):
-        summaries.BartSummarizer(str(tmp_path))
+        summarizer_lib.BartSummarizer(str(tmp_path))
 
 
 def test_bart_unreachable_hub_is_a_cfir_error(monkeypatch):
-    monkeypatch.setattr(summaries, "_hub_unreachable", lambda: True)
+    monkeypatch.setattr(summarizer_lib, "_hub_unreachable", lambda: True)
     with pytest.raises(CfirError, match="hub is unreachable"):
-        summaries.BartSummarizer("someone/not-cached-bart")
+        summarizer_lib.BartSummarizer("someone/not-cached-bart")
 
 
 def test_extractive_keeps_leading_sentences_within_the_word_budget():
     text = "Paris is the capital of France. It has the Eiffel Tower. The Louvre holds the Mona Lisa. More follows."
-    s = summaries.ExtractiveSummarizer(max_tokens=12)
+    s = summarizer_lib.ExtractiveSummarizer(max_tokens=12)
     assert s.summarize([text]) == ["Paris is the capital of France. It has the Eiffel Tower."]
-    assert summaries.ExtractiveSummarizer(max_tokens=6).summarize([text]) == ["Paris is the capital of France."]
+    assert summarizer_lib.ExtractiveSummarizer(max_tokens=6).summarize([text]) == ["Paris is the capital of France."]
 
 
 def test_extractive_cuts_an_overlong_first_sentence_at_the_budget():
     text = "one two three four five six seven eight nine ten. Second sentence."
-    assert summaries.ExtractiveSummarizer(max_tokens=4).summarize([text]) == ["one two three four"]
+    assert summarizer_lib.ExtractiveSummarizer(max_tokens=4).summarize([text]) == ["one two three four"]
 
 
 def test_extractive_counts_tokens_of_a_given_tokenizer():
     chars = lambda s: list(s.replace(" ", ""))  # noqa: E731 - one token per character.
-    s = summaries.ExtractiveSummarizer(max_tokens=21, tokenizer=chars)
+    s = summarizer_lib.ExtractiveSummarizer(max_tokens=21, tokenizer=chars)
     out = s.summarize(["Rome is old. Oslo is cold. Lima is far away."])[0]
     assert out == "Rome is old. Oslo is cold."  # 10 + 11 characters; the third sentence would overflow.
-    assert summaries.ExtractiveSummarizer(max_tokens=20, tokenizer=chars).summarize([out]) == ["Rome is old."]
+    assert summarizer_lib.ExtractiveSummarizer(max_tokens=20, tokenizer=chars).summarize([out]) == ["Rome is old."]
 
 
 def test_extractive_handles_empty_text_and_is_deterministic():
-    s = summaries.ExtractiveSummarizer()
+    s = summarizer_lib.ExtractiveSummarizer()
     texts = ["", "   ", "A short one!  Then another? Yes."]
     assert s.summarize(texts) == ["", "", "A short one! Then another? Yes."]
     assert s.summarize(texts) == s.summarize(texts)
@@ -252,10 +253,10 @@ DOCS = [(f"doc-{i}", f"Document number {i} is about Paris. It has a second sente
 
 
 def test_summary_store_round_trip(tmp_path):
-    s = summaries.ExtractiveSummarizer(max_tokens=8)
+    s = summarizer_lib.ExtractiveSummarizer(max_tokens=8)
     docs = DOCS + [("empty", "")]
-    manifest = summaries.build_summary_store(tmp_path / "s", docs, s, chunk_size=3)
-    st = summaries.SummaryStore.open(tmp_path / "s", summarizer="extractive")
+    manifest = summary_store.build_summary_store(tmp_path / "s", docs, s, chunk_size=3)
+    st = summary_store.SummaryStore.open(tmp_path / "s", summarizer="extractive")
     assert st.doc_ids == [d for d, _ in docs] and st.num_docs == 8
     assert st.summaries == s.summarize([t for _, t in docs])
     assert st.summary(7) == "" and manifest["num_empty"] == 1
@@ -272,29 +273,29 @@ def test_summary_store_keeps_line_breaks_inside_a_summary(tmp_path):
         def summarize(self, texts):
             return [f"{t}\nsecond line" for t in texts]
 
-    summaries.build_summary_store(tmp_path / "s", DOCS[:2], Echo())
-    assert summaries.SummaryStore.open(tmp_path / "s").summary(1).endswith("\nsecond line")
+    summary_store.build_summary_store(tmp_path / "s", DOCS[:2], Echo())
+    assert summary_store.SummaryStore.open(tmp_path / "s").summary(1).endswith("\nsecond line")
 
 
 def test_summary_store_resume_after_interruption_equals_uninterrupted_build(tmp_path):
     calls: list[str] = []
 
-    class Counting(summaries.ExtractiveSummarizer):
+    class Counting(summarizer_lib.ExtractiveSummarizer):
         def summarize(self, texts):
             calls.extend(texts)
             return super().summarize(texts)
 
-    summaries.build_summary_store(tmp_path / "whole", DOCS, Counting(max_tokens=8), chunk_size=3)
+    summary_store.build_summary_store(tmp_path / "whole", DOCS, Counting(max_tokens=8), chunk_size=3)
 
     def interrupted():
         yield from DOCS[:4]
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        summaries.build_summary_store(tmp_path / "resumed", interrupted(), Counting(max_tokens=8), chunk_size=3)
+        summary_store.build_summary_store(tmp_path / "resumed", interrupted(), Counting(max_tokens=8), chunk_size=3)
     assert not (tmp_path / "resumed").exists()
     calls.clear()
-    summaries.build_summary_store(tmp_path / "resumed", DOCS, Counting(max_tokens=8), chunk_size=3)
+    summary_store.build_summary_store(tmp_path / "resumed", DOCS, Counting(max_tokens=8), chunk_size=3)
     assert calls == [t for _, t in DOCS[3:]]  # The first chunk (3 docs) was read back, not recomputed.
     for name in ("doc_ids.txt", "summaries.jsonl"):
         assert (tmp_path / "whole" / name).read_text() == (tmp_path / "resumed" / name).read_text()
@@ -306,32 +307,32 @@ def test_summary_store_restarts_when_settings_change(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        summaries.build_summary_store(tmp_path / "s", interrupted(), summaries.ExtractiveSummarizer(8), chunk_size=3)
-    summaries.build_summary_store(tmp_path / "s", DOCS, summaries.ExtractiveSummarizer(4), chunk_size=3)
-    st = summaries.SummaryStore.open(tmp_path / "s")
-    assert st.summaries == summaries.ExtractiveSummarizer(4).summarize([t for _, t in DOCS])
+        summary_store.build_summary_store(tmp_path / "s", interrupted(), summarizer_lib.ExtractiveSummarizer(8), chunk_size=3)
+    summary_store.build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer(4), chunk_size=3)
+    st = summary_store.SummaryStore.open(tmp_path / "s")
+    assert st.summaries == summarizer_lib.ExtractiveSummarizer(4).summarize([t for _, t in DOCS])
 
 
 def test_summary_store_rejects_bad_documents(tmp_path):
-    s = summaries.ExtractiveSummarizer()
+    s = summarizer_lib.ExtractiveSummarizer()
     with pytest.raises(CfirError, match="document #1"):
-        summaries.build_summary_store(tmp_path / "a", [("a", "x"), ("b", b"bytes")], s)
+        summary_store.build_summary_store(tmp_path / "a", [("a", "x"), ("b", b"bytes")], s)
     with pytest.raises(CfirError, match="appears twice"):
-        summaries.build_summary_store(tmp_path / "b", [("a", "x"), ("a", "y")], s)
+        summary_store.build_summary_store(tmp_path / "b", [("a", "x"), ("a", "y")], s)
     with pytest.raises(CfirError, match="no documents"):
-        summaries.build_summary_store(tmp_path / "c", [], s)
+        summary_store.build_summary_store(tmp_path / "c", [], s)
 
 
 def test_summary_store_open_rejects_truncated_and_foreign_stores(tmp_path):
-    summaries.build_summary_store(tmp_path / "s", DOCS, summaries.ExtractiveSummarizer())
+    summary_store.build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer())
     with pytest.raises(StoreError, match="summarizer"):
-        summaries.SummaryStore.open(tmp_path / "s", summarizer="bart")
+        summary_store.SummaryStore.open(tmp_path / "s", summarizer="bart")
     path = tmp_path / "s" / "summaries.jsonl"
     path.write_text("\n".join(path.read_text().split("\n")[:3]) + "\n")
     with pytest.raises(StoreError, match="3 lines but the manifest says 7"):
-        summaries.SummaryStore.open(tmp_path / "s")
+        summary_store.SummaryStore.open(tmp_path / "s")
     with pytest.raises(StoreError, match="no summaries store"):
-        summaries.SummaryStore.open(tmp_path / "missing")
+        summary_store.SummaryStore.open(tmp_path / "missing")
 
 
 # The summariser's input: the paper's fields or the authors' (with the section's category, media, hierachy lists).
@@ -342,12 +343,12 @@ def test_summary_input_is_the_text_for_the_paper_and_appends_the_lists_for_the_a
 
     doc = Document("t1", "Alpha History Alpha is a town.", metadata={"category": ("Towns", "Alps"), "media": (),
                                                                      "hierachy": ("Top", "History")})
-    assert summaries.summary_input(doc) == summaries.summary_input(doc, "paper") == doc.text
-    assert summaries.summary_input(doc, "authors") == "Alpha History Alpha is a town. Towns Alps Top History"
+    assert summarizer_lib.summary_input(doc) == summarizer_lib.summary_input(doc, "paper") == doc.text
+    assert summarizer_lib.summary_input(doc, "authors") == "Alpha History Alpha is a town. Towns Alps Top History"
     with pytest.raises(CfirError, match="use one of paper, authors"):
-        summaries.summary_input(doc, "everything")
+        summarizer_lib.summary_input(doc, "everything")
     with pytest.raises(CfirError, match="category, media, hierachy lists"):
-        summaries.summary_input(Document("s1", "a synthetic document"), "authors")
+        summarizer_lib.summary_input(Document("s1", "a synthetic document"), "authors")
 
 
 def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds_when_they_change(tmp_path):
@@ -372,10 +373,10 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
         return store.summary(store.doc_ids.index(doc_id))
 
     assert summary_of("t1") == "Alpha History Alpha is a town. It was founded in 1900."
-    assert summaries.SummaryStore.open(layout.summaries).manifest["input_fields"] == "paper"
+    assert summary_store.SummaryStore.open(layout.summaries).manifest["input_fields"] == "paper"
     config.index.summaries.fields = "authors"
     assert summary_of("t1") == "Alpha History Alpha is a town. It was founded in 1900. Cat i1 Top History"
-    assert summaries.SummaryStore.open(layout.summaries).manifest["input_fields"] == "authors"
+    assert summary_store.SummaryStore.open(layout.summaries).manifest["input_fields"] == "authors"
     config.index.summaries.fields = "section_only"
     with pytest.raises(CfirError, match="fields='section_only'"):
         indexing.build_summaries(config, layout, corpus)

@@ -172,7 +172,7 @@ class Retriever:
 
     def summarizer(self):
         if self._summarizer is None:
-            from cfir_jax.index.summaries import make_summarizer
+            from cfir_jax.index.summarizer import make_summarizer
 
             self._summarizer = make_summarizer(self.config)
         return self._summarizer
@@ -444,8 +444,8 @@ class Retriever:
     # ----------------------------------------------------------------------------------------------- corpus docs
     def corpus_documents(self, split: str) -> list[DocumentInput]:
         """The documents of a qrels split with the entities and summaries the index computed for them."""
-        from cfir_jax.index.entities import EntityStore
-        from cfir_jax.index.summaries import SummaryStore
+        from cfir_jax.index.entity_store import EntityStore
+        from cfir_jax.index.summary_store import SummaryStore
 
         qrels = self.corpus.qrels(split)
         row_of = {d: i for i, d in enumerate(self.corpus.doc_ids)}

@@ -26,7 +26,7 @@ TEXTS = ("summary", "document", "caption")
 def document_texts(layout: Layout, corpus: Corpus, kind: str) -> list[str]:
     """One text per corpus document, in corpus row order: its summary or its full text."""
     if kind == "summary":
-        from cfir_jax.index.summaries import SummaryStore
+        from cfir_jax.index.summary_store import SummaryStore
 
         store = SummaryStore.open(layout.summaries)
         if store.doc_ids != corpus.doc_ids:
@@ -102,7 +102,7 @@ def validation_data(corpus: Corpus, cache: ImageCache, tokenizer: Beit3Tokenizer
 
 def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     """CSR over documents of the candidate image rows of their entities (hard negatives)."""
-    from cfir_jax.index.entities import EntityStore
+    from cfir_jax.index.entity_store import EntityStore
     from cfir_jax.index.entity_index import EntityIndex
 
     entities = EntityStore.open(layout.entities)
