@@ -10,7 +10,8 @@ import grain
 import numpy as np
 import pytest
 
-from cfir_jax.data.corpus import Corpus, Document, Image, write_corpus
+from cfir_jax.data.corpus import Corpus, Document, Image
+from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.errors import CfirError
 
 

@@ -22,7 +22,8 @@ from PIL import Image as PILImage
 from atomic_fixtures import CORRUPT, webp_bytes
 from cfir_jax.model.checkpoint import fingerprint
 from cfir_jax.config import model_config
-from cfir_jax.data.corpus import Corpus, Document, Image, write_corpus
+from cfir_jax.data.corpus import Corpus, Document, Image
+from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_cache import ImageCache
 from cfir_jax.index.image_encoding import build_image_cache, process_shards

@@ -22,7 +22,8 @@ from typing import Iterator, Mapping, Sequence
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image, corpus_is_complete, write_corpus
+from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
+from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.progress import bar as progress_bar
 

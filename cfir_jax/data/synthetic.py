@@ -41,7 +41,8 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax import progress
-from cfir_jax.data.corpus import Corpus, Document, Image, SPLITS, corpus_is_complete, write_corpus
+from cfir_jax.data.corpus import Corpus, Document, Image, SPLITS
+from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
 
 NAME = "synthetic"

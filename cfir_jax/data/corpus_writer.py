@@ -1,0 +1,281 @@
+"""Writing a corpus: documents and images as tfds array_record records (no TensorFlow), id lists, qrels, manifest."""
+
+from __future__ import annotations
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+import numpy as np
+import tensorflow_datasets as tfds
+from cfir_jax.errors import CfirError
+from cfir_jax.store import atomic_dir, read_manifest, write_manifest
+from cfir_jax.data.corpus import FORMAT_VERSION, KIND, RECORD_SPLIT, Corpus
+from cfir_jax.data.corpus import Document
+from cfir_jax.data.corpus import Image
+from cfir_jax.data.corpus import RECORD_VERSION
+from cfir_jax.data.corpus import SPLITS
+
+
+
+
+def _document_features() -> tfds.features.FeaturesDict:
+    return tfds.features.FeaturesDict(
+        {
+            "doc_id": tfds.features.Text(),
+            "text": tfds.features.Text(),
+            "title": tfds.features.Text(),
+            "entities": tfds.features.Sequence(tfds.features.Text()),
+            "metadata": tfds.features.Text(),  # JSON {column: [strings]}
+        }
+    )
+
+
+def _image_features(embedding_dim: int | None) -> tfds.features.FeaturesDict:
+    spec: dict[str, Any] = {
+        "image_id": tfds.features.Text(),
+        "caption": tfds.features.Text(),
+        "url": tfds.features.Text(),
+        # Raw bytes, not tfds.features.Image: decoding is the image-cache stage's job, and corrupt bytes must survive.
+        "image": tfds.features.Tensor(shape=(), dtype=np.object_),
+        "entities": tfds.features.Sequence(tfds.features.Text()),
+    }
+    if embedding_dim is not None:
+        spec["embedding"] = tfds.features.Tensor(shape=(embedding_dim,), dtype=np.float32)
+    return tfds.features.FeaturesDict(spec)
+
+
+class _RecordBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+    """Writes one iterable of example dicts as a single array_record split, in the order given."""
+
+    VERSION = tfds.core.Version(RECORD_VERSION)
+    # tfds looks for checksum files next to a builder's source, through `importlib_resources` (not installed);
+    # this builder downloads nothing, so there is no source directory to look in.
+    code_path = None
+
+    def __init__(self, *, name: str, features: tfds.features.FeaturesDict, examples: Iterable[dict], **kwargs):
+        self.name = name
+        self._features = features
+        self._examples = examples
+        super().__init__(**kwargs)
+
+    def _info(self) -> tfds.core.DatasetInfo:
+        return tfds.core.DatasetInfo(builder=self, features=self._features, disable_shuffling=True)
+
+    def _split_generators(self, dl_manager):
+        del dl_manager
+        return {RECORD_SPLIT: self._generate_examples()}
+
+    def _generate_examples(self):
+        yield from enumerate(self._examples)
+
+    # tfds prints these two lines to stdout unconditionally; a library must stay quiet.
+    def _log_download_bytes(self) -> None:
+        pass
+
+    def _log_download_done(self) -> None:
+        pass
+
+
+def _write_records(root: Path, name: str, features: tfds.features.FeaturesDict, examples: Iterable[dict]) -> None:
+    scratch = root / ".tfds_scratch"
+    scratch.mkdir()
+    # A fresh builder makes an (unused) temporary directory for dataset infos it would fetch from GCS and never
+    # removes it; pointing `tempfile` at our scratch directory keeps /tmp clean.
+    saved_tempdir, tempfile.tempdir = tempfile.tempdir, os.fspath(scratch)
+    try:
+        builder = _RecordBuilder(
+            name=name, features=features, examples=examples, data_dir=os.fspath(root), file_format="array_record"
+        )
+    finally:
+        tempfile.tempdir = saved_tempdir
+    tfds.display_progress_bar(False)
+    builder.download_and_prepare(download_dir=os.fspath(scratch / "downloads"))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _add_id(kind: str, value: Any, row: int, ids: list[str], seen: set[str]) -> str:
+    """Checks a record id (TREC-safe, unique) and appends it to `ids`."""
+    if not isinstance(value, str) or not value or any(c.isspace() for c in value):
+        raise CfirError(
+            f"{kind} row {row}: id {value!r} must be a non-empty string without whitespace (TREC files split on it)"
+        )
+    if value in seen:
+        raise CfirError(f"{kind} row {row}: duplicate {kind} id {value!r}; ids must be unique")
+    seen.add(value)
+    ids.append(value)
+    return value
+
+
+def _document_examples(documents: Iterable[Document], ids: list[str], digest) -> Iterator[dict]:
+    """Record dicts of the documents; `digest` (a hashlib object) absorbs every record, in order."""
+    seen: set[str] = set()
+    for row, doc in enumerate(documents):
+        doc_id = _add_id("document", doc.doc_id, row, ids, seen)
+        metadata = json.dumps({k: list(v) for k, v in doc.metadata.items()}, ensure_ascii=False, sort_keys=True)
+        example = {"doc_id": doc_id, "text": doc.text, "title": doc.title, "entities": list(doc.entities),
+                   "metadata": metadata}
+        digest.update(json.dumps(example, sort_keys=True, ensure_ascii=False).encode())
+        digest.update(b"\0")
+        yield example
+
+
+def _image_examples(
+    images: Iterable[Image], ids: list[str], embedding_dim: int | None, embeddings: list[np.ndarray]
+) -> Iterator[dict]:
+    seen: set[str] = set()
+    for row, img in enumerate(images):
+        image_id = _add_id("image", img.image_id, row, ids, seen)
+        example = {
+            "image_id": image_id,
+            "caption": img.caption,
+            "url": img.url,
+            "image": bytes(img.image or b""),
+            "entities": list(img.entities),
+        }
+        if embedding_dim is not None:
+            if img.embedding is None:
+                raise CfirError(f"image {image_id!r}: no embedding, but the first image has one; give all or none")
+            emb = np.asarray(img.embedding, dtype=np.float32)
+            if emb.shape != (embedding_dim,):
+                raise CfirError(f"image {image_id!r}: embedding shape {emb.shape}, expected ({embedding_dim},)")
+            example["embedding"] = emb
+            embeddings.append(emb)
+        elif img.embedding is not None:
+            raise CfirError(f"image {image_id!r}: has an embedding, but the first image has none; give all or none")
+        yield example
+
+
+def _write_qrels(path: Path, split: str, qrels: Mapping[str, Mapping[str, int]], doc_ids, image_ids, drop: bool):
+    """Writes one split's qrels in TREC format; returns (topics, judgements, dropped judgements)."""
+    lines, dropped = [], 0
+    for doc_id in sorted(qrels):
+        if doc_id not in doc_ids:
+            if not drop:
+                raise CfirError(f"qrels[{split!r}]: doc_id {doc_id!r} is not a document of the corpus")
+            dropped += len(qrels[doc_id])
+            continue
+        for image_id in sorted(qrels[doc_id]):
+            if image_id not in image_ids:
+                if not drop:
+                    raise CfirError(f"qrels[{split!r}]: image_id {image_id!r} (doc {doc_id!r}) is not in the corpus")
+                dropped += 1
+                continue
+            lines.append(f"{doc_id} 0 {image_id} {int(qrels[doc_id][image_id])}\n")
+    path.write_text("".join(lines))
+    topics = len({line.split(" ", 1)[0] for line in lines})
+    return topics, len(lines), dropped
+
+
+def _peek(items: Iterable[Any]) -> tuple[Any, Iterator[Any]]:
+    """(first item or None, an iterator over all items) without consuming the first one."""
+    it = iter(items)
+    first = next(it, None)
+    return first, (itertools.chain([first], it) if first is not None else it)
+
+
+def corpus_is_complete(out_dir: str | os.PathLike, name: str, extra: Mapping[str, Any]) -> bool:
+    """Whether `out_dir` holds a complete corpus `name` whose manifest has the fields `extra` (so it can be reused)."""
+    try:
+        manifest = read_manifest(out_dir, KIND, FORMAT_VERSION)
+    except CfirError:
+        return False
+    return manifest.get("name") == name and all(manifest.get(k) == _jsonable(v) for k, v in extra.items())
+
+
+def _jsonable(value: Any) -> Any:
+    """What `value` reads back as from JSON, so a stored field compares equal to the one passed in."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        value = dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, os.PathLike):
+        return os.fspath(value)
+    return value
+
+
+def write_corpus(
+    out_dir: str | os.PathLike,
+    name: str,
+    documents: Iterable[Document],
+    images: Iterable[Image],
+    qrels: Mapping[str, Mapping[str, Mapping[str, int]]],
+    tokenizer_spm: str | os.PathLike | None = None,
+    *,
+    drop_unknown_qrels: bool = False,
+    **manifest_fields: Any,
+) -> "Corpus":
+    """Writes a corpus directory atomically and opens it; does nothing when a complete one with the same
+    `name` and `manifest_fields` is already there.
+
+    `documents` and `images` are streamed once (they may be generators over files far larger than memory).
+    `qrels` maps a split ("train", "validation", "test") to {doc_id: {image_id: rel}}. A judgement naming an id
+    that is not in the corpus raises CfirError, or is dropped and counted when `drop_unknown_qrels` (real
+    collections miss a few items). `manifest_fields` (JSON-able: the generator config, the source files) are
+    stored in the manifest and decide whether an existing corpus is reused.
+    """
+    out_dir = Path(out_dir)
+    for split in qrels:
+        if split not in SPLITS:
+            raise CfirError(f"qrels split {split!r} is unknown; use one of {', '.join(SPLITS)}")
+    if tokenizer_spm is not None and not Path(tokenizer_spm).is_file():
+        raise CfirError(f"{tokenizer_spm}: tokenizer model not found; pass an existing sentencepiece .spm file")
+    if corpus_is_complete(out_dir, name, manifest_fields):
+        return Corpus.open(out_dir)
+
+    # Peek at the first items: tfds cannot write an empty split, and the first image fixes the record schema
+    # (an embedding field of D floats, or none).
+    first_doc, doc_iter = _peek(documents)
+    if first_doc is None:
+        raise CfirError(f"{out_dir}: no documents given; a corpus needs at least one document")
+    first_image, image_iter = _peek(images)
+    if first_image is None:
+        raise CfirError(f"{out_dir}: no images given; a corpus needs at least one image")
+    embedding_dim = None
+    if first_image.embedding is not None:
+        embedding_dim = int(np.asarray(first_image.embedding).shape[-1])
+
+    with atomic_dir(out_dir) as tmp:
+        doc_ids: list[str] = []
+        image_ids: list[str] = []
+        embeddings: list[np.ndarray] = []
+        documents_sha = hashlib.sha256()
+        _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
+        _write_records(
+            tmp, "images", _image_features(embedding_dim), _image_examples(image_iter, image_ids, embedding_dim, embeddings)
+        )
+        (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
+        (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
+        if embedding_dim is not None:
+            np.save(tmp / "embeddings.npy", np.stack(embeddings).astype(np.float32))
+        (tmp / "qrels").mkdir()
+        doc_set, image_set = set(doc_ids), set(image_ids)
+        splits = {}
+        for split, split_qrels in qrels.items():
+            topics, judgements, dropped = _write_qrels(
+                tmp / "qrels" / f"{split}.txt", split, split_qrels, doc_set, image_set, drop_unknown_qrels
+            )
+            splits[split] = {"topics": topics, "judgements": judgements, "dropped": dropped}
+        if tokenizer_spm is not None:
+            shutil.copyfile(tokenizer_spm, tmp / "tokenizer.spm")
+        write_manifest(
+            tmp,
+            KIND,
+            FORMAT_VERSION,
+            name=name,
+            num_documents=len(doc_ids),
+            num_images=len(image_ids),
+            documents_sha=documents_sha.hexdigest()[:16],
+            splits=splits,
+            embedding_dim=embedding_dim,
+            has_tokenizer=tokenizer_spm is not None,
+            records="tfds array_record",
+            **{k: _jsonable(v) for k, v in manifest_fields.items()},
+        )
+    return Corpus.open(out_dir)
