@@ -13,7 +13,6 @@ import sys
 
 from cfir_jax.errors import CfirError, cli_main
 
-
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
 # retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.
 SHOWN = 20
@@ -63,7 +62,7 @@ def main():
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     config = cli.load_config_file(args.config) if args.config else cli.workdir_config(args.index)
-    cli.apply_overrides(config, overrides)
+    config = cli.apply_overrides(config, overrides)
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
@@ -71,8 +70,8 @@ def main():
 
     if args.evaluate:
         return _evaluate(config, args, top)
-    from cfir_jax.retrieve.queries import read_queries, read_query
     from cfir_jax.retrieve.pipeline import Retriever, run_of
+    from cfir_jax.retrieve.queries import read_queries, read_query
 
     docs = [read_query(args.query)] if args.query else read_queries(args.queries)
     if args.qrels:
@@ -104,8 +103,7 @@ def main():
 
 
 def _write_and_score(run, args, top):
-    from cfir_jax.eval import metrics
-    from cfir_jax.eval import trec
+    from cfir_jax.eval import metrics, trec
 
     if args.output:
         trec.write_run(args.output, run, tag=args.tag, max_hits=top)
@@ -120,8 +118,7 @@ def _evaluation_sr(config) -> None:
 
 
 def _evaluate(config, args, top):
-    from cfir_jax.eval import metrics
-    from cfir_jax.eval import plots
+    from cfir_jax.eval import metrics, plots
     from cfir_jax.retrieve import report
     from cfir_jax.retrieve.pipeline import Retriever, run_of
 

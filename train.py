@@ -12,8 +12,8 @@ from cfir_jax.errors import cli_main
 def main():
     args, config = cli.parse(__doc__.splitlines()[0])
     cli.maybe_initialize_distributed()
-    from cfir_jax.train import trainer
     from cfir_jax.layout import Layout
+    from cfir_jax.train import trainer
     from cfir_jax.train.data import load_train_data
 
     layout = Layout.of(args.workdir)

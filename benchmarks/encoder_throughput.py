@@ -28,16 +28,22 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
+from common import (
+    hardware_description,
+    interleaved,
+    random_text_batch,
+    random_unit_embeddings,
+    ratio_line,
+    torch_encoder,
+    torch_model,
+    torch_train_step,
+)
 from flax import nnx
 
-from common import (hardware_description, interleaved, random_text_batch, random_unit_embeddings, ratio_line,
-                    torch_encoder, torch_model, torch_train_step)
-
 from cfir_jax.config import LANGUAGE_EXPERT, model_config
-from cfir_jax.train.loss import contrastive_loss
 from cfir_jax.model.beit3 import create_model
+from cfir_jax.train.loss import contrastive_loss
 from cfir_jax.train.optim import trainable_filter
-
 
 GOAL = 1.5  # jax/torch speed ratio the issue asks for at each precision
 

@@ -39,12 +39,19 @@ import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
 from cfir_jax.errors import CfirError, cli_main
-from cfir_jax.index.knn import exact_topk, synthetic_embeddings
 from cfir_jax.index.device_cache import DeviceCache, has_accelerator
-from cfir_jax.retrieve.sr_scorer import CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, unique_sorted
+from cfir_jax.index.knn import exact_topk, synthetic_embeddings
+from cfir_jax.retrieve.sr_scorer import (
+    CompactCache,
+    SRScorer,
+    StageTimes,
+    build_compact,
+    compact_in_memory,
+    unique_sorted,
+)
 
 GOAL_P50_MS = 5.0  # the target for SR on 2 CPU cores
-PAPER_MS_PER_QUERY = 4.7  # CFIR-L's reported retrieval time per query (REFERENCE.md, the paper's Table)
+PAPER_MS_PER_QUERY = 4.7  # CFIR-L's reported retrieval time per query (the CFIR paper, Table 3)
 GOAL_AGREEMENT = 0.99  # ... with the final top-1000 agreeing this well with exact scoring of the same candidates
 # XLA's CPU client aliases a host buffer instead of copying it when it is 64-byte aligned: the JAX baseline then
 # scores the same 6 GB cache without a second copy, and knn.exact_topk's blocks are not copied either (measured

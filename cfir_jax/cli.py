@@ -1,24 +1,32 @@
-"""Shared command-line plumbing: `--config FILE[:variant]` plus `--config.a.b=value` overrides."""
+"""Shared command-line plumbing: `--config FILE[:variant]` plus `--config.a.b=value` overrides (config_flags)."""
 
 from __future__ import annotations
 
 import argparse
-import ast
 import importlib.util
 import os
+import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
+from absl import flags
+from ml_collections import config_flags
 
 from cfir_jax import progress
 from cfir_jax.errors import CfirError
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
-    """'configs/base.py:384' -> get_config('384') of that file."""
+    """'configs/base.py:384' -> get_config('384') of that file; every problem is one CfirError line."""
     path, _, arg = spec.partition(":")
     if not Path(path).is_file():
         raise CfirError(f"{path}: config file not found")
+    # Config files import their siblings (`from configs.base import experiment`): the folder above configs/ is
+    # importable wherever the command runs from.
+    root = str(Path(path).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.append(root)
     module_spec = importlib.util.spec_from_file_location(f"cfir_config_{Path(path).stem}", path)
     module = importlib.util.module_from_spec(module_spec)
     try:
@@ -48,46 +56,28 @@ def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
         raise CfirError(f"{path}: unreadable; run index.py again") from None
 
 
-def _parse_value(text: str, current):
-    if isinstance(current, str):
-        return text
-    try:
-        value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-        value = text
-    if isinstance(current, bool):
-        if isinstance(value, str) and value.lower() in ("true", "false"):
-            return value.lower() == "true"
-        if not isinstance(value, bool):
-            raise ValueError(f"expected true/false, got {text!r}")
-    elif isinstance(current, float) and isinstance(value, int):
-        return float(value)
-    elif isinstance(current, int) and not isinstance(current, bool) and not isinstance(value, int):
-        raise ValueError(f"expected an integer, got {text!r}")
-    elif isinstance(current, float) and not isinstance(value, float):
-        raise ValueError(f"expected a number, got {text!r}")
-    return value
-
-
-def apply_overrides(config: ml_collections.ConfigDict, overrides: list[str]) -> ml_collections.ConfigDict:
-    """Applies `--config.a.b=value` strings; unknown fields and ill-typed values are one-line errors."""
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> ml_collections.ConfigDict:
+    """`--config.a.b=value` strings applied by ml_collections.config_flags (its parsing and type checks); an unknown
+    field or an ill-typed value is one CfirError line naming the override."""
+    if not overrides:
+        return config
     for item in overrides:
         if not item.startswith("--config.") or "=" not in item:
             raise CfirError(f"unrecognised argument {item!r}: overrides look like --config.train.lr=3e-4")
-        key, _, text = item[len("--config."):].partition("=")
-        *parents, leaf = key.split(".")
+        key = item[len("--config."):].partition("=")[0]
         node = config
-        for p in parents:
-            if p not in node or not isinstance(node[p], ml_collections.ConfigDict):
-                raise CfirError(f"--config.{key}: the config has no section {p!r}")
-            node = node[p]
-        if leaf not in node:
-            raise CfirError(f"--config.{key}: unknown config field (see the config file for the fields)")
-        try:
-            node[leaf] = _parse_value(text, node[leaf])
-        except (ValueError, TypeError) as e:
-            raise CfirError(f"--config.{key}: {e}") from None
-    return config
+        for part in key.split("."):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                raise CfirError(f"--config.{key}: unknown config field (see the config file for the fields)")
+            node = node[part]
+    argv = ["cfir", *overrides]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=False, sys_argv=argv)
+    try:
+        flag_values(argv)
+    except flags.Error as e:
+        raise CfirError(" ".join(str(e).split())) from None
+    return flag_values.config
 
 
 def overrides_help(example: str = "--config.train.lr=3e-4") -> str:

@@ -1,19 +1,21 @@
-"""Model sizes and the config tree shared by `configs/*.py`.
+"""The config tree under every experiment in `configs/*.py`: model sizes, sections and their non-experiment defaults.
 
-Every config is an `ml_collections.ConfigDict` with sections `model`, `data`, `index`, `train`, `retrieval`.
-`configs/base.py` and `configs/large.py` call `build_config` with their size; a variant string passed after the
-colon (`configs/base.py:384`, `configs/large.py:runlocal`) picks the image size or shrinks the run to CPU scale.
+Every config is an `ml_collections.ConfigDict` with sections `model`, `mesh`, `index`, `train`, `retrieval`.
+`defaults()` fills in what is not a choice of the experiment (architecture facts, engineering knobs) and leaves each
+experiment choice a typed placeholder; `configs/base.py` sets them (the paper's CFIR), `configs/large.py` and
+`configs/demo.py` start from it. `parse_arg` reads the variant after the colon (`configs/base.py:384,runlocal`).
 """
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import ml_collections
+from ml_collections import config_dict
 
 from cfir_jax.errors import CfirError
 
-# REFERENCE §1. Head dim is 64 for both; the text vocabulary has 64010 rows (64002 used, padded).
+# BEiT-3's sizes. Head dim is 64 for both; the text vocabulary has 64010 rows (64002 used, padded).
 MODEL_SIZES = {
     "tiny": dict(embed_dim=64, num_layers=2, num_heads=4, ffn_dim=256),
     "base": dict(embed_dim=768, num_layers=12, num_heads=12, ffn_dim=3072),
@@ -48,54 +50,75 @@ def model_config(size: str = "base", image_size: int = 224, **overrides) -> ml_c
     return cfg
 
 
-def parse_variant(arg: str | None) -> tuple[int | None, set[str]]:
-    """'384,runlocal' -> (384, {'runlocal'})."""
-    image_size, flags = None, set()
-    for token in (arg or "").split(","):
-        token = token.strip()
+def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
+    """A config variant string -> ConfigDict of typed values (big_vision's convention).
+
+    'runlocal,res=384' with defaults (res=224, runlocal=False) -> {res: 384, runlocal: True}: `key=value` converts
+    to the default's type, a bare `key` sets a boolean default to True, and a bare number sets `res` (so
+    `configs/base.py:384` works). An unknown key is an error, never a silent default.
+    """
+    out = ml_collections.ConfigDict(defaults)
+    for token in (t.strip() for t in (arg or "").split(",")):
         if not token:
             continue
-        if token.isdigit():
-            image_size = int(token)
+        key, sep, value = token.partition("=")
+        if not sep and key.isdigit() and "res" in defaults:
+            key, value, sep = "res", key, "="
+        if key not in defaults:
+            raise ValueError(f"unknown config variant {key!r}: use {', '.join(sorted(defaults))}")
+        default = defaults[key]
+        if not sep:
+            if not isinstance(default, bool):
+                raise ValueError(f"config variant {key!r} needs a value: {key}=...")
+            out[key] = True
+        elif isinstance(default, bool):
+            if value.lower() not in ("true", "false", "1", "0"):
+                raise ValueError(f"config variant {key}={value!r}: expected true or false")
+            out[key] = value.lower() in ("true", "1")
         else:
-            flags.add(token)
-    unknown = flags - {"runlocal"}
-    if unknown:
-        raise ValueError(f"unknown config variant(s) {sorted(unknown)}: use an image size (224, 384) or 'runlocal'")
-    return image_size, flags
+            try:
+                out[key] = type(default)(value)
+            except ValueError:
+                raise ValueError(f"config variant {key}={value!r}: expected {type(default).__name__}") from None
+    return out
 
 
-# CFIR's trainable set (REFERENCE §2): every B (language) branch, the B position table and final LayerNorm, the
+# CFIR's trainable set: every B (language) branch, the B position table and final LayerNorm, the
 # language head and the temperature. The token embedding table and the whole vision side stay frozen.
 LANGUAGE_EXPERT = [("B/.*|language_head/.*|logit_scale", "train"), (".*", "frozen")]
-# No weight decay on biases, LayerNorm scales, position tables, the temperature (REFERENCE §2).
+# No weight decay on biases, LayerNorm scales, position tables, the temperature.
 NO_WEIGHT_DECAY = r".*/bias|.*/scale|.*embed_positions|logit_scale|.*cls_token|.*mask_token"
 
 
+def _experiment(kind: type) -> ml_collections.FieldReference:
+    """A field the experiment config (configs/*.py) must set: typed, None until set."""
+    return config_dict.placeholder(kind)
+
+
 def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
-    """The `train` section: CFIR's recipe (sources in configs/base.py's docstring); runlocal shrinks only the scale."""
+    """The `train` section: how training runs; the recipe itself (placeholders here) is set by configs/base.py."""
     return ml_collections.ConfigDict(
         dict(
-            text="summary",  # 'summary' (CFIR), 'document' (ablation) or 'caption' (image-text pretraining)
-            max_text_len=64,
-            global_batch=16 if runlocal else 512,
-            grad_accum_steps=1,  # > 1: exact full-batch gradient in micro-batches (gradient caching)
-            num_epochs=1.0 if runlocal else 30.0,
-            num_steps=8 if runlocal else 0,  # > 0 overrides num_epochs
-            lr=1e-4,
-            min_lr=1e-6,
-            warmup_epochs=5.0,  # linear warmup from 0, in epochs of the training pairs (-> steps in the trainer)
-            warmup_steps=2 if runlocal else 0,  # > 0 overrides warmup_epochs
-            weight_decay=0.05,  # decoupled (AdamW), masked by no_weight_decay
-            b1=0.9,
-            b2=0.999,
-            eps=1e-8,
-            layer_decay=0.9,  # lr of layer j scaled by layer_decay ** (L + 1 - j) (partition.layer_lr_scales)
+            text=_experiment(str),  # 'summary' (CFIR), 'document' (ablation) or 'caption' (image-text pretraining)
+            max_text_len=_experiment(int),
+            global_batch=_experiment(int),
+            num_epochs=_experiment(float),
+            num_steps=0,  # > 0 overrides num_epochs
+            lr=_experiment(float),
+            min_lr=_experiment(float),
+            warmup_epochs=_experiment(float),  # linear warmup from 0, in epochs of the pairs (-> steps in the trainer)
+            warmup_steps=0,  # > 0 overrides warmup_epochs
+            weight_decay=_experiment(float),  # decoupled (AdamW), masked by no_weight_decay
+            b1=_experiment(float),
+            b2=_experiment(float),
+            eps=_experiment(float),
+            layer_decay=_experiment(float),  # lr of layer j scaled by layer_decay ** (L + 1 - j)
+            trainable=_experiment(list),  # (regex over parameter paths, 'train' | 'frozen') pairs, first match wins
+            no_weight_decay=NO_WEIGHT_DECAY,
             grad_clip=0.0,
             extra_negatives=0,  # extra cache images per batch as negatives (text->image side only)
             negatives="random",  # 'random' or 'hard' (entity candidates of the document)
-            trainable=LANGUAGE_EXPERT,
-            no_weight_decay=NO_WEIGHT_DECAY,
+            grad_accum_steps=1,  # > 1: exact full-batch gradient in micro-batches (gradient caching)
             seed=0,
             log_every=1 if runlocal else 50,
             eval_every=4 if runlocal else 1000,
@@ -133,7 +156,7 @@ def mesh_config(size: str) -> ml_collections.ConfigDict:
 
 
 def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
-    """The `index` section: where the corpus comes from and how each offline stage runs (REFERENCE §6-§7)."""
+    """The `index` section: where the corpus comes from and how each offline stage runs."""
     return ml_collections.ConfigDict(
         dict(
             corpus=dict(
@@ -141,10 +164,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 texts="",  # AToMiC-Texts-v0.2.1 directory (or parquet files, comma-separated)
                 images="",  # AToMiC-Images-v0.2 directory
                 qrels="",  # AToMiC-Qrels-v0.2 directory
-                setting="base",  # small | base | large (REFERENCE §7)
+                setting=_experiment(str),  # small | base | large (AToMiC's settings: see cfir_jax/data/atomic.py)
                 # Qrels splits whose topics are the documents; in the small setting also the splits whose judged
                 # images form the collection (AToMiC's small setting of one split: splits="test").
-                splits="train,validation,test",
+                splits=_experiment(str),
                 synthetic_size="default",  # 'tiny' or 'default' (synthetic source)
                 seed=0,
             ),
@@ -158,27 +181,27 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 batch_size=64 if runlocal else 256,
                 shard_size=65536,
             ),
-            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=()),  # () = DEFAULT_LABELS
+            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(tuple)),  # () = DEFAULT_LABELS
             summaries=dict(
-                summarizer="bart",  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
+                summarizer=_experiment(str),  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
                 # What is summarised (index.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and
                 # section descriptions joined with spaces; 'authors' = those plus the section's category, media and
                 # hierachy lists, as the authors' released code feeds BART.
-                fields="paper",
-                bart_model="facebook/bart-large-cnn",
-                max_length=64,
-                min_length=8,
-                num_beams=4,
-                length_penalty=2.0,
-                no_repeat_ngram_size=3,
-                max_input_tokens=1024,
+                fields=_experiment(str),
+                bart_model=_experiment(str),
+                max_length=_experiment(int),
+                min_length=_experiment(int),
+                num_beams=_experiment(int),
+                length_penalty=_experiment(float),
+                no_repeat_ngram_size=_experiment(int),
+                max_input_tokens=_experiment(int),
                 batch_size=8,
                 extractive_tokens=64,
             ),
             entity_index=dict(
-                k=10_000,  # candidates per entity (paper: 10,000)
+                k=_experiment(int),  # candidates per entity
                 backend="scann",  # 'scann' (CPU) or 'exact' (blocked matmul + top_k, accelerators)
-                max_text_len=16,
+                max_text_len=_experiment(int),
                 encode_batch=256,
                 num_leaves=0,  # 0: derived from the number of images
                 num_leaves_to_search=0,
@@ -186,7 +209,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 min_rows_for_tree=2000,  # fewer images: no partition tree, AH over all of them
                 # Whose entities are indexed: 'train' (the paper: the train qrels' documents; test entities it never
                 # saw are unknown at query time) or 'all' documents (the test split then leaks into the index).
-                documents="train",
+                documents=_experiment(str),
                 recall_sample=256,
             ),
         )
@@ -197,14 +220,14 @@ def retrieval_config() -> ml_collections.ConfigDict:
     """The `retrieval` section (CFIR's ER + SR stages)."""
     return ml_collections.ConfigDict(
         dict(
-            top_k=1000,
-            text="summary",  # the query text scored in SR: 'summary' (CFIR) or 'document'
-            max_text_len=64,
-            unknown_entities="search",  # 'ignore' (the paper) or 'search' (ScaNN over the cache at query time)
+            top_k=_experiment(int),
+            text=_experiment(str),  # the query text scored in SR: 'summary' (CFIR) or 'document'
+            max_text_len=_experiment(int),
+            unknown_entities=_experiment(str),  # 'ignore' (the paper) or 'search' (over the cache at query time)
             # SR over the union: 'exact' (the paper: every candidate scored in float32) or 'fast' (compact int8 copy,
             # then an exact re-rank of the best sr_shortlist; ~16x faster at 4M images, top-1000 agreement ~0.9998).
-            sr="fast",
-            eval_sr="exact",  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
+            sr=_experiment(str),
+            eval_sr=_experiment(str),  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
             # 'device': the cache resident on the local devices, jitted exact SR over batches (cfir_jax.index.device_cache);
@@ -230,7 +253,7 @@ TRAIN_TEXT_LENGTHS = ("train.max_text_len",)
 def check_text_lengths(config: ml_collections.ConfigDict, keys: Sequence[str], max_text_positions: int) -> None:
     """Refuses, in one line, a text length that the model's text position table cannot hold.
 
-    Positions 0 and 1 are never used (REFERENCE §1: a sequence of L tokens takes rows 2..L+1), so a model with
+    Positions 0 and 1 are never used (fairseq's convention: a sequence of L tokens takes rows 2..L+1), so a model with
     `max_text_positions` P encodes at most P - 2 tokens. Checked when a command is configured, not when the first
     over-long batch reaches the encoder hours later. Keys absent from the config are skipped.
     """
@@ -246,19 +269,16 @@ def check_text_lengths(config: ml_collections.ConfigDict, keys: Sequence[str], m
                             f"(max_text_positions={max_text_positions}, minus 2): set --config.{key}={usable}")
 
 
-def build_config(size: str, arg: str | None = None) -> ml_collections.ConfigDict:
-    """The full config of a model size (see configs/base.py, configs/large.py)."""
-    image_size, flags = parse_variant(arg)
-    runlocal = "runlocal" in flags
+def defaults(size: str, image_size: int = 224, runlocal: bool = False) -> ml_collections.ConfigDict:
+    """The config tree with what is not an experiment choice filled in (architecture of the size, mesh, engineering
+    knobs) and every experiment choice a typed placeholder that `configs/*.py` sets.
+
+    `runlocal` shrinks the model to the tiny size and the run's bookkeeping (logging, checkpoints) to CPU scale.
+    """
     cfg = ml_collections.ConfigDict()
     cfg.size = size
     cfg.runlocal = runlocal
-    # Large: rematerialise layers (18.4 -> 1.7 GiB of activations per device at batch 512 on 8 devices, measured
-    # with benchmarks/train_throughput.py); base fits without.
-    # The paper's "dropout 0.1" is BEiT-3's drop path (stochastic depth, linspace(0, 0.1, L) over the layers) in the
-    # authors' code, which sets no other dropout.
-    cfg.model = model_config("tiny" if runlocal else size, image_size or 224, dropout=0.0, drop_path_rate=0.1,
-                             remat=size == "large" and not runlocal)
+    cfg.model = model_config("tiny" if runlocal else size, image_size)
     cfg.tokenizer = ""  # path to beit3.spm; empty: the corpus' own tokenizer.spm
     cfg.train = train_config(runlocal)
     cfg.mesh = mesh_config(size)

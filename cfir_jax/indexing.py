@@ -20,17 +20,17 @@ import hashlib
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 import ml_collections
 import numpy as np
 
 from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
+from cfir_jax.index.summarizer import make_summarizer
 from cfir_jax.layout import Layout
 from cfir_jax.store import write_json_atomic
-from cfir_jax.index.summarizer import make_summarizer
 
 STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index")
 
@@ -194,8 +194,8 @@ def build_entities(config, layout: Layout, corpus):
 
 
 def build_summaries(config, layout: Layout, corpus):
-    from cfir_jax.index.summary_store import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store
     from cfir_jax.index.summarizer import summary_input
+    from cfir_jax.index.summary_store import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store
 
     s = config.index.summaries
     summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
@@ -259,7 +259,8 @@ def _texts_digest(texts: list[str]) -> str:
 
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache):
-    from cfir_jax.index.entity_index import VERSION, EntityIndex, build_entity_index as build
+    from cfir_jax.index.entity_index import VERSION, EntityIndex
+    from cfir_jax.index.entity_index import build_entity_index as build
 
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     _check_cache_encoder(config, layout, cache)

@@ -27,7 +27,7 @@ class Layout:
     root: Path
 
     @classmethod
-    def of(cls, workdir: str | os.PathLike) -> "Layout":
+    def of(cls, workdir: str | os.PathLike) -> Layout:
         return cls(Path(workdir).absolute())
 
     def __getattr__(self, name: str) -> Path:

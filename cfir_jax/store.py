@@ -16,8 +16,9 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Iterable, Iterator
+from typing import Any
 
 from cfir_jax import progress
 from cfir_jax.errors import CfirError

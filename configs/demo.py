@@ -12,12 +12,14 @@ trains the text tower on image captions (as BEiT-3's itc pretraining did) and fr
 Expected (default size): CFIR well above dense document and summary search on the test split (see README).
 """
 
-from cfir_jax.config import build_config
+from configs.base import experiment
 
 
 def get_config(arg=None):
+    if arg not in (None, "", "tiny"):
+        raise ValueError(f"unknown config variant {arg!r}: use configs/demo.py or configs/demo.py:tiny")
     tiny = arg == "tiny"
-    cfg = build_config("base", "runlocal")
+    cfg = experiment("base", "runlocal")
     # The demo's own recipe, tuned for a 2-layer model on a synthetic world: no drop path, no layer-wise lr decay.
     cfg.model.update(embed_dim=64, num_layers=2, num_heads=4, ffn_dim=256, vocab_size=1024, max_text_positions=512,
                      dropout=0.0, drop_path_rate=0.0)

@@ -7,8 +7,8 @@ The training recipe is configs/base.py's (its docstring gives each value's sourc
 (FSDP over every device) and rematerialised layers.
 """
 
-from cfir_jax.config import build_config
+from configs.base import experiment
 
 
 def get_config(arg=None):
-    return build_config("large", arg)
+    return experiment("large", arg)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
-
 from atomic_fixtures import CORRUPT, write_atomic_fixture
+
 from cfir_jax.data.atomic import assemble_text, build_atomic_corpus, image_caption, parquet_files, read_qrels
 from cfir_jax.errors import CfirError
 

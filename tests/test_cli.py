@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from cfir_jax import progress
 from cfir_jax.indexing import STAGES
-from conftest import ROOT
 
 
 @pytest.mark.parametrize("command", ["index.py", "train.py", "retrieve.py"])

@@ -7,12 +7,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from train_fixtures import planted_data, tiny_config
 
 import configs.base
 import configs.large
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.train import trainer
-from train_fixtures import planted_data, tiny_config
 from cfir_jax.train.optim import make_schedule, warmup_steps
 from cfir_jax.train.state import make_setup
 

@@ -6,12 +6,12 @@ import sys
 import numpy as np
 import pytest
 import torch
-
-from cfir_jax.model import checkpoint
-from cfir_jax.config import model_config
-from cfir_jax.model.convert import CheckpointError, bicubic_resize, load_torch_checkpoint
 from conftest import ROOT
 from torch_reference import random_reference, state_dict_numpy
+
+from cfir_jax.config import model_config
+from cfir_jax.model import checkpoint
+from cfir_jax.model.convert import CheckpointError, bicubic_resize, load_torch_checkpoint
 
 CFG = dict(embed_dim=64, num_heads=4, num_layers=2, ffn_dim=128, image_size=32, patch_size=16,
            vocab_size=300, max_text_positions=40)
@@ -46,9 +46,9 @@ def test_cli_round_trip_through_orbax(reference, tmp_path):
     torch.save({"model": reference.state_dict()}, pth)
     config = tmp_path / "tiny_config.py"
     config.write_text(
-        "from cfir_jax.config import build_config\n"
+        "from configs.base import experiment\n"
         "def get_config(arg=None):\n"
-        "    cfg = build_config('base', 'runlocal')\n"
+        "    cfg = experiment('base', 'runlocal')\n"
         f"    cfg.model.update({CFG!r})\n"
         "    return cfg\n"
     )

@@ -7,10 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from cfir_jax.index import entities
-from cfir_jax.index import entity_store
 from cfir_jax import store
 from cfir_jax.errors import CfirError
+from cfir_jax.index import entities, entity_store
 from cfir_jax.store import StoreError
 
 PARAGRAPH = (

@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from cfir_jax.index.entity_index import EntityIndex, append_entities, build_entity_index
 from cfir_jax.errors import CfirError
+from cfir_jax.index.entity_index import EntityIndex, append_entities, build_entity_index
 from cfir_jax.index.knn import ScannConfig, drop_padding, exact_topk, synthetic_embeddings
 from cfir_jax.store import StoreError
 

@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from atomic_fixtures import write_atomic_fixture
 from conftest import ROOT
 
@@ -25,11 +24,11 @@ K = 3
 SHARD_SIZE = 2  # 7 corpus images -> 4 shards, so a build can be interrupted between shards
 
 CONFIG_FILE = '''
-from cfir_jax.config import build_config
+from configs.base import experiment
 
 
 def get_config(arg=None):
-    cfg = build_config("base", "runlocal")
+    cfg = experiment("base", "runlocal")
     cfg.model.update({model!r})
     cfg.tokenizer = {spm!r}
     cfg.index.encoder = {encoder!r}
@@ -82,8 +81,8 @@ def _assert_one_line_error(proc, *words):
 
 
 def _save_model(directory: Path, seed: int = 0, **overrides) -> None:
-    from cfir_jax.model import checkpoint
     from cfir_jax.config import model_config
+    from cfir_jax.model import checkpoint
     from cfir_jax.model.beit3 import create_model
 
     checkpoint.save_model(create_model(model_config("tiny", **{**TINY_MODEL, **overrides}), seed=seed), directory)
@@ -196,11 +195,11 @@ def test_atomic_every_document_has_a_summary(atomic):
 
 
 def test_atomic_entity_index_covers_the_vocabulary_with_exact_top_k(atomic):
-    from cfir_jax.model import checkpoint
-    from cfir_jax.index.entity_store import EntityStore
     from cfir_jax.index.entity_index import EntityIndex
+    from cfir_jax.index.entity_store import EntityStore
     from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.index.knn import exact_topk
+    from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import Beit3Tokenizer
 
@@ -371,10 +370,10 @@ def test_unknown_stage_is_a_one_line_error(atomic, tmp_path):
 
 
 def test_add_entities_appends_exact_candidates(atomic, tmp_path):
-    from cfir_jax.model import checkpoint
     from cfir_jax.index.entity_index import EntityIndex
     from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.index.knn import exact_topk
+    from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import Beit3Tokenizer
 

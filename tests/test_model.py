@@ -5,11 +5,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
-
-from cfir_jax.model import beit3 as model_lib
-from cfir_jax.config import model_config
-from cfir_jax.model.convert import load_torch_checkpoint
 from torch_reference import random_reference, state_dict_numpy
+
+from cfir_jax.config import model_config
+from cfir_jax.model import beit3 as model_lib
+from cfir_jax.model.convert import load_torch_checkpoint
 from cfir_jax.train.state import make_setup
 
 SHAPES = [
@@ -118,7 +118,7 @@ def test_dropout_only_with_rng():
 
 
 def test_reference_parameter_counts():
-    """BEiT3ForRetrieval at 384 px (REFERENCE §3), mask_token included; CFIR's trainable language expert (§2) is what
+    """BEiT3ForRetrieval at 384 px, mask_token included; CFIR's trainable language expert is what
     the config's own trainable rule hands the trainer's optimizer."""
     from configs.base import get_config as base
     from configs.large import get_config as large

@@ -8,12 +8,12 @@ import sys
 
 import numpy as np
 import pytest
+from conftest import ROOT
 
 from cfir_jax.cli import load_config_file
 from cfir_jax.errors import CfirError
 from cfir_jax.index.knn import exact_topk
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
-from conftest import ROOT
 
 CONFIG = "configs/demo.py:tiny"
 
@@ -161,8 +161,8 @@ def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
 def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, config):
     """The paper's protocol: the index is built from the train split's entities; test entities it never saw are
     unknown, and the evaluation says how many."""
-    from cfir_jax.index.entity_store import EntityStore
     from cfir_jax.index.entities import entity_key
+    from cfir_jax.index.entity_store import EntityStore
 
     r = Retriever(config, workdir)
     store = EntityStore.open(workdir / "entities")
@@ -360,8 +360,7 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
     qrels.write_text((workdir / "corpus" / "qrels" / "test.txt").read_text())
     proc = _run("retrieve.py", "--index", str(workdir), "--queries", str(queries), "--output",
                 str(tmp_path / "run.trec"), "--qrels", str(qrels))
-    from cfir_jax.eval import metrics
-    from cfir_jax.eval import trec
+    from cfir_jax.eval import metrics, trec
 
     want = metrics.evaluate(trec.read_run(tmp_path / "run.trec"), trec.read_qrels(qrels))
     assert f"{want.aggregate['mrr@10']:.4f}" in proc.stdout

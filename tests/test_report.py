@@ -6,11 +6,11 @@ import subprocess
 
 import numpy as np
 import pytest
-
-from cfir_jax.retrieve.report import html_page, image_mime
-from cfir_jax.retrieve.pipeline import Hit, Result
-from cfir_jax.data.synthetic import IMAGE_SIZE, SyntheticConfig, build_world
 from conftest import ROOT
+
+from cfir_jax.data.synthetic import IMAGE_SIZE, SyntheticConfig, build_world
+from cfir_jax.retrieve.pipeline import Hit, Result
+from cfir_jax.retrieve.report import html_page, image_mime
 
 WORLD = build_world(SyntheticConfig.tiny())
 IMAGES = {i.image_id: i for i in WORLD.images}

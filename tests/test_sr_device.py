@@ -8,8 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 import sr_device_worker
+
 from cfir_jax.errors import CfirError
 from cfir_jax.index.device_cache import DeviceCache, bucket_size
 

@@ -7,8 +7,15 @@ import pytest
 
 from cfir_jax.errors import CfirError
 from cfir_jax.index.knn import exact_topk, synthetic_embeddings
-from cfir_jax.retrieve.sr_scorer import (CompactCache, SRScorer, StageTimes, build_compact, compact_in_memory, exact_top_k,
-                                unique_sorted)
+from cfir_jax.retrieve.sr_scorer import (
+    CompactCache,
+    SRScorer,
+    StageTimes,
+    build_compact,
+    compact_in_memory,
+    exact_top_k,
+    unique_sorted,
+)
 from cfir_jax.store import StoreError
 
 

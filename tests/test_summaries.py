@@ -10,9 +10,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
+from cfir_jax.errors import CfirError
 from cfir_jax.index import summarizer as summarizer_lib
 from cfir_jax.index import summary_store
-from cfir_jax.errors import CfirError
 from cfir_jax.store import StoreError
 
 TEXTS = [
@@ -357,14 +357,14 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
     from atomic_fixtures import write_atomic_fixture
 
     from cfir_jax import indexing
+    from configs.base import experiment
     from cfir_jax.data.atomic import build_atomic_corpus
-    from cfir_jax.config import build_config
     from cfir_jax.layout import Layout
 
     fx = write_atomic_fixture(tmp_path / "atomic")
     layout = Layout.of(tmp_path / "w")
     corpus = build_atomic_corpus(fx.texts_dir, fx.images_dir, fx.qrels_dir, layout.corpus)
-    config = build_config("base", "runlocal")
+    config = experiment("base", "runlocal")
     config.index.summaries.update(summarizer="extractive", extractive_tokens=64)
     assert config.index.summaries.fields == "paper"
 

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import sentencepiece as spm
 
-from cfir_jax.errors import CfirError
 from cfir_jax.data.synthetic import SyntheticConfig, build_world, generate
+from cfir_jax.errors import CfirError
 
 TINY = SyntheticConfig.tiny()
 
@@ -116,8 +116,8 @@ def test_vision_tower_encodes_the_synthetic_pixels(corpus, tmp_path):
 
     from cfir_jax.config import model_config
     from cfir_jax.index.image_encoding import build_image_cache
-    from cfir_jax.model.preprocess import decode_image
     from cfir_jax.model.beit3 import create_model
+    from cfir_jax.model.preprocess import decode_image
 
     model = create_model(model_config("tiny", image_size=32, vocab_size=300, max_text_positions=40), seed=0)
     cache = build_image_cache(tmp_path / "cache", corpus, model, batch_size=32, shard_size=64, dtype="float32")

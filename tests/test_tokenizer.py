@@ -4,11 +4,10 @@ import random
 
 import numpy as np
 import pytest
+from conftest import NEEDS_BEIT3_SPM, SPM_PATH
 
 from cfir_jax.errors import CfirError
 from cfir_jax.model.tokenizer import Beit3Tokenizer
-from conftest import NEEDS_BEIT3_SPM, SPM_PATH
-
 
 WORDS = ["Eiffel", "Tower", "photo", "of", "the", "Zürich", "naïve", "東京", "Москва", "مرحبا", "🙂", "e.g.", "U.S.",
          "1,024", "3.14", "don't", "—", "«quote»", "C++", "x86_64", "<s>", "</s>", "<mask>", "<pad>", "<unk>", "<",

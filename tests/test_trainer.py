@@ -13,13 +13,11 @@ import chex
 import jax
 import numpy as np
 import pytest
-
-from cfir_jax.model import checkpoint
+from train_fixtures import planted_data, tiny_config
 
 from cfir_jax.model import beit3 as model_lib
-
+from cfir_jax.model import checkpoint
 from cfir_jax.train import trainer
-from train_fixtures import planted_data, tiny_config
 from cfir_jax.train.state import init_state, make_setup
 from cfir_jax.train.step import global_batch_arrays, make_train_step
 
@@ -187,7 +185,7 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tmp_path):
 
 
 def test_layer_lr_decay_scales():
-    """REFERENCE §2: embeddings = layer 0, layers.i = i + 1, the rest = L + 1; scale decay ** (L + 1 - layer)."""
+    """BEiT-3's fine-tuning rule: embeddings = layer 0, layers.i = i + 1, the rest = L + 1; scale decay ** (L + 1 - layer)."""
     from cfir_jax.train.partition import layer_lr_scales
 
     tree = {"B": {"embed_positions": np.zeros((5, 2)), "layers": {"fc1": {"kernel": np.zeros((3, 2, 2))}},

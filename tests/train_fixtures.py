@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import numpy as np
+
 from cfir_jax.train.data import EvalData, TrainData
-
-
 
 
 def tiny_config(**train):

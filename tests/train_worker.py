@@ -17,11 +17,11 @@ sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__fil
 import jax  # noqa: E402
 import jax.experimental.multihost_utils  # noqa: E402
 import numpy as np  # noqa: E402
+from train_fixtures import planted_data, tiny_config  # noqa: E402
 
-from cfir_jax.train import trainer  # noqa: E402
 from cfir_jax.config import mesh_config  # noqa: E402
 from cfir_jax.model.beit3 import param_path  # noqa: E402
-from train_fixtures import planted_data, tiny_config  # noqa: E402
+from cfir_jax.train import trainer  # noqa: E402
 from cfir_jax.train.data import TrainData
 from cfir_jax.train.state import init_state, make_setup
 from cfir_jax.train.step import global_batch_arrays, make_train_step

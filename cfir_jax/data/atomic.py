@@ -5,7 +5,7 @@ Each of the three datasets (AToMiC-Texts, AToMiC-Images, AToMiC-Qrels) is a dire
 list of parquet paths works too. The real files are tens of GB, so everything is streamed with pyarrow in record
 batches, and only the columns needed are read; image row groups without a wanted image are skipped whole.
 
-Settings (REFERENCE §7): documents are always the topics of the chosen qrels splits; images are
+Settings: documents are always the topics of the chosen qrels splits; images are
 - small: the images judged in the chosen splits' qrels,
 - base:  the images judged in any of train + validation + test qrels,
 - large: the whole image collection.
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Iterator, Mapping, Sequence
 
 import pyarrow as pa
 import pyarrow.parquet as pq

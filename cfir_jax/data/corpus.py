@@ -24,8 +24,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import grain
 import numpy as np
@@ -143,7 +144,7 @@ class Corpus:
         return f"docs-{self.manifest.get('documents_sha') or manifest_digest(self.manifest)}"
 
     @classmethod
-    def open(cls, path: str | os.PathLike) -> "Corpus":
+    def open(cls, path: str | os.PathLike) -> Corpus:
         """Opens a complete corpus directory; CfirError if it is missing, incomplete or of another format."""
         path = Path(path)
         manifest = read_manifest(path, KIND, FORMAT_VERSION)

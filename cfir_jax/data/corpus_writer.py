@@ -1,6 +1,7 @@
 """Writing a corpus: documents and images as tfds array_record records (no TensorFlow), id lists, qrels, manifest."""
 
 from __future__ import annotations
+
 import dataclasses
 import hashlib
 import itertools
@@ -8,19 +9,16 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
+
 import numpy as np
 import tensorflow_datasets as tfds
+
+from cfir_jax.data.corpus import FORMAT_VERSION, KIND, RECORD_SPLIT, RECORD_VERSION, SPLITS, Corpus, Document, Image
 from cfir_jax.errors import CfirError
 from cfir_jax.store import atomic_dir, read_manifest, write_manifest
-from cfir_jax.data.corpus import FORMAT_VERSION, KIND, RECORD_SPLIT, Corpus
-from cfir_jax.data.corpus import Document
-from cfir_jax.data.corpus import Image
-from cfir_jax.data.corpus import RECORD_VERSION
-from cfir_jax.data.corpus import SPLITS
-
-
 
 
 def _document_features() -> tfds.features.FeaturesDict:
@@ -210,7 +208,7 @@ def write_corpus(
     *,
     drop_unknown_qrels: bool = False,
     **manifest_fields: Any,
-) -> "Corpus":
+) -> Corpus:
     """Writes a corpus directory atomically and opens it; does nothing when a complete one with the same
     `name` and `manifest_fields` is already there.
 

@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax import progress
-from cfir_jax.data.corpus import Corpus, Document, Image, SPLITS
+from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
 
@@ -131,12 +131,12 @@ class SyntheticConfig:
     vocab_size: int = 4000
 
     @classmethod
-    def tiny(cls, seed: int = 0) -> "SyntheticConfig":
+    def tiny(cls, seed: int = 0) -> SyntheticConfig:
         """A world small enough to generate in a second or two (tests)."""
         return cls(seed=seed, num_entities=60, num_images=120, num_documents=40, num_topics=5, vocab_size=1000)
 
     @classmethod
-    def named(cls, size: str, seed: int = 0) -> "SyntheticConfig":
+    def named(cls, size: str, seed: int = 0) -> SyntheticConfig:
         """'tiny' or 'default'."""
         if size == "tiny":
             return cls.tiny(seed)
@@ -239,7 +239,8 @@ def render_image(entities: list[Entity], members: list[int], topic: int, image_i
     (its own generator, not the world's, so adding pixels changed no other draw) keeps images of one entity from
     being byte-identical.
     """
-    from PIL import Image as PILImage, ImageDraw
+    from PIL import Image as PILImage
+    from PIL import ImageDraw
 
     jitter = np.random.default_rng([seed, image_index]).integers(-6, 7, (len(members), 2))
     canvas = PILImage.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), _hsv(topic * 0.137, 0.25, 0.95))

@@ -24,13 +24,13 @@ import json
 import logging
 import os
 import shutil
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 
-from cfir_jax.index.entities import entity_key
 from cfir_jax.errors import CfirError
+from cfir_jax.index.entities import entity_key
 from cfir_jax.index.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k
 from cfir_jax.progress import bar as progress_bar
 from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
@@ -121,7 +121,7 @@ def _write_csr(
     out: Path,
     blocks: Sequence[tuple[np.ndarray, np.ndarray | None]],
     keep_scores: bool,
-    prefix: "EntityIndex | None" = None,
+    prefix: EntityIndex | None = None,
 ) -> int:
     """Writes offsets/candidates/scores.npy into `out` from padded blocks; returns the number of candidates M.
 
@@ -292,7 +292,7 @@ class EntityIndex:
         expect_fingerprint: str | None = None,
         expect_dim: int | None = None,
         expect_n_images: int | None = None,
-    ) -> "EntityIndex":
+    ) -> EntityIndex:
         """Opens a complete index; a missing/incomplete store or a mismatch raises a one-line StoreError."""
         directory = Path(directory)
         manifest = read_manifest(directory, KIND, VERSION)

@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import numpy as np
 
@@ -151,7 +151,7 @@ class EntityStore:
     @classmethod
     def open(
         cls, directory: str | Path, spacy_model: str | None = None, corpus_fingerprint: str | None = None
-    ) -> "EntityStore":
+    ) -> EntityStore:
         """Opens and validates a store; refuses one built by another `spacy_model` or from other documents."""
         directory = Path(directory)
         manifest = store.read_manifest(directory, ENTITY_KIND, ENTITY_FORMAT_VERSION)

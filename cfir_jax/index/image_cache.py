@@ -30,8 +30,9 @@ import dataclasses
 import hashlib
 import logging
 import os
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -115,7 +116,7 @@ class ImageCache:
     @classmethod
     def open(
         cls, path: str | os.PathLike, expect_fingerprint: str | None = None, expect_dim: int | None = None
-    ) -> "ImageCache":
+    ) -> ImageCache:
         """Opens a cache; one-line StoreError if it is missing, incomplete, or built by another model or dim."""
         path = Path(path)
         manifest = read_manifest(path, KIND, FORMAT_VERSION)

@@ -11,8 +11,8 @@ import logging
 import os
 import shutil
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Callable, Iterator
 
 import jax
 import numpy as np
@@ -283,7 +283,7 @@ def build_image_cache(
     num_workers: int | None = None,
     progress: bool | None = None,
     on_shard: Callable[[int], None] | None = None,
-) -> "ImageCache":
+) -> ImageCache:
     """Builds the image cache of `corpus` into `out_dir` and opens it; reuses a complete, current one.
 
     With `model` (a DBeit3), every image is decoded with the reference preprocessing and encoded by

@@ -5,8 +5,8 @@ from __future__ import annotations
 import collections
 import os
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
@@ -96,7 +96,7 @@ def import_precomputed(
     ids_path: str | os.PathLike | None,
     dtype: str,
     allow_missing: bool,
-) -> "ImageCache":
+) -> ImageCache:
     """Writes a cache from existing embeddings, matched to the corpus by image id (rows follow corpus order)."""
     if str(source) == "corpus":
         emb = corpus.embeddings()

@@ -132,7 +132,7 @@ class ScannConfig:
     # Below this many rows a tree partition does not pay off: AH over the whole database, then reorder.
     min_rows_for_tree: int = 2000
 
-    def resolved(self, n: int, k: int) -> "ScannConfig":
+    def resolved(self, n: int, k: int) -> ScannConfig:
         """Returns a copy with every None field filled for a database of n rows searched for k neighbours."""
         reorder = self.reorder if self.reorder is not None else min(n, max(4 * k, 1000))
         leaves = self.num_leaves if self.num_leaves is not None else max(1, int(math.sqrt(n)))
@@ -160,7 +160,7 @@ class ScannSearcher:
         self.dim = dim
 
     @classmethod
-    def build(cls, database: np.ndarray, k: int, config: ScannConfig | None = None) -> "ScannSearcher":
+    def build(cls, database: np.ndarray, k: int, config: ScannConfig | None = None) -> ScannSearcher:
         """Trains the tree and the quantiser on database [N, D] (converted to float32 in memory: N*D*4 bytes)."""
         import scann  # Imported here: loading ScaNN's ops costs a second that exact-only callers need not pay.
 
@@ -223,7 +223,7 @@ class ScannSearcher:
         (directory / "cfir_scann.json").write_text(json.dumps(cfg))
 
     @classmethod
-    def load(cls, directory: str | os.PathLike) -> "ScannSearcher":
+    def load(cls, directory: str | os.PathLike) -> ScannSearcher:
         """Loads a searcher written by `serialize`; a missing or partial directory raises CfirError."""
         import scann
 

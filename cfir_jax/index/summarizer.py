@@ -6,8 +6,9 @@ import copy
 import os
 import re
 import socket
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Protocol, Sequence
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -213,7 +214,7 @@ def resolve_model_dir(name_or_path: str) -> Path:
 
 
 class BartSummarizer:
-    """Abstractive summaries with Flax BART, with CFIR's generation settings as defaults (REFERENCE §6).
+    """Abstractive summaries with Flax BART, with CFIR's generation settings as defaults (the CFIR paper's).
 
     Generation is one jitted function of (params, input_ids [batch_size, bucket], attention_mask [batch_size,
     bucket]) -> token ids [batch_size, max_length]. Texts are sorted by length, batched, and each batch padded to
@@ -367,7 +368,7 @@ def _load_bart(model_dir: Path, dtype):
     try:
         model = FlaxBartForConditionalGeneration.from_pretrained(model_dir, dtype=dtype, from_pt=from_pt)
         tokenizer = BartTokenizerFast.from_pretrained(model_dir)
-    except (OSError, ValueError, KeyError, EnvironmentError) as e:
+    except (OSError, ValueError, KeyError) as e:
         raise CfirError(f"{model_dir}: cannot load the BART model ({type(e).__name__}: {str(e)[:150]})") from None
     if not model.config.is_encoder_decoder:
         raise CfirError(f"{model_dir}: {model.config.model_type} is not an encoder-decoder summarisation model")

@@ -3,7 +3,7 @@
 CFIR scores the entity candidates of a document with the embedding of its summary, not of the whole (long)
 document: BEiT-3's text path reads 64 tokens. CFIR summarises with facebook/bart-large-cnn, max_length 64,
 min_length 8, no sampling, and the model's own beam settings (4 beams, length_penalty 2.0, no_repeat_ngram_size 3),
-over the document text truncated at 1024 tokens (REFERENCE §6); `BartSummarizer`'s defaults are exactly these.
+over the document text truncated at 1024 tokens (the CFIR paper's); `BartSummarizer`'s defaults are exactly these.
 What the summariser reads is a config choice (`index.summaries.fields`, `summary_input`): "paper", the document
 text (page title, section title, page and section descriptions joined with spaces: the corpus' `text`), or
 "authors", which appends the section's category, media and hierachy lists as the authors' released code does.
@@ -20,8 +20,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+from collections.abc import Iterable
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterable
+from typing import TYPE_CHECKING
 
 from cfir_jax import store
 from cfir_jax.errors import CfirError
@@ -109,7 +110,7 @@ class SummaryStore:
     @classmethod
     def open(
         cls, directory: str | Path, summarizer: str | None = None, corpus_fingerprint: str | None = None
-    ) -> "SummaryStore":
+    ) -> SummaryStore:
         """Opens and validates a store; refuses one made by another `summarizer` or from other documents."""
         directory = Path(directory)
         manifest = store.read_manifest(directory, SUMMARY_KIND, SUMMARY_FORMAT_VERSION)

@@ -10,7 +10,7 @@ while training.
 Layers are stored stacked (every parameter of `A.layers`/`B.layers` has a leading `[num_layers]` axis), so the same
 checkpoint serves `scan_layers=True` (one compiled layer, fast compiles for the 24-layer model) and an unrolled loop.
 
-The computation follows torchscale's `BEiT3` exactly (REFERENCE §1-§2): pre-LN with Sub-LN, the query scaled before
+The computation follows torchscale's `BEiT3` exactly: pre-LN with Sub-LN, the query scaled before
 the dot product, softmax in float32, exact erf GELU, separate position tables used from row 2 (fairseq), padded
 positions zeroed after the embedding, a final per-expert LayerNorm, token 0 through a bias-free head, L2-normalised.
 """
@@ -285,7 +285,7 @@ class DBeit3(nnx.Module):
         """
         return _encode_text(self, ids, padding_mask, rng)
 
-    def text_tower(self) -> "TextTower":
+    def text_tower(self) -> TextTower:
         """The text path alone (sharing this model's Variables)."""
         return TextTower(self)
 

@@ -1,4 +1,4 @@
-"""Conversion of the official BEiT-3 PyTorch checkpoints (REFERENCE §3) into a DBeit3.
+"""Conversion of the official BEiT-3 PyTorch checkpoints into a DBeit3.
 
     python -m cfir_jax.model.convert --checkpoint beit3_base_itc_patch16_224.pth --config configs/base.py --out DIR
 
@@ -13,14 +13,16 @@ from __future__ import annotations
 import argparse
 import os
 import re
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import numpy as np
 from flax import nnx
 
-from cfir_jax.model import beit3 as model_lib
+from cfir_jax.cli import load_config_file
 from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.model import beit3 as model_lib
 
 # Per-expert parameter names inside a torchscale encoder layer -> our Block attribute.
 _LAYER_KEYS = {
@@ -233,22 +235,6 @@ def _merge_into(target: dict, source: dict) -> None:
             target[key] = np.asarray(value, dtype=np.asarray(target[key]).dtype)
 
 
-def _load_config(spec: str):
-    """'configs/base.py:384' -> the config returned by that file's get_config('384')."""
-    import importlib.util
-
-    path, _, arg = spec.partition(":")
-    if not Path(path).is_file():
-        raise CfirError(f"{path}: config file not found")
-    module_spec = importlib.util.spec_from_file_location("cfir_config", path)
-    module = importlib.util.module_from_spec(module_spec)
-    module_spec.loader.exec_module(module)
-    try:
-        return module.get_config(arg or None)
-    except ValueError as e:
-        raise CfirError(f"{spec}: {e}") from None
-
-
 @cli_main
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -260,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from cfir_jax.model import checkpoint
 
-    config = _load_config(args.config)
+    config = load_config_file(args.config)
     model = load_torch_checkpoint(args.checkpoint, config.model, allow_missing_heads=args.init_missing_heads)
     manifest = checkpoint.save_model(model, args.out, source=str(Path(args.checkpoint).name))
     print(f"wrote {args.out}: {checkpoint.model_summary(manifest)}")

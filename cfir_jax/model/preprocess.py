@@ -1,4 +1,4 @@
-"""Image decoding and the BEiT-3 retrieval evaluation preprocessing (REFERENCE §5).
+"""Image decoding and the BEiT-3 retrieval evaluation preprocessing.
 
 The reference evaluation transform is torchvision's
 `Compose([Resize((S, S), interpolation=BICUBIC), ToTensor(), Normalize(0.5, 0.5)])` applied to a PIL image after

@@ -6,7 +6,7 @@ retrieving. Batches are padded to a fixed shape so encoding any number of string
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 import jax
 import numpy as np

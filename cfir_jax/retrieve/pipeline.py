@@ -1,6 +1,6 @@
 """The CFIR retrieval pipeline and its baselines, as a library.
 
-CFIR (REFERENCE §6): document -> named entities -> the union of their candidate lists from the entity index (entity
+CFIR: document -> named entities -> the union of their candidate lists from the entity index (entity
 ranking, ER) -> the document's summary embedded by the trained text tower -> the union scored by dot product with
 the cached image embeddings (summary re-ranking, SR, `cfir_jax.retrieve.sr_scorer`) -> top-k.
 
@@ -26,8 +26,8 @@ import copy
 import dataclasses
 import json
 import time
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import ml_collections
 import numpy as np
@@ -79,10 +79,10 @@ class Retriever:
 
     def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True,
                  measure_agreement: bool = False):
-        from cfir_jax.model import checkpoint
         from cfir_jax.data.corpus import Corpus
         from cfir_jax.index.entity_index import EntityIndex
         from cfir_jax.index.image_cache import ImageCache
+        from cfir_jax.model import checkpoint
         from cfir_jax.model.text_encoder import TextEncoder
         from cfir_jax.model.tokenizer import resolve_tokenizer
 

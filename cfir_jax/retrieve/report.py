@@ -4,10 +4,10 @@ evaluation table (`--evaluate [--compare]`) whose rows mirror Table 3 of the CFI
 from __future__ import annotations
 
 import base64
+import dataclasses
 import html
 import json
-import dataclasses
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 

@@ -17,8 +17,7 @@ from cfir_jax.data.corpus import Corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_cache import ImageCache
 from cfir_jax.layout import Layout
-from cfir_jax.model.tokenizer import Beit3Tokenizer
-from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.model.tokenizer import Beit3Tokenizer, resolve_tokenizer
 
 TEXTS = ("summary", "document", "caption")
 
@@ -102,8 +101,8 @@ def validation_data(corpus: Corpus, cache: ImageCache, tokenizer: Beit3Tokenizer
 
 def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     """CSR over documents of the candidate image rows of their entities (hard negatives)."""
-    from cfir_jax.index.entity_store import EntityStore
     from cfir_jax.index.entity_index import EntityIndex
+    from cfir_jax.index.entity_store import EntityStore
 
     entities = EntityStore.open(layout.entities)
     index = EntityIndex.open(layout.entity_index)

@@ -1,4 +1,4 @@
-"""The symmetric contrastive (InfoNCE) loss of BEiT-3 retrieval fine-tuning and CFIR (REFERENCE §2).
+"""The symmetric contrastive (InfoNCE) loss of BEiT-3 retrieval fine-tuning and CFIR.
 
 Written over the global batch: under `jax.jit` with the batch sharded over the mesh, XLA partitions the
 [batch, batch] logits and inserts the all-gathers that the reference does by hand (`ClipLoss` with

@@ -13,7 +13,8 @@ logical axis names in the model (`model.axes`: 'embed', 'mlp', 'heads', 'vocab',
 from __future__ import annotations
 
 import re
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import jax
 import numpy as np
@@ -105,7 +106,7 @@ def tree_mask(tree: Any, regex: str) -> Any:
 
 
 def layer_lr_scales(tree: Any, num_layers: int, decay: float) -> Any:
-    """Layer-wise lr decay factors (REFERENCE §2): embeddings = layer 0, layers.i = i + 1, the rest = L + 1;
+    """Layer-wise lr decay factors: embeddings = layer 0, layers.i = i + 1, the rest = L + 1;
     a parameter of layer j is scaled by decay ** (L + 1 - j). Stacked layer parameters get a [L, 1, ...] array."""
 
     def one(path, leaf):
