@@ -11,9 +11,9 @@ thread pool the build uses; encoding alone on pre-decoded pixels (after one comp
 build times exclude it.
 
 Part `search` (entities/s and ScaNN vs exact): a synthetic clustered image cache of `--n-images` x `--dim`
-(cfir_jax.index.knn.synthetic_embeddings) and `--entities` entity embeddings drawn from the same distribution. For each K
-of `--k`: exact blocked top-K (the `exact` backend) and ScaNN with the default ScannConfig (the `scann` backend,
-built for that K as the entity index builds it), entities/s of each, ScaNN's recall@K against exact, and the
+(cfir_jax.index.knn.synthetic_embeddings) and `--entities` entity embeddings drawn from the same distribution.
+For each K of `--k`: exact blocked top-K (the `exact` backend) and ScaNN with the default ScannConfig (the `scann`
+backend, built for that K as the entity index builds it), entities/s of each, ScaNN's recall@K against exact, and the
 speed ratio, all in one run.
 """
 

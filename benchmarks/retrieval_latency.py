@@ -12,9 +12,9 @@ Part 1 (SR, synthetic): each query is a document with 10 entities, each bringing
 pass over the compact copy, shortlist, exact float16 re-rank) runs interleaved across thread counts, query by query,
 so load from other jobs hits every variant alike. Then, on the same queries and cache: the plain numpy baseline
 (gather the unique float16 rows, cast, matmul, top-k; also the reference for agreement), every unique candidate
-through the scorer's exact kernels, the jitted JAX gather + dot, the device path (`cfir_jax.index.device_cache`: the cache
-resident on the JAX devices, jitted exact SR, one query per call and batched; on CPU when no accelerator is present,
-with the paper's 4.7 ms/query as a reference line when one is), and exact search of the whole cache (fewer
+through the scorer's exact kernels, the jitted JAX gather + dot, the device path (`cfir_jax.index.device_cache`:
+the cache resident on the JAX devices, jitted exact SR, one query per call and batched; on CPU when no accelerator is
+present, with the paper's 4.7 ms/query as a reference line when one is), and exact search of the whole cache (fewer
 queries: seconds each at 4M). Prints ms/query p50/p95/min, where the scorer's time goes, ratios, and the top-k
 agreement with exact scoring of the same candidates (mean and worst query).
 
@@ -267,7 +267,7 @@ def sr_benchmark(args) -> None:
     if args.naive_queries:
         jax_fn = JaxGatherDot(cache, pad_to=-(-max(sizes) // 4096) * 4096, k=args.k)
         jax_fn(queries[0], docs[0])  # compile
-        for i, (q, ids) in enumerate(list(zip(queries, docs))[: args.naive_queries]):
+        for q, ids in list(zip(queries, docs))[: args.naive_queries]:
             t0 = time.perf_counter()
             top = jax_fn(q, ids)
             jax_t.append(time.perf_counter() - t0)

@@ -118,7 +118,7 @@ def main() -> None:
     ents = entity_queries(cache, args.queries, args.entities, args.noise, seed=3)
     lists = exact_lists(cache, ents.reshape(-1, cache.shape[1]), args.per_entity)
     lists = lists.reshape(args.queries, args.entities, args.per_entity)
-    unions = [unique_sorted(l.ravel()) for l in lists]
+    unions = [unique_sorted(rows.ravel()) for rows in lists]
     summaries = ents.mean(1)
     summaries /= np.linalg.norm(summaries, axis=1, keepdims=True)
     sizes = [len(u) for u in unions]

@@ -230,8 +230,9 @@ def retrieval_config() -> ml_collections.ConfigDict:
             eval_sr=_experiment(str),  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
-            # 'device': the cache resident on the local devices, jitted exact SR over batches (cfir_jax.index.device_cache);
-            # 'cpu': the two-pass numpy scorer (cfir_jax.retrieve.sr_scorer); 'auto': device when a GPU or TPU is present.
+            # 'device': the cache resident on the local devices, jitted exact SR over batches
+            # (cfir_jax.index.device_cache); 'cpu': the two-pass numpy scorer (cfir_jax.retrieve.sr_scorer);
+            # 'auto': device when a GPU or TPU is present.
             sr_backend="auto",
             sr_device_dtype="float16",  # or 'bfloat16'
             sr_device_shard="auto",  # 'auto' (row-shard only when the cache does not fit one device), 'always', 'never'

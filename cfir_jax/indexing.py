@@ -267,7 +267,8 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
     ei = config.index.entity_index
     texts = indexed_entities(config, corpus, entities)
     # What the index is derived from: the selected entity texts and this build of the image cache.
-    sources = dict(documents=ei.documents, entities_sha=_texts_digest(texts), cache_fingerprint=cache.content_fingerprint)
+    sources = dict(documents=ei.documents, entities_sha=_texts_digest(texts),
+                   cache_fingerprint=cache.content_fingerprint)
     if _current(layout.entity_index, "entity_index", VERSION, model_fingerprint=fingerprint, k_requested=ei.k,
                 backend=ei.backend, **sources):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)

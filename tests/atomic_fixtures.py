@@ -59,7 +59,8 @@ IMAGE_SCHEMA = pa.schema(
         ("image", pa.struct([("bytes", pa.binary()), ("path", pa.string())])),
     ]
 )
-QRELS_SCHEMA = pa.schema([("text_id", pa.string()), ("Q0", pa.string()), ("image_id", pa.string()), ("rel", pa.int32())])
+QRELS_SCHEMA = pa.schema([("text_id", pa.string()), ("Q0", pa.string()), ("image_id", pa.string()),
+                          ("rel", pa.int32())])
 
 
 def _text(i: int, title, section, page_desc, section_desc) -> dict:

@@ -83,7 +83,8 @@ def test_image_bytes_and_urls_pass_through_even_when_corrupt(fx, base):
 
 
 def test_assemble_text_skips_none_and_whitespace():
-    row = {"page_title": "P", "section_title": "  ", "context_page_description": None, "context_section_description": "S"}
+    row = {"page_title": "P", "section_title": "  ", "context_page_description": None,
+           "context_section_description": "S"}
     assert assemble_text(row) == "P S"
 
 

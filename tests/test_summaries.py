@@ -1,4 +1,4 @@
-"""Tests of cfir_jax.index.summarizer and summary_store: Flax BART generation against transformers' reference, extractive, and the store."""
+"""Summarisers (Flax BART against transformers' reference, extractive) and the summary store."""
 
 from __future__ import annotations
 
@@ -43,7 +43,8 @@ def _write_tiny_tokenizer(directory: str) -> None:
         json.dump(vocab, f)
     with open(os.path.join(directory, "merges.txt"), "w") as f:
         f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
-    BartTokenizer(os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")).save_pretrained(directory)
+    vocab, merges_file = os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")
+    BartTokenizer(vocab, merges_file).save_pretrained(directory)
 
 
 @pytest.fixture(scope="module")
@@ -307,7 +308,8 @@ def test_summary_store_restarts_when_settings_change(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        summary_store.build_summary_store(tmp_path / "s", interrupted(), summarizer_lib.ExtractiveSummarizer(8), chunk_size=3)
+        summary_store.build_summary_store(tmp_path / "s", interrupted(), summarizer_lib.ExtractiveSummarizer(8),
+                                          chunk_size=3)
     summary_store.build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer(4), chunk_size=3)
     st = summary_store.SummaryStore.open(tmp_path / "s")
     assert st.summaries == summarizer_lib.ExtractiveSummarizer(4).summarize([t for _, t in DOCS])
@@ -357,9 +359,9 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
     from atomic_fixtures import write_atomic_fixture
 
     from cfir_jax import indexing
-    from configs.base import experiment
     from cfir_jax.data.atomic import build_atomic_corpus
     from cfir_jax.layout import Layout
+    from configs.base import experiment
 
     fx = write_atomic_fixture(tmp_path / "atomic")
     layout = Layout.of(tmp_path / "w")

@@ -185,7 +185,7 @@ def test_sigterm_to_one_of_two_processes_saves_the_same_step_on_both(tmp_path):
 
 
 def test_layer_lr_decay_scales():
-    """BEiT-3's fine-tuning rule: embeddings = layer 0, layers.i = i + 1, the rest = L + 1; scale decay ** (L + 1 - layer)."""
+    """BEiT-3's fine-tuning rule: embeddings = layer 0, layers.i = i + 1, the rest = L + 1; decay ** (L + 1 - layer)."""
     from cfir_jax.train.partition import layer_lr_scales
 
     tree = {"B": {"embed_positions": np.zeros((5, 2)), "layers": {"fc1": {"kernel": np.zeros((3, 2, 2))}},

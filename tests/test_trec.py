@@ -55,7 +55,8 @@ def test_write_run_keeps_only_the_top_max_hits(tmp_path):
 
 def test_write_run_writes_six_columns_with_the_tag(tmp_path):
     write_run(tmp_path / "run.trec", {"q": {"a": 1.0, "b": 2.0}}, tag="myrun")
-    assert _rows(tmp_path / "run.trec") == [["q", "Q0", "b", "1", "2.0", "myrun"], ["q", "Q0", "a", "2", "1.0", "myrun"]]
+    want = [["q", "Q0", "b", "1", "2.0", "myrun"], ["q", "Q0", "a", "2", "1.0", "myrun"]]
+    assert _rows(tmp_path / "run.trec") == want
 
 
 def test_pair_lists_and_mappings_write_the_same_file(tmp_path):

@@ -22,9 +22,9 @@ from train_fixtures import planted_data, tiny_config  # noqa: E402
 from cfir_jax.config import mesh_config  # noqa: E402
 from cfir_jax.model.beit3 import param_path  # noqa: E402
 from cfir_jax.train import trainer  # noqa: E402
-from cfir_jax.train.data import TrainData
-from cfir_jax.train.state import init_state, make_setup
-from cfir_jax.train.step import global_batch_arrays, make_train_step
+from cfir_jax.train.data import TrainData  # noqa: E402
+from cfir_jax.train.state import init_state, make_setup  # noqa: E402
+from cfir_jax.train.step import global_batch_arrays, make_train_step  # noqa: E402
 
 
 def flat_numpy(tree) -> dict:

@@ -105,7 +105,8 @@ def _open_records(path: Path, name: str, expected: int):
     try:
         source = tfds.builder_from_directory(os.fspath(version_dir)).as_data_source(split=RECORD_SPLIT)
     except Exception as e:  # tfds raises a zoo of types for a damaged dataset_info/shard; all mean "rebuild"
-        raise CfirError(f"{version_dir}: unreadable {name} records ({e.__class__.__name__}); rebuild the corpus") from None
+        raise CfirError(f"{version_dir}: unreadable {name} records ({e.__class__.__name__}); rebuild the corpus"
+                        ) from None
     if len(source) != expected:
         raise CfirError(f"{version_dir}: {len(source)} {name} records but the manifest says {expected}; rebuild it")
     return source
@@ -182,7 +183,8 @@ class Corpus:
     def qrels(self, split: str) -> Qrels:
         """{doc_id: {image_id: rel}} of one split."""
         if split not in self.manifest["splits"]:
-            raise CfirError(f"{self.path}: corpus has no {split!r} qrels; available: {', '.join(self.splits) or 'none'}")
+            available = ", ".join(self.splits) or "none"
+            raise CfirError(f"{self.path}: corpus has no {split!r} qrels; available: {available}")
         path = self.path / "qrels" / f"{split}.txt"
         if not path.is_file():
             raise CfirError(f"{path}: missing; the corpus is incomplete, rebuild it")

@@ -60,7 +60,8 @@ LAST_NAMES = (
     "Bell Murphy Bailey Cooper Richardson Cox Howard Ward Peterson Gray Hughes Price Bennett"
 ).split()
 # Place and organisation names are built from English-looking town names: prefix + suffix ("Ash" + "ford").
-STEM_PREFIXES = "Ash Brook Clear Elm Fair Glen Green Hart Kings Lang Marl North Oak Pine Red Rock Stone West Wood Silver".split()
+STEM_PREFIXES = ("Ash Brook Clear Elm Fair Glen Green Hart Kings Lang Marl North Oak Pine Red Rock Stone West Wood "
+                 "Silver").split()
 STEM_SUFFIXES = "ford field ton wood dale bury ham wick port ville".split()
 PLACE_PATTERNS = ("{} River", "Lake {}", "New {}", "Mount {}", "{} Bay")
 ORG_PATTERNS = ("{} Institute", "{} University", "{} Museum", "{} Foundation", "{} Corporation")
@@ -185,7 +186,7 @@ def _check_config(config: SyntheticConfig) -> None:
 def _make_entities(rng: np.random.Generator, config: SyntheticConfig) -> list[Entity]:
     """Unique names: half persons, a quarter places, a quarter organisations (as far as the pools allow)."""
     stems = [p + s for p in STEM_PREFIXES for s in STEM_SUFFIXES]
-    persons = [f"{f} {l}" for f in FIRST_NAMES for l in LAST_NAMES]
+    persons = [f"{first} {last}" for first in FIRST_NAMES for last in LAST_NAMES]
     places = [p.format(s) for p in PLACE_PATTERNS for s in stems]
     orgs = [p.format(s) for p in ORG_PATTERNS for s in stems]
     n_places = min(len(places), config.num_entities // 4)
@@ -206,7 +207,8 @@ def _mention_sentence(rng: np.random.Generator, entity: Entity, nouns: list[str]
     template = templates[rng.integers(len(templates))]
     n1, n2 = rng.choice(nouns, 2, replace=False)
     slots = {"person": "P", "place": "L", "org": "O"}
-    return template.format(**{slots[entity.kind]: entity.name, "n1": n1, "n2": n2, "year": int(rng.integers(1800, 2000))})
+    year = int(rng.integers(1800, 2000))
+    return template.format(**{slots[entity.kind]: entity.name, "n1": n1, "n2": n2, "year": year})
 
 
 def _filler_sentence(rng: np.random.Generator, nouns: list[str]) -> str:

@@ -45,7 +45,7 @@ class Measure:
 
 
 def parse_measure(name: str) -> Measure:
-    """Parses "mrr@10", "recall@1000", ... or a trec_eval spelling ("recall.1000", "recip_rank"); CfirError if unknown."""
+    """Parses "mrr@10", "recall@1000", ... or a trec_eval spelling ("recall.1000", "recip_rank"); CfirError if not."""
     if name in ("mrr", "recip_rank"):
         return Measure(name, "mrr", None)
     match = _OURS.match(name)

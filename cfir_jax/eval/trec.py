@@ -209,7 +209,7 @@ def _checked_hits(path: Path, qid: str, pairs: Iterable) -> tuple[list[str], lis
     # One regex pass over the joined ids finds any id holding whitespace, without a loop in Python.
     if "" in unique or _WHITESPACE.search("".join(docids)):
         bad = next(d for d in docids if not d or _WHITESPACE.search(d))
-        raise CfirError(f"{path}: topic {qid}: docid {bad!r} is empty or contains whitespace; TREC files cannot hold it")
+        raise CfirError(f"{path}: topic {qid}: docid {bad!r} is empty or holds whitespace; TREC files cannot hold it")
     if len(unique) != len(docids):
         seen: set = set()
         dup = next(d for d in docids if d in seen or seen.add(d))

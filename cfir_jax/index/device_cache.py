@@ -58,7 +58,7 @@ def _fits_one_device(nbytes: int, device) -> bool:
 
 def exact_scores_numpy(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int
                        ) -> tuple[np.ndarray, np.ndarray]:
-    """Reference SR: float32 dot of the rows ids [M] (unique) with query [D]; top-k best first, ties to the lower row."""
+    """Reference SR: float32 dot of rows ids [M] (unique) with query [D]; top-k best first, ties to the lower row."""
     ids = np.asarray(ids, np.int64)
     scores = np.asarray(cache[ids], np.float32) @ np.asarray(query, np.float32)
     order = np.lexsort((ids, -scores))[:k]

@@ -1,4 +1,4 @@
-"""Named entities of a document: spaCy NER restricted to what a picture can show, surface forms kept, keys case-folded."""
+"""Named entities of a document: spaCy NER limited to what a picture can show, surface forms kept, keys case-folded."""
 
 from __future__ import annotations
 
@@ -148,7 +148,8 @@ class EntityExtractor:
         def checked(texts: Iterable[str]) -> Iterator[str]:
             for i, text in enumerate(texts):
                 if not isinstance(text, str):
-                    raise CfirError(f"document #{i}: text is {type(text).__name__}, expected str; fix the corpus reader")
+                    kind = type(text).__name__
+                    raise CfirError(f"document #{i}: text is {kind}, expected str; fix the corpus reader")
                 yield text[:max_chars]
 
         for doc in self.nlp.pipe(checked(texts), batch_size=self.batch_size, n_process=self.n_process):

@@ -220,4 +220,5 @@ class EntityStore:
         try:
             return self._index[doc_id]
         except KeyError:
-            raise CfirError(f"{self.directory}: unknown document id {doc_id!r}; was the store built on this split?")
+            raise CfirError(f"{self.directory}: unknown document id {doc_id!r}; was the store built on this split?"
+                            ) from None

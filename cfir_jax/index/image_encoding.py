@@ -1,4 +1,4 @@
-"""Building the image cache with the frozen vision tower: sharded over local devices, split across hosts, resumable by shard."""
+"""Building the image cache with the frozen vision tower: sharded over local devices, split across hosts, resumable."""
 
 from __future__ import annotations
 

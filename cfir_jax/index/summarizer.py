@@ -361,10 +361,10 @@ def _load_bart(model_dir: Path, dtype):
     from_pt = not (model_dir / _FLAX_WEIGHTS).is_file()
     if from_pt and not any((model_dir / w).is_file() for w in _PT_WEIGHTS):
         raise CfirError(
-            f"{model_dir}: no weights ({_FLAX_WEIGHTS}, {' or '.join(_PT_WEIGHTS)}); save the model with save_pretrained"
+            f"{model_dir}: no weights ({_FLAX_WEIGHTS}, {' or '.join(_PT_WEIGHTS)}); save it with save_pretrained"
         )
     if not ((model_dir / "tokenizer.json").is_file() or (model_dir / "vocab.json").is_file()):
-        raise CfirError(f"{model_dir}: no tokenizer (vocab.json + merges.txt or tokenizer.json); save the tokenizer too")
+        raise CfirError(f"{model_dir}: no tokenizer (vocab.json + merges.txt, or tokenizer.json); save it too")
     try:
         model = FlaxBartForConditionalGeneration.from_pretrained(model_dir, dtype=dtype, from_pt=from_pt)
         tokenizer = BartTokenizerFast.from_pretrained(model_dir)

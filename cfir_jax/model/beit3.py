@@ -202,7 +202,7 @@ class Expert(nnx.Module):
             x, _ = jax.lax.scan(body, x, (layer_state, rates, keys))
         else:
             for i in range(self.num_layers):
-                state_i = jax.tree.map(lambda p: p[i], layer_state)
+                state_i = jax.tree.map(lambda p, i=i: p[i], layer_state)
                 x = apply(x, state_i, rates[i], None if keys is None else keys[i])
                 hidden.append(x)
         out = self.layer_norm(x)

@@ -41,7 +41,8 @@ def fingerprint(model: model_lib.DBeit3, tower: str) -> str:
     for key in ("embed_dim", "num_layers", "num_heads", "ffn_dim", "vocab_size", "patch_size", "image_size"):
         h.update(f"{key}={cfg[key]};".encode())
     state = nnx.state(model, nnx.Param)
-    for path, leaf in sorted(jax.tree_util.tree_flatten_with_path(state)[0], key=lambda kv: model_lib.param_path(kv[0])):
+    leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+    for path, leaf in sorted(leaves, key=lambda kv: model_lib.param_path(kv[0])):
         name = model_lib.param_path(path)
         if re.fullmatch(TOWERS[tower], name):
             h.update(name.encode())

@@ -1,4 +1,4 @@
-"""The BEiT-3 tokenizer: sentencepiece `beit3.spm` with the XLM-R (fairseq) id mapping (as `transformers.XLMRobertaTokenizer` does).
+"""The BEiT-3 tokenizer: sentencepiece `beit3.spm` with the XLM-R (fairseq) id mapping, as XLMRobertaTokenizer maps.
 
 Ids: <s>=0, <pad>=1, </s>=2, <unk>=3, every other piece = its sentencepiece id + 1, <mask> = pieces + 1.
 A sequence is [0] + ids[:max_len - 2] + [2], right-padded with 1; the padding mask is True on the padded tail only,

@@ -122,7 +122,8 @@ class Retriever:
         if not self.cache.fingerprint.startswith("precomputed:") and \
                 self.cache.fingerprint != model_manifest["vision_fingerprint"]:
             raise CfirError(f"{layout.image_cache}: image cache was built by {self.cache.fingerprint} but the model "
-                            f"{model_dir} has {model_manifest['vision_fingerprint']}: rebuild the cache or use its model")
+                            f"{model_dir} has {model_manifest['vision_fingerprint']}: rebuild the cache or use its "
+                            "model")
         tokenizer = resolve_tokenizer(config, self.corpus)
         self.query_encoder = TextEncoder(model, tokenizer, self.rcfg.max_text_len, batch_size=32)
         # Without a document-trained model, dense_document encodes the whole document (up to the positions the
@@ -159,7 +160,8 @@ class Retriever:
         self._load_nlp = load_nlp
         self._caption_cache: dict[int, tuple[str, str]] = {}
         if method == "cfir" and (self.sr_mode == "fast" or self.sr_backend() == "device"):
-            self.sr_scorer()  # builds the compact copy (or the device copy) now (minutes at scale), not inside the first query's timing
+            # The compact copy (or the device copy) is built now (minutes at scale), not in the first query's timing.
+            self.sr_scorer()
 
     # ----------------------------------------------------------------------------------------- lazy components
     def extractor(self):

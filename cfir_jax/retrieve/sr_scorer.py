@@ -10,16 +10,10 @@ and scoring them exactly costs ~100 ms on 2 CPU cores; CFIR's budget is ~5 ms. S
 2. exact: the best `shortlist` candidates are gathered from the float16 cache and re-scored in float32; the final
    top-k is taken with argpartition over the shortlist.
 
-Where the time goes (4M x 768 float16, 58.6k unique candidates, benchmarks/retrieval_latency.py on 2 loaded cores): dedup
-(a sort, which also orders the gathers) ~1.3 ms, approximate ~9 ms, shortlist 0.35 ms, exact (2560 rows) ~2.6 ms.
-The approximate pass is bound by memory latency, one random 128-byte row per candidate: a compiled numba loop
-fusing gather, cast and dot was only 22% faster than numpy, 4-bit codes (one cache line per row) 27% faster but
-need a 25% longer exact shortlist, and a second thread did not help while other jobs kept both cores busy. Recall
-comes from the number of PCA dims, not from the quantisation: float32 and int8 codes of 128 dims recall the same
-top-1000. The exact pass's cost is the float16 -> float32 cast: numpy's is scalar on AVX2 hosts (~4 ns/value), XLA's
-~1.5 ns plus a thread hand-off per jitted call, torch's vectorised F16C cast ~0.5 ns; so the pass casts with torch
-when it is installed (the optional `torch` extra; never required) and otherwise through a 65,536-entry lookup
-table (~3.5 ns), in L2-sized chunks, and multiplies with numpy's BLAS, with no jit in the per-query path.
+Why this shape: the approximate pass is bound by memory latency (one random 128-byte row per candidate), recall
+comes from the number of PCA dims rather than the quantisation, and the exact pass's cost is the float16 -> float32
+cast, done by torch's vectorised cast when torch is installed (optional, never required) and otherwise through a
+lookup table, with no jit in the per-query path. Stage times and the rejected designs are in the README's Measured.
 """
 
 from __future__ import annotations
@@ -215,10 +209,9 @@ class SRScorer:
 
     cache_embeddings [N, D] float16/float32 (memmap fine, in memory faster); compact: a CompactCache (or a directory
     written by build_compact); shortlist: candidates re-scored exactly (>= k; 2560 keeps >= 99% of the exact top-1000
-    at 4M x 768 with a 128-dim compact copy, 2048 only 98% in the worst query); k: results returned; threads: workers
-    for the two passes (2 pays only when the second core is idle: on a loaded 2-core machine it measured 5% slower,
-    so the default leaves the other core to the rest of the pipeline). Buffers are preallocated per scorer and reused, so one scorer serves one call at a time
-    (calls are serialised by a lock; use one scorer per thread for concurrency).
+    at 4M x 768 with a 128-dim compact copy); k: results returned; threads: workers for the two passes (1 leaves the
+    other core to the rest of the pipeline). Buffers are preallocated and reused, so one scorer serves one call at a
+    time (calls are serialised by a lock; use one scorer per thread for concurrency).
     """
 
     def __init__(
@@ -234,7 +227,8 @@ class SRScorer:
         if cache_embeddings.dtype not in (np.float16, np.float32):
             raise CfirError(f"SR cache must be float16 or float32, got {cache_embeddings.dtype}")
         if not isinstance(compact, CompactCache):
-            compact = CompactCache.open(compact, expect_n=cache_embeddings.shape[0], expect_dim=cache_embeddings.shape[1])
+            n, dim = cache_embeddings.shape
+            compact = CompactCache.open(compact, expect_n=n, expect_dim=dim)
         if (
             compact.codes.shape[0] != cache_embeddings.shape[0]
             or compact.rotation.shape != (cache_embeddings.shape[1], compact.dims)

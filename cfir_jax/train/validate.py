@@ -1,4 +1,4 @@
-"""Validation during training: R@1/5/10 and MRR@10 of the current text tower by exact search over the validation images."""
+"""Validation during training: R@1/5/10 and MRR@10 of the text tower by exact search over the validation images."""
 
 from __future__ import annotations
 
