@@ -113,14 +113,9 @@ class ScannConfig:
     """ScaNN settings; None fields are derived from the database size N and k by `resolved`.
 
     num_leaves ~ sqrt(N); a fifth of them searched, more where that holds fewer than 1.5x the reorder count;
-    reorder = max(4k, 1000). Measured on clustered 768-d data (synthetic_embeddings, 100k rows, 64 queries), the
-    reorder count, not the leaves, limited recall@100: 0.894 with reorder 400 at any number of leaves searched,
-    0.976 with 800, 0.993 with 1600; recall@1000 0.979-0.988 with reorder 4000 over 20-32% of the leaves; recall@10000
-    0.67 / 0.87 / 0.96 / 1.0 over 10 / 20 / 32 / 100% of the leaves (a tenth of the database wants a third of it
-    searched). dims_per_block 2 (AH codebooks of 16 centres per 2 dims) and the anisotropic threshold 0.2 (the
-    ScaNN paper's value for unit-norm data) are kept: with enough reordering, AH's error is not what limits recall.
-    These defaults at 100k x 768 (benchmarks/index_throughput.py): recall@100 0.984, @1000 0.979, @10000 0.998,
-    12.4x / 8.6x / 5.6x faster than exact search.
+    reorder = max(4k, 1000): on clustered 768-d data the reorder count, not the leaves, is what limits recall.
+    dims_per_block 2 and the anisotropic threshold 0.2 (the ScaNN paper's value for unit-norm data) are kept. The
+    recall and speed these defaults reach are in the README (benchmarks/index_throughput.py).
     """
 
     num_leaves: int | None = None

@@ -1,4 +1,10 @@
-"""The jitted train step (symmetric contrastive loss over the global batch, gradient caching) and the eval encoder."""
+"""The jitted train step (symmetric contrastive loss over the global batch) and the eval encoder.
+
+With `grad_accum_steps > 1` the gradient is the exact full-batch contrastive gradient (gradient caching): all
+micro-batches are first encoded without gradients, the loss gradient w.r.t. the embeddings is taken over the
+whole batch, then each micro-batch is re-encoded and back-propagated with its slice of that gradient. Memory is one
+micro-batch of activations, the result equals one big batch; the price is one extra forward pass.
+"""
 
 from __future__ import annotations
 

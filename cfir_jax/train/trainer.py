@@ -8,11 +8,6 @@ The step is a pure function `(state, batch) -> (state, metrics)` jitted once wit
 shardings over a ('data', 'fsdp') mesh. Per-step randomness is `fold_in(rng, step)`. The data order is a function
 of (seed, step) alone, so the data iterator position that a checkpoint stores is just the step: a run killed at any
 point and resumed from its last checkpoint replays exactly the batches an uninterrupted run would have seen.
-
-With `grad_accum_steps > 1` the gradient is the exact full-batch contrastive gradient (gradient caching): all
-micro-batches are first encoded without gradients, the loss gradient w.r.t. the embeddings is taken over the
-whole batch, then each micro-batch is re-encoded and back-propagated with its slice of that gradient. Memory is one
-micro-batch of activations, the result equals one big batch; the price is one extra forward pass.
 """
 
 from __future__ import annotations
