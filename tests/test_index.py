@@ -44,7 +44,7 @@ def get_config(arg=None):
 # with no race against a poller).
 SHARD_KILLER = '''
 import os, runpy, signal, sys
-import cfir_jax.index.image_cache as ic
+import cfir_jax.index.image_encoding as ic
 
 kill_after = int(os.environ.get("KILL_AFTER_SHARD", "-1"))
 write_shard = ic._write_shard
