@@ -72,6 +72,9 @@ class Image:
     # Left out of ==: comparing arrays with == is elementwise and would make Image equality raise.
     embedding: np.ndarray | None = dataclasses.field(default=None, compare=False)
     entities: tuple[str, ...] = ()  # entities the image depicts (synthetic ground truth)
+    # The image's own text fields by column name (AToMiC: caption_reference_description, caption_alt_text_description,
+    # caption_attribution_description, each a list of strings), embedded by the image-text stage (cfir_jax.image_text).
+    texts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
 
 
 def _document_features() -> tfds.features.FeaturesDict:
@@ -94,6 +97,7 @@ def _image_features(embedding_dim: int | None) -> tfds.features.FeaturesDict:
         # Raw bytes, not tfds.features.Image: decoding is the image-cache stage's job, and corrupt bytes must survive.
         "image": tfds.features.Tensor(shape=(), dtype=np.object_),
         "entities": tfds.features.Sequence(tfds.features.Text()),
+        "texts": tfds.features.Text(),  # JSON {column: [strings]}
     }
     if embedding_dim is not None:
         spec["embedding"] = tfds.features.Tensor(shape=(embedding_dim,), dtype=np.float32)
@@ -176,17 +180,22 @@ def _document_examples(documents: Iterable[Document], ids: list[str], digest) ->
 
 
 def _image_examples(
-    images: Iterable[Image], ids: list[str], embedding_dim: int | None, embeddings: list[np.ndarray]
+    images: Iterable[Image], ids: list[str], embedding_dim: int | None, embeddings: list[np.ndarray],
+    with_text: list[int],
 ) -> Iterator[dict]:
+    """Record dicts of the images; `with_text` collects the rows that have any non-empty text field."""
     seen: set[str] = set()
     for row, img in enumerate(images):
         image_id = _add_id("image", img.image_id, row, ids, seen)
+        if any(t.strip() for v in img.texts.values() for t in v):
+            with_text.append(row)
         example = {
             "image_id": image_id,
             "caption": img.caption,
             "url": img.url,
             "image": bytes(img.image or b""),
             "entities": list(img.entities),
+            "texts": json.dumps({k: list(v) for k, v in img.texts.items()}, ensure_ascii=False, sort_keys=True),
         }
         if embedding_dim is not None:
             if img.embedding is None:
@@ -296,10 +305,12 @@ def write_corpus(
         doc_ids: list[str] = []
         image_ids: list[str] = []
         embeddings: list[np.ndarray] = []
+        with_text: list[int] = []
         documents_sha = hashlib.sha256()
         _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
         _write_records(
-            tmp, "images", _image_features(embedding_dim), _image_examples(image_iter, image_ids, embedding_dim, embeddings)
+            tmp, "images", _image_features(embedding_dim), _image_examples(image_iter, image_ids, embedding_dim, embeddings,
+                                                                 with_text)
         )
         (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
         (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
@@ -326,6 +337,7 @@ def write_corpus(
             splits=splits,
             embedding_dim=embedding_dim,
             has_tokenizer=tokenizer_spm is not None,
+            images_with_text=len(with_text),
             records="tfds array_record",
             **{k: _jsonable(v) for k, v in manifest_fields.items()},
         )
@@ -356,6 +368,8 @@ def _to_image(record: Mapping[str, Any]) -> Image:
         image=bytes(record["image"]),
         embedding=None if embedding is None else np.asarray(embedding, dtype=np.float32),
         entities=tuple(_text(e) for e in record["entities"]),
+        # Corpora written before images kept their text fields have no such field.
+        texts={k: tuple(v) for k, v in json.loads(_text(record.get("texts") or "{}")).items()},
     )
 
 
