@@ -308,10 +308,8 @@ def write_corpus(
         with_text: list[int] = []
         documents_sha = hashlib.sha256()
         _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
-        _write_records(
-            tmp, "images", _image_features(embedding_dim), _image_examples(image_iter, image_ids, embedding_dim, embeddings,
-                                                                 with_text)
-        )
+        examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
+        _write_records(tmp, "images", _image_features(embedding_dim), examples)
         (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
         (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
         if embedding_dim is not None:
