@@ -336,6 +336,19 @@ def test_fused_sr_equals_numpy_over_the_retrievers_own_union(workdir, config, ba
     assert not plain.fused and plain.retrieve_many(docs[:3])[0].hits != r.retrieve_many(docs[:3])[0].hits
 
 
+def test_fusion_without_an_image_text_store_is_refused_in_one_line(workdir, config, tmp_path):
+    for store in workdir.iterdir():  # the same index, without W/image_text
+        if store.name != "image_text":
+            (tmp_path / store.name).symlink_to(store)
+    cfg = config.copy_and_resolve_references()
+    cfg.retrieval.fusion.w_txt = 0.5
+    with pytest.raises(CfirError, match="no image_text store here") as e:
+        Retriever(cfg, tmp_path)
+    assert "\n" not in str(e.value)
+    cfg.retrieval.fusion.w_txt = 0.0
+    assert not Retriever(cfg, tmp_path).fused  # fusion off: the paper's SR needs no image text
+
+
 def test_compare_adds_the_fused_row_after_the_papers_rows(workdir):
     proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--compare",
                 "--config.retrieval.fusion.compare_w_txt=0.25")
