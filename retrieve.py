@@ -3,6 +3,7 @@
     python retrieve.py --index W --query doc.txt [--top-k 20] [--format table|json|trec] [--html out.html]
     python retrieve.py --index W --queries docs.jsonl --output run.trec [--qrels qrels.txt]
     python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
+                                                                    # (+ the fused row when W/image_text exists)
 
 Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
 --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
@@ -77,6 +78,7 @@ def main():
     if args.qrels:
         _evaluation_sr(config)
     retriever = Retriever(config, args.index, args.method, measure_agreement=bool(args.qrels))
+    _print_notes(retriever)
     results = retriever.retrieve_many(docs, progress=len(docs) > 1)
     describe = retriever.describe_image
     for doc, result in zip(docs, results):
@@ -112,6 +114,11 @@ def _write_and_score(run, args, top):
         print(metrics.evaluate(run, trec.read_qrels(args.qrels)).table())
 
 
+def _print_notes(retriever) -> None:
+    for note in retriever.notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
 def _evaluation_sr(config) -> None:
     """Evaluation scores with retrieval.eval_sr (exact unless asked otherwise), whatever retrieval.sr says."""
     config.retrieval.sr = config.retrieval.get("eval_sr", "exact")
@@ -124,12 +131,21 @@ def _evaluate(config, args, top):
 
     _evaluation_sr(config)
     rows = report.TABLE3_ROWS if args.compare else ((args.method, args.method, {}),)
+    if args.compare:
+        from cfir_jax.layout import Layout
+
+        # The paper's rows stay the paper's whatever retrieval.fusion says; the fused row comes after them.
+        paper = dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.0)
+        rows = tuple((label, method, {**o, "fusion": paper}) for label, method, o in rows)
+        if (Layout.of(args.index).image_text / "manifest.json").is_file():  # index.py built the image text
+            rows += (report.fused_row(config.retrieval),)
     table, all_results, curves = [], [], {}
     unknown_line = ""
     for label, method, retrieval_overrides in rows:
         row_config = config.copy_and_resolve_references()
         row_config.retrieval.update(retrieval_overrides)
         retriever = Retriever(row_config, args.index, method, measure_agreement=True)
+        _print_notes(retriever)
         docs = retriever.corpus_documents(args.evaluate)
         results = retriever.retrieve_many(docs, progress=True)
         if method in ("cfir", "entity_only") and not unknown_line:  # the same entities for both methods

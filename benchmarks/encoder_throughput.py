@@ -45,7 +45,7 @@ from cfir_jax.model.beit3 import create_model
 from cfir_jax.train.loss import contrastive_loss
 from cfir_jax.train.optim import trainable_filter
 
-GOAL = 1.5  # jax/torch speed ratio the issue asks for at each precision
+GOAL = 1.5  # the jax/torch speed ratio the project aims for at each precision
 
 
 class JaxTextSide:

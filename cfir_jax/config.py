@@ -212,6 +212,17 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 documents=_experiment(str),
                 recall_sample=256,
             ),
+            # Beyond the paper: every cached image's own text (AToMiC's caption fields) embedded by the
+            # frozen text tower into W/image_text, for retrieval.fusion. Built when enabled or when
+            # retrieval.fusion.w_txt != 0; skipped (and said) when the corpus' images have no text.
+            image_text=dict(
+                enabled=False,
+                fields=("caption_reference_description", "caption_alt_text_description",
+                        "caption_attribution_description"),
+                max_text_len=64,
+                encode_batch=256,
+                chunk_rows=65536,
+            ),
         )
     )
 
@@ -240,13 +251,17 @@ def retrieval_config() -> ml_collections.ConfigDict:
             sr_query_batch=8,  # queries per device SR call
             batch_size=256,  # documents per batch in bulk retrieval (retrieve.py --queries / --evaluate)
             entity_workers=2,  # spaCy processes for the entities of a bulk batch (nlp.pipe n_process)
+            # Beyond the paper: SR scores a candidate by w_img * <q, image> + w_txt * <q, image text>
+            # (W/image_text; images without text add 0). The default (1, 0) is the paper's SR. compare_w_txt: the
+            # text weight of the fused row of --compare when w_txt is 0.
+            fusion=dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.5),
         )
     )
 
 
 # Text lengths (tokens per sequence, BOS and EOS included) that each command encodes with, by config key.
 INDEX_TEXT_LENGTHS = ("index.entity_index.max_text_len", "index.pretrain.max_text_len", "retrieval.max_text_len",
-                      "train.max_text_len")
+                      "train.max_text_len", "index.image_text.max_text_len")
 RETRIEVAL_TEXT_LENGTHS = ("retrieval.max_text_len", "index.entity_index.max_text_len")
 TRAIN_TEXT_LENGTHS = ("train.max_text_len",)
 

@@ -7,6 +7,8 @@ Stages (each writes one directory of the workdir layout, see cfir_jax.layout):
   entities      spaCy NER over every document
   summaries     BART-large-CNN (or extractive) summary of every document
   entity_index  every entity text encoded by the frozen text tower, its top-K images by ScaNN (or exact search)
+  image_text    beyond the paper: each cached image's own text embedded by the frozen text tower (fused SR);
+                built when index.image_text.enabled or retrieval.fusion.w_txt != 0, skipped when no image has text
 
 A stage is skipped when its store is complete and current (each stage module checks its own manifest), resumes
 where it stopped when interrupted, and refuses stores built by another model. A closing table gives counts, size on
@@ -32,7 +34,7 @@ from cfir_jax.index.summarizer import make_summarizer
 from cfir_jax.layout import Layout
 from cfir_jax.store import write_json_atomic
 
-STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index")
+STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text")
 
 
 @dataclasses.dataclass
@@ -279,6 +281,29 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
     return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
 
 
+def image_text_wanted(config) -> bool:
+    """Whether index.py builds W/image_text: asked for (index.image_text.enabled) or needed (fusion.w_txt != 0)."""
+    fusion = config.retrieval.get("fusion", {})
+    return bool(config.index.get("image_text", {}).get("enabled")) or float(fusion.get("w_txt", 0.0)) != 0.0
+
+
+def build_image_text(config, layout: Layout, corpus, cache):
+    """Stage image_text: None (skipped) when the corpus' images carry no text, else the opened store."""
+    from cfir_jax.index.image_text import build_image_text as build
+    from cfir_jax.model import checkpoint
+    from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.train.data import resolve_tokenizer
+
+    if not corpus.manifest.get("images_with_text"):
+        return None
+    it = config.index.image_text
+    model = load_encoder(config, layout)
+    _check_cache_encoder(config, layout, cache)
+    encoder = TextEncoder(model, resolve_tokenizer(config, corpus), it.max_text_len, it.encode_batch)
+    return build(layout.image_text, corpus, cache, encoder, checkpoint.fingerprint(model, "text"),
+                 fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=_show_progress())
+
+
 def add_entities(config, workdir, path: str | os.PathLike) -> int:
     """Appends the entity texts of a file (one per line) to an existing entity index without rebuilding it."""
     from cfir_jax.data.corpus import Corpus
@@ -390,6 +415,10 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
         run("entity_index", lambda: build_entity_index(config, layout, corpus, entities, cache),
             lambda ix: f"{len(ix):,} entities x K={ix.k}, recall@K {ix.manifest.get('recall_at_k')}",
             layout.entity_index)
+    if "image_text" in stages and image_text_wanted(config):
+        run("image_text", lambda: build_image_text(config, layout, corpus, cache),
+            lambda t: "skipped: the corpus' images have no text" if t is None else
+            f"{t.num_with_text:,} of {len(t.has_text):,} images with text", layout.image_text)
     write_json_atomic(layout.index_json, {
         "encoder": str(encoder_dir(config, layout) or ""),
         "config": json.loads(json.dumps(config.to_dict(), default=str)),

@@ -7,6 +7,7 @@
     W/entities/        named entities of every document (cfir_jax.index.entities)
     W/summaries/       a summary of every document (cfir_jax.index.summary_store)
     W/entity_index/    top-K images of every entity (cfir_jax.index.entity_index)
+    W/image_text/      [N, D] embeddings of each cached image's own text, for fused SR (cfir_jax.index.image_text)
     W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.retrieve.sr_scorer)
     W/index.json       what index.py built: the encoder used, stage summaries
     W/train/           training run: checkpoints, metrics.jsonl, config.json, tensorboard
@@ -40,5 +41,5 @@ class Layout:
         return self.root / "index.json"
 
 
-STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "sr_compact",
-          "train", "model", "train_document", "model_document")
+STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "image_text",
+          "sr_compact", "train", "model", "train_document", "model_document")

@@ -310,6 +310,56 @@ def test_compare_rows_mirror_table3_and_name_their_models(workdir):
     assert all(line.rstrip().endswith("summary-trained, 64 tokens") for line in (body[2], body[3], body[4]))
 
 
+@pytest.mark.parametrize("backend", ["cpu", "device"])
+def test_fused_sr_equals_numpy_over_the_retrievers_own_union(workdir, config, backend):
+    """retrieval.fusion: each hit's score is w_img * <q, image> + w_txt * <q, image text> over the very
+    union the retriever built, in numpy's order; images without text add nothing; fast SR on the CPU turns exact."""
+    from cfir_jax.index.image_text import ImageTextCache
+
+    cfg = config.copy_and_resolve_references()
+    cfg.retrieval.update(top_k=15, sr="fast", sr_backend=backend, fusion=dict(w_img=1.0, w_txt=0.75,
+                                                                             compare_w_txt=0))
+    r = Retriever(cfg, workdir)
+    assert r.fused and ("scores exactly on the CPU" in " ".join(r.notes)) == (backend == "cpu")
+    text = ImageTextCache.open(workdir / "image_text")
+    assert 0 < text.has_text.sum() < len(text.has_text)
+    docs = r.corpus_documents("test")
+    for doc, res in zip(docs, r.retrieve_many(docs)):
+        lists, _, _ = r._candidates(doc.entities)
+        union = np.unique(np.concatenate(lists))
+        q = r.query_encoder.encode([doc.summary])[0]
+        s = (np.asarray(r.embeddings[union], np.float32) @ q
+             + 0.75 * (np.asarray(text.embeddings[union], np.float32) @ q))
+        order = np.lexsort((union, -s))[:15]
+        assert [h.row for h in res.hits] == union[order].tolist()
+        np.testing.assert_allclose([h.score for h in res.hits], s[order], rtol=1e-5, atol=1e-6)
+    plain = Retriever(config, workdir)
+    assert not plain.fused and plain.retrieve_many(docs[:3])[0].hits != r.retrieve_many(docs[:3])[0].hits
+
+
+def test_fusion_without_an_image_text_store_is_refused_in_one_line(workdir, config, tmp_path):
+    for store in workdir.iterdir():  # the same index, without W/image_text
+        if store.name != "image_text":
+            (tmp_path / store.name).symlink_to(store)
+    cfg = config.copy_and_resolve_references()
+    cfg.retrieval.fusion.w_txt = 0.5
+    with pytest.raises(CfirError, match="no image_text store here") as e:
+        Retriever(cfg, tmp_path)
+    assert "\n" not in str(e.value)
+    cfg.retrieval.fusion.w_txt = 0.0
+    assert not Retriever(cfg, tmp_path).fused  # fusion off: the paper's SR needs no image text
+
+
+def test_compare_adds_the_fused_row_after_the_papers_rows(workdir):
+    proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--compare",
+                "--config.retrieval.fusion.compare_w_txt=0.25")
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("row "))
+    assert lines[head + 7].startswith("CFIR + image text")
+    assert lines[head + 7].rstrip().endswith("fused with image text (w_img=1, w_txt=0.25)")
+    assert lines[head + 6].startswith("full CFIR") and "fused" not in lines[head + 6]
+
+
 def test_document_baseline_is_trained_beside_the_main_model_and_used_by_the_document_rows(workdir, tmp_path):
     """train.py --config.train.text=document exports W/model_document (the paper's document-only model, documents
     at 64 tokens) and leaves W/model alone; --compare's document rows then use it and say so."""

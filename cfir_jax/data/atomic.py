@@ -178,6 +178,7 @@ def _images(files: list[Path], wanted: set[str] | None) -> Iterator[Image]:
                             caption=image_caption(row),
                             url=row["image_url"] or "",
                             image=_image_bytes(row["image"]),
+                            texts={field: _strings(row[field]) for field in CAPTION_FIELDS},
                         )
 
 

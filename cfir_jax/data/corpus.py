@@ -69,6 +69,9 @@ class Image:
     # Left out of ==: comparing arrays with == is elementwise and would make Image equality raise.
     embedding: np.ndarray | None = dataclasses.field(default=None, compare=False)
     entities: tuple[str, ...] = ()  # entities the image depicts (synthetic ground truth)
+    # The image's own text fields by column name (AToMiC: caption_reference_description, caption_alt_text_description,
+    # caption_attribution_description, each a list of strings), embedded by the image-text stage (index.image_text).
+    texts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
 
 
 def _text(value: Any) -> str:
@@ -95,6 +98,8 @@ def _to_image(record: Mapping[str, Any]) -> Image:
         image=bytes(record["image"]),
         embedding=None if embedding is None else np.asarray(embedding, dtype=np.float32),
         entities=tuple(_text(e) for e in record["entities"]),
+        # Corpora written before images kept their text fields have no such field.
+        texts={k: tuple(v) for k, v in json.loads(_text(record.get("texts") or "{}")).items()},
     )
 
 

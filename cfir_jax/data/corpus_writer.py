@@ -41,6 +41,7 @@ def _image_features(embedding_dim: int | None) -> tfds.features.FeaturesDict:
         # Raw bytes, not tfds.features.Image: decoding is the image-cache stage's job, and corrupt bytes must survive.
         "image": tfds.features.Tensor(shape=(), dtype=np.object_),
         "entities": tfds.features.Sequence(tfds.features.Text()),
+        "texts": tfds.features.Text(),  # JSON {column: [strings]}
     }
     if embedding_dim is not None:
         spec["embedding"] = tfds.features.Tensor(shape=(embedding_dim,), dtype=np.float32)
@@ -123,17 +124,22 @@ def _document_examples(documents: Iterable[Document], ids: list[str], digest) ->
 
 
 def _image_examples(
-    images: Iterable[Image], ids: list[str], embedding_dim: int | None, embeddings: list[np.ndarray]
+    images: Iterable[Image], ids: list[str], embedding_dim: int | None, embeddings: list[np.ndarray],
+    with_text: list[int],
 ) -> Iterator[dict]:
+    """Record dicts of the images; `with_text` collects the rows that have any non-empty text field."""
     seen: set[str] = set()
     for row, img in enumerate(images):
         image_id = _add_id("image", img.image_id, row, ids, seen)
+        if any(t.strip() for v in img.texts.values() for t in v):
+            with_text.append(row)
         example = {
             "image_id": image_id,
             "caption": img.caption,
             "url": img.url,
             "image": bytes(img.image or b""),
             "entities": list(img.entities),
+            "texts": json.dumps({k: list(v) for k, v in img.texts.items()}, ensure_ascii=False, sort_keys=True),
         }
         if embedding_dim is not None:
             if img.embedding is None:
@@ -243,10 +249,11 @@ def write_corpus(
         doc_ids: list[str] = []
         image_ids: list[str] = []
         embeddings: list[np.ndarray] = []
+        with_text: list[int] = []
         documents_sha = hashlib.sha256()
         _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
-        images = _image_examples(image_iter, image_ids, embedding_dim, embeddings)
-        _write_records(tmp, "images", _image_features(embedding_dim), images)
+        examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
+        _write_records(tmp, "images", _image_features(embedding_dim), examples)
         (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
         (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
         if embedding_dim is not None:
@@ -272,6 +279,7 @@ def write_corpus(
             splits=splits,
             embedding_dim=embedding_dim,
             has_tokenizer=tokenizer_spm is not None,
+            images_with_text=len(with_text),
             records="tfds array_record",
             **{k: _jsonable(v) for k, v in manifest_fields.items()},
         )

@@ -21,9 +21,16 @@ Generative story (every draw comes from one `numpy.random.Generator` seeded by `
    three times and a few distractor entities once, in sentence templates, interleaved with topic filler sentences
    until it is `min_words`-`max_words` words long. So the entity stage has something to find, the entity index
    finds the relevant images through their entities, and the distractors put wrong candidates in the union.
-5. Qrels. document -> its relevant images (rel 1); documents are split train / validation / test by
+5. Image-side text. Each image may carry the text fields an AToMiC image has (`Image.texts`, keyed by
+   caption_reference_description, caption_alt_text_description, caption_attribution_description), drawn from the
+   same hidden facts, noisily: the reference description names the depicted entities, each left out with
+   probability 1/4 and now and then joined by a wrong entity of the same topic; the alt text names a noun of the
+   scene's topic; the attribution credits an unrelated person; any field may be missing, and some images have
+   none. These draws come from their own generator (`[seed, IMAGE_TEXT_STREAM]`), so the rest of the world
+   (documents, images, embeddings, qrels) is exactly what it was without them.
+6. Qrels. document -> its relevant images (rel 1); documents are split train / validation / test by
    `split_fractions`.
-6. Tokenizer. A sentencepiece unigram model trained on the documents and captions, with the BEiT-3 beit3.spm id
+7. Tokenizer. A sentencepiece unigram model trained on the documents and captions, with the BEiT-3 beit3.spm id
    conventions (<unk>=0, <s>=1, </s>=2, no pad piece), shipped as the corpus' `tokenizer.spm`.
 
 Ground truth: `Document.entities` lists the entities the text mentions (relevant ones first, then distractors);
@@ -41,6 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax import progress
+from cfir_jax.data.atomic import CAPTION_FIELDS
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
@@ -109,6 +117,10 @@ CAPTION_TEMPLATES = ("A photo of {}.", "A picture showing {}.", "An old photogra
 IMAGE_SIZE = 96  # px, square: small enough for 5,000 PNGs in a few seconds, large enough to read the initials
 # Bump when the pictures change, so a corpus generated with older pixels is regenerated instead of reused.
 RENDER_VERSION = 1
+# The image-side text's own random stream (see the docstring), and its version: a corpus generated before images
+# had text (or with other text) is regenerated instead of reused.
+IMAGE_TEXT_STREAM = 13
+IMAGE_TEXT_VERSION = 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -354,6 +366,7 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
         )
         relevant.append(rel)
 
+    images = _with_image_texts(images, entities, image_topic, topic_nouns, config.seed)
     qrels: dict[str, dict[str, dict[str, int]]] = {s: {} for s in SPLITS}
     n_train = round(config.split_fractions[0] * config.num_documents)
     n_validation = round(config.split_fractions[1] * config.num_documents)
@@ -361,6 +374,33 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
         split = "train" if rank < n_train else "validation" if rank < n_train + n_validation else "test"
         qrels[split][documents[d].doc_id] = {images[i].image_id: 1 for i in relevant[d]}
     return World(entities, entity_vectors, topic_vectors, documents, images, qrels)
+
+
+def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: list[int],
+                      topic_nouns: list[list[str]], seed: int) -> list[Image]:
+    """The images with their noisy, sometimes missing text fields (module docstring, step 5), from their own stream."""
+    rng = np.random.default_rng([seed, IMAGE_TEXT_STREAM])
+    by_topic: dict[int, list[str]] = {}
+    for ent in entities:
+        by_topic.setdefault(ent.topic, []).append(ent.name)
+    persons = [e.name for e in entities if e.kind == "person"] or [e.name for e in entities]
+    out = []
+    for img, topic in zip(images, image_topic):
+        texts: dict[str, tuple[str, ...]] = {}
+        if rng.random() < 0.85:  # some images carry no text at all
+            names = [n for n in img.entities if rng.random() >= 0.25]
+            wrong = [n for n in by_topic[topic] if n not in img.entities]
+            if wrong and rng.random() < 0.2:
+                names.append(str(wrong[rng.integers(len(wrong))]))
+            noun = str(topic_nouns[topic][rng.integers(len(topic_nouns[topic]))])
+            if names and rng.random() < 0.8:
+                texts[CAPTION_FIELDS[0]] = (_caption(rng, names).rstrip(".") + f" at the {noun}.",)
+            if rng.random() < 0.5:
+                texts[CAPTION_FIELDS[1]] = (f"The {noun}",)
+            if rng.random() < 0.3:
+                texts[CAPTION_FIELDS[2]] = (f"Photograph by {persons[rng.integers(len(persons))]}",)
+        out.append(dataclasses.replace(img, texts=texts))
+    return out
 
 
 def train_tokenizer(texts: list[str], path: str | os.PathLike, vocab_size: int, seed: int = 0) -> int:
@@ -395,7 +435,8 @@ def train_tokenizer(texts: list[str], path: str | os.PathLike, vocab_size: int, 
 
 def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConfig()) -> Corpus:
     """Generates the synthetic world into the corpus directory `out_dir` (reused when it holds this config)."""
-    fields = {"config": dataclasses.asdict(config), "source": "synthetic", "render_version": RENDER_VERSION}
+    fields = {"config": dataclasses.asdict(config), "source": "synthetic", "render_version": RENDER_VERSION,
+              "image_text_version": IMAGE_TEXT_VERSION}
     if corpus_is_complete(out_dir, NAME, fields):
         return Corpus.open(out_dir)
     world = build_world(config)

@@ -15,6 +15,12 @@ exact re-rank of a shortlist (`"fast"`, ~16x faster at 4M images, top-1000 agree
 built when the Retriever is constructed, so per-query times measure queries: `er` (candidate lists and their union),
 `score` (SR, or the baselines' whole-cache search / entity ranking) and `hits` (which entities brought each hit in).
 
+Beyond the paper (off by default): with `retrieval.fusion` weights other than (1, 0), SR scores a
+candidate by w_img * <q, image> + w_txt * <q, image text> (`cfir_jax.index.image_text`: the image's own text embedded by
+the frozen text tower; images without text add 0), exactly, on either backend: both caches are read as one
+[N, 2D] matrix (`FusedRows`) against the query [w_img q, w_txt q]. The CPU fast path has no compact copy of the
+image text, so fused SR on the CPU is exact, and `notes` says so.
+
 Baselines through the same code, for the paper's comparisons: `dense_document` and `dense_summary` (exact search of
 the whole cache with the full document's or the summary's embedding) and `entity_only` (the union ranked by each
 image's best entity score).
@@ -95,7 +101,7 @@ class Retriever:
         self.sr_mode = self.rcfg.get("sr", "fast")
         if self.sr_mode not in SR_MODES:
             raise CfirError(f"retrieval.sr={self.sr_mode!r}: use 'exact' (the paper) or 'fast'")
-        self.measure_agreement = measure_agreement and self.sr_mode == "fast"
+        self.notes: list[str] = []  # what the retriever decided that the user should know (printed by retrieve.py)
         layout = self.layout = Layout.of(workdir)
         if not layout.root.is_dir():
             raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
@@ -156,6 +162,22 @@ class Retriever:
             self.entity_encoder = TextEncoder(enc_model, tokenizer, config.index.entity_index.max_text_len, 16)
             if method == "entity_only":
                 self.model_used = f"frozen index encoder, {self.entity_encoder.max_len} tokens"
+        fusion = self.setting("fusion")
+        self.fusion = (float(fusion["w_img"]), float(fusion["w_txt"]))
+        self.fused = method == "cfir" and self.fusion != (1.0, 0.0)
+        self.sr_rows = self.embeddings  # what SR and the device cache score: [N, D], or [N, 2D] when fused
+        if self.fused:
+            from cfir_jax.index.image_text import FusedRows, ImageTextCache
+
+            self.image_text = ImageTextCache.open(layout.image_text, expect_fingerprint=fingerprint,
+                                                  expect_cache_fingerprint=self.cache.content_fingerprint)
+            self.sr_rows = FusedRows(self.embeddings, self.image_text.embeddings)
+            self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
+            if self.sr_mode == "fast" and self.sr_backend() == "cpu":
+                self.sr_mode = "exact"
+                self.notes.append("fused SR scores exactly on the CPU (the fast path has no compact copy of the "
+                                  "image text)")
+        self.measure_agreement = measure_agreement and self.sr_mode == "fast"
         self._nlp = self._summarizer = self._sr = self._device_cache = None
         self._load_nlp = load_nlp
         self._caption_cache: dict[int, tuple[str, str]] = {}
@@ -206,7 +228,7 @@ class Retriever:
                 raise CfirError(f"retrieval.sr_device_shard={self.setting('sr_device_shard')!r}: "
                                 "use auto, always or never")
             self._device_cache = DeviceCache(
-                self.embeddings, k=self.rcfg.top_k, dtype=self.setting("sr_device_dtype"), shard=shard,
+                self.sr_rows, k=self.rcfg.top_k, dtype=self.setting("sr_device_dtype"), shard=shard,
                 buckets=tuple(self.setting("sr_buckets")), query_batch=self.setting("sr_query_batch"))
         return self._device_cache
 
@@ -253,16 +275,26 @@ class Retriever:
             out[i] = s
         return out
 
-    def _exact_search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact top-k over the whole cache, queries [Q, D] -> [Q, k'] each: on the devices when SR runs there."""
-        if self.sr_backend() == "device":
-            return self.device_cache().full_topk(queries, k)
+    def _exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0)
+                      ) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k over the whole cache, queries [Q, D] -> [Q, k'] each: on the devices when SR runs there.
+
+        weights: (w_img, w_txt) of a fused retriever's search; the default scores the images alone.
+        """
         from cfir_jax.index.knn import exact_topk
 
-        return exact_topk(queries, self.embeddings, min(k, len(self.embeddings)))
+        rows = self.embeddings
+        if self.fused and (self.sr_backend() == "device" or weights != (1.0, 0.0)):
+            from cfir_jax.index.image_text import fused_queries
+
+            # The device holds the fused matrix only: an image-only search is the query [q, 0] against it.
+            queries, rows = fused_queries(queries, *weights), self.sr_rows
+        if self.sr_backend() == "device":
+            return self.device_cache().full_topk(queries, k)
+        return exact_topk(queries, rows, min(k, len(rows)))
 
     def _full_search(self, query: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        scores, rows = self._exact_search(query[None], k)
+        scores, rows = self._exact_search(query[None], k, self.fusion if self.fused else (1.0, 0.0))
         return scores[0], rows[0]
 
     def _candidates(self, entities: list[str]) -> tuple[list[np.ndarray], list[str], list[str]]:
@@ -375,12 +407,17 @@ class Retriever:
         """SR of sorted unique unions ([Q, D] queries, Q unions [M_i]): (scores [k'], cache rows [k']) per query.
 
         The device backend is exact by construction; on the CPU, `retrieval.sr="exact"` scores every candidate
-        (the paper's SR) and "fast" runs the two-pass scorer.
+        (the paper's SR) and "fast" runs the two-pass scorer. Fused, both score [w_img q, w_txt q] against
+        `FusedRows` (the CPU exactly).
         """
+        if self.fused:
+            from cfir_jax.index.image_text import fused_queries
+
+            queries = fused_queries(queries, *self.fusion)
         if self.sr_mode == "exact" and self.sr_backend() == "cpu":
             from cfir_jax.retrieve.sr_scorer import exact_top_k
 
-            return [exact_top_k(self.embeddings, q, u, self.rcfg.top_k) for q, u in zip(queries, unions)]
+            return [exact_top_k(self.sr_rows, q, u, self.rcfg.top_k) for q, u in zip(queries, unions)]
         return self.sr_scorer().score_batch(queries, unions)
 
     def _warm_up(self) -> None:

@@ -26,6 +26,19 @@ TABLE3_ROWS = (
 )
 
 
+
+
+def fused_row(rcfg) -> tuple[str, str, dict]:
+    """The --compare row beyond the paper: full CFIR with image-side text fused into SR, at the configured
+    weights, or w_txt = retrieval.fusion.compare_w_txt when fusion is off."""
+    from cfir_jax.config import retrieval_config
+
+    fusion = dict(rcfg.get("fusion", retrieval_config().fusion))
+    if float(fusion["w_txt"]) == 0.0:
+        fusion["w_txt"] = float(fusion["compare_w_txt"])
+    return "CFIR + image text", "cfir", {"fusion": fusion}
+
+
 @dataclasses.dataclass
 class EvalRow:
     label: str

@@ -1,0 +1,194 @@
+"""The image-side text cache: what each cached image says about itself, embedded once by the frozen text tower.
+
+Beyond the paper: AToMiC images carry their own text (reference description, alt text, attribution).
+Embedding it with the frozen text tower gives a second vector per image, and SR can score a candidate by
+`w_img * <q, image> + w_txt * <q, image text>` (`retrieval.fusion`; off by default, so the paper's numbers stay).
+
+Layout of the store directory (kind "image_text"), rows in the image cache's row order:
+  embeddings.npy  [N, D] float16, L2-normalised rows; all-zero rows for images without text (they add nothing)
+  has_text.npy    [N] bool, False where the image has no text in the chosen fields (no embedding computed)
+  manifest.json   format version, the text tower's fingerprint, the image cache build it follows, fields, dims,
+                  counts, max_text_len
+An image's text is its non-empty strings of `fields`, in field order, duplicates dropped, joined with spaces.
+
+Building encodes the image cache's rows in chunks of `chunk_rows` into a work directory `.<name>.building/`
+(`chunk-00000.npy` then `chunk-00000.json`, written last: it marks the chunk complete); an interrupted build of the
+same key resumes after its finished chunks. The chunks are merged inside an `atomic_dir` when all exist.
+
+Readers (retrieval) take `ImageTextCache.open` and `FusedRows`; the builder imports no retrieval or training code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cfir_jax.data.atomic import CAPTION_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
+from cfir_jax.errors import CfirError
+from cfir_jax.progress import bar as progress_bar
+from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
+
+if TYPE_CHECKING:
+    from cfir_jax.data.corpus import Corpus, Image
+    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.model.text_encoder import TextEncoder
+
+KIND = "image_text"
+FORMAT_VERSION = 1
+
+
+def image_text(image: Image, fields: Sequence[str] = FIELDS) -> str:
+    """The text an image says about itself: its non-empty strings of `fields`, de-duplicated, joined; '' if none."""
+    parts: list[str] = []
+    for field in fields:
+        for text in image.texts.get(field, ()):
+            text = " ".join(text.split())
+            if text and text not in parts:
+                parts.append(text)
+    return " ".join(parts)
+
+
+def _chunk(shard: int) -> str:
+    return f"chunk-{shard:05d}"
+
+
+def build_image_text(
+    out_dir: str | os.PathLike,
+    corpus: Corpus,
+    cache: ImageCache,
+    encoder: TextEncoder,
+    fingerprint: str,
+    *,
+    fields: Sequence[str] = FIELDS,
+    chunk_rows: int = 65536,
+    progress: bool | None = None,
+) -> ImageTextCache:
+    """Embeds the text of every image of `cache` (row order kept) with `encoder`, the frozen text tower whose
+    `fingerprint` the manifest records; reused when current, resumed when interrupted (module docstring)."""
+    out_dir = Path(out_dir)
+    fields = list(fields)
+    unknown = [f for f in fields if f not in FIELDS]
+    if not fields or unknown:
+        raise CfirError(f"index.image_text.fields={fields!r}: choose among {', '.join(FIELDS)}")
+    key = dict(fingerprint=fingerprint, cache_fingerprint=cache.content_fingerprint, fields=fields,
+               max_text_len=int(encoder.max_len), dim=int(encoder.dim), num_rows=cache.num_images)
+    try:
+        return ImageTextCache.open(out_dir, **{f"expect_{k}": v for k, v in key.items()})
+    except StoreError:
+        pass
+    start = time.time()
+    work = out_dir.with_name(f".{out_dir.name}.building")
+    if not (work / "build.json").is_file() or json.loads((work / "build.json").read_text()) != key:
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        write_json_atomic(work / "build.json", key)
+    row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
+    n, dim = cache.num_images, int(encoder.dim)
+    chunks = range(-(-n // chunk_rows))
+    bar = progress_bar(total=n, desc="image text", unit="img", show=progress)
+    for c in chunks:
+        lo, hi = c * chunk_rows, min(n, (c + 1) * chunk_rows)
+        if (work / f"{_chunk(c)}.json").is_file():
+            bar.update(hi - lo)
+            continue
+        texts = [image_text(corpus.image(row_of[i]), fields) for i in cache.ids[lo:hi]]
+        has = np.array([bool(t) for t in texts], bool)
+        emb = np.zeros((hi - lo, dim), np.float16)
+        if has.any():
+            emb[has] = encoder.encode([t for t in texts if t]).astype(np.float16)
+        np.save(work / f"{_chunk(c)}.npy", emb)
+        # Written last: its presence marks the chunk complete.
+        write_json_atomic(work / f"{_chunk(c)}.json", {"rows": [lo, hi], "has_text": has.tolist()})
+        bar.update(hi - lo)
+    bar.close()
+    with atomic_dir(out_dir) as tmp:
+        out = np.lib.format.open_memmap(tmp / "embeddings.npy", mode="w+", dtype=np.float16, shape=(n, dim))
+        has_text = np.zeros(n, bool)
+        for c in chunks:
+            lo, hi = json.loads((work / f"{_chunk(c)}.json").read_text())["rows"]
+            out[lo:hi] = np.load(work / f"{_chunk(c)}.npy")
+            has_text[lo:hi] = json.loads((work / f"{_chunk(c)}.json").read_text())["has_text"]
+        out.flush()
+        del out
+        np.save(tmp / "has_text.npy", has_text)
+        write_manifest(tmp, KIND, FORMAT_VERSION, **key, dtype="float16", num_with_text=int(has_text.sum()),
+                       ids_sha=hashlib.sha256("\n".join(cache.ids).encode()).hexdigest()[:16],
+                       build_seconds=round(time.time() - start, 3))
+    shutil.rmtree(work, ignore_errors=True)
+    return ImageTextCache.open(out_dir)
+
+
+class ImageTextCache:
+    """A complete image-text store opened for reading: `embeddings` [N, D] (memory-mapped), `has_text` [N] bool."""
+
+    def __init__(self, path: Path, manifest: dict, embeddings: np.ndarray, has_text: np.ndarray):
+        self.path, self.manifest, self.embeddings, self.has_text = path, manifest, embeddings, has_text
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, expect_fingerprint: str | None = None,
+             expect_cache_fingerprint: str | None = None, **expect) -> ImageTextCache:
+        """Opens the store; one-line StoreError when missing, incomplete, built by another text tower
+        (`expect_fingerprint`) or for another build of the image cache (`expect_cache_fingerprint`)."""
+        path = Path(path)
+        manifest = read_manifest(path, KIND, FORMAT_VERSION)
+        expected = {k.removeprefix("expect_"): v for k, v in expect.items() if v is not None}
+        if expect_fingerprint is not None and manifest.get("fingerprint") != expect_fingerprint:
+            raise StoreError(f"{path}: image text was embedded by text tower {manifest.get('fingerprint')} but the "
+                             f"index encoder is {expect_fingerprint}; rebuild it with index.py --stages image_text")
+        if expect_cache_fingerprint is not None and manifest.get("cache_fingerprint") != expect_cache_fingerprint:
+            raise StoreError(f"{path}: stale, made for image cache {manifest.get('cache_fingerprint')} but the cache "
+                             f"is now {expect_cache_fingerprint}; rebuild it with index.py --stages image_text")
+        check_manifest(manifest, path, **expected)
+        try:
+            embeddings = np.load(path / "embeddings.npy", mmap_mode="r")
+            has_text = np.load(path / "has_text.npy")
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{path}: incomplete image text store ({e.__class__.__name__}); rebuild it") from None
+        n, dim = manifest.get("num_rows"), manifest.get("dim")
+        if embeddings.shape != (n, dim) or has_text.shape != (n,):
+            raise StoreError(f"{path}: arrays {embeddings.shape}, {has_text.shape} disagree with the manifest "
+                             f"({n}, {dim}); rebuild it with index.py --stages image_text")
+        return cls(path, manifest, embeddings, has_text)
+
+    @property
+    def num_with_text(self) -> int:
+        return int(self.manifest["num_with_text"])
+
+
+class FusedRows:
+    """A read-only [N, D_img + D_txt] view whose row r is [images[r], texts[r]], gathered on demand.
+
+    With the query [w_img * q, w_txt * q] (`fused_queries`), a plain dot product with a row is the fused score
+    w_img * <q, image> + w_txt * <q, image text>, so every exact scorer (numpy gathers, the device cache, the
+    blocked full search) serves fusion unchanged; with [e, 0] it is the image score alone.
+    """
+
+    def __init__(self, images: np.ndarray, texts: np.ndarray):
+        if images.shape[0] != texts.shape[0]:
+            raise CfirError(f"image text store has {texts.shape[0]} rows but the image cache {images.shape[0]}")
+        self.images, self.texts = images, texts
+        self.shape = (images.shape[0], images.shape[1] + texts.shape[1])
+        self.dtype = np.result_type(images.dtype, texts.dtype)
+        self.ndim = 2
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows) -> np.ndarray:
+        """rows: an integer array or a slice -> [len(rows), D_img + D_txt]."""
+        return np.concatenate([np.asarray(self.images[rows], self.dtype), np.asarray(self.texts[rows], self.dtype)],
+                              axis=-1)
+
+
+def fused_queries(queries: np.ndarray, w_img: float, w_txt: float) -> np.ndarray:
+    """queries [Q, D] -> [Q, 2D] float32: [w_img * q, w_txt * q] (the query side of `FusedRows`)."""
+    queries = np.asarray(queries, np.float32)
+    return np.concatenate([np.float32(w_img) * queries, np.float32(w_txt) * queries], axis=-1)
