@@ -381,7 +381,6 @@ def test_import_of_corpus_without_embeddings_is_refused(tmp_path, corpus):
 # ---------------------------------------------------------------------------------------------------- devices
 
 
-@pytest.mark.slow  # a fresh process compiling for 8 devices: ~15 s idle, more on a loaded machine
 def test_eight_devices_equal_one_device(tmp_path, corpus, cache):
     script = textwrap.dedent(
         f"""

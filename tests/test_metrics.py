@@ -218,7 +218,6 @@ def test_no_common_topic_is_a_one_line_error():
         evaluate({"x": {"a": 1.0}}, {"q": {"a": 1}})
 
 
-@pytest.mark.slow
 def test_twenty_thousand_topics_of_1000_hits_give_the_planted_ranks():
     """At AToMiC scale: each topic's one relevant image is planted at a drawn rank (beyond 1000: not retrieved), so
     every measure is known from the ranks alone, independently of trec_eval."""

@@ -360,6 +360,7 @@ def test_compare_adds_the_fused_row_after_the_papers_rows(workdir):
     assert lines[head + 6].startswith("full CFIR") and "fused" not in lines[head + 6]
 
 
+@pytest.mark.slow
 def test_document_baseline_is_trained_beside_the_main_model_and_used_by_the_document_rows(workdir, tmp_path):
     """train.py --config.train.text=document exports W/model_document (the paper's document-only model, documents
     at 64 tokens) and leaves W/model alone; --compare's document rows then use it and say so."""

@@ -106,7 +106,6 @@ def _unpad(ids: np.ndarray, pad_id: int) -> list[list[int]]:
     return [row[row != pad_id].tolist() for row in ids]
 
 
-@pytest.mark.slow
 def test_bart_summaries_equal_flax_generate_called_directly(summarizer, outputs):
     """Sorting, batch filler rows and length buckets change nothing against generate on the plain padded batch.
 
@@ -157,7 +156,6 @@ def test_bart_settings_are_recorded(summarizer):
     assert settings["max_input_tokens"] == MAX_INPUT and settings["early_stopping"] is True
 
 
-@pytest.mark.slow
 def test_bart_greedy_equals_pytorch_generate(tiny_bart):
     """Against the PyTorch reference: min_length, forced BOS/EOS and our no-repeat-ngram rule behave the same.
 
