@@ -14,9 +14,18 @@ sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__fil
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cfir_jax.index.device_cache import DeviceCache, exact_scores_numpy  # noqa: E402
+from cfir_jax.index.device_cache import DeviceCache  # noqa: E402
 
 N, D = 1000, 16
+
+
+def exact_scores_numpy(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int
+                       ) -> tuple[np.ndarray, np.ndarray]:
+    """Reference SR: float32 dot of rows ids [M] (unique) with query [D]; top-k best first, ties to the lower row."""
+    ids = np.asarray(ids, np.int64)
+    scores = np.asarray(cache[ids], np.float32) @ np.asarray(query, np.float32)
+    order = np.lexsort((ids, -scores))[:k]
+    return scores[order], ids[order].astype(np.int32)
 
 
 def grid_cache(seed: int = 0, n: int = N) -> np.ndarray:

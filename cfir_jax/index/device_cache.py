@@ -9,7 +9,7 @@ fixed bucket sizes, and the batch to a power of two, so queries of different uni
 `jax.shard_map` every shard gathers the candidates it owns, scores them exactly (rows cast to float32, float32 dot at
 HIGHEST precision), masks the rest and the padding to -inf and keeps its top-k; the shards' top-k lists are then
 merged into the global top-k. `jax.lax.top_k` breaks ties by position, and positions follow row order (the union is
-sorted and shards hold ascending row ranges), so ties go to the lower row, as in `exact_scores_numpy`.
+sorted and shards hold ascending row ranges), so ties go to the lower row.
 
 The same resident cache serves exact search of the whole cache (`full_topk`: entity top-K with the exact backend,
 unseen-entity search, the dense baselines), blocked so no [Q, N] score matrix is ever materialised.
@@ -54,15 +54,6 @@ def _fits_one_device(nbytes: int, device) -> bool:
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     limit = (stats or {}).get("bytes_limit")
     return limit is None or nbytes <= _FIT_FRACTION * limit
-
-
-def exact_scores_numpy(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int
-                       ) -> tuple[np.ndarray, np.ndarray]:
-    """Reference SR: float32 dot of rows ids [M] (unique) with query [D]; top-k best first, ties to the lower row."""
-    ids = np.asarray(ids, np.int64)
-    scores = np.asarray(cache[ids], np.float32) @ np.asarray(query, np.float32)
-    order = np.lexsort((ids, -scores))[:k]
-    return scores[order], ids[order].astype(np.int32)
 
 
 class DeviceCache:

@@ -38,9 +38,10 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths, retrieval_config
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
+from cfir_jax.progress import bar as progress_bar
 
 METHODS = ("cfir", "dense_document", "dense_summary", "entity_only")
 SR_MODES = ("exact", "fast")
@@ -96,6 +97,7 @@ class Retriever:
             raise CfirError(f"unknown method {method!r}: use one of {', '.join(METHODS)}")
         self.config, self.method = config, method
         self.rcfg = config.retrieval
+        self._defaults = retrieval_config()  # for keys that a workdir's recorded config predates
         if self.rcfg.unknown_entities not in ("ignore", "search"):
             raise CfirError(f"retrieval.unknown_entities={self.rcfg.unknown_entities!r}: use 'ignore' or 'search'")
         self.sr_mode = self.rcfg.get("sr", "fast")
@@ -203,9 +205,7 @@ class Retriever:
 
     def setting(self, key: str):
         """retrieval.<key>, with the current default for workdirs whose recorded config predates the key."""
-        from cfir_jax.config import retrieval_config
-
-        return self.rcfg.get(key, retrieval_config()[key])
+        return self.rcfg.get(key, self._defaults[key])
 
     def sr_backend(self) -> str:
         """'device' or 'cpu' (retrieval.sr_backend; 'auto' is device when a GPU or TPU is present)."""
@@ -324,14 +324,15 @@ class Retriever:
 
     def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Result]:
         """Runs the configured method for every document, retrieval.batch_size documents at a time (entities,
-        summaries, encoding and SR batched); progress: a progress bar with documents/s."""
-        from tqdm import tqdm
+        summaries, encoding and SR batched); progress: a progress bar with documents/s (where bars are shown at all,
+        see cfir_jax.progress)."""
 
         self._warm_up()
         size = max(1, int(self.setting("batch_size")))
         entities = self._entity_stream(docs)
         results: list[Result] = []
-        with tqdm(total=len(docs), unit="doc", desc=f"retrieve ({self.method})", disable=not progress) as bar:
+        with progress_bar(total=len(docs), unit="doc", desc=f"retrieve ({self.method})",
+                          show=None if progress else False) as bar:
             for b0 in range(0, len(docs), size):
                 batch = docs[b0 : b0 + size]
                 t0 = time.perf_counter()

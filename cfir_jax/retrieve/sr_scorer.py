@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 try:  # optional: a faster float16 -> float32 cast in the exact pass; JAX users need not install it
     import torch
 except ImportError:  # pragma: no cover - exercised where torch is absent
     torch = None
 
+from cfir_jax import progress as progress_bars
 from cfir_jax.errors import CfirError
 from cfir_jax.store import atomic_dir, check_manifest, read_manifest, write_manifest
 
@@ -139,7 +139,7 @@ def build_compact(
         np.save(tmp / "rotation.npy", rotation)
         np.save(tmp / "scales.npy", scales)
         codes = np.lib.format.open_memmap(tmp / "codes.npy", mode="w+", dtype=np.int8, shape=(n, dims))
-        for start in tqdm(range(0, n, chunk_rows), desc="compact cache", disable=not progress):
+        for start in progress_bars.bar(range(0, n, chunk_rows), desc="compact cache", show=None if progress else False):
             block = np.asarray(cache[start : start + chunk_rows], dtype=np.float32)
             codes[start : start + len(block)] = quantize_rows(block @ rotation, scales)
         codes.flush()
