@@ -12,7 +12,7 @@ from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.index.device_cache import DeviceCache
 from cfir_jax.index.image_cache import ImageCache
 from cfir_jax.index.image_text import FusedRows, ImageTextCache, build_image_text, fused_queries, image_text
-from cfir_jax.retrieve.sr_scorer import exact_top_k
+from cfir_jax.retrieve.sr_scorer import SRScorer, build_compact, exact_top_k
 from cfir_jax.store import StoreError
 
 D = 8
@@ -36,8 +36,16 @@ def reference(img, txt, q, union, w_img, w_txt, k):
     return s[order], union[order]
 
 
-@pytest.mark.parametrize("path", ["exact", "device"])
-def test_fused_score_equals_weighted_sum_on_the_same_union(path):
+class Unmaterialised(FusedRows):
+    """FusedRows that fail when anything copies the whole [N, 2D] matrix (np.asarray of the view: at 4M images
+    that is 12 GB per call), so scorers must gather rows."""
+
+    def __array__(self, *args, **kwargs):
+        raise AssertionError("the whole fused matrix was materialised")
+
+
+@pytest.mark.parametrize("path", ["exact", "fast", "device"])
+def test_fused_score_equals_weighted_sum_on_the_same_union(path, tmp_path):
     n, k, (w_img, w_txt) = 300, 25, (1.0, 0.5)
     no_text = range(0, n, 3)  # every third image has no text: its text row is zero
     img, txt = grid(n, 0), grid(n, 1, no_text)
@@ -47,11 +55,15 @@ def test_fused_score_equals_weighted_sum_on_the_same_union(path):
     rows, fq = FusedRows(img, txt), fused_queries(queries, w_img, w_txt)
     if path == "exact":
         got = [exact_top_k(rows, q, u, k) for q, u in zip(fq, unions)]
+    elif path == "fast":  # the compact copy of the [N, 2D] rows shortlists 64 of up to 250, re-ranked exactly
+        rows = Unmaterialised(img, txt)
+        compact = build_compact(rows, tmp_path / "compact", dims=2 * D, cache_fingerprint="fused")
+        got = SRScorer(rows, compact, shortlist=64, k=k).score_batch(fq, unions)
     else:
         got = DeviceCache(rows, k=k, buckets=(64, 256), query_batch=4).score_batch(fq, unions)
     for q, u, (s, r) in zip(queries, unions, got):
         want_s, want_r = reference(img, txt, q, u, w_img, w_txt, k)
-        if path == "exact":  # argpartition may order tied rows either way: same scores, each row's own score
+        if path != "device":  # argpartition may order tied rows either way: same scores, each row's own score
             np.testing.assert_array_equal(s, want_s)
             all_s, all_r = reference(img, txt, q, u, w_img, w_txt, len(u))
             score_of = dict(zip(all_r.tolist(), all_s.tolist()))

@@ -183,6 +183,29 @@ def test_float16_cast_without_torch_is_exact(monkeypatch):
         np.testing.assert_array_equal(dst, src.astype(np.float32))
 
 
+@pytest.mark.parametrize("width", [768, 1536])
+def test_float16_cast_stays_under_torchs_parallel_threshold(monkeypatch, width):
+    """torch parallelises a copy above 32,768 values, and its thread pool then fights the scorer's threads (a fused
+    row is 1536 wide: 32 rows at a time crossed it). Every copy must stay at or under the threshold, and be exact."""
+    import cfir_jax.retrieve.sr_scorer as sr
+
+    if sr.torch is None:
+        pytest.skip("PyTorch is not installed: the lookup-table cast has no thread pool")
+    sizes = []
+    real = sr.torch.from_numpy
+
+    def recording(array):
+        sizes.append(array.size)
+        return real(array)
+
+    monkeypatch.setattr(sr.torch, "from_numpy", recording)
+    src = np.random.default_rng(0).normal(size=(128, width)).astype(np.float16)
+    dst = np.empty(src.shape, np.float32)
+    sr._cast_f16(src, dst)
+    np.testing.assert_array_equal(dst, src.astype(np.float32))
+    assert sizes and max(sizes) <= 32768, max(sizes)
+
+
 def test_exact_top_k_is_the_papers_sr_over_the_whole_union(setting):
     """Every candidate scored in float32 (gathered in chunks smaller than the union), best first."""
     cache, _, candidates, query = setting

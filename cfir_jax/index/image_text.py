@@ -187,6 +187,12 @@ class FusedRows:
         return np.concatenate([np.asarray(self.images[rows], self.dtype), np.asarray(self.texts[rows], self.dtype)],
                               axis=-1)
 
+    def take_rows(self, rows: np.ndarray, out: np.ndarray) -> None:
+        """Gathers rows [m] into out [m, D_img + D_txt] without a temporary (the fast SR scorer's exact pass)."""
+        d = self.images.shape[1]
+        np.take(self.images, rows, axis=0, out=out[:, :d], mode="clip")
+        np.take(self.texts, rows, axis=0, out=out[:, d:], mode="clip")
+
 
 def fused_queries(queries: np.ndarray, w_img: float, w_txt: float) -> np.ndarray:
     """queries [Q, D] -> [Q, 2D] float32: [w_img * q, w_txt * q] (the query side of `FusedRows`)."""

@@ -18,8 +18,8 @@ built when the Retriever is constructed, so per-query times measure queries: `er
 Beyond the paper (off by default): with `retrieval.fusion` weights other than (1, 0), SR scores a
 candidate by w_img * <q, image> + w_txt * <q, image text> (`cfir_jax.index.image_text`: the image's own text embedded by
 the frozen text tower; images without text add 0), exactly, on either backend: both caches are read as one
-[N, 2D] matrix (`FusedRows`) against the query [w_img q, w_txt q]. The CPU fast path has no compact copy of the
-image text, so fused SR on the CPU is exact, and `notes` says so.
+[N, 2D] matrix (`FusedRows`) against the query [w_img q, w_txt q]. The CPU fast path scores them through a compact
+copy of those [N, 2D] rows (W/sr_compact_fused, rebuilt when either store changes) and an exact re-rank.
 
 Baselines through the same code, for the paper's comparisons: `dense_document` and `dense_summary` (exact search of
 the whole cache with the full document's or the summary's embedding) and `entity_only` (the union ranked by each
@@ -175,10 +175,6 @@ class Retriever:
                                                   expect_cache_fingerprint=self.cache.content_fingerprint)
             self.sr_rows = FusedRows(self.embeddings, self.image_text.embeddings)
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
-            if self.sr_mode == "fast" and self.sr_backend() == "cpu":
-                self.sr_mode = "exact"
-                self.notes.append("fused SR scores exactly on the CPU (the fast path has no compact copy of the "
-                                  "image text)")
         self.measure_agreement = measure_agreement and self.sr_mode == "fast"
         self._nlp = self._summarizer = self._sr = self._device_cache = None
         self._load_nlp = load_nlp
@@ -239,16 +235,23 @@ class Retriever:
         if self._sr is None:
             from cfir_jax.retrieve.sr_scorer import SRScorer, build_compact
 
-            compact_dir = self.layout.sr_compact
-            dims = min(self.rcfg.sr_compact_dims, self.cache.dim)
+            # Fused, the compact copy is made of the [N, 2D] rows [image, image text], so it serves any weights.
+            compact_dir = self.layout.sr_compact_fused if self.fused else self.layout.sr_compact
+            source = self.cache.content_fingerprint
+            if self.fused:
+                from cfir_jax.store import manifest_digest
+
+                source += f"+text-{manifest_digest(self.image_text.manifest)}"
+            dim = self.sr_rows.shape[1]
+            dims = min(self.rcfg.sr_compact_dims, dim)
             try:
                 from cfir_jax.retrieve.sr_scorer import CompactCache
 
-                CompactCache.open(compact_dir, expect_n=self.cache.num_images, expect_dim=self.cache.dim,
-                                  expect_cache=self.cache.content_fingerprint, expect_dims=dims)
+                CompactCache.open(compact_dir, expect_n=self.cache.num_images, expect_dim=dim, expect_cache=source,
+                                  expect_dims=dims)
             except CfirError:  # derived data: missing, or made from another cache (or dims), is rebuilt
-                build_compact(self.embeddings, compact_dir, dims=dims, cache_fingerprint=self.cache.content_fingerprint)
-            self._sr = SRScorer(self.embeddings, compact_dir, shortlist=self.rcfg.sr_shortlist, k=self.rcfg.top_k)
+                build_compact(self.sr_rows, compact_dir, dims=dims, cache_fingerprint=source)
+            self._sr = SRScorer(self.sr_rows, compact_dir, shortlist=self.rcfg.sr_shortlist, k=self.rcfg.top_k)
         return self._sr
 
     # ------------------------------------------------------------------------------------------------- stages
@@ -396,9 +399,11 @@ class Retriever:
                          hits=1e3 * (time.perf_counter() - t_hits))
             agreement = None
             if self.measure_agreement and self.method == "cfir" and union is not None:
+                from cfir_jax.index.image_text import fused_queries
                 from cfir_jax.retrieve.sr_scorer import exact_top_k
 
-                _, exact_rows = exact_top_k(self.embeddings, queries[i], union, k)
+                query = fused_queries(queries[i : i + 1], *self.fusion)[0] if self.fused else queries[i]
+                _, exact_rows = exact_top_k(self.sr_rows, query, union, k)
                 agreement = len(np.intersect1d(ranked[i][1], exact_rows)) / max(len(exact_rows), 1)
             num = len(union) if union is not None else len(self.embeddings)
             results.append(Result(hits, list(entities[i]), unknown, summaries[i], note, num, times, agreement))

@@ -48,9 +48,10 @@ _PARALLEL_MIN_APPROX = 8 * _CHUNK_ROWS
 _PARALLEL_MIN_EXACT = 512
 # float16 bit pattern -> float32 value (256 KiB, stays in L2): numpy's own astype is a scalar loop.
 _F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-# torch parallelises copies above 32,768 elements; casting 32 rows (24,576 values) at a time keeps it on the
-# calling thread without touching torch's process-wide thread setting.
-_TORCH_CAST_ROWS = 32
+# torch parallelises copies above 32,768 elements (and its pool then fights the scorer's own threads: 1000x slower
+# under load); casting at most that many values at a time keeps it on the calling thread without touching torch's
+# process-wide thread setting, whatever the row width (768, or 1536 for fused rows).
+_TORCH_CAST_VALUES = 32768
 
 
 @dataclasses.dataclass
@@ -241,6 +242,7 @@ class SRScorer:
         if k < 1 or shortlist < k:
             raise CfirError(f"need 1 <= k <= shortlist, got k={k}, shortlist={shortlist}")
         self.cache = cache_embeddings
+        self._take_rows = getattr(cache_embeddings, "take_rows", None)
         self.compact = compact
         self.k = k
         self.shortlist = shortlist
@@ -320,7 +322,10 @@ class SRScorer:
             rows, as_float = self._rows[w], self._rows_f32[w]
             for c0 in range(a, b, _EXACT_CHUNK_ROWS):
                 m = min(_EXACT_CHUNK_ROWS, b - c0)
-                np.take(self.cache, ids[c0 : c0 + m], axis=0, out=rows[:m], mode="clip")
+                if self._take_rows is not None:  # a view over several stores (image text fusion: FusedRows)
+                    self._take_rows(ids[c0 : c0 + m], rows[:m])
+                else:
+                    np.take(self.cache, ids[c0 : c0 + m], axis=0, out=rows[:m], mode="clip")
                 if as_float is not rows:
                     # float16 values are exact in float32, so this equals the float32 reference up to summation
                     # order. The product runs in numpy's BLAS (sgemv 3x faster than torch.mv here).
@@ -394,5 +399,6 @@ def _cast_f16(src: np.ndarray, dst: np.ndarray) -> None:
     if torch is None:
         np.take(_F16_TO_F32, src.view(np.uint16), out=dst)
         return
-    for a in range(0, len(src), _TORCH_CAST_ROWS):
-        torch.from_numpy(dst[a : a + _TORCH_CAST_ROWS]).copy_(torch.from_numpy(src[a : a + _TORCH_CAST_ROWS]))
+    step = max(1, _TORCH_CAST_VALUES // max(1, src.shape[-1]))
+    for a in range(0, len(src), step):
+        torch.from_numpy(dst[a : a + step]).copy_(torch.from_numpy(src[a : a + step]))
