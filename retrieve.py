@@ -134,11 +134,15 @@ def _evaluate(config, args, top):
     if args.compare:
         from cfir_jax.layout import Layout
 
-        # The paper's rows stay the paper's whatever retrieval.fusion says; the fused row comes after them.
+        # The paper's rows stay the paper's whatever retrieval.fusion and entity_text_match say; the rows beyond
+        # the paper come after them.
         paper = dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.0)
-        rows = tuple((label, method, {**o, "fusion": paper}) for label, method, o in rows)
-        if (Layout.of(args.index).image_text / "manifest.json").is_file():  # index.py built the image text
+        rows = tuple((label, method, {**o, "fusion": paper, "entity_text_match": False}) for label, method, o in rows)
+        layout = Layout.of(args.index)
+        if (layout.image_text / "manifest.json").is_file():  # index.py built the image text
             rows += (report.fused_row(config.retrieval),)
+        if (layout.entity_text_match / "manifest.json").is_file():
+            rows += (report.TEXT_MATCH_ROW,)
     table, all_results, curves = [], [], {}
     unknown_line = ""
     for label, method, retrieval_overrides in rows:

@@ -22,6 +22,10 @@ MODEL_SIZES = {
     "large": dict(embed_dim=1024, num_layers=24, num_heads=16, ffn_dim=4096),
 }
 
+# AToMiC's image-side text, what an image says about itself (cfir_jax.data.atomic.CAPTION_FIELDS; the config sits
+# below the data package, so the names are repeated here).
+IMAGE_TEXT_FIELDS = ("caption_reference_description", "caption_alt_text_description", "caption_attribution_description")
+
 
 def model_config(size: str = "base", image_size: int = 224, **overrides) -> ml_collections.ConfigDict:
     """The `model` section: architecture, precision and compilation switches."""
@@ -217,10 +221,19 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             # retrieval.fusion.w_txt != 0; skipped (and said) when the corpus' images have no text.
             image_text=dict(
                 enabled=False,
-                fields=("caption_reference_description", "caption_alt_text_description",
-                        "caption_attribution_description"),
+                fields=IMAGE_TEXT_FIELDS,
                 max_text_len=64,
                 encode_batch=256,
+                chunk_rows=65536,
+            ),
+            # Beyond the paper: for every entity of the entity index, the images whose own text names it (whole
+            # words, case-folded) into W/entity_text_match. Built when enabled or when retrieval.entity_text_match;
+            # a name in more than max_matches images' text is left out (it says little about any one of them).
+            entity_text_match=dict(
+                enabled=False,
+                fields=IMAGE_TEXT_FIELDS,
+                max_matches=1000,
+                max_words=8,
                 chunk_rows=65536,
             ),
         )
@@ -255,6 +268,9 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # (W/image_text; images without text add 0). The default (1, 0) is the paper's SR. compare_w_txt: the
             # text weight of the fused row of --compare when w_txt is 0.
             fusion=dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.5),
+            # Beyond the paper: each known entity's candidates also include the images whose own text names it
+            # (W/entity_text_match, cfir_jax.index.entity_text_match).
+            entity_text_match=False,
         )
     )
 

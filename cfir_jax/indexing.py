@@ -9,6 +9,8 @@ Stages (each writes one directory of the workdir layout, see cfir_jax.layout):
   entity_index  every entity text encoded by the frozen text tower, its top-K images by ScaNN (or exact search)
   image_text    beyond the paper: each cached image's own text embedded by the frozen text tower (fused SR);
                 built when index.image_text.enabled or retrieval.fusion.w_txt != 0, skipped when no image has text
+  entity_text_match  beyond the paper: per entity of the entity index, the images whose own text names it; built
+                when index.entity_text_match.enabled or retrieval.entity_text_match, skipped when no image has text
 
 A stage is skipped when its store is complete and current (each stage module checks its own manifest), resumes
 where it stopped when interrupted, and refuses stores built by another model. A closing table gives counts, size on
@@ -34,7 +36,8 @@ from cfir_jax.index.summarizer import make_summarizer
 from cfir_jax.layout import Layout
 from cfir_jax.store import write_json_atomic
 
-STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text")
+STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
+          "entity_text_match")
 
 
 @dataclasses.dataclass
@@ -304,6 +307,25 @@ def build_image_text(config, layout: Layout, corpus, cache):
                  fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=_show_progress())
 
 
+def entity_text_match_wanted(config) -> bool:
+    """Whether index.py builds W/entity_text_match: asked for, or needed by retrieval.entity_text_match."""
+    return bool(config.index.get("entity_text_match", {}).get("enabled")) or \
+        bool(config.retrieval.get("entity_text_match", False))
+
+
+def build_entity_text_match(config, layout: Layout, corpus, cache):
+    """Stage entity_text_match: None (skipped) when the corpus' images carry no text, else the opened store."""
+    from cfir_jax.index.entity_index import EntityIndex
+    from cfir_jax.index.entity_text_match import build_entity_text_match as build
+
+    if not corpus.manifest.get("images_with_text"):
+        return None
+    m = config.index.entity_text_match
+    return build(layout.entity_text_match, corpus, cache, EntityIndex.open(layout.entity_index),
+                 fields=tuple(m.fields), max_matches=m.max_matches, max_words=m.max_words, chunk_rows=m.chunk_rows,
+                 progress=_show_progress())
+
+
 def add_entities(config, workdir, path: str | os.PathLike) -> int:
     """Appends the entity texts of a file (one per line) to an existing entity index without rebuilding it."""
     from cfir_jax.data.corpus import Corpus
@@ -419,6 +441,11 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
         run("image_text", lambda: build_image_text(config, layout, corpus, cache),
             lambda t: "skipped: the corpus' images have no text" if t is None else
             f"{t.num_with_text:,} of {len(t.has_text):,} images with text", layout.image_text)
+    if "entity_text_match" in stages and entity_text_match_wanted(config):
+        run("entity_text_match", lambda: build_entity_text_match(config, layout, corpus, cache),
+            lambda t: "skipped: the corpus' images have no text" if t is None else
+            f"{t.manifest['num_pairs']:,} (entity, image) pairs, {t.manifest['entities_matched']:,} entities matched, "
+            f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
     write_json_atomic(layout.index_json, {
         "encoder": str(encoder_dir(config, layout) or ""),
         "config": json.loads(json.dumps(config.to_dict(), default=str)),

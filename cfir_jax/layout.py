@@ -8,6 +8,7 @@
     W/summaries/       a summary of every document (cfir_jax.index.summary_store)
     W/entity_index/    top-K images of every entity (cfir_jax.index.entity_index)
     W/image_text/      [N, D] embeddings of each cached image's own text, for fused SR (cfir_jax.index.image_text)
+    W/entity_text_match/  per entity, the images whose own text names it (cfir_jax.index.entity_text_match)
     W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.retrieve.sr_scorer)
     W/sr_compact_fused/  the same for fused SR: a compact copy of the rows [image, image text]
     W/index.json       what index.py built: the encoder used, stage summaries
@@ -43,4 +44,4 @@ class Layout:
 
 
 STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "image_text",
-          "sr_compact", "sr_compact_fused", "train", "model", "train_document", "model_document")
+          "entity_text_match", "sr_compact", "sr_compact_fused", "train", "model", "train_document", "model_document")

@@ -87,3 +87,10 @@ def test_optimizer_of_the_config_scales_layer_i_by_0_9_to_the_depth_above_it():
         assert fc1[i].mean() / head == pytest.approx(0.9 ** (layers - i), rel=1e-4), i
     positions = float(np.abs(updates["B"]["embed_positions"]).mean())
     assert positions / head == pytest.approx(0.9 ** (layers + 1), rel=1e-4)
+
+
+def test_image_text_fields_of_the_config_are_atomics_caption_columns():
+    from cfir_jax.config import IMAGE_TEXT_FIELDS
+    from cfir_jax.data.atomic import CAPTION_FIELDS
+
+    assert IMAGE_TEXT_FIELDS == tuple(CAPTION_FIELDS)

@@ -362,6 +362,47 @@ def test_compare_adds_the_fused_row_after_the_papers_rows(workdir):
     assert lines[head + 7].startswith("CFIR + image text")
     assert lines[head + 7].rstrip().endswith("fused with image text (w_img=1, w_txt=0.25)")
     assert lines[head + 6].startswith("full CFIR") and "fused" not in lines[head + 6]
+    assert lines[head + 8].startswith("CFIR + entity text match")
+    assert lines[head + 8].rstrip().endswith("entities matched in image text")
+    assert "matched" not in lines[head + 6]
+
+
+def test_entity_text_match_adds_the_images_that_name_an_entity_to_its_list(workdir, config):
+    """retrieval.entity_text_match: a known entity's list is its top-K followed by the images whose own text names
+    it (whole words) and that the top-K missed. With the lists cut to K=2, that brings relevant images back into
+    the train documents' unions (at the tiny world's K=20 the embedding search already finds nearly all)."""
+    from cfir_jax.index.entity_text_match import EntityTextMatch, words
+    from cfir_jax.index.image_text import image_text
+
+    cfg = config.copy_and_resolve_references()
+    cfg.retrieval.entity_text_match = True
+    r, plain = Retriever(cfg, workdir), Retriever(config, workdir)
+    for retriever in (r, plain):  # K=2 instead of 20: the embedding search alone now misses relevant images
+        full = retriever.entity_index.candidates
+        retriever.entity_index.candidates = lambda rows, full=full: [c[:2] for c in full(rows)]
+    store = EntityTextMatch.open(workdir / "entity_text_match")
+    assert store.manifest["num_pairs"] > 0
+    docs = r.corpus_documents("train")
+    qrels = r.corpus.qrels("train")
+    found = {"plain": 0, "matched": 0}
+    for doc in docs:
+        lists, used, _ = r._candidates(doc.entities)
+        base, _, _ = plain._candidates(doc.entities)
+        for entity, got, top in zip(used, lists, base):
+            assert got[: len(top)].tolist() == top.tolist()
+            row = r.entity_index.row(entity)
+            if row is None:  # an unknown entity searched over the cache: no text match (the index never saw it)
+                assert len(got) == len(top)
+                continue
+            extra = set(got[len(top) :].tolist())
+            assert extra == set(store.rows_of([row])[0].tolist()) - set(top.tolist())
+            for cache_row in list(extra)[:3]:  # each added image's text names the entity
+                text = image_text(r.corpus.image(r.corpus.image_ids.index(r.image_ids[cache_row])))
+                assert " ".join(words(entity)) in " ".join(words(text))
+        relevant = {r.cache.index_of(i) for i in qrels[doc.doc_id]}
+        found["plain"] += len(relevant & set(np.concatenate(base or [[]]).astype(int).tolist()))
+        found["matched"] += len(relevant & set(np.concatenate(lists or [[]]).astype(int).tolist()))
+    assert found["matched"] > found["plain"], found
 
 
 @pytest.mark.slow

@@ -21,6 +21,9 @@ the frozen text tower; images without text add 0), exactly, on either backend: b
 [N, 2D] matrix (`FusedRows`) against the query [w_img q, w_txt q]. The CPU fast path scores them through a compact
 copy of those [N, 2D] rows (W/sr_compact_fused, rebuilt when either store changes) and an exact re-rank.
 
+With `retrieval.entity_text_match` (off by default), each known entity's candidate list also holds the images whose
+own text names it (`cfir_jax.index.entity_text_match`, W/entity_text_match); SR scores them like any candidate.
+
 Baselines through the same code, for the paper's comparisons: `dense_document` and `dense_summary` (exact search of
 the whole cache with the full document's or the summary's embedding) and `entity_only` (the union ranked by each
 image's best entity score).
@@ -164,6 +167,15 @@ class Retriever:
             self.entity_encoder = TextEncoder(enc_model, tokenizer, config.index.entity_index.max_text_len, 16)
             if method == "entity_only":
                 self.model_used = f"frozen index encoder, {self.entity_encoder.max_len} tokens"
+        self.text_match = None  # beyond the paper: images whose own text names an entity join its list
+        if method == "cfir" and self.setting("entity_text_match"):
+            from cfir_jax.index.entity_text_match import EntityTextMatch
+            from cfir_jax.store import manifest_digest
+
+            self.text_match = EntityTextMatch.open(layout.entity_text_match,
+                                                   entity_index=manifest_digest(self.entity_index.manifest),
+                                                   cache_fingerprint=self.cache.content_fingerprint)
+            self.model_used += ", entities matched in image text"
         fusion = self.setting("fusion")
         self.fusion = (float(fusion["w_img"]), float(fusion["w_txt"]))
         self.fused = method == "cfir" and self.fusion != (1.0, 0.0)
@@ -311,6 +323,10 @@ class Retriever:
                 known_rows.append(r)
                 known.append(e)
         lists = self.entity_index.candidates(np.asarray(known_rows, np.int64)) if known_rows else []
+        if self.text_match is not None and known_rows:
+            # Matched images the embedding search missed go after the entity's own top-K (its order is kept).
+            lists = [np.concatenate([c, np.setdiff1d(m, c).astype(np.int32)]) if len(m) else c
+                     for c, m in zip(lists, self.text_match.rows_of(known_rows))]
         searched: list[str] = []
         if unknown and self.rcfg.unknown_entities == "search":
             emb = self.entity_encoder.encode(unknown)

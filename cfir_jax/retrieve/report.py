@@ -39,6 +39,11 @@ def fused_row(rcfg) -> tuple[str, str, dict]:
     return "CFIR + image text", "cfir", {"fusion": fusion}
 
 
+# Beyond the paper: full CFIR whose entity lists also hold the images that name the entity in their own text.
+TEXT_MATCH_ROW = ("CFIR + entity text match", "cfir", {"entity_text_match": True,
+                                                      "fusion": dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.0)})
+
+
 @dataclasses.dataclass
 class EvalRow:
     label: str
