@@ -9,6 +9,7 @@
     W/entity_index/    top-K images of every entity (cfir_jax.index.entity_index)
     W/image_text/      [N, D] embeddings of each cached image's own text, for fused SR (cfir_jax.index.image_text)
     W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.retrieve.sr_scorer)
+    W/reranker/        the fitted re-ranker of SR's top-N, beyond the paper (cfir_jax.retrieve.reranker)
     W/index.json       what index.py built: the encoder used, stage summaries
     W/train/           training run: checkpoints, metrics.jsonl, config.json, tensorboard
     W/model/           the trained model (vision tower of the encoder + trained language expert)
@@ -42,4 +43,4 @@ class Layout:
 
 
 STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "image_text",
-          "sr_compact", "train", "model", "train_document", "model_document")
+          "sr_compact", "reranker", "train", "model", "train_document", "model_document")
