@@ -12,8 +12,8 @@ from test_pipeline import _run, config, workdir  # noqa: F401 - the session's ti
 
 from cfir_jax.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
-from cfir_jax.retrieve.rerank_features import BASE_FEATURES, EntityEvidence, entity_features, late_interaction
-from cfir_jax.retrieve.rerank_fit import FitSettings, fit_head, fit_reranker, list_mrr
+from cfir_jax.retrieve.rerank_features import BASE_FEATURES, EntityEvidence, entity_features
+from cfir_jax.retrieve.rerank_fit import FitSettings, fit_head, list_mrr
 from cfir_jax.retrieve.reranker import rerank_order
 
 TOP_N = 20  # below the tiny world's top_k (100), so re-ranked hits are followed by SR's tail
@@ -34,12 +34,17 @@ def _linked_copy(workdir, tmp_path, skip=()):  # noqa: F811
     return tmp_path
 
 
+# The settings of the tests' re-ranker, as command-line overrides.
+OVERRIDES = (f"--config.retrieval.rerank.top_n={TOP_N}", "--config.retrieval.rerank.max_text_len=128",
+             "--config.retrieval.rerank.max_epochs=30", "--config.retrieval.rerank.patience=5")
+
+
 @pytest.fixture(scope="module")
-def fitted(workdir, config, tmp_path_factory):  # noqa: F811
-    """A copy of the tiny index with a re-ranker fitted on its train split."""
+def fitted(workdir, tmp_path_factory):  # noqa: F811
+    """A copy of the tiny index with a re-ranker fitted on its train split by `retrieve.py --fit-reranker`."""
     w = _linked_copy(workdir, tmp_path_factory.mktemp("rerank"))
-    manifest = fit_reranker(_with(config, max_epochs=30, patience=5), w, progress=False)
-    return w, manifest
+    proc = _run("retrieve.py", "--index", str(w), "--fit-reranker", *OVERRIDES)
+    return w, proc
 
 
 # --------------------------------------------------------------------------------------------------- features
@@ -57,14 +62,28 @@ def test_entity_features_equal_a_loop_over_the_lists():
     assert got[-1].tolist() == [0.0, 0.0, 1.0, 0.0]
 
 
-def test_late_interaction_is_the_best_and_the_mean_of_the_top_token_similarities():
-    rng = np.random.default_rng(1)
-    tokens, images = rng.normal(size=(7, 5)), rng.normal(size=(3, 5))
-    got = late_interaction(tokens, images, top=3)
-    for i, image in enumerate(images):
-        sims = sorted((float(t @ image) for t in tokens), reverse=True)
-        np.testing.assert_allclose(got[i], [sims[0], np.mean(sims[:3])], rtol=1e-5)
-    assert late_interaction(tokens, images, top=50)[:, 1] == pytest.approx((images @ tokens.T).mean(1), rel=1e-5)
+def test_late_interaction_on_the_device_equals_numpy_over_the_token_outputs(synthetic_spm):
+    """encode_against's best and top-3 mean token-image similarities equal numpy's over encode_text_tokens, padding and
+    the first token excluded; a text with fewer tokens than `top` averages all of them (one batch padded, one not)."""
+    from cfir_jax.config import model_config
+    from cfir_jax.model.beit3 import create_model
+    from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.model.tokenizer import Beit3Tokenizer
+
+    model = create_model(model_config("tiny", vocab_size=1000, max_text_positions=64))
+    encoder = TextEncoder(model, Beit3Tokenizer(synthetic_spm), max_len=16, batch_size=2)
+    texts = ["a long text about the river and the old bridge over it, and more", "", "short one"]
+    images = np.random.default_rng(0).normal(size=(3, 5, 64)).astype(np.float32)
+    embeddings, best, top_mean = encoder.encode_against(texts, images, top=3)
+    ids, mask = encoder.tokenizer(texts, 16)
+    tokens = np.asarray(model.text_tower().encode_text_tokens(ids, mask))
+    for b in range(3):
+        own = tokens[b][~mask[b].astype(bool)][1:]
+        sims = -np.sort(-(images[b] @ own.T), axis=1)
+        np.testing.assert_allclose(best[b], sims[:, 0], rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(top_mean[b], sims[:, :3].mean(axis=1), rtol=1e-5, atol=1e-6)
+    assert len(tokens[1][~mask[1].astype(bool)][1:]) < 3  # the empty text: its end token alone
+    np.testing.assert_allclose(embeddings, encoder.encode(texts), atol=1e-6)
 
 
 def test_retrievers_features_equal_a_plain_recomputation(workdir, config):  # noqa: F811
@@ -72,16 +91,18 @@ def test_retrievers_features_equal_a_plain_recomputation(workdir, config):  # no
     itself: summary and document embeddings, the document's token outputs, ER lists and scores, the image text."""
     from cfir_jax.index.image_text import ImageTextCache
     from cfir_jax.index.knn import exact_topk
+    from cfir_jax.model import checkpoint
 
     r = Retriever(_with(config), workdir, rerank_features=True)
     assert r.rerank_feature_names == BASE_FEATURES + ("txt", "has_txt")  # the tiny world has image text
     text = ImageTextCache.open(workdir / "image_text")
     tower = r.rerank_encoder
+    tokens_of = checkpoint.load_model(workdir / "model").text_tower().encode_text_tokens  # the model, straight
     docs = r.corpus_documents("test")[:4] + [DocumentInput("Zorblax Quintavenor met Hyllandrup.", "unseen")]
     for doc, res in zip(docs, r.retrieve_many(docs)):
         rows = np.asarray([h.row for h in res.hits[:TOP_N]])
         ids, mask = tower.tokenizer([doc.text], 128)
-        states = np.asarray(_token_states(r, ids, mask))[0]
+        states = np.asarray(tokens_of(ids, mask))[0]
         keep = ~mask[0].astype(bool)
         keep[0] = False
         images = np.asarray(r.embeddings[rows], np.float32)
@@ -107,14 +128,6 @@ def test_retrievers_features_equal_a_plain_recomputation(workdir, config):  # no
                          float(summary @ np.asarray(text.embeddings[row], np.float32)), float(text.has_text[row])])
         np.testing.assert_allclose(res.rerank_features, want, rtol=2e-4, atol=2e-5, err_msg=doc.doc_id)
         np.testing.assert_allclose(states[0], tower.encode([doc.text])[0], atol=1e-5)  # token 0 is the embedding
-
-
-def _token_states(r, ids, mask):
-    """The document's token outputs straight from the model: text tower, language head, L2 norm."""
-    from cfir_jax.model import checkpoint
-
-    model = checkpoint.load_model(r.layout.model)
-    return model.text_tower().encode_text_tokens(ids, mask)
 
 
 # ------------------------------------------------------------------------------------------- planted signal
@@ -162,7 +175,8 @@ def test_rerank_order_puts_the_top_n_by_logit_above_srs_tail():
 
 # --------------------------------------------------------------------------------------------------- the store
 def test_fit_writes_a_store_recording_what_it_was_fitted_on(fitted):
-    w, manifest = fitted
+    w, proc = fitted
+    assert "held-out lists:" in proc.stdout and "wrote " in proc.stdout
     stored = json.loads((w / "reranker" / "manifest.json").read_text())
     assert stored["kind"] == "reranker" and stored["top_n"] == TOP_N and stored["features"][-2:] == ["txt", "has_txt"]
     assert stored["sources"]["text_fingerprint"].startswith("text-") and stored["sources"]["image_text"]
@@ -198,8 +212,14 @@ def test_store_of_another_model_or_stale_sources_is_refused_in_one_line(fitted, 
     assert "\n" not in str(e.value)
 
 
-def test_enabled_without_a_store_is_a_one_line_cli_error(workdir):  # noqa: F811
-    proc = _run("retrieve.py", "--index", str(workdir), "--query", "examples/doc.txt",
+def test_enabled_without_a_store_is_one_line_even_on_an_index_older_than_the_option(workdir, tmp_path):  # noqa: F811
+    """An index whose recorded config predates retrieval.rerank takes the option's defaults (the override is no
+    'unknown config field'), and enabling it without a fitted store says how to fit one."""
+    w = _linked_copy(workdir, tmp_path / "w", skip=("index.json",))
+    recorded = json.loads((workdir / "index.json").read_text())
+    del recorded["config"]["retrieval"]["rerank"]
+    (w / "index.json").write_text(json.dumps(recorded))
+    proc = _run("retrieve.py", "--index", str(w), "--query", "examples/doc.txt",
                 "--config.retrieval.rerank.enabled=true", "--config.retrieval.rerank.max_text_len=128", check=False)
     assert proc.returncode == 2 and proc.stderr.count("\n") == 1, proc.stderr
     assert "no fitted re-ranker here" in proc.stderr and "--fit-reranker" in proc.stderr
@@ -237,13 +257,8 @@ def test_retrieve_many_equals_the_loop_with_rerank_on(fitted, config):  # noqa: 
         assert [h.row for h in x.hits[TOP_N:]] == [h.row for h in s.hits[TOP_N:]]
 
 
-def test_cli_fits_and_compare_adds_the_rerank_row(workdir, tmp_path):  # noqa: F811
-    w = _linked_copy(workdir, tmp_path / "w")
-    args = ("--config.retrieval.rerank.top_n=20", "--config.retrieval.rerank.max_text_len=128",
-            "--config.retrieval.rerank.max_epochs=10")
-    fit = _run("retrieve.py", "--index", str(w), "--fit-reranker", *args)
-    assert "held-out lists:" in fit.stdout and (w / "reranker" / "manifest.json").is_file()
-    proc = _run("retrieve.py", "--index", str(w), "--evaluate", "test", "--compare", *args)
+def test_compare_adds_the_rerank_row_after_the_others(fitted):
+    proc = _run("retrieve.py", "--index", str(fitted[0]), "--evaluate", "test", "--compare", *OVERRIDES)
     lines = proc.stdout.splitlines()
     head = next(i for i, line in enumerate(lines) if line.startswith("row "))
     assert lines[head + 6].startswith("full CFIR") and "re-ranked" not in lines[head + 6]

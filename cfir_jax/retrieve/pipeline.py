@@ -482,32 +482,42 @@ class Retriever:
     def _rerank(self, docs: Sequence[DocumentInput], queries: np.ndarray, lists: list[list[np.ndarray]],
                 scores: list[list[np.ndarray] | None], ranked: list[tuple[np.ndarray, np.ndarray]]
                 ) -> tuple[list[dict[str, float]], list[np.ndarray]]:
-        """The third stage over one batch: the documents' tokens encoded together, then per query the features of
-        SR's top-N and, with a fitted head, their new order (`ranked` is updated in place). Returns per query its
-        times {rerank_encode, rerank} (ms) and its features [n, F]."""
+        """The third stage over one batch: the documents encoded together, their tokens compared with their own top-N
+        on the device (late interaction), then per query the features of SR's top-N and, with a fitted head, their
+        new order (`ranked` is updated in place). Returns per query its times (ms): `rerank_encode` (the batched
+        encoding and late interaction, per document) and `rerank` (gathers, features, head); and its features [n, F]."""
         from cfir_jax.retrieve.rerank_features import EntityEvidence, candidate_features
         from cfir_jax.retrieve.reranker import rerank_order
 
+        top_n, dim = self.rerank_settings["top_n"], self.embeddings.shape[1]
+        gather_s, images = [], np.zeros((len(docs), top_n, dim), np.float32)  # each list padded to N for one shape
+        for i in range(len(docs)):
+            t_start = time.perf_counter()
+            top = np.asarray(ranked[i][1][:top_n], np.int64)
+            images[i, : len(top)] = self.embeddings[top]
+            gather_s.append(time.perf_counter() - t_start)
         t0 = time.perf_counter()
-        doc_emb, doc_tokens = self.rerank_encoder.encode_with_tokens([d.text for d in docs])
+        doc_emb, best, top_mean = self.rerank_encoder.encode_against([d.text for d in docs], images,
+                                                                     self.rerank_settings["li_top"])
         encode_ms = 1e3 * (time.perf_counter() - t0) / len(docs)
         times, features = [], []
         for i in range(len(docs)):
             t_start = time.perf_counter()
             sr_scores, rows = ranked[i]
-            n = min(self.rerank_settings["top_n"], len(rows))
+            n = min(top_n, len(rows))
             top = np.asarray(rows[:n], np.int64)
             evidence = EntityEvidence(lists[i], scores[i], self.entity_index.k) if lists[i] else None
             text = {}
             if self.rerank_text is not None:
                 text = dict(query=queries[i], texts=self.rerank_text.embeddings[top],
                             has_text=self.rerank_text.has_text[top])
-            f = candidate_features(top, sr_scores[:n], self.embeddings[top], doc_emb[i], doc_tokens[i], evidence,
-                                   self.rerank_settings["li_top"], **text)
+            late = np.stack([best[i, :n], top_mean[i, :n]], axis=1)
+            f = candidate_features(top, sr_scores[:n], images[i, :n], doc_emb[i], late, evidence, **text)
             if self.reranker is not None:
                 ranked[i] = rerank_order(sr_scores, rows, self.reranker.logits(f))
             features.append(f if self.collect_features else None)
-            times.append({"rerank_encode": encode_ms, "rerank": 1e3 * (time.perf_counter() - t_start)})
+            rerank_s = time.perf_counter() - t_start + gather_s[i]
+            times.append({"rerank_encode": encode_ms, "rerank": 1e3 * rerank_s})
         return times, features
 
     def _score_unions(self, queries: np.ndarray, unions: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
@@ -542,7 +552,8 @@ class Retriever:
         if self.method == "dense_document":
             self.doc_encoder.encode(["warm up"])
         if self.rerank_encoder is not None:
-            self.rerank_encoder.encode_with_tokens(["warm up"])
+            shape = (1, self.rerank_settings["top_n"], self.embeddings.shape[1])
+            self.rerank_encoder.encode_against(["warm up"], np.zeros(shape, np.float32), self.rerank_settings["li_top"])
             if self.reranker is not None:
                 self.reranker.logits(np.zeros((1, len(self.reranker.features)), np.float32))
         self._warm = True

@@ -17,8 +17,9 @@ features, in this order (`feature_names`):
   txt         the summary embedding . the image's own text embedding (W/image_text; only when that store exists)
   has_txt     1 when the image has text, else 0 (only with txt)
 
-Everything is numpy on the host: N gathered image rows, tokens x N dot products and one sorted search over the
-document's concatenated entity lists per query.
+The late interaction runs with the document's encoding on the device (`TextEncoder.encode_against`: tokens x N
+dot products, only [N] maxima and means come back); the rest is numpy on the host: N gathered image rows, two
+dot products per candidate and one sorted search over the document's concatenated entity lists.
 """
 
 from __future__ import annotations
@@ -77,32 +78,19 @@ def entity_features(rows: np.ndarray, evidence: EntityEvidence) -> np.ndarray:
     return out
 
 
-def late_interaction(tokens: np.ndarray, images: np.ndarray, top: int) -> np.ndarray:
-    """tokens [T, D], images [n, D] -> [n, 2]: each image's best token similarity and the mean of its `top` best."""
-    n = len(images)
-    if len(tokens) == 0 or n == 0:
-        return np.zeros((n, 2), np.float32)
-    sims = images @ tokens.T  # [n, T]
-    m = min(max(int(top), 1), sims.shape[1])
-    best = -np.partition(-sims, m - 1, axis=1)[:, :m]
-    return np.stack([sims.max(axis=1), best.mean(axis=1)], axis=1).astype(np.float32)
-
-
 def candidate_features(rows: np.ndarray, sr_scores: np.ndarray, images: np.ndarray, document: np.ndarray,
-                       tokens: np.ndarray, evidence: EntityEvidence | None, li_top: int,
-                       query: np.ndarray | None = None, texts: np.ndarray | None = None,
-                       has_text: np.ndarray | None = None) -> np.ndarray:
+                       late: np.ndarray, evidence: EntityEvidence | None, query: np.ndarray | None = None,
+                       texts: np.ndarray | None = None, has_text: np.ndarray | None = None) -> np.ndarray:
     """The feature matrix [n, F] of one document's top-n candidates (columns: `feature_names(texts is not None)`).
 
     rows [n]: their cache rows (unique); sr_scores [n]: SR's scores; images [n, D]: their image embeddings;
-    document [D]: the document's embedding; tokens [T, D]: its tokens' outputs; evidence: its ER lists (None: no
-    usable entity, the whole cache was searched);
+    document [D]: the document's embedding; late [n, 2]: late interaction's best and top-mean token similarities
+    (`TextEncoder.encode_against`); evidence: its ER lists (None: no usable entity, the whole cache was searched);
     query [D], texts [n, D], has_text [n]: the summary embedding and the candidates' image-text rows, when used.
     """
     images = np.asarray(images, np.float32)
     parts = [np.asarray(sr_scores, np.float32)[:, None], (images @ np.asarray(document, np.float32))[:, None],
-             late_interaction(np.asarray(tokens, np.float32), images, li_top),
-             entity_features(rows, evidence or EntityEvidence([], [], 1))]
+             np.asarray(late, np.float32), entity_features(rows, evidence or EntityEvidence([], [], 1))]
     if texts is not None:
         parts += [(np.asarray(texts, np.float32) @ np.asarray(query, np.float32))[:, None],
                   np.asarray(has_text, np.float32)[:, None]]

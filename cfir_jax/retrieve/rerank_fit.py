@@ -121,7 +121,12 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
     from cfir_jax.retrieve.pipeline import Retriever
 
     start = time.time()
+    from cfir_jax.config import retrieval_config
+
     cfg = config.copy_and_resolve_references()
+    if "rerank" not in cfg.retrieval:  # a config recorded before the option existed: its defaults
+        with cfg.unlocked():
+            cfg.retrieval.rerank = retrieval_config().rerank
     rerank = cfg.retrieval.rerank
     top_n = int(rerank.top_n)
     if top_n < 2:
