@@ -23,7 +23,8 @@ image text, so fused SR on the CPU is exact, and `notes` says so.
 
 Beyond the paper (off by default): with `retrieval.rerank.enabled` a third stage re-scores SR's top-N with the head
 fitted into `W/reranker` (`cfir_jax.retrieve.reranker`, features in `cfir_jax.retrieve.rerank_features`): per-query
-times add `rerank_encode` (the document's tokens, batched) and `rerank` (features and head). It applies to CFIR only.
+times add `rerank_encode` (the document's encoding with its late interaction, batched) and `rerank` (features and
+head). It applies to CFIR only.
 
 Baselines through the same code, for the paper's comparisons: `dense_document` and `dense_summary` (exact search of
 the whole cache with the full document's or the summary's embedding) and `entity_only` (the union ranked by each
@@ -228,6 +229,9 @@ class Retriever:
         self.rerank_feature_names = feature_names(with_text)
         self._text_fingerprint = text_fingerprint
         if self.reranker is not None:
+            if self.reranker.features != self.rerank_feature_names:
+                raise CfirError(f"{self.layout.reranker}: fitted on features {', '.join(self.reranker.features)} but "
+                                f"this code computes {', '.join(self.rerank_feature_names)}; fit it again")
             self.reranker.check(self.rerank_sources(), self.rerank_settings)
             fitted = tuple(self.reranker.manifest.get("sr_fusion", (1.0, 0.0)))
             if fitted != (self.fusion if self.fused else (1.0, 0.0)):

@@ -66,9 +66,11 @@ def list_mrr(logits: np.ndarray, valid: np.ndarray, labels: np.ndarray, cut: int
 
 
 def fit_head(features: np.ndarray, valid: np.ndarray, labels: np.ndarray, train: np.ndarray, heldout: np.ndarray,
-             settings: FitSettings) -> FitResult:
+             settings: FitSettings, progress: bool | None = None) -> FitResult:
     """Fits a RerankHead on lists `train` of features [Q, N, F] (valid, labels [Q, N] bool) and keeps the epoch
-    whose MRR@10 on lists `heldout` is best; deterministic for a given seed."""
+    whose MRR@10 on lists `heldout` is best; deterministic for a given seed. progress: a bar over the epochs."""
+    from cfir_jax.progress import bar
+
     if len(train) == 0 or len(heldout) == 0:
         raise CfirError(f"re-ranker: {len(train)} training and {len(heldout)} held-out lists with a positive in "
                         "SR's top-N; it needs at least one of each (more train documents, or a larger top_n)")
@@ -99,6 +101,7 @@ def fit_head(features: np.ndarray, valid: np.ndarray, labels: np.ndarray, train:
     rng = np.random.default_rng(settings.seed)
     batch = max(1, min(settings.batch_lists, len(train)))
     best_mrr, best_params, best_epoch, stale, epoch = -1.0, params, 0, 0, 0
+    epochs = bar(total=settings.max_epochs, desc="re-ranker", unit="epoch", show=progress)
     for epoch in range(1, settings.max_epochs + 1):
         order = rng.permutation(train)
         order = np.concatenate([order, order[: (-len(order)) % batch]])  # whole batches: one compilation
@@ -106,12 +109,15 @@ def fit_head(features: np.ndarray, valid: np.ndarray, labels: np.ndarray, train:
             idx = order[b : b + batch]
             params, opt_state, _ = step(params, opt_state, features[idx], valid[idx], labels[idx])
         mrr = heldout_mrr(params)
+        epochs.update(1)
+        epochs.set_postfix(heldout_mrr10=f"{mrr:.4f}")
         if mrr > best_mrr:
             best_mrr, best_params, best_epoch, stale = mrr, params, epoch, 0
         else:
             stale += 1
             if stale >= settings.patience:
                 break
+    epochs.close()
     sr_mrr = list_mrr(-np.arange(features.shape[1], dtype=np.float32)[None].repeat(len(heldout), 0), *held[1:])
     return FitResult(nnx.merge(graphdef, best_params, stats), best_epoch, epoch, best_mrr, sr_mrr)
 
@@ -159,7 +165,7 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
     kept = rng.permutation(kept)
     num_heldout = max(1, round(float(rerank.heldout) * len(kept))) if len(kept) > 1 else 0
     fit = fit_head(features, valid, labels, np.sort(kept[num_heldout:]), np.sort(kept[:num_heldout]),
-                   FitSettings.of(rerank))
+                   FitSettings.of(rerank), progress=None if progress else False)
     fusion = retriever.fusion if retriever.fused else (1.0, 0.0)
     return save_reranker(
         retriever.layout.reranker, fit.head, retriever.rerank_feature_names,
