@@ -3,7 +3,9 @@
     python retrieve.py --index W --query doc.txt [--top-k 20] [--format table|json|trec] [--html out.html]
     python retrieve.py --index W --queries docs.jsonl --output run.trec [--qrels qrels.txt]
     python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
-                                                                    # (+ the fused row when W/image_text exists)
+                                                                    # (+ the fused row when W/image_text exists,
+                                                                    # + the re-ranked row when W/reranker does)
+    python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
 
 Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
 --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
@@ -31,6 +33,9 @@ def _args(argv=None):
     what.add_argument("--query", help="a plain-text document")
     what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
     what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
+    what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
+                      "(retrieval.rerank) on the train split into W/reranker; enable it with "
+                      "--config.retrieval.rerank.enabled=true")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
@@ -63,12 +68,15 @@ def main():
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     config = cli.load_config_file(args.config) if args.config else cli.workdir_config(args.index)
+    _add_new_retrieval_fields(config)
     config = cli.apply_overrides(config, overrides)
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
     shown = args.top_k or min(SHOWN, top)
 
+    if args.fit_reranker:
+        return _fit_reranker(config, args)
     if args.evaluate:
         return _evaluate(config, args, top)
     from cfir_jax.retrieve.pipeline import Retriever, run_of
@@ -114,6 +122,29 @@ def _write_and_score(run, args, top):
         print(metrics.evaluate(run, trec.read_qrels(args.qrels)).table())
 
 
+def _add_new_retrieval_fields(config) -> None:
+    """A workdir's recorded config predates retrieval fields added since (fusion, rerank): they take their defaults,
+    so that --config.retrieval.rerank.enabled=true works on an index built before the field existed."""
+    from cfir_jax.config import retrieval_config
+
+    for key, value in retrieval_config().items():
+        if key not in config.retrieval:
+            config.retrieval[key] = value
+
+
+def _fit_reranker(config, args) -> None:
+    from cfir_jax.retrieve.rerank_fit import fit_reranker
+
+    m = fit_reranker(config, args.index)
+    print(f"re-ranker: {m['lists_kept']:,} of {m['train_documents']:,} train documents have a positive in SR's top "
+          f"{m['top_n']} ({m['lists_skipped']:,} skipped); features {', '.join(m['features'])}")
+    print(f"held-out lists: {m['heldout_lists']:,}, MRR@10 within the top {m['top_n']}: SR {m['heldout_sr_mrr10']:.4f}"
+          f" -> re-ranked {m['heldout_mrr10']:.4f} (best epoch {m['best_epoch']} of {m['epochs_run']}); "
+          f"{m['fit_seconds']:.1f} s")
+    print(f"wrote {args.index.rstrip('/')}/reranker; use it with --config.retrieval.rerank.enabled=true "
+          "(--compare adds its row)")
+
+
 def _print_notes(retriever) -> None:
     for note in retriever.notes:
         print(f"note: {note}", file=sys.stderr)
@@ -134,15 +165,22 @@ def _evaluate(config, args, top):
     if args.compare:
         from cfir_jax.layout import Layout
 
-        # The paper's rows stay the paper's whatever retrieval.fusion and entity_text_match say; the rows beyond
-        # the paper come after them.
+        # The paper's rows stay the paper's whatever retrieval.fusion, entity_text_match and rerank say; the rows
+        # beyond the paper come after them.
         paper = dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.0)
-        rows = tuple((label, method, {**o, "fusion": paper, "entity_text_match": False}) for label, method, o in rows)
+        no_rerank = {**config.retrieval.rerank.to_dict(), "enabled": False}
+        plain = {"rerank": no_rerank, "entity_text_match": False}
+        rows = tuple((label, method, {**o, "fusion": paper, **plain}) for label, method, o in rows)
         layout = Layout.of(args.index)
         if (layout.image_text / "manifest.json").is_file():  # index.py built the image text
-            rows += (report.fused_row(config.retrieval),)
+            label, method, overrides = report.fused_row(config.retrieval)
+            rows += ((label, method, {**overrides, **plain}),)
         if (layout.entity_text_match / "manifest.json").is_file():
-            rows += (report.TEXT_MATCH_ROW,)
+            label, method, overrides = report.TEXT_MATCH_ROW
+            rows += ((label, method, {**overrides, "rerank": no_rerank}),)
+        if (layout.reranker / "manifest.json").is_file() or config.retrieval.rerank.enabled:
+            rows += tuple((label, method, {**o, "entity_text_match": False})
+                          for label, method, o in report.rerank_rows(config.retrieval))
     table, all_results, curves = [], [], {}
     unknown_line = ""
     for label, method, retrieval_overrides in rows:
@@ -167,6 +205,8 @@ def _evaluate(config, args, top):
     print(f"{args.evaluate} split, {len(docs)} topics")
     print(report.eval_table(table))
     print(report.sr_line(config.retrieval, all_results))
+    if report.rerank_line(table):
+        print(report.rerank_line(table))
     if unknown_line:
         print(unknown_line)
     if args.plot:

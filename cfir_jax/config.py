@@ -271,6 +271,13 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # Beyond the paper: each known entity's candidates also include the images whose own text names it
             # (W/entity_text_match, cfir_jax.index.entity_text_match).
             entity_text_match=False,
+            # Beyond the paper: a third stage re-scores SR's top_n with a small list-wise head over features SR
+            # throws away (cfir_jax.retrieve.reranker; fitted by retrieve.py --fit-reranker into W/reranker). Off by
+            # default: the paper's SR order stands. top_n, max_text_len (the document's tokens for its embedding and
+            # late interaction) and li_top (late interaction's mean of the best token similarities) define the
+            # features, so a store answers only to the values it was fitted with; the rest is how it is fitted.
+            rerank=dict(enabled=False, top_n=100, max_text_len=512, li_top=8, hidden=32, lr=3e-3, weight_decay=1e-4,
+                        batch_lists=64, max_epochs=200, patience=15, heldout=0.1, max_train_docs=20000, seed=0),
         )
     )
 

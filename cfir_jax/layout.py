@@ -11,6 +11,7 @@
     W/entity_text_match/  per entity, the images whose own text names it (cfir_jax.index.entity_text_match)
     W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.retrieve.sr_scorer)
     W/sr_compact_fused/  the same for fused SR: a compact copy of the rows [image, image text]
+    W/reranker/        the fitted re-ranker of SR's top-N, beyond the paper (cfir_jax.retrieve.reranker)
     W/index.json       what index.py built: the encoder used, stage summaries
     W/train/           training run: checkpoints, metrics.jsonl, config.json, tensorboard
     W/model/           the trained model (vision tower of the encoder + trained language expert)
@@ -44,4 +45,5 @@ class Layout:
 
 
 STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "image_text",
-          "entity_text_match", "sr_compact", "sr_compact_fused", "train", "model", "train_document", "model_document")
+          "entity_text_match", "sr_compact", "sr_compact_fused", "reranker", "train", "model", "train_document",
+          "model_document")

@@ -40,4 +40,6 @@ def get_config(arg=None):
                      num_steps=20 if tiny else 300, lr=1e-3, warmup_steps=5 if tiny else 30, layer_decay=1.0,
                      log_every=10, eval_every=10 if tiny else 100, checkpoint_every=10 if tiny else 100, eval_batch=128)
     cfg.retrieval.update(top_k=100 if tiny else 1000)
+    # Beyond the paper (off): the re-ranker reads the document at the model's 510 usable text positions.
+    cfg.retrieval.rerank.update(max_text_len=510)
     return cfg

@@ -309,6 +309,12 @@ class TextTower(nnx.Module):
         """As `DBeit3.encode_text`."""
         return _encode_text(self, ids, padding_mask, rng)
 
+    def encode_text_tokens(self, ids: jax.Array, padding_mask: jax.Array) -> jax.Array:
+        """ids [B, L], padding_mask [B, L] -> every token's final state through the language head, L2-normalised,
+        [B, L, D] float32: token 0 is `encode_text`'s embedding, the others live in the same joint space (the
+        re-ranker's late interaction with image embeddings)."""
+        return _l2_normalize(self.language_head(_text_features(self, ids, padding_mask)))
+
 
 def _text_features(m: DBeit3 | TextTower, ids, padding_mask, rng=None, return_hidden=False):
     x = m.text_embed(ids).astype(m.dtype)

@@ -2,13 +2,16 @@
 
 Used for entity texts (16 tokens) when indexing and at query time, and for summaries/documents (64 tokens) when
 retrieving. Batches are padded to a fixed shape so encoding any number of strings compiles once.
+`encode_against` also compares every token's output with given images (the re-ranker's late interaction).
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
@@ -38,19 +41,56 @@ class TextEncoder:
 
         self._encode = encode
 
+        @functools.partial(jax.jit, static_argnames="top")
+        def encode_against(state, ids, mask, images, top):
+            tokens = nnx.merge(graphdef, state).encode_text_tokens(ids, mask)  # [B, L, D]
+            keep = ~mask.astype(bool) & (jnp.arange(ids.shape[1]) > 0)  # the text's own tokens after the first
+            sims = jnp.where(keep[:, None, :], jnp.einsum("bnd,bld->bnl", images, tokens), -jnp.inf)  # [B, N, L]
+            best = jax.lax.top_k(sims, min(top, ids.shape[1]))[0]  # [B, N, m], best first
+            m = jnp.minimum(top, keep.sum(axis=1))[:, None, None]  # fewer tokens than `top`: all of them
+            among = jnp.arange(best.shape[-1]) < m
+            top_mean = jnp.where(among, best, 0.0).sum(axis=-1) / jnp.maximum(m[..., 0], 1)
+            return tokens[:, 0], jnp.where(m[..., 0] > 0, best[..., 0], 0.0), top_mean
+
+        self._encode_against = encode_against
+
+    def _batched(self, fn, *arrays: np.ndarray) -> list[np.ndarray]:
+        """fn(state, *batch) over row-aligned arrays [N, ...] in batches padded to batch_size -> its outputs, each
+        [N, ...] float32 (one compilation whatever N)."""
+        outputs = []
+        for start in range(0, len(arrays[0]), self.batch_size):
+            chunk = [a[start : start + self.batch_size] for a in arrays]
+            pad = self.batch_size - len(chunk[0])
+            if pad:
+                chunk = [np.concatenate([c, np.repeat(c[-1:], pad, 0)]) for c in chunk]
+            out = fn(self._state, *chunk)
+            outputs.append([np.asarray(o, np.float32)[: self.batch_size - pad]
+                            for o in (out if isinstance(out, tuple) else (out,))])
+        return [np.concatenate(parts) for parts in zip(*outputs)]
+
     def encode_tokens(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """ids/mask [N, max_len] -> [N, D] float32."""
-        n = len(ids)
-        out = np.empty((n, self.dim), np.float32)
-        for start in range(0, n, self.batch_size):
-            chunk_ids, chunk_mask = ids[start : start + self.batch_size], mask[start : start + self.batch_size]
-            pad = self.batch_size - len(chunk_ids)
-            if pad:
-                chunk_ids = np.concatenate([chunk_ids, np.repeat(chunk_ids[-1:], pad, 0)])
-                chunk_mask = np.concatenate([chunk_mask, np.repeat(chunk_mask[-1:], pad, 0)])
-            emb = np.asarray(self._encode(self._state, chunk_ids, chunk_mask))
-            out[start : start + self.batch_size] = emb[: self.batch_size - pad]
-        return out
+        if len(ids) == 0:
+            return np.zeros((0, self.dim), np.float32)
+        return self._batched(self._encode, ids, mask)[0]
+
+    def encode_against(self, texts: Sequence[str], images: np.ndarray, top: int
+                       ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Late interaction: texts [B], images [B, N, D] (each text's own candidates) -> (embeddings [B, D],
+        best [B, N], top_mean [B, N]) float32: for each image, the best similarity of one of the text's tokens with it
+        and the mean of the `top` best (all of them when the text has fewer; 0 when it has none).
+
+        Every token's final state goes through the language head and L2 normalisation as the embedding's first token
+        does (`TextTower.encode_text_tokens`), so tokens and images share the joint space. A text's tokens are its
+        non-padding ones after the first, which is the embedding itself. The similarities stay on the device: only
+        [B, N] numbers per statistic come back, never the [B, L, D] token states.
+        """
+        if len(texts) == 0:
+            return np.zeros((0, self.dim), np.float32), *np.zeros((2, 0, images.shape[1]), np.float32)
+        ids, mask = self.tokenizer(list(texts), self.max_len)
+        fn = functools.partial(self._encode_against, top=int(top))
+        embeddings, best, top_mean = self._batched(fn, ids, mask, np.asarray(images, np.float32))
+        return embeddings, best, top_mean
 
     def encode(self, texts: Sequence[str]) -> np.ndarray:
         """texts [N] -> [N, D] float32 (N may be 0)."""

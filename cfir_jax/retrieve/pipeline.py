@@ -24,6 +24,11 @@ copy of those [N, 2D] rows (W/sr_compact_fused, rebuilt when either store change
 With `retrieval.entity_text_match` (off by default), each known entity's candidate list also holds the images whose
 own text names it (`cfir_jax.index.entity_text_match`, W/entity_text_match); SR scores them like any candidate.
 
+Beyond the paper (off by default): with `retrieval.rerank.enabled` a third stage re-scores SR's top-N with the head
+fitted into `W/reranker` (`cfir_jax.retrieve.reranker`, features in `cfir_jax.retrieve.rerank_features`): per-query
+times add `rerank_encode` (the document's encoding with its late interaction, batched) and `rerank` (features and
+head). It applies to CFIR only.
+
 Baselines through the same code, for the paper's comparisons: `dense_document` and `dense_summary` (exact search of
 the whole cache with the full document's or the summary's embedding) and `entity_only` (the union ranked by each
 image's best entity score).
@@ -69,6 +74,7 @@ class Result:
     num_candidates: int = 0  # size of the candidate union
     times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     sr_agreement: float | None = None  # fast SR's top-k overlap with exact scoring (when measured)
+    rerank_features: np.ndarray | None = None  # [n, F] of SR's top-n, when the retriever collects them (fitting)
 
 
 @dataclasses.dataclass
@@ -85,10 +91,11 @@ class Retriever:
     """Loads the stores of a workdir once; `retrieve(doc)` runs one query, `retrieve_many(docs)` a batch.
 
     measure_agreement: with fast SR, also score each union exactly (untimed) and record the top-k overlap.
+    rerank_features: compute the re-ranker's features of SR's top-N into each Result (fitting the re-ranker).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True,
-                 measure_agreement: bool = False):
+                 measure_agreement: bool = False, rerank_features: bool = False):
         from cfir_jax.data.corpus import Corpus
         from cfir_jax.index.entity_index import EntityIndex
         from cfir_jax.index.image_cache import ImageCache
@@ -188,12 +195,68 @@ class Retriever:
             self.sr_rows = FusedRows(self.embeddings, self.image_text.embeddings)
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
         self.measure_agreement = measure_agreement and self.sr_mode == "fast"
+        self.reranker = None
+        self.collect_features = rerank_features and method == "cfir"
+        self.rerank_encoder = None  # set when the third stage runs (re-ranking or collecting its features)
+        if method == "cfir" and (rerank_features or self.setting("rerank")["enabled"]):
+            self._set_up_rerank(model, tokenizer, model_manifest["text_fingerprint"], fingerprint)
         self._nlp = self._summarizer = self._sr = self._device_cache = None
         self._load_nlp = load_nlp
         self._caption_cache: dict[int, tuple[str, str]] = {}
         if method == "cfir" and (self.sr_mode == "fast" or self.sr_backend() == "device"):
             # The compact copy (or the device copy) is built now (minutes at scale), not in the first query's timing.
             self.sr_scorer()
+
+    def _set_up_rerank(self, model, tokenizer, text_fingerprint: str, encoder_fingerprint: str) -> None:
+        """The third stage's inputs: a document encoder at rerank.max_text_len tokens, the entity index's stored
+        scores, the image-text store when the features use it; and the fitted head when retrieval.rerank.enabled
+        (refused in one line when fitted for another model, against changed stores or with other settings)."""
+        from cfir_jax.model.text_encoder import TextEncoder
+        from cfir_jax.retrieve.rerank_features import feature_names
+        from cfir_jax.retrieve.reranker import Reranker
+
+        rerank = self.setting("rerank")
+        self.rerank_settings = {key: int(rerank[key]) for key in ("top_n", "max_text_len", "li_top")}
+        check_text_lengths(ml_collections.ConfigDict({"retrieval": {"rerank": self.rerank_settings}}),
+                           ("retrieval.rerank.max_text_len",), model.config.max_text_positions)
+        if not self.entity_index.manifest.get("has_scores"):
+            raise CfirError(f"{self.layout.entity_index}: kept no candidate scores, which the re-ranker's ER features "
+                            "read; rebuild it with index.py (scores are kept by default)")
+        self.rerank_encoder = TextEncoder(model, tokenizer, self.rerank_settings["max_text_len"], batch_size=8)
+        if rerank["enabled"]:
+            self.reranker = Reranker.open(self.layout.reranker)
+            with_text = "txt" in self.reranker.features
+        else:  # collecting features to fit: the image text joins them when index.py built it
+            with_text = (self.layout.image_text / "manifest.json").is_file()
+        self.rerank_text = None
+        if with_text and self.fused:
+            self.rerank_text = self.image_text
+        elif with_text:
+            from cfir_jax.index.image_text import ImageTextCache
+
+            self.rerank_text = ImageTextCache.open(self.layout.image_text, expect_fingerprint=encoder_fingerprint,
+                                                   expect_cache_fingerprint=self.cache.content_fingerprint)
+        self.rerank_feature_names = feature_names(with_text)
+        self._text_fingerprint = text_fingerprint
+        if self.reranker is not None:
+            if self.reranker.features != self.rerank_feature_names:
+                raise CfirError(f"{self.layout.reranker}: fitted on features {', '.join(self.reranker.features)} but "
+                                f"this code computes {', '.join(self.rerank_feature_names)}; fit it again")
+            self.reranker.check(self.rerank_sources(), self.rerank_settings)
+            fitted = tuple(self.reranker.manifest.get("sr_fusion", (1.0, 0.0)))
+            if fitted != (self.fusion if self.fused else (1.0, 0.0)):
+                self.notes.append(f"the re-ranker was fitted on SR lists with fusion (w_img, w_txt) = {fitted}, "
+                                  f"and re-ranks lists of fusion {self.fusion if self.fused else (1.0, 0.0)}")
+            self.model_used += f", re-ranked top {self.reranker.top_n}"
+
+    def rerank_sources(self) -> dict[str, str | None]:
+        """What the re-ranker's features are computed from: the text model, the image cache build, the entity
+        index and image-text store manifests (digests); a fitted store records them and is refused when they change."""
+        from cfir_jax.store import manifest_digest
+
+        return dict(text_fingerprint=self._text_fingerprint, cache_fingerprint=self.cache.content_fingerprint,
+                    entity_index=manifest_digest(self.entity_index.manifest),
+                    image_text=manifest_digest(self.rerank_text.manifest) if self.rerank_text is not None else None)
 
     # ----------------------------------------------------------------------------------------- lazy components
     def extractor(self):
@@ -314,6 +377,13 @@ class Retriever:
 
     def _candidates(self, entities: list[str]) -> tuple[list[np.ndarray], list[str], list[str]]:
         """Candidate lists per usable entity, the usable entities, and the unknown ones."""
+        lists, _, used, unknown = self._scored_candidates(entities, with_scores=False)
+        return lists, used, unknown
+
+    def _scored_candidates(self, entities: list[str], with_scores: bool = True
+                           ) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[str], list[str]]:
+        """As `_candidates`, with each list's entity-image scores [k_j] (stored by the index; the query-time
+        search's for unseen entities) when with_scores, else None: (lists, scores, used, unknown)."""
         known_rows, known, unknown = [], [], []
         for e in entities:
             r = self.entity_index.row(e)
@@ -322,11 +392,17 @@ class Retriever:
             else:
                 known_rows.append(r)
                 known.append(e)
-        lists = self.entity_index.candidates(np.asarray(known_rows, np.int64)) if known_rows else []
+        rows_known = np.asarray(known_rows, np.int64)
+        lists = self.entity_index.candidates(rows_known) if known_rows else []
+        scores = (self.entity_index.scores(rows_known) if known_rows else []) if with_scores else None
         if self.text_match is not None and known_rows:
-            # Matched images the embedding search missed go after the entity's own top-K (its order is kept).
-            lists = [np.concatenate([c, np.setdiff1d(m, c).astype(np.int32)]) if len(m) else c
-                     for c, m in zip(lists, self.text_match.rows_of(known_rows))]
+            # Matched images the embedding search missed go after the entity's own top-K (its order is kept); their
+            # entity-image score, which the index never computed, is taken as the list's lowest.
+            extra = [np.setdiff1d(m, c).astype(np.int32) for c, m in zip(lists, self.text_match.rows_of(known_rows))]
+            if scores is not None:
+                scores = [np.concatenate([s, np.full(len(x), s.min() if len(s) else 0.0, np.float32)])
+                          for s, x in zip(scores, extra)]
+            lists = [np.concatenate([c, x]) for c, x in zip(lists, extra)]
         searched: list[str] = []
         if unknown and self.rcfg.unknown_entities == "search":
             emb = self.entity_encoder.encode(unknown)
@@ -334,12 +410,14 @@ class Retriever:
             from cfir_jax.index.knn import drop_padding
 
             if self.entity_index.manifest.get("has_searcher"):
-                _, rows = self.entity_index.searcher().search(emb, k)
+                found, rows = self.entity_index.searcher().search(emb, k)
             else:
-                _, rows = self._exact_search(emb, k)
+                found, rows = self._exact_search(emb, k)
             lists += drop_padding(rows)  # ScaNN may find fewer than K: its padding never reaches the union
+            if with_scores:
+                scores += [np.asarray(s[r >= 0], np.float32) for s, r in zip(found, np.asarray(rows))]
             searched = unknown
-        return lists, known + searched, unknown
+        return lists, scores, known + searched, unknown
 
     def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Result]:
         """Runs the configured method for every document, retrieval.batch_size documents at a time (entities,
@@ -378,12 +456,12 @@ class Retriever:
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs)}
         ranked, er_s, score_s = [None] * len(docs), [0.0] * len(docs), [0.0] * len(docs)
-        prepared = []
+        prepared, er_scores = [], []
         for i in range(len(docs)):
             t_start = time.perf_counter()
-            note, lists, used, unknown, union = "", [], [], [], None
+            note, lists, used, unknown, union, scores = "", [], [], [], None, None
             if self.method in ("cfir", "entity_only"):
-                lists, used, unknown = self._candidates(entities[i])
+                lists, scores, used, unknown = self._scored_candidates(entities[i], self.rerank_encoder is not None)
                 if lists:
                     from cfir_jax.retrieve.sr_scorer import unique_sorted
 
@@ -399,6 +477,7 @@ class Retriever:
                 ranked[i] = self._entity_ranking(lists, used, k)
             score_s[i] = time.perf_counter() - t_er
             prepared.append((note, lists, used, unknown, union))
+            er_scores.append(scores)
         sr = [i for i in range(len(docs)) if ranked[i] is None]
         if sr:  # SR of every union of the batch at once: the device scorer pads them into one jitted call
             t_sr = time.perf_counter()
@@ -407,12 +486,16 @@ class Retriever:
             for i, pair in zip(sr, scored):
                 ranked[i] = pair
                 score_s[i] += share
+        sr_ranked = list(ranked)
+        rerank_ms, features = [{}] * len(docs), [None] * len(docs)
+        if self.rerank_encoder is not None:
+            rerank_ms, features = self._rerank(docs, queries, [p[1] for p in prepared], er_scores, ranked)
         results = []
         for i, (note, lists, used, unknown, union) in enumerate(prepared):
             t_hits = time.perf_counter()
             hits = self._hits(*ranked[i], lists, used)
             times = dict(per_doc_ms, er=1e3 * er_s[i], score=1e3 * score_s[i],
-                         hits=1e3 * (time.perf_counter() - t_hits))
+                         hits=1e3 * (time.perf_counter() - t_hits), **rerank_ms[i])
             agreement = None
             if self.measure_agreement and self.method == "cfir" and union is not None:
                 from cfir_jax.index.image_text import fused_queries
@@ -420,10 +503,52 @@ class Retriever:
 
                 query = fused_queries(queries[i : i + 1], *self.fusion)[0] if self.fused else queries[i]
                 _, exact_rows = exact_top_k(self.sr_rows, query, union, k)
-                agreement = len(np.intersect1d(ranked[i][1], exact_rows)) / max(len(exact_rows), 1)
+                agreement = len(np.intersect1d(sr_ranked[i][1], exact_rows)) / max(len(exact_rows), 1)
             num = len(union) if union is not None else len(self.embeddings)
-            results.append(Result(hits, list(entities[i]), unknown, summaries[i], note, num, times, agreement))
+            results.append(Result(hits, list(entities[i]), unknown, summaries[i], note, num, times, agreement,
+                                  features[i]))
         return results
+
+    def _rerank(self, docs: Sequence[DocumentInput], queries: np.ndarray, lists: list[list[np.ndarray]],
+                scores: list[list[np.ndarray] | None], ranked: list[tuple[np.ndarray, np.ndarray]]
+                ) -> tuple[list[dict[str, float]], list[np.ndarray]]:
+        """The third stage over one batch: the documents encoded together, their tokens compared with their own top-N
+        on the device (late interaction), then per query the features of SR's top-N and, with a fitted head, their
+        new order (`ranked` is updated in place). Returns per query its times (ms): `rerank_encode` (the batched
+        encoding and late interaction, per document) and `rerank` (gathers, features, head); and its features [n, F]."""
+        from cfir_jax.retrieve.rerank_features import EntityEvidence, candidate_features
+        from cfir_jax.retrieve.reranker import rerank_order
+
+        top_n, dim = self.rerank_settings["top_n"], self.embeddings.shape[1]
+        gather_s, images = [], np.zeros((len(docs), top_n, dim), np.float32)  # each list padded to N for one shape
+        for i in range(len(docs)):
+            t_start = time.perf_counter()
+            top = np.asarray(ranked[i][1][:top_n], np.int64)
+            images[i, : len(top)] = self.embeddings[top]
+            gather_s.append(time.perf_counter() - t_start)
+        t0 = time.perf_counter()
+        doc_emb, best, top_mean = self.rerank_encoder.encode_against([d.text for d in docs], images,
+                                                                     self.rerank_settings["li_top"])
+        encode_ms = 1e3 * (time.perf_counter() - t0) / len(docs)
+        times, features = [], []
+        for i in range(len(docs)):
+            t_start = time.perf_counter()
+            sr_scores, rows = ranked[i]
+            n = min(top_n, len(rows))
+            top = np.asarray(rows[:n], np.int64)
+            evidence = EntityEvidence(lists[i], scores[i], self.entity_index.k) if lists[i] else None
+            text = {}
+            if self.rerank_text is not None:
+                text = dict(query=queries[i], texts=self.rerank_text.embeddings[top],
+                            has_text=self.rerank_text.has_text[top])
+            late = np.stack([best[i, :n], top_mean[i, :n]], axis=1)
+            f = candidate_features(top, sr_scores[:n], images[i, :n], doc_emb[i], late, evidence, **text)
+            if self.reranker is not None:
+                ranked[i] = rerank_order(sr_scores, rows, self.reranker.logits(f))
+            features.append(f if self.collect_features else None)
+            rerank_s = time.perf_counter() - t_start + gather_s[i]
+            times.append({"rerank_encode": encode_ms, "rerank": 1e3 * rerank_s})
+        return times, features
 
     def _score_unions(self, queries: np.ndarray, unions: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         """SR of sorted unique unions ([Q, D] queries, Q unions [M_i]): (scores [k'], cache rows [k']) per query.
@@ -456,6 +581,11 @@ class Retriever:
         self.query_encoder.encode(["warm up"])
         if self.method == "dense_document":
             self.doc_encoder.encode(["warm up"])
+        if self.rerank_encoder is not None:
+            shape = (1, self.rerank_settings["top_n"], self.embeddings.shape[1])
+            self.rerank_encoder.encode_against(["warm up"], np.zeros(shape, np.float32), self.rerank_settings["li_top"])
+            if self.reranker is not None:
+                self.reranker.logits(np.zeros((1, len(self.reranker.features)), np.float32))
         self._warm = True
 
     def retrieve(self, doc: DocumentInput | str) -> Result:
