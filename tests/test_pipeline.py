@@ -386,8 +386,12 @@ def test_entity_text_match_adds_the_images_that_name_an_entity_to_its_list(workd
     qrels = r.corpus.qrels("train")
     found = {"plain": 0, "matched": 0}
     for doc in docs:
-        lists, used, _ = r._candidates(doc.entities)
-        base, _, _ = plain._candidates(doc.entities)
+        lists, scores, used, _ = r._scored_candidates(doc.entities)
+        base, base_scores, _, _ = plain._scored_candidates(doc.entities)
+        for got, s, top, ts in zip(lists, scores, base, base_scores):  # the re-ranker's ER evidence stays aligned
+            assert len(s) == len(got)
+            np.testing.assert_array_equal(s[: len(top)], ts)
+            assert (s[len(top) :] == ts.min()).all()
         for entity, got, top in zip(used, lists, base):
             assert got[: len(top)].tolist() == top.tolist()
             row = r.entity_index.row(entity)
