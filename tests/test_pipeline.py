@@ -378,8 +378,9 @@ def test_entity_text_match_adds_the_images_that_name_an_entity_to_its_list(workd
     cfg.retrieval.entity_text_match = True
     r, plain = Retriever(cfg, workdir), Retriever(config, workdir)
     for retriever in (r, plain):  # K=2 instead of 20: the embedding search alone now misses relevant images
-        full = retriever.entity_index.candidates
-        retriever.entity_index.candidates = lambda rows, full=full: [c[:2] for c in full(rows)]
+        index = retriever.entity_index
+        index.candidates = lambda rows, full=index.candidates: [c[:2] for c in full(rows)]
+        index.scores = lambda rows, full=index.scores: [c[:2] for c in full(rows)]
     store = EntityTextMatch.open(workdir / "entity_text_match")
     assert store.manifest["num_pairs"] > 0
     docs = r.corpus_documents("train")
