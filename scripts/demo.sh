@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The whole CFIR pipeline on the synthetic world, on a CPU, in minutes, with no downloads:
-# install -> generate the world -> build the index -> train the language expert -> retrieve -> evaluate.
+# install -> generate the world -> build the index -> train the language expert -> retrieve -> fit the re-ranker
+# -> evaluate.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh demo
@@ -10,5 +11,7 @@ python index.py --config configs/demo.py --workdir "$WORK"
 python train.py --config configs/demo.py --workdir "$WORK"
 echo; echo "== retrieve.py --query examples/doc.txt"
 python retrieve.py --index "$WORK" --query examples/doc.txt --top-k 10 --html "$WORK/doc.html"
+echo; echo "== beyond the paper: fit the re-ranker of SR's top 100 on the train split"
+python retrieve.py --index "$WORK" --fit-reranker
 echo; echo "== evaluation on the synthetic test split"
 python retrieve.py --index "$WORK" --evaluate test --compare --plot "$WORK/recall.png"
