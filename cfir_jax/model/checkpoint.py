@@ -97,7 +97,11 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
         stored = merged
     abstract = model_lib.abstract_model(stored)
     graphdef, abstract_state = nnx.split(abstract)
-    target = nnx.to_pure_dict(abstract_state)
+    # Onto this process's first device: the saved shardings name the saving process's devices, which another process
+    # of a jax.distributed run does not have (each process of an index build holds its own copy of the model).
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                          nnx.to_pure_dict(abstract_state))
     with ocp.StandardCheckpointer() as ckptr:
         restored = ckptr.restore(directory / "params", target)
     nnx.replace_by_pure_dict(abstract_state, restored)
