@@ -13,6 +13,18 @@ Stages (each writes one directory of the workdir layout, see cfir_jax.layout):
 A stage is skipped when its store is complete and current (each stage module checks its own manifest), resumes
 where it stopped when interrupted, and refuses stores built by another model. A closing table gives counts, size on
 disk and time per stage.
+
+Several hosts: run the same command on every host of a jax.distributed job (a TPU slice, a SLURM or MPI GPU job, or
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID set by hand), as train.py is run; the workdir, the
+encoder and the corpus inputs must be on a file system every host sees. Every stage starts with all processes
+together (`hosts.barrier`), so all agree whether it is current. The corpus is converted by process 0 alone while
+the others wait (a format conversion, not model work); the image cache is split in contiguous shard ranges, the
+entities, summaries, entity index and image text in chunks owned round-robin (`hosts.owns`); each process writes
+its own shards or chunks into the shared work directory, and process 0 alone assembles and commits the store once
+all exist, then every process opens it. spaCy also fans out over `index.entities.n_process` worker processes on
+each host. Logs and the closing table come from process 0. When a host dies the others stop at their next barrier
+(or by the runtime's heartbeat): restart the whole job; finished shards and chunks are reused, by whichever process
+owns them now (another process count included).
 """
 
 from __future__ import annotations

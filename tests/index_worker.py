@@ -2,11 +2,11 @@
 
     python index_worker.py PID NPROC PORT CALLS_LOG KILL_AFTER INDEX_ARGS...
 
-NPROC > 1: process PID of NPROC (gloo CPU collectives, the coordinator on 127.0.0.1:PORT), through the same
-JAX_COORDINATOR_ADDRESS variables a cluster sets for index.py. Every chunk of a chunked stage (entities, summaries)
-that this process computes is appended to CALLS_LOG as "<stage>.partial/<chunk file>" once written; with
-KILL_AFTER >= 0 the process SIGKILLs itself right after writing its (KILL_AFTER + 1)-th summaries chunk: a crash at
-an exact point mid-stage, with no race against a poller.
+NPROC > 1: process PID of NPROC (the coordinator on 127.0.0.1:PORT), through the same JAX_COORDINATOR_ADDRESS
+variables a cluster sets for index.py (which then picks gloo CPU collectives itself). Every chunk of a chunked
+stage (entities, summaries) that this process computes is appended to CALLS_LOG as "<stage>.partial/<chunk file>"
+once written; with KILL_AFTER >= 0 the process SIGKILLs itself right after writing its (KILL_AFTER + 1)-th
+summaries chunk: a crash at an exact point mid-stage, with no race against a poller.
 """
 
 import os
@@ -25,9 +25,6 @@ def main() -> None:
     if nproc > 1:
         os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
                           JAX_PROCESS_ID=str(pid))
-    import jax
-
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
     from cfir_jax import store
 
     write = store.write_json_atomic

@@ -291,7 +291,7 @@ def build_image_cache(
         from cfir_jax.progress import shown
 
         progress = shown()
-    progress = progress and jax.process_index() == 0
+    progress = progress and hosts.is_main()
     if precomputed is not None:
         if model is not None:
             raise CfirError("give either a model or precomputed embeddings, not both")
@@ -322,17 +322,17 @@ def build_image_cache(
     )
     # The shard size only shapes the build, not the result; a cache built with another one is still current.
     if is_current(out_dir, {k: v for k, v in key.items() if k not in ("format_version", "shard_size")}):
-        if jax.process_index() == 0:
+        if hosts.is_main():
             log.info("%s: image cache is complete and current; nothing to do", out_dir)
         return ImageCache.open(out_dir)
 
     start = time.time()
     work = out_dir.with_name(f".{out_dir.name}.building")
-    if jax.process_index() == 0:
+    if hosts.is_main():
         _prepare_work_dir(work, key)
     hosts.barrier("cfir_image_cache_work_dir")
     num_shards = -(-corpus.num_images // shard_size)
-    n_proc = jax.process_count()
+    n_proc = hosts.process_count()
     # Contiguous shard ranges per process; a shard on disk is reused whoever wrote it (another process count too).
     todo = [s for s in hosts.contiguous(num_shards) if not _shard_done(work, s)]
     if todo:
@@ -340,7 +340,7 @@ def build_image_cache(
         _encode_shards(corpus, work, todo, encoder, shard_size=shard_size, dtype=dtype,
                        num_workers=num_workers or min(32, os.cpu_count() or 1), progress=progress, on_shard=on_shard)
     hosts.barrier("cfir_image_cache_shards")
-    if jax.process_index() == 0:
+    if hosts.is_main():
         missing = [s for s in range(num_shards) if not _shard_done(work, s)]
         if missing:
             raise StoreError(f"{work}: shards {missing[:5]} are missing after every process finished; rerun the build")
