@@ -40,8 +40,14 @@ def _start(nproc: int, config: Path, work: Path, logs: Path, kill_after: int = -
             for p in range(nproc)]
 
 
-def _finish(procs: list[subprocess.Popen]) -> list[str]:
-    outs = [p.communicate(timeout=600) for p in procs]
+def _finish(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
+    """Every process's stdout once all exited 0; a hung job (a process waiting for a dead one) is killed and fails."""
+    try:
+        outs = [p.communicate(timeout=timeout) for p in procs]
+    except subprocess.TimeoutExpired:
+        for p in procs:
+            p.kill()
+        pytest.fail(f"the job hung for {timeout} s: " + " | ".join(p.communicate()[1][-1500:] for p in procs))
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-4000:]
     return [out for out, _ in outs]
@@ -124,3 +130,20 @@ def test_killed_process_resumes_to_the_same_stores_reusing_finished_chunks(build
     assert not finished & set(redone) and len(finished) + len(redone) == total  # each chunk computed once
     assert not [c for c in _calls(logs / "resumed") if c.startswith("entities.")]  # committed before the kill
     _assert_same_stores(builds["one"], work)
+
+
+def test_model_directory_written_by_process_0_is_loaded_by_both(tmp_path):
+    """Orbax must neither wait for process 1 while process 0 exports, nor restore onto process 0's devices."""
+    from cfir_jax.config import model_config
+    from cfir_jax.model import checkpoint
+    from cfir_jax.model.beit3 import create_model
+
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    port = _free_port()
+    procs = [subprocess.Popen([sys.executable, WORKER, "model", str(p), port, str(tmp_path / "model")], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in (0, 1)]
+    outs = _finish(procs, timeout=120)
+    cfg = model_config("tiny", embed_dim=32, num_layers=1, num_heads=2, ffn_dim=64, image_size=32, vocab_size=100)
+    model = create_model(cfg, seed=3)
+    want = f"{checkpoint.fingerprint(model, 'vision')} {checkpoint.fingerprint(model, 'text')}"
+    assert all(want in out.splitlines() for out in outs), outs
