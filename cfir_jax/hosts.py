@@ -4,11 +4,13 @@ index.py runs the same command on every host (one process per host); each proces
 into the shared workdir, and process 0 alone commits the store once every share is on disk. With one process (no
 jax.distributed) every function here is trivial and imports nothing heavy.
 
-The barrier is the distributed runtime client's (the coordination service on process 0), with an explicit long
-timeout: process 0 merging 10M documents' chunks takes minutes while the others wait, and a device collective
-(`multihost_utils.sync_global_devices`) is the wrong tool for that wait (it occupies the accelerators' collective
-machinery, and on CPU it needs gloo collectives configured). When a process dies, the others fail at their next
-barrier or by the runtime's heartbeat; the job is restarted as a whole and every stage resumes from its shards.
+The barrier is the distributed runtime client's (the coordination service on process 0; `jax._src.distributed`, as
+JAX exposes no public barrier with a timeout), with an explicit long timeout: process 0 merging 10M documents'
+chunks takes minutes while the others wait. A device collective (`multihost_utils.sync_global_devices`, an
+all-gather) is the wrong tool for that wait: on CPU it goes through gloo, whose context set-up gave up after 30 s
+in this project's tests while the other process had not arrived. When a process dies, the others fail at their
+next barrier or by the runtime's heartbeat; the job is restarted as a whole and every stage resumes from its shards
+and chunks.
 """
 
 from __future__ import annotations

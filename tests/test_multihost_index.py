@@ -91,7 +91,6 @@ def _assert_same_stores(a: Path, b: Path) -> None:
         assert not list(b.glob(f"*{store}.partial")) and not list(b.glob(f".{store}.building"))
 
 
-@pytest.mark.slow
 def test_two_processes_build_the_stores_one_process_builds(builds):
     _assert_same_stores(builds["one"], builds["two"])
     for store in ("entities", "summaries"):  # both processes computed chunks, none twice
@@ -110,7 +109,6 @@ def json_manifest(store: Path) -> dict:
     return json.loads((store / "manifest.json").read_text())
 
 
-@pytest.mark.slow
 def test_killed_process_resumes_to_the_same_stores_reusing_finished_chunks(builds, tmp_path):
     work, logs = tmp_path / "W", tmp_path / "logs"
     procs = _start(2, builds["config"], work, logs / "killed", kill_after=0)
