@@ -6,6 +6,8 @@
         --config.tokenizer=beit3.spm
     python index.py --config configs/demo.py --workdir demo_work        # the synthetic world
     python index.py --config ... --workdir W --add-entities new_entities.txt
+
+On several hosts, run the same command on every host (jax.distributed: see cfir_jax/indexing.py).
 """
 
 from cfir_jax import cli
@@ -25,14 +27,17 @@ def main():
     args, config = cli.parse(__doc__.splitlines()[0], _flags)
     cli.maybe_initialize_distributed()
     from cfir_jax import indexing
+    from cfir_jax.hosts import is_main
 
     if args.add_entities:
         added = indexing.add_entities(config, args.workdir, args.add_entities)
-        print(f"added {added} new entities to {args.workdir}/entity_index")
+        if is_main():
+            print(f"added {added} new entities to {args.workdir}/entity_index")
         return
     stages = tuple(s for s in args.stages.split(",") if s) or indexing.STAGES
     reports = indexing.build_index(config, args.workdir, stages)
-    print(indexing.report_table(reports))
+    if is_main():  # every process ran every stage; one table
+        print(indexing.report_table(reports))
 
 
 if __name__ == "__main__":

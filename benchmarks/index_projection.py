@@ -159,7 +159,8 @@ def measure_summaries(args) -> float:
     config = BartConfig(vocab_size=50264, d_model=1024, encoder_layers=12, decoder_layers=12,
                         encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,
                         decoder_ffn_dim=4096, max_position_embeddings=1024, forced_bos_token_id=0,
-                        forced_eos_token_id=2, decoder_start_token_id=2, early_stopping=True)
+                        forced_eos_token_id=2, decoder_start_token_id=2, early_stopping=True, num_beams=4,
+                        max_length=142, min_length=56, length_penalty=2.0, no_repeat_ngram_size=3)
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         FlaxBartForConditionalGeneration(config, seed=0).save_pretrained(tmp)

@@ -110,6 +110,12 @@ def maybe_initialize_distributed() -> None:
     import jax
 
     env = os.environ
+    several = bool(env.get("JAX_COORDINATOR_ADDRESS") or env.get("TPU_WORKER_HOSTNAMES")) or \
+        int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+    if several:
+        # CPU processes need a cross-process collectives library for what spans processes (orbax's restore syncs
+        # through one); the setting touches the CPU backend only, accelerators bring their own.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
     if env.get("JAX_COORDINATOR_ADDRESS"):
         jax.distributed.initialize(env["JAX_COORDINATOR_ADDRESS"], int(env["JAX_NUM_PROCESSES"]),
                                    int(env["JAX_PROCESS_ID"]))

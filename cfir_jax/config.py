@@ -185,7 +185,9 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 batch_size=64 if runlocal else 256,
                 shard_size=65536,
             ),
-            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(tuple)),  # () = DEFAULT_LABELS
+            # labels () = DEFAULT_LABELS; n_process: spaCy worker processes on each host; chunk_size: documents per
+            # resumable chunk (the unit split over the hosts of a jax.distributed run)
+            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(tuple), chunk_size=10_000),
             summaries=dict(
                 summarizer=_experiment(str),  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
                 # What is summarised (index.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and
@@ -201,6 +203,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 max_input_tokens=_experiment(int),
                 batch_size=8,
                 extractive_tokens=64,
+                chunk_size=1_000,  # documents per resumable chunk (the unit split over hosts)
             ),
             entity_index=dict(
                 k=_experiment(int),  # candidates per entity
@@ -215,6 +218,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 # saw are unknown at query time) or 'all' documents (the test split then leaks into the index).
                 documents=_experiment(str),
                 recall_sample=256,
+                chunk_size=4096,  # entities encoded and searched per resumable chunk (the unit split over hosts)
             ),
             # Beyond the paper: every cached image's own text (AToMiC's caption fields) embedded by the
             # frozen text tower into W/image_text, for retrieval.fusion. Built when enabled or when

@@ -15,6 +15,18 @@ Stages (each writes one directory of the workdir layout, see cfir_jax.layout):
 A stage is skipped when its store is complete and current (each stage module checks its own manifest), resumes
 where it stopped when interrupted, and refuses stores built by another model. A closing table gives counts, size on
 disk and time per stage.
+
+Several hosts: run the same command on every host of a jax.distributed job (a TPU slice, a SLURM or MPI GPU job, or
+JAX_COORDINATOR_ADDRESS / JAX_NUM_PROCESSES / JAX_PROCESS_ID set by hand), as train.py is run; the workdir, the
+encoder and the corpus inputs must be on a file system every host sees. Every stage starts with all processes
+together (`hosts.barrier`), so all agree whether it is current. The corpus is converted by process 0 alone while
+the others wait (a format conversion, not model work); the image cache is split in contiguous shard ranges, the
+entities, summaries, entity index and image text in chunks owned round-robin (`hosts.owns`); each process writes
+its own shards or chunks into the shared work directory, and process 0 alone assembles and commits the store once
+all exist, then every process opens it. spaCy also fans out over `index.entities.n_process` worker processes on
+each host. Logs and the closing table come from process 0. When a host dies the others stop at their next barrier
+(or by the runtime's heartbeat): restart the whole job; finished shards and chunks are reused, by whichever process
+owns them now (another process count included).
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
+from cfir_jax import hosts
 from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
 from cfir_jax.index.summarizer import make_summarizer
@@ -89,6 +102,17 @@ def _store_stamp(path: Path) -> int | None:
 
 
 def build_corpus(config, layout: Layout):
+    """The corpus stage: written by process 0 alone while the others wait (a format conversion, not model work:
+    splitting it over hosts would buy little), then opened by every process."""
+    from cfir_jax.data.corpus import Corpus
+
+    if hosts.is_main():
+        _write_corpus(config, layout)
+    hosts.barrier("corpus_written")
+    return Corpus.open(layout.corpus)
+
+
+def _write_corpus(config, layout: Layout):
     from cfir_jax.data.corpus import Corpus
 
     c = config.index.corpus
@@ -175,9 +199,12 @@ def pretrain_encoder(config, layout: Layout) -> str:
     pre.train.export_model = "scratch"
     pre.train.init_model = ""
     data = load_train_data(pre, layout.root, with_eval=False)
-    trainer.train(pre, layout.pretrain, data, desc="caption pretraining")
-    # Publish the encoder under its own name (atomic: the export is complete before the rename).
-    os.replace(layout.pretrain / "model", layout.encoder)
+    trainer.train(pre, layout.pretrain, data, desc="caption pretraining")  # every process: the multi-host trainer
+    # Publish the encoder under its own name (atomic: the export is complete before the rename), once, on process 0.
+    hosts.barrier("encoder_exported")
+    if hosts.is_main():
+        os.replace(layout.pretrain / "model", layout.encoder)
+    hosts.barrier("encoder_published")
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
 
@@ -193,7 +220,7 @@ def build_entities(config, layout: Layout, corpus):
                 labels=list(extractor.labels)):
         return EntityStore.open(layout.entities)
     docs = ((corpus.doc_ids[i], corpus.document(i).text) for i in range(corpus.num_documents))
-    build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents,
+    build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents, chunk_size=e.chunk_size,
                        corpus_fingerprint=corpus.documents_fingerprint)
     return EntityStore.open(layout.entities)
 
@@ -209,8 +236,8 @@ def build_summaries(config, layout: Layout, corpus):
         return SummaryStore.open(layout.summaries)
     summarizer = make_summarizer(config)
     docs = ((corpus.doc_ids[i], summary_input(corpus.document(i), s.fields)) for i in range(corpus.num_documents))
-    build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents, input_fields=s.fields,
-                        corpus_fingerprint=corpus.documents_fingerprint)
+    build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents, chunk_size=s.chunk_size,
+                        input_fields=s.fields, corpus_fingerprint=corpus.documents_fingerprint)
     return SummaryStore.open(layout.summaries)
 
 
@@ -277,10 +304,10 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
     if _current(layout.entity_index, "entity_index", VERSION, model_fingerprint=fingerprint, k_requested=ei.k,
                 backend=ei.backend, **sources):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
-    embeddings = encoder.encode(texts)
-    build(layout.entity_index, texts, embeddings, cache.embeddings, ei.k, model_fingerprint=fingerprint,
+    # Each process encodes only the entity texts of the chunks it searches.
+    build(layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
           backend=ei.backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
-          progress=_show_progress(), sources=sources)
+          chunk_size=ei.chunk_size, progress=_show_progress(), sources=sources)
     return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
 
 
@@ -327,7 +354,14 @@ def build_entity_text_match(config, layout: Layout, corpus, cache):
 
 
 def add_entities(config, workdir, path: str | os.PathLike) -> int:
-    """Appends the entity texts of a file (one per line) to an existing entity index without rebuilding it."""
+    """Appends the entity texts of a file (one per line) to an existing entity index without rebuilding it; on
+    process 0 alone (an entity list, not a corpus), the others wait and return how many it added."""
+    added = _add_entities(config, workdir, path) if hosts.is_main() else 0
+    hosts.barrier("entities_added")
+    return added
+
+
+def _add_entities(config, workdir, path: str | os.PathLike) -> int:
     from cfir_jax.data.corpus import Corpus
     from cfir_jax.index.entities import entity_key, normalize_entity
     from cfir_jax.index.entity_index import append_entities
@@ -401,15 +435,20 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     layout.root.mkdir(parents=True, exist_ok=True)
     reports: list[StageReport] = []
 
+    say = log if hosts.is_main() else (lambda line: None)
+
     def run(name: str, fn: Callable, describe: Callable[[object], str], path: Path):
+        # Every process starts a stage together: no process is still writing the previous store, so all of them
+        # read the same manifests and agree whether this stage is current (none skips a stage another runs).
+        hosts.barrier(f"stage:{name}")
         t = time.time()
-        log(f"[{name}] ...")
+        say(f"[{name}] ...")
         before = _store_stamp(path)
         result = fn()
         # A stage that only opened its complete, current store (or had none to make) left the manifest untouched.
         reused = _store_stamp(path) == before
         reports.append(StageReport(name, describe(result), time.time() - t, path, reused))
-        log(f"[{name}] {reports[-1].count} " + ("(current, reused)" if reused else f"({reports[-1].seconds:.1f} s)"))
+        say(f"[{name}] {reports[-1].count} " + ("(current, reused)" if reused else f"({reports[-1].seconds:.1f} s)"))
         return result
 
     corpus = run("corpus", lambda: build_corpus(config, layout) if "corpus" in stages else Corpus.open(layout.corpus),
@@ -446,10 +485,12 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda t: "skipped: the corpus' images have no text" if t is None else
             f"{t.manifest['num_pairs']:,} (entity, image) pairs, {t.manifest['entities_matched']:,} entities matched, "
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
-    write_json_atomic(layout.index_json, {
-        "encoder": str(encoder_dir(config, layout) or ""),
-        "config": json.loads(json.dumps(config.to_dict(), default=str)),
-        "stages": [dataclasses.asdict(r) | {"size_bytes": r.size_bytes} for r in reports],
-    })
+    if hosts.is_main():
+        write_json_atomic(layout.index_json, {
+            "encoder": str(encoder_dir(config, layout) or ""),
+            "config": json.loads(json.dumps(config.to_dict(), default=str)),
+            "stages": [dataclasses.asdict(r) | {"size_bytes": r.size_bytes} for r in reports],
+        })
+    hosts.barrier("index_done")
     return reports
 

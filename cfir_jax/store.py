@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cfir_jax import progress
+from cfir_jax import hosts, progress
 from cfir_jax.errors import CfirError
 
 log = logging.getLogger(__name__)
@@ -145,7 +145,14 @@ def iter_chunks(
     `process` maps a chunk's texts to one JSON-serialisable result per text. Each finished chunk is saved in
     `partial_dir(out_dir)`; a restarted build with the same `settings` (and chunk size) reads it back instead of
     recomputing, after checking that the input still has the same document ids there. Different settings discard
-    the old chunks. The caller removes the partial directory once its store is complete (`finish_chunks`).
+    the old chunks (decided by process 0 alone, before the others look). The caller removes the partial directory
+    once its store is complete (`finish_chunks`).
+
+    Across the processes of a jax.distributed run (`hosts`), chunk i is computed by process i % P (a chunk on disk
+    is reused whoever wrote it, so a rerun with another process count resumes too); every process reads the whole
+    `docs` stream (cheap next to NER or BART) and computes only its own chunks. Then, once all processes are done,
+    process 0 yields every chunk in order and the others yield nothing: the caller assembles and commits the store
+    on process 0 (`commit_on_main`). With one process the same code computes, then yields, every chunk.
     """
     if chunk_size < 1:
         raise CfirError(f"chunk_size={chunk_size} must be >= 1")
@@ -153,23 +160,66 @@ def iter_chunks(
     build_info = {"settings": settings, "chunk_size": chunk_size}
     fingerprint = _settings_fingerprint(build_info)
     info_path = partial / "build.json"
-    if partial.exists():
-        try:
-            old = json.loads(info_path.read_text()).get("fingerprint")
-        except (OSError, ValueError):
-            old = None
-        if old != fingerprint:
-            log.info("%s: settings changed since the interrupted build; starting over", partial)
-            shutil.rmtree(partial)
-    partial.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(info_path, {"fingerprint": fingerprint, **build_info})
+    if hosts.is_main():
+        if partial.exists():
+            try:
+                old = json.loads(info_path.read_text()).get("fingerprint")
+            except (OSError, ValueError):
+                old = None
+            if old != fingerprint:
+                log.info("%s: settings changed since the interrupted build; starting over", partial)
+                shutil.rmtree(partial)
+        partial.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(info_path, {"fingerprint": fingerprint, **build_info})
+    hosts.barrier(f"chunks_reset:{partial.name}")
 
+    digests = _compute_chunks(partial, docs, process, chunk_size, num_docs, desc)
+    hosts.barrier(f"chunks_done:{partial.name}")
+    if not hosts.is_main():
+        return
+    for index, digest in enumerate(digests):
+        path = _chunk_path(partial, index)
+        saved = _read_chunk(path)
+        if saved is None:
+            raise StoreError(f"{path}: missing after every process finished its chunks; run index.py again")
+        if _ids_digest(saved["doc_ids"]) != digest:
+            raise CfirError(f"{path}: the documents differ from those of the interrupted build; delete {partial} "
+                            "to start over")
+        yield saved["doc_ids"], saved["results"]
+
+
+def _chunk_path(partial: Path, index: int) -> Path:
+    return partial / f"chunk-{index:06d}.json"
+
+
+def _ids_digest(doc_ids: list[str]) -> str:
+    return hashlib.sha256("\n".join(doc_ids).encode()).hexdigest()
+
+
+def _owned_docs(num_docs: int | None, chunk_size: int) -> int | None:
+    """How many of `num_docs` documents fall in this process's chunks (the length of its progress bar)."""
+    if num_docs is None:
+        return None
+    chunks = -(-num_docs // chunk_size)
+    return sum(min(chunk_size, num_docs - i * chunk_size) for i in range(chunks) if hosts.owns(i))
+
+
+def _compute_chunks(
+    partial: Path,
+    docs: Iterable[tuple[str, str]],
+    process: Callable[[list[str]], list[Any]],
+    chunk_size: int,
+    num_docs: int | None,
+    desc: str,
+) -> list[str]:
+    """Computes this process's missing chunks into `partial`; returns the doc-id digest of every chunk of `docs`."""
     docs_iter = iter(docs)
-    with progress.bar(total=num_docs, desc=desc, unit="doc") as bar:
+    digests: list[str] = []
+    with progress.bar(total=_owned_docs(num_docs, chunk_size), desc=desc, unit="doc") as bar:
         for index in itertools.count():
             chunk = list(itertools.islice(docs_iter, chunk_size))
             if not chunk:
-                return
+                return digests
             for position, item in enumerate(chunk):
                 if not (
                     isinstance(item, (tuple, list))
@@ -182,7 +232,10 @@ def iter_chunks(
                         f"got {str(item)[:80]!r}; fix the corpus reader"
                     )
             doc_ids = [doc_id for doc_id, _ in chunk]
-            path = partial / f"chunk-{index:06d}.json"
+            digests.append(_ids_digest(doc_ids))
+            if not hosts.owns(index):
+                continue
+            path = _chunk_path(partial, index)
             saved = _read_chunk(path)
             if saved is not None:
                 if saved["doc_ids"] != doc_ids:
@@ -190,18 +243,16 @@ def iter_chunks(
                         f"{path}: the documents differ from those of the interrupted build; "
                         f"delete {partial} to start over"
                     )
-                results = saved["results"]
-            else:
-                results = []
-                for result in process([text for _, text in chunk]):
-                    results.append(result)
-                    bar.update(1)  # per document, so a chunk of thousands shows its rate and ETA as it goes
-                if len(results) != len(chunk):  # A broken `process` must not misalign ids and results.
-                    raise RuntimeError(f"process returned {len(results)} results for {len(chunk)} texts")
-                write_json_atomic(path, {"doc_ids": doc_ids, "results": results})
-            if saved is not None:
                 bar.update(len(chunk))
-            yield doc_ids, results
+                continue
+            results = []
+            for result in process([text for _, text in chunk]):
+                results.append(result)
+                bar.update(1)  # per document, so a chunk of thousands shows its rate and ETA as it goes
+            if len(results) != len(chunk):  # A broken `process` must not misalign ids and results.
+                raise RuntimeError(f"process returned {len(results)} results for {len(chunk)} texts")
+            write_json_atomic(path, {"doc_ids": doc_ids, "results": results})
+    return digests
 
 
 def _read_chunk(path: Path) -> dict | None:
@@ -221,6 +272,21 @@ def _read_chunk(path: Path) -> dict | None:
 def finish_chunks(out_dir: str | Path) -> None:
     """Removes the chunks of a build whose store is now complete."""
     shutil.rmtree(partial_dir(out_dir), ignore_errors=True)
+
+
+def commit_on_main(out_dir: str | Path, kind: str, chunks: Iterator[Any], assemble: Callable[[Iterator[Any]], Any]
+                   ) -> dict:
+    """Runs `assemble(chunks)` (which writes the store at `out_dir` through `atomic_dir`) on process 0, then removes
+    the chunks; the other processes run `chunks` to its end (computing their own, see `iter_chunks`). Every process
+    returns the committed store's manifest, read after a barrier."""
+    if hosts.is_main():
+        assemble(chunks)
+        finish_chunks(out_dir)
+    else:
+        for _ in chunks:
+            raise RuntimeError("iter_chunks yielded a chunk on a process other than 0")
+    hosts.barrier(f"committed:{Path(out_dir).name}")
+    return read_manifest(out_dir, kind)
 
 
 def check_doc_id(doc_id: str, seen: set[str], where: str) -> None:

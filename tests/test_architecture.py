@@ -11,7 +11,7 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cfir_jax"
 # index; `indexing` is the runner over the whole build (it calls the index stages and the synthetic world's caption
 # pretraining).
 RANKS = {"floor": 0, "eval": 0, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3, "indexing": 4}
-FLOOR = {"errors", "store", "layout", "config", "cli", "progress"}
+FLOOR = {"errors", "store", "layout", "config", "cli", "progress", "hosts"}
 # Retrieval reads stores and the model: these builders are never its business.
 NOT_FOR_RETRIEVAL = ("cfir_jax.indexing", "cfir_jax.train")
 

@@ -88,3 +88,28 @@ def test_store_from_another_entity_index_is_refused_then_rebuilt(small, tmp_path
         EntityTextMatch.open(tmp_path / "m", entity_index=manifest_digest(other.manifest))
     rebuilt = build_entity_text_match(tmp_path / "m", corpus, cache, other)
     assert len(rebuilt) == 4
+
+
+def test_interrupted_build_resumes_without_redoing_finished_chunks(small, tmp_path, monkeypatch):
+    import cfir_jax.index.entity_text_match as etm
+
+    corpus, cache, index = small
+    calls = []
+    real = etm.match_entities
+
+    def failing_second(names, texts, max_words=8):
+        calls.append(len(texts))
+        if len(calls) == 2:
+            raise KeyboardInterrupt  # the build dies in its second chunk
+        return real(names, texts, max_words)
+
+    monkeypatch.setattr(etm, "match_entities", failing_second)
+    with pytest.raises(KeyboardInterrupt):
+        build_entity_text_match(tmp_path / "m", corpus, cache, index, max_matches=2, chunk_rows=4)
+    assert not (tmp_path / "m").exists()  # nothing half-written is published
+    calls.clear()
+    monkeypatch.setattr(etm, "match_entities", lambda *a, **k: (calls.append(len(a[1])), real(*a, **k))[1])
+    store = build_entity_text_match(tmp_path / "m", corpus, cache, index, max_matches=2, chunk_rows=4)
+    assert calls == [2]  # only the second chunk (rows 4-5) was matched again
+    assert store.rows_of([0])[0].tolist() == [4, 5]
+    assert not (tmp_path / ".m.building").exists()

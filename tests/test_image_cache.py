@@ -25,7 +25,7 @@ from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_cache import ImageCache
-from cfir_jax.index.image_encoding import build_image_cache, process_shards
+from cfir_jax.index.image_encoding import build_image_cache
 from cfir_jax.model.beit3 import abstract_model, param_path
 from cfir_jax.model.checkpoint import fingerprint
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
@@ -246,13 +246,6 @@ def test_complete_current_cache_is_not_rebuilt(cache, corpus, model):
     again = build_image_cache(cache.path, corpus, model, batch_size=BATCH, shard_size=SHARD, on_shard=calls.append)
     assert calls == [] and (cache.path / "manifest.json").read_text() == before
     assert again.ids == cache.ids
-
-
-@pytest.mark.parametrize("num_shards,num_processes", [(3, 1), (10, 4), (2, 4)])
-def test_processes_get_contiguous_shard_ranges_covering_all(num_shards, num_processes):
-    ranges = [process_shards(num_shards, p, num_processes) for p in range(num_processes)]
-    assert [s for r in ranges for s in r] == list(range(num_shards))
-    assert max(map(len, ranges)) - min(map(len, ranges)) <= 1
 
 
 def test_bad_dtype_and_missing_model_are_refused(tmp_path, corpus, model):

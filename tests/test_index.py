@@ -88,16 +88,22 @@ def _save_model(directory: Path, seed: int = 0, **overrides) -> None:
     checkpoint.save_model(create_model(model_config("tiny", **{**TINY_MODEL, **overrides}), seed=seed), directory)
 
 
+def write_inputs(root: Path, spm: Path):
+    """The AToMiC fixture (root/data), a tiny encoder (root/model) and the config file using both; (fixture, config)."""
+    fx = write_atomic_fixture(root / "data")
+    _save_model(root / "model")
+    config = root / "config.py"
+    config.write_text(CONFIG_FILE.format(model=TINY_MODEL, spm=str(spm), encoder=str(root / "model"),
+                                         texts=str(fx.texts_dir), images=str(fx.images_dir), qrels=str(fx.qrels_dir),
+                                         shard_size=SHARD_SIZE, k=K))
+    return fx, config
+
+
 @pytest.fixture(scope="module")
 def atomic(tmp_path_factory, synthetic_spm):
     """The AToMiC fixture, a tiny encoder, a config file, and one complete uninterrupted build (W)."""
     root = tmp_path_factory.mktemp("atomic")
-    fx = write_atomic_fixture(root / "data")
-    _save_model(root / "model")
-    config = root / "config.py"
-    config.write_text(CONFIG_FILE.format(model=TINY_MODEL, spm=str(synthetic_spm), encoder=str(root / "model"),
-                                         texts=str(fx.texts_dir), images=str(fx.images_dir), qrels=str(fx.qrels_dir),
-                                         shard_size=SHARD_SIZE, k=K))
+    fx, config = write_inputs(root, synthetic_spm)
     proc = _run("--config", config, "--workdir", root / "W")
     return dict(root=root, fx=fx, config=config, work=root / "W", stdout=proc.stdout, spm=synthetic_spm)
 

@@ -12,8 +12,9 @@ Rows are ragged because ScaNN can find fewer than K neighbours (the searched lea
 then has a shorter list, and no padding id is ever stored or returned. Format 1 (a padded [E, K] matrix that could
 hold -1) is refused with a one-line error asking for a rebuild.
 
-A build works in chunks of entities inside a sibling work directory (`.<name>.building`), recording each finished
-chunk, so an interrupted build resumes where it stopped; the finished files are then moved into place atomically.
+A build works in chunks of entities inside a sibling work directory (`.<name>.building`), one file per finished
+chunk (marked done after its rows are on disk), so an interrupted build resumes where it stopped, and the processes
+of a multi-host build each search their own chunks; the finished files are then moved into place atomically.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
+from cfir_jax import hosts
 from cfir_jax.errors import CfirError
 from cfir_jax.index.entities import entity_key
 from cfir_jax.index.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k
@@ -41,15 +43,16 @@ BACKENDS = ("scann", "exact")
 log = logging.getLogger(__name__)
 
 
-def _check_inputs(texts: Sequence[str], embeddings: np.ndarray, images: np.ndarray) -> None:
-    if embeddings.ndim != 2 or embeddings.shape[0] != len(texts):
+def _check_inputs(texts: Sequence[str], embeddings: np.ndarray | None, images: np.ndarray) -> None:
+    """Shapes and unique texts; `embeddings` None: they are computed later, chunk by chunk (an encode function)."""
+    if embeddings is not None and (embeddings.ndim != 2 or embeddings.shape[0] != len(texts)):
         raise CfirError(
             f"entity_embeddings has shape {embeddings.shape} but there are {len(texts)} entity texts; "
             "pass one [D] row per text"
         )
     if images.ndim != 2 or images.shape[0] == 0:
         raise CfirError(f"image_embeddings must be a non-empty [N, D] matrix, got shape {images.shape}")
-    if embeddings.shape[1] != images.shape[1]:
+    if embeddings is not None and embeddings.shape[1] != images.shape[1]:
         raise CfirError(
             f"entity dim {embeddings.shape[1]} != image dim {images.shape[1]}; encode both with the same model"
         )
@@ -60,13 +63,15 @@ def _check_inputs(texts: Sequence[str], embeddings: np.ndarray, images: np.ndarr
         seen.add(entity_key(t))
 
 
-def _fingerprint_inputs(texts: Sequence[str], embeddings: np.ndarray, **params) -> str:
-    """A digest of what a build depends on, so a resume with other inputs starts over instead of mixing them."""
+def _fingerprint_inputs(texts: Sequence[str], embeddings: np.ndarray | None, **params) -> str:
+    """A digest of what a build depends on, so a resume with other inputs starts over instead of mixing them (an
+    encode function's embeddings are named by the model fingerprint among `params`)."""
     h = hashlib.sha256(json.dumps(params, sort_keys=True, default=str).encode())
     for t in texts:
         h.update(t.encode())
         h.update(b"\0")
-    h.update(np.ascontiguousarray(embeddings[:: max(1, len(texts) // 1024)], dtype=np.float32).tobytes())
+    if embeddings is not None:
+        h.update(np.ascontiguousarray(embeddings[:: max(1, len(texts) // 1024)], dtype=np.float32).tobytes())
     return h.hexdigest()
 
 
@@ -106,15 +111,17 @@ def _make_searcher(
     return _Searcher(backend, images, k, scann)
 
 
-def _measure_recall(search: _Searcher, embeddings: np.ndarray, candidates: np.ndarray, sample: int) -> float | None:
-    """recall@K of the stored candidates against exact search, on `sample` entities drawn with a fixed seed."""
+def _measure_recall(search: _Searcher, embed: Callable[[np.ndarray], np.ndarray], n: int, candidates: Callable,
+                    sample: int) -> float | None:
+    """recall@K of the stored candidates against exact search, on `sample` of the `n` entities drawn with a fixed
+    seed; embed(rows) -> [r, D] float32, candidates(rows) -> [r, K] int32 padded with -1."""
     if search.backend == "exact":
         return 1.0
-    if sample <= 0 or len(embeddings) == 0:
+    if sample <= 0 or n == 0:
         return None
-    rows = np.sort(np.random.default_rng(0).choice(len(embeddings), min(sample, len(embeddings)), replace=False))
-    _, exact = exact_topk(np.asarray(embeddings[rows], np.float32), search.images, search.k)
-    return recall_at_k(np.asarray(candidates[rows]), exact)  # padding (-1) is never in `exact`: counts as a miss
+    rows = np.sort(np.random.default_rng(0).choice(n, min(sample, n), replace=False))
+    _, exact = exact_topk(np.asarray(embed(rows), np.float32), search.images, search.k)
+    return recall_at_k(np.asarray(candidates(rows)), exact)  # padding (-1) is never in `exact`: counts as a miss
 
 
 def _write_csr(
@@ -158,48 +165,65 @@ def _write_csr(
     return m
 
 
+def _chunk_files(work: Path, c: int) -> tuple[Path, Path, Path]:
+    """chunk c's padded candidates [r, K] int32 and scores [r, K] float16, and its marker (written last)."""
+    name = f"chunk-{c:06d}"
+    return work / f"{name}.candidates.npy", work / f"{name}.scores.npy", work / f"{name}.done"
+
+
+def _save_npy(path: Path, array: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as f:
+        np.save(f, array)
+    os.replace(tmp, path)
+
+
 def _fill_chunks(
     work: Path,
-    embeddings: np.ndarray,
+    n: int,
+    embed: Callable[[int, int], np.ndarray],
     search: _Searcher,
     keep_scores: bool,
     chunk_size: int,
     on_chunk: Callable[[int], None] | None,
     progress: bool,
 ) -> None:
-    """Fills work/candidates.npy (and scores.npy) chunk by chunk, skipping chunks recorded in work/done.json."""
-    e, k = len(embeddings), search.k
-    cand_path, score_path, done_path = work / "candidates.npy", work / "scores.npy", work / "done.json"
-    mode = "r+" if cand_path.is_file() else "w+"
-    cand = np.lib.format.open_memmap(cand_path, mode=mode, dtype=np.int32, shape=(e, k))
-    scores = None
-    if keep_scores:
-        mode = "r+" if score_path.is_file() else "w+"
-        scores = np.lib.format.open_memmap(score_path, mode=mode, dtype=np.float16, shape=(e, k))
-    done = set(json.loads(done_path.read_text())) if done_path.is_file() else set()
-    n_chunks = -(-e // chunk_size)
-    for c in progress_bar(range(n_chunks), desc="entity index", show=progress):
-        if c in done:
+    """Searches this process's chunks of the `n` entities (`hosts.owns`) into work/, skipping finished ones (another
+    process's, from an earlier run with another process count, included). embed(a, b) -> [b - a, D] float32."""
+    n_chunks = -(-n // chunk_size)
+    mine = [c for c in range(n_chunks) if hosts.owns(c)]
+    for c in progress_bar(mine, desc="entity index", show=progress):
+        cand_path, score_path, done_path = _chunk_files(work, c)
+        if done_path.is_file():
             continue
-        a, b = c * chunk_size, min(e, (c + 1) * chunk_size)
-        s, i = search(np.asarray(embeddings[a:b], np.float32))
-        cand[a:b] = i
-        if scores is not None:
-            scores[a:b] = s
-            scores.flush()
-        cand.flush()
-        # Recorded only after the rows are on disk: a crash before this line redoes the chunk, never skips it.
-        done.add(c)
-        write_json_atomic(done_path, sorted(done))
+        a, b = c * chunk_size, min(n, (c + 1) * chunk_size)
+        s, i = search(np.asarray(embed(a, b), np.float32))
+        _save_npy(cand_path, np.asarray(i, np.int32))
+        if keep_scores:
+            _save_npy(score_path, np.asarray(s, np.float16))
+        # Marked only after the rows are on disk: a crash before this line redoes the chunk, never skips it.
+        done_path.touch()
         if on_chunk is not None:
             on_chunk(c)
-    del cand, scores
+
+
+def _read_chunks(work: Path, n: int, chunk_size: int, rows: np.ndarray | None = None, scores: bool = False):
+    """The padded [n, K] candidates (or scores) of every chunk, as one block per chunk; `rows`: only those rows."""
+    blocks = []
+    for c in range(-(-n // chunk_size)):
+        cand_path, score_path, done_path = _chunk_files(work, c)
+        if not done_path.is_file():
+            raise StoreError(f"{work}: chunk {c} is missing after every process finished; run index.py again")
+        blocks.append(np.load(score_path if scores else cand_path, mmap_mode="r"))
+    if rows is None:
+        return blocks
+    return np.stack([blocks[r // chunk_size][r % chunk_size] for r in rows])  # a few rows, never all [n, K]
 
 
 def build_entity_index(
     out_dir: str | os.PathLike,
     entity_texts: Sequence[str],
-    entity_embeddings: np.ndarray,
+    entity_embeddings: np.ndarray | Callable[[Sequence[str]], np.ndarray],
     image_embeddings: np.ndarray,
     k: int,
     *,
@@ -216,14 +240,22 @@ def build_entity_index(
 ) -> float | None:
     """Builds the entity index into out_dir; resumes an interrupted build of the same inputs.
 
-    entity_texts [E] unique; entity_embeddings [E, D] f32; image_embeddings [N, D] f16/f32 (memmap fine).
-    k > N is clamped to N. on_chunk(i) is called after chunk i is on disk (progress hooks, tests). `sources`
-    (JSON-able: fingerprints of what the texts and images were derived from) go into the manifest.
+    entity_texts [E] unique; entity_embeddings [E, D] f32, or a function texts [r] -> [r, D] f32 (the frozen text
+    tower: then each chunk's texts are encoded where the chunk is searched); image_embeddings [N, D] f16/f32 (memmap
+    fine). k > N is clamped to N.
+
+    Across the processes of a jax.distributed run (`hosts`), chunk c of `chunk_size` entities is encoded and
+    searched by process c % P against the whole cache; process 0 builds the ScaNN searcher once (every process loads
+    it), measures recall and writes the store from all chunks; every process returns after the commit.
+
+    on_chunk(i) is called after chunk i is on disk (progress hooks, tests). `sources` (JSON-able: fingerprints of
+    what the texts and images were derived from) go into the manifest.
     Returns the recall@K of the stored candidates against exact search on `recall_sample` entities (1.0 for
     backend="exact"; None if not measured).
     """
     out_dir = Path(out_dir)
-    _check_inputs(entity_texts, entity_embeddings, image_embeddings)
+    embeddings = None if callable(entity_embeddings) else entity_embeddings
+    _check_inputs(entity_texts, embeddings, image_embeddings)
     n, dim = image_embeddings.shape
     k_requested = int(k)
     k = min(k_requested, n)
@@ -235,41 +267,68 @@ def build_entity_index(
         raise CfirError(f"backend={backend!r}: choose one of {BACKENDS}")
     work = out_dir.with_name(f".{out_dir.name}.building")
     digest = _fingerprint_inputs(
-        entity_texts, entity_embeddings, k=k, n=n, dim=dim, backend=backend, fp=model_fingerprint,
+        entity_texts, embeddings, k=k, n=n, dim=dim, backend=backend, fp=model_fingerprint,
         scann=dataclasses.asdict(scann_config) if scann_config else None, scores=keep_scores, chunk=chunk_size,
+        layout="chunk-files",
     )
     params_path = work / "build.json"
-    if work.exists() and not (params_path.is_file() and json.loads(params_path.read_text()).get("digest") == digest):
-        shutil.rmtree(work)  # A partial build of other inputs: starting over is the only safe choice.
-    work.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(params_path, {"digest": digest})
+    if hosts.is_main():
+        if work.exists() and not (params_path.is_file() and
+                                  json.loads(params_path.read_text()).get("digest") == digest):
+            shutil.rmtree(work)  # A partial build of other inputs: starting over is the only safe choice.
+        work.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(params_path, {"digest": digest})
+    hosts.barrier("entity_index_work_dir")
 
-    scann_dir = work / "scann" if backend == "scann" and keep_searcher else None
-    search = _make_searcher(backend, image_embeddings, k, scann_config, scann_dir)
-    _fill_chunks(work, entity_embeddings, search, keep_scores, chunk_size, on_chunk, progress)
-    cand = np.load(work / "candidates.npy", mmap_mode="r")
-    recall = _measure_recall(search, entity_embeddings, cand, recall_sample)
-    del cand
+    search = _shared_searcher(backend, image_embeddings, k, scann_config, work / "scann")
+    e = len(entity_texts)
+    if embeddings is not None:
+        embed_rows = lambda a, b: embeddings[a:b]  # noqa: E731
+    else:
+        def embed_rows(a: int, b: int) -> np.ndarray:
+            rows = np.asarray(entity_embeddings(entity_texts[a:b]))
+            if rows.shape != (b - a, dim):
+                raise CfirError(f"the entity encoder gave {rows.shape} for {b - a} texts but the images are {dim}-d; "
+                                "encode both with the same model")
+            return rows
+    _fill_chunks(work, e, embed_rows, search, keep_scores, chunk_size, on_chunk, progress)
+    hosts.barrier("entity_index_chunks")
 
-    with atomic_dir(out_dir) as tmp:
-        padded_c = np.load(work / "candidates.npy", mmap_mode="r")
-        padded_s = np.load(work / "scores.npy", mmap_mode="r") if keep_scores else None
-        blocks = [(padded_c[a : a + chunk_size], None if padded_s is None else padded_s[a : a + chunk_size])
-                  for a in range(0, len(padded_c), chunk_size)]
-        n_candidates = _write_csr(tmp, blocks, keep_scores)
-        del padded_c, padded_s, blocks
-        if scann_dir:
-            os.replace(scann_dir, tmp / "scann")
-        (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False))
-        write_manifest(
-            tmp, KIND, VERSION, model_fingerprint=model_fingerprint, dim=dim, k=k, k_requested=k_requested,
-            backend=backend, n_entities=len(entity_texts), n_candidates=n_candidates, n_images=n, recall_at_k=recall,
-            recall_sample=min(recall_sample, len(entity_texts)) if backend == "scann" else 0,
-            scann_config=dataclasses.asdict(search.scann.config) if search.scann else None,
-            has_scores=keep_scores, has_searcher=scann_dir is not None, **(sources or {}),
-        )
-    shutil.rmtree(work)
-    return recall
+    if hosts.is_main():
+        sample = (lambda rows: embeddings[rows]) if embeddings is not None else \
+            (lambda rows: entity_embeddings([entity_texts[r] for r in rows]))
+        recall = _measure_recall(search, sample, e, lambda rows: _read_chunks(work, e, chunk_size, rows), recall_sample)
+        with atomic_dir(out_dir) as tmp:
+            blocks = list(zip(_read_chunks(work, e, chunk_size),
+                              _read_chunks(work, e, chunk_size, scores=True) if keep_scores else
+                              [None] * -(-e // chunk_size)))
+            n_candidates = _write_csr(tmp, blocks, keep_scores)
+            del blocks
+            if keep_searcher and backend == "scann":
+                os.replace(work / "scann", tmp / "scann")
+            (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False))
+            write_manifest(
+                tmp, KIND, VERSION, model_fingerprint=model_fingerprint, dim=dim, k=k, k_requested=k_requested,
+                backend=backend, n_entities=e, n_candidates=n_candidates, n_images=n, recall_at_k=recall,
+                recall_sample=min(recall_sample, e) if backend == "scann" else 0,
+                scann_config=dataclasses.asdict(search.scann.config) if search.scann else None,
+                has_scores=keep_scores, has_searcher=keep_searcher and backend == "scann", **(sources or {}),
+            )
+        shutil.rmtree(work)
+    hosts.barrier("entity_index_committed")
+    return read_manifest(out_dir, KIND, VERSION)["recall_at_k"]
+
+
+def _shared_searcher(backend: str, images: np.ndarray, k: int, scann_config: ScannConfig | None, scann_dir: Path
+                     ) -> _Searcher:
+    """The one searcher every process uses: for ScaNN, process 0 builds and serializes it into `scann_dir` (once; a
+    resumed build reuses it) and every process, process 0 included, loads that file, so all search with the very
+    same partitions whatever the process count."""
+    if backend == "scann":
+        if hosts.is_main() and not (scann_dir / "cfir_scann.json").is_file():
+            ScannSearcher.build(images, k, scann_config).serialize(scann_dir)
+        hosts.barrier("entity_index_searcher")
+    return _make_searcher(backend, images, k, scann_config, scann_dir if backend == "scann" else None)
 
 
 @dataclasses.dataclass

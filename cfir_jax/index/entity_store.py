@@ -34,7 +34,7 @@ import numpy as np
 from cfir_jax import store
 from cfir_jax.errors import CfirError
 from cfir_jax.index.entities import EntityExtractor, entity_key
-from cfir_jax.store import check_doc_id, finish_chunks, iter_chunks, read_lines, write_lines
+from cfir_jax.store import check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
 
 log = logging.getLogger(__name__)
 
@@ -60,18 +60,13 @@ def build_entity_store(
 ) -> dict:
     """Extracts the entities of `docs` ((doc_id, text) pairs) into an entity store at `out_dir`; returns its manifest.
 
-    Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents. Documents
+    Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents; with several
+    processes each extracts its own chunks and process 0 writes the store (`iter_chunks`). Documents
     without entities get an empty row and are counted in the manifest (retrieval falls back to the summary there).
     `num_docs` only sizes the progress bar; `corpus_fingerprint` (`Corpus.documents_fingerprint`) is recorded so a
     store computed from other documents is never taken for current.
     """
     out_dir = Path(out_dir)
-    vocab: dict[str, int] = {}  # entity_key -> id
-    surfaces: list[str] = []  # id -> surface form
-    doc_ids: list[str] = []
-    seen: set[str] = set()
-    offsets = [0]
-    ids: list[np.ndarray] = []
     chunks = iter_chunks(
         out_dir,
         docs,
@@ -81,6 +76,18 @@ def build_entity_store(
         num_docs,
         desc="entities",
     )
+    return commit_on_main(out_dir, ENTITY_KIND, chunks,
+                          lambda chunks: _assemble(out_dir, chunks, extractor, corpus_fingerprint))
+
+
+def _assemble(out_dir: Path, chunks, extractor: EntityExtractor, corpus_fingerprint: str | None) -> None:
+    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build)."""
+    vocab: dict[str, int] = {}  # entity_key -> id
+    surfaces: list[str] = []  # id -> surface form
+    doc_ids: list[str] = []
+    seen: set[str] = set()
+    offsets = [0]
+    ids: list[np.ndarray] = []
     for chunk_ids, chunk_entities in chunks:
         flat: list[int] = []  # One array per chunk, not per document: 10M tiny arrays would cost gigabytes.
         for doc_id, entities in zip(chunk_ids, chunk_entities):
@@ -109,7 +116,7 @@ def build_entity_store(
         np.save(tmp / "offsets.npy", offsets_arr)
         np.save(tmp / "entity_ids.npy", entity_ids)
         np.save(tmp / "doc_freq.npy", doc_freq)
-        manifest = store.write_manifest(
+        store.write_manifest(
             tmp,
             ENTITY_KIND,
             ENTITY_FORMAT_VERSION,
@@ -120,7 +127,6 @@ def build_entity_store(
             num_without_entities=num_without,
             corpus_fingerprint=corpus_fingerprint,
         )
-    finish_chunks(out_dir)
     log.info(
         "%s: %d documents, %d distinct entities, %d without entities",
         out_dir,
@@ -128,7 +134,6 @@ def build_entity_store(
         len(vocab),
         num_without,
     )
-    return manifest
 
 
 @dataclasses.dataclass

@@ -15,13 +15,17 @@ Layout of the store (kind "entity_text_match", format 1), aligned with the entit
 
 Matching is one pass over the image texts: every run of up to `max_words` consecutive words is looked up in a hash
 map of the entity names (names are short; longer ones never match), so the cost is linear in the text, not in the
-number of entities.
+number of entities. Image rows are cut into chunks; under jax.distributed process p matches the chunks c with
+c % P == p (`cfir_jax.hosts`) into `.<name>.building/chunk-*.npz`, a finished chunk is never redone (a killed run
+resumes), and process 0 commits the store once every chunk exists.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import re
+import shutil
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,10 +33,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cfir_jax import hosts
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_text import FIELDS, image_text
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, manifest_digest, read_manifest, write_manifest
+from cfir_jax.store import StoreError, atomic_dir, manifest_digest, read_manifest, write_json_atomic, write_manifest
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
@@ -101,33 +106,65 @@ def build_entity_text_match(
     except StoreError:
         pass
     start = time.time()
+    work = out_dir.with_name(f".{out_dir.name}.building")
+    if hosts.is_main() and (not (work / "build.json").is_file() or
+                            json.loads((work / "build.json").read_text()) != key):
+        shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True)
+        write_json_atomic(work / "build.json", key)
+    hosts.barrier("entity_text_match_work_dir")
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
-    pairs_entity, pairs_row = [], []
-    with progress_bar(total=cache.num_images, desc="entity text match", unit="img", show=progress) as bar:
-        for lo in range(0, cache.num_images, chunk_rows):
-            ids = cache.ids[lo : lo + chunk_rows]
-            texts = [image_text(corpus.image(row_of[i]), fields) for i in ids]
-            for offset, hits in enumerate(match_entities(entity_index.vocab, texts, max_words)):
-                pairs_entity += hits
-                pairs_row += [lo + offset] * len(hits)
-            bar.update(len(ids))
-    entity = np.asarray(pairs_entity, np.int64)
-    rows = np.asarray(pairs_row, np.int32)
+    n = cache.num_images
+    chunks = range(-(-n // chunk_rows))
+    mine = [c for c in chunks if hosts.owns(c)]
+    with progress_bar(total=sum(min(n, (c + 1) * chunk_rows) - c * chunk_rows for c in mine),
+                      desc="entity text match", unit="img", show=progress) as bar:
+        for c in mine:
+            lo, hi = c * chunk_rows, min(n, (c + 1) * chunk_rows)
+            path = work / f"chunk-{c:05d}.npz"
+            if not path.is_file():  # finished by this process or another, in this run or before
+                texts = [image_text(corpus.image(row_of[i]), fields) for i in cache.ids[lo:hi]]
+                found = match_entities(entity_index.vocab, texts, max_words)
+                entity = np.fromiter((e for hits in found for e in hits), np.int64)
+                rows = np.repeat(np.arange(lo, hi, dtype=np.int32), [len(hits) for hits in found])
+                tmp = work / f".chunk-{c:05d}.npz.tmp"
+                with open(tmp, "wb") as f:
+                    np.savez(f, entity=entity, rows=rows)
+                os.replace(tmp, path)  # its presence marks the chunk complete
+            bar.update(hi - lo)
+    hosts.barrier("entity_text_match_chunks")
+    if hosts.is_main():
+        _commit(out_dir, work, chunks, key, len(entity_index), start)
+    hosts.barrier("entity_text_match_committed")
+    return EntityTextMatch.open(out_dir)
+
+
+def _commit(out_dir: Path, work: Path, chunks: range, key: dict, num_entities: int, start: float) -> None:
+    """Process 0: the store from every chunk's (entity, row) pairs, too common names left out; removes the work."""
+    parts = []
+    for c in chunks:
+        path = work / f"chunk-{c:05d}.npz"
+        if not path.is_file():
+            raise StoreError(f"{path}: missing after every process finished; rerun index.py")
+        with np.load(path) as z:
+            parts.append((z["entity"], z["rows"]))
+    entity = np.concatenate([e for e, _ in parts]) if parts else np.zeros(0, np.int64)
+    rows = np.concatenate([r for _, r in parts]) if parts else np.zeros(0, np.int32)
     order = np.lexsort((rows, entity))  # by entity, then ascending row
     entity, rows = entity[order], rows[order]
-    counts = np.bincount(entity, minlength=len(entity_index))
-    too_common = counts > max_matches
+    counts = np.bincount(entity, minlength=num_entities)
+    too_common = counts > key["max_matches"]
     keep = ~too_common[entity]
     entity, rows = entity[keep], rows[keep]
-    offsets = np.zeros(len(entity_index) + 1, np.int64)
-    np.cumsum(np.bincount(entity, minlength=len(entity_index)), out=offsets[1:])
+    offsets = np.zeros(num_entities + 1, np.int64)
+    np.cumsum(np.bincount(entity, minlength=num_entities), out=offsets[1:])
     with atomic_dir(out_dir) as tmp:
         np.save(tmp / "offsets.npy", offsets)
         np.save(tmp / "rows.npy", rows)
-        write_manifest(tmp, KIND, FORMAT_VERSION, **key, num_entities=len(entity_index), num_pairs=int(len(rows)),
+        write_manifest(tmp, KIND, FORMAT_VERSION, **key, num_entities=num_entities, num_pairs=int(len(rows)),
                        entities_matched=int((np.diff(offsets) > 0).sum()), too_common=int(too_common.sum()),
                        build_seconds=round(time.time() - start, 3))
-    return EntityTextMatch.open(out_dir)
+    shutil.rmtree(work, ignore_errors=True)
 
 
 class EntityTextMatch:

@@ -18,6 +18,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from cfir_jax import hosts
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_cache import (
@@ -241,18 +242,6 @@ def _merge_shards(work: Path, tmp: Path, num_shards: int, dim: int, dtype: str) 
     return total, len(skipped)
 
 
-def process_shards(num_shards: int, process: int, num_processes: int) -> range:
-    """The contiguous range of shards that `process` (of `num_processes`) encodes; together they cover all shards."""
-    return range(process * num_shards // num_processes, (process + 1) * num_shards // num_processes)
-
-
-def _barrier(name: str) -> None:
-    if jax.process_count() > 1:
-        from jax.experimental import multihost_utils
-
-        multihost_utils.sync_global_devices(name)
-
-
 def _prepare_work_dir(work: Path, key: dict) -> None:
     """Keeps the shards of an interrupted build of the same `key`; otherwise starts the work directory over."""
     key_path = work / "build.json"
@@ -302,11 +291,15 @@ def build_image_cache(
         from cfir_jax.progress import shown
 
         progress = shown()
-    progress = progress and jax.process_index() == 0
+    progress = progress and hosts.is_main()
     if precomputed is not None:
         if model is not None:
             raise CfirError("give either a model or precomputed embeddings, not both")
-        return import_precomputed(out_dir, corpus, precomputed, precomputed_ids, dtype, allow_missing)
+        # A conversion of files, not model work: process 0 imports while the others wait, then all open it.
+        if hosts.is_main():
+            import_precomputed(out_dir, corpus, precomputed, precomputed_ids, dtype, allow_missing)
+        hosts.barrier("cfir_image_cache_imported")
+        return ImageCache.open(out_dir)
     if model is None:
         raise CfirError("no model and no precomputed embeddings: pass a model directory, or precomputed='corpus' "
                         "/ a .npy or parquet file of embeddings")
@@ -329,24 +322,25 @@ def build_image_cache(
     )
     # The shard size only shapes the build, not the result; a cache built with another one is still current.
     if is_current(out_dir, {k: v for k, v in key.items() if k not in ("format_version", "shard_size")}):
-        if jax.process_index() == 0:
+        if hosts.is_main():
             log.info("%s: image cache is complete and current; nothing to do", out_dir)
         return ImageCache.open(out_dir)
 
     start = time.time()
     work = out_dir.with_name(f".{out_dir.name}.building")
-    if jax.process_index() == 0:
+    if hosts.is_main():
         _prepare_work_dir(work, key)
-    _barrier("cfir_image_cache_work_dir")
+    hosts.barrier("cfir_image_cache_work_dir")
     num_shards = -(-corpus.num_images // shard_size)
-    n_proc = jax.process_count()
-    todo = [s for s in process_shards(num_shards, jax.process_index(), n_proc) if not _shard_done(work, s)]
+    n_proc = hosts.process_count()
+    # Contiguous shard ranges per process; a shard on disk is reused whoever wrote it (another process count too).
+    todo = [s for s in hosts.contiguous(num_shards) if not _shard_done(work, s)]
     if todo:
         encoder = ImageEncoder(model, compute_dtype, batch_size)
         _encode_shards(corpus, work, todo, encoder, shard_size=shard_size, dtype=dtype,
                        num_workers=num_workers or min(32, os.cpu_count() or 1), progress=progress, on_shard=on_shard)
-    _barrier("cfir_image_cache_shards")
-    if jax.process_index() == 0:
+    hosts.barrier("cfir_image_cache_shards")
+    if hosts.is_main():
         missing = [s for s in range(num_shards) if not _shard_done(work, s)]
         if missing:
             raise StoreError(f"{work}: shards {missing[:5]} are missing after every process finished; rerun the build")
@@ -360,5 +354,5 @@ def build_image_cache(
             )
         shutil.rmtree(work, ignore_errors=True)
         log.info("%s: %d images encoded, %d skipped in %.1fs", out_dir, encoded, skipped, time.time() - start)
-    _barrier("cfir_image_cache_done")
+    hosts.barrier("cfir_image_cache_done")
     return ImageCache.open(out_dir)

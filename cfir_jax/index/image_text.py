@@ -13,7 +13,8 @@ An image's text is its non-empty strings of `fields`, in field order, duplicates
 
 Building encodes the image cache's rows in chunks of `chunk_rows` into a work directory `.<name>.building/`
 (`chunk-00000.npy` then `chunk-00000.json`, written last: it marks the chunk complete); an interrupted build of the
-same key resumes after its finished chunks. The chunks are merged inside an `atomic_dir` when all exist.
+same key resumes after its finished chunks. Across the processes of a jax.distributed run chunk c is encoded by
+process c % P (`hosts.owns`); process 0 merges the chunks inside an `atomic_dir` once all exist.
 
 Readers (retrieval) take `ImageTextCache.open` and `FusedRows`; the builder imports no retrieval or training code.
 """
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from cfir_jax import hosts
 from cfir_jax.data.atomic import CAPTION_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
 from cfir_jax.errors import CfirError
 from cfir_jax.progress import bar as progress_bar
@@ -86,17 +88,21 @@ def build_image_text(
         pass
     start = time.time()
     work = out_dir.with_name(f".{out_dir.name}.building")
-    if not (work / "build.json").is_file() or json.loads((work / "build.json").read_text()) != key:
+    if hosts.is_main() and (not (work / "build.json").is_file() or
+                            json.loads((work / "build.json").read_text()) != key):
         shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True)
         write_json_atomic(work / "build.json", key)
+    hosts.barrier("image_text_work_dir")
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
     n, dim = cache.num_images, int(encoder.dim)
     chunks = range(-(-n // chunk_rows))
-    bar = progress_bar(total=n, desc="image text", unit="img", show=progress)
-    for c in chunks:
+    mine = [c for c in chunks if hosts.owns(c)]
+    bar = progress_bar(total=sum(min(n, (c + 1) * chunk_rows) - c * chunk_rows for c in mine), desc="image text",
+                       unit="img", show=progress)
+    for c in mine:
         lo, hi = c * chunk_rows, min(n, (c + 1) * chunk_rows)
-        if (work / f"{_chunk(c)}.json").is_file():
+        if (work / f"{_chunk(c)}.json").is_file():  # finished by this process or another, in this run or before
             bar.update(hi - lo)
             continue
         texts = [image_text(corpus.image(row_of[i]), fields) for i in cache.ids[lo:hi]]
@@ -104,18 +110,34 @@ def build_image_text(
         emb = np.zeros((hi - lo, dim), np.float16)
         if has.any():
             emb[has] = encoder.encode([t for t in texts if t]).astype(np.float16)
-        np.save(work / f"{_chunk(c)}.npy", emb)
+        tmp = work / f".{_chunk(c)}.npy.tmp"
+        with open(tmp, "wb") as f:
+            np.save(f, emb)
+        os.replace(tmp, work / f"{_chunk(c)}.npy")
         # Written last: its presence marks the chunk complete.
         write_json_atomic(work / f"{_chunk(c)}.json", {"rows": [lo, hi], "has_text": has.tolist()})
         bar.update(hi - lo)
     bar.close()
+    hosts.barrier("image_text_chunks")
+    if hosts.is_main():
+        _merge(out_dir, work, chunks, key, n, dim, cache, start)
+    hosts.barrier("image_text_committed")
+    return ImageTextCache.open(out_dir)
+
+
+def _merge(out_dir: Path, work: Path, chunks: range, key: dict, n: int, dim: int, cache: ImageCache, start: float
+           ) -> None:
+    """Writes the store from every finished chunk (process 0), then removes the work directory."""
     with atomic_dir(out_dir) as tmp:
         out = np.lib.format.open_memmap(tmp / "embeddings.npy", mode="w+", dtype=np.float16, shape=(n, dim))
         has_text = np.zeros(n, bool)
         for c in chunks:
-            lo, hi = json.loads((work / f"{_chunk(c)}.json").read_text())["rows"]
+            if not (work / f"{_chunk(c)}.json").is_file():
+                raise StoreError(f"{work}: {_chunk(c)} is missing after every process finished; run index.py again")
+            meta = json.loads((work / f"{_chunk(c)}.json").read_text())
+            lo, hi = meta["rows"]
             out[lo:hi] = np.load(work / f"{_chunk(c)}.npy")
-            has_text[lo:hi] = json.loads((work / f"{_chunk(c)}.json").read_text())["has_text"]
+            has_text[lo:hi] = meta["has_text"]
         out.flush()
         del out
         np.save(tmp / "has_text.npy", has_text)
@@ -123,7 +145,6 @@ def build_image_text(
                        ids_sha=hashlib.sha256("\n".join(cache.ids).encode()).hexdigest()[:16],
                        build_seconds=round(time.time() - start, 3))
     shutil.rmtree(work, ignore_errors=True)
-    return ImageTextCache.open(out_dir)
 
 
 class ImageTextCache:

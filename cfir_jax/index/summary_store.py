@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from cfir_jax import store
 from cfir_jax.errors import CfirError
 from cfir_jax.index.summarizer import Summarizer
-from cfir_jax.store import check_doc_id, finish_chunks, iter_chunks, read_lines, write_lines
+from cfir_jax.store import check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
 
 if TYPE_CHECKING:  # the corpus module imports tfds and grain; summaries need only the record type
     pass
@@ -66,19 +66,26 @@ def build_summary_store(
     """Summarises `docs` ((doc_id, text) pairs) into a summary store at `out_dir`; returns its manifest.
 
     Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents (BART on
-    millions of documents takes days; a chunk is minutes). `num_docs` only sizes the progress bar. `input_fields`
+    millions of documents takes days; a chunk is minutes); with several processes each summarises its own chunks and
+    process 0 writes the store (`iter_chunks`). `num_docs` only sizes the progress bar. `input_fields`
     names what the texts were made from (`summary_input`), recorded so that another choice is not resumed or reused;
     `corpus_fingerprint` (`Corpus.documents_fingerprint`) is recorded to tell a stale store from a current one.
     """
     out_dir = Path(out_dir)
     settings = {"summarizer": summarizer.name, **summarizer.settings, "input_fields": input_fields}
+    chunks = iter_chunks(out_dir, docs, summarizer.summarize, settings, chunk_size, num_docs, desc="summaries")
+    return commit_on_main(out_dir, SUMMARY_KIND, chunks,
+                          lambda chunks: _assemble(out_dir, chunks, settings, corpus_fingerprint))
+
+
+def _assemble(out_dir: Path, chunks, settings: dict, corpus_fingerprint: str | None) -> None:
+    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build)."""
     doc_ids: list[str] = []
     seen: set[str] = set()
     num_empty = 0
     with store.atomic_dir(out_dir) as tmp:
-        # Summaries stream to disk as chunks finish: millions of them need not sit in memory.
+        # Summaries stream to disk chunk by chunk: millions of them need not sit in memory.
         with open(tmp / "summaries.jsonl", "w", encoding="utf-8", newline="\n") as f:
-            chunks = iter_chunks(out_dir, docs, summarizer.summarize, settings, chunk_size, num_docs, desc="summaries")
             for chunk_ids, summaries in chunks:
                 for doc_id, summary in zip(chunk_ids, summaries):
                     check_doc_id(doc_id, seen, "summaries")
@@ -89,13 +96,11 @@ def build_summary_store(
         if not doc_ids:
             raise CfirError(f"{out_dir}: no documents to summarise; check the corpus path and split")
         write_lines(tmp / "doc_ids.txt", doc_ids)
-        manifest = store.write_manifest(
+        store.write_manifest(
             tmp, SUMMARY_KIND, SUMMARY_FORMAT_VERSION, **settings, num_docs=len(doc_ids), num_empty=num_empty,
             corpus_fingerprint=corpus_fingerprint,
         )
-    finish_chunks(out_dir)
     log.info("%s: %d summaries (%d empty)", out_dir, len(doc_ids), num_empty)
-    return manifest
 
 
 @dataclasses.dataclass

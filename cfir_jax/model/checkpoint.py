@@ -50,6 +50,16 @@ def fingerprint(model: model_lib.DBeit3, tower: str) -> str:
     return f"{tower}-{h.hexdigest()[:16]}"
 
 
+def _this_process_only():
+    """Orbax options for a model directory that this process writes or reads alone: in a jax.distributed run, the
+    trainer's export happens on process 0 only and each process of an index build loads its own copy, so orbax must
+    not wait for the other processes (it would, forever, on its default barrier over all of them)."""
+    import orbax.checkpoint as ocp
+
+    process = jax.process_index()
+    return ocp.options.MultiprocessingOptions(primary_host=process, active_processes={process})
+
+
 def save_model(model: model_lib.DBeit3, directory: str | os.PathLike, **extra: Any) -> dict:
     """Writes `model` to a model directory atomically; returns the manifest."""
     import orbax.checkpoint as ocp
@@ -57,8 +67,9 @@ def save_model(model: model_lib.DBeit3, directory: str | os.PathLike, **extra: A
     directory = Path(directory).absolute()
     state = nnx.state(model, nnx.Param)
     with atomic_dir(directory) as tmp:
-        with ocp.StandardCheckpointer() as ckptr:
-            ckptr.save(tmp / "params", nnx.to_pure_dict(state))
+        with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
+            # As host numpy arrays: orbax refuses to write a device array that lives on one process of several.
+            ckptr.save(tmp / "params", jax.tree.map(np.asarray, nnx.to_pure_dict(state)))
         manifest = write_manifest(
             tmp,
             "model",
@@ -97,8 +108,12 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
         stored = merged
     abstract = model_lib.abstract_model(stored)
     graphdef, abstract_state = nnx.split(abstract)
-    target = nnx.to_pure_dict(abstract_state)
-    with ocp.StandardCheckpointer() as ckptr:
+    # Onto this process's first device: the saved shardings name the saving process's devices, which another process
+    # of a jax.distributed run does not have (each process of an index build holds its own copy of the model).
+    device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
+    target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
+                          nnx.to_pure_dict(abstract_state))
+    with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
         restored = ckptr.restore(directory / "params", target)
     nnx.replace_by_pure_dict(abstract_state, restored)
     return nnx.merge(graphdef, abstract_state)
