@@ -46,7 +46,7 @@ def plot_recall_curves(curves: Mapping[str, list[float]], path: str | os.PathLik
     ax.set_ylim(0, 1)
     ax.set_title(title)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(loc="lower right")
+    ax.legend(loc="upper left", fontsize="small")  # recall is low at small k: the upper left stays empty
     fig.tight_layout()
     tmp = path + ".tmp.png"
     try:
