@@ -77,3 +77,9 @@ def contiguous(num_items: int, process: int | None = None, count: int | None = N
     process = process_index() if process is None else process
     count = process_count() if count is None else count
     return range(process * num_items // count, (process + 1) * num_items // count)
+
+
+def owned_row_chunks(num_rows: int, chunk_rows: int) -> list[tuple[int, int, int]]:
+    """(chunk, first row, end row) of every chunk of `chunk_rows` rows that this process owns (`owns`)."""
+    return [(c, c * chunk_rows, min(num_rows, (c + 1) * chunk_rows))
+            for c in range(-(-num_rows // chunk_rows)) if owns(c)]

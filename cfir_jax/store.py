@@ -121,6 +121,26 @@ def check_manifest(manifest: dict, where: str | os.PathLike, **expected: Any) ->
             )
 
 
+def shared_work_dir(out_dir: str | Path, key: dict) -> Path:
+    """The work directory `.<name>.building` beside `out_dir` where every process of a build writes its finished
+    shards, kept from an interrupted build of the same `key` and otherwise started over. Process 0 alone decides,
+    before the others look (a barrier), so no process deletes shards another is writing."""
+    out_dir = Path(out_dir)
+    work = out_dir.with_name(f".{out_dir.name}.building")
+    if hosts.is_main():
+        key_path = work / "build.json"
+        try:
+            same = json.loads(key_path.read_text()) == key
+        except (OSError, ValueError):
+            same = False
+        if not same:
+            shutil.rmtree(work, ignore_errors=True)
+            work.mkdir(parents=True)
+            write_json_atomic(key_path, key)
+    hosts.barrier(f"work_dir:{out_dir.name}")
+    return work
+
+
 def partial_dir(out_dir: str | Path) -> Path:
     """Where a build of `out_dir` keeps its finished chunks until the store is complete."""
     out_dir = Path(out_dir)

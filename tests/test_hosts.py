@@ -51,3 +51,15 @@ def test_chunks_of_a_two_process_run_are_reused_by_a_one_process_rerun(tmp_path,
     assert computed == [["text 0", "text 1"], ["text 4", "text 5"], ["text 8"]]
     assert [i for ids, _ in chunks for i in ids] == [d for d, _ in docs]
     assert [r for _, results in chunks for r in results] == [t.upper() for _, t in docs]
+
+
+def test_owned_row_chunks_cover_every_row_once(monkeypatch):
+    from cfir_jax import hosts
+
+    for count in (1, 2, 3):
+        spans = []
+        for process in range(count):
+            monkeypatch.setattr(hosts, "process_index", lambda process=process: process)
+            monkeypatch.setattr(hosts, "process_count", lambda count=count: count)
+            spans += hosts.owned_row_chunks(10, 3)
+        assert sorted(spans) == [(0, 0, 3), (1, 3, 6), (2, 6, 9), (3, 9, 10)]

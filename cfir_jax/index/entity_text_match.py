@@ -22,7 +22,6 @@ resumes), and process 0 commits the store once every chunk exists.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import shutil
@@ -37,7 +36,7 @@ from cfir_jax import hosts
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_text import FIELDS, image_text
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, manifest_digest, read_manifest, write_json_atomic, write_manifest
+from cfir_jax.store import StoreError, atomic_dir, manifest_digest, read_manifest, shared_work_dir, write_manifest
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
@@ -106,21 +105,14 @@ def build_entity_text_match(
     except StoreError:
         pass
     start = time.time()
-    work = out_dir.with_name(f".{out_dir.name}.building")
-    if hosts.is_main() and (not (work / "build.json").is_file() or
-                            json.loads((work / "build.json").read_text()) != key):
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        write_json_atomic(work / "build.json", key)
-    hosts.barrier("entity_text_match_work_dir")
+    work = shared_work_dir(out_dir, key)
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
     n = cache.num_images
     chunks = range(-(-n // chunk_rows))
-    mine = [c for c in chunks if hosts.owns(c)]
-    with progress_bar(total=sum(min(n, (c + 1) * chunk_rows) - c * chunk_rows for c in mine),
-                      desc="entity text match", unit="img", show=progress) as bar:
-        for c in mine:
-            lo, hi = c * chunk_rows, min(n, (c + 1) * chunk_rows)
+    mine = hosts.owned_row_chunks(n, chunk_rows)
+    with progress_bar(total=sum(hi - lo for _, lo, hi in mine), desc="entity text match", unit="img",
+                      show=progress) as bar:
+        for c, lo, hi in mine:
             path = work / f"chunk-{c:05d}.npz"
             if not path.is_file():  # finished by this process or another, in this run or before
                 texts = [image_text(corpus.image(row_of[i]), fields) for i in cache.ids[lo:hi]]

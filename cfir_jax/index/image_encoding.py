@@ -36,7 +36,7 @@ from cfir_jax.index.image_import import import_precomputed
 from cfir_jax.model.beit3 import DBeit3
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, write_json_atomic, write_manifest
+from cfir_jax.store import StoreError, atomic_dir, shared_work_dir, write_json_atomic, write_manifest
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -242,21 +242,6 @@ def _merge_shards(work: Path, tmp: Path, num_shards: int, dim: int, dtype: str) 
     return total, len(skipped)
 
 
-def _prepare_work_dir(work: Path, key: dict) -> None:
-    """Keeps the shards of an interrupted build of the same `key`; otherwise starts the work directory over."""
-    key_path = work / "build.json"
-    if key_path.is_file():
-        try:
-            if json.loads(key_path.read_text()) == key:
-                return
-        except (OSError, json.JSONDecodeError):
-            pass
-    if work.exists():
-        shutil.rmtree(work)
-    work.mkdir(parents=True)
-    write_json_atomic(key_path, key)
-
-
 def build_image_cache(
     out_dir: str | os.PathLike,
     corpus: Corpus,
@@ -327,10 +312,7 @@ def build_image_cache(
         return ImageCache.open(out_dir)
 
     start = time.time()
-    work = out_dir.with_name(f".{out_dir.name}.building")
-    if hosts.is_main():
-        _prepare_work_dir(work, key)
-    hosts.barrier("cfir_image_cache_work_dir")
+    work = shared_work_dir(out_dir, key)
     num_shards = -(-corpus.num_images // shard_size)
     n_proc = hosts.process_count()
     # Contiguous shard ranges per process; a shard on disk is reused whoever wrote it (another process count too).

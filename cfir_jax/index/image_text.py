@@ -36,7 +36,15 @@ from cfir_jax import hosts
 from cfir_jax.data.atomic import CAPTION_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
 from cfir_jax.errors import CfirError
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
+from cfir_jax.store import (
+    StoreError,
+    atomic_dir,
+    check_manifest,
+    read_manifest,
+    shared_work_dir,
+    write_json_atomic,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus, Image
@@ -87,21 +95,13 @@ def build_image_text(
     except StoreError:
         pass
     start = time.time()
-    work = out_dir.with_name(f".{out_dir.name}.building")
-    if hosts.is_main() and (not (work / "build.json").is_file() or
-                            json.loads((work / "build.json").read_text()) != key):
-        shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True)
-        write_json_atomic(work / "build.json", key)
-    hosts.barrier("image_text_work_dir")
+    work = shared_work_dir(out_dir, key)
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
     n, dim = cache.num_images, int(encoder.dim)
     chunks = range(-(-n // chunk_rows))
-    mine = [c for c in chunks if hosts.owns(c)]
-    bar = progress_bar(total=sum(min(n, (c + 1) * chunk_rows) - c * chunk_rows for c in mine), desc="image text",
-                       unit="img", show=progress)
-    for c in mine:
-        lo, hi = c * chunk_rows, min(n, (c + 1) * chunk_rows)
+    mine = hosts.owned_row_chunks(n, chunk_rows)
+    bar = progress_bar(total=sum(hi - lo for _, lo, hi in mine), desc="image text", unit="img", show=progress)
+    for c, lo, hi in mine:
         if (work / f"{_chunk(c)}.json").is_file():  # finished by this process or another, in this run or before
             bar.update(hi - lo)
             continue
