@@ -42,12 +42,12 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from cfir_jax import hosts
+from cfir_jax import faults, hosts
 from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
 from cfir_jax.index.summarizer import make_summarizer
 from cfir_jax.layout import Layout
-from cfir_jax.store import write_json_atomic
+from cfir_jax.store import replace_dir, write_json_atomic
 
 STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
           "entity_text_match")
@@ -60,6 +60,7 @@ class StageReport:
     seconds: float
     path: Path
     reused: bool = False  # the store was complete and current: nothing was (re)built
+    stale_because: str = ""  # not run now, but a store it is derived from was rebuilt: what was
 
     @property
     def size_bytes(self) -> int:
@@ -78,16 +79,53 @@ def _human(n: float) -> str:
     return str(n)
 
 
+# The stores each stage is derived from (beyond the corpus): when one is rebuilt, the stage is stale until rerun.
+DERIVED_FROM = {"entity_index": ("entities", "image_cache", "encoder"), "image_text": ("image_cache", "encoder"),
+                "entity_text_match": ("entity_index", "image_cache"), "entities": ("corpus",),
+                "summaries": ("corpus",), "image_cache": ("corpus",)}
+# Stores made by the other commands, derived from index stages: how to refresh each.
+LATER_STORES = {"model": (("summaries", "image_cache", "encoder"), "train.py --config CONFIG --workdir W "
+                          "(after removing W/train, or it resumes the old run)"),
+                "reranker": (("entity_index", "image_text", "model"), "retrieve.py --index W --fit-reranker")}
+
+
 def report_table(reports: list[StageReport]) -> str:
     rows = [("stage", "contents", "on disk", "time")]
-    rows += [(r.name, r.count, _human(r.size_bytes), "reused" if r.reused else f"{r.seconds:.1f} s")
-             for r in reports]
+    rows += [(r.name, r.count, _human(r.size_bytes), "STALE" if r.stale_because else
+              "reused" if r.reused else f"{r.seconds:.1f} s") for r in reports]
     widths = [max(len(row[i]) for row in rows) for i in range(4)]
     lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    if reports and all(r.reused for r in reports):
+    stale = [r for r in reports if r.stale_because]
+    built = [r for r in reports if not r.stale_because]
+    if built and all(r.reused for r in built) and not stale:
         lines.append("index: every stage current, nothing to do")
+    index_stale = [r for r in stale if r.name in STAGES]
+    if index_stale:
+        lines.append(f"stale: {', '.join(f'{r.name} ({r.stale_because})' for r in index_stale)}; refresh with: "
+                     f"python index.py --config CONFIG --workdir {index_stale[0].path.parent} --stages "
+                     + ",".join(r.name for r in index_stale))
+    for r in stale:
+        if r.name in LATER_STORES:
+            lines.append(f"stale: W/{r.name} ({r.stale_because}); refresh with: python "
+                         + LATER_STORES[r.name][1].replace("W", str(r.path.parent)))
     return "\n".join(lines)
+
+
+def stale_reports(layout: Layout, reports: list[StageReport]) -> list[StageReport]:
+    """Rows for the stores not (re)built now that a store rebuilt now is a source of: stale until refreshed."""
+    rebuilt = {r.name for r in reports if not r.reused}
+    ran = {r.name for r in reports}
+    out: list[StageReport] = []
+    graph = {**DERIVED_FROM, **{name: deps for name, (deps, _) in LATER_STORES.items()}}
+    for name in [*STAGES, *LATER_STORES]:
+        path = getattr(layout, name)
+        if name in ran or name not in graph or not (path / "manifest.json").is_file():
+            continue
+        sources = [d for d in graph[name] if d in rebuilt or d in {o.name for o in out}]
+        if sources:
+            out.append(StageReport(name, "-", 0.0, path, stale_because=f"{', '.join(sources)} rebuilt"))
+    return out
 
 
 def _store_stamp(path: Path) -> int | None:
@@ -203,7 +241,7 @@ def pretrain_encoder(config, layout: Layout) -> str:
     # Publish the encoder under its own name (atomic: the export is complete before the rename), once, on process 0.
     hosts.barrier("encoder_exported")
     if hosts.is_main():
-        os.replace(layout.pretrain / "model", layout.encoder)
+        replace_dir(layout.pretrain / "model", layout.encoder)
     hosts.barrier("encoder_published")
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
@@ -444,7 +482,8 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
         t = time.time()
         say(f"[{name}] ...")
         before = _store_stamp(path)
-        result = fn()
+        with faults.stage(name):  # a full disk or SIGTERM names the stage
+            result = fn()
         # A stage that only opened its complete, current store (or had none to make) left the manifest untouched.
         reused = _store_stamp(path) == before
         reports.append(StageReport(name, describe(result), time.time() - t, path, reused))
@@ -485,11 +524,14 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda t: "skipped: the corpus' images have no text" if t is None else
             f"{t.manifest['num_pairs']:,} (entity, image) pairs, {t.manifest['entities_matched']:,} entities matched, "
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
+    reports += stale_reports(layout, reports)
     if hosts.is_main():
+        encoder = encoder_dir(config, layout)
         write_json_atomic(layout.index_json, {
-            "encoder": str(encoder_dir(config, layout) or ""),
+            **layout.record_path("encoder", encoder),  # relative inside W; outside, absolute with its fingerprint
             "config": json.loads(json.dumps(config.to_dict(), default=str)),
-            "stages": [dataclasses.asdict(r) | {"size_bytes": r.size_bytes} for r in reports],
+            "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
+                       for r in reports],
         })
     hosts.barrier("index_done")
     return reports

@@ -6,12 +6,12 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "cfir_jax"
 
 # Stage of each part of the package, in pipeline order. A module may import its own stage and earlier ones only.
-# The floor (errors, store contract, workdir layout, config defaults, CLI helpers) and evaluation (pure metrics and
-# TREC I/O, used by the trainer's validation) sit below everything; training and retrieval are siblings over the
-# index; `indexing` is the runner over the whole build (it calls the index stages and the synthetic world's caption
-# pretraining).
+# The floor (errors, the store contract and its integrity checks, faults, the writer lock, the workdir layout, config
+# defaults, CLI helpers) and evaluation (pure metrics and TREC I/O, used by the trainer's validation) sit below
+# everything; training and retrieval are siblings over the index; `indexing` is the runner over the whole build (it
+# calls the index stages and the synthetic world's caption pretraining).
 RANKS = {"floor": 0, "eval": 0, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3, "indexing": 4}
-FLOOR = {"errors", "store", "layout", "config", "cli", "progress", "hosts"}
+FLOOR = {"errors", "store", "layout", "config", "cli", "progress", "hosts", "faults", "integrity", "workdir_lock"}
 # Retrieval reads stores and the model: these builders are never its business.
 NOT_FOR_RETRIEVAL = ("cfir_jax.indexing", "cfir_jax.train")
 

@@ -125,7 +125,7 @@ def import_precomputed(
     n = corpus.num_images
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
     have = np.zeros(n, bool)
-    dim = None
+    dim, max_norm = None, 0.0
     with atomic_dir(out_dir) as tmp:
         full = None
         for ids, emb in chunks:
@@ -147,6 +147,7 @@ def import_precomputed(
                 dup = next(i for i, c in collections.Counter(ids).items() if c > 1 or have[row_of[i]])
                 raise CfirError(f"{source}: image id {dup!r} has more than one embedding row; keep one per image")
             full[rows] = emb.astype(dtype)
+            max_norm = max(max_norm, float(np.linalg.norm(emb.astype(np.float32), axis=1).max(initial=0.0)))
             have[rows] = True
         if dim is None:
             raise CfirError(f"{source}: no embedding rows")
@@ -173,5 +174,6 @@ def import_precomputed(
         write_lists(tmp, ids_kept, skipped)
         write_manifest(tmp, KIND, FORMAT_VERSION, **expected, dim=dim, compute_dtype=None, image_size=None,
                        shard_size=None, num_encoded=len(ids_kept), num_skipped=len(skipped),
-                       source=os.fspath(source), build_seconds=round(time.time() - start, 3))
+                       source=os.fspath(source), build_seconds=round(time.time() - start, 3),
+                       max_row_norm=round(max_norm, 6))
     return ImageCache.open(out_dir)

@@ -113,8 +113,15 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                           nnx.to_pure_dict(abstract_state))
-    with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
-        restored = ckptr.restore(directory / "params", target)
+    try:
+        with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
+            restored = ckptr.restore(directory / "params", target)
+    except Exception as e:  # orbax wraps the OS error (in threads and asyncio): name the file and what the OS said
+        cause = _os_error(e)
+        if cause is None:
+            raise
+        raise StoreError(f"{directory}: cannot read the model's parameters: {cause.filename or directory / 'params'}"
+                         f": {cause.strerror or cause}") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
     return nnx.merge(graphdef, abstract_state)
 
@@ -127,3 +134,14 @@ def model_summary(manifest: dict) -> str:
 
 def dump_config(config: ml_collections.ConfigDict, path: str | os.PathLike) -> None:
     Path(path).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str))
+
+
+def _os_error(exc: BaseException) -> OSError | None:
+    """The OSError behind `exc` (its causes and contexts), or None."""
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError):
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None

@@ -41,13 +41,13 @@ import dataclasses
 import json
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import ml_collections
 import numpy as np
 
 from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths, retrieval_config
 from cfir_jax.errors import CfirError
+from cfir_jax.integrity import check_rows, check_scores, row_norm_bound
 from cfir_jax.layout import Layout
 from cfir_jax.progress import bar as progress_bar
 
@@ -126,7 +126,7 @@ class Retriever:
             method == "dense_document" or self.rcfg.text == "document")
         if self.document_model:
             model_dir = layout.model_document
-        encoder_dir = Path(index_info["encoder"]) if index_info.get("encoder") else None
+        encoder_dir = layout.recorded_path(index_info, "encoder")
         if model_dir is None:
             if encoder_dir is None:
                 raise CfirError(f"{layout.root}: no trained model (run train.py) and no index encoder")
@@ -194,6 +194,10 @@ class Retriever:
                                                   expect_cache_fingerprint=self.cache.content_fingerprint)
             self.sr_rows = FusedRows(self.embeddings, self.image_text.embeddings)
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
+        # The largest score an intact store allows (unit queries; rows of the recorded norm), and where rows come from.
+        img_norm = row_norm_bound(self.cache.manifest)
+        self.score_bound = abs(self.fusion[0]) * img_norm + abs(self.fusion[1]) if self.fused else img_norm
+        self.score_stores = f"{layout.image_cache}" + (f" or {layout.image_text}" if self.fused else "")
         self.measure_agreement = measure_agreement and self.sr_mode == "fast"
         self.reranker = None
         self.collect_features = rerank_features and method == "cfir"
@@ -467,6 +471,7 @@ class Retriever:
 
                     # The union once, de-duplicated and sorted (the scorers' gathers want sorted ids anyway).
                     union = unique_sorted(np.concatenate(lists).astype(np.int32, copy=False))
+                    check_rows(union, len(self.embeddings), self.layout.entity_index)  # two numbers: it is sorted
             t_er = time.perf_counter()
             er_s[i] = t_er - t_start
             if self.method in ("dense_document", "dense_summary") or (self.method == "cfir" and not lists):
@@ -486,6 +491,8 @@ class Retriever:
             for i, pair in zip(sr, scored):
                 ranked[i] = pair
                 score_s[i] += share
+        for scores, _ in ranked:  # a damaged row scores NaN or far above 1: refused, never ranked first
+            check_scores(scores, self.score_bound, self.score_stores)
         sr_ranked = list(ranked)
         rerank_ms, features = [{}] * len(docs), [None] * len(docs)
         if self.rerank_encoder is not None:
