@@ -14,14 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 from cfir_jax.errors import CfirError
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
+log = logging.getLogger(__name__)
 
 # What is being written, outermost first: (the store or file, its temporary directory or None).
 _writing: list[tuple[Path, Path | None]] = []
@@ -64,18 +67,56 @@ def writing(target: str | os.PathLike, temp: str | os.PathLike | None = None) ->
 
 
 @contextlib.contextmanager
-def stage(name: str) -> Iterator[None]:
-    """Marks the index stage running now, for the messages of a full disk and of SIGTERM."""
+def stage(name: str, store: str | os.PathLike | None = None) -> Iterator[None]:
+    """Marks the index stage running now (writing `store`), for the messages of a full disk and of SIGTERM."""
     _stage.append(name)
     try:
-        with _translating():
-            yield
+        if store is None:
+            with _translating():
+                yield
+        else:
+            with writing(store):
+                yield
     finally:
         _stage.pop()
 
 
 def current_stage() -> str | None:
     return _stage[-1] if _stage else None
+
+
+class _DiskFullNoise(logging.Filter):
+    """Drops the log records of a library's background threads that fail on a full disk (orbax logs each of its
+    threads' failures with a traceback); the command says it once, in one line. Kept at debug level."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += " " + repr(record.exc_info[1])
+        if any(marker in text for marker in _DISK_FULL_TEXT):
+            log.debug("%s", text)
+            return False
+        return True
+
+
+_DISK_FULL_TEXT = ("No space left on device", "os_error_code='28'", "Disk quota exceeded")
+
+
+def _unraisable(info) -> None:
+    """asyncio callbacks of a failed orbax save report "Event loop is closed" as unraisable once the loop is gone;
+    with a full disk they are consequences, not news: logged at debug level. Anything else is printed as usual."""
+    if isinstance(info.exc_value, RuntimeError) and "Event loop is closed" in str(info.exc_value) or \
+            (info.exc_value is not None and disk_full(info.exc_value) is not None):
+        log.debug("unraisable after a failure: %r", info.exc_value)
+        return
+    sys.__unraisablehook__(info)
+
+
+def quiet_library_noise() -> None:
+    """Installed by the commands that write stores: a full disk gives one line, not the tracebacks of every
+    background thread of orbax and tensorstore that met it."""
+    logging.getLogger("absl").addFilter(_DiskFullNoise())
+    sys.unraisablehook = _unraisable
 
 
 def on_sigterm() -> None:
@@ -137,15 +178,25 @@ def _size(path: Path | None) -> int:
     return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
 
 
+def _human(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"
+
+
 def disk_full_message(error: OSError) -> str:
     """One line: which device filled, what was being written, how much to free, and that finished stages stay."""
-    target, temp = _writing[0] if _writing else (Path(error.filename) if error.filename else None, None)
-    written = _size(temp) if temp is not None else (_size(Path(error.filename)) if error.filename else 0)
+    target = _writing[0][0] if _writing else (Path(error.filename) if error.filename else None)
+    temps = [t for _, t in _writing if t is not None]
+    temp = temps[-1] if temps else None  # the store directory being built when the disk filled
+    written = _size(temp) if temp is not None else 0
     where = mount_of(temp or target or Path.cwd())
     what = f" while writing {target}" if target is not None else ""
     if current_stage():
         what += f" (stage {current_stage()})"
-    need = (f"free more than {written / 2**30:.1f} GB (what it had written when the disk filled)" if written
+    need = (f"free more than {_human(written)} (what it had written when the disk filled)" if written
             else "free space")
     return f"no space left on {where}{what}; {need} and rerun: finished stages are kept"
 

@@ -482,7 +482,7 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
         t = time.time()
         say(f"[{name}] ...")
         before = _store_stamp(path)
-        with faults.stage(name):  # a full disk or SIGTERM names the stage
+        with faults.stage(name, path):  # a full disk or SIGTERM names the stage and its store
             result = fn()
         # A stage that only opened its complete, current store (or had none to make) left the manifest untouched.
         reused = _store_stamp(path) == before

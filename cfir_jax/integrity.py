@@ -37,7 +37,7 @@ class CorruptStore(StoreError):
     """A store's bytes are not those it was built with (or serve an impossible answer)."""
 
 
-def _file_blocks(path: Path, block: int = BLOCK_BYTES) -> list[str]:
+def _file_blocks(path: Path, block: int) -> list[str]:
     digests = []
     with open(path, "rb") as f:
         while True:
@@ -57,7 +57,7 @@ def _files(directory: Path) -> list[Path]:
 def write_checksums(directory: str | os.PathLike) -> dict:
     """Records the size and per-block sha256 of every file under `directory` in `directory/checksums.json`."""
     directory = Path(directory)
-    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _file_blocks(p)}
+    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _file_blocks(p, BLOCK_BYTES)}
              for p in _files(directory)}
     record = {"format": FORMAT, "block_bytes": BLOCK_BYTES, "files": files}
     write_json_atomic(directory / CHECKSUMS, record)
@@ -111,8 +111,9 @@ def verify_store(directory: str | os.PathLike) -> list[str]:
         if bad:
             blocks = ", ".join(f"{i}{_rows_of_block(file, i, block_bytes)}" for i in bad[:4])
             more = f" and {len(bad) - 4} more" if len(bad) > 4 else ""
+            size = f"{block_bytes >> 20} MiB" if block_bytes >= 1 << 20 else f"{block_bytes:,} bytes"
             problems.append(f"{file}: damaged (checksum differs in block {blocks}{more} of {len(have)}, "
-                            f"{block_bytes >> 20} MiB each)")
+                            f"{size} each)")
     for file in _files(directory):
         if file.relative_to(directory).as_posix() not in files:
             problems.append(f"{file}: not part of the store as built")

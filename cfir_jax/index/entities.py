@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -97,12 +98,18 @@ def entity_key(text: str) -> str:
     return normalize_entity(text).casefold()
 
 
+# How spaCy's worker processes start (see `_workers_without_fork`); benchmarks/bulk_retrieval.py sets "fork" to
+# measure the old way against it.
+WORKER_START = "forkserver"
+
+
 class EntityExtractor:
     """Finds, normalises and de-duplicates the entities of documents with a spaCy pipeline.
 
-    `batch_size` is nlp.pipe's batch; `n_process` > 1 forks worker processes (worth it for millions of documents,
-    not for tests). Texts longer than the pipeline's `max_length` are cut there rather than refused: a section of a
-    million characters is an extraction error upstream, and its first million characters hold plenty of entities.
+    `batch_size` is nlp.pipe's batch; `n_process` > 1 starts worker processes from a forkserver, never by forking
+    this (possibly multithreaded JAX) process (worth it for millions of documents, not for tests). Texts longer
+    than the pipeline's `max_length` are cut there rather than refused: a section of a million characters is an
+    extraction error upstream, and its first million characters hold plenty of entities.
     """
 
     def __init__(
@@ -152,5 +159,27 @@ class EntityExtractor:
                     raise CfirError(f"document #{i}: text is {kind}, expected str; fix the corpus reader")
                 yield text[:max_chars]
 
-        for doc in self.nlp.pipe(checked(texts), batch_size=self.batch_size, n_process=self.n_process):
-            yield self.entities_of_doc(doc)
+        with _workers_without_fork(self.n_process):
+            for doc in self.nlp.pipe(checked(texts), batch_size=self.batch_size, n_process=self.n_process):
+                yield self.entities_of_doc(doc)
+
+
+@contextlib.contextmanager
+def _workers_without_fork(n_process: int) -> Iterator[None]:
+    """spaCy starts its `n_process` workers from the `multiprocessing` module's default context: on Linux a fork
+    of this process, which after JAX started its threads can deadlock (Python warns so). Inside this block its
+    workers start from a forkserver instead (a clean single-threaded server process forks them); they unpickle the
+    pipeline they are given, so their output is the same."""
+    if n_process <= 1:
+        yield
+        return
+    import multiprocessing
+
+    import spacy.language
+
+    default = spacy.language.mp
+    spacy.language.mp = multiprocessing.get_context(WORKER_START)
+    try:
+        yield
+    finally:
+        spacy.language.mp = default

@@ -116,12 +116,9 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
     try:
         with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
             restored = ckptr.restore(directory / "params", target)
-    except Exception as e:  # orbax wraps the OS error (in threads and asyncio): name the file and what the OS said
-        cause = _os_error(e)
-        if cause is None:
-            raise
-        raise StoreError(f"{directory}: cannot read the model's parameters: {cause.filename or directory / 'params'}"
-                         f": {cause.strerror or cause}") from None
+    except Exception as e:  # orbax and tensorstore wrap the OS error: name the file and what the OS (or reader) said
+        raise StoreError(f"{directory}: cannot read the model's parameters: {_read_error(e, directory / 'params')}; "
+                         f"check its files (index.py --verify --workdir W for a workdir's models)") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
     return nnx.merge(graphdef, abstract_state)
 
@@ -136,12 +133,15 @@ def dump_config(config: ml_collections.ConfigDict, path: str | os.PathLike) -> N
     Path(path).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str))
 
 
-def _os_error(exc: BaseException) -> OSError | None:
-    """The OSError behind `exc` (its causes and contexts), or None."""
-    seen = set()
+def _read_error(exc: BaseException, where: Path) -> str:
+    """"PATH: what went wrong" from the OSError behind `exc` (its causes and contexts), else the first line of the
+    innermost error's text (tensorstore reports damage in text), cut to 300 characters."""
+    seen, chain = set(), []
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
+        chain.append(exc)
         if isinstance(exc, OSError):
-            return exc
+            return f"{exc.filename or where}: {exc.strerror or exc}"
         exc = exc.__cause__ or exc.__context__
-    return None
+    text = (str(chain[-1]) or chain[-1].__class__.__name__).strip().splitlines()[0]
+    return text[:300]
