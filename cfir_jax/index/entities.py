@@ -140,12 +140,17 @@ class EntityExtractor:
 
     def entities_of_doc(self, doc) -> list[str]:
         """Entity surface forms of one parsed spaCy Doc, unique by `entity_key`, in order of first mention."""
+        return self._entities_of_docs([doc])
+
+    def _entities_of_docs(self, docs) -> list[str]:
+        """As `entities_of_doc` over the consecutive parsed segments of one text."""
         seen: dict[str, str] = {}  # key -> first surface form, in insertion order
-        for ent in doc.ents:
-            if ent.label_ in self._label_set:
-                name = normalize_entity(ent.text)
-                if name:
-                    seen.setdefault(entity_key(name), name)
+        for doc in docs:
+            for ent in doc.ents:
+                if ent.label_ in self._label_set:
+                    name = normalize_entity(ent.text)
+                    if name:
+                        seen.setdefault(entity_key(name), name)
         return list(seen.values())
 
     def extract(self, texts: Iterable[str]) -> Iterator[list[str]]:
@@ -159,9 +164,39 @@ class EntityExtractor:
                     raise CfirError(f"document #{i}: text is {kind}, expected str; fix the corpus reader")
                 yield text[:max_chars]
 
+        pieces = ((segment, i) for i, text in enumerate(checked(texts)) for segment in segments(text, SEGMENT_CHARS))
+        current, parsed = 0, []
         with _workers_without_fork(self.n_process):
-            for doc in self.nlp.pipe(checked(texts), batch_size=self.batch_size, n_process=self.n_process):
-                yield self.entities_of_doc(doc)
+            for doc, i in self.nlp.pipe(pieces, as_tuples=True, batch_size=self.batch_size,
+                                        n_process=self.n_process):
+                while i != current:  # every segment of text `current` is parsed
+                    yield self._entities_of_docs(parsed)
+                    current, parsed = current + 1, []
+                parsed.append(doc)
+        if parsed:
+            yield self._entities_of_docs(parsed)
+
+
+# A text longer than this is parsed in segments cut at paragraph (else line, else sentence-like) boundaries: spaCy's
+# memory grows with the Doc (a 200 KB text took 600 MB), a segment's stays bounded. Documents are a few KB: one segment.
+SEGMENT_CHARS = 50_000
+
+
+def segments(text: str, size: int = SEGMENT_CHARS) -> list[str]:
+    """`text` in consecutive pieces of at most about `size` characters, cut after the last paragraph break, line
+    break or ". " before the limit (mid-word only when there is none); one piece when it is short."""
+    pieces = []
+    while len(text) > size:
+        cut = max(text.rfind("\n\n", 0, size), -1)
+        for sep in ("\n", ". ", " "):
+            if cut > size // 2:
+                break
+            cut = text.rfind(sep, 0, size)
+        cut = cut + 1 if cut > 0 else size
+        pieces.append(text[:cut])
+        text = text[cut:]
+    pieces.append(text)
+    return pieces
 
 
 @contextlib.contextmanager
