@@ -45,7 +45,7 @@ def main():
 
     faults.on_sigterm()  # "interrupted during STAGE; rerun to resume", exit 143
     faults.quiet_library_noise()  # a full disk: one line, not every orbax thread's traceback
-    with workdir_lock.hold(args.workdir, enabled=is_main()):
+    with workdir_lock.hold(args.workdir):
         if args.add_entities:
             added = indexing.add_entities(config, args.workdir, args.add_entities)
             if is_main():

@@ -13,9 +13,8 @@ def main():
     args, config = cli.parse(__doc__.splitlines()[0])
     cli.maybe_initialize_distributed()
     from cfir_jax import workdir_lock
-    from cfir_jax.hosts import is_main
 
-    with workdir_lock.hold(args.workdir, enabled=is_main()):  # one writer per workdir (process 0 of a job)
+    with workdir_lock.hold(args.workdir):  # one writer per workdir (process 0 of a job holds it)
         _train(args, config)
 
 

@@ -25,6 +25,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+from cfir_jax import hosts
 from cfir_jax.errors import CfirError
 
 LOCK_FILE = ".writer.lock"
@@ -43,37 +44,50 @@ def _holder(path: Path) -> str:
 
 
 @contextlib.contextmanager
-def hold(workdir: str | os.PathLike, command: str | None = None, enabled: bool = True) -> Iterator[None]:
+def hold(workdir: str | os.PathLike, command: str | None = None) -> Iterator[None]:
     """Holds the workdir's writer lock for the block; `WorkdirBusy` (one line naming the holder) when another
-    process has it. `enabled=False` (the processes other than 0 of a jax.distributed job) takes nothing."""
-    if not enabled:
+    process has it. In a jax.distributed job process 0 takes it and tells the others, which then stop with the
+    same line rather than wait at their first barrier."""
+    if not hosts.is_main():
+        refused = hosts.from_main("writer_lock")
+        if refused:
+            raise WorkdirBusy(refused)
         yield
         return
-    workdir = Path(workdir)
+    try:
+        fd = _acquire(Path(workdir), command)
+    except CfirError as e:
+        hosts.from_main("writer_lock", str(e))
+        raise
+    hosts.from_main("writer_lock", "")
+    try:
+        yield
+    finally:
+        os.ftruncate(fd, 0)
+        os.close(fd)  # releases the lock
+
+
+def _acquire(workdir: Path, command: str | None) -> int:
+    """Locks `workdir/.writer.lock` and writes this process's name into it; the open descriptor holds the lock."""
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / LOCK_FILE
     fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                raise CfirError(f"{path}: cannot lock the workdir ({e.strerror}); its file system may not support "
-                                "locks (see README, Reliability)") from None
-            # The holder writes its name right after locking; give it a moment so the message can name it.
-            for _ in range(20):
-                if path.stat().st_size:
-                    break
-                time.sleep(0.05)
-            raise WorkdirBusy(f"{workdir}: another writer is running ({_holder(path)}); wait for it to finish or "
-                              "stop it, then rerun") from None
-        info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
-                "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:200]}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        try:
-            yield
-        finally:
-            os.ftruncate(fd, 0)
-    finally:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
         os.close(fd)
+        if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            raise CfirError(f"{path}: cannot lock the workdir ({e.strerror}); its file system may not support "
+                            "locks (see README, Reliability)") from None
+        # The holder writes its name right after locking; give it a moment so the message can name it.
+        for _ in range(20):
+            if path.stat().st_size:
+                break
+            time.sleep(0.05)
+        raise WorkdirBusy(f"{workdir}: another writer is running ({_holder(path)}); wait for it to finish or "
+                          "stop it, then rerun") from None
+    info = {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])[:200]}
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(info).encode(), 0)
+    return fd

@@ -257,9 +257,10 @@ def test_an_outside_encoder_is_checked_against_its_recorded_fingerprint(tmp_path
 
 
 # A writer as index.py is one: the lock for its whole run, a store built through atomic_dir. Both processes wait for
-# a start file so they try the lock at the same moment; the holder keeps it long enough for the other to try.
+# a start file so they try the lock at the same moment; the holder builds only once the other was refused (or after
+# 30 s), so the two overlap however loaded the machine is.
 WRITER = """
-import sys, time
+import contextlib, sys, time
 from pathlib import Path
 import numpy as np
 from cfir_jax import store, workdir_lock
@@ -268,9 +269,19 @@ from cfir_jax.errors import cli_main
 @cli_main
 def main():
     work, go = Path(sys.argv[1]), Path(sys.argv[2])
+    refused = go.with_name(go.name + ".refused")
     while not go.exists():
         time.sleep(0.002)
-    with workdir_lock.hold(work, command="writer"):
+    lock = contextlib.ExitStack()
+    try:
+        lock.enter_context(workdir_lock.hold(work, command="writer"))
+    except workdir_lock.WorkdirBusy:
+        refused.touch()
+        raise
+    with lock:
+        deadline = time.time() + 30
+        while not refused.exists() and time.time() < deadline and sys.argv[3:] != ["alone"]:
+            time.sleep(0.01)
         with store.atomic_dir(work / "stage") as tmp:
             for i in range(4):
                 np.save(tmp / f"part{i}.npy", np.arange(1000 * i, dtype=np.int64))
@@ -286,13 +297,12 @@ def test_two_writers_started_together_leave_exactly_one_running(tmp_path):
     single = tmp_path / "single"
     go = tmp_path / "go"
     go.touch()
-    _run("-c", WRITER, single, go)
+    _run("-c", WRITER, single, go, "alone")
     for attempt in range(20):
         work, go = tmp_path / f"w{attempt}", tmp_path / f"go{attempt}"
         procs = [subprocess.Popen([sys.executable, "-c", WRITER, str(work), str(go)], cwd=ROOT, text=True,
                                   stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(2)]
-        time.sleep(0.3)  # both interpreters up and waiting
-        go.touch()
+        go.touch()  # both start as soon as they are up: the lock decides, the refused marker ensures overlap
         outs = [(p.wait(60), *p.communicate()) for p in procs]
         codes = sorted(code for code, _, _ in outs)
         assert codes == [0, 2], (attempt, outs)
