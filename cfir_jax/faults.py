@@ -115,7 +115,8 @@ def _unraisable(info) -> None:
 def quiet_library_noise() -> None:
     """Installed by the commands that write stores: a full disk gives one line, not the tracebacks of every
     background thread of orbax and tensorstore that met it."""
-    logging.getLogger("absl").addFilter(_DiskFullNoise())
+    for name in ("absl", "asyncio"):  # orbax's threads; its tasks' "exception was never retrieved" at collection
+        logging.getLogger(name).addFilter(_DiskFullNoise())
     sys.unraisablehook = _unraisable
 
 

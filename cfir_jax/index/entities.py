@@ -204,7 +204,8 @@ def _workers_without_fork(n_process: int) -> Iterator[None]:
     """spaCy starts its `n_process` workers from the `multiprocessing` module's default context: on Linux a fork
     of this process, which after JAX started its threads can deadlock (Python warns so). Inside this block its
     workers start from a forkserver instead (a clean single-threaded server process forks them); they unpickle the
-    pipeline they are given, so their output is the same."""
+    pipeline they are given, so their output is the same. As with any spawn or forkserver start, a script that
+    reaches this needs the `if __name__ == "__main__":` guard (the commands and benchmarks have it)."""
     if n_process <= 1:
         yield
         return
