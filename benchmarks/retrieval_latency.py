@@ -12,7 +12,7 @@ Part 1 (SR, synthetic): each query is a document with 10 entities, each bringing
 pass over the compact copy, shortlist, exact float16 re-rank) runs interleaved across thread counts, query by query,
 so load from other jobs hits every variant alike. Then, on the same queries and cache: the plain numpy baseline
 (gather the unique float16 rows, cast, matmul, top-k; also the reference for agreement), every unique candidate
-through the scorer's exact kernels, the jitted JAX gather + dot, the device path (`cfir_jax.index.device_cache`:
+through the scorer's exact kernels, the jitted JAX gather + dot, the device path (`cfir_jax.search.device_sr`:
 the cache resident on the JAX devices, jitted exact SR, one query per call and batched; on CPU when no accelerator is
 present, with the paper's 4.7 ms/query as a reference line when one is), and exact search of the whole cache (fewer
 queries: seconds each at 4M). Prints ms/query p50/p95/min, where the scorer's time goes, ratios, and the top-k
@@ -39,22 +39,17 @@ import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
 from cfir_jax.errors import CfirError, cli_main
-from cfir_jax.index.device_cache import DeviceCache, has_accelerator
-from cfir_jax.index.knn import exact_topk, synthetic_embeddings
-from cfir_jax.retrieve.sr_scorer import (
-    CompactCache,
-    SRScorer,
-    StageTimes,
-    build_compact,
-    compact_in_memory,
-    unique_sorted,
-)
+from cfir_jax.index.knn import synthetic_embeddings
+from cfir_jax.search.compact import CompactCache, build_compact, compact_in_memory
+from cfir_jax.search.cpu_sr import SRScorer, StageTimes
+from cfir_jax.search.device_sr import DeviceCache, has_accelerator
+from cfir_jax.search.topk import exact_topk, unique_sorted
 
 GOAL_P50_MS = 5.0  # the project's target for SR on 2 CPU cores (the paper's GPU figure is 4.7 ms)
 PAPER_MS_PER_QUERY = 4.7  # CFIR-L's reported retrieval time per query (the CFIR paper, Table 3)
 GOAL_AGREEMENT = 0.99  # ... with the final top-1000 agreeing this well with exact scoring of the same candidates
 # XLA's CPU client aliases a host buffer instead of copying it when it is 64-byte aligned: the JAX baseline then
-# scores the same 6 GB cache without a second copy, and knn.exact_topk's blocks are not copied either (measured
+# scores the same 6 GB cache without a second copy, and exact_topk's blocks are not copied either (measured
 # 0.5-1.3 s vs 3.6-4.3 s per query over 1M x 768 float16 for an array 16 bytes off alignment, numpy's default).
 _XLA_ALIGN = 64
 
@@ -313,7 +308,7 @@ def sr_benchmark(args) -> None:
             print(f"  device path p50 vs the paper's {PAPER_MS_PER_QUERY} ms/query: "
                   f"{np.median(device_t) * 1e3 / PAPER_MS_PER_QUERY:.2f}x")
     if exact_t:
-        print("  " + timed_line("exact full-cache search (knn.exact_topk)", exact_t, sr50))
+        print("  " + timed_line("exact full-cache search (search.topk.exact_topk)", exact_t, sr50))
     worst = min(np.min(agree[t]) for t in scorers)
     print(f"goal SR p50 <= {GOAL_P50_MS:g} ms: {'met' if sr50 <= GOAL_P50_MS else 'NOT met'} ({sr50:.2f} ms); "
           f"goal top-{args.k} agreement >= {GOAL_AGREEMENT:.0%}: "

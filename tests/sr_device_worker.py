@@ -14,7 +14,7 @@ sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__fil
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cfir_jax.index.device_cache import DeviceCache  # noqa: E402
+from cfir_jax.search.device_sr import DeviceCache  # noqa: E402
 
 N, D = 1000, 16
 
