@@ -48,7 +48,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax import progress
-from cfir_jax.data.atomic import CAPTION_FIELDS
+from cfir_jax.config import IMAGE_TEXT_FIELDS as CAPTION_FIELDS
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
