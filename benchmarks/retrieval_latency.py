@@ -244,14 +244,23 @@ def sr_benchmark(args) -> None:
             total[t].append(time.perf_counter() - t0)
             cpu[t].append(time.process_time() - c0)
     load_sr = load_averages()
+    base = time_baselines(args, cache, queries, docs, tops, sizes, all_exact)
+    print(f"load average (1/5/15 min) before the SR loop {load_start}, after it {load_sr}, at the end "
+          f"{load_averages()} ({os.cpu_count()} cpus: above {os.cpu_count()} other jobs share the cores)")
+    print_sr_results(args, compact, scorers, total, cpu, times, base)
+
+
+def time_baselines(args, cache, queries, docs, tops, sizes, all_exact) -> dict:
+    """The baselines on the same queries, after the scorer's timed loop (see sr_benchmark); returns their seconds
+    per query and their agreement with the plain numpy reference."""
     # The baselines after the timed loop: their 85 MB gathers would evict the caches and TLB entries the scorer's
     # next query finds warm in a pipeline that only runs SR. The plain numpy one is also the agreement reference.
-    numpy_t, agree = [], {t: [] for t in scorers}
+    numpy_t, agree = [], {t: [] for t in tops}
     for i, (q, ids) in enumerate(zip(queries, docs)):
         t0 = time.perf_counter()
         ref = plain_numpy_topk(cache, q, ids, args.k)
         numpy_t.append(time.perf_counter() - t0)
-        for t in scorers:
+        for t in tops:
             agree[t].append(len(np.intersect1d(ref, tops[t][i])) / len(ref))
     all_exact_t = []
     for q, ids in list(zip(queries, docs))[: args.naive_queries]:
@@ -274,9 +283,17 @@ def sr_benchmark(args) -> None:
         t0 = time.perf_counter()
         exact_topk(q[None], cache, args.k)
         exact_t.append(time.perf_counter() - t0)
+    return dict(agree=agree, numpy=numpy_t, all_exact=all_exact_t, jax=jax_t, jax_agree=jax_agree, device=device_t,
+                device_batch=device_batch_s, device_agree=device_agree, exact=exact_t)
 
-    print(f"load average (1/5/15 min) before the SR loop {load_start}, after it {load_sr}, at the end "
-          f"{load_averages()} ({os.cpu_count()} cpus: above {os.cpu_count()} other jobs share the cores)")
+
+def print_sr_results(args, compact, scorers, total, cpu, times, base: dict) -> None:
+    """The SR stage's report: the scorer per thread count, where its time goes, its agreement, the baselines' ratios
+    and the goals."""
+    agree, numpy_t, all_exact_t, jax_t = base["agree"], base["numpy"], base["all_exact"], base["jax"]
+    device_t, device_batch_s, device_agree, exact_t = base["device"], base["device_batch"], base["device_agree"], \
+        base["exact"]
+    jax_agree = base["jax_agree"]
     best = min(scorers, key=lambda t: np.median(total[t]))
     for t in scorers:
         print(timed_line(f"SR  SRScorer (compact {compact.dims}d int8, shortlist {args.shortlist}, {t} thread(s))",

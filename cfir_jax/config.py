@@ -260,7 +260,7 @@ def retrieval_config() -> ml_collections.ConfigDict:
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
             # 'device': the cache resident on the local devices, jitted exact SR over batches
-            # (cfir_jax.index.device_cache); 'cpu': the two-pass numpy scorer (cfir_jax.retrieve.sr_scorer);
+            # (cfir_jax.search.device_sr); 'cpu': the two-pass numpy scorer (cfir_jax.search.cpu_sr);
             # 'auto': device when a GPU or TPU is present.
             sr_backend="auto",
             sr_device_dtype="float16",  # or 'bfloat16'

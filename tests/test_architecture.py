@@ -82,7 +82,8 @@ def test_the_index_builder_and_retrieval_share_the_search_layer():
     """One exact top-k, one SR: the entity index's builder and retrieval both import the search layer, and neither
     index/ nor retrieve/ keeps a scorer of its own (no jitted or numpy top-k outside search/)."""
     modules = _modules()
-    assert any(_part(t) == "search" for t in _imports(modules["cfir_jax.index.entity_index"]))
+    builder = ("cfir_jax.index.entity_index", "cfir_jax.index.candidate_search")  # the store and its build search
+    assert any(_part(t) == "search" for m in builder for t in _imports(modules[m]))
     assert any(_part(t) == "search" for m, p in modules.items() if _part(m) == "retrieve" for t in _imports(p))
     own = [m for m, p in modules.items() if _part(m) in ("index", "retrieve") and "jax.lax.top_k" in p.read_text()]
     assert not own, f"exact top-k outside the search layer: {own}"
