@@ -123,6 +123,23 @@ def interpolate_vision_positions(table: np.ndarray, num_patches: int) -> np.ndar
     return np.concatenate([extra, grid], axis=0)
 
 
+def _embeddings(take, config: Any) -> dict[str, Any]:
+    """The token embedding table and the patch embedding (with the CLS and mask tokens)."""
+    d, p = config.embed_dim, config.patch_size
+    return {
+        "text_embed": {"embedding": take("text_embed.weight", (config.vocab_size, d))},
+        "vision_embed": {
+            "cls_token": take("vision_embed.cls_token", (1, 1, d)),
+            "mask_token": take("vision_embed.mask_token", (1, 1, d)),
+            "proj": {
+                # OIHW -> HWIO
+                "kernel": take("vision_embed.proj.weight", (d, config.in_chans, p, p)).transpose(2, 3, 1, 0),
+                "bias": take("vision_embed.proj.bias", (d,)),
+            },
+        },
+    }
+
+
 def _tower(expert: str, rows: int, take, config: Any) -> dict[str, Any]:
     """One expert's tower (A: vision, B: language): its position table, final LayerNorm and stacked layers [n, ...];
     take(key, shape) reads and checks a checkpoint tensor."""
@@ -181,18 +198,7 @@ def torch_to_params(state: Mapping[str, np.ndarray], config: Any, allow_missing_
             f"checkpoint has {max(layer_ids) + 1} encoder layers but the config has {n}: use the config of its size"
         )
 
-    params: dict[str, Any] = {
-        "text_embed": {"embedding": take("text_embed.weight", (config.vocab_size, d))},
-        "vision_embed": {
-            "cls_token": take("vision_embed.cls_token", (1, 1, d)),
-            "mask_token": take("vision_embed.mask_token", (1, 1, d)),
-            "proj": {
-                # OIHW -> HWIO
-                "kernel": take("vision_embed.proj.weight", (d, config.in_chans, p, p)).transpose(2, 3, 1, 0),
-                "bias": take("vision_embed.proj.bias", (d,)),
-            },
-        },
-    }
+    params: dict[str, Any] = _embeddings(take, config)
     pos_a = state.get("encoder.embed_positions.A.weight")
     if pos_a is not None and pos_a.ndim == 2 and pos_a.shape[1] == d:
         state["encoder.embed_positions.A.weight"] = interpolate_vision_positions(pos_a, num_patches)
