@@ -326,7 +326,7 @@ class Retriever:
         entities = EntityStore.open(self.layout.entities, corpus_fingerprint=fp) \
             if self.methods.uses_entities else None
         summaries = SummaryStore.open(self.layout.summaries, corpus_fingerprint=fp) \
-            if self.method in ("cfir", "dense_summary") else None
+            if self.methods.summarizes else None
         docs = []
         for doc_id in sorted(qrels):
             if doc_id not in row_of:
