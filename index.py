@@ -8,7 +8,7 @@
     python index.py --config ... --workdir W --add-entities new_entities.txt
     python index.py --verify --workdir W     # every store against the checksums recorded when it was built
 
-On several hosts, run the same command on every host (jax.distributed: see cfir_jax/indexing.py).
+On several hosts, run the same command on every host (jax.distributed: see cfir_jax/index/runner.py).
 """
 
 import sys
@@ -18,7 +18,7 @@ from cfir_jax.errors import cli_main
 
 
 def _flags(parser):
-    from cfir_jax.indexing import STAGES
+    from cfir_jax.index.runner import STAGES
 
     parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
                         f"order): {', '.join(STAGES)}; default: all")
@@ -40,21 +40,26 @@ def main():
         sys.exit(verify_command(p.parse_args().workdir))
     args, config = cli.parse(__doc__.splitlines()[0], _flags)
     cli.maybe_initialize_distributed()
-    from cfir_jax import faults, indexing, workdir_lock
+    from cfir_jax import faults, workdir_lock
     from cfir_jax.hosts import is_main
+    from cfir_jax.index import runner
 
     faults.on_sigterm()  # "interrupted during STAGE; rerun to resume", exit 143
     faults.quiet_library_noise()  # a full disk: one line, not every orbax thread's traceback
     with workdir_lock.hold(args.workdir):
         if args.add_entities:
-            added = indexing.add_entities(config, args.workdir, args.add_entities)
+            from cfir_jax.index.add_entities import add_entities
+
+            added = add_entities(config, args.workdir, args.add_entities)
             if is_main():
                 print(f"added {added} new entities to {args.workdir}/entity_index")
             return
-        stages = tuple(s for s in args.stages.split(",") if s) or indexing.STAGES
-        reports = indexing.build_index(config, args.workdir, stages)
+        stages = tuple(s for s in args.stages.split(",") if s) or runner.STAGES
+        reports = runner.build_index(config, args.workdir, stages)
         if is_main():  # every process ran every stage; one table
-            print(indexing.report_table(reports))
+            from cfir_jax.index.stage_report import report_table
+
+            print(report_table(reports))
 
 
 if __name__ == "__main__":
