@@ -286,6 +286,37 @@ def retrieval_config() -> ml_collections.ConfigDict:
     )
 
 
+def serve_config() -> ml_collections.ConfigDict:
+    """The `serve` section: the resident HTTP service (`retrieve.py --index W --serve`, `cfir_jax.serve`)."""
+    return ml_collections.ConfigDict(
+        dict(
+            host="127.0.0.1",  # localhost unless told otherwise (--host)
+            port=8080,
+            methods=("cfir",),  # the methods answered (one Retriever each); the first is a request's default
+            max_batch=16,  # documents per micro-batch (1: micro-batching off)
+            max_wait_ms=5.0,  # how long the first request of a batch waits for others to join it
+            queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
+            deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
+            max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413
+            max_batch_docs=64,  # documents in one POST /v1/search/batch
+            admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
+        )
+    )
+
+
+def add_missing_sections(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """A workdir's recorded config predates sections and fields added since: they take their current defaults (the
+    serve section whole, the retrieval fields one by one), so `--config.serve.port=...` works on any index."""
+    for name, fresh in (("retrieval", retrieval_config()), ("serve", serve_config())):
+        if name not in config:
+            config[name] = fresh
+            continue
+        for key, value in fresh.items():
+            if key not in config[name]:
+                config[name][key] = value
+    return config
+
+
 # Text lengths (tokens per sequence, BOS and EOS included) that each command encodes with, by config key.
 INDEX_TEXT_LENGTHS = ("index.entity_index.max_text_len", "index.pretrain.max_text_len", "retrieval.max_text_len",
                       "train.max_text_len", "index.image_text.max_text_len")
@@ -327,4 +358,5 @@ def defaults(size: str, image_size: int = 224, runlocal: bool = False) -> ml_col
     cfg.mesh = mesh_config(size)
     cfg.index = index_config(runlocal)
     cfg.retrieval = retrieval_config()
+    cfg.serve = serve_config()
     return cfg
