@@ -1,14 +1,12 @@
 """The whole pipeline on the tiny synthetic world: index.py -> train.py -> retrieve.py, and retrieval semantics."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import FIRST_RUN, ROOT, run_script as _run
+from conftest import FIRST_RUN, ROOT
+from conftest import run_script as _run
 
 from cfir_jax.cli import load_config_file
 from cfir_jax.errors import CfirError
