@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_script
 
-from cfir_jax.config import add_missing_sections, serve_config
+from cfir_jax.config import serve_config, upgrade
 
 TOKEN = "s3cret-token"
 
@@ -333,6 +333,6 @@ def test_older_workdir_configs_get_the_serve_section_and_new_fields():
     import ml_collections
 
     old = ml_collections.ConfigDict({"retrieval": {"top_k": 7}})
-    add_missing_sections(old)
+    upgrade(old)
     assert old.serve.to_dict() == serve_config().to_dict() and old.retrieval.top_k == 7
     assert "rerank" in old.retrieval and old.serve.host == "127.0.0.1"

@@ -18,17 +18,20 @@ from collections.abc import Sequence
 from cfir_jax.errors import CfirError
 
 
-def serve(workdir: str, config_spec: str = "", overrides: Sequence[str] = (), method: str = "cfir",
+def serve(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (), method: str = "cfir",
           host: str | None = None, port: int | None = None) -> None:
-    """Loads the index, binds host:port and serves until stopped (the one entry point retrieve.py calls)."""
+    """Loads the index, binds host:port and serves until stopped (the one entry point retrieve.py calls).
+
+    config: as parsed from the command line `argv`, whose `--config.*` overrides a reload applies again to the
+    workdir's config (or to `config_spec`, the --config file)."""
     import uvicorn
 
     from cfir_jax.serve.app import Service, create_app
-    from cfir_jax.serve.index import IndexHolder, load_config
+    from cfir_jax.serve.index import IndexHolder, config_overrides
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("cfir_jax.serve").setLevel(logging.INFO)
-    config = load_config(workdir, config_spec, overrides)
+    overrides = config_overrides(argv)
     settings = config.serve
     host = host or settings.host
     port = settings.port if port is None else port

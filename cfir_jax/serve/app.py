@@ -170,65 +170,8 @@ def create_app(svc: Service) -> FastAPI:
                   description="CFIR retrieval over a resident index: POST /v1/search with a document's text.")
     app.state.service = svc
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid(request: Request, exc: RequestValidationError):
-        return _error(*_validation_message(exc))
-
-    @app.exception_handler(HTTPException)
-    async def _http(request: Request, exc: HTTPException):
-        detail = str(exc.detail)
-        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's, undecodable
-            detail = "malformed JSON: the body is not UTF-8 JSON"
-        return _error(exc.status_code, detail, exc.headers)
-
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):
-        error_id = uuid.uuid4().hex[:12]
-        log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
-        return _error(500, f"internal error (id {error_id}; the service's log has its traceback)")
-
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        route = request.url.path if request.url.path in _ENDPOINTS else "other"
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > svc.max_body:
-            response = _error(413, f"body of {int(declared):,} bytes is over the {svc.max_body:,} this service reads")
-        else:
-            t0 = time.perf_counter()
-            response = await call_next(request)
-            svc.metrics.latency.labels(route).observe(time.perf_counter() - t0)
-        svc.metrics.requests.labels(route, str(response.status_code)).inc()
-        return response
-
-    @app.post("/v1/search", summary="the images of one document (the JSON of retrieve.py --format json)")
-    async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
-        svc.check_text(body.text, "text")
-        method = svc.check_options(body.top_k, body.method)
-        answer = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k)
-        return Response(answer[0], media_type="application/json")
-
-    @app.post("/v1/search/batch", summary="the images of several documents, answered in their order")
-    async def search_batch(body: BatchRequest, request: Request, svc: ServiceDep) -> Response:
-        if not body.documents:
-            raise HTTPException(422, "documents is empty")
-        if len(body.documents) > svc.settings.max_batch_docs:
-            raise HTTPException(413, f"{len(body.documents)} documents, over serve.max_batch_docs="
-                                     f"{svc.settings.max_batch_docs}")
-        ids = [d.id for d in body.documents]
-        if len(set(ids)) != len(ids):
-            raise HTTPException(422, f"duplicate document id {next(i for i in ids if ids.count(i) > 1)!r}")
-        for n, d in enumerate(body.documents):
-            svc.check_text(d.text, f"documents.{n}.text")
-        method = svc.check_options(body.top_k, body.method)
-        answer = await svc.run(request, [DocumentInput(d.text, d.id) for d in body.documents], method, body.top_k)
-        return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json")
-
-    @app.post("/v1/search/html", response_class=HTMLResponse, summary="the HTML gallery of one document's images")
-    async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
-        svc.check_text(body.text, "text")
-        method = svc.check_options(body.top_k, body.method)
-        page = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k, html=True)
-        return HTMLResponse(page)
+    _error_handlers(app, svc)
+    _search_routes(app)
 
     @app.get("/healthz", summary="alive")
     async def healthz() -> dict:
@@ -259,6 +202,70 @@ def create_app(svc: Service) -> FastAPI:
         return HTMLResponse(PAGE)
 
     return app
+
+
+def _error_handlers(app: FastAPI, svc: Service) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _error(*_validation_message(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's, undecodable
+            detail = "malformed JSON: the body is not UTF-8 JSON"
+        return _error(exc.status_code, detail, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        error_id = uuid.uuid4().hex[:12]
+        log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+        return _error(500, f"internal error (id {error_id}; the service's log has its traceback)")
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        route = request.url.path if request.url.path in _ENDPOINTS else "other"
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > svc.max_body:
+            response = _error(413, f"body of {int(declared):,} bytes is over the {svc.max_body:,} this service reads")
+        else:
+            t0 = time.perf_counter()
+            response = await call_next(request)
+            svc.metrics.latency.labels(route).observe(time.perf_counter() - t0)
+        svc.metrics.requests.labels(route, str(response.status_code)).inc()
+        return response
+
+
+def _search_routes(app: FastAPI) -> None:
+    @app.post("/v1/search", summary="the images of one document (the JSON of retrieve.py --format json)")
+    async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
+        svc.check_text(body.text, "text")
+        method = svc.check_options(body.top_k, body.method)
+        answer = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k)
+        return Response(answer[0], media_type="application/json")
+
+    @app.post("/v1/search/batch", summary="the images of several documents, answered in their order")
+    async def search_batch(body: BatchRequest, request: Request, svc: ServiceDep) -> Response:
+        if not body.documents:
+            raise HTTPException(422, "documents is empty")
+        if len(body.documents) > svc.settings.max_batch_docs:
+            raise HTTPException(413, f"{len(body.documents)} documents, over serve.max_batch_docs="
+                                     f"{svc.settings.max_batch_docs}")
+        ids = [d.id for d in body.documents]
+        if len(set(ids)) != len(ids):
+            raise HTTPException(422, f"duplicate document id {next(i for i in ids if ids.count(i) > 1)!r}")
+        for n, d in enumerate(body.documents):
+            svc.check_text(d.text, f"documents.{n}.text")
+        method = svc.check_options(body.top_k, body.method)
+        answer = await svc.run(request, [DocumentInput(d.text, d.id) for d in body.documents], method, body.top_k)
+        return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json")
+
+    @app.post("/v1/search/html", response_class=HTMLResponse, summary="the HTML gallery of one document's images")
+    async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
+        svc.check_text(body.text, "text")
+        method = svc.check_options(body.top_k, body.method)
+        page = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k, html=True)
+        return HTMLResponse(page)
 
 
 _ENDPOINTS = ("/", "/v1/search", "/v1/search/batch", "/v1/search/html", "/healthz", "/readyz", "/metrics",

@@ -38,12 +38,21 @@ WARM_TEXT_UNKNOWN = "Quentin Zabrowski of the Xylo Harbour Society met Priya Oko
 
 
 def load_config(workdir: str, config_spec: str, overrides: Sequence[str]) -> ml_collections.ConfigDict:
-    """The config the index was built with (or `config_spec`), with sections older workdirs lack, then overrides."""
+    """The config the index was built with (upgraded: fields older workdirs lack take their defaults) or
+    `config_spec`, then the `--config.x.y=v` overrides, as `cli.parse` reads it: what a reload reads again."""
     from cfir_jax import cli
-    from cfir_jax.config import add_missing_sections
 
     config = cli.load_config_file(config_spec) if config_spec else cli.workdir_config(workdir)
-    return cli.apply_overrides(add_missing_sections(config), overrides)
+    return cli.apply_overrides(config, overrides)
+
+
+def config_overrides(argv: Sequence[str]) -> list[str]:
+    """The `--config.x.y=v` (or `--config.x.y v`) arguments of a command line."""
+    out, argv = [], list(argv)
+    for n, arg in enumerate(argv):
+        if arg.startswith("--config."):
+            out.append(arg if "=" in arg or n + 1 >= len(argv) else f"{arg}={argv[n + 1]}")
+    return out
 
 
 def check_complete(workdir: str | Path) -> None:
