@@ -289,9 +289,10 @@ def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(workdir, 
 
     with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
         futures = [pool.submit(ask, t) for t in texts]
-        while len(started) < len(texts):
-            time.sleep(0.01)
-        time.sleep(0.2)  # every request sent and accepted; most still queued
+        deadline = time.monotonic() + 60
+        while s.metric("cfir_requests_in_flight") + len(finished) < len(texts):  # every request inside the server
+            assert time.monotonic() < deadline, "the requests never reached the server"
+            time.sleep(0.02)
         stopped_at = time.monotonic()
         s.proc.send_signal(signal.SIGTERM)
         answers = [f.result() for f in futures]

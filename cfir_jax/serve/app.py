@@ -230,7 +230,14 @@ def _error_handlers(app: FastAPI, svc: Service) -> None:
             response = _error(413, f"body of {int(declared):,} bytes is over the {svc.max_body:,} this service reads")
         else:
             t0 = time.perf_counter()
-            response = await call_next(request)
+            searching = route.startswith("/v1/search")
+            if searching:
+                svc.metrics.in_flight.inc()
+            try:
+                response = await call_next(request)
+            finally:
+                if searching:
+                    svc.metrics.in_flight.dec()
             svc.metrics.latency.labels(route).observe(time.perf_counter() - t0)
         svc.metrics.requests.labels(route, str(response.status_code)).inc()
         return response

@@ -17,6 +17,7 @@ class Metrics:
                                  buckets=_LATENCY, registry=r)
         self.stages = Histogram("cfir_stage_seconds", "per-document time of each retrieval stage (Result.times_ms)",
                                 ("stage",), buckets=_LATENCY, registry=r)
+        self.in_flight = Gauge("cfir_requests_in_flight", "search requests received and not yet answered", registry=r)
         self.queue_depth = Gauge("cfir_queue_depth", "documents waiting for a batch", registry=r)
         self.queue_wait = Histogram("cfir_queue_wait_seconds", "time a request waited before its batch ran",
                                     buckets=_LATENCY, registry=r)
