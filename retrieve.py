@@ -6,10 +6,13 @@
                                                                     # (+ the fused row when W/image_text exists,
                                                                     # + the re-ranked row when W/reranker does)
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
+    python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
 
 Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
 --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
 """
+
+import sys
 
 from cfir_jax import cli
 from cfir_jax.errors import CfirError, cli_main
@@ -27,6 +30,11 @@ def _flags(p):
     what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
                       "(retrieval.rerank) on the train split into W/reranker; enable it with "
                       "--config.retrieval.rerank.enabled=true")
+    what.add_argument("--serve", action="store_true", help="serve the index over HTTP until stopped (POST "
+                      "/v1/search, GET / a page; settings: --config.serve.*)")
+    serving = p.add_argument_group("--serve")
+    serving.add_argument("--host", default=None, help="address to listen on (default serve.host: 127.0.0.1)")
+    serving.add_argument("--port", type=int, default=None, help="port (default serve.port: 8080; 0: any free one)")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
@@ -63,7 +71,11 @@ def main():
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
-    if args.fit_reranker:
+    if args.serve:
+        from cfir_jax.serve import serve
+
+        serve(args.index, config, args.config, sys.argv[1:], args.method, args.host, args.port)
+    elif args.fit_reranker:
         from cfir_jax.retrieve.rerank_fit import fit_reranker, summary
 
         print(summary(fit_reranker(config, args.index), args.index))

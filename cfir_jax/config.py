@@ -287,6 +287,24 @@ def retrieval_config() -> ml_collections.ConfigDict:
     )
 
 
+def serve_config() -> ml_collections.ConfigDict:
+    """The `serve` section: the resident HTTP service (`retrieve.py --index W --serve`, `cfir_jax.serve`)."""
+    return ml_collections.ConfigDict(
+        dict(
+            host="127.0.0.1",  # localhost unless told otherwise (--host)
+            port=8080,
+            methods=("cfir",),  # the methods answered (one Retriever each); the first is a request's default
+            max_batch=16,  # documents per micro-batch (1: micro-batching off)
+            max_wait_ms=5.0,  # how long the first request of a batch waits for others to join it
+            queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
+            deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
+            max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413
+            max_batch_docs=64,  # documents in one POST /v1/search/batch
+            admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
+        )
+    )
+
+
 # Text lengths (tokens per sequence, BOS and EOS included) that each command encodes with, by config key.
 INDEX_TEXT_LENGTHS = ("index.entity_index.max_text_len", "index.pretrain.max_text_len", "retrieval.max_text_len",
                       "train.max_text_len", "index.image_text.max_text_len")
@@ -328,6 +346,7 @@ def defaults(size: str, image_size: int = 224, runlocal: bool = False) -> ml_col
     cfg.mesh = mesh_config(size)
     cfg.index = index_config(runlocal)
     cfg.retrieval = retrieval_config()
+    cfg.serve = serve_config()
     return cfg
 
 
@@ -341,7 +360,7 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     backend...) with their current defaults, recursively, in place; fields it has are never changed. The one place
     this happens: `cli.workdir_config` applies it when a workdir's config is read, before overrides and the lock."""
     runlocal = bool(config.get("runlocal", False))
-    sections = {"index": index_config(runlocal), "retrieval": retrieval_config()}
+    sections = {"index": index_config(runlocal), "retrieval": retrieval_config(), "serve": serve_config()}
     with config.unlocked():
         for name, current in sections.items():
             if name not in config:

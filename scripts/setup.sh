@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs what a command needs. Idempotent (a stamp per set and pyproject version).
 #   bash scripts/setup.sh demo   # the package + the spaCy model: what scripts/demo.sh runs (no torch)
-#   bash scripts/setup.sh test   # the demo set + pytest, pytrec_eval, torch and torchscale (the test oracle)
+#   bash scripts/setup.sh test   # the demo set + pytest, pytrec_eval, torch and torchscale (the test oracle), and
+#                                # Debian's chromium (the screenshot tests of the gallery and the service's page)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-test}
@@ -9,6 +10,15 @@ case "$WHAT" in
   demo|test) ;;
   *) echo "usage: bash scripts/setup.sh demo|test" >&2; exit 2 ;;
 esac
+# A headless browser for the screenshot tests, only when missing (CI runs as root on a fresh Debian machine).
+if [ "$WHAT" = test ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup.sh: installing chromium (apt-get) for the screenshot tests" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup.sh: no chromium and no root apt-get: the screenshot tests will fail (install chromium)" >&2
+  fi
+fi
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv

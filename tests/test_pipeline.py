@@ -1,14 +1,12 @@
 """The whole pipeline on the tiny synthetic world: index.py -> train.py -> retrieve.py, and retrieval semantics."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import FIRST_RUN, ROOT
+from conftest import run_script as _run
 
 from cfir_jax.cli import load_config_file
 from cfir_jax.errors import CfirError
@@ -16,32 +14,6 @@ from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.search.topk import exact_topk
 
 CONFIG = "configs/demo.py:tiny"
-
-
-def _run(*args, check=True, env=None):
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **(env or {})})
-    if check:
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-# The first build's output, kept for the tests of what a user sees (progress bars forced on: stderr is no TTY).
-FIRST_RUN: dict[str, subprocess.CompletedProcess] = {}
-
-
-@pytest.fixture(scope="session")
-def workdir(tmp_path_factory):
-    """A tiny world indexed and trained once for the whole session."""
-    w = tmp_path_factory.mktemp("demo")
-    FIRST_RUN["index"] = _run("index.py", "--config", CONFIG, "--workdir", str(w), env={"CFIR_PROGRESS": "1"})
-    FIRST_RUN["train"] = _run("train.py", "--config", CONFIG, "--workdir", str(w), "-v", env={"CFIR_PROGRESS": "1"})
-    return w
-
-
-@pytest.fixture(scope="session")
-def config():
-    return load_config_file(str(ROOT / "configs/demo.py") + ":tiny")
 
 
 def test_index_rerun_skips_every_stage_and_says_so(workdir):
