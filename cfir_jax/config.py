@@ -90,6 +90,14 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 # CFIR's trainable set: every B (language) branch, the B position table and final LayerNorm, the
 # language head and the temperature. The token embedding table and the whole vision side stay frozen.
 LANGUAGE_EXPERT = [("B/.*|language_head/.*|logit_scale", "train"), (".*", "frozen")]
+# The authors' `--tune_text_only` (GLA-IR/CFIR): the token embedding table, the language branch of every feed-forward
+# block (its pre-FFN LayerNorm `final_layer_norm`, fc1, the inner `ffn_layernorm`, fc2); attention, positions, the
+# head and the temperature stay frozen. 105,921,024 parameters at base (tests/test_model.py), the paper's count is
+# the language expert's.
+AUTHORS_TEXT_ONLY = [("text_embed/embedding|B/layers/(final_layer_norm|fc1|ffn_layernorm|fc2)/.*", "train"),
+                     (".*", "frozen")]
+# `train.trainable` is one of these names or a rule list of its own.
+TRAINABLE_SETS = {"language_expert": LANGUAGE_EXPERT, "authors": AUTHORS_TEXT_ONLY}
 # No weight decay on biases, LayerNorm scales, position tables, the temperature.
 NO_WEIGHT_DECAY = r".*/bias|.*/scale|.*embed_positions|logit_scale|.*cls_token|.*mask_token"
 
@@ -117,7 +125,9 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             b2=_experiment(float),
             eps=_experiment(float),
             layer_decay=_experiment(float),  # lr of layer j scaled by layer_decay ** (L + 1 - j)
-            trainable=_experiment(list),  # (regex over parameter paths, 'train' | 'frozen') pairs, first match wins
+            # A name of TRAINABLE_SETS ('language_expert', 'authors') or (regex over parameter paths,
+            # 'train' | 'frozen') pairs, first match wins.
+            trainable=_experiment(object),
             no_weight_decay=NO_WEIGHT_DECAY,
             grad_clip=0.0,
             extra_negatives=0,  # extra cache images per batch as negatives (text->image side only)
