@@ -195,9 +195,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 batch_size=64 if runlocal else 256,
                 shard_size=65536,
             ),
-            # labels () = DEFAULT_LABELS; n_process: spaCy worker processes on each host; chunk_size: documents per
-            # resumable chunk (the unit split over the hosts of a jax.distributed run)
-            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(tuple), chunk_size=10_000),
+            # labels: "all", "picturable" or a tuple (entities.resolve_labels); n_process: spaCy worker processes on
+            # each host; chunk_size: documents per resumable chunk (the unit split over the hosts of a jax.distributed
+            # run)
+            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(object), chunk_size=10_000),
             summaries=dict(
                 summarizer=_experiment(str),  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
                 # What is summarised (index.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and

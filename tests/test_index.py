@@ -174,13 +174,13 @@ def test_atomic_cache_skips_corrupt_images_and_lists_them(atomic):
 
 def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+    from cfir_jax.index.entities import EntityExtractor, load_spacy
     from cfir_jax.index.entity_store import EntityStore
 
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = EntityStore.open(atomic["work"] / "entities")
     assert store.doc_ids == list(corpus.doc_ids)
-    extractor = EntityExtractor(load_spacy(None), DEFAULT_LABELS, 64, 1)
+    extractor = EntityExtractor(load_spacy(None), "all", 64, 1)
     want = list(extractor.extract(corpus.document(i).text for i in range(corpus.num_documents)))
     assert [store.entities_of(i) for i in range(store.num_docs)] == want
     assert sum(map(len, want)) > 0
