@@ -48,6 +48,9 @@ def _args(argv=None):
     p.add_argument("--output", default="", help="write a TREC run file")
     p.add_argument("--qrels", default="", help="TREC qrels (or AToMiC parquet) to evaluate the run against")
     p.add_argument("--tag", default="cfir", help="run tag of TREC output")
+    p.add_argument("--measures", default="", help="with --evaluate or --qrels: trec_eval (per text, the default), "
+                   "authors (the authors' code: one query per qrels line, chunk means) or both; "
+                   "default retrieval.measures")
     return p.parse_known_args(argv)
 
 
@@ -70,6 +73,11 @@ def main():
     config = cli.load_config_file(args.config) if args.config else cli.workdir_config(args.index)
     _add_new_retrieval_fields(config)
     config = cli.apply_overrides(config, overrides)
+    from cfir_jax.eval.metrics import MEASURE_SETS
+
+    args.measures = args.measures or config.retrieval.measures
+    if args.measures not in MEASURE_SETS:
+        raise CfirError(f"--measures {args.measures!r}: use one of {', '.join(MEASURE_SETS)}")
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
@@ -119,7 +127,11 @@ def _write_and_score(run, args, top):
         trec.write_run(args.output, run, tag=args.tag, max_hits=top)
         print(f"wrote {args.output}", file=sys.stderr)
     if args.qrels:
-        print(metrics.evaluate(run, trec.read_qrels(args.qrels)).table())
+        qrels = trec.read_qrels(args.qrels)
+        if args.measures != "authors":
+            print(metrics.evaluate(run, qrels).table())
+        if args.measures != "trec_eval":
+            print(metrics.authors_table([(args.tag, metrics.authors_measures(run, qrels))]))
 
 
 def _add_new_retrieval_fields(config) -> None:
@@ -181,7 +193,7 @@ def _evaluate(config, args, top):
         if (layout.reranker / "manifest.json").is_file() or config.retrieval.rerank.enabled:
             rows += tuple((label, method, {**o, "entity_text_match": False})
                           for label, method, o in report.rerank_rows(config.retrieval))
-    table, all_results, curves = [], [], {}
+    table, all_results, curves, authors = [], [], {}, []
     unknown_line = ""
     for label, method, retrieval_overrides in rows:
         row_config = config.copy_and_resolve_references()
@@ -199,11 +211,16 @@ def _evaluate(config, args, top):
             curves[label] = plots.recall_curve(run, qrels)
         res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES)
         table.append(report.EvalRow(label, res.aggregate, results, retriever.model_used))
+        if args.measures != "trec_eval":
+            authors.append((label, metrics.authors_measures(run, qrels)))
         if len(rows) == 1:
             args.qrels = ""
             _write_and_score(run, args, top)
     print(f"{args.evaluate} split, {len(docs)} topics")
-    print(report.eval_table(table))
+    if args.measures != "authors":
+        print(report.eval_table(table))
+    if authors:
+        print(metrics.authors_table(authors))
     print(report.sr_line(config.retrieval, all_results))
     if report.rerank_line(table):
         print(report.rerank_line(table))

@@ -267,6 +267,10 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # then an exact re-rank of the best sr_shortlist; ~16x faster at 4M images, top-1000 agreement ~0.9998).
             sr=_experiment(str),
             eval_sr=_experiment(str),  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
+            # The metric of --evaluate / --qrels (retrieve.py --measures): 'trec_eval' (per text, the default),
+            # 'authors' (the authors' code: per qrels line, chunk means; cfir_jax.eval.metrics.authors_measures) or
+            # 'both' (the authors' figures printed under trec_eval's).
+            measures="trec_eval",
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
             # 'device': the cache resident on the local devices, jitted exact SR over batches

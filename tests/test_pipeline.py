@@ -468,6 +468,28 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
     assert "SR: exact" in proc.stdout  # --qrels evaluates, so it scores exactly unless asked otherwise
 
 
+def test_measures_authors_prints_the_authors_metric_of_the_run(workdir, tmp_path):
+    """--measures authors scores the written run as the authors' code does (metrics.authors_measures), instead of
+    trec_eval's table; --measures both prints both; an unknown name is one line."""
+    from cfir_jax.eval import metrics, trec
+
+    docs = Retriever(load_config_file(str(ROOT / "configs/demo.py") + ":tiny"), workdir).corpus_documents("test")
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": d.doc_id, "text": d.text}) + "\n" for d in docs))
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text((workdir / "corpus" / "qrels" / "test.txt").read_text())
+    base = ("retrieve.py", "--index", str(workdir), "--queries", str(queries), "--output", str(tmp_path / "run.trec"),
+            "--qrels", str(qrels), "--measures")
+    proc = _run(*base, "authors")
+    run, judged = trec.read_run(tmp_path / "run.trec"), trec.read_qrels(qrels)
+    want = metrics.authors_measures(run, judged)
+    assert metrics.authors_table([("cfir", want)]) in proc.stdout and "num_q" not in proc.stdout
+    both = _run(*base, "both").stdout
+    assert "num_q" in both and metrics.authors_table([("cfir", want)]) in both
+    bad = _run(*base, "mine", check=False)
+    assert bad.returncode == 2 and "--measures 'mine'" in bad.stderr
+
+
 def test_every_format_shows_the_same_default_number_of_hits(workdir, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(Retriever(load_config_file(str(ROOT / "configs/demo.py") + ":tiny"), workdir)
