@@ -112,6 +112,9 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(
         dict(
             text=_experiment(str),  # 'summary' (CFIR), 'document' (ablation) or 'caption' (image-text pretraining)
+            # The document fields of text='document' (cfir_jax.data.corpus.document_text): a tuple of AToMiC's text
+            # fields in order, or 'all' (the whole assembled text).
+            document_fields=_experiment(object),
             max_text_len=_experiment(int),
             global_batch=_experiment(int),
             num_epochs=_experiment(float),
@@ -261,6 +264,9 @@ def retrieval_config() -> ml_collections.ConfigDict:
         dict(
             top_k=_experiment(int),
             text=_experiment(str),  # the query text scored in SR: 'summary' (CFIR) or 'document'
+            # The document fields a document embedding reads (the document-only and entities + document rows):
+            # as train.document_fields; None (configs written before it existed) is 'all'.
+            document_fields=_experiment(object),
             max_text_len=_experiment(int),
             unknown_entities=_experiment(str),  # 'ignore' (the paper) or 'search' (over the cache at query time)
             # SR over the union: 'exact' (the paper: every candidate scored in float32) or 'fast' (compact int8 copy,

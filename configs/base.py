@@ -71,6 +71,11 @@ def experiment(size: str, arg: str | None = None):
         c.train.update(lr=2e-4, warmup_epochs=3.0, layer_decay=0.65,
                        global_batch=16 if arg.runlocal else AUTHORS_BATCH_PER_GPU)
 
+    # The document text of the dense baselines (the paper is silent): the authors' code trains the document model on
+    # page title, section title and section description, and its test queries read the page title alone
+    # (atomic/atomic_dataset.py, AtoMicDataset and AtoMicDatasetquery's text_features).
+    c.train.document_fields = ("page_title", "section_title", "context_section_description")
+
     # The offline index: AToMiC's base setting (documents of every qrels split, the images they judge), entities of
     # the train documents only (the paper's protocol), K = 10,000 candidates per entity, BART-large-CNN summaries
     # with CFIR's generation settings over the paper's four text fields.
@@ -84,7 +89,7 @@ def experiment(size: str, arg: str | None = None):
     # Retrieval: the top 1000 (R@1000); the summary embedding scores the union; entities the index never saw are
     # searched over the cache (the paper drops them: 'ignore'); SR is fast for queries, exact for evaluation.
     c.retrieval.update(top_k=1000, text="summary", max_text_len=64, unknown_entities="search", sr="fast",
-                       eval_sr="exact")
+                       eval_sr="exact", document_fields=("page_title",))
     return c
 
 

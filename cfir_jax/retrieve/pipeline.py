@@ -47,6 +47,7 @@ import ml_collections
 import numpy as np
 
 from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths, retrieval_config
+from cfir_jax.data.corpus import document_text
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
 from cfir_jax.progress import bar as progress_bar
@@ -646,13 +647,17 @@ class Retriever:
             if self.method in ("cfir", "entity_only") else None
         summaries = SummaryStore.open(self.layout.summaries, corpus_fingerprint=fp) \
             if self.method in ("cfir", "dense_summary") else None
+        # A method that embeds the document reads retrieval.document_fields of it (entities and summaries come from
+        # the stores, so the text is read for nothing else).
+        embeds_document = self.method == "dense_document" or self.rcfg.text == "document"
+        fields = self.rcfg.get("document_fields") if embeds_document else "all"
         docs = []
         for doc_id in sorted(qrels):
             if doc_id not in row_of:
                 continue
             i = row_of[doc_id]
             docs.append(DocumentInput(
-                self.corpus.document(i).text, doc_id,
+                document_text(self.corpus.document(i), fields), doc_id,
                 entities=entities.entities_of(i) if entities is not None else None,
                 summary=summaries.summary(i) if summaries is not None else None))
         return docs
