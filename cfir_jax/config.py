@@ -263,6 +263,9 @@ def retrieval_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(
         dict(
             top_k=_experiment(int),
+            # Candidates per entity read from the index (a query-time cut of its best-first lists, Table 4's K);
+            # 0: as built (index.entity_index.k). Above the built K is refused.
+            k=0,
             text=_experiment(str),  # the query text scored in SR: 'summary' (CFIR) or 'document'
             # The document fields a document embedding reads (the document-only and entities + document rows):
             # as train.document_fields; None (configs written before it existed) is 'all'.

@@ -162,8 +162,9 @@ class Retriever:
             enc_model = checkpoint.load_model(encoder_dir, config.model) if encoder_dir else model
             check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS[1:], enc_model.config.max_text_positions)
             fingerprint = checkpoint.fingerprint(enc_model, "text")
+            # retrieval.k cuts every stored list to its first k (0: as built); above the built K is refused.
             self.entity_index = EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint,
-                                                 expect_dim=model.config.embed_dim)
+                                                 expect_dim=model.config.embed_dim).with_k(self.rcfg.get("k", 0))
             if self.entity_index.manifest.get("n_images") not in (None, self.cache.num_images):
                 raise CfirError(f"{layout.entity_index}: built over {self.entity_index.manifest['n_images']} images "
                                 f"but the cache has {self.cache.num_images}: rebuild the entity index")
