@@ -193,3 +193,14 @@ def test_a_cut_exact_index_equals_an_index_built_at_that_k(tmp_path, data):
     assert cut.with_k(0).k == 40 and big.with_k(40).k == 40
     with pytest.raises(CfirError, match="retrieval.k=41: the entity index .* built with K=40"):
         big.with_k(41)
+    assert big.er_note() == "ER: exact top-40 per entity (the paper's)"
+    assert cut.er_note() == "ER: exact top-40 per entity (the paper's), read at K=10 (retrieval.k)"
+
+
+def test_er_note_states_scann_recall_and_the_exact_rebuild(tmp_path, data):
+    images, ents, texts = data
+    recall = build_entity_index(tmp_path / "idx", texts, ents, images, 20, model_fingerprint=FP, recall_sample=32)
+    note = EntityIndex.open(tmp_path / "idx").er_note()
+    assert note == (f"ER: ScaNN top-20 per entity, recall@20 {recall:.4f} against exact search on 32 sampled "
+                    "entities; the paper's ER is exact: rebuild with index.py "
+                    "--config.index.entity_index.backend=exact")

@@ -430,6 +430,19 @@ class EntityIndex:
         return [np.asarray(self.scores_array[self.offsets[r] : self._end(r)], np.float32)
                 for r in self._checked_rows(entity_rows)]
 
+    def er_note(self) -> str:
+        """One line on how exact ER is: exact (the paper's), or ScaNN with its recall measured at build and the flag
+        that rebuilds it exact."""
+        m = self.manifest
+        cut = f", read at K={self.k:,} (retrieval.k)" if self.cut is not None else ""
+        if m.get("backend") == "exact":
+            return f"ER: exact top-{self.built_k:,} per entity (the paper's){cut}"
+        recall = m.get("recall_at_k")
+        measured = (f"recall@{self.built_k:,} {recall:.4f} against exact search on {m.get('recall_sample', 0):,} "
+                    "sampled entities") if recall is not None else "recall not measured"
+        return (f"ER: ScaNN top-{self.built_k:,} per entity, {measured}{cut}; the paper's ER is exact: rebuild with "
+                "index.py --config.index.entity_index.backend=exact")
+
     def _end(self, r: int) -> int:
         end = int(self.offsets[r + 1])
         return end if self.cut is None else min(end, int(self.offsets[r]) + self.cut)
