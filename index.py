@@ -7,7 +7,7 @@
     python index.py --config configs/demo.py --workdir demo_work        # the synthetic world
     python index.py --config ... --workdir W --add-entities new_entities.txt
 
-On several hosts, run the same command on every host (jax.distributed: see cfir_jax/indexing.py).
+On several hosts, run the same command on every host (jax.distributed: see cfir_jax/index/runner.py).
 """
 
 from cfir_jax import cli
@@ -15,7 +15,7 @@ from cfir_jax.errors import cli_main
 
 
 def _flags(parser):
-    from cfir_jax.indexing import STAGES
+    from cfir_jax.index.runner import STAGES
 
     parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
                         f"order): {', '.join(STAGES)}; default: all")
@@ -26,18 +26,22 @@ def _flags(parser):
 def main():
     args, config = cli.parse(__doc__.splitlines()[0], _flags)
     cli.maybe_initialize_distributed()
-    from cfir_jax import indexing
     from cfir_jax.hosts import is_main
+    from cfir_jax.index import runner
 
     if args.add_entities:
-        added = indexing.add_entities(config, args.workdir, args.add_entities)
+        from cfir_jax.index.add_entities import add_entities
+
+        added = add_entities(config, args.workdir, args.add_entities)
         if is_main():
             print(f"added {added} new entities to {args.workdir}/entity_index")
         return
-    stages = tuple(s for s in args.stages.split(",") if s) or indexing.STAGES
-    reports = indexing.build_index(config, args.workdir, stages)
+    stages = tuple(s for s in args.stages.split(",") if s) or runner.STAGES
+    reports = runner.build_index(config, args.workdir, stages)
     if is_main():  # every process ran every stage; one table
-        print(indexing.report_table(reports))
+        from cfir_jax.index.stage_report import report_table
+
+        print(report_table(reports))
 
 
 if __name__ == "__main__":

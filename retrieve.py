@@ -5,15 +5,14 @@
     python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
                                                                     # (+ the fused row when W/image_text exists,
                                                                     # + the re-ranked row when W/reranker does)
+    python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
 
 Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
 --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
 """
 
-import argparse
-import sys
-
+from cfir_jax import cli
 from cfir_jax.errors import CfirError, cli_main
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
@@ -21,14 +20,7 @@ from cfir_jax.errors import CfirError, cli_main
 SHOWN = 20
 
 
-def _args(argv=None):
-    from cfir_jax.cli import overrides_help
-
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                epilog="The config is the index's own (W/index.json) unless --config is given. "
-                                + overrides_help("--config.retrieval.top_k=100"))
-    p.add_argument("--index", required=True, help="workdir built by index.py (and train.py)")
-    p.add_argument("--config", default="", help="config file; default: the config the index was built with")
+def _flags(p):
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--query", help="a plain-text document")
     what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
@@ -51,16 +43,15 @@ def _args(argv=None):
     p.add_argument("--measures", default="", help="with --evaluate or --qrels: trec_eval (per text, the default), "
                    "authors (the authors' code: one query per qrels line, chunk means) or both; "
                    "default retrieval.measures")
-    return p.parse_known_args(argv)
+    p.add_argument("--compare-k", default="", metavar="K1,K2,...", help="with --evaluate: full CFIR at each K, the "
+                   "paper's Table 4, from the one index (each a cut of its best-first lists, retrieval.k; refused "
+                   "above the K it was built with)")
 
 
-@cli_main
-def main():
-    args, overrides = _args()
-    from cfir_jax import cli
-    from cfir_jax.retrieve import report
+def _check(args) -> None:
+    from cfir_jax.retrieve.report import FORMATS
 
-    if args.format not in report.FORMATS:
+    if args.format not in FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
     if args.plot and not args.evaluate:
         raise CfirError("--plot draws the recall curves of --evaluate SPLIT; add --evaluate")
@@ -70,165 +61,51 @@ def main():
         check_png_name(args.plot)  # before minutes of retrieval, not after
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
-    config = cli.load_config_file(args.config) if args.config else cli.workdir_config(args.index)
-    _add_new_retrieval_fields(config)
-    config = cli.apply_overrides(config, overrides)
-    from cfir_jax.eval.metrics import MEASURE_SETS
+    if args.compare_k and not args.evaluate:
+        raise CfirError("--compare-k evaluates full CFIR at several K on --evaluate SPLIT; add --evaluate")
+    if args.compare_k and args.compare:
+        raise CfirError("--compare (Table 3) and --compare-k (Table 4) are separate runs; give one")
+    if args.compare_k:
+        from cfir_jax.eval.comparison import parse_ks
 
-    args.measures = args.measures or config.retrieval.measures
-    if args.measures not in MEASURE_SETS:
-        raise CfirError(f"--measures {args.measures!r}: use one of {', '.join(MEASURE_SETS)}")
+        try:
+            args.compare_k = parse_ks(args.compare_k)
+        except ValueError as e:
+            raise CfirError(str(e)) from None
+
+
+@cli_main
+def main():
+    args, config = cli.parse(__doc__.splitlines()[0], _flags, workdir_flag="--index", config_from_workdir=True,
+                             check_args=_check, example="--config.retrieval.top_k=100")
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
-    shown = args.top_k or min(SHOWN, top)
+    from cfir_jax.eval.metrics import MEASURE_SETS
 
+    measures = args.measures or config.retrieval.measures
+    if measures not in MEASURE_SETS:
+        raise CfirError(f"--measures {measures!r}: use one of {', '.join(MEASURE_SETS)}")
     if args.fit_reranker:
-        return _fit_reranker(config, args)
-    if args.evaluate:
-        return _evaluate(config, args, top)
-    from cfir_jax.retrieve.pipeline import Retriever, run_of
-    from cfir_jax.retrieve.queries import read_queries, read_query
+        from cfir_jax.retrieve.rerank_fit import fit_reranker, summary
 
-    docs = [read_query(args.query)] if args.query else read_queries(args.queries)
-    if args.qrels:
-        _evaluation_sr(config)
-    retriever = Retriever(config, args.index, args.method, measure_agreement=bool(args.qrels))
-    _print_notes(retriever)
-    results = retriever.retrieve_many(docs, progress=len(docs) > 1)
-    describe = retriever.describe_image
-    for doc, result in zip(docs, results):
-        if args.format == "table":
-            print(report.table(result, describe, shown))
-        elif args.format == "json":
-            print(report.as_json(doc.doc_id, result, describe, shown))
+        print(summary(fit_reranker(config, args.index), args.index))
+    elif args.evaluate:
+        from cfir_jax.eval.comparison import comparison_rows, k_rows, single_row
+        from cfir_jax.retrieve.evaluation import check_k_rows, evaluate
+
+        if args.compare_k:
+            rows = check_k_rows(args.index, k_rows(args.compare_k))
         else:
-            print(report.trec_lines(doc.doc_id, result, args.tag, shown))
-    if args.html:
-        from pathlib import Path
+            rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
+        evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top,
+                 measures=measures)
+    else:
+        from cfir_jax.retrieve.answer import answer
 
-        row = {i: n for n, i in enumerate(retriever.corpus.image_ids)}
-        image_bytes = lambda image_id: retriever.corpus.image(row[image_id]).image if image_id in row else b""  # noqa
-        page = "".join(report.html_page(d.doc_id, r, describe, image_bytes, shown) for d, r in zip(docs, results))
-        Path(args.html).write_text(page)
-        print(f"wrote {args.html}", file=sys.stderr)
-    run = run_of(results, docs)
-    _write_and_score(run, args, top)
-    if args.qrels:
-        if args.method in ("cfir", "entity_only"):
-            print(report.unknown_summary(results, config.retrieval.unknown_entities))
-        print(report.sr_line(config.retrieval, [results]))
-
-
-def _write_and_score(run, args, top):
-    from cfir_jax.eval import metrics, trec
-
-    if args.output:
-        trec.write_run(args.output, run, tag=args.tag, max_hits=top)
-        print(f"wrote {args.output}", file=sys.stderr)
-    if args.qrels:
-        qrels = trec.read_qrels(args.qrels)
-        if args.measures != "authors":
-            print(metrics.evaluate(run, qrels).table())
-        if args.measures != "trec_eval":
-            print(metrics.authors_table([(args.tag, metrics.authors_measures(run, qrels))]))
-
-
-def _add_new_retrieval_fields(config) -> None:
-    """A workdir's recorded config predates retrieval fields added since (fusion, rerank): they take their defaults,
-    so that --config.retrieval.rerank.enabled=true works on an index built before the field existed."""
-    from cfir_jax.config import retrieval_config
-
-    for key, value in retrieval_config().items():
-        if key not in config.retrieval:
-            config.retrieval[key] = value
-
-
-def _fit_reranker(config, args) -> None:
-    from cfir_jax.retrieve.rerank_fit import fit_reranker
-
-    m = fit_reranker(config, args.index)
-    print(f"re-ranker: {m['lists_kept']:,} of {m['train_documents']:,} train documents have a positive in SR's top "
-          f"{m['top_n']} ({m['lists_skipped']:,} skipped); features {', '.join(m['features'])}")
-    print(f"held-out lists: {m['heldout_lists']:,}, MRR@10 within the top {m['top_n']}: SR {m['heldout_sr_mrr10']:.4f}"
-          f" -> re-ranked {m['heldout_mrr10']:.4f} (best epoch {m['best_epoch']} of {m['epochs_run']}); "
-          f"{m['fit_seconds']:.1f} s")
-    print(f"wrote {args.index.rstrip('/')}/reranker; use it with --config.retrieval.rerank.enabled=true "
-          "(--compare adds its row)")
-
-
-def _print_notes(retriever) -> None:
-    for note in retriever.notes:
-        print(f"note: {note}", file=sys.stderr)
-
-
-def _evaluation_sr(config) -> None:
-    """Evaluation scores with retrieval.eval_sr (exact unless asked otherwise), whatever retrieval.sr says."""
-    config.retrieval.sr = config.retrieval.get("eval_sr", "exact")
-
-
-def _evaluate(config, args, top):
-    from cfir_jax.eval import metrics, plots
-    from cfir_jax.retrieve import report
-    from cfir_jax.retrieve.pipeline import Retriever, run_of
-
-    _evaluation_sr(config)
-    rows = report.TABLE3_ROWS if args.compare else ((args.method, args.method, {}),)
-    if args.compare:
-        from cfir_jax.layout import Layout
-
-        # The paper's rows stay the paper's whatever retrieval.fusion, entity_text_match and rerank say; the rows
-        # beyond the paper come after them.
-        paper = dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.0)
-        no_rerank = {**config.retrieval.rerank.to_dict(), "enabled": False}
-        plain = {"rerank": no_rerank, "entity_text_match": False}
-        rows = tuple((label, method, {**o, "fusion": paper, **plain}) for label, method, o in rows)
-        layout = Layout.of(args.index)
-        if (layout.image_text / "manifest.json").is_file():  # index.py built the image text
-            label, method, overrides = report.fused_row(config.retrieval)
-            rows += ((label, method, {**overrides, **plain}),)
-        if (layout.entity_text_match / "manifest.json").is_file():
-            label, method, overrides = report.TEXT_MATCH_ROW
-            rows += ((label, method, {**overrides, "rerank": no_rerank}),)
-        if (layout.reranker / "manifest.json").is_file() or config.retrieval.rerank.enabled:
-            rows += tuple((label, method, {**o, "entity_text_match": False})
-                          for label, method, o in report.rerank_rows(config.retrieval))
-    table, all_results, curves, authors = [], [], {}, []
-    unknown_line = ""
-    for label, method, retrieval_overrides in rows:
-        row_config = config.copy_and_resolve_references()
-        row_config.retrieval.update(retrieval_overrides)
-        retriever = Retriever(row_config, args.index, method, measure_agreement=True)
-        _print_notes(retriever)
-        docs = retriever.corpus_documents(args.evaluate)
-        results = retriever.retrieve_many(docs, progress=True)
-        if method in ("cfir", "entity_only") and not unknown_line:  # the same entities for both methods
-            unknown_line = report.unknown_summary(results, row_config.retrieval.unknown_entities)
-        all_results.append(results)
-        run = run_of(results, docs)
-        qrels = retriever.corpus.qrels(args.evaluate)
-        if args.plot:
-            curves[label] = plots.recall_curve(run, qrels)
-        res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES)
-        table.append(report.EvalRow(label, res.aggregate, results, retriever.model_used))
-        if args.measures != "trec_eval":
-            authors.append((label, metrics.authors_measures(run, qrels)))
-        if len(rows) == 1:
-            args.qrels = ""
-            _write_and_score(run, args, top)
-    print(f"{args.evaluate} split, {len(docs)} topics")
-    if args.measures != "authors":
-        print(report.eval_table(table))
-    if authors:
-        print(metrics.authors_table(authors))
-    print(report.sr_line(config.retrieval, all_results))
-    if report.rerank_line(table):
-        print(report.rerank_line(table))
-    if unknown_line:
-        print(unknown_line)
-    if args.plot:
-        plots.plot_recall_curves(curves, args.plot, f"{args.evaluate} split, {len(docs)} topics")
-        print(f"wrote {args.plot}", file=sys.stderr)
+        answer(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
+               shown=args.top_k or min(SHOWN, top), top=top, html=args.html, output=args.output, qrels=args.qrels,
+               tag=args.tag, measures=measures)
 
 
 if __name__ == "__main__":

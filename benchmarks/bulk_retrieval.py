@@ -65,7 +65,7 @@ def end_to_end(config, args) -> list:
 
 def sr_only(config, args, docs) -> None:
     """SR queries/s: one query per call vs one batch, CPU scorer and device path, on the documents' real unions."""
-    from cfir_jax.retrieve.sr_scorer import unique_sorted
+    from cfir_jax.search.topk import unique_sorted
 
     r = _retriever(config, args.workdir, sr_backend="cpu")
     queries = r.query_encoder.encode([d.summary for d in docs])

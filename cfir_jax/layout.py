@@ -9,7 +9,7 @@
     W/entity_index/    top-K images of every entity (cfir_jax.index.entity_index)
     W/image_text/      [N, D] embeddings of each cached image's own text, for fused SR (cfir_jax.index.image_text)
     W/entity_text_match/  per entity, the images whose own text names it (cfir_jax.index.entity_text_match)
-    W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.retrieve.sr_scorer)
+    W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.search.compact)
     W/sr_compact_fused/  the same for fused SR: a compact copy of the rows [image, image text]
     W/reranker/        the fitted re-ranker of SR's top-N, beyond the paper (cfir_jax.retrieve.reranker)
     W/index.json       what index.py built: the encoder used, stage summaries

@@ -12,8 +12,8 @@ from conftest import ROOT
 
 from cfir_jax.cli import load_config_file
 from cfir_jax.errors import CfirError
-from cfir_jax.index.knn import exact_topk
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.search.topk import exact_topk
 
 CONFIG = "configs/demo.py:tiny"
 
@@ -185,7 +185,7 @@ def test_stale_compact_copy_is_rebuilt_when_the_cache_changes(workdir, config, t
     """Another cache of the same shape (e.g. re-encoded at 384 px) must not be scored with the old int8 codes."""
     import shutil
 
-    from cfir_jax.retrieve.sr_scorer import CompactCache
+    from cfir_jax.search.compact import CompactCache
 
     w = tmp_path / "W"
     shutil.copytree(workdir, w)
@@ -560,3 +560,33 @@ def test_index_built_by_another_model_is_refused(workdir, tmp_path, config):
     doc.write_text("Jeffrey Baker visited the pier.")
     proc = _run("retrieve.py", "--index", str(other), "--query", str(doc), check=False)
     assert proc.returncode == 2 and "model_fingerprint" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_compare_k_prints_table4_from_one_index_and_a_cut_equals_an_index_built_at_that_k(workdir, config, tmp_path):
+    """--compare-k: full CFIR at each K from the one (exact, K = 20) index; retrieving with retrieval.k=8 equals
+    retrieving from an index built at K = 8 (hits and scores); a K above the built one is refused before retrieval."""
+    import shutil
+
+    proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--compare-k", "20,4,8")
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("row "))
+    body = lines[head + 2 : head + 5]
+    cells = [re.split(r"\s{2,}", line) for line in body]
+    assert [c[0] for c in cells] == ["full CFIR, K = 4", "full CFIR, K = 8", "full CFIR, K = 20"]
+    cands = [float(c[7].replace(",", "")) for c in cells]
+    assert cands == sorted(cands) and cands[0] < cands[-1]
+    assert "ER: exact top-20 per entity (the paper's)" in proc.stdout
+    bad = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--compare-k", "8,21", check=False)
+    assert bad.returncode == 2 and "retrieval.k=21" in bad.stderr and "built with K=20" in bad.stderr
+
+    w8 = tmp_path / "W8"
+    shutil.copytree(workdir, w8)
+    _run("index.py", "--config", CONFIG, "--workdir", str(w8), "--config.index.entity_index.k=8")
+    cut = config.copy_and_resolve_references()
+    cut.retrieval.k = 8
+    docs = Retriever(config, workdir).corpus_documents("test")
+    a, b = Retriever(cut, workdir).retrieve_many(docs), Retriever(config, w8).retrieve_many(docs)
+    for x, y in zip(a, b):
+        assert [h.image_id for h in x.hits] == [h.image_id for h in y.hits]
+        np.testing.assert_allclose([h.score for h in x.hits], [h.score for h in y.hits], rtol=1e-6)
+        assert x.num_candidates == y.num_candidates

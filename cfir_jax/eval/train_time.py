@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 from pathlib import Path
 
 TIMING_FILE = "timing.jsonl"
@@ -39,6 +40,21 @@ def hardware_label(devices) -> str:
     if all(d.platform == "cpu" for d in devices):
         label += f" ({os.cpu_count()} cores)"
     return label
+
+
+class SegmentTimer:
+    """One process's segment of the log: started with `start_segment`, then `log(step)` at every logged step; a
+    disabled timer (another process, nothing left to train) writes nothing."""
+
+    def __init__(self, run_dir: Path, step: int, hardware: str, steps_per_epoch: int, enabled: bool = True):
+        self.run_dir, self.enabled = Path(run_dir), enabled
+        if enabled:
+            start_segment(self.run_dir, step, hardware, steps_per_epoch)
+        self.t0 = time.time()
+
+    def log(self, step: int) -> None:
+        if self.enabled:
+            log_step(self.run_dir, step, time.time() - self.t0)
 
 
 def start_segment(run_dir: Path, step: int, hardware: str, steps_per_epoch: int) -> None:
