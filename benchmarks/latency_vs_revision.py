@@ -129,7 +129,7 @@ def end_to_end(args, pkgs: dict[str, str]) -> None:
         r.retrieve(docs[v][0])  # warm-up: models loaded, encoders compiled
     wall = interleaved({v: (lambda i, v=v, r=r: results[v].append(r.retrieve(docs[v][i]))) for v, r in
                         retrievers.items()}, list(range(1, len(docs["new"]))))
-    for stage in ("er", "score", "hits"):
+    for stage in results["new"][0].times_ms:
         print(line(f"Retriever, per document: {stage}",
                    {v: [x.times_ms[stage] / 1e3 for x in results[v]] for v in pkgs}))
     print(line("Retriever, per document: retrieve(doc) wall (encoding included)", wall))
@@ -154,6 +154,7 @@ def main() -> None:
     p.add_argument("--naive-queries", type=int, default=10, help="queries of the exact SR and the device path")
     p.add_argument("--exact-queries", type=int, default=3, help="whole-cache searches (about a second each at 1M)")
     p.add_argument("--workdir", help="a built demo workdir: the Retriever end to end")
+    p.add_argument("--part", choices=("sr", "e2e", "both"), default="both", help="e2e needs --workdir")
     p.add_argument("--split", default="test")
     p.add_argument("--docs", type=int, default=100)
     args = p.parse_args()
@@ -163,8 +164,9 @@ def main() -> None:
         pkgs = {"base": base_package(args.base, Path(tmp)), "new": "cfir_jax"}
         print(f"base: {args.base} (as cfir_jax_base), new: this checkout; {args.n_images:,} x {args.dim} float16, "
               f"top-{args.k}")
-        sr_stages(args, pkgs)
-        if args.workdir:
+        if args.part in ("sr", "both"):
+            sr_stages(args, pkgs)
+        if args.workdir and args.part in ("e2e", "both"):
             end_to_end(args, pkgs)
     print(f"load average (1/5/15 min) at the end: {load_averages()}")
 

@@ -44,6 +44,7 @@ from cfir_jax.search.compact import CompactCache, build_compact, compact_in_memo
 from cfir_jax.search.cpu_sr import SRScorer, StageTimes
 from cfir_jax.search.device_sr import DeviceCache, has_accelerator
 from cfir_jax.search.topk import exact_topk, unique_sorted
+from cfir_jax.store import save_npy_atomic
 
 GOAL_P50_MS = 5.0  # the project's target for SR on 2 CPU cores (the paper's GPU figure is 4.7 ms)
 PAPER_MS_PER_QUERY = 4.7  # CFIR-L's reported retrieval time per query (the CFIR paper, Table 3)
@@ -88,9 +89,7 @@ def load_cache(args) -> np.ndarray:
     if not path.exists():
         t = time.perf_counter()
         cache = synthetic_embeddings(args.n_images, args.dim, dtype=np.float16)
-        tmp = path.with_name(path.name + ".partial.npy")
-        np.save(tmp, cache)
-        os.replace(tmp, path)
+        save_npy_atomic(path, cache)
         print(f"generated and saved {path} in {time.perf_counter() - t:.1f}s")
         return aligned_copy(cache)
     try:

@@ -6,15 +6,16 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "cfir_jax"
 
 # Stage of each part of the package, in pipeline order. A module may import its own stage and earlier ones only.
-# The floor (errors, store contract, workdir layout, config defaults, CLI helpers) and evaluation (pure metrics, TREC
-# I/O and the comparison rows, used by the trainer's validation and retrieval) sit below everything; the search layer
-# (exact top-k, the SR scorers, the device-resident cache, the fused view) sits on the floor, below the index that
-# builds with it and the retrieval that scores with it; training and retrieval are siblings over the index; the
-# index runner (`cfir_jax.index.runner`, inside index/ by its place) is the runner over the whole build (it calls
-# the index stages and the synthetic world's caption pretraining), so it ranks above them.
+# The floor (errors, the store contract and its integrity checks, faults, the writer lock, the workdir layout, config
+# defaults, CLI helpers) and evaluation (pure metrics, TREC I/O and the comparison rows, used by the trainer's
+# validation and retrieval) sit below everything; the search layer (exact top-k, the SR scorers, the device-resident
+# cache, the fused view) sits on the floor, below the index that builds with it and the retrieval that scores with it;
+# training and retrieval are siblings over the index; the index runner (`cfir_jax.index.runner`, inside index/ by its
+# place) is the runner over the whole build (it calls the index stages and the synthetic world's caption pretraining),
+# so it ranks above them.
 RANKS = {"floor": 0, "eval": 0, "search": 1, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3,
          "runner": 4}
-FLOOR = {"errors", "store", "layout", "config", "cli", "progress", "hosts"}
+FLOOR = {"errors", "store", "layout", "config", "cli", "progress", "hosts", "faults", "integrity", "workdir_lock"}
 RUNNER = "cfir_jax.index.runner"
 # Retrieval reads stores and the model: these builders are never its business.
 NOT_FOR_RETRIEVAL = (RUNNER, "cfir_jax.train")

@@ -35,8 +35,17 @@ from cfir_jax.errors import CfirError
 from cfir_jax.index.candidate_search import BACKENDS, CandidateSearcher, measure_recall, shared_searcher
 from cfir_jax.index.entities import entity_key
 from cfir_jax.index.knn import ScannConfig, ScannSearcher
+from cfir_jax.integrity import check_csr
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
+from cfir_jax.store import (
+    StoreError,
+    atomic_dir,
+    check_manifest,
+    read_manifest,
+    save_npy_atomic,
+    write_json_atomic,
+    write_manifest,
+)
 
 KIND = "entity_index"
 VERSION = 2
@@ -122,13 +131,6 @@ def _chunk_files(work: Path, c: int) -> tuple[Path, Path, Path]:
     return work / f"{name}.candidates.npy", work / f"{name}.scores.npy", work / f"{name}.done"
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-    os.replace(tmp, path)
-
-
 def _fill_chunks(
     work: Path,
     n: int,
@@ -149,9 +151,9 @@ def _fill_chunks(
             continue
         a, b = c * chunk_size, min(n, (c + 1) * chunk_size)
         s, i = search(np.asarray(embed(a, b), np.float32))
-        _save_npy(cand_path, np.asarray(i, np.int32))
+        save_npy_atomic(cand_path, np.asarray(i, np.int32))
         if keep_scores:
-            _save_npy(score_path, np.asarray(s, np.float16))
+            save_npy_atomic(score_path, np.asarray(s, np.float16))
         # Marked only after the rows are on disk: a crash before this line redoes the chunk, never skips it.
         done_path.touch()
         if on_chunk is not None:
@@ -315,6 +317,7 @@ class EntityIndex:
                 f"{directory}: offsets {offsets.shape} / candidates {cand.shape} / vocab {len(vocab)} disagree with "
                 f"the manifest ({e} entities, {m} candidates, K={manifest['k']}); rebuild it"
             )
+        check_csr(offsets, cand, manifest.get("n_images"), directory)
         return cls(directory, manifest, vocab, offsets, cand, scores)
 
     @property

@@ -148,7 +148,7 @@ def import_precomputed(
     n = corpus.num_images
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
     have = np.zeros(n, bool)
-    dim = None
+    dim, max_norm = None, 0.0
     with atomic_dir(out_dir) as tmp:
         full = None
         for ids, emb in chunks:
@@ -159,6 +159,7 @@ def import_precomputed(
                 full = np.lib.format.open_memmap(tmp / "all_rows.npy", mode="w+", dtype=dtype, shape=(n, dim))
             rows = _chunk_rows(source, corpus, ids, emb, dim, row_of, have)
             full[rows] = emb.astype(dtype)
+            max_norm = max(max_norm, float(np.linalg.norm(emb.astype(np.float32), axis=1).max(initial=0.0)))
             have[rows] = True
         if dim is None:
             raise CfirError(f"{source}: no embedding rows")
@@ -185,5 +186,6 @@ def import_precomputed(
         write_lists(tmp, ids_kept, skipped)
         write_manifest(tmp, KIND, FORMAT_VERSION, **expected, dim=dim, compute_dtype=None, image_size=None,
                        shard_size=None, num_encoded=len(ids_kept), num_skipped=len(skipped),
-                       source=os.fspath(source), build_seconds=round(time.time() - start, 3))
+                       source=os.fspath(source), build_seconds=round(time.time() - start, 3),
+                       max_row_norm=round(max_norm, 6))
     return ImageCache.open(out_dir)

@@ -42,6 +42,7 @@ from cfir_jax.store import (
     atomic_dir,
     check_manifest,
     read_manifest,
+    save_npy_atomic,
     shared_work_dir,
     write_json_atomic,
     write_manifest,
@@ -111,10 +112,7 @@ def build_image_text(
         emb = np.zeros((hi - lo, dim), np.float16)
         if has.any():
             emb[has] = encoder.encode([t for t in texts if t]).astype(np.float16)
-        tmp = work / f".{_chunk(c)}.npy.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, emb)
-        os.replace(tmp, work / f"{_chunk(c)}.npy")
+        save_npy_atomic(work / f"{_chunk(c)}.npy", emb)
         # Written last: its presence marks the chunk complete.
         write_json_atomic(work / f"{_chunk(c)}.json", {"rows": [lo, hi], "has_text": has.tolist()})
         bar.update(hi - lo)

@@ -52,10 +52,10 @@ from cfir_jax.index.index_encoder import (
     scann_config,
     text_positions,
 )
-from cfir_jax.index.stage_report import StageReport, StageRunner
+from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
 from cfir_jax.index.summarizer import make_summarizer
 from cfir_jax.layout import Layout
-from cfir_jax.store import write_json_atomic
+from cfir_jax.store import replace_dir, write_json_atomic
 
 STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
           "entity_text_match")
@@ -137,7 +137,7 @@ def pretrain_encoder(config, layout: Layout) -> str:
     # Publish the encoder under its own name (atomic: the export is complete before the rename), once, on process 0.
     hosts.barrier("encoder_exported")
     if hosts.is_main():
-        os.replace(layout.pretrain / "model", layout.encoder)
+        replace_dir(layout.pretrain / "model", layout.encoder)
     hosts.barrier("encoder_published")
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
@@ -334,11 +334,14 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda t: "skipped: the corpus' images have no text" if t is None else
             f"{t.manifest['num_pairs']:,} (entity, image) pairs, {t.manifest['entities_matched']:,} entities matched, "
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
+    reports += stale_reports(layout, reports, STAGES)
     if hosts.is_main():
+        encoder = encoder_dir(config, layout)
         write_json_atomic(layout.index_json, {
-            "encoder": str(encoder_dir(config, layout) or ""),
+            **layout.record_path("encoder", encoder),  # relative inside W; outside, absolute with its fingerprint
             "config": json.loads(json.dumps(config.to_dict(), default=str)),
-            "stages": [dataclasses.asdict(r) | {"size_bytes": r.size_bytes} for r in reports],
+            "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
+                       for r in reports],
         })
     hosts.barrier("index_done")
     return reports

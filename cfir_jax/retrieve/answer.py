@@ -14,6 +14,7 @@ import ml_collections
 
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.evaluation import evaluation_sr, print_notes, write_and_score
+from cfir_jax.retrieve.methods import METHODS
 from cfir_jax.retrieve.pipeline import Retriever, run_of
 from cfir_jax.retrieve.queries import read_queries, read_query
 
@@ -44,6 +45,6 @@ def answer(config: ml_collections.ConfigDict, workdir, method: str, *, query: st
         print(f"wrote {html}", file=sys.stderr)
     write_and_score(run_of(results, docs), output, qrels, tag, top, measures)
     if qrels:
-        if method in ("cfir", "entity_only"):
+        if METHODS[method].uses_entities:
             print(report.unknown_summary(results, config.retrieval.unknown_entities))
         print(report.sr_line(config.retrieval, [results]))

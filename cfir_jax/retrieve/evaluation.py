@@ -83,7 +83,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
         print_notes(retriever)
         docs = retriever.corpus_documents(split)
         results = retriever.retrieve_many(docs, progress=True)
-        if row.method in ("cfir", "entity_only") and not unknown_line:  # the same entities for both methods
+        if retriever.methods.uses_entities and not unknown_line:  # the same entities for both methods
             unknown_line = report.unknown_summary(results, row_config.retrieval.unknown_entities)
         all_results.append(results)
         run = run_of(results, docs)

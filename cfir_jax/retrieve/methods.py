@@ -24,12 +24,13 @@ class Method:
 
     name = ""
     uses_entities = False  # opens the entity index; extracts the documents' entities
+    summarizes = False  # scores the document's summary when retrieval.text="summary"
 
     def __init__(self, rcfg):
         self.rcfg = rcfg
 
     def uses_summary(self) -> bool:
-        return False
+        return self.summarizes and self.rcfg.text == "summary"
 
     def reads_document(self) -> bool:
         """The document (not a summary) is what gets encoded: the document-trained model is used when there is one."""
@@ -58,9 +59,7 @@ class Cfir(Method):
 
     name = "cfir"
     uses_entities = True
-
-    def uses_summary(self) -> bool:
-        return self.rcfg.text == "summary"
+    summarizes = True
 
     def rank(self, retriever, query, lists, used):
         if lists:
@@ -95,9 +94,7 @@ class DenseSummary(Method):
     """Exact search of the whole cache with the summary's embedding."""
 
     name = "dense_summary"
-
-    def uses_summary(self) -> bool:
-        return self.rcfg.text == "summary"
+    summarizes = True
 
     def rank(self, retriever, query, lists, used):
         return retriever.sr.full_search(query, self.rcfg.top_k), ""

@@ -32,6 +32,7 @@ import numpy as np
 from cfir_jax.config import upgrade
 from cfir_jax.data.corpus import document_text
 from cfir_jax.errors import CfirError
+from cfir_jax.integrity import check_rows, check_scores, row_norm_bound
 from cfir_jax.progress import bar as progress_bar
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
 from cfir_jax.retrieve.methods import METHODS, method_of
@@ -110,6 +111,11 @@ class Retriever:
         self.sr = SRFrontEnd(self.rcfg, self.stores, self.fusion, self.fused)
         self.entities = EntityRanking(config, self.stores, self.sr.exact_search) if self.methods.uses_entities \
             else None
+        # The largest score an intact store allows (unit queries; rows of the recorded norm), and where rows come from.
+        img_norm = row_norm_bound(self.stores.cache.manifest)
+        self.score_bound = abs(self.fusion[0]) * img_norm + abs(self.fusion[1]) if self.fused else img_norm
+        self.score_stores = f"{self.stores.layout.image_cache}" + \
+            (f" or {self.stores.layout.image_text}" if self.fused else "")
         self.measure_agreement = measure_agreement and self.sr_mode == "fast"
         self.third = None  # the third stage, when it runs (re-ranking or collecting its features)
         if cfir and (rerank_features or self.rcfg.rerank.enabled):
@@ -234,6 +240,8 @@ class Retriever:
                       "encode": 1e3 * (t3 - t2) / len(docs)}
         ranked = [self._rank_one(entities[i], queries[i] if queries is not None else None) for i in range(len(docs))]
         self._score_unions(queries, ranked)
+        for r in ranked:  # a damaged row scores NaN or far above 1: refused, never ranked first
+            check_scores(r.ranked[0], self.score_bound, self.score_stores)
         rerank_ms, features = [{}] * len(docs), [None] * len(docs)
         if self.third is not None:
             ordered = [r.ranked for r in ranked]
@@ -251,6 +259,8 @@ class Retriever:
         if self.entities is not None:
             r.lists, r.scores, r.used, r.unknown = self.entities.candidates(entities, self.third is not None)
             r.union = union_of(r.lists)
+            if r.union is not None:
+                check_rows(r.union, len(self.embeddings), self.stores.layout.entity_index)  # sorted: two numbers
         t_er = time.perf_counter()
         r.ranked, r.note = self.methods.rank(self, query, r.lists, r.used)
         r.times_ms = {"er": 1e3 * (t_er - t_start), "score": 1e3 * (time.perf_counter() - t_er)}
@@ -327,7 +337,7 @@ class Retriever:
         entities = EntityStore.open(self.layout.entities, corpus_fingerprint=fp) \
             if self.methods.uses_entities else None
         summaries = SummaryStore.open(self.layout.summaries, corpus_fingerprint=fp) \
-            if self.method in ("cfir", "dense_summary") else None
+            if self.methods.summarizes else None
         # A method that embeds the document reads retrieval.document_fields of it (entities and summaries come from
         # the stores, so the text is read for nothing else).
         fields = self.rcfg.get("document_fields") if self.methods.reads_document() else "all"

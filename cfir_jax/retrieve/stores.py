@@ -74,7 +74,7 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
     document_model = (layout.model_document / "manifest.json").is_file() and reads_document
     if document_model:
         model_dir = layout.model_document
-    encoder_dir = Path(index_info["encoder"]) if index_info.get("encoder") else None
+    encoder_dir = layout.recorded_path(index_info, "encoder")
     untrained = model_dir is None
     if untrained:
         if encoder_dir is None:
