@@ -5,6 +5,7 @@
     python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
                                                                     # (+ the fused row when W/image_text exists,
                                                                     # + the re-ranked row when W/reranker does)
+    python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
     python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
 
@@ -47,6 +48,12 @@ def _flags(p):
     p.add_argument("--output", default="", help="write a TREC run file")
     p.add_argument("--qrels", default="", help="TREC qrels (or AToMiC parquet) to evaluate the run against")
     p.add_argument("--tag", default="cfir", help="run tag of TREC output")
+    p.add_argument("--measures", default="", help="with --evaluate or --qrels: trec_eval (per text, the default), "
+                   "authors (the authors' code: one query per qrels line, chunk means) or both; "
+                   "default retrieval.measures")
+    p.add_argument("--compare-k", default="", metavar="K1,K2,...", help="with --evaluate: full CFIR at each K, the "
+                   "paper's Table 4, from the one index (each a cut of its best-first lists, retrieval.k; refused "
+                   "above the K it was built with)")
 
 
 def _check(args) -> None:
@@ -62,6 +69,17 @@ def _check(args) -> None:
         check_png_name(args.plot)  # before minutes of retrieval, not after
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.compare_k and not args.evaluate:
+        raise CfirError("--compare-k evaluates full CFIR at several K on --evaluate SPLIT; add --evaluate")
+    if args.compare_k and args.compare:
+        raise CfirError("--compare (Table 3) and --compare-k (Table 4) are separate runs; give one")
+    if args.compare_k:
+        from cfir_jax.eval.comparison import parse_ks
+
+        try:
+            args.compare_k = parse_ks(args.compare_k)
+        except ValueError as e:
+            raise CfirError(str(e)) from None
 
 
 @cli_main
@@ -71,6 +89,11 @@ def main():
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
+    from cfir_jax.eval.metrics import MEASURE_SETS
+
+    measures = args.measures or config.retrieval.measures
+    if measures not in MEASURE_SETS:
+        raise CfirError(f"--measures {measures!r}: use one of {', '.join(MEASURE_SETS)}")
     if args.serve:
         from cfir_jax.serve import serve
 
@@ -80,17 +103,21 @@ def main():
 
         print(summary(fit_reranker(config, args.index), args.index))
     elif args.evaluate:
-        from cfir_jax.eval.comparison import comparison_rows, single_row
-        from cfir_jax.retrieve.evaluation import evaluate
+        from cfir_jax.eval.comparison import comparison_rows, k_rows, single_row
+        from cfir_jax.retrieve.evaluation import check_k_rows, evaluate
 
-        rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
-        evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top)
+        if args.compare_k:
+            rows = check_k_rows(args.index, k_rows(args.compare_k))
+        else:
+            rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
+        evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top,
+                 measures=measures)
     else:
         from cfir_jax.retrieve.answer import answer
 
         answer(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                shown=args.top_k or min(SHOWN, top), top=top, html=args.html, output=args.output, qrels=args.qrels,
-               tag=args.tag)
+               tag=args.tag, measures=measures)
 
 
 if __name__ == "__main__":
