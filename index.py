@@ -6,6 +6,7 @@
         --config.tokenizer=beit3.spm
     python index.py --config configs/demo.py --workdir demo_work        # the synthetic world
     python index.py --config ... --workdir W --add-entities new_entities.txt
+    python index.py --config configs/base.py --compile-only --topology v5e:2x4   # image encoding, entity top-K
 
 On several hosts, run the same command on every host (jax.distributed: see cfir_jax/indexing.py).
 """
@@ -25,6 +26,10 @@ def _flags(parser):
 @cli_main
 def main():
     args, config = cli.parse(__doc__.splitlines()[0], _flags)
+    if args.compile_only:
+        from cfir_jax.aot.compile import compile_command
+
+        return compile_command("index", config, args.topology)
     cli.maybe_initialize_distributed()
     from cfir_jax import indexing
     from cfir_jax.hosts import is_main

@@ -6,6 +6,7 @@
                                                                     # (+ the fused row when W/image_text exists,
                                                                     # + the re-ranked row when W/reranker does)
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
+    python retrieve.py --config configs/large.py --compile-only --topology v6e:2x4   # device SR, no TPU needed
 
 Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
 --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
@@ -27,12 +28,15 @@ def _args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                 epilog="The config is the index's own (W/index.json) unless --config is given. "
                                 + overrides_help("--config.retrieval.top_k=100"))
-    p.add_argument("--index", required=True, help="workdir built by index.py (and train.py)")
+    p.add_argument("--index", help="workdir built by index.py (and train.py)")
     p.add_argument("--config", default="", help="config file; default: the config the index was built with")
     what = p.add_mutually_exclusive_group(required=True)
     what.add_argument("--query", help="a plain-text document")
     what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
     what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
+    what.add_argument("--compile-only", action="store_true", help="compile the device SR for --topology (with "
+                      "--config; no TPU needed, no index read) and print each device's memory")
+    p.add_argument("--topology", default="", help="with --compile-only: a TPU topology, e.g. v5e:2x4 or v6e-8")
     what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
                       "(retrieval.rerank) on the train split into W/reranker; enable it with "
                       "--config.retrieval.rerank.enabled=true")
@@ -56,6 +60,16 @@ def main():
     args, overrides = _args()
     from cfir_jax import cli
     from cfir_jax.retrieve import report
+
+    if args.compile_only:
+        if not args.config:
+            raise CfirError("--compile-only needs --config (configs/base.py or configs/large.py)")
+        from cfir_jax.aot.compile import compile_command
+
+        return compile_command("retrieve", cli.apply_overrides(cli.load_config_file(args.config), overrides),
+                               args.topology)
+    if not args.index:
+        raise CfirError("--index W is required: the workdir built by index.py")
 
     if args.format not in report.FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")

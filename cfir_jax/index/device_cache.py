@@ -83,21 +83,53 @@ class DeviceCache:
             raise CfirError(f"device SR needs k >= 1, query_batch >= 1 and increasing positive buckets; got k={k}, "
                             f"query_batch={query_batch}, buckets={buckets}")
         devices = list(devices if devices is not None else jax.local_devices())
-        self.n, self.dim = embeddings.shape
-        self.k, self.buckets, self.query_batch = int(k), tuple(int(b) for b in buckets), int(query_batch)
         jdtype = _DTYPES[dtype]
-        nbytes = self.n * self.dim * jnp.dtype(jdtype).itemsize
+        nbytes = embeddings.shape[0] * embeddings.shape[1] * jnp.dtype(jdtype).itemsize
         if shard is None:
             shard = len(devices) > 1 and not _fits_one_device(nbytes, devices[0])
-        self.mesh = Mesh(np.array(devices if shard else devices[:1]), (AXIS,))
+        self._lay_out(embeddings.shape, k, devices if shard else devices[:1], buckets, query_batch)
+        self.cache = self._put(embeddings, jdtype)
+
+    @classmethod
+    def from_shapes(cls, n: int, dim: int, k: int = 1000, dtype: str = "float16", devices=None,
+                    buckets: tuple[int, ...] = DEFAULT_BUCKETS, query_batch: int = DEFAULT_QUERY_BATCH) -> DeviceCache:
+        """A cache of n x dim rows known by shape alone, row-sharded over `devices` (a TPU topology's, for
+        compile-only): `cache` is an abstract jax.ShapeDtypeStruct; `lower_sr` / `lower_full` lower its programs."""
+        if n < 1 or dim < 1 or dtype not in _DTYPES:
+            raise CfirError(f"device cache from shapes needs n, dim >= 1 and float16/bfloat16, got {n}, {dim}, {dtype}")
+        self = cls.__new__(cls)
+        self._lay_out((n, dim), k, list(devices if devices is not None else jax.local_devices()), buckets, query_batch)
+        sharding = NamedSharding(self.mesh, P(AXIS, None))
+        self.cache = jax.ShapeDtypeStruct((self.rows_per_shard * self.shards, dim), _DTYPES[dtype], sharding=sharding)
+        return self
+
+    def _lay_out(self, shape: tuple[int, int], k: int, devices: list, buckets: tuple[int, ...],
+                 query_batch: int) -> None:
+        self.n, self.dim = int(shape[0]), int(shape[1])
+        self.k, self.buckets, self.query_batch = int(k), tuple(int(b) for b in buckets), int(query_batch)
+        self.mesh = Mesh(np.array(devices), (AXIS,))
         self.shards = self.mesh.size
         # Equal row ranges per shard (the last padded with zero rows, never referenced).
         self.rows_per_shard = math.ceil(self.n / self.shards)
         self.block = min(FULL_SEARCH_BLOCK, self.rows_per_shard)
-        self.cache = self._put(embeddings, jdtype)
         self.traces = 0  # compilations of the SR function (counted at trace time; tests prove buckets reuse them)
         self._sr = jax.jit(self._sr_impl)
         self._full = jax.jit(self._full_impl, static_argnames="k")
+
+    def _abstract(self, *shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
+        """The resident cache and replicated arguments of the given (shape, dtype), as abstract values."""
+        replicated = NamedSharding(self.mesh, P())
+        cache = jax.ShapeDtypeStruct(self.cache.shape, self.cache.dtype, sharding=self.cache.sharding)
+        return [cache] + [jax.ShapeDtypeStruct(s, d, sharding=replicated) for s, d in shapes_dtypes]
+
+    def lower_sr(self, num_queries: int, bucket: int) -> jax.stages.Lowered:
+        """The SR program for `num_queries` queries with unions padded to `bucket`, lowered (not run)."""
+        return self._sr.lower(*self._abstract(((num_queries, self.dim), jnp.float32),
+                                              ((num_queries, bucket), jnp.int32)))
+
+    def lower_full(self, num_queries: int, k: int) -> jax.stages.Lowered:
+        """The exact full-cache top-k program (entity top-K, unseen entities) for `num_queries` queries, lowered."""
+        return self._full.lower(*self._abstract(((num_queries, self.dim), jnp.float32)), k=k)
 
     def _put(self, embeddings: np.ndarray, jdtype) -> jax.Array:
         """Each device receives only its row range (never the whole cache on one device first)."""
