@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
+import re
 import time
+
+import jax
 
 from cfir_jax.aot import programs as programs_lib
 from cfir_jax.aot.topology import Topology, resolve
@@ -54,7 +57,17 @@ HEADER = (f"{'program':<22} {'args':>7} {'out':>7} {'temps':>7} {'total':>7} {'H
 def compile_program(program: programs_lib.Program, topology: Topology) -> Result:
     """Lowers and compiles `program` with the TPU compiler; nothing runs and nothing is allocated."""
     start = time.perf_counter()
-    compiled = program.lower().compile()
+    lowered = program.lower()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        # The TPU compiler itself refuses temporaries beyond the HBM ("... HLO temporaries (1.41T) exceeds
+        # available HBM (15.75G)"): a Result that does not fit, with the temporaries it reported.
+        needed = _reported_bytes(str(e))
+        if "RESOURCE_EXHAUSTED" not in str(e) or needed is None:
+            raise
+        return Result(program.name, topology.name, program.shapes, 0, 0, 0, needed, topology.hbm_bytes,
+                      time.perf_counter() - start, program.knob("temporaries"), program.per_host)
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     args, temps = int(m.argument_size_in_bytes), int(m.temp_size_in_bytes)
@@ -62,6 +75,14 @@ def compile_program(program: programs_lib.Program, topology: Topology) -> Result
     return Result(program.name, topology.name, program.shapes, args, int(m.output_size_in_bytes),
                   int(m.alias_size_in_bytes), temps, topology.hbm_bytes, seconds, program.knob(dominant),
                   program.per_host)
+
+
+def _reported_bytes(message: str) -> int | None:
+    """The first '(1.41T)'-style size in a compiler message, in bytes."""
+    match = re.search(r"\((\d+(?:\.\d+)?)([KMGT])\)", message)
+    if not match:
+        return None
+    return int(float(match.group(1)) * 1024 ** "KMGT".index(match.group(2)) * 1024)
 
 
 def compile_command(command: str, config, topology_name: str, out=print, **options) -> list[Result]:

@@ -38,6 +38,7 @@ class Program:
     lower: Callable[[], jax.stages.Lowered]
     knob: Callable[[str], str]
     per_host: bool = False
+    args: tuple = ()  # the abstract arguments (with their shardings) where the builder holds them
 
 
 REGISTRY: dict[str, dict[str, Callable[..., list[Program]]]] = {"train": {}, "index": {}, "retrieve": {}}
@@ -102,8 +103,9 @@ def train_step(config, topology: Topology, global_batch: int | None = None) -> l
         return (f"raise train.grad_accum_steps (now {tcfg.grad_accum_steps}) or lower train.global_batch "
                 f"(now {b}), or use more chips")
 
+    args = (setup.abstract_state, frozen, batch)
     return [
-        Program("train_step", shapes, lambda: step.lower(setup.abstract_state, frozen, batch), step_knob),
+        Program("train_step", shapes, lambda: step.lower(*args), step_knob, args=args),
         Program("eval_encoder", f"batch {b} x {length} tokens",
                 lambda: encoder.lower(params, frozen, batch["ids"], batch["mask"]),
                 lambda _: "lower train.global_batch (the evaluation batch) or use more chips"),
