@@ -53,6 +53,9 @@ def _devices(name: str, host_bounds: tuple[int, int, int]) -> tuple:
     # libtpu warns about TPU_ACCELERATOR_TYPE / TPU_WORKER_HOSTNAMES when no TPU is attached: harmless, hushed.
     os.environ.setdefault("TPU_STDERR_LOG_LEVEL", "3")
     os.environ.setdefault("TPU_MIN_LOG_LEVEL", "3")
+    # libtpu takes /tmp/libtpu_lockfile for a process that owns TPU chips; compiling owns none, so several processes
+    # (a test and the command it runs, two compile-only jobs) may load it at once.
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
         import libtpu  # noqa: F401
     except ImportError:
