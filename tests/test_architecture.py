@@ -9,8 +9,10 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cfir_jax"
 # The floor (errors, store contract, workdir layout, config defaults, CLI helpers) and evaluation (pure metrics and
 # TREC I/O, used by the trainer's validation) sit below everything; training and retrieval are siblings over the
 # index; `indexing` is the runner over the whole build (it calls the index stages and the synthetic world's caption
-# pretraining).
-RANKS = {"floor": 0, "eval": 0, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3, "indexing": 4}
+# pretraining). `aot` (compile-only) sits above every stage: it compiles their accelerator programs, and no stage
+# imports it (the commands do, for --compile-only).
+RANKS = {"floor": 0, "eval": 0, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3, "indexing": 4,
+         "aot": 5}
 FLOOR = {"errors", "store", "layout", "config", "cli", "progress", "hosts"}
 # Retrieval reads stores and the model: these builders are never its business.
 NOT_FOR_RETRIEVAL = ("cfir_jax.indexing", "cfir_jax.train")
