@@ -119,3 +119,13 @@ def test_large_shardings_match_the_golden_file():
     # FSDP over the 64 chips shards every large trained kernel and both Adam moments.
     kernels = [k for k in table["state"] if k.endswith("kernel")]
     assert kernels and all("fsdp" in table["state"][k] for k in kernels)
+
+
+def test_retrieve_compile_only_needs_a_config_and_index_needs_no_workdir():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "retrieve.py", "--compile-only", "--topology", "v5e:2x2"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--compile-only needs --config" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "index.py", "--config", "configs/base.py:runlocal"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--workdir" in out.stderr  # without --compile-only the workdir is required
