@@ -28,7 +28,7 @@ class Topology:
     chips: int
     devices: tuple
     hosts: int
-    hbm_bytes: int  # per device (a v4 chip shows as two devices, each with half the chip's HBM)
+    hbm_bytes: int  # per device (one device per chip)
 
     @property
     def host_devices(self) -> tuple:
@@ -49,7 +49,7 @@ def libtpu_problem() -> str | None:
 
 
 @functools.cache
-def _devices(name: str, host_bounds: tuple[int, int, int]) -> tuple:
+def _devices(name: str, host_bounds: tuple[int, int, int], chip_config: str = "default") -> tuple:
     # libtpu warns about TPU_ACCELERATOR_TYPE / TPU_WORKER_HOSTNAMES when no TPU is attached: harmless, hushed.
     os.environ.setdefault("TPU_STDERR_LOG_LEVEL", "3")
     os.environ.setdefault("TPU_MIN_LOG_LEVEL", "3")
@@ -64,7 +64,7 @@ def _devices(name: str, host_bounds: tuple[int, int, int]) -> tuple:
     from jax.experimental import topologies
 
     try:
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name="default",
+        desc = topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name=chip_config,
                                             chips_per_host_bounds=host_bounds, num_slices=1)
     except Exception as e:  # noqa: BLE001 - libtpu raises plain RuntimeErrors/XlaRuntimeErrors
         raise CfirError(f"--topology {name}: libtpu does not resolve it ({' '.join(str(e).split())[:200]})") from None
@@ -90,7 +90,8 @@ def resolve(name: str) -> Topology:
         bounds = dims3
     else:
         bounds = tuple(min(d, b) for d, b in zip(dims3, _HOST_CHIPS))
-    devices = _devices(name, bounds)
+    # A v4 chip's two TensorCores as one device (megacore), as jax.make_mesh requires of TPUs after v3.
+    devices = _devices(name, bounds, "megacore" if generation == "v4" else "default")
     hosts = len({d.process_index for d in devices})
     hbm = HBM_GIB[generation] * 2**30 * chips // len(devices)
     return Topology(name, generation, chips, devices, hosts, hbm)
