@@ -6,43 +6,65 @@
         --config.tokenizer=beit3.spm
     python index.py --config configs/demo.py --workdir demo_work        # the synthetic world
     python index.py --config ... --workdir W --add-entities new_entities.txt
+    python index.py --verify --workdir W     # every store against the checksums recorded when it was built
     python index.py --config configs/base.py --compile-only --topology v5e:2x4   # image encoding, entity top-K
 
-On several hosts, run the same command on every host (jax.distributed: see cfir_jax/indexing.py).
+On several hosts, run the same command on every host (jax.distributed: see cfir_jax/index/runner.py).
 """
+
+import sys
 
 from cfir_jax import cli
 from cfir_jax.errors import cli_main
 
 
 def _flags(parser):
-    from cfir_jax.indexing import STAGES
+    from cfir_jax.index.runner import STAGES
 
     parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
                         f"order): {', '.join(STAGES)}; default: all")
     parser.add_argument("--add-entities", default="", help="file of entity texts (one per line) to append")
+    parser.add_argument("--verify", action="store_true", help="re-read every store of --workdir against the "
+                        "checksums recorded when it was built, name each damaged file, build nothing (exit 2 if any)")
 
 
 @cli_main
 def main():
+    if "--verify" in sys.argv[1:]:  # a reader: no config, no lock, no JAX
+        import argparse
+
+        from cfir_jax.integrity import verify_command
+
+        p = argparse.ArgumentParser(description="checks every store of W against its recorded checksums")
+        p.add_argument("--verify", action="store_true", required=True)
+        p.add_argument("--workdir", required=True)
+        sys.exit(verify_command(p.parse_args().workdir))
     args, config = cli.parse(__doc__.splitlines()[0], _flags)
     if args.compile_only:
         from cfir_jax.aot.compile import compile_command
 
         return compile_command("index", config, args.topology)
     cli.maybe_initialize_distributed()
-    from cfir_jax import indexing
+    from cfir_jax import faults, workdir_lock
     from cfir_jax.hosts import is_main
+    from cfir_jax.index import runner
 
-    if args.add_entities:
-        added = indexing.add_entities(config, args.workdir, args.add_entities)
-        if is_main():
-            print(f"added {added} new entities to {args.workdir}/entity_index")
-        return
-    stages = tuple(s for s in args.stages.split(",") if s) or indexing.STAGES
-    reports = indexing.build_index(config, args.workdir, stages)
-    if is_main():  # every process ran every stage; one table
-        print(indexing.report_table(reports))
+    faults.on_sigterm()  # "interrupted during STAGE; rerun to resume", exit 143
+    faults.quiet_library_noise()  # a full disk: one line, not every orbax thread's traceback
+    with workdir_lock.hold(args.workdir):
+        if args.add_entities:
+            from cfir_jax.index.add_entities import add_entities
+
+            added = add_entities(config, args.workdir, args.add_entities)
+            if is_main():
+                print(f"added {added} new entities to {args.workdir}/entity_index")
+            return
+        stages = tuple(s for s in args.stages.split(",") if s) or runner.STAGES
+        reports = runner.build_index(config, args.workdir, stages)
+        if is_main():  # every process ran every stage; one table
+            from cfir_jax.index.stage_report import report_table
+
+            print(report_table(reports))
 
 
 if __name__ == "__main__":

@@ -17,6 +17,13 @@ def main():
 
         return compile_command("train", config, args.topology)
     cli.maybe_initialize_distributed()
+    from cfir_jax import workdir_lock
+
+    with workdir_lock.hold(args.workdir):  # one writer per workdir (process 0 of a job holds it)
+        _train(args, config)
+
+
+def _train(args, config):
     from cfir_jax.layout import Layout
     from cfir_jax.train import trainer
     from cfir_jax.train.data import load_train_data
@@ -30,19 +37,16 @@ def main():
         # Start from the encoder the index was built with, and export with its (frozen) vision tower.
         import json
 
-        encoder = json.loads(layout.index_json.read_text()).get("encoder", "")
+        encoder = layout.recorded_path(json.loads(layout.index_json.read_text()), "encoder")
         if encoder:
-            config.train.init_model = encoder
-            config.train.export_model = config.train.export_model or encoder
+            config.train.init_model = str(encoder)
+            config.train.export_model = config.train.export_model or str(encoder)
     data = load_train_data(config, layout.root)
     result = trainer.train(config, run_dir, data)
     if config.train.export_model and (run_dir / "model").is_dir():
-        import os
-        import shutil
+        from cfir_jax.store import replace_dir
 
-        if model_dir.exists():
-            shutil.rmtree(model_dir)
-        os.replace(run_dir / "model", model_dir)
+        replace_dir(run_dir / "model", model_dir)
     if result.already_trained:
         print(f"train: already trained to step {result.start_step} ({run_dir}/checkpoints); nothing to do")
     print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())))

@@ -155,7 +155,7 @@ def sr_rows(sizes: Sizes) -> list[dict]:
     """Device SR ms/query over a resident float16 cache: one query per call, and sizes.sr_queries per call."""
     from common import random_unit_embeddings
 
-    from cfir_jax.index.device_cache import DeviceCache
+    from cfir_jax.search.device_sr import DeviceCache
 
     rng = np.random.default_rng(0)
     cache = np.empty((sizes.cache_rows, sizes.cache_dim), np.float16)

@@ -60,12 +60,34 @@ def end_to_end(config, args) -> list:
     print(f"  one at a time: {len(fresh) / t_loop:8.2f} documents/s  ({t_loop:.1f} s)")
     print(f"  bulk (batches of {args.batch_size}, {args.entity_workers} spaCy worker(s)): {len(fresh) / t_bulk:8.2f} "
           f"documents/s  ({t_bulk:.1f} s) -> {t_loop / t_bulk:.2f}x; same hits as the loop: {same}")
+    if args.compare_worker_start and args.entity_workers > 1:
+        worker_start(bulk, fresh, many)
     return stored
+
+
+def worker_start(bulk, fresh, reference) -> None:
+    """Bulk documents/s with spaCy's workers forked from this JAX process (the old way: Python warns it may
+    deadlock) against started from a forkserver (the default now), alternating, two runs each."""
+    from cfir_jax.index import entities
+
+    rates: dict[str, list[float]] = {"fork": [], "forkserver": []}
+    same = True
+    for _ in range(2):
+        for method in rates:
+            entities.WORKER_START = method
+            t0 = time.perf_counter()
+            out = bulk.retrieve_many(fresh)
+            rates[method].append(len(fresh) / (time.perf_counter() - t0))
+            same &= all([h.row for h in a.hits] == [h.row for h in b.hits] for a, b in zip(out, reference))
+    entities.WORKER_START = "forkserver"
+    best = {m: max(r) for m, r in rates.items()}
+    print(f"  spaCy workers, bulk documents/s (best of 2, alternating): fork {best['fork']:.2f}, forkserver "
+          f"{best['forkserver']:.2f} -> forkserver / fork = {best['forkserver'] / best['fork']:.3f}; same hits: {same}")
 
 
 def sr_only(config, args, docs) -> None:
     """SR queries/s: one query per call vs one batch, CPU scorer and device path, on the documents' real unions."""
-    from cfir_jax.retrieve.sr_scorer import unique_sorted
+    from cfir_jax.search.topk import unique_sorted
 
     r = _retriever(config, args.workdir, sr_backend="cpu")
     queries = r.query_encoder.encode([d.summary for d in docs])
@@ -106,6 +128,8 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=64)
     p.add_argument("--entity-workers", type=int, default=2)
+    p.add_argument("--compare-worker-start", action="store_true", help="also time bulk retrieval with spaCy's "
+                   "workers forked (the old way) against started from a forkserver")
     args = p.parse_args()
     if min(args.docs, args.batch_size, args.entity_workers) < 1:
         raise CfirError("--docs, --batch-size and --entity-workers must be >= 1")

@@ -23,9 +23,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 from common import hardware_description
 
-from cfir_jax.index.image_text import FusedRows, fused_queries
 from cfir_jax.index.knn import synthetic_embeddings
-from cfir_jax.retrieve.sr_scorer import SRScorer, build_compact, exact_top_k
+from cfir_jax.search.compact import build_compact
+from cfir_jax.search.cpu_sr import SRScorer
+from cfir_jax.search.fused import FusedRows, fused_queries
+from cfir_jax.search.topk import exact_top_k
 
 
 def main() -> None:

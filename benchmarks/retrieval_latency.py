@@ -12,7 +12,7 @@ Part 1 (SR, synthetic): each query is a document with 10 entities, each bringing
 pass over the compact copy, shortlist, exact float16 re-rank) runs interleaved across thread counts, query by query,
 so load from other jobs hits every variant alike. Then, on the same queries and cache: the plain numpy baseline
 (gather the unique float16 rows, cast, matmul, top-k; also the reference for agreement), every unique candidate
-through the scorer's exact kernels, the jitted JAX gather + dot, the device path (`cfir_jax.index.device_cache`:
+through the scorer's exact kernels, the jitted JAX gather + dot, the device path (`cfir_jax.search.device_sr`:
 the cache resident on the JAX devices, jitted exact SR, one query per call and batched; on CPU when no accelerator is
 present, with the paper's 4.7 ms/query as a reference line when one is), and exact search of the whole cache (fewer
 queries: seconds each at 4M). Prints ms/query p50/p95/min, where the scorer's time goes, ratios, and the top-k
@@ -39,22 +39,18 @@ import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
 from cfir_jax.errors import CfirError, cli_main
-from cfir_jax.index.device_cache import DeviceCache, has_accelerator
-from cfir_jax.index.knn import exact_topk, synthetic_embeddings
-from cfir_jax.retrieve.sr_scorer import (
-    CompactCache,
-    SRScorer,
-    StageTimes,
-    build_compact,
-    compact_in_memory,
-    unique_sorted,
-)
+from cfir_jax.index.knn import synthetic_embeddings
+from cfir_jax.search.compact import CompactCache, build_compact, compact_in_memory
+from cfir_jax.search.cpu_sr import SRScorer, StageTimes
+from cfir_jax.search.device_sr import DeviceCache, has_accelerator
+from cfir_jax.search.topk import exact_topk, unique_sorted
+from cfir_jax.store import save_npy_atomic
 
 GOAL_P50_MS = 5.0  # the project's target for SR on 2 CPU cores (the paper's GPU figure is 4.7 ms)
 PAPER_MS_PER_QUERY = 4.7  # CFIR-L's reported retrieval time per query (the CFIR paper, Table 3)
 GOAL_AGREEMENT = 0.99  # ... with the final top-1000 agreeing this well with exact scoring of the same candidates
 # XLA's CPU client aliases a host buffer instead of copying it when it is 64-byte aligned: the JAX baseline then
-# scores the same 6 GB cache without a second copy, and knn.exact_topk's blocks are not copied either (measured
+# scores the same 6 GB cache without a second copy, and exact_topk's blocks are not copied either (measured
 # 0.5-1.3 s vs 3.6-4.3 s per query over 1M x 768 float16 for an array 16 bytes off alignment, numpy's default).
 _XLA_ALIGN = 64
 
@@ -93,9 +89,7 @@ def load_cache(args) -> np.ndarray:
     if not path.exists():
         t = time.perf_counter()
         cache = synthetic_embeddings(args.n_images, args.dim, dtype=np.float16)
-        tmp = path.with_name(path.name + ".partial.npy")
-        np.save(tmp, cache)
-        os.replace(tmp, path)
+        save_npy_atomic(path, cache)
         print(f"generated and saved {path} in {time.perf_counter() - t:.1f}s")
         return aligned_copy(cache)
     try:
@@ -249,14 +243,23 @@ def sr_benchmark(args) -> None:
             total[t].append(time.perf_counter() - t0)
             cpu[t].append(time.process_time() - c0)
     load_sr = load_averages()
+    base = time_baselines(args, cache, queries, docs, tops, sizes, all_exact)
+    print(f"load average (1/5/15 min) before the SR loop {load_start}, after it {load_sr}, at the end "
+          f"{load_averages()} ({os.cpu_count()} cpus: above {os.cpu_count()} other jobs share the cores)")
+    print_sr_results(args, compact, scorers, total, cpu, times, base)
+
+
+def time_baselines(args, cache, queries, docs, tops, sizes, all_exact) -> dict:
+    """The baselines on the same queries, after the scorer's timed loop (see sr_benchmark); returns their seconds
+    per query and their agreement with the plain numpy reference."""
     # The baselines after the timed loop: their 85 MB gathers would evict the caches and TLB entries the scorer's
     # next query finds warm in a pipeline that only runs SR. The plain numpy one is also the agreement reference.
-    numpy_t, agree = [], {t: [] for t in scorers}
+    numpy_t, agree = [], {t: [] for t in tops}
     for i, (q, ids) in enumerate(zip(queries, docs)):
         t0 = time.perf_counter()
         ref = plain_numpy_topk(cache, q, ids, args.k)
         numpy_t.append(time.perf_counter() - t0)
-        for t in scorers:
+        for t in tops:
             agree[t].append(len(np.intersect1d(ref, tops[t][i])) / len(ref))
     all_exact_t = []
     for q, ids in list(zip(queries, docs))[: args.naive_queries]:
@@ -279,9 +282,17 @@ def sr_benchmark(args) -> None:
         t0 = time.perf_counter()
         exact_topk(q[None], cache, args.k)
         exact_t.append(time.perf_counter() - t0)
+    return dict(agree=agree, numpy=numpy_t, all_exact=all_exact_t, jax=jax_t, jax_agree=jax_agree, device=device_t,
+                device_batch=device_batch_s, device_agree=device_agree, exact=exact_t)
 
-    print(f"load average (1/5/15 min) before the SR loop {load_start}, after it {load_sr}, at the end "
-          f"{load_averages()} ({os.cpu_count()} cpus: above {os.cpu_count()} other jobs share the cores)")
+
+def print_sr_results(args, compact, scorers, total, cpu, times, base: dict) -> None:
+    """The SR stage's report: the scorer per thread count, where its time goes, its agreement, the baselines' ratios
+    and the goals."""
+    agree, numpy_t, all_exact_t, jax_t = base["agree"], base["numpy"], base["all_exact"], base["jax"]
+    device_t, device_batch_s, device_agree, exact_t = base["device"], base["device_batch"], base["device_agree"], \
+        base["exact"]
+    jax_agree = base["jax_agree"]
     best = min(scorers, key=lambda t: np.median(total[t]))
     for t in scorers:
         print(timed_line(f"SR  SRScorer (compact {compact.dims}d int8, shortlist {args.shortlist}, {t} thread(s))",
@@ -313,7 +324,7 @@ def sr_benchmark(args) -> None:
             print(f"  device path p50 vs the paper's {PAPER_MS_PER_QUERY} ms/query: "
                   f"{np.median(device_t) * 1e3 / PAPER_MS_PER_QUERY:.2f}x")
     if exact_t:
-        print("  " + timed_line("exact full-cache search (knn.exact_topk)", exact_t, sr50))
+        print("  " + timed_line("exact full-cache search (search.topk.exact_topk)", exact_t, sr50))
     worst = min(np.min(agree[t]) for t in scorers)
     print(f"goal SR p50 <= {GOAL_P50_MS:g} ms: {'met' if sr50 <= GOAL_P50_MS else 'NOT met'} ({sr50:.2f} ms); "
           f"goal top-{args.k} agreement >= {GOAL_AGREEMENT:.0%}: "

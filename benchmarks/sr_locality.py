@@ -29,7 +29,9 @@ from common import hardware_description  # also puts the repository root on sys.
 from retrieval_latency import load_cache, load_compact, pct
 
 from cfir_jax.errors import CfirError, cli_main
-from cfir_jax.retrieve.sr_scorer import CompactCache, SRScorer, unique_sorted
+from cfir_jax.search.compact import CompactCache
+from cfir_jax.search.cpu_sr import SRScorer
+from cfir_jax.search.topk import unique_sorted
 
 _CHUNK = 65536
 

@@ -42,8 +42,11 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
 
 
 def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
-    """The config an index was built with (recorded in W/index.json by index.py)."""
+    """The config an index was built with (recorded in W/index.json by index.py), with the fields added since it was
+    recorded filled in (`cfir_jax.config.upgrade`: the one place that happens)."""
     import json
+
+    from cfir_jax.config import upgrade
 
     path = Path(workdir) / "index.json"
     if not Path(workdir).is_dir():
@@ -51,9 +54,10 @@ def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     if not path.is_file():
         raise CfirError(f"{workdir}: incomplete index (no index.json); run index.py to finish it")
     try:
-        return ml_collections.ConfigDict(json.loads(path.read_text())["config"])
+        config = ml_collections.ConfigDict(json.loads(path.read_text())["config"])
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
         raise CfirError(f"{path}: unreadable; run index.py again") from None
+    return upgrade(config)
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> ml_collections.ConfigDict:
@@ -87,20 +91,35 @@ def overrides_help(example: str = "--config.train.lr=3e-4") -> str:
             "file; an unknown field is an error).")
 
 
-def parse(description: str, add_arguments=None, argv: list[str] | None = None):
-    """Parses `--config`, `--workdir`, the tool's own flags and config overrides; returns (args, config)."""
-    parser = argparse.ArgumentParser(description=description, epilog=overrides_help())
-    parser.add_argument("--config", required=True, help="config file, e.g. configs/base.py or configs/demo.py:tiny")
-    parser.add_argument("--workdir", help="directory holding the stores (see cfir_jax/layout.py)")
+def parse(description: str, add_arguments=None, argv: list[str] | None = None, *, workdir_flag: str = "--workdir",
+          config_from_workdir: bool = False, check_args=None, example: str = "--config.train.lr=3e-4"):
+    """Parses `--config`, the workdir flag, the tool's own flags and config overrides; returns (args, config), the
+    config locked. config_from_workdir: --config is optional and defaults to the config the workdir was built with
+    (upgraded, `workdir_config`); check_args(args): the tool's own flag checks, run before any config is read."""
+    epilog = "The config is the index's own (W/index.json) unless --config is given. " if config_from_workdir else ""
+    parser = argparse.ArgumentParser(description=description, epilog=epilog + overrides_help(example))
+    if config_from_workdir:
+        parser.add_argument("--config", default="", help="config file; default: the config the index was built with")
+        parser.add_argument(workdir_flag, help="workdir built by index.py (and train.py)")
+    else:
+        parser.add_argument("--config", required=True,
+                            help="config file, e.g. configs/base.py or configs/demo.py:tiny")
+        parser.add_argument(workdir_flag, help="directory holding the stores (see cfir_jax/layout.py)")
     add_compile_only_flags(parser)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more: -v this project's progress logs, -vv the libraries' too (orbax, absl)")
     if add_arguments:
         add_arguments(parser)
     args, rest = parser.parse_known_args(argv)
-    if not args.workdir and not args.compile_only:
-        parser.error("the following arguments are required: --workdir")
-    config = apply_overrides(load_config_file(args.config), rest)
+    workdir = getattr(args, workdir_flag.lstrip("-").replace("-", "_"))
+    if args.compile_only and not args.config:
+        parser.error("--compile-only needs --config (e.g. configs/base.py or configs/large.py)")
+    if not args.compile_only and not workdir:
+        parser.error(f"the following arguments are required: {workdir_flag}")
+    if check_args:
+        check_args(args)
+    config = load_config_file(args.config) if args.config else workdir_config(workdir)
+    config = apply_overrides(config, rest)
     config.lock()
     progress.set_log_levels(args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -110,7 +129,7 @@ def parse(description: str, add_arguments=None, argv: list[str] | None = None):
 def add_compile_only_flags(parser: argparse.ArgumentParser) -> None:
     """MaxText's convention: compile the command's accelerator programs for a TPU topology, build and read nothing."""
     parser.add_argument("--compile-only", action="store_true", help="compile this command's accelerator programs "
-                        "for --topology (no TPU needed, no data read) and print each device's memory")
+                        "for --topology (no TPU needed, no workdir or data read) and print each device's memory")
     parser.add_argument("--topology", default="", help="with --compile-only: a TPU topology, e.g. v5e:2x4, v5p:4x4x4 "
                         "(or v4-8, v5e-16, v5p-64, v6e-8)")
 

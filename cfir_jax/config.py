@@ -8,6 +8,7 @@ experiment choice a typed placeholder; `configs/base.py` sets them (the paper's 
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import ml_collections
@@ -22,8 +23,8 @@ MODEL_SIZES = {
     "large": dict(embed_dim=1024, num_layers=24, num_heads=16, ffn_dim=4096),
 }
 
-# AToMiC's image-side text, what an image says about itself (cfir_jax.data.atomic.CAPTION_FIELDS; the config sits
-# below the data package, so the names are repeated here).
+# AToMiC's image-side text columns, what an image says about itself: defined here, on the floor, once; the AToMiC
+# reader (cfir_jax.data.atomic.CAPTION_FIELDS), the synthetic world and the image-text store take them from here.
 IMAGE_TEXT_FIELDS = ("caption_reference_description", "caption_alt_text_description", "caption_attribution_description")
 
 
@@ -259,7 +260,7 @@ def retrieval_config() -> ml_collections.ConfigDict:
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
             # 'device': the cache resident on the local devices, jitted exact SR over batches
-            # (cfir_jax.index.device_cache); 'cpu': the two-pass numpy scorer (cfir_jax.retrieve.sr_scorer);
+            # (cfir_jax.search.device_sr); 'cpu': the two-pass numpy scorer (cfir_jax.search.cpu_sr);
             # 'auto': device when a GPU or TPU is present.
             sr_backend="auto",
             sr_device_dtype="float16",  # or 'bfloat16'
@@ -328,3 +329,32 @@ def defaults(size: str, image_size: int = 224, runlocal: bool = False) -> ml_col
     cfg.index = index_config(runlocal)
     cfg.retrieval = retrieval_config()
     return cfg
+
+
+# What a workdir recorded before a field existed meant, for the experiment fields that have no default
+# (placeholders): SR was the fast scorer, and evaluation always scored exactly.
+_LEGACY_VALUES = {"retrieval": {"sr": "fast", "eval_sr": "exact"}}
+
+
+def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Fills in the fields an older workdir's recorded config lacks (options added since: fusion, rerank, the SR
+    backend...) with their current defaults, recursively, in place; fields it has are never changed. The one place
+    this happens: `cli.workdir_config` applies it when a workdir's config is read, before overrides and the lock."""
+    runlocal = bool(config.get("runlocal", False))
+    sections = {"index": index_config(runlocal), "retrieval": retrieval_config()}
+    with config.unlocked():
+        for name, current in sections.items():
+            if name not in config:
+                config[name] = ml_collections.ConfigDict()
+            _fill(config[name], current, _LEGACY_VALUES.get(name, {}))
+    return config
+
+
+def _fill(node: ml_collections.ConfigDict, current: ml_collections.ConfigDict, legacy: dict) -> None:
+    for key, value in current.items():
+        if key not in node:
+            value = legacy.get(key, value)
+            if value is not None:  # an experiment placeholder with no legacy meaning stays absent
+                node[key] = copy.deepcopy(value)
+        elif isinstance(value, ml_collections.ConfigDict) and isinstance(node[key], ml_collections.ConfigDict):
+            _fill(node[key], value, {})

@@ -83,3 +83,18 @@ def owned_row_chunks(num_rows: int, chunk_rows: int) -> list[tuple[int, int, int
     """(chunk, first row, end row) of every chunk of `chunk_rows` rows that this process owns (`owns`)."""
     return [(c, c * chunk_rows, min(num_rows, (c + 1) * chunk_rows))
             for c in range(-(-num_rows // chunk_rows)) if owns(c)]
+
+
+def from_main(name: str, value: str = "") -> str:
+    """Process 0's `value` on every process (one line of text, e.g. a decision the others must follow); with one
+    process, `value` itself. Every process calls it, in the same order."""
+    if process_count() == 1:
+        return value
+    from jax._src import distributed
+
+    client = distributed.global_state.client
+    key = f"cfir:{name}:{next(_barrier_count)}"
+    if is_main():
+        client.key_value_set(key, value)
+        return value
+    return client.blocking_key_value_get(key, BARRIER_TIMEOUT_S * 1000)

@@ -14,7 +14,7 @@ sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__fil
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 
-from cfir_jax.index.device_cache import DeviceCache  # noqa: E402
+from cfir_jax.search.device_sr import DeviceCache  # noqa: E402
 
 N, D = 1000, 16
 
@@ -133,6 +133,34 @@ def check_full_topk_with_a_partial_last_block():
         want_s, want_r = exact_scores_numpy(cache, q, np.arange(len(cache)), 50)
         np.testing.assert_array_equal(ri, want_r)
         np.testing.assert_array_equal(si, want_s)
+
+
+def check_programs_compile_from_shapes_alone_and_equal_the_cache():
+    """The module-level SR and full search lower from ShapeDtypeStructs (the sharded cache as `abstract_cache`, no
+    array on any device) and, compiled, give the resident cache's own answers."""
+    from cfir_jax.search import device_sr
+
+    cache = grid_cache()
+    dc = DeviceCache(cache, k=20, shard=True, buckets=(256,), query_batch=4)
+    sizes = dict(rows_per_shard=dc.rows_per_shard, mesh=dc.mesh)
+    abstract = device_sr.abstract_cache(N, D, "float16", dc.mesh)
+    assert abstract.shape == dc.cache.shape and abstract.sharding == dc.cache.sharding
+    q_shape = jax.ShapeDtypeStruct((4, D), np.float32)
+    sr = device_sr.device_sr.lower(abstract, q_shape, jax.ShapeDtypeStruct((4, 256), np.int32), k=20,
+                                   **sizes).compile()
+    full = device_sr.device_full_topk.lower(abstract, q_shape, k=7, n=N, block=dc.block, **sizes).compile()
+    queries, unions = int_queries(4), unions_of_sizes([3, 50, 200, 256])
+    ids = np.full((4, 256), -1, np.int32)
+    for j, u in enumerate(unions):
+        ids[j, : len(u)] = u
+    s, rows = sr(dc.cache, jax.numpy.asarray(queries), jax.numpy.asarray(ids))
+    for j, (want_s, want_r) in enumerate(dc.score_batch(queries, unions)):
+        np.testing.assert_array_equal(np.asarray(rows)[j, : len(want_r)], want_r)
+        np.testing.assert_array_equal(np.asarray(s)[j, : len(want_s)], want_s)
+    s, rows = full(dc.cache, jax.numpy.asarray(queries))
+    want_s, want_r = dc.full_topk(queries, 7)
+    np.testing.assert_array_equal(np.asarray(rows), want_r)
+    np.testing.assert_array_equal(np.asarray(s), want_s)
 
 
 def main(out: str) -> None:

@@ -1,6 +1,7 @@
 """Bulk retrieval (batches of documents, spaCy workers, batched SR) and the SR backend switch, on the tiny world."""
 
 import copy
+import os
 
 import numpy as np
 import pytest
@@ -36,7 +37,10 @@ def _fresh_documents(r: Retriever, n: int) -> list[DocumentInput]:
 def test_bulk_batches_with_entity_workers_equal_one_at_a_time(workdir, config):  # noqa: F811
     bulk = Retriever(_with(config, batch_size=3, entity_workers=2, sr_backend="cpu"), workdir)
     docs = _fresh_documents(bulk, 8)  # 9 documents >= 2 batches: spaCy runs in 2 worker processes
+    forks = []
+    os.register_at_fork(before=lambda: forks.append(os.getpid()))  # runs on every os.fork() of this process
     together = bulk.retrieve_many(docs, progress=True)
+    assert forks == [], "spaCy's workers were forked from this (JAX, multithreaded) process"
     single = Retriever(_with(config, sr_backend="cpu"), workdir)
     _same_results(together, [single.retrieve(d) for d in docs])
     assert together[-1].note and all(r.hits for r in together)

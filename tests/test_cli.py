@@ -12,7 +12,7 @@ import pytest
 from conftest import ROOT
 
 from cfir_jax import progress
-from cfir_jax.indexing import STAGES
+from cfir_jax.index.runner import STAGES
 
 
 @pytest.mark.parametrize("command", ["index.py", "train.py", "retrieve.py"])

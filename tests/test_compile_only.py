@@ -74,16 +74,18 @@ def test_base_train_step_compiles_data_parallel_with_replicated_state():
 
 
 def test_device_sr_is_row_sharded_and_its_temporaries_do_not_grow_with_the_cache():
-    from cfir_jax.index.device_cache import DeviceCache
-
-    devices = list(resolve("v5e:2x2").devices)
+    config = load_config_file("configs/base.py:runlocal")
+    config.unlock()
+    config.model.embed_dim = 128  # a multiple of TPU's 128-lane tiles, as 768 and 1024
+    topology = resolve("v5e:2x2")
     memory = {}
     for n in (200_000, 400_000):
-        cache = DeviceCache.from_shapes(n, 128, k=100, dtype="bfloat16", devices=devices, buckets=(4096,))
-        memory[n] = cache.lower_sr(8, 4096).compile().memory_analysis()
+        program = programs_lib.device_sr(config, topology, n, "bfloat16", query_batches=(8,))[0]
+        memory[n] = program.lower().compile().memory_analysis()
     for n, m in memory.items():
         shard = n // 4 * 128 * 2  # the cache is never gathered onto one chip: each holds its quarter of the rows
-        assert shard <= m.argument_size_in_bytes <= shard + 2**20
+        replicated = 8 * programs_lib.UNION_BUCKET * 4 + 8 * 128 * 4  # the union ids and the queries
+        assert shard <= m.argument_size_in_bytes <= shard + replicated + 65536
     assert memory[400_000].temp_size_in_bytes == memory[200_000].temp_size_in_bytes
 
 

@@ -94,3 +94,34 @@ def test_image_text_fields_of_the_config_are_atomics_caption_columns():
     from cfir_jax.data.atomic import CAPTION_FIELDS
 
     assert IMAGE_TEXT_FIELDS == tuple(CAPTION_FIELDS)
+
+
+def test_upgrade_fills_what_an_older_workdir_lacks_and_changes_nothing_it_has(tmp_path):
+    """A recorded config from before fusion, rerank and the SR backend existed reads with their current defaults, in
+    one place (cli.workdir_config); what it recorded stays; a current config is left as it is."""
+    import json
+
+    from cfir_jax.cli import workdir_config
+    from cfir_jax.config import index_config, retrieval_config, upgrade
+    from configs.demo import get_config
+
+    current = get_config("tiny")
+    old = current.to_dict()
+    for key in ("fusion", "rerank", "sr_backend", "sr", "entity_text_match", "batch_size"):
+        del old["retrieval"][key]
+    del old["index"]["image_text"]
+    old["retrieval"]["top_k"] = 77
+    (tmp_path / "index.json").write_text(json.dumps({"config": old}, default=str))
+    config = workdir_config(tmp_path)
+    defaults = retrieval_config()
+    assert config.retrieval.fusion.to_dict() == defaults.fusion.to_dict()
+    assert config.retrieval.rerank.to_dict() == defaults.rerank.to_dict()
+    assert config.retrieval.sr_backend == "auto" and config.retrieval.batch_size == defaults.batch_size
+    assert config.retrieval.sr == "fast"  # what a workdir without the field meant: the fast scorer
+    assert config.retrieval.entity_text_match is False
+    # the section's defaults, not the experiment's choices (an index built before the stage existed has none)
+    assert config.index.image_text.to_dict() == index_config(bool(current.runlocal)).image_text.to_dict()
+    assert config.retrieval.top_k == 77  # recorded: kept
+    again = upgrade(config.copy_and_resolve_references())
+    assert again.to_dict() == config.to_dict()
+    assert upgrade(current.copy_and_resolve_references()).to_dict() == current.to_dict()

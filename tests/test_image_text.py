@@ -9,10 +9,13 @@ import pytest
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.index.device_cache import DeviceCache
 from cfir_jax.index.image_cache import ImageCache
-from cfir_jax.index.image_text import FusedRows, ImageTextCache, build_image_text, fused_queries, image_text
-from cfir_jax.retrieve.sr_scorer import SRScorer, build_compact, exact_top_k
+from cfir_jax.index.image_text import ImageTextCache, build_image_text, image_text
+from cfir_jax.search.compact import build_compact
+from cfir_jax.search.cpu_sr import SRScorer
+from cfir_jax.search.device_sr import DeviceCache
+from cfir_jax.search.fused import FusedRows, fused_queries
+from cfir_jax.search.topk import exact_top_k
 from cfir_jax.store import StoreError
 
 D = 8

@@ -142,7 +142,7 @@ def test_atomic_corpus_has_the_judged_documents_and_images(atomic):
 
 def test_small_setting_takes_the_documents_and_images_of_the_chosen_split(atomic, tmp_path):
     from cfir_jax.cli import load_config_file
-    from cfir_jax.indexing import build_corpus
+    from cfir_jax.index.runner import build_corpus
     from cfir_jax.layout import Layout
 
     fx = atomic["fx"]
@@ -204,10 +204,10 @@ def test_atomic_entity_index_covers_the_vocabulary_with_exact_top_k(atomic):
     from cfir_jax.index.entity_index import EntityIndex
     from cfir_jax.index.entity_store import EntityStore
     from cfir_jax.index.image_cache import ImageCache
-    from cfir_jax.index.knn import exact_topk
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import Beit3Tokenizer
+    from cfir_jax.search.topk import exact_topk
 
     work = atomic["work"]
     store = EntityStore.open(work / "entities")
@@ -378,10 +378,10 @@ def test_unknown_stage_is_a_one_line_error(atomic, tmp_path):
 def test_add_entities_appends_exact_candidates(atomic, tmp_path):
     from cfir_jax.index.entity_index import EntityIndex
     from cfir_jax.index.image_cache import ImageCache
-    from cfir_jax.index.knn import exact_topk
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import Beit3Tokenizer
+    from cfir_jax.search.topk import exact_topk
 
     work = tmp_path / "W"
     shutil.copytree(atomic["work"], work)

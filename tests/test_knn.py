@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from cfir_jax.errors import CfirError
-from cfir_jax.index.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k, synthetic_embeddings
+from cfir_jax.index.knn import ScannConfig, ScannSearcher, recall_at_k, synthetic_embeddings
+from cfir_jax.search.topk import exact_topk
 
 
 def _numpy_topk(queries, database, k):

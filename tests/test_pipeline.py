@@ -12,8 +12,8 @@ from conftest import ROOT
 
 from cfir_jax.cli import load_config_file
 from cfir_jax.errors import CfirError
-from cfir_jax.index.knn import exact_topk
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.search.topk import exact_topk
 
 CONFIG = "configs/demo.py:tiny"
 
@@ -185,7 +185,7 @@ def test_stale_compact_copy_is_rebuilt_when_the_cache_changes(workdir, config, t
     """Another cache of the same shape (e.g. re-encoded at 384 px) must not be scored with the old int8 codes."""
     import shutil
 
-    from cfir_jax.retrieve.sr_scorer import CompactCache
+    from cfir_jax.search.compact import CompactCache
 
     w = tmp_path / "W"
     shutil.copytree(workdir, w)

@@ -90,8 +90,8 @@ def test_retrievers_features_equal_a_plain_recomputation(workdir, config):  # no
     """Every column of the features the retriever computes for SR's top-N, recomputed from the stores and the model
     itself: summary and document embeddings, the document's token outputs, ER lists and scores, the image text."""
     from cfir_jax.index.image_text import ImageTextCache
-    from cfir_jax.index.knn import exact_topk
     from cfir_jax.model import checkpoint
+    from cfir_jax.search.topk import exact_topk
 
     r = Retriever(_with(config), workdir, rerank_features=True)
     assert r.rerank_feature_names == BASE_FEATURES + ("txt", "has_txt")  # the tiny world has image text

@@ -11,7 +11,7 @@ import pytest
 import sr_device_worker
 
 from cfir_jax.errors import CfirError
-from cfir_jax.index.device_cache import DeviceCache, bucket_size
+from cfir_jax.search.device_sr import DeviceCache, bucket_size
 
 WORKER = str(Path(__file__).parent / "sr_device_worker.py")
 CHECKS = sorted(n for n in vars(sr_device_worker) if n.startswith("check_"))

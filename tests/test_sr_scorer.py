@@ -6,16 +6,10 @@ import numpy as np
 import pytest
 
 from cfir_jax.errors import CfirError
-from cfir_jax.index.knn import exact_topk, synthetic_embeddings
-from cfir_jax.retrieve.sr_scorer import (
-    CompactCache,
-    SRScorer,
-    StageTimes,
-    build_compact,
-    compact_in_memory,
-    exact_top_k,
-    unique_sorted,
-)
+from cfir_jax.index.knn import synthetic_embeddings
+from cfir_jax.search.compact import CompactCache, build_compact, compact_in_memory
+from cfir_jax.search.cpu_sr import SRScorer, StageTimes
+from cfir_jax.search.topk import exact_top_k, exact_topk, unique_sorted
 from cfir_jax.store import StoreError
 
 
@@ -172,14 +166,14 @@ def test_unique_sorted_matches_numpy_unique():
 
 def test_float16_cast_without_torch_is_exact(monkeypatch):
     """The exact pass works without PyTorch (JAX users): the lookup-table cast equals numpy's astype bit for bit."""
-    import cfir_jax.retrieve.sr_scorer as sr
+    import cfir_jax.search.topk as sr
 
     src = np.random.default_rng(0).normal(size=(70, 33)).astype(np.float16)
     src[0, :4] = [0.0, -0.0, np.float16(6e-8), np.inf]  # zeros, a subnormal, inf
     for torch_module in (None, sr.torch):
         monkeypatch.setattr(sr, "torch", torch_module)
         dst = np.empty(src.shape, np.float32)
-        sr._cast_f16(src, dst)
+        sr.cast_f16(src, dst)
         np.testing.assert_array_equal(dst, src.astype(np.float32))
 
 
@@ -187,7 +181,7 @@ def test_float16_cast_without_torch_is_exact(monkeypatch):
 def test_float16_cast_stays_under_torchs_parallel_threshold(monkeypatch, width):
     """torch parallelises a copy above 32,768 values, and its thread pool then fights the scorer's threads (a fused
     row is 1536 wide: 32 rows at a time crossed it). Every copy must stay at or under the threshold, and be exact."""
-    import cfir_jax.retrieve.sr_scorer as sr
+    import cfir_jax.search.topk as sr
 
     if sr.torch is None:
         pytest.skip("PyTorch is not installed: the lookup-table cast has no thread pool")
@@ -201,7 +195,7 @@ def test_float16_cast_stays_under_torchs_parallel_threshold(monkeypatch, width):
     monkeypatch.setattr(sr.torch, "from_numpy", recording)
     src = np.random.default_rng(0).normal(size=(128, width)).astype(np.float16)
     dst = np.empty(src.shape, np.float32)
-    sr._cast_f16(src, dst)
+    sr.cast_f16(src, dst)
     np.testing.assert_array_equal(dst, src.astype(np.float32))
     assert sizes and max(sizes) <= 32768, max(sizes)
 

@@ -356,8 +356,8 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
     document text, 'authors' the text plus the lists; the manifest says which, and a change rebuilds the store."""
     from atomic_fixtures import write_atomic_fixture
 
-    from cfir_jax import indexing
     from cfir_jax.data.atomic import build_atomic_corpus
+    from cfir_jax.index import runner as indexing
     from cfir_jax.layout import Layout
     from configs.base import experiment
 

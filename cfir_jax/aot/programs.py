@@ -23,7 +23,7 @@ from cfir_jax.aot.topology import Topology
 CACHE_ROWS = {"base": 4_000_000, "large": 11_019_202}
 UNION_BUCKET = 65_536
 SR_QUERY_BATCHES = (1, 8, 64)
-# Entity queries per call of the exact full-cache top-K (device_cache._query_block's largest block).
+# Entity queries per call of the exact full-cache top-K (search.device_sr's largest query block).
 ENTITY_QUERY_BLOCK = 256
 
 
@@ -137,17 +137,37 @@ def image_encoding(config, topology: Topology, image_size: int | None = None) ->
                     lambda _: f"lower index.image_cache.batch_size (now {ic.batch_size})", per_host=True)]
 
 
-def _device_cache(config, topology: Topology, rows: int | None, dtype: str | None):
-    from cfir_jax.index.device_cache import DeviceCache
+@dataclasses.dataclass
+class _Cache:
+    """The resident cache of a topology's host, by shape alone (search.device_sr's abstract_cache and mesh)."""
 
-    r = config.retrieval
+    n: int
+    dim: int
+    dtype: str
+    mesh: jax.sharding.Mesh
+    abstract: jax.ShapeDtypeStruct
+
+    @property
+    def shards(self) -> int:
+        return self.mesh.size
+
+    def describe(self) -> str:
+        return f"cache {self.n:,} x {self.dim} {self.dtype} over {self.shards} devices"
+
+    def replicated(self, shape, dtype) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, P()))
+
+
+def _device_cache(config, topology: Topology, rows: int | None, dtype: str | None) -> _Cache:
+    from cfir_jax.search import device_sr as dsr
+
     n = int(rows or CACHE_ROWS["large" if config.model.embed_dim >= 1024 else "base"])
-    return DeviceCache.from_shapes(n, config.model.embed_dim, k=r.top_k, dtype=dtype or r.sr_device_dtype,
-                                   devices=list(topology.host_devices), buckets=tuple(r.sr_buckets),
-                                   query_batch=r.sr_query_batch)
+    dtype = dtype or config.retrieval.sr_device_dtype
+    mesh = dsr.make_mesh(list(topology.host_devices), shard=True)  # row-sharded over the host's devices
+    return _Cache(n, config.model.embed_dim, dtype, mesh, dsr.abstract_cache(n, config.model.embed_dim, dtype, mesh))
 
 
-def _cache_knob(cache, dominant: str) -> str:
+def _cache_knob(cache: _Cache, dominant: str) -> str:
     if dominant == "arguments":
         return (f"the {cache.n:,} x {cache.dim} cache is row-sharded over {cache.shards} devices: use more chips per "
                 "host (the cache dtype is already 2 bytes)")
@@ -158,19 +178,32 @@ def _cache_knob(cache, dominant: str) -> str:
 def entity_topk(config, topology: Topology, cache_rows: int | None = None, cache_dtype: str | None = None
                 ) -> list[Program]:
     """The exact entity top-K over the whole resident cache (the index's accelerator backend), per host."""
+    from cfir_jax.search import device_sr as dsr
+
     cache = _device_cache(config, topology, cache_rows, cache_dtype)
     k = int(config.index.entity_index.k)
-    return [Program("entity_topk", f"{ENTITY_QUERY_BLOCK} entities, K={k}, cache {cache.n:,} x {cache.dim} "
-                    f"{cache.cache.dtype} over {cache.shards} devices",
-                    lambda: cache.lower_full(ENTITY_QUERY_BLOCK, k), lambda d: _cache_knob(cache, d), per_host=True)]
+    r = dsr.rows_per_shard(cache.n, cache.shards)
+    queries = cache.replicated((ENTITY_QUERY_BLOCK, cache.dim), jnp.float32)
+    lower = lambda: dsr.device_full_topk.lower(cache.abstract, queries, k=k, n=cache.n, rows_per_shard=r,  # noqa
+                                               block=min(dsr.FULL_SEARCH_BLOCK, r), mesh=cache.mesh)
+    return [Program("entity_topk", f"{ENTITY_QUERY_BLOCK} entities, K={k}, {cache.describe()}", lower,
+                    lambda d: _cache_knob(cache, d), per_host=True)]
 
 
 @register("retrieve", "device_sr")
 def device_sr(config, topology: Topology, cache_rows: int | None = None, cache_dtype: str | None = None,
               query_batches: tuple[int, ...] = SR_QUERY_BATCHES) -> list[Program]:
     """The device SR (summary scores the entity-candidate union) over the resident cache, per host."""
+    from cfir_jax.search import device_sr as dsr
+
     cache = _device_cache(config, topology, cache_rows, cache_dtype)
-    return [Program(f"device_sr_q{q}", f"{q} queries x union {UNION_BUCKET:,}, cache {cache.n:,} x {cache.dim} "
-                    f"{cache.cache.dtype} over {cache.shards} devices",
-                    (lambda q=q: cache.lower_sr(q, UNION_BUCKET)), lambda d: _cache_knob(cache, d), per_host=True)
+    r = dsr.rows_per_shard(cache.n, cache.shards)
+
+    def lower(q: int):
+        return dsr.device_sr.lower(cache.abstract, cache.replicated((q, cache.dim), jnp.float32),
+                                   cache.replicated((q, UNION_BUCKET), jnp.int32), k=int(config.retrieval.top_k),
+                                   rows_per_shard=r, mesh=cache.mesh)
+
+    return [Program(f"device_sr_q{q}", f"{q} queries x union {UNION_BUCKET:,}, {cache.describe()}",
+                    (lambda q=q: lower(q)), lambda d: _cache_knob(cache, d), per_host=True)
             for q in query_batches]

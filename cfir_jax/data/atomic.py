@@ -22,16 +22,17 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from cfir_jax.config import IMAGE_TEXT_FIELDS
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.progress import bar as progress_bar
 
+CAPTION_FIELDS = IMAGE_TEXT_FIELDS  # the image text columns
 SETTINGS = ("small", "base", "large")
 TEXT_FIELDS = ("page_title", "section_title", "context_page_description", "context_section_description")
 # The section's list columns, kept in the document records' metadata (the authors' summariser input appends them).
 LIST_FIELDS = ("category", "media", "hierachy")  # (sic) AToMiC's spelling
-CAPTION_FIELDS = ("caption_reference_description", "caption_alt_text_description", "caption_attribution_description")
 QRELS_COLUMNS = ("text_id", "image_id")  # plus "rel" when present (the published qrels are binary)
 BATCH_ROWS = 1024
 IMAGE_BATCH_ROWS = 128  # image rows carry WebP bytes; keep a batch to a few MB

@@ -40,7 +40,6 @@ Ground truth: `Document.entities` lists the entities the text mentions (relevant
 from __future__ import annotations
 
 import dataclasses
-import io
 import os
 import tempfile
 from pathlib import Path
@@ -48,10 +47,12 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax import progress
-from cfir_jax.data.atomic import CAPTION_FIELDS
+from cfir_jax.config import IMAGE_TEXT_FIELDS as CAPTION_FIELDS
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
+from cfir_jax.data.synthetic_pictures import IMAGE_SIZE, render_image  # noqa: F401 (IMAGE_SIZE: the pictures' side)
 from cfir_jax.errors import CfirError
+from cfir_jax.model.tokenizer import train_tokenizer
 
 NAME = "synthetic"
 
@@ -114,7 +115,6 @@ FILLER_TEMPLATES = (
 # Persons take what the place and organisation pools (1,000 names each) leave; 60 x 60 person names cover it.
 MAX_ENTITIES = 5000
 CAPTION_TEMPLATES = ("A photo of {}.", "A picture showing {}.", "An old photograph of {}.", "A view of {}.")
-IMAGE_SIZE = 96  # px, square: small enough for 5,000 PNGs in a few seconds, large enough to read the initials
 # Bump when the pictures change, so a corpus generated with older pixels is regenerated instead of reused.
 RENDER_VERSION = 1
 # The image-side text's own random stream (see the docstring), and its version: a corpus generated before images
@@ -231,54 +231,6 @@ def _filler_sentence(rng: np.random.Generator, nouns: list[str]) -> str:
 def _caption(rng: np.random.Generator, names: list[str]) -> str:
     listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
     return CAPTION_TEMPLATES[rng.integers(len(CAPTION_TEMPLATES))].format(listed)
-
-
-def _hsv(hue: float, saturation: float, value: float) -> tuple[int, int, int]:
-    import colorsys
-
-    return tuple(int(255 * c) for c in colorsys.hsv_to_rgb(hue % 1.0, saturation, value))
-
-
-def _initials(name: str) -> str:
-    words = [w for w in name.split() if w[0].isupper()]
-    return "".join(w[0] for w in words[:2]) or name[:2]
-
-
-def render_image(entities: list[Entity], members: list[int], topic: int, image_index: int, seed: int) -> bytes:
-    """The picture of one image: PNG bytes [IMAGE_SIZE, IMAGE_SIZE, 3], a pure function of its arguments.
-
-    The background hue follows the topic; each depicted entity (`members`, indices into `entities`) is a shape
-    by kind (circle person, triangle place, square organisation) filled with the entity's colour (hue by golden
-    ratio over the entity index, so neighbours differ) and labelled with its initials. A small per-image jitter
-    (its own generator, not the world's, so adding pixels changed no other draw) keeps images of one entity from
-    being byte-identical.
-    """
-    from PIL import Image as PILImage
-    from PIL import ImageDraw
-
-    jitter = np.random.default_rng([seed, image_index]).integers(-6, 7, (len(members), 2))
-    canvas = PILImage.new("RGB", (IMAGE_SIZE, IMAGE_SIZE), _hsv(topic * 0.137, 0.25, 0.95))
-    draw = ImageDraw.Draw(canvas)
-    # Slots for 1, 2 or 3 shapes: (centre x, centre y, radius) as fractions of the side.
-    slots = {1: [(0.5, 0.5, 0.36)], 2: [(0.3, 0.35, 0.26), (0.7, 0.65, 0.26)],
-             3: [(0.28, 0.3, 0.22), (0.72, 0.3, 0.22), (0.5, 0.72, 0.22)]}[len(members)]
-    for (cx, cy, r), e, (dx, dy) in zip(slots, members, jitter):
-        x, y, rad = cx * IMAGE_SIZE + dx, cy * IMAGE_SIZE + dy, r * IMAGE_SIZE
-        ent = entities[e]
-        fill = _hsv(e * 0.618034, 0.75, 0.55 + 0.3 * ((e * 7) % 3) / 2)
-        if ent.kind == "person":
-            draw.ellipse((x - rad, y - rad, x + rad, y + rad), fill=fill, outline=(30, 30, 30))
-        elif ent.kind == "place":
-            draw.polygon([(x, y - rad), (x - rad, y + 0.8 * rad), (x + rad, y + 0.8 * rad)], fill=fill,
-                         outline=(30, 30, 30))
-        else:
-            draw.rectangle((x - 0.85 * rad, y - 0.85 * rad, x + 0.85 * rad, y + 0.85 * rad), fill=fill,
-                           outline=(30, 30, 30))
-        draw.text((x, y + (0.2 * rad if ent.kind == "place" else 0)), _initials(ent.name), fill=(255, 255, 255),
-                  anchor="mm", stroke_width=1, stroke_fill=(0, 0, 0))
-    out = io.BytesIO()
-    canvas.save(out, format="PNG", optimize=False, compress_level=6)
-    return out.getvalue()
 
 
 def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
@@ -401,36 +353,6 @@ def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: 
                 texts[CAPTION_FIELDS[2]] = (f"Photograph by {persons[rng.integers(len(persons))]}",)
         out.append(dataclasses.replace(img, texts=texts))
     return out
-
-
-def train_tokenizer(texts: list[str], path: str | os.PathLike, vocab_size: int, seed: int = 0) -> int:
-    """Trains a sentencepiece unigram model on `texts` with beit3.spm's ids (<unk>=0 <s>=1 </s>=2, no pad).
-
-    `vocab_size` is an upper bound: the synthetic lexicon (~1,100 distinct words) supports only ~700 unigram
-    pieces, and sentencepiece stops there. Returns the size reached.
-    """
-    import sentencepiece as spm
-
-    # Sentences, not whole documents: sentencepiece skips inputs longer than max_sentence_length bytes.
-    sentences = [s.strip() for t in texts for s in t.split(". ") if s.strip()]
-    spm.set_random_generator_seed(seed)
-    model = io.BytesIO()
-    spm.SentencePieceTrainer.train(
-        sentence_iterator=iter(sentences),
-        model_writer=model,
-        vocab_size=vocab_size,
-        model_type="unigram",
-        unk_id=0,
-        bos_id=1,
-        eos_id=2,
-        pad_id=-1,
-        character_coverage=1.0,
-        hard_vocab_limit=False,  # a tiny world has fewer pieces than the vocab asked for
-        num_threads=1,  # one thread: the same seed must give the same model
-        minloglevel=2,
-    )
-    Path(path).write_bytes(model.getvalue())
-    return spm.SentencePieceProcessor(model_proto=model.getvalue()).vocab_size()
 
 
 def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConfig()) -> Corpus:

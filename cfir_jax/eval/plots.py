@@ -6,6 +6,7 @@ import os
 from collections.abc import Mapping
 
 from cfir_jax.errors import CfirError
+from cfir_jax.store import atomic_file
 
 # Cut-offs of the curve: log-spaced from 1 to the 1,000 hits a run holds (trec_eval's recall.k at each).
 RECALL_KS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1000)
@@ -48,11 +49,10 @@ def plot_recall_curves(curves: Mapping[str, list[float]], path: str | os.PathLik
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(loc="upper left", fontsize="small")  # recall is low at small k: the upper left stays empty
     fig.tight_layout()
-    tmp = path + ".tmp.png"
     try:
-        fig.savefig(tmp)
+        with atomic_file(path) as f:
+            fig.savefig(f, format="png")
     except OSError as e:
         raise CfirError(f"--plot {path}: cannot write ({e.strerror})") from None
     finally:
         plt.close(fig)
-    os.replace(tmp, path)

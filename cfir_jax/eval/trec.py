@@ -225,14 +225,8 @@ def _checked_hits(path: Path, qid: str, pairs: Iterable) -> tuple[list[str], lis
 
 def _write_text_atomic(path: Path, lines: list[str]) -> None:
     """Writes `lines` to a temporary file beside `path` and renames it over `path`: readers never see half a file."""
+    from cfir_jax.store import atomic_file
+
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    try:
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(lines)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    with atomic_file(path, "w", encoding="utf-8") as f:
+        f.writelines(lines)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
@@ -97,12 +98,18 @@ def entity_key(text: str) -> str:
     return normalize_entity(text).casefold()
 
 
+# How spaCy's worker processes start (see `_workers_without_fork`); benchmarks/bulk_retrieval.py sets "fork" to
+# measure the old way against it.
+WORKER_START = "forkserver"
+
+
 class EntityExtractor:
     """Finds, normalises and de-duplicates the entities of documents with a spaCy pipeline.
 
-    `batch_size` is nlp.pipe's batch; `n_process` > 1 forks worker processes (worth it for millions of documents,
-    not for tests). Texts longer than the pipeline's `max_length` are cut there rather than refused: a section of a
-    million characters is an extraction error upstream, and its first million characters hold plenty of entities.
+    `batch_size` is nlp.pipe's batch; `n_process` > 1 starts worker processes from a forkserver, never by forking
+    this (possibly multithreaded JAX) process (worth it for millions of documents, not for tests). Texts longer
+    than the pipeline's `max_length` are cut there rather than refused: a section of a million characters is an
+    extraction error upstream, and its first million characters hold plenty of entities.
     """
 
     def __init__(
@@ -133,12 +140,17 @@ class EntityExtractor:
 
     def entities_of_doc(self, doc) -> list[str]:
         """Entity surface forms of one parsed spaCy Doc, unique by `entity_key`, in order of first mention."""
+        return self._entities_of_docs([doc])
+
+    def _entities_of_docs(self, docs) -> list[str]:
+        """As `entities_of_doc` over the consecutive parsed segments of one text."""
         seen: dict[str, str] = {}  # key -> first surface form, in insertion order
-        for ent in doc.ents:
-            if ent.label_ in self._label_set:
-                name = normalize_entity(ent.text)
-                if name:
-                    seen.setdefault(entity_key(name), name)
+        for doc in docs:
+            for ent in doc.ents:
+                if ent.label_ in self._label_set:
+                    name = normalize_entity(ent.text)
+                    if name:
+                        seen.setdefault(entity_key(name), name)
         return list(seen.values())
 
     def extract(self, texts: Iterable[str]) -> Iterator[list[str]]:
@@ -152,5 +164,58 @@ class EntityExtractor:
                     raise CfirError(f"document #{i}: text is {kind}, expected str; fix the corpus reader")
                 yield text[:max_chars]
 
-        for doc in self.nlp.pipe(checked(texts), batch_size=self.batch_size, n_process=self.n_process):
-            yield self.entities_of_doc(doc)
+        pieces = ((segment, i) for i, text in enumerate(checked(texts)) for segment in segments(text, SEGMENT_CHARS))
+        current, parsed = 0, []
+        with _workers_without_fork(self.n_process):
+            for doc, i in self.nlp.pipe(pieces, as_tuples=True, batch_size=self.batch_size,
+                                        n_process=self.n_process):
+                while i != current:  # every segment of text `current` is parsed
+                    yield self._entities_of_docs(parsed)
+                    current, parsed = current + 1, []
+                parsed.append(doc)
+        if parsed:
+            yield self._entities_of_docs(parsed)
+
+
+# A text longer than this is parsed in segments cut at paragraph (else line, else sentence-like) boundaries: spaCy's
+# memory grows with the Doc (a 200 KB text took 600 MB), a segment's stays bounded. Documents are a few KB: one segment.
+SEGMENT_CHARS = 50_000
+
+
+def segments(text: str, size: int = SEGMENT_CHARS) -> list[str]:
+    """`text` in consecutive pieces of at most about `size` characters, cut after the last paragraph break, line
+    break or ". " before the limit (mid-word only when there is none); one piece when it is short."""
+    pieces = []
+    while len(text) > size:
+        cut = max(text.rfind("\n\n", 0, size), -1)
+        for sep in ("\n", ". ", " "):
+            if cut > size // 2:
+                break
+            cut = text.rfind(sep, 0, size)
+        cut = cut + 1 if cut > 0 else size
+        pieces.append(text[:cut])
+        text = text[cut:]
+    pieces.append(text)
+    return pieces
+
+
+@contextlib.contextmanager
+def _workers_without_fork(n_process: int) -> Iterator[None]:
+    """spaCy starts its `n_process` workers from the `multiprocessing` module's default context: on Linux a fork
+    of this process, which after JAX started its threads can deadlock (Python warns so). Inside this block its
+    workers start from a forkserver instead (a clean single-threaded server process forks them); they unpickle the
+    pipeline they are given, so their output is the same. As with any spawn or forkserver start, a script that
+    reaches this needs the `if __name__ == "__main__":` guard (the commands and benchmarks have it)."""
+    if n_process <= 1:
+        yield
+        return
+    import multiprocessing
+
+    import spacy.language
+
+    default = spacy.language.mp
+    spacy.language.mp = multiprocessing.get_context(WORKER_START)
+    try:
+        yield
+    finally:
+        spacy.language.mp = default

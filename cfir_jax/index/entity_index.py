@@ -32,18 +32,27 @@ import numpy as np
 
 from cfir_jax import hosts
 from cfir_jax.errors import CfirError
+from cfir_jax.index.candidate_search import BACKENDS, CandidateSearcher, measure_recall, shared_searcher
 from cfir_jax.index.entities import entity_key
-from cfir_jax.index.knn import ScannConfig, ScannSearcher, exact_topk, recall_at_k
+from cfir_jax.index.knn import ScannConfig, ScannSearcher
+from cfir_jax.integrity import check_csr
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, write_json_atomic, write_manifest
+from cfir_jax.store import (
+    StoreError,
+    atomic_dir,
+    check_manifest,
+    read_manifest,
+    save_npy_atomic,
+    write_json_atomic,
+    write_manifest,
+)
 
 KIND = "entity_index"
 VERSION = 2
-BACKENDS = ("scann", "exact")
 log = logging.getLogger(__name__)
 
 
-def _check_inputs(texts: Sequence[str], embeddings: np.ndarray | None, images: np.ndarray) -> None:
+def check_inputs(texts: Sequence[str], embeddings: np.ndarray | None, images: np.ndarray) -> None:
     """Shapes and unique texts; `embeddings` None: they are computed later, chunk by chunk (an encode function)."""
     if embeddings is not None and (embeddings.ndim != 2 or embeddings.shape[0] != len(texts)):
         raise CfirError(
@@ -75,56 +84,7 @@ def _fingerprint_inputs(texts: Sequence[str], embeddings: np.ndarray | None, **p
     return h.hexdigest()
 
 
-class _Searcher:
-    """One top-K search function over the image cache for either backend."""
-
-    def __init__(self, backend: str, images: np.ndarray, k: int, scann: ScannSearcher | None):
-        self.backend, self.images, self.k, self.scann = backend, images, k, scann
-        self.device = None
-        if backend == "exact":
-            from cfir_jax.index import device_cache as sr_device
-
-            # On a GPU/TPU the cache goes onto the devices once (sharded if it must) instead of block by block.
-            self.device = sr_device.DeviceCache(images) if sr_device.has_accelerator() else None
-
-    def __call__(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        if self.device is not None:
-            return self.device.full_topk(queries, self.k)
-        if self.backend == "exact":
-            return exact_topk(queries, self.images, self.k)
-        return self.scann.search(queries, self.k)
-
-
-def _make_searcher(
-    backend: str, images: np.ndarray, k: int, scann_config: ScannConfig | None, scann_dir: Path | None
-) -> _Searcher:
-    if backend not in BACKENDS:
-        raise CfirError(f"backend={backend!r}: choose one of {BACKENDS}")
-    scann = None
-    if backend == "scann":
-        if scann_dir is not None and (scann_dir / "cfir_scann.json").is_file():
-            scann = ScannSearcher.load(scann_dir)
-        else:
-            scann = ScannSearcher.build(images, k, scann_config)
-            if scann_dir is not None:
-                scann.serialize(scann_dir)
-    return _Searcher(backend, images, k, scann)
-
-
-def _measure_recall(search: _Searcher, embed: Callable[[np.ndarray], np.ndarray], n: int, candidates: Callable,
-                    sample: int) -> float | None:
-    """recall@K of the stored candidates against exact search, on `sample` of the `n` entities drawn with a fixed
-    seed; embed(rows) -> [r, D] float32, candidates(rows) -> [r, K] int32 padded with -1."""
-    if search.backend == "exact":
-        return 1.0
-    if sample <= 0 or n == 0:
-        return None
-    rows = np.sort(np.random.default_rng(0).choice(n, min(sample, n), replace=False))
-    _, exact = exact_topk(np.asarray(embed(rows), np.float32), search.images, search.k)
-    return recall_at_k(np.asarray(candidates(rows)), exact)  # padding (-1) is never in `exact`: counts as a miss
-
-
-def _write_csr(
+def write_csr(
     out: Path,
     blocks: Sequence[tuple[np.ndarray, np.ndarray | None]],
     keep_scores: bool,
@@ -171,18 +131,11 @@ def _chunk_files(work: Path, c: int) -> tuple[Path, Path, Path]:
     return work / f"{name}.candidates.npy", work / f"{name}.scores.npy", work / f"{name}.done"
 
 
-def _save_npy(path: Path, array: np.ndarray) -> None:
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "wb") as f:
-        np.save(f, array)
-    os.replace(tmp, path)
-
-
 def _fill_chunks(
     work: Path,
     n: int,
     embed: Callable[[int, int], np.ndarray],
-    search: _Searcher,
+    search: CandidateSearcher,
     keep_scores: bool,
     chunk_size: int,
     on_chunk: Callable[[int], None] | None,
@@ -198,9 +151,9 @@ def _fill_chunks(
             continue
         a, b = c * chunk_size, min(n, (c + 1) * chunk_size)
         s, i = search(np.asarray(embed(a, b), np.float32))
-        _save_npy(cand_path, np.asarray(i, np.int32))
+        save_npy_atomic(cand_path, np.asarray(i, np.int32))
         if keep_scores:
-            _save_npy(score_path, np.asarray(s, np.float16))
+            save_npy_atomic(score_path, np.asarray(s, np.float16))
         # Marked only after the rows are on disk: a crash before this line redoes the chunk, never skips it.
         done_path.touch()
         if on_chunk is not None:
@@ -255,7 +208,7 @@ def build_entity_index(
     """
     out_dir = Path(out_dir)
     embeddings = None if callable(entity_embeddings) else entity_embeddings
-    _check_inputs(entity_texts, embeddings, image_embeddings)
+    check_inputs(entity_texts, embeddings, image_embeddings)
     n, dim = image_embeddings.shape
     k_requested = int(k)
     k = min(k_requested, n)
@@ -280,7 +233,7 @@ def build_entity_index(
         write_json_atomic(params_path, {"digest": digest})
     hosts.barrier("entity_index_work_dir")
 
-    search = _shared_searcher(backend, image_embeddings, k, scann_config, work / "scann")
+    search = shared_searcher(backend, image_embeddings, k, scann_config, work / "scann")
     e = len(entity_texts)
     if embeddings is not None:
         embed_rows = lambda a, b: embeddings[a:b]  # noqa: E731
@@ -297,12 +250,12 @@ def build_entity_index(
     if hosts.is_main():
         sample = (lambda rows: embeddings[rows]) if embeddings is not None else \
             (lambda rows: entity_embeddings([entity_texts[r] for r in rows]))
-        recall = _measure_recall(search, sample, e, lambda rows: _read_chunks(work, e, chunk_size, rows), recall_sample)
+        recall = measure_recall(search, sample, e, lambda rows: _read_chunks(work, e, chunk_size, rows), recall_sample)
         with atomic_dir(out_dir) as tmp:
             blocks = list(zip(_read_chunks(work, e, chunk_size),
                               _read_chunks(work, e, chunk_size, scores=True) if keep_scores else
                               [None] * -(-e // chunk_size)))
-            n_candidates = _write_csr(tmp, blocks, keep_scores)
+            n_candidates = write_csr(tmp, blocks, keep_scores)
             del blocks
             if keep_searcher and backend == "scann":
                 os.replace(work / "scann", tmp / "scann")
@@ -317,18 +270,6 @@ def build_entity_index(
         shutil.rmtree(work)
     hosts.barrier("entity_index_committed")
     return read_manifest(out_dir, KIND, VERSION)["recall_at_k"]
-
-
-def _shared_searcher(backend: str, images: np.ndarray, k: int, scann_config: ScannConfig | None, scann_dir: Path
-                     ) -> _Searcher:
-    """The one searcher every process uses: for ScaNN, process 0 builds and serializes it into `scann_dir` (once; a
-    resumed build reuses it) and every process, process 0 included, loads that file, so all search with the very
-    same partitions whatever the process count."""
-    if backend == "scann":
-        if hosts.is_main() and not (scann_dir / "cfir_scann.json").is_file():
-            ScannSearcher.build(images, k, scann_config).serialize(scann_dir)
-        hosts.barrier("entity_index_searcher")
-    return _make_searcher(backend, images, k, scann_config, scann_dir if backend == "scann" else None)
 
 
 @dataclasses.dataclass
@@ -373,6 +314,7 @@ class EntityIndex:
                 f"{directory}: offsets {offsets.shape} / candidates {cand.shape} / vocab {len(vocab)} disagree with "
                 f"the manifest ({e} entities, {m} candidates, K={manifest['k']}); rebuild it"
             )
+        check_csr(offsets, cand, manifest.get("n_images"), directory)
         return cls(directory, manifest, vocab, offsets, cand, scores)
 
     @property
@@ -418,61 +360,3 @@ class EntityIndex:
                 raise StoreError(f"{self.directory}: no ScaNN searcher stored; build with backend='scann'")
             self._searcher = ScannSearcher.load(self.directory / "scann")
         return self._searcher
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-links a file tree (cheap, the old index stays valid until the rename), copying where links fail."""
-    if src.is_dir():
-        dst.mkdir()
-        for child in src.iterdir():
-            _link_or_copy(child, dst / child.name)
-        return
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
-def append_entities(
-    directory: str | os.PathLike,
-    new_texts: Sequence[str],
-    new_embeddings: np.ndarray,
-    image_embeddings: np.ndarray,
-    *,
-    expect_fingerprint: str | None = None,
-    scann_config: ScannConfig | None = None,
-    chunk_size: int = 4096,
-) -> int:
-    """Adds entities to an existing index without rebuilding it; texts already indexed are skipped.
-
-    new_embeddings [E', D] f32 rows of new_texts. The old directory is replaced atomically by one holding old and
-    new rows (old rows first), the manifest written last. Returns how many entities were added.
-    """
-    directory = Path(directory)
-    index = EntityIndex.open(directory, expect_fingerprint=expect_fingerprint, expect_dim=image_embeddings.shape[1],
-                             expect_n_images=image_embeddings.shape[0])
-    _check_inputs(new_texts, new_embeddings, image_embeddings)
-    fresh = [i for i, t in enumerate(new_texts) if index.row(t) is None]
-    if not fresh:
-        return 0
-    texts = [new_texts[i] for i in fresh]
-    emb = np.asarray(new_embeddings, np.float32)[fresh]
-    m = index.manifest
-    has_searcher = bool(m.get("has_searcher"))
-    search = _make_searcher(m["backend"], image_embeddings, index.k, scann_config,
-                            directory / "scann" if has_searcher else None)
-    e_old, e_new = len(index), len(texts)
-    # The new rows' padded search results are held in memory: appending is for entity lists, not whole corpora.
-    blocks = []
-    for a in range(0, e_new, chunk_size):
-        scores, rows = search(emb[a : a + chunk_size])
-        blocks.append((rows, scores))
-    with atomic_dir(directory) as tmp:
-        n_candidates = _write_csr(tmp, blocks, bool(m.get("has_scores")), prefix=index)
-        if has_searcher:
-            _link_or_copy(directory / "scann", tmp / "scann")
-        (tmp / "vocab.json").write_text(json.dumps(index.vocab + texts, ensure_ascii=False))
-        fields = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created")}
-        fields.update(n_entities=e_old + e_new, n_candidates=n_candidates, appended=int(m.get("appended", 0)) + e_new)
-        write_manifest(tmp, KIND, VERSION, **fields)
-    return e_new

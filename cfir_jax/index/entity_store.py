@@ -34,6 +34,7 @@ import numpy as np
 from cfir_jax import store
 from cfir_jax.errors import CfirError
 from cfir_jax.index.entities import EntityExtractor, entity_key
+from cfir_jax.integrity import check_csr
 from cfir_jax.store import check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
 
 log = logging.getLogger(__name__)
@@ -188,6 +189,7 @@ class EntityStore:
                     f"{path}: {arrays[name].dtype}{list(arrays[name].shape)} but expected "
                     f"{np.dtype(dtype)}[{size}]; rebuild the entity store"
                 )
+        check_csr(arrays["offsets"], arrays["entity_ids"], num_entities, directory)
         return cls(
             directory=directory,
             manifest=manifest,

@@ -35,8 +35,17 @@ import numpy as np
 from cfir_jax import hosts
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_text import FIELDS, image_text
+from cfir_jax.integrity import check_csr
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, manifest_digest, read_manifest, shared_work_dir, write_manifest
+from cfir_jax.store import (
+    StoreError,
+    atomic_dir,
+    manifest_digest,
+    read_manifest,
+    savez_atomic,
+    shared_work_dir,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
@@ -119,10 +128,7 @@ def build_entity_text_match(
                 found = match_entities(entity_index.vocab, texts, max_words)
                 entity = np.fromiter((e for hits in found for e in hits), np.int64)
                 rows = np.repeat(np.arange(lo, hi, dtype=np.int32), [len(hits) for hits in found])
-                tmp = work / f".chunk-{c:05d}.npz.tmp"
-                with open(tmp, "wb") as f:
-                    np.savez(f, entity=entity, rows=rows)
-                os.replace(tmp, path)  # its presence marks the chunk complete
+                savez_atomic(path, entity=entity, rows=rows)  # its presence marks the chunk complete
             bar.update(hi - lo)
     hosts.barrier("entity_text_match_chunks")
     if hosts.is_main():
@@ -182,6 +188,7 @@ class EntityTextMatch:
             raise StoreError(f"{path}: unreadable ({e.__class__.__name__}); rebuild it with index.py") from None
         if len(offsets) != manifest["num_entities"] + 1 or offsets[-1] != len(rows):
             raise StoreError(f"{path}: offsets and rows disagree with the manifest; rebuild it with index.py")
+        check_csr(offsets, rows, None, path)
         return cls(path, manifest, offsets, rows)
 
     def __len__(self) -> int:

@@ -36,7 +36,7 @@ from cfir_jax.index.image_import import import_precomputed
 from cfir_jax.model.beit3 import DBeit3
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, shared_work_dir, write_json_atomic, write_manifest
+from cfir_jax.store import StoreError, atomic_dir, save_npy_atomic, shared_work_dir, write_json_atomic, write_manifest
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -151,10 +151,7 @@ def _shard_name(shard: int) -> str:
 def _write_shard(work: Path, shard: int, parts: _ShardParts, dim: int, dtype: str) -> None:
     name = _shard_name(shard)
     emb = np.concatenate(parts.embeddings) if parts.embeddings else np.zeros((0, dim), dtype)
-    tmp = work / f".{name}.npy.tmp"
-    with open(tmp, "wb") as f:
-        np.save(f, emb.astype(dtype))
-    os.replace(tmp, work / f"{name}.npy")
+    save_npy_atomic(work / f"{name}.npy", emb.astype(dtype))
     # The json is written last: its presence is what marks the shard complete for a resumed build.
     write_json_atomic(work / f"{name}.json", {"ids": parts.ids, "skipped": parts.skipped})
 

@@ -89,6 +89,45 @@ def _parquet_source(path: Path) -> tuple[list[Path], Iterator[tuple[list[str], n
     return files, chunks()
 
 
+def _open_source(corpus: Corpus, source: str | os.PathLike, ids_path: str | os.PathLike | None):
+    """(files that fingerprint the source, an iterator of (ids, embeddings [n, D]) chunks) of a precomputed source:
+    "corpus" (its own embeddings.npy), a .npy with an ids file, or parquet."""
+    if str(source) == "corpus":
+        emb = corpus.embeddings()
+        if emb is None:
+            raise CfirError(f"{corpus.path}: the corpus has no precomputed embeddings; pass a model or a .npy/parquet")
+        ids, step = corpus.image_ids, 65536
+        return [corpus.path / "embeddings.npy"], ((ids[i : i + step], np.asarray(emb[i : i + step]))
+                                                  for i in range(0, len(ids), step))
+    path = Path(source)
+    if not path.exists():
+        raise CfirError(f"{path}: precomputed embeddings not found; pass a .npy or .parquet file")
+    if path.suffix == ".npy":
+        return _npy_source(path, Path(ids_path) if ids_path is not None else None)
+    if path.suffix == ".parquet" or path.is_dir():
+        return _parquet_source(path)
+    raise CfirError(f"{path}: unknown embeddings format; use a .npy (with ids file) or .parquet file")
+
+
+def _chunk_rows(source, corpus: Corpus, ids: list[str], emb: np.ndarray, dim: int, row_of: dict[str, int],
+                have: np.ndarray) -> np.ndarray:
+    """The corpus rows [n] of one chunk, refused in one line when its dim differs, it holds non-finite values, ids
+    the corpus lacks, or ids seen before."""
+    if emb.shape[1] != dim:
+        raise CfirError(f"{source}: embedding dim {emb.shape[1]} differs from the first rows' {dim}")
+    if not np.isfinite(emb).all():
+        raise CfirError(f"{source}: non-finite values in the embeddings; fix or drop those rows")
+    unknown = [i for i in ids if i not in row_of]
+    if unknown:
+        raise CfirError(f"{source}: {len(unknown)} image ids are not in corpus {corpus.path} (first: "
+                        f"{', '.join(map(repr, unknown[:3]))}); use embeddings of this corpus' images")
+    rows = np.fromiter((row_of[i] for i in ids), np.int64, len(ids))
+    if have[rows].any() or len(np.unique(rows)) != len(rows):
+        dup = next(i for i, c in collections.Counter(ids).items() if c > 1 or have[row_of[i]])
+        raise CfirError(f"{source}: image id {dup!r} has more than one embedding row; keep one per image")
+    return rows
+
+
 def import_precomputed(
     out_dir: Path,
     corpus: Corpus,
@@ -98,23 +137,7 @@ def import_precomputed(
     allow_missing: bool,
 ) -> ImageCache:
     """Writes a cache from existing embeddings, matched to the corpus by image id (rows follow corpus order)."""
-    if str(source) == "corpus":
-        emb = corpus.embeddings()
-        if emb is None:
-            raise CfirError(f"{corpus.path}: the corpus has no precomputed embeddings; pass a model or a .npy/parquet")
-        files = [corpus.path / "embeddings.npy"]
-        ids, step = corpus.image_ids, 65536
-        chunks = ((ids[i : i + step], np.asarray(emb[i : i + step])) for i in range(0, len(ids), step))
-    else:
-        path = Path(source)
-        if not path.exists():
-            raise CfirError(f"{path}: precomputed embeddings not found; pass a .npy or .parquet file")
-        if path.suffix == ".npy":
-            files, chunks = _npy_source(path, Path(ids_path) if ids_path is not None else None)
-        elif path.suffix == ".parquet" or path.is_dir():
-            files, chunks = _parquet_source(path)
-        else:
-            raise CfirError(f"{path}: unknown embeddings format; use a .npy (with ids file) or .parquet file")
+    files, chunks = _open_source(corpus, source, ids_path)
     fp = f"precomputed:{digest_files(files)}"
     expected = dict(fingerprint=fp, dtype=dtype, corpus_images=corpus.num_images,
                     corpus_ids_sha=digest_ids(corpus.image_ids), allow_missing=allow_missing)
@@ -125,7 +148,7 @@ def import_precomputed(
     n = corpus.num_images
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
     have = np.zeros(n, bool)
-    dim = None
+    dim, max_norm = None, 0.0
     with atomic_dir(out_dir) as tmp:
         full = None
         for ids, emb in chunks:
@@ -134,19 +157,9 @@ def import_precomputed(
                 if dim == 0:
                     raise CfirError(f"{source}: embeddings have dimension 0")
                 full = np.lib.format.open_memmap(tmp / "all_rows.npy", mode="w+", dtype=dtype, shape=(n, dim))
-            if emb.shape[1] != dim:
-                raise CfirError(f"{source}: embedding dim {emb.shape[1]} differs from the first rows' {dim}")
-            if not np.isfinite(emb).all():
-                raise CfirError(f"{source}: non-finite values in the embeddings; fix or drop those rows")
-            unknown = [i for i in ids if i not in row_of]
-            if unknown:
-                raise CfirError(f"{source}: {len(unknown)} image ids are not in corpus {corpus.path} (first: "
-                                f"{', '.join(map(repr, unknown[:3]))}); use embeddings of this corpus' images")
-            rows = np.fromiter((row_of[i] for i in ids), np.int64, len(ids))
-            if have[rows].any() or len(np.unique(rows)) != len(rows):
-                dup = next(i for i, c in collections.Counter(ids).items() if c > 1 or have[row_of[i]])
-                raise CfirError(f"{source}: image id {dup!r} has more than one embedding row; keep one per image")
+            rows = _chunk_rows(source, corpus, ids, emb, dim, row_of, have)
             full[rows] = emb.astype(dtype)
+            max_norm = max(max_norm, float(np.linalg.norm(emb.astype(np.float32), axis=1).max(initial=0.0)))
             have[rows] = True
         if dim is None:
             raise CfirError(f"{source}: no embedding rows")
@@ -173,5 +186,6 @@ def import_precomputed(
         write_lists(tmp, ids_kept, skipped)
         write_manifest(tmp, KIND, FORMAT_VERSION, **expected, dim=dim, compute_dtype=None, image_size=None,
                        shard_size=None, num_encoded=len(ids_kept), num_skipped=len(skipped),
-                       source=os.fspath(source), build_seconds=round(time.time() - start, 3))
+                       source=os.fspath(source), build_seconds=round(time.time() - start, 3),
+                       max_row_norm=round(max_norm, 6))
     return ImageCache.open(out_dir)

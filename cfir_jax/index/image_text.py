@@ -16,7 +16,8 @@ Building encodes the image cache's rows in chunks of `chunk_rows` into a work di
 same key resumes after its finished chunks. Across the processes of a jax.distributed run chunk c is encoded by
 process c % P (`hosts.owns`); process 0 merges the chunks inside an `atomic_dir` once all exist.
 
-Readers (retrieval) take `ImageTextCache.open` and `FusedRows`; the builder imports no retrieval or training code.
+Readers (retrieval) take `ImageTextCache.open`; SR reads both caches as one matrix through
+`cfir_jax.search.fused.FusedRows`. The builder imports no retrieval or training code.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cfir_jax import hosts
-from cfir_jax.data.atomic import CAPTION_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
+from cfir_jax.config import IMAGE_TEXT_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
 from cfir_jax.errors import CfirError
 from cfir_jax.progress import bar as progress_bar
 from cfir_jax.store import (
@@ -41,6 +42,7 @@ from cfir_jax.store import (
     atomic_dir,
     check_manifest,
     read_manifest,
+    save_npy_atomic,
     shared_work_dir,
     write_json_atomic,
     write_manifest,
@@ -110,10 +112,7 @@ def build_image_text(
         emb = np.zeros((hi - lo, dim), np.float16)
         if has.any():
             emb[has] = encoder.encode([t for t in texts if t]).astype(np.float16)
-        tmp = work / f".{_chunk(c)}.npy.tmp"
-        with open(tmp, "wb") as f:
-            np.save(f, emb)
-        os.replace(tmp, work / f"{_chunk(c)}.npy")
+        save_npy_atomic(work / f"{_chunk(c)}.npy", emb)
         # Written last: its presence marks the chunk complete.
         write_json_atomic(work / f"{_chunk(c)}.json", {"rows": [lo, hi], "has_text": has.tolist()})
         bar.update(hi - lo)
@@ -182,40 +181,3 @@ class ImageTextCache:
     @property
     def num_with_text(self) -> int:
         return int(self.manifest["num_with_text"])
-
-
-class FusedRows:
-    """A read-only [N, D_img + D_txt] view whose row r is [images[r], texts[r]], gathered on demand.
-
-    With the query [w_img * q, w_txt * q] (`fused_queries`), a plain dot product with a row is the fused score
-    w_img * <q, image> + w_txt * <q, image text>, so every exact scorer (numpy gathers, the device cache, the
-    blocked full search) serves fusion unchanged; with [e, 0] it is the image score alone.
-    """
-
-    def __init__(self, images: np.ndarray, texts: np.ndarray):
-        if images.shape[0] != texts.shape[0]:
-            raise CfirError(f"image text store has {texts.shape[0]} rows but the image cache {images.shape[0]}")
-        self.images, self.texts = images, texts
-        self.shape = (images.shape[0], images.shape[1] + texts.shape[1])
-        self.dtype = np.result_type(images.dtype, texts.dtype)
-        self.ndim = 2
-
-    def __len__(self) -> int:
-        return self.shape[0]
-
-    def __getitem__(self, rows) -> np.ndarray:
-        """rows: an integer array or a slice -> [len(rows), D_img + D_txt]."""
-        return np.concatenate([np.asarray(self.images[rows], self.dtype), np.asarray(self.texts[rows], self.dtype)],
-                              axis=-1)
-
-    def take_rows(self, rows: np.ndarray, out: np.ndarray) -> None:
-        """Gathers rows [m] into out [m, D_img + D_txt] without a temporary (the fast SR scorer's exact pass)."""
-        d = self.images.shape[1]
-        np.take(self.images, rows, axis=0, out=out[:, :d], mode="clip")
-        np.take(self.texts, rows, axis=0, out=out[:, d:], mode="clip")
-
-
-def fused_queries(queries: np.ndarray, w_img: float, w_txt: float) -> np.ndarray:
-    """queries [Q, D] -> [Q, 2D] float32: [w_img * q, w_txt * q] (the query side of `FusedRows`)."""
-    queries = np.asarray(queries, np.float32)
-    return np.concatenate([np.float32(w_img) * queries, np.float32(w_txt) * queries], axis=-1)

@@ -1,99 +1,22 @@
-"""Nearest-neighbour search by dot product: exact blocked top-k in JAX, and approximate search with ScaNN.
+"""Approximate nearest-neighbour search by dot product with ScaNN, and its recall against exact search.
 
 The image cache holds millions of L2-normalised rows ([N, D], float16 or float32, often a np.memmap). Exact search
-never materialises a [Q, N] score matrix: it walks the database in fixed-size blocks, each a jitted matmul + top-k
-merged into a running top-k, so one compilation serves every block (the last one is padded with -inf). ScaNN
-(partitioning tree + anisotropic asymmetric hashing + exact reordering) is the fast path; `recall_at_k` measures it
-against the exact answer.
+is the search layer's (`cfir_jax.search.topk.exact_topk`: fixed-size blocks, each a jitted matmul + top-k merged into
+a running top-k). ScaNN (partitioning tree + anisotropic asymmetric hashing + exact reordering) is the fast path;
+`recall_at_k` measures it against the exact answer.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import json
 import math
 import os
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 
 from cfir_jax.errors import CfirError
-
-DEFAULT_BLOCK_SIZE = 32768
-DEFAULT_QUERY_BLOCK = 256
-
-
-def _check_pair(queries: np.ndarray, database: np.ndarray) -> None:
-    if queries.ndim != 2 or database.ndim != 2:
-        raise CfirError(f"queries {queries.shape} and database {database.shape} must both be [rows, dim] matrices")
-    if queries.shape[1] != database.shape[1]:
-        raise CfirError(
-            f"query dim {queries.shape[1]} != database dim {database.shape[1]}; embed both with the same model"
-        )
-    if database.shape[0] == 0:
-        raise CfirError("database is empty (0 rows); build the image cache first")
-
-
-@functools.partial(jax.jit, static_argnames=("k",), donate_argnums=(3, 4))
-def _merge_block(queries, block, n_valid, best_scores, best_idx, offset, *, k):
-    """One database block into the running top-k.
-
-    queries [q, D] f32, block [B, D] (f16/f32; rows >= n_valid are padding), best_* [q, k], offset: first row id.
-    """
-    scores = jnp.dot(queries, block.astype(jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
-    valid = jnp.arange(block.shape[0]) < n_valid
-    scores = jnp.where(valid[None, :], scores, -jnp.inf)
-    kb = min(k, block.shape[0])
-    s, i = jax.lax.top_k(scores, kb)
-    all_s = jnp.concatenate([best_scores, s], axis=1)
-    all_i = jnp.concatenate([best_idx, i.astype(jnp.int32) + offset], axis=1)
-    top_s, pos = jax.lax.top_k(all_s, k)
-    return top_s, jnp.take_along_axis(all_i, pos, axis=1)
-
-
-def exact_topk(
-    queries: np.ndarray,
-    database: np.ndarray,
-    k: int,
-    block_size: int = DEFAULT_BLOCK_SIZE,
-    query_block: int = DEFAULT_QUERY_BLOCK,
-) -> tuple[np.ndarray, np.ndarray]:
-    """Exact top-k by dot product.
-
-    queries [Q, D] float32; database [N, D] float16/float32 (np.memmap is fine: read one block at a time).
-    Returns (scores [Q, k] float32, indices [Q, k] int32), best first; k is clamped to N.
-    """
-    queries = np.asarray(queries, dtype=np.float32)
-    _check_pair(queries, database)
-    n = database.shape[0]
-    k = min(int(k), n)
-    if k < 1:
-        raise CfirError(f"k={k} must be >= 1")
-    # Fixed shapes: every block is block_size rows and every query chunk qb rows, so one compilation serves all.
-    block_size = min(block_size, n)
-    qb = min(query_block, 1 << max(0, math.ceil(math.log2(max(1, queries.shape[0])))))
-    out_s = np.empty((queries.shape[0], k), np.float32)
-    out_i = np.empty((queries.shape[0], k), np.int32)
-    for q0 in range(0, queries.shape[0], qb):
-        q = queries[q0 : q0 + qb]
-        nq = q.shape[0]
-        if nq < qb:
-            q = np.concatenate([q, np.zeros((qb - nq, q.shape[1]), np.float32)])
-        q = jnp.asarray(q)
-        best_s = jnp.full((qb, k), -jnp.inf, jnp.float32)
-        best_i = jnp.full((qb, k), -1, jnp.int32)
-        for b0 in range(0, n, block_size):
-            block = np.asarray(database[b0 : b0 + block_size])
-            nv = block.shape[0]
-            if nv < block_size:
-                block = np.concatenate([block, np.zeros((block_size - nv, block.shape[1]), block.dtype)])
-            best_s, best_i = _merge_block(q, block, np.int32(nv), best_s, best_i, np.int32(b0), k=k)
-        out_s[q0 : q0 + nq] = np.asarray(best_s)[:nq]
-        out_i[q0 : q0 + nq] = np.asarray(best_i)[:nq]
-    return out_s, out_i
 
 
 def recall_at_k(approx_indices: np.ndarray, exact_indices: np.ndarray) -> float:

@@ -213,6 +213,35 @@ def resolve_model_dir(name_or_path: str) -> Path:
     return local
 
 
+def _check_bart_settings(max_length, min_length, num_beams, max_input_tokens, batch_size, no_repeat_ngram_size,
+                         dtype) -> None:
+    if not 1 <= min_length <= max_length:
+        raise CfirError(f"BartSummarizer: need 1 <= min_length ({min_length}) <= max_length ({max_length})")
+    if num_beams < 1 or batch_size < 1 or max_input_tokens < 2 or no_repeat_ngram_size < 0:
+        raise CfirError(
+            f"BartSummarizer: num_beams={num_beams}, batch_size={batch_size} must be >= 1, "
+            f"max_input_tokens={max_input_tokens} >= 2, no_repeat_ngram_size={no_repeat_ngram_size} >= 0"
+        )
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise CfirError(f"BartSummarizer: dtype={dtype!r}; use float32, bfloat16 or float16")
+
+
+def _generation_config(model, max_length: int, min_length: int, num_beams: int, length_penalty: float):
+    """An explicit GenerationConfig: the model's own (decoder start, forced BOS/EOS, early stopping) with CFIR's
+    settings on top. Passing it whole avoids transformers re-deriving one from config.json at call time."""
+    config = copy.deepcopy(model.generation_config)
+    config.update(
+        max_length=max_length,
+        min_length=min_length,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        do_sample=False,
+        # The n-gram rule is ours (see no_repeat_ngram_mask); the built-in one fails under current jax.
+        no_repeat_ngram_size=0,
+    )
+    return config
+
+
 class BartSummarizer:
     """Abstractive summaries with Flax BART, with CFIR's generation settings as defaults (the CFIR paper's).
 
@@ -246,15 +275,8 @@ class BartSummarizer:
         import jax
         import jax.numpy as jnp
 
-        if not 1 <= min_length <= max_length:
-            raise CfirError(f"BartSummarizer: need 1 <= min_length ({min_length}) <= max_length ({max_length})")
-        if num_beams < 1 or batch_size < 1 or max_input_tokens < 2 or no_repeat_ngram_size < 0:
-            raise CfirError(
-                f"BartSummarizer: num_beams={num_beams}, batch_size={batch_size} must be >= 1, "
-                f"max_input_tokens={max_input_tokens} >= 2, no_repeat_ngram_size={no_repeat_ngram_size} >= 0"
-            )
-        if dtype not in ("float32", "bfloat16", "float16"):
-            raise CfirError(f"BartSummarizer: dtype={dtype!r}; use float32, bfloat16 or float16")
+        _check_bart_settings(max_length, min_length, num_beams, max_input_tokens, batch_size, no_repeat_ngram_size,
+                             dtype)
         self.model_name_or_path = model_name_or_path
         self.model_dir = resolve_model_dir(model_name_or_path)
         self.model, self.tokenizer = _load_bart(self.model_dir, jnp.dtype(dtype))
@@ -267,19 +289,8 @@ class BartSummarizer:
         self.dtype = dtype
         self.buckets = tuple(b for b in _LENGTH_BUCKETS if b < self.max_input_tokens) + (self.max_input_tokens,)
 
-        # An explicit GenerationConfig: the model's own (decoder start, forced BOS/EOS, early stopping) with CFIR's
-        # settings on top. Passing it whole avoids transformers re-deriving one from config.json at call time.
-        generation_config = copy.deepcopy(self.model.generation_config)
-        generation_config.update(
-            max_length=max_length,
-            min_length=min_length,
-            num_beams=num_beams,
-            length_penalty=length_penalty,
-            do_sample=False,
-            # The n-gram rule is ours (see no_repeat_ngram_mask); the built-in one fails under current jax.
-            no_repeat_ngram_size=0,
-        )
-        self.generation_config = generation_config
+        self.generation_config = generation_config = _generation_config(self.model, max_length, min_length, num_beams,
+                                                                         length_penalty)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         self.num_traces = 0  # Compilations of the generation function; the tests bound it by the bucket count.
 

@@ -113,8 +113,12 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                           nnx.to_pure_dict(abstract_state))
-    with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
-        restored = ckptr.restore(directory / "params", target)
+    try:
+        with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
+            restored = ckptr.restore(directory / "params", target)
+    except Exception as e:  # orbax and tensorstore wrap the OS error: name the file and what the OS (or reader) said
+        raise StoreError(f"{directory}: cannot read the model's parameters: {_read_error(e, directory / 'params')}; "
+                         f"check its files (index.py --verify --workdir W for a workdir's models)") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
     return nnx.merge(graphdef, abstract_state)
 
@@ -127,3 +131,17 @@ def model_summary(manifest: dict) -> str:
 
 def dump_config(config: ml_collections.ConfigDict, path: str | os.PathLike) -> None:
     Path(path).write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str))
+
+
+def _read_error(exc: BaseException, where: Path) -> str:
+    """"PATH: what went wrong" from the OSError behind `exc` (its causes and contexts), else the first line of the
+    innermost error's text (tensorstore reports damage in text), cut to 300 characters."""
+    seen, chain = set(), []
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        chain.append(exc)
+        if isinstance(exc, OSError):
+            return f"{exc.filename or where}: {exc.strerror or exc}"
+        exc = exc.__cause__ or exc.__context__
+    text = (str(chain[-1]) or chain[-1].__class__.__name__).strip().splitlines()[0]
+    return text[:300]

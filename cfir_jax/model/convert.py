@@ -123,10 +123,58 @@ def interpolate_vision_positions(table: np.ndarray, num_patches: int) -> np.ndar
     return np.concatenate([extra, grid], axis=0)
 
 
+def _embeddings(take, config: Any) -> dict[str, Any]:
+    """The token embedding table and the patch embedding (with the CLS and mask tokens)."""
+    d, p = config.embed_dim, config.patch_size
+    return {
+        "text_embed": {"embedding": take("text_embed.weight", (config.vocab_size, d))},
+        "vision_embed": {
+            "cls_token": take("vision_embed.cls_token", (1, 1, d)),
+            "mask_token": take("vision_embed.mask_token", (1, 1, d)),
+            "proj": {
+                # OIHW -> HWIO
+                "kernel": take("vision_embed.proj.weight", (d, config.in_chans, p, p)).transpose(2, 3, 1, 0),
+                "bias": take("vision_embed.proj.bias", (d,)),
+            },
+        },
+    }
+
+
+def _tower(expert: str, rows: int, take, config: Any) -> dict[str, Any]:
+    """One expert's tower (A: vision, B: language): its position table, final LayerNorm and stacked layers [n, ...];
+    take(key, shape) reads and checks a checkpoint tensor."""
+    d, f, n = config.embed_dim, config.ffn_dim, config.num_layers
+    tower: dict[str, Any] = {
+        "embed_positions": take(f"encoder.embed_positions.{expert}.weight", (rows, d)),
+        "layer_norm": {
+            "scale": take(f"encoder.layer_norm.{expert}.weight", (d,)),
+            "bias": take(f"encoder.layer_norm.{expert}.bias", (d,)),
+        },
+        "layers": {},
+    }
+    for torch_name, ours in _LAYER_KEYS.items():
+        prefix = torch_name.format(e=expert)
+        if "{e}" not in torch_name:
+            prefix = f"{torch_name}.{expert}"
+        is_norm = "norm" in ours or ours == "inner_attn_ln"
+        fan_in = f if ours == "fc2" else d
+        fan_out = f if ours in ("fc1", "ffn_layernorm") else d
+        weights, biases = [], []
+        for i in range(n):
+            key = f"encoder.layers.{i}.{prefix}"
+            if is_norm:
+                weights.append(take(f"{key}.weight", (fan_out,)))
+            else:
+                weights.append(take(f"{key}.weight", (fan_out, fan_in)).T)  # [out, in] -> [in, out]
+            biases.append(take(f"{key}.bias", (fan_out,)))
+        tower["layers"][ours] = {"scale" if is_norm else "kernel": np.stack(weights), "bias": np.stack(biases)}
+    return tower
+
+
 def torch_to_params(state: Mapping[str, np.ndarray], config: Any, allow_missing_heads: bool = False) -> dict:
     """Maps torch keys to a nested dict of our parameter paths (as `nnx.to_pure_dict` lays them out), validating
     every key and shape against `config`."""
-    d, f, n = config.embed_dim, config.ffn_dim, config.num_layers
+    d, n = config.embed_dim, config.num_layers
     p = config.patch_size
     num_patches = (config.image_size // p) ** 2
     state = dict(state)
@@ -150,47 +198,12 @@ def torch_to_params(state: Mapping[str, np.ndarray], config: Any, allow_missing_
             f"checkpoint has {max(layer_ids) + 1} encoder layers but the config has {n}: use the config of its size"
         )
 
-    params: dict[str, Any] = {
-        "text_embed": {"embedding": take("text_embed.weight", (config.vocab_size, d))},
-        "vision_embed": {
-            "cls_token": take("vision_embed.cls_token", (1, 1, d)),
-            "mask_token": take("vision_embed.mask_token", (1, 1, d)),
-            "proj": {
-                # OIHW -> HWIO
-                "kernel": take("vision_embed.proj.weight", (d, config.in_chans, p, p)).transpose(2, 3, 1, 0),
-                "bias": take("vision_embed.proj.bias", (d,)),
-            },
-        },
-    }
+    params: dict[str, Any] = _embeddings(take, config)
     pos_a = state.get("encoder.embed_positions.A.weight")
     if pos_a is not None and pos_a.ndim == 2 and pos_a.shape[1] == d:
         state["encoder.embed_positions.A.weight"] = interpolate_vision_positions(pos_a, num_patches)
     for expert, rows in (("A", num_patches + NUM_EXTRA_POSITIONS), ("B", config.max_text_positions)):
-        tower: dict[str, Any] = {
-            "embed_positions": take(f"encoder.embed_positions.{expert}.weight", (rows, d)),
-            "layer_norm": {
-                "scale": take(f"encoder.layer_norm.{expert}.weight", (d,)),
-                "bias": take(f"encoder.layer_norm.{expert}.bias", (d,)),
-            },
-            "layers": {},
-        }
-        for torch_name, ours in _LAYER_KEYS.items():
-            prefix = torch_name.format(e=expert)
-            if "{e}" not in torch_name:
-                prefix = f"{torch_name}.{expert}"
-            is_norm = "norm" in ours or ours == "inner_attn_ln"
-            fan_in = f if ours == "fc2" else d
-            fan_out = f if ours in ("fc1", "ffn_layernorm") else d
-            weights, biases = [], []
-            for i in range(n):
-                key = f"encoder.layers.{i}.{prefix}"
-                if is_norm:
-                    weights.append(take(f"{key}.weight", (fan_out,)))
-                else:
-                    weights.append(take(f"{key}.weight", (fan_out, fan_in)).T)  # [out, in] -> [in, out]
-                biases.append(take(f"{key}.bias", (fan_out,)))
-            tower["layers"][ours] = {"scale" if is_norm else "kernel": np.stack(weights), "bias": np.stack(biases)}
-        params[expert] = tower
+        params[expert] = _tower(expert, rows, take, config)
 
     missing_heads = [k for k in _HEADS if k not in state]
     if missing_heads and not allow_missing_heads:

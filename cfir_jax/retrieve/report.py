@@ -1,5 +1,6 @@
 """Rendering retrieval results: a terminal table, JSON, TREC lines, an HTML page with the images, and the
-evaluation table (`--evaluate [--compare]`) whose rows mirror Table 3 of the CFIR paper."""
+evaluation table (`--evaluate [--compare]`; its rows, Table 3 of the CFIR paper and beyond, are
+`cfir_jax.eval.comparison`)."""
 
 from __future__ import annotations
 
@@ -15,46 +16,6 @@ from cfir_jax.retrieve.pipeline import Result
 
 FORMATS = ("table", "json", "trec")
 EVAL_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000")
-# Table 3 of the paper (ablation, AToMiC base): (row, method, retrieval overrides). "entities + document" scores the
-# entity candidate union with the document's embedding instead of the summary's.
-TABLE3_ROWS = (
-    ("document only", "dense_document", {}),
-    ("entities only", "entity_only", {}),
-    ("summary only", "dense_summary", {}),
-    ("entities + document", "cfir", {"text": "document"}),
-    ("full CFIR", "cfir", {}),
-)
-
-
-def fused_row(rcfg) -> tuple[str, str, dict]:
-    """The --compare row beyond the paper: full CFIR with image-side text fused into SR, at the configured
-    weights, or w_txt = retrieval.fusion.compare_w_txt when fusion is off."""
-    from cfir_jax.config import retrieval_config
-
-    fusion = dict(rcfg.get("fusion", retrieval_config().fusion))
-    if float(fusion["w_txt"]) == 0.0:
-        fusion["w_txt"] = float(fusion["compare_w_txt"])
-    return "CFIR + image text", "cfir", {"fusion": fusion}
-
-
-# Beyond the paper: full CFIR whose entity lists also hold the images that name the entity in their own text.
-TEXT_MATCH_ROW = ("CFIR + entity text match", "cfir", {"entity_text_match": True,
-                                                      "fusion": dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.0)})
-
-
-def rerank_rows(rcfg) -> tuple[tuple[str, str, dict], ...]:
-    """The --compare rows of the third stage (W/reranker fitted): full CFIR re-ranked, and, when retrieval.fusion is
-    on, CFIR fused with the image text and re-ranked."""
-    from cfir_jax.config import retrieval_config
-
-    rerank = {**retrieval_config().rerank.to_dict(), **rcfg.get("rerank", {}), "enabled": True}
-    fusion = dict(rcfg.get("fusion", retrieval_config().fusion))
-    rows = (("CFIR + re-rank", "cfir", {"fusion": {**fusion, "w_img": 1.0, "w_txt": 0.0}, "rerank": rerank}),)
-    if (float(fusion["w_img"]), float(fusion["w_txt"])) != (1.0, 0.0):
-        rows += (("CFIR + image text + re-rank", "cfir", {"fusion": fusion, "rerank": rerank}),)
-    return rows
-
-
 def rerank_line(rows: Sequence[EvalRow]) -> str:
     """What the third stage cost per query on the rows that ran it (p50): its features and head (counted in
     ms/query), and the document's encoding (excluded there, like every encoding); '' when no row re-ranked."""
@@ -95,7 +56,7 @@ def eval_table(rows: Sequence[EvalRow]) -> str:
 
 def sr_line(rcfg, results: Sequence[Sequence[Result]]) -> str:
     """How SR scored the unions: exactly (the paper), or fast with its measured top-k agreement with exact."""
-    if rcfg.get("sr", "fast") == "exact":
+    if rcfg.sr == "exact":
         return "SR: exact float32 dot product over the whole candidate union (the paper's)"
     agree = [r.sr_agreement for rs in results for r in rs if r.sr_agreement is not None]
     head = f"SR: fast (int8 compact copy, exact re-rank of {rcfg.sr_shortlist:,})"

@@ -124,15 +124,11 @@ def fit_head(features: np.ndarray, valid: np.ndarray, labels: np.ndarray, train:
 
 def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> dict:
     """Fits the re-ranker on the train split of `workdir` and writes `W/reranker`; returns its manifest."""
+    from cfir_jax.config import upgrade
     from cfir_jax.retrieve.pipeline import Retriever
 
     start = time.time()
-    from cfir_jax.config import retrieval_config
-
-    cfg = config.copy_and_resolve_references()
-    if "rerank" not in cfg.retrieval:  # a config recorded before the option existed: its defaults
-        with cfg.unlocked():
-            cfg.retrieval.rerank = retrieval_config().rerank
+    cfg = upgrade(config.copy_and_resolve_references())
     rerank = cfg.retrieval.rerank
     top_n = int(rerank.top_n)
     if top_n < 2:
@@ -140,7 +136,7 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
     if not 0.0 < float(rerank.heldout) < 1.0:
         raise CfirError(f"retrieval.rerank.heldout={rerank.heldout}: a fraction of the lists, between 0 and 1")
     # SR exactly (the paper's), as evaluation scores it; the lists stop at N; the stage itself stays off.
-    cfg.retrieval.update(sr=cfg.retrieval.get("eval_sr", "exact"), top_k=top_n)
+    cfg.retrieval.update(sr=cfg.retrieval.eval_sr, top_k=top_n)
     rerank.enabled = False
     retriever = Retriever(cfg, workdir, "cfir", rerank_features=True)
     corpus = retriever.corpus
@@ -175,3 +171,16 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
         heldout_lists=int(num_heldout), heldout_mrr10=round(fit.heldout_mrr, 4),
         heldout_sr_mrr10=round(fit.heldout_sr_mrr, 4), best_epoch=fit.best_epoch, epochs_run=fit.epochs,
         fit_seconds=round(time.time() - start, 1))
+
+
+def summary(m: dict, workdir) -> str:
+    """What a fit did, in three lines (retrieve.py --fit-reranker): lists kept, held-out MRR@10 before and after,
+    where the store went."""
+    return "\n".join((
+        f"re-ranker: {m['lists_kept']:,} of {m['train_documents']:,} train documents have a positive in SR's top "
+        f"{m['top_n']} ({m['lists_skipped']:,} skipped); features {', '.join(m['features'])}",
+        f"held-out lists: {m['heldout_lists']:,}, MRR@10 within the top {m['top_n']}: SR {m['heldout_sr_mrr10']:.4f}"
+        f" -> re-ranked {m['heldout_mrr10']:.4f} (best epoch {m['best_epoch']} of {m['epochs_run']}); "
+        f"{m['fit_seconds']:.1f} s",
+        f"wrote {str(workdir).rstrip('/')}/reranker; use it with --config.retrieval.rerank.enabled=true "
+        "(--compare adds its row)"))

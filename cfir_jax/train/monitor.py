@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 
 import jax
 import jax.experimental.multihost_utils
+
+from cfir_jax.store import write_text_atomic
 
 
 class MetricsLog:
@@ -26,9 +27,7 @@ class MetricsLog:
         if self.path.exists():
             kept = [line for line in self.path.read_text().splitlines()
                     if line.strip() and json.loads(line)["step"] <= resume_step]
-            tmp = self.path.with_suffix(".tmp")
-            tmp.write_text("".join(line + "\n" for line in kept))
-            os.replace(tmp, self.path)
+            write_text_atomic(self.path, "".join(line + "\n" for line in kept))
         if tensorboard:
             try:
                 from tensorboardX import SummaryWriter

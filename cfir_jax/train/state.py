@@ -151,5 +151,9 @@ def export_model(config, setup: Setup, params, frozen, out_dir: Path, vision_fro
     nnx.replace_by_pure_dict(state, _nest(flat))
     nnx.update(model, state)
     if jax.process_index() == 0:
-        checkpoint.save_model(model, out_dir, trained_from=str(vision_from), train_text=config.train.text,
+        from cfir_jax.layout import Layout
+
+        trained_from = vision_from if vision_from == "scratch" else Layout(out_dir.parent.parent.absolute()
+                                                                           ).portable(vision_from)
+        checkpoint.save_model(model, out_dir, trained_from=trained_from, train_text=config.train.text,
                               train_max_text_len=config.train.max_text_len)

@@ -26,6 +26,7 @@ import jax.experimental.multihost_utils
 import ml_collections
 
 from cfir_jax.errors import CfirError
+from cfir_jax.store import write_json_atomic
 from cfir_jax.train.data import TrainData
 from cfir_jax.train.monitor import MetricsLog, _Preemption
 from cfir_jax.train.state import export_model, init_state, make_setup, restore_tower
@@ -74,7 +75,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
         raise CfirError(f"global_batch / grad_accum_steps = {per_step} is not divisible by the {setup.mesh.size} "
                         "devices of the mesh; choose a multiple")
     if jax.process_index() == 0:
-        (workdir / "config.json").write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=str))
+        write_json_atomic(workdir / "config.json", _portable_config(config, workdir.parent))
 
     options = ocp.CheckpointManagerOptions(max_to_keep=tcfg.keep_checkpoints, create=True,
                                            enable_async_checkpointing=tcfg.async_checkpoints)
@@ -145,3 +146,16 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
     return TrainResult(last_metrics, state["params"], frozen, start, steps)
 
 
+
+
+def _portable_config(config, root: Path) -> dict:
+    """The config as recorded in the run directory: model paths inside the workdir `root` relative to it, so a
+    moved workdir's record still names its own stores."""
+    from cfir_jax.layout import Layout
+
+    record = json.loads(json.dumps(config.to_dict(), default=str))
+    for key in ("init_model", "export_model"):
+        value = record["train"].get(key)
+        if value and value != "scratch":
+            record["train"][key] = Layout(root).portable(value)
+    return record

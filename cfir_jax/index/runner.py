@@ -35,7 +35,6 @@ import dataclasses
 import hashlib
 import json
 import os
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -45,57 +44,21 @@ import numpy as np
 from cfir_jax import hosts
 from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
+from cfir_jax.index.index_encoder import (
+    check_cache_encoder,
+    encoder_dir,
+    entity_encoder,
+    load_encoder,
+    scann_config,
+    text_positions,
+)
+from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
 from cfir_jax.index.summarizer import make_summarizer
 from cfir_jax.layout import Layout
-from cfir_jax.store import write_json_atomic
+from cfir_jax.store import replace_dir, write_json_atomic
 
 STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
           "entity_text_match")
-
-
-@dataclasses.dataclass
-class StageReport:
-    name: str
-    count: str
-    seconds: float
-    path: Path
-    reused: bool = False  # the store was complete and current: nothing was (re)built
-
-    @property
-    def size_bytes(self) -> int:
-        if not self.path.exists():
-            return 0
-        if self.path.is_file():
-            return self.path.stat().st_size
-        return sum(p.stat().st_size for p in self.path.rglob("*") if p.is_file())
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1024 or unit == "TB":
-            return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
-        n /= 1024
-    return str(n)
-
-
-def report_table(reports: list[StageReport]) -> str:
-    rows = [("stage", "contents", "on disk", "time")]
-    rows += [(r.name, r.count, _human(r.size_bytes), "reused" if r.reused else f"{r.seconds:.1f} s")
-             for r in reports]
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
-    lines = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    if reports and all(r.reused for r in reports):
-        lines.append("index: every stage current, nothing to do")
-    return "\n".join(lines)
-
-
-def _store_stamp(path: Path) -> int | None:
-    """When the store's manifest was last written (every store, models included, is published with one)."""
-    try:
-        return (path / "manifest.json").stat().st_mtime_ns
-    except OSError:
-        return None
 
 
 # ---------------------------------------------------------------------------------------------------------- stages
@@ -133,35 +96,6 @@ def _write_corpus(config, layout: Layout):
         return build_atomic_corpus(split(c.texts), split(c.images), c.qrels, layout.corpus, setting=c.setting,
                                    splits=splits)
     raise CfirError(f"index.corpus.source={c.source!r}: use 'atomic' or 'synthetic'")
-
-
-def encoder_dir(config, layout: Layout) -> Path | None:
-    """The frozen encoder's model directory: the configured one, or W/encoder for 'pretrain'."""
-    enc = config.index.encoder
-    if enc == "pretrain":
-        return layout.encoder
-    return Path(enc) if enc else None
-
-
-def _text_positions(config, layout: Layout) -> int:
-    """max_text_positions of the encoder when it already exists (its own, whatever the config says), else the
-    config's (the model the 'pretrain' stage will create)."""
-    from cfir_jax.model import checkpoint
-
-    path = encoder_dir(config, layout)
-    if path is not None and (path / "manifest.json").is_file():
-        return int(checkpoint.read_model_manifest(path)["model_config"]["max_text_positions"])
-    return int(config.model.max_text_positions)
-
-
-def load_encoder(config, layout: Layout):
-    from cfir_jax.model import checkpoint
-
-    path = encoder_dir(config, layout)
-    if path is None:
-        raise CfirError("no encoder: set --config.index.encoder=MODEL_DIR (python -m cfir_jax.model.convert "
-                        "--checkpoint beit3_base_itc_patch16_224.pth ...) or 'pretrain' for synthetic corpora")
-    return checkpoint.load_model(path, config.model)
 
 
 def build_image_cache(config, layout: Layout, corpus):
@@ -203,7 +137,7 @@ def pretrain_encoder(config, layout: Layout) -> str:
     # Publish the encoder under its own name (atomic: the export is complete before the rename), once, on process 0.
     hosts.barrier("encoder_exported")
     if hosts.is_main():
-        os.replace(layout.pretrain / "model", layout.encoder)
+        replace_dir(layout.pretrain / "model", layout.encoder)
     hosts.barrier("encoder_published")
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
@@ -241,27 +175,6 @@ def build_summaries(config, layout: Layout, corpus):
     return SummaryStore.open(layout.summaries)
 
 
-def entity_encoder(config, layout: Layout, corpus):
-    """The frozen text encoder for entity texts (16 tokens), and its fingerprint."""
-    from cfir_jax.model import checkpoint
-    from cfir_jax.model.text_encoder import TextEncoder
-    from cfir_jax.model.tokenizer import resolve_tokenizer
-
-    model = load_encoder(config, layout)
-    check_text_lengths(config, INDEX_TEXT_LENGTHS[:1], model.config.max_text_positions)
-    ei = config.index.entity_index
-    encoder = TextEncoder(model, resolve_tokenizer(config, corpus), ei.max_text_len, ei.encode_batch)
-    return encoder, checkpoint.fingerprint(model, "text")
-
-
-def scann_config(config):
-    from cfir_jax.index.knn import ScannConfig
-
-    ei = config.index.entity_index
-    return ScannConfig(num_leaves=ei.num_leaves or None, num_leaves_to_search=ei.num_leaves_to_search or None,
-                       reorder=ei.reorder or None, min_rows_for_tree=ei.min_rows_for_tree)
-
-
 def indexed_entities(config, corpus, entities) -> list[str]:
     """The entity texts the index is built from: those of the documents `index.entity_index.documents` names.
 
@@ -295,7 +208,7 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
     from cfir_jax.index.entity_index import build_entity_index as build
 
     encoder, fingerprint = entity_encoder(config, layout, corpus)
-    _check_cache_encoder(config, layout, cache)
+    check_cache_encoder(config, layout, cache)
     ei = config.index.entity_index
     texts = indexed_entities(config, corpus, entities)
     # What the index is derived from: the selected entity texts and this build of the image cache.
@@ -328,7 +241,7 @@ def build_image_text(config, layout: Layout, corpus, cache):
         return None
     it = config.index.image_text
     model = load_encoder(config, layout)
-    _check_cache_encoder(config, layout, cache)
+    check_cache_encoder(config, layout, cache)
     encoder = TextEncoder(model, resolve_tokenizer(config, corpus), it.max_text_len, it.encode_batch)
     return build(layout.image_text, corpus, cache, encoder, checkpoint.fingerprint(model, "text"),
                  fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=_show_progress())
@@ -351,54 +264,6 @@ def build_entity_text_match(config, layout: Layout, corpus, cache):
     return build(layout.entity_text_match, corpus, cache, EntityIndex.open(layout.entity_index),
                  fields=tuple(m.fields), max_matches=m.max_matches, max_words=m.max_words, chunk_rows=m.chunk_rows,
                  progress=_show_progress())
-
-
-def add_entities(config, workdir, path: str | os.PathLike) -> int:
-    """Appends the entity texts of a file (one per line) to an existing entity index without rebuilding it; on
-    process 0 alone (an entity list, not a corpus), the others wait and return how many it added."""
-    added = _add_entities(config, workdir, path) if hosts.is_main() else 0
-    hosts.barrier("entities_added")
-    return added
-
-
-def _add_entities(config, workdir, path: str | os.PathLike) -> int:
-    from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.entities import entity_key, normalize_entity
-    from cfir_jax.index.entity_index import append_entities
-    from cfir_jax.index.image_cache import ImageCache
-
-    layout = Layout.of(workdir)
-    path = Path(path)
-    if not path.is_file():
-        raise CfirError(f"{path}: entity file not found")
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError:
-        raise CfirError(f"{path}: not UTF-8 text (expected one entity per line)") from None
-    # One surface form per key (the first in the file): the index would refuse two of one entity.
-    by_key: dict[str, str] = {}
-    for line in lines:
-        if line.strip():
-            by_key.setdefault(entity_key(line), normalize_entity(line))
-    texts = sorted(by_key.values())
-    if not texts:
-        raise CfirError(f"{path}: no entity texts (expected one entity per line)")
-    corpus = Corpus.open(layout.corpus)
-    encoder, fingerprint = entity_encoder(config, layout, corpus)
-    cache = ImageCache.open(layout.image_cache, expect_dim=config.model.embed_dim)
-    _check_cache_encoder(config, layout, cache)
-    return append_entities(layout.entity_index, texts, encoder.encode(texts), cache.embeddings,
-                           expect_fingerprint=fingerprint, scann_config=scann_config(config))
-
-
-def _check_cache_encoder(config, layout: Layout, cache) -> None:
-    """Entity texts and images must come from one model: a cache encoded by another model is refused (one line)."""
-    from cfir_jax.model import checkpoint
-    from cfir_jax.store import check_manifest
-
-    if cache.manifest.get("source") == "model":  # imported embeddings carry no model fingerprint to compare
-        vision = checkpoint.read_model_manifest(encoder_dir(config, layout))["vision_fingerprint"]
-        check_manifest(cache.manifest, cache.path, fingerprint=vision)
 
 
 def _current(directory: Path, kind: str, version: int, **expected) -> bool:
@@ -431,26 +296,10 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     from cfir_jax.index.image_cache import ImageCache
 
     layout = Layout.of(workdir)
-    check_text_lengths(config, INDEX_TEXT_LENGTHS, _text_positions(config, layout))
+    check_text_lengths(config, INDEX_TEXT_LENGTHS, text_positions(config, layout))
     layout.root.mkdir(parents=True, exist_ok=True)
-    reports: list[StageReport] = []
-
-    say = log if hosts.is_main() else (lambda line: None)
-
-    def run(name: str, fn: Callable, describe: Callable[[object], str], path: Path):
-        # Every process starts a stage together: no process is still writing the previous store, so all of them
-        # read the same manifests and agree whether this stage is current (none skips a stage another runs).
-        hosts.barrier(f"stage:{name}")
-        t = time.time()
-        say(f"[{name}] ...")
-        before = _store_stamp(path)
-        result = fn()
-        # A stage that only opened its complete, current store (or had none to make) left the manifest untouched.
-        reused = _store_stamp(path) == before
-        reports.append(StageReport(name, describe(result), time.time() - t, path, reused))
-        say(f"[{name}] {reports[-1].count} " + ("(current, reused)" if reused else f"({reports[-1].seconds:.1f} s)"))
-        return result
-
+    stages_run = StageRunner(log)
+    run, reports = stages_run.run, stages_run.reports
     corpus = run("corpus", lambda: build_corpus(config, layout) if "corpus" in stages else Corpus.open(layout.corpus),
                  lambda c: f"{c.num_documents:,} documents, {c.num_images:,} images", layout.corpus)
     cache = run("image_cache", lambda: build_image_cache(config, layout, corpus) if "image_cache" in stages
@@ -485,11 +334,14 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda t: "skipped: the corpus' images have no text" if t is None else
             f"{t.manifest['num_pairs']:,} (entity, image) pairs, {t.manifest['entities_matched']:,} entities matched, "
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
+    reports += stale_reports(layout, reports, STAGES)
     if hosts.is_main():
+        encoder = encoder_dir(config, layout)
         write_json_atomic(layout.index_json, {
-            "encoder": str(encoder_dir(config, layout) or ""),
+            **layout.record_path("encoder", encoder),  # relative inside W; outside, absolute with its fingerprint
             "config": json.loads(json.dumps(config.to_dict(), default=str)),
-            "stages": [dataclasses.asdict(r) | {"size_bytes": r.size_bytes} for r in reports],
+            "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
+                       for r in reports],
         })
     hosts.barrier("index_done")
     return reports

@@ -13,6 +13,11 @@ sorted and shards hold ascending row ranges), so ties go to the lower row.
 
 The same resident cache serves exact search of the whole cache (`full_topk`: entity top-K with the exact backend,
 unseen-entity search, the dense baselines), blocked so no [Q, N] score matrix is ever materialised.
+
+Both programs are module-level pure functions of (arrays, static sizes and mesh), `sr_top_k` and `full_top_k`, with
+their jitted forms `device_sr` and `device_full_topk`: they lower with `jax.ShapeDtypeStruct` arguments
+(`abstract_cache` gives the cache's, sharded) for compiling without the devices. `DeviceCache` holds the resident
+array and calls them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cfir_jax.errors import CfirError
+from cfir_jax.search.topk import merge_top_k, query_rows
 
 AXIS = "rows"
 DEFAULT_BUCKETS = (4096, 16384, 65536, 262144)
@@ -56,6 +62,96 @@ def _fits_one_device(nbytes: int, device) -> bool:
     return limit is None or nbytes <= _FIT_FRACTION * limit
 
 
+def make_mesh(devices: list, shard: bool) -> Mesh:
+    """The 1-D mesh (axis "rows") the cache lives on: every device when sharded, else the first."""
+    return Mesh(np.array(devices if shard else devices[:1]), (AXIS,))
+
+
+def rows_per_shard(n: int, shards: int) -> int:
+    """Equal row ranges per shard (the last padded with zero rows, never referenced)."""
+    return math.ceil(n / shards)
+
+
+def abstract_cache(n: int, dim: int, dtype: str, mesh: Mesh) -> jax.ShapeDtypeStruct:
+    """The resident cache as a shape alone, with its sharding: what `device_sr` / `device_full_topk` lower against
+    when compiling without the devices (or without the cache)."""
+    shape = (rows_per_shard(n, mesh.size) * mesh.size, dim)
+    return jax.ShapeDtypeStruct(shape, _DTYPES[dtype], sharding=NamedSharding(mesh, P(AXIS, None)))
+
+
+def sr_top_k(cache: jax.Array, queries: jax.Array, ids: jax.Array, *, k: int, rows_per_shard: int, mesh: Mesh
+             ) -> tuple[jax.Array, jax.Array]:
+    """Exact SR of padded unions: cache [S * r, D] row-sharded over mesh, queries [Q, D] f32, ids [Q, B] int32
+    (sorted, -1 = padding) -> (scores, rows) [Q, min(k, B)]."""
+    kk = min(k, ids.shape[1])
+    r = rows_per_shard
+
+    def local(cache, q, ids):
+        local_ids = ids - jax.lax.axis_index(AXIS) * r
+        own = (ids >= 0) & (local_ids >= 0) & (local_ids < r)
+
+        def one(args):
+            qi, li, oi = args
+            rows = jnp.take(cache, jnp.where(oi, li, 0), axis=0).astype(jnp.float32)  # [B, D]
+            s = jnp.dot(rows, qi, precision=jax.lax.Precision.HIGHEST)
+            return jnp.where(oi, s, -jnp.inf)
+
+        # One query at a time: a [B, D] float32 gather per query, not [Q, B, D].
+        scores = jax.lax.map(one, (q, local_ids, own))  # [Q, B]
+        top_s, pos = jax.lax.top_k(scores, kk)
+        return top_s[None], jnp.take_along_axis(ids, pos, axis=1)[None]
+
+    shard_s, shard_i = jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS, None), P(), P()),
+                                     out_specs=(P(AXIS), P(AXIS)))(cache, queries, ids)
+    return _merge_shards(shard_s, shard_i, kk)
+
+
+def _merge_shards(shard_s: jax.Array, shard_i: jax.Array, k: int) -> tuple[jax.Array, jax.Array]:
+    """[S, Q, kk] per-shard lists -> [Q, k], shard 0 first: on equal scores top_k keeps the lower position = row."""
+    q = shard_s.shape[1]
+    top_s, pos = jax.lax.top_k(shard_s.transpose(1, 0, 2).reshape(q, -1), k)
+    return top_s, jnp.take_along_axis(shard_i.transpose(1, 0, 2).reshape(q, -1), pos, axis=1)
+
+
+def full_top_k(cache: jax.Array, queries: jax.Array, *, k: int, n: int, rows_per_shard: int, block: int, mesh: Mesh
+               ) -> tuple[jax.Array, jax.Array]:
+    """Exact top-k of queries [Q, D] over the n real rows of cache [S * r, D], in blocks of `block` rows per shard:
+    (scores, rows) [Q, k]."""
+    r, blk = rows_per_shard, block
+    kb = min(k, blk)
+
+    def local(cache, q):
+        base = jax.lax.axis_index(AXIS) * r
+        init = (jnp.full((q.shape[0], k), -jnp.inf, jnp.float32), jnp.full((q.shape[0], k), -1, jnp.int32))
+        # The carry becomes shard-dependent after one block: mark it so from the start (shard_map's vma types).
+        init = jax.lax.pcast(init, (AXIS,), to="varying")
+
+        def step(best, i):
+            # The last block is slid back to end at row r (no padding to a multiple of blk); its rows that the
+            # previous block already scored are masked.
+            start = jnp.minimum(i * blk, r - blk)
+            block = jax.lax.dynamic_slice_in_dim(cache, start, blk)
+            s = jnp.dot(q, block.astype(jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
+            local_rows = start + jnp.arange(blk, dtype=jnp.int32)
+            rows = base + local_rows
+            s = jnp.where((rows[None] < n) & (local_rows[None] >= i * blk), s, -jnp.inf)
+            bs, bp = jax.lax.top_k(s, kb)
+            # Earlier blocks (lower rows) first: ties keep the lower row.
+            return merge_top_k(best[0], best[1], bs, rows[bp], k), None
+
+        (s, i), _ = jax.lax.scan(step, init, jnp.arange(-(-r // blk), dtype=jnp.int32))
+        return s[None], i[None]
+
+    shard_s, shard_i = jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS, None), P()),
+                                     out_specs=(P(AXIS), P(AXIS)))(cache, queries)
+    return _merge_shards(shard_s, shard_i, k)
+
+
+# The jitted programs (static: sizes and the mesh); lower them with ShapeDtypeStruct arguments to compile ahead.
+device_sr = jax.jit(sr_top_k, static_argnames=("k", "rows_per_shard", "mesh"))
+device_full_topk = jax.jit(full_top_k, static_argnames=("k", "n", "rows_per_shard", "block", "mesh"))
+
+
 class DeviceCache:
     """The image cache on the local devices, with batched exact SR and exact full search over it.
 
@@ -83,53 +179,22 @@ class DeviceCache:
             raise CfirError(f"device SR needs k >= 1, query_batch >= 1 and increasing positive buckets; got k={k}, "
                             f"query_batch={query_batch}, buckets={buckets}")
         devices = list(devices if devices is not None else jax.local_devices())
+        self.n, self.dim = embeddings.shape
+        self.k, self.buckets, self.query_batch = int(k), tuple(int(b) for b in buckets), int(query_batch)
         jdtype = _DTYPES[dtype]
-        nbytes = embeddings.shape[0] * embeddings.shape[1] * jnp.dtype(jdtype).itemsize
+        nbytes = self.n * self.dim * jnp.dtype(jdtype).itemsize
         if shard is None:
             shard = len(devices) > 1 and not _fits_one_device(nbytes, devices[0])
-        self._lay_out(embeddings.shape, k, devices if shard else devices[:1], buckets, query_batch)
-        self.cache = self._put(embeddings, jdtype)
-
-    @classmethod
-    def from_shapes(cls, n: int, dim: int, k: int = 1000, dtype: str = "float16", devices=None,
-                    buckets: tuple[int, ...] = DEFAULT_BUCKETS, query_batch: int = DEFAULT_QUERY_BATCH) -> DeviceCache:
-        """A cache of n x dim rows known by shape alone, row-sharded over `devices` (a TPU topology's, for
-        compile-only): `cache` is an abstract jax.ShapeDtypeStruct; `lower_sr` / `lower_full` lower its programs."""
-        if n < 1 or dim < 1 or dtype not in _DTYPES:
-            raise CfirError(f"device cache from shapes needs n, dim >= 1 and float16/bfloat16, got {n}, {dim}, {dtype}")
-        self = cls.__new__(cls)
-        self._lay_out((n, dim), k, list(devices if devices is not None else jax.local_devices()), buckets, query_batch)
-        sharding = NamedSharding(self.mesh, P(AXIS, None))
-        self.cache = jax.ShapeDtypeStruct((self.rows_per_shard * self.shards, dim), _DTYPES[dtype], sharding=sharding)
-        return self
-
-    def _lay_out(self, shape: tuple[int, int], k: int, devices: list, buckets: tuple[int, ...],
-                 query_batch: int) -> None:
-        self.n, self.dim = int(shape[0]), int(shape[1])
-        self.k, self.buckets, self.query_batch = int(k), tuple(int(b) for b in buckets), int(query_batch)
-        self.mesh = Mesh(np.array(devices), (AXIS,))
+        self.mesh = make_mesh(devices, shard)
         self.shards = self.mesh.size
-        # Equal row ranges per shard (the last padded with zero rows, never referenced).
-        self.rows_per_shard = math.ceil(self.n / self.shards)
+        self.rows_per_shard = rows_per_shard(self.n, self.shards)
         self.block = min(FULL_SEARCH_BLOCK, self.rows_per_shard)
+        self.cache = self._put(embeddings, jdtype)
         self.traces = 0  # compilations of the SR function (counted at trace time; tests prove buckets reuse them)
+        # Jitted per cache (its own compilations, counted in `traces`); the same programs as `device_sr` and
+        # `device_full_topk`.
         self._sr = jax.jit(self._sr_impl)
         self._full = jax.jit(self._full_impl, static_argnames="k")
-
-    def _abstract(self, *shapes_dtypes) -> list[jax.ShapeDtypeStruct]:
-        """The resident cache and replicated arguments of the given (shape, dtype), as abstract values."""
-        replicated = NamedSharding(self.mesh, P())
-        cache = jax.ShapeDtypeStruct(self.cache.shape, self.cache.dtype, sharding=self.cache.sharding)
-        return [cache] + [jax.ShapeDtypeStruct(s, d, sharding=replicated) for s, d in shapes_dtypes]
-
-    def lower_sr(self, num_queries: int, bucket: int) -> jax.stages.Lowered:
-        """The SR program for `num_queries` queries with unions padded to `bucket`, lowered (not run)."""
-        return self._sr.lower(*self._abstract(((num_queries, self.dim), jnp.float32),
-                                              ((num_queries, bucket), jnp.int32)))
-
-    def lower_full(self, num_queries: int, k: int) -> jax.stages.Lowered:
-        """The exact full-cache top-k program (entity top-K, unseen entities) for `num_queries` queries, lowered."""
-        return self._full.lower(*self._abstract(((num_queries, self.dim), jnp.float32)), k=k)
 
     def _put(self, embeddings: np.ndarray, jdtype) -> jax.Array:
         """Each device receives only its row range (never the whole cache on one device first)."""
@@ -150,35 +215,9 @@ class DeviceCache:
 
     # ------------------------------------------------------------------------------------------------------ SR
     def _sr_impl(self, cache: jax.Array, queries: jax.Array, ids: jax.Array) -> tuple[jax.Array, jax.Array]:
-        """cache (self.cache, an argument: closed over, XLA would embed it as a constant), queries [Q, D] f32,
-        ids [Q, B] int32 (sorted, -1 = padding) -> (scores, rows) [Q, min(k, B)]."""
+        """`sr_top_k` over this cache (an argument: closed over, XLA would embed it as a constant)."""
         self.traces += 1
-        kk = min(self.k, ids.shape[1])
-        r = self.rows_per_shard
-
-        def local(cache, q, ids):
-            local_ids = ids - jax.lax.axis_index(AXIS) * r
-            own = (ids >= 0) & (local_ids >= 0) & (local_ids < r)
-
-            def one(args):
-                qi, li, oi = args
-                rows = jnp.take(cache, jnp.where(oi, li, 0), axis=0).astype(jnp.float32)  # [B, D]
-                s = jnp.dot(rows, qi, precision=jax.lax.Precision.HIGHEST)
-                return jnp.where(oi, s, -jnp.inf)
-
-            # One query at a time: a [B, D] float32 gather per query, not [Q, B, D].
-            scores = jax.lax.map(one, (q, local_ids, own))  # [Q, B]
-            top_s, pos = jax.lax.top_k(scores, kk)
-            return top_s[None], jnp.take_along_axis(ids, pos, axis=1)[None]
-
-        shard_s, shard_i = jax.shard_map(local, mesh=self.mesh, in_specs=(P(AXIS, None), P(), P()),
-                                         out_specs=(P(AXIS), P(AXIS)))(cache, queries, ids)
-        # [S, Q, kk] -> [Q, S * kk], shard 0 first: on equal scores top_k keeps the lower position = the lower row.
-        q = queries.shape[0]
-        all_s = shard_s.transpose(1, 0, 2).reshape(q, -1)
-        all_i = shard_i.transpose(1, 0, 2).reshape(q, -1)
-        top_s, pos = jax.lax.top_k(all_s, kk)
-        return top_s, jnp.take_along_axis(all_i, pos, axis=1)
+        return sr_top_k(cache, queries, ids, k=self.k, rows_per_shard=self.rows_per_shard, mesh=self.mesh)
 
     def score_batch(self, queries: np.ndarray, unions: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         """queries [Q, D], unions: Q sorted unique int row ids each -> per query (scores [k'], rows [k'] int32).
@@ -221,40 +260,9 @@ class DeviceCache:
 
     # ---------------------------------------------------------------------------------------------- full search
     def _full_impl(self, cache: jax.Array, queries: jax.Array, *, k: int) -> tuple[jax.Array, jax.Array]:
-        """Exact top-k of queries [Q, D] over every row of cache (self.cache): (scores, rows) [Q, k]."""
-        r, blk, n = self.rows_per_shard, self.block, self.n
-        kb = min(k, blk)
-
-        def local(cache, q):
-            base = jax.lax.axis_index(AXIS) * r
-            init = (jnp.full((q.shape[0], k), -jnp.inf, jnp.float32), jnp.full((q.shape[0], k), -1, jnp.int32))
-            # The carry becomes shard-dependent after one block: mark it so from the start (shard_map's vma types).
-            init = jax.lax.pcast(init, (AXIS,), to="varying")
-
-            def step(best, i):
-                # The last block is slid back to end at row r (no padding to a multiple of blk); its rows that the
-                # previous block already scored are masked.
-                start = jnp.minimum(i * blk, r - blk)
-                block = jax.lax.dynamic_slice_in_dim(cache, start, blk)
-                s = jnp.dot(q, block.astype(jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
-                local_rows = start + jnp.arange(blk, dtype=jnp.int32)
-                rows = base + local_rows
-                s = jnp.where((rows[None] < n) & (local_rows[None] >= i * blk), s, -jnp.inf)
-                bs, bp = jax.lax.top_k(s, kb)
-                # Earlier blocks (lower rows) first: ties keep the lower row.
-                all_s = jnp.concatenate([best[0], bs], axis=1)
-                all_i = jnp.concatenate([best[1], rows[bp]], axis=1)
-                ts, tp = jax.lax.top_k(all_s, k)
-                return (ts, jnp.take_along_axis(all_i, tp, axis=1)), None
-
-            (s, i), _ = jax.lax.scan(step, init, jnp.arange(-(-r // blk), dtype=jnp.int32))
-            return s[None], i[None]
-
-        shard_s, shard_i = jax.shard_map(local, mesh=self.mesh, in_specs=(P(AXIS, None), P()),
-                                         out_specs=(P(AXIS), P(AXIS)))(cache, queries)
-        q = queries.shape[0]
-        top_s, pos = jax.lax.top_k(shard_s.transpose(1, 0, 2).reshape(q, -1), k)
-        return top_s, jnp.take_along_axis(shard_i.transpose(1, 0, 2).reshape(q, -1), pos, axis=1)
+        """`full_top_k` over this cache: queries [Q, D] -> (scores, rows) [Q, k]."""
+        return full_top_k(cache, queries, k=k, n=self.n, rows_per_shard=self.rows_per_shard, block=self.block,
+                          mesh=self.mesh)
 
     def full_topk(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k over the whole cache: queries [Q, D] -> (scores [Q, k'], rows [Q, k'] int32), k' = min(k, N)."""
@@ -264,7 +272,7 @@ class DeviceCache:
         k = min(int(k), self.n)
         if k < 1:
             raise CfirError(f"k={k} must be >= 1")
-        qb = _query_block(len(queries))
+        qb = query_rows(len(queries))
         out_s = np.empty((len(queries), k), np.float32)
         out_i = np.empty((len(queries), k), np.int32)
         replicated = NamedSharding(self.mesh, P())
@@ -276,8 +284,3 @@ class DeviceCache:
             out_s[q0 : q0 + len(part)] = np.asarray(s)[: len(part)]
             out_i[q0 : q0 + len(part)] = np.asarray(i)[: len(part)]
         return out_s, out_i
-
-
-def _query_block(n: int) -> int:
-    """Queries per full-search call: the next power of two up to 256 (a few shapes, few compilations)."""
-    return min(256, 1 << max(0, math.ceil(math.log2(max(1, n)))))

@@ -1,12 +1,10 @@
-"""Summary re-ranking (SR): score the union of a document's entity candidates with its summary embedding, fast.
+"""Summary re-ranking (SR) on the CPU: score the union of a document's entity candidates with its summary, fast.
 
 A query's union holds ~55,000 of the cache's millions of images. Gathering 55k float16 rows of 768 dims (84 MB)
 and scoring them exactly costs ~100 ms on 2 CPU cores; CFIR's budget is ~5 ms. So scoring runs in two passes:
 
-1. approximate: a compact copy of the cache, built once offline (`build_compact`): each row rotated onto the top-r
-   principal directions of the cache (uncentered PCA, so dot products are preserved up to the dropped directions)
-   and quantised to int8 with one scale per dimension: r bytes per row (128 by default, 6x less than float16).
-   Every unique candidate is gathered and scored from it.
+1. approximate: every unique candidate is gathered and scored from the compact int8 copy of the cache
+   (`cfir_jax.search.compact`, built once offline by `build_compact`).
 2. exact: the best `shortlist` candidates are gathered from the float16 cache and re-scored in float32; the final
    top-k is taken with argpartition over the shortlist.
 
@@ -23,21 +21,13 @@ import dataclasses
 import os
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
-try:  # optional: a faster float16 -> float32 cast in the exact pass; JAX users need not install it
-    import torch
-except ImportError:  # pragma: no cover - exercised where torch is absent
-    torch = None
-
-from cfir_jax import progress as progress_bars
 from cfir_jax.errors import CfirError
-from cfir_jax.store import atomic_dir, check_manifest, read_manifest, write_manifest
+from cfir_jax.search.compact import CompactCache
+from cfir_jax.search.topk import cast_f16, top_k_positions, unique_sorted
 
-COMPACT_KIND = "sr_compact"
-COMPACT_VERSION = 2  # 2: per-dimension scales [r] (1 had per-row scales [N])
 # Approximate pass chunk: 512 x 128 codes as int8 + float32 = 320 KiB stays in L2 (256-1024 measured alike).
 _CHUNK_ROWS = 512
 # Exact pass chunk: 128 rows x 768 as float16 + float32 = 576 KiB, about one core's L2. Casting the whole shortlist
@@ -46,127 +36,6 @@ _EXACT_CHUNK_ROWS = 128
 # Below these sizes a thread hand-off (~20-50 us) costs more than the second core saves.
 _PARALLEL_MIN_APPROX = 8 * _CHUNK_ROWS
 _PARALLEL_MIN_EXACT = 512
-# float16 bit pattern -> float32 value (256 KiB, stays in L2): numpy's own astype is a scalar loop.
-_F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
-# torch parallelises copies above 32,768 elements (and its pool then fights the scorer's own threads: 1000x slower
-# under load); casting at most that many values at a time keeps it on the calling thread without touching torch's
-# process-wide thread setting, whatever the row width (768, or 1536 for fused rows).
-_TORCH_CAST_VALUES = 32768
-
-
-@dataclasses.dataclass
-class CompactCache:
-    """The compact scoring copy of an image cache.
-
-    rotation [D, r] float32 (orthonormal columns), codes [N, r] int8, scales [r] float32 (one per compact dim):
-    row n ~= (codes[n] * scales) @ rotation.T. Per-dimension rather than per-row scales: the scale folds into the
-    rotated query, so scoring gathers only the code rows (a per-row scale is one more random memory access per
-    candidate, ~18% of the gather), and top-1000 recall measured the same as with per-row scales.
-    """
-
-    rotation: np.ndarray
-    codes: np.ndarray
-    scales: np.ndarray
-
-    @property
-    def dims(self) -> int:
-        return self.codes.shape[1]
-
-    def query(self, query: np.ndarray) -> np.ndarray:
-        """query [D] -> [r] float32 weights with codes[n] @ weights ~= cache[n] @ query."""
-        return np.ascontiguousarray((np.asarray(query, np.float32) @ self.rotation) * self.scales, dtype=np.float32)
-
-    @classmethod
-    def open(cls, directory: str | os.PathLike, expect_n: int | None = None, expect_dim: int | None = None,
-             expect_cache: str | None = None, expect_dims: int | None = None):
-        """Memory-maps the codes of a directory written by `build_compact`; StoreError if it is for another cache.
-
-        expect_cache: the cache's `content_fingerprint`; a copy of another cache of the same shape (the cache
-        rebuilt by another model) is refused, not silently scored with stale codes.
-        """
-        manifest = read_manifest(directory, COMPACT_KIND, COMPACT_VERSION)
-        expected = dict(n=expect_n, dim=expect_dim, cache_fingerprint=expect_cache, dims=expect_dims)
-        expected = {key: v for key, v in expected.items() if v is not None}
-        check_manifest(manifest, directory, **expected)
-        d = Path(directory)
-        return cls(
-            rotation=np.load(d / "rotation.npy"),
-            codes=np.load(d / "codes.npy", mmap_mode="r"),
-            scales=np.load(d / "scales.npy"),
-        )
-
-
-def _fit(cache: np.ndarray, dims: int, sample: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Rotation [D, dims] (top eigenvectors of the uncentered second moment of a row sample) and scales [dims]."""
-    n = cache.shape[0]
-    rows = np.sort(np.random.default_rng(seed).choice(n, size=min(sample, n), replace=False))
-    x = np.asarray(cache[rows], dtype=np.float64)
-    # Uncentered: we approximate q . x, not x - mean, so the mean direction must stay in the basis.
-    _, vecs = np.linalg.eigh(x.T @ x)
-    rotation = np.ascontiguousarray(vecs[:, ::-1][:, :dims], dtype=np.float32)
-    # Each dim's largest magnitude in the sample maps to 127; rarer larger values outside the sample clip.
-    amax = np.abs(x.astype(np.float32) @ rotation).max(axis=0)
-    scales = np.where(amax > 0, amax / 127.0, 1.0).astype(np.float32)
-    return rotation, scales
-
-
-def quantize_rows(rotated: np.ndarray, scales: np.ndarray) -> np.ndarray:
-    """rotated [n, r] float32, scales [r] -> codes [n, r] int8 (symmetric, clipped to +-127)."""
-    return np.clip(np.rint(rotated / scales), -127, 127).astype(np.int8)
-
-
-def build_compact(
-    cache: np.ndarray,
-    out_path: str | os.PathLike,
-    dims: int = 128,
-    sample: int = 100_000,
-    chunk_rows: int = 65536,
-    seed: int = 0,
-    progress: bool = False,
-    cache_fingerprint: str | None = None,
-) -> CompactCache:
-    """Builds the compact scoring copy of cache [N, D] (f16/f32, memmap fine) into directory `out_path`.
-
-    Writes rotation.npy [D, dims] f32, codes.npy [N, dims] int8, scales.npy [dims] f32 and a manifest, atomically;
-    the manifest records `cache_fingerprint` (the source cache's `content_fingerprint`) for `CompactCache.open`.
-    """
-    if cache.ndim != 2 or cache.shape[0] == 0:
-        raise CfirError(f"build_compact: cache must be a non-empty [N, D] matrix, got shape {cache.shape}")
-    n, dim = cache.shape
-    if not 1 <= dims <= dim:
-        raise CfirError(f"build_compact: dims={dims} must be in [1, {dim}] (the cache dim)")
-    rotation, scales = _fit(cache, dims, sample, seed)
-    with atomic_dir(out_path) as tmp:
-        np.save(tmp / "rotation.npy", rotation)
-        np.save(tmp / "scales.npy", scales)
-        codes = np.lib.format.open_memmap(tmp / "codes.npy", mode="w+", dtype=np.int8, shape=(n, dims))
-        for start in progress_bars.bar(range(0, n, chunk_rows), desc="compact cache", show=None if progress else False):
-            block = np.asarray(cache[start : start + chunk_rows], dtype=np.float32)
-            codes[start : start + len(block)] = quantize_rows(block @ rotation, scales)
-        codes.flush()
-        del codes
-        write_manifest(tmp, COMPACT_KIND, COMPACT_VERSION, n=n, dim=dim, dims=dims, sample=min(sample, n),
-                       cache_fingerprint=cache_fingerprint)
-    return CompactCache.open(out_path)
-
-
-def compact_in_memory(cache: np.ndarray, dims: int = 128, sample: int = 100_000, seed: int = 0) -> CompactCache:
-    """The same representation as `build_compact`, kept in memory (tests, small caches)."""
-    rotation, scales = _fit(cache, dims, sample, seed)
-    return CompactCache(rotation, quantize_rows(np.asarray(cache, dtype=np.float32) @ rotation, scales), scales)
-
-
-def unique_sorted(candidates: np.ndarray) -> np.ndarray:
-    """Sorted unique ids of candidates [M] int32; a sort is ~20x faster than np.unique here and aids locality."""
-    s = np.sort(np.asarray(candidates, dtype=np.int32))
-    if s.size == 0:
-        return s
-    keep = np.empty(s.size, np.bool_)
-    keep[0] = True
-    np.not_equal(s[1:], s[:-1], out=keep[1:])
-    return s[keep]
-
-
 
 
 @dataclasses.dataclass
@@ -181,33 +50,6 @@ class StageTimes:
     def p50_ms(self) -> dict[str, float]:
         """Median milliseconds per stage."""
         return {k: float(np.median(v)) * 1e3 for k, v in dataclasses.asdict(self).items() if v}
-
-
-def exact_top_k(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int,
-                chunk_rows: int = 8192) -> tuple[np.ndarray, np.ndarray]:
-    """The paper's SR: float32 dot products of every cache row ids [M] with query [D]; (scores [k'], ids [k'] int32),
-    best first, k' = min(k, M). Gathered in chunks so a 55k-candidate union never holds 170 MB of float32 at once."""
-    ids = np.asarray(ids)
-    query = np.asarray(query, np.float32)
-    scores = np.empty(ids.size, np.float32)
-    for a in range(0, ids.size, chunk_rows):
-        rows = np.asarray(cache[ids[a : a + chunk_rows]])
-        if rows.dtype == np.float16:  # numpy's own float16 -> float32 cast is a scalar loop (~10x slower)
-            wide = np.empty(rows.shape, np.float32)
-            _cast_f16(rows, wide)
-            rows = wide
-        scores[a : a + chunk_rows] = np.asarray(rows, np.float32) @ query
-    best = _top_k(scores, k)
-    return scores[best], ids[best].astype(np.int32)
-
-
-def _top_k(scores: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k best of scores [S], best first (ties broken by position)."""
-    if scores.size > k:
-        part = np.argpartition(scores, scores.size - k)[scores.size - k :]
-    else:
-        part = np.arange(scores.size)
-    return part[np.argsort(-scores[part], kind="stable")]
 
 
 class SRScorer:
@@ -334,7 +176,7 @@ class SRScorer:
                 if as_float is not rows:
                     # float16 values are exact in float32, so this equals the float32 reference up to summation
                     # order. The product runs in numpy's BLAS (sgemv 3x faster than torch.mv here).
-                    _cast_f16(rows[:m], as_float[:m])
+                    cast_f16(rows[:m], as_float[:m])
                 np.dot(as_float[:m], query, out=out[c0 : c0 + m])
 
         self._run(work, ids.size, _PARALLEL_MIN_EXACT)
@@ -382,7 +224,7 @@ class SRScorer:
                 short = ids
             t3 = time.perf_counter()
             exact = self._exact_scores(query, short)
-            best = _top_k(exact, self.k)
+            best = top_k_positions(exact, self.k)
             scores, top_ids = exact[best], short[best]
             t4 = time.perf_counter()
         if times is not None:
@@ -397,13 +239,3 @@ class SRScorer:
         if len(queries) != len(candidate_lists):
             raise CfirError(f"{len(queries)} queries but {len(candidate_lists)} candidate lists")
         return [self.score(q, c, times) for q, c in zip(queries, candidate_lists)]
-
-
-def _cast_f16(src: np.ndarray, dst: np.ndarray) -> None:
-    """dst[...] = src (float16 -> float32), vectorised: torch's F16C loop if installed, else a lookup table."""
-    if torch is None:
-        np.take(_F16_TO_F32, src.view(np.uint16), out=dst)
-        return
-    step = max(1, _TORCH_CAST_VALUES // max(1, src.shape[-1]))
-    for a in range(0, len(src), step):
-        torch.from_numpy(dst[a : a + step]).copy_(torch.from_numpy(src[a : a + step]))

@@ -1,0 +1,88 @@
+"""The comparison rows of `retrieve.py --evaluate SPLIT --compare`, as data: the paper's Table 3 and the rows beyond.
+
+A row is a name, a method, config overrides (dotted keys, e.g. "retrieval.text" or "retrieval.fusion.w_txt") and the
+label the table prints. Table 3 of the CFIR paper (ablation, AToMiC base) comes first; "entities + document" scores the
+entity candidate union with the document's embedding instead of the summary's. The paper's rows stay the paper's
+whatever retrieval.fusion, entity_text_match and rerank say (`PAPER_SETTINGS`); the rows beyond the paper follow, each
+when its store exists: CFIR fused with the image text (W/image_text), with the entity text matches
+(W/entity_text_match), and re-ranked by the third stage (W/reranker). A row that varies one more setting (say Table
+4's K, `retrieval.k`) is one more line here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import ml_collections
+
+from cfir_jax.layout import Layout
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    name: str  # an identifier (stable across label wording)
+    method: str  # cfir | dense_document | dense_summary | entity_only
+    overrides: dict[str, Any]  # dotted config key -> value, applied over the evaluated config
+    label: str  # what the table prints
+
+    def config(self, config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+        """A copy of config with this row's overrides."""
+        out = config.copy_and_resolve_references()
+        for key, value in self.overrides.items():
+            *path, leaf = key.split(".")
+            node = out
+            for part in path:
+                node = node[part]
+            node[leaf] = value
+        return out
+
+    def with_overrides(self, **overrides: Any) -> Row:
+        """The row with more overrides (keys with dots given as '__': retrieval__text)."""
+        more = {k.replace("__", "."): v for k, v in overrides.items()}
+        return dataclasses.replace(self, overrides={**self.overrides, **more})
+
+
+NO_FUSION = {"retrieval.fusion.w_img": 1.0, "retrieval.fusion.w_txt": 0.0}
+NO_RERANK = {"retrieval.rerank.enabled": False}
+NO_TEXT_MATCH = {"retrieval.entity_text_match": False}
+PAPER_SETTINGS = {**NO_FUSION, **NO_RERANK, **NO_TEXT_MATCH}
+
+TABLE3 = (
+    Row("document_only", "dense_document", PAPER_SETTINGS, "document only"),
+    Row("entities_only", "entity_only", PAPER_SETTINGS, "entities only"),
+    Row("summary_only", "dense_summary", PAPER_SETTINGS, "summary only"),
+    Row("entities_document", "cfir", {**PAPER_SETTINGS, "retrieval.text": "document"}, "entities + document"),
+    Row("full_cfir", "cfir", PAPER_SETTINGS, "full CFIR"),
+)
+# Beyond the paper. The fused row's text weight is the configured one, or retrieval.fusion.compare_w_txt when fusion
+# is off (`comparison_rows` fills it in).
+FUSED = Row("image_text", "cfir", {**NO_RERANK, **NO_TEXT_MATCH}, "CFIR + image text")
+TEXT_MATCH = Row("entity_text_match", "cfir", {**NO_FUSION, **NO_RERANK, "retrieval.entity_text_match": True},
+                 "CFIR + entity text match")
+RERANK = Row("rerank", "cfir", {**NO_FUSION, **NO_TEXT_MATCH, "retrieval.rerank.enabled": True}, "CFIR + re-rank")
+FUSED_RERANK = Row("image_text_rerank", "cfir", {**NO_TEXT_MATCH, "retrieval.rerank.enabled": True},
+                   "CFIR + image text + re-rank")
+
+
+def single_row(method: str) -> Row:
+    """The row of `--evaluate SPLIT --method M` without --compare: the configuration as given."""
+    return Row(method, method, {}, method)
+
+
+def comparison_rows(config: ml_collections.ConfigDict, workdir) -> tuple[Row, ...]:
+    """Table 3's rows, then each row beyond the paper whose store the workdir holds (the re-ranked rows also when
+    retrieval.rerank.enabled asks for them: a missing W/reranker is then refused in one line)."""
+    rcfg, layout = config.retrieval, Layout.of(workdir)
+    rows = TABLE3
+    fusion = (float(rcfg.fusion.w_img), float(rcfg.fusion.w_txt))
+    if (layout.image_text / "manifest.json").is_file():
+        w_txt = fusion[1] if fusion[1] != 0.0 else float(rcfg.fusion.compare_w_txt)
+        rows += (FUSED.with_overrides(retrieval__fusion__w_txt=w_txt),)
+    if (layout.entity_text_match / "manifest.json").is_file():
+        rows += (TEXT_MATCH,)
+    if (layout.reranker / "manifest.json").is_file() or rcfg.rerank.enabled:
+        rows += (RERANK,)
+        if fusion != (1.0, 0.0):
+            rows += (FUSED_RERANK,)
+    return rows

@@ -1,0 +1,71 @@
+"""The frozen index encoder: where it is, its text positions, loading it, its entity-text encoder and the checks
+that the stores it made belong together (entity texts and images from one model).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.errors import CfirError
+from cfir_jax.layout import Layout
+
+
+def encoder_dir(config, layout: Layout) -> Path | None:
+    """The frozen encoder's model directory: the configured one, or W/encoder for 'pretrain'."""
+    enc = config.index.encoder
+    if enc == "pretrain":
+        return layout.encoder
+    return Path(enc) if enc else None
+
+
+def text_positions(config, layout: Layout) -> int:
+    """max_text_positions of the encoder when it already exists (its own, whatever the config says), else the
+    config's (the model the 'pretrain' stage will create)."""
+    from cfir_jax.model import checkpoint
+
+    path = encoder_dir(config, layout)
+    if path is not None and (path / "manifest.json").is_file():
+        return int(checkpoint.read_model_manifest(path)["model_config"]["max_text_positions"])
+    return int(config.model.max_text_positions)
+
+
+def load_encoder(config, layout: Layout):
+    from cfir_jax.model import checkpoint
+
+    path = encoder_dir(config, layout)
+    if path is None:
+        raise CfirError("no encoder: set --config.index.encoder=MODEL_DIR (python -m cfir_jax.model.convert "
+                        "--checkpoint beit3_base_itc_patch16_224.pth ...) or 'pretrain' for synthetic corpora")
+    return checkpoint.load_model(path, config.model)
+
+
+def entity_encoder(config, layout: Layout, corpus):
+    """The frozen text encoder for entity texts (16 tokens), and its fingerprint."""
+    from cfir_jax.model import checkpoint
+    from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.model.tokenizer import resolve_tokenizer
+
+    model = load_encoder(config, layout)
+    check_text_lengths(config, INDEX_TEXT_LENGTHS[:1], model.config.max_text_positions)
+    ei = config.index.entity_index
+    encoder = TextEncoder(model, resolve_tokenizer(config, corpus), ei.max_text_len, ei.encode_batch)
+    return encoder, checkpoint.fingerprint(model, "text")
+
+
+def scann_config(config):
+    from cfir_jax.index.knn import ScannConfig
+
+    ei = config.index.entity_index
+    return ScannConfig(num_leaves=ei.num_leaves or None, num_leaves_to_search=ei.num_leaves_to_search or None,
+                       reorder=ei.reorder or None, min_rows_for_tree=ei.min_rows_for_tree)
+
+
+def check_cache_encoder(config, layout: Layout, cache) -> None:
+    """Entity texts and images must come from one model: a cache encoded by another model is refused (one line)."""
+    from cfir_jax.model import checkpoint
+    from cfir_jax.store import check_manifest
+
+    if cache.manifest.get("source") == "model":  # imported embeddings carry no model fingerprint to compare
+        vision = checkpoint.read_model_manifest(encoder_dir(config, layout))["vision_fingerprint"]
+        check_manifest(cache.manifest, cache.path, fingerprint=vision)

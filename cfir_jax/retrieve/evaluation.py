@@ -1,0 +1,77 @@
+"""`retrieve.py --evaluate SPLIT [--compare]`: retrieval for the corpus' own topics, scored like trec_eval.
+
+Each row (`cfir_jax.eval.comparison`: the paper's Table 3 and the rows beyond, or the one configured method) is its
+own Retriever over its row's config; evaluation scores unions exactly (`retrieval.eval_sr`, "exact" unless asked
+otherwise) and, with "fast", states its measured agreement with exact scoring. Prints the table, how SR scored, the
+third stage's cost and the unknown entities; optionally writes the recall@k curves and (one row) the run file.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import ml_collections
+
+from cfir_jax.eval.comparison import Row
+from cfir_jax.retrieve import report
+from cfir_jax.retrieve.pipeline import Retriever, run_of
+
+
+def evaluation_sr(config: ml_collections.ConfigDict) -> None:
+    """Evaluation scores with retrieval.eval_sr (exact unless asked otherwise), whatever retrieval.sr says."""
+    config.retrieval.sr = config.retrieval.eval_sr
+
+
+def print_notes(retriever: Retriever) -> None:
+    for note in retriever.notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int) -> None:
+    """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given."""
+    from cfir_jax.eval import metrics, trec
+
+    if output:
+        trec.write_run(output, run, tag=tag, max_hits=top)
+        print(f"wrote {output}", file=sys.stderr)
+    if qrels:
+        print(metrics.evaluate(run, trec.read_qrels(qrels)).table())
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
+             output: str = "", tag: str = "cfir", top: int = 1000) -> list[report.EvalRow]:
+    """Runs every row over the split's topics and prints the evaluation table; returns its rows."""
+    from cfir_jax.eval import metrics, plots
+
+    evaluation_sr(config)
+    table, all_results, curves = [], [], {}
+    unknown_line = ""
+    for row in rows:
+        row_config = row.config(config)
+        retriever = Retriever(row_config, workdir, row.method, measure_agreement=True)
+        print_notes(retriever)
+        docs = retriever.corpus_documents(split)
+        results = retriever.retrieve_many(docs, progress=True)
+        if retriever.methods.uses_entities and not unknown_line:  # the same entities for both methods
+            unknown_line = report.unknown_summary(results, row_config.retrieval.unknown_entities)
+        all_results.append(results)
+        run = run_of(results, docs)
+        qrels = retriever.corpus.qrels(split)
+        if plot:
+            curves[row.label] = plots.recall_curve(run, qrels)
+        res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES)
+        table.append(report.EvalRow(row.label, res.aggregate, results, retriever.model_used))
+        if len(rows) == 1:
+            write_and_score(run, output, "", tag, top)
+    print(f"{split} split, {len(docs)} topics")
+    print(report.eval_table(table))
+    print(report.sr_line(config.retrieval, all_results))
+    if report.rerank_line(table):
+        print(report.rerank_line(table))
+    if unknown_line:
+        print(unknown_line)
+    if plot:
+        plots.plot_recall_curves(curves, plot, f"{split} split, {len(docs)} topics")
+        print(f"wrote {plot}", file=sys.stderr)
+    return table

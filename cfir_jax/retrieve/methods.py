@@ -1,0 +1,126 @@
+"""The retrieval methods, one small class each: CFIR and the paper's three baselines.
+
+A method says what it reads (entities, the summary, the document), how it encodes a batch of queries, and how it
+ranks one document given its candidate lists: CFIR leaves the union to SR (batched by the Retriever) and falls back
+to the whole cache when the document has no usable entity; `dense_document` and `dense_summary` search the whole
+cache exactly with the full document's or the summary's embedding; `entity_only` ranks the union by each image's
+best entity score.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from cfir_jax.errors import CfirError
+
+Ranked = tuple[np.ndarray, np.ndarray]
+NO_ENTITY_NOTE = "no usable entity: searched the whole cache with the summary embedding"
+
+
+class Method:
+    """What every method answers. `rank` returns (ranked, note); ranked None means: SR scores the union."""
+
+    name = ""
+    uses_entities = False  # opens the entity index; extracts the documents' entities
+    summarizes = False  # scores the document's summary when retrieval.text="summary"
+
+    def __init__(self, rcfg):
+        self.rcfg = rcfg
+
+    def uses_summary(self) -> bool:
+        return self.summarizes and self.rcfg.text == "summary"
+
+    def reads_document(self) -> bool:
+        """The document (not a summary) is what gets encoded: the document-trained model is used when there is one."""
+        return self.rcfg.text == "document"
+
+    def encode(self, stores, docs: Sequence, summaries: list[str]) -> np.ndarray | None:
+        """The batch's query embeddings [Q, D] (None when the method scores without one)."""
+        texts = summaries if self.uses_summary() else [d.text for d in docs]
+        return stores.query_encoder.encode(texts)
+
+    def warm_up(self, stores) -> None:
+        stores.query_encoder.encode(["warm up"])
+
+    def model_label(self, stores) -> str:
+        """Which model scored this method's queries (the --compare table)."""
+        kind = "untrained index encoder" if stores.untrained else f"{stores.trained_text}-trained"
+        return f"{kind}, {self.rcfg.max_text_len} tokens"
+
+    def rank(self, retriever, query: np.ndarray | None, lists: list[np.ndarray], used: list[str]
+             ) -> tuple[Ranked | None, str]:
+        raise NotImplementedError
+
+
+class Cfir(Method):
+    """Entities -> candidate union -> SR with the summary embedding (or the document's, retrieval.text)."""
+
+    name = "cfir"
+    uses_entities = True
+    summarizes = True
+
+    def rank(self, retriever, query, lists, used):
+        if lists:
+            return None, ""
+        return retriever.sr.full_search(query, self.rcfg.top_k), NO_ENTITY_NOTE
+
+
+class DenseDocument(Method):
+    """Exact search of the whole cache with the full document's embedding."""
+
+    name = "dense_document"
+
+    def reads_document(self) -> bool:
+        return True
+
+    def encode(self, stores, docs, summaries):
+        return stores.doc_encoder.encode([d.text for d in docs])
+
+    def warm_up(self, stores) -> None:
+        super().warm_up(stores)
+        stores.doc_encoder.encode(["warm up"])
+
+    def model_label(self, stores) -> str:
+        kind = "untrained index encoder" if stores.untrained else f"{stores.trained_text}-trained"
+        return f"{kind}, {stores.doc_encoder.max_len} tokens"
+
+    def rank(self, retriever, query, lists, used):
+        return retriever.sr.full_search(query, self.rcfg.top_k), ""
+
+
+class DenseSummary(Method):
+    """Exact search of the whole cache with the summary's embedding."""
+
+    name = "dense_summary"
+    summarizes = True
+
+    def rank(self, retriever, query, lists, used):
+        return retriever.sr.full_search(query, self.rcfg.top_k), ""
+
+
+class EntityOnly(Method):
+    """The union ranked by each image's best entity score (the frozen index encoder's)."""
+
+    name = "entity_only"
+    uses_entities = True
+
+    def encode(self, stores, docs, summaries):
+        return None
+
+    def model_label(self, stores) -> str:
+        return f"frozen index encoder, {stores.entity_encoder.max_len} tokens"
+
+    def rank(self, retriever, query, lists, used):
+        return retriever.entities.entity_only_ranking(lists, used, self.rcfg.top_k), ""
+
+
+METHODS = {m.name: m for m in (Cfir, DenseDocument, DenseSummary, EntityOnly)}
+
+
+def method_of(name: str, rcfg) -> Method:
+    """The method called `name`; an unknown name is one line listing the known ones."""
+    if name not in METHODS:
+        raise CfirError(f"unknown method {name!r}: use one of {', '.join(METHODS)}")
+    return METHODS[name](rcfg)

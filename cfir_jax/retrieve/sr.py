@@ -1,0 +1,152 @@
+"""The SR front end: which scorer re-ranks a candidate union, and the whole-cache search the methods fall back to.
+
+Backend (`retrieval.sr_backend`): "device" (the cache resident on the JAX devices, jitted exact SR over batches,
+`cfir_jax.search.device_sr`), "cpu" (numpy), "auto" (device when a GPU or TPU is present). On the CPU,
+`retrieval.sr="exact"` scores every candidate (the paper's SR, `cfir_jax.search.topk.exact_top_k`) and "fast" runs
+the two-pass scorer over the compact int8 copy (`cfir_jax.search.cpu_sr`; the copy is built or checked when the
+front end is made, so no query pays for it). Fused (`retrieval.fusion` other than (1, 0)), every scorer reads the
+image cache and the image-text store as one [N, 2D] matrix (`cfir_jax.search.fused`) against [w_img q, w_txt q].
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from cfir_jax.errors import CfirError
+
+Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
+SR_MODES = ("exact", "fast")
+
+
+def check_sr_settings(rcfg) -> None:
+    """One-line refusals of SR settings, before any store is opened."""
+    if rcfg.sr not in SR_MODES:
+        raise CfirError(f"retrieval.sr={rcfg.sr!r}: use 'exact' (the paper) or 'fast'")
+
+
+class SRFrontEnd:
+    """Scores unions and searches the whole cache for one retriever.
+
+    stores: the opened `Stores` (cache, image text when fused); fusion: (w_img, w_txt); fused: whether SR fuses.
+    """
+
+    def __init__(self, rcfg, stores, fusion: tuple[float, float], fused: bool):
+        self.rcfg, self.stores, self.fusion, self.fused = rcfg, stores, fusion, fused
+        self.mode = rcfg.sr
+        self.embeddings = stores.embeddings
+        self.rows = self.embeddings  # what SR and the device cache score: [N, D], or [N, 2D] when fused
+        if fused:
+            from cfir_jax.search.fused import FusedRows
+
+            self.rows = FusedRows(self.embeddings, stores.image_text.embeddings)
+        self._cpu = self._device = None
+
+    def backend(self) -> str:
+        """'device' or 'cpu' (retrieval.sr_backend; 'auto' is device when a GPU or TPU is present)."""
+        backend = self.rcfg.sr_backend
+        if backend not in ("auto", "device", "cpu"):
+            raise CfirError(f"retrieval.sr_backend={backend!r}: use auto, device or cpu")
+        if backend == "auto":
+            from cfir_jax.search.device_sr import has_accelerator
+
+            backend = "device" if has_accelerator() else "cpu"
+        return backend
+
+    def prepare(self) -> None:
+        """Builds now what the first query would otherwise wait for (minutes at scale): the compact copy for fast
+        SR, or the device copy."""
+        if self.mode == "fast" or self.backend() == "device":
+            self.scorer()
+
+    def device_cache(self):
+        """The image cache resident on the local devices (loaded once; SR and exact searches share it)."""
+        if self._device is None:
+            from cfir_jax.search.device_sr import DeviceCache
+
+            rcfg = self.rcfg
+            shard = {"auto": None, "always": True, "never": False}.get(rcfg.sr_device_shard, "bad")
+            if shard == "bad":
+                raise CfirError(f"retrieval.sr_device_shard={rcfg.sr_device_shard!r}: use auto, always or never")
+            self._device = DeviceCache(self.rows, k=rcfg.top_k, dtype=rcfg.sr_device_dtype, shard=shard,
+                                       buckets=tuple(rcfg.sr_buckets), query_batch=rcfg.sr_query_batch)
+        return self._device
+
+    def scorer(self):
+        """The SR scorer of the configured backend; both have score_batch(queries [Q, D], unions) -> [(s, rows)]."""
+        if self.backend() == "device":
+            return self.device_cache()
+        if self._cpu is None:
+            self._cpu = self._cpu_scorer()
+        return self._cpu
+
+    def _cpu_scorer(self):
+        """The two-pass scorer over the compact copy, which is rebuilt when missing or made from another cache (or
+        dims). Fused, the copy is made of the [N, 2D] rows [image, image text], so it serves any weights."""
+        from cfir_jax.search.compact import CompactCache, build_compact
+        from cfir_jax.search.cpu_sr import SRScorer
+
+        layout, cache = self.stores.layout, self.stores.cache
+        compact_dir = layout.sr_compact_fused if self.fused else layout.sr_compact
+        source = cache.content_fingerprint
+        if self.fused:
+            from cfir_jax.store import manifest_digest
+
+            source += f"+text-{manifest_digest(self.stores.image_text.manifest)}"
+        dim = self.rows.shape[1]
+        dims = min(self.rcfg.sr_compact_dims, dim)
+        try:
+            CompactCache.open(compact_dir, expect_n=cache.num_images, expect_dim=dim, expect_cache=source,
+                              expect_dims=dims)
+        except CfirError:  # derived data: missing, or made from another cache (or dims), is rebuilt
+            build_compact(self.rows, compact_dir, dims=dims, cache_fingerprint=source)
+        return SRScorer(self.rows, compact_dir, shortlist=self.rcfg.sr_shortlist, k=self.rcfg.top_k)
+
+    def query_rows(self, queries: np.ndarray) -> np.ndarray:
+        """Queries [Q, D] as SR scores them: [w_img q, w_txt q] when fused."""
+        if self.fused:
+            from cfir_jax.search.fused import fused_queries
+
+            return fused_queries(queries, *self.fusion)
+        return queries
+
+    def score_unions(self, queries: np.ndarray, unions: list[np.ndarray]) -> list[Ranked]:
+        """SR of sorted unique unions ([Q, D] queries, Q unions [M_i]): (scores [k'], cache rows [k']) per query.
+
+        The device backend is exact by construction; on the CPU, `retrieval.sr="exact"` scores every candidate
+        (the paper's SR) and "fast" runs the two-pass scorer.
+        """
+        queries = self.query_rows(queries)
+        if self.mode == "exact" and self.backend() == "cpu":
+            from cfir_jax.search.topk import exact_top_k
+
+            return [exact_top_k(self.rows, q, u, self.rcfg.top_k) for q, u in zip(queries, unions)]
+        return self.scorer().score_batch(queries, unions)
+
+    def agreement(self, query: np.ndarray, union: np.ndarray, ranked_rows: np.ndarray) -> float:
+        """Fast SR's top-k overlap with exact scoring of the same union (measured outside the timed region)."""
+        from cfir_jax.search.topk import exact_top_k
+
+        _, exact_rows = exact_top_k(self.rows, self.query_rows(query[None])[0], union, self.rcfg.top_k)
+        return len(np.intersect1d(ranked_rows, exact_rows)) / max(len(exact_rows), 1)
+
+    def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0)) -> Ranked:
+        """Exact top-k over the whole cache, queries [Q, D] -> [Q, k'] each: on the devices when SR runs there.
+
+        weights: (w_img, w_txt) of a fused retriever's search; the default scores the images alone.
+        """
+        from cfir_jax.search.topk import exact_topk
+
+        rows = self.embeddings
+        if self.fused and (self.backend() == "device" or weights != (1.0, 0.0)):
+            from cfir_jax.search.fused import fused_queries
+
+            # The device holds the fused matrix only: an image-only search is the query [q, 0] against it.
+            queries, rows = fused_queries(queries, *weights), self.rows
+        if self.backend() == "device":
+            return self.device_cache().full_topk(queries, k)
+        return exact_topk(queries, rows, min(k, len(rows)))
+
+    def full_search(self, query: np.ndarray, k: int) -> Ranked:
+        """One query [D] over the whole cache, fused when SR is."""
+        scores, rows = self.exact_search(query[None], k, self.fusion if self.fused else (1.0, 0.0))
+        return scores[0], rows[0]

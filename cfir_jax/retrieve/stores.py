@@ -1,0 +1,158 @@
+"""Opening and checking a workdir's stores for retrieval, once, with a one-line refusal for each mismatch.
+
+What a method reads: the corpus, the trained text model (or the index encoder when train.py has not run; the
+document-trained model for the document baseline when train.py made one), the image cache built by that model's
+vision tower, and for the entity methods the entity index built by the frozen index encoder over this very cache
+(with the entity-text matches and the image-text store when the configuration asks for them). Each check names the
+store and the fix; nothing is read twice.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.errors import CfirError
+from cfir_jax.layout import Layout
+
+
+@dataclasses.dataclass
+class Stores:
+    """The opened stores and encoders of one workdir, for one method."""
+
+    layout: Layout
+    corpus: Any  # cfir_jax.data.corpus.Corpus
+    cache: Any  # cfir_jax.index.image_cache.ImageCache
+    model: Any  # the text model scoring queries
+    model_manifest: dict
+    tokenizer: Any
+    query_encoder: Any  # TextEncoder at retrieval.max_text_len
+    doc_encoder: Any  # TextEncoder of whole documents (dense_document)
+    document_model: bool  # the document-trained model (train.text=document) encodes the documents
+    untrained: bool  # no trained model: the index encoder scores queries
+    trained_text: str  # what the model was trained on: "summary" or "document"
+    entity_index: Any = None  # EntityIndex (cfir, entity_only)
+    entity_encoder: Any = None  # TextEncoder of entities (the frozen index encoder)
+    encoder_fingerprint: str | None = None  # the index encoder's text tower
+    text_match: Any = None  # EntityTextMatch (retrieval.entity_text_match)
+    image_text: Any = None  # ImageTextCache (fused SR)
+
+    @property
+    def embeddings(self):
+        return self.cache.embeddings
+
+
+def read_index_json(layout: Layout) -> dict:
+    if not layout.index_json.is_file():
+        raise CfirError(f"{layout.root}: incomplete index (no index.json); run index.py to finish it")
+    try:
+        return json.loads(layout.index_json.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise CfirError(f"{layout.index_json}: unreadable; run index.py again") from None
+
+
+def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: bool, entities: bool,
+                text_match: bool, fused: bool) -> Stores:
+    """Opens what a method reads. reads_document: it encodes the document (the document-trained model is used when
+    train.py made one); entities: the entity index and its encoder; text_match / fused: the stores of those options."""
+    from cfir_jax.data.corpus import Corpus
+    from cfir_jax.model import checkpoint
+
+    layout = Layout.of(workdir)
+    if not layout.root.is_dir():
+        raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
+    index_info = read_index_json(layout)
+    corpus = Corpus.open(layout.corpus)
+    model_dir = layout.model if (layout.model / "manifest.json").is_file() else None
+    # The document baseline of the paper (Table 3): a model trained on documents at 64 tokens, when train.py
+    # made one (train.text=document); every method that encodes the document uses it.
+    document_model = (layout.model_document / "manifest.json").is_file() and reads_document
+    if document_model:
+        model_dir = layout.model_document
+    encoder_dir = layout.recorded_path(index_info, "encoder")
+    untrained = model_dir is None
+    if untrained:
+        if encoder_dir is None:
+            raise CfirError(f"{layout.root}: no trained model (run train.py) and no index encoder")
+        model_dir = encoder_dir
+    model = checkpoint.load_model(model_dir, config.model)
+    check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS, model.config.max_text_positions)
+    model_manifest = checkpoint.read_model_manifest(model_dir)
+    cache = _open_cache(layout, model, model_dir, model_manifest)
+    stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, untrained)
+    if entities:
+        _open_entity_index(config, stores, encoder_dir)
+    if text_match:
+        from cfir_jax.index.entity_text_match import EntityTextMatch
+        from cfir_jax.store import manifest_digest
+
+        stores.text_match = EntityTextMatch.open(layout.entity_text_match,
+                                                 entity_index=manifest_digest(stores.entity_index.manifest),
+                                                 cache_fingerprint=cache.content_fingerprint)
+    if fused:
+        stores.image_text = open_image_text(stores)
+    return stores
+
+
+def open_image_text(stores: Stores):
+    """The image-text store, checked against the index encoder and this cache."""
+    from cfir_jax.index.image_text import ImageTextCache
+
+    return ImageTextCache.open(stores.layout.image_text, expect_fingerprint=stores.encoder_fingerprint,
+                               expect_cache_fingerprint=stores.cache.content_fingerprint)
+
+
+def _open_cache(layout: Layout, model, model_dir: Path, model_manifest: dict):
+    from cfir_jax.index.image_cache import ImageCache
+
+    cache = ImageCache.open(layout.image_cache, expect_dim=model.config.embed_dim)
+    if not cache.fingerprint.startswith("precomputed:") and cache.fingerprint != model_manifest["vision_fingerprint"]:
+        raise CfirError(f"{layout.image_cache}: image cache was built by {cache.fingerprint} but the model "
+                        f"{model_dir} has {model_manifest['vision_fingerprint']}: rebuild the cache or use its model")
+    return cache
+
+
+def _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, untrained) -> Stores:
+    """The query encoder (retrieval.max_text_len tokens) and the document encoder: up to the positions the model
+    has with the summary-trained model; the document-trained model reads documents as it was trained."""
+    from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.model.tokenizer import resolve_tokenizer
+
+    rcfg = config.retrieval
+    tokenizer = resolve_tokenizer(config, corpus)
+    doc_len = model.config.max_text_positions - 2
+    if document_model:
+        doc_len = int(model_manifest.get("train_max_text_len") or rcfg.max_text_len)
+    trained = model_manifest.get("train_text") or ("document" if document_model else "summary")
+    return Stores(layout, corpus, cache, model, model_manifest, tokenizer,
+                  query_encoder=TextEncoder(model, tokenizer, rcfg.max_text_len, batch_size=32),
+                  doc_encoder=TextEncoder(model, tokenizer, doc_len, batch_size=8),
+                  document_model=document_model, untrained=untrained, trained_text=trained)
+
+
+def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None:
+    """The entity index, refused when built by another encoder, over another cache or another number of images."""
+    from cfir_jax.index.entity_index import EntityIndex
+    from cfir_jax.model import checkpoint
+    from cfir_jax.model.text_encoder import TextEncoder
+
+    layout, cache, model = stores.layout, stores.cache, stores.model
+    enc_model = checkpoint.load_model(encoder_dir, config.model) if encoder_dir else model
+    check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS[1:], enc_model.config.max_text_positions)
+    stores.encoder_fingerprint = checkpoint.fingerprint(enc_model, "text")
+    index = EntityIndex.open(layout.entity_index, expect_fingerprint=stores.encoder_fingerprint,
+                             expect_dim=model.config.embed_dim)
+    if index.manifest.get("n_images") not in (None, cache.num_images):
+        raise CfirError(f"{layout.entity_index}: built over {index.manifest['n_images']} images "
+                        f"but the cache has {cache.num_images}: rebuild the entity index")
+    if "cache_fingerprint" in index.manifest:
+        from cfir_jax.store import check_derived
+
+        check_derived(index.manifest, layout.entity_index, cache_fingerprint=cache.content_fingerprint)
+    stores.entity_index = index
+    stores.entity_encoder = TextEncoder(enc_model, stores.tokenizer, config.index.entity_index.max_text_len, 16)
