@@ -8,6 +8,7 @@
     python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
     python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
+    python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
 
 Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
 --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
@@ -24,7 +25,8 @@ SHOWN = 20
 
 
 def _flags(p):
-    what = p.add_mutually_exclusive_group(required=True)
+    # Not required by argparse: --compile-only (cli.parse's flag) stands alone; _check asks for one of them.
+    what = p.add_mutually_exclusive_group()
     what.add_argument("--query", help="a plain-text document")
     what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
     what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
@@ -59,6 +61,10 @@ def _flags(p):
 def _check(args) -> None:
     from cfir_jax.retrieve.report import FORMATS
 
+    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.compile_only]
+    if sum(bool(c) for c in chosen) != 1:
+        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --compile-only")
+
     if args.format not in FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
     if args.plot and not args.evaluate:
@@ -86,6 +92,10 @@ def _check(args) -> None:
 def main():
     args, config = cli.parse(__doc__.splitlines()[0], _flags, workdir_flag="--index", config_from_workdir=True,
                              check_args=_check, example="--config.retrieval.top_k=100")
+    if args.compile_only:
+        from cfir_jax.aot.compile import compile_command
+
+        return compile_command("retrieve", config, args.topology)
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
