@@ -7,6 +7,7 @@
     python index.py --config configs/demo.py --workdir demo_work        # the synthetic world
     python index.py --config ... --workdir W --add-entities new_entities.txt
     python index.py --verify --workdir W     # every store against the checksums recorded when it was built
+    python index.py --config configs/base.py --compile-only --topology v5e:2x4   # image encoding, entity top-K
 
 On several hosts, run the same command on every host (jax.distributed: see cfir_jax/index/runner.py).
 """
@@ -39,6 +40,10 @@ def main():
         p.add_argument("--workdir", required=True)
         sys.exit(verify_command(p.parse_args().workdir))
     args, config = cli.parse(__doc__.splitlines()[0], _flags)
+    if args.compile_only:
+        from cfir_jax.aot.compile import compile_command
+
+        return compile_command("index", config, args.topology)
     cli.maybe_initialize_distributed()
     from cfir_jax import faults, workdir_lock
     from cfir_jax.hosts import is_main

@@ -5,11 +5,16 @@
     python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
                                                                     # (+ the fused row when W/image_text exists,
                                                                     # + the re-ranked row when W/reranker does)
+    python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
+    python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
+    python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
 
 Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
 --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
 """
+
+import sys
 
 from cfir_jax import cli
 from cfir_jax.errors import CfirError, cli_main
@@ -20,13 +25,19 @@ SHOWN = 20
 
 
 def _flags(p):
-    what = p.add_mutually_exclusive_group(required=True)
+    # Not required by argparse: --compile-only (cli.parse's flag) stands alone; _check asks for one of them.
+    what = p.add_mutually_exclusive_group()
     what.add_argument("--query", help="a plain-text document")
     what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
     what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
     what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
                       "(retrieval.rerank) on the train split into W/reranker; enable it with "
                       "--config.retrieval.rerank.enabled=true")
+    what.add_argument("--serve", action="store_true", help="serve the index over HTTP until stopped (POST "
+                      "/v1/search, GET / a page; settings: --config.serve.*)")
+    serving = p.add_argument_group("--serve")
+    serving.add_argument("--host", default=None, help="address to listen on (default serve.host: 127.0.0.1)")
+    serving.add_argument("--port", type=int, default=None, help="port (default serve.port: 8080; 0: any free one)")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
@@ -39,10 +50,20 @@ def _flags(p):
     p.add_argument("--output", default="", help="write a TREC run file")
     p.add_argument("--qrels", default="", help="TREC qrels (or AToMiC parquet) to evaluate the run against")
     p.add_argument("--tag", default="cfir", help="run tag of TREC output")
+    p.add_argument("--measures", default="", help="with --evaluate or --qrels: trec_eval (per text, the default), "
+                   "authors (the authors' code: one query per qrels line, chunk means) or both; "
+                   "default retrieval.measures")
+    p.add_argument("--compare-k", default="", metavar="K1,K2,...", help="with --evaluate: full CFIR at each K, the "
+                   "paper's Table 4, from the one index (each a cut of its best-first lists, retrieval.k; refused "
+                   "above the K it was built with)")
 
 
 def _check(args) -> None:
     from cfir_jax.retrieve.report import FORMATS
+
+    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.compile_only]
+    if sum(bool(c) for c in chosen) != 1:
+        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --compile-only")
 
     if args.format not in FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
@@ -54,31 +75,59 @@ def _check(args) -> None:
         check_png_name(args.plot)  # before minutes of retrieval, not after
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.compare_k and not args.evaluate:
+        raise CfirError("--compare-k evaluates full CFIR at several K on --evaluate SPLIT; add --evaluate")
+    if args.compare_k and args.compare:
+        raise CfirError("--compare (Table 3) and --compare-k (Table 4) are separate runs; give one")
+    if args.compare_k:
+        from cfir_jax.eval.comparison import parse_ks
+
+        try:
+            args.compare_k = parse_ks(args.compare_k)
+        except ValueError as e:
+            raise CfirError(str(e)) from None
 
 
 @cli_main
 def main():
     args, config = cli.parse(__doc__.splitlines()[0], _flags, workdir_flag="--index", config_from_workdir=True,
                              check_args=_check, example="--config.retrieval.top_k=100")
+    if args.compile_only:
+        from cfir_jax.aot.compile import compile_command
+
+        return compile_command("retrieve", config, args.topology)
     if args.top_k:
         config.retrieval.top_k = max(config.retrieval.top_k, args.top_k)
     top = args.top_k or config.retrieval.top_k
-    if args.fit_reranker:
+    from cfir_jax.eval.metrics import MEASURE_SETS
+
+    measures = args.measures or config.retrieval.measures
+    if measures not in MEASURE_SETS:
+        raise CfirError(f"--measures {measures!r}: use one of {', '.join(MEASURE_SETS)}")
+    if args.serve:
+        from cfir_jax.serve import serve
+
+        serve(args.index, config, args.config, sys.argv[1:], args.method, args.host, args.port)
+    elif args.fit_reranker:
         from cfir_jax.retrieve.rerank_fit import fit_reranker, summary
 
         print(summary(fit_reranker(config, args.index), args.index))
     elif args.evaluate:
-        from cfir_jax.eval.comparison import comparison_rows, single_row
-        from cfir_jax.retrieve.evaluation import evaluate
+        from cfir_jax.eval.comparison import comparison_rows, k_rows, single_row
+        from cfir_jax.retrieve.evaluation import check_k_rows, evaluate
 
-        rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
-        evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top)
+        if args.compare_k:
+            rows = check_k_rows(args.index, k_rows(args.compare_k))
+        else:
+            rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
+        evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top,
+                 measures=measures)
     else:
         from cfir_jax.retrieve.answer import answer
 
         answer(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                shown=args.top_k or min(SHOWN, top), top=top, html=args.html, output=args.output, qrels=args.qrels,
-               tag=args.tag)
+               tag=args.tag, measures=measures)
 
 
 if __name__ == "__main__":

@@ -2,6 +2,7 @@
 
     python train.py --config configs/large.py --workdir W --config.init_model=...   # see README for GPU/TPU
     python train.py --config configs/demo.py --workdir demo_work
+    python train.py --config configs/large.py --compile-only --topology v5p:4x4x4   # TPU programs, no TPU needed
 """
 
 from cfir_jax import cli
@@ -11,6 +12,10 @@ from cfir_jax.errors import cli_main
 @cli_main
 def main():
     args, config = cli.parse(__doc__.splitlines()[0])
+    if args.compile_only:
+        from cfir_jax.aot.compile import compile_command
+
+        return compile_command("train", config, args.topology)
     cli.maybe_initialize_distributed()
     from cfir_jax import workdir_lock
 

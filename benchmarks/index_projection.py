@@ -133,10 +133,10 @@ def measure_image_cache(args) -> float:
 
 def measure_entities(args) -> float:
     """documents/s of spaCy NER as index.py runs it (nlp.pipe, `--spacy-processes` workers)."""
-    from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+    from cfir_jax.index.entities import EntityExtractor, load_spacy
 
     docs = _documents(args.spacy_docs)
-    extractor = EntityExtractor(load_spacy(None), DEFAULT_LABELS, batch_size=64, n_process=args.spacy_processes)
+    extractor = EntityExtractor(load_spacy(None), "all", batch_size=64, n_process=args.spacy_processes)
     list(extractor.extract(docs[:16]))  # loads the pipeline's lazy parts
     found, seconds = _timed(lambda: list(extractor.extract(docs)))
     words = np.mean([len(d.split()) for d in docs])

@@ -100,25 +100,38 @@ def parse(description: str, add_arguments=None, argv: list[str] | None = None, *
     parser = argparse.ArgumentParser(description=description, epilog=epilog + overrides_help(example))
     if config_from_workdir:
         parser.add_argument("--config", default="", help="config file; default: the config the index was built with")
-        parser.add_argument(workdir_flag, required=True, help="workdir built by index.py (and train.py)")
+        parser.add_argument(workdir_flag, help="workdir built by index.py (and train.py)")
     else:
         parser.add_argument("--config", required=True,
                             help="config file, e.g. configs/base.py or configs/demo.py:tiny")
-        parser.add_argument(workdir_flag, required=True, help="directory holding the stores (see cfir_jax/layout.py)")
+        parser.add_argument(workdir_flag, help="directory holding the stores (see cfir_jax/layout.py)")
+    add_compile_only_flags(parser)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more: -v this project's progress logs, -vv the libraries' too (orbax, absl)")
     if add_arguments:
         add_arguments(parser)
     args, rest = parser.parse_known_args(argv)
+    workdir = getattr(args, workdir_flag.lstrip("-").replace("-", "_"))
+    if args.compile_only and not args.config:
+        parser.error("--compile-only needs --config (e.g. configs/base.py or configs/large.py)")
+    if not args.compile_only and not workdir:
+        parser.error(f"the following arguments are required: {workdir_flag}")
     if check_args:
         check_args(args)
-    workdir = getattr(args, workdir_flag.lstrip("-").replace("-", "_"))
     config = load_config_file(args.config) if args.config else workdir_config(workdir)
     config = apply_overrides(config, rest)
     config.lock()
     progress.set_log_levels(args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     return args, config
+
+
+def add_compile_only_flags(parser: argparse.ArgumentParser) -> None:
+    """MaxText's convention: compile the command's accelerator programs for a TPU topology, build and read nothing."""
+    parser.add_argument("--compile-only", action="store_true", help="compile this command's accelerator programs "
+                        "for --topology (no TPU needed, no workdir or data read) and print each device's memory")
+    parser.add_argument("--topology", default="", help="with --compile-only: a TPU topology, e.g. v5e:2x4, v5p:4x4x4 "
+                        "(or v4-8, v5e-16, v5p-64, v6e-8)")
 
 
 def maybe_initialize_distributed() -> None:

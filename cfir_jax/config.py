@@ -91,6 +91,14 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 # CFIR's trainable set: every B (language) branch, the B position table and final LayerNorm, the
 # language head and the temperature. The token embedding table and the whole vision side stay frozen.
 LANGUAGE_EXPERT = [("B/.*|language_head/.*|logit_scale", "train"), (".*", "frozen")]
+# The authors' `--tune_text_only` (GLA-IR/CFIR): the token embedding table, the language branch of every feed-forward
+# block (its pre-FFN LayerNorm `final_layer_norm`, fc1, the inner `ffn_layernorm`, fc2); attention, positions, the
+# head and the temperature stay frozen. 105,921,024 parameters at base (tests/test_model.py), the paper's count is
+# the language expert's.
+AUTHORS_TEXT_ONLY = [("text_embed/embedding|B/layers/(final_layer_norm|fc1|ffn_layernorm|fc2)/.*", "train"),
+                     (".*", "frozen")]
+# `train.trainable` is one of these names or a rule list of its own.
+TRAINABLE_SETS = {"language_expert": LANGUAGE_EXPERT, "authors": AUTHORS_TEXT_ONLY}
 # No weight decay on biases, LayerNorm scales, position tables, the temperature.
 NO_WEIGHT_DECAY = r".*/bias|.*/scale|.*embed_positions|logit_scale|.*cls_token|.*mask_token"
 
@@ -105,6 +113,9 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(
         dict(
             text=_experiment(str),  # 'summary' (CFIR), 'document' (ablation) or 'caption' (image-text pretraining)
+            # The document fields of text='document' (cfir_jax.data.corpus.document_text): a tuple of AToMiC's text
+            # fields in order, or 'all' (the whole assembled text).
+            document_fields=_experiment(object),
             max_text_len=_experiment(int),
             global_batch=_experiment(int),
             num_epochs=_experiment(float),
@@ -118,7 +129,9 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             b2=_experiment(float),
             eps=_experiment(float),
             layer_decay=_experiment(float),  # lr of layer j scaled by layer_decay ** (L + 1 - j)
-            trainable=_experiment(list),  # (regex over parameter paths, 'train' | 'frozen') pairs, first match wins
+            # A name of TRAINABLE_SETS ('language_expert', 'authors') or (regex over parameter paths,
+            # 'train' | 'frozen') pairs, first match wins.
+            trainable=_experiment(object),
             no_weight_decay=NO_WEIGHT_DECAY,
             grad_clip=0.0,
             extra_negatives=0,  # extra cache images per batch as negatives (text->image side only)
@@ -186,9 +199,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 batch_size=64 if runlocal else 256,
                 shard_size=65536,
             ),
-            # labels () = DEFAULT_LABELS; n_process: spaCy worker processes on each host; chunk_size: documents per
-            # resumable chunk (the unit split over the hosts of a jax.distributed run)
-            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(tuple), chunk_size=10_000),
+            # labels: "all", "picturable" or a tuple (entities.resolve_labels); n_process: spaCy worker processes on
+            # each host; chunk_size: documents per resumable chunk (the unit split over the hosts of a jax.distributed
+            # run)
+            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(object), chunk_size=10_000),
             summaries=dict(
                 summarizer=_experiment(str),  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
                 # What is summarised (index.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and
@@ -250,13 +264,23 @@ def retrieval_config() -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(
         dict(
             top_k=_experiment(int),
+            # Candidates per entity read from the index (a query-time cut of its best-first lists, Table 4's K);
+            # 0: as built (index.entity_index.k). Above the built K is refused.
+            k=0,
             text=_experiment(str),  # the query text scored in SR: 'summary' (CFIR) or 'document'
+            # The document fields a document embedding reads (the document-only and entities + document rows):
+            # as train.document_fields; None (configs written before it existed) is 'all'.
+            document_fields=_experiment(object),
             max_text_len=_experiment(int),
             unknown_entities=_experiment(str),  # 'ignore' (the paper) or 'search' (over the cache at query time)
             # SR over the union: 'exact' (the paper: every candidate scored in float32) or 'fast' (compact int8 copy,
             # then an exact re-rank of the best sr_shortlist; ~16x faster at 4M images, top-1000 agreement ~0.9998).
             sr=_experiment(str),
             eval_sr=_experiment(str),  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
+            # The metric of --evaluate / --qrels (retrieve.py --measures): 'trec_eval' (per text, the default),
+            # 'authors' (the authors' code: per qrels line, chunk means; cfir_jax.eval.metrics.authors_measures) or
+            # 'both' (the authors' figures printed under trec_eval's).
+            measures="trec_eval",
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
             # 'device': the cache resident on the local devices, jitted exact SR over batches
@@ -283,6 +307,24 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # features, so a store answers only to the values it was fitted with; the rest is how it is fitted.
             rerank=dict(enabled=False, top_n=100, max_text_len=512, li_top=8, hidden=32, lr=3e-3, weight_decay=1e-4,
                         batch_lists=64, max_epochs=200, patience=15, heldout=0.1, max_train_docs=20000, seed=0),
+        )
+    )
+
+
+def serve_config() -> ml_collections.ConfigDict:
+    """The `serve` section: the resident HTTP service (`retrieve.py --index W --serve`, `cfir_jax.serve`)."""
+    return ml_collections.ConfigDict(
+        dict(
+            host="127.0.0.1",  # localhost unless told otherwise (--host)
+            port=8080,
+            methods=("cfir",),  # the methods answered (one Retriever each); the first is a request's default
+            max_batch=16,  # documents per micro-batch (1: micro-batching off)
+            max_wait_ms=5.0,  # how long the first request of a batch waits for others to join it
+            queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
+            deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
+            max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413
+            max_batch_docs=64,  # documents in one POST /v1/search/batch
+            admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
         )
     )
 
@@ -328,12 +370,13 @@ def defaults(size: str, image_size: int = 224, runlocal: bool = False) -> ml_col
     cfg.mesh = mesh_config(size)
     cfg.index = index_config(runlocal)
     cfg.retrieval = retrieval_config()
+    cfg.serve = serve_config()
     return cfg
 
 
 # What a workdir recorded before a field existed meant, for the experiment fields that have no default
-# (placeholders): SR was the fast scorer, and evaluation always scored exactly.
-_LEGACY_VALUES = {"retrieval": {"sr": "fast", "eval_sr": "exact"}}
+# (placeholders): SR was the fast scorer, evaluation always scored exactly, documents were embedded whole.
+_LEGACY_VALUES = {"retrieval": {"sr": "fast", "eval_sr": "exact", "document_fields": "all"}}
 
 
 def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -341,7 +384,7 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     backend...) with their current defaults, recursively, in place; fields it has are never changed. The one place
     this happens: `cli.workdir_config` applies it when a workdir's config is read, before overrides and the lock."""
     runlocal = bool(config.get("runlocal", False))
-    sections = {"index": index_config(runlocal), "retrieval": retrieval_config()}
+    sections = {"index": index_config(runlocal), "retrieval": retrieval_config(), "serve": serve_config()}
     with config.unlocked():
         for name, current in sections.items():
             if name not in config:

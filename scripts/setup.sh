@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs what a command needs. Idempotent (a stamp per set and pyproject version).
 #   bash scripts/setup.sh demo   # the package + the spaCy model: what scripts/demo.sh runs (no torch)
-#   bash scripts/setup.sh test   # the demo set + pytest, pytrec_eval, torch and torchscale (the test oracle)
+#   bash scripts/setup.sh test   # the demo set + pytest, pytrec_eval, torch and torchscale (the test oracle),
+#                                # Debian's chromium (the screenshot tests of the gallery and the service's page) and
+#                                # libtpu (jax[tpu] at the installed jax's version: the compile-only tests)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-test}
@@ -9,6 +11,15 @@ case "$WHAT" in
   demo|test) ;;
   *) echo "usage: bash scripts/setup.sh demo|test" >&2; exit 2 ;;
 esac
+# A headless browser for the screenshot tests, only when missing (CI runs as root on a fresh Debian machine).
+if [ "$WHAT" = test ] && ! command -v chromium >/dev/null 2>&1 && ! command -v chromium-browser >/dev/null 2>&1; then
+  if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup.sh: installing chromium (apt-get) for the screenshot tests" >&2
+    apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null
+  else
+    echo "setup.sh: no chromium and no root apt-get: the screenshot tests will fail (install chromium)" >&2
+  fi
+fi
 PYTHON=${PYTHON:-python3}
 if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
@@ -29,6 +40,11 @@ else
   python -m pip install -q -e ".[dev,torch]"
   # torchscale/fairscale declare timm/torchvision deps that do not import beside this torch: install without them.
   python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.0"
+  # libtpu (the TPU compiler) for the compile-only tests, at exactly the installed jax's version so pip never moves
+  # jax. Where it cannot be installed, tests/test_compile_only.py skips and prints why.
+  jax_version=$(python -c "import jax; print(jax.__version__)")
+  python -m pip install -q "jax[tpu]==$jax_version" ||
+    echo "setup.sh: jax[tpu]==$jax_version could not be installed: the compile-only tests will skip" >&2
 fi
 touch ".venv/.cfir-setup-$WHAT-$hash"
 echo "setup.sh: done" >&2

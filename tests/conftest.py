@@ -1,4 +1,5 @@
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -27,3 +28,37 @@ def synthetic_spm(tmp_path_factory) -> Path:
     texts = [d.text for d in world.documents] + [i.caption for i in world.images]
     train_tokenizer(texts, path, SyntheticConfig.tiny().vocab_size)
     return path
+
+
+TINY_CONFIG = "configs/demo.py:tiny"
+
+
+def run_script(*args, check=True, env=None):
+    """One of the repository's commands (`index.py ...`) in a subprocess, from the repository root."""
+    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
+                          env={**os.environ, **(env or {})})
+    if check:
+        assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+# The first build's output, kept for the tests of what a user sees (progress bars forced on: stderr is no TTY).
+FIRST_RUN: dict[str, subprocess.CompletedProcess] = {}
+
+
+@pytest.fixture(scope="session")
+def workdir(tmp_path_factory):
+    """A tiny world indexed and trained once for the whole session (every test module that needs one shares it)."""
+    w = tmp_path_factory.mktemp("demo")
+    FIRST_RUN["index"] = run_script("index.py", "--config", TINY_CONFIG, "--workdir", str(w),
+                                    env={"CFIR_PROGRESS": "1"})
+    FIRST_RUN["train"] = run_script("train.py", "--config", TINY_CONFIG, "--workdir", str(w), "-v",
+                                    env={"CFIR_PROGRESS": "1"})
+    return w
+
+
+@pytest.fixture(scope="session")
+def config():
+    from cfir_jax.cli import load_config_file
+
+    return load_config_file(str(ROOT / TINY_CONFIG))

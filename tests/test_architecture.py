@@ -12,9 +12,11 @@ PACKAGE = Path(__file__).resolve().parents[1] / "cfir_jax"
 # cache, the fused view) sits on the floor, below the index that builds with it and the retrieval that scores with it;
 # training and retrieval are siblings over the index; the index runner (`cfir_jax.index.runner`, inside index/ by its
 # place) is the runner over the whole build (it calls the index stages and the synthetic world's caption pretraining),
-# so it ranks above them.
+# so it ranks above them. `serve` is the HTTP service over retrieval (nothing below imports it). `aot` (compile-only)
+# sits above every stage: it compiles their accelerator programs, and no stage imports it (the commands do, for
+# --compile-only).
 RANKS = {"floor": 0, "eval": 0, "search": 1, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3,
-         "runner": 4}
+         "runner": 4, "serve": 4, "aot": 5}
 FLOOR = {"errors", "store", "layout", "config", "cli", "progress", "hosts", "faults", "integrity", "workdir_lock"}
 RUNNER = "cfir_jax.index.runner"
 # Retrieval reads stores and the model: these builders are never its business.
@@ -67,7 +69,7 @@ def test_training_and_retrieval_do_not_import_each_other():
 
 
 def test_retrieval_never_imports_a_builder():
-    bad = [f"{m} -> {t}" for m, p in _modules().items() if _part(m) == "retrieve" for t in _imports(p)
+    bad = [f"{m} -> {t}" for m, p in _modules().items() if _part(m) in ("retrieve", "serve") for t in _imports(p)
            if t.startswith(NOT_FOR_RETRIEVAL)]
     assert not bad, "\n".join(bad)
 

@@ -8,6 +8,7 @@ import pytest
 from atomic_fixtures import CORRUPT, write_atomic_fixture
 
 from cfir_jax.data.atomic import assemble_text, build_atomic_corpus, image_caption, parquet_files, read_qrels
+from cfir_jax.data.corpus import Document, document_text
 from cfir_jax.errors import CfirError
 
 
@@ -62,8 +63,33 @@ def test_text_is_title_section_and_descriptions_joined_skipping_empty_fields(fx,
 
 def test_documents_keep_the_category_media_and_hierachy_lists(fx, base):
     by_id = {base.document(k).doc_id: base.document(k) for k in range(base.num_documents)}
-    assert by_id["t1"].metadata == {"category": ("Cat",), "media": ("i1",), "hierachy": ("Top", "History")}
+    lists = {k: v for k, v in by_id["t1"].metadata.items() if k in ("category", "media", "hierachy")}
+    assert lists == {"category": ("Cat",), "media": ("i1",), "hierachy": ("Top", "History")}
     assert by_id["t2"].metadata["hierachy"] == ("Top",)  # the fixture's None section title: an empty item, dropped
+
+
+def test_document_fields_select_the_text_the_dense_baselines_read(base):
+    """The authors' document model reads page title + section title + section description (no page description);
+    their test queries the page title alone; 'all' is the assembled text. Empty fields are skipped."""
+    from configs.base import get_config
+
+    by_id = {base.document(k).doc_id: base.document(k) for k in range(base.num_documents)}
+    config = get_config()
+    t1 = by_id["t1"]
+    assert t1.metadata["context_page_description"] == ("Alpha is a town.",)
+    assert document_text(t1, config.train.document_fields) == "Alpha History It was founded in 1900."
+    assert document_text(t1, config.retrieval.document_fields) == "Alpha"
+    assert document_text(t1, "all") == document_text(t1, None) == t1.text
+    assert document_text(by_id["t2"], config.train.document_fields) == "Beta"  # no section title or description
+    assert document_text(t1, ("context_section_description", "page_title")) == "It was founded in 1900. Alpha"
+    with pytest.raises(CfirError, match="document fields \\['body'\\]"):
+        document_text(t1, ("body",))
+    # A synthetic document has no fields: its whole text. An AToMiC document of a corpus written before the fields
+    # were kept (list fields only) is refused in one line.
+    assert document_text(Document("s", "a whole text"), ("page_title",)) == "a whole text"
+    old = Document("o", "Alpha History", metadata={"category": ("Cat",)})
+    with pytest.raises(CfirError, match="no per-field text.*delete W/corpus"):
+        document_text(old, ("page_title",))
 
 
 def test_caption_falls_back_from_reference_to_alt_text_to_attribution(fx):

@@ -5,7 +5,6 @@ import os
 
 import numpy as np
 import pytest
-from test_pipeline import config, workdir  # noqa: F401 - the session's tiny indexed and trained world
 
 from cfir_jax.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever

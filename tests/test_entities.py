@@ -36,7 +36,8 @@ def nlp():
 
 @pytest.fixture(scope="module")
 def extractor(nlp):
-    return entities.EntityExtractor(nlp, batch_size=4)
+    """The 11 picturable labels (the store tests' documents were written with that set in mind)."""
+    return entities.EntityExtractor(nlp, "picturable", batch_size=4)
 
 
 def test_real_pipeline_finds_entities_of_a_paragraph(extractor):
@@ -44,8 +45,22 @@ def test_real_pipeline_finds_entities_of_a_paragraph(extractor):
     # Surface forms as spaCy spans them: "The Eiffel Tower", "the Champ de Mars" keep their article.
     for name in ("Eiffel Tower", "Champ de Mars", "Paris", "France", "Gustave Eiffel", "French Revolution"):
         assert any(f == name or f.casefold() == f"the {name.casefold()}" for f in found), name
-    # Dates are not depictable, so DEFAULT_LABELS leaves them out.
+    # Dates are not depictable, so the picturable set leaves them out.
     assert not any(any(ch.isdigit() for ch in name) for name in found)
+
+
+def test_default_keeps_every_label_spacy_gives_and_the_picturable_set_is_a_subset(nlp):
+    """The paper's "spaCy named entities": the default keeps the dates and numbers the 11-label filter drops."""
+    every = entities.EntityExtractor(nlp)
+    assert set(every.labels) == set(nlp.get_pipe("ner").labels) and len(every.labels) == 18
+    (found,) = list(every.extract([PARAGRAPH]))
+    (picturable,) = list(entities.EntityExtractor(nlp, "picturable").extract([PARAGRAPH]))
+    assert set(picturable) < set(found)
+    assert {"1887 to 1889", "1889"} <= set(found) - set(picturable)
+    assert entities.EntityExtractor(nlp, ()).labels == entities.PICTURABLE_LABELS  # configs written before "all"
+    assert entities.EntityExtractor(nlp, ("DATE",)).labels == ("DATE",)
+    with pytest.raises(CfirError, match="index.entities.labels='some'.*all, picturable"):
+        entities.EntityExtractor(nlp, "some")
 
 
 def test_load_spacy_keeps_only_ner_without_changing_entities(nlp):
@@ -161,7 +176,7 @@ def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, extracto
             processed.extend(texts)
             return super().extract(texts)
 
-    counting = Counting(extractor.nlp, batch_size=4)
+    counting = Counting(extractor.nlp, extractor.labels, batch_size=4)
     entity_store.build_entity_store(tmp_path / "resumed", DOCS, counting, chunk_size=2)
     assert processed == [text for _, text in DOCS[2:]]  # The finished first chunk was not recomputed.
     for name in ("doc_ids.txt", "vocab.txt"):
@@ -219,7 +234,7 @@ def test_manifest_records_model_labels_and_counts(tmp_path, extractor):
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     assert manifest["kind"] == "entities"
     assert manifest["spacy_model"].startswith("en_core_web_sm")
-    assert manifest["labels"] == list(entities.DEFAULT_LABELS)
+    assert manifest["labels"] == list(entities.PICTURABLE_LABELS)
     es = entity_store.EntityStore.open(tmp_path / "s")
     assert manifest["num_entities"] == len(es.vocab) and manifest["num_mentions"] == len(es.entity_ids)
 

@@ -175,3 +175,34 @@ def test_index_of_the_padded_format_is_refused_in_one_line(tmp_path, data):
     with pytest.raises(StoreError, match="format version 1 .* rebuild") as e:
         EntityIndex.open(tmp_path / "idx")
     assert "\n" not in str(e.value)
+
+
+def test_a_cut_exact_index_equals_an_index_built_at_that_k(tmp_path, data):
+    """Table 4 from one index: on the exact backend, the K=40 index read at K=10 (retrieval.k) is the K=10 index,
+    candidates and scores; a cut above the built K is refused in one line."""
+    images, ents, texts = data
+    build_entity_index(tmp_path / "k40", texts, ents, images, 40, model_fingerprint=FP, backend="exact")
+    build_entity_index(tmp_path / "k10", texts, ents, images, 10, model_fingerprint=FP, backend="exact")
+    big, small = EntityIndex.open(tmp_path / "k40"), EntityIndex.open(tmp_path / "k10")
+    cut = big.with_k(10)
+    rows = np.arange(len(texts))
+    assert cut.k == 10 and cut.built_k == 40 and big.k == 40
+    for a, b in zip(cut.candidates(rows), small.candidates(rows)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(cut.scores(rows), small.scores(rows)):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(cut.lengths, small.lengths)
+    assert cut.with_k(0).k == 40 and big.with_k(40).k == 40
+    with pytest.raises(CfirError, match="retrieval.k=41: the entity index .* built with K=40"):
+        big.with_k(41)
+    assert big.er_note() == "ER: exact top-40 per entity (the paper's)"
+    assert cut.er_note() == "ER: exact top-40 per entity (the paper's), read at K=10 (retrieval.k)"
+
+
+def test_er_note_states_scann_recall_and_the_exact_rebuild(tmp_path, data):
+    images, ents, texts = data
+    recall = build_entity_index(tmp_path / "idx", texts, ents, images, 20, model_fingerprint=FP, recall_sample=32)
+    note = EntityIndex.open(tmp_path / "idx").er_note()
+    assert note == (f"ER: ScaNN top-20 per entity, recall@20 {recall:.4f} against exact search on 32 sampled "
+                    "entities; the paper's ER is exact: rebuild with index.py "
+                    "--config.index.entity_index.backend=exact")

@@ -174,13 +174,13 @@ def test_atomic_cache_skips_corrupt_images_and_lists_them(atomic):
 
 def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+    from cfir_jax.index.entities import EntityExtractor, load_spacy
     from cfir_jax.index.entity_store import EntityStore
 
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = EntityStore.open(atomic["work"] / "entities")
     assert store.doc_ids == list(corpus.doc_ids)
-    extractor = EntityExtractor(load_spacy(None), DEFAULT_LABELS, 64, 1)
+    extractor = EntityExtractor(load_spacy(None), "all", 64, 1)
     want = list(extractor.extract(corpus.document(i).text for i in range(corpus.num_documents)))
     assert [store.entities_of(i) for i in range(store.num_docs)] == want
     assert sum(map(len, want)) > 0
@@ -411,3 +411,23 @@ def test_add_entities_bad_file_is_a_one_line_error(atomic, tmp_path, case):
         path.write_bytes(b"\x89PNG\r\n\x1a\n\xff\xfe\x00" * 50)
     proc = _run("--config", atomic["config"], "--workdir", atomic["work"], "--add-entities", path, check=False)
     _assert_one_line_error(proc, str(path))
+
+
+def test_atomic_document_training_reads_the_configured_document_fields(atomic):
+    """train.text=document tokenises train.document_fields of each document (the authors' three fields by default),
+    not the assembled text with the page description."""
+    from cfir_jax.cli import load_config_file
+    from cfir_jax.data.corpus import Corpus, document_text
+    from cfir_jax.model.tokenizer import resolve_tokenizer
+    from cfir_jax.train.data import load_train_data
+
+    config = load_config_file(str(atomic["config"]))
+    config.train.text = "document"
+    data = load_train_data(config, atomic["work"], with_eval=False)
+    corpus = Corpus.open(atomic["work"] / "corpus")
+    docs = [corpus.document(i) for i in range(corpus.num_documents)]
+    tokenizer = resolve_tokenizer(config, corpus)
+    want, _ = tokenizer([document_text(d, config.train.document_fields) for d in docs], config.train.max_text_len)
+    np.testing.assert_array_equal(data.ids, want)
+    whole, _ = tokenizer([d.text for d in docs], config.train.max_text_len)
+    assert not np.array_equal(data.ids, whole)  # t1's page description is left out

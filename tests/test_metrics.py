@@ -10,6 +10,7 @@ import pytest
 import pytrec_eval
 
 from cfir_jax.errors import CfirError
+from cfir_jax.eval import metrics
 from cfir_jax.eval.metrics import DEFAULT_MEASURES, evaluate, parse_measure
 
 MEASURES = ("mrr@10", "mrr@1", "mrr", "recall@10", "recall@100", "recall@1000", "success@1", "success@1000",
@@ -242,3 +243,42 @@ def test_twenty_thousand_topics_of_1000_hits_give_the_planted_ranks():
     assert result.aggregate == pytest.approx(want, abs=1e-12)
     assert 0 < want["mrr@10"] and 0.05 < want["recall@100"] < want["recall@1000"] < 0.9  # ranks span the cutoffs
     assert elapsed < 300.0, f"evaluate took {elapsed:.1f} s"
+
+
+# ------------------------------------------------------------------------------------------ the authors' metric
+
+# Topic A judges two images, B one. A's run ranks both relevant images first and second; B's image is second.
+AUTHORS_QRELS = {"A": {"a1": 1, "a2": 1}, "B": {"b1": 1}}
+AUTHORS_RUN = {"A": {"a1": 3.0, "a2": 2.0, "x": 1.0}, "B": {"y": 3.0, "b1": 2.0}}
+
+
+def test_authors_metric_differs_from_trec_eval_on_a_hand_made_case():
+    """trec_eval: per text, any relevant image counts (A: 1, B: 1/2 -> MRR 0.75). The authors: one query per qrels
+    line, each with only its own image relevant (A/a1: 1, A/a2: 1/2, B/b1: 1/2 -> 2/3)."""
+    trec = metrics.evaluate(AUTHORS_RUN, AUTHORS_QRELS, measures=("mrr@10", "recall@10", "success@10"))
+    assert trec.aggregate["mrr@10"] == pytest.approx(0.75)
+    authors = metrics.authors_measures(AUTHORS_RUN, AUTHORS_QRELS)
+    assert authors["num_rows"] == 3
+    assert authors["mrr@10"] == pytest.approx((1 + 0.5 + 0.5) / 3)
+    assert authors["mrr@10_offset"] == authors["mrr@10"]  # one chunk: the missing offset is 0
+    assert authors["recall@10"] == pytest.approx(1.0) == trec.aggregate["recall@10"]
+    # B's image outside A's and B's top 1: trec_eval's R@1 is (1/2 + 0) / 2, the authors' hit rate 1/3.
+    run1 = {q: dict(sorted(h.items(), key=lambda p: -p[1])[:1]) for q, h in AUTHORS_RUN.items()}
+    assert metrics.evaluate(run1, AUTHORS_QRELS, measures=("recall@1",)).aggregate["recall@1"] == pytest.approx(0.25)
+    assert metrics.authors_measures(run1, AUTHORS_QRELS)["recall@10"] == pytest.approx(1 / 3)
+
+
+def test_authors_metric_chunks_drop_the_offset_and_divide_by_one_chunk_too_many():
+    # Chunks of 2: [A/a1, A/a2], [B/b1]; 3 // 2 + 1 = 2 chunks, as many as there are.
+    m = metrics.authors_measures(AUTHORS_RUN, AUTHORS_QRELS, chunk=2)
+    assert m["mrr@10_offset"] == pytest.approx(((1 + 0.5) / 2 + 0.5) / 2)
+    # Stage 2 compares B's ranking with the first chunk's first image (a1), which B's run does not hold.
+    assert m["mrr@10"] == pytest.approx(((1 + 0.5) / 2 + 0.0) / 2)
+    # Chunks of 3: one full chunk, but 3 // 3 + 1 = 2: every measure halved.
+    m = metrics.authors_measures(AUTHORS_RUN, AUTHORS_QRELS, chunk=3)
+    assert m["recall@1000"] == pytest.approx(0.5) and m["mrr@10_offset"] == pytest.approx(1 / 3)
+    # A qrels topic missing from the run scores 0 (it is still a query).
+    m = metrics.authors_measures({"A": AUTHORS_RUN["A"]}, AUTHORS_QRELS)
+    assert m["recall@1000"] == pytest.approx(2 / 3)
+    with pytest.raises(CfirError, match="no relevant line"):
+        metrics.authors_measures(AUTHORS_RUN, {"A": {"a1": 0}})

@@ -130,6 +130,22 @@ def test_reference_parameter_counts():
         assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(setup.abstract_params)) == trainable
 
 
+def test_authors_trainable_set_is_token_embeddings_and_the_language_ffn():
+    """train.trainable=authors (their --tune_text_only): token table, FFN-B with its LayerNorms; 105.9M at base."""
+    from cfir_jax.cli import apply_overrides
+    from configs.base import get_config
+
+    config = apply_overrides(get_config("384"), ["--config.train.trainable=authors"])
+    setup = make_setup(config, total_steps=1, devices=jax.devices()[:1], steps_per_epoch=1)
+    names = {model_lib.param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(setup.abstract_params)[0]}
+    assert {"text_embed/embedding", "B/layers/fc1/kernel", "B/layers/final_layer_norm/scale"} <= names
+    assert not any(n.startswith(("A/", "vision", "language_head", "logit_scale", "B/layers/q_proj")) for n in names)
+    assert sum(int(np.prod(leaf.shape)) for leaf in jax.tree.leaves(setup.abstract_params)) == 105_921_024
+    with pytest.raises(Exception, match="train.trainable='everything'"):
+        make_setup(apply_overrides(get_config("384"), ["--config.train.trainable=everything"]), total_steps=1,
+                   devices=jax.devices()[:1], steps_per_epoch=1)
+
+
 def test_remat_changes_nothing_but_memory():
     """Activation checkpointing (scanned or unrolled) gives the same loss gradients as storing activations."""
     from flax import nnx

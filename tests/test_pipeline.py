@@ -1,14 +1,12 @@
 """The whole pipeline on the tiny synthetic world: index.py -> train.py -> retrieve.py, and retrieval semantics."""
 
 import json
-import os
 import re
-import subprocess
-import sys
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from conftest import FIRST_RUN, ROOT
+from conftest import run_script as _run
 
 from cfir_jax.cli import load_config_file
 from cfir_jax.errors import CfirError
@@ -16,32 +14,6 @@ from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.search.topk import exact_topk
 
 CONFIG = "configs/demo.py:tiny"
-
-
-def _run(*args, check=True, env=None):
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **(env or {})})
-    if check:
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-# The first build's output, kept for the tests of what a user sees (progress bars forced on: stderr is no TTY).
-FIRST_RUN: dict[str, subprocess.CompletedProcess] = {}
-
-
-@pytest.fixture(scope="session")
-def workdir(tmp_path_factory):
-    """A tiny world indexed and trained once for the whole session."""
-    w = tmp_path_factory.mktemp("demo")
-    FIRST_RUN["index"] = _run("index.py", "--config", CONFIG, "--workdir", str(w), env={"CFIR_PROGRESS": "1"})
-    FIRST_RUN["train"] = _run("train.py", "--config", CONFIG, "--workdir", str(w), "-v", env={"CFIR_PROGRESS": "1"})
-    return w
-
-
-@pytest.fixture(scope="session")
-def config():
-    return load_config_file(str(ROOT / "configs/demo.py") + ":tiny")
 
 
 def test_index_rerun_skips_every_stage_and_says_so(workdir):
@@ -231,7 +203,7 @@ def test_entities_and_summaries_of_other_documents_are_refused_then_rebuilt(work
 
 def test_document_without_entities_falls_back_to_full_search(workdir, config):
     r = Retriever(config, workdir)
-    res = r.retrieve(DocumentInput("the cat sat on the mat and then it slept all day long.", "q"))
+    res = r.retrieve(DocumentInput("the cat sat on the mat and then it slept on the warm rug.", "q"))
     assert res.entities == [] and "whole cache" in res.note
     query = r.query_encoder.encode([res.summary])[0]
     scores = np.asarray(r.embeddings, np.float32) @ query
@@ -468,6 +440,28 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
     assert "SR: exact" in proc.stdout  # --qrels evaluates, so it scores exactly unless asked otherwise
 
 
+def test_measures_authors_prints_the_authors_metric_of_the_run(workdir, tmp_path):
+    """--measures authors scores the written run as the authors' code does (metrics.authors_measures), instead of
+    trec_eval's table; --measures both prints both; an unknown name is one line."""
+    from cfir_jax.eval import metrics, trec
+
+    docs = Retriever(load_config_file(str(ROOT / "configs/demo.py") + ":tiny"), workdir).corpus_documents("test")
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": d.doc_id, "text": d.text}) + "\n" for d in docs))
+    qrels = tmp_path / "qrels.txt"
+    qrels.write_text((workdir / "corpus" / "qrels" / "test.txt").read_text())
+    base = ("retrieve.py", "--index", str(workdir), "--queries", str(queries), "--output", str(tmp_path / "run.trec"),
+            "--qrels", str(qrels), "--measures")
+    proc = _run(*base, "authors")
+    run, judged = trec.read_run(tmp_path / "run.trec"), trec.read_qrels(qrels)
+    want = metrics.authors_measures(run, judged)
+    assert metrics.authors_table([("cfir", want)]) in proc.stdout and "num_q" not in proc.stdout
+    both = _run(*base, "both").stdout
+    assert "num_q" in both and metrics.authors_table([("cfir", want)]) in both
+    bad = _run(*base, "mine", check=False)
+    assert bad.returncode == 2 and "--measures 'mine'" in bad.stderr
+
+
 def test_every_format_shows_the_same_default_number_of_hits(workdir, tmp_path):
     doc = tmp_path / "doc.txt"
     doc.write_text(Retriever(load_config_file(str(ROOT / "configs/demo.py") + ":tiny"), workdir)
@@ -538,3 +532,33 @@ def test_index_built_by_another_model_is_refused(workdir, tmp_path, config):
     doc.write_text("Jeffrey Baker visited the pier.")
     proc = _run("retrieve.py", "--index", str(other), "--query", str(doc), check=False)
     assert proc.returncode == 2 and "model_fingerprint" in proc.stderr and proc.stderr.count("\n") == 1
+
+
+def test_compare_k_prints_table4_from_one_index_and_a_cut_equals_an_index_built_at_that_k(workdir, config, tmp_path):
+    """--compare-k: full CFIR at each K from the one (exact, K = 20) index; retrieving with retrieval.k=8 equals
+    retrieving from an index built at K = 8 (hits and scores); a K above the built one is refused before retrieval."""
+    import shutil
+
+    proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--compare-k", "20,4,8")
+    lines = proc.stdout.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("row "))
+    body = lines[head + 2 : head + 5]
+    cells = [re.split(r"\s{2,}", line) for line in body]
+    assert [c[0] for c in cells] == ["full CFIR, K = 4", "full CFIR, K = 8", "full CFIR, K = 20"]
+    cands = [float(c[7].replace(",", "")) for c in cells]
+    assert cands == sorted(cands) and cands[0] < cands[-1]
+    assert "ER: exact top-20 per entity (the paper's)" in proc.stdout
+    bad = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--compare-k", "8,21", check=False)
+    assert bad.returncode == 2 and "retrieval.k=21" in bad.stderr and "built with K=20" in bad.stderr
+
+    w8 = tmp_path / "W8"
+    shutil.copytree(workdir, w8)
+    _run("index.py", "--config", CONFIG, "--workdir", str(w8), "--config.index.entity_index.k=8")
+    cut = config.copy_and_resolve_references()
+    cut.retrieval.k = 8
+    docs = Retriever(config, workdir).corpus_documents("test")
+    a, b = Retriever(cut, workdir).retrieve_many(docs), Retriever(config, w8).retrieve_many(docs)
+    for x, y in zip(a, b):
+        assert [h.image_id for h in x.hits] == [h.image_id for h in y.hits]
+        np.testing.assert_allclose([h.score for h in x.hits], [h.score for h in y.hits], rtol=1e-6)
+        assert x.num_candidates == y.num_candidates

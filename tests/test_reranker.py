@@ -8,7 +8,7 @@ import pickle
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from test_pipeline import _run, config, workdir  # noqa: F401 - the session's tiny indexed and trained world
+from conftest import run_script as _run
 
 from cfir_jax.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever

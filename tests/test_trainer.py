@@ -107,6 +107,14 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
     for k in a.files:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert (whole / "metrics.jsonl").read_text() == (broken / "metrics.jsonl").read_text()
+    # Training time: the resumed run is timed over two segments that cover every step (those redone after the
+    # checkpoint twice: they were paid for twice).
+    from cfir_jax.eval.train_time import train_time
+
+    timed, resumed = train_time(whole), train_time(broken)
+    assert timed.steps == json.loads((whole / "metrics.jsonl").read_text().splitlines()[-1])["step"] <= resumed.steps
+    assert timed.hardware == resumed.hardware == f"1 x cpu ({os.cpu_count()} cores)"
+    assert (broken / "timing.jsonl").read_text().count("hardware") == 2
 
 
 @pytest.mark.slow

@@ -151,8 +151,9 @@ def _documents(files: list[Path], wanted: set[str]) -> Iterator[Document]:
                         continue
                     seen.add(text_id)
                     bar.update()
+                    fields = {f: (t,) for f in TEXT_FIELDS if (t := _first_text(row.get(f)))}
                     yield Document(doc_id=str(text_id), text=assemble_text(row), title=_first_text(row["page_title"]),
-                                   metadata={field: _strings(row[field]) for field in LIST_FIELDS})
+                                   metadata={**{field: _strings(row[field]) for field in LIST_FIELDS}, **fields})
 
 
 def _images(files: list[Path], wanted: set[str] | None) -> Iterator[Image]:

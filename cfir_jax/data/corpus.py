@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +72,33 @@ class Image:
     # The image's own text fields by column name (AToMiC: caption_reference_description, caption_alt_text_description,
     # caption_attribution_description, each a list of strings), embedded by the image-text stage (index.image_text).
     texts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+
+
+# AToMiC's text fields of a document, kept one string each in the document's metadata by the AToMiC reader; what
+# `document_text` can select (the names are cfir_jax.data.atomic.TEXT_FIELDS', repeated to keep the import order).
+DOCUMENT_FIELDS = ("page_title", "section_title", "context_page_description", "context_section_description")
+
+
+def document_text(doc: Document, fields: Sequence[str] | str | None) -> str:
+    """The text of `doc` the dense baselines encode: its `fields` joined with spaces, in the order given.
+
+    'all', None (configs written before the choice existed) or an empty selection: the whole assembled text. A
+    corpus without per-field text (synthetic worlds) gives the whole text; an AToMiC corpus written before the
+    fields were kept is one error line (rebuild W/corpus).
+    """
+    if fields is None or isinstance(fields, str):
+        fields = () if fields in (None, "all") else (fields,)
+    unknown = [f for f in fields if f not in DOCUMENT_FIELDS]
+    if unknown:
+        raise CfirError(f"document fields {unknown}: use 'all' or a tuple of {', '.join(DOCUMENT_FIELDS)}")
+    if not fields:
+        return doc.text
+    if not any(f in doc.metadata for f in DOCUMENT_FIELDS):
+        if doc.metadata:  # an AToMiC document (it has the list fields) of a corpus without the text fields
+            raise CfirError(f"document {doc.doc_id!r} has no per-field text (a corpus written before the fields were "
+                            "kept): delete W/corpus and rerun index.py")
+        return doc.text
+    return " ".join(t for f in fields for t in doc.metadata.get(f, ()) if t)
 
 
 def _text(value: Any) -> str:

@@ -65,6 +65,24 @@ FUSED_RERANK = Row("image_text_rerank", "cfir", {**NO_TEXT_MATCH, "retrieval.rer
                    "CFIR + image text + re-rank")
 
 
+def k_rows(ks) -> tuple[Row, ...]:
+    """Table 4 of the paper (full CFIR at each K of `ks`, ascending) from one index: each row reads the entity index
+    cut at its K (`retrieval.k`; lists are stored best first, so the index built at the largest K holds the others)."""
+    return tuple(Row(f"k_{k}", "cfir", {**PAPER_SETTINGS, "retrieval.k": k}, f"full CFIR, K = {k:,}")
+                 for k in sorted(set(ks)))
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    """'1000,5000,10000,15000' -> (1000, 5000, 10000, 15000); anything else is one ValueError line."""
+    try:
+        ks = tuple(int(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--compare-k {text!r}: expected positive integers separated by commas") from None
+    if not ks or min(ks) < 1:
+        raise ValueError(f"--compare-k {text!r}: expected positive integers separated by commas")
+    return ks
+
+
 def single_row(method: str) -> Row:
     """The row of `--evaluate SPLIT --method M` without --compare: the configuration as given."""
     return Row(method, method, {}, method)

@@ -162,3 +162,81 @@ def evaluate(
             total += values[m.name]
         aggregate[m.name] = total / len(per_query)
     return EvalResult(per_query, aggregate, tuple(m.name for m in parsed), len(per_query), complete)
+
+
+# ------------------------------------------------------------------------------------------ the authors' metric
+
+# What retrieve.py --measures (retrieval.measures) accepts.
+MEASURE_SETS = ("trec_eval", "authors", "both")
+# The authors' evaluation (GLA-IR/CFIR atomic/atomic_engine.py, Atomicstage2Handler.after_eval) scores queries in
+# chunks of 1,000.
+AUTHORS_CHUNK = 1000
+
+
+def qrels_rows(qrels: Mapping[str, Mapping[str, int]]) -> list[tuple[str, str]]:
+    """The relevant (qid, docid) pairs of `qrels`, one per qrels line, in the qrels' own order."""
+    return [(qid, docid) for qid, judged in qrels.items() for docid, rel in judged.items() if int(rel) >= 1]
+
+
+def authors_measures(
+    run: Mapping[str, Mapping[str, float]] | Mapping[str, Sequence[tuple[str, float]]],
+    qrels: Mapping[str, Mapping[str, int]],
+    chunk: int = AUTHORS_CHUNK,
+) -> dict[str, float]:
+    """MRR@10, R@10 and R@1000 as the authors' code computes them, which trec_eval does not:
+
+      * one query per relevant qrels line (a text with two relevant images is two queries, and each query's only
+        relevant image is its own line's: the other one ranked above it does not count); the query's ranking is
+        its text's run;
+      * R@k of a query is 1 when its image is in the top k (a hit rate), MRR@10 the reciprocal of that image's
+        rank within the top 10;
+      * the mean is taken per chunk of `chunk` queries in qrels order, and the chunk means are summed and divided
+        by len // chunk + 1 (one chunk too many when the count is a multiple of the chunk; a short last chunk
+        weighs as much as a full one);
+      * their stage-2 MRR (`mrr@10`) compares the rankings of chunk c with the images of the *first* chunk's
+        queries (the loop variable that should add the chunk offset is reused); `mrr@10_offset` is the same
+        measure with the offset, as their stage-1 evaluation computes it. R@k keeps the offset in both.
+
+    Returns {"mrr@10", "mrr@10_offset", "recall@10", "recall@1000", "num_rows"}. Ranking is by score, descending;
+    equal scores keep the run's order.
+    """
+    if chunk < 1:
+        raise CfirError(f"authors' metric: chunk must be >= 1, got {chunk}")
+    rows = qrels_rows(qrels)
+    if not rows:
+        raise CfirError("authors' metric: the qrels have no relevant line")
+    ranked: dict[str, list[str]] = {}
+    for qid in {q for q, _ in rows}:
+        hits = run.get(qid) or {}
+        pairs = list(hits.items()) if isinstance(hits, Mapping) else [tuple(h) for h in hits]
+        ranked[qid] = [d for d, _ in sorted(pairs, key=lambda p: -float(p[1]))[:1000]]
+
+    def reciprocal(ranking: list[str], target: str) -> float:
+        top = ranking[:10]
+        return 1.0 / (top.index(target) + 1) if target in top else 0.0
+
+    sums = dict.fromkeys(("mrr@10", "mrr@10_offset", "recall@10", "recall@1000"), 0.0)
+    for start in range(0, len(rows), chunk):
+        part = rows[start:start + chunk]
+        values = dict.fromkeys(sums, 0.0)
+        for j, (qid, docid) in enumerate(part):
+            ranking = ranked[qid]
+            values["mrr@10"] += reciprocal(ranking, rows[j][1])  # the first chunk's image: no offset
+            values["mrr@10_offset"] += reciprocal(ranking, docid)
+            values["recall@10"] += float(docid in ranking[:10])
+            values["recall@1000"] += float(docid in ranking[:1000])
+        for name in sums:
+            sums[name] += values[name] / len(part)
+    total = len(rows) // chunk + 1
+    return {**{name: value / total for name, value in sums.items()}, "num_rows": float(len(rows))}
+
+
+def authors_table(rows: Sequence[tuple[str, Mapping[str, float]]]) -> str:
+    """The authors' figures of each (label, authors_measures) row, under a heading that says what they are."""
+    width = max(len("row"), *(len(label) for label, _ in rows))
+    lines = ["the authors' metric (one query per qrels line, chunk means; not comparable with trec_eval's rows)",
+             f"{'row':<{width}}  MRR@10  MRR@10 with offset  R@10    R@1000  qrels lines"]
+    for label, m in rows:
+        lines.append(f"{label:<{width}}  {m['mrr@10']:.4f}  {m['mrr@10_offset']:<18.4f}  {m['recall@10']:.4f}  "
+                     f"{m['recall@1000']:.4f}  {int(m['num_rows']):,}")
+    return "\n".join(lines)

@@ -1,4 +1,5 @@
-"""Named entities of a document: spaCy NER limited to what a picture can show, surface forms kept, keys case-folded."""
+"""Named entities of a document: spaCy NER (every label, or those a picture can show), surface forms kept, keys
+case-folded."""
 
 from __future__ import annotations
 
@@ -12,11 +13,13 @@ from cfir_jax.errors import CfirError
 # Version of what extraction yields, in every build's settings (1 stripped a leading 'the' and a trailing "'s").
 EXTRACTION_VERSION = 2
 
-# Entity types whose mentions can be depicted, or whose pictures are in Wikipedia: people, groups, places, buildings,
-# organisations (logos, headquarters), products, events, works of art, laws (signing ceremonies) and languages
-# (scripts). The numeric types (DATE, TIME, PERCENT, MONEY, QUANTITY, ORDINAL, CARDINAL) are left out: "1889" or
-# "three" name nothing visible, and their candidate lists would be near-random images shared by many documents.
-DEFAULT_LABELS: tuple[str, ...] = (
+# The paper extracts "spaCy named entities" with no filter, so every label the NER gives is kept by default
+# (`index.entities.labels="all"`). The option `"picturable"` keeps only the entity types whose mentions can be
+# depicted, or whose pictures are in Wikipedia: people, groups, places, buildings, organisations (logos,
+# headquarters), products, events, works of art, laws (signing ceremonies) and languages (scripts), leaving out the
+# numeric types (DATE, TIME, PERCENT, MONEY, QUANTITY, ORDINAL, CARDINAL): "1889" or "three" name nothing visible,
+# and their candidate lists are near-random images shared by many documents (README: the measured union sizes).
+PICTURABLE_LABELS: tuple[str, ...] = (
     "PERSON",
     "NORP",
     "FAC",
@@ -29,6 +32,26 @@ DEFAULT_LABELS: tuple[str, ...] = (
     "LAW",
     "LANGUAGE",
 )
+# Named label sets of `index.entities.labels` (an explicit tuple of labels is accepted too). The empty tuple is how
+# configs written before "all" became the default spelled the picturable set, and keeps that meaning.
+LABEL_SETS = ("all", "picturable")
+
+
+def resolve_labels(spec, ner_labels: Sequence[str]) -> tuple[str, ...]:
+    """The labels `spec` names (a LABEL_SETS name, or labels) for a NER that gives `ner_labels`; in NER order for
+    'all'. A label this NER never gives is one error line."""
+    if spec is None or spec == "all":
+        return tuple(ner_labels)
+    if spec == "picturable" or (not isinstance(spec, str) and len(spec) == 0):
+        labels = PICTURABLE_LABELS
+    elif isinstance(spec, str):
+        raise CfirError(f"index.entities.labels={spec!r}: use one of {', '.join(LABEL_SETS)} or a tuple of labels")
+    else:
+        labels = tuple(spec)
+    unknown = sorted(set(labels) - set(ner_labels))
+    if unknown:
+        raise CfirError(f"entity labels {unknown} are not produced by this NER (it has {sorted(ner_labels)})")
+    return labels
 
 
 # Tried in order when no pipeline is named: the usual package name, then the same pipeline republished on PyPI.
@@ -115,19 +138,15 @@ class EntityExtractor:
     def __init__(
         self,
         nlp,
-        labels: Sequence[str] = DEFAULT_LABELS,
+        labels: str | Sequence[str] | None = "all",
         batch_size: int = 64,
         n_process: int = 1,
     ):
         if batch_size < 1 or n_process < 1:
             raise CfirError(f"EntityExtractor: batch_size={batch_size} and n_process={n_process} must be >= 1")
-        ner_labels = set(nlp.get_pipe("ner").labels)
-        unknown = sorted(set(labels) - ner_labels)
-        if unknown:
-            raise CfirError(f"entity labels {unknown} are not produced by this NER (it has {sorted(ner_labels)})")
         self.nlp = nlp
-        self.labels = tuple(labels)
-        self._label_set = frozenset(labels)
+        self.labels = resolve_labels(labels, nlp.get_pipe("ner").labels)
+        self._label_set = frozenset(self.labels)
         self.batch_size = batch_size
         self.n_process = n_process
 

@@ -341,6 +341,9 @@ class EntityIndex:
     scores_array: np.ndarray | None
     _rows: dict[str, int] | None = None
     _searcher: ScannSearcher | None = None
+    # A query-time cut (retrieval.k): each list read up to its first `cut` candidates. Lists are stored best first,
+    # so an index built at K holds the index of every K' <= K (exactly so on the exact backend).
+    cut: int | None = None
 
     @classmethod
     def open(
@@ -375,8 +378,23 @@ class EntityIndex:
         return cls(directory, manifest, vocab, offsets, cand, scores)
 
     @property
-    def k(self) -> int:
+    def built_k(self) -> int:
+        """The K the index was built with."""
         return int(self.manifest["k"])
+
+    @property
+    def k(self) -> int:
+        """Candidates per entity as read: the cut when one is set, else the built K."""
+        return self.cut if self.cut is not None else self.built_k
+
+    def with_k(self, k: int | None) -> EntityIndex:
+        """This index read at K = `k` (None or 0: as built); above the built K is refused in one line."""
+        if not k:
+            return dataclasses.replace(self, cut=None)
+        if k < 0 or k > self.built_k:
+            raise CfirError(f"retrieval.k={k}: the entity index at {self.directory} was built with K={self.built_k}; "
+                            f"a cut can only shrink it (rebuild with --config.index.entity_index.k={k} for more)")
+        return dataclasses.replace(self, cut=int(k))
 
     def __len__(self) -> int:
         return len(self.vocab)
@@ -390,7 +408,8 @@ class EntityIndex:
     @property
     def lengths(self) -> np.ndarray:
         """Number of candidates of every entity: int64 [E], each <= K."""
-        return np.diff(self.offsets)
+        lengths = np.diff(self.offsets)
+        return lengths if self.cut is None else np.minimum(lengths, self.cut)
 
     def _checked_rows(self, entity_rows: Sequence[int] | np.ndarray) -> np.ndarray:
         rows = np.asarray(entity_rows, dtype=np.int64).reshape(-1)
@@ -400,15 +419,32 @@ class EntityIndex:
 
     def candidates(self, entity_rows: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Candidate image rows of entity_rows [R] -> R arrays int32 [k_i <= K] (rows of the cache, best first)."""
-        return [np.asarray(self.candidates_array[self.offsets[r] : self.offsets[r + 1]], np.int32)
+        return [np.asarray(self.candidates_array[self.offsets[r] : self._end(r)], np.int32)
                 for r in self._checked_rows(entity_rows)]
 
     def scores(self, entity_rows: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """Stored scores of entity_rows [R] -> R arrays float32 [k_i]; StoreError if the index kept none."""
         if self.scores_array is None:
             raise StoreError(f"{self.directory}: built with keep_scores=False; rebuild with scores to read them")
-        return [np.asarray(self.scores_array[self.offsets[r] : self.offsets[r + 1]], np.float32)
+        return [np.asarray(self.scores_array[self.offsets[r] : self._end(r)], np.float32)
                 for r in self._checked_rows(entity_rows)]
+
+    def er_note(self) -> str:
+        """One line on how exact ER is: exact (the paper's), or ScaNN with its recall measured at build and the flag
+        that rebuilds it exact."""
+        m = self.manifest
+        cut = f", read at K={self.k:,} (retrieval.k)" if self.cut is not None else ""
+        if m.get("backend") == "exact":
+            return f"ER: exact top-{self.built_k:,} per entity (the paper's){cut}"
+        recall = m.get("recall_at_k")
+        measured = (f"recall@{self.built_k:,} {recall:.4f} against exact search on {m.get('recall_sample', 0):,} "
+                    "sampled entities") if recall is not None else "recall not measured"
+        return (f"ER: ScaNN top-{self.built_k:,} per entity, {measured}{cut}; the paper's ER is exact: rebuild with "
+                "index.py --config.index.entity_index.backend=exact")
+
+    def _end(self, r: int) -> int:
+        end = int(self.offsets[r + 1])
+        return end if self.cut is None else min(end, int(self.offsets[r]) + self.cut)
 
     def searcher(self) -> ScannSearcher:
         """The stored ScaNN searcher over the image cache (for entities unseen at index time)."""

@@ -143,12 +143,12 @@ def pretrain_encoder(config, layout: Layout) -> str:
 
 
 def build_entities(config, layout: Layout, corpus):
-    from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+    from cfir_jax.index.entities import EntityExtractor, load_spacy
     from cfir_jax.index.entity_store import ENTITY_FORMAT_VERSION, EntityStore, build_entity_store
 
     e = config.index.entities
     nlp = load_spacy(e.spacy_model or None)
-    extractor = EntityExtractor(nlp, tuple(e.labels) or DEFAULT_LABELS, e.batch_size, e.n_process)
+    extractor = EntityExtractor(nlp, e.labels, e.batch_size, e.n_process)
     # Current only when computed from these very documents (their content, not just their number) by this NER.
     if _current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
                 labels=list(extractor.labels)):

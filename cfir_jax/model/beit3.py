@@ -125,7 +125,14 @@ def _drop_path(x: jax.Array, rate: jax.Array | float, rng: jax.Array | None) -> 
 
 
 class Expert(nnx.Module):
-    """One modality's tower: its position table, `num_layers` stacked Blocks and the final LayerNorm."""
+    """One modality's tower: its position table, `num_layers` stacked Blocks and the final LayerNorm.
+
+    `activation_sharding` (a jax Sharding of [batch, seq, dim], set by the trainer after merging the module) keeps
+    the residual stream split over the batch between layers: without it the partitioner met FSDP-sharded weights by
+    gathering the whole batch's activations onto every chip (seen in the TPU-compiled large step).
+    """
+
+    activation_sharding: Any = None
 
     def __init__(self, config: Any, num_positions: int, *, rngs: nnx.Rngs):
         pdtype = _dtype(_cfg(config, "param_dtype", "float32"))
@@ -191,6 +198,12 @@ class Expert(nnx.Module):
 
         if self.remat:
             apply = jax.checkpoint(apply, prevent_cse=not self.scan_layers)
+
+        if self.activation_sharding is not None:
+            sharding = self.activation_sharding
+            unconstrained = apply
+            apply = lambda *a: jax.lax.with_sharding_constraint(unconstrained(*a), sharding)  # noqa: E731
+            x = jax.lax.with_sharding_constraint(x, sharding)
 
         hidden = [x]
         if self.scan_layers and not return_hidden:

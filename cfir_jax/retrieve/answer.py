@@ -21,7 +21,7 @@ from cfir_jax.retrieve.queries import read_queries, read_query
 
 def answer(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
            fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
-           tag: str = "cfir") -> None:
+           tag: str = "cfir", measures: str = "trec_eval") -> None:
     """Retrieves for the document in `query` or the documents of `queries` and prints / writes what was asked."""
     docs = [read_query(query)] if query else read_queries(queries)
     if qrels:
@@ -43,7 +43,7 @@ def answer(config: ml_collections.ConfigDict, workdir, method: str, *, query: st
         page = "".join(report.html_page(d.doc_id, r, describe, image_bytes, shown) for d, r in zip(docs, results))
         Path(html).write_text(page)
         print(f"wrote {html}", file=sys.stderr)
-    write_and_score(run_of(results, docs), output, qrels, tag, top)
+    write_and_score(run_of(results, docs), output, qrels, tag, top, measures)
     if qrels:
         if METHODS[method].uses_entities:
             print(report.unknown_summary(results, config.retrieval.unknown_entities))

@@ -34,10 +34,10 @@ class EntityRanking:
     def extractor(self):
         """The spaCy entity extractor (loaded on first use)."""
         if self._nlp is None:
-            from cfir_jax.index.entities import DEFAULT_LABELS, EntityExtractor, load_spacy
+            from cfir_jax.index.entities import EntityExtractor, load_spacy
 
             e = self.config.index.entities
-            self._nlp = EntityExtractor(load_spacy(e.spacy_model or None), tuple(e.labels) or DEFAULT_LABELS)
+            self._nlp = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
         return self._nlp
 
     def warm_up(self) -> None:

@@ -28,25 +28,55 @@ def print_notes(retriever: Retriever) -> None:
         print(f"note: {note}", file=sys.stderr)
 
 
-def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int) -> None:
-    """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given."""
+def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, measures: str = "trec_eval") -> None:
+    """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given: trec_eval's,
+    the authors' or both (`measures`)."""
     from cfir_jax.eval import metrics, trec
 
     if output:
         trec.write_run(output, run, tag=tag, max_hits=top)
         print(f"wrote {output}", file=sys.stderr)
     if qrels:
-        print(metrics.evaluate(run, trec.read_qrels(qrels)).table())
+        judged = trec.read_qrels(qrels)
+        if measures != "authors":
+            print(metrics.evaluate(run, judged).table())
+        if measures != "trec_eval":
+            print(metrics.authors_table([(tag, metrics.authors_measures(run, judged))]))
+
+
+def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
+    """The Table 4 rows, after refusing (one line, before any retrieval) a K above the one the index was built with."""
+    from cfir_jax.index.entity_index import EntityIndex
+    from cfir_jax.layout import Layout
+
+    index = EntityIndex.open(Layout.of(workdir).entity_index)
+    for row in rows:
+        index.with_k(row.overrides["retrieval.k"])
+    return rows
+
+
+def train_time_of(retriever: Retriever) -> str:
+    """Training time per epoch of the model that scored the row's queries, with its hardware (from the run's timing
+    log); '-' for the frozen index encoder, 'not logged' for a run trained before the log existed."""
+    from cfir_jax.eval.train_time import train_time
+
+    stores = retriever.stores
+    if retriever.method == "entity_only" or stores.untrained:
+        return "-"
+    t = train_time(retriever.layout.train_document if stores.document_model else retriever.layout.train)
+    return t.label() if t is not None else "not logged"
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
-             output: str = "", tag: str = "cfir", top: int = 1000) -> list[report.EvalRow]:
-    """Runs every row over the split's topics and prints the evaluation table; returns its rows."""
+             output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval"
+             ) -> list[report.EvalRow]:
+    """Runs every row over the split's topics and prints the evaluation table (trec_eval's, the authors' metric or
+    both: `measures`), how ER and SR searched, and the unknown entities; returns its rows."""
     from cfir_jax.eval import metrics, plots
 
     evaluation_sr(config)
-    table, all_results, curves = [], [], {}
-    unknown_line = ""
+    table, all_results, curves, authors = [], [], {}, []
+    unknown_line = er_line = ""
     for row in rows:
         row_config = row.config(config)
         retriever = Retriever(row_config, workdir, row.method, measure_agreement=True)
@@ -61,11 +91,21 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
         if plot:
             curves[row.label] = plots.recall_curve(run, qrels)
         res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES)
-        table.append(report.EvalRow(row.label, res.aggregate, results, retriever.model_used))
+        table.append(report.EvalRow(row.label, res.aggregate, results, retriever.model_used,
+                                    train_time_of(retriever)))
+        if measures != "trec_eval":
+            authors.append((row.label, metrics.authors_measures(run, qrels)))
+        if retriever.stores.entity_index is not None and not er_line:  # the index as built (a row may cut it)
+            er_line = retriever.stores.entity_index.with_k(0).er_note()
         if len(rows) == 1:
             write_and_score(run, output, "", tag, top)
     print(f"{split} split, {len(docs)} topics")
-    print(report.eval_table(table))
+    if measures != "authors":
+        print(report.eval_table(table))
+    if authors:
+        print(metrics.authors_table(authors))
+    if er_line:
+        print(er_line)
     print(report.sr_line(config.retrieval, all_results))
     if report.rerank_line(table):
         print(report.rerank_line(table))

@@ -30,6 +30,7 @@ import ml_collections
 import numpy as np
 
 from cfir_jax.config import upgrade
+from cfir_jax.data.corpus import document_text
 from cfir_jax.errors import CfirError
 from cfir_jax.integrity import check_rows, check_scores, row_norm_bound
 from cfir_jax.progress import bar as progress_bar
@@ -337,13 +338,16 @@ class Retriever:
             if self.methods.uses_entities else None
         summaries = SummaryStore.open(self.layout.summaries, corpus_fingerprint=fp) \
             if self.methods.summarizes else None
+        # A method that embeds the document reads retrieval.document_fields of it (entities and summaries come from
+        # the stores, so the text is read for nothing else).
+        fields = self.rcfg.get("document_fields") if self.methods.reads_document() else "all"
         docs = []
         for doc_id in sorted(qrels):
             if doc_id not in row_of:
                 continue
             i = row_of[doc_id]
             docs.append(DocumentInput(
-                self.corpus.document(i).text, doc_id,
+                document_text(self.corpus.document(i), fields), doc_id,
                 entities=entities.entities_of(i) if entities is not None else None,
                 summary=summaries.summary(i) if summaries is not None else None))
         return docs

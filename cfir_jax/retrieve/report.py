@@ -34,6 +34,7 @@ class EvalRow:
     metrics: dict[str, float]  # aggregate measures of EVAL_MEASURES
     results: list[Result]
     model: str  # which model encoded the queries (Retriever.model_used)
+    train_time: str = "-"  # training time per epoch of that model, with its hardware (the paper's T-t)
 
     def search_ms(self) -> float:
         """Mean ms/query of retrieval proper (candidate lists + scoring, the paper's ms/query, + the re-ranker's
@@ -43,11 +44,13 @@ class EvalRow:
 
 
 def eval_table(rows: Sequence[EvalRow]) -> str:
-    """MRR@10, recall, success, ms/query and candidates per query of each row, and the model each row used."""
-    head = ["row", "MRR@10", "R@10", "R@100", "R@1000", "S@1000", "ms/query", "candidates/q", "model"]
+    """MRR@10, recall, success, ms/query and candidates per query of each row, the training time per epoch of the
+    model it used (with the hardware) and that model."""
+    head = ["row", "MRR@10", "R@10", "R@100", "R@1000", "S@1000", "ms/query", "candidates/q", "train/epoch",
+            "model"]
     table = [head] + [
         [r.label, *(f"{r.metrics[k]:.4f}" for k in EVAL_MEASURES), f"{r.search_ms():.2f}",
-         f"{np.mean([x.num_candidates for x in r.results]):,.0f}", r.model] for r in rows]
+         f"{np.mean([x.num_candidates for x in r.results]):,.0f}", r.train_time, r.model] for r in rows]
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip() for t in table]
     lines.insert(1, "  ".join("-" * w for w in widths))

@@ -145,8 +145,9 @@ def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None
     enc_model = checkpoint.load_model(encoder_dir, config.model) if encoder_dir else model
     check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS[1:], enc_model.config.max_text_positions)
     stores.encoder_fingerprint = checkpoint.fingerprint(enc_model, "text")
+    # retrieval.k cuts every stored list to its first k (0: as built); above the built K is refused.
     index = EntityIndex.open(layout.entity_index, expect_fingerprint=stores.encoder_fingerprint,
-                             expect_dim=model.config.embed_dim)
+                             expect_dim=model.config.embed_dim).with_k(config.retrieval.get("k", 0))
     if index.manifest.get("n_images") not in (None, cache.num_images):
         raise CfirError(f"{layout.entity_index}: built over {index.manifest['n_images']} images "
                         f"but the cache has {cache.num_images}: rebuild the entity index")

@@ -13,7 +13,7 @@ import ml_collections
 import numpy as np
 
 from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
-from cfir_jax.data.corpus import Corpus
+from cfir_jax.data.corpus import Corpus, document_text
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_cache import ImageCache
 from cfir_jax.layout import Layout
@@ -22,8 +22,8 @@ from cfir_jax.model.tokenizer import Beit3Tokenizer, resolve_tokenizer
 TEXTS = ("summary", "document", "caption")
 
 
-def document_texts(layout: Layout, corpus: Corpus, kind: str) -> list[str]:
-    """One text per corpus document, in corpus row order: its summary or its full text."""
+def document_texts(layout: Layout, corpus: Corpus, kind: str, fields=None) -> list[str]:
+    """One text per corpus document, in corpus row order: its summary, or its text of `fields` (document_text)."""
     if kind == "summary":
         from cfir_jax.index.summary_store import SummaryStore
 
@@ -33,7 +33,7 @@ def document_texts(layout: Layout, corpus: Corpus, kind: str) -> list[str]:
                             "rebuild them with index.py")
         return list(store.summaries)
     if kind == "document":
-        return [corpus.document(i).text for i in range(corpus.num_documents)]
+        return [document_text(corpus.document(i), fields) for i in range(corpus.num_documents)]
     raise CfirError(f"unknown text kind {kind!r}: use one of {TEXTS}")
 
 
@@ -62,7 +62,7 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
                     pair_image.append(row_of[image_id])
         doc_texts = None
     else:
-        doc_texts = document_texts(layout, corpus, tcfg.text)
+        doc_texts = document_texts(layout, corpus, tcfg.text, tcfg.get("document_fields"))
         texts = doc_texts
         doc_row = {doc_id: i for i, doc_id in enumerate(corpus.doc_ids)}
         pair_text, pair_image = [], []
@@ -75,8 +75,8 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
 
     eval_data = None
     if with_eval and "validation" in corpus.splits:
-        eval_data = validation_data(corpus, cache, tokenizer, doc_texts or document_texts(layout, corpus, "document"),
-                                    tcfg.max_text_len)
+        queries = doc_texts or document_texts(layout, corpus, "document", tcfg.get("document_fields"))
+        eval_data = validation_data(corpus, cache, tokenizer, queries, tcfg.max_text_len)
     hard_offsets = hard_rows = None
     if tcfg.extra_negatives > 0 and tcfg.negatives == "hard" and tcfg.text != "caption":
         hard_offsets, hard_rows = entity_candidates_per_doc(layout, corpus)

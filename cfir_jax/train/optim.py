@@ -10,6 +10,7 @@ import jax.experimental.multihost_utils
 import ml_collections
 import optax
 
+from cfir_jax.config import TRAINABLE_SETS
 from cfir_jax.errors import CfirError
 from cfir_jax.train import partition
 
@@ -49,8 +50,18 @@ def make_optimizer(cfg: ml_collections.ConfigDict, params: Any, num_layers: int,
     return optax.chain(*parts), schedule
 
 
-def trainable_filter(rules) -> Callable:
-    """An nnx filter: True for parameters whose first matching rule is 'train'."""
+def trainable_rules(trainable) -> list:
+    """`train.trainable` as a rule list: a name of config.TRAINABLE_SETS, or the rules themselves."""
+    if isinstance(trainable, str):
+        if trainable not in TRAINABLE_SETS:
+            raise CfirError(f"train.trainable={trainable!r}: use one of {', '.join(TRAINABLE_SETS)} or a rule list")
+        return TRAINABLE_SETS[trainable]
+    return list(trainable)
+
+
+def trainable_filter(trainable) -> Callable:
+    """An nnx filter: True for parameters whose first matching rule is 'train' (`trainable` as trainable_rules)."""
+    rules = trainable_rules(trainable)
 
     def pred(path, _value) -> bool:
         rule = partition.first_match("/".join(str(p) for p in path), rules, "trainable")

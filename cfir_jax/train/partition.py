@@ -54,6 +54,11 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
+def activation_sharding(mesh: Mesh) -> NamedSharding:
+    """[batch, seq, dim] activations: the batch over both batch axes, as the batch itself."""
+    return NamedSharding(mesh, P(BATCH_AXES, None, None))
+
+
 def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 

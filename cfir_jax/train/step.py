@@ -29,8 +29,12 @@ def make_train_step(config, setup: Setup) -> Callable:
     graphdef = setup.graphdef
     accum = int(tcfg.grad_accum_steps)
 
+    activations = partition.activation_sharding(setup.mesh)
+
     def encode(params, frozen, ids, mask, rng):
-        return nnx.merge(graphdef, params, frozen).encode_text(ids, mask, rng)
+        tower = nnx.merge(graphdef, params, frozen)
+        tower.B.activation_sharding = activations
+        return tower.encode_text(ids, mask, rng)
 
     def loss_of_embeddings(text_emb, logit_scale, batch):
         return contrastive_loss(text_emb, batch["image"], logit_scale, batch.get("negatives"), batch.get("valid"))
@@ -109,8 +113,12 @@ def make_encoder(config, setup: Setup) -> Callable:
     graphdef = setup.graphdef
     bsh = partition.batch_sharding(setup.mesh)
 
+    activations = partition.activation_sharding(setup.mesh)
+
     def encode(params, frozen, ids, mask):
-        return nnx.merge(graphdef, params, frozen).encode_text(ids, mask)
+        tower = nnx.merge(graphdef, params, frozen)
+        tower.B.activation_sharding = activations
+        return tower.encode_text(ids, mask)
 
     return jax.jit(encode, in_shardings=(setup.param_shardings, setup.frozen_shardings, bsh, bsh),
                    out_shardings=partition.replicated(setup.mesh))

@@ -26,6 +26,7 @@ import jax.experimental.multihost_utils
 import ml_collections
 
 from cfir_jax.errors import CfirError
+from cfir_jax.eval import train_time
 from cfir_jax.store import write_json_atomic
 from cfir_jax.train.data import TrainData
 from cfir_jax.train.monitor import MetricsLog, _Preemption
@@ -110,6 +111,9 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
     # step n/N, steps/s and ETA from tqdm; the loss in the postfix at every log step.
     bar = progress_bar(total=steps, initial=start, show=show, unit="step", desc=desc)
     last_metrics: dict[str, float] = log.last() if start >= steps else {}
+    # Training time per epoch (the paper's T-t): timing.jsonl beside the metrics log, written by process 0.
+    timer = train_time.SegmentTimer(workdir, start, train_time.hardware_label(list(setup.mesh.devices.flat)),
+                                    data.steps_per_epoch(tcfg.global_batch), jax.process_index() == 0 and start < steps)
     t0, seen = time.time(), 0
     with _Preemption(manager) as preempt:
         for step in range(start, steps):
@@ -124,6 +128,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
                 if encoder is not None and (done % tcfg.eval_every == 0 or done == steps):
                     values |= evaluate(encoder, state["params"], frozen, data.eval, tcfg.eval_batch, setup.mesh)
                 log.write(done, values)
+                timer.log(done)
                 last_metrics = values
                 rate = seen / max(time.time() - t0, 1e-9)
                 bar.set_postfix(loss=f"{values['loss']:.4f}", examples_s=f"{rate:.1f}")

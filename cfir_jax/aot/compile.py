@@ -1,0 +1,107 @@
+"""Compiles registered programs for a topology, reads each device's memory, and refuses what does not fit."""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+import time
+
+import jax
+
+from cfir_jax.aot import programs as programs_lib
+from cfir_jax.aot.topology import Topology, resolve
+from cfir_jax.errors import CfirError
+
+GIB = 2**30
+
+
+@dataclasses.dataclass
+class Result:
+    """Per-device bytes of one compiled program (XLA's memory analysis of the TPU executable) and its compile time."""
+
+    program: str
+    topology: str
+    shapes: str
+    arguments: int
+    outputs: int
+    aliased: int
+    temporaries: int
+    hbm: int
+    compile_s: float
+    knob: str
+    per_host: bool
+
+    @property
+    def total(self) -> int:
+        """Live bytes at the peak: arguments + outputs not aliased to (donated) arguments + temporaries."""
+        return self.arguments + self.outputs - self.aliased + self.temporaries
+
+    @property
+    def fits(self) -> bool:
+        return self.total <= self.hbm
+
+    def refusal(self) -> str:
+        return (f"{self.program} does not fit {self.topology}: {self.total / GIB:.2f} GiB per device of "
+                f"{self.hbm / GIB:.0f} GiB ({self.shapes}); {self.knob}")
+
+    def row(self) -> str:
+        return (f"{self.program:<22} {self.arguments / GIB:7.2f} {(self.outputs - self.aliased) / GIB:7.2f} "
+                f"{self.temporaries / GIB:7.2f} {self.total / GIB:7.2f} {self.hbm / GIB:5.0f} "
+                f"{'yes' if self.fits else 'NO':>4} {self.compile_s:7.1f}  {self.shapes}")
+
+
+HEADER = (f"{'program':<22} {'args':>7} {'out':>7} {'temps':>7} {'total':>7} {'HBM':>5} {'fits':>4} "
+          f"{'compile':>7}  (GiB per device, seconds)")
+
+
+def compile_program(program: programs_lib.Program, topology: Topology) -> Result:
+    """Lowers and compiles `program` with the TPU compiler; nothing runs and nothing is allocated."""
+    start = time.perf_counter()
+    lowered = program.lower()
+    try:
+        compiled = lowered.compile()
+    except jax.errors.JaxRuntimeError as e:
+        # The TPU compiler itself refuses temporaries beyond the HBM ("... HLO temporaries (1.41T) exceeds
+        # available HBM (15.75G)"): a Result that does not fit, with the temporaries it reported.
+        needed = _reported_bytes(str(e))
+        if "RESOURCE_EXHAUSTED" not in str(e) or needed is None:
+            raise
+        return Result(program.name, topology.name, program.shapes, 0, 0, 0, needed, topology.hbm_bytes,
+                      time.perf_counter() - start, program.knob("temporaries"), program.per_host)
+    seconds = time.perf_counter() - start
+    m = compiled.memory_analysis()
+    args, temps = int(m.argument_size_in_bytes), int(m.temp_size_in_bytes)
+    dominant = "arguments" if args >= temps else "temporaries"
+    return Result(program.name, topology.name, program.shapes, args, int(m.output_size_in_bytes),
+                  int(m.alias_size_in_bytes), temps, topology.hbm_bytes, seconds, program.knob(dominant),
+                  program.per_host)
+
+
+def _reported_bytes(message: str) -> int | None:
+    """The first '(1.41T)'-style size in a compiler message, in bytes."""
+    match = re.search(r"\((\d+(?:\.\d+)?)([KMGT])\)", message)
+    if not match:
+        return None
+    return int(float(match.group(1)) * 1024 ** "KMGT".index(match.group(2)) * 1024)
+
+
+def compile_command(command: str, config, topology_name: str, out=print, **options) -> list[Result]:
+    """`python <command>.py --compile-only --topology T`: compiles every program of the command, prints a table;
+    a program that does not fit is a CfirError naming the knob (after the table)."""
+    if not topology_name:
+        raise CfirError("--compile-only needs --topology, e.g. --topology v5e:2x4 or v5p:4x4x4")
+    topology = resolve(topology_name)
+    out(f"compile-only {command} for {topology.describe()}: compiled for TPU with abstract inputs, not run")
+    out(HEADER)
+    results = []
+    for program in programs_lib.programs(command, config, topology, **options):
+        result = compile_program(program, topology)
+        out(result.row())
+        results.append(result)
+    if any(r.per_host for r in results) and topology.hosts > 1:
+        out(f"per-host programs are compiled over host 0's {len(topology.host_devices)} devices (each host runs "
+            "the same one)")
+    refused = [r.refusal() for r in results if not r.fits]
+    if refused:
+        raise CfirError("; ".join(refused))
+    return results

@@ -1,0 +1,209 @@
+"""The registry of accelerator programs: each entry builds the project's own jitted function(s) for a config and a
+topology, with abstract arguments that carry their shardings, ready to lower and compile.
+
+An entry is `(command, name) -> builder(config, topology, **options) -> [Program]`; a new program (the Full
+baseline's two-tower step, say) is one more `@register` function here.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
+
+from cfir_jax.aot.topology import Topology
+
+# AToMiC's image caches the device SR is sized for: base (every image the qrels judge, rounded up) and large (the
+# whole collection, 11,019,202 images); a document's entity-candidate union is about 60k rows (bucket 65,536).
+CACHE_ROWS = {"base": 4_000_000, "large": 11_019_202}
+UNION_BUCKET = 65_536
+SR_QUERY_BATCHES = (1, 8, 64)
+# Entity queries per call of the exact full-cache top-K (search.device_sr's largest query block).
+ENTITY_QUERY_BLOCK = 256
+
+
+@dataclasses.dataclass
+class Program:
+    """One compiled program: `lower()` gives its jax.stages.Lowered; `knob` says what to change when it does not fit
+    (given the compiled memory: 'arguments' or 'temporaries' dominate); `per_host` marks a program each host runs
+    over its own devices (the others span the whole slice)."""
+
+    name: str
+    shapes: str
+    lower: Callable[[], jax.stages.Lowered]
+    knob: Callable[[str], str]
+    per_host: bool = False
+    args: tuple = ()  # the abstract arguments (with their shardings) where the builder holds them
+
+
+REGISTRY: dict[str, dict[str, Callable[..., list[Program]]]] = {"train": {}, "index": {}, "retrieve": {}}
+
+
+def register(command: str, name: str):
+    def wrap(builder):
+        REGISTRY[command][name] = builder
+        return builder
+
+    return wrap
+
+
+def programs(command: str, config: ml_collections.ConfigDict, topology: Topology, **options) -> list[Program]:
+    """Every program of `command` ('train', 'index' or 'retrieve') for `config` on `topology`."""
+    return [p for builder in REGISTRY[command].values() for p in builder(config, topology, **options)]
+
+
+def _abstract(tree, shardings):
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), tree, shardings)
+
+
+def _unlocked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    config = config.copy_and_resolve_references()
+    config.unlock()
+    return config
+
+
+@register("train", "train_step")
+def train_step(config, topology: Topology, global_batch: int | None = None) -> list[Program]:
+    """The train step at the configured (or given) global batch over the whole slice, and the evaluation encoder."""
+    from cfir_jax.train import partition
+    from cfir_jax.train.state import make_setup
+    from cfir_jax.train.step import make_encoder, make_train_step
+
+    config = _unlocked(config)
+    tcfg = config.train
+    if global_batch:
+        tcfg.global_batch = int(global_batch)
+    b, length, dim = tcfg.global_batch, tcfg.max_text_len, config.model.embed_dim
+    setup = make_setup(config, total_steps=1000, devices=list(topology.devices), steps_per_epoch=100)
+    mesh = setup.mesh
+    bsh, rep = partition.batch_sharding(mesh), partition.replicated(mesh)
+    batch = {"ids": jax.ShapeDtypeStruct((b, length), jnp.int32, sharding=bsh),
+             "mask": jax.ShapeDtypeStruct((b, length), jnp.bool_, sharding=bsh),
+             "image": jax.ShapeDtypeStruct((b, dim), jnp.float32, sharding=bsh)}
+    if tcfg.extra_negatives > 0:
+        batch["negatives"] = jax.ShapeDtypeStruct((tcfg.extra_negatives, dim), jnp.float32, sharding=rep)
+    frozen = _abstract(setup.abstract_frozen, setup.frozen_shardings)
+    params = _abstract(setup.abstract_params, setup.param_shardings)
+    step = make_train_step(config, setup)
+    encoder = make_encoder(config, setup)
+    shapes = (f"batch {b} x {length} tokens, mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}, "
+              f"remat={config.model.remat}, grad_accum_steps={tcfg.grad_accum_steps}, "
+              f"extra_negatives={tcfg.extra_negatives}")
+
+    def step_knob(dominant: str) -> str:
+        if dominant == "arguments":
+            return "shard the state: mesh.fsdp=-1 with FSDP logical_axis_rules (configs/large.py), or more chips"
+        if not config.model.remat:
+            return "set model.remat=True, raise train.grad_accum_steps, or lower train.global_batch"
+        return (f"raise train.grad_accum_steps (now {tcfg.grad_accum_steps}) or lower train.global_batch "
+                f"(now {b}), or use more chips")
+
+    args = (setup.abstract_state, frozen, batch)
+    return [
+        Program("train_step", shapes, lambda: step.lower(*args), step_knob, args=args),
+        Program("eval_encoder", f"batch {b} x {length} tokens",
+                lambda: encoder.lower(params, frozen, batch["ids"], batch["mask"]),
+                lambda _: "lower train.global_batch (the evaluation batch) or use more chips"),
+    ]
+
+
+@register("index", "image_encoding")
+def image_encoding(config, topology: Topology, image_size: int | None = None) -> list[Program]:
+    """The vision tower's image-cache encoding step: each host encodes its batch over its own devices."""
+    from flax import nnx
+
+    from cfir_jax.index.image_encoding import _encode_fn
+    from cfir_jax.model import beit3 as model_lib
+
+    ic = config.index.image_cache
+    cfg = _unlocked(config.model)
+    cfg.image_size = int(image_size or cfg.image_size)
+    cfg.dtype = ic.compute_dtype
+    devices = topology.host_devices
+    mesh = jax.sharding.Mesh(list(devices), ("data",))
+    batch = -(-int(ic.batch_size) // len(devices)) * len(devices)  # image_encoding.encoder_batch on that host
+    _, fn = _encode_fn(cfg)
+    _, state = nnx.split(model_lib.abstract_model(cfg))
+    state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), state)
+    pixels = jax.ShapeDtypeStruct((batch, cfg.image_size, cfg.image_size, 3), jnp.float32,
+                                  sharding=NamedSharding(mesh, P("data")))
+    return [Program(f"image_encoding_{cfg.image_size}px", f"batch {batch}, {ic.compute_dtype}",
+                    lambda: fn.lower(state, pixels),
+                    lambda _: f"lower index.image_cache.batch_size (now {ic.batch_size})", per_host=True)]
+
+
+@dataclasses.dataclass
+class _Cache:
+    """The resident cache of a topology's host, by shape alone (search.device_sr's abstract_cache and mesh)."""
+
+    n: int
+    dim: int
+    dtype: str
+    mesh: jax.sharding.Mesh
+    abstract: jax.ShapeDtypeStruct
+
+    @property
+    def shards(self) -> int:
+        return self.mesh.size
+
+    def describe(self) -> str:
+        return f"cache {self.n:,} x {self.dim} {self.dtype} over {self.shards} devices"
+
+    def replicated(self, shape, dtype) -> jax.ShapeDtypeStruct:
+        return jax.ShapeDtypeStruct(shape, dtype, sharding=NamedSharding(self.mesh, P()))
+
+
+def _device_cache(config, topology: Topology, rows: int | None, dtype: str | None) -> _Cache:
+    from cfir_jax.search import device_sr as dsr
+
+    n = int(rows or CACHE_ROWS["large" if config.model.embed_dim >= 1024 else "base"])
+    dtype = dtype or config.retrieval.sr_device_dtype
+    mesh = dsr.make_mesh(list(topology.host_devices), shard=True)  # row-sharded over the host's devices
+    return _Cache(n, config.model.embed_dim, dtype, mesh, dsr.abstract_cache(n, config.model.embed_dim, dtype, mesh))
+
+
+def _cache_knob(cache: _Cache, dominant: str) -> str:
+    if dominant == "arguments":
+        return (f"the {cache.n:,} x {cache.dim} cache is row-sharded over {cache.shards} devices: use more chips per "
+                "host (the cache dtype is already 2 bytes)")
+    return "lower retrieval.sr_query_batch or the largest retrieval.sr_buckets"
+
+
+@register("index", "entity_topk")
+def entity_topk(config, topology: Topology, cache_rows: int | None = None, cache_dtype: str | None = None
+                ) -> list[Program]:
+    """The exact entity top-K over the whole resident cache (the index's accelerator backend), per host."""
+    from cfir_jax.search import device_sr as dsr
+
+    cache = _device_cache(config, topology, cache_rows, cache_dtype)
+    k = int(config.index.entity_index.k)
+    r = dsr.rows_per_shard(cache.n, cache.shards)
+    queries = cache.replicated((ENTITY_QUERY_BLOCK, cache.dim), jnp.float32)
+    lower = lambda: dsr.device_full_topk.lower(cache.abstract, queries, k=k, n=cache.n, rows_per_shard=r,  # noqa
+                                               block=min(dsr.FULL_SEARCH_BLOCK, r), mesh=cache.mesh)
+    return [Program("entity_topk", f"{ENTITY_QUERY_BLOCK} entities, K={k}, {cache.describe()}", lower,
+                    lambda d: _cache_knob(cache, d), per_host=True)]
+
+
+@register("retrieve", "device_sr")
+def device_sr(config, topology: Topology, cache_rows: int | None = None, cache_dtype: str | None = None,
+              query_batches: tuple[int, ...] = SR_QUERY_BATCHES) -> list[Program]:
+    """The device SR (summary scores the entity-candidate union) over the resident cache, per host."""
+    from cfir_jax.search import device_sr as dsr
+
+    cache = _device_cache(config, topology, cache_rows, cache_dtype)
+    r = dsr.rows_per_shard(cache.n, cache.shards)
+
+    def lower(q: int):
+        return dsr.device_sr.lower(cache.abstract, cache.replicated((q, cache.dim), jnp.float32),
+                                   cache.replicated((q, UNION_BUCKET), jnp.int32), k=int(config.retrieval.top_k),
+                                   rows_per_shard=r, mesh=cache.mesh)
+
+    return [Program(f"device_sr_q{q}", f"{q} queries x union {UNION_BUCKET:,}, {cache.describe()}",
+                    (lambda q=q: lower(q)), lambda d: _cache_knob(cache, d), per_host=True)
+            for q in query_batches]

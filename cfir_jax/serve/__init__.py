@@ -1,0 +1,70 @@
+"""The resident service: `python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]`.
+
+One process loads the stores and models once, warms every shape it will send (`index.warm_up`), then answers over
+HTTP (`app`: FastAPI on uvicorn) until SIGTERM, which stops accepting, answers every request already accepted and
+exits 0. SIGHUP reloads the workdir (`index.IndexHolder.reload`). Requests are micro-batched into the Retriever's
+batched path (`batcher`). Settings: the config's `serve` section (`cfir_jax.config.serve_config`).
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import socket
+import sys
+import time
+from collections.abc import Sequence
+
+from cfir_jax.errors import CfirError
+
+
+def serve(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (), method: str = "cfir",
+          host: str | None = None, port: int | None = None) -> None:
+    """Loads the index, binds host:port and serves until stopped (the one entry point retrieve.py calls).
+
+    config: as parsed from the command line `argv`, whose `--config.*` overrides a reload applies again to the
+    workdir's config (or to `config_spec`, the --config file)."""
+    import uvicorn
+
+    from cfir_jax.serve.app import Service, create_app
+    from cfir_jax.serve.index import IndexHolder, config_overrides
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("cfir_jax.serve").setLevel(logging.INFO)
+    overrides = config_overrides(argv)
+    settings = config.serve
+    host = host or settings.host
+    port = settings.port if port is None else port
+    if settings.max_batch_docs > settings.queue_size:
+        raise CfirError(f"serve.max_batch_docs={settings.max_batch_docs} exceeds serve.queue_size="
+                        f"{settings.queue_size}: a full batch request could never be queued")
+    sock = _bind(host, port)  # before minutes of loading: a taken port is said at once
+    methods = list(dict.fromkeys([method, *settings.methods]))
+    t0 = time.perf_counter()
+    holder = IndexHolder(workdir, config_spec, overrides, methods, int(settings.max_batch), config)
+    app = create_app(Service(holder, settings))
+    bound = sock.getsockname()
+    url = f"http://{bound[0] if ':' not in bound[0] else f'[{bound[0]}]'}:{bound[1]}"
+    print(f"serving {workdir} (index {holder.current.fingerprint}, methods {', '.join(methods)}) at {url}: "
+          f"loaded and warmed in {time.perf_counter() - t0:.1f} s; ready", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                           timeout_keep_alive=5))
+    # uvicorn re-raises the signal that stopped it once it has drained; a SIGTERM then reaches this no-op handler,
+    # so a graceful stop exits 0 (SIGINT still ends as an interrupt).
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    server.run(sockets=[sock])
+    print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CfirError(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

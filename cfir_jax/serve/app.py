@@ -1,0 +1,291 @@
+"""The HTTP API (FastAPI): versioned search endpoints, health, readiness, metrics, reload, and the page at `/`.
+
+Every error is a one-line JSON `{"error": ...}` with a 4xx status naming the problem (malformed JSON 400, unknown or
+missing fields and bad values 422, text over serve.max_text_bytes 413, a full queue 503 with Retry-After, a passed
+deadline 504); an internal error is logged with its traceback and answered 500 with an id to find it in the log.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hmac
+import logging
+import math
+import os
+import signal
+import time
+import uuid
+from typing import Annotated
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import HTMLResponse, JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from starlette.exceptions import HTTPException
+
+from cfir_jax.errors import CfirError
+from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull
+from cfir_jax.serve.index import IndexHolder
+from cfir_jax.serve.metrics import Metrics
+from cfir_jax.serve.page import PAGE
+
+log = logging.getLogger("cfir_jax.serve")
+SHOWN = 20  # hits a request gets by default, as retrieve.py shows on stdout
+# Characters that make a "text" binary: NUL and the C0 controls other than tab, newline and carriage return.
+_BINARY = {chr(c) for c in range(32) if chr(c) not in "\t\n\r"}
+
+
+class SearchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    text: StrictStr = Field(description="the document (plain UTF-8 text)")
+    top_k: StrictInt = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k")
+    method: StrictStr | None = Field(None, description="cfir | dense_document | dense_summary | entity_only "
+                                     "(those the service loaded; default: the first)")
+    id: StrictStr = Field("query", description="the document's id, echoed in the answer")
+
+
+class BatchDocument(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    id: StrictStr
+    text: StrictStr
+
+
+class BatchRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    documents: list[BatchDocument] = Field(description="the documents, ids unique")
+    top_k: StrictInt = SHOWN
+    method: StrictStr | None = None
+
+
+class Service:
+    """What the handlers share (injected with Depends): the index holder, the batcher, the metrics, the settings."""
+
+    def __init__(self, holder: IndexHolder, settings):
+        self.holder, self.settings = holder, settings
+        self.metrics = Metrics()
+        self.metrics.set_index(holder.current)
+        self.batcher = MicroBatcher(lambda: self.holder.current, settings.max_batch, settings.max_wait_ms,
+                                    settings.queue_size, self.metrics)
+        self.admin_token = os.environ.get("CFIR_ADMIN_TOKEN") or settings.admin_token
+        self.stopping = False
+        self.max_body = 8 * settings.max_text_bytes * max(1, settings.max_batch_docs) + 65536  # JSON escapes
+
+    def check_text(self, text: str, what: str) -> None:
+        if not text.strip():
+            raise HTTPException(422, f"{what} is empty")
+        if not _BINARY.isdisjoint(text):
+            raise HTTPException(422, f"{what} is binary (control characters), expected plain text")
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if size > self.settings.max_text_bytes:
+            raise HTTPException(413, f"{what} is {size:,} bytes, over serve.max_text_bytes="
+                                     f"{self.settings.max_text_bytes:,}")
+
+    def check_options(self, top_k: int, method: str | None) -> str:
+        current = self.holder.current
+        method = method or next(iter(current.retrievers))
+        if method not in current.retrievers:
+            raise HTTPException(422, f"unknown method {method!r}: this service answers "
+                                     f"{', '.join(current.retrievers)}")
+        if not 1 <= top_k <= current.max_top_k:
+            raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {current.max_top_k}")
+        return method
+
+    async def run(self, request: Request, docs: list[DocumentInput], method: str, top_k: int, html: bool = False):
+        """Queues the documents, then waits for their answer, the deadline or the client's going away."""
+        loop = asyncio.get_running_loop()
+        deadline = time.monotonic() + self.settings.deadline_ms / 1e3
+        job = Job(docs, method, top_k, deadline, loop.create_future(), loop, html=html)
+        try:
+            self.batcher.submit(job)
+        except QueueFull as e:
+            self.metrics.rejected.inc()
+            retry = max(1, math.ceil(self.settings.max_wait_ms / 1e3 + 0.05 * self.batcher.depth))
+            raise HTTPException(503, f"busy: {e}; retry after {retry} s", headers={"Retry-After": str(retry)}) \
+                from None
+        gone = asyncio.ensure_future(_disconnected(request))
+        try:
+            done, _ = await asyncio.wait({job.future, gone}, timeout=max(0.0, deadline - time.monotonic()),
+                                         return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+        if job.future in done:
+            try:
+                return job.future.result()
+            except Dropped as e:
+                raise HTTPException(504, f"not answered: {e}") from None
+        job.cancelled = True
+        if gone in done:
+            self.metrics.dropped.labels("disconnected").inc()
+            raise HTTPException(499, "client closed the request")
+        raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed "
+                                 "(serve.deadline_ms)")
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client closes the connection (the body was read: the next message is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+def service(request: Request) -> Service:
+    return request.app.state.service
+
+
+ServiceDep = Annotated[Service, Depends(service)]
+
+
+def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
+    return JSONResponse({"error": message}, status_code=status, headers=headers)
+
+
+def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
+    err = exc.errors()[0]
+    where = ".".join(str(p) for p in err.get("loc", ()) if p != "body")
+    kind = err.get("type", "")
+    if kind == "json_invalid":
+        return 400, f"malformed JSON: {err.get('ctx', {}).get('error', err.get('msg'))}"
+    if kind == "extra_forbidden":
+        return 422, f"unknown field {where!r}"
+    if kind == "missing":
+        return 422, f"missing field {where!r}" if where else "missing body: send a JSON object"
+    if kind in ("model_attributes_type", "dict_type") and not where:
+        return 400, "the body must be a JSON object"
+    return 422, f"{where or 'body'}: {err.get('msg', 'invalid')}"
+
+
+def create_app(svc: Service) -> FastAPI:
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        loop = asyncio.get_running_loop()
+        with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(svc)))
+        yield
+        svc.stopping = True
+        await asyncio.to_thread(svc.batcher.stop)
+
+    app = FastAPI(title="cfir-jax", version="1", lifespan=lifespan,
+                  description="CFIR retrieval over a resident index: POST /v1/search with a document's text.")
+    app.state.service = svc
+
+    _error_handlers(app, svc)
+    _search_routes(app)
+
+    @app.get("/healthz", summary="alive")
+    async def healthz() -> dict:
+        return {"status": "alive"}
+
+    @app.get("/readyz", summary="index loaded and warmed (and the last reload's outcome)")
+    async def readyz(svc: ServiceDep) -> JSONResponse:
+        body = {"ready": not svc.stopping, **svc.holder.current.describe(), "queue_depth": svc.batcher.depth,
+                "reloading": svc.holder.reloading, "last_reload": svc.holder.last_reload}
+        return JSONResponse(body, status_code=503 if svc.stopping else 200)
+
+    @app.get("/metrics", summary="Prometheus metrics")
+    async def metrics(svc: ServiceDep) -> Response:
+        return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post("/v1/admin/reload", summary="reload the workdir (needs serve.admin_token / CFIR_ADMIN_TOKEN)")
+    async def admin_reload(request: Request, svc: ServiceDep) -> JSONResponse:
+        if not svc.admin_token:
+            raise HTTPException(404, "not found: the admin endpoint is off (set serve.admin_token or "
+                                     "CFIR_ADMIN_TOKEN)")
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {svc.admin_token}".encode()):
+            raise HTTPException(401, "missing or wrong token (Authorization: Bearer TOKEN)")
+        return await _reload(svc)
+
+    @app.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> HTMLResponse:
+        return HTMLResponse(PAGE)
+
+    return app
+
+
+def _error_handlers(app: FastAPI, svc: Service) -> None:
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError):
+        return _error(*_validation_message(exc))
+
+    @app.exception_handler(HTTPException)
+    async def _http(request: Request, exc: HTTPException):
+        detail = str(exc.detail)
+        if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's, undecodable
+            detail = "malformed JSON: the body is not UTF-8 JSON"
+        return _error(exc.status_code, detail, exc.headers)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception):
+        error_id = uuid.uuid4().hex[:12]
+        log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
+        return _error(500, f"internal error (id {error_id}; the service's log has its traceback)")
+
+    @app.middleware("http")
+    async def _count(request: Request, call_next):
+        route = request.url.path if request.url.path in _ENDPOINTS else "other"
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > svc.max_body:
+            response = _error(413, f"body of {int(declared):,} bytes is over the {svc.max_body:,} this service reads")
+        else:
+            t0 = time.perf_counter()
+            searching = route.startswith("/v1/search")
+            if searching:
+                svc.metrics.in_flight.inc()
+            try:
+                response = await call_next(request)
+            finally:
+                if searching:
+                    svc.metrics.in_flight.dec()
+            svc.metrics.latency.labels(route).observe(time.perf_counter() - t0)
+        svc.metrics.requests.labels(route, str(response.status_code)).inc()
+        return response
+
+
+def _search_routes(app: FastAPI) -> None:
+    @app.post("/v1/search", summary="the images of one document (the JSON of retrieve.py --format json)")
+    async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
+        svc.check_text(body.text, "text")
+        method = svc.check_options(body.top_k, body.method)
+        answer = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k)
+        return Response(answer[0], media_type="application/json")
+
+    @app.post("/v1/search/batch", summary="the images of several documents, answered in their order")
+    async def search_batch(body: BatchRequest, request: Request, svc: ServiceDep) -> Response:
+        if not body.documents:
+            raise HTTPException(422, "documents is empty")
+        if len(body.documents) > svc.settings.max_batch_docs:
+            raise HTTPException(413, f"{len(body.documents)} documents, over serve.max_batch_docs="
+                                     f"{svc.settings.max_batch_docs}")
+        ids = [d.id for d in body.documents]
+        if len(set(ids)) != len(ids):
+            raise HTTPException(422, f"duplicate document id {next(i for i in ids if ids.count(i) > 1)!r}")
+        for n, d in enumerate(body.documents):
+            svc.check_text(d.text, f"documents.{n}.text")
+        method = svc.check_options(body.top_k, body.method)
+        answer = await svc.run(request, [DocumentInput(d.text, d.id) for d in body.documents], method, body.top_k)
+        return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json")
+
+    @app.post("/v1/search/html", response_class=HTMLResponse, summary="the HTML gallery of one document's images")
+    async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
+        svc.check_text(body.text, "text")
+        method = svc.check_options(body.top_k, body.method)
+        page = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k, html=True)
+        return HTMLResponse(page)
+
+
+_ENDPOINTS = ("/", "/v1/search", "/v1/search/batch", "/v1/search/html", "/healthz", "/readyz", "/metrics",
+              "/v1/admin/reload", "/docs", "/openapi.json")
+
+
+async def _reload(svc: Service) -> JSONResponse:
+    """Reloads in a thread of its own (the batcher keeps serving the old index meanwhile)."""
+    try:
+        fresh = await asyncio.to_thread(svc.holder.reload)
+    except CfirError as e:
+        svc.metrics.reloads.labels("refused").inc()
+        return _error(409, f"reload refused, the old index keeps serving: {e}")
+    svc.metrics.reloads.labels("ok").inc()
+    svc.metrics.set_index(fresh)
+    return JSONResponse({"reloaded": True, **fresh.describe()})

@@ -1,0 +1,174 @@
+"""The micro-batcher: requests that arrive together run as one batch through `Retriever.retrieve_many`, in one
+worker thread that alone drives the Retrievers (JAX and spaCy are not meant to be driven from many threads at once).
+
+The first waiting request opens a batch; others join it until `max_batch` documents or `max_wait_ms` have passed,
+then the batch runs (one spaCy stream, batched encoding, batched SR). The queue is bounded in documents: a request
+that would overflow it is refused at once (the service answers 503 with Retry-After) rather than waiting without
+bound. A request past its deadline, or whose client went away, is dropped before its batch runs. Each answer is the
+JSON `retrieve.py --format json` prints, rendered in the worker thread (captions are read from the corpus there).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import logging
+import threading
+import time
+import weakref
+from collections.abc import Callable
+
+from cfir_jax.retrieve import report
+from cfir_jax.retrieve.pipeline import DocumentInput
+
+log = logging.getLogger("cfir_jax.serve")
+
+
+class QueueFull(Exception):
+    """The queue holds `queue_size` documents already."""
+
+
+class Dropped(Exception):
+    """The request's deadline passed or its client went away before its batch ran."""
+
+
+@dataclasses.dataclass(eq=False)
+class Job:
+    """One request: its documents, the method and hits wanted, when it expires, and the future its handler awaits
+    (set to one `--format json` string per document, or an exception)."""
+
+    docs: list[DocumentInput]
+    method: str
+    top_k: int
+    deadline: float  # time.monotonic()
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    html: bool = False  # the gallery page instead of JSON (GET /'s page)
+    cancelled: bool = False  # set by the handler when the client disconnects or the deadline passes
+    enqueued: float = dataclasses.field(default_factory=time.monotonic)
+
+    def settle(self, value=None, error: BaseException | None = None) -> None:
+        def set_it():
+            if not self.future.done():
+                if error is not None:
+                    self.future.set_exception(error)
+                else:
+                    self.future.set_result(value)
+
+        self.loop.call_soon_threadsafe(set_it)
+
+
+class MicroBatcher:
+    """submit(job) from the event loop; a worker thread runs the batches. `stop()` drains the queue, then joins."""
+
+    def __init__(self, current_index: Callable, max_batch: int, max_wait_ms: float, queue_size: int, metrics):
+        self._current = current_index  # () -> LoadedIndex, read once per batch (a reload swaps it between batches)
+        self.max_batch, self.max_wait = max(1, int(max_batch)), max(0.0, float(max_wait_ms)) / 1e3
+        self.queue_size = int(queue_size)
+        self.metrics = metrics
+        self._queue: collections.deque[Job] = collections.deque()
+        self._waiting_docs = 0
+        self._cv = threading.Condition()
+        self._stopping = False
+        self._image_rows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per Retriever: image id -> row
+        self._thread = threading.Thread(target=self._run, name="cfir-retrieval", daemon=True)
+        self._thread.start()
+
+    @property
+    def depth(self) -> int:
+        """Documents waiting (not yet taken into a batch)."""
+        return self._waiting_docs
+
+    def submit(self, job: Job) -> None:
+        with self._cv:
+            if self._stopping:
+                raise QueueFull("shutting down")
+            if self._waiting_docs + len(job.docs) > self.queue_size:
+                raise QueueFull(f"{self._waiting_docs} documents are waiting (serve.queue_size={self.queue_size})")
+            self._queue.append(job)
+            self._waiting_docs += len(job.docs)
+            self.metrics.queue_depth.set(self._waiting_docs)
+            self._cv.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        with self._cv:
+            self._stopping = True
+            self._cv.notify()
+        self._thread.join(timeout)
+
+    def _take_batch(self) -> list[Job] | None:
+        """Blocks for the first job, then gathers more until max_batch documents or max_wait; None when stopped."""
+        with self._cv:
+            while not self._queue:
+                if self._stopping:
+                    return None
+                self._cv.wait()
+            batch = [self._queue.popleft()]
+            size = len(batch[0].docs)
+            close_at = time.monotonic() + self.max_wait
+            while size < self.max_batch:
+                if self._queue:
+                    if size + len(self._queue[0].docs) > self.max_batch:
+                        break
+                    batch.append(self._queue.popleft())
+                    size += len(batch[-1].docs)
+                    continue
+                left = close_at - time.monotonic()
+                if left <= 0 or self._stopping:
+                    break
+                self._cv.wait(left)
+            self._waiting_docs -= size
+            self.metrics.queue_depth.set(self._waiting_docs)
+            return batch
+
+    def _run(self) -> None:
+        while (batch := self._take_batch()) is not None:
+            now = time.monotonic()
+            live = []
+            for job in batch:
+                if job.cancelled or now > job.deadline:
+                    job.settle(error=Dropped("deadline passed" if now > job.deadline else "client went away"))
+                    self.metrics.dropped.labels("deadline" if now > job.deadline else "disconnected").inc()
+                else:
+                    live.append(job)
+                    self.metrics.queue_wait.observe(now - job.enqueued)
+            if not live:
+                continue
+            index = self._current()  # a reload between batches: this batch runs wholly on one index
+            for method in dict.fromkeys(j.method for j in live):
+                self._run_method(index, method, [j for j in live if j.method == method])
+
+    def _run_method(self, index, method: str, jobs: list[Job]) -> None:
+        retriever = index.retrievers[method]
+        docs = [d for j in jobs for d in j.docs]
+        self.metrics.batch_docs.observe(len(docs))
+        try:
+            results = retriever.retrieve_many(docs)
+            at = 0
+            for job in jobs:
+                mine = results[at : at + len(job.docs)]
+                at += len(job.docs)
+                for result in mine:
+                    self.metrics.observe_stages(result.times_ms)
+                if job.html:
+                    job.settle(self._gallery(retriever, job.docs[0], mine[0], job.top_k))
+                else:
+                    job.settle([report.as_json(d.doc_id, r, retriever.describe_image, job.top_k)
+                                for d, r in zip(job.docs, mine)])
+        except Exception as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none hangs
+            for job in jobs:
+                job.settle(error=e)
+
+
+    def _gallery(self, retriever, doc: DocumentInput, result, top: int) -> str:
+        """The HTML report's gallery (`retrieve.py --html`) of one result, the images inline from the corpus."""
+        corpus = retriever.corpus
+        if retriever not in self._image_rows:
+            self._image_rows[retriever] = {i: n for n, i in enumerate(corpus.image_ids)}
+        rows = self._image_rows[retriever]
+
+        def image_bytes(image_id: str) -> bytes:
+            return corpus.image(rows[image_id]).image if image_id in rows else b""
+
+        return report.html_page(doc.doc_id, result, retriever.describe_image, image_bytes, top)
