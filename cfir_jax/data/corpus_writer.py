@@ -204,6 +204,77 @@ def _jsonable(value: Any) -> Any:
     return value
 
 
+def _check_arguments(qrels: Mapping[str, Any], tokenizer_spm: str | os.PathLike | None) -> None:
+    """One-line errors for an unknown qrels split or a missing tokenizer file."""
+    for split in qrels:
+        if split not in SPLITS:
+            raise CfirError(f"qrels split {split!r} is unknown; use one of {', '.join(SPLITS)}")
+    if tokenizer_spm is not None and not Path(tokenizer_spm).is_file():
+        raise CfirError(f"{tokenizer_spm}: tokenizer model not found; pass an existing sentencepiece .spm file")
+
+
+def _first_items(
+    out_dir: Path, documents: Iterable[Document], images: Iterable[Image]
+) -> tuple[Iterator[Document], Iterator[Image], int | None]:
+    """(documents, images, embedding dim or None), after checking that neither is empty."""
+    # Peek at the first items: tfds cannot write an empty split, and the first image fixes the record schema
+    # (an embedding field of D floats, or none).
+    first_doc, doc_iter = _peek(documents)
+    if first_doc is None:
+        raise CfirError(f"{out_dir}: no documents given; a corpus needs at least one document")
+    first_image, image_iter = _peek(images)
+    if first_image is None:
+        raise CfirError(f"{out_dir}: no images given; a corpus needs at least one image")
+    embedding_dim = None
+    if first_image.embedding is not None:
+        embedding_dim = int(np.asarray(first_image.embedding).shape[-1])
+    return doc_iter, image_iter, embedding_dim
+
+
+@dataclasses.dataclass
+class _Written:
+    """What `_write_items` wrote: the ids in order, the rows of images with text, the digest of the documents."""
+
+    doc_ids: list[str]
+    image_ids: list[str]
+    with_text: list[int]
+    documents_sha: str
+
+
+def _write_items(
+    tmp: Path, doc_iter: Iterator[Document], image_iter: Iterator[Image], embedding_dim: int | None
+) -> _Written:
+    """Streams the documents and images into their records, then writes the id lists and embeddings.npy."""
+    doc_ids: list[str] = []
+    image_ids: list[str] = []
+    embeddings: list[np.ndarray] = []
+    with_text: list[int] = []
+    documents_sha = hashlib.sha256()
+    _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
+    examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
+    _write_records(tmp, "images", _image_features(embedding_dim), examples)
+    (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
+    (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
+    if embedding_dim is not None:
+        np.save(tmp / "embeddings.npy", np.stack(embeddings).astype(np.float32))
+    return _Written(doc_ids, image_ids, with_text, documents_sha.hexdigest())
+
+
+def _write_all_qrels(
+    tmp: Path, qrels: Mapping[str, Mapping[str, Mapping[str, int]]], written: _Written, drop: bool
+) -> dict[str, dict[str, int]]:
+    """Writes qrels/<split>.txt for every split; returns {split: {topics, judgements, dropped}} for the manifest."""
+    (tmp / "qrels").mkdir()
+    doc_set, image_set = set(written.doc_ids), set(written.image_ids)
+    splits = {}
+    for split, split_qrels in qrels.items():
+        topics, judgements, dropped = _write_qrels(
+            tmp / "qrels" / f"{split}.txt", split, split_qrels, doc_set, image_set, drop
+        )
+        splits[split] = {"topics": topics, "judgements": judgements, "dropped": dropped}
+    return splits
+
+
 def write_corpus(
     out_dir: str | os.PathLike,
     name: str,
@@ -225,47 +296,14 @@ def write_corpus(
     stored in the manifest and decide whether an existing corpus is reused.
     """
     out_dir = Path(out_dir)
-    for split in qrels:
-        if split not in SPLITS:
-            raise CfirError(f"qrels split {split!r} is unknown; use one of {', '.join(SPLITS)}")
-    if tokenizer_spm is not None and not Path(tokenizer_spm).is_file():
-        raise CfirError(f"{tokenizer_spm}: tokenizer model not found; pass an existing sentencepiece .spm file")
+    _check_arguments(qrels, tokenizer_spm)
     if corpus_is_complete(out_dir, name, manifest_fields):
         return Corpus.open(out_dir)
-
-    # Peek at the first items: tfds cannot write an empty split, and the first image fixes the record schema
-    # (an embedding field of D floats, or none).
-    first_doc, doc_iter = _peek(documents)
-    if first_doc is None:
-        raise CfirError(f"{out_dir}: no documents given; a corpus needs at least one document")
-    first_image, image_iter = _peek(images)
-    if first_image is None:
-        raise CfirError(f"{out_dir}: no images given; a corpus needs at least one image")
-    embedding_dim = None
-    if first_image.embedding is not None:
-        embedding_dim = int(np.asarray(first_image.embedding).shape[-1])
+    doc_iter, image_iter, embedding_dim = _first_items(out_dir, documents, images)
 
     with atomic_dir(out_dir) as tmp:
-        doc_ids: list[str] = []
-        image_ids: list[str] = []
-        embeddings: list[np.ndarray] = []
-        with_text: list[int] = []
-        documents_sha = hashlib.sha256()
-        _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
-        examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
-        _write_records(tmp, "images", _image_features(embedding_dim), examples)
-        (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
-        (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
-        if embedding_dim is not None:
-            np.save(tmp / "embeddings.npy", np.stack(embeddings).astype(np.float32))
-        (tmp / "qrels").mkdir()
-        doc_set, image_set = set(doc_ids), set(image_ids)
-        splits = {}
-        for split, split_qrels in qrels.items():
-            topics, judgements, dropped = _write_qrels(
-                tmp / "qrels" / f"{split}.txt", split, split_qrels, doc_set, image_set, drop_unknown_qrels
-            )
-            splits[split] = {"topics": topics, "judgements": judgements, "dropped": dropped}
+        written = _write_items(tmp, doc_iter, image_iter, embedding_dim)
+        splits = _write_all_qrels(tmp, qrels, written, drop_unknown_qrels)
         if tokenizer_spm is not None:
             shutil.copyfile(tokenizer_spm, tmp / "tokenizer.spm")
         write_manifest(
@@ -273,13 +311,13 @@ def write_corpus(
             KIND,
             FORMAT_VERSION,
             name=name,
-            num_documents=len(doc_ids),
-            num_images=len(image_ids),
-            documents_sha=documents_sha.hexdigest()[:16],
+            num_documents=len(written.doc_ids),
+            num_images=len(written.image_ids),
+            documents_sha=written.documents_sha[:16],
             splits=splits,
             embedding_dim=embedding_dim,
             has_tokenizer=tokenizer_spm is not None,
-            images_with_text=len(with_text),
+            images_with_text=len(written.with_text),
             records="tfds array_record",
             **{k: _jsonable(v) for k, v in manifest_fields.items()},
         )

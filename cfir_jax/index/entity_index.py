@@ -173,6 +173,102 @@ def _read_chunks(work: Path, n: int, chunk_size: int, rows: np.ndarray | None = 
     return np.stack([blocks[r // chunk_size][r % chunk_size] for r in rows])  # a few rows, never all [n, K]
 
 
+def _checked_k(k: int, n: int, backend: str) -> tuple[int, int]:
+    """(K clamped to the `n` images, K as requested); a bad K or backend is a one-line error."""
+    k_requested = int(k)
+    k = min(k_requested, n)
+    if k < 1:
+        raise CfirError(f"k={k_requested} must be >= 1")
+    if k < k_requested:
+        log.warning("entity index: K=%d > %d images; clamped to K=%d", k_requested, n, k)
+    if backend not in BACKENDS:
+        raise CfirError(f"backend={backend!r}: choose one of {BACKENDS}")
+    return k, k_requested
+
+
+def _open_work_dir(work: Path, digest: str) -> None:
+    """Process 0 keeps `work` for a resume of the same inputs (`digest`) or starts it over; all processes wait."""
+    params_path = work / "build.json"
+    if hosts.is_main():
+        if work.exists() and not (params_path.is_file() and
+                                  json.loads(params_path.read_text()).get("digest") == digest):
+            shutil.rmtree(work)  # A partial build of other inputs: starting over is the only safe choice.
+        work.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(params_path, {"digest": digest})
+    hosts.barrier("entity_index_work_dir")
+
+
+def _row_embedder(
+    entity_texts: Sequence[str],
+    entity_embeddings: np.ndarray | Callable[[Sequence[str]], np.ndarray],
+    dim: int,
+) -> Callable[[int, int], np.ndarray]:
+    """embed(a, b) -> rows a..b of the given [E, D] matrix, or the encoder's rows for texts a..b (shape checked)."""
+    if not callable(entity_embeddings):
+        return lambda a, b: entity_embeddings[a:b]
+
+    def embed_rows(a: int, b: int) -> np.ndarray:
+        rows = np.asarray(entity_embeddings(entity_texts[a:b]))
+        if rows.shape != (b - a, dim):
+            raise CfirError(f"the entity encoder gave {rows.shape} for {b - a} texts but the images are {dim}-d; "
+                            "encode both with the same model")
+        return rows
+
+    return embed_rows
+
+
+def _sample_recall(
+    search: CandidateSearcher,
+    entity_texts: Sequence[str],
+    entity_embeddings: np.ndarray | Callable[[Sequence[str]], np.ndarray],
+    work: Path,
+    chunk_size: int,
+    recall_sample: int,
+) -> float | None:
+    """The recall@K of the candidates in `work` against exact search on `recall_sample` entities."""
+    e = len(entity_texts)
+    sample = (lambda rows: entity_embeddings([entity_texts[r] for r in rows])) if callable(entity_embeddings) else \
+        (lambda rows: entity_embeddings[rows])
+    return measure_recall(search, sample, e, lambda rows: _read_chunks(work, e, chunk_size, rows), recall_sample)
+
+
+def _commit(
+    out_dir: Path,
+    work: Path,
+    entity_texts: Sequence[str],
+    search: CandidateSearcher,
+    recall: float | None,
+    fields: dict,
+    *,
+    backend: str,
+    chunk_size: int,
+    keep_scores: bool,
+    keep_searcher: bool,
+    recall_sample: int,
+    sources: dict | None,
+) -> None:
+    """Writes the store from the finished chunks of `work` into out_dir atomically, then removes `work`.
+
+    fields: the manifest fields the build settled before the search (fingerprint, dim, K, image count)."""
+    e = len(entity_texts)
+    with atomic_dir(out_dir) as tmp:
+        blocks = list(zip(_read_chunks(work, e, chunk_size),
+                          _read_chunks(work, e, chunk_size, scores=True) if keep_scores else
+                          [None] * -(-e // chunk_size)))
+        n_candidates = write_csr(tmp, blocks, keep_scores)
+        del blocks
+        if keep_searcher and backend == "scann":
+            os.replace(work / "scann", tmp / "scann")
+        (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False))
+        write_manifest(
+            tmp, KIND, VERSION, **fields, backend=backend, n_entities=e, n_candidates=n_candidates, recall_at_k=recall,
+            recall_sample=min(recall_sample, e) if backend == "scann" else 0,
+            scann_config=dataclasses.asdict(search.scann.config) if search.scann else None,
+            has_scores=keep_scores, has_searcher=keep_searcher and backend == "scann", **(sources or {}),
+        )
+    shutil.rmtree(work)
+
+
 def build_entity_index(
     out_dir: str | os.PathLike,
     entity_texts: Sequence[str],
@@ -210,64 +306,25 @@ def build_entity_index(
     embeddings = None if callable(entity_embeddings) else entity_embeddings
     check_inputs(entity_texts, embeddings, image_embeddings)
     n, dim = image_embeddings.shape
-    k_requested = int(k)
-    k = min(k_requested, n)
-    if k < 1:
-        raise CfirError(f"k={k_requested} must be >= 1")
-    if k < k_requested:
-        log.warning("entity index: K=%d > %d images; clamped to K=%d", k_requested, n, k)
-    if backend not in BACKENDS:
-        raise CfirError(f"backend={backend!r}: choose one of {BACKENDS}")
+    k, k_requested = _checked_k(k, n, backend)
     work = out_dir.with_name(f".{out_dir.name}.building")
-    digest = _fingerprint_inputs(
+    _open_work_dir(work, _fingerprint_inputs(
         entity_texts, embeddings, k=k, n=n, dim=dim, backend=backend, fp=model_fingerprint,
         scann=dataclasses.asdict(scann_config) if scann_config else None, scores=keep_scores, chunk=chunk_size,
         layout="chunk-files",
-    )
-    params_path = work / "build.json"
-    if hosts.is_main():
-        if work.exists() and not (params_path.is_file() and
-                                  json.loads(params_path.read_text()).get("digest") == digest):
-            shutil.rmtree(work)  # A partial build of other inputs: starting over is the only safe choice.
-        work.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(params_path, {"digest": digest})
-    hosts.barrier("entity_index_work_dir")
+    ))
 
     search = shared_searcher(backend, image_embeddings, k, scann_config, work / "scann")
-    e = len(entity_texts)
-    if embeddings is not None:
-        embed_rows = lambda a, b: embeddings[a:b]  # noqa: E731
-    else:
-        def embed_rows(a: int, b: int) -> np.ndarray:
-            rows = np.asarray(entity_embeddings(entity_texts[a:b]))
-            if rows.shape != (b - a, dim):
-                raise CfirError(f"the entity encoder gave {rows.shape} for {b - a} texts but the images are {dim}-d; "
-                                "encode both with the same model")
-            return rows
-    _fill_chunks(work, e, embed_rows, search, keep_scores, chunk_size, on_chunk, progress)
+    embed_rows = _row_embedder(entity_texts, entity_embeddings, dim)
+    _fill_chunks(work, len(entity_texts), embed_rows, search, keep_scores, chunk_size, on_chunk, progress)
     hosts.barrier("entity_index_chunks")
 
     if hosts.is_main():
-        sample = (lambda rows: embeddings[rows]) if embeddings is not None else \
-            (lambda rows: entity_embeddings([entity_texts[r] for r in rows]))
-        recall = measure_recall(search, sample, e, lambda rows: _read_chunks(work, e, chunk_size, rows), recall_sample)
-        with atomic_dir(out_dir) as tmp:
-            blocks = list(zip(_read_chunks(work, e, chunk_size),
-                              _read_chunks(work, e, chunk_size, scores=True) if keep_scores else
-                              [None] * -(-e // chunk_size)))
-            n_candidates = write_csr(tmp, blocks, keep_scores)
-            del blocks
-            if keep_searcher and backend == "scann":
-                os.replace(work / "scann", tmp / "scann")
-            (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False))
-            write_manifest(
-                tmp, KIND, VERSION, model_fingerprint=model_fingerprint, dim=dim, k=k, k_requested=k_requested,
-                backend=backend, n_entities=e, n_candidates=n_candidates, n_images=n, recall_at_k=recall,
-                recall_sample=min(recall_sample, e) if backend == "scann" else 0,
-                scann_config=dataclasses.asdict(search.scann.config) if search.scann else None,
-                has_scores=keep_scores, has_searcher=keep_searcher and backend == "scann", **(sources or {}),
-            )
-        shutil.rmtree(work)
+        recall = _sample_recall(search, entity_texts, entity_embeddings, work, chunk_size, recall_sample)
+        _commit(out_dir, work, entity_texts, search, recall,
+                dict(model_fingerprint=model_fingerprint, dim=dim, k=k, k_requested=k_requested, n_images=n),
+                backend=backend, chunk_size=chunk_size, keep_scores=keep_scores, keep_searcher=keep_searcher,
+                recall_sample=recall_sample, sources=sources)
     hosts.barrier("entity_index_committed")
     return read_manifest(out_dir, KIND, VERSION)["recall_at_k"]
 

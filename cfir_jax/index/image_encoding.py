@@ -239,6 +239,80 @@ def _merge_shards(work: Path, tmp: Path, num_shards: int, dim: int, dtype: str) 
     return total, len(skipped)
 
 
+def _show_progress(progress: bool | None) -> bool:
+    """Whether to show a bar: `progress`, by default whether stderr is a terminal; only process 0 shows one."""
+    if progress is None:
+        from cfir_jax.progress import shown
+
+        progress = shown()
+    return progress and hosts.is_main()
+
+
+def _check_encode_args(model: DBeit3 | None, compute_dtype: str, batch_size: int, shard_size: int) -> None:
+    """One-line errors for a model build without a model, an unknown compute dtype or a non-positive size."""
+    if model is None:
+        raise CfirError("no model and no precomputed embeddings: pass a model directory, or precomputed='corpus' "
+                        "/ a .npy or parquet file of embeddings")
+    check_choice("compute_dtype", compute_dtype, COMPUTE_DTYPES)
+    if batch_size <= 0 or shard_size <= 0:
+        raise CfirError(f"batch_size ({batch_size}) and shard_size ({shard_size}) must be positive")
+
+
+def _import_cache(
+    out_dir: Path,
+    corpus: Corpus,
+    model: DBeit3 | None,
+    precomputed: str | os.PathLike,
+    precomputed_ids: str | os.PathLike | None,
+    dtype: str,
+    allow_missing: bool,
+) -> ImageCache:
+    """The cache imported from precomputed embeddings (see `build_image_cache`), opened by every process."""
+    if model is not None:
+        raise CfirError("give either a model or precomputed embeddings, not both")
+    # A conversion of files, not model work: process 0 imports while the others wait, then all open it.
+    if hosts.is_main():
+        import_precomputed(out_dir, corpus, precomputed, precomputed_ids, dtype, allow_missing)
+    hosts.barrier("cfir_image_cache_imported")
+    return ImageCache.open(out_dir)
+
+
+def _cache_key(model: DBeit3, corpus: Corpus, dtype: str, compute_dtype: str, shard_size: int) -> dict:
+    """What a model-built cache depends on: it names the shared work directory and goes into the manifest."""
+    from cfir_jax.model.checkpoint import fingerprint
+
+    return dict(
+        format_version=FORMAT_VERSION,
+        fingerprint=fingerprint(model, "vision"),
+        dim=int(model.config.embed_dim),
+        dtype=dtype,
+        compute_dtype=compute_dtype,
+        image_size=int(model.config.image_size),
+        shard_size=shard_size,
+        corpus_images=corpus.num_images,
+        corpus_ids_sha=digest_ids(corpus.image_ids),
+    )
+
+
+def _commit_shards(
+    out_dir: Path, work: Path, key: dict, num_shards: int, dtype: str, batch_size: int, n_proc: int, start: float
+) -> None:
+    """Merges every process's shards of `work` into out_dir atomically with its manifest, then removes `work`."""
+    missing = [s for s in range(num_shards) if not _shard_done(work, s)]
+    if missing:
+        raise StoreError(f"{work}: shards {missing[:5]} are missing after every process finished; rerun the build")
+    with atomic_dir(out_dir) as tmp:
+        encoded, skipped = _merge_shards(work, tmp, num_shards, key["dim"], dtype)
+        write_manifest(
+            tmp, KIND, FORMAT_VERSION,
+            **{k: v for k, v in key.items() if k != "format_version"},
+            num_encoded=encoded, num_skipped=skipped, source="model", batch_size=encoder_batch(batch_size),
+            processes=n_proc, build_seconds=round(time.time() - start, 3),
+        )
+    shutil.rmtree(work, ignore_errors=True)
+    log.info("%s: %d images encoded, %d skipped in %.1fs", out_dir, encoded, skipped, time.time() - start)
+
+
 def build_image_cache(
     out_dir: str | os.PathLike,
     corpus: Corpus,
@@ -269,39 +343,12 @@ def build_image_cache(
     """
     out_dir = Path(out_dir)
     check_choice("dtype", dtype, STORAGE_DTYPES)
-    if progress is None:
-        from cfir_jax.progress import shown
-
-        progress = shown()
-    progress = progress and hosts.is_main()
+    progress = _show_progress(progress)
     if precomputed is not None:
-        if model is not None:
-            raise CfirError("give either a model or precomputed embeddings, not both")
-        # A conversion of files, not model work: process 0 imports while the others wait, then all open it.
-        if hosts.is_main():
-            import_precomputed(out_dir, corpus, precomputed, precomputed_ids, dtype, allow_missing)
-        hosts.barrier("cfir_image_cache_imported")
-        return ImageCache.open(out_dir)
-    if model is None:
-        raise CfirError("no model and no precomputed embeddings: pass a model directory, or precomputed='corpus' "
-                        "/ a .npy or parquet file of embeddings")
-    check_choice("compute_dtype", compute_dtype, COMPUTE_DTYPES)
-    if batch_size <= 0 or shard_size <= 0:
-        raise CfirError(f"batch_size ({batch_size}) and shard_size ({shard_size}) must be positive")
+        return _import_cache(out_dir, corpus, model, precomputed, precomputed_ids, dtype, allow_missing)
+    _check_encode_args(model, compute_dtype, batch_size, shard_size)
 
-    from cfir_jax.model.checkpoint import fingerprint
-
-    key = dict(
-        format_version=FORMAT_VERSION,
-        fingerprint=fingerprint(model, "vision"),
-        dim=int(model.config.embed_dim),
-        dtype=dtype,
-        compute_dtype=compute_dtype,
-        image_size=int(model.config.image_size),
-        shard_size=shard_size,
-        corpus_images=corpus.num_images,
-        corpus_ids_sha=digest_ids(corpus.image_ids),
-    )
+    key = _cache_key(model, corpus, dtype, compute_dtype, shard_size)
     # The shard size only shapes the build, not the result; a cache built with another one is still current.
     if is_current(out_dir, {k: v for k, v in key.items() if k not in ("format_version", "shard_size")}):
         if hosts.is_main():
@@ -320,18 +367,6 @@ def build_image_cache(
                        num_workers=num_workers or min(32, os.cpu_count() or 1), progress=progress, on_shard=on_shard)
     hosts.barrier("cfir_image_cache_shards")
     if hosts.is_main():
-        missing = [s for s in range(num_shards) if not _shard_done(work, s)]
-        if missing:
-            raise StoreError(f"{work}: shards {missing[:5]} are missing after every process finished; rerun the build")
-        with atomic_dir(out_dir) as tmp:
-            encoded, skipped = _merge_shards(work, tmp, num_shards, key["dim"], dtype)
-            write_manifest(
-                tmp, KIND, FORMAT_VERSION,
-                **{k: v for k, v in key.items() if k != "format_version"},
-                num_encoded=encoded, num_skipped=skipped, source="model", batch_size=encoder_batch(batch_size),
-                processes=n_proc, build_seconds=round(time.time() - start, 3),
-            )
-        shutil.rmtree(work, ignore_errors=True)
-        log.info("%s: %d images encoded, %d skipped in %.1fs", out_dir, encoded, skipped, time.time() - start)
+        _commit_shards(out_dir, work, key, num_shards, dtype, batch_size, n_proc, start)
     hosts.barrier("cfir_image_cache_done")
     return ImageCache.open(out_dir)
