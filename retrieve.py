@@ -61,9 +61,9 @@ def _flags(p):
 def _check(args) -> None:
     from cfir_jax.retrieve.report import FORMATS
 
-    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.compile_only]
+    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.serve, args.compile_only]
     if sum(bool(c) for c in chosen) != 1:
-        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --compile-only")
+        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --serve, --compile-only")
 
     if args.format not in FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
