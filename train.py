@@ -44,7 +44,7 @@ def _train(args, config):
     data = load_train_data(config, layout.root)
     result = trainer.train(config, run_dir, data)
     if config.train.export_model and (run_dir / "model").is_dir():
-        from cfir_jax.store import replace_dir
+        from cfir_jax.atomic_write import replace_dir
 
         replace_dir(run_dir / "model", model_dir)
     if result.already_trained:

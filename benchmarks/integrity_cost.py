@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax import integrity, store
+from cfir_jax import atomic_write, integrity, store
 from cfir_jax.errors import CfirError, cli_main
 
 
@@ -37,7 +37,7 @@ def cache_on_disk(path: Path, n: int, dim: int, chunk: int = 65536) -> np.ndarra
     if not path.exists():
         t = time.perf_counter()
         rng = np.random.default_rng(0)
-        tmp = store.temp_name(path, hidden=True)
+        tmp = atomic_write.temp_name(path, hidden=True)
         out = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.float16, shape=(n, dim))
         for a in range(0, n, chunk):
             x = rng.standard_normal((min(chunk, n - a), dim), dtype=np.float32)
@@ -56,7 +56,7 @@ def checksum_costs(cache_path: Path, work: Path) -> None:
     """write_checksums (build) and verify_store (--verify) over a store holding the cache file (a hard link)."""
     directory = work / "store_for_checksums"
     if directory.exists():
-        store._remove(directory)
+        atomic_write.remove_path(directory)
     directory.mkdir(parents=True)
     os.link(cache_path, directory / "embeddings.npy")
     store.write_manifest(directory, "image_cache", 1)
@@ -69,7 +69,7 @@ def checksum_costs(cache_path: Path, work: Path) -> None:
     verify = time.perf_counter() - t
     print(f"checksums of {size / 2**30:.2f} GB: recorded at build in {build:.1f} s ({size / build / 2**30:.2f} GB/s), "
           f"verified in {verify:.1f} s ({size / verify / 2**30:.2f} GB/s); problems: {len(problems)}")
-    store._remove(directory)
+    atomic_write.remove_path(directory)
 
 
 def open_costs(n: int) -> None:

@@ -169,8 +169,8 @@ def make_million(demo: str, out: str, n_images: int, k: int, seed: int = 0) -> N
     entity's candidate list its own top-K over the demo images followed by random other rows up to k, as an entity
     index over a large cache would hold (the paper's K = 10,000): SR then scores unions of realistic size, and the
     whole-cache searches (the no-entity fallback, unseen entities) run over n_images. Reused when present."""
+    from cfir_jax.atomic_write import write_json_atomic
     from cfir_jax.index.image_cache import ImageCache
-    from cfir_jax.store import write_json_atomic
 
     out_path = Path(out)
     if (out_path / "index.json").is_file() and ImageCache.open(out_path / "image_cache").num_images == n_images:

@@ -43,10 +43,10 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
 
 def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     """The config an index was built with (recorded in W/index.json by index.py), with the fields added since it was
-    recorded filled in (`cfir_jax.config.upgrade`: the one place that happens)."""
+    recorded filled in (`cfir_jax.config_upgrade.upgrade`: the one place that happens)."""
     import json
 
-    from cfir_jax.config import upgrade
+    from cfir_jax.config_upgrade import upgrade
 
     path = Path(workdir) / "index.json"
     if not Path(workdir).is_dir():

@@ -1,6 +1,6 @@
 """What the commands say when the machine, not the input, fails: a full disk, a signal, an unreadable file.
 
-The writers of the store floor (`store.atomic_file`, `store.atomic_dir`) and the index stages announce what they
+The writers of the store floor (`atomic_write.atomic_file`, `store.atomic_dir`) and the index stages announce what they
 are writing (`writing`, `stage`); `describe` turns an exception caught at the command line into one line naming it:
 
     no space left on /data (ext4) while writing W/image_cache (stage image_cache); free more than 1.2 GB (what

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.store import MANIFEST, StoreError, write_json_atomic
+from cfir_jax.atomic_write import write_json_atomic
+from cfir_jax.store import MANIFEST, StoreError
 
 CHECKSUMS = "checksums.json"
 BLOCK_BYTES = 64 << 20

@@ -6,21 +6,23 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[1] / "cfir_jax"
 
 # Stage of each part of the package, in pipeline order. A module may import its own stage and earlier ones only.
-# The floor (errors, the store contract and its integrity checks, faults, the writer lock, the workdir layout, config
-# defaults, CLI helpers) and evaluation (pure metrics, TREC I/O and the comparison rows, used by the trainer's
-# validation and retrieval) sit below everything; the search layer (exact top-k, the SR scorers, the device-resident
-# cache, the fused view) sits on the floor, below the index that builds with it and the retrieval that scores with it;
-# training and retrieval are siblings over the index; the index runner (`cfir_jax.index.runner`, inside index/ by its
-# place) is the runner over the whole build (it calls the index stages and the synthetic world's caption pretraining),
-# so it ranks above them. `serve` is the HTTP service over retrieval (nothing below imports it). `aot` (compile-only)
-# sits above every stage: it compiles their accelerator programs, and no stage imports it (the commands do, for
-# --compile-only).
+# The floor (errors, atomic writes, the store contract and its integrity checks, faults, the writer lock, the workdir
+# layout, config defaults and the upgrade of an older workdir's config, CLI helpers) and evaluation (pure metrics,
+# TREC I/O and the comparison rows, used by the trainer's validation and retrieval) sit below everything; the search
+# layer (exact top-k, the SR scorers, the device-resident cache, the fused view) sits on the floor, below the index
+# that builds with it and the retrieval that scores with it; training and retrieval are siblings over the index; the
+# index runner (`cfir_jax.index.runner`, inside index/ by its place) is the runner over the whole build (it calls the
+# index stages and the synthetic world's caption pretraining), so it ranks above them. `serve` is the HTTP service
+# over retrieval (nothing below imports it). `aot` (compile-only) sits above every stage: it compiles their
+# accelerator programs, and no stage imports it (the commands do, for --compile-only).
 RANKS = {"floor": 0, "eval": 0, "search": 1, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3,
          "runner": 4, "serve": 4, "aot": 5}
-FLOOR = {"errors", "store", "layout", "config", "cli", "progress", "hosts", "faults", "integrity", "workdir_lock"}
+FLOOR = {"errors", "atomic_write", "store", "layout", "config", "config_upgrade", "cli", "progress", "hosts", "faults",
+         "integrity", "workdir_lock"}
 RUNNER = "cfir_jax.index.runner"
-# Retrieval reads stores and the model: these builders are never its business.
-NOT_FOR_RETRIEVAL = (RUNNER, "cfir_jax.train")
+# Retrieval reads stores and the model: these builders are never its business (it opens the entity index through
+# its reader, `cfir_jax.index.entity_index`).
+NOT_FOR_RETRIEVAL = (RUNNER, "cfir_jax.train", "cfir_jax.index.entity_index_build")
 
 
 def _part(module: str) -> str:
@@ -85,7 +87,7 @@ def test_the_index_builder_and_retrieval_share_the_search_layer():
     """One exact top-k, one SR: the entity index's builder and retrieval both import the search layer, and neither
     index/ nor retrieve/ keeps a scorer of its own (no jitted or numpy top-k outside search/)."""
     modules = _modules()
-    builder = ("cfir_jax.index.entity_index", "cfir_jax.index.candidate_search")  # the store and its build search
+    builder = ("cfir_jax.index.entity_index_build", "cfir_jax.index.candidate_search")  # the build and its search
     assert any(_part(t) == "search" for m in builder for t in _imports(modules[m]))
     assert any(_part(t) == "search" for m, p in modules.items() if _part(m) == "retrieve" for t in _imports(p))
     own = [m for m, p in modules.items() if _part(m) in ("index", "retrieve") and "jax.lax.top_k" in p.read_text()]

@@ -126,7 +126,8 @@ def test_upgrade_fills_what_an_older_workdir_lacks_and_changes_nothing_it_has(tm
     import json
 
     from cfir_jax.cli import workdir_config
-    from cfir_jax.config import index_config, retrieval_config, upgrade
+    from cfir_jax.config import index_config, retrieval_config
+    from cfir_jax.config_upgrade import upgrade
     from configs.demo import get_config
 
     current = get_config("tiny")

@@ -9,7 +9,8 @@ import pytest
 
 from cfir_jax.errors import CfirError
 from cfir_jax.index.add_entities import append_entities
-from cfir_jax.index.entity_index import EntityIndex, build_entity_index
+from cfir_jax.index.entity_index import EntityIndex
+from cfir_jax.index.entity_index_build import build_entity_index
 from cfir_jax.index.knn import ScannConfig, drop_padding, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
 from cfir_jax.store import StoreError

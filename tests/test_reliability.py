@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from cfir_jax import faults, integrity, store, workdir_lock
+from cfir_jax import atomic_write, faults, integrity, store, workdir_lock
 from cfir_jax.errors import CfirError, os_error_line
 from cfir_jax.layout import Layout
 
@@ -75,8 +75,8 @@ def _retrieve(workdir: Path, n: int = 6):
 
 def test_atomic_file_leaves_the_old_file_and_no_temporary_on_error(tmp_path):
     path = tmp_path / "x.json"
-    store.write_json_atomic(path, {"a": 1})
-    with pytest.raises(RuntimeError), store.atomic_file(path, "w") as f:
+    atomic_write.write_json_atomic(path, {"a": 1})
+    with pytest.raises(RuntimeError), atomic_write.atomic_file(path, "w") as f:
         f.write("half")
         raise RuntimeError("crash mid-write")
     assert json.loads(path.read_text()) == {"a": 1}
@@ -85,9 +85,9 @@ def test_atomic_file_leaves_the_old_file_and_no_temporary_on_error(tmp_path):
 
 def test_temp_names_are_unique_and_the_sweep_keeps_live_processes_temporaries(tmp_path):
     final = tmp_path / "store"
-    names = {store.temp_name(final).name for _ in range(100)}
+    names = {atomic_write.temp_name(final).name for _ in range(100)}
     assert len(names) == 100 and all(str(os.getpid()) in n for n in names)
-    live = store.temp_name(final)
+    live = atomic_write.temp_name(final)
     live.mkdir()
     dead_pid = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
                               text=True).stdout.strip()
@@ -97,7 +97,7 @@ def test_temp_names_are_unique_and_the_sweep_keeps_live_processes_temporaries(tm
     other_host.mkdir()
     old_fixed = tmp_path / "store.tmp"  # the fixed name of earlier versions
     old_fixed.mkdir()
-    store.sweep_temps(final)
+    atomic_write.sweep_temps(final)
     assert live.exists() and other_host.exists() and not dead.exists() and not old_fixed.exists()
 
 

@@ -18,7 +18,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_script
 
-from cfir_jax.config import serve_config, upgrade
+from cfir_jax.config import serve_config
+from cfir_jax.config_upgrade import upgrade
 
 TOKEN = "s3cret-token"
 

@@ -14,7 +14,8 @@ import numpy as np
 from cfir_jax import hosts
 from cfir_jax.errors import CfirError
 from cfir_jax.index.candidate_search import make_searcher
-from cfir_jax.index.entity_index import KIND, VERSION, EntityIndex, check_inputs, write_csr
+from cfir_jax.index.entity_index import KIND, VERSION, EntityIndex
+from cfir_jax.index.entity_index_build import check_inputs, write_csr
 from cfir_jax.index.index_encoder import check_cache_encoder, entity_encoder, scann_config
 from cfir_jax.index.knn import ScannConfig
 from cfir_jax.layout import Layout

@@ -33,19 +33,12 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cfir_jax import hosts
+from cfir_jax.atomic_write import savez_atomic
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_text import FIELDS, image_text
 from cfir_jax.integrity import check_csr
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import (
-    StoreError,
-    atomic_dir,
-    manifest_digest,
-    read_manifest,
-    savez_atomic,
-    shared_work_dir,
-    write_manifest,
-)
+from cfir_jax.store import StoreError, atomic_dir, manifest_digest, read_manifest, shared_work_dir, write_manifest
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus

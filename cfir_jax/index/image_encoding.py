@@ -19,6 +19,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cfir_jax import hosts
+from cfir_jax.atomic_write import save_npy_atomic, write_json_atomic
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.errors import CfirError
 from cfir_jax.index.image_cache import (
@@ -36,7 +37,7 @@ from cfir_jax.index.image_import import import_precomputed
 from cfir_jax.model.beit3 import DBeit3
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
 from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, save_npy_atomic, shared_work_dir, write_json_atomic, write_manifest
+from cfir_jax.store import StoreError, atomic_dir, shared_work_dir, write_manifest
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 

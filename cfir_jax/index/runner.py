@@ -42,6 +42,7 @@ import ml_collections
 import numpy as np
 
 from cfir_jax import hosts
+from cfir_jax.atomic_write import replace_dir, write_json_atomic
 from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.errors import CfirError
 from cfir_jax.index.index_encoder import (
@@ -55,7 +56,6 @@ from cfir_jax.index.index_encoder import (
 from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
 from cfir_jax.index.summarizer import make_summarizer
 from cfir_jax.layout import Layout
-from cfir_jax.store import replace_dir, write_json_atomic
 
 STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
           "entity_text_match")
@@ -205,7 +205,7 @@ def _texts_digest(texts: list[str]) -> str:
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache):
     from cfir_jax.index.entity_index import VERSION, EntityIndex
-    from cfir_jax.index.entity_index import build_entity_index as build
+    from cfir_jax.index.entity_index_build import build_entity_index as build
 
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     check_cache_encoder(config, layout, cache)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from cfir_jax.config import upgrade
+from cfir_jax.config_upgrade import upgrade
 from cfir_jax.data.corpus import document_text
 from cfir_jax.errors import CfirError
 from cfir_jax.integrity import check_rows, check_scores, row_norm_bound

@@ -124,7 +124,7 @@ def fit_head(features: np.ndarray, valid: np.ndarray, labels: np.ndarray, train:
 
 def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> dict:
     """Fits the re-ranker on the train split of `workdir` and writes `W/reranker`; returns its manifest."""
-    from cfir_jax.config import upgrade
+    from cfir_jax.config_upgrade import upgrade
     from cfir_jax.retrieve.pipeline import Retriever
 
     start = time.time()

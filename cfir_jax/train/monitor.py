@@ -9,7 +9,7 @@ from pathlib import Path
 import jax
 import jax.experimental.multihost_utils
 
-from cfir_jax.store import write_text_atomic
+from cfir_jax.atomic_write import write_text_atomic
 
 
 class MetricsLog:

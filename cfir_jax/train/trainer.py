@@ -25,9 +25,9 @@ import jax
 import jax.experimental.multihost_utils
 import ml_collections
 
+from cfir_jax.atomic_write import write_json_atomic
 from cfir_jax.errors import CfirError
 from cfir_jax.eval import train_time
-from cfir_jax.store import write_json_atomic
 from cfir_jax.train.data import TrainData
 from cfir_jax.train.monitor import MetricsLog, _Preemption
 from cfir_jax.train.state import export_model, init_state, make_setup, restore_tower
