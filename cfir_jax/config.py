@@ -96,8 +96,12 @@ LANGUAGE_EXPERT = [("B/.*|language_head/.*|logit_scale", "train"), (".*", "froze
 # the language expert's.
 AUTHORS_TEXT_ONLY = [("text_embed/embedding|B/layers/(final_layer_norm|fc1|ffn_layernorm|fc2)/.*", "train"),
                      (".*", "frozen")]
+# D-BEiT-3 Full (the paper's whole-model fine-tuning baseline): both experts, both heads, the temperature, the patch
+# embedding with its CLS token, the token embedding table. Only BEiT-3's masked-image-modelling `mask_token` stays:
+# retrieval never reads it (the reference's AdamW skips it, having no gradient, so it never moves there either).
+FULL = [("vision_embed/mask_token", "frozen"), (".*", "train")]
 # `train.trainable` is one of these names or a rule list of its own.
-TRAINABLE_SETS = {"language_expert": LANGUAGE_EXPERT, "authors": AUTHORS_TEXT_ONLY}
+TRAINABLE_SETS = {"language_expert": LANGUAGE_EXPERT, "authors": AUTHORS_TEXT_ONLY, "full": FULL}
 # No weight decay on biases, LayerNorm scales, position tables, the temperature.
 NO_WEIGHT_DECAY = r".*/bias|.*/scale|.*embed_positions|logit_scale|.*cls_token|.*mask_token"
 
@@ -112,6 +116,10 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(
         dict(
             text=_experiment(str),  # 'summary' (CFIR), 'document' (ablation) or 'caption' (image-text pretraining)
+            # Where the image side comes from: 'cache' (CFIR: the frozen cache's embeddings, only the text tower on
+            # the accelerators) or 'pixels' (D-BEiT-3 Full: the whole model, each batch's images encoded by the
+            # vision expert in the step; cfir_jax/train/full_step.py).
+            images="cache",
             # The document fields of text='document' (cfir_jax.data.corpus.document_text): a tuple of AToMiC's text
             # fields in order, or 'all' (the whole assembled text).
             document_fields=_experiment(object),

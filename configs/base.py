@@ -5,6 +5,7 @@
                                                                 # (2 warmup), the same regularisation and lr decay
   python train.py --config configs/base.py:res=384 --workdir W  # the released retrieval models' 384 px (or :384)
   python train.py --config configs/base.py:authors --workdir W  # the authors' documented stage-2 command (below)
+  python train.py --config configs/base.py:full --compile-only --topology v4-8   # D-BEiT-3-B-Full (below)
 
 The training recipe, each value with its source: the CFIR paper where it is explicit, the authors' released code
 (GLA-IR/CFIR) where the paper is silent or ambiguous, BEiT-3's fine-tuning code (microsoft/unilm beit3) for the
@@ -41,8 +42,23 @@ defaults where it is silent). The authors' README documents a different stage-2 
   train.num_epochs     30      30
   train.max_text_len   64      64
 
-Only the language expert is trained: the one rule in `train.trainable`. Besides the recipe this file sets every other
-experiment choice (index: AToMiC base, K = 10,000, BART-large-CNN summaries; retrieval: top 1000, exact SR for
+`:full` is the paper's strongest baseline, D-BEiT-3-B-Full (Table 1's D-BEiT-3-B/L-Full rows; Table 2's
+D-BEiT-3-L full, 0.038 MRR@10 / 43.37 R@1000, with configs/large.py:full): the whole model fine-tuned, images
+encoded from pixels by the vision expert in every step (`train.images="pixels"`, cfir_jax/train/full_step.py). It
+changes, and only changes:
+
+  - train.trainable: "full" (both experts, both heads, logit_scale, the patch and token embeddings)
+  - train.images: "pixels" (the image tower is trained, so there is no cache: each batch's 224 px images encoded)
+  - train.text: "document" (the authors' document model: train.document_fields, from their code)
+  - model.remat: True (both towers' layers rematerialised: activations of 197 image + 64 text tokens)
+  - model.dtype: "bfloat16" (compute; parameters and Adam moments stay float32)
+
+with the recipe above (the paper trains its baselines with it). Its command will be
+`python train.py --config configs/base.py:full --workdir W` once train.py runs the Full loop with the image
+pipeline (issue 22); today train.py compiles it (`--compile-only`, README's table) and refuses to train it.
+
+Only the language expert is trained (CFIR): the one rule in `train.trainable`. Besides the recipe this file sets every
+other experiment choice (index: AToMiC base, K = 10,000, BART-large-CNN summaries; retrieval: top 1000, exact SR for
 evaluation); cfir_jax/config.py holds only what is not a choice (architecture, engineering knobs).
 """
 
@@ -54,7 +70,7 @@ AUTHORS_BATCH_PER_GPU = 128
 
 def experiment(size: str, arg: str | None = None):
     """CFIR as the paper runs it, at `size`; the variant `arg` picks the image size (`res`) and CPU scale."""
-    arg = parse_arg(arg, res=224, runlocal=False, authors=False)
+    arg = parse_arg(arg, res=224, runlocal=False, authors=False, full=False)
     c = defaults(size, arg.res, arg.runlocal)
 
     # The model: BEiT-3's drop path is the paper's "dropout 0.1"; large rematerialises its layers (18.4 -> 1.7 GiB
@@ -75,6 +91,10 @@ def experiment(size: str, arg: str | None = None):
     # page title, section title and section description, and its test queries read the page title alone
     # (atomic/atomic_dataset.py, AtoMicDataset and AtoMicDatasetquery's text_features).
     c.train.document_fields = ("page_title", "section_title", "context_section_description")
+
+    if arg.full:  # D-BEiT-3 Full: both towers trained from pixels on the authors' document text (the docstring)
+        c.model.update(remat=True, dtype="float32" if arg.runlocal else "bfloat16")
+        c.train.update(trainable="full", images="pixels", text="document")
 
     # The offline index: AToMiC's base setting (documents of every qrels split, the images they judge), entities of
     # the train documents only (the paper's protocol), K = 10,000 candidates per entity, BART-large-CNN summaries

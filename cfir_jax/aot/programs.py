@@ -1,8 +1,9 @@
 """The registry of accelerator programs: each entry builds the project's own jitted function(s) for a config and a
 topology, with abstract arguments that carry their shardings, ready to lower and compile.
 
-An entry is `(command, name) -> builder(config, topology, **options) -> [Program]`; a new program (the Full
-baseline's two-tower step, say) is one more `@register` function here.
+An entry is `(command, name) -> builder(config, topology, **options) -> [Program]`; a new program is one more
+`@register` function here. A builder returns no program where the config does not run it (the text step of a
+Full config, the Full step of CFIR's).
 """
 
 from __future__ import annotations
@@ -71,9 +72,11 @@ def _unlocked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def train_step(config, topology: Topology, global_batch: int | None = None) -> list[Program]:
     """The train step at the configured (or given) global batch over the whole slice, and the evaluation encoder."""
     from cfir_jax.train import partition
-    from cfir_jax.train.state import make_setup
+    from cfir_jax.train.state import make_setup, tower_kind
     from cfir_jax.train.step import make_encoder, make_train_step
 
+    if tower_kind(config) != "text":
+        return []
     config = _unlocked(config)
     tcfg = config.train
     if global_batch:
@@ -95,21 +98,56 @@ def train_step(config, topology: Topology, global_batch: int | None = None) -> l
               f"remat={config.model.remat}, grad_accum_steps={tcfg.grad_accum_steps}, "
               f"extra_negatives={tcfg.extra_negatives}")
 
-    def step_knob(dominant: str) -> str:
-        if dominant == "arguments":
-            return "shard the state: mesh.fsdp=-1 with FSDP logical_axis_rules (configs/large.py), or more chips"
-        if not config.model.remat:
-            return "set model.remat=True, raise train.grad_accum_steps, or lower train.global_batch"
-        return (f"raise train.grad_accum_steps (now {tcfg.grad_accum_steps}) or lower train.global_batch "
-                f"(now {b}), or use more chips")
-
     args = (setup.abstract_state, frozen, batch)
     return [
-        Program("train_step", shapes, lambda: step.lower(*args), step_knob, args=args),
+        Program("train_step", shapes, lambda: step.lower(*args), _step_knob(config), args=args),
         Program("eval_encoder", f"batch {b} x {length} tokens",
                 lambda: encoder.lower(params, frozen, batch["ids"], batch["mask"]),
                 lambda _: "lower train.global_batch (the evaluation batch) or use more chips"),
     ]
+
+
+def _step_knob(config):
+    """What to change when a train step does not fit, by what dominates its memory."""
+
+    def knob(dominant: str) -> str:
+        if dominant == "arguments":
+            return "shard the state: mesh.fsdp=-1 with FSDP logical_axis_rules (configs/large.py), or more chips"
+        if not config.model.remat:
+            return "set model.remat=True, raise train.grad_accum_steps, or lower train.global_batch"
+        return (f"raise train.grad_accum_steps (now {config.train.grad_accum_steps}) or lower train.global_batch "
+                f"(now {config.train.global_batch}), or use more chips")
+
+    return knob
+
+
+@register("train", "train_full")
+def train_full(config, topology: Topology, global_batch: int | None = None) -> list[Program]:
+    """The D-BEiT-3 Full step (both towers, images from uint8 pixels) at the configured (or given) global batch over
+    the whole slice; only for configs with train.images='pixels' (configs/base.py:full, large.py:full)."""
+    from cfir_jax.train.full_step import batch_shardings, make_full_step
+    from cfir_jax.train.state import make_setup, tower_kind
+
+    if tower_kind(config) != "dual":
+        return []
+    config = _unlocked(config)
+    tcfg = config.train
+    if global_batch:
+        tcfg.global_batch = int(global_batch)
+    b, length, size = tcfg.global_batch, tcfg.max_text_len, config.model.image_size
+    setup = make_setup(config, total_steps=1000, devices=list(topology.devices), steps_per_epoch=100)
+    mesh = setup.mesh
+    sh = batch_shardings(mesh)
+    batch = {"pixels": jax.ShapeDtypeStruct((b, size, size, 3), jnp.uint8, sharding=sh["pixels"]),
+             "ids": jax.ShapeDtypeStruct((b, length), jnp.int32, sharding=sh["ids"]),
+             "mask": jax.ShapeDtypeStruct((b, length), jnp.bool_, sharding=sh["mask"]),
+             "valid": jax.ShapeDtypeStruct((b,), jnp.bool_, sharding=sh["valid"])}
+    frozen = _abstract(setup.abstract_frozen, setup.frozen_shardings)
+    step = make_full_step(config, setup)
+    shapes = (f"batch {b} x ({size} px + {length} tokens), mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}, "
+              f"remat={config.model.remat}, {config.model.dtype}, grad_accum_steps={tcfg.grad_accum_steps}")
+    args = (setup.abstract_state, frozen, batch)
+    return [Program("train_full", shapes, lambda: step.lower(*args), _step_knob(config), args=args)]
 
 
 @register("index", "image_encoding")

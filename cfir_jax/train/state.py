@@ -1,4 +1,9 @@
-"""Training state: the text tower's abstract shapes and shardings on the mesh, initialisation, restore, export."""
+"""Training state: the trained tower's abstract shapes and shardings on the mesh, initialisation, restore, export.
+
+The tower is `text` (CFIR: the `TextTower` alone, images from the cache) or `dual` (D-BEiT-3 Full: the whole
+`DBeit3`, images encoded from pixels in the step); either is split by the config's trainable rules into `params`
+(trained) and `frozen`.
+"""
 
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ class Setup:
     """Everything derived once from the config: the mesh, the tower's graph, shardings, optimizer, schedule."""
 
     mesh: jax.sharding.Mesh
+    tower: str  # 'text' or 'dual' (TOWERS)
     graphdef: Any
     abstract_params: Any
     abstract_frozen: Any
@@ -37,16 +43,33 @@ class Setup:
     schedule: optax.Schedule
 
 
-def _tower(model_cfg, seed: int = 0) -> model_lib.TextTower:
-    return model_lib.create_model(model_cfg, seed).text_tower()
+# What goes on the accelerators, by the image side of the config (`train.images`).
+TOWERS = {"cache": "text", "pixels": "dual"}
+
+
+def tower_kind(config: ml_collections.ConfigDict) -> str:
+    """'text' (train.images='cache', CFIR) or 'dual' (train.images='pixels', D-BEiT-3 Full)."""
+    images = config.train.get("images", "cache")  # workdirs recorded before the field: the cache
+    if images not in TOWERS:
+        raise CfirError(f"train.images={images!r}: use one of {', '.join(TOWERS)}")
+    return TOWERS[images]
+
+
+def _tower(model_cfg, seed: int = 0, kind: str = "text") -> model_lib.TextTower | model_lib.DBeit3:
+    model = model_lib.create_model(model_cfg, seed)
+    return model.text_tower() if kind == "text" else model
 
 
 def make_setup(config: ml_collections.ConfigDict, total_steps: int, devices=None,
-               steps_per_epoch: int | None = None) -> Setup:
-    """`steps_per_epoch` turns `train.warmup_epochs` into steps (needed unless `train.warmup_steps` > 0)."""
+               steps_per_epoch: int | None = None, tower: str | None = None) -> Setup:
+    """`steps_per_epoch` turns `train.warmup_epochs` into steps (needed unless `train.warmup_steps` > 0); `tower`
+    ('text' or 'dual') defaults to the config's (`tower_kind`)."""
+    tower = tower or tower_kind(config)
+    if tower not in TOWERS.values():
+        raise CfirError(f"tower {tower!r}: use one of {', '.join(TOWERS.values())}")
     mesh = partition.make_mesh(config.mesh.data, config.mesh.fsdp, devices)
     pred = trainable_filter(config.train.trainable)
-    abstract_tower = nnx.eval_shape(lambda: _tower(config.model))
+    abstract_tower = nnx.eval_shape(lambda: _tower(config.model, kind=tower))
     graphdef, abs_params, abs_frozen = nnx.split(abstract_tower, pred, ...)
     # The logical axis names the model declares on each Variable, as PartitionSpecs of names.
     names_params, names_frozen = (nnx.to_pure_dict(nnx.get_partition_spec(s)) for s in (abs_params, abs_frozen))
@@ -70,7 +93,8 @@ def make_setup(config: ml_collections.ConfigDict, total_steps: int, devices=None
     }
     abstract_state = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
                                   abstract_state, state_sh)
-    return Setup(mesh, graphdef, abs_params, abs_frozen, param_sh, frozen_sh, state_sh, abstract_state, tx, schedule)
+    return Setup(mesh, tower, graphdef, abs_params, abs_frozen, param_sh, frozen_sh, state_sh, abstract_state, tx,
+                 schedule)
 
 
 def init_state(config, setup: Setup, init_model: str | None) -> tuple[dict, dict]:
@@ -83,7 +107,7 @@ def init_state(config, setup: Setup, init_model: str | None) -> tuple[dict, dict
     else:
 
         def make():
-            tower = _tower(config.model, config.train.seed)
+            tower = _tower(config.model, config.train.seed, setup.tower)
             _, p, f = nnx.split(tower, pred, ...)
             return nnx.to_pure_dict(p), nnx.to_pure_dict(f)
 
@@ -95,7 +119,8 @@ def init_state(config, setup: Setup, init_model: str | None) -> tuple[dict, dict
 
 
 def restore_tower(model_dir: str, setup: Setup, model_config) -> tuple[dict, dict]:
-    """Restores only the text tower's parameters from a model directory, straight into their shardings."""
+    """Restores only the setup's tower's parameters from a model directory (the text tower, or the whole model),
+    straight into their shardings."""
     import orbax.checkpoint as ocp
 
     from cfir_jax.model import checkpoint

@@ -17,6 +17,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from cfir_jax.errors import CfirError
 from cfir_jax.train import partition
 from cfir_jax.train.data import TrainData
 from cfir_jax.train.loss import contrastive_loss
@@ -25,6 +26,8 @@ from cfir_jax.train.state import Setup
 
 def make_train_step(config, setup: Setup) -> Callable:
     """The jitted step `(state, frozen, batch) -> (state, metrics)`; state is donated."""
+    if setup.tower != "text":
+        raise CfirError("train.images='pixels' trains both towers: use cfir_jax.train.full_step.make_full_step")
     tcfg = config.train
     graphdef = setup.graphdef
     accum = int(tcfg.grad_accum_steps)
@@ -80,20 +83,7 @@ def make_train_step(config, setup: Setup) -> Callable:
     def step(state, frozen, batch):
         rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
         (loss, aux), grads = grads_fn(state["params"], frozen, batch, rng)
-        updates, opt_state = setup.tx.update(grads, state["opt_state"], state["params"])
-        params = optax.apply_updates(state["params"], updates)
-        metrics = {
-            "loss": loss,
-            "accuracy": aux["accuracy"],
-            "lr": setup.schedule(state["step"]),
-            "temperature": 1.0 / jnp.exp(params["logit_scale"]),
-            "logit_scale": params["logit_scale"],
-            "grad_norm": optax.global_norm(grads),
-            "param_norm": optax.global_norm(params),
-            "update_norm": optax.global_norm(updates),
-        }
-        new_state = {"step": state["step"] + 1, "rng": state["rng"], "params": params, "opt_state": opt_state}
-        return new_state, metrics
+        return apply_update(setup, state, frozen, loss, aux, grads)
 
     bsh = partition.batch_sharding(setup.mesh)
     rep = partition.replicated(setup.mesh)
@@ -106,6 +96,26 @@ def make_train_step(config, setup: Setup) -> Callable:
         out_shardings=(setup.state_shardings, rep),
         donate_argnums=(0,),
     )
+
+
+def apply_update(setup: Setup, state: dict, frozen: dict, loss, aux: dict, grads) -> tuple[dict, dict]:
+    """One optimiser update of `state` with `grads`; returns (new state, metrics): loss, accuracy, lr, the
+    temperature, and the l2 norms of grads, params and updates (the text step's and the Full step's alike)."""
+    updates, opt_state = setup.tx.update(grads, state["opt_state"], state["params"])
+    params = optax.apply_updates(state["params"], updates)
+    logit_scale = params["logit_scale"] if "logit_scale" in params else frozen["logit_scale"]
+    metrics = {
+        "loss": loss,
+        "accuracy": aux["accuracy"],
+        "lr": setup.schedule(state["step"]),
+        "temperature": 1.0 / jnp.exp(logit_scale),
+        "logit_scale": logit_scale,
+        "grad_norm": optax.global_norm(grads),
+        "param_norm": optax.global_norm(params),
+        "update_norm": optax.global_norm(updates),
+    }
+    new_state = {"step": state["step"] + 1, "rng": state["rng"], "params": params, "opt_state": opt_state}
+    return new_state, metrics
 
 
 def make_encoder(config, setup: Setup) -> Callable:

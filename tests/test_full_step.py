@@ -1,0 +1,168 @@
+"""The D-BEiT-3 Full train step (cfir_jax/train/full_step.py): both towers' gradient against the float64 torchscale
+oracle, gradient caching, what trains under each trainable set, 8 devices against 1, and its TPU compile."""
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+from train_fixtures import full_batch, full_config
+
+from cfir_jax.model import beit3 as model_lib
+from cfir_jax.train.full_step import batch_shardings, make_encode, make_full_step, make_grads
+from cfir_jax.train.optim import trainable_filter
+from cfir_jax.train.state import init_state, make_setup
+
+WORKER = str(Path(__file__).parent / "full_step_worker.py")
+
+
+def _flat(tree) -> dict:
+    return {
+        model_lib.param_path(p): np.asarray(v) for p, v in jax.tree_util.tree_flatten_with_path(jax.device_get(tree))[0]
+    }
+
+
+def _split(model, cfg, setup):
+    """(params, frozen) of a concrete model, placed with the setup's shardings."""
+    _, params, frozen = nnx.split(model, trainable_filter(cfg.train.trainable), ...)
+    return (
+        jax.device_put(nnx.to_pure_dict(params), setup.param_shardings),
+        jax.device_put(nnx.to_pure_dict(frozen), setup.frozen_shardings),
+    )
+
+
+def _grads(cfg, setup, params, frozen, batch):
+    batch = jax.device_put(batch, batch_shardings(setup.mesh))
+    (loss, aux), grads = jax.jit(make_grads(cfg, setup))(params, frozen, batch, jax.random.key(0))
+    return float(loss), _flat(grads)
+
+
+def _torch_reference_grads(torch_model, batch) -> tuple[float, dict]:
+    """The symmetric contrastive loss of unilm's retrieval fine-tuning over the valid pairs only, in float64, and the
+    gradient of every parameter (an unused one: zeros), keyed as the checkpoint."""
+    import torch
+    import torch.nn.functional as F
+
+    valid = batch["valid"]
+    pixels = torch.from_numpy(batch["pixels"][valid]).double().permute(0, 3, 1, 2) / 255.0
+    pixels = (pixels - 0.5) / 0.5
+    ids = torch.from_numpy(batch["ids"][valid]).long()
+    mask = torch.from_numpy(batch["mask"][valid])
+    torch_model.zero_grad()
+    image, _ = torch_model.encode_image(pixels)
+    text, _ = torch_model.encode_text(ids, mask)
+    logits = torch_model.logit_scale.exp() * image @ text.t()
+    labels = torch.arange(len(ids))
+    loss = (F.cross_entropy(logits, labels) + F.cross_entropy(logits.t(), labels)) / 2
+    loss.backward()
+    grads = {
+        k: (p.grad if p.grad is not None else torch.zeros_like(p)).numpy() for k, p in torch_model.named_parameters()
+    }
+    return float(loss), grads
+
+
+def test_full_step_gradient_equals_the_float64_torchscale_gradient():
+    """Both towers, heads, embeddings and the temperature: our float32 gradient of one Full batch (a corrupt image
+    masked by `valid`) equals torchscale's float64 gradient over the valid pairs alone."""
+    from torch_reference import random_reference, state_dict_numpy
+
+    from cfir_jax.model.convert import load_torch_checkpoint, torch_to_params
+
+    cfg = full_config()
+    torch_model = random_reference(cfg.model, seed=1).double()
+    model = load_torch_checkpoint(state_dict_numpy(torch_model), cfg.model)
+    setup = make_setup(cfg, 10, jax.devices()[:1])
+    params, frozen = _split(model, cfg, setup)
+    batch = full_batch()
+    assert not batch["valid"].all()
+    loss, grads = _grads(cfg, setup, params, frozen, batch)
+    ref_loss, ref_raw = _torch_reference_grads(torch_model, batch)
+    ref = _flat(torch_to_params({k.removeprefix("beit3."): v for k, v in ref_raw.items()}, cfg.model))
+    assert loss == pytest.approx(ref_loss, rel=1e-5)
+    assert set(grads) == set(ref) - {"vision_embed/mask_token"}
+    for name, g in grads.items():
+        scale = float(np.abs(ref[name]).max())
+        assert scale > 0 or name.endswith("k_proj/bias"), name  # every trained tensor gets a gradient
+        np.testing.assert_allclose(g, ref[name], rtol=0, atol=2e-4 * max(scale, 1e-3), err_msg=name)
+    for tower in ("A/", "B/"):  # the image and the text tower's layers both carry real gradients
+        assert any(np.abs(g).max() > 1e-3 for k, g in grads.items() if k.startswith(tower + "layers/fc1"))
+
+
+def test_gradient_caching_equals_the_one_batch_gradient_for_both_towers():
+    """grad_accum_steps=2: the exact gradient of the whole batch's loss, in micro-batches of half the rows."""
+    one, cached = full_config(), full_config(grad_accum_steps=2)
+    setup = make_setup(one, 10, jax.devices()[:1])
+    state, frozen = init_state(one, setup, None)
+    batch = full_batch()
+    loss_a, a = _grads(one, setup, state["params"], frozen, batch)
+    loss_b, b = _grads(cached, setup, state["params"], frozen, batch)
+    assert loss_a == pytest.approx(loss_b, rel=1e-6)
+    assert a.keys() == b.keys() and any(k.startswith("A/") for k in a) and any(k.startswith("B/") for k in a)
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=0, atol=1e-5 * max(float(np.abs(a[k]).max()), 1e-3), err_msg=k)
+    # Half of a batch is another loss: caching is not just the mean of two micro-batch gradients.
+    half = {key: v[:4] for key, v in batch.items()}
+    loss_half, _ = _grads(one, setup, state["params"], frozen, half)
+    assert abs(loss_half - loss_a) > 1e-3
+
+
+def _encode_after_steps(cfg, steps: int = 2):
+    """Parameters and both towers' embeddings of one batch before and after `steps` Full steps."""
+    setup = make_setup(cfg, 10, jax.devices()[:1])
+    state, frozen = init_state(cfg, setup, None)
+    encode = jax.jit(make_encode(setup))
+    batch = jax.device_put(full_batch(), batch_shardings(setup.mesh))
+    before = _flat(state["params"]), encode(state["params"], frozen, batch)
+    step = make_full_step(cfg, setup)
+    for _ in range(steps):
+        state, metrics = step(state, frozen, batch)
+        assert np.isfinite(float(metrics["loss"])) and int(metrics["valid_pairs"]) == 7
+    after = _flat(state["params"]), encode(state["params"], frozen, batch)
+    return before, after, _flat(frozen)
+
+
+def test_language_expert_set_leaves_the_image_tower_frozen_and_full_moves_everything():
+    (p0, (img0, txt0)), (p1, (img1, txt1)), frozen = _encode_after_steps(full_config(trainable="language_expert"))
+    assert set(p0) == {k for k in p0 if k.startswith(("B/", "language_head/", "logit_scale"))}
+    assert {"A/layers/fc1/kernel", "vision_embed/proj/kernel", "vision_head/kernel", "text_embed/embedding"} <= set(
+        frozen
+    )
+    np.testing.assert_array_equal(np.asarray(img1), np.asarray(img0))  # the vision tower computes what it did
+    assert np.abs(np.asarray(txt1) - np.asarray(txt0)).max() > 1e-4
+    assert all(np.any(p1[k] != p0[k]) for k in p0)
+
+    (p0, (img0, txt0)), (p1, (img1, txt1)), frozen = _encode_after_steps(full_config())
+    assert set(frozen) == {"vision_embed/mask_token"}  # unused by retrieval
+    moved = {k for k in p0 if np.any(p1[k] != p0[k])}
+    assert (
+        moved == set(p0)
+        and len(p0) == len(jax.tree.leaves(nnx.state(model_lib.abstract_model(full_config().model), nnx.Param))) - 1
+    )
+    assert np.abs(np.asarray(img1) - np.asarray(img0)).max() > 1e-4
+    assert np.abs(np.asarray(txt1) - np.asarray(txt0)).max() > 1e-4
+
+
+@pytest.mark.slow
+def test_eight_devices_data_by_fsdp_equal_one_device(tmp_path):
+    """Two Full steps on 8 fake CPU devices (data=4 x fsdp=2, parameters FSDP-sharded) equal one device, with and
+    without gradient caching."""
+    out = tmp_path / "full.npz"
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
+    proc = subprocess.run([sys.executable, WORKER, str(out)], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    z = np.load(out)
+    for accum in (1, 2):
+        np.testing.assert_allclose(z[f"a{accum}_loss_8"], z[f"a{accum}_loss_1"], rtol=1e-5)
+        one = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(f"a{accum}_1/")}
+        many = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(f"a{accum}_8/")}
+        assert one.keys() == many.keys() and len(one) > 50
+        for k in one:
+            if k.endswith("k_proj/bias"):  # an exactly-zero gradient: Adam turns float noise into lr-sized steps
+                assert np.abs(one[k]).max() < 1e-2 and np.abs(many[k]).max() < 1e-2, k
+                continue
+            scale = max(float(np.abs(one[k]).max()), 1e-3)
+            np.testing.assert_allclose(many[k], one[k], rtol=1e-5, atol=1e-5 * scale, err_msg=k)
