@@ -25,6 +25,9 @@ def run(cfg, devices, n=2):
     setup = make_setup(cfg, 10, devices)
     state, frozen = init_state(cfg, setup, None)
     step = make_full_step(cfg, setup)
+    if setup.mesh.shape["fsdp"] > 1:  # both towers' kernels are really FSDP-sharded
+        for tower in ("A", "B"):
+            assert "fsdp" in state["params"][tower]["layers"]["fc1"]["kernel"].sharding.spec, tower
     losses = []
     for i in range(n):
         batch = jax.device_put(full_batch(batch=16, seed=i, invalid=(3, 12)), batch_shardings(setup.mesh))

@@ -150,3 +150,29 @@ def test_upgrade_fills_what_an_older_workdir_lacks_and_changes_nothing_it_has(tm
     again = upgrade(config.copy_and_resolve_references())
     assert again.to_dict() == config.to_dict()
     assert upgrade(current.copy_and_resolve_references()).to_dict() == current.to_dict()
+
+
+FULL_CHANGES = {"train.trainable": "full", "train.images": "pixels", "train.text": "document", "model.remat": True,
+                "model.dtype": "bfloat16"}
+
+
+@pytest.mark.parametrize("module", [configs.base, configs.large], ids=["base", "large"])
+def test_full_variant_is_the_whole_model_from_pixels_and_changes_nothing_else(module):
+    paper, full = module.get_config(), module.get_config("full")
+    changed = {f"{s}.{f}" for s in ("model", "train", "index", "retrieval", "mesh") for f in paper[s]
+               if paper[s][f] != full[s][f]}
+    assert changed == set(FULL_CHANGES) - ({"model.remat"} if module is configs.large else set())
+    for key, value in FULL_CHANGES.items():
+        section, field = key.split(".")
+        assert full[section][field] == value, key
+    assert full.model.image_size == 224 and full.train.document_fields == (
+        "page_title", "section_title", "context_section_description")
+    # Everything retrieval uses trains; BEiT-3's masked-image-modelling token alone stays (no gradient reaches it).
+    setup = make_setup(full, total_steps=10, devices=jax.devices()[:1], steps_per_epoch=10)
+    assert setup.tower == "dual"
+    frozen = [model_lib.param_path(p) for p, _ in jax.tree_util.tree_flatten_with_path(setup.abstract_frozen)[0]]
+    assert frozen == ["vision_embed/mask_token"]
+    trained = sum(a.size for a in jax.tree.leaves(setup.abstract_params))
+    # At 224 px: the 384 px model (REFERENCE: 222,458,881 base, 675,188,737 large) less 380 vision positions and the
+    # mask token, of D (768, 1024) each
+    assert trained == {configs.base: 222_166_273, configs.large: 674_798_593}[module]
