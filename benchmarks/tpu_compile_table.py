@@ -1,6 +1,8 @@
 """The README's "Compiled for TPUs" table: every accelerator program compiled (not run) for real TPU topologies.
 
     flock /tmp/cfir-bench.lock python benchmarks/tpu_compile_table.py --out benchmarks/tpu_compile_table.md
+    flock /tmp/cfir-bench.lock python benchmarks/tpu_compile_table.py --only full \
+        --out benchmarks/tpu_compile_table_full.md --json benchmarks/tpu_compile_table_full.json
 
 Rows: CFIR-B and CFIR-L train steps at the configs' global batch 512 and at the largest batch that fits, on v4-8,
 v5e-16, v5p-64 (4x4x4) and v6e-8; the vision tower's image-cache encoding step at 224 and 384 px; the exact entity
@@ -9,6 +11,9 @@ over one v5e-8 / v6e-8 host). The largest batch is found cheaply: the batch-512 
 not grow with the batch (arguments, outputs) and the temporaries per sequence; the estimate, rounded down to a
 multiple of 256, is confirmed by one compile (if it does not fit, the estimate is redone from that compile's own
 temporaries, at most twice). Each row is appended to `--out` (markdown) and `--json` as it finishes.
+
+`--only full`: the D-BEiT-3 Full step (both towers from 224 px pixels; configs/base.py:full and large.py:full) on
+the same four slices at batch 512, then the largest batch of each.
 """
 
 from __future__ import annotations
@@ -43,8 +48,9 @@ def md_row(r, config_name: str, topology) -> str:
             f"{r.shapes} |")
 
 
-def largest_batch(config, topology, first) -> tuple[object, str]:
-    """(result at the largest multiple of STEP found to fit, how it was found) from the batch-512 result."""
+def largest_batch(config, topology, first, builder=programs_lib.train_step) -> tuple[object, str]:
+    """(result at the largest multiple of STEP found to fit, how it was found) from the batch-512 result of
+    `builder`'s first program (the text train step, or the Full step)."""
     b0, last = int(config.train.global_batch), first
     tries = []
     for _ in range(3):
@@ -56,7 +62,7 @@ def largest_batch(config, topology, first) -> tuple[object, str]:
             guess = min(guess, (tries[-1][0] - STEP) // STEP * STEP)
         if guess < STEP or guess in [b for b, _ in tries]:
             break
-        result = compile_program(programs_lib.train_step(config, topology, guess)[0], topology)
+        result = compile_program(builder(config, topology, guess)[0], topology)
         tries.append((guess, result))
         if result.fits:
             break
@@ -73,7 +79,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/tpu_compile_table.md")
     parser.add_argument("--json", default="benchmarks/tpu_compile_table.json")
-    parser.add_argument("--only", default="", help="comma-separated subset of: train, image, entity, sr")
+    parser.add_argument("--only", default="", help="comma-separated subset of: train, image, entity, sr, full")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(","))) or {"train", "image", "entity", "sr"}
     out, rows = Path(args.out), []
@@ -94,15 +100,19 @@ def main():
         print(md_row(result, config_name, topology), flush=True)
 
     configs = {name: load_config_file(f"configs/{name}.py") for name in ("base", "large")}
+    configs |= {f"{name}:full": load_config_file(f"configs/{name}.py:full") for name in ("base", "large")}
     # Cheapest and most telling rows first (the batch-512 steps, then the per-host programs), the largest-batch
     # searches last, so an interrupted run still has a useful table.
     firsts = {}
-    if "train" in only:
-        for name, config in configs.items():
+    for group, builder, names in (("train", programs_lib.train_step, ("base", "large")),
+                                  ("full", programs_lib.train_full, ("base:full", "large:full"))):
+        if group not in only:
+            continue
+        for name in names:
             for topo_name in TRAIN_TOPOLOGIES:
                 topology = resolve(topo_name)
-                firsts[name, topo_name] = compile_program(programs_lib.train_step(config, topology)[0], topology)
-                emit(firsts[name, topo_name], name, topology)
+                firsts[name, topo_name] = compile_program(builder(configs[name], topology)[0], topology), builder
+                emit(firsts[name, topo_name][0], name, topology)
     if "image" in only:
         topology = resolve("v5e-8")
         for size in (224, 384):
@@ -117,14 +127,14 @@ def main():
             if "sr" in only:
                 for program in programs_lib.device_sr(configs[name], topology, rows_n, "bfloat16"):
                     emit(compile_program(program, topology), name, topology)
-    for (name, topo_name), first in firsts.items():
+    for (name, topo_name), (first, builder) in firsts.items():
         topology = resolve(topo_name)
-        best, how = largest_batch(configs[name], topology, first)
+        best, how = largest_batch(configs[name], topology, first, builder)
         if best is not None:
             emit(best, name, topology, f" (largest: {how})")
         else:
             with out.open("a") as f:
-                f.write(f"| train_step largest batch | {name} | {topology.name} | - | - | - | {how} |\n")
+                f.write(f"| {first.program} largest batch | {name} | {topology.name} | - | - | - | {how} |\n")
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     with out.open("a") as f:
         f.write(f"\nLoad after: `{uptime}`\n")
