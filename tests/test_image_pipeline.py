@@ -68,6 +68,12 @@ def test_two_processes_slices_make_the_one_process_batch(world_corpus):
         assert a["pixels"].shape == (BATCH // 2, SIZE, SIZE, 3) and a["pixels"].dtype == np.uint8
         for key in KEYS:
             np.testing.assert_array_equal(np.concatenate([a[key], b[key]]), whole[key], err_msg=f"{step} {key}")
+    # Process 0's saved position resumes process 1 as well (the state names a step, not a process's data).
+    first = PairBatches(corpus, pairs, process_index=0, process_count=2, **kw)
+    _take(first, 3)
+    second = PairBatches(corpus, pairs, process_index=1, process_count=2, **kw)
+    second.set_state(json.loads(json.dumps(first.get_state())))
+    _assert_same(_take(second, 4), halves[1][3:])
     # Each epoch is a permutation: its 5 batches take 40 distinct pairs of the 42.
     epoch0 = [(d, i) for b in one[:5] for d, i in zip(b["doc_rows"], b["image_rows"])]
     assert len(set(epoch0)) == 40 and set(epoch0) <= set(map(tuple, pairs.tolist()))
@@ -106,10 +112,13 @@ def test_worker_processes_give_the_same_batches_and_resume(world_corpus):
     _assert_same(_take(inline_resumed, 5), inline[3:])
 
 
-def test_corrupt_and_missing_images_are_skipped_and_counted(world_corpus):
+def test_corrupt_and_missing_images_are_skipped_and_counted(world_corpus, caplog):
     corpus, pairs, broken = world_corpus
     batches = PairBatches(corpus, pairs, global_batch=BATCH, image_size=SIZE, seed=0, epoch_pairs_shuffled=False)
-    epoch = _take(batches, 5)  # in file order the broken images are the first two pairs
+    with caplog.at_level("WARNING", logger="cfir_jax.data"):
+        epoch = _take(batches, 5)  # in file order the broken images are the first two pairs
+    assert [r.getMessage() for r in caplog.records] == ["epoch 0: 2 of 40 images skipped on process 0 (corrupt or "
+                                                        "missing)"]
     for b in epoch:
         assert b["pixels"].shape == (BATCH, SIZE, SIZE, 3)
         invalid = ~b["valid"]
