@@ -74,6 +74,7 @@ def main():
     parser.add_argument("--out", default="benchmarks/tpu_compile_table.md")
     parser.add_argument("--json", default="benchmarks/tpu_compile_table.json")
     parser.add_argument("--only", default="", help="comma-separated subset of: train, image, entity, sr")
+    parser.add_argument("--configs", default="base,large", help="comma-separated subset of: base, large")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(","))) or {"train", "image", "entity", "sr"}
     out, rows = Path(args.out), []
@@ -93,7 +94,7 @@ def main():
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         print(md_row(result, config_name, topology), flush=True)
 
-    configs = {name: load_config_file(f"configs/{name}.py") for name in ("base", "large")}
+    configs = {name: load_config_file(f"configs/{name}.py") for name in args.configs.split(",")}
     # Cheapest and most telling rows first (the batch-512 steps, then the per-host programs), the largest-batch
     # searches last, so an interrupted run still has a useful table.
     firsts = {}
@@ -106,9 +107,11 @@ def main():
     if "image" in only:
         topology = resolve("v5e-8")
         for size in (224, 384):
-            emit(compile_program(programs_lib.image_encoding(configs["large"], topology, size)[0], topology),
-                 "large", topology)
-    for name, rows_n in (("base", programs_lib.CACHE_ROWS["base"]), ("large", programs_lib.CACHE_ROWS["large"])):
+            name = "large" if "large" in configs else "base"
+            emit(compile_program(programs_lib.image_encoding(configs[name], topology, size)[0], topology),
+                 name, topology)
+    for name in configs:
+        rows_n = programs_lib.CACHE_ROWS[name]
         for topo_name in HOST_TOPOLOGIES:
             topology = resolve(topo_name)
             if "entity" in only and topo_name == "v5e-8":
