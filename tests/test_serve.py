@@ -409,8 +409,7 @@ def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
 
 def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
     """serve.entity_workers: the documents of a batch parsed by worker processes, the same entities in order."""
-    from cfir_jax.index.entities import EntityExtractor, load_spacy
-    from cfir_jax.serve.entity_pool import EntityPool
+    from cfir_jax.index.entities import EntityExtractor, EntityPool, load_spacy
 
     texts = [t for _, t in documents] + ["The Kingsham Museum and Brian Gray.", "nothing here"]
     expected = list(EntityExtractor(load_spacy(None), "all").extract(texts))
@@ -418,6 +417,7 @@ def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
     try:
         assert pool.entities(texts) == expected  # 6 texts over 2 workers
         assert pool.entities(texts[:1]) == expected[:1]
+        assert list(pool.stream(texts, 4)) == expected  # bulk retrieval's lazy path: chunks of 4 queued at once
         assert any(expected)
     finally:
         pool.close()

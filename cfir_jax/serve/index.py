@@ -235,7 +235,7 @@ def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
     workers = int(config.serve.get("entity_workers", 0))
     if workers < 2 or all(r.entities is None for r in index.retrievers.values()):
         return None
-    from cfir_jax.serve.entity_pool import EntityPool
+    from cfir_jax.index.entities import EntityPool
 
     e = config.index.entities
     labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
