@@ -80,6 +80,7 @@ def main():
     parser.add_argument("--out", default="benchmarks/tpu_compile_table.md")
     parser.add_argument("--json", default="benchmarks/tpu_compile_table.json")
     parser.add_argument("--only", default="", help="comma-separated subset of: train, image, entity, sr, full")
+    parser.add_argument("--configs", default="base,large", help="comma-separated subset of: base, large")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(","))) or {"train", "image", "entity", "sr"}
     out, rows = Path(args.out), []
@@ -99,26 +100,29 @@ def main():
         Path(args.json).write_text(json.dumps(rows, indent=1) + "\n")
         print(md_row(result, config_name, topology), flush=True)
 
-    configs = {name: load_config_file(f"configs/{name}.py") for name in ("base", "large")}
-    configs |= {f"{name}:full": load_config_file(f"configs/{name}.py:full") for name in ("base", "large")}
+    configs = {name: load_config_file(f"configs/{name}.py") for name in args.configs.split(",")}
+    full_configs = {f"{name}:full": load_config_file(f"configs/{name}.py:full") for name in configs}
     # Cheapest and most telling rows first (the batch-512 steps, then the per-host programs), the largest-batch
     # searches last, so an interrupted run still has a useful table.
     firsts = {}
-    for group, builder, names in (("train", programs_lib.train_step, ("base", "large")),
-                                  ("full", programs_lib.train_full, ("base:full", "large:full"))):
+    for group, builder, group_configs in (("train", programs_lib.train_step, configs),
+                                          ("full", programs_lib.train_full, full_configs)):
         if group not in only:
             continue
-        for name in names:
+        for name, config in group_configs.items():
             for topo_name in TRAIN_TOPOLOGIES:
                 topology = resolve(topo_name)
-                firsts[name, topo_name] = compile_program(builder(configs[name], topology)[0], topology), builder
-                emit(firsts[name, topo_name][0], name, topology)
+                first = compile_program(builder(config, topology)[0], topology)
+                firsts[name, topo_name] = first, builder, config
+                emit(first, name, topology)
     if "image" in only:
         topology = resolve("v5e-8")
         for size in (224, 384):
-            emit(compile_program(programs_lib.image_encoding(configs["large"], topology, size)[0], topology),
-                 "large", topology)
-    for name, rows_n in (("base", programs_lib.CACHE_ROWS["base"]), ("large", programs_lib.CACHE_ROWS["large"])):
+            name = "large" if "large" in configs else "base"
+            emit(compile_program(programs_lib.image_encoding(configs[name], topology, size)[0], topology),
+                 name, topology)
+    for name in configs:
+        rows_n = programs_lib.CACHE_ROWS[name]
         for topo_name in HOST_TOPOLOGIES:
             topology = resolve(topo_name)
             if "entity" in only and topo_name == "v5e-8":
@@ -127,9 +131,9 @@ def main():
             if "sr" in only:
                 for program in programs_lib.device_sr(configs[name], topology, rows_n, "bfloat16"):
                     emit(compile_program(program, topology), name, topology)
-    for (name, topo_name), (first, builder) in firsts.items():
+    for (name, topo_name), (first, builder, config) in firsts.items():
         topology = resolve(topo_name)
-        best, how = largest_batch(configs[name], topology, first, builder)
+        best, how = largest_batch(config, topology, first, builder)
         if best is not None:
             emit(best, name, topology, f" (largest: {how})")
         else:

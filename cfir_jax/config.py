@@ -326,7 +326,8 @@ def serve_config() -> ml_collections.ConfigDict:
             port=8080,
             methods=("cfir",),  # the methods answered (one Retriever each); the first is a request's default
             max_batch=16,  # documents per micro-batch (1: micro-batching off)
-            max_wait_ms=5.0,  # how long the first request of a batch waits for others to join it
+            max_wait_ms=5.0,  # how long a batch's first request waits for others (only while requests arrive together)
+            entity_workers=2,  # spaCy processes parsing a batch's documents in parallel (< 2: in the retrieval thread)
             queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
             deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
             max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413

@@ -42,6 +42,9 @@ def test_bulk_batches_with_entity_workers_equal_one_at_a_time(workdir, config): 
     assert forks == [], "spaCy's workers were forked from this (JAX, multithreaded) process"
     single = Retriever(_with(config, sr_backend="cpu"), workdir)
     _same_results(together, [single.retrieve(d) for d in docs])
+    pool = bulk.entities.workers()  # persistent: a second bulk call reuses the started workers
+    _same_results(bulk.retrieve_many(docs), together)
+    assert bulk.entities.workers() is pool and forks == []
     assert together[-1].note and all(r.hits for r in together)
 
 

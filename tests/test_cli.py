@@ -69,3 +69,36 @@ def test_bars_draw_on_a_terminal_that_reports_no_size(tmp_path):
     subprocess.run(["script", "-q", "-e", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}", str(log)],
                    cwd=ROOT, env=env, stdin=subprocess.DEVNULL, capture_output=True, timeout=120, check=True)
     assert re.search(r"demo: 100%\|.*\| 50/50 \[", log.read_text(errors="replace")), log.read_text()[-500:]
+
+
+@pytest.mark.parametrize(
+    "environ, specs, devices, want",
+    [
+        ({}, {"libtpu"}, [], "cpu"),  # libtpu on a host without chips: the CPU, quietly
+        ({"JAX_PLATFORMS": "tpu"}, {"libtpu"}, [], None),  # the user's choice stands
+        ({}, set(), [], None),  # no libtpu: JAX as it is
+        ({}, {"libtpu"}, ["/dev/accel0"], None),  # a TPU host
+        ({}, {"libtpu"}, ["/dev/vfio/0"], None),  # a TPU host (v5e/v6e)
+        ({}, {"libtpu", "jax_cuda12_plugin"}, [], None),  # a GPU host keeps its platform
+    ],
+)
+def test_tpu_platform_left_out_only_without_chips(environ, specs, devices, want):
+    import cfir_jax
+
+    def find_spec(name):
+        return object() if name in specs else None
+
+    def device_files(pattern):
+        return [d for d in devices if d.startswith(pattern.split("*")[0].split("[")[0])]
+
+    assert cfir_jax.tpu_free_platforms(environ, find_spec, device_files) == want
+
+
+def test_commands_start_without_libtpu_noise_on_a_cpu_host():
+    """The test set installs libtpu; a command on this TPU-less host must not print libtpu's probe warnings."""
+    env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
+    code = "import cfir_jax, jax; print(jax.default_backend())"
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "TPU_ACCELERATOR_TYPE" not in proc.stderr and "libtpu" not in proc.stderr, proc.stderr
+    assert proc.stdout.strip() in ("cpu", "gpu", "tpu")

@@ -9,6 +9,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+import test_image_pipeline
 from flax import nnx
 from train_fixtures import full_batch, full_config
 
@@ -18,6 +19,8 @@ from cfir_jax.train.optim import trainable_filter
 from cfir_jax.train.state import init_state, make_setup
 
 WORKER = str(Path(__file__).parent / "full_step_worker.py")
+# The tiny synthetic world's corpus with two broken images (a module fixture of the pipeline's tests).
+world_corpus = test_image_pipeline.world_corpus
 
 
 def _flat(tree) -> dict:
@@ -206,49 +209,52 @@ def test_train_full_compiles_for_a_tpu_topology_with_the_state_it_shards():
     assert results["fsdp"].arguments < 0.5 * results["data"].arguments
 
 
-class FakePairBatches:
-    """The image pipeline's interface (PairBatches) over random pairs: the batch at each position is drawn from an
-    rng seeded by (seed, position), so the order is a function of the iterator's own state; every 5th image is
-    unreadable. `crash_at`: raise before yielding that position (an interrupted run)."""
+class Recording:
+    """The image pipeline (PairBatches) as the loop sees it, recording the documents of every batch it serves;
+    `crash_at`: raise before serving that step (an interrupted run)."""
 
-    def __init__(self, num_docs: int = 32, global_batch: int = 8, seed: int = 0, crash_at: int = -1):
-        self.num_docs, self.global_batch, self.seed, self.crash_at = num_docs, global_batch, seed, crash_at
-        self.position, self.skipped, self.served = 0, 0, []
+    def __init__(self, batches, crash_at: int = -1):
+        self.batches, self.crash_at, self.served = batches, crash_at, []
 
     def __next__(self) -> dict:
-        if self.position == self.crash_at:
+        if self.batches.step == self.crash_at:
             raise KeyboardInterrupt("interrupted")
-        rng = np.random.default_rng([self.seed, self.position])
-        b = self.global_batch
-        rows = rng.choice(self.num_docs, size=b, replace=False).astype(np.int32)
-        valid = rows % 5 != 0
-        pixels = rng.integers(0, 256, size=(b, 32, 32, 3), dtype=np.uint8) * valid[:, None, None, None]
-        self.position += 1
-        self.skipped += int((~valid).sum())
-        self.served.append(rows)
-        return {"pixels": pixels.astype(np.uint8), "doc_rows": rows, "image_rows": rows, "valid": valid}
+        batch = next(self.batches)
+        self.served.append(batch["doc_rows"])
+        return batch
+
+    @property
+    def skipped(self) -> int:
+        return self.batches.skipped
 
     def get_state(self) -> dict:
-        return {"position": self.position, "skipped": self.skipped}
+        return self.batches.get_state()
 
     def set_state(self, state: dict) -> None:
-        self.position, self.skipped = int(state["position"]), int(state["skipped"])
+        self.batches.set_state(state)
 
 
-def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(tmp_path):
+def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(world_corpus, tmp_path):
+    """The real image pipeline over the tiny world (two broken images among the first pairs): a run interrupted after
+    its step-2 checkpoint resumes to the uninterrupted run's batches 3 and 4 and its parameters, bit for bit."""
+    from cfir_jax.data.image_pipeline import PairBatches
     from cfir_jax.train.full_trainer import train_full
 
+    corpus, pairs, _ = world_corpus
     cfg = full_config(num_steps=4, checkpoint_every=2, grad_accum_steps=2)
-    tokens = full_batch(batch=32, seed=7)
+    tokens = full_batch(batch=corpus.num_documents, seed=7)  # token ids per document row
     ids, mask = tokens["ids"], tokens["mask"]
-    whole = FakePairBatches()
+
+    def batches(crash_at=-1):
+        return Recording(PairBatches(corpus, pairs, global_batch=8, image_size=32, seed=3), crash_at)
+
+    whole = batches()
     straight = train_full(cfg, tmp_path / "straight", whole, ids, mask)
     with pytest.raises(KeyboardInterrupt):
-        train_full(cfg, tmp_path / "resumed", FakePairBatches(crash_at=3), ids, mask)  # after the step-2 checkpoint
-    again = FakePairBatches()
+        train_full(cfg, tmp_path / "resumed", batches(crash_at=3), ids, mask)
+    again = batches()
     resumed = train_full(cfg, tmp_path / "resumed", again, ids, mask)
-    assert resumed.start_step == 2 and again.position == 4 and again.skipped == whole.skipped > 0
-    # The resumed run saw the uninterrupted run's batches 3 and 4, and ends on its parameters, bit for bit.
+    assert resumed.start_step == 2 and again.batches.step == 4 and again.skipped == whole.skipped
     np.testing.assert_array_equal(np.stack(again.served), np.stack(whole.served[2:]))
     a, b = _flat(straight.params), _flat(resumed.params)
     assert a.keys() == b.keys()

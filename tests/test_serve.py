@@ -338,3 +338,86 @@ def test_older_workdir_configs_get_the_serve_section_and_new_fields():
     upgrade(old)
     assert old.serve.to_dict() == serve_config().to_dict() and old.retrieval.top_k == 7
     assert "rerank" in old.retrieval and old.serve.host == "127.0.0.1"
+
+
+class _FakeRetriever:
+    """Answers instantly; records the documents of each batch (the batcher's own behaviour under test)."""
+
+    entities = None
+
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    def retrieve_many(self, docs):
+        import types
+
+        self.batches.append([d.doc_id for d in docs])
+        return [types.SimpleNamespace(times_ms={}) for _ in docs]
+
+    def describe_image(self, image_id):
+        return {}
+
+
+def _submit(batcher, loop, *doc_ids):
+    from cfir_jax.retrieve.pipeline import DocumentInput
+    from cfir_jax.serve.batcher import Job
+
+    docs = [DocumentInput("text", d) for d in doc_ids]
+    job = Job(docs, "cfir", 1, time.monotonic() + 60, loop.create_future(), loop)
+    batcher.submit(job)
+    return job
+
+
+def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
+    """max_wait_ms is paid only while requests arrive together: at concurrency 1 a request runs at once."""
+    import asyncio
+    import types
+
+    from cfir_jax.retrieve import report
+    from cfir_jax.serve.batcher import MicroBatcher
+    from cfir_jax.serve.metrics import Metrics
+
+    monkeypatch.setattr(report, "as_json", lambda doc_id, result, describe, top_k: doc_id)
+    retriever = _FakeRetriever()
+    index = types.SimpleNamespace(retrievers={"cfir": retriever}, entity_pool=None)
+    batcher = MicroBatcher(lambda: index, max_batch=8, max_wait_ms=1500, queue_size=8, metrics=Metrics())
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        took = []
+        for n in range(3):  # one at a time: each answered long before max_wait
+            t0 = time.monotonic()
+            assert await _submit(batcher, loop, f"alone-{n}").future == [f"alone-{n}"]
+            took.append(time.monotonic() - t0)
+        await _submit(batcher, loop, "crowd-0", "crowd-1", "crowd-2").future  # a batch request: company
+        t0 = time.monotonic()  # the previous batch had company: the next first request waits for others to join
+        late = [_submit(batcher, loop, "first")]
+        await asyncio.sleep(0.3)
+        late.append(_submit(batcher, loop, "joins"))
+        await asyncio.gather(*(j.future for j in late))
+        return took, time.monotonic() - t0
+
+    try:
+        took, crowd_wait = asyncio.run(scenario())
+    finally:
+        batcher.stop(5)
+    assert max(took) < 0.75, took
+    assert retriever.batches[:3] == [["alone-0"], ["alone-1"], ["alone-2"]]
+    assert retriever.batches[3] == ["crowd-0", "crowd-1", "crowd-2"]
+    assert retriever.batches[-1] == ["first", "joins"] and crowd_wait >= 1.0, (retriever.batches, crowd_wait)
+
+
+def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
+    """serve.entity_workers: the documents of a batch parsed by worker processes, the same entities in order."""
+    from cfir_jax.index.entities import EntityExtractor, EntityPool, load_spacy
+
+    texts = [t for _, t in documents] + ["The Kingsham Museum and Brian Gray.", "nothing here"]
+    expected = list(EntityExtractor(load_spacy(None), "all").extract(texts))
+    pool = EntityPool("", "all", workers=2)
+    try:
+        assert pool.entities(texts) == expected  # 6 texts over 2 workers
+        assert pool.entities(texts[:1]) == expected[:1]
+        assert list(pool.stream(texts, 4)) == expected  # bulk retrieval's lazy path: chunks of 4 queued at once
+        assert any(expected)
+    finally:
+        pool.close()

@@ -200,6 +200,12 @@ class Corpus:
         path = self.path / "tokenizer.spm"
         return path if self.manifest.get("has_tokenizer") and path.is_file() else None
 
+    @property
+    def image_records(self):
+        """The raw image records (random access by row, each a dict with the encoded `image` bytes): the picklable
+        source a worker process reads without the id lists (the training input pipeline's)."""
+        return self._image_source
+
     def document(self, i: int) -> Document:
         """Document at row `i` (0 <= i < num_documents)."""
         if not 0 <= i < self.num_documents:

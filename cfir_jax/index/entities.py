@@ -238,3 +238,60 @@ def _workers_without_fork(n_process: int) -> Iterator[None]:
         yield
     finally:
         spacy.language.mp = default
+
+
+# --------------------------------------------------------------------------------------- persistent worker processes
+_pool_extractor = None  # in an EntityPool worker: its EntityExtractor, loaded once by `_load_pool_worker`
+
+
+def _load_pool_worker(spacy_model: str, labels) -> None:
+    global _pool_extractor
+    _pool_extractor = EntityExtractor(load_spacy(spacy_model or None), labels)
+
+
+def _extract_in_worker(texts: Sequence[str]) -> list[list[str]]:
+    return list(_pool_extractor.extract(texts))
+
+
+class EntityPool:
+    """Entity extraction in `workers` persistent processes, each with the spaCy pipeline loaded once (at start-up,
+    not per call as `nlp.pipe(n_process=...)` pickles it to fresh workers), started from a forkserver, never forked
+    from this JAX process. The same pipeline, labels and normalisation as `EntityExtractor`: the same entities.
+    Bulk retrieval (`retrieval.entity_workers`) and the service (`serve.entity_workers`) use it."""
+
+    def __init__(self, spacy_model: str, labels, workers: int):
+        import concurrent.futures
+        import multiprocessing
+
+        self.key = (spacy_model, tuple(labels) if isinstance(labels, (list, tuple)) else labels)
+        self.workers = int(workers)
+        self._pool = concurrent.futures.ProcessPoolExecutor(
+            self.workers, mp_context=multiprocessing.get_context("forkserver"), initializer=_load_pool_worker,
+            initargs=self.key)
+        # Start every worker and load its pipeline now, not in the first documents' time.
+        for f in [self._pool.submit(_extract_in_worker, ["warm up"]) for _ in range(2 * self.workers)]:
+            f.result()
+
+    def entities(self, texts: Sequence[str]) -> list[list[str]]:
+        """Each text's entities, the texts split in `workers` contiguous slices parsed at once."""
+        n = min(self.workers, len(texts))
+        bounds = [len(texts) * i // n for i in range(n + 1)]
+        return list(self._gather(texts, list(zip(bounds, bounds[1:]))))
+
+    def stream(self, texts: Sequence[str], chunk: int) -> Iterator[list[str]]:
+        """Each text's entities in order, lazily: every chunk is queued at once, so the workers parse ahead while
+        the caller encodes and scores the documents already yielded."""
+        starts = range(0, len(texts), max(1, chunk))
+        return self._gather(texts, [(a, min(a + chunk, len(texts))) for a in starts])
+
+    def _gather(self, texts: Sequence[str], spans: list[tuple[int, int]]) -> Iterator[list[str]]:
+        futures = [self._pool.submit(_extract_in_worker, list(texts[a:b])) for a, b in spans]
+        try:
+            for f in futures:
+                yield from f.result()
+        finally:
+            for f in futures:
+                f.cancel()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)

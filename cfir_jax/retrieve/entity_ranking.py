@@ -9,7 +9,6 @@ entity-only baseline ranks the union by each image's best entity score (`entity_
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
@@ -30,6 +29,7 @@ class EntityRanking:
         self.embeddings = stores.embeddings
         self._exact_search = exact_search
         self._nlp = None
+        self._pool = None
 
     def extractor(self):
         """The spaCy entity extractor (loaded on first use)."""
@@ -46,17 +46,29 @@ class EntityRanking:
         if self.rcfg.unknown_entities == "search" and self.index.manifest.get("has_searcher"):
             self.index.searcher()  # loads the ScaNN searcher before the first query's timing
 
+    def workers(self):
+        """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,
+        kept for the Retriever's life: a later batch pays no start-up)."""
+        if self._pool is None:
+            from cfir_jax.index.entities import EntityPool
+
+            e = self.config.index.entities
+            labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
+            self._pool = EntityPool(e.spacy_model, labels, int(self.rcfg.entity_workers))
+        return self._pool
+
     def stream(self, docs: Sequence) -> Iterator[list[str]]:
-        """The entities of each document in order, lazily: one spaCy nlp.pipe over all documents that need them,
-        with retrieval.entity_workers processes when there are many, so the workers parse ahead of encoding and SR."""
+        """The entities of each document in order, lazily. When many need them (at least two retrieval batches) and
+        retrieval.entity_workers > 1, the worker processes parse them ahead of encoding and SR; else this thread
+        parses them with one spaCy nlp.pipe."""
         missing = [d.text for d in docs if d.entities is None]
         found: Iterator[list[str]] = iter(())
         if missing:
-            extractor = self.extractor()
-            if len(missing) >= 2 * self.rcfg.batch_size and self.rcfg.entity_workers > 1:
-                extractor = copy.copy(extractor)
-                extractor.n_process = int(self.rcfg.entity_workers)
-            found = extractor.extract(missing)
+            workers = int(self.rcfg.entity_workers)
+            if len(missing) >= 2 * self.rcfg.batch_size and workers > 1:
+                found = self.workers().stream(missing, max(1, self.rcfg.batch_size // workers))
+            else:
+                found = self.extractor().extract(missing)
         return (d.entities if d.entities is not None else next(found) for d in docs)
 
     def candidates(self, entities: list[str], with_scores: bool = True

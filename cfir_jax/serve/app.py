@@ -165,6 +165,7 @@ def create_app(svc: Service) -> FastAPI:
         yield
         svc.stopping = True
         await asyncio.to_thread(svc.batcher.stop)
+        await asyncio.to_thread(svc.holder.close)
 
     app = FastAPI(title="cfir-jax", version="1", lifespan=lifespan,
                   description="CFIR retrieval over a resident index: POST /v1/search with a document's text.")

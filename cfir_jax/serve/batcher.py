@@ -1,8 +1,11 @@
 """The micro-batcher: requests that arrive together run as one batch through `Retriever.retrieve_many`, in one
 worker thread that alone drives the Retrievers (JAX and spaCy are not meant to be driven from many threads at once).
 
-The first waiting request opens a batch; others join it until `max_batch` documents or `max_wait_ms` have passed,
-then the batch runs (one spaCy stream, batched encoding, batched SR). The queue is bounded in documents: a request
+A batch takes every request that queued while the previous one ran, up to `max_batch` documents. When the previous
+batch had company (more than one document: requests are arriving together), the first request also waits up to
+`max_wait_ms` for others to join it; a lone request (concurrency 1) runs at once, so batching costs it nothing. A
+batch's documents are parsed for entities by the index's `EntityPool` (every core) when it has one, then run as
+one batch through the Retriever (batched encoding, batched SR). The queue is bounded in documents: a request
 that would overflow it is refused at once (the service answers 503 with Retry-After) rather than waiting without
 bound. A request past its deadline, or whose client went away, is dropped before its batch runs. Each answer is the
 JSON `retrieve.py --format json` prints, rendered in the worker thread (captions are read from the corpus there).
@@ -72,6 +75,7 @@ class MicroBatcher:
         self._cv = threading.Condition()
         self._stopping = False
         self._image_rows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per Retriever: image id -> row
+        self._last_size = 0  # documents in the previous batch: > 1 means requests arrive together, worth waiting for
         self._thread = threading.Thread(target=self._run, name="cfir-retrieval", daemon=True)
         self._thread.start()
 
@@ -106,7 +110,7 @@ class MicroBatcher:
                 self._cv.wait()
             batch = [self._queue.popleft()]
             size = len(batch[0].docs)
-            close_at = time.monotonic() + self.max_wait
+            close_at = time.monotonic() + (self.max_wait if self._last_size > 1 else 0.0)
             while size < self.max_batch:
                 if self._queue:
                     if size + len(self._queue[0].docs) > self.max_batch:
@@ -119,6 +123,7 @@ class MicroBatcher:
                     break
                 self._cv.wait(left)
             self._waiting_docs -= size
+            self._last_size = size
             self.metrics.queue_depth.set(self._waiting_docs)
             return batch
 
@@ -144,12 +149,15 @@ class MicroBatcher:
         docs = [d for j in jobs for d in j.docs]
         self.metrics.batch_docs.observe(len(docs))
         try:
+            docs, entity_ms = _with_entities(index.entity_pool, retriever, docs)
             results = retriever.retrieve_many(docs)
             at = 0
             for job in jobs:
                 mine = results[at : at + len(job.docs)]
                 at += len(job.docs)
                 for result in mine:
+                    if entity_ms:  # parsed by the pool: its wall time per document, as retrieve_many reports its own
+                        result.times_ms["entities"] = result.times_ms.get("entities", 0.0) + entity_ms
                     self.metrics.observe_stages(result.times_ms)
                 if job.html:
                     job.settle(self._gallery(retriever, job.docs[0], mine[0], job.top_k))
@@ -159,7 +167,6 @@ class MicroBatcher:
         except Exception as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none hangs
             for job in jobs:
                 job.settle(error=e)
-
 
     def _gallery(self, retriever, doc: DocumentInput, result, top: int) -> str:
         """The HTML report's gallery (`retrieve.py --html`) of one result, the images inline from the corpus."""
@@ -172,3 +179,18 @@ class MicroBatcher:
             return corpus.image(rows[image_id]).image if image_id in rows else b""
 
         return report.html_page(doc.doc_id, result, retriever.describe_image, image_bytes, top)
+
+
+def _with_entities(pool, retriever, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:
+    """The documents with their entities parsed by the pool (in parallel) when there is one, the method reads
+    entities and at least two documents need them; else unchanged (the Retriever parses them in this thread).
+    Also the pool's wall time per document in ms (0 when unused)."""
+    missing = [i for i, d in enumerate(docs) if d.entities is None]
+    if pool is None or retriever.entities is None or len(missing) < 2:
+        return docs, 0.0
+    t0 = time.perf_counter()
+    found = pool.entities([docs[i].text for i in missing])
+    docs = list(docs)
+    for i, entities in zip(missing, found):
+        docs[i] = dataclasses.replace(docs[i], entities=entities)
+    return docs, 1e3 * (time.perf_counter() - t0) / len(missing)

@@ -148,6 +148,7 @@ class LoadedIndex:
     loaded_at: float  # time.time()
     load_seconds: float
     max_top_k: int  # retrieval.top_k: the most hits a Retriever keeps
+    entity_pool: object | None = None  # EntityPool parsing batches on every core (serve.entity_workers), or None
 
     def describe(self) -> dict:
         return {"workdir": self.workdir, "fingerprint": self.fingerprint, "methods": list(self.retrievers),
@@ -181,8 +182,14 @@ class IndexHolder:
         self.methods, self.max_batch = tuple(methods), max_batch
         config = config if config is not None else load_config(workdir, config_spec, overrides)
         self.current = load_index(workdir, config, self.methods, max_batch)
+        self.current.entity_pool = entity_pool_for(config, self.current, None)
         self.last_reload: dict | None = None  # {"ok": bool, "at": ..., "error"/"fingerprint": ...}
         self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stops the entity workers (after the batcher has drained)."""
+        if self.current.entity_pool is not None:
+            self.current.entity_pool.close()
 
     @property
     def reloading(self) -> bool:
@@ -202,7 +209,10 @@ class IndexHolder:
                                     if fresh.family[k] != self.current.family[k])
                 raise CfirError(f"{self.workdir}: the new index's model is of another family ({changed}); restart "
                                 "the service to serve it")
+            fresh.entity_pool = entity_pool_for(config, fresh, self.current.entity_pool)
             old, self.current = self.current, fresh  # one reference swap: the next batch reads the new index
+            if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:
+                old.entity_pool.close()  # after the batch in flight on the old index has its entities
         except Exception as e:  # noqa: BLE001 - whatever failed, the old index keeps serving
             reason = str(e).splitlines()[0] if isinstance(e, CfirError) else f"{type(e).__name__}: {e}"
             self.last_reload = {"ok": False, "at": at, "error": reason}
@@ -217,3 +227,18 @@ class IndexHolder:
         log.warning("reloaded %s: index %s -> %s in %.1f s", self.workdir, old.fingerprint, fresh.fingerprint,
                     fresh.load_seconds)
         return fresh
+
+
+def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
+    """The EntityPool an index's batches use: `old` when it parses the same way (spaCy model, labels), a new one of
+    serve.entity_workers processes otherwise; None when workers < 2 or no served method reads entities."""
+    workers = int(config.serve.get("entity_workers", 0))
+    if workers < 2 or all(r.entities is None for r in index.retrievers.values()):
+        return None
+    from cfir_jax.index.entities import EntityPool
+
+    e = config.index.entities
+    labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
+    if old is not None and old.key == (e.spacy_model, labels) and old.workers == workers:
+        return old
+    return EntityPool(e.spacy_model, labels, workers)

@@ -7,8 +7,9 @@ interface): `next(batches)` gives this process's rows {"pixels" uint8 [b, S, S, 
 counts unreadable images. The documents' tokens (`ids`, `mask` [documents, L]) are indexed by "doc_rows".
 Unlike the text trainer, whose data order is a function of the step, the order here is the pipeline's own (grain's
 shuffling, augmentation draws), so its state is saved as the checkpoint's "data" item. Orbax writes that JSON item
-from process 0: on several hosts the pipeline's state must be the same on every process (its global position), which
-is not tested yet. Not wired into train.py yet (nor the export of the trained model and its image cache).
+from process 0; PairBatches resumes any process from process 0's state (tests/test_image_pipeline.py), but a
+multi-process Full run is not tested yet. Not wired into train.py yet (nor the export of the trained model and its
+image cache).
 """
 
 from __future__ import annotations

@@ -1,0 +1,54 @@
+"""Encoded image bytes -> an RGB PIL image (and its eval resize): the one decoder the image cache's eval preprocessing
+(`cfir_jax.model.preprocess`) and the training input pipeline (`cfir_jax.data.image_pipeline`) share.
+
+It sits in the data floor because both stages stand on it: the pipeline crops the decoded image before resizing it,
+the eval transform resizes it whole, and both must agree on what counts as an unusable image.
+"""
+
+from __future__ import annotations
+
+import io
+import struct
+import warnings
+
+import numpy as np
+from PIL import Image as PILImage
+
+from cfir_jax.errors import CfirError
+
+
+class ImageDecodeError(CfirError):
+    """The bytes of one image are empty, corrupt, or not an image PIL can read; callers skip such images."""
+
+
+def decode_rgb(data: bytes) -> PILImage.Image:
+    """Encoded image bytes (WebP, JPEG, PNG, ...) -> a fully decoded RGB PIL image (alpha dropped, palettes expanded).
+
+    Raises ImageDecodeError with a short reason for empty or undecodable bytes (and for decompression bombs, which
+    PIL refuses). The pixels are decoded here, inside the error handling, so later crops and resizes cannot fail.
+    """
+    if not data:
+        raise ImageDecodeError("empty image bytes")
+    try:
+        with warnings.catch_warnings():
+            # A DecompressionBombWarning (between 1x and 2x PIL's pixel limit) is still decodable; only the error
+            # above 2x is a failure.
+            warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
+            with PILImage.open(io.BytesIO(data)) as im:
+                # `convert` loads the pixels: an image truncated mid-stream fails here, inside the try.
+                return im.convert("RGB")
+    except PILImage.DecompressionBombError:
+        raise ImageDecodeError("image too large (PIL decompression bomb limit)") from None
+    except PILImage.UnidentifiedImageError:
+        raise ImageDecodeError("not a recognised image format") from None
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError) as e:
+        # Past the header, PIL signals bad data with OSError("image file is truncated"), and its format plugins
+        # let ValueError, SyntaxError, struct.error, IndexError, ... escape on malformed headers or EXIF/ICC
+        # blocks; to a caller they all mean "these bytes are not a usable image".
+        first = str(e).splitlines()[0] if str(e) else ""
+        raise ImageDecodeError(f"cannot decode image ({e.__class__.__name__}: {first[:80]})") from None
+
+
+def resize_pixels(rgb: PILImage.Image, size: int) -> np.ndarray:
+    """The eval transform's geometry: a bicubic resize to (size, size), no crop, no aspect kept -> uint8 [S, S, 3]."""
+    return np.asarray(rgb.resize((size, size), PILImage.BICUBIC), dtype=np.uint8)
