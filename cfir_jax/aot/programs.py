@@ -68,21 +68,30 @@ def _unlocked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
+def _train_setup(config, topology: Topology, global_batch: int | None, kind: str):
+    """(the config at `global_batch`, unlocked, and its train Setup on the topology's devices), or None when the
+    config trains the other tower kind ("text": the language expert on cached images; "dual": Full)."""
+    from cfir_jax.train.state import make_setup, tower_kind
+
+    if tower_kind(config) != kind:
+        return None
+    config = _unlocked(config)
+    if global_batch:
+        config.train.global_batch = int(global_batch)
+    return config, make_setup(config, total_steps=1000, devices=list(topology.devices), steps_per_epoch=100)
+
+
 @register("train", "train_step")
 def train_step(config, topology: Topology, global_batch: int | None = None) -> list[Program]:
     """The train step at the configured (or given) global batch over the whole slice, and the evaluation encoder."""
     from cfir_jax.train import partition
-    from cfir_jax.train.state import make_setup, tower_kind
     from cfir_jax.train.step import make_encoder, make_train_step
 
-    if tower_kind(config) != "text":
+    if (prepared := _train_setup(config, topology, global_batch, "text")) is None:
         return []
-    config = _unlocked(config)
+    config, setup = prepared
     tcfg = config.train
-    if global_batch:
-        tcfg.global_batch = int(global_batch)
     b, length, dim = tcfg.global_batch, tcfg.max_text_len, config.model.embed_dim
-    setup = make_setup(config, total_steps=1000, devices=list(topology.devices), steps_per_epoch=100)
     mesh = setup.mesh
     bsh, rep = partition.batch_sharding(mesh), partition.replicated(mesh)
     batch = {"ids": jax.ShapeDtypeStruct((b, length), jnp.int32, sharding=bsh),
@@ -126,16 +135,12 @@ def train_full(config, topology: Topology, global_batch: int | None = None) -> l
     """The D-BEiT-3 Full step (both towers, images from uint8 pixels) at the configured (or given) global batch over
     the whole slice; only for configs with train.images='pixels' (configs/base.py:full, large.py:full)."""
     from cfir_jax.train.full_step import batch_shardings, make_full_step
-    from cfir_jax.train.state import make_setup, tower_kind
 
-    if tower_kind(config) != "dual":
+    if (prepared := _train_setup(config, topology, global_batch, "dual")) is None:
         return []
-    config = _unlocked(config)
+    config, setup = prepared
     tcfg = config.train
-    if global_batch:
-        tcfg.global_batch = int(global_batch)
     b, length, size = tcfg.global_batch, tcfg.max_text_len, config.model.image_size
-    setup = make_setup(config, total_steps=1000, devices=list(topology.devices), steps_per_epoch=100)
     mesh = setup.mesh
     sh = batch_shardings(mesh)
     batch = {"pixels": jax.ShapeDtypeStruct((b, size, size, 3), jnp.uint8, sharding=sh["pixels"]),
