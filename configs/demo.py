@@ -21,7 +21,6 @@ Expected (default size): CFIR well above dense document and summary search on th
 
 from configs.base import experiment
 
-
 VARIANTS = ("", "tiny", "full", "tiny,full")
 
 
