@@ -51,8 +51,8 @@ def get_config(arg=None):
                      num_steps=20 if tiny else 300, lr=1e-3, warmup_steps=5 if tiny else 30, layer_decay=1.0,
                      log_every=10, eval_every=10 if tiny else 100, checkpoint_every=10 if tiny else 100, eval_batch=128)
     if full:  # D-BEiT-3 Full at CPU scale: both towers from 64 px pictures and the documents' text, from the seed
-        cfg.model.update(image_size=64, remat=False)
-        cfg.train.update(text="document", init_model="", global_batch=32 if tiny else 64, num_steps=6 if tiny else 300,
+        cfg.model.update(image_size=32 if tiny else 64, remat=False)
+        cfg.train.update(text="document", init_model="", global_batch=16 if tiny else 64, num_steps=4 if tiny else 300,
                          lr=6e-4, warmup_steps=2 if tiny else 30, log_every=2 if tiny else 30,
                          checkpoint_every=2 if tiny else 100)
     cfg.retrieval.update(top_k=100 if tiny else 1000)

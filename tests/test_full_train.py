@@ -18,6 +18,24 @@ ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/demo.py:tiny,full"
 
 
+@pytest.fixture(scope="module", autouse=True)
+def compile_cache(tmp_path_factory):
+    """One persistent XLA compilation cache for this module's runs (each run jits the same programs anew; compiling
+    them is most of a tiny run's time), in-process and in train.py's subprocesses; the session's setting restored."""
+    from jax.experimental.compilation_cache import compilation_cache
+
+    path = str(tmp_path_factory.mktemp("xla_cache"))
+    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
+    before = {k: getattr(jax.config, k) for k in keys}
+    jax.config.update(keys[0], path)
+    jax.config.update(keys[1], 0)
+    compilation_cache.reset_cache()
+    yield {"JAX_COMPILATION_CACHE_DIR": path, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    for k, v in before.items():
+        jax.config.update(k, v)
+    compilation_cache.reset_cache()
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
     """A workdir holding only W/corpus: the tiny synthetic world as index.py's first stage writes it."""
@@ -35,8 +53,8 @@ def _workdir(world: Path, tmp_path: Path, name: str) -> Path:
     return w
 
 
-def _train_py(workdir: Path) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+def _train_py(workdir: Path, cache: dict) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **cache)
     return subprocess.run([sys.executable, "train.py", "--config", CONFIG, "--workdir", str(workdir)], cwd=ROOT,
                           env=env, capture_output=True, text=True, timeout=600)
 
@@ -55,14 +73,14 @@ def _params(model_dir: Path) -> dict:
             jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]}
 
 
-def test_train_py_trains_both_towers_of_the_full_model_and_exports_it_beside_cfirs(world, tmp_path):
+def test_train_py_trains_both_towers_of_the_full_model_and_exports_it_beside_cfirs(world, tmp_path, compile_cache):
     w = _workdir(world, tmp_path, "w")
-    out = _train_py(w)
+    out = _train_py(w, compile_cache)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("final: ") and "skipped_images=0" in out.stdout and "Traceback" not in out.stderr
     run = w / "train_full"
-    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [2, 4, 6]
-    assert json.loads((run / "timing.jsonl").read_text().splitlines()[0])["steps_per_epoch"] == 1  # 42 pairs / 32
+    assert [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()] == [2, 4]
+    assert json.loads((run / "timing.jsonl").read_text().splitlines()[0])["steps_per_epoch"] == 2  # 42 pairs / 16
     assert not (w / "train").exists() and not (w / "model").exists()  # never mixed with CFIR's run and model
     manifest = checkpoint.read_model_manifest(w / "model_full")
     assert manifest["trained"] == "full" and manifest["train_images"] == "pixels"
@@ -74,8 +92,8 @@ def test_train_py_trains_both_towers_of_the_full_model_and_exports_it_beside_cfi
         assert manifest[f"{tower}_fingerprint"] == checkpoint.fingerprint(_loaded(w), tower)
         assert manifest[f"{tower}_fingerprint"] != checkpoint.fingerprint(initial, tower), tower
     # A rerun has nothing left to do and keeps the model.
-    again = _train_py(w)
-    assert again.returncode == 0 and "already trained to step 6" in again.stdout, again.stderr[-3000:]
+    again = _train_py(w, compile_cache)
+    assert again.returncode == 0 and "already trained to step 4" in again.stdout, again.stderr[-3000:]
     assert checkpoint.read_model_manifest(w / "model_full")["created"] == manifest["created"]
 
 
@@ -106,7 +124,7 @@ def test_interrupted_full_run_resumes_to_the_uninterrupted_model(world, tmp_path
     assert not (resumed_dir / "model_full").exists()
     monkeypatch.setattr(PairBatches, "__next__", serve)
     resumed = run_full(cfg, resumed_dir, progress=False)
-    assert straight.start_step == 0 and resumed.start_step == 2 and resumed.num_steps == 6
+    assert straight.start_step == 0 and resumed.start_step == 2 and resumed.num_steps == 4
     a, b = _params(tmp_path / "straight" / "model_full"), _params(resumed_dir / "model_full")
     assert a.keys() == b.keys()
     for k in a:
@@ -116,12 +134,12 @@ def test_interrupted_full_run_resumes_to_the_uninterrupted_model(world, tmp_path
         (resumed_dir / "train_full" / "metrics.jsonl").read_text()
 
 
-def test_a_second_writer_of_the_workdir_is_refused_in_one_line(world, tmp_path):
+def test_a_second_writer_of_the_workdir_is_refused_in_one_line(world, tmp_path, compile_cache):
     from cfir_jax import workdir_lock
 
     w = _workdir(world, tmp_path, "w")
     with workdir_lock.hold(w, command="first writer"):
-        out = _train_py(w)
+        out = _train_py(w, compile_cache)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "another writer is running" in out.stderr and "first writer" in out.stderr
     assert not (w / "train_full").exists() and not (w / "model_full").exists()
