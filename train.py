@@ -2,11 +2,12 @@
 
     python train.py --config configs/large.py --workdir W --config.init_model=...   # see README for GPU/TPU
     python train.py --config configs/demo.py --workdir demo_work
+    python train.py --config configs/demo.py:full --workdir demo_work       # D-BEiT-3 Full: both towers, pixels
     python train.py --config configs/large.py --compile-only --topology v5p:4x4x4   # TPU programs, no TPU needed
 """
 
 from cfir_jax import cli
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.errors import cli_main
 
 
 @cli_main
@@ -16,15 +17,25 @@ def main():
         from cfir_jax.aot.compile import compile_command
 
         return compile_command("train", config, args.topology)
-    if config.train.get("images", "cache") == "pixels":
-        # The Full step and its program exist (cfir_jax/train/full_step.py); its loop with the image pipeline not yet.
-        raise CfirError("train.images='pixels' (D-BEiT-3 Full): training it with train.py is not wired yet "
-                        "(issue 22); --compile-only --topology T compiles its step")
     cli.maybe_initialize_distributed()
     from cfir_jax import workdir_lock
 
     with workdir_lock.hold(args.workdir):  # one writer per workdir (process 0 of a job holds it)
-        _train(args, config)
+        if config.train.get("images", "cache") == "pixels":
+            _train_full(args, config)
+        else:
+            _train(args, config)
+
+
+def _train_full(args, config):
+    """D-BEiT-3 Full (train.images='pixels'): both towers from the corpus' pixels, in W/train_full -> W/model_full."""
+    from cfir_jax.train.full_run import run_full
+
+    result = run_full(config, args.workdir)
+    if result.already_trained:
+        print(f"train: already trained to step {result.start_step} ({args.workdir}/train_full/checkpoints); "
+              "nothing to do")
+    print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())))
 
 
 def _train(args, config):

@@ -120,6 +120,9 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             # the accelerators) or 'pixels' (D-BEiT-3 Full: the whole model, each batch's images encoded by the
             # vision expert in the step; cfir_jax/train/full_step.py).
             images="cache",
+            # images='pixels': grain worker processes decoding and augmenting the pictures (0: in the training
+            # process; the batches are the same for any count, cfir_jax/data/image_pipeline.py).
+            image_workers=0,
             # The document fields of text='document' (cfir_jax.data.corpus.document_text): a tuple of AToMiC's text
             # fields in order, or 'all' (the whole assembled text).
             document_fields=_experiment(object),

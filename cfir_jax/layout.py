@@ -17,6 +17,8 @@
     W/model/           the trained model (vision tower of the encoder + trained language expert)
     W/train_document/  training run of the document baseline (train.py --config.train.text=document)
     W/model_document/  the document baseline's model (the paper's "document only" row, Table 3)
+    W/train_full/      training run of D-BEiT-3 Full (train.images="pixels"; cfir_jax/train/full_run.py)
+    W/model_full/      the Full model (both towers trained; its manifest says trained="full")
 """
 
 from __future__ import annotations

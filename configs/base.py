@@ -53,9 +53,10 @@ changes, and only changes:
   - model.remat: True (both towers' layers rematerialised: activations of 197 image + 64 text tokens)
   - model.dtype: "bfloat16" (compute; parameters and Adam moments stay float32)
 
-with the recipe above (the paper trains its baselines with it). Its command will be
-`python train.py --config configs/base.py:full --workdir W` once train.py runs the Full loop with the image
-pipeline (issue 22); today train.py compiles it (`--compile-only`, README's table) and refuses to train it.
+with the recipe above (the paper trains its baselines with it). Its command is
+`python train.py --config configs/base.py:full --workdir W --config.train.init_model=BEIT3_DIR` (issue 22): it
+trains in W/train_full from W/corpus's pixels and exports the whole model to W/model_full (README, "D-BEiT-3
+Full"); `--compile-only --topology T` compiles its step.
 
 Only the language expert is trained (CFIR): the one rule in `train.trainable`. Besides the recipe this file sets every
 other experiment choice (index: AToMiC base, K = 10,000, BART-large-CNN summaries; retrieval: top 1000, exact SR for

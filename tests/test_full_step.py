@@ -261,19 +261,3 @@ def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(world
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert straight.metrics == resumed.metrics and straight.metrics["skipped_images"] == whole.skipped
-
-
-def test_train_py_refuses_a_full_config_in_one_line_until_its_loop_is_wired(tmp_path):
-    root = Path(__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root), JAX_PLATFORMS="cpu")
-    out = subprocess.run(
-        [sys.executable, "train.py", "--config", "configs/base.py:full,runlocal", "--workdir", str(tmp_path / "w")],
-        cwd=root,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-2000:]
-    assert "not wired yet" in out.stderr and "--compile-only" in out.stderr
-    assert not (tmp_path / "w").exists()  # nothing written

@@ -8,8 +8,8 @@ counts unreadable images. The documents' tokens (`ids`, `mask` [documents, L]) a
 Unlike the text trainer, whose data order is a function of the step, the order here is the pipeline's own (grain's
 shuffling, augmentation draws), so its state is saved as the checkpoint's "data" item. Orbax writes that JSON item
 from process 0; PairBatches resumes any process from process 0's state (tests/test_image_pipeline.py), but a
-multi-process Full run is not tested yet. Not wired into train.py yet (nor the export of the trained model and its
-image cache).
+multi-process Full run is not tested yet. `cfir_jax.train.full_run.run_full` builds its inputs from a workdir
+(train.py) and exports the trained model; the image cache of a trained tower is not built yet.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 import os
 import sys
+import time
 from pathlib import Path
 
 import jax
@@ -25,6 +26,7 @@ import numpy as np
 
 from cfir_jax.atomic_write import write_json_atomic
 from cfir_jax.errors import CfirError
+from cfir_jax.eval import train_time
 from cfir_jax.train.full_step import global_full_batch, make_full_step
 from cfir_jax.train.monitor import MetricsLog, _Preemption
 from cfir_jax.train.state import init_state, make_setup
@@ -39,6 +41,11 @@ def _num_steps(tcfg, steps_per_epoch: int | None) -> int:
     return int(math.ceil(tcfg.num_epochs * steps_per_epoch))
 
 
+def batches_per_epoch(batches) -> int:
+    """The pipeline's global batches per epoch (PairBatches.steps_per_epoch; 1 for a source that has no epochs)."""
+    return int(getattr(batches, "steps_per_epoch", 1) or 1)
+
+
 def train_full(
     config: ml_collections.ConfigDict,
     workdir: str | os.PathLike,
@@ -47,8 +54,10 @@ def train_full(
     mask: np.ndarray,
     steps_per_epoch: int | None = None,
     devices=None,
+    progress: bool | None = None,
 ) -> TrainResult:
-    """Runs (or resumes, from the workdir's latest checkpoint: train state and pipeline position) Full training."""
+    """Runs (or resumes, from the workdir's latest checkpoint: train state and pipeline position) Full training;
+    like the text trainer it shows a progress bar (process 0) and times its segments in timing.jsonl."""
     import orbax.checkpoint as ocp
 
     tcfg = config.train
@@ -95,25 +104,40 @@ def train_full(
             force=force,
         )
 
+    from cfir_jax.progress import bar as progress_bar
+    from cfir_jax.progress import shown
+
+    show = (progress if progress is not None else shown()) and jax.process_index() == 0
+    bar = progress_bar(total=steps, initial=start, show=show, unit="step", desc="train full")
+    hardware = train_time.hardware_label(list(setup.mesh.devices.flat))
+    timer = train_time.SegmentTimer(workdir, start, hardware, steps_per_epoch or batches_per_epoch(batches),
+                                    jax.process_index() == 0 and start < steps)
     last: dict[str, float] = log.last() if start >= steps else {}
+    t0, seen = time.time(), 0
     with _Preemption(manager) as preempt:
         for step in range(start, steps):
             state, metrics = step_fn(state, frozen, global_full_batch(next(batches), ids, mask, setup.mesh))
+            seen += tcfg.global_batch
             done = step + 1
             if done % tcfg.log_every == 0 or done == steps:
                 last = {k: float(v) for k, v in jax.device_get(metrics).items()} | {"skipped_images": batches.skipped}
                 if not math.isfinite(last["loss"]):
                     raise FloatingPointError(f"non-finite loss {last['loss']} at step {done}")
                 log.write(done, last)
+                timer.log(done)
+                bar.set_postfix(loss=f"{last['loss']:.4f}", images_s=f"{seen / max(time.time() - t0, 1e-9):.1f}")
+            bar.update(1)
             preempted = preempt.reached(done)
             if preempted or done % tcfg.checkpoint_every == 0 or done == steps:
                 save(done, force=preempted)
             if preempted:
                 manager.close()
                 log.close()
+                bar.close()
                 print(f"preemption (SIGTERM): saved checkpoint at step {done}, exiting", file=sys.stderr)
                 sys.exit(0)
     manager.wait_until_finished()
     manager.close()
+    bar.close()
     log.close()
     return TrainResult(last, state["params"], frozen, start, steps)

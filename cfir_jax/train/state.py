@@ -157,8 +157,9 @@ def _nest(flat: dict[str, Any]) -> dict:
     return out
 
 
-def export_model(config, setup: Setup, params, frozen, out_dir: Path, vision_from: str) -> None:
-    """Writes the full model (vision tower from `vision_from`, trained text tower) as a model directory."""
+def export_model(config, setup: Setup | None, params, frozen, out_dir: Path, vision_from: str, **manifest) -> None:
+    """Writes the full model (vision tower from `vision_from`, trained text tower; a Full run's params and frozen
+    cover both towers) as a model directory; `manifest`: extra manifest fields."""
     from cfir_jax.model import checkpoint
 
     gather = (functools.partial(jax.experimental.multihost_utils.process_allgather, tiled=True)
@@ -181,4 +182,4 @@ def export_model(config, setup: Setup, params, frozen, out_dir: Path, vision_fro
         trained_from = vision_from if vision_from == "scratch" else Layout(out_dir.parent.parent.absolute()
                                                                            ).portable(vision_from)
         checkpoint.save_model(model, out_dir, trained_from=trained_from, train_text=config.train.text,
-                              train_max_text_len=config.train.max_text_len)
+                              train_max_text_len=config.train.max_text_len, **manifest)

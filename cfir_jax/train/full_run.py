@@ -1,0 +1,80 @@
+"""D-BEiT-3 Full from a workdir (train.py with `train.images="pixels"`): the train pairs of W/corpus, each pair's
+document text tokenised (`train.document_fields`, as the text path's document baseline), the image pipeline
+(`PairBatches`, this process's slice of every global batch), the loop (`full_trainer.train_full`) in its own run
+directory W/train_full, and the trained model exported whole (both towers) to W/model_full.
+
+The run starts from `train.init_model` (a model directory of the same size, e.g. converted BEiT-3 weights) or,
+when that is empty, from the seed; unlike the text trainer it never takes the index's encoder by itself, since on
+AToMiC that is the frozen tower this baseline is compared against (and on the demo world a model of other pixels).
+The exported manifest says `trained="full"`, `train_images="pixels"`.
+"""
+
+from __future__ import annotations
+
+import jax
+import ml_collections
+import numpy as np
+
+from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.data.corpus import Corpus, document_text
+from cfir_jax.errors import CfirError
+from cfir_jax.layout import Layout
+from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.train.trainer import TrainResult
+
+RUN_DIR, MODEL_DIR = "train_full", "model_full"
+
+
+def document_tokens(config: ml_collections.ConfigDict, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
+    """(ids int32, padding mask bool) [documents, train.max_text_len] of every document's `train.document_fields`
+    text, in corpus row order (the pipeline's doc_rows index them)."""
+    tcfg = config.train
+    if tcfg.text != "document":
+        raise CfirError(f"train.images='pixels' (D-BEiT-3 Full) trains on document text: train.text={tcfg.text!r} "
+                        "must be 'document'")
+    check_text_lengths(config, TRAIN_TEXT_LENGTHS, config.model.max_text_positions)
+    tokenizer = resolve_tokenizer(config, corpus)
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise CfirError(f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}")
+    fields = tcfg.get("document_fields")
+    texts = [document_text(corpus.document(i), fields) for i in range(corpus.num_documents)]
+    return tokenizer(texts, tcfg.max_text_len)
+
+
+def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None = None) -> TrainResult:
+    """Trains (or resumes) the Full model on W/corpus in W/train_full and exports it to W/model_full."""
+    from cfir_jax.atomic_write import replace_dir
+    from cfir_jax.data.image_pipeline import PairBatches, train_pairs
+    from cfir_jax.train.full_trainer import train_full
+
+    layout = Layout.of(workdir)
+    if not layout.corpus.is_dir():
+        raise CfirError(f"{layout.corpus}: no corpus; build it first with index.py --config CONFIG --workdir "
+                        f"{layout.root}")
+    corpus = Corpus.open(layout.corpus)
+    ids, mask = document_tokens(config, corpus)
+    tcfg = config.train
+    batches = PairBatches(corpus, train_pairs(corpus), global_batch=tcfg.global_batch,
+                          image_size=config.model.image_size, seed=tcfg.seed, process_index=jax.process_index(),
+                          process_count=jax.process_count(), workers=int(tcfg.get("image_workers", 0)))
+    run_dir = layout.root / RUN_DIR
+    try:
+        result = train_full(config, run_dir, batches, ids, mask, steps_per_epoch=batches.steps_per_epoch,
+                            progress=progress)
+    finally:
+        batches.close()
+    if not (layout.root / MODEL_DIR).is_dir() or not result.already_trained:
+        export_full(config, result, run_dir / "model")
+        if jax.process_index() == 0:
+            replace_dir(run_dir / "model", layout.root / MODEL_DIR)
+    return result
+
+
+def export_full(config: ml_collections.ConfigDict, result: TrainResult, out_dir) -> None:
+    """The whole trained DBeit3 (every parameter is in params or frozen) as a model directory, in the model-store
+    format of the text trainer's export, its manifest saying it is a Full model."""
+    from cfir_jax.train.state import export_model
+
+    init = config.train.init_model or "scratch"
+    export_model(config, None, result.params, result.frozen, out_dir, init,
+                 trained="full", train_images="pixels", train_document_fields=list(config.train.document_fields))
