@@ -113,13 +113,15 @@ def main():
 
         print(summary(fit_reranker(config, args.index), args.index))
     elif args.evaluate:
-        from cfir_jax.eval.comparison import comparison_rows, k_rows, single_row
+        from cfir_jax.eval.comparison import comparison_rows, full_row_note, k_rows, single_row
         from cfir_jax.retrieve.evaluation import check_k_rows, evaluate
 
         if args.compare_k:
             rows = check_k_rows(args.index, k_rows(args.compare_k))
         else:
             rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
+            if args.compare and full_row_note(args.index):
+                print(f"note: {full_row_note(args.index)}", file=sys.stderr)
         evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top,
                  measures=measures)
     else:

@@ -277,6 +277,12 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # Candidates per entity read from the index (a query-time cut of its best-first lists, Table 4's K);
             # 0: as built (index.entity_index.k). Above the built K is refused.
             k=0,
+            # The model that scores queries: '' (the text-trained W/model, W/model_document for document text, else
+            # the index encoder) or 'full' (D-BEiT-3 Full, W/model_full: both towers trained).
+            model="",
+            # The image cache it searches: '' (its own tower's: W/image_cache_full for 'full', else W/image_cache) or
+            # a store directory (in W, or a path). A cache built by another vision tower is refused in one line.
+            image_cache="",
             text=_experiment(str),  # the query text scored in SR: 'summary' (CFIR) or 'document'
             # The document fields a document embedding reads (the document-only and entities + document rows):
             # as train.document_fields; None (configs written before it existed) is 'all'.

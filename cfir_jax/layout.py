@@ -19,6 +19,7 @@
     W/model_document/  the document baseline's model (the paper's "document only" row, Table 3)
     W/train_full/      training run of D-BEiT-3 Full (train.images="pixels"; cfir_jax/train/full_run.py)
     W/model_full/      the Full model (both towers trained; its manifest says trained="full")
+    W/image_cache_full/  the image cache re-encoded by W/model_full's vision tower (index.py --stages image_cache_full)
 """
 
 from __future__ import annotations
@@ -110,4 +111,4 @@ def _recorded_root(info: dict) -> Path | None:
 
 STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "image_text",
           "entity_text_match", "sr_compact", "sr_compact_fused", "reranker", "train", "model", "train_document",
-          "model_document")
+          "model_document", "train_full", "model_full", "image_cache_full")

@@ -5,8 +5,10 @@ label the table prints. Table 3 of the CFIR paper (ablation, AToMiC base) comes 
 entity candidate union with the document's embedding instead of the summary's. The paper's rows stay the paper's
 whatever retrieval.fusion, entity_text_match and rerank say (`PAPER_SETTINGS`); the rows beyond the paper follow, each
 when its store exists: CFIR fused with the image text (W/image_text), with the entity text matches
-(W/entity_text_match), and re-ranked by the third stage (W/reranker). A row that varies one more setting (say Table
-4's K, `retrieval.k`) is one more line here.
+(W/entity_text_match), and re-ranked by the third stage (W/reranker). Last, D-BEiT-3 Full (the paper's
+whole-model fine-tuning, Tables 1-2): dense document search with W/model_full over the image cache its own vision
+tower encoded (W/image_cache_full); when either is missing, `full_row_note` says which command makes it. A row
+that varies one more setting (say Table 4's K, `retrieval.k`) is one more line here.
 """
 
 from __future__ import annotations
@@ -64,6 +66,10 @@ RERANK = Row("rerank", "cfir", {**NO_FUSION, **NO_TEXT_MATCH, "retrieval.rerank.
 FUSED_RERANK = Row("image_text_rerank", "cfir", {**NO_TEXT_MATCH, "retrieval.rerank.enabled": True},
                    "CFIR + image text + re-rank")
 
+# Beside document only (the frozen vision tower) and CFIR: both towers trained, the document at its training length.
+FULL = Row("full", "dense_document", {**PAPER_SETTINGS, "retrieval.model": "full", "retrieval.image_cache": ""},
+           "D-BEiT-3 Full")
+
 
 def k_rows(ks) -> tuple[Row, ...]:
     """Table 4 of the paper (full CFIR at each K of `ks`, ascending) from one index: each row reads the entity index
@@ -103,4 +109,20 @@ def comparison_rows(config: ml_collections.ConfigDict, workdir) -> tuple[Row, ..
         rows += (RERANK,)
         if fusion != (1.0, 0.0):
             rows += (FUSED_RERANK,)
+    if not full_row_note(workdir):
+        rows += (FULL,)
     return rows
+
+
+def full_row_note(workdir) -> str:
+    """'' when the D-BEiT-3 Full row can run (W/model_full and W/image_cache_full exist), else the line saying
+    which command makes what it lacks."""
+    layout = Layout.of(workdir)
+    if not (layout.model_full / "manifest.json").is_file():
+        return (f"D-BEiT-3 Full: no row, {layout.model_full} is not trained; make it with: python train.py --config "
+                f"CONFIG:full --workdir {layout.root}, then python index.py --config CONFIG --workdir "
+                f"{layout.root} --stages image_cache_full")
+    if not (layout.image_cache_full / "manifest.json").is_file():
+        return (f"D-BEiT-3 Full: no row, {layout.image_cache_full} is not built; make it with: python index.py "
+                f"--config CONFIG --workdir {layout.root} --stages image_cache_full")
+    return ""

@@ -3,6 +3,8 @@
 Stages (each writes one directory of the workdir layout, see cfir_jax.layout):
   corpus        AToMiC parquet files -> the corpus format (tfds array_record, read with grain); or a synthetic world
   image_cache   every image encoded once by the frozen vision tower (or precomputed embeddings imported)
+  image_cache_full  the same images re-encoded by the D-BEiT-3 Full model's trained vision tower (W/model_full, made
+                by train.py with a :full config) into W/image_cache_full; built when W/model_full exists
   encoder       synthetic worlds only: the text tower trained on captions, standing in for BEiT-3's itc weights
   entities      spaCy NER over every document
   summaries     BART-large-CNN (or extractive) summary of every document
@@ -57,8 +59,8 @@ from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
 from cfir_jax.index.summarizer import make_summarizer
 from cfir_jax.layout import Layout
 
-STAGES = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
-          "entity_text_match")
+STAGES = ("corpus", "image_cache", "image_cache_full", "encoder", "entities", "summaries", "entity_index",
+          "image_text", "entity_text_match")
 
 
 # ---------------------------------------------------------------------------------------------------------- stages
@@ -106,6 +108,32 @@ def build_image_cache(config, layout: Layout, corpus):
         return build(layout.image_cache, corpus, precomputed=ic.precomputed, dtype=ic.dtype)
     model = load_encoder(config, layout)
     return build(layout.image_cache, corpus, model, batch_size=ic.batch_size, shard_size=ic.shard_size,
+                 dtype=ic.dtype, compute_dtype=ic.compute_dtype)
+
+
+def full_cache_wanted(layout: Layout, stages: tuple[str, ...]) -> bool:
+    """Whether this run builds W/image_cache_full: when W/model_full exists; named in --stages without it, one line
+    naming the command that trains it."""
+    if "image_cache_full" not in stages:
+        return False
+    if (layout.model_full / "manifest.json").is_file():
+        return True
+    if stages != STAGES:
+        raise CfirError(f"{layout.model_full}: no Full model to re-encode the images with; train it first: python "
+                        f"train.py --config CONFIG:full --workdir {layout.root}")
+    return False
+
+
+def build_image_cache_full(config, layout: Layout, corpus):
+    """W/image_cache_full: every image encoded by the Full model's own vision tower (the image cache's format and
+    checks; its manifest records that tower's vision fingerprint). The model keeps its own sizes (a :full config may
+    train at another image size than the index config's)."""
+    from cfir_jax.index.image_encoding import build_image_cache as build
+    from cfir_jax.model import checkpoint
+
+    ic = config.index.image_cache
+    model = checkpoint.load_model(layout.model_full)
+    return build(layout.image_cache_full, corpus, model, batch_size=ic.batch_size, shard_size=ic.shard_size,
                  dtype=ic.dtype, compute_dtype=ic.compute_dtype)
 
 
@@ -309,6 +337,10 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     if cache.dim != config.model.embed_dim:
         raise CfirError(f"{layout.image_cache}: embeddings have dim {cache.dim} but model.embed_dim is "
                         f"{config.model.embed_dim}")
+    if full_cache_wanted(layout, stages):
+        run("image_cache_full", lambda: build_image_cache_full(config, layout, corpus),
+            lambda c: f"{c.num_images:,} x {c.dim} {c.dtype} by W/model_full's vision tower",
+            layout.image_cache_full)
     if "encoder" in stages:
         run("encoder", lambda: pretrain_encoder(config, layout), str, encoder_dir(config, layout) or layout.encoder)
     entities = run("entities", lambda: build_entities(config, layout, corpus) if "entities" in stages else None,

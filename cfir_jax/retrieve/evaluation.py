@@ -63,7 +63,9 @@ def train_time_of(retriever: Retriever) -> str:
     stores = retriever.stores
     if retriever.method == "entity_only" or stores.untrained:
         return "-"
-    t = train_time(retriever.layout.train_document if stores.document_model else retriever.layout.train)
+    layout = retriever.layout
+    t = train_time(layout.train_full if stores.full else layout.train_document if stores.document_model
+                   else layout.train)
     return t.label() if t is not None else "not logged"
 
 

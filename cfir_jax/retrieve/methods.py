@@ -46,12 +46,20 @@ class Method:
 
     def model_label(self, stores) -> str:
         """Which model scored this method's queries (the --compare table)."""
-        kind = "untrained index encoder" if stores.untrained else f"{stores.trained_text}-trained"
-        return f"{kind}, {self.rcfg.max_text_len} tokens"
+        return f"{model_kind(stores)}, {self.rcfg.max_text_len} tokens"
 
     def rank(self, retriever, query: np.ndarray | None, lists: list[np.ndarray], used: list[str]
              ) -> tuple[Ranked | None, str]:
         raise NotImplementedError
+
+
+def model_kind(stores) -> str:
+    """'untrained index encoder', 'summary-trained', 'document-trained', or the Full model over its own cache."""
+    if stores.untrained:
+        return "untrained index encoder"
+    if stores.full:
+        return f"Full (both towers {stores.trained_text}-trained), {stores.cache.path.name}"
+    return f"{stores.trained_text}-trained"
 
 
 class Cfir(Method):
@@ -83,8 +91,7 @@ class DenseDocument(Method):
         stores.doc_encoder.encode(["warm up"])
 
     def model_label(self, stores) -> str:
-        kind = "untrained index encoder" if stores.untrained else f"{stores.trained_text}-trained"
-        return f"{kind}, {stores.doc_encoder.max_len} tokens"
+        return f"{model_kind(stores)}, {stores.doc_encoder.max_len} tokens"
 
     def rank(self, retriever, query, lists, used):
         return retriever.sr.full_search(query, self.rcfg.top_k), ""

@@ -34,6 +34,7 @@ class Stores:
     query_encoder: Any  # TextEncoder at retrieval.max_text_len
     doc_encoder: Any  # TextEncoder of whole documents (dense_document)
     document_model: bool  # the document-trained model (train.text=document) encodes the documents
+    full: bool  # D-BEiT-3 Full (W/model_full, retrieval.model="full") scores the queries over its own image cache
     untrained: bool  # no trained model: the index encoder scores queries
     trained_text: str  # what the model was trained on: "summary" or "document"
     entity_index: Any = None  # EntityIndex (cfir, entity_only)
@@ -68,23 +69,16 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
         raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
     index_info = read_index_json(layout)
     corpus = Corpus.open(layout.corpus)
-    model_dir = layout.model if (layout.model / "manifest.json").is_file() else None
-    # The document baseline of the paper (Table 3): a model trained on documents at 64 tokens, when train.py
-    # made one (train.text=document); every method that encodes the document uses it.
-    document_model = (layout.model_document / "manifest.json").is_file() and reads_document
-    if document_model:
-        model_dir = layout.model_document
     encoder_dir = layout.recorded_path(index_info, "encoder")
-    untrained = model_dir is None
-    if untrained:
-        if encoder_dir is None:
-            raise CfirError(f"{layout.root}: no trained model (run train.py) and no index encoder")
-        model_dir = encoder_dir
-    model = checkpoint.load_model(model_dir, config.model)
+    full = _check_model_choice(config, layout)
+    model_dir, document_model, untrained = _model_dir(layout, encoder_dir, reads_document, full)
+    # A Full model keeps its own sizes (its :full config may train at another image size than the workdir's).
+    model = checkpoint.load_model(model_dir, None if full else config.model)
     check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS, model.config.max_text_positions)
     model_manifest = checkpoint.read_model_manifest(model_dir)
-    cache = _open_cache(layout, model, model_dir, model_manifest)
-    stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, untrained)
+    cache = _open_cache(config, layout, model, model_dir, model_manifest, full)
+    stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model or full, untrained)
+    stores.full, stores.document_model = full, document_model
     if entities:
         _open_entity_index(config, stores, encoder_dir)
     if text_match:
@@ -107,13 +101,53 @@ def open_image_text(stores: Stores):
                                expect_cache_fingerprint=stores.cache.content_fingerprint)
 
 
-def _open_cache(layout: Layout, model, model_dir: Path, model_manifest: dict):
+def _check_model_choice(config, layout: Layout) -> bool:
+    """Whether retrieval.model asks for the Full model (refused in one line when it is unknown or not trained)."""
+    choice = config.retrieval.get("model", "")
+    if choice not in ("", "full"):
+        raise CfirError(f"retrieval.model={choice!r}: use '' (the text-trained model) or 'full' (W/model_full)")
+    if choice == "full" and not (layout.model_full / "manifest.json").is_file():
+        raise CfirError(f"{layout.model_full}: no Full model; train it with python train.py --config CONFIG:full "
+                        f"--workdir {layout.root}")
+    return choice == "full"
+
+
+def _model_dir(layout: Layout, encoder_dir: Path | None, reads_document: bool, full: bool
+               ) -> tuple[Path, bool, bool]:
+    """(the model that scores queries, whether it is the document-trained one, whether it is the untrained index
+    encoder)."""
+    if full:
+        return layout.model_full, False, False
+    # The document baseline of the paper (Table 3): a model trained on documents at 64 tokens, when train.py
+    # made one (train.text=document); every method that encodes the document uses it.
+    if reads_document and (layout.model_document / "manifest.json").is_file():
+        return layout.model_document, True, False
+    if (layout.model / "manifest.json").is_file():
+        return layout.model, False, False
+    if encoder_dir is None:
+        raise CfirError(f"{layout.root}: no trained model (run train.py) and no index encoder")
+    return encoder_dir, False, True
+
+
+def _open_cache(config, layout: Layout, model, model_dir: Path, model_manifest: dict, full: bool):
+    """The image cache retrieval.image_cache names (default: the model's own tower's), refused in one line when
+    another vision tower built it: both fingerprints and the command that builds the right cache. Imported
+    embeddings carry no fingerprint: they stand for the frozen tower, never for a Full model's."""
     from cfir_jax.index.image_cache import ImageCache
 
-    cache = ImageCache.open(layout.image_cache, expect_dim=model.config.embed_dim)
-    if not cache.fingerprint.startswith("precomputed:") and cache.fingerprint != model_manifest["vision_fingerprint"]:
-        raise CfirError(f"{layout.image_cache}: image cache was built by {cache.fingerprint} but the model "
-                        f"{model_dir} has {model_manifest['vision_fingerprint']}: rebuild the cache or use its model")
+    own = layout.image_cache_full if full else layout.image_cache
+    named = config.retrieval.get("image_cache", "")
+    path = layout.root / named if named else own  # an absolute name stays itself
+    if full and not (path / "manifest.json").is_file() and path == own:
+        raise CfirError(f"{own}: no image cache of the Full model's vision tower; build it with python index.py "
+                        f"--config CONFIG --workdir {layout.root} --stages image_cache_full")
+    cache = ImageCache.open(path, expect_dim=model.config.embed_dim)
+    want = model_manifest["vision_fingerprint"]
+    if cache.fingerprint != want and (full or not cache.fingerprint.startswith("precomputed:")):
+        stage = "image_cache_full" if full else "image_cache"
+        raise CfirError(f"{path}: image cache built by the vision tower {cache.fingerprint} but the model {model_dir} "
+                        f"has the vision tower {want}: use {own} (python index.py --config CONFIG --workdir "
+                        f"{layout.root} --stages {stage}) or the model of that cache")
     return cache
 
 
@@ -132,7 +166,7 @@ def _with_encoders(config, layout, corpus, cache, model, model_manifest, documen
     return Stores(layout, corpus, cache, model, model_manifest, tokenizer,
                   query_encoder=TextEncoder(model, tokenizer, rcfg.max_text_len, batch_size=32),
                   doc_encoder=TextEncoder(model, tokenizer, doc_len, batch_size=8),
-                  document_model=document_model, untrained=untrained, trained_text=trained)
+                  document_model=document_model, full=False, untrained=untrained, trained_text=trained)
 
 
 def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None:

@@ -1,0 +1,66 @@
+"""Evaluating D-BEiT-3 Full (issue 22): W/image_cache_full is the images encoded by W/model_full's own vision tower;
+a Full model over the frozen tower's cache is refused in one line; --compare has the Full row."""
+
+import math
+import shutil
+
+import numpy as np
+import pytest
+from conftest import TINY_CONFIG, run_script
+
+FULL_CONFIG = "configs/demo.py:tiny,full"
+
+
+@pytest.fixture(scope="module")
+def full_workdir(workdir, tmp_path_factory):
+    """A copy of the session's tiny workdir with a Full model trained and its image cache re-encoded."""
+    w = tmp_path_factory.mktemp("full_eval") / "w"
+    shutil.copytree(workdir, w, symlinks=True)
+    run_script("train.py", "--config", FULL_CONFIG, "--workdir", str(w))
+    run_script("index.py", "--config", TINY_CONFIG, "--workdir", str(w), "--stages", "image_cache_full")
+    return w
+
+
+def test_full_cache_is_the_full_towers_own_encoding_of_the_images(full_workdir):
+    from flax import nnx
+
+    from cfir_jax.data.corpus import Corpus
+    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.index.image_encoding import _decode_row
+    from cfir_jax.model import checkpoint
+
+    model = checkpoint.load_model(full_workdir / "model_full")
+    cache = ImageCache.open(full_workdir / "image_cache_full")
+    frozen = ImageCache.open(full_workdir / "image_cache")
+    assert cache.fingerprint == checkpoint.read_model_manifest(full_workdir / "model_full")["vision_fingerprint"]
+    assert cache.fingerprint != frozen.fingerprint
+    corpus = Corpus.open(full_workdir / "corpus")
+    rows = range(min(8, corpus.num_images))
+    decoded = [_decode_row(corpus, r, int(model.config.image_size)) for r in rows]
+    pixels = np.stack([p for _, p, _ in decoded])
+    direct = np.asarray(nnx.jit(lambda m, x: m.encode_image(x))(model, pixels), np.float32)
+    stored = cache.gather([cache.index_of(i) for i, _, _ in decoded]).astype(np.float32)
+    np.testing.assert_allclose(stored, direct, rtol=2e-2, atol=2e-2)
+    old = frozen.gather([frozen.index_of(i) for i, _, _ in decoded]).astype(np.float32)
+    assert not np.allclose(old, direct, atol=2e-2)
+
+
+def test_a_full_model_over_the_frozen_cache_is_refused_in_one_line(full_workdir, config):
+    from cfir_jax.errors import CfirError
+    from cfir_jax.retrieve.stores import open_stores
+
+    cfg = config.copy_and_resolve_references()
+    cfg.retrieval.model = "full"
+    cfg.retrieval.image_cache = "image_cache"
+    with pytest.raises(CfirError) as e:
+        open_stores(cfg, full_workdir, reads_document=True, entities=False, text_match=False, fused=False)
+    msg = str(e.value)
+    assert "\n" not in msg and "--stages image_cache_full" in msg and msg.count("vision tower") == 2
+
+
+def test_compare_has_the_full_row_with_finite_metrics(full_workdir):
+    proc = run_script("retrieve.py", "--index", str(full_workdir), "--evaluate", "test", "--compare")
+    line = next(line for line in proc.stdout.splitlines() if line.startswith("D-BEiT-3 Full"))
+    numbers = [float(t) for t in line[len("D-BEiT-3 Full"):].split()[:3]]
+    assert len(numbers) == 3 and all(math.isfinite(x) for x in numbers), line
+    assert "Full (both towers" in line
