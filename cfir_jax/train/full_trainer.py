@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import math
 import os
-import sys
 import time
 from pathlib import Path
 
@@ -127,15 +126,7 @@ def train_full(
                 timer.log(done)
                 bar.set_postfix(loss=f"{last['loss']:.4f}", images_s=f"{seen / max(time.time() - t0, 1e-9):.1f}")
             bar.update(1)
-            preempted = preempt.reached(done)
-            if preempted or done % tcfg.checkpoint_every == 0 or done == steps:
-                save(done, force=preempted)
-            if preempted:
-                manager.close()
-                log.close()
-                bar.close()
-                print(f"preemption (SIGTERM): saved checkpoint at step {done}, exiting", file=sys.stderr)
-                sys.exit(0)
+            preempt.checkpoint(done, steps, tcfg.checkpoint_every, save, (manager, log, bar))
     manager.wait_until_finished()
     manager.close()
     bar.close()

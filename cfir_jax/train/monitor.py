@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import jax
@@ -87,6 +88,18 @@ class _Preemption:
         if self.distributed:
             return self.manager.reached_preemption(step)
         return self.requested
+
+    def checkpoint(self, done: int, steps: int, every: int, save, closing) -> None:
+        """After step `done` of `steps`: saves every `every` steps, at the end, and on a SIGTERM; on a SIGTERM also
+        closes `closing` (the checkpoint manager first: it waits for the async save on every process) and exits 0."""
+        preempted = self.reached(done)
+        if preempted or done % every == 0 or done == steps:
+            save(done, force=preempted)
+        if preempted:
+            for thing in closing:
+                thing.close()
+            print(f"preemption (SIGTERM): saved checkpoint at step {done}, exiting", file=sys.stderr)
+            sys.exit(0)
 
     def __exit__(self, *exc):
         if self._old is not None:

@@ -16,7 +16,6 @@ import dataclasses
 import json
 import math
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -133,15 +132,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
                 rate = seen / max(time.time() - t0, 1e-9)
                 bar.set_postfix(loss=f"{values['loss']:.4f}", examples_s=f"{rate:.1f}")
             bar.update(1)
-            preempted = preempt.reached(done)
-            if preempted or done % tcfg.checkpoint_every == 0 or done == steps:
-                save(done, force=preempted)
-            if preempted:
-                manager.close()  # waits for the (async) save on every process
-                log.close()
-                bar.close()
-                print(f"preemption (SIGTERM): saved checkpoint at step {done}, exiting", file=sys.stderr)
-                sys.exit(0)
+            preempt.checkpoint(done, steps, tcfg.checkpoint_every, save, (manager, log, bar))
     manager.wait_until_finished()
     manager.close()
     bar.close()
