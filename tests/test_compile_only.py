@@ -103,6 +103,7 @@ def test_train_cli_compile_only_reads_no_workdir():
     out = subprocess.run([sys.executable, "train.py", "--config", "configs/base.py:runlocal", "--compile-only",
                           "--topology", "v5e:2x2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr == "", out.stderr[-2000:]  # libtpu's failed cloud-metadata probes are held back
     lines = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.strip()}
     assert lines["train_step"][6] == "yes" and lines["eval_encoder"][6] == "yes"
     bad = subprocess.run([sys.executable, "train.py", "--config", "configs/base.py:runlocal", "--compile-only",

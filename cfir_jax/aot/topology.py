@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import os
+import sys
+import tempfile
+from collections.abc import Iterator
 
 from cfir_jax.errors import CfirError
 
@@ -63,12 +67,35 @@ def _devices(name: str, host_bounds: tuple[int, int, int], chip_config: str = "d
                         "(bash scripts/setup.sh test installs it)") from None
     from jax.experimental import topologies
 
-    try:
-        desc = topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name=chip_config,
-                                            chips_per_host_bounds=host_bounds, num_slices=1)
-    except Exception as e:  # noqa: BLE001 - libtpu raises plain RuntimeErrors/XlaRuntimeErrors
-        raise CfirError(f"--topology {name}: libtpu does not resolve it ({' '.join(str(e).split())[:200]})") from None
-    return tuple(desc.devices)
+    with _libtpu_stderr() as said:
+        try:
+            desc = topologies.get_topology_desc(platform="tpu", topology_name=name, chip_config_name=chip_config,
+                                                chips_per_host_bounds=host_bounds, num_slices=1)
+        except Exception as e:  # noqa: BLE001 - libtpu raises plain RuntimeErrors/XlaRuntimeErrors
+            error = e
+        else:
+            return tuple(desc.devices)
+    why = " ".join((str(error) or said[0]).split())  # libtpu's own lines only when its error says nothing
+    raise CfirError(f"--topology {name}: libtpu does not resolve it ({why[:300]})") from None
+
+
+@contextlib.contextmanager
+def _libtpu_stderr() -> Iterator[list[str]]:
+    """Holds back what libtpu writes to the process's stderr (fd 2) while it starts without a TPU: its probes of the
+    cloud metadata (accelerator type, worker hostnames) fail on any other host and print half a dozen error lines
+    that mean nothing to a compile-only run. The text is handed back (`said[0]`) for an error that has no message."""
+    said = [""]
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile(mode="w+b") as sink:
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield said
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            said[0] = sink.read(4096).decode(errors="replace")
 
 
 def resolve(name: str) -> Topology:
