@@ -64,3 +64,28 @@ def test_compare_has_the_full_row_with_finite_metrics(full_workdir):
     numbers = [float(t) for t in line[len("D-BEiT-3 Full"):].split()[:3]]
     assert len(numbers) == 3 and all(math.isfinite(x) for x in numbers), line
     assert "Full (both towers" in line
+    # Its training time per epoch is the Full run's own (W/train_full/timing.jsonl), not the CFIR model's.
+    from cfir_jax.eval.train_time import train_time
+
+    full, cfir = train_time(full_workdir / "train_full"), train_time(full_workdir / "train")
+    assert full is not None and full.label() in line, line
+    assert cfir is None or cfir.label() == full.label() or cfir.label() not in line, line
+
+
+def test_a_retrained_full_model_marks_its_image_cache_stale_until_reencoded(full_workdir, tmp_path):
+    """train.py re-exports W/model_full (here from another seed): it warns that W/image_cache_full holds the old
+    tower's embeddings, index.py's table says STALE with the refreshing command, and running it makes it current."""
+    w = tmp_path / "w"
+    shutil.copytree(full_workdir, w, symlinks=True)
+    shutil.rmtree(w / "train_full")
+    out = run_script("train.py", "--config", FULL_CONFIG, "--workdir", str(w), "--config.train.seed=1")
+    assert f"{w}/image_cache_full holds the previous Full model's image embeddings" in out.stderr, out.stderr[-2000:]
+    report = run_script("index.py", "--config", TINY_CONFIG, "--workdir", str(w), "--stages", "summaries").stdout
+    row = next(line for line in report.splitlines() if line.startswith("image_cache_full"))
+    assert row.split()[-1] == "STALE", report
+    assert (f"stale: image_cache_full (model_full retrained); refresh with: python index.py --config CONFIG "
+            f"--workdir {w} --stages image_cache_full") in report, report
+    refreshed = run_script("index.py", "--config", TINY_CONFIG, "--workdir", str(w), "--stages", "image_cache_full")
+    assert "STALE" not in refreshed.stdout, refreshed.stdout
+    again = run_script("index.py", "--config", TINY_CONFIG, "--workdir", str(w), "--stages", "summaries").stdout
+    assert "STALE" not in again and "stale" not in again, again

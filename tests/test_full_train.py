@@ -143,3 +143,57 @@ def test_a_second_writer_of_the_workdir_is_refused_in_one_line(world, tmp_path, 
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "another writer is running" in out.stderr and "first writer" in out.stderr
     assert not (w / "train_full").exists() and not (w / "model_full").exists()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_process_train_py(workdir: Path, cache: dict) -> list[subprocess.CompletedProcess]:
+    """train.py as processes 0 and 1 of a jax.distributed job on localhost, one CPU device each."""
+    port = _free_port()
+    procs = []
+    for pid in (0, 1):
+        env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **cache,
+                   XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
+                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
+        procs.append(subprocess.Popen([sys.executable, "train.py", "--config", CONFIG, "--workdir", str(workdir)],
+                                      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    try:
+        outs = [p.communicate(timeout=600) for p in procs]
+    finally:
+        for p in procs:
+            if p.poll() is None:  # a pair that disagrees on a collective would hang: do not leave it behind
+                p.kill()
+    return [subprocess.CompletedProcess(p.args, p.returncode, o, e) for p, (o, e) in zip(procs, outs)]
+
+
+@pytest.mark.slow
+def test_two_process_full_run_equals_one_process_on_as_many_devices(world, tmp_path, compile_cache):
+    """2 processes x 1 device (each reading its own half of every global batch from the pipeline) train the model
+    that 1 process x 2 devices trains; a rerun of the finished 2-process job agrees to keep the model, on both."""
+    two = _workdir(world, tmp_path, "two")
+    runs = _two_process_train_py(two, compile_cache)
+    assert all(r.returncode == 0 for r in runs), runs[0].stderr[-3000:] + "\n-----\n" + runs[1].stderr[-3000:]
+    one = _workdir(world, tmp_path, "one")
+    env = dict(compile_cache, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+    single = subprocess.run([sys.executable, "train.py", "--config", CONFIG, "--workdir", str(one)], cwd=ROOT,
+                            env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **env),
+                            capture_output=True, text=True, timeout=600)
+    assert single.returncode == 0, single.stderr[-3000:]
+    a, b = _params(one / "model_full"), _params(two / "model_full")
+    assert a.keys() == b.keys()
+    for k in a:
+        np.testing.assert_allclose(b[k], a[k], rtol=1e-4, atol=1e-6, err_msg=k)
+    metrics = [[json.loads(x)["loss"] for x in (w / "train_full" / "metrics.jsonl").read_text().splitlines()]
+               for w in (one, two)]
+    np.testing.assert_allclose(metrics[1], metrics[0], rtol=1e-5)
+    created = checkpoint.read_model_manifest(two / "model_full")["created"]
+    again = _two_process_train_py(two, compile_cache)
+    assert all(r.returncode == 0 for r in again), again[0].stderr[-3000:] + again[1].stderr[-3000:]
+    assert "already trained to step 4" in again[0].stdout
+    assert checkpoint.read_model_manifest(two / "model_full")["created"] == created

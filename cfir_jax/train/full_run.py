@@ -11,18 +11,23 @@ The exported manifest says `trained="full"`, `train_images="pixels"`.
 
 from __future__ import annotations
 
+import logging
+
 import jax
 import ml_collections
 import numpy as np
 
+from cfir_jax import hosts
 from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.data.corpus import Corpus, document_text
 from cfir_jax.errors import CfirError
+from cfir_jax.index.stage_report import full_cache_stale
 from cfir_jax.layout import Layout
 from cfir_jax.model.tokenizer import resolve_tokenizer
 from cfir_jax.train.trainer import TrainResult
 
 RUN_DIR, MODEL_DIR = "train_full", "model_full"
+log = logging.getLogger(__name__)
 
 
 def document_tokens(config: ml_collections.ConfigDict, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
@@ -63,10 +68,17 @@ def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None =
                             progress=progress)
     finally:
         batches.close()
-    if not (layout.root / MODEL_DIR).is_dir() or not result.already_trained:
+    # Process 0 decides for all: exporting gathers the parameters from every process, so all must take part, even
+    # where W is not one file system shared by the hosts.
+    missing = not (layout.root / MODEL_DIR).is_dir()
+    if hosts.from_main("export-model-full", "1" if missing or not result.already_trained else "") == "1":
         export_full(config, result, run_dir / "model")
         if jax.process_index() == 0:
             replace_dir(run_dir / "model", layout.root / MODEL_DIR)
+            if full_cache_stale(layout):
+                log.warning("%s holds the previous Full model's image embeddings; re-encode them with: python "
+                            "index.py --config CONFIG --workdir %s --stages image_cache_full",
+                            layout.image_cache_full, layout.root)
     return result
 
 
