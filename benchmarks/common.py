@@ -138,8 +138,10 @@ def load_torch_reference():
     return torch_reference
 
 
-def torch_model(model_cfg, dropout: float = 0.0):
-    """torchscale BEiT3 + retrieval heads in train mode with only the language expert trainable.
+def torch_model(model_cfg, dropout: float = 0.0, full: bool = False):
+    """torchscale BEiT3 + retrieval heads in train mode with only the language expert trainable, or with `full`
+    everything the config's "full" set trains (both experts, both heads, the embeddings, the temperature; not the
+    unused mask token).
 
     `dropout` is put on each layer's residual-branch dropout, the two places the JAX Block drops (torchscale's
     other dropouts, on the embedding, inside the FFN and on the attention probabilities, stay at 0).
@@ -151,7 +153,7 @@ def torch_model(model_cfg, dropout: float = 0.0):
         layer.dropout_module.p = dropout
     trainable = []
     for name, p in model.named_parameters():
-        p.requires_grad_(any(t in name for t in TORCH_TRAINABLE))
+        p.requires_grad_("mask_token" not in name if full else any(t in name for t in TORCH_TRAINABLE))
         if p.requires_grad:
             trainable.append(p)
     return model, trainable
@@ -167,9 +169,9 @@ def torch_contrastive_loss(text, image, logit_scale):
     return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels))
 
 
-def torch_train_step(model, trainable, ids: np.ndarray, mask: np.ndarray, images: np.ndarray, bf16: bool,
-                     lr: float = 1e-4, weight_decay: float = 0.05) -> Callable[[], float]:
-    """A closure running one AdamW step of the language expert on a fixed batch; returns the loss.
+def torch_adamw_step(trainable, loss_fn: Callable[[], Any], bf16: bool, lr: float = 1e-4,
+                     weight_decay: float = 0.05) -> Callable[[], float]:
+    """A closure running one torch.optim.AdamW step of `trainable` on `loss_fn()`'s loss; returns the loss.
 
     bf16 runs the forward pass (and the loss) under `torch.autocast("cpu", torch.bfloat16)`; the backward pass
     follows autocast's recorded casts, parameters and optimizer state stay float32.
@@ -177,18 +179,48 @@ def torch_train_step(model, trainable, ids: np.ndarray, mask: np.ndarray, images
     import torch
 
     opt = torch.optim.AdamW(trainable, lr=lr, weight_decay=weight_decay)
-    t_ids, t_mask, t_img = torch.from_numpy(ids).long(), torch.from_numpy(mask), torch.from_numpy(images)
 
     def step() -> float:
         opt.zero_grad(set_to_none=True)
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            emb, _ = model.encode_text(t_ids, t_mask)
-            loss = torch_contrastive_loss(emb, t_img, model.logit_scale)
+            loss = loss_fn()
         loss.backward()
         opt.step()
         return float(loss.detach())
 
     return step
+
+
+def torch_train_step(model, trainable, ids: np.ndarray, mask: np.ndarray, images: np.ndarray, bf16: bool,
+                     **adamw) -> Callable[[], float]:
+    """One AdamW step of the language expert on a fixed batch against fixed image embeddings (`torch_adamw_step`)."""
+    import torch
+
+    t_ids, t_mask, t_img = torch.from_numpy(ids).long(), torch.from_numpy(mask), torch.from_numpy(images)
+
+    def loss():
+        emb, _ = model.encode_text(t_ids, t_mask)
+        return torch_contrastive_loss(emb, t_img, model.logit_scale)
+
+    return torch_adamw_step(trainable, loss, bf16, **adamw)
+
+
+def torch_full_step(model, trainable, pixels: np.ndarray, ids: np.ndarray, mask: np.ndarray, bf16: bool,
+                    **adamw) -> Callable[[], float]:
+    """One AdamW step of the whole model (D-BEiT-3 Full) on a fixed batch (`torch_adamw_step`): as the JAX Full step,
+    uint8 NHWC pixels are normalised to [-1, 1] inside the step and encoded by the vision expert, the texts by the
+    language expert, then the symmetric contrastive loss."""
+    import torch
+
+    t_pix = torch.from_numpy(pixels).permute(0, 3, 1, 2).contiguous()
+    t_ids, t_mask = torch.from_numpy(ids).long(), torch.from_numpy(mask)
+
+    def loss():
+        image, _ = model.encode_image((t_pix.float() / 255.0 - 0.5) / 0.5)
+        text, _ = model.encode_text(t_ids, t_mask)
+        return torch_contrastive_loss(text, image, model.logit_scale)
+
+    return torch_adamw_step(trainable, loss, bf16, **adamw)
 
 
 def torch_encoder(model, ids: np.ndarray, mask: np.ndarray, bf16: bool) -> Callable[[], Any]:

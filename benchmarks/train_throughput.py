@@ -3,6 +3,7 @@
     python benchmarks/train_throughput.py                    # base: examples/s vs torch, then memory of base/large
     python benchmarks/train_throughput.py --size tiny --steps 3 --memory-sizes ""   # smoke run, no memory part
     python benchmarks/train_throughput.py --steps 0          # memory analysis only
+    python benchmarks/train_throughput.py --step full        # D-BEiT-3 Full step (both towers, 224 px) vs torch
 
 Throughput: `make_setup` / `init_state` / `make_train_step` with the size's config (`configs/<size>.py`: the
 recipe's weight decay mask, layer-wise lr decay, warmup-cosine AdamW; residual dropout 0.1 in place of its drop path
@@ -34,16 +35,18 @@ import common  # noqa: E402,F401  (puts the repository root on sys.path for `con
 GIB = 1024**3
 
 
-def _config(size: str, batch: int, seq: int, dtype: str, remat: bool | None):
-    """The size's shipped config (tiny = `configs/base.py:runlocal`) at this batch, sequence length and dtype."""
+def _config(size: str, batch: int, seq: int, dtype: str, remat: bool | None, full: bool = False):
+    """The size's shipped config (tiny = `configs/base.py:runlocal`; `full`: its `:full` variant) at this batch,
+    sequence length and dtype."""
+    arg = ",".join(([] if size != "tiny" else ["runlocal"]) + (["full"] if full else [])) or None
     if size == "large":
         from configs.large import get_config
 
-        cfg = get_config()
+        cfg = get_config(arg)
     else:
         from configs.base import get_config
 
-        cfg = get_config("runlocal" if size == "tiny" else None)
+        cfg = get_config(arg)
     cfg.train.global_batch = batch
     cfg.train.max_text_len = seq
     cfg.model.dtype = dtype
@@ -67,7 +70,7 @@ def random_train_data(num_pairs: int, seq: int, vocab: int, dim: int, seed: int 
 
 def throughput(args) -> None:
     import jax
-    from common import hardware_description, interleaved, ratio_line, torch_model, torch_train_step
+    from common import hardware_description, interleaved, torch_model, torch_train_step
 
     from cfir_jax.train.state import init_state, make_setup
     from cfir_jax.train.step import global_batch_arrays, make_train_step
@@ -102,13 +105,75 @@ def throughput(args) -> None:
     print(f"train step, size {args.size} ({args.precision}, dropout {cfg.model.dropout}, scan_layers="
           f"{cfg.model.scan_layers}, remat={cfg.model.remat}), global batch {args.batch} x {args.seq} tokens; "
           f"jax compile {compile_s:.1f}s; median of {args.steps} interleaved steps after {args.warmup} warmup")
-    timings = interleaved(runners, args.steps, args.warmup)
-    label = f"[{args.precision}] trainer step"
+    _report(f"[{args.precision}] trainer step", interleaved(runners, args.steps, args.warmup), args.batch, "ex")
+
+
+def _report(label: str, timings: dict, items: int, unit: str) -> None:
+    """The jax/torch ratio line, or jax's rate alone under --no-torch."""
+    from common import ratio_line
+
     if "torch" in timings:
-        print(ratio_line(label, timings["jax"], timings["torch"], args.batch, "ex"))
+        print(ratio_line(label, timings["jax"], timings["torch"], items, unit))
     else:
         j = timings["jax"]
-        print(f"{label:<34} jax {args.batch / j.median:8.1f} ex/s [{j.spread()}]")
+        print(f"{label:<34} jax {items / j.median:8.1f} {unit}/s [{j.spread()}]")
+
+
+def full_throughput(args) -> None:
+    """The D-BEiT-3 Full step (`make_full_step`: both towers from uint8 pixels) against torchscale's whole-model
+    step on the same batch shapes, interleaved."""
+    import jax
+    import numpy as np
+    from common import hardware_description, interleaved, random_text_batch, torch_full_step, torch_model
+
+    from cfir_jax.train.full_step import global_full_batch, make_full_step
+    from cfir_jax.train.state import init_state, make_setup
+
+    dtype = "bfloat16" if args.precision == "bf16" else "float32"
+    cfg = _config(args.size, args.batch, args.seq, dtype, args.remat, full=True)
+    if args.image_size:
+        cfg.model.image_size = args.image_size
+    size, n = cfg.model.image_size, 4 * args.batch
+    ids, mask = random_text_batch(n, args.seq, cfg.model.vocab_size, 0)
+    pixels = np.random.default_rng(1).integers(0, 256, size=(n, size, size, 3), dtype=np.uint8)
+    total = args.warmup + args.steps + 1
+    setup = make_setup(cfg, total, jax.devices()[:1], 4, tower="dual")
+    state, frozen = init_state(cfg, setup, None)
+    step_fn = make_full_step(cfg, setup)
+
+    def batch(step: int) -> dict:
+        """The step-th of 4 batches, assembled from host arrays as the Full trainer does with the pipeline's."""
+        rows = np.arange(args.batch) + (step % 4) * args.batch
+        local = {"pixels": pixels[rows], "doc_rows": rows, "valid": np.ones(args.batch, bool)}
+        return global_full_batch(local, ids, mask, setup.mesh)
+
+    t = time.perf_counter()
+    step_fn = step_fn.lower(state, frozen, batch(0)).compile()
+    compile_s = time.perf_counter() - t
+    holder = {"state": state, "step": 0}
+
+    def jax_step() -> float:
+        holder["state"], metrics = step_fn(holder["state"], frozen, batch(holder["step"]))
+        holder["step"] += 1
+        return float(metrics["loss"])  # blocks until the step is done
+
+    runners = {"jax": jax_step}
+    if not args.no_torch:
+        t_model, t_trainable = torch_model(cfg.model, dropout=cfg.model.dropout, full=True)
+        rows = np.arange(args.batch)
+        runners["torch"] = torch_full_step(t_model, t_trainable, pixels[rows], ids[rows], mask[rows],
+                                           args.precision == "bf16", lr=cfg.train.lr,
+                                           weight_decay=cfg.train.weight_decay)
+        t_params = sum(p.numel() for p in t_trainable)
+        j_params = sum(x.size for x in jax.tree.leaves(state["params"]))
+        if t_params != j_params:
+            raise SystemExit(f"trained parameters differ: jax {j_params:,}, torch {t_params:,}")
+    print(hardware_description())
+    print(f"D-BEiT-3 Full step, size {args.size} ({args.precision}, {size} px, dropout {cfg.model.dropout}, "
+          f"remat={cfg.model.remat}), global batch {args.batch} pairs (images + {args.seq}-token texts), "
+          f"{sum(x.size for x in jax.tree.leaves(state['params'])):,} trained parameters; jax compile "
+          f"{compile_s:.1f}s; median of {args.steps} interleaved steps after {args.warmup} warmup")
+    _report(f"[{args.precision}] Full step", interleaved(runners, args.steps, args.warmup), args.batch, "pairs")
 
 
 def memory(args) -> None:
@@ -149,8 +214,12 @@ def memory(args) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--step", choices=("text", "full"), default="text",
+                   help="text: CFIR's language-expert step against cached image embeddings; full: the D-BEiT-3 Full "
+                        "step, both towers from pixels (its memory is in benchmarks/tpu_compile_table.py --only full)")
     p.add_argument("--size", choices=("tiny", "base", "large"), default="base", help="throughput model size")
-    p.add_argument("--batch", type=int, default=32, help="global batch of the throughput run")
+    p.add_argument("--batch", type=int, default=None, help="global batch of the throughput run (text 32, full 8)")
+    p.add_argument("--image-size", type=int, default=None, help="full: override the config's image size (224)")
     p.add_argument("--seq", type=int, default=64, help="tokens per text (the config's max_text_len)")
     p.add_argument("--steps", type=int, default=5, help="timed steps of each side; 0 skips the throughput part")
     p.add_argument("--warmup", type=int, default=1)
@@ -167,6 +236,12 @@ def main() -> None:
 
     if args.memory_only:
         memory(args)
+        return
+    if args.batch is None:
+        args.batch = 8 if args.step == "full" else 32
+    if args.step == "full":
+        if args.steps > 0:
+            full_throughput(args)
         return
     if args.steps > 0:
         throughput(args)

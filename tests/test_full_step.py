@@ -261,3 +261,17 @@ def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(world
     for k in a:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert straight.metrics == resumed.metrics and straight.metrics["skipped_images"] == whole.skipped
+
+
+def test_throughput_benchmark_times_the_same_trained_set_as_torchscale():
+    """benchmarks/train_throughput.py --step full at tiny size: it refuses to compare when the two sides train
+    different parameter sets, so a run to the ratio line means torchscale's whole-model step trains what ours does."""
+    root = Path(__file__).resolve().parents[1]
+    env = dict(os.environ, JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "benchmarks/train_throughput.py", "--step", "full", "--size", "tiny",
+                          "--image-size", "32", "--batch", "4", "--steps", "1", "--warmup", "1"], cwd=root, env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "trained parameters" in out.stdout and "32 px" in out.stdout, out.stdout
+    line = out.stdout.strip().splitlines()[-1]
+    assert line.startswith("[fp32] Full step") and float(line.split()[-1].rstrip("x")) > 0, line
