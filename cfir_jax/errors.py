@@ -4,6 +4,7 @@ the user's input and a full disk, 143 for SIGTERM (cfir_jax.faults), 130 for Ctr
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from collections.abc import Callable
 from typing import TypeVar
@@ -22,30 +23,67 @@ def os_error_line(e: OSError) -> str:
     return f"{e.filename}: {e.strerror or e}"
 
 
+def _exit(line: str, status: int) -> None:
+    print(line, file=sys.stderr)
+    sys.exit(status)
+
+
+def _abandoned_async_work(u) -> bool:
+    """Whether an unraisable report (`sys.unraisablehook`'s argument) is work a failure abandoned: orbax's other
+    reads of a checkpoint that failed to restore, finalised later as coroutines that never finished, or their
+    tensorstore callbacks finding orbax's event loop closed."""
+    code = getattr(u.object, "cr_code", None)
+    if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+        return True
+    return isinstance(u.exc_value, RuntimeError) and str(u.exc_value) == "Event loop is closed"
+
+
+def _orbax_task_never_retrieved(record) -> bool:
+    """asyncio's log record of a task of orbax's that failed with no one left to await it (an abandoned read)."""
+    text = record.getMessage()
+    return "exception was never retrieved" in text and f"{os.sep}orbax{os.sep}" in text
+
+
+def quiet_abandoned_async_work() -> None:
+    """Drops the reports of `_abandoned_async_work` and asyncio's log records of orbax tasks that failed unawaited (a
+    damaged model's one-line error was followed by ~600 lines of "Exception ignored in <coroutine ...>" tracebacks);
+    every other unraisable report goes to the hook before, every other asyncio record is logged."""
+    import logging
+
+    previous = sys.unraisablehook
+    if getattr(previous, "cfir_quiet", False):
+        return
+    logging.getLogger("asyncio").addFilter(lambda record: not _orbax_task_never_retrieved(record))
+
+    def hook(u) -> None:
+        if not _abandoned_async_work(u):
+            previous(u)
+
+    hook.cfir_quiet = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
+
+
 def cli_main(fn: F) -> F:
     """Wraps a command-line entry point: a CfirError (or a missing file) becomes `error: ...` on stderr, exit 2."""
 
     @functools.wraps(fn)
     def wrapper(*args, **kwargs):
+        quiet_abandoned_async_work()
         try:
             return fn(*args, **kwargs)
         except CfirError as e:
-            print(f"error: {e}", file=sys.stderr)
-            sys.exit(2)
+            _exit(f"error: {e}", 2)
         except KeyboardInterrupt:
-            print("interrupted", file=sys.stderr)
-            sys.exit(130)
+            _exit("interrupted", 130)
         except BaseException as e:
             from cfir_jax import faults
 
             described = faults.describe(e)  # a full disk, SIGTERM
             if described is not None:
                 message, status = described
-                print(message if status == faults.EXIT_SIGTERM else f"error: {message}", file=sys.stderr)
-                sys.exit(status)
+                _exit(message if status == faults.EXIT_SIGTERM else f"error: {message}", status)
             if isinstance(e, (FileNotFoundError, IsADirectoryError, PermissionError)):
-                print(f"error: {os_error_line(e)}", file=sys.stderr)
-                sys.exit(2)
+                _exit(f"error: {os_error_line(e)}", 2)
             raise
 
     return wrapper  # type: ignore[return-value]

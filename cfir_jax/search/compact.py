@@ -103,6 +103,14 @@ def build_compact(
     n, dim = cache.shape
     if not 1 <= dims <= dim:
         raise CfirError(f"build_compact: dims={dims} must be in [1, {dim}] (the cache dim)")
+    # A damaged cache (NaN or inf rows) yields NaN codes here, quietly: retrieval's score checks refuse such a store
+    # in one line naming it (and index.py --verify finds the rows), instead of numpy printing warnings first.
+    with np.errstate(invalid="ignore", over="ignore"):
+        return _build(cache, out_path, dims, sample, chunk_rows, seed, progress, cache_fingerprint)
+
+
+def _build(cache, out_path, dims, sample, chunk_rows, seed, progress, cache_fingerprint) -> CompactCache:
+    n, dim = cache.shape
     rotation, scales = _fit(cache, dims, sample, seed)
     with atomic_dir(out_path) as tmp:
         np.save(tmp / "rotation.npy", rotation)
