@@ -7,9 +7,10 @@ interface): `next(batches)` gives this process's rows {"pixels" uint8 [b, S, S, 
 counts unreadable images. The documents' tokens (`ids`, `mask` [documents, L]) are indexed by "doc_rows".
 Unlike the text trainer, whose data order is a function of the step, the order here is the pipeline's own (grain's
 shuffling, augmentation draws), so its state is saved as the checkpoint's "data" item. Orbax writes that JSON item
-from process 0; PairBatches resumes any process from process 0's state (tests/test_image_pipeline.py), but a
-multi-process Full run is not tested yet. `cfir_jax.train.full_run.run_full` builds its inputs from a workdir
-(train.py) and exports the trained model; the image cache of a trained tower is not built yet.
+from process 0; PairBatches resumes any process from process 0's state (tests/test_image_pipeline.py), and a
+2-process run trains the 1-process model (tests/test_full_train.py). `cfir_jax.train.full_run.run_full` builds its
+inputs from a workdir (train.py) and exports the trained model; `index.py --stages image_cache_full` re-encodes the
+images with its tower.
 """
 
 from __future__ import annotations
