@@ -275,3 +275,29 @@ def test_throughput_benchmark_times_the_same_trained_set_as_torchscale():
     assert "trained parameters" in out.stdout and "32 px" in out.stdout, out.stdout
     line = out.stdout.strip().splitlines()[-1]
     assert line.startswith("[fp32] Full step") and float(line.split()[-1].rstrip("x")) > 0, line
+
+
+def test_full_init_model_restores_both_towers_and_refuses_another_image_size(tmp_path):
+    """A Full run started from a model directory (BEiT-3 converted) takes both towers from it; a model converted at
+    another image size (another position table) is refused in one line naming the conversion."""
+    from cfir_jax.errors import CfirError
+    from cfir_jax.model import checkpoint
+
+    cfg = full_config()
+    source = model_lib.create_model(cfg.model, seed=7)
+    checkpoint.save_model(source, tmp_path / "same")
+    setup = make_setup(cfg, 4)
+    state, frozen = init_state(cfg, setup, str(tmp_path / "same"))
+    restored = _flat(state["params"]) | _flat(frozen)
+    saved = _flat(nnx.to_pure_dict(nnx.state(source, nnx.Param)))
+    assert restored.keys() == saved.keys() and any(k.startswith("A/") for k in restored)
+    for k in saved:
+        np.testing.assert_array_equal(restored[k], saved[k], err_msg=k)
+
+    other = full_config()
+    other.model.image_size = 64
+    checkpoint.save_model(model_lib.create_model(other.model), tmp_path / "other")
+    with pytest.raises(CfirError, match=r"image_size=64 but the config has 32; convert .* --config.model.image_size=64"
+                       ) as e:
+        init_state(cfg, setup, str(tmp_path / "other"))
+    assert "\n" not in str(e.value)

@@ -130,6 +130,13 @@ def restore_tower(model_dir: str, setup: Setup, model_config) -> tuple[dict, dic
         if stored.get(key) != model_config[key]:
             raise CfirError(f"{model_dir}: init model has {key}={stored.get(key)} but the config has "
                             f"{model_config[key]}: it is a model of another size")
+    if setup.tower == "dual":  # the vision tower is restored too: its patch grid (position table) must be the config's
+        for key in ("image_size", "patch_size"):
+            if stored.get(key) != model_config[key]:
+                raise CfirError(f"{model_dir}: init model has {key}={stored.get(key)} but the config has "
+                                f"{model_config[key]}; convert the BEiT-3 checkpoint at the config's size (python -m "
+                                f"cfir_jax.model.convert --checkpoint PTH --config CONFIG --out DIR resizes the "
+                                f"vision position table) or set --config.model.{key}={stored.get(key)}")
     target = _nest(_flat(setup.abstract_params) | _flat(setup.abstract_frozen))
     shardings = _nest(_flat(setup.param_shardings) | _flat(setup.frozen_shardings))
     target = jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s), target, shardings)
