@@ -18,11 +18,13 @@ def test_seconds_per_epoch_sums_the_segments_of_a_resumed_run(tmp_path):
     t = tt.train_time(tmp_path)
     assert t.steps == 70 and t.seconds_per_epoch == pytest.approx(110 / 70 * 10)
     assert t.hardware == "1 x cpu (2 cores); 8 x TPU v4"
-    assert t.label() == f"{110 / 70 * 10 / 60:.1f} min (1 x cpu (2 cores); 8 x TPU v4)"
+    assert t.label() == f"{110 / 70 * 10:.1f} s (1 x cpu (2 cores); 8 x TPU v4)"
 
 
 def test_hours_label_and_runs_without_a_usable_log(tmp_path):
     assert tt.TrainTime(45 * 3600.0, "64 x A100", 100).label() == "45.00 h (64 x A100)"
+    assert tt.TrainTime(95.0, "1 x cpu (2 cores)", 10).label() == "1.6 min (1 x cpu (2 cores))"
+    assert tt.TrainTime(2.44, "1 x cpu (2 cores)", 10).label() == "2.4 s (1 x cpu (2 cores))"
     assert tt.train_time(tmp_path) is None  # no log (a run trained before the log existed)
     tt.start_segment(tmp_path, 0, "1 x cpu (2 cores)", 10)
     assert tt.train_time(tmp_path) is None  # started, no step logged yet

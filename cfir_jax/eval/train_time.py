@@ -25,9 +25,9 @@ class TrainTime:
     steps: int  # the timed steps the figure is from
 
     def label(self) -> str:
-        """'1.25 h (8 x TPU v4)', minutes under an hour."""
-        hours = self.seconds_per_epoch / 3600
-        value = f"{hours:.2f} h" if hours >= 1 else f"{self.seconds_per_epoch / 60:.1f} min"
+        """'1.25 h (8 x TPU v4)', minutes under an hour, seconds under a minute (a demo epoch is '0.0 min' else)."""
+        hours, seconds = self.seconds_per_epoch / 3600, self.seconds_per_epoch
+        value = f"{hours:.2f} h" if hours >= 1 else f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.1f} s"
         return f"{value} ({self.hardware})"
 
 
