@@ -351,10 +351,14 @@ def test_an_unreadable_model_is_one_line_naming_the_path_and_the_error_not_hundr
         assert len(line) < 600, line
 
 
-def test_only_abandoned_orbax_work_is_kept_quiet():
+def test_only_abandoned_orbax_work_is_kept_quiet(monkeypatch):
+    """Before any restore failed, only orbax's coroutines, closed-loop callbacks and orbax tasks are dropped; after
+    one failed (the process is on its way out with its one line), every report of abandoned async work is."""
     from types import SimpleNamespace
 
     from cfir_jax import errors
+
+    monkeypatch.setattr(errors, "_restore_failed", False)
 
     async def read():  # a coroutine whose code lives in orbax's package
         pass
@@ -372,9 +376,12 @@ def test_only_abandoned_orbax_work_is_kept_quiet():
         coroutine.close()
     record = SimpleNamespace(getMessage=lambda: f"Task exception was never retrieved\nfuture: <Task coro=<x() "
                                                 f"defined at {orbax_file}:10>>")
-    assert errors._orbax_task_never_retrieved(record)
+    assert errors._abandoned_task_record(record)
     record.getMessage = lambda: "Task exception was never retrieved\nfuture: <Task coro=<mine() at /app/x.py:3>>"
-    assert not errors._orbax_task_never_retrieved(record)
+    assert not errors._abandoned_task_record(record)
+    monkeypatch.setattr(errors, "_restore_failed", True)
+    assert errors._abandoned_task_record(record)
+    assert errors._abandoned_async_work(SimpleNamespace(object=None, exc_value=ValueError("x")))
 
 
 def test_disk_full_inside_a_store_write_is_one_line_and_leaves_nothing_that_passes_as_complete(tmp_path):

@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from cfir_jax.errors import abandoned_restore
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.store import StoreError, atomic_dir, read_manifest, write_manifest
 
@@ -117,6 +118,7 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
         with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
             restored = ckptr.restore(directory / "params", target)
     except Exception as e:  # orbax and tensorstore wrap the OS error: name the file and what the OS (or reader) said
+        abandoned_restore()
         raise StoreError(f"{directory}: cannot read the model's parameters: {_read_error(e, directory / 'params')}; "
                          f"check its files (index.py --verify --workdir W for a workdir's models)") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
