@@ -120,8 +120,8 @@ def main():
             rows = check_k_rows(args.index, k_rows(args.compare_k))
         else:
             rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
-            if args.compare and full_row_note(args.index):
-                print(f"note: {full_row_note(args.index)}", file=sys.stderr)
+            if args.compare and (note := full_row_note(args.index)):
+                print(f"note: {note}", file=sys.stderr)
         evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top,
                  measures=measures)
     else:

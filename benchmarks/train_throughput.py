@@ -38,15 +38,10 @@ GIB = 1024**3
 def _config(size: str, batch: int, seq: int, dtype: str, remat: bool | None, full: bool = False):
     """The size's shipped config (tiny = `configs/base.py:runlocal`; `full`: its `:full` variant) at this batch,
     sequence length and dtype."""
+    from configs import base, large
+
     arg = ",".join(([] if size != "tiny" else ["runlocal"]) + (["full"] if full else [])) or None
-    if size == "large":
-        from configs.large import get_config
-
-        cfg = get_config(arg)
-    else:
-        from configs.base import get_config
-
-        cfg = get_config(arg)
+    cfg = (large if size == "large" else base).get_config(arg)
     cfg.train.global_batch = batch
     cfg.train.max_text_len = seq
     cfg.model.dtype = dtype
@@ -158,6 +153,7 @@ def full_throughput(args) -> None:
         return float(metrics["loss"])  # blocks until the step is done
 
     runners = {"jax": jax_step}
+    j_params = sum(x.size for x in jax.tree.leaves(state["params"]))
     if not args.no_torch:
         t_model, t_trainable = torch_model(cfg.model, dropout=cfg.model.dropout, full=True)
         rows = np.arange(args.batch)
@@ -165,13 +161,12 @@ def full_throughput(args) -> None:
                                            args.precision == "bf16", lr=cfg.train.lr,
                                            weight_decay=cfg.train.weight_decay)
         t_params = sum(p.numel() for p in t_trainable)
-        j_params = sum(x.size for x in jax.tree.leaves(state["params"]))
         if t_params != j_params:
             raise SystemExit(f"trained parameters differ: jax {j_params:,}, torch {t_params:,}")
     print(hardware_description())
     print(f"D-BEiT-3 Full step, size {args.size} ({args.precision}, {size} px, dropout {cfg.model.dropout}, "
           f"remat={cfg.model.remat}), global batch {args.batch} pairs (images + {args.seq}-token texts), "
-          f"{sum(x.size for x in jax.tree.leaves(state['params'])):,} trained parameters; jax compile "
+          f"{j_params:,} trained parameters; jax compile "
           f"{compile_s:.1f}s; median of {args.steps} interleaved steps after {args.warmup} warmup")
     _report(f"[{args.precision}] Full step", interleaved(runners, args.steps, args.warmup), args.batch, "pairs")
 

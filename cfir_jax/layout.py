@@ -48,6 +48,18 @@ class Layout:
     def index_json(self) -> Path:
         return self.root / "index.json"
 
+    def full_cache_stale(self) -> str:
+        """Why W/image_cache_full no longer stands for W/model_full ('' while it does, or when either is missing):
+        train.py re-exported the Full model, so the cache holds the previous vision tower's embeddings."""
+        import json
+
+        try:
+            cache = json.loads((self.image_cache_full / "manifest.json").read_text())["fingerprint"]
+            model = json.loads((self.model_full / "manifest.json").read_text())["vision_fingerprint"]
+        except (OSError, ValueError, KeyError, TypeError):
+            return ""
+        return "" if cache == model else "model_full retrained"
+
     def portable(self, path: str | os.PathLike) -> str:
         """How a workdir records a path: relative to the workdir when inside it (so a copied or moved workdir
         points at its own stores), else absolute."""

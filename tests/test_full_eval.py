@@ -85,6 +85,12 @@ def test_a_retrained_full_model_marks_its_image_cache_stale_until_reencoded(full
     assert row.split()[-1] == "STALE", report
     assert (f"stale: image_cache_full (model_full retrained); refresh with: python index.py --config CONFIG "
             f"--workdir {w} --stages image_cache_full") in report, report
+    # --compare leaves the Full row out (the other rows still run) and says how to refresh its cache.
+    compare = run_script("retrieve.py", "--index", str(w), "--evaluate", "test", "--compare")
+    assert not any(line.startswith("D-BEiT-3 Full") for line in compare.stdout.splitlines()), compare.stdout
+    assert any(line.startswith("full CFIR") for line in compare.stdout.splitlines()), compare.stdout
+    assert (f"note: D-BEiT-3 Full: no row, {w}/image_cache_full is stale (model_full retrained); refresh it with: "
+            f"python index.py --config CONFIG --workdir {w} --stages image_cache_full") in compare.stderr
     refreshed = run_script("index.py", "--config", TINY_CONFIG, "--workdir", str(w), "--stages", "image_cache_full")
     assert "STALE" not in refreshed.stdout, refreshed.stdout
     again = run_script("index.py", "--config", TINY_CONFIG, "--workdir", str(w), "--stages", "summaries").stdout

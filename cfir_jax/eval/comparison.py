@@ -115,8 +115,8 @@ def comparison_rows(config: ml_collections.ConfigDict, workdir) -> tuple[Row, ..
 
 
 def full_row_note(workdir) -> str:
-    """'' when the D-BEiT-3 Full row can run (W/model_full and W/image_cache_full exist), else the line saying
-    which command makes what it lacks."""
+    """'' when the D-BEiT-3 Full row can run (W/model_full and W/image_cache_full exist, the cache of the model's
+    tower), else the line saying which command makes or refreshes what it lacks."""
     layout = Layout.of(workdir)
     if not (layout.model_full / "manifest.json").is_file():
         return (f"D-BEiT-3 Full: no row, {layout.model_full} is not trained; make it with: python train.py --config "
@@ -125,4 +125,7 @@ def full_row_note(workdir) -> str:
     if not (layout.image_cache_full / "manifest.json").is_file():
         return (f"D-BEiT-3 Full: no row, {layout.image_cache_full} is not built; make it with: python index.py "
                 f"--config CONFIG --workdir {layout.root} --stages image_cache_full")
+    if why := layout.full_cache_stale():
+        return (f"D-BEiT-3 Full: no row, {layout.image_cache_full} is stale ({why}); refresh it with: python "
+                f"index.py --config CONFIG --workdir {layout.root} --stages image_cache_full")
     return ""

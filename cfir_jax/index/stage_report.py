@@ -75,26 +75,13 @@ def report_table(reports: list[StageReport], stages: tuple[str, ...] = ()) -> st
     return "\n".join(lines)
 
 
-def full_cache_stale(layout) -> str:
-    """Why W/image_cache_full no longer stands for W/model_full ('' while it does, or when either is missing):
-    train.py re-exported the Full model, so the cache holds the previous vision tower's embeddings."""
-    import json
-
-    try:
-        cache = json.loads((layout.image_cache_full / "manifest.json").read_text())["fingerprint"]
-        model = json.loads((layout.model_full / "manifest.json").read_text())["vision_fingerprint"]
-    except (OSError, ValueError, KeyError):
-        return ""
-    return "" if cache == model else "model_full retrained"
-
-
 def stale_reports(layout, reports: list[StageReport], stages: tuple[str, ...]) -> list[StageReport]:
     """Rows for the stores not (re)built now that a store rebuilt now is a source of (or, for W/image_cache_full, that
     W/model_full no longer has its tower): stale until refreshed."""
     rebuilt = {r.name for r in reports if not r.reused}
     ran = {r.name for r in reports}
     out: list[StageReport] = []
-    if "image_cache_full" in stages and "image_cache_full" not in ran and (why := full_cache_stale(layout)):
+    if "image_cache_full" in stages and "image_cache_full" not in ran and (why := layout.full_cache_stale()):
         out.append(StageReport("image_cache_full", "-", 0.0, layout.image_cache_full, stale_because=why))
     graph = {**DERIVED_FROM, **{name: deps for name, (deps, _) in LATER_STORES.items()}}
     for name in [*stages, *LATER_STORES]:

@@ -77,8 +77,7 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
     check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS, model.config.max_text_positions)
     model_manifest = checkpoint.read_model_manifest(model_dir)
     cache = _open_cache(config, layout, model, model_dir, model_manifest, full)
-    stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model or full, untrained)
-    stores.full, stores.document_model = full, document_model
+    stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, full, untrained)
     if entities:
         _open_entity_index(config, stores, encoder_dir)
     if text_match:
@@ -151,22 +150,23 @@ def _open_cache(config, layout: Layout, model, model_dir: Path, model_manifest: 
     return cache
 
 
-def _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, untrained) -> Stores:
+def _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, full, untrained) -> Stores:
     """The query encoder (retrieval.max_text_len tokens) and the document encoder: up to the positions the model
-    has with the summary-trained model; the document-trained model reads documents as it was trained."""
+    has with the summary-trained model; a model trained on documents (the document-trained one, the Full model)
+    reads them as it was trained."""
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import resolve_tokenizer
 
     rcfg = config.retrieval
     tokenizer = resolve_tokenizer(config, corpus)
     doc_len = model.config.max_text_positions - 2
-    if document_model:
+    if document_model or full:
         doc_len = int(model_manifest.get("train_max_text_len") or rcfg.max_text_len)
-    trained = model_manifest.get("train_text") or ("document" if document_model else "summary")
+    trained = model_manifest.get("train_text") or ("document" if document_model or full else "summary")
     return Stores(layout, corpus, cache, model, model_manifest, tokenizer,
                   query_encoder=TextEncoder(model, tokenizer, rcfg.max_text_len, batch_size=32),
                   doc_encoder=TextEncoder(model, tokenizer, doc_len, batch_size=8),
-                  document_model=document_model, full=False, untrained=untrained, trained_text=trained)
+                  document_model=document_model, full=full, untrained=untrained, trained_text=trained)
 
 
 def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None:

@@ -21,7 +21,6 @@ from cfir_jax import hosts
 from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.data.corpus import Corpus, document_text
 from cfir_jax.errors import CfirError
-from cfir_jax.index.stage_report import full_cache_stale
 from cfir_jax.layout import Layout
 from cfir_jax.model.tokenizer import resolve_tokenizer
 from cfir_jax.train.trainer import TrainResult
@@ -75,7 +74,7 @@ def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None =
         export_full(config, result, run_dir / "model")
         if jax.process_index() == 0:
             replace_dir(run_dir / "model", layout.root / MODEL_DIR)
-            if full_cache_stale(layout):
+            if layout.full_cache_stale():
                 log.warning("%s holds the previous Full model's image embeddings; re-encode them with: python "
                             "index.py --config CONFIG --workdir %s --stages image_cache_full",
                             layout.image_cache_full, layout.root)
