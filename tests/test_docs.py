@@ -5,7 +5,8 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+# The repository root, wherever under tests/ this file sits.
+ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
 README = ROOT / "README.md"
 RESULTS = ROOT / "benchmarks" / "RESULTS.md"
 README_MAX_LINES = 200
@@ -106,6 +107,15 @@ def test_table_rows_fit_a_screen(path):
     long_rows = [f"{path.name}:{i}: {len(line)} characters" for i, line in enumerate(path.read_text().splitlines(), 1)
                  if line.startswith("|") and len(line) > TABLE_ROW_MAX_CHARS]
     assert long_rows == [], "move the long cells to text below the table"
+
+
+@pytest.mark.parametrize("path", _documents(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_table_ends_at_a_blank_line(path):
+    """GitHub reads a line right after a table as one more row: the paragraph would render inside the table."""
+    lines = _FENCE.sub("", path.read_text()).splitlines()
+    glued = [line[:60] for prev, line in zip(lines, lines[1:]) if prev.startswith("|") and line.strip()
+             and not line.startswith("|")]
+    assert glued == [], f"{path.name}: put a blank line between the table and {glued}"
 
 
 @pytest.mark.parametrize("path", [README, *sorted((ROOT / "docs").glob("*.md"))],
