@@ -85,13 +85,13 @@ class CountingTask(TextTask):
 
 
 def test_the_loop_keeps_the_tasks_data_state_and_hands_it_back(tmp_path):
-    cfg = tiny_config(num_steps=4, checkpoint_every=2, eval_every=4)
+    cfg = tiny_config(num_steps=2, checkpoint_every=2, eval_every=2)
     first = CountingTask(planted_data(with_eval=False))
     result = loop.run(cfg, tmp_path, first, devices=jax.devices()[:1], progress=False)
-    assert first.served == 4 and first.exports == 1 and first.restored is None and not result.already_trained
+    assert first.served == 2 and first.exports == 1 and first.restored is None and not result.already_trained
     again = CountingTask(planted_data(with_eval=False))
     resumed = loop.run(cfg, tmp_path, again, devices=jax.devices()[:1], progress=False)
-    assert again.restored == {"step": 4, "seed": 0, "served": 4} and again.served == 4
+    assert again.restored == {"step": 2, "seed": 0, "served": 2} and again.served == 2
     assert resumed.already_trained and again.exports == 1
     assert resumed.metrics == result.metrics == {k: v for k, v in json.loads(
         (tmp_path / "metrics.jsonl").read_text().splitlines()[-1]).items() if k != "step"}
