@@ -84,21 +84,16 @@ def _train_setup(config, topology: Topology, global_batch: int | None, kind: str
 @register("train", "train_step")
 def train_step(config, topology: Topology, global_batch: int | None = None) -> list[Program]:
     """The train step at the configured (or given) global batch over the whole slice, and the evaluation encoder."""
-    from cfir_jax.train import partition
-    from cfir_jax.train.step import make_encoder, make_train_step
+    from cfir_jax.train import batch as batch_lib
+    from cfir_jax.train.step import batch_schema, make_encoder, make_train_step
 
     if (prepared := _train_setup(config, topology, global_batch, "text")) is None:
         return []
     config, setup = prepared
     tcfg = config.train
-    b, length, dim = tcfg.global_batch, tcfg.max_text_len, config.model.embed_dim
+    b, length = tcfg.global_batch, tcfg.max_text_len
     mesh = setup.mesh
-    bsh, rep = partition.batch_sharding(mesh), partition.replicated(mesh)
-    batch = {"ids": jax.ShapeDtypeStruct((b, length), jnp.int32, sharding=bsh),
-             "mask": jax.ShapeDtypeStruct((b, length), jnp.bool_, sharding=bsh),
-             "image": jax.ShapeDtypeStruct((b, dim), jnp.float32, sharding=bsh)}
-    if tcfg.extra_negatives > 0:
-        batch["negatives"] = jax.ShapeDtypeStruct((tcfg.extra_negatives, dim), jnp.float32, sharding=rep)
+    batch = batch_lib.abstract(batch_schema(config), config, mesh)  # the text task's own batch schema
     frozen = _abstract(setup.abstract_frozen, setup.frozen_shardings)
     params = _abstract(setup.abstract_params, setup.param_shardings)
     step = make_train_step(config, setup)
@@ -134,7 +129,8 @@ def _step_knob(config):
 def train_full(config, topology: Topology, global_batch: int | None = None) -> list[Program]:
     """The D-BEiT-3 Full step (both towers, images from uint8 pixels) at the configured (or given) global batch over
     the whole slice; only for configs with train.images='pixels' (configs/base.py:full, large.py:full)."""
-    from cfir_jax.train.full_step import batch_shardings, make_full_step
+    from cfir_jax.train import batch as batch_lib
+    from cfir_jax.train.full_step import FULL_BATCH, make_full_step
 
     if (prepared := _train_setup(config, topology, global_batch, "dual")) is None:
         return []
@@ -142,11 +138,7 @@ def train_full(config, topology: Topology, global_batch: int | None = None) -> l
     tcfg = config.train
     b, length, size = tcfg.global_batch, tcfg.max_text_len, config.model.image_size
     mesh = setup.mesh
-    sh = batch_shardings(mesh)
-    batch = {"pixels": jax.ShapeDtypeStruct((b, size, size, 3), jnp.uint8, sharding=sh["pixels"]),
-             "ids": jax.ShapeDtypeStruct((b, length), jnp.int32, sharding=sh["ids"]),
-             "mask": jax.ShapeDtypeStruct((b, length), jnp.bool_, sharding=sh["mask"]),
-             "valid": jax.ShapeDtypeStruct((b,), jnp.bool_, sharding=sh["valid"])}
+    batch = batch_lib.abstract(FULL_BATCH, config, mesh)  # the Full task's own batch schema
     frozen = _abstract(setup.abstract_frozen, setup.frozen_shardings)
     step = make_full_step(config, setup)
     shapes = (f"batch {b} x ({size} px + {length} tokens), mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}, "

@@ -234,98 +234,119 @@ def _caption(rng: np.random.Generator, names: list[str]) -> str:
 
 
 def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
-    """Draws the whole world in memory (see the module docstring for the story)."""
+    """Draws the whole world in memory (see the module docstring for the story). Every draw comes from one
+    generator, in this order: entities, their vectors, topics, images, documents, the split."""
     _check_config(config)
     rng = np.random.default_rng(config.seed)
-    D = config.dim
     entities = _make_entities(rng, config)
-    entity_vectors = _normalise(rng.standard_normal((len(entities), D)))
-    topic_vectors = _normalise(rng.standard_normal((config.num_topics, D)))
+    entity_vectors = _normalise(rng.standard_normal((len(entities), config.dim)))
+    topic_vectors = _normalise(rng.standard_normal((config.num_topics, config.dim)))
     topic_nouns = [list(rng.choice(NOUNS, config.nouns_per_topic, replace=False)) for _ in range(config.num_topics)]
+    images, image_topic = _draw_images(rng, config, entities, entity_vectors, topic_vectors)
+    documents, relevant = _draw_documents(rng, config, entities, images, image_topic, topic_nouns)
+    images = _with_image_texts(images, entities, image_topic, topic_nouns, config.seed)
+    qrels = _split_qrels(rng, config, documents, images, relevant)
+    return World(entities, entity_vectors, topic_vectors, documents, images, qrels)
+
+
+def _draw_images(rng: np.random.Generator, config: SyntheticConfig, entities: list[Entity],
+                 entity_vectors: np.ndarray, topic_vectors: np.ndarray) -> tuple[list[Image], list[int]]:
+    """The images (without their text fields) and each one's topic (module docstring, step 3)."""
     by_topic: list[list[int]] = [[] for _ in range(config.num_topics)]
     for e, ent in enumerate(entities):
         by_topic[ent.topic].append(e)
-
-    # Images: the first entity cycles through a shuffled entity list so every entity gets depicted.
+    # The first entity cycles through a shuffled entity list so every entity gets depicted.
     cycle = np.concatenate([rng.permutation(len(entities)) for _ in range(config.num_images // len(entities) + 1)])
-    images, image_topic, images_of_topic = [], [], [[] for _ in range(config.num_topics)]
+    images, image_topic = [], []
     for i in progress.bar(range(config.num_images), desc="world: images", unit="img"):
         first = int(cycle[i])
         topic = entities[first].topic
         others = [e for e in by_topic[topic] if e != first]
         k = min(int(rng.integers(1, 4)), 1 + len(others))
         members = [first] + [int(e) for e in rng.choice(others, k - 1, replace=False)] if k > 1 else [first]
-        noise = rng.standard_normal(D) / np.sqrt(D)
+        noise = rng.standard_normal(config.dim) / np.sqrt(config.dim)
         emb = _normalise(
             entity_vectors[members].sum(0) + config.topic_weight * topic_vectors[topic] + config.noise * noise
         )
         names = [entities[e].name for e in members]
-        image_id = f"img{i:07d}"
-        images.append(
-            Image(
-                image_id=image_id,
-                caption=_caption(rng, names),
-                url="",
-                image=render_image(entities, members, topic, i, config.seed),
-                embedding=emb,
-                entities=tuple(names),
-            )
-        )
+        caption = _caption(rng, names)
+        images.append(Image(image_id=f"img{i:07d}", caption=caption, url="",
+                            image=render_image(entities, members, topic, i, config.seed), embedding=emb,
+                            entities=tuple(names)))
         image_topic.append(topic)
-        images_of_topic[topic].append(i)
+    return images, image_topic
 
+
+def _draw_documents(rng: np.random.Generator, config: SyntheticConfig, entities: list[Entity], images: list[Image],
+                    image_topic: list[int], topic_nouns: list[list[str]]) -> tuple[list[Document], list[list[int]]]:
+    """The documents and each one's relevant image indices (module docstring, step 4)."""
+    images_of_topic: list[list[int]] = [[] for _ in range(config.num_topics)]
+    for i, topic in enumerate(image_topic):
+        images_of_topic[topic].append(i)
     # Relevant images are drawn without replacement while they last, so most images belong to one document.
     pool = list(rng.permutation(config.num_images))
     used = np.zeros(config.num_images, bool)
     documents, relevant = [], []
     entity_index = {ent.name: e for e, ent in enumerate(entities)}
     for d in progress.bar(range(config.num_documents), desc="world: documents", unit="doc"):
-        while pool and used[pool[-1]]:
-            pool.pop()
-        first = int(pool.pop()) if pool else int(rng.integers(config.num_images))
-        used[first] = True
-        rel = [first]
-        if int(rng.integers(1, config.max_relevant + 1)) > 1:
-            same = [i for i in images_of_topic[image_topic[first]] if i != first and not used[i]]
-            if same:
-                second = int(same[rng.integers(len(same))])
-                used[second] = True
-                rel.append(second)
+        rel = _draw_relevant(rng, config, pool, used, images_of_topic, image_topic)
         rel_names: list[str] = []
         for i in rel:
             rel_names += [n for n in images[i].entities if n not in rel_names]
         candidates = [e.name for e in entities if e.name not in rel_names]
         n_distract = min(int(rng.integers(1, config.max_distractors + 1)), len(candidates))
         distractors = [str(n) for n in rng.choice(candidates, n_distract, replace=False)] if n_distract else []
-        nouns = topic_nouns[image_topic[first]]
         mentions = [s for n in rel_names for s in [n] * int(rng.integers(2, 4))] + distractors
-        sentences = [_mention_sentence(rng, entities[entity_index[n]], nouns) for n in mentions]
-        rng.shuffle(sentences)
-        target = int(rng.integers(config.min_words, config.max_words + 1))
-        words = sum(len(s.split()) for s in sentences)
-        while words < target:
-            filler = _filler_sentence(rng, nouns)
-            sentences.insert(int(rng.integers(len(sentences) + 1)), filler)
-            words += len(filler.split())
+        text = _document_text(rng, config, [entities[entity_index[n]] for n in mentions],
+                              topic_nouns[image_topic[rel[0]]])
         title = rel_names[0]
-        documents.append(
-            Document(
-                doc_id=f"doc{d:06d}",
-                text=f"{title}. " + " ".join(sentences),
-                title=title,
-                entities=tuple(rel_names + distractors),
-            )
-        )
+        documents.append(Document(doc_id=f"doc{d:06d}", text=f"{title}. {text}", title=title,
+                                  entities=tuple(rel_names + distractors)))
         relevant.append(rel)
+    return documents, relevant
 
-    images = _with_image_texts(images, entities, image_topic, topic_nouns, config.seed)
+
+def _draw_relevant(rng: np.random.Generator, config: SyntheticConfig, pool: list, used: np.ndarray,
+                   images_of_topic: list[list[int]], image_topic: list[int]) -> list[int]:
+    """One document's relevant images: the next unused image of the pool, and maybe a second of its topic."""
+    while pool and used[pool[-1]]:
+        pool.pop()
+    first = int(pool.pop()) if pool else int(rng.integers(config.num_images))
+    used[first] = True
+    rel = [first]
+    if int(rng.integers(1, config.max_relevant + 1)) > 1:
+        same = [i for i in images_of_topic[image_topic[first]] if i != first and not used[i]]
+        if same:
+            second = int(same[rng.integers(len(same))])
+            used[second] = True
+            rel.append(second)
+    return rel
+
+
+def _document_text(rng: np.random.Generator, config: SyntheticConfig, mentioned: list[Entity],
+                   nouns: list[str]) -> str:
+    """One sentence per mention, shuffled, with topic filler sentences inserted until the text is long enough."""
+    sentences = [_mention_sentence(rng, entity, nouns) for entity in mentioned]
+    rng.shuffle(sentences)
+    target = int(rng.integers(config.min_words, config.max_words + 1))
+    words = sum(len(s.split()) for s in sentences)
+    while words < target:
+        filler = _filler_sentence(rng, nouns)
+        sentences.insert(int(rng.integers(len(sentences) + 1)), filler)
+        words += len(filler.split())
+    return " ".join(sentences)
+
+
+def _split_qrels(rng: np.random.Generator, config: SyntheticConfig, documents: list[Document], images: list[Image],
+                 relevant: list[list[int]]) -> dict[str, dict[str, dict[str, int]]]:
+    """document -> its relevant images (rel 1), the documents split train / validation / test (step 6)."""
     qrels: dict[str, dict[str, dict[str, int]]] = {s: {} for s in SPLITS}
     n_train = round(config.split_fractions[0] * config.num_documents)
     n_validation = round(config.split_fractions[1] * config.num_documents)
     for rank, d in enumerate(rng.permutation(config.num_documents)):
         split = "train" if rank < n_train else "validation" if rank < n_train + n_validation else "test"
         qrels[split][documents[d].doc_id] = {images[i].image_id: 1 for i in relevant[d]}
-    return World(entities, entity_vectors, topic_vectors, documents, images, qrels)
+    return qrels
 
 
 def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: list[int],

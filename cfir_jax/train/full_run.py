@@ -1,7 +1,8 @@
 """D-BEiT-3 Full from a workdir (train.py with `train.images="pixels"`): the train pairs of W/corpus, each pair's
 document text tokenised (`train.document_fields`, as the text path's document baseline), the image pipeline
-(`PairBatches`, this process's slice of every global batch), the loop (`full_trainer.train_full`) in its own run
-directory W/train_full, and the trained model exported whole (both towers) to W/model_full.
+(`PairBatches`, this process's slice of every global batch), the one training loop over the Full task
+(`tasks.FullTask`) in its own run directory W/train_full, and the trained model exported whole (both towers) to
+W/model_full.
 
 The run starts from `train.init_model` (a model directory of the same size, e.g. converted BEiT-3 weights) or,
 when that is empty, from the seed; unlike the text trainer it never takes the index's encoder by itself, since on
@@ -17,13 +18,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from cfir_jax import hosts
 from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.data.corpus import Corpus, document_text
 from cfir_jax.errors import CfirError
 from cfir_jax.layout import Layout
 from cfir_jax.model.tokenizer import resolve_tokenizer
-from cfir_jax.train.trainer import TrainResult
+from cfir_jax.train.loop import TrainResult
 
 RUN_DIR, MODEL_DIR = "train_full", "model_full"
 log = logging.getLogger(__name__)
@@ -49,7 +49,8 @@ def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None =
     """Trains (or resumes) the Full model on W/corpus in W/train_full and exports it to W/model_full."""
     from cfir_jax.atomic_write import replace_dir
     from cfir_jax.data.image_pipeline import PairBatches, train_pairs
-    from cfir_jax.train.full_trainer import train_full
+    from cfir_jax.train import loop
+    from cfir_jax.train.tasks import FullTask
 
     layout = Layout.of(workdir)
     if not layout.corpus.is_dir():
@@ -61,31 +62,16 @@ def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None =
     batches = PairBatches(corpus, train_pairs(corpus), global_batch=tcfg.global_batch,
                           image_size=config.model.image_size, seed=tcfg.seed, process_index=jax.process_index(),
                           process_count=jax.process_count(), workers=int(tcfg.get("image_workers", 0)))
-    run_dir = layout.root / RUN_DIR
+    # The task exports the whole model to W/train_full/model when W/model_full is missing or this run trained.
+    task = FullTask(batches, ids, mask, batches.steps_per_epoch, publish_to=layout.root / MODEL_DIR)
     try:
-        result = train_full(config, run_dir, batches, ids, mask, steps_per_epoch=batches.steps_per_epoch,
-                            progress=progress)
+        result = loop.run(config, layout.root / RUN_DIR, task, progress=progress)
     finally:
         batches.close()
-    # Process 0 decides for all: exporting gathers the parameters from every process, so all must take part, even
-    # where W is not one file system shared by the hosts.
-    missing = not (layout.root / MODEL_DIR).is_dir()
-    if hosts.from_main("export-model-full", "1" if missing or not result.already_trained else "") == "1":
-        export_full(config, result, run_dir / "model")
-        if jax.process_index() == 0:
-            replace_dir(run_dir / "model", layout.root / MODEL_DIR)
-            if layout.full_cache_stale():
-                log.warning("%s holds the previous Full model's image embeddings; re-encode them with: python "
-                            "index.py --config CONFIG --workdir %s --stages image_cache_full",
-                            layout.image_cache_full, layout.root)
+    if task.exported and jax.process_index() == 0:
+        replace_dir(layout.root / RUN_DIR / "model", layout.root / MODEL_DIR)
+        if layout.full_cache_stale():
+            log.warning("%s holds the previous Full model's image embeddings; re-encode them with: python "
+                        "index.py --config CONFIG --workdir %s --stages image_cache_full",
+                        layout.image_cache_full, layout.root)
     return result
-
-
-def export_full(config: ml_collections.ConfigDict, result: TrainResult, out_dir) -> None:
-    """The whole trained DBeit3 (every parameter is in params or frozen) as a model directory, in the model-store
-    format of the text trainer's export, its manifest saying it is a Full model."""
-    from cfir_jax.train.state import export_model
-
-    init = config.train.init_model or "scratch"
-    export_model(config, None, result.params, result.frozen, out_dir, init,
-                 trained="full", train_images="pixels", train_document_fields=list(config.train.document_fields))

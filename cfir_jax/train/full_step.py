@@ -23,6 +23,7 @@ import numpy as np
 from flax import nnx
 
 from cfir_jax.errors import CfirError
+from cfir_jax.train import batch as batch_lib
 from cfir_jax.train import partition
 from cfir_jax.train.loss import contrastive_loss
 from cfir_jax.train.state import Setup
@@ -31,7 +32,15 @@ from cfir_jax.train.step import apply_update
 # BEiT-3's retrieval preprocessing: pixels in [0, 1] normalised with mean 0.5 and std 0.5 per channel.
 IMAGE_MEAN = 0.5
 IMAGE_STD = 0.5
-BATCH_KEYS = ("pixels", "ids", "mask", "valid")
+# The Full task's batch: uint8 pixels, the documents' tokens (mask True on padding), and `valid` (False where the
+# pipeline could not read the image), every field split over the batch axes.
+FULL_BATCH: batch_lib.Schema = {
+    "pixels": batch_lib.Field("uint8", ("batch", "side", "side", "rgb")),
+    "ids": batch_lib.Field("int32", ("batch", "tokens")),
+    "mask": batch_lib.Field("bool", ("batch", "tokens")),
+    "valid": batch_lib.Field("bool", ("batch",)),
+}
+BATCH_KEYS = tuple(FULL_BATCH)
 
 
 def normalize_pixels(pixels: jax.Array) -> jax.Array:
@@ -116,9 +125,8 @@ def make_grads(config, setup: Setup) -> Callable:
 
 
 def batch_shardings(mesh) -> dict:
-    """Every field of a Full batch is split over the batch axes of the mesh."""
-    bsh = partition.batch_sharding(mesh)
-    return {k: bsh for k in BATCH_KEYS}
+    """The Full step's in_shardings for its batch: every field is split over the batch axes of the mesh."""
+    return batch_lib.shardings(FULL_BATCH, mesh)
 
 
 def make_full_step(config, setup: Setup) -> Callable:
@@ -145,12 +153,6 @@ def make_full_step(config, setup: Setup) -> Callable:
 def global_full_batch(local: dict, ids: np.ndarray, mask: np.ndarray, mesh) -> dict:
     """This process's rows from the image pipeline ({"pixels", "doc_rows", "valid"}) with the documents' tokens
     (`ids`, `mask`: [documents, L], indexed by doc_rows), assembled into the global batch's jax.Arrays."""
-    bsh = partition.batch_sharding(mesh)
     rows = np.asarray(local["doc_rows"])
-    host = {
-        "pixels": np.asarray(local["pixels"], np.uint8),
-        "ids": ids[rows],
-        "mask": mask[rows],
-        "valid": np.asarray(local["valid"], bool),
-    }
-    return {k: jax.make_array_from_process_local_data(bsh, v) for k, v in host.items()}
+    host = {"pixels": local["pixels"], "ids": ids[rows], "mask": mask[rows], "valid": local["valid"]}
+    return batch_lib.assemble(FULL_BATCH, host, mesh)

@@ -18,20 +18,53 @@ import optax
 from flax import nnx
 
 from cfir_jax.errors import CfirError
+from cfir_jax.train import batch as batch_lib
 from cfir_jax.train import partition
 from cfir_jax.train.data import TrainData
 from cfir_jax.train.loss import contrastive_loss
 from cfir_jax.train.state import Setup
+
+# The text task's batch: the texts' tokens and their images' cached embeddings, split over the batch axes; the extra
+# negative images (train.extra_negatives > 0) are one set for the whole batch, on every device.
+TEXT_BATCH: batch_lib.Schema = {
+    "ids": batch_lib.Field("int32", ("batch", "tokens")),
+    "mask": batch_lib.Field("bool", ("batch", "tokens")),
+    "image": batch_lib.Field("float32", ("batch", "embed")),
+    "negatives": batch_lib.Field("float32", ("negatives", "embed"), split=False),
+}
+
+
+def batch_schema(config) -> batch_lib.Schema:
+    """The text step's batch for `config`: TEXT_BATCH, without "negatives" when train.extra_negatives is 0."""
+    if config.train.extra_negatives > 0:
+        return dict(TEXT_BATCH)
+    return {k: v for k, v in TEXT_BATCH.items() if k != "negatives"}
 
 
 def make_train_step(config, setup: Setup) -> Callable:
     """The jitted step `(state, frozen, batch) -> (state, metrics)`; state is donated."""
     if setup.tower != "text":
         raise CfirError("train.images='pixels' trains both towers: use cfir_jax.train.full_step.make_full_step")
-    tcfg = config.train
-    graphdef = setup.graphdef
-    accum = int(tcfg.grad_accum_steps)
+    grads_fn = _make_grads(setup, int(config.train.grad_accum_steps))
 
+    def step(state, frozen, batch):
+        rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
+        (loss, aux), grads = grads_fn(state["params"], frozen, batch, rng)
+        return apply_update(setup, state, frozen, loss, aux, grads)
+
+    return jax.jit(
+        step,
+        in_shardings=(setup.state_shardings, setup.frozen_shardings,
+                      batch_lib.shardings(batch_schema(config), setup.mesh)),
+        out_shardings=(setup.state_shardings, partition.replicated(setup.mesh)),
+        donate_argnums=(0,),
+    )
+
+
+def _make_grads(setup: Setup, accum: int) -> Callable:
+    """`(params, frozen, batch, rng) -> ((loss, aux), grads)`: the exact full-batch gradient of the contrastive loss,
+    in one pass or, for `accum` > 1, in micro-batches (gradient caching)."""
+    graphdef = setup.graphdef
     activations = partition.activation_sharding(setup.mesh)
 
     def encode(params, frozen, ids, mask, rng):
@@ -78,24 +111,7 @@ def make_train_step(config, setup: Setup) -> Callable:
         grads["logit_scale"] = grads["logit_scale"] + g_scale
         return (loss, aux), grads
 
-    grads_fn = cached_grads if accum > 1 else full_batch_grads
-
-    def step(state, frozen, batch):
-        rng = jax.random.fold_in(jax.random.wrap_key_data(state["rng"]), state["step"])
-        (loss, aux), grads = grads_fn(state["params"], frozen, batch, rng)
-        return apply_update(setup, state, frozen, loss, aux, grads)
-
-    bsh = partition.batch_sharding(setup.mesh)
-    rep = partition.replicated(setup.mesh)
-    batch_sh = {"ids": bsh, "mask": bsh, "image": bsh}
-    if tcfg.extra_negatives > 0:
-        batch_sh["negatives"] = rep
-    return jax.jit(
-        step,
-        in_shardings=(setup.state_shardings, setup.frozen_shardings, batch_sh),
-        out_shardings=(setup.state_shardings, rep),
-        donate_argnums=(0,),
-    )
+    return cached_grads if accum > 1 else full_batch_grads
 
 
 def apply_update(setup: Setup, state: dict, frozen: dict, loss, aux: dict, grads) -> tuple[dict, dict]:
@@ -135,7 +151,7 @@ def make_encoder(config, setup: Setup) -> Callable:
 
 
 def global_batch_arrays(data: TrainData, step: int, config, mesh) -> dict:
-    """This process's rows of the global batch at `step`, assembled into global jax.Arrays."""
+    """This process's rows of the global batch at `step`, assembled into global jax.Arrays (`batch_schema`)."""
     tcfg = config.train
     rows = data.batch_rows(step, tcfg.global_batch, tcfg.seed)
     n_proc, pid = jax.process_count(), jax.process_index()
@@ -145,15 +161,7 @@ def global_batch_arrays(data: TrainData, step: int, config, mesh) -> dict:
     order = np.argsort(data.pair_image[local], kind="stable")  # sorted reads from the memory map
     images = np.empty((len(local), data.image_embeddings.shape[1]), np.float32)
     images[order] = data.image_embeddings[data.pair_image[local][order]]
-    bsh = partition.batch_sharding(mesh)
-    batch = {
-        "ids": jax.make_array_from_process_local_data(bsh, data.ids[texts]),
-        "mask": jax.make_array_from_process_local_data(bsh, data.padding_mask[texts]),
-        "image": jax.make_array_from_process_local_data(bsh, images),
-    }
+    host = {"ids": data.ids[texts], "mask": data.padding_mask[texts], "image": images}
     if tcfg.extra_negatives > 0:
-        neg = data.negatives(step, rows, tcfg.extra_negatives, tcfg.negatives, tcfg.seed)
-        batch["negatives"] = jax.device_put(neg, partition.replicated(mesh))
-    return batch
-
-
+        host["negatives"] = data.negatives(step, rows, tcfg.extra_negatives, tcfg.negatives, tcfg.seed)
+    return batch_lib.assemble(batch_schema(config), host, mesh)
