@@ -288,14 +288,17 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # as train.document_fields; None (configs written before it existed) is 'all'.
             document_fields=_experiment(object),
             max_text_len=_experiment(int),
-            unknown_entities=_experiment(str),  # 'ignore' (the paper) or 'search' (over the cache at query time)
+            # 'ignore' (the paper, and --compare's paper rows) or 'search' (the authors' code searches the test
+            # documents' entities directly; here over the cache at query time)
+            unknown_entities=_experiment(str),
             # SR over the union: 'exact' (the paper: every candidate scored in float32) or 'fast' (compact int8 copy,
             # then an exact re-rank of the best sr_shortlist; ~16x faster at 4M images, top-1000 agreement ~0.9998).
             sr=_experiment(str),
             eval_sr=_experiment(str),  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
-            # The metric of --evaluate / --qrels (retrieve.py --measures): 'trec_eval' (per text, the default),
-            # 'authors' (the authors' code: per qrels line, chunk means; cfir_jax.eval.metrics.authors_measures) or
-            # 'both' (the authors' figures printed under trec_eval's).
+            # The metric of --evaluate / --qrels (retrieve.py --measures): 'trec_eval' (per text, trec_eval -c: a
+            # judged topic without hits scores 0; the default), 'trec_eval_no_c' (the mean over topics with hits
+            # only, trec_eval without -c), 'authors' (the authors' code: per qrels line, chunk means;
+            # cfir_jax.eval.metrics.authors_measures) or 'both' (the authors' figures printed under trec_eval -c's).
             measures="trec_eval",
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,
