@@ -123,6 +123,9 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             # images='pixels': grain worker processes decoding and augmenting the pictures (0: in the training
             # process; the batches are the same for any count, cfir_jax/data/image_pipeline.py).
             image_workers=0,
+            # images='pixels': BEiT-3's RandAugment(2, 7) after the crop and flip (its retrieval fine-tuning passes
+            # --randaug); False is crop and flip alone, as the authors' command (no --randaug, retrieval.py:102).
+            randaug=True,
             # The document fields of text='document' (cfir_jax.data.corpus.document_text): a tuple of AToMiC's text
             # fields in order, or 'all' (the whole assembled text).
             document_fields=_experiment(object),

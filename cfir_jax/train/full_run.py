@@ -60,7 +60,8 @@ def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None =
     tcfg = config.train
     batches = PairBatches(corpus, train_pairs(corpus), global_batch=tcfg.global_batch,
                           image_size=config.model.image_size, seed=tcfg.seed, process_index=jax.process_index(),
-                          process_count=jax.process_count(), workers=int(tcfg.get("image_workers", 0)))
+                          process_count=jax.process_count(), workers=int(tcfg.get("image_workers", 0)),
+                          randaug=bool(tcfg.get("randaug", True)))
     run_dir = layout.root / RUN_DIR
     try:
         result = train_full(config, run_dir, batches, ids, mask, steps_per_epoch=batches.steps_per_epoch,
