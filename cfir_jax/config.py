@@ -235,7 +235,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             ),
             entity_index=dict(
                 k=_experiment(int),  # candidates per entity
-                backend="scann",  # 'scann' (CPU) or 'exact' (blocked matmul + top_k, accelerators)
+                # 'auto': exact where a GPU or TPU is present, ScaNN on CPU hosts (candidate_search.resolve_backend;
+                # the manifest records the backend used and this setting); 'exact' (the paper's exact top-K,
+                # blocked matmul + top_k, on the devices when present) or 'scann' (approximate, for CPU hosts).
+                backend="auto",
                 max_text_len=_experiment(int),
                 encode_batch=256,
                 num_leaves=0,  # 0: derived from the number of images

@@ -242,13 +242,18 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
     # What the index is derived from: the selected entity texts and this build of the image cache.
     sources = dict(documents=ei.documents, entities_sha=_texts_digest(texts),
                    cache_fingerprint=cache.content_fingerprint)
+    # 'auto' (the default): exact on a GPU or TPU, ScaNN on a CPU host. The manifest records the backend used and
+    # the setting that chose it; an index is current when it was built with the backend this machine resolves to.
+    from cfir_jax.index.candidate_search import resolve_backend
+
+    backend = resolve_backend(ei.backend)
     if _current(layout.entity_index, "entity_index", VERSION, model_fingerprint=fingerprint, k_requested=ei.k,
-                backend=ei.backend, **sources):
+                backend=backend, **sources):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
     # Each process encodes only the entity texts of the chunks it searches.
     build(layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
-          backend=ei.backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
-          chunk_size=ei.chunk_size, progress=_show_progress(), sources=sources)
+          backend=backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
+          chunk_size=ei.chunk_size, progress=_show_progress(), sources={**sources, "backend_setting": ei.backend})
     return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
 
 
