@@ -215,7 +215,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             # labels: "all", "picturable" or a tuple (entities.resolve_labels); n_process: spaCy worker processes on
             # each host; chunk_size: documents per resumable chunk (the unit split over the hosts of a jax.distributed
             # run)
-            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(object), chunk_size=10_000),
+            # sources: "spacy" (the named entities of the text, the paper's), "spacy+categories" (plus the section's
+            # category names, as the paper's Figure 7 shows) or "categories" (cfir_jax.index.entity_sources)
+            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(object), chunk_size=10_000,
+                          sources=_experiment(str)),
             summaries=dict(
                 summarizer=_experiment(str),  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
                 # What is summarised (index.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and

@@ -115,6 +115,10 @@ def experiment(size: str, arg: str | None = None):
     # with CFIR's generation settings over the paper's four text fields.
     c.index.corpus.update(setting="base", splits="train,validation,test")
     c.index.entities.labels = "all"  # the paper's spaCy named entities ('picturable': the 11 of entities.py)
+    # The entities of the paper's text: spaCy's named entities. Its Figure 7 lists category names ("Annual events in
+    # New York City", "Searchlights") as a document's entities; 'spacy+categories' adds the section's category field
+    # (docs/protocol.md, "entities").
+    c.index.entities.sources = "spacy"
     c.index.summaries.update(summarizer="bart", fields="paper", bart_model="facebook/bart-large-cnn", max_length=64,
                              min_length=8, num_beams=4, length_penalty=2.0, no_repeat_ngram_size=3,
                              max_input_tokens=1024)

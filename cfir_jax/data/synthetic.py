@@ -33,6 +33,11 @@ Generative story (every draw comes from one `numpy.random.Generator` seeded by `
 7. Tokenizer. A sentencepiece unigram model trained on the documents and captions, with the BEiT-3 beit3.spm id
    conventions (<unk>=0, <s>=1, </s>=2, no pad piece), shipped as the corpus' `tokenizer.spm`.
 
+8. Categories. Each document has a few category names (`Document.metadata["category"]`, as an AToMiC section's
+   category field): one of its topic, from two of the topic's nouns ("Harbour festivals"), and one per planted entity
+   of its relevant images, at most two ("Lake Ashford landmarks", "Mary Walker family"). They are derived, not
+   drawn, so the rest of the world is exactly what it was without them (`index.entities.sources` reads them).
+
 Ground truth: `Document.entities` lists the entities the text mentions (relevant ones first, then distractors);
 `Image.entities` lists the entities the image depicts.
 """
@@ -121,6 +126,12 @@ RENDER_VERSION = 1
 # had text (or with other text) is regenerated instead of reused.
 IMAGE_TEXT_STREAM = 13
 IMAGE_TEXT_VERSION = 1
+# Documents' category names (`Document.metadata["category"]`, AToMiC's section field): derived from each document's
+# planted entities and topic without a random draw, so every other draw of the world is what it was without them.
+# Its version makes a corpus generated before documents had categories regenerate instead of being reused.
+CATEGORY_VERSION = 1
+# What a category says about a planted entity of each kind ("Lake Ashford landmarks", "Mary Walker family").
+CATEGORY_NOUN = {"person": "family", "place": "landmarks", "org": "members"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -314,6 +325,7 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
                 text=f"{title}. " + " ".join(sentences),
                 title=title,
                 entities=tuple(rel_names + distractors),
+                metadata={"category": _categories(rel_names, entities, entity_index, nouns)},
             )
         )
         relevant.append(rel)
@@ -326,6 +338,16 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
         split = "train" if rank < n_train else "validation" if rank < n_train + n_validation else "test"
         qrels[split][documents[d].doc_id] = {images[i].image_id: 1 for i in relevant[d]}
     return World(entities, entity_vectors, topic_vectors, documents, images, qrels)
+
+
+def _categories(rel_names: list[str], entities: list[Entity], entity_index: dict[str, int],
+                nouns: list[str]) -> tuple[str, ...]:
+    """A document's category names, as a Wikipedia section's (AToMiC's `category` field): one of its topic (two of
+    the topic's nouns: "Harbour festivals") and one per planted entity of its relevant images, at most two ("Lake
+    Ashford landmarks"). No random draw: the world's stream is untouched."""
+    topic = f"{nouns[0].capitalize()} {nouns[-1]}s"
+    named = [f"{n} {CATEGORY_NOUN[entities[entity_index[n]].kind]}" for n in rel_names[:2]]
+    return (topic, *named)
 
 
 def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: list[int],
@@ -358,7 +380,7 @@ def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: 
 def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConfig()) -> Corpus:
     """Generates the synthetic world into the corpus directory `out_dir` (reused when it holds this config)."""
     fields = {"config": dataclasses.asdict(config), "source": "synthetic", "render_version": RENDER_VERSION,
-              "image_text_version": IMAGE_TEXT_VERSION}
+              "image_text_version": IMAGE_TEXT_VERSION, "category_version": CATEGORY_VERSION}
     if corpus_is_complete(out_dir, NAME, fields):
         return Corpus.open(out_dir)
     world = build_world(config)

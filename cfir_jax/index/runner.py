@@ -172,16 +172,24 @@ def pretrain_encoder(config, layout: Layout) -> str:
 
 def build_entities(config, layout: Layout, corpus):
     from cfir_jax.index.entities import EntityExtractor, load_spacy
+    from cfir_jax.index.entity_sources import SourcedExtractor, categories_of, check_sources
     from cfir_jax.index.entity_store import ENTITY_FORMAT_VERSION, EntityStore, build_entity_store
 
     e = config.index.entities
+    sources = check_sources(e.get("sources") or "spacy")
     nlp = load_spacy(e.spacy_model or None)
-    extractor = EntityExtractor(nlp, e.labels, e.batch_size, e.n_process)
-    # Current only when computed from these very documents (their content, not just their number) by this NER.
+    extractor = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+    # Current only when computed from these very documents (their content, not just their number) by this NER, from
+    # these sources (a plain spaCy store records none).
     if _current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
-                labels=list(extractor.labels)):
+                labels=list(extractor.extractor.labels), sources=extractor.settings.get("sources")):
         return EntityStore.open(layout.entities)
-    docs = ((corpus.doc_ids[i], corpus.document(i).text) for i in range(corpus.num_documents))
+    if sources != "spacy" and corpus.num_documents and not any(
+            categories_of(corpus.document(i)) for i in range(min(corpus.num_documents, 1000))):
+        raise CfirError(f"{corpus.path}: its documents carry no category names (index.entities.sources={sources!r}); "
+                        "use --config.index.entities.sources=spacy or a corpus with AToMiC's category field")
+    docs = ((corpus.doc_ids[i], extractor.item(doc.text, categories_of(doc)))
+            for i in range(corpus.num_documents) for doc in (corpus.document(i),))
     build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents, chunk_size=e.chunk_size,
                        corpus_fingerprint=corpus.documents_fingerprint)
     return EntityStore.open(layout.entities)
