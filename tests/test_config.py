@@ -137,6 +137,7 @@ def test_upgrade_fills_what_an_older_workdir_lacks_and_changes_nothing_it_has(tm
     for key in ("fusion", "rerank", "sr_backend", "sr", "entity_text_match", "batch_size"):
         del old["retrieval"][key]
     del old["index"]["image_text"]
+    del old["index"]["entities"]["sources"]
     old["retrieval"]["top_k"] = 77
     (tmp_path / "index.json").write_text(json.dumps({"config": old}, default=str))
     config = workdir_config(tmp_path)
@@ -146,6 +147,7 @@ def test_upgrade_fills_what_an_older_workdir_lacks_and_changes_nothing_it_has(tm
     assert config.retrieval.sr_backend == "auto" and config.retrieval.batch_size == defaults.batch_size
     assert config.retrieval.sr == "fast"  # what a workdir without the field meant: the fast scorer
     assert config.retrieval.entity_text_match is False
+    assert config.index.entities.sources == "spacy"  # a workdir of before the choice: spaCy's entities alone
     # the section's defaults, not the experiment's choices (an index built before the stage existed has none)
     assert config.index.image_text.to_dict() == index_config(bool(current.runlocal)).image_text.to_dict()
     assert config.retrieval.top_k == 77  # recorded: kept
