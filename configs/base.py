@@ -125,7 +125,8 @@ def experiment(size: str, arg: str | None = None):
     c.index.entity_index.update(k=10_000, max_text_len=16, documents="train")
 
     # Retrieval: the top 1000 (R@1000); the summary embedding scores the union; entities the index never saw are
-    # searched over the cache (the paper drops them: 'ignore'); SR is fast for queries, exact for evaluation.
+    # searched over the cache for a user's queries (the authors' code searches every test entity; the paper drops
+    # them, 'ignore', which --compare's paper rows use); SR is fast for queries, exact for evaluation.
     c.retrieval.update(top_k=1000, text="summary", max_text_len=64, unknown_entities="search", sr="fast",
                        eval_sr="exact", document_fields=("page_title",))
     return c
