@@ -83,8 +83,9 @@ def train_time_of(retriever: Retriever) -> str:
 def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
              output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval"
              ) -> list[report.EvalRow]:
-    """Runs every row over the split's topics and prints the evaluation table (trec_eval's, the authors' metric or
-    both: `measures`), how ER and SR searched, and the unknown entities; returns its rows."""
+    """Runs every row over the split's topics and prints the evaluation table (trec_eval -c's unless `measures` says
+    otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
+    row's rule did with them; returns its rows."""
     from cfir_jax.eval import metrics, plots
 
     evaluation_sr(config)
@@ -126,7 +127,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     if report.rerank_line(table):
         print(report.rerank_line(table))
     if rules:
-        print(report.unknown_rules_line({rule: (results, labels) for rule, (results, labels) in rules.items()}))
+        print(report.unknown_rules_line(rules))
     if plot:
         plots.plot_recall_curves(curves, plot, f"{split} split, {len(docs)} topics")
         print(f"wrote {plot}", file=sys.stderr)
