@@ -49,9 +49,10 @@ defaults where it is silent). The authors' README documents a different stage-2 
 
 `train.global_batch` is global here: on D devices each takes global_batch / D (the authors' 128 per GPU is their
 512 only on 4 GPUs; on 8 their note's 8 x 128 = 1,024 is a different recipe, which
-`--config.train.global_batch=1024` sets). Their fp16 autocast (beit3_tools/engine_for_finetuning.py:858) is one
-flag here, `--config.model.dtype=bfloat16` (or float16; parameters and Adam moments stay float32); `:authors`
-keeps float32, the precision every number of this project was measured in.
+`--config.train.global_batch=1024` sets). Their mixed precision (fp16 autocast with a loss scaler,
+beit3_tools/engine_for_finetuning.py:858) is one flag here, `--config.model.dtype=bfloat16` (bf16 compute, no loss
+scaling; parameters and Adam moments stay float32); `:authors` keeps float32, the precision every number of this
+project was measured in.
 
 `:full` is the paper's strongest baseline, D-BEiT-3-B-Full (Table 1's D-BEiT-3-B/L-Full rows; Table 2's
 D-BEiT-3-L full, 0.038 MRR@10 / 43.37 R@1000, with configs/large.py:full): the whole model fine-tuned, images
