@@ -50,9 +50,10 @@ def _flags(p):
     p.add_argument("--output", default="", help="write a TREC run file")
     p.add_argument("--qrels", default="", help="TREC qrels (or AToMiC parquet) to evaluate the run against")
     p.add_argument("--tag", default="cfir", help="run tag of TREC output")
-    p.add_argument("--measures", default="", help="with --evaluate or --qrels: trec_eval (per text, the default), "
-                   "authors (the authors' code: one query per qrels line, chunk means) or both; "
-                   "default retrieval.measures")
+    p.add_argument("--measures", default="", help="with --evaluate or --qrels: trec_eval (per text, trec_eval -c: "
+                   "a judged topic without hits scores 0; the default), trec_eval_no_c (the mean over topics with "
+                   "hits only, trec_eval without -c), authors (the authors' code: one query per qrels line, chunk "
+                   "means) or both (trec_eval -c and authors); default retrieval.measures")
     p.add_argument("--compare-k", default="", metavar="K1,K2,...", help="with --evaluate: full CFIR at each K, the "
                    "paper's Table 4, from the one index (each a cut of its best-first lists, retrieval.k; refused "
                    "above the K it was built with)")

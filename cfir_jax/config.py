@@ -123,6 +123,9 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             # images='pixels': grain worker processes decoding and augmenting the pictures (0: in the training
             # process; the batches are the same for any count, cfir_jax/data/image_pipeline.py).
             image_workers=0,
+            # images='pixels': BEiT-3's RandAugment(2, 7) after the crop and flip (its retrieval fine-tuning passes
+            # --randaug); False is crop and flip alone, as the authors' command (no --randaug, retrieval.py:102).
+            randaug=True,
             # The document fields of text='document' (cfir_jax.data.corpus.document_text): a tuple of AToMiC's text
             # fields in order, or 'all' (the whole assembled text).
             document_fields=_experiment(object),
@@ -212,7 +215,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             # labels: "all", "picturable" or a tuple (entities.resolve_labels); n_process: spaCy worker processes on
             # each host; chunk_size: documents per resumable chunk (the unit split over the hosts of a jax.distributed
             # run)
-            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(object), chunk_size=10_000),
+            # sources: "spacy" (the named entities of the text, the paper's), "spacy+categories" (plus the section's
+            # category names, as the paper's Figure 7 shows) or "categories" (cfir_jax.index.entity_sources)
+            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(object), chunk_size=10_000,
+                          sources=_experiment(str)),
             summaries=dict(
                 summarizer=_experiment(str),  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
                 # What is summarised (index.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and
@@ -232,7 +238,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             ),
             entity_index=dict(
                 k=_experiment(int),  # candidates per entity
-                backend="scann",  # 'scann' (CPU) or 'exact' (blocked matmul + top_k, accelerators)
+                # 'auto': exact where a GPU or TPU is present, ScaNN on CPU hosts (candidate_search.resolve_backend;
+                # the manifest records the backend used and this setting); 'exact' (the paper's exact top-K,
+                # blocked matmul + top_k, on the devices when present) or 'scann' (approximate, for CPU hosts).
+                backend="auto",
                 max_text_len=_experiment(int),
                 encode_batch=256,
                 num_leaves=0,  # 0: derived from the number of images
@@ -288,14 +297,17 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # as train.document_fields; None (configs written before it existed) is 'all'.
             document_fields=_experiment(object),
             max_text_len=_experiment(int),
-            unknown_entities=_experiment(str),  # 'ignore' (the paper) or 'search' (over the cache at query time)
+            # 'ignore' (the paper, and --compare's paper rows) or 'search' (the authors' code searches the test
+            # documents' entities directly; here over the cache at query time)
+            unknown_entities=_experiment(str),
             # SR over the union: 'exact' (the paper: every candidate scored in float32) or 'fast' (compact int8 copy,
             # then an exact re-rank of the best sr_shortlist; ~16x faster at 4M images, top-1000 agreement ~0.9998).
             sr=_experiment(str),
             eval_sr=_experiment(str),  # what --evaluate / --qrels use; 'fast' reports its measured agreement with exact
-            # The metric of --evaluate / --qrels (retrieve.py --measures): 'trec_eval' (per text, the default),
-            # 'authors' (the authors' code: per qrels line, chunk means; cfir_jax.eval.metrics.authors_measures) or
-            # 'both' (the authors' figures printed under trec_eval's).
+            # The metric of --evaluate / --qrels (retrieve.py --measures): 'trec_eval' (per text, trec_eval -c: a
+            # judged topic without hits scores 0; the default), 'trec_eval_no_c' (the mean over topics with hits
+            # only, trec_eval without -c), 'authors' (the authors' code: per qrels line, chunk means;
+            # cfir_jax.eval.metrics.authors_measures) or 'both' (the authors' figures printed under trec_eval -c's).
             measures="trec_eval",
             sr_shortlist=2560,  # candidates re-scored exactly after the compact pass
             sr_compact_dims=128,

@@ -13,8 +13,10 @@ import ml_collections
 from cfir_jax.config import index_config, retrieval_config, serve_config
 
 # What a workdir recorded before a field existed meant, for the experiment fields that have no default
-# (placeholders): SR was the fast scorer, evaluation always scored exactly, documents were embedded whole.
-_LEGACY_VALUES = {"retrieval": {"sr": "fast", "eval_sr": "exact", "document_fields": "all"}}
+# (placeholders): SR was the fast scorer, evaluation always scored exactly, documents were embedded whole, entities
+# were spaCy's alone.
+_LEGACY_VALUES = {"retrieval": {"sr": "fast", "eval_sr": "exact", "document_fields": "all"},
+                  "index": {"entities": {"sources": "spacy"}}}
 
 
 def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -38,4 +40,4 @@ def _fill(node: ml_collections.ConfigDict, current: ml_collections.ConfigDict, l
             if value is not None:  # an experiment placeholder with no legacy meaning stays absent
                 node[key] = copy.deepcopy(value)
         elif isinstance(value, ml_collections.ConfigDict) and isinstance(node[key], ml_collections.ConfigDict):
-            _fill(node[key], value, {})
+            _fill(node[key], value, legacy.get(key) if isinstance(legacy.get(key), dict) else {})

@@ -13,11 +13,11 @@ optimiser details neither states. configs/large.py uses the same values; tests/t
 against both configs.
 
   key                  value   source
-  model.image_size     224     paper: 224 x 224 images
-  train.max_text_len   64      paper: 64 text tokens
+  model.image_size     224     authors' code: --input_size 224 (retrieval.py:51, the README command's)
+  train.max_text_len   64      authors' code: --num_max_bpe_tokens 64 (retrieval.py:61, the README command's)
   train.global_batch   512     paper
   train.num_epochs     30      paper
-  train.lr             1e-4    paper: Adam(W), lr 1e-4
+  train.lr             1e-4    paper: Adam, lr 1e-4 (the authors' code's optimiser is AdamW, retrieval.py:68)
   train.weight_decay   0.05    paper: weight decay 0.05 (decoupled, AdamW, as the authors' code)
   model.drop_path_rate 0.1     authors' code: the paper's "dropout 0.1" is BEiT-3's drop path (linspace(0, 0.1, L))
   model.dropout        0.0     authors' code: no other dropout
@@ -32,15 +32,27 @@ The paper says it follows BEiT-3's fine-tuning setup and its values are the tabl
 defaults where it is silent). The authors' README documents a different stage-2 command; `:authors` (combinable:
 `:authors,384`) sets it instead, value by value (README.md's "The protocol" table gives both sources):
 
-  key                  paper   :authors
-  train.lr             1e-4    2e-4
-  train.global_batch   512     128    (their --batch_size 128 is per GPU; the command names no GPU count)
-  train.warmup_epochs  5       3
-  train.layer_decay    0.9     0.65   (layer 1 of 12: lr x 0.28 under 0.9, x 0.006 under 0.65)
-  model.drop_path_rate 0.1     0.2
-  train.weight_decay   0.05    0.05
-  train.num_epochs     30      30
-  train.max_text_len   64      64
+  key                  paper            :authors
+  train.lr             1e-4             2e-4
+  train.global_batch   512              512    (4 x 128: README.md:7 "can be evaluated using 4 A6000-48GB", and
+                                                --batch_size 128 per GPU, README.md:30; that note's own example,
+                                                8 x 128 = 1,024, is another GPU count)
+  train.warmup_epochs  5                3
+  train.layer_decay    0.9              0.65   (layer 1 of 12: lr x 0.28 under 0.9, x 0.006 under 0.65)
+  model.drop_path_rate 0.1              0.2
+  train.trainable      language_expert  authors (--tune_text_only's set, retrieval.py:253,390-397: the
+                                                temperature and the language head frozen)
+  train.randaug        True             False  (no --randaug in the command; retrieval.py:102; read by :full)
+  train.weight_decay   0.05             0.05
+  train.num_epochs     30               30
+  train.max_text_len   64               64
+
+`train.global_batch` is global here: on D devices each takes global_batch / D (the authors' 128 per GPU is their
+512 only on 4 GPUs; on 8 their note's 8 x 128 = 1,024 is a different recipe, which
+`--config.train.global_batch=1024` sets). Their mixed precision (fp16 autocast with a loss scaler,
+beit3_tools/engine_for_finetuning.py:858) is one flag here, `--config.model.dtype=bfloat16` (bf16 compute, no loss
+scaling; parameters and Adam moments stay float32); `:authors` keeps float32, the precision every number of this
+project was measured in.
 
 `:full` is the paper's strongest baseline, D-BEiT-3-B-Full (Table 1's D-BEiT-3-B/L-Full rows; Table 2's
 D-BEiT-3-L full, 0.038 MRR@10 / 43.37 R@1000, with configs/large.py:full): the whole model fine-tuned, images
@@ -65,8 +77,10 @@ evaluation); cfir_jax/config.py holds only what is not a choice (architecture, e
 
 from cfir_jax.config import LANGUAGE_EXPERT, defaults, parse_arg
 
-# The authors' stage-2 command: --batch_size 128, which BEiT-3's fine-tuning code applies per GPU.
+# The authors' stage-2 command: --batch_size 128, which BEiT-3's fine-tuning code applies per GPU (their README.md:30),
+# on the 4 GPUs their README.md:7 names: a global batch of 512, the paper's.
 AUTHORS_BATCH_PER_GPU = 128
+AUTHORS_GPUS = 4
 
 
 def experiment(size: str, arg: str | None = None):
@@ -85,8 +99,8 @@ def experiment(size: str, arg: str | None = None):
                    weight_decay=0.05, b1=0.9, b2=0.999, eps=1e-8, layer_decay=0.9, trainable=LANGUAGE_EXPERT)
     if arg.authors:  # the authors' documented stage-2 command, where it differs from the paper (the docstring)
         c.model.drop_path_rate = 0.2
-        c.train.update(lr=2e-4, warmup_epochs=3.0, layer_decay=0.65,
-                       global_batch=16 if arg.runlocal else AUTHORS_BATCH_PER_GPU)
+        c.train.update(lr=2e-4, warmup_epochs=3.0, layer_decay=0.65, trainable="authors", randaug=False,
+                       global_batch=16 if arg.runlocal else AUTHORS_GPUS * AUTHORS_BATCH_PER_GPU)
 
     # The document text of the dense baselines (the paper is silent): the authors' code trains the document model on
     # page title, section title and section description, and its test queries read the page title alone
@@ -102,13 +116,18 @@ def experiment(size: str, arg: str | None = None):
     # with CFIR's generation settings over the paper's four text fields.
     c.index.corpus.update(setting="base", splits="train,validation,test")
     c.index.entities.labels = "all"  # the paper's spaCy named entities ('picturable': the 11 of entities.py)
+    # The entities of the paper's text: spaCy's named entities. Its Figure 7 lists category names ("Annual events in
+    # New York City", "Searchlights") as a document's entities; 'spacy+categories' adds the section's category field
+    # (docs/protocol.md, "entities").
+    c.index.entities.sources = "spacy"
     c.index.summaries.update(summarizer="bart", fields="paper", bart_model="facebook/bart-large-cnn", max_length=64,
                              min_length=8, num_beams=4, length_penalty=2.0, no_repeat_ngram_size=3,
                              max_input_tokens=1024)
     c.index.entity_index.update(k=10_000, max_text_len=16, documents="train")
 
     # Retrieval: the top 1000 (R@1000); the summary embedding scores the union; entities the index never saw are
-    # searched over the cache (the paper drops them: 'ignore'); SR is fast for queries, exact for evaluation.
+    # searched over the cache for a user's queries (the authors' code searches every test entity; the paper drops
+    # them, 'ignore', which --compare's paper rows use); SR is fast for queries, exact for evaluation.
     c.retrieval.update(top_k=1000, text="summary", max_text_len=64, unknown_entities="search", sr="fast",
                        eval_sr="exact", document_fields=("page_title",))
     return c

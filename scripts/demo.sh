@@ -15,3 +15,11 @@ echo; echo "== beyond the paper: fit the re-ranker of SR's top 100 on the train 
 python retrieve.py --index "$WORK" --fit-reranker
 echo; echo "== evaluation on the synthetic test split"
 python retrieve.py --index "$WORK" --evaluate test --compare --plot "$WORK/recall.png"
+# The paper's Figure 7 entities (issue 29): SOURCES="spacy+categories categories" bash scripts/demo.sh also rebuilds
+# the entities and the entity index of a copy of the workdir with each index.entities.sources and prints its rows.
+for S in ${SOURCES:-}; do
+  echo; echo "== the rows with index.entities.sources=$S (docs/protocol.md)"
+  rm -rf "$WORK-$S" && cp -r "$WORK" "$WORK-$S"
+  python index.py --config configs/demo.py --workdir "$WORK-$S" --config.index.entities.sources="$S"
+  python retrieve.py --index "$WORK-$S" --evaluate test --compare
+done

@@ -87,7 +87,10 @@ def test_document_fields_select_the_text_the_dense_baselines_read(base):
     # A synthetic document has no fields: its whole text. An AToMiC document of a corpus written before the fields
     # were kept (list fields only) is refused in one line.
     assert document_text(Document("s", "a whole text"), ("page_title",)) == "a whole text"
-    old = Document("o", "Alpha History", metadata={"category": ("Cat",)})
+    # (The reader writes all three list fields; a synthetic document's metadata holds its categories alone.)
+    old = Document("o", "Alpha History", metadata={"category": ("Cat",), "media": (), "hierachy": ()})
+    assert document_text(Document("s", "a whole text", metadata={"category": ("Cat",)}), ("page_title",)) == \
+        "a whole text"
     with pytest.raises(CfirError, match="no per-field text.*delete W/corpus"):
         document_text(old, ("page_title",))
 

@@ -57,3 +57,37 @@ def test_a_row_of_one_more_setting_is_one_line(config):
     row = Row("k100", "cfir", {"retrieval.top_k": 100}, "K = 100")
     assert row.config(config).retrieval.top_k == 100
     assert single_row("entity_only").config(config).to_dict() == config.to_dict()
+
+
+def test_the_papers_rows_drop_unseen_entities_and_the_rows_beyond_follow_the_config(config, tmp_path):
+    """Issue 29: the paper drops query entities its index never saw, so Table 3's and Table 4's rows run with
+    retrieval.unknown_entities='ignore' whatever the config says; the rows beyond the paper keep the config's rule."""
+    from cfir_jax.eval.comparison import k_rows
+
+    config.retrieval.unknown_entities = "search"
+    for row in (*TABLE3, *k_rows((4, 8))):
+        assert row.config(config).retrieval.unknown_entities == "ignore", row.name
+    _store(tmp_path, "image_text")
+    fused = comparison_rows(config, tmp_path)[len(TABLE3)]
+    assert fused.config(config).retrieval.unknown_entities == "search"
+    assert single_row("cfir").config(config).retrieval.unknown_entities == "search"
+
+
+def test_the_unknown_entities_line_counts_what_each_rule_did():
+    from cfir_jax.retrieve.pipeline import Result
+    from cfir_jax.retrieve.report import EvalRow, eval_table, unknown_rules_line
+
+    results = [Result([], ["A", "B", "C"], ["C"], ""), Result([], ["D"], [], ""),
+               Result([], ["E", "F"], ["E", "F"], "")]
+    line = unknown_rules_line({"ignore": (results, ["entities only", "full CFIR"]),
+                               "search": (results, ["CFIR + image text"])})
+    assert "\n" not in line
+    assert line.startswith("unknown query entities: 3 of 6 (50.0%), in 2 of 3 topics; ")
+    assert "ignore: 3 dropped in entities only, full CFIR" in line
+    assert "search: 3 searched over the cache in CFIR + image text" in line
+    metrics = dict.fromkeys(("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000"), 0.5)
+    table = eval_table([EvalRow("entities only", metrics, results, "m", unknown_rule="ignore", no_hits=2)])
+    head, _, body = table.splitlines()
+    assert "unseen entities" in head and "no hits" in head
+    cells = body.split()
+    assert "ignore" in cells and cells[cells.index("ignore") + 1] == "2"

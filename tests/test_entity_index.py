@@ -207,3 +207,44 @@ def test_er_note_states_scann_recall_and_the_exact_rebuild(tmp_path, data):
     assert note == (f"ER: ScaNN top-20 per entity, recall@20 {recall:.4f} against exact search on 32 sampled "
                     "entities; the paper's ER is exact: rebuild with index.py "
                     "--config.index.entity_index.backend=exact")
+
+
+@pytest.mark.parametrize("accelerator", [True, False], ids=["accelerator", "cpu"])
+def test_auto_backend_is_exact_on_accelerators_scann_on_cpu_hosts_and_the_manifest_says_which(
+        tmp_path, data, monkeypatch, accelerator):
+    """index.entity_index.backend='auto' (the default): the index stage builds exact top-K where a GPU or TPU is
+    present and ScaNN on a CPU host; the manifest records the backend used and the setting that chose it, and a
+    rerun on the same machine finds the index current."""
+    import ml_collections
+
+    from cfir_jax.index import runner
+    from cfir_jax.index.candidate_search import resolve_backend
+    from cfir_jax.layout import Layout
+    from cfir_jax.search import device_sr
+
+    images, ents, texts = data
+    monkeypatch.setattr(device_sr, "has_accelerator", lambda: accelerator)
+    encoder = type("Encoder", (), {"encode": staticmethod(lambda batch: ents[[texts.index(t) for t in batch]])})
+    monkeypatch.setattr(runner, "entity_encoder", lambda config, layout, corpus: (encoder, FP))
+    monkeypatch.setattr(runner, "check_cache_encoder", lambda config, layout, cache: None)
+    monkeypatch.setattr(runner, "indexed_entities", lambda config, corpus, entities: texts)
+    from configs.base import get_config
+
+    config = get_config("runlocal")
+    assert config.index.entity_index.backend == "auto"
+    config.index.entity_index.update(k=40, chunk_size=16)
+    cache = ml_collections.ConfigDict(dict(embeddings=images, content_fingerprint="cache-1"))
+    layout = Layout.of(tmp_path)
+    index = runner.build_entity_index(config, layout, None, None, cache)
+    want = "exact" if accelerator else "scann"
+    assert resolve_backend("auto") == want and resolve_backend("scann") == "scann"
+    assert (index.manifest["backend"], index.manifest["backend_setting"]) == (want, "auto")
+    if accelerator:
+        np.testing.assert_array_equal(np.stack(index.candidates(np.arange(50))), exact_topk(ents, images, 40)[1])
+    else:
+        assert index.manifest["has_searcher"] and index.manifest["recall_at_k"] is not None
+    before = (tmp_path / "entity_index" / "manifest.json").stat().st_mtime_ns
+    runner.build_entity_index(config, layout, None, None, cache)
+    assert (tmp_path / "entity_index" / "manifest.json").stat().st_mtime_ns == before
+    with pytest.raises(CfirError, match="index.entity_index.backend='faiss'"):
+        resolve_backend("faiss")

@@ -153,6 +153,29 @@ def test_augmentation_changes_pixels_and_eval_mode_is_the_eval_decode(world_corp
     assert np.mean(np.asarray(redraw)[valid]) > 0.9
 
 
+def test_randaug_off_is_the_crop_and_flip_alone_and_a_state_of_either_refuses_the_other(world_corpus):
+    """train.randaug=False (the authors' command: no --randaug): the same crop and flip as with RandAugment, the
+    ops left out; a saved data state records which, so a run never resumes under the other."""
+    corpus, pairs, _ = world_corpus
+    rgb = PILImage.fromarray(np.random.default_rng(0).integers(0, 256, (40, 56, 3), np.uint8))
+    for seed in range(8):
+        with_ops = augment.train_transform(rgb, SIZE, np.random.default_rng(seed))
+        rng = np.random.default_rng(seed)
+        without = augment.train_transform(rgb, SIZE, rng, randaug=False)
+        replay = np.random.default_rng(seed)
+        top, left, h, w = augment.crop_box(rgb.width, rgb.height, replay)
+        img = rgb.crop((left, top, left + w, top + h)).resize((SIZE, SIZE), PILImage.BICUBIC)
+        if replay.random() < 0.5:
+            img = img.transpose(PILImage.Transpose.FLIP_LEFT_RIGHT)
+        np.testing.assert_array_equal(without, np.asarray(img))
+        assert with_ops.shape == without.shape
+    kw = dict(global_batch=BATCH, image_size=SIZE, seed=0)
+    state = PairBatches(corpus, pairs, randaug=False, **kw).get_state()
+    assert state["augment"] == "crop_flip" and PairBatches(corpus, pairs, **kw).get_state()["augment"] is True
+    with pytest.raises(CfirError, match="augment"):
+        PairBatches(corpus, pairs, **kw).set_state(state)
+
+
 def test_lookup_table_ops_equal_pil_imageops():
     """randaug.py's autocontrast and equalize are PIL's ImageOps ones (its docstrings say so): ours must be too."""
     rng = np.random.default_rng(0)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import time
 
 import numpy as np
@@ -282,3 +283,30 @@ def test_authors_metric_chunks_drop_the_offset_and_divide_by_one_chunk_too_many(
     assert m["recall@1000"] == pytest.approx(2 / 3)
     with pytest.raises(CfirError, match="no relevant line"):
         metrics.authors_measures(AUTHORS_RUN, {"A": {"a1": 0}})
+
+
+def test_c_on_a_run_with_empty_topics_is_trec_eval_scoring_them_against_an_empty_ranking():
+    """trec_eval -c evaluates every qrels topic the run lacks as a topic that retrieved nothing. pytrec_eval is
+    trec_eval's code: given such a topic with no hits it scores it that way, so its per-topic values over all qrels
+    topics are -c's, and their mean is what --evaluate prints by default (issue 29). Without -c (the old mean) the
+    empty topics leave the mean, which is then higher."""
+    qrels = {"q1": {"a": 1, "b": 0}, "q2": {"c": 1}, "q3": {"d": 1, "e": 1}, "q4": {"f": 1}}
+    run = {"q1": [("b", 3.0), ("a", 2.0)], "q2": [], "q3": [("e", 1.0), ("x", 2.0)]}  # q2 empty, q4 absent
+    names = ("mrr@10", "recall@1000", "success@1000")
+    trec_names = {"recall.1000", "success.1000", "recip_rank"}
+    own = pytrec_eval.RelevanceEvaluator(qrels, trec_names).evaluate(
+        {q: {d: s for d, s in run.get(q, [])} for q in qrels})
+    assert set(own) == set(qrels) and own["q2"]["recip_rank"] == own["q4"]["recall_1000"] == 0.0
+    keys = {"mrr@10": "recip_rank", "recall@1000": "recall_1000", "success@1000": "success_1000"}
+    c = evaluate(run, qrels, names, complete=True)
+    assert c.num_queries == 4 and c.no_hits == 2
+    for name in names:
+        assert c.aggregate[name] == pytest.approx(sum(v[keys[name]] for v in own.values()) / 4, abs=1e-12)
+    assert c.aggregate["mrr@10"] == pytest.approx((1 / 2 + 0 + 1 / 2 + 0) / 4)
+    assert c.aggregate["recall@1000"] == pytest.approx((1 + 0 + 1 / 2 + 0) / 4)
+    no_c = evaluate(run, qrels, names)
+    assert no_c.num_queries == 2 and no_c.no_hits == 2
+    assert no_c.aggregate["mrr@10"] == pytest.approx(1 / 2) and no_c.aggregate["mrr@10"] > c.aggregate["mrr@10"]
+    assert re.search(r"^no_hits *\tall\t2$", c.table(), re.M)
+    assert metrics.complete_for("trec_eval") and metrics.complete_for("both")
+    assert not metrics.complete_for("trec_eval_no_c")

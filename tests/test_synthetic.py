@@ -177,3 +177,29 @@ def test_bad_config_is_a_clear_error(tmp_path):
 def test_generate_reuses_a_complete_corpus_with_the_same_config(corpus):
     again = generate(corpus.path, TINY)
     assert again.manifest["created"] == corpus.manifest["created"]
+
+
+def test_documents_have_category_names_of_their_topic_and_planted_entities_and_the_rest_is_unchanged(corpus):
+    """Issue 29: each document carries a few category names (AToMiC's section field) derived from its planted
+    entities and topic, with no random draw: the tiny world's documents, captions, image text and qrels hash to what
+    they were before categories existed (b39a113489955b73, computed with the generator of before)."""
+    import hashlib
+
+    from cfir_jax.data.synthetic import CATEGORY_NOUN
+
+    world = build_world(TINY)
+    h = hashlib.sha256()
+    for d in world.documents:
+        h.update(repr((d.doc_id, d.text, d.title, d.entities)).encode())
+    for i in world.images:
+        h.update(repr((i.image_id, i.caption, i.entities, sorted(i.texts.items()))).encode())
+    h.update(repr(sorted((s, sorted(q.items())) for s, q in world.qrels.items())).encode())
+    assert h.hexdigest()[:16] == "b39a113489955b73"
+    kinds = {e.name: e.kind for e in world.entities}
+    for doc in world.documents:
+        topic, *named = doc.metadata["category"]
+        assert 1 <= len(named) <= 2 and re.fullmatch(r"[A-Z][a-z]+ [a-z]+s", topic)
+        relevant = [n for n in doc.entities if n in {m for i in world.images for m in i.entities}]
+        assert named == [f"{n} {CATEGORY_NOUN[kinds[n]]}" for n in relevant[: len(named)]]
+    docs, _ = _all_records(corpus)  # written to the corpus and read back
+    assert [d.metadata["category"] for d in docs] == [d.metadata["category"] for d in world.documents]

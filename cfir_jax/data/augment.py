@@ -39,13 +39,16 @@ def eval_transform(rgb: PILImage.Image, size: int) -> np.ndarray:
     return resize_pixels(rgb, size)
 
 
-def train_transform(rgb: PILImage.Image, size: int, rng: np.random.Generator) -> np.ndarray:
-    """Random resized crop (scale 0.5-1, bicubic), horizontal flip, RandAugment(2, 7) -> uint8 [size, size, 3]."""
+def train_transform(rgb: PILImage.Image, size: int, rng: np.random.Generator, randaug: bool = True) -> np.ndarray:
+    """Random resized crop (scale 0.5-1, bicubic), horizontal flip, RandAugment(2, 7) -> uint8 [size, size, 3].
+
+    randaug=False: crop and flip only (BEiT-3's transform without `--randaug`; `train.randaug`)."""
     top, left, height, width = crop_box(rgb.width, rgb.height, rng)
     img = rgb.crop((left, top, left + width, top + height)).resize((size, size), PILImage.BICUBIC)
     if rng.random() < 0.5:
         img = img.transpose(PILImage.Transpose.FLIP_LEFT_RIGHT)
-    return rand_augment(np.asarray(img, dtype=np.uint8), rng)
+    pixels = np.asarray(img, dtype=np.uint8)
+    return rand_augment(pixels, rng) if randaug else pixels
 
 
 def crop_box(width: int, height: int, rng: np.random.Generator) -> tuple[int, int, int, int]:

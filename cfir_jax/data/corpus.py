@@ -54,7 +54,8 @@ class Document:
     title: str = ""
     entities: tuple[str, ...] = ()  # planted entity names (synthetic ground truth); empty for real corpora
     # The source's list-valued fields of the document by column name (AToMiC: category, media, hierachy), kept for
-    # stages that may read them (the summariser's input, `index.summarizer.summary_input`); empty for synthetic worlds.
+    # stages that may read them (the summariser's input, `index.summarizer.summary_input`; the category names of
+    # `index.entities.sources`); a synthetic world's documents hold their categories alone.
     metadata: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
 
 
@@ -94,7 +95,9 @@ def document_text(doc: Document, fields: Sequence[str] | str | None) -> str:
     if not fields:
         return doc.text
     if not any(f in doc.metadata for f in DOCUMENT_FIELDS):
-        if doc.metadata:  # an AToMiC document (it has the list fields) of a corpus without the text fields
+        # An AToMiC document (it has the list fields) of a corpus without the text fields; a synthetic document's
+        # metadata holds its categories alone.
+        if set(doc.metadata) - {"category"}:
             raise CfirError(f"document {doc.doc_id!r} has no per-field text (a corpus written before the fields were "
                             "kept): delete W/corpus and rerun index.py")
         return doc.text

@@ -65,11 +65,12 @@ class _LoadSample:
     grain's worker processes run it (the image records reopen there)."""
 
     def __init__(self, records: Any, pairs: np.ndarray, *, global_batch: int, local_batch: int, process_index: int,
-                 image_size: int, seed: int, augment: bool, shuffled: bool):
+                 image_size: int, seed: int, augment: bool, shuffled: bool, randaug: bool = True):
         self.records, self.pairs = records, pairs
         self.global_batch, self.local_batch, self.process_index = global_batch, local_batch, process_index
         self.steps_per_epoch = len(pairs) // global_batch
         self.image_size, self.seed, self.augment, self.shuffled = image_size, seed, augment, shuffled
+        self.randaug = randaug
 
     def locate(self, k: int) -> tuple[int, int]:
         """(epoch, pair index) of sample k: see the module docstring."""
@@ -84,7 +85,8 @@ class _LoadSample:
         try:
             rgb = decode_rgb(bytes(self.records[image]["image"]))
             if self.augment:
-                pixels = train_transform(rgb, self.image_size, np.random.default_rng([self.seed, _AUGMENT, epoch, p]))
+                pixels = train_transform(rgb, self.image_size, np.random.default_rng([self.seed, _AUGMENT, epoch, p]),
+                                         randaug=self.randaug)
             else:
                 pixels = eval_transform(rgb, self.image_size)
             valid = True
@@ -131,7 +133,7 @@ class PairBatches:
 
     def __init__(self, corpus: Corpus, pairs: np.ndarray, *, global_batch: int, image_size: int, seed: int,
                  process_index: int = 0, process_count: int = 1, augment: bool = True, workers: int = 0,
-                 epoch_pairs_shuffled: bool = True):
+                 epoch_pairs_shuffled: bool = True, randaug: bool = True):
         pairs = np.asarray(pairs)
         _check(corpus, pairs, global_batch, image_size, process_index, process_count, workers)
         self.global_batch, self.local_batch = global_batch, global_batch // process_count
@@ -139,11 +141,14 @@ class PairBatches:
         self.steps_per_epoch = len(pairs) // global_batch
         self._fixed = {"num_pairs": len(pairs), "pairs_digest": hashlib.sha1(pairs.astype(np.int64).tobytes())
                        .hexdigest()[:16], "global_batch": global_batch, "image_size": image_size,
-                       "seed": int(seed) % 2**63, "augment": bool(augment), "shuffled": bool(epoch_pairs_shuffled)}
+                       "seed": int(seed) % 2**63, "shuffled": bool(epoch_pairs_shuffled),
+                       # crop and flip without RandAugment is its own value; True (with it) is what older states hold
+                       "augment": "crop_flip" if augment and not randaug else bool(augment)}
         # int32 halves what every worker process is sent (AToMiC's 4.4M train pairs: 35 MB); rows fit.
         self._load = _LoadSample(corpus.image_records, pairs.astype(np.int32), global_batch=global_batch,
                                  local_batch=self.local_batch, process_index=process_index, image_size=image_size,
-                                 seed=self._fixed["seed"], augment=bool(augment), shuffled=bool(epoch_pairs_shuffled))
+                                 seed=self._fixed["seed"], augment=bool(augment), shuffled=bool(epoch_pairs_shuffled),
+                                 randaug=bool(randaug))
         self.step = 0  # global batches taken so far
         self.skipped = 0
         self._epoch_skipped = 0

@@ -33,6 +33,11 @@ Generative story (every draw comes from one `numpy.random.Generator` seeded by `
 7. Tokenizer. A sentencepiece unigram model trained on the documents and captions, with the BEiT-3 beit3.spm id
    conventions (<unk>=0, <s>=1, </s>=2, no pad piece), shipped as the corpus' `tokenizer.spm`.
 
+8. Categories. Each document has a few category names (`Document.metadata["category"]`, as an AToMiC section's
+   category field): one of its topic, from two of the topic's nouns ("Harbour festivals"), and one per planted entity
+   of its relevant images, at most two ("Lake Ashford landmarks", "Mary Walker family"). They are derived, not
+   drawn, so the rest of the world is exactly what it was without them (`index.entities.sources` reads them).
+
 Ground truth: `Document.entities` lists the entities the text mentions (relevant ones first, then distractors);
 `Image.entities` lists the entities the image depicts.
 """
@@ -121,6 +126,12 @@ RENDER_VERSION = 1
 # had text (or with other text) is regenerated instead of reused.
 IMAGE_TEXT_STREAM = 13
 IMAGE_TEXT_VERSION = 1
+# Documents' category names (`Document.metadata["category"]`, AToMiC's section field): derived from each document's
+# planted entities and topic without a random draw, so every other draw of the world is what it was without them.
+# Its version makes a corpus generated before documents had categories regenerate instead of being reused.
+CATEGORY_VERSION = 1
+# What a category says about a planted entity of each kind ("Lake Ashford landmarks", "Mary Walker family").
+CATEGORY_NOUN = {"person": "family", "place": "landmarks", "org": "members"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -297,11 +308,12 @@ def _draw_documents(rng: np.random.Generator, config: SyntheticConfig, entities:
         n_distract = min(int(rng.integers(1, config.max_distractors + 1)), len(candidates))
         distractors = [str(n) for n in rng.choice(candidates, n_distract, replace=False)] if n_distract else []
         mentions = [s for n in rel_names for s in [n] * int(rng.integers(2, 4))] + distractors
-        text = _document_text(rng, config, [entities[entity_index[n]] for n in mentions],
-                              topic_nouns[image_topic[rel[0]]])
+        nouns = topic_nouns[image_topic[rel[0]]]
+        text = _document_text(rng, config, [entities[entity_index[n]] for n in mentions], nouns)
         title = rel_names[0]
         documents.append(Document(doc_id=f"doc{d:06d}", text=f"{title}. {text}", title=title,
-                                  entities=tuple(rel_names + distractors)))
+                                  entities=tuple(rel_names + distractors),
+                                  metadata={"category": _categories(rel_names, entities, entity_index, nouns)}))
         relevant.append(rel)
     return documents, relevant
 
@@ -349,6 +361,16 @@ def _split_qrels(rng: np.random.Generator, config: SyntheticConfig, documents: l
     return qrels
 
 
+def _categories(rel_names: list[str], entities: list[Entity], entity_index: dict[str, int],
+                nouns: list[str]) -> tuple[str, ...]:
+    """A document's category names, as a Wikipedia section's (AToMiC's `category` field): one of its topic (two of
+    the topic's nouns: "Harbour festivals") and one per planted entity of its relevant images, at most two ("Lake
+    Ashford landmarks"). No random draw: the world's stream is untouched."""
+    topic = f"{nouns[0].capitalize()} {nouns[-1]}s"
+    named = [f"{n} {CATEGORY_NOUN[entities[entity_index[n]].kind]}" for n in rel_names[:2]]
+    return (topic, *named)
+
+
 def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: list[int],
                       topic_nouns: list[list[str]], seed: int) -> list[Image]:
     """The images with their noisy, sometimes missing text fields (module docstring, step 5), from their own stream."""
@@ -379,7 +401,7 @@ def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: 
 def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConfig()) -> Corpus:
     """Generates the synthetic world into the corpus directory `out_dir` (reused when it holds this config)."""
     fields = {"config": dataclasses.asdict(config), "source": "synthetic", "render_version": RENDER_VERSION,
-              "image_text_version": IMAGE_TEXT_VERSION}
+              "image_text_version": IMAGE_TEXT_VERSION, "category_version": CATEGORY_VERSION}
     if corpus_is_complete(out_dir, NAME, fields):
         return Corpus.open(out_dir)
     world = build_world(config)

@@ -77,6 +77,8 @@ class EvalResult:
     measures: tuple[str, ...]
     num_queries: int
     complete: bool = False
+    # Judged topics the run has no hit for (scored 0 under complete, left out of the mean otherwise).
+    no_hits: int = 0
 
     def table(self, per_query: bool = False) -> str:
         """trec_eval-style text: `measure  qid  value` lines, the aggregate under qid `all` (after topics if asked)."""
@@ -86,6 +88,7 @@ class EvalResult:
             for qid, values in self.per_query.items():
                 rows += [f"{m:<{width}}\t{qid}\t{values[m]:.4f}" for m in self.measures]
         rows.append(f"{'num_q':<{width}}\tall\t{self.num_queries}")
+        rows.append(f"{'no_hits':<{width}}\tall\t{self.no_hits}")
         rows += [f"{m:<{width}}\tall\t{self.aggregate[m]:.4f}" for m in self.measures]
         return "\n".join(rows)
 
@@ -161,13 +164,21 @@ def evaluate(
         for values in per_query.values():
             total += values[m.name]
         aggregate[m.name] = total / len(per_query)
-    return EvalResult(per_query, aggregate, tuple(m.name for m in parsed), len(per_query), complete)
+    return EvalResult(per_query, aggregate, tuple(m.name for m in parsed), len(per_query), complete,
+                      no_hits=len(judged) - len(raw))
 
 
 # ------------------------------------------------------------------------------------------ the authors' metric
 
-# What retrieve.py --measures (retrieval.measures) accepts.
-MEASURE_SETS = ("trec_eval", "authors", "both")
+# What retrieve.py --measures (retrieval.measures) accepts: 'trec_eval' is trec_eval -c (every qrels topic counts,
+# one without hits scores 0); 'trec_eval_no_c' the mean over the topics with hits only (trec_eval without -c, what
+# --evaluate printed before issue 29); 'authors' the authors' code's metric; 'both' trec_eval -c and the authors'.
+MEASURE_SETS = ("trec_eval", "trec_eval_no_c", "authors", "both")
+
+
+def complete_for(measures: str) -> bool:
+    """Whether the trec_eval figures of `measures` (a MEASURE_SETS name) are trec_eval -c's."""
+    return measures != "trec_eval_no_c"
 # The authors' evaluation (GLA-IR/CFIR atomic/atomic_engine.py, Atomicstage2Handler.after_eval) scores queries in
 # chunks of 1,000.
 AUTHORS_CHUNK = 1000

@@ -18,6 +18,21 @@ from cfir_jax.index.knn import ScannConfig, ScannSearcher, recall_at_k
 from cfir_jax.search.topk import exact_topk
 
 BACKENDS = ("scann", "exact")
+# What index.entity_index.backend accepts: a backend, or "auto" (the default) for `resolve_backend`'s choice.
+BACKEND_SETTINGS = ("auto", *BACKENDS)
+
+
+def resolve_backend(setting: str) -> str:
+    """The backend `index.entity_index.backend` names: 'auto' is exact top-K where a GPU or TPU is present (the
+    paper's exact search, the cache resident on the devices) and ScaNN on CPU hosts (exact top-10,000 of millions of
+    entities is days on a CPU); 'exact' and 'scann' are themselves. Anything else is one error line."""
+    if setting not in BACKEND_SETTINGS:
+        raise CfirError(f"index.entity_index.backend={setting!r}: use one of {', '.join(BACKEND_SETTINGS)}")
+    if setting != "auto":
+        return setting
+    from cfir_jax.search import device_sr
+
+    return "exact" if device_sr.has_accelerator() else "scann"
 
 
 class CandidateSearcher:

@@ -172,16 +172,24 @@ def pretrain_encoder(config, layout: Layout) -> str:
 
 def build_entities(config, layout: Layout, corpus):
     from cfir_jax.index.entities import EntityExtractor, load_spacy
+    from cfir_jax.index.entity_sources import SourcedExtractor, categories_of, check_sources
     from cfir_jax.index.entity_store import ENTITY_FORMAT_VERSION, EntityStore, build_entity_store
 
     e = config.index.entities
+    sources = check_sources(e.get("sources") or "spacy")
     nlp = load_spacy(e.spacy_model or None)
-    extractor = EntityExtractor(nlp, e.labels, e.batch_size, e.n_process)
-    # Current only when computed from these very documents (their content, not just their number) by this NER.
+    extractor = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+    # Current only when computed from these very documents (their content, not just their number) by this NER, from
+    # these sources (a plain spaCy store records none).
     if _current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
-                labels=list(extractor.labels)):
+                labels=list(extractor.extractor.labels), sources=extractor.settings.get("sources")):
         return EntityStore.open(layout.entities)
-    docs = ((corpus.doc_ids[i], corpus.document(i).text) for i in range(corpus.num_documents))
+    if sources != "spacy" and corpus.num_documents and not any(
+            categories_of(corpus.document(i)) for i in range(min(corpus.num_documents, 1000))):
+        raise CfirError(f"{corpus.path}: its documents carry no category names (index.entities.sources={sources!r}); "
+                        "use --config.index.entities.sources=spacy or a corpus with AToMiC's category field")
+    docs = ((corpus.doc_ids[i], extractor.item(doc.text, categories_of(doc)))
+            for i in range(corpus.num_documents) for doc in (corpus.document(i),))
     build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents, chunk_size=e.chunk_size,
                        corpus_fingerprint=corpus.documents_fingerprint)
     return EntityStore.open(layout.entities)
@@ -242,13 +250,18 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
     # What the index is derived from: the selected entity texts and this build of the image cache.
     sources = dict(documents=ei.documents, entities_sha=_texts_digest(texts),
                    cache_fingerprint=cache.content_fingerprint)
+    # 'auto' (the default): exact on a GPU or TPU, ScaNN on a CPU host. The manifest records the backend used and
+    # the setting that chose it; an index is current when it was built with the backend this machine resolves to.
+    from cfir_jax.index.candidate_search import resolve_backend
+
+    backend = resolve_backend(ei.backend)
     if _current(layout.entity_index, "entity_index", VERSION, model_fingerprint=fingerprint, k_requested=ei.k,
-                backend=ei.backend, **sources):
+                backend=backend, **sources):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
     # Each process encodes only the entity texts of the chunks it searches.
     build(layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
-          backend=ei.backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
-          chunk_size=ei.chunk_size, progress=_show_progress(), sources=sources)
+          backend=backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
+          chunk_size=ei.chunk_size, progress=_show_progress(), sources={**sources, "backend_setting": ei.backend})
     return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
 
 

@@ -29,19 +29,30 @@ def print_notes(retriever: Retriever) -> None:
 
 
 def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, measures: str = "trec_eval") -> None:
-    """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given: trec_eval's,
-    the authors' or both (`measures`)."""
+    """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given: trec_eval's
+    (-c over the queried topics the qrels judge, unless `measures` is 'trec_eval_no_c'), the authors' or both."""
     from cfir_jax.eval import metrics, trec
 
     if output:
         trec.write_run(output, run, tag=tag, max_hits=top)
         print(f"wrote {output}", file=sys.stderr)
     if qrels:
-        judged = trec.read_qrels(qrels)
+        # The topics asked about: a qrels file may judge more documents than the queries file holds.
+        judged = {q: j for q, j in trec.read_qrels(qrels).items() if q in run}
         if measures != "authors":
-            print(metrics.evaluate(run, judged).table())
-        if measures != "trec_eval":
+            res = metrics.evaluate(run, judged, complete=metrics.complete_for(measures))
+            print(res.table())
+            print(no_hits_line(res))
+        if measures not in ("trec_eval", "trec_eval_no_c"):
             print(metrics.authors_table([(tag, metrics.authors_measures(run, judged))]))
+
+
+def no_hits_line(res) -> str:
+    """What became of the judged topics without a hit: scored 0 (trec_eval -c) or left out of the mean."""
+    if res.complete:
+        return f"topics without hits: {res.no_hits:,} of {res.num_queries:,}, each scored 0 (trec_eval -c)"
+    return (f"topics without hits: {res.no_hits:,}, left out of the mean over {res.num_queries:,} topics with hits "
+            "(trec_eval without -c: --measures trec_eval_no_c)")
 
 
 def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
@@ -72,30 +83,33 @@ def train_time_of(retriever: Retriever) -> str:
 def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
              output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval"
              ) -> list[report.EvalRow]:
-    """Runs every row over the split's topics and prints the evaluation table (trec_eval's, the authors' metric or
-    both: `measures`), how ER and SR searched, and the unknown entities; returns its rows."""
+    """Runs every row over the split's topics and prints the evaluation table (trec_eval -c's unless `measures` says
+    otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
+    row's rule did with them; returns its rows."""
     from cfir_jax.eval import metrics, plots
 
     evaluation_sr(config)
-    table, all_results, curves, authors = [], [], {}, []
-    unknown_line = er_line = ""
+    table, all_results, curves, authors, rules = [], [], {}, [], {}
+    er_line = ""
+    complete = metrics.complete_for(measures)
     for row in rows:
         row_config = row.config(config)
         retriever = Retriever(row_config, workdir, row.method, measure_agreement=True)
         print_notes(retriever)
         docs = retriever.corpus_documents(split)
         results = retriever.retrieve_many(docs, progress=True)
-        if retriever.methods.uses_entities and not unknown_line:  # the same entities for both methods
-            unknown_line = report.unknown_summary(results, row_config.retrieval.unknown_entities)
+        rule = row_config.retrieval.unknown_entities if retriever.methods.uses_entities else "-"
+        if rule != "-":  # the same entities for every row: one count per rule, with the rows that used it
+            rules.setdefault(rule, (results, []))[1].append(row.label)
         all_results.append(results)
         run = run_of(results, docs)
         qrels = retriever.corpus.qrels(split)
         if plot:
             curves[row.label] = plots.recall_curve(run, qrels)
-        res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES)
+        res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES, complete=complete)
         table.append(report.EvalRow(row.label, res.aggregate, results, retriever.model_used,
-                                    train_time_of(retriever)))
-        if measures != "trec_eval":
+                                    train_time_of(retriever), unknown_rule=rule, no_hits=res.no_hits))
+        if measures not in ("trec_eval", "trec_eval_no_c"):
             authors.append((row.label, metrics.authors_measures(run, qrels)))
         if retriever.stores.entity_index is not None and not er_line:  # the index as built (a row may cut it)
             er_line = retriever.stores.entity_index.with_k(0).er_note()
@@ -104,6 +118,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     print(f"{split} split, {len(docs)} topics")
     if measures != "authors":
         print(report.eval_table(table))
+        print(report.mean_line(complete))
     if authors:
         print(metrics.authors_table(authors))
     if er_line:
@@ -111,8 +126,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     print(report.sr_line(config.retrieval, all_results))
     if report.rerank_line(table):
         print(report.rerank_line(table))
-    if unknown_line:
-        print(unknown_line)
+    if rules:
+        print(report.unknown_rules_line(rules))
     if plot:
         plots.plot_recall_curves(curves, plot, f"{split} split, {len(docs)} topics")
         print(f"wrote {plot}", file=sys.stderr)

@@ -35,6 +35,10 @@ class EvalRow:
     results: list[Result]
     model: str  # which model encoded the queries (Retriever.model_used)
     train_time: str = "-"  # training time per epoch of that model, with its hardware (the paper's T-t)
+    # What the row did with query entities the entity index never saw: 'ignore' (dropped, the paper), 'search'
+    # (searched over the cache), '-' (a row that reads no entities).
+    unknown_rule: str = "-"
+    no_hits: int = 0  # judged topics the row returned nothing for
 
     def search_ms(self) -> float:
         """Mean ms/query of retrieval proper (candidate lists + scoring, the paper's ms/query, + the re-ranker's
@@ -46,15 +50,26 @@ class EvalRow:
 def eval_table(rows: Sequence[EvalRow]) -> str:
     """MRR@10, recall, success, ms/query and candidates per query of each row, the training time per epoch of the
     model it used (with the hardware) and that model."""
-    head = ["row", "MRR@10", "R@10", "R@100", "R@1000", "S@1000", "ms/query", "candidates/q", "train/epoch",
-            "model"]
+    head = ["row", "MRR@10", "R@10", "R@100", "R@1000", "S@1000", "ms/query", "candidates/q", "unseen entities",
+            "no hits", "train/epoch", "model"]
     table = [head] + [
         [r.label, *(f"{r.metrics[k]:.4f}" for k in EVAL_MEASURES), f"{r.search_ms():.2f}",
-         f"{np.mean([x.num_candidates for x in r.results]):,.0f}", r.train_time, r.model] for r in rows]
+         f"{np.mean([x.num_candidates for x in r.results]):,.0f}", r.unknown_rule, f"{r.no_hits:,}", r.train_time,
+         r.model] for r in rows]
     widths = [max(len(t[i]) for t in table) for i in range(len(head))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(t, widths)).rstrip() for t in table]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def mean_line(complete: bool) -> str:
+    """Which mean the table's figures are: trec_eval -c's (the default) or the mean over topics with hits only."""
+    if complete:
+        return ("means over every judged topic, a topic without hits scoring 0 (trec_eval -c); 'unseen entities': "
+                "ignore = dropped (the paper), search = searched over the cache")
+    return ("means over the topics with hits only (trec_eval without -c, --measures trec_eval_no_c): a row that "
+            "returns nothing for a topic is not charged for it; 'unseen entities': ignore = dropped (the paper), "
+            "search = searched over the cache")
 
 
 def sr_line(rcfg, results: Sequence[Sequence[Result]]) -> str:
@@ -120,6 +135,23 @@ def unknown_summary(results: Sequence[Result], policy: str) -> str:
     what = "searched over the cache" if policy == "search" else "ignored"
     return (f"unknown query entities: {unknown:,} of {total:,}{share}, in {topics:,} of {len(results):,} topics; "
             f"{what} (retrieval.unknown_entities={policy})")
+
+
+def unknown_rules_line(rules: dict[str, tuple[Sequence[Result], Sequence[str]]]) -> str:
+    """One line: how many query entities the index never saw, and per rule ('ignore', 'search') how many of them it
+    dropped or searched and in which rows. rules: rule -> (one row's results under it, the labels of its rows)."""
+    results = next(iter(rules.values()))[0]
+    total = sum(len(r.entities) for r in results)
+    unknown = sum(len(r.unknown_entities) for r in results)
+    topics = sum(bool(r.unknown_entities) for r in results)
+    share = f" ({100 * unknown / total:.1f}%)" if total else ""
+    parts = []
+    for rule in sorted(rules):
+        n = sum(len(r.unknown_entities) for r in rules[rule][0])
+        what = "dropped" if rule == "ignore" else "searched over the cache"
+        parts.append(f"{rule}: {n:,} {what} in {', '.join(rules[rule][1])}")
+    return (f"unknown query entities: {unknown:,} of {total:,}{share}, in {topics:,} of {len(results):,} topics; "
+            + "; ".join(parts))
 
 
 def trec_lines(doc_id: str, result: Result, tag: str, top: int) -> str:

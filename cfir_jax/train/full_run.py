@@ -61,7 +61,8 @@ def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None =
     tcfg = config.train
     batches = PairBatches(corpus, train_pairs(corpus), global_batch=tcfg.global_batch,
                           image_size=config.model.image_size, seed=tcfg.seed, process_index=jax.process_index(),
-                          process_count=jax.process_count(), workers=int(tcfg.get("image_workers", 0)))
+                          process_count=jax.process_count(), workers=int(tcfg.get("image_workers", 0)),
+                          randaug=bool(tcfg.get("randaug", True)))
     # The task exports the whole model to W/train_full/model when W/model_full is missing or this run trained.
     task = FullTask(batches, ids, mask, batches.steps_per_epoch, publish_to=layout.root / MODEL_DIR)
     try:
