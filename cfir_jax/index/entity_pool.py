@@ -1,9 +1,11 @@
 """A supervised pool of spaCy worker processes: the entities of many documents parsed on every core, surviving the
 loss of its workers.
 
-Each worker is started from a forkserver (never forked from this multithreaded JAX process), loads the pipeline
-once, ignores SIGINT and SIGTERM (signals to the process group belong to the parent, which drains and then stops
-its workers) and exits by itself when the parent is gone. The parent supervises them:
+Each worker is a fresh interpreter (`spawn`: never a fork of this multithreaded JAX process, and not a child of
+the shared forkserver either, which dies of a SIGTERM to the process group and takes with it the parent's view of
+every worker it started: each would read as exited with status 255), loads the pipeline once, ignores SIGINT
+and SIGTERM (signals to the process group belong to the parent, which drains and then stops its workers) and
+exits by itself when the parent is gone. The parent supervises them:
 
 - a worker that dies (SIGKILL, the OOM killer, a crash) is replaced, and the chunks it held are parsed again by
   another worker (a chunk that has killed `MAX_ATTEMPTS` workers is parsed in the calling thread);
@@ -57,16 +59,23 @@ def _worker_main(spacy_model: str, labels, tasks, results, parent_pid: int) -> N
         extractor = EntityExtractor(load_spacy(spacy_model or None), labels)
         list(extractor.extract(["warm up"]))
     except Exception as e:  # noqa: BLE001 - said to the parent in one line, which refuses to start
-        results.send(("failed", None, str(e).splitlines()[0] if str(e) else type(e).__name__))
+        _say(results, ("failed", None, str(e).splitlines()[0] if str(e) else type(e).__name__))
         return
-    results.send(("ready", None, None))
+    _say(results, ("ready", None, None))
     while (task := tasks.get()) is not None:
         task_id, texts = task
         try:
             out = ("ok", task_id, list(extractor.extract(texts)))
         except Exception as e:  # noqa: BLE001 - the chunk's own error, raised in the caller
             out = ("error", task_id, str(e).splitlines()[0] if str(e) else type(e).__name__)
-        results.send(out)
+        _say(results, out)
+
+
+def _say(results, message: tuple) -> None:
+    try:
+        results.send(message)
+    except OSError:  # the parent closed its end (it replaced this worker, or is gone): nothing to tell
+        os._exit(0)
 
 
 # ------------------------------------------------------------------------------------------------ the parent side
@@ -102,7 +111,8 @@ def _kill_all(workers: list) -> None:
 
 
 class EntityPool:
-    """Entity extraction in `workers` supervised processes with the spaCy pipeline loaded once each: the same
+    """Entity extraction in `workers` supervised processes (a script that starts one needs the `if __name__ ==
+    "__main__":` guard of every spawn start) with the spaCy pipeline loaded once each: the same
     pipeline, labels and normalisation as `EntityExtractor`, hence the same entities. Bulk retrieval
     (`retrieval.entity_workers`) and the service (`serve.entity_workers`) use it.
 
@@ -123,7 +133,7 @@ class EntityPool:
         self.on_restart: Callable[[str], None] | None = None
         self.degraded_reason = ""
         self._recent: collections.deque[float] = collections.deque()  # times of recent restarts
-        self._ctx = multiprocessing.get_context("forkserver")
+        self._ctx = multiprocessing.get_context("spawn")
         self._pid = os.getpid()
         self._next_id = 0
         self._texts: dict[int, list[str]] = {}  # the current call's chunks not yet parsed
