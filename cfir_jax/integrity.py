@@ -214,7 +214,8 @@ def check_embeddings(embeddings: np.ndarray, model_dir: str | os.PathLike, what:
         return
     bad = "not finite" if not finite else \
         f"of norm {float(norms[np.argmax(np.abs(norms - 1.0))]):.4g}, not 1"
-    raise CorruptStore(f"{model_dir}: a {what} embedding is {bad}: the model's parameters are damaged; run "
+    article = "an" if what[:1] in "aeiou" else "a"
+    raise CorruptStore(f"{model_dir}: {article} {what} embedding is {bad}: the model's parameters are damaged; run "
                        "index.py --verify --workdir W to name the file, then restore or retrain the model")
 
 

@@ -50,7 +50,7 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(0)
 
 
-def _worker_main(spacy_model: str, labels, tasks, results, parent_pid: int) -> None:
+def _worker_main(spacy_model: str, labels, tasks, results, parent_pid: int, loaded=None) -> None:
     """A worker: loads the pipeline, says "ready", then parses (task id, texts) from `tasks` until None."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
@@ -61,6 +61,8 @@ def _worker_main(spacy_model: str, labels, tasks, results, parent_pid: int) -> N
     except Exception as e:  # noqa: BLE001 - said to the parent in one line, which refuses to start
         _say(results, ("failed", None, str(e).splitlines()[0] if str(e) else type(e).__name__))
         return
+    if loaded is not None:
+        loaded.set()  # readable from any thread of the parent (GET /readyz), unlike the message below
     _say(results, ("ready", None, None))
     while (task := tasks.get()) is not None:
         task_id, texts = task
@@ -84,7 +86,8 @@ class _Worker:
         self.slot = slot
         self.tasks = ctx.Queue()
         self.conn, child_conn = ctx.Pipe(duplex=False)
-        self.proc = ctx.Process(target=_worker_main, args=(*key, self.tasks, child_conn, parent_pid),
+        self.loaded = ctx.Event()
+        self.proc = ctx.Process(target=_worker_main, args=(*key, self.tasks, child_conn, parent_pid, self.loaded),
                                 name=f"cfir-entities-{slot}", daemon=True)
         self.proc.start()
         child_conn.close()
@@ -166,11 +169,11 @@ class EntityPool:
         the calling thread parses)."""
         if self.degraded:
             return "degraded"
-        return "healthy" if all(w.ready for w in self._workers) else "restarting"
+        return "healthy" if all(w.loaded.is_set() for w in list(self._workers)) else "restarting"
 
     def describe(self) -> dict:
         return {"state": self.state, "workers": self.workers, "restarts": sum(self.restarts.values()),
-                "pids": [w.proc.pid for w in self._workers], **({"reason": self.degraded_reason}
+                "pids": [w.proc.pid for w in list(self._workers)], **({"reason": self.degraded_reason}
                                                                  if self.degraded else {})}
 
     # ---------------------------------------------------------------------------------------------- parsing
