@@ -145,6 +145,7 @@ class EntityPool:
         self._attempts: collections.Counter[int] = collections.Counter()
         self._local: EntityExtractor | None = None
         self._workers: list[_Worker] = []
+        self._started = False
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
         try:
             self._workers += [_Worker(self._ctx, i, self.key, self._pid) for i in range(self.workers)]
@@ -154,6 +155,7 @@ class EntityPool:
                 if time.monotonic() > until + self.start_timeout_s:
                     raise CfirError(f"the spaCy workers did not start in {2 * self.start_timeout_s:.0f} s")
                 self._pump(_POLL_S)
+            self._started = True
         except BaseException:
             self.close()
             raise
@@ -250,7 +252,7 @@ class EntityPool:
                     self._receive(w, w.conn.recv())
             except (EOFError, OSError):
                 pass
-            if not w.proc.is_alive():
+            if w in self._workers and not w.proc.is_alive():
                 self._replace(w, "died", f"exited with {_exit_text(w.proc.exitcode)}")
         now = time.monotonic()
         for w in list(self._workers):
@@ -264,7 +266,9 @@ class EntityPool:
         if kind == "ready":
             w.ready, w.progress = True, time.monotonic()
         elif kind == "failed":
-            raise CfirError(f"spaCy worker: {value}")
+            if not self._started:  # spaCy or its pipeline missing: the pool cannot start (one line)
+                raise CfirError(f"spaCy worker: {value}")
+            self._replace(w, "start", f"could not load the pipeline ({value})")  # a crash loop if it persists
         else:
             if task_id in w.inflight:
                 w.inflight.remove(task_id)
