@@ -61,6 +61,9 @@ class BackgroundVerifier:
             t0 = time.monotonic()
             try:
                 problems = store_problems(workdir, integrity.Throttle(self.rate, self._stop))
+                if problems and problems != self.problems:  # confirmed by a second read: a store index.py was
+                    again = store_problems(workdir, integrity.Throttle(self.rate, self._stop))  # renaming in
+                    problems = [p for p in problems if p in again]  # place mid-pass is not damage
             except InterruptedError:
                 return
             except OSError as e:  # a store vanished mid-pass (a rebuild): said as damage until a pass is clean
