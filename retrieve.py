@@ -105,6 +105,10 @@ def main():
     measures = args.measures or config.retrieval.measures
     if measures not in MEASURE_SETS:
         raise CfirError(f"--measures {measures!r}: use one of {', '.join(MEASURE_SETS)}")
+    if not args.serve:  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
+        from cfir_jax import faults
+
+        faults.on_sigterm()
     if args.serve:
         from cfir_jax.serve import serve
 

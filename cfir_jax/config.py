@@ -320,7 +320,9 @@ def retrieval_config() -> ml_collections.ConfigDict:
             sr_buckets=(4096, 16384, 65536, 262144),  # union sizes compiled for (a union is padded to the next one)
             sr_query_batch=8,  # queries per device SR call
             batch_size=256,  # documents per batch in bulk retrieval (retrieve.py --queries / --evaluate)
-            entity_workers=2,  # spaCy processes for the entities of a bulk batch (nlp.pipe n_process)
+            entity_workers=2,  # spaCy processes for the entities of a bulk batch (cfir_jax.index.entity_pool)
+            entity_deadline_ms=60000.0,  # a worker holding a chunk longer is killed and replaced
+            caption_cache=10000,  # (caption, url) pairs Retriever.describe_image keeps, least recently used out
             # Beyond the paper: SR scores a candidate by w_img * <q, image> + w_txt * <q, image text>
             # (W/image_text; images without text add 0). The default (1, 0) is the paper's SR. compare_w_txt: the
             # text weight of the fused row of --compare when w_txt is 0.
@@ -349,6 +351,12 @@ def serve_config() -> ml_collections.ConfigDict:
             max_batch=16,  # documents per micro-batch (1: micro-batching off)
             max_wait_ms=5.0,  # how long a batch's first request waits for others (only while requests arrive together)
             entity_workers=2,  # spaCy processes parsing a batch's documents in parallel (< 2: in the retrieval thread)
+            entity_deadline_ms=5000.0,  # a worker holding a batch's chunk longer is killed and replaced
+            entity_max_restarts=5,  # more worker restarts than this within entity_restart_window_s: parse in-thread
+            entity_restart_window_s=60.0,
+            verify_mb_per_s=32.0,  # the background re-read of every store against checksums.json (0: off)
+            verify_interval_s=3600.0,  # pause between two background passes
+            verify_on_reload=True,  # a reload verifies the new workdir's stores before swapping it in
             queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
             deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
             max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413

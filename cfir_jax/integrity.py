@@ -38,15 +38,51 @@ class CorruptStore(StoreError):
     """A store's bytes are not those it was built with (or serve an impossible answer)."""
 
 
-def _file_blocks(path: Path, block: int) -> list[str]:
+class Throttle:
+    """Paces a reader to at most `bytes_per_s` (None or 0: as fast as the disk allows), so a background pass over
+    the stores leaves the cores and the disk to queries; `stop` (a threading.Event) ends a pass early."""
+
+    def __init__(self, bytes_per_s: float | None = None, stop=None):
+        self.rate = float(bytes_per_s) if bytes_per_s else None
+        self.stop = stop
+        self._t0, self._done = None, 0
+
+    def __call__(self, n: int) -> None:
+        import time
+
+        if self.stop is not None and self.stop.is_set():
+            raise InterruptedError("verification stopped")
+        if self.rate is None:
+            return
+        now = time.monotonic()
+        if self._t0 is None:
+            self._t0 = now
+        self._done += n
+        ahead = self._done / self.rate - (now - self._t0)
+        if ahead > 0:
+            time.sleep(ahead)
+
+
+_PIECE = 1 << 20  # bytes read at a time: a throttled pass sleeps between pieces, not whole 64 MiB blocks
+
+
+def _file_blocks(path: Path, block: int, throttle: Throttle | None = None) -> list[str]:
     digests = []
     with open(path, "rb") as f:
         while True:
-            chunk = f.read(block)
-            if not chunk and digests:
+            h, size = hashlib.sha256(), 0
+            while size < block:
+                piece = f.read(min(_PIECE, block - size))
+                if not piece:
+                    break
+                h.update(piece)
+                size += len(piece)
+                if throttle is not None:
+                    throttle(len(piece))
+            if not size and digests:
                 break
-            digests.append(hashlib.sha256(chunk).hexdigest())
-            if len(chunk) < block:
+            digests.append(h.hexdigest())
+            if size < block:
                 break
     return digests
 
@@ -82,9 +118,10 @@ def _rows_of_block(path: Path, block: int, block_bytes: int) -> str:
     return f" (rows {first:,}-{last:,})"
 
 
-def verify_store(directory: str | os.PathLike) -> list[str]:
+def verify_store(directory: str | os.PathLike, throttle: Throttle | None = None) -> list[str]:
     """Re-reads every file of a store against its checksums: one line per damaged, missing or unexpected file
-    (empty when the store is intact). A store without checksums (built before they were recorded) is one line."""
+    (empty when the store is intact). A store without checksums (built before they were recorded) is one line.
+    The one implementation of `index.py --verify` and of the service's background pass (paced by `throttle`)."""
     directory = Path(directory)
     path = directory / CHECKSUMS
     if not path.is_file():
@@ -107,7 +144,7 @@ def verify_store(directory: str | os.PathLike) -> list[str]:
         if size != want["size"]:
             problems.append(f"{file}: {size:,} bytes but {want['size']:,} were written")
             continue
-        have = _file_blocks(file, block_bytes)
+        have = _file_blocks(file, block_bytes, throttle)
         bad = [i for i, (a, b) in enumerate(zip(have, want["sha256"])) if a != b]
         if bad:
             blocks = ", ".join(f"{i}{_rows_of_block(file, i, block_bytes)}" for i in bad[:4])
@@ -121,7 +158,8 @@ def verify_store(directory: str | os.PathLike) -> list[str]:
     return problems
 
 
-def verify_workdir(root: str | os.PathLike, stores: tuple[str, ...]) -> tuple[list[str], list[str]]:
+def verify_workdir(root: str | os.PathLike, stores: tuple[str, ...], throttle: Throttle | None = None
+                   ) -> tuple[list[str], list[str]]:
     """(the stores checked intact, one line per problem) over the `stores` of a workdir that exist."""
     root = Path(root)
     intact, problems = [], []
@@ -129,7 +167,7 @@ def verify_workdir(root: str | os.PathLike, stores: tuple[str, ...]) -> tuple[li
         directory = root / name
         if not directory.is_dir() or name in ("train", "train_document", "pretrain"):  # runs, not stores
             continue
-        found = verify_store(directory)
+        found = verify_store(directory, throttle)
         problems += found
         if not found:
             intact.append(name)
@@ -157,6 +195,28 @@ def check_scores(scores: np.ndarray, bound: float, stores: str) -> None:
     what = "NaN" if np.isnan(scores).any() else f"{top:.4g} (at most {bound:.3g} is possible)"
     raise CorruptStore(f"{stores}: an impossible score {what}: the store is damaged; run index.py --verify "
                        "--workdir W to name the file, then rebuild it")
+
+
+# An L2-normalised float32 embedding has norm 1 to ~1e-6; a damaged model gives NaN, infinities or norms far off.
+EMBEDDING_NORM_TOLERANCE = 1e-2
+
+
+def check_embeddings(embeddings: np.ndarray, model_dir: str | os.PathLike, what: str = "query") -> None:
+    """Refuses embeddings a model that promises L2-normalised output cannot give: non-finite, or of a norm other
+    than 1. Such embeddings mean the model is damaged (not a store they are later scored against): the message
+    names the model directory, so that a NaN score is never blamed on the image cache."""
+    embeddings = np.asarray(embeddings, np.float32)
+    if not embeddings.size:
+        return
+    finite = np.isfinite(embeddings).all()
+    norms = np.linalg.norm(embeddings, axis=-1) if finite else None
+    if finite and np.all(np.abs(norms - 1.0) <= EMBEDDING_NORM_TOLERANCE):
+        return
+    bad = "not finite" if not finite else \
+        f"of norm {float(norms[np.argmax(np.abs(norms - 1.0))]):.4g}, not 1"
+    article = "an" if what[:1] in "aeiou" else "a"
+    raise CorruptStore(f"{model_dir}: {article} {what} embedding is {bad}: the model's parameters are damaged; run "
+                       "index.py --verify --workdir W to name the file, then restore or retrain the model")
 
 
 def row_norm_bound(manifest: dict) -> float:

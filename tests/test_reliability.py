@@ -501,3 +501,54 @@ def test_a_rebuilt_stage_marks_the_stages_derived_from_it_stale(built, tmp_path)
     assert (f"stale: entity_text_match (entity_index rebuilt); refresh with: python index.py --config CONFIG "
             f"--workdir {w} --stages entity_text_match") in table, table
     assert "nothing to do" not in table
+
+
+# ------------------------------------------------------------------------------ issue 26: damage named where it is
+def test_impossible_embeddings_name_the_model_not_a_store():
+    good = np.eye(3, 8, dtype=np.float32)
+    integrity.check_embeddings(good, "W/model")
+    integrity.check_embeddings(np.zeros((0, 8), np.float32), "W/model")
+    with pytest.raises(integrity.CorruptStore, match=r"^W/model: a query embedding is not finite: the model's "
+                                                     r"parameters are damaged; run index.py --verify"):
+        integrity.check_embeddings(np.where(good > 0, np.nan, good), "W/model")
+    with pytest.raises(integrity.CorruptStore, match="W/encoder: an entity embedding is of norm 3, not 1"):
+        integrity.check_embeddings(3 * good, "W/encoder", "entity")
+
+
+def test_a_model_giving_nan_is_named_and_the_cache_is_not_blamed(built, tmp_path):
+    """The fault trial: 8 bytes overwritten in an orbax file of the model gave NaN query embeddings, refused as
+    "W/image_cache: an impossible score NaN" although the cache was intact."""
+    from cfir_jax.cli import workdir_config
+    from cfir_jax.retrieve.pipeline import Retriever
+
+    config = workdir_config(built)
+    with config.unlocked():
+        config.retrieval.caption_cache = 3
+    r = Retriever(config, built, load_nlp=False)
+    docs = r.corpus_documents("test")[:2]
+    ids = [h.image_id for h in r.retrieve_many(docs)[0].hits]
+    for image_id in ids[:6]:  # the caption cache keeps the last 3 images shown, and answers as the corpus does
+        assert r.describe_image(image_id) == (r.corpus.image(r.corpus.image_ids.index(image_id)).caption,
+                                              r.corpus.image(r.corpus.image_ids.index(image_id)).url)
+    assert r._caption.cache_info().currsize == 3
+    encode = r.stores.query_encoder.encode
+    r.stores.query_encoder.encode = lambda texts: encode(texts) * np.nan
+    with pytest.raises(integrity.CorruptStore) as caught:
+        r.retrieve_many(docs)
+    message = str(caught.value)
+    assert message.startswith(str(r.stores.model_dir)) and "query embedding is not finite" in message
+    assert "image_cache" not in message
+
+
+def test_a_paced_verification_keeps_its_rate_and_names_the_same_damage(tmp_path):
+    directory = tmp_path / "store"
+    directory.mkdir()
+    np.save(directory / "rows.npy", np.random.default_rng(0).standard_normal((1024, 512)).astype(np.float32))
+    (directory / "manifest.json").write_text("{}")
+    integrity.write_checksums(directory)
+    _flip_byte(directory / "rows.npy")
+    fast = integrity.verify_store(directory)
+    t0 = __import__("time").monotonic()
+    paced = integrity.verify_store(directory, integrity.Throttle(4e6))  # 2.1 MB at 4 MB/s: about half a second
+    assert __import__("time").monotonic() - t0 >= 0.4
+    assert paced == fast and len(fast) == 1 and "rows.npy: damaged (checksum differs in block 0" in fast[0]

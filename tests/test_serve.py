@@ -27,10 +27,12 @@ TOKEN = "s3cret-token"
 class Server:
     """`python retrieve.py --index W --serve --port 0` in a subprocess; `url` once it says it is ready."""
 
-    def __init__(self, workdir, *overrides, env=None):
+    def __init__(self, workdir, *overrides, env=None, group=False):
+        # group: the server leads a process group of its own (its entity workers in it), to be signalled whole
         self.proc = subprocess.Popen(
             [sys.executable, "retrieve.py", "--index", str(workdir), "--serve", "--port", "0", *overrides],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})})
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+            start_new_session=group)
         self.log: list[str] = []
         deadline = time.monotonic() + 240
         while time.monotonic() < deadline:
@@ -409,7 +411,8 @@ def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
 
 def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
     """serve.entity_workers: the documents of a batch parsed by worker processes, the same entities in order."""
-    from cfir_jax.index.entities import EntityExtractor, EntityPool, load_spacy
+    from cfir_jax.index.entities import EntityExtractor, load_spacy
+    from cfir_jax.index.entity_pool import EntityPool
 
     texts = [t for _, t in documents] + ["The Kingsham Museum and Brian Gray.", "nothing here"]
     expected = list(EntityExtractor(load_spacy(None), "all").extract(texts))

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from cfir_jax.integrity import check_embeddings
 from cfir_jax.search.topk import unique_sorted
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
@@ -27,6 +28,7 @@ class EntityRanking:
         self.config, self.rcfg = config, config.retrieval
         self.index, self.encoder, self.text_match = stores.entity_index, stores.entity_encoder, stores.text_match
         self.embeddings = stores.embeddings
+        self.encoder_dir = stores.encoder_dir or stores.layout.encoder
         self._exact_search = exact_search
         self._nlp = None
         self._pool = None
@@ -50,11 +52,12 @@ class EntityRanking:
         """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,
         kept for the Retriever's life: a later batch pays no start-up)."""
         if self._pool is None:
-            from cfir_jax.index.entities import EntityPool
+            from cfir_jax.index.entity_pool import EntityPool
 
             e = self.config.index.entities
             labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
-            self._pool = EntityPool(e.spacy_model, labels, int(self.rcfg.entity_workers))
+            self._pool = EntityPool(e.spacy_model, labels, int(self.rcfg.entity_workers),
+                                    deadline_s=float(self.rcfg.get("entity_deadline_ms", 60000.0)) / 1e3)
         return self._pool
 
     def stream(self, docs: Sequence) -> Iterator[list[str]]:
@@ -111,6 +114,7 @@ class EntityRanking:
     def _search(self, unknown: list[str]) -> Ranked:
         """Unseen entities' top-K over the cache: the index's ScaNN searcher when it kept one, else exact."""
         emb = self.encoder.encode(unknown)
+        check_embeddings(emb, self.encoder_dir, "entity")  # a damaged encoder, named as such
         if self.index.manifest.get("has_searcher"):
             return self.index.searcher().search(emb, self.index.k)
         return self._exact_search(emb, self.index.k)

@@ -23,6 +23,7 @@ built when the Retriever is constructed, so per-query times measure queries: `en
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Sequence
 
@@ -32,7 +33,7 @@ import numpy as np
 from cfir_jax.config_upgrade import upgrade
 from cfir_jax.data.corpus import document_text
 from cfir_jax.errors import CfirError
-from cfir_jax.integrity import check_rows, check_scores, row_norm_bound
+from cfir_jax.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
 from cfir_jax.progress import bar as progress_bar
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
 from cfir_jax.retrieve.methods import METHODS, method_of
@@ -127,7 +128,10 @@ class Retriever:
             self.model_used += self.third.model_note
         self._summarizer = None
         self._load_nlp = load_nlp
-        self._caption_cache: dict[int, tuple[str, str]] = {}
+        # (caption, url) of the images last shown, least recently used out: the corpus holds millions of images and
+        # a service runs for months, so this stays at retrieval.caption_cache entries.
+        self._caption = functools.lru_cache(maxsize=max(0, int(self.rcfg.get("caption_cache", 10000))))(
+            self._read_caption)
         self._warm = False
         if cfir:
             self.sr.prepare()  # the compact copy (or the device copy) now (minutes at scale), not in a query's time
@@ -235,6 +239,8 @@ class Retriever:
         summaries = self._summaries(docs) if self.methods.uses_summary() else [""] * len(docs)
         t2 = time.perf_counter()
         queries = self.methods.encode(self.stores, docs, summaries)
+        if queries is not None:  # a damaged model is named here, before its NaN scores could blame the cache
+            check_embeddings(queries, self.stores.model_dir or self.stores.layout.model)
         t3 = time.perf_counter()
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs)}
@@ -320,10 +326,11 @@ class Retriever:
         n = self._corpus_row.get(image_id)
         if n is None:
             return "", ""
-        if n not in self._caption_cache:
-            image = self.corpus.image(n)
-            self._caption_cache[n] = (image.caption, image.url)
-        return self._caption_cache[n]
+        return self._caption(n)
+
+    def _read_caption(self, n: int) -> tuple[str, str]:
+        image = self.corpus.image(n)
+        return image.caption, image.url
 
     def corpus_documents(self, split: str) -> list[DocumentInput]:
         """The documents of a qrels split with the entities and summaries the index computed for them."""

@@ -42,6 +42,8 @@ class Stores:
     encoder_fingerprint: str | None = None  # the index encoder's text tower
     text_match: Any = None  # EntityTextMatch (retrieval.entity_text_match)
     image_text: Any = None  # ImageTextCache (fused SR)
+    model_dir: Path | None = None  # the model that encodes queries (named when its embeddings are impossible)
+    encoder_dir: Path | None = None  # the index encoder that encodes unseen entities
 
     @property
     def embeddings(self):
@@ -78,6 +80,7 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
     model_manifest = checkpoint.read_model_manifest(model_dir)
     cache = _open_cache(config, layout, model, model_dir, model_manifest, full)
     stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, full, untrained)
+    stores.model_dir, stores.encoder_dir = Path(model_dir), Path(encoder_dir) if encoder_dir else Path(model_dir)
     if entities:
         _open_entity_index(config, stores, encoder_dir)
     if text_match:

@@ -1,9 +1,11 @@
 """The resident service: `python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]`.
 
 One process loads the stores and models once, warms every shape it will send (`index.warm_up`), then answers over
-HTTP (`app`: FastAPI on uvicorn) until SIGTERM, which stops accepting, answers every request already accepted and
-exits 0. SIGHUP reloads the workdir (`index.IndexHolder.reload`). Requests are micro-batched into the Retriever's
-batched path (`batcher`). Settings: the config's `serve` section (`cfir_jax.config.serve_config`).
+HTTP (`app`: FastAPI on uvicorn) until SIGTERM or SIGINT (to it alone or to its process group), which stops
+accepting, answers every request already accepted and exits 0. SIGHUP reloads the workdir
+(`index.IndexHolder.reload`, after verifying it). Requests are micro-batched into the Retriever's batched path
+(`batcher`); a background pass verifies the stores (`verifier`).
+Settings: the config's `serve` section (`cfir_jax.config.serve_config`).
 """
 
 from __future__ import annotations
@@ -49,9 +51,11 @@ def serve(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (),
           f"loaded and warmed in {time.perf_counter() - t0:.1f} s; ready", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
                                            timeout_keep_alive=5))
-    # uvicorn re-raises the signal that stopped it once it has drained; a SIGTERM then reaches this no-op handler,
-    # so a graceful stop exits 0 (SIGINT still ends as an interrupt).
+    # uvicorn re-raises the signal that stopped it once it has drained; it then reaches these no-op handlers, so a
+    # graceful stop exits 0, whether SIGTERM or SIGINT (Ctrl-C, systemctl stop, a container's init: often sent to
+    # the whole process group, whose entity workers ignore both and leave the stop to this process).
     signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
     server.run(sockets=[sock])
     print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
 

@@ -26,11 +26,13 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.exceptions import HTTPException
 
 from cfir_jax.errors import CfirError
+from cfir_jax.integrity import CorruptStore
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull
 from cfir_jax.serve.index import IndexHolder
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.page import PAGE
+from cfir_jax.serve.verifier import BackgroundVerifier
 
 log = logging.getLogger("cfir_jax.serve")
 SHOWN = 20  # hits a request gets by default, as retrieve.py shows on stdout
@@ -71,7 +73,34 @@ class Service:
                                     settings.queue_size, self.metrics)
         self.admin_token = os.environ.get("CFIR_ADMIN_TOKEN") or settings.admin_token
         self.stopping = False
+        self.watch_pool(holder.current)
+        self.verifier = BackgroundVerifier(lambda: self.holder.current.workdir,
+                                           float(settings.get("verify_mb_per_s", 0.0)),
+                                           float(settings.get("verify_interval_s", 3600.0)))
         self.max_body = 8 * settings.max_text_bytes * max(1, settings.max_batch_docs) + 65536  # JSON escapes
+
+    def watch_pool(self, index) -> None:
+        """Counts the entity pool's worker restarts in /metrics (each is also logged in one line by the pool)."""
+        if index.entity_pool is not None:
+            index.entity_pool.on_restart = lambda reason: self.metrics.entity_restarts.labels(reason).inc()
+
+    def readiness(self) -> tuple[bool, dict]:
+        """Whether requests would succeed now, and everything that says so: the index, the entity pool's state,
+        the background verification, damage met by a query; `reason` is the one line of a 503."""
+        current = self.holder.current
+        pool = current.entity_pool.describe() if current.entity_pool is not None else {"state": "off"}
+        verification = self.verifier.describe()
+        problems = []
+        if self.stopping:
+            problems.append("stopping: SIGTERM received, answering the requests already accepted")
+        if verification.get("problems"):
+            problems.append(f"store damaged: {verification['problems'][0]}")
+        if self.batcher.damage:
+            problems.append(self.batcher.damage)
+        body = {"ready": not problems, **({"reason": problems[0]} if problems else {}), **current.describe(),
+                "entity_pool": pool, "verification": verification, "queue_depth": self.batcher.depth,
+                "reloading": self.holder.reloading, "last_reload": self.holder.last_reload}
+        return not problems, body
 
     def check_text(self, text: str, what: str) -> None:
         if not text.strip():
@@ -116,6 +145,8 @@ class Service:
                 return job.future.result()
             except Dropped as e:
                 raise HTTPException(504, f"not answered: {e}") from None
+            except CorruptStore as e:  # damage on disk: named in one line (also in /readyz), not an anonymous 500
+                raise HTTPException(503, str(e).splitlines()[0]) from None
         job.cancelled = True
         if gone in done:
             self.metrics.dropped.labels("disconnected").inc()
@@ -164,6 +195,7 @@ def create_app(svc: Service) -> FastAPI:
             loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(svc)))
         yield
         svc.stopping = True
+        svc.verifier.stop()
         await asyncio.to_thread(svc.batcher.stop)
         await asyncio.to_thread(svc.holder.close)
 
@@ -178,14 +210,16 @@ def create_app(svc: Service) -> FastAPI:
     async def healthz() -> dict:
         return {"status": "alive"}
 
-    @app.get("/readyz", summary="index loaded and warmed (and the last reload's outcome)")
+    @app.get("/readyz", summary="whether requests would succeed: index, models, entity pool, store verification")
     async def readyz(svc: ServiceDep) -> JSONResponse:
-        body = {"ready": not svc.stopping, **svc.holder.current.describe(), "queue_depth": svc.batcher.depth,
-                "reloading": svc.holder.reloading, "last_reload": svc.holder.last_reload}
-        return JSONResponse(body, status_code=503 if svc.stopping else 200)
+        ready, body = svc.readiness()
+        return JSONResponse(body, status_code=200 if ready else 503)
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics(svc: ServiceDep) -> Response:
+        pool = svc.holder.current.entity_pool
+        svc.metrics.entity_degraded.set(1 if pool is not None and pool.degraded else 0)
+        svc.metrics.stores_damaged.set(len(svc.verifier.problems))
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/admin/reload", summary="reload the workdir (needs serve.admin_token / CFIR_ADMIN_TOKEN)")
@@ -289,4 +323,7 @@ async def _reload(svc: Service) -> JSONResponse:
         return _error(409, f"reload refused, the old index keeps serving: {e}")
     svc.metrics.reloads.labels("ok").inc()
     svc.metrics.set_index(fresh)
+    svc.watch_pool(fresh)
+    svc.batcher.damage = ""  # the new index was verified before it was swapped in
+    svc.verifier.reset()
     return JSONResponse({"reloaded": True, **fresh.describe()})

@@ -22,6 +22,7 @@ import time
 import weakref
 from collections.abc import Callable
 
+from cfir_jax.integrity import CorruptStore
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
 
@@ -56,6 +57,8 @@ class Job:
             if not self.future.done():
                 if error is not None:
                     self.future.set_exception(error)
+                    if self.cancelled:  # its handler answered already (504, 499): nobody reads this one
+                        self.future.exception()
                 else:
                     self.future.set_result(value)
 
@@ -75,6 +78,7 @@ class MicroBatcher:
         self._cv = threading.Condition()
         self._stopping = False
         self._image_rows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per Retriever: image id -> row
+        self.damage = ""  # the last impossible value a batch met (a damaged store or model): /readyz is 503
         self._last_size = 0  # documents in the previous batch: > 1 means requests arrive together, worth waiting for
         self._thread = threading.Thread(target=self._run, name="cfir-retrieval", daemon=True)
         self._thread.start()
@@ -165,6 +169,8 @@ class MicroBatcher:
                     job.settle([report.as_json(d.doc_id, r, retriever.describe_image, job.top_k)
                                 for d, r in zip(job.docs, mine)])
         except Exception as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none hangs
+            if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so from now on
+                self.damage = str(e).splitlines()[0]
             for job in jobs:
                 job.settle(error=e)
 
@@ -186,7 +192,7 @@ def _with_entities(pool, retriever, docs: list[DocumentInput]) -> tuple[list[Doc
     entities and at least two documents need them; else unchanged (the Retriever parses them in this thread).
     Also the pool's wall time per document in ms (0 when unused)."""
     missing = [i for i, d in enumerate(docs) if d.entities is None]
-    if pool is None or retriever.entities is None or len(missing) < 2:
+    if pool is None or pool.degraded or retriever.entities is None or len(missing) < 2:
         return docs, 0.0
     t0 = time.perf_counter()
     found = pool.entities([docs[i].text for i in missing])

@@ -203,6 +203,14 @@ class IndexHolder:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
             config = load_config(self.workdir, self.config_spec, self.overrides)
+            if config.serve.get("verify_on_reload", True):  # every byte, before any of it is served
+                from cfir_jax.serve.verifier import store_problems
+
+                check_complete(self.workdir)
+                problems = store_problems(self.workdir)
+                if problems:
+                    more = f" (and {len(problems) - 1} more: index.py --verify names them)" if len(problems) > 1 else ""
+                    raise CfirError(f"damaged: {problems[0]}{more}")
             fresh = load_index(self.workdir, config, self.methods, self.max_batch)
             if fresh.family != self.current.family:
                 changed = ", ".join(f"{k} {self.current.family[k]} -> {fresh.family[k]}" for k in FAMILY_KEYS
@@ -235,10 +243,11 @@ def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
     workers = int(config.serve.get("entity_workers", 0))
     if workers < 2 or all(r.entities is None for r in index.retrievers.values()):
         return None
-    from cfir_jax.index.entities import EntityPool
+    from cfir_jax.index.entity_pool import EntityPool
 
-    e = config.index.entities
+    e, s = config.index.entities, config.serve
     labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
-    if old is not None and old.key == (e.spacy_model, labels) and old.workers == workers:
+    if old is not None and old.key == (e.spacy_model, labels) and old.workers == workers and not old.degraded:
         return old
-    return EntityPool(e.spacy_model, labels, workers)
+    return EntityPool(e.spacy_model, labels, workers, deadline_s=float(s.entity_deadline_ms) / 1e3,
+                      max_restarts=int(s.entity_max_restarts), restart_window_s=float(s.entity_restart_window_s))

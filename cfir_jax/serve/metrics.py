@@ -27,6 +27,12 @@ class Metrics:
                                registry=r)
         self.rejected = Counter("cfir_rejected_requests", "requests refused because the queue was full", registry=r)
         self.reloads = Counter("cfir_reloads", "index reloads by outcome", ("outcome",), registry=r)
+        self.entity_restarts = Counter("cfir_entity_worker_restarts", "spaCy worker processes replaced, by reason "
+                                       "(died, deadline, start)", ("reason",), registry=r)
+        self.entity_degraded = Gauge("cfir_entity_pool_degraded", "1 when worker crashes made the retrieval thread "
+                                     "parse entities", registry=r)
+        self.stores_damaged = Gauge("cfir_stores_damaged", "files the background verification found damaged",
+                                    registry=r)
         self.index = Info("cfir_index", "the index being served", registry=r)
 
     def observe_stages(self, times_ms: dict[str, float]) -> None:
