@@ -16,8 +16,8 @@ Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the pape
 
 import sys
 
-from cfir_jax import cli
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.core import cli
+from cfir_jax.core.errors import CfirError, cli_main
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
 # retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.
@@ -113,8 +113,8 @@ def main():
 
         print(summary(fit_reranker(config, args.index), args.index))
     elif args.evaluate:
+        from cfir_jax.commands.evaluate import check_k_rows, evaluate
         from cfir_jax.eval.comparison import comparison_rows, full_row_note, k_rows, single_row
-        from cfir_jax.retrieve.evaluation import check_k_rows, evaluate
 
         if args.compare_k:
             rows = check_k_rows(args.index, k_rows(args.compare_k))
@@ -125,7 +125,7 @@ def main():
         evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top,
                  measures=measures)
     else:
-        from cfir_jax.retrieve.answer import answer
+        from cfir_jax.commands.retrieve import answer
 
         answer(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                shown=args.top_k or min(SHOWN, top), top=top, html=args.html, output=args.output, qrels=args.qrels,

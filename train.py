@@ -6,8 +6,8 @@
     python train.py --config configs/large.py --compile-only --topology v5p:4x4x4   # TPU programs, no TPU needed
 """
 
-from cfir_jax import cli
-from cfir_jax.errors import cli_main
+from cfir_jax.core import cli
+from cfir_jax.core.errors import cli_main
 
 
 @cli_main
@@ -18,9 +18,9 @@ def main():
 
         return compile_command("train", config, args.topology)
     cli.maybe_initialize_distributed()
-    from cfir_jax import workdir_lock
+    from cfir_jax.stores import lock
 
-    with workdir_lock.hold(args.workdir):  # one writer per workdir (process 0 of a job holds it)
+    with lock.hold(args.workdir):  # one writer per workdir (process 0 of a job holds it)
         if config.train.get("images", "cache") == "pixels":
             _train_full(args, config)
         else:
@@ -29,7 +29,7 @@ def main():
 
 def _train_full(args, config):
     """D-BEiT-3 Full (train.images='pixels'): both towers from the corpus' pixels, in W/train_full -> W/model_full."""
-    from cfir_jax.train.full_run import run_full
+    from cfir_jax.commands.train import run_full
 
     result = run_full(config, args.workdir)
     if result.already_trained:
@@ -39,7 +39,7 @@ def _train_full(args, config):
 
 
 def _train(args, config):
-    from cfir_jax.layout import Layout
+    from cfir_jax.stores.layout import Layout
     from cfir_jax.train import trainer
     from cfir_jax.train.data import load_train_data
 
@@ -59,7 +59,7 @@ def _train(args, config):
     data = load_train_data(config, layout.root)
     result = trainer.train(config, run_dir, data)
     if config.train.export_model and (run_dir / "model").is_dir():
-        from cfir_jax.atomic_write import replace_dir
+        from cfir_jax.stores.atomic_write import replace_dir
 
         replace_dir(run_dir / "model", model_dir)
     if result.already_trained:

@@ -24,8 +24,8 @@ from pathlib import Path
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax import atomic_write, integrity, store
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.core.errors import CfirError, cli_main
+from cfir_jax.stores import atomic_write, contract, integrity
 
 
 def load_averages() -> str:
@@ -59,7 +59,7 @@ def checksum_costs(cache_path: Path, work: Path) -> None:
         atomic_write.remove_path(directory)
     directory.mkdir(parents=True)
     os.link(cache_path, directory / "embeddings.npy")
-    store.write_manifest(directory, "image_cache", 1)
+    contract.write_manifest(directory, "image_cache", 1)
     size = cache_path.stat().st_size
     t = time.perf_counter()
     integrity.write_checksums(directory)

@@ -60,10 +60,10 @@ Full"); `--compile-only --topology T` compiles its step.
 
 Only the language expert is trained (CFIR): the one rule in `train.trainable`. Besides the recipe this file sets every
 other experiment choice (index: AToMiC base, K = 10,000, BART-large-CNN summaries; retrieval: top 1000, exact SR for
-evaluation); cfir_jax/config.py holds only what is not a choice (architecture, engineering knobs).
+evaluation); cfir_jax/core/config.py holds only what is not a choice (architecture, engineering knobs).
 """
 
-from cfir_jax.config import LANGUAGE_EXPERT, defaults, parse_arg
+from cfir_jax.core.config import LANGUAGE_EXPERT, defaults, parse_arg
 
 # The authors' stage-2 command: --batch_size 128, which BEiT-3's fine-tuning code applies per GPU.
 AUTHORS_BATCH_PER_GPU = 128

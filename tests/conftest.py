@@ -59,6 +59,6 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def config():
-    from cfir_jax.cli import load_config_file
+    from cfir_jax.core.cli import load_config_file
 
     return load_config_file(str(ROOT / TINY_CONFIG))

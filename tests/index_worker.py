@@ -24,8 +24,8 @@ def model_round_trip(pid: int, port: str, directory: Path) -> None:
     """What the caption pretraining's export and every index stage do with a model directory in a 2-process run:
     process 0 writes it alone, then each process loads its own copy; prints the loaded model's fingerprints."""
     os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
-    from cfir_jax import cli, hosts
-    from cfir_jax.config import model_config
+    from cfir_jax.core import cli, hosts
+    from cfir_jax.core.config import model_config
     from cfir_jax.model import checkpoint
     from cfir_jax.model.beit3 import create_model
 
@@ -46,9 +46,9 @@ def main() -> None:
     if nproc > 1:
         os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
                           JAX_PROCESS_ID=str(pid))
-    from cfir_jax import store
+    from cfir_jax.stores import contract
 
-    write = store.write_json_atomic
+    write = contract.write_json_atomic
     summaries_written = []
 
     def logged(path, obj) -> None:
@@ -62,7 +62,7 @@ def main() -> None:
                 if len(summaries_written) == kill_after + 1:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-    store.write_json_atomic = logged
+    contract.write_json_atomic = logged
     sys.argv = ["index.py", *sys.argv[6:]]
     os.chdir(ROOT)
     runpy.run_path(str(ROOT / "index.py"), run_name="__main__")

@@ -21,7 +21,7 @@ FLOOR = {"errors", "atomic_write", "store", "layout", "config", "config_upgrade"
          "integrity", "workdir_lock"}
 RUNNER = "cfir_jax.index.runner"
 # Retrieval reads stores and the model: these builders are never its business (it opens the entity index through
-# its reader, `cfir_jax.index.entity_index`).
+# its reader, `cfir_jax.stores.entity_index`).
 NOT_FOR_RETRIEVAL = (RUNNER, "cfir_jax.train", "cfir_jax.index.entity_index_build")
 
 

@@ -7,9 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 from atomic_fixtures import CORRUPT, write_atomic_fixture
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.atomic import assemble_text, build_atomic_corpus, image_caption, parquet_files, read_qrels
 from cfir_jax.data.corpus import Document, document_text
-from cfir_jax.errors import CfirError
 
 
 @pytest.fixture(scope="module")

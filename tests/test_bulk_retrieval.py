@@ -6,7 +6,7 @@ import os
 import numpy as np
 import pytest
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
 

@@ -11,7 +11,7 @@ import sys
 import pytest
 from conftest import ROOT
 
-from cfir_jax import progress
+from cfir_jax.core import progress
 from cfir_jax.index.runner import STAGES
 
 
@@ -63,7 +63,8 @@ def test_verbosity_keeps_checkpoint_library_quiet_until_vv(verbosity, ours, libr
 @pytest.mark.skipif(shutil.which("script") is None, reason="needs util-linux `script` to run under a pseudo-terminal")
 def test_bars_draw_on_a_terminal_that_reports_no_size(tmp_path):
     """Under `script` the pty is 0 x 0 (as on some CI runners): tqdm alone hides its bar there; ours still draws."""
-    code = "from cfir_jax import progress; progress.map_chunks(lambda xs: xs, list(range(50)), desc='demo', chunk=10)"
+    code = ("from cfir_jax.core import progress; "
+            "progress.map_chunks(lambda xs: xs, list(range(50)), desc='demo', chunk=10)")
     log = tmp_path / "typescript"
     env = {k: v for k, v in os.environ.items() if k not in ("CFIR_PROGRESS", "COLUMNS", "LINES")}
     subprocess.run(["script", "-q", "-e", "-c", f"{shlex.quote(sys.executable)} -c {shlex.quote(code)}", str(log)],

@@ -15,8 +15,8 @@ import pytest
 from cfir_jax.aot import programs as programs_lib
 from cfir_jax.aot.compile import compile_command, compile_program
 from cfir_jax.aot.topology import libtpu_problem, resolve
-from cfir_jax.cli import load_config_file
-from cfir_jax.errors import CfirError
+from cfir_jax.core.cli import load_config_file
+from cfir_jax.core.errors import CfirError
 
 ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "large_v5p_4x4x4_shardings.json"

@@ -114,7 +114,7 @@ def test_optimizer_of_the_config_scales_layer_i_by_0_9_to_the_depth_above_it():
 
 
 def test_image_text_fields_of_the_config_are_atomics_caption_columns():
-    from cfir_jax.config import IMAGE_TEXT_FIELDS
+    from cfir_jax.core.config import IMAGE_TEXT_FIELDS
     from cfir_jax.data.atomic import CAPTION_FIELDS
 
     assert IMAGE_TEXT_FIELDS == tuple(CAPTION_FIELDS)
@@ -125,9 +125,9 @@ def test_upgrade_fills_what_an_older_workdir_lacks_and_changes_nothing_it_has(tm
     one place (cli.workdir_config); what it recorded stays; a current config is left as it is."""
     import json
 
-    from cfir_jax.cli import workdir_config
-    from cfir_jax.config import index_config, retrieval_config
-    from cfir_jax.config_upgrade import upgrade
+    from cfir_jax.core.cli import workdir_config
+    from cfir_jax.core.config import index_config, retrieval_config
+    from cfir_jax.core.config_upgrade import upgrade
     from configs.demo import get_config
 
     current = get_config("tiny")

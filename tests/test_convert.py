@@ -9,7 +9,7 @@ import torch
 from conftest import ROOT
 from torch_reference import random_reference, state_dict_numpy
 
-from cfir_jax.config import model_config
+from cfir_jax.core.config import model_config
 from cfir_jax.model import checkpoint
 from cfir_jax.model.convert import CheckpointError, bicubic_resize, load_torch_checkpoint
 

@@ -10,9 +10,9 @@ import grain
 import numpy as np
 import pytest
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.errors import CfirError
 
 
 def _docs(n=3):

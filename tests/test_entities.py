@@ -1,4 +1,4 @@
-"""Tests of cfir_jax.index.entities: spaCy NER, normalisation, and the resumable entity store."""
+"""Tests of cfir_jax.nlp.entities: spaCy NER, normalisation, and the resumable entity store."""
 
 from __future__ import annotations
 
@@ -7,10 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from cfir_jax import store
-from cfir_jax.errors import CfirError
-from cfir_jax.index import entities, entity_store
-from cfir_jax.store import StoreError
+from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp import entities
+from cfir_jax.stores import contract
+from cfir_jax.stores import entities as entity_store
+from cfir_jax.stores.contract import StoreError
 
 PARAGRAPH = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after the "
@@ -153,7 +154,7 @@ def test_store_round_trip_with_documents_without_entities(tmp_path, extractor):
     assert merkel in es.entity_ids_of(0) and merkel in es.entity_ids_of(3)
     assert es.doc_freq[merkel] == 2
     assert es.index_of("doc-c") == 2
-    assert not store.partial_dir(tmp_path / "ents").exists()
+    assert not contract.partial_dir(tmp_path / "ents").exists()
 
 
 def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, extractor):
@@ -166,7 +167,7 @@ def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, extracto
     with pytest.raises(KeyboardInterrupt):
         entity_store.build_entity_store(tmp_path / "resumed", interrupted(), extractor, chunk_size=2)
     assert not (tmp_path / "resumed").exists()
-    assert (store.partial_dir(tmp_path / "resumed") / "chunk-000000.json").exists()
+    assert (contract.partial_dir(tmp_path / "resumed") / "chunk-000000.json").exists()
 
     processed: list[str] = []
 

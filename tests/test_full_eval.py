@@ -25,9 +25,9 @@ def test_full_cache_is_the_full_towers_own_encoding_of_the_images(full_workdir):
     from flax import nnx
 
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.index.image_encoding import _decode_row
     from cfir_jax.model import checkpoint
+    from cfir_jax.stores.image_cache import ImageCache
 
     model = checkpoint.load_model(full_workdir / "model_full")
     cache = ImageCache.open(full_workdir / "image_cache_full")
@@ -46,7 +46,7 @@ def test_full_cache_is_the_full_towers_own_encoding_of_the_images(full_workdir):
 
 
 def test_a_full_model_over_the_frozen_cache_is_refused_in_one_line(full_workdir, config):
-    from cfir_jax.errors import CfirError
+    from cfir_jax.core.errors import CfirError
     from cfir_jax.retrieve.stores import open_stores
 
     cfg = config.copy_and_resolve_references()

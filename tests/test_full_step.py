@@ -183,7 +183,7 @@ def test_train_full_compiles_for_a_tpu_topology_with_the_state_it_shards():
     from cfir_jax.aot import programs as programs_lib
     from cfir_jax.aot.compile import compile_program
     from cfir_jax.aot.topology import libtpu_problem, resolve
-    from cfir_jax.config import FSDP_RULES
+    from cfir_jax.core.config import FSDP_RULES
 
     if problem := libtpu_problem():  # as tests/test_compile_only.py: CI installs libtpu (scripts/setup.sh test)
         pytest.skip(f"libtpu unavailable: {problem}")
@@ -280,7 +280,7 @@ def test_throughput_benchmark_times_the_same_trained_set_as_torchscale():
 def test_full_init_model_restores_both_towers_and_refuses_another_image_size(tmp_path):
     """A Full run started from a model directory (BEiT-3 converted) takes both towers from it; a model converted at
     another image size (another position table) is refused in one line naming the conversion."""
-    from cfir_jax.errors import CfirError
+    from cfir_jax.core.errors import CfirError
     from cfir_jax.model import checkpoint
 
     cfg = full_config()

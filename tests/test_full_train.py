@@ -60,7 +60,7 @@ def _train_py(workdir: Path, cache: dict) -> subprocess.CompletedProcess:
 
 
 def _config():
-    from cfir_jax.cli import load_config_file
+    from cfir_jax.core.cli import load_config_file
 
     return load_config_file(str(ROOT / CONFIG))
 
@@ -104,8 +104,8 @@ def _loaded(w: Path):
 def test_interrupted_full_run_resumes_to_the_uninterrupted_model(world, tmp_path, monkeypatch):
     """A run stopped before its step 3 (after the step-2 checkpoint) and rerun exports the uninterrupted run's
     model bit for bit (train state and image pipeline position restored)."""
+    from cfir_jax.commands.train import run_full
     from cfir_jax.data.image_pipeline import PairBatches
-    from cfir_jax.train.full_run import run_full
 
     cfg = _config()
     cfg.train.async_checkpoints = False  # the interruption lands right after the step-2 save
@@ -135,10 +135,10 @@ def test_interrupted_full_run_resumes_to_the_uninterrupted_model(world, tmp_path
 
 
 def test_a_second_writer_of_the_workdir_is_refused_in_one_line(world, tmp_path, compile_cache):
-    from cfir_jax import workdir_lock
+    from cfir_jax.stores import lock
 
     w = _workdir(world, tmp_path, "w")
-    with workdir_lock.hold(w, command="first writer"):
+    with lock.hold(w, command="first writer"):
         out = _train_py(w, compile_cache)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "another writer is running" in out.stderr and "first writer" in out.stderr

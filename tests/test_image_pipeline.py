@@ -11,11 +11,11 @@ from atomic_fixtures import CORRUPT
 from PIL import Image as PILImage
 from PIL import ImageOps
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data import augment
 from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.data.image_pipeline import PairBatches, train_pairs
 from cfir_jax.data.synthetic import SyntheticConfig, build_world
-from cfir_jax.errors import CfirError
 from cfir_jax.model.preprocess import decode_image
 
 SIZE = 32

@@ -81,7 +81,7 @@ def _assert_one_line_error(proc, *words):
 
 
 def _save_model(directory: Path, seed: int = 0, **overrides) -> None:
-    from cfir_jax.config import model_config
+    from cfir_jax.core.config import model_config
     from cfir_jax.model import checkpoint
     from cfir_jax.model.beit3 import create_model
 
@@ -141,9 +141,9 @@ def test_atomic_corpus_has_the_judged_documents_and_images(atomic):
 
 
 def test_small_setting_takes_the_documents_and_images_of_the_chosen_split(atomic, tmp_path):
-    from cfir_jax.cli import load_config_file
+    from cfir_jax.core.cli import load_config_file
     from cfir_jax.index.runner import build_corpus
-    from cfir_jax.layout import Layout
+    from cfir_jax.stores.layout import Layout
 
     fx = atomic["fx"]
     config = load_config_file(str(atomic["config"]))
@@ -156,7 +156,7 @@ def test_small_setting_takes_the_documents_and_images_of_the_chosen_split(atomic
 
 
 def test_atomic_cache_skips_corrupt_images_and_lists_them(atomic):
-    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.stores.image_cache import ImageCache
 
     fx = atomic["fx"]
     _, images = _expected_corpus(fx)
@@ -174,8 +174,8 @@ def test_atomic_cache_skips_corrupt_images_and_lists_them(atomic):
 
 def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.entities import EntityExtractor, load_spacy
-    from cfir_jax.index.entity_store import EntityStore
+    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+    from cfir_jax.stores.entities import EntityStore
 
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = EntityStore.open(atomic["work"] / "entities")
@@ -189,8 +189,8 @@ def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
 
 def test_atomic_every_document_has_a_summary(atomic):
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.summarizer import ExtractiveSummarizer
-    from cfir_jax.index.summary_store import SummaryStore
+    from cfir_jax.nlp.summarizer import ExtractiveSummarizer
+    from cfir_jax.stores.summaries import SummaryStore
 
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = SummaryStore.open(atomic["work"] / "summaries")
@@ -201,13 +201,13 @@ def test_atomic_every_document_has_a_summary(atomic):
 
 
 def test_atomic_entity_index_covers_the_vocabulary_with_exact_top_k(atomic):
-    from cfir_jax.index.entity_index import EntityIndex
-    from cfir_jax.index.entity_store import EntityStore
-    from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import Beit3Tokenizer
     from cfir_jax.search.topk import exact_topk
+    from cfir_jax.stores.entities import EntityStore
+    from cfir_jax.stores.entity_index import EntityIndex
+    from cfir_jax.stores.image_cache import ImageCache
 
     work = atomic["work"]
     store = EntityStore.open(work / "entities")
@@ -376,12 +376,12 @@ def test_unknown_stage_is_a_one_line_error(atomic, tmp_path):
 
 
 def test_add_entities_appends_exact_candidates(atomic, tmp_path):
-    from cfir_jax.index.entity_index import EntityIndex
-    from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import Beit3Tokenizer
     from cfir_jax.search.topk import exact_topk
+    from cfir_jax.stores.entity_index import EntityIndex
+    from cfir_jax.stores.image_cache import ImageCache
 
     work = tmp_path / "W"
     shutil.copytree(atomic["work"], work)
@@ -416,7 +416,7 @@ def test_add_entities_bad_file_is_a_one_line_error(atomic, tmp_path, case):
 def test_atomic_document_training_reads_the_configured_document_fields(atomic):
     """train.text=document tokenises train.document_fields of each document (the authors' three fields by default),
     not the assembled text with the page description."""
-    from cfir_jax.cli import load_config_file
+    from cfir_jax.core.cli import load_config_file
     from cfir_jax.data.corpus import Corpus, document_text
     from cfir_jax.model.tokenizer import resolve_tokenizer
     from cfir_jax.train.data import load_train_data

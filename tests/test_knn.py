@@ -5,8 +5,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from cfir_jax.errors import CfirError
-from cfir_jax.index.knn import ScannConfig, ScannSearcher, recall_at_k, synthetic_embeddings
+from cfir_jax.core.errors import CfirError
+from cfir_jax.search.knn import ScannConfig, ScannSearcher, recall_at_k, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import pytrec_eval
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.eval import metrics
 from cfir_jax.eval.metrics import DEFAULT_MEASURES, evaluate, parse_measure
 

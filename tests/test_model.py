@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch_reference import random_reference, state_dict_numpy
 
-from cfir_jax.config import model_config
+from cfir_jax.core.config import model_config
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model.convert import load_torch_checkpoint
 from cfir_jax.train.state import make_setup
@@ -132,7 +132,7 @@ def test_reference_parameter_counts():
 
 def test_authors_trainable_set_is_token_embeddings_and_the_language_ffn():
     """train.trainable=authors (their --tune_text_only): token table, FFN-B with its LayerNorms; 105.9M at base."""
-    from cfir_jax.cli import apply_overrides
+    from cfir_jax.core.cli import apply_overrides
     from configs.base import get_config
 
     config = apply_overrides(get_config("384"), ["--config.train.trainable=authors"])

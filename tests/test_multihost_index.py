@@ -73,9 +73,9 @@ def _assert_same_stores(a: Path, b: Path) -> None:
     """Every store of workdir `a` equals `b`'s: arrays and text files byte for byte, manifests but for BUILD_FIELDS."""
     import json
 
-    from cfir_jax.index.image_cache import ImageCache
-    from cfir_jax.integrity import CHECKSUMS, verify_store
-    from cfir_jax.store import manifest_digest
+    from cfir_jax.stores.contract import manifest_digest
+    from cfir_jax.stores.image_cache import ImageCache
+    from cfir_jax.stores.integrity import CHECKSUMS, verify_store
 
     for store in STORES:
         files = sorted(p.relative_to(a / store) for p in (a / store).rglob("*") if p.is_file())
@@ -146,7 +146,7 @@ def test_killed_process_resumes_to_the_same_stores_reusing_finished_chunks(build
 
 def test_model_directory_written_by_process_0_is_loaded_by_both(tmp_path):
     """Orbax must neither wait for process 1 while process 0 exports, nor restore onto process 0's devices."""
-    from cfir_jax.config import model_config
+    from cfir_jax.core.config import model_config
     from cfir_jax.model import checkpoint
     from cfir_jax.model.beit3 import create_model
 

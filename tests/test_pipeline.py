@@ -8,8 +8,8 @@ import pytest
 from conftest import FIRST_RUN, ROOT
 from conftest import run_script as _run
 
-from cfir_jax.cli import load_config_file
-from cfir_jax.errors import CfirError
+from cfir_jax.core.cli import load_config_file
+from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.search.topk import exact_topk
 
@@ -133,8 +133,8 @@ def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
 def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, config):
     """The paper's protocol: the index is built from the train split's entities; test entities it never saw are
     unknown, and the evaluation says how many."""
-    from cfir_jax.index.entities import entity_key
-    from cfir_jax.index.entity_store import EntityStore
+    from cfir_jax.nlp.entities import entity_key
+    from cfir_jax.stores.entities import EntityStore
 
     r = Retriever(config, workdir)
     store = EntityStore.open(workdir / "entities")
@@ -287,7 +287,7 @@ def test_fused_sr_equals_numpy_over_the_retrievers_own_union(workdir, config, ba
     """retrieval.fusion: each hit's score is w_img * <q, image> + w_txt * <q, image text> over the very
     union the retriever built, in numpy's order; images without text add nothing; fast SR on the CPU scores through
     a compact copy of the fused rows, made from (and recording) both stores."""
-    from cfir_jax.index.image_text import ImageTextCache
+    from cfir_jax.stores.image_text import ImageTextCache
 
     cfg = config.copy_and_resolve_references()
     cfg.retrieval.update(top_k=15, sr="fast", sr_backend=backend, fusion=dict(w_img=1.0, w_txt=0.75,
@@ -343,8 +343,8 @@ def test_entity_text_match_adds_the_images_that_name_an_entity_to_its_list(workd
     """retrieval.entity_text_match: a known entity's list is its top-K followed by the images whose own text names
     it (whole words) and that the top-K missed. With the lists cut to K=2, that brings relevant images back into
     the train documents' unions (at the tiny world's K=20 the embedding search already finds nearly all)."""
-    from cfir_jax.index.entity_text_match import EntityTextMatch, words
-    from cfir_jax.index.image_text import image_text
+    from cfir_jax.stores.entity_text_match import EntityTextMatch, words
+    from cfir_jax.stores.image_text import image_text
 
     cfg = config.copy_and_resolve_references()
     cfg.retrieval.entity_text_match = True

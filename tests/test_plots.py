@@ -3,7 +3,7 @@
 import pytest
 from PIL import Image as PILImage
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.eval.metrics import evaluate
 from cfir_jax.eval.plots import RECALL_KS, plot_recall_curves, recall_curve
 

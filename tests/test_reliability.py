@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 from conftest import ROOT
 
-from cfir_jax import atomic_write, faults, integrity, store, workdir_lock
-from cfir_jax.errors import CfirError, os_error_line
-from cfir_jax.layout import Layout
+from cfir_jax.core import faults
+from cfir_jax.core.errors import CfirError, os_error_line
+from cfir_jax.stores import atomic_write, contract, integrity, lock
+from cfir_jax.stores.layout import Layout
 
 CONFIG = "configs/demo.py:tiny"
 # The stores a demo:tiny build writes, each with its own checksums.
@@ -63,7 +64,7 @@ def _flip_byte(path: Path, at: float = 0.5) -> None:
 
 
 def _retrieve(workdir: Path, n: int = 6):
-    from cfir_jax.cli import workdir_config
+    from cfir_jax.core.cli import workdir_config
     from cfir_jax.retrieve.pipeline import Retriever
 
     r = Retriever(workdir_config(workdir), workdir, load_nlp=False)
@@ -104,9 +105,9 @@ def test_temp_names_are_unique_and_the_sweep_keeps_live_processes_temporaries(tm
 
 def test_atomic_dir_failure_leaves_the_old_store_and_no_temporary(tmp_path):
     final = tmp_path / "s"
-    with store.atomic_dir(final) as tmp:
+    with contract.atomic_dir(final) as tmp:
         (tmp / "a.txt").write_text("old")
-    with pytest.raises(ValueError), store.atomic_dir(final) as tmp:
+    with pytest.raises(ValueError), contract.atomic_dir(final) as tmp:
         (tmp / "a.txt").write_text("new")
         raise ValueError("crash")
     assert (final / "a.txt").read_text() == "old"
@@ -121,9 +122,9 @@ def test_verify_names_the_damaged_block_and_its_rows(tmp_path, monkeypatch):
     monkeypatch.setattr(integrity, "BLOCK_BYTES", 4096)
     final = tmp_path / "s"
     rows = np.arange(4000 * 8, dtype=np.float32).reshape(4000, 8)  # 32 bytes a row: 128 rows a block
-    with store.atomic_dir(final) as tmp:
+    with contract.atomic_dir(final) as tmp:
         np.save(tmp / "embeddings.npy", rows)
-        store.write_manifest(tmp, "test", 1)
+        contract.write_manifest(tmp, "test", 1)
     assert integrity.verify_store(final) == []
     path = final / "embeddings.npy"
     header = np.load(path, mmap_mode="r").offset
@@ -177,7 +178,7 @@ def test_random_bytes_in_the_cache_are_refused_at_query_time_not_ranked_first(bu
 
 
 def test_random_bytes_in_candidate_lists_are_refused_when_opened(built, tmp_path):
-    from cfir_jax.index.entity_index import EntityIndex
+    from cfir_jax.stores.entity_index import EntityIndex
 
     w = _copy(built, tmp_path / "W")
     path = w / "entity_index" / "candidates.npy"
@@ -263,8 +264,8 @@ WRITER = """
 import contextlib, sys, time
 from pathlib import Path
 import numpy as np
-from cfir_jax import store, workdir_lock
-from cfir_jax.errors import cli_main
+from cfir_jax.stores import contract, lock
+from cfir_jax.core.errors import cli_main
 
 @cli_main
 def main():
@@ -272,21 +273,21 @@ def main():
     refused = go.with_name(go.name + ".refused")
     while not go.exists():
         time.sleep(0.002)
-    lock = contextlib.ExitStack()
+    held = contextlib.ExitStack()
     try:
-        lock.enter_context(workdir_lock.hold(work, command="writer"))
-    except workdir_lock.WorkdirBusy:
+        held.enter_context(lock.hold(work, command="writer"))
+    except lock.WorkdirBusy:
         refused.touch()
         raise
-    with lock:
+    with held:
         deadline = time.time() + 30
         while not refused.exists() and time.time() < deadline and sys.argv[3:] != ["alone"]:
             time.sleep(0.01)
-        with store.atomic_dir(work / "stage") as tmp:
+        with contract.atomic_dir(work / "stage") as tmp:
             for i in range(4):
                 np.save(tmp / f"part{i}.npy", np.arange(1000 * i, dtype=np.int64))
                 time.sleep(0.05)
-            store.write_manifest(tmp, "stage", 1, parts=4)
+            contract.write_manifest(tmp, "stage", 1, parts=4)
     print("built")
 
 main()
@@ -317,7 +318,7 @@ def test_two_writers_started_together_leave_exactly_one_running(tmp_path):
 
 def test_index_and_train_refuse_a_workdir_another_writer_holds(tmp_path):
     w = tmp_path / "W"
-    with workdir_lock.hold(w, command="index.py --workdir W"):
+    with lock.hold(w, command="index.py --workdir W"):
         for command in ("index.py", "train.py"):
             proc = _run(command, "--config", CONFIG, "--workdir", w, check=False, timeout=300)
             _one_line(proc, 2, f"another writer is running (pid {os.getpid()} on host", "index.py --workdir W")
@@ -356,7 +357,7 @@ def test_only_abandoned_orbax_work_is_kept_quiet(monkeypatch):
     one failed (the process is on its way out with its one line), every report of abandoned async work is."""
     from types import SimpleNamespace
 
-    from cfir_jax import errors
+    from cfir_jax.core import errors
 
     monkeypatch.setattr(errors, "_restore_failed", False)
 
@@ -390,7 +391,7 @@ def test_disk_full_inside_a_store_write_is_one_line_and_leaves_nothing_that_pass
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, "No space left on device", str(final / "embeddings.npy"))
 
-    with pytest.raises(faults.DiskFull) as info, faults.stage("image_cache"), store.atomic_dir(final) as tmp:
+    with pytest.raises(faults.DiskFull) as info, faults.stage("image_cache"), contract.atomic_dir(final) as tmp:
         (tmp / "ids.txt").write_bytes(b"x" * (3 << 20))
         full()
     message = str(info.value)
@@ -404,7 +405,7 @@ def test_disk_full_inside_a_store_write_is_one_line_and_leaves_nothing_that_pass
 # the stage named by $FULL_AT commits: the injected equivalent of the disk filling while writing that store.
 DISK_FILLER = """
 import errno, os, runpy, sys
-from cfir_jax import integrity
+from cfir_jax.stores import integrity
 
 target = os.environ["FULL_AT"]
 write = integrity.write_checksums

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from conftest import run_script as _run
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.retrieve.rerank_features import BASE_FEATURES, EntityEvidence, entity_features
 from cfir_jax.retrieve.rerank_fit import FitSettings, fit_head, list_mrr
@@ -65,7 +65,7 @@ def test_entity_features_equal_a_loop_over_the_lists():
 def test_late_interaction_on_the_device_equals_numpy_over_the_token_outputs(synthetic_spm):
     """encode_against's best and top-3 mean token-image similarities equal numpy's over encode_text_tokens, padding and
     the first token excluded; a text with fewer tokens than `top` averages all of them (one batch padded, one not)."""
-    from cfir_jax.config import model_config
+    from cfir_jax.core.config import model_config
     from cfir_jax.model.beit3 import create_model
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import Beit3Tokenizer
@@ -89,9 +89,9 @@ def test_late_interaction_on_the_device_equals_numpy_over_the_token_outputs(synt
 def test_retrievers_features_equal_a_plain_recomputation(workdir, config):  # noqa: F811
     """Every column of the features the retriever computes for SR's top-N, recomputed from the stores and the model
     itself: summary and document embeddings, the document's token outputs, ER lists and scores, the image text."""
-    from cfir_jax.index.image_text import ImageTextCache
     from cfir_jax.model import checkpoint
     from cfir_jax.search.topk import exact_topk
+    from cfir_jax.stores.image_text import ImageTextCache
 
     r = Retriever(_with(config), workdir, rerank_features=True)
     assert r.rerank_feature_names == BASE_FEATURES + ("txt", "has_txt")  # the tiny world has image text

@@ -18,8 +18,8 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_script
 
-from cfir_jax.config import serve_config
-from cfir_jax.config_upgrade import upgrade
+from cfir_jax.core.config import serve_config
+from cfir_jax.core.config_upgrade import upgrade
 
 TOKEN = "s3cret-token"
 
@@ -409,7 +409,7 @@ def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
 
 def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
     """serve.entity_workers: the documents of a batch parsed by worker processes, the same entities in order."""
-    from cfir_jax.index.entities import EntityExtractor, EntityPool, load_spacy
+    from cfir_jax.nlp.entities import EntityExtractor, EntityPool, load_spacy
 
     texts = [t for _, t in documents] + ["The Kingsham Museum and Brian Gray.", "nothing here"]
     expected = list(EntityExtractor(load_spacy(None), "all").extract(texts))

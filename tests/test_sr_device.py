@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import sr_device_worker
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.search.device_sr import DeviceCache, bucket_size
 
 WORKER = str(Path(__file__).parent / "sr_device_worker.py")

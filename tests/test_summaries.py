@@ -10,10 +10,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from cfir_jax.errors import CfirError
-from cfir_jax.index import summarizer as summarizer_lib
-from cfir_jax.index import summary_store
-from cfir_jax.store import StoreError
+from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp import summarizer as summarizer_lib
+from cfir_jax.stores import summaries as summary_store
+from cfir_jax.stores.contract import StoreError
 
 TEXTS = [
     "Berlin is the capital of Germany.",
@@ -358,7 +358,7 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
 
     from cfir_jax.data.atomic import build_atomic_corpus
     from cfir_jax.index import runner as indexing
-    from cfir_jax.layout import Layout
+    from cfir_jax.stores.layout import Layout
     from configs.base import experiment
 
     fx = write_atomic_fixture(tmp_path / "atomic")

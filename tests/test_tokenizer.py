@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from conftest import NEEDS_BEIT3_SPM, SPM_PATH
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import Beit3Tokenizer
 
 WORDS = ["Eiffel", "Tower", "photo", "of", "the", "Zürich", "naïve", "東京", "Москва", "مرحبا", "🙂", "e.g.", "U.S.",

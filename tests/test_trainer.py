@@ -325,7 +325,7 @@ def test_loss_matches_reference_formula():
 
 
 def test_init_model_of_another_size_is_refused(tmp_path):
-    from cfir_jax.errors import CfirError
+    from cfir_jax.core.errors import CfirError
 
     cfg = tiny_config()
     other = tiny_config()

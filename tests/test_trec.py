@@ -8,7 +8,7 @@ import pyarrow.parquet as pq
 import pytest
 import pytrec_eval
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.eval.trec import read_qrels, read_run, trec_order, write_qrels, write_run
 
 

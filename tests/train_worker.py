@@ -19,7 +19,7 @@ import jax.experimental.multihost_utils  # noqa: E402
 import numpy as np  # noqa: E402
 from train_fixtures import planted_data, tiny_config  # noqa: E402
 
-from cfir_jax.config import mesh_config  # noqa: E402
+from cfir_jax.core.config import mesh_config  # noqa: E402
 from cfir_jax.model.beit3 import param_path  # noqa: E402
 from cfir_jax.train import trainer  # noqa: E402
 from cfir_jax.train.data import TrainData  # noqa: E402

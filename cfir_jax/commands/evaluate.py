@@ -46,8 +46,8 @@ def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, meas
 
 def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
     """The Table 4 rows, after refusing (one line, before any retrieval) a K above the one the index was built with."""
-    from cfir_jax.index.entity_index import EntityIndex
-    from cfir_jax.layout import Layout
+    from cfir_jax.stores.entity_index import EntityIndex
+    from cfir_jax.stores.layout import Layout
 
     index = EntityIndex.open(Layout.of(workdir).entity_index)
     for row in rows:

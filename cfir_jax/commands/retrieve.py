@@ -12,8 +12,8 @@ from pathlib import Path
 
 import ml_collections
 
+from cfir_jax.commands.evaluate import evaluation_sr, print_notes, write_and_score
 from cfir_jax.retrieve import report
-from cfir_jax.retrieve.evaluation import evaluation_sr, print_notes, write_and_score
 from cfir_jax.retrieve.methods import METHODS
 from cfir_jax.retrieve.pipeline import Retriever, run_of
 from cfir_jax.retrieve.queries import read_queries, read_query

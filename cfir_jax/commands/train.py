@@ -17,12 +17,12 @@ import jax
 import ml_collections
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core import hosts
+from cfir_jax.core.config import TRAIN_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, document_text
-from cfir_jax.errors import CfirError
-from cfir_jax.layout import Layout
 from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.stores.layout import Layout
 from cfir_jax.train.trainer import TrainResult
 
 RUN_DIR, MODEL_DIR = "train_full", "model_full"
@@ -47,8 +47,8 @@ def document_tokens(config: ml_collections.ConfigDict, corpus: Corpus) -> tuple[
 
 def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None = None) -> TrainResult:
     """Trains (or resumes) the Full model on W/corpus in W/train_full and exports it to W/model_full."""
-    from cfir_jax.atomic_write import replace_dir
     from cfir_jax.data.image_pipeline import PairBatches, train_pairs
+    from cfir_jax.stores.atomic_write import replace_dir
     from cfir_jax.train.full_trainer import train_full
 
     layout = Layout.of(workdir)

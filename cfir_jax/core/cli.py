@@ -13,8 +13,8 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from cfir_jax import progress
-from cfir_jax.errors import CfirError
+from cfir_jax.core import progress
+from cfir_jax.core.errors import CfirError
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
@@ -43,10 +43,10 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
 
 def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     """The config an index was built with (recorded in W/index.json by index.py), with the fields added since it was
-    recorded filled in (`cfir_jax.config_upgrade.upgrade`: the one place that happens)."""
+    recorded filled in (`cfir_jax.core.config_upgrade.upgrade`: the one place that happens)."""
     import json
 
-    from cfir_jax.config_upgrade import upgrade
+    from cfir_jax.core.config_upgrade import upgrade
 
     path = Path(workdir) / "index.json"
     if not Path(workdir).is_dir():
@@ -104,7 +104,7 @@ def parse(description: str, add_arguments=None, argv: list[str] | None = None, *
     else:
         parser.add_argument("--config", required=True,
                             help="config file, e.g. configs/base.py or configs/demo.py:tiny")
-        parser.add_argument(workdir_flag, help="directory holding the stores (see cfir_jax/layout.py)")
+        parser.add_argument(workdir_flag, help="directory holding the stores (see cfir_jax/stores/layout.py)")
     add_compile_only_flags(parser)
     parser.add_argument("-v", "--verbose", action="count", default=0,
                         help="log more: -v this project's progress logs, -vv the libraries' too (orbax, absl)")

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 import ml_collections
 from ml_collections import config_dict
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 # BEiT-3's sizes. Head dim is 64 for both; the text vocabulary has 64010 rows (64002 used, padded).
 MODEL_SIZES = {
@@ -314,7 +314,7 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # text weight of the fused row of --compare when w_txt is 0.
             fusion=dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.5),
             # Beyond the paper: each known entity's candidates also include the images whose own text names it
-            # (W/entity_text_match, cfir_jax.index.entity_text_match).
+            # (W/entity_text_match, cfir_jax.stores.entity_text_match).
             entity_text_match=False,
             # Beyond the paper: a third stage re-scores SR's top_n with a small list-wise head over features SR
             # throws away (cfir_jax.retrieve.reranker; fitted by retrieve.py --fit-reranker into W/reranker). Off by

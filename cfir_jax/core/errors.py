@@ -1,5 +1,5 @@
 """User-facing errors and the one place command lines turn them into a one-line message and an exit code: 2 for
-the user's input and a full disk, 143 for SIGTERM (cfir_jax.faults), 130 for Ctrl-C."""
+the user's input and a full disk, 143 for SIGTERM (cfir_jax.core.faults), 130 for Ctrl-C."""
 
 from __future__ import annotations
 
@@ -96,7 +96,7 @@ def cli_main(fn: F) -> F:
         except KeyboardInterrupt:
             _exit("interrupted", 130)
         except BaseException as e:
-            from cfir_jax import faults
+            from cfir_jax.core import faults
 
             described = faults.describe(e)  # a full disk, SIGTERM
             if described is not None:

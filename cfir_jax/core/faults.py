@@ -1,7 +1,7 @@
 """What the commands say when the machine, not the input, fails: a full disk, a signal, an unreadable file.
 
-The writers of the store floor (`atomic_write.atomic_file`, `store.atomic_dir`) and the index stages announce what they
-are writing (`writing`, `stage`); `describe` turns an exception caught at the command line into one line naming it:
+The writers of the store floor (`atomic_write.atomic_file`, `contract.atomic_dir`) and the index stages announce what
+they write (`writing`, `stage`); `describe` turns an exception caught at the command line into one line naming it:
 
     no space left on /data (ext4) while writing W/image_cache (stage image_cache); free more than 1.2 GB (what
     it had written when the disk filled) and rerun: finished stages are kept
@@ -21,7 +21,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 EXIT_SIGTERM = 128 + signal.SIGTERM
 log = logging.getLogger(__name__)

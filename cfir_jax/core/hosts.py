@@ -18,7 +18,7 @@ from __future__ import annotations
 import itertools
 import sys
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 # Long enough for process 0 to merge the largest store while the others wait; a dead process is detected by the
 # distributed runtime's heartbeat well before this.

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-from cfir_jax.atomic_write import atomic_file
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.atomic_write import atomic_file
 
 # Cut-offs of the curve: log-spaced from 1 to the 1,000 hits a run holds (trec_eval's recall.k at each).
 RECALL_KS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700, 1000)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.errors import CfirError
-from cfir_jax.index.knn import ScannConfig, ScannSearcher, recall_at_k
+from cfir_jax.core import hosts
+from cfir_jax.core.errors import CfirError
+from cfir_jax.search.knn import ScannConfig, ScannSearcher, recall_at_k
 from cfir_jax.search.topk import exact_topk
 
 BACKENDS = ("scann", "exact")

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus
-from cfir_jax.errors import CfirError
-from cfir_jax.index.image_cache import (
+from cfir_jax.stores.contract import atomic_dir, write_manifest
+from cfir_jax.stores.image_cache import (
     FORMAT_VERSION,
     KIND,
     ImageCache,
@@ -22,7 +23,6 @@ from cfir_jax.index.image_cache import (
     is_current,
     write_lists,
 )
-from cfir_jax.store import atomic_dir, write_manifest
 
 
 def _npy_source(path: Path, ids_path: Path | None) -> tuple[list[Path], Iterator[tuple[list[str], np.ndarray]]]:

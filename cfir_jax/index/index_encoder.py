@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
-from cfir_jax.errors import CfirError
-from cfir_jax.layout import Layout
+from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.layout import Layout
 
 
 def encoder_dir(config, layout: Layout) -> Path | None:
@@ -54,7 +54,7 @@ def entity_encoder(config, layout: Layout, corpus):
 
 
 def scann_config(config):
-    from cfir_jax.index.knn import ScannConfig
+    from cfir_jax.search.knn import ScannConfig
 
     ei = config.index.entity_index
     return ScannConfig(num_leaves=ei.num_leaves or None, num_leaves_to_search=ei.num_leaves_to_search or None,
@@ -64,7 +64,7 @@ def scann_config(config):
 def check_cache_encoder(config, layout: Layout, cache) -> None:
     """Entity texts and images must come from one model: a cache encoded by another model is refused (one line)."""
     from cfir_jax.model import checkpoint
-    from cfir_jax.store import check_manifest
+    from cfir_jax.stores.contract import check_manifest
 
     if cache.manifest.get("source") == "model":  # imported embeddings carry no model fingerprint to compare
         vision = checkpoint.read_model_manifest(encoder_dir(config, layout))["vision_fingerprint"]

@@ -1,6 +1,6 @@
 """index.py as a library: builds, in order, every store that training and retrieval read.
 
-Stages (each writes one directory of the workdir layout, see cfir_jax.layout):
+Stages (each writes one directory of the workdir layout, see cfir_jax.stores.layout):
   corpus        AToMiC parquet files -> the corpus format (tfds array_record, read with grain); or a synthetic world
   image_cache   every image encoded once by the frozen vision tower (or precomputed embeddings imported)
   image_cache_full  the same images re-encoded by the D-BEiT-3 Full model's trained vision tower (W/model_full, made
@@ -43,10 +43,9 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.atomic_write import replace_dir, write_json_atomic
-from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
-from cfir_jax.errors import CfirError
+from cfir_jax.core import hosts
+from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.errors import CfirError
 from cfir_jax.index.index_encoder import (
     check_cache_encoder,
     encoder_dir,
@@ -56,8 +55,9 @@ from cfir_jax.index.index_encoder import (
     text_positions,
 )
 from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
-from cfir_jax.index.summarizer import make_summarizer
-from cfir_jax.layout import Layout
+from cfir_jax.nlp.summarizer import make_summarizer
+from cfir_jax.stores.atomic_write import replace_dir, write_json_atomic
+from cfir_jax.stores.layout import Layout
 
 STAGES = ("corpus", "image_cache", "image_cache_full", "encoder", "entities", "summaries", "entity_index",
           "image_text", "entity_text_match")
@@ -171,8 +171,8 @@ def pretrain_encoder(config, layout: Layout) -> str:
 
 
 def build_entities(config, layout: Layout, corpus):
-    from cfir_jax.index.entities import EntityExtractor, load_spacy
-    from cfir_jax.index.entity_store import ENTITY_FORMAT_VERSION, EntityStore, build_entity_store
+    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+    from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore, build_entity_store
 
     e = config.index.entities
     nlp = load_spacy(e.spacy_model or None)
@@ -188,8 +188,8 @@ def build_entities(config, layout: Layout, corpus):
 
 
 def build_summaries(config, layout: Layout, corpus):
-    from cfir_jax.index.summarizer import summary_input
-    from cfir_jax.index.summary_store import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store
+    from cfir_jax.nlp.summarizer import summary_input
+    from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store
 
     s = config.index.summaries
     summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
@@ -232,8 +232,8 @@ def _texts_digest(texts: list[str]) -> str:
 
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache):
-    from cfir_jax.index.entity_index import VERSION, EntityIndex
     from cfir_jax.index.entity_index_build import build_entity_index as build
+    from cfir_jax.stores.entity_index import VERSION, EntityIndex
 
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     check_cache_encoder(config, layout, cache)
@@ -260,9 +260,9 @@ def image_text_wanted(config) -> bool:
 
 def build_image_text(config, layout: Layout, corpus, cache):
     """Stage image_text: None (skipped) when the corpus' images carry no text, else the opened store."""
-    from cfir_jax.index.image_text import build_image_text as build
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.stores.image_text import build_image_text as build
     from cfir_jax.train.data import resolve_tokenizer
 
     if not corpus.manifest.get("images_with_text"):
@@ -283,8 +283,8 @@ def entity_text_match_wanted(config) -> bool:
 
 def build_entity_text_match(config, layout: Layout, corpus, cache):
     """Stage entity_text_match: None (skipped) when the corpus' images carry no text, else the opened store."""
-    from cfir_jax.index.entity_index import EntityIndex
-    from cfir_jax.index.entity_text_match import build_entity_text_match as build
+    from cfir_jax.stores.entity_index import EntityIndex
+    from cfir_jax.stores.entity_text_match import build_entity_text_match as build
 
     if not corpus.manifest.get("images_with_text"):
         return None
@@ -296,7 +296,7 @@ def build_entity_text_match(config, layout: Layout, corpus, cache):
 
 def _current(directory: Path, kind: str, version: int, **expected) -> bool:
     """Whether `directory` holds a complete store of this format whose manifest has the `expected` fields."""
-    from cfir_jax.store import read_manifest
+    from cfir_jax.stores.contract import read_manifest
 
     try:
         manifest = read_manifest(directory, kind, version)
@@ -306,7 +306,7 @@ def _current(directory: Path, kind: str, version: int, **expected) -> bool:
 
 
 def _show_progress() -> bool:
-    from cfir_jax.progress import shown
+    from cfir_jax.core.progress import shown
 
     return shown()
 
@@ -321,7 +321,7 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     if unknown:
         raise CfirError(f"unknown stage(s) {sorted(unknown)}: choose from {', '.join(STAGES)}")
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.stores.image_cache import ImageCache
 
     layout = Layout.of(workdir)
     check_text_lengths(config, INDEX_TEXT_LENGTHS, text_positions(config, layout))
@@ -351,7 +351,7 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda s: f"{s.num_docs:,} summaries ({config.index.summaries.summarizer})", layout.summaries)
     if "entity_index" in stages:
         if entities is None:
-            from cfir_jax.index.entity_store import EntityStore
+            from cfir_jax.stores.entities import EntityStore
 
             entities = EntityStore.open(layout.entities, corpus_fingerprint=corpus.documents_fingerprint)
         run("entity_index", lambda: build_entity_index(config, layout, corpus, entities, cache),

@@ -8,7 +8,7 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 # Version of what extraction yields, in every build's settings (1 stripped a leading 'the' and a trailing "'s").
 EXTRACTION_VERSION = 2

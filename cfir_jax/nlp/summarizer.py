@@ -12,8 +12,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Document
-from cfir_jax.errors import CfirError
 
 # Input lengths are padded up to one of these (capped at max_input_tokens), so generation compiles at most
 # len(buckets) times however long the documents are; doubling keeps the padding waste under 2x.
@@ -387,7 +387,7 @@ def _load_bart(model_dir: Path, dtype):
 
 
 def make_summarizer(config):
-    from cfir_jax.index.summarizer import BartSummarizer, ExtractiveSummarizer
+    from cfir_jax.nlp.summarizer import BartSummarizer, ExtractiveSummarizer
 
     s = config.index.summaries
     if s.summarizer == "extractive":

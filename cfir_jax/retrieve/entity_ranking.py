@@ -34,7 +34,7 @@ class EntityRanking:
     def extractor(self):
         """The spaCy entity extractor (loaded on first use)."""
         if self._nlp is None:
-            from cfir_jax.index.entities import EntityExtractor, load_spacy
+            from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 
             e = self.config.index.entities
             self._nlp = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
@@ -50,7 +50,7 @@ class EntityRanking:
         """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,
         kept for the Retriever's life: a later batch pays no start-up)."""
         if self._pool is None:
-            from cfir_jax.index.entities import EntityPool
+            from cfir_jax.nlp.entities import EntityPool
 
             e = self.config.index.entities
             labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
@@ -91,7 +91,7 @@ class EntityRanking:
         searched: list[str] = []
         if unknown and self.rcfg.unknown_entities == "search":
             found, rows = self._search(unknown)
-            from cfir_jax.index.knn import drop_padding
+            from cfir_jax.search.knn import drop_padding
 
             lists += drop_padding(rows)  # ScaNN may find fewer than K: its padding never reaches the union
             if with_scores:

@@ -29,15 +29,15 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from cfir_jax.config_upgrade import upgrade
+from cfir_jax.core.config_upgrade import upgrade
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
-from cfir_jax.errors import CfirError
-from cfir_jax.integrity import check_rows, check_scores, row_norm_bound
-from cfir_jax.progress import bar as progress_bar
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
 from cfir_jax.retrieve.methods import METHODS, method_of
 from cfir_jax.retrieve.sr import SR_MODES, SRFrontEnd, check_sr_settings
 from cfir_jax.retrieve.stores import open_stores
+from cfir_jax.stores.integrity import check_rows, check_scores, row_norm_bound
 
 __all__ = ["METHODS", "SR_MODES", "DocumentInput", "Hit", "Result", "Retriever", "run_of"]
 
@@ -191,7 +191,7 @@ class Retriever:
 
     def summarizer(self):
         if self._summarizer is None:
-            from cfir_jax.index.summarizer import make_summarizer
+            from cfir_jax.nlp.summarizer import make_summarizer
 
             self._summarizer = make_summarizer(self.config)
         return self._summarizer
@@ -212,7 +212,7 @@ class Retriever:
     def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Result]:
         """Runs the configured method for every document, retrieval.batch_size documents at a time (entities,
         summaries, encoding and SR batched); progress: a progress bar with documents/s (where bars are shown at all,
-        see cfir_jax.progress)."""
+        see cfir_jax.core.progress)."""
         self._warm_up()
         size = max(1, int(self.rcfg.batch_size))
         entities = self.entities.stream(docs) if self.entities is not None else iter([[] for _ in docs])
@@ -327,8 +327,8 @@ class Retriever:
 
     def corpus_documents(self, split: str) -> list[DocumentInput]:
         """The documents of a qrels split with the entities and summaries the index computed for them."""
-        from cfir_jax.index.entity_store import EntityStore
-        from cfir_jax.index.summary_store import SummaryStore
+        from cfir_jax.stores.entities import EntityStore
+        from cfir_jax.stores.summaries import SummaryStore
 
         qrels = self.corpus.qrels(split)
         row_of = {d: i for i, d in enumerate(self.corpus.doc_ids)}

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
 SR_MODES = ("exact", "fast")
@@ -89,7 +89,7 @@ class SRFrontEnd:
         compact_dir = layout.sr_compact_fused if self.fused else layout.sr_compact
         source = cache.content_fingerprint
         if self.fused:
-            from cfir_jax.store import manifest_digest
+            from cfir_jax.stores.contract import manifest_digest
 
             source += f"+text-{manifest_digest(self.stores.image_text.manifest)}"
         dim = self.rows.shape[1]

@@ -16,9 +16,9 @@ from typing import Any
 
 import ml_collections
 
-from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
-from cfir_jax.errors import CfirError
-from cfir_jax.layout import Layout
+from cfir_jax.core.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.layout import Layout
 
 
 @dataclasses.dataclass
@@ -27,7 +27,7 @@ class Stores:
 
     layout: Layout
     corpus: Any  # cfir_jax.data.corpus.Corpus
-    cache: Any  # cfir_jax.index.image_cache.ImageCache
+    cache: Any  # cfir_jax.stores.image_cache.ImageCache
     model: Any  # the text model scoring queries
     model_manifest: dict
     tokenizer: Any
@@ -81,8 +81,8 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
     if entities:
         _open_entity_index(config, stores, encoder_dir)
     if text_match:
-        from cfir_jax.index.entity_text_match import EntityTextMatch
-        from cfir_jax.store import manifest_digest
+        from cfir_jax.stores.contract import manifest_digest
+        from cfir_jax.stores.entity_text_match import EntityTextMatch
 
         stores.text_match = EntityTextMatch.open(layout.entity_text_match,
                                                  entity_index=manifest_digest(stores.entity_index.manifest),
@@ -94,7 +94,7 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
 
 def open_image_text(stores: Stores):
     """The image-text store, checked against the index encoder and this cache."""
-    from cfir_jax.index.image_text import ImageTextCache
+    from cfir_jax.stores.image_text import ImageTextCache
 
     return ImageTextCache.open(stores.layout.image_text, expect_fingerprint=stores.encoder_fingerprint,
                                expect_cache_fingerprint=stores.cache.content_fingerprint)
@@ -132,7 +132,7 @@ def _open_cache(config, layout: Layout, model, model_dir: Path, model_manifest: 
     """The image cache retrieval.image_cache names (default: the model's own tower's), refused in one line when
     another vision tower built it: both fingerprints and the command that builds the right cache. Imported
     embeddings carry no fingerprint: they stand for the frozen tower, never for a Full model's."""
-    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.stores.image_cache import ImageCache
 
     own = layout.image_cache_full if full else layout.image_cache
     named = config.retrieval.get("image_cache", "")
@@ -171,9 +171,9 @@ def _with_encoders(config, layout, corpus, cache, model, model_manifest, documen
 
 def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None:
     """The entity index, refused when built by another encoder, over another cache or another number of images."""
-    from cfir_jax.index.entity_index import EntityIndex
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.stores.entity_index import EntityIndex
 
     layout, cache, model = stores.layout, stores.cache, stores.model
     enc_model = checkpoint.load_model(encoder_dir, config.model) if encoder_dir else model
@@ -186,7 +186,7 @@ def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None
         raise CfirError(f"{layout.entity_index}: built over {index.manifest['n_images']} images "
                         f"but the cache has {cache.num_images}: rebuild the entity index")
     if "cache_fingerprint" in index.manifest:
-        from cfir_jax.store import check_derived
+        from cfir_jax.stores.contract import check_derived
 
         check_derived(index.manifest, layout.entity_index, cache_fingerprint=cache.content_fingerprint)
     stores.entity_index = index

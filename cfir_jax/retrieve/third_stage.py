@@ -14,8 +14,8 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from cfir_jax.config import check_text_lengths
-from cfir_jax.errors import CfirError
+from cfir_jax.core.config import check_text_lengths
+from cfir_jax.core.errors import CfirError
 
 Ranked = tuple[np.ndarray, np.ndarray]
 
@@ -72,7 +72,7 @@ class ThirdStage:
     def sources(self) -> dict[str, str | None]:
         """What the re-ranker's features are computed from: the text model, the image cache build, the entity
         index and image-text store manifests (digests); a fitted store records them and is refused when they change."""
-        from cfir_jax.store import manifest_digest
+        from cfir_jax.stores.contract import manifest_digest
 
         s = self.stores
         return dict(text_fingerprint=s.model_manifest["text_fingerprint"],

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 
 def recall_at_k(approx_indices: np.ndarray, exact_indices: np.ndarray) -> float:

@@ -3,7 +3,7 @@
 One process loads the stores and models once, warms every shape it will send (`index.warm_up`), then answers over
 HTTP (`app`: FastAPI on uvicorn) until SIGTERM, which stops accepting, answers every request already accepted and
 exits 0. SIGHUP reloads the workdir (`index.IndexHolder.reload`). Requests are micro-batched into the Retriever's
-batched path (`batcher`). Settings: the config's `serve` section (`cfir_jax.config.serve_config`).
+batched path (`batcher`). Settings: the config's `serve` section (`cfir_jax.core.config.serve_config`).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 
 def serve(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (), method: str = "cfir",
@@ -27,7 +27,7 @@ def serve(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (),
     import uvicorn
 
     from cfir_jax.serve.app import Service, create_app
-    from cfir_jax.serve.index import IndexHolder, config_overrides
+    from cfir_jax.serve.resident import IndexHolder, config_overrides
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("cfir_jax.serve").setLevel(logging.INFO)

@@ -3,7 +3,7 @@
 A file is written at a temporary name beside its final path (`temp_name`: unique per host, process and call),
 flushed and fsynced, then renamed over the final path, so a reader sees the old file or the new one, never half of
 one; a directory is replaced the same way (`replace_dir`). `sweep_temps` removes the temporaries that dead processes
-of this host left behind. The store floor's `store.atomic_dir` builds on these.
+of this host left behind. The store floor's `contract.atomic_dir` builds on these.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from typing import IO, Any
 
 import numpy as np
 
-from cfir_jax import faults
+from cfir_jax.core import faults
 
 _HOST = socket.gethostname().replace("-", "_") or "host"
 

@@ -20,9 +20,16 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cfir_jax import faults, hosts, progress
-from cfir_jax.atomic_write import atomic_file, remove_path, replace_dir, sweep_temps, temp_name, write_json_atomic
-from cfir_jax.errors import CfirError
+from cfir_jax.core import faults, hosts, progress
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.atomic_write import (
+    atomic_file,
+    remove_path,
+    replace_dir,
+    sweep_temps,
+    temp_name,
+    write_json_atomic,
+)
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +48,7 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     checks). On an exception the temporary directory is removed; the old `final`, if any, is untouched. The
     temporary name is unique to this process, so two processes never write into one directory.
     """
-    from cfir_jax import integrity
+    from cfir_jax.stores import integrity
 
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)

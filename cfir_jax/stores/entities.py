@@ -19,7 +19,7 @@ Store layout (kind "entities", format `ENTITY_FORMAT_VERSION`):
   doc_freq.npy int32     number of documents mentioning each entity                    [num_entities]
 
 Large builds are resumable: chunks of finished documents are kept in `<out_dir>.partial/` (see `iter_chunks`), and
-the store itself is assembled through `store.atomic_dir`, so readers never see half a store.
+the store itself is assembled through `contract.atomic_dir`, so readers never see half a store.
 """
 
 from __future__ import annotations
@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax import store
-from cfir_jax.errors import CfirError
-from cfir_jax.index.entities import EntityExtractor, entity_key
-from cfir_jax.integrity import check_csr
-from cfir_jax.store import check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
+from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp.entities import EntityExtractor, entity_key
+from cfir_jax.stores import contract
+from cfir_jax.stores.contract import StoreError, check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
+from cfir_jax.stores.integrity import check_csr
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,7 @@ ENTITY_KIND = "entities"
 
 
 # -------------------------------------------------------------------------------------------------------------------
-# Resumable chunked builds: `cfir_jax.store.iter_chunks` (shared with the summary store).
+# Resumable chunked builds: `cfir_jax.stores.contract.iter_chunks` (shared with the summary store).
 
 
 # -------------------------------------------------------------------------------------------------------------------
@@ -111,13 +111,13 @@ def _assemble(out_dir: Path, chunks, extractor: EntityExtractor, corpus_fingerpr
     offsets_arr = np.asarray(offsets, dtype=np.int64)
     doc_freq = np.bincount(entity_ids, minlength=len(vocab)).astype(np.int32)
     num_without = int(np.sum(np.diff(offsets_arr) == 0))
-    with store.atomic_dir(out_dir) as tmp:
+    with contract.atomic_dir(out_dir) as tmp:
         write_lines(tmp / "doc_ids.txt", doc_ids)
         write_lines(tmp / "vocab.txt", surfaces)
         np.save(tmp / "offsets.npy", offsets_arr)
         np.save(tmp / "entity_ids.npy", entity_ids)
         np.save(tmp / "doc_freq.npy", doc_freq)
-        store.write_manifest(
+        contract.write_manifest(
             tmp,
             ENTITY_KIND,
             ENTITY_FORMAT_VERSION,
@@ -160,17 +160,17 @@ class EntityStore:
     ) -> EntityStore:
         """Opens and validates a store; refuses one built by another `spacy_model` or from other documents."""
         directory = Path(directory)
-        manifest = store.read_manifest(directory, ENTITY_KIND, ENTITY_FORMAT_VERSION)
+        manifest = contract.read_manifest(directory, ENTITY_KIND, ENTITY_FORMAT_VERSION)
         if spacy_model is not None:
-            store.check_manifest(manifest, directory, spacy_model=spacy_model)
+            contract.check_manifest(manifest, directory, spacy_model=spacy_model)
         if corpus_fingerprint is not None:
-            store.check_derived(manifest, directory, corpus_fingerprint=corpus_fingerprint)
+            contract.check_derived(manifest, directory, corpus_fingerprint=corpus_fingerprint)
         try:
             num_docs = int(manifest["num_docs"])
             num_entities = int(manifest["num_entities"])
             num_mentions = int(manifest["num_mentions"])
         except (KeyError, TypeError, ValueError):
-            raise store.StoreError(f"{directory}/manifest.json: missing counts; rebuild the entity store") from None
+            raise StoreError(f"{directory}/manifest.json: missing counts; rebuild the entity store") from None
         arrays = {}
         for name, dtype, size in (
             ("offsets", np.int64, num_docs + 1),
@@ -181,11 +181,11 @@ class EntityStore:
             try:
                 arrays[name] = np.load(path, mmap_mode="r", allow_pickle=False)
             except FileNotFoundError:
-                raise store.StoreError(f"{path}: missing; the entity store is incomplete, rebuild it") from None
+                raise StoreError(f"{path}: missing; the entity store is incomplete, rebuild it") from None
             except ValueError:
-                raise store.StoreError(f"{path}: not a .npy array; the entity store is corrupt, rebuild it") from None
+                raise StoreError(f"{path}: not a .npy array; the entity store is corrupt, rebuild it") from None
             if arrays[name].dtype != dtype or arrays[name].shape != (size,):
-                raise store.StoreError(
+                raise StoreError(
                     f"{path}: {arrays[name].dtype}{list(arrays[name].shape)} but expected "
                     f"{np.dtype(dtype)}[{size}]; rebuild the entity store"
                 )

@@ -25,11 +25,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
-from cfir_jax.index.entities import entity_key
-from cfir_jax.index.knn import ScannSearcher
-from cfir_jax.integrity import check_csr
-from cfir_jax.store import StoreError, check_manifest, read_manifest
+from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp.entities import entity_key
+from cfir_jax.search.knn import ScannSearcher
+from cfir_jax.stores.contract import StoreError, check_manifest, read_manifest
+from cfir_jax.stores.integrity import check_csr
 
 KIND = "entity_index"
 VERSION = 2

@@ -16,7 +16,7 @@ Layout of the store (kind "entity_text_match", format 1), aligned with the entit
 Matching is one pass over the image texts: every run of up to `max_words` consecutive words is looked up in a hash
 map of the entity names (names are short; longer ones never match), so the cost is linear in the text, not in the
 number of entities. Image rows are cut into chunks; under jax.distributed process p matches the chunks c with
-c % P == p (`cfir_jax.hosts`) into `.<name>.building/chunk-*.npz`, a finished chunk is never redone (a killed run
+c % P == p (`cfir_jax.core.hosts`) into `.<name>.building/chunk-*.npz`, a finished chunk is never redone (a killed run
 resumes), and process 0 commits the store once every chunk exists.
 """
 
@@ -32,18 +32,25 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.atomic_write import savez_atomic
-from cfir_jax.errors import CfirError
-from cfir_jax.index.image_text import FIELDS, image_text
-from cfir_jax.integrity import check_csr
-from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, manifest_digest, read_manifest, shared_work_dir, write_manifest
+from cfir_jax.core import hosts
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.stores.atomic_write import savez_atomic
+from cfir_jax.stores.contract import (
+    StoreError,
+    atomic_dir,
+    manifest_digest,
+    read_manifest,
+    shared_work_dir,
+    write_manifest,
+)
+from cfir_jax.stores.image_text import FIELDS, image_text
+from cfir_jax.stores.integrity import check_csr
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.entity_index import EntityIndex
-    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.stores.entity_index import EntityIndex
+    from cfir_jax.stores.image_cache import ImageCache
 
 KIND = "entity_text_match"
 FORMAT_VERSION = 1

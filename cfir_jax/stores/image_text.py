@@ -33,17 +33,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.atomic_write import save_npy_atomic, write_json_atomic
-from cfir_jax.config import IMAGE_TEXT_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
-from cfir_jax.errors import CfirError
-from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, shared_work_dir, write_manifest
+from cfir_jax.core import hosts
+from cfir_jax.core.config import IMAGE_TEXT_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
+from cfir_jax.stores.contract import (
+    StoreError,
+    atomic_dir,
+    check_manifest,
+    read_manifest,
+    shared_work_dir,
+    write_manifest,
+)
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus, Image
-    from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.stores.image_cache import ImageCache
 
 KIND = "image_text"
 FORMAT_VERSION = 1

@@ -2,7 +2,7 @@
 
 Three layers, from the most thorough (and slowest) to the cheapest:
 
-- `write_checksums`: every store directory, when `store.atomic_dir` commits it, records `checksums.json`: the
+- `write_checksums`: every store directory, when `contract.atomic_dir` commits it, records `checksums.json`: the
   sha256 of every file, per block of `BLOCK_BYTES` (64 MiB) so a damaged large array is named to the block and its
   rows. `verify_store` / `verify_workdir` (`index.py --verify`) re-read every byte and name each damaged, missing
   or unexpected file. Cost: reading the store once (sha256 at about 1 GB/s on one core here).
@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.atomic_write import write_json_atomic
-from cfir_jax.store import MANIFEST, StoreError
+from cfir_jax.stores.atomic_write import write_json_atomic
+from cfir_jax.stores.contract import MANIFEST, StoreError
 
 CHECKSUMS = "checksums.json"
 BLOCK_BYTES = 64 << 20
@@ -172,7 +172,7 @@ def verify_command(workdir: str | os.PathLike, out=None) -> int:
     """`index.py --verify`: one line per damaged file (stderr) and a summary; 0 when every store is intact, else 2."""
     import sys
 
-    from cfir_jax.layout import STORES
+    from cfir_jax.stores.layout import STORES
 
     root = Path(workdir)
     if not root.is_dir():

@@ -1,14 +1,14 @@
 """The workdir layout: one directory holds every store, written by index.py and train.py, read by retrieve.py.
 
     W/corpus/          the corpus (documents, images, qrels; cfir_jax.data.corpus)
-    W/image_cache/     [N, D] image embeddings (cfir_jax.index.image_cache)
+    W/image_cache/     [N, D] image embeddings (cfir_jax.stores.image_cache)
     W/encoder/         the frozen encoder model directory, when index.py made it (synthetic pretraining)
     W/pretrain/        the caption pretraining run that produced W/encoder
-    W/entities/        named entities of every document (cfir_jax.index.entities)
-    W/summaries/       a summary of every document (cfir_jax.index.summary_store)
-    W/entity_index/    top-K images of every entity (cfir_jax.index.entity_index)
-    W/image_text/      [N, D] embeddings of each cached image's own text, for fused SR (cfir_jax.index.image_text)
-    W/entity_text_match/  per entity, the images whose own text names it (cfir_jax.index.entity_text_match)
+    W/entities/        named entities of every document (cfir_jax.nlp.entities)
+    W/summaries/       a summary of every document (cfir_jax.stores.summaries)
+    W/entity_index/    top-K images of every entity (cfir_jax.stores.entity_index)
+    W/image_text/      [N, D] embeddings of each cached image's own text, for fused SR (cfir_jax.stores.image_text)
+    W/entity_text_match/  per entity, the images whose own text names it (cfir_jax.stores.entity_text_match)
     W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.search.compact)
     W/sr_compact_fused/  the same for fused SR: a compact copy of the rows [image, image text]
     W/reranker/        the fitted re-ranker of SR's top-N, beyond the paper (cfir_jax.retrieve.reranker)
@@ -17,7 +17,7 @@
     W/model/           the trained model (vision tower of the encoder + trained language expert)
     W/train_document/  training run of the document baseline (train.py --config.train.text=document)
     W/model_document/  the document baseline's model (the paper's "document only" row, Table 3)
-    W/train_full/      training run of D-BEiT-3 Full (train.images="pixels"; cfir_jax/train/full_run.py)
+    W/train_full/      training run of D-BEiT-3 Full (train.images="pixels"; cfir_jax/commands/train.py)
     W/model_full/      the Full model (both towers trained; its manifest says trained="full")
     W/image_cache_full/  the image cache re-encoded by W/model_full's vision tower (index.py --stages image_cache_full)
 """
@@ -28,7 +28,7 @@ import dataclasses
 import os
 from pathlib import Path
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 
 @dataclasses.dataclass(frozen=True)

@@ -25,8 +25,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from cfir_jax import hosts
-from cfir_jax.errors import CfirError
+from cfir_jax.core import hosts
+from cfir_jax.core.errors import CfirError
 
 LOCK_FILE = ".writer.lock"
 

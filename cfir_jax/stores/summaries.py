@@ -12,7 +12,7 @@ Store layout (kind "summaries", format `SUMMARY_FORMAT_VERSION`):
   manifest.json      summarizer name and settings, num_docs, num_empty
   doc_ids.txt        one document id per line, in input order      [num_docs]
   summaries.jsonl    one JSON string per line (a summary may hold line breaks)   [num_docs]
-Builds are resumable in chunks, like the entity store (`cfir_jax.store.iter_chunks`).
+Builds are resumable in chunks, like the entity store (`cfir_jax.stores.contract.iter_chunks`).
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cfir_jax import store
-from cfir_jax.errors import CfirError
-from cfir_jax.index.summarizer import Summarizer
-from cfir_jax.store import check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
+from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp.summarizer import Summarizer
+from cfir_jax.stores import contract
+from cfir_jax.stores.contract import StoreError, check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
 
 if TYPE_CHECKING:  # the corpus module imports tfds and grain; summaries need only the record type
     pass
@@ -83,7 +83,7 @@ def _assemble(out_dir: Path, chunks, settings: dict, corpus_fingerprint: str | N
     doc_ids: list[str] = []
     seen: set[str] = set()
     num_empty = 0
-    with store.atomic_dir(out_dir) as tmp:
+    with contract.atomic_dir(out_dir) as tmp:
         # Summaries stream to disk chunk by chunk: millions of them need not sit in memory.
         with open(tmp / "summaries.jsonl", "w", encoding="utf-8", newline="\n") as f:
             for chunk_ids, summaries in chunks:
@@ -96,7 +96,7 @@ def _assemble(out_dir: Path, chunks, settings: dict, corpus_fingerprint: str | N
         if not doc_ids:
             raise CfirError(f"{out_dir}: no documents to summarise; check the corpus path and split")
         write_lines(tmp / "doc_ids.txt", doc_ids)
-        store.write_manifest(
+        contract.write_manifest(
             tmp, SUMMARY_KIND, SUMMARY_FORMAT_VERSION, **settings, num_docs=len(doc_ids), num_empty=num_empty,
             corpus_fingerprint=corpus_fingerprint,
         )
@@ -118,21 +118,21 @@ class SummaryStore:
     ) -> SummaryStore:
         """Opens and validates a store; refuses one made by another `summarizer` or from other documents."""
         directory = Path(directory)
-        manifest = store.read_manifest(directory, SUMMARY_KIND, SUMMARY_FORMAT_VERSION)
+        manifest = contract.read_manifest(directory, SUMMARY_KIND, SUMMARY_FORMAT_VERSION)
         if summarizer is not None:
-            store.check_manifest(manifest, directory, summarizer=summarizer)
+            contract.check_manifest(manifest, directory, summarizer=summarizer)
         if corpus_fingerprint is not None:
-            store.check_derived(manifest, directory, corpus_fingerprint=corpus_fingerprint)
+            contract.check_derived(manifest, directory, corpus_fingerprint=corpus_fingerprint)
         num_docs = manifest.get("num_docs")
         if not isinstance(num_docs, int):
-            raise store.StoreError(f"{directory}/manifest.json: missing num_docs; rebuild the summary store")
+            raise StoreError(f"{directory}/manifest.json: missing num_docs; rebuild the summary store")
         lines = read_lines(directory / "summaries.jsonl", num_docs, directory)
         try:
             summaries = [json.loads(line) for line in lines]
         except ValueError:
-            raise store.StoreError(f"{directory}/summaries.jsonl: not JSON lines; rebuild the summary store") from None
+            raise StoreError(f"{directory}/summaries.jsonl: not JSON lines; rebuild the summary store") from None
         if not all(isinstance(s, str) for s in summaries):
-            raise store.StoreError(f"{directory}/summaries.jsonl: a line is not a JSON string; rebuild the store")
+            raise StoreError(f"{directory}/summaries.jsonl: a line is not a JSON string; rebuild the store")
         doc_ids = read_lines(directory / "doc_ids.txt", num_docs, directory)
         return cls(directory=directory, manifest=manifest, doc_ids=doc_ids, summaries=summaries)
 

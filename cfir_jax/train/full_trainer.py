@@ -8,7 +8,7 @@ counts unreadable images. The documents' tokens (`ids`, `mask` [documents, L]) a
 Unlike the text trainer, whose data order is a function of the step, the order here is the pipeline's own (grain's
 shuffling, augmentation draws), so its state is saved as the checkpoint's "data" item. Orbax writes that JSON item
 from process 0; PairBatches resumes any process from process 0's state (tests/test_image_pipeline.py), and a
-2-process run trains the 1-process model (tests/test_full_train.py). `cfir_jax.train.full_run.run_full` builds its
+2-process run trains the 1-process model (tests/test_full_train.py). `cfir_jax.commands.train.run_full` builds its
 inputs from a workdir (train.py) and exports the trained model; `index.py --stages image_cache_full` re-encodes the
 images with its tower.
 """
@@ -24,9 +24,9 @@ import jax
 import ml_collections
 import numpy as np
 
-from cfir_jax.atomic_write import write_json_atomic
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.eval import train_time
+from cfir_jax.stores.atomic_write import write_json_atomic
 from cfir_jax.train.full_step import global_full_batch, make_full_step
 from cfir_jax.train.monitor import MetricsLog, _Preemption
 from cfir_jax.train.state import init_state, make_setup
@@ -104,8 +104,8 @@ def train_full(
             force=force,
         )
 
-    from cfir_jax.progress import bar as progress_bar
-    from cfir_jax.progress import shown
+    from cfir_jax.core.progress import bar as progress_bar
+    from cfir_jax.core.progress import shown
 
     show = (progress if progress is not None else shown()) and jax.process_index() == 0
     bar = progress_bar(total=steps, initial=start, show=show, unit="step", desc="train full")

@@ -24,9 +24,9 @@ import jax
 import jax.experimental.multihost_utils
 import ml_collections
 
-from cfir_jax.atomic_write import write_json_atomic
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.eval import train_time
+from cfir_jax.stores.atomic_write import write_json_atomic
 from cfir_jax.train.data import TrainData
 from cfir_jax.train.monitor import MetricsLog, _Preemption
 from cfir_jax.train.state import export_model, init_state, make_setup, restore_tower
@@ -96,7 +96,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
     log = MetricsLog(workdir, start, tcfg.tensorboard)
     step_fn = make_train_step(config, setup)
     encoder = make_encoder(config, setup) if data.eval is not None else None
-    from cfir_jax.progress import shown
+    from cfir_jax.core.progress import shown
 
     show = (progress if progress is not None else shown()) and jax.process_index() == 0
 
@@ -105,7 +105,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
             state=ocp.args.StandardSave(state), data=ocp.args.JsonSave({"step": step, "seed": tcfg.seed}),
             config=ocp.args.JsonSave(config.to_dict())), force=force)
 
-    from cfir_jax.progress import bar as progress_bar
+    from cfir_jax.core.progress import bar as progress_bar
 
     # step n/N, steps/s and ETA from tqdm; the loss in the postfix at every log step.
     bar = progress_bar(total=steps, initial=start, show=show, unit="step", desc=desc)
@@ -147,7 +147,7 @@ def train(config: ml_collections.ConfigDict, workdir: str | os.PathLike, data: T
 def _portable_config(config, root: Path) -> dict:
     """The config as recorded in the run directory: model paths inside the workdir `root` relative to it, so a
     moved workdir's record still names its own stores."""
-    from cfir_jax.layout import Layout
+    from cfir_jax.stores.layout import Layout
 
     record = json.loads(json.dumps(config.to_dict(), default=str))
     for key in ("init_model", "export_model"):
