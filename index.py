@@ -15,7 +15,7 @@ On several hosts, run the same command on every host (jax.distributed: see cfir_
 import sys
 
 from cfir_jax.core import cli
-from cfir_jax.core.errors import cli_main
+from cfir_jax.core.cli import cli_main
 
 
 def _flags(parser):

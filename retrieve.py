@@ -17,7 +17,8 @@ Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the pape
 import sys
 
 from cfir_jax.core import cli
-from cfir_jax.core.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
 # retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.

@@ -7,7 +7,7 @@
 """
 
 from cfir_jax.core import cli
-from cfir_jax.core.errors import cli_main
+from cfir_jax.core.cli import cli_main
 
 
 @cli_main

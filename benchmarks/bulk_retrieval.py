@@ -21,7 +21,8 @@ import time
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax.core.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 
 
 def load_averages() -> str:

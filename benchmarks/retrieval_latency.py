@@ -38,7 +38,8 @@ import jax.numpy as jnp
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax.core.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 from cfir_jax.search.compact import CompactCache, build_compact, compact_in_memory
 from cfir_jax.search.cpu_sr import SRScorer, StageTimes
 from cfir_jax.search.device_sr import DeviceCache, has_accelerator

@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax.core.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (1, 4, 16, 64)

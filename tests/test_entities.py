@@ -7,11 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.nlp import entities
 from cfir_jax.stores import contract
 from cfir_jax.stores import entities as entity_store
-from cfir_jax.stores.contract import StoreError
 
 PARAGRAPH = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after the "

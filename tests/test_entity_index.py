@@ -7,12 +7,11 @@ import json
 import numpy as np
 import pytest
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.index.add_entities import append_entities
 from cfir_jax.index.entity_index_build import build_entity_index
 from cfir_jax.search.knn import ScannConfig, drop_padding, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
-from cfir_jax.stores.contract import StoreError
 from cfir_jax.stores.entity_index import EntityIndex
 
 FP = "beit3-test-fingerprint"

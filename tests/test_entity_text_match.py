@@ -5,9 +5,9 @@ import re
 import numpy as np
 import pytest
 
+from cfir_jax.core.errors import StoreError
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.stores.contract import StoreError
 from cfir_jax.stores.entity_text_match import EntityTextMatch, build_entity_text_match, match_entities, words
 
 

@@ -21,14 +21,13 @@ from flax import nnx
 from PIL import Image as PILImage
 
 from cfir_jax.core.config import model_config
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.index.image_encoding import build_image_cache
 from cfir_jax.model.beit3 import abstract_model, param_path
 from cfir_jax.model.checkpoint import fingerprint
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
-from cfir_jax.stores.contract import StoreError
 from cfir_jax.stores.image_cache import ImageCache
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -6,6 +6,7 @@ import json
 import numpy as np
 import pytest
 
+from cfir_jax.core.errors import StoreError
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
@@ -14,7 +15,6 @@ from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.device_sr import DeviceCache
 from cfir_jax.search.fused import FusedRows, fused_queries
 from cfir_jax.search.topk import exact_top_k
-from cfir_jax.stores.contract import StoreError
 from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.image_text import ImageTextCache, build_image_text, image_text
 

@@ -265,7 +265,7 @@ import contextlib, sys, time
 from pathlib import Path
 import numpy as np
 from cfir_jax.stores import contract, lock
-from cfir_jax.core.errors import cli_main
+from cfir_jax.core.cli import cli_main
 
 @cli_main
 def main():

@@ -5,12 +5,11 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.search.compact import CompactCache, build_compact, compact_in_memory
 from cfir_jax.search.cpu_sr import SRScorer, StageTimes
 from cfir_jax.search.knn import synthetic_embeddings
 from cfir_jax.search.topk import exact_top_k, exact_topk, unique_sorted
-from cfir_jax.stores.contract import StoreError
 
 
 @pytest.fixture(scope="module")

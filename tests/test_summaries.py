@@ -10,10 +10,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.nlp import summarizer as summarizer_lib
 from cfir_jax.stores import summaries as summary_store
-from cfir_jax.stores.contract import StoreError
 
 TEXTS = [
     "Berlin is the capital of Germany.",

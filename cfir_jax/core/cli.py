@@ -1,20 +1,26 @@
-"""Shared command-line plumbing: `--config FILE[:variant]` plus `--config.a.b=value` overrides (config_flags)."""
+"""Shared command-line plumbing: `--config FILE[:variant]` plus `--config.a.b=value` overrides (config_flags), and
+`cli_main`, the one place a command turns an error into a one-line message and an exit code: 2 for the user's input
+and a full disk, 143 for SIGTERM (cfir_jax.core.faults), 130 for Ctrl-C."""
 
 from __future__ import annotations
 
 import argparse
+import functools
 import importlib.util
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import TypeVar
 
 import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from cfir_jax.core import progress
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core import faults, progress
+from cfir_jax.core.errors import CfirError, os_error_line, quiet_abandoned_async_work
+
+F = TypeVar("F", bound=Callable)
 
 
 def load_config_file(spec: str) -> ml_collections.ConfigDict:
@@ -152,3 +158,32 @@ def maybe_initialize_distributed() -> None:
     elif env.get("TPU_WORKER_HOSTNAMES") or int(env.get("SLURM_NTASKS", "1")) > 1 or \
             int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
         jax.distributed.initialize()
+
+
+def cli_main(fn: F) -> F:
+    """Wraps a command-line entry point: a CfirError (or a missing file) becomes `error: ...` on stderr, exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        quiet_abandoned_async_work()
+        try:
+            return fn(*args, **kwargs)
+        except CfirError as e:
+            _exit(f"error: {e}", 2)
+        except KeyboardInterrupt:
+            _exit("interrupted", 130)
+        except BaseException as e:
+            described = faults.describe(e)  # a full disk, SIGTERM
+            if described is not None:
+                message, status = described
+                _exit(message if status == faults.EXIT_SIGTERM else f"error: {message}", status)
+            if isinstance(e, (FileNotFoundError, IsADirectoryError, PermissionError)):
+                _exit(f"error: {os_error_line(e)}", 2)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _exit(line: str, status: int) -> None:
+    print(line, file=sys.stderr)
+    sys.exit(status)

@@ -1,19 +1,18 @@
-"""User-facing errors and the one place command lines turn them into a one-line message and an exit code: 2 for
-the user's input and a full disk, 143 for SIGTERM (cfir_jax.core.faults), 130 for Ctrl-C."""
+"""User-facing errors: `CfirError` (one line naming the fix) and the quieting of what an abandoned orbax restore leaves
+behind. `cfir_jax.core.cli.cli_main` turns them into a one-line message and an exit code."""
 
 from __future__ import annotations
 
-import functools
 import os
 import sys
-from collections.abc import Callable
-from typing import TypeVar
-
-F = TypeVar("F", bound=Callable)
 
 
 class CfirError(Exception):
     """An error caused by the user's input (a file, a flag, a store); its message is one line naming the fix."""
+
+
+class StoreError(CfirError):
+    """A store is missing, incomplete, or was built for something else."""
 
 
 def os_error_line(e: OSError) -> str:
@@ -21,11 +20,6 @@ def os_error_line(e: OSError) -> str:
     if e.filename is None:
         return str(e) or e.__class__.__name__
     return f"{e.filename}: {e.strerror or e}"
-
-
-def _exit(line: str, status: int) -> None:
-    print(line, file=sys.stderr)
-    sys.exit(status)
 
 
 # Set once an orbax restore has failed in this process (`abandoned_restore`): from then on the reads it abandoned
@@ -81,29 +75,3 @@ def abandoned_restore() -> None:
     _restore_failed = True
     warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning)
     quiet_abandoned_async_work()
-
-
-def cli_main(fn: F) -> F:
-    """Wraps a command-line entry point: a CfirError (or a missing file) becomes `error: ...` on stderr, exit 2."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        quiet_abandoned_async_work()
-        try:
-            return fn(*args, **kwargs)
-        except CfirError as e:
-            _exit(f"error: {e}", 2)
-        except KeyboardInterrupt:
-            _exit("interrupted", 130)
-        except BaseException as e:
-            from cfir_jax.core import faults
-
-            described = faults.describe(e)  # a full disk, SIGTERM
-            if described is not None:
-                message, status = described
-                _exit(message if status == faults.EXIT_SIGTERM else f"error: {message}", status)
-            if isinstance(e, (FileNotFoundError, IsADirectoryError, PermissionError)):
-                _exit(f"error: {os_error_line(e)}", 2)
-            raise
-
-    return wrapper  # type: ignore[return-value]

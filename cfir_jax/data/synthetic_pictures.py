@@ -4,12 +4,18 @@ learn (the topic's background colour, one shape per depicted entity with its col
 from __future__ import annotations
 
 import io
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from typing import Protocol
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from cfir_jax.data.synthetic import Entity
+
+class Depicted(Protocol):
+    """What a picture needs of an entity (the synthetic world's `Entity` has it): its name and its kind."""
+
+    name: str
+    kind: str  # "person" (a circle), "place" (a triangle), anything else (a square)
+
 
 IMAGE_SIZE = 96  # px, square: small enough for 5,000 PNGs in a few seconds, large enough to read the initials
 
@@ -25,7 +31,7 @@ def _initials(name: str) -> str:
     return "".join(w[0] for w in words[:2]) or name[:2]
 
 
-def render_image(entities: list[Entity], members: list[int], topic: int, image_index: int, seed: int) -> bytes:
+def render_image(entities: Sequence[Depicted], members: list[int], topic: int, image_index: int, seed: int) -> bytes:
     """The picture of one image: PNG bytes [IMAGE_SIZE, IMAGE_SIZE, 3], a pure function of its arguments.
 
     The background hue follows the topic; each depicted entity (`members`, indices into `entities`) is a shape

@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from cfir_jax.core.cli import load_config_file
-from cfir_jax.core.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main, load_config_file
+from cfir_jax.core.errors import CfirError
 from cfir_jax.model import beit3 as model_lib
 
 # Per-expert parameter names inside a torchscale encoder layer -> our Block attribute.

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from cfir_jax.core import faults, hosts, progress
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.stores.atomic_write import (
     atomic_file,
     remove_path,
@@ -30,14 +30,10 @@ from cfir_jax.stores.atomic_write import (
     temp_name,
     write_json_atomic,
 )
+from cfir_jax.stores.integrity import MANIFEST, write_checksums
 
 log = logging.getLogger(__name__)
 
-MANIFEST = "manifest.json"
-
-
-class StoreError(CfirError):
-    """A store is missing, incomplete, or was built for something else."""
 
 
 @contextlib.contextmanager
@@ -48,8 +44,6 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     checks). On an exception the temporary directory is removed; the old `final`, if any, is untouched. The
     temporary name is unique to this process, so two processes never write into one directory.
     """
-    from cfir_jax.stores import integrity
-
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
     sweep_temps(final)
@@ -59,7 +53,7 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     try:
         with faults.writing(final, tmp):
             yield tmp
-            integrity.write_checksums(tmp)
+            write_checksums(tmp)
             replace_dir(tmp, final)
     finally:
         remove_path(tmp) if tmp.exists() else None

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.nlp.entities import EntityExtractor, entity_key
 from cfir_jax.stores import contract
-from cfir_jax.stores.contract import StoreError, check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
+from cfir_jax.stores.contract import check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
 from cfir_jax.stores.integrity import check_csr
 
 log = logging.getLogger(__name__)

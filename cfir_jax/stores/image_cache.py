@@ -36,8 +36,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cfir_jax.core.errors import CfirError
-from cfir_jax.stores.contract import StoreError, check_manifest, manifest_digest, read_manifest
+from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.stores.contract import check_manifest, manifest_digest, read_manifest
 
 if TYPE_CHECKING:
     pass

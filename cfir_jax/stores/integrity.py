@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
+from cfir_jax.core.errors import StoreError
 from cfir_jax.stores.atomic_write import write_json_atomic
-from cfir_jax.stores.contract import MANIFEST, StoreError
 
 CHECKSUMS = "checksums.json"
 BLOCK_BYTES = 64 << 20
@@ -32,6 +32,9 @@ FORMAT = 1
 # A dot product of a unit query with a stored row is at most the row's norm; float16 storage and float32
 # accumulation leave it within ~1e-3 of that. A score beyond this factor of the bound is impossible.
 SCORE_SLACK = 1.05
+
+
+MANIFEST = "manifest.json"  # every store directory's record of what it holds (cfir_jax.stores.contract)
 
 
 class CorruptStore(StoreError):

@@ -24,10 +24,10 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.nlp.summarizer import Summarizer
 from cfir_jax.stores import contract
-from cfir_jax.stores.contract import StoreError, check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
+from cfir_jax.stores.contract import check_doc_id, commit_on_main, iter_chunks, read_lines, write_lines
 
 if TYPE_CHECKING:  # the corpus module imports tfds and grain; summaries need only the record type
     pass
