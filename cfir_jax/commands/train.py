@@ -1,4 +1,8 @@
-"""D-BEiT-3 Full from a workdir (train.py with `train.images="pixels"`): the train pairs of W/corpus, each pair's
+"""The train command's body (`train.py`, which only parses flags): `run` trains the text tower on (summary, image)
+pairs of the index (`run_text`, the default) or D-BEiT-3 Full (`run_full`, `train.images="pixels"`), holding the
+workdir's writer lock, and prints the final metrics.
+
+D-BEiT-3 Full from a workdir: the train pairs of W/corpus, each pair's
 document text tokenised (`train.document_fields`, as the text path's document baseline), the image pipeline
 (`PairBatches`, this process's slice of every global batch), the loop (`full_trainer.train_full`) in its own run
 directory W/train_full, and the trained model exported whole (both towers) to W/model_full.
@@ -11,7 +15,9 @@ The exported manifest says `trained="full"`, `train_images="pixels"`.
 
 from __future__ import annotations
 
+import json
 import logging
+from pathlib import Path
 
 import jax
 import ml_collections
@@ -21,12 +27,55 @@ from cfir_jax.core import hosts
 from cfir_jax.core.config import TRAIN_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, document_text
+from cfir_jax.data.image_pipeline import PairBatches, train_pairs
 from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.stores import lock
+from cfir_jax.stores.atomic_write import replace_dir
 from cfir_jax.stores.layout import Layout
+from cfir_jax.train import trainer
+from cfir_jax.train.data import load_train_data
+from cfir_jax.train.full_trainer import train_full
+from cfir_jax.train.state import export_model
 from cfir_jax.train.trainer import TrainResult
 
 RUN_DIR, MODEL_DIR = "train_full", "model_full"
 log = logging.getLogger(__name__)
+
+
+def run(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:
+    """Trains (or resumes) what the config names in `workdir`, one writer per workdir (process 0 of a job holds the
+    lock), and prints the final metrics."""
+    with lock.hold(workdir):
+        if config.train.get("images", "cache") == "pixels":
+            result, checkpoints = run_full(config, workdir), f"{workdir}/{RUN_DIR}/checkpoints"
+        else:
+            result, run_dir = run_text(config, workdir)
+            checkpoints = f"{run_dir}/checkpoints"
+        if result.already_trained:
+            print(f"train: already trained to step {result.start_step} ({checkpoints}); nothing to do")
+        print("final: " + ", ".join(f"{k}={v:.4g}" for k, v in sorted(result.metrics.items())))
+    return result
+
+
+def run_text(config: ml_collections.ConfigDict, workdir: str) -> tuple[TrainResult, Path]:
+    """Trains the language expert on the index's (summary, image) pairs in W/train and exports W/model (the document
+    baseline, train.text=document, in W/train_document -> W/model_document); returns the result and the run dir."""
+    layout = Layout.of(workdir)
+    # The document baseline (train.text=document, the paper's "document only") runs and exports beside the main
+    # model, so training it never replaces CFIR's summary-trained model.
+    run_dir, model_dir = (layout.train_document, layout.model_document) if config.train.text == "document" else \
+        (layout.train, layout.model)
+    if not config.train.init_model and layout.index_json.is_file():
+        # Start from the encoder the index was built with, and export with its (frozen) vision tower.
+        encoder = layout.recorded_path(json.loads(layout.index_json.read_text()), "encoder")
+        if encoder:
+            config.train.init_model = str(encoder)
+            config.train.export_model = config.train.export_model or str(encoder)
+    data = load_train_data(config, layout.root)
+    result = trainer.train(config, run_dir, data)
+    if config.train.export_model and (run_dir / "model").is_dir():
+        replace_dir(run_dir / "model", model_dir)
+    return result, run_dir
 
 
 def document_tokens(config: ml_collections.ConfigDict, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
@@ -47,10 +96,6 @@ def document_tokens(config: ml_collections.ConfigDict, corpus: Corpus) -> tuple[
 
 def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None = None) -> TrainResult:
     """Trains (or resumes) the Full model on W/corpus in W/train_full and exports it to W/model_full."""
-    from cfir_jax.data.image_pipeline import PairBatches, train_pairs
-    from cfir_jax.stores.atomic_write import replace_dir
-    from cfir_jax.train.full_trainer import train_full
-
     layout = Layout.of(workdir)
     if not layout.corpus.is_dir():
         raise CfirError(f"{layout.corpus}: no corpus; build it first with index.py --config CONFIG --workdir "
@@ -84,8 +129,6 @@ def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None =
 def export_full(config: ml_collections.ConfigDict, result: TrainResult, out_dir) -> None:
     """The whole trained DBeit3 (every parameter is in params or frozen) as a model directory, in the model-store
     format of the text trainer's export, its manifest saying it is a Full model."""
-    from cfir_jax.train.state import export_model
-
     init = config.train.init_model or "scratch"
     export_model(config, None, result.params, result.frozen, out_dir, init,
                  trained="full", train_images="pixels", train_document_fields=list(config.train.document_fields))

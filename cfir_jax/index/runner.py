@@ -56,8 +56,11 @@ from cfir_jax.index.index_encoder import (
 )
 from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
 from cfir_jax.nlp.summarizer import make_summarizer
-from cfir_jax.stores.atomic_write import replace_dir, write_json_atomic
+from cfir_jax.stores.atomic_write import write_json_atomic
 from cfir_jax.stores.layout import Layout
+
+# The caption pretraining of a synthetic world's encoder (config, layout) -> None: training, so it comes from train/.
+Pretrain = Callable[[ml_collections.ConfigDict, Layout], None]
 
 STAGES = ("corpus", "image_cache", "image_cache_full", "encoder", "entities", "summaries", "entity_index",
           "image_text", "entity_text_match")
@@ -137,11 +140,11 @@ def build_image_cache_full(config, layout: Layout, corpus):
                  dtype=ic.dtype, compute_dtype=ic.compute_dtype)
 
 
-def pretrain_encoder(config, layout: Layout) -> str:
-    """Synthetic worlds: train the text tower on (caption, image) pairs and export it as W/encoder."""
+def encoder_stage(config, layout: Layout, pretrain: Pretrain | None) -> str:
+    """The encoder stage: the summary of the model the index encodes text with. Synthetic worlds
+    (index.encoder='pretrain') train it on captions first, through `pretrain` (the caption pretraining of
+    `cfir_jax.train.pretrain`, which the index command passes in), unless W/encoder is already there."""
     from cfir_jax.model import checkpoint
-    from cfir_jax.train import trainer
-    from cfir_jax.train.data import load_train_data
 
     if config.index.encoder != "pretrain":
         path = encoder_dir(config, layout)
@@ -155,18 +158,10 @@ def pretrain_encoder(config, layout: Layout) -> str:
         return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
     except CfirError:
         pass
-    pre = config.copy_and_resolve_references()
-    pre.train.update(dict(config.index.get("pretrain", {})))
-    pre.train.text = "caption"
-    pre.train.export_model = "scratch"
-    pre.train.init_model = ""
-    data = load_train_data(pre, layout.root, with_eval=False)
-    trainer.train(pre, layout.pretrain, data, desc="caption pretraining")  # every process: the multi-host trainer
-    # Publish the encoder under its own name (atomic: the export is complete before the rename), once, on process 0.
-    hosts.barrier("encoder_exported")
-    if hosts.is_main():
-        replace_dir(layout.pretrain / "model", layout.encoder)
-    hosts.barrier("encoder_published")
+    if pretrain is None:
+        raise CfirError("index.encoder='pretrain' trains W/encoder on captions: build with index.py (its command, "
+                        "cfir_jax.commands.index, runs the caption pretraining)")
+    pretrain(config, layout)
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
 
@@ -262,8 +257,8 @@ def build_image_text(config, layout: Layout, corpus, cache):
     """Stage image_text: None (skipped) when the corpus' images carry no text, else the opened store."""
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
+    from cfir_jax.model.tokenizer import resolve_tokenizer
     from cfir_jax.stores.image_text import build_image_text as build
-    from cfir_jax.train.data import resolve_tokenizer
 
     if not corpus.manifest.get("images_with_text"):
         return None
@@ -315,8 +310,9 @@ def _show_progress() -> bool:
 
 
 def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: tuple[str, ...] = STAGES,
-                log: Callable[[str], None] = print) -> list[StageReport]:
-    """Runs the stages in order (each skipped when current); returns the per-stage report."""
+                log: Callable[[str], None] = print, pretrain: Pretrain | None = None) -> list[StageReport]:
+    """Runs the stages in order (each skipped when current); returns the per-stage report. `pretrain` trains the
+    synthetic world's encoder on captions (`cfir_jax.train.pretrain.pretrain_encoder`, passed by the index command)."""
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise CfirError(f"unknown stage(s) {sorted(unknown)}: choose from {', '.join(STAGES)}")
@@ -342,7 +338,8 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda c: f"{c.num_images:,} x {c.dim} {c.dtype} by W/model_full's vision tower",
             layout.image_cache_full)
     if "encoder" in stages:
-        run("encoder", lambda: pretrain_encoder(config, layout), str, encoder_dir(config, layout) or layout.encoder)
+        run("encoder", lambda: encoder_stage(config, layout, pretrain), str,
+            encoder_dir(config, layout) or layout.encoder)
     entities = run("entities", lambda: build_entities(config, layout, corpus) if "entities" in stages else None,
                    lambda s: "-" if s is None else f"{len(s.vocab):,} entities, {s.num_without_entities} docs without",
                    layout.entities)
