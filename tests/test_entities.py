@@ -8,9 +8,10 @@ import numpy as np
 import pytest
 
 from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.index import chunks
+from cfir_jax.index.entities import build_entity_store
 from cfir_jax.nlp import entities
-from cfir_jax.stores import contract
-from cfir_jax.stores import entities as entity_store
+from cfir_jax.stores.entities import EntityStore, entity_key, normalize_entity
 
 PARAGRAPH = (
     "The Eiffel Tower is a wrought-iron lattice tower on the Champ de Mars in Paris, France. It is named after the "
@@ -92,13 +93,13 @@ DAMAGED_BEFORE = ("The Who", "The Hague", "McDonald's", "St. John's")
     ],
 )
 def test_normalize_entity_keeps_the_surface_form(raw, expected):
-    assert entities.normalize_entity(raw) == expected
+    assert normalize_entity(raw) == expected
 
 
 def test_entity_key_folds_only_case_and_whitespace():
-    assert entities.entity_key("The  Hague") == entities.entity_key("the hague") == "the hague"
-    assert len({entities.entity_key(n) for n in DAMAGED_BEFORE}) == len(DAMAGED_BEFORE)
-    assert entities.entity_key("McDonald's") != entities.entity_key("McDonald")
+    assert entity_key("The  Hague") == entity_key("the hague") == "the hague"
+    assert len({entity_key(n) for n in DAMAGED_BEFORE}) == len(DAMAGED_BEFORE)
+    assert entity_key("McDonald's") != entity_key("McDonald")
 
 
 def test_store_keeps_the_first_surface_form_and_merges_case_variants(tmp_path, extractor):
@@ -109,8 +110,8 @@ def test_store_keeps_the_first_surface_form_and_merges_case_variants(tmp_path, e
             return [entities.EntityExtractor.entities_of_doc(extractor, _Doc(t)) for t in texts]
 
     docs = [("a", "The Who|The Hague"), ("b", "the Hague|McDonald's|St. John's")]
-    entity_store.build_entity_store(tmp_path / "e", docs, Fixed())
-    store = entity_store.EntityStore.open(tmp_path / "e")
+    build_entity_store(tmp_path / "e", docs, Fixed())
+    store = EntityStore.open(tmp_path / "e")
     assert store.vocab == ["The Who", "The Hague", "McDonald's", "St. John's"]
     assert store.entities_of(1) == ["The Hague", "McDonald's", "St. John's"]
 
@@ -139,8 +140,8 @@ def test_extract_rejects_a_non_string_text(extractor):
 
 
 def test_store_round_trip_with_documents_without_entities(tmp_path, extractor):
-    manifest = entity_store.build_entity_store(tmp_path / "ents", DOCS, extractor, chunk_size=2)
-    es = entity_store.EntityStore.open(tmp_path / "ents", spacy_model=manifest["spacy_model"])
+    manifest = build_entity_store(tmp_path / "ents", DOCS, extractor, chunk_size=2)
+    es = EntityStore.open(tmp_path / "ents", spacy_model=manifest["spacy_model"])
     assert es.doc_ids == [d for d, _ in DOCS]
     assert es.num_docs == 5
     assert es.num_without_entities == 2 == manifest["num_without_entities"]
@@ -153,20 +154,20 @@ def test_store_round_trip_with_documents_without_entities(tmp_path, extractor):
     assert merkel in es.entity_ids_of(0) and merkel in es.entity_ids_of(3)
     assert es.doc_freq[merkel] == 2
     assert es.index_of("doc-c") == 2
-    assert not contract.partial_dir(tmp_path / "ents").exists()
+    assert not chunks.partial_dir(tmp_path / "ents").exists()
 
 
 def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, extractor):
-    entity_store.build_entity_store(tmp_path / "whole", DOCS, extractor, chunk_size=2)
+    build_entity_store(tmp_path / "whole", DOCS, extractor, chunk_size=2)
 
     def interrupted():
         yield from DOCS[:3]
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        entity_store.build_entity_store(tmp_path / "resumed", interrupted(), extractor, chunk_size=2)
+        build_entity_store(tmp_path / "resumed", interrupted(), extractor, chunk_size=2)
     assert not (tmp_path / "resumed").exists()
-    assert (contract.partial_dir(tmp_path / "resumed") / "chunk-000000.json").exists()
+    assert (chunks.partial_dir(tmp_path / "resumed") / "chunk-000000.json").exists()
 
     processed: list[str] = []
 
@@ -177,7 +178,7 @@ def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, extracto
             return super().extract(texts)
 
     counting = Counting(extractor.nlp, extractor.labels, batch_size=4)
-    entity_store.build_entity_store(tmp_path / "resumed", DOCS, counting, chunk_size=2)
+    build_entity_store(tmp_path / "resumed", DOCS, counting, chunk_size=2)
     assert processed == [text for _, text in DOCS[2:]]  # The finished first chunk was not recomputed.
     for name in ("doc_ids.txt", "vocab.txt"):
         assert (tmp_path / "whole" / name).read_text() == (tmp_path / "resumed" / name).read_text()
@@ -191,38 +192,38 @@ def test_resume_refuses_different_documents(tmp_path, extractor):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        entity_store.build_entity_store(tmp_path / "s", interrupted(), extractor, chunk_size=2)
+        build_entity_store(tmp_path / "s", interrupted(), extractor, chunk_size=2)
     renamed = [(f"other-{d}", t) for d, t in DOCS]
     with pytest.raises(CfirError, match="differ from those of the interrupted build"):
-        entity_store.build_entity_store(tmp_path / "s", renamed, extractor, chunk_size=2)
+        build_entity_store(tmp_path / "s", renamed, extractor, chunk_size=2)
 
 
 def test_build_rejects_duplicate_document_ids(tmp_path, extractor):
     with pytest.raises(CfirError, match="'doc-a' appears twice"):
-        entity_store.build_entity_store(tmp_path / "s", DOCS + [DOCS[0]], extractor, chunk_size=2)
+        build_entity_store(tmp_path / "s", DOCS + [DOCS[0]], extractor, chunk_size=2)
 
 
 def test_build_rejects_empty_input(tmp_path, extractor):
     with pytest.raises(CfirError, match="no documents"):
-        entity_store.build_entity_store(tmp_path / "s", [], extractor)
+        build_entity_store(tmp_path / "s", [], extractor)
 
 
 def test_open_rejects_a_store_with_wrong_array_shape(tmp_path, extractor):
-    entity_store.build_entity_store(tmp_path / "s", DOCS, extractor)
+    build_entity_store(tmp_path / "s", DOCS, extractor)
     np.save(tmp_path / "s" / "offsets.npy", np.zeros([3], np.int64))
     with pytest.raises(StoreError, match="offsets.npy"):
-        entity_store.EntityStore.open(tmp_path / "s")
+        EntityStore.open(tmp_path / "s")
 
 
 def test_open_rejects_a_store_of_another_pipeline(tmp_path, extractor):
-    entity_store.build_entity_store(tmp_path / "s", DOCS, extractor)
+    build_entity_store(tmp_path / "s", DOCS, extractor)
     with pytest.raises(StoreError, match="spacy_model"):
-        entity_store.EntityStore.open(tmp_path / "s", spacy_model="en_core_web_lg-3.8.0")
+        EntityStore.open(tmp_path / "s", spacy_model="en_core_web_lg-3.8.0")
 
 
 def test_entities_of_rejects_out_of_range_index(tmp_path, extractor):
-    entity_store.build_entity_store(tmp_path / "s", DOCS, extractor)
-    es = entity_store.EntityStore.open(tmp_path / "s")
+    build_entity_store(tmp_path / "s", DOCS, extractor)
+    es = EntityStore.open(tmp_path / "s")
     with pytest.raises(CfirError, match="out of range"):
         es.entities_of(5)
     with pytest.raises(CfirError, match="unknown document id"):
@@ -230,12 +231,12 @@ def test_entities_of_rejects_out_of_range_index(tmp_path, extractor):
 
 
 def test_manifest_records_model_labels_and_counts(tmp_path, extractor):
-    entity_store.build_entity_store(tmp_path / "s", DOCS, extractor)
+    build_entity_store(tmp_path / "s", DOCS, extractor)
     manifest = json.loads((tmp_path / "s" / "manifest.json").read_text())
     assert manifest["kind"] == "entities"
     assert manifest["spacy_model"].startswith("en_core_web_sm")
     assert manifest["labels"] == list(entities.PICTURABLE_LABELS)
-    es = entity_store.EntityStore.open(tmp_path / "s")
+    es = EntityStore.open(tmp_path / "s")
     assert manifest["num_entities"] == len(es.vocab) and manifest["num_mentions"] == len(es.entity_ids)
 
 
@@ -260,6 +261,6 @@ def test_a_long_text_is_parsed_in_segments_with_the_entities_of_the_whole(extrac
     before, found, after = extractor.extract([DOCS[2][1], long_text, DOCS[3][1]])
     merged: list[str] = []
     for part in extractor.extract(paragraphs):
-        merged += [e for e in part if entities.entity_key(e) not in {entities.entity_key(m) for m in merged}]
+        merged += [e for e in part if entity_key(e) not in {entity_key(m) for m in merged}]
     assert found == merged and "Berlin" in found and "Angela Merkel" in found
     assert (before, after) == tuple(extractor.extract([DOCS[2][1], DOCS[3][1]]))

@@ -10,13 +10,14 @@ from cfir_jax.core.errors import StoreError
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
+from cfir_jax.index.image_text import build_image_text, image_text
 from cfir_jax.search.compact import build_compact
 from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.device_sr import DeviceCache
 from cfir_jax.search.fused import FusedRows, fused_queries
 from cfir_jax.search.topk import exact_top_k
 from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.image_text import ImageTextCache, build_image_text, image_text
+from cfir_jax.stores.image_text import ImageTextCache
 
 D = 8
 REF, ALT, ATTR = ("caption_reference_description", "caption_alt_text_description",

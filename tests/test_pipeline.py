@@ -133,8 +133,7 @@ def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
 def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, config):
     """The paper's protocol: the index is built from the train split's entities; test entities it never saw are
     unknown, and the evaluation says how many."""
-    from cfir_jax.nlp.entities import entity_key
-    from cfir_jax.stores.entities import EntityStore
+    from cfir_jax.stores.entities import EntityStore, entity_key
 
     r = Retriever(config, workdir)
     store = EntityStore.open(workdir / "entities")
@@ -343,8 +342,9 @@ def test_entity_text_match_adds_the_images_that_name_an_entity_to_its_list(workd
     """retrieval.entity_text_match: a known entity's list is its top-K followed by the images whose own text names
     it (whole words) and that the top-K missed. With the lists cut to K=2, that brings relevant images back into
     the train documents' unions (at the tiny world's K=20 the embedding search already finds nearly all)."""
-    from cfir_jax.stores.entity_text_match import EntityTextMatch, words
-    from cfir_jax.stores.image_text import image_text
+    from cfir_jax.index.entity_text_match import words
+    from cfir_jax.index.image_text import image_text
+    from cfir_jax.stores.entity_text_match import EntityTextMatch
 
     cfg = config.copy_and_resolve_references()
     cfg.retrieval.entity_text_match = True

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 
 from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.index.summaries import build_summary_store
 from cfir_jax.nlp import summarizer as summarizer_lib
-from cfir_jax.stores import summaries as summary_store
+from cfir_jax.stores.summaries import SummaryStore
 
 TEXTS = [
     "Berlin is the capital of Germany.",
@@ -253,8 +254,8 @@ DOCS = [(f"doc-{i}", f"Document number {i} is about Paris. It has a second sente
 def test_summary_store_round_trip(tmp_path):
     s = summarizer_lib.ExtractiveSummarizer(max_tokens=8)
     docs = DOCS + [("empty", "")]
-    manifest = summary_store.build_summary_store(tmp_path / "s", docs, s, chunk_size=3)
-    st = summary_store.SummaryStore.open(tmp_path / "s", summarizer="extractive")
+    manifest = build_summary_store(tmp_path / "s", docs, s, chunk_size=3)
+    st = SummaryStore.open(tmp_path / "s", summarizer="extractive")
     assert st.doc_ids == [d for d, _ in docs] and st.num_docs == 8
     assert st.summaries == s.summarize([t for _, t in docs])
     assert st.summary(7) == "" and manifest["num_empty"] == 1
@@ -271,8 +272,8 @@ def test_summary_store_keeps_line_breaks_inside_a_summary(tmp_path):
         def summarize(self, texts):
             return [f"{t}\nsecond line" for t in texts]
 
-    summary_store.build_summary_store(tmp_path / "s", DOCS[:2], Echo())
-    assert summary_store.SummaryStore.open(tmp_path / "s").summary(1).endswith("\nsecond line")
+    build_summary_store(tmp_path / "s", DOCS[:2], Echo())
+    assert SummaryStore.open(tmp_path / "s").summary(1).endswith("\nsecond line")
 
 
 def test_summary_store_resume_after_interruption_equals_uninterrupted_build(tmp_path):
@@ -283,17 +284,17 @@ def test_summary_store_resume_after_interruption_equals_uninterrupted_build(tmp_
             calls.extend(texts)
             return super().summarize(texts)
 
-    summary_store.build_summary_store(tmp_path / "whole", DOCS, Counting(max_tokens=8), chunk_size=3)
+    build_summary_store(tmp_path / "whole", DOCS, Counting(max_tokens=8), chunk_size=3)
 
     def interrupted():
         yield from DOCS[:4]
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        summary_store.build_summary_store(tmp_path / "resumed", interrupted(), Counting(max_tokens=8), chunk_size=3)
+        build_summary_store(tmp_path / "resumed", interrupted(), Counting(max_tokens=8), chunk_size=3)
     assert not (tmp_path / "resumed").exists()
     calls.clear()
-    summary_store.build_summary_store(tmp_path / "resumed", DOCS, Counting(max_tokens=8), chunk_size=3)
+    build_summary_store(tmp_path / "resumed", DOCS, Counting(max_tokens=8), chunk_size=3)
     assert calls == [t for _, t in DOCS[3:]]  # The first chunk (3 docs) was read back, not recomputed.
     for name in ("doc_ids.txt", "summaries.jsonl"):
         assert (tmp_path / "whole" / name).read_text() == (tmp_path / "resumed" / name).read_text()
@@ -305,33 +306,33 @@ def test_summary_store_restarts_when_settings_change(tmp_path):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        summary_store.build_summary_store(tmp_path / "s", interrupted(), summarizer_lib.ExtractiveSummarizer(8),
+        build_summary_store(tmp_path / "s", interrupted(), summarizer_lib.ExtractiveSummarizer(8),
                                           chunk_size=3)
-    summary_store.build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer(4), chunk_size=3)
-    st = summary_store.SummaryStore.open(tmp_path / "s")
+    build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer(4), chunk_size=3)
+    st = SummaryStore.open(tmp_path / "s")
     assert st.summaries == summarizer_lib.ExtractiveSummarizer(4).summarize([t for _, t in DOCS])
 
 
 def test_summary_store_rejects_bad_documents(tmp_path):
     s = summarizer_lib.ExtractiveSummarizer()
     with pytest.raises(CfirError, match="document #1"):
-        summary_store.build_summary_store(tmp_path / "a", [("a", "x"), ("b", b"bytes")], s)
+        build_summary_store(tmp_path / "a", [("a", "x"), ("b", b"bytes")], s)
     with pytest.raises(CfirError, match="appears twice"):
-        summary_store.build_summary_store(tmp_path / "b", [("a", "x"), ("a", "y")], s)
+        build_summary_store(tmp_path / "b", [("a", "x"), ("a", "y")], s)
     with pytest.raises(CfirError, match="no documents"):
-        summary_store.build_summary_store(tmp_path / "c", [], s)
+        build_summary_store(tmp_path / "c", [], s)
 
 
 def test_summary_store_open_rejects_truncated_and_foreign_stores(tmp_path):
-    summary_store.build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer())
+    build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer())
     with pytest.raises(StoreError, match="summarizer"):
-        summary_store.SummaryStore.open(tmp_path / "s", summarizer="bart")
+        SummaryStore.open(tmp_path / "s", summarizer="bart")
     path = tmp_path / "s" / "summaries.jsonl"
     path.write_text("\n".join(path.read_text().split("\n")[:3]) + "\n")
     with pytest.raises(StoreError, match="3 lines but the manifest says 7"):
-        summary_store.SummaryStore.open(tmp_path / "s")
+        SummaryStore.open(tmp_path / "s")
     with pytest.raises(StoreError, match="no summaries store"):
-        summary_store.SummaryStore.open(tmp_path / "missing")
+        SummaryStore.open(tmp_path / "missing")
 
 
 # The summariser's input: the paper's fields or the authors' (with the section's category, media, hierachy lists).
@@ -372,10 +373,10 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
         return store.summary(store.doc_ids.index(doc_id))
 
     assert summary_of("t1") == "Alpha History Alpha is a town. It was founded in 1900."
-    assert summary_store.SummaryStore.open(layout.summaries).manifest["input_fields"] == "paper"
+    assert SummaryStore.open(layout.summaries).manifest["input_fields"] == "paper"
     config.index.summaries.fields = "authors"
     assert summary_of("t1") == "Alpha History Alpha is a town. It was founded in 1900. Cat i1 Top History"
-    assert summary_store.SummaryStore.open(layout.summaries).manifest["input_fields"] == "authors"
+    assert SummaryStore.open(layout.summaries).manifest["input_fields"] == "authors"
     config.index.summaries.fields = "section_only"
     with pytest.raises(CfirError, match="fields='section_only'"):
         indexing.build_summaries(config, layout, corpus)

@@ -32,7 +32,7 @@ def add_entities(config, workdir, path: str | os.PathLike) -> int:
 
 def _add_entities(config, workdir, path: str | os.PathLike) -> int:
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.nlp.entities import entity_key, normalize_entity
+    from cfir_jax.stores.entities import entity_key, normalize_entity
     from cfir_jax.stores.image_cache import ImageCache
 
     layout = Layout.of(workdir)

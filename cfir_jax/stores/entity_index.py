@@ -26,9 +26,9 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.nlp.entities import entity_key
 from cfir_jax.search.knn import ScannSearcher
 from cfir_jax.stores.contract import check_manifest, read_manifest
+from cfir_jax.stores.entities import entity_key
 from cfir_jax.stores.integrity import check_csr
 
 KIND = "entity_index"

@@ -32,15 +32,11 @@ import logging
 import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.stores.contract import check_manifest, manifest_digest, read_manifest
-
-if TYPE_CHECKING:
-    pass
 
 KIND = "image_cache"
 FORMAT_VERSION = 1
@@ -95,9 +91,6 @@ def write_lists(directory: Path, ids: Sequence[str], skipped: Sequence[SkippedIm
     # A reason is free text from a decoder; tabs and newlines would break the TSV.
     lines = [f"{s.image_id}\t{' '.join(s.reason.split())}\n" for s in skipped]
     (directory / "skipped.tsv").write_text("image_id\treason\n" + "".join(lines))
-
-
-# ---------------------------------------------------------------------------------------------------- import
 
 
 # ---------------------------------------------------------------------------------------------------- reading

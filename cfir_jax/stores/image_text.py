@@ -22,127 +22,16 @@ Readers (retrieval) take `ImageTextCache.open`; SR reads both caches as one matr
 
 from __future__ import annotations
 
-import hashlib
-import json
 import os
-import shutil
-import time
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cfir_jax.core import hosts
-from cfir_jax.core.config import IMAGE_TEXT_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
-from cfir_jax.core.errors import CfirError
-from cfir_jax.core.progress import bar as progress_bar
-from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
-from cfir_jax.stores.contract import (
-    StoreError,
-    atomic_dir,
-    check_manifest,
-    read_manifest,
-    shared_work_dir,
-    write_manifest,
-)
-
-if TYPE_CHECKING:
-    from cfir_jax.data.corpus import Corpus, Image
-    from cfir_jax.model.text_encoder import TextEncoder
-    from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.core.errors import StoreError
+from cfir_jax.stores.contract import check_manifest, read_manifest
 
 KIND = "image_text"
 FORMAT_VERSION = 1
-
-
-def image_text(image: Image, fields: Sequence[str] = FIELDS) -> str:
-    """The text an image says about itself: its non-empty strings of `fields`, de-duplicated, joined; '' if none."""
-    parts: list[str] = []
-    for field in fields:
-        for text in image.texts.get(field, ()):
-            text = " ".join(text.split())
-            if text and text not in parts:
-                parts.append(text)
-    return " ".join(parts)
-
-
-def _chunk(shard: int) -> str:
-    return f"chunk-{shard:05d}"
-
-
-def build_image_text(
-    out_dir: str | os.PathLike,
-    corpus: Corpus,
-    cache: ImageCache,
-    encoder: TextEncoder,
-    fingerprint: str,
-    *,
-    fields: Sequence[str] = FIELDS,
-    chunk_rows: int = 65536,
-    progress: bool | None = None,
-) -> ImageTextCache:
-    """Embeds the text of every image of `cache` (row order kept) with `encoder`, the frozen text tower whose
-    `fingerprint` the manifest records; reused when current, resumed when interrupted (module docstring)."""
-    out_dir = Path(out_dir)
-    fields = list(fields)
-    unknown = [f for f in fields if f not in FIELDS]
-    if not fields or unknown:
-        raise CfirError(f"index.image_text.fields={fields!r}: choose among {', '.join(FIELDS)}")
-    key = dict(fingerprint=fingerprint, cache_fingerprint=cache.content_fingerprint, fields=fields,
-               max_text_len=int(encoder.max_len), dim=int(encoder.dim), num_rows=cache.num_images)
-    try:
-        return ImageTextCache.open(out_dir, **{f"expect_{k}": v for k, v in key.items()})
-    except StoreError:
-        pass
-    start = time.time()
-    work = shared_work_dir(out_dir, key)
-    row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
-    n, dim = cache.num_images, int(encoder.dim)
-    chunks = range(-(-n // chunk_rows))
-    mine = hosts.owned_row_chunks(n, chunk_rows)
-    bar = progress_bar(total=sum(hi - lo for _, lo, hi in mine), desc="image text", unit="img", show=progress)
-    for c, lo, hi in mine:
-        if (work / f"{_chunk(c)}.json").is_file():  # finished by this process or another, in this run or before
-            bar.update(hi - lo)
-            continue
-        texts = [image_text(corpus.image(row_of[i]), fields) for i in cache.ids[lo:hi]]
-        has = np.array([bool(t) for t in texts], bool)
-        emb = np.zeros((hi - lo, dim), np.float16)
-        if has.any():
-            emb[has] = encoder.encode([t for t in texts if t]).astype(np.float16)
-        save_npy_atomic(work / f"{_chunk(c)}.npy", emb)
-        # Written last: its presence marks the chunk complete.
-        write_json_atomic(work / f"{_chunk(c)}.json", {"rows": [lo, hi], "has_text": has.tolist()})
-        bar.update(hi - lo)
-    bar.close()
-    hosts.barrier("image_text_chunks")
-    if hosts.is_main():
-        _merge(out_dir, work, chunks, key, n, dim, cache, start)
-    hosts.barrier("image_text_committed")
-    return ImageTextCache.open(out_dir)
-
-
-def _merge(out_dir: Path, work: Path, chunks: range, key: dict, n: int, dim: int, cache: ImageCache, start: float
-           ) -> None:
-    """Writes the store from every finished chunk (process 0), then removes the work directory."""
-    with atomic_dir(out_dir) as tmp:
-        out = np.lib.format.open_memmap(tmp / "embeddings.npy", mode="w+", dtype=np.float16, shape=(n, dim))
-        has_text = np.zeros(n, bool)
-        for c in chunks:
-            if not (work / f"{_chunk(c)}.json").is_file():
-                raise StoreError(f"{work}: {_chunk(c)} is missing after every process finished; run index.py again")
-            meta = json.loads((work / f"{_chunk(c)}.json").read_text())
-            lo, hi = meta["rows"]
-            out[lo:hi] = np.load(work / f"{_chunk(c)}.npy")
-            has_text[lo:hi] = meta["has_text"]
-        out.flush()
-        del out
-        np.save(tmp / "has_text.npy", has_text)
-        write_manifest(tmp, KIND, FORMAT_VERSION, **key, dtype="float16", num_with_text=int(has_text.sum()),
-                       ids_sha=hashlib.sha256("\n".join(cache.ids).encode()).hexdigest()[:16],
-                       build_seconds=round(time.time() - start, 3))
-    shutil.rmtree(work, ignore_errors=True)
 
 
 class ImageTextCache:

@@ -1,0 +1,105 @@
+"""The entities stage's build: spaCy NER (`cfir_jax.nlp.entities`) over every document, in resumable chunks owned
+round-robin by the processes (`cfir_jax.index.chunks`), assembled by process 0 into the entity store that
+`cfir_jax.stores.entities` reads."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
+
+from cfir_jax.core.errors import CfirError
+from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
+from cfir_jax.nlp.entities import EntityExtractor
+from cfir_jax.stores import contract
+from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, entity_key
+
+log = logging.getLogger(__name__)
+
+
+def build_entity_store(
+    out_dir: str | Path,
+    docs: Iterable[tuple[str, str]],
+    extractor: EntityExtractor,
+    num_docs: int | None = None,
+    chunk_size: int = 10_000,
+    corpus_fingerprint: str | None = None,
+) -> dict:
+    """Extracts the entities of `docs` ((doc_id, text) pairs) into an entity store at `out_dir`; returns its manifest.
+
+    Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents; with several
+    processes each extracts its own chunks and process 0 writes the store (`iter_chunks`). Documents
+    without entities get an empty row and are counted in the manifest (retrieval falls back to the summary there).
+    `num_docs` only sizes the progress bar; `corpus_fingerprint` (`Corpus.documents_fingerprint`) is recorded so a
+    store computed from other documents is never taken for current.
+    """
+    out_dir = Path(out_dir)
+    chunks = iter_chunks(
+        out_dir,
+        docs,
+        lambda texts: list(extractor.extract(texts)),
+        extractor.settings,
+        chunk_size,
+        num_docs,
+        desc="entities",
+    )
+    return commit_on_main(out_dir, ENTITY_KIND, chunks,
+                          lambda chunks: _assemble(out_dir, chunks, extractor, corpus_fingerprint))
+
+
+def _assemble(out_dir: Path, chunks, extractor: EntityExtractor, corpus_fingerprint: str | None) -> None:
+    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build)."""
+    vocab: dict[str, int] = {}  # entity_key -> id
+    surfaces: list[str] = []  # id -> surface form
+    doc_ids: list[str] = []
+    seen: set[str] = set()
+    offsets = [0]
+    ids: list[np.ndarray] = []
+    for chunk_ids, chunk_entities in chunks:
+        flat: list[int] = []  # One array per chunk, not per document: 10M tiny arrays would cost gigabytes.
+        for doc_id, entities in zip(chunk_ids, chunk_entities):
+            check_doc_id(doc_id, seen, "entities")
+            doc_ids.append(doc_id)
+            for name in entities:
+                key = entity_key(name)
+                if key not in vocab:
+                    vocab[key] = len(vocab)
+                    surfaces.append(name)  # the first surface form seen names the entity
+                flat.append(vocab[key])
+            offsets.append(offsets[-1] + len(entities))
+        ids.append(np.asarray(flat, dtype=np.int64))
+    if not doc_ids:
+        raise CfirError(f"{out_dir}: no documents to extract entities from; check the corpus path and split")
+    if len(vocab) > np.iinfo(np.int32).max:
+        raise CfirError(f"{out_dir}: {len(vocab)} distinct entities overflow int32 ids; shard the corpus")
+
+    entity_ids = np.concatenate(ids).astype(np.int32)  # Checked above to fit.
+    offsets_arr = np.asarray(offsets, dtype=np.int64)
+    doc_freq = np.bincount(entity_ids, minlength=len(vocab)).astype(np.int32)
+    num_without = int(np.sum(np.diff(offsets_arr) == 0))
+    with contract.atomic_dir(out_dir) as tmp:
+        write_lines(tmp / "doc_ids.txt", doc_ids)
+        write_lines(tmp / "vocab.txt", surfaces)
+        np.save(tmp / "offsets.npy", offsets_arr)
+        np.save(tmp / "entity_ids.npy", entity_ids)
+        np.save(tmp / "doc_freq.npy", doc_freq)
+        contract.write_manifest(
+            tmp,
+            ENTITY_KIND,
+            ENTITY_FORMAT_VERSION,
+            **extractor.settings,
+            num_docs=len(doc_ids),
+            num_entities=len(vocab),
+            num_mentions=int(entity_ids.size),
+            num_without_entities=num_without,
+            corpus_fingerprint=corpus_fingerprint,
+        )
+    log.info(
+        "%s: %d documents, %d distinct entities, %d without entities",
+        out_dir,
+        len(doc_ids),
+        len(vocab),
+        num_without,
+    )

@@ -1,0 +1,139 @@
+"""The entity_text_match stage's build (beyond the paper): per entity of the entity index, the images whose own text
+names it, in chunks owned round-robin by the processes, committed by process 0 into the store that
+`cfir_jax.stores.entity_text_match` reads."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from cfir_jax.core import hosts
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.index.chunks import shared_work_dir
+from cfir_jax.index.image_text import FIELDS, image_text
+from cfir_jax.stores.atomic_write import savez_atomic
+from cfir_jax.stores.contract import StoreError, atomic_dir, manifest_digest, write_manifest
+
+if TYPE_CHECKING:
+    from cfir_jax.data.corpus import Corpus
+    from cfir_jax.stores.entity_index import EntityIndex
+    from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.entity_text_match import FORMAT_VERSION, KIND, EntityTextMatch
+
+# A word: letters/digits/underscore, with inner apostrophes or hyphens kept ("McDonald's", "Saint-Denis").
+_WORD = re.compile(r"\w+(?:['\u2019\-]\w+)*")
+
+
+def words(text: str) -> tuple[str, ...]:
+    """The case-folded words of `text` (curly apostrophes read as straight ones)."""
+    return tuple(_WORD.findall(text.casefold().replace("\u2019", "'")))
+
+
+def match_entities(names: Sequence[str], texts: Sequence[str], max_words: int = 8) -> list[list[int]]:
+    """For each of `texts`, the indices of `names` it mentions as whole words, ascending (names longer than
+    `max_words` words, or with no word at all, never match)."""
+    table: dict[tuple[str, ...], list[int]] = {}
+    for i, name in enumerate(names):
+        key = words(name)
+        if 0 < len(key) <= max_words:
+            table.setdefault(key, []).append(i)
+    first = {key[0] for key in table}
+    longest = max((len(key) for key in table), default=0)
+    found: list[list[int]] = []
+    for text in texts:
+        w = words(text)
+        hits: set[int] = set()
+        for start, word in enumerate(w):
+            if word not in first:
+                continue
+            for n in range(1, min(longest, len(w) - start) + 1):
+                hits.update(table.get(w[start : start + n], ()))
+        found.append(sorted(hits))
+    return found
+
+
+def build_entity_text_match(
+    out_dir: str | os.PathLike,
+    corpus: Corpus,
+    cache: ImageCache,
+    entity_index: EntityIndex,
+    *,
+    fields: Sequence[str] = FIELDS,
+    max_matches: int = 1000,
+    max_words: int = 8,
+    chunk_rows: int = 65536,
+    progress: bool | None = None,
+) -> EntityTextMatch:
+    """Matches every entity of `entity_index` against the text of every image of `cache` (module docstring);
+    reuses a current store."""
+    out_dir = Path(out_dir)
+    fields = list(fields)
+    unknown = [f for f in fields if f not in FIELDS]
+    if not fields or unknown:
+        raise CfirError(f"index.entity_text_match.fields={fields!r}: choose among {', '.join(FIELDS)}")
+    if max_matches < 1 or max_words < 1:
+        raise CfirError(f"index.entity_text_match: max_matches={max_matches} and max_words={max_words} must be >= 1")
+    key = dict(entity_index=manifest_digest(entity_index.manifest), cache_fingerprint=cache.content_fingerprint,
+               fields=fields, max_matches=int(max_matches), max_words=int(max_words))
+    try:
+        return EntityTextMatch.open(out_dir, **key)
+    except StoreError:
+        pass
+    start = time.time()
+    work = shared_work_dir(out_dir, key)
+    row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
+    n = cache.num_images
+    chunks = range(-(-n // chunk_rows))
+    mine = hosts.owned_row_chunks(n, chunk_rows)
+    with progress_bar(total=sum(hi - lo for _, lo, hi in mine), desc="entity text match", unit="img",
+                      show=progress) as bar:
+        for c, lo, hi in mine:
+            path = work / f"chunk-{c:05d}.npz"
+            if not path.is_file():  # finished by this process or another, in this run or before
+                texts = [image_text(corpus.image(row_of[i]), fields) for i in cache.ids[lo:hi]]
+                found = match_entities(entity_index.vocab, texts, max_words)
+                entity = np.fromiter((e for hits in found for e in hits), np.int64)
+                rows = np.repeat(np.arange(lo, hi, dtype=np.int32), [len(hits) for hits in found])
+                savez_atomic(path, entity=entity, rows=rows)  # its presence marks the chunk complete
+            bar.update(hi - lo)
+    hosts.barrier("entity_text_match_chunks")
+    if hosts.is_main():
+        _commit(out_dir, work, chunks, key, len(entity_index), start)
+    hosts.barrier("entity_text_match_committed")
+    return EntityTextMatch.open(out_dir)
+
+
+def _commit(out_dir: Path, work: Path, chunks: range, key: dict, num_entities: int, start: float) -> None:
+    """Process 0: the store from every chunk's (entity, row) pairs, too common names left out; removes the work."""
+    parts = []
+    for c in chunks:
+        path = work / f"chunk-{c:05d}.npz"
+        if not path.is_file():
+            raise StoreError(f"{path}: missing after every process finished; rerun index.py")
+        with np.load(path) as z:
+            parts.append((z["entity"], z["rows"]))
+    entity = np.concatenate([e for e, _ in parts]) if parts else np.zeros(0, np.int64)
+    rows = np.concatenate([r for _, r in parts]) if parts else np.zeros(0, np.int32)
+    order = np.lexsort((rows, entity))  # by entity, then ascending row
+    entity, rows = entity[order], rows[order]
+    counts = np.bincount(entity, minlength=num_entities)
+    too_common = counts > key["max_matches"]
+    keep = ~too_common[entity]
+    entity, rows = entity[keep], rows[keep]
+    offsets = np.zeros(num_entities + 1, np.int64)
+    np.cumsum(np.bincount(entity, minlength=num_entities), out=offsets[1:])
+    with atomic_dir(out_dir) as tmp:
+        np.save(tmp / "offsets.npy", offsets)
+        np.save(tmp / "rows.npy", rows)
+        write_manifest(tmp, KIND, FORMAT_VERSION, **key, num_entities=num_entities, num_pairs=int(len(rows)),
+                       entities_matched=int((np.diff(offsets) > 0).sum()), too_common=int(too_common.sum()),
+                       build_seconds=round(time.time() - start, 3))
+    shutil.rmtree(work, ignore_errors=True)
