@@ -1,45 +1,33 @@
-"""The package's imports follow the pipeline: no module imports a later stage, retrieval never imports a builder."""
+"""The import graph follows the layering of docs/architecture.md, read per file: every `import` of a cfir_jax module
+counts, at module level or inside a function (a function-level import is still an arrow), and no group of files
+imports itself round."""
 
 import ast
 from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[1] / "cfir_jax"
+import pytest
 
-# Stage of each part of the package, in pipeline order. A module may import its own stage and earlier ones only.
-# The floor (errors, atomic writes, the store contract and its integrity checks, faults, the writer lock, the workdir
-# layout, config defaults and the upgrade of an older workdir's config, CLI helpers) and evaluation (pure metrics,
-# TREC I/O and the comparison rows, used by the trainer's validation and retrieval) sit below everything; the search
-# layer (exact top-k, the SR scorers, the device-resident cache, the fused view) sits on the floor, below the index
-# that builds with it and the retrieval that scores with it; training and retrieval are siblings over the index; the
-# index runner (`cfir_jax.index.runner`, inside index/ by its place) is the runner over the whole build (it calls the
-# index stages and the synthetic world's caption pretraining), so it ranks above them. `serve` is the HTTP service
-# over retrieval (nothing below imports it). `aot` (compile-only) sits above every stage: it compiles their
-# accelerator programs, and no stage imports it (the commands do, for --compile-only).
-RANKS = {"floor": 0, "eval": 0, "search": 1, "model": 1, "data": 1, "index": 2, "train": 3, "retrieve": 3,
-         "runner": 4, "serve": 4, "aot": 5}
-FLOOR = {"errors", "atomic_write", "store", "layout", "config", "config_upgrade", "cli", "progress", "hosts", "faults",
-         "integrity", "workdir_lock"}
-RUNNER = "cfir_jax.index.runner"
-# Retrieval reads stores and the model: these builders are never its business (it opens the entity index through
-# its reader, `cfir_jax.stores.entity_index`).
-NOT_FOR_RETRIEVAL = (RUNNER, "cfir_jax.train", "cfir_jax.index.entity_index_build")
+import cfir_jax
+
+PACKAGE = Path(cfir_jax.__file__).resolve().parent
+
+# The rooms and their ranks (docs/architecture.md). A file may import files of its own room and of rooms of a lower
+# or equal rank; never of a higher one.
+RANKS = {
+    "core": 0,  # errors, faults, progress, hosts, cli, config
+    "stores": 1,  # the store contract, integrity, layout, lock, atomic writes; every store's reader
+    "model": 2, "data": 2, "nlp": 2, "search": 2, "eval": 2,
+    "index": 3, "train": 3, "retrieve": 3,  # the three stages: siblings, see WALLS
+    "serve": 4, "aot": 4,
+    "commands": 5,
+}
+# Rooms of one rank that never import each other: the builders, training and retrieval only meet in the stores.
+WALLS = {frozenset(("index", "train")), frozenset(("index", "retrieve")), frozenset(("train", "retrieve"))}
 
 
-def _part(module: str) -> str:
-    if module == RUNNER:
-        return "runner"
-    top = module.split(".")[1] if module.count(".") else "floor"
-    return "floor" if top in FLOOR or top == "__init__" else top
-
-
-def _imports(path: Path) -> set[str]:
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cfir_jax"):
-            found.update(f"{node.module}.{a.name}" if node.module == "cfir_jax" else node.module for a in node.names)
-        elif isinstance(node, ast.Import):
-            found.update(a.name for a in node.names if a.name.startswith("cfir_jax"))
-    return found
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return "core" if len(parts) == 1 else parts[1]  # `cfir_jax` itself (its __init__: the platform pick) is floor
 
 
 def _modules() -> dict[str, Path]:
@@ -50,45 +38,115 @@ def _modules() -> dict[str, Path]:
     return out
 
 
-def test_every_module_has_a_known_stage():
-    unknown = {m for m in _modules() if _part(m) not in RANKS}
-    assert not unknown, f"modules outside the pipeline's stages: {sorted(unknown)}"
+MODULES = _modules()
 
 
-def test_imports_point_down_the_pipeline():
-    upward = []
-    for module, path in _modules().items():
-        for target in _imports(path):
-            if RANKS[_part(target)] > RANKS[_part(module)]:
-                upward.append(f"{module} -> {target}")
-    assert not upward, "imports against the pipeline:\n" + "\n".join(sorted(upward))
+def _resolve(name: str) -> str | None:
+    """The module file an imported name lives in: `cfir_jax.stores.layout.Layout` -> `cfir_jax.stores.layout`."""
+    while name and name not in MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
 
 
-def test_training_and_retrieval_do_not_import_each_other():
-    crossing = [f"{m} -> {t}" for m, p in _modules().items() for t in _imports(p)
-                if {_part(m), _part(t)} == {"train", "retrieve"}]
+def _imports(path: Path) -> set[str]:
+    """The cfir_jax modules a file imports, anywhere in it (`from cfir_jax.core import hosts` -> core.hosts)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cfir_jax"):
+            found.update(_resolve(f"{node.module}.{a.name}") for a in node.names)
+        elif isinstance(node, ast.Import):
+            found.update(_resolve(a.name) for a in node.names if a.name.startswith("cfir_jax"))
+    return found - {None}
+
+
+GRAPH = {module: _imports(path) - {module} for module, path in MODULES.items()}
+
+
+def test_every_file_is_in_a_room_with_a_rank():
+    unknown = sorted(m for m in MODULES if _room(m) not in RANKS)
+    assert not unknown, f"files outside the rooms of docs/architecture.md: {unknown}"
+
+
+def test_no_file_imports_a_higher_room():
+    upward = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets
+                    if RANKS[_room(t)] > RANKS[_room(m)])
+    assert not upward, "imports against the layering:\n" + "\n".join(upward)
+
+
+def test_index_training_and_retrieval_do_not_import_each_other():
+    crossing = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets
+                      if frozenset((_room(m), _room(t))) in WALLS)
     assert not crossing, "\n".join(crossing)
 
 
-def test_retrieval_never_imports_a_builder():
-    bad = [f"{m} -> {t}" for m, p in _modules().items() if _part(m) in ("retrieve", "serve") for t in _imports(p)
-           if t.startswith(NOT_FOR_RETRIEVAL)]
-    assert not bad, "\n".join(bad)
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one file (Tarjan), each sorted."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return out
 
 
-def test_the_search_layer_imports_no_stage():
-    """Search sits below the index and retrieval that both use it: it stands on the floor alone."""
-    bad = [f"{m} -> {t}" for m, p in _modules().items() if _part(m) == "search" for t in _imports(p)
-           if _part(t) not in ("floor", "search")]
+def test_no_files_import_each_other_round():
+    assert not _circles(GRAPH), "import circles:\n" + "\n".join(" <-> ".join(c) for c in _circles(GRAPH))
+
+
+@pytest.mark.parametrize("graph, expected", [
+    ({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}, [["a", "b", "c"]]),
+    ({"a": {"b"}, "b": set()}, []),
+])
+def test_the_circle_finder_finds_circles(graph, expected):
+    assert _circles(graph) == expected
+
+
+def test_the_checks_read_function_level_imports():
+    """A function-level import is an arrow too: the entity ranking's lazy spaCy import is seen."""
+    assert "cfir_jax.nlp.entities" in GRAPH["cfir_jax.retrieve.entity_ranking"]
+
+
+def test_the_search_layer_stands_on_the_floor_alone():
+    """Search sits below the index and retrieval that both use it."""
+    bad = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() if _room(m) == "search" for t in targets
+                 if _room(t) not in ("core", "stores", "search"))
     assert not bad, "\n".join(bad)
 
 
 def test_the_index_builder_and_retrieval_share_the_search_layer():
     """One exact top-k, one SR: the entity index's builder and retrieval both import the search layer, and neither
     index/ nor retrieve/ keeps a scorer of its own (no jitted or numpy top-k outside search/)."""
-    modules = _modules()
     builder = ("cfir_jax.index.entity_index_build", "cfir_jax.index.candidate_search")  # the build and its search
-    assert any(_part(t) == "search" for m in builder for t in _imports(modules[m]))
-    assert any(_part(t) == "search" for m, p in modules.items() if _part(m) == "retrieve" for t in _imports(p))
-    own = [m for m, p in modules.items() if _part(m) in ("index", "retrieve") and "jax.lax.top_k" in p.read_text()]
+    assert any(_room(t) == "search" for m in builder for t in GRAPH[m])
+    assert any(_room(t) == "search" for m, targets in GRAPH.items() if _room(m) == "retrieve" for t in targets)
+    own = [m for m, p in MODULES.items() if _room(m) in ("index", "retrieve") and "jax.lax.top_k" in p.read_text()]
     assert not own, f"exact top-k outside the search layer: {own}"
+
+
+def test_stores_hold_no_builder():
+    """The stores' readers open finished stores; what writes them in chunks over hosts lives in index/."""
+    builders = sorted(m for m, p in MODULES.items() if _room(m) == "stores" and
+                      any(isinstance(n, ast.FunctionDef) and n.name.startswith("build_")
+                          for n in ast.parse(p.read_text()).body))
+    assert not builders, f"builders among the stores: {builders}"

@@ -10,7 +10,7 @@ import pytest
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.index.add_entities import append_entities
 from cfir_jax.index.entity_index_build import build_entity_index
-from cfir_jax.search.knn import ScannConfig, drop_padding, synthetic_embeddings
+from cfir_jax.search.knn import ScannConfig, ScannSearcher, drop_padding, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
 from cfir_jax.stores.entity_index import EntityIndex
 
@@ -58,7 +58,7 @@ def test_scann_index_records_recall_and_stores_a_searcher(tmp_path, data):
     recall = build_entity_index(tmp_path / "idx", texts, ents, images, 20, model_fingerprint=FP, recall_sample=32)
     index = EntityIndex.open(tmp_path / "idx")
     assert index.manifest["recall_at_k"] == recall and recall >= 0.9
-    _, found = index.searcher().search(ents[:4], 20)
+    _, found = ScannSearcher.load(index.searcher_dir()).search(ents[:4], 20)
     _, exact = exact_topk(ents[:4], images, 20)
     assert np.mean([len(np.intersect1d(a, b)) for a, b in zip(found, exact)]) >= 18
 
@@ -163,7 +163,7 @@ def test_scann_short_answers_are_stored_ragged_without_padding(tmp_path, data):
         assert len(np.unique(cand)) == len(cand) and np.all(np.isfinite(sc))
         # Each stored candidate's score is its real dot product (ScaNN's padding was id 0 with a NaN distance).
         np.testing.assert_allclose(sc, images[cand].astype(np.float32) @ ents[row], atol=2e-2)
-    _, found = index.searcher().search(ents[:8], k)
+    _, found = ScannSearcher.load(index.searcher_dir()).search(ents[:8], k)
     assert (found == -1).any() and all(len(r) and r.min() >= 0 for r in drop_padding(found))
 
 

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from cfir_jax.search.knn import ScannSearcher, drop_padding
 from cfir_jax.search.topk import unique_sorted
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
@@ -30,6 +31,7 @@ class EntityRanking:
         self._exact_search = exact_search
         self._nlp = None
         self._pool = None
+        self._searcher = None
 
     def extractor(self):
         """The spaCy entity extractor (loaded on first use)."""
@@ -44,7 +46,13 @@ class EntityRanking:
         self.extractor()
         self.encoder.encode(["warm up"])
         if self.rcfg.unknown_entities == "search" and self.index.manifest.get("has_searcher"):
-            self.index.searcher()  # loads the ScaNN searcher before the first query's timing
+            self.searcher()  # loads the ScaNN searcher before the first query's timing
+
+    def searcher(self) -> ScannSearcher:
+        """The entity index's stored ScaNN searcher over the image cache (loaded on first use)."""
+        if self._searcher is None:
+            self._searcher = ScannSearcher.load(self.index.searcher_dir())
+        return self._searcher
 
     def workers(self):
         """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,
@@ -91,8 +99,6 @@ class EntityRanking:
         searched: list[str] = []
         if unknown and self.rcfg.unknown_entities == "search":
             found, rows = self._search(unknown)
-            from cfir_jax.search.knn import drop_padding
-
             lists += drop_padding(rows)  # ScaNN may find fewer than K: its padding never reaches the union
             if with_scores:
                 scores += [np.asarray(s[r >= 0], np.float32) for s, r in zip(found, np.asarray(rows))]
@@ -112,7 +118,7 @@ class EntityRanking:
         """Unseen entities' top-K over the cache: the index's ScaNN searcher when it kept one, else exact."""
         emb = self.encoder.encode(unknown)
         if self.index.manifest.get("has_searcher"):
-            return self.index.searcher().search(emb, self.index.k)
+            return self.searcher().search(emb, self.index.k)
         return self._exact_search(emb, self.index.k)
 
     def entity_only_ranking(self, lists: list[np.ndarray], used: list[str], k: int) -> Ranked:

@@ -26,7 +26,6 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.search.knn import ScannSearcher
 from cfir_jax.stores.contract import check_manifest, read_manifest
 from cfir_jax.stores.entities import entity_key
 from cfir_jax.stores.integrity import check_csr
@@ -46,7 +45,6 @@ class EntityIndex:
     candidates_array: np.ndarray
     scores_array: np.ndarray | None
     _rows: dict[str, int] | None = None
-    _searcher: ScannSearcher | None = None
     # A query-time cut (retrieval.k): each list read up to its first `cut` candidates. Lists are stored best first,
     # so an index built at K holds the index of every K' <= K (exactly so on the exact backend).
     cut: int | None = None
@@ -152,10 +150,9 @@ class EntityIndex:
         end = int(self.offsets[r + 1])
         return end if self.cut is None else min(end, int(self.offsets[r]) + self.cut)
 
-    def searcher(self) -> ScannSearcher:
-        """The stored ScaNN searcher over the image cache (for entities unseen at index time)."""
-        if self._searcher is None:
-            if not self.manifest.get("has_searcher"):
-                raise StoreError(f"{self.directory}: no ScaNN searcher stored; build with backend='scann'")
-            self._searcher = ScannSearcher.load(self.directory / "scann")
-        return self._searcher
+    def searcher_dir(self) -> Path:
+        """Where the stored ScaNN searcher over the image cache is (for entities unseen at index time; loaded with
+        `cfir_jax.search.knn.ScannSearcher.load`)."""
+        if not self.manifest.get("has_searcher"):
+            raise StoreError(f"{self.directory}: no ScaNN searcher stored; build with backend='scann'")
+        return self.directory / "scann"
