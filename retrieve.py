@@ -106,31 +106,24 @@ def main():
     if measures not in MEASURE_SETS:
         raise CfirError(f"--measures {measures!r}: use one of {', '.join(MEASURE_SETS)}")
     if args.serve:
-        from cfir_jax.serve import serve
+        from cfir_jax.commands import serve
 
-        serve(args.index, config, args.config, sys.argv[1:], args.method, args.host, args.port)
+        serve.run(config, args.index, args.config, sys.argv[1:], args.method, args.host, args.port)
     elif args.fit_reranker:
         from cfir_jax.retrieve.rerank_fit import fit_reranker, summary
 
         print(summary(fit_reranker(config, args.index), args.index))
     elif args.evaluate:
-        from cfir_jax.commands.evaluate import check_k_rows, evaluate
-        from cfir_jax.eval.comparison import comparison_rows, full_row_note, k_rows, single_row
+        from cfir_jax.commands import evaluate
 
-        if args.compare_k:
-            rows = check_k_rows(args.index, k_rows(args.compare_k))
-        else:
-            rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
-            if args.compare and (note := full_row_note(args.index)):
-                print(f"note: {note}", file=sys.stderr)
-        evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top,
-                 measures=measures)
+        evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
+                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures)
     else:
-        from cfir_jax.commands.retrieve import answer
+        from cfir_jax.commands import retrieve
 
-        answer(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
-               shown=args.top_k or min(SHOWN, top), top=top, html=args.html, output=args.output, qrels=args.qrels,
-               tag=args.tag, measures=measures)
+        retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
+                     shown=args.top_k or min(SHOWN, top), top=top, html=args.html, output=args.output,
+                     qrels=args.qrels, tag=args.tag, measures=measures)
 
 
 if __name__ == "__main__":

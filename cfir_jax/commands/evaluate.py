@@ -13,9 +13,27 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from cfir_jax.eval.comparison import Row
+from cfir_jax.eval import metrics, plots, trec
+from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows, single_row
+from cfir_jax.eval.train_time import train_time
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import Retriever, run_of
+from cfir_jax.stores.entity_index import EntityIndex
+from cfir_jax.stores.layout import Layout
+
+
+def run(config: ml_collections.ConfigDict, workdir, split: str, method: str = "cfir", *, compare: bool = False,
+        compare_k: Sequence[int] = (), plot: str = "", output: str = "", tag: str = "cfir", top: int = 1000,
+        measures: str = "trec_eval") -> list[report.EvalRow]:
+    """The evaluate command (`retrieve.py --evaluate SPLIT`): the configured `method` alone, the paper's Table 3
+    (`compare`) or full CFIR at each K of `compare_k` (Table 4), over the split's topics; prints the table."""
+    if compare_k:
+        rows = check_k_rows(workdir, k_rows(compare_k))
+    else:
+        rows = comparison_rows(config, workdir) if compare else (single_row(method),)
+        if compare and (note := full_row_note(workdir)):
+            print(f"note: {note}", file=sys.stderr)
+    return evaluate(config, workdir, split, rows, plot=plot, output=output, tag=tag, top=top, measures=measures)
 
 
 def evaluation_sr(config: ml_collections.ConfigDict) -> None:
@@ -31,8 +49,6 @@ def print_notes(retriever: Retriever) -> None:
 def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, measures: str = "trec_eval") -> None:
     """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given: trec_eval's,
     the authors' or both (`measures`)."""
-    from cfir_jax.eval import metrics, trec
-
     if output:
         trec.write_run(output, run, tag=tag, max_hits=top)
         print(f"wrote {output}", file=sys.stderr)
@@ -46,9 +62,6 @@ def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, meas
 
 def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
     """The Table 4 rows, after refusing (one line, before any retrieval) a K above the one the index was built with."""
-    from cfir_jax.stores.entity_index import EntityIndex
-    from cfir_jax.stores.layout import Layout
-
     index = EntityIndex.open(Layout.of(workdir).entity_index)
     for row in rows:
         index.with_k(row.overrides["retrieval.k"])
@@ -58,8 +71,6 @@ def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
 def train_time_of(retriever: Retriever) -> str:
     """Training time per epoch of the model that scored the row's queries, with its hardware (from the run's timing
     log); '-' for the frozen index encoder, 'not logged' for a run trained before the log existed."""
-    from cfir_jax.eval.train_time import train_time
-
     stores = retriever.stores
     if retriever.method == "entity_only" or stores.untrained:
         return "-"
@@ -74,8 +85,6 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
              ) -> list[report.EvalRow]:
     """Runs every row over the split's topics and prints the evaluation table (trec_eval's, the authors' metric or
     both: `measures`), how ER and SR searched, and the unknown entities; returns its rows."""
-    from cfir_jax.eval import metrics, plots
-
     evaluation_sr(config)
     table, all_results, curves, authors = [], [], {}, []
     unknown_line = er_line = ""

@@ -1,4 +1,5 @@
-"""`retrieve.py --query doc.txt` / `--queries docs.jsonl`: retrieve for documents given as files and show the hits.
+"""The retrieve command (`retrieve.py --query doc.txt` / `--queries docs.jsonl`): retrieve for documents given as
+files and show the hits.
 
 Shown on stdout as a table, JSON lines or TREC lines (`shown` hits each); optionally an HTML page with the images,
 a TREC run file (`top` hits each) and its measures against a qrels file (evaluated with exact SR, like --evaluate,
@@ -19,7 +20,7 @@ from cfir_jax.retrieve.pipeline import Retriever, run_of
 from cfir_jax.retrieve.queries import read_queries, read_query
 
 
-def answer(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
+def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
            fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
            tag: str = "cfir", measures: str = "trec_eval") -> None:
     """Retrieves for the document in `query` or the documents of `queries` and prints / writes what was asked."""
