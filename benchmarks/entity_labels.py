@@ -29,9 +29,9 @@ LABEL_SETS = ("all", "picturable")
 
 
 def build_atomic_fixture(root: Path) -> Path:
-    """The AToMiC-layout fixture of tests/test_index.py (six texts, ten images, three qrels splits) indexed with the
+    """The AToMiC-layout fixture of tests/e2e/test_index.py (six texts, ten images, three qrels splits) indexed with the
     tests' tiny random encoder and the default config; returns the workdir."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO / "tests" / "helpers"), str(REPO / "tests" / "e2e")]
     from test_index import write_inputs
 
     from cfir_jax.data.synthetic import SyntheticConfig, build_world, train_tokenizer

@@ -73,7 +73,7 @@ def _documents(n: int) -> list[str]:
 
 def measure_corpus(args) -> float:
     """texts + images per second through the AToMiC parquet reader and the corpus writer (the large setting)."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from atomic_fixtures import IMAGE_SCHEMA, QRELS_SCHEMA, TEXT_SCHEMA, _write
     from index_throughput import synthetic_jpegs
 
@@ -150,7 +150,7 @@ def measure_summaries(args) -> float:
     import jax
     from transformers import BartConfig, FlaxBartForConditionalGeneration
 
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO / "tests" / "helpers"), str(REPO / "tests" / "unit" / "nlp")]
     from test_summaries import _write_tiny_tokenizer
 
     from cfir_jax.nlp.summarizer import BartSummarizer

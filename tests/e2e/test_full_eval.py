@@ -6,7 +6,7 @@ import shutil
 
 import numpy as np
 import pytest
-from conftest import TINY_CONFIG, run_script
+from repo import TINY_CONFIG, run_script
 
 FULL_CONFIG = "configs/demo.py:tiny,full"
 

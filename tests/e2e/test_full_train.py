@@ -10,11 +10,11 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
+from repo import ROOT
 
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model import checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
 CONFIG = "configs/demo.py:tiny,full"
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from atomic_fixtures import write_atomic_fixture
-from conftest import ROOT
+from repo import ROOT
 
 # A tiny BEiT-3 (random weights) standing in for the converted base checkpoint: BEiT-3's vocabulary size, 32-d
 # embeddings; the tokenizer is the synthetic world's (same id conventions as beit3.spm, which these tests don't need).

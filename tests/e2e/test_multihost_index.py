@@ -8,9 +8,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from repo import ROOT
 from test_index import write_inputs
 
-WORKER = str(Path(__file__).with_name("index_worker.py"))
+WORKER = str(ROOT / "tests" / "helpers" / "index_worker.py")
 STORES = ("image_cache", "entities", "summaries", "entity_index", "image_text", "entity_text_match")
 # Manifest fields that say when or by how many processes a store was built, not what it holds; cache_fingerprint
 # names the image cache's build (its build time included) and is checked against each workdir's own cache instead;

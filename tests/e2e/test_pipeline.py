@@ -5,8 +5,8 @@ import re
 
 import numpy as np
 import pytest
-from conftest import FIRST_RUN, ROOT
-from conftest import run_script as _run
+from repo import FIRST_RUN, ROOT
+from repo import run_script as _run
 
 from cfir_jax.core.cli import load_config_file
 from cfir_jax.core.errors import CfirError

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT
+from repo import ROOT
 
 from cfir_jax.core import faults
 from cfir_jax.core.errors import CfirError, os_error_line

@@ -8,7 +8,7 @@ import pickle
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import run_script as _run
+from repo import run_script as _run
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever

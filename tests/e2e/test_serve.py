@@ -16,7 +16,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from conftest import ROOT, run_script
+from repo import ROOT, run_script
 
 from cfir_jax.core.config import serve_config
 from cfir_jax.core.config_upgrade import upgrade

@@ -9,7 +9,7 @@ parameter axis the FSDP rules name sharded); losses and parameters after each ru
 import os
 import sys
 
-sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))]
+sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(os.path.dirname(__file__)))]
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -9,7 +9,7 @@ import os
 import sys
 import traceback
 
-sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))]
+sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(os.path.dirname(__file__)))]
 
 import jax  # noqa: E402
 import numpy as np  # noqa: E402

@@ -12,7 +12,7 @@ import os
 import sys
 import time
 
-sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(__file__))]
+sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(os.path.dirname(__file__)))]
 
 import jax  # noqa: E402
 import jax.experimental.multihost_utils  # noqa: E402

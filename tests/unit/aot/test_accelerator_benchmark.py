@@ -5,11 +5,9 @@ import json
 import math
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from repo import ROOT
 
 
 @pytest.mark.slow

@@ -6,11 +6,11 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
+from repo import ROOT
 
 from cfir_jax.aot import programs as programs_lib
 from cfir_jax.aot.compile import compile_command, compile_program
@@ -18,7 +18,6 @@ from cfir_jax.aot.topology import libtpu_problem, resolve
 from cfir_jax.core.cli import load_config_file
 from cfir_jax.core.errors import CfirError
 
-ROOT = Path(__file__).resolve().parents[1]
 GOLDEN = ROOT / "tests" / "golden" / "large_v5p_4x4x4_shardings.json"
 PROBLEM = libtpu_problem()
 if PROBLEM:

@@ -9,7 +9,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from repo import ROOT
 
 from cfir_jax.core import progress
 from cfir_jax.index.runner import STAGES

@@ -2,41 +2,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import json
 
 import numpy as np
 import pytest
-from atomic_fixtures import CORRUPT
 from PIL import Image as PILImage
 from PIL import ImageOps
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data import augment
-from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.data.image_pipeline import PairBatches, train_pairs
-from cfir_jax.data.synthetic import SyntheticConfig, build_world
+from cfir_jax.data.image_pipeline import PairBatches
 from cfir_jax.model.preprocess import decode_image
 
 SIZE = 32
 BATCH = 8  # the tiny world has 42 train pairs: 5 steps an epoch
 KEYS = ("pixels", "doc_rows", "image_rows", "valid")
-
-
-@pytest.fixture(scope="module")
-def world_corpus(tmp_path_factory):
-    """The tiny synthetic world (real PNG pictures) with the first two train pairs' images broken: one corrupt, one
-    missing (empty bytes). Returns (corpus, pairs, rows of the broken images)."""
-    world = build_world(SyntheticConfig.tiny())
-    first_doc = sorted(world.qrels["train"])[0]
-    broken = sorted(world.qrels["train"][first_doc])[:2]
-    if len(broken) < 2:  # the first document has one image: take the second document's
-        broken.append(sorted(world.qrels["train"][sorted(world.qrels["train"])[1]])[0])
-    bad = {broken[0]: CORRUPT, broken[1]: b""}
-    images = [dataclasses.replace(im, image=bad.get(im.image_id, im.image)) for im in world.images]
-    corpus = write_corpus(tmp_path_factory.mktemp("pipe") / "c", "tiny", world.documents, images, world.qrels)
-    rows = {corpus.image_ids.index(i) for i in broken}
-    return corpus, train_pairs(corpus), rows
 
 
 def _take(batches: PairBatches, n: int) -> list[dict]:

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from conftest import ROOT
+from repo import ROOT
 from torch_reference import random_reference, state_dict_numpy
 
 from cfir_jax.core.config import model_config

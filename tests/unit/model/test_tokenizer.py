@@ -4,7 +4,7 @@ import random
 
 import numpy as np
 import pytest
-from conftest import NEEDS_BEIT3_SPM, SPM_PATH
+from repo import NEEDS_BEIT3_SPM, SPM_PATH
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import Beit3Tokenizer

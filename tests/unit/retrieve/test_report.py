@@ -5,7 +5,7 @@ import shutil
 import subprocess
 
 import numpy as np
-from conftest import ROOT
+from repo import ROOT
 
 from cfir_jax.data.synthetic import IMAGE_SIZE, SyntheticConfig, build_world
 from cfir_jax.retrieve.pipeline import Hit, Result

@@ -4,16 +4,16 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import sr_device_worker
+from repo import ROOT
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.search.device_sr import DeviceCache, bucket_size
 
-WORKER = str(Path(__file__).parent / "sr_device_worker.py")
+WORKER = str(ROOT / "tests" / "helpers" / "sr_device_worker.py")
 CHECKS = sorted(n for n in vars(sr_device_worker) if n.startswith("check_"))
 
 

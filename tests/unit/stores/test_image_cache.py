@@ -19,6 +19,7 @@ import pytest
 from atomic_fixtures import CORRUPT, webp_bytes
 from flax import nnx
 from PIL import Image as PILImage
+from repo import ROOT
 
 from cfir_jax.core.config import model_config
 from cfir_jax.core.errors import CfirError, StoreError
@@ -30,7 +31,6 @@ from cfir_jax.model.checkpoint import fingerprint
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
 from cfir_jax.stores.image_cache import ImageCache
 
-ROOT = Path(__file__).resolve().parents[1]
 SIZE = 32
 BATCH, SHARD = 4, 8
 F16 = dict(rtol=2e-3, atol=2e-3)  # float16 storage of unit-norm rows
@@ -377,7 +377,7 @@ def test_eight_devices_equal_one_device(tmp_path, corpus, cache):
     script = textwrap.dedent(
         f"""
         import jax, json, sys
-        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests")!r}]
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "unit" / "stores")!r}]
         from cfir_jax.data.corpus import Corpus
         from cfir_jax.index.image_encoding import build_image_cache
         from test_image_cache import random_model

@@ -4,13 +4,12 @@ oracle, gradient caching, what trains under each trainable set, 8 devices agains
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-import test_image_pipeline
 from flax import nnx
+from repo import ROOT
 from train_fixtures import full_batch, full_config
 
 from cfir_jax.model import beit3 as model_lib
@@ -18,9 +17,7 @@ from cfir_jax.train.full_step import batch_shardings, make_encode, make_full_ste
 from cfir_jax.train.optim import trainable_filter
 from cfir_jax.train.state import init_state, make_setup
 
-WORKER = str(Path(__file__).parent / "full_step_worker.py")
-# The tiny synthetic world's corpus with two broken images (a module fixture of the pipeline's tests).
-world_corpus = test_image_pipeline.world_corpus
+WORKER = str(ROOT / "tests" / "helpers" / "full_step_worker.py")
 
 
 def _flat(tree) -> dict:
@@ -266,7 +263,7 @@ def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(world
 def test_throughput_benchmark_times_the_same_trained_set_as_torchscale():
     """benchmarks/train_throughput.py --step full at tiny size: it refuses to compare when the two sides train
     different parameter sets, so a run to the ratio line means torchscale's whole-model step trains what ours does."""
-    root = Path(__file__).resolve().parents[1]
+    root = ROOT
     env = dict(os.environ, JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "benchmarks/train_throughput.py", "--step", "full", "--size", "tiny",
                           "--image-size", "32", "--batch", "4", "--steps", "1", "--warmup", "1"], cwd=root, env=env,

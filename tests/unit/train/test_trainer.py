@@ -7,12 +7,12 @@ import socket
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import chex
 import jax
 import numpy as np
 import pytest
+from repo import ROOT
 from train_fixtures import planted_data, tiny_config
 
 from cfir_jax.model import beit3 as model_lib
@@ -21,7 +21,7 @@ from cfir_jax.train import trainer
 from cfir_jax.train.state import init_state, make_setup
 from cfir_jax.train.step import global_batch_arrays, make_train_step
 
-WORKER = str(Path(__file__).parent / "train_worker.py")
+WORKER = str(ROOT / "tests" / "helpers" / "train_worker.py")
 # The key projection's bias has an exactly zero gradient (a per-query constant shift of all attention logits), so
 # Adam turns float noise into lr-sized random updates there: it is compared only for staying negligible.
 NOISE_ONLY = "k_proj/bias"
