@@ -115,13 +115,9 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
         print(report.eval_table(table))
     if authors:
         print(metrics.authors_table(authors))
-    if er_line:
-        print(er_line)
-    print(report.sr_line(config.retrieval, all_results))
-    if report.rerank_line(table):
-        print(report.rerank_line(table))
-    if unknown_line:
-        print(unknown_line)
+    for line in (er_line, report.sr_line(config.retrieval, all_results), report.rerank_line(table), unknown_line):
+        if line:  # how ER and SR searched, the third stage's cost, the unknown entities: each when it has something
+            print(line)
     if plot:
         plots.plot_recall_curves(curves, plot, f"{split} split, {len(docs)} topics")
         print(f"wrote {plot}", file=sys.stderr)

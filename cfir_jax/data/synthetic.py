@@ -246,6 +246,19 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
     for e, ent in enumerate(entities):
         by_topic[ent.topic].append(e)
 
+    images, image_topic, images_of_topic = _draw_images(rng, config, entities, entity_vectors, topic_vectors, by_topic)
+    documents, relevant = _draw_documents(rng, config, entities, images, image_topic, images_of_topic, topic_nouns)
+    images = _with_image_texts(images, entities, image_topic, topic_nouns, config.seed)
+    qrels = _draw_splits(rng, config, documents, images, relevant)
+    return World(entities, entity_vectors, topic_vectors, documents, images, qrels)
+
+
+def _draw_images(rng, config: SyntheticConfig, entities: list[Entity], entity_vectors: np.ndarray,
+                 topic_vectors: np.ndarray, by_topic: list[list[int]]
+                 ) -> tuple[list[Image], list[int], list[list[int]]]:
+    """The images (1 to 3 entities of one topic each, their embedding and picture), each image's topic, and the
+    images of each topic."""
+    D = config.dim
     # Images: the first entity cycles through a shuffled entity list so every entity gets depicted.
     cycle = np.concatenate([rng.permutation(len(entities)) for _ in range(config.num_images // len(entities) + 1)])
     images, image_topic, images_of_topic = [], [], [[] for _ in range(config.num_topics)]
@@ -274,6 +287,13 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
         image_topic.append(topic)
         images_of_topic[topic].append(i)
 
+    return images, image_topic, images_of_topic
+
+
+def _draw_documents(rng, config: SyntheticConfig, entities: list[Entity], images: list[Image], image_topic: list[int],
+                    images_of_topic: list[list[int]], topic_nouns: list[list[str]]) -> tuple[list[Document], list]:
+    """The documents (mentions of their relevant images' entities among distractors and filler) and each one's
+    relevant image rows."""
     # Relevant images are drawn without replacement while they last, so most images belong to one document.
     pool = list(rng.permutation(config.num_images))
     used = np.zeros(config.num_images, bool)
@@ -318,14 +338,19 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
         )
         relevant.append(rel)
 
-    images = _with_image_texts(images, entities, image_topic, topic_nouns, config.seed)
+    return documents, relevant
+
+
+def _draw_splits(rng, config: SyntheticConfig, documents: list[Document], images: list[Image],
+                 relevant: list) -> dict[str, dict[str, dict[str, int]]]:
+    """The qrels of each split: the documents shuffled into train, validation and test by `split_fractions`."""
     qrels: dict[str, dict[str, dict[str, int]]] = {s: {} for s in SPLITS}
     n_train = round(config.split_fractions[0] * config.num_documents)
     n_validation = round(config.split_fractions[1] * config.num_documents)
     for rank, d in enumerate(rng.permutation(config.num_documents)):
         split = "train" if rank < n_train else "validation" if rank < n_train + n_validation else "test"
         qrels[split][documents[d].doc_id] = {images[i].image_id: 1 for i in relevant[d]}
-    return World(entities, entity_vectors, topic_vectors, documents, images, qrels)
+    return qrels
 
 
 def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: list[int],

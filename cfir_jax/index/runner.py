@@ -367,13 +367,17 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
     reports += stale_reports(layout, reports, STAGES)
     if hosts.is_main():
-        encoder = encoder_dir(config, layout)
-        write_json_atomic(layout.index_json, {
-            **layout.record_path("encoder", encoder),  # relative inside W; outside, absolute with its fingerprint
-            "config": json.loads(json.dumps(config.to_dict(), default=str)),
-            "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
-                       for r in reports],
-        })
+        _record_index(config, layout, reports)
     hosts.barrier("index_done")
     return reports
+
+
+def _record_index(config, layout: Layout, reports: list[StageReport]) -> None:
+    """W/index.json: the encoder the index was built with, the config, and every stage's report."""
+    write_json_atomic(layout.index_json, {
+        **layout.record_path("encoder", encoder_dir(config, layout)),  # relative inside W; outside, absolute
+        "config": json.loads(json.dumps(config.to_dict(), default=str)),
+        "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
+                   for r in reports],
+    })
 
