@@ -46,9 +46,9 @@ def main() -> None:
     if nproc > 1:
         os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
                           JAX_PROCESS_ID=str(pid))
-    from cfir_jax.stores import contract
+    from cfir_jax.index import chunks
 
-    write = contract.write_json_atomic
+    write = chunks.write_json_atomic
     summaries_written = []
 
     def logged(path, obj) -> None:
@@ -62,7 +62,7 @@ def main() -> None:
                 if len(summaries_written) == kill_after + 1:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-    contract.write_json_atomic = logged
+    chunks.write_json_atomic = logged  # every chunk a build writes (cfir_jax.index.chunks)
     sys.argv = ["index.py", *sys.argv[6:]]
     os.chdir(ROOT)
     runpy.run_path(str(ROOT / "index.py"), run_name="__main__")
