@@ -18,6 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from cfir_jax.core import faults, progress
+from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError, os_error_line, quiet_abandoned_async_work
 
 F = TypeVar("F", bound=Callable)
@@ -51,8 +52,6 @@ def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     """The config an index was built with (recorded in W/index.json by index.py), with the fields added since it was
     recorded filled in (`cfir_jax.core.config_upgrade.upgrade`: the one place that happens)."""
     import json
-
-    from cfir_jax.core.config_upgrade import upgrade
 
     path = Path(workdir) / "index.json"
     if not Path(workdir).is_dir():

@@ -14,6 +14,7 @@ import numpy as np
 
 from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
+from cfir_jax.search import device_sr as sr_device
 from cfir_jax.search.knn import ScannConfig, ScannSearcher, recall_at_k
 from cfir_jax.search.topk import exact_topk
 
@@ -27,8 +28,6 @@ class CandidateSearcher:
         self.backend, self.images, self.k, self.scann = backend, images, k, scann
         self.device = None
         if backend == "exact":
-            from cfir_jax.search import device_sr as sr_device
-
             # On a GPU/TPU the cache goes onto the devices once (sharded if it must) instead of block by block.
             self.device = sr_device.DeviceCache(images) if sr_device.has_accelerator() else None
 

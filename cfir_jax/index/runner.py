@@ -46,6 +46,11 @@ import numpy as np
 from cfir_jax.core import hosts
 from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import shown
+from cfir_jax.data import synthetic
+from cfir_jax.data.corpus import Corpus
+from cfir_jax.index import entity_index_build, entity_text_match, image_text
+from cfir_jax.index.entities import build_entity_store
 from cfir_jax.index.index_encoder import (
     check_cache_encoder,
     encoder_dir,
@@ -55,9 +60,17 @@ from cfir_jax.index.index_encoder import (
     text_positions,
 )
 from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
-from cfir_jax.nlp.summarizer import make_summarizer
+from cfir_jax.index.summaries import build_summary_store
+from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+from cfir_jax.nlp.summarizer import make_summarizer, summary_input
 from cfir_jax.stores.atomic_write import write_json_atomic
+from cfir_jax.stores.contract import read_manifest
+from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore
+from cfir_jax.stores.entity_index import VERSION, EntityIndex
+from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
+from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SummaryStore
 
 # The caption pretraining of a synthetic world's encoder (config, layout) -> None: training, so it comes from train/.
 Pretrain = Callable[[ml_collections.ConfigDict, Layout], None]
@@ -72,8 +85,6 @@ STAGES = ("corpus", "image_cache", "image_cache_full", "encoder", "entities", "s
 def build_corpus(config, layout: Layout):
     """The corpus stage: written by process 0 alone while the others wait (a format conversion, not model work:
     splitting it over hosts would buy little), then opened by every process."""
-    from cfir_jax.data.corpus import Corpus
-
     if hosts.is_main():
         _write_corpus(config, layout)
     hosts.barrier("corpus_written")
@@ -81,14 +92,11 @@ def build_corpus(config, layout: Layout):
 
 
 def _write_corpus(config, layout: Layout):
-    from cfir_jax.data.corpus import Corpus
-
     c = config.index.corpus
     if c.source == "synthetic":
-        from cfir_jax.data import synthetic
-
         return synthetic.generate(layout.corpus, synthetic.SyntheticConfig.named(c.synthetic_size, seed=c.seed))
     if c.source == "atomic":
+        # why: pyarrow loads for an AToMiC build only
         from cfir_jax.data.atomic import build_atomic_corpus
 
         if not (c.texts and c.images and c.qrels):
@@ -104,6 +112,7 @@ def _write_corpus(config, layout: Layout):
 
 
 def build_image_cache(config, layout: Layout, corpus):
+    # why: flax loads when a stage encodes, not when index.py reads STAGES to parse flags
     from cfir_jax.index.image_encoding import build_image_cache as build
 
     ic = config.index.image_cache
@@ -131,6 +140,7 @@ def build_image_cache_full(config, layout: Layout, corpus):
     """W/image_cache_full: every image encoded by the Full model's own vision tower (the image cache's format and
     checks; its manifest records that tower's vision fingerprint). The model keeps its own sizes (a :full config may
     train at another image size than the index config's)."""
+    # why: flax loads when a stage encodes, not when index.py reads STAGES to parse flags
     from cfir_jax.index.image_encoding import build_image_cache as build
     from cfir_jax.model import checkpoint
 
@@ -144,6 +154,7 @@ def encoder_stage(config, layout: Layout, pretrain: Pretrain | None) -> str:
     """The encoder stage: the summary of the model the index encodes text with. Synthetic worlds
     (index.encoder='pretrain') train it on captions first, through `pretrain` (the caption pretraining of
     `cfir_jax.train.pretrain`, which the index command passes in), unless W/encoder is already there."""
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
 
     if config.index.encoder != "pretrain":
@@ -166,10 +177,6 @@ def encoder_stage(config, layout: Layout, pretrain: Pretrain | None) -> str:
 
 
 def build_entities(config, layout: Layout, corpus):
-    from cfir_jax.index.entities import build_entity_store
-    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-    from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore
-
     e = config.index.entities
     nlp = load_spacy(e.spacy_model or None)
     extractor = EntityExtractor(nlp, e.labels, e.batch_size, e.n_process)
@@ -184,10 +191,6 @@ def build_entities(config, layout: Layout, corpus):
 
 
 def build_summaries(config, layout: Layout, corpus):
-    from cfir_jax.index.summaries import build_summary_store
-    from cfir_jax.nlp.summarizer import summary_input
-    from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SummaryStore
-
     s = config.index.summaries
     summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
     if _current(layout.summaries, "summaries", SUMMARY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
@@ -229,9 +232,6 @@ def _texts_digest(texts: list[str]) -> str:
 
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache):
-    from cfir_jax.index.entity_index_build import build_entity_index as build
-    from cfir_jax.stores.entity_index import VERSION, EntityIndex
-
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     check_cache_encoder(config, layout, cache)
     ei = config.index.entity_index
@@ -243,9 +243,10 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
                 backend=ei.backend, **sources):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
     # Each process encodes only the entity texts of the chunks it searches.
-    build(layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
-          backend=ei.backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
-          chunk_size=ei.chunk_size, progress=_show_progress(), sources=sources)
+    entity_index_build.build_entity_index(
+        layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
+        backend=ei.backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
+        chunk_size=ei.chunk_size, progress=_show_progress(), sources=sources)
     return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
 
 
@@ -257,10 +258,9 @@ def image_text_wanted(config) -> bool:
 
 def build_image_text(config, layout: Layout, corpus, cache):
     """Stage image_text: None (skipped) when the corpus' images carry no text, else the opened store."""
-    from cfir_jax.index.image_text import build_image_text as build
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
-    from cfir_jax.model.tokenizer import resolve_tokenizer
 
     if not corpus.manifest.get("images_with_text"):
         return None
@@ -268,8 +268,8 @@ def build_image_text(config, layout: Layout, corpus, cache):
     model = load_encoder(config, layout)
     check_cache_encoder(config, layout, cache)
     encoder = TextEncoder(model, resolve_tokenizer(config, corpus), it.max_text_len, it.encode_batch)
-    return build(layout.image_text, corpus, cache, encoder, checkpoint.fingerprint(model, "text"),
-                 fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=_show_progress())
+    return image_text.build_image_text(layout.image_text, corpus, cache, encoder, checkpoint.fingerprint(model, "text"),
+                                       fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=_show_progress())
 
 
 def entity_text_match_wanted(config) -> bool:
@@ -280,21 +280,16 @@ def entity_text_match_wanted(config) -> bool:
 
 def build_entity_text_match(config, layout: Layout, corpus, cache):
     """Stage entity_text_match: None (skipped) when the corpus' images carry no text, else the opened store."""
-    from cfir_jax.index.entity_text_match import build_entity_text_match as build
-    from cfir_jax.stores.entity_index import EntityIndex
-
     if not corpus.manifest.get("images_with_text"):
         return None
     m = config.index.entity_text_match
-    return build(layout.entity_text_match, corpus, cache, EntityIndex.open(layout.entity_index),
-                 fields=tuple(m.fields), max_matches=m.max_matches, max_words=m.max_words, chunk_rows=m.chunk_rows,
-                 progress=_show_progress())
+    return entity_text_match.build_entity_text_match(
+        layout.entity_text_match, corpus, cache, EntityIndex.open(layout.entity_index), fields=tuple(m.fields),
+        max_matches=m.max_matches, max_words=m.max_words, chunk_rows=m.chunk_rows, progress=_show_progress())
 
 
 def _current(directory: Path, kind: str, version: int, **expected) -> bool:
     """Whether `directory` holds a complete store of this format whose manifest has the `expected` fields."""
-    from cfir_jax.stores.contract import read_manifest
-
     try:
         manifest = read_manifest(directory, kind, version)
     except CfirError:
@@ -303,8 +298,6 @@ def _current(directory: Path, kind: str, version: int, **expected) -> bool:
 
 
 def _show_progress() -> bool:
-    from cfir_jax.core.progress import shown
-
     return shown()
 
 
@@ -318,9 +311,6 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise CfirError(f"unknown stage(s) {sorted(unknown)}: choose from {', '.join(STAGES)}")
-    from cfir_jax.data.corpus import Corpus
-    from cfir_jax.stores.image_cache import ImageCache
-
     layout = Layout.of(workdir)
     check_text_lengths(config, INDEX_TEXT_LENGTHS, text_positions(config, layout))
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -350,8 +340,6 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda s: f"{s.num_docs:,} summaries ({config.index.summaries.summarizer})", layout.summaries)
     if "entity_index" in stages:
         if entities is None:
-            from cfir_jax.stores.entities import EntityStore
-
             entities = EntityStore.open(layout.entities, corpus_fingerprint=corpus.documents_fingerprint)
         run("entity_index", lambda: build_entity_index(config, layout, corpus, entities, cache),
             lambda ix: f"{len(ix):,} entities x K={ix.k}, recall@K {ix.manifest.get('recall_at_k')}",

@@ -387,8 +387,6 @@ def _load_bart(model_dir: Path, dtype):
 
 
 def make_summarizer(config):
-    from cfir_jax.nlp.summarizer import BartSummarizer, ExtractiveSummarizer
-
     s = config.index.summaries
     if s.summarizer == "extractive":
         return ExtractiveSummarizer(max_tokens=s.extractive_tokens)

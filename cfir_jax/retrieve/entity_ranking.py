@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from cfir_jax.nlp.entities import EntityExtractor, EntityPool, load_spacy
 from cfir_jax.search.knn import ScannSearcher, drop_padding
 from cfir_jax.search.topk import unique_sorted
 
@@ -36,8 +37,6 @@ class EntityRanking:
     def extractor(self):
         """The spaCy entity extractor (loaded on first use)."""
         if self._nlp is None:
-            from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-
             e = self.config.index.entities
             self._nlp = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
         return self._nlp
@@ -58,8 +57,6 @@ class EntityRanking:
         """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,
         kept for the Retriever's life: a later batch pays no start-up)."""
         if self._pool is None:
-            from cfir_jax.nlp.entities import EntityPool
-
             e = self.config.index.entities
             labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
             self._pool = EntityPool(e.spacy_model, labels, int(self.rcfg.entity_workers))

@@ -26,6 +26,7 @@ def serve(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (),
     workdir's config (or to `config_spec`, the --config file)."""
     import uvicorn
 
+    # why: FastAPI, uvicorn and the Retriever load when serving starts
     from cfir_jax.serve.app import Service, create_app
     from cfir_jax.serve.resident import IndexHolder, config_overrides
 

@@ -21,8 +21,11 @@ from pathlib import Path
 
 import ml_collections
 
+from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp.entities import EntityPool
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.stores.contract import manifest_digest
 from cfir_jax.stores.layout import STORES, Layout
 
 log = logging.getLogger("cfir_jax.serve")
@@ -40,8 +43,6 @@ WARM_TEXT_UNKNOWN = "Quentin Zabrowski of the Xylo Harbour Society met Priya Oko
 def load_config(workdir: str, config_spec: str, overrides: Sequence[str]) -> ml_collections.ConfigDict:
     """The config the index was built with (upgraded: fields older workdirs lack take their defaults) or
     `config_spec`, then the `--config.x.y=v` overrides, as `cli.parse` reads it: what a reload reads again."""
-    from cfir_jax.core import cli
-
     config = cli.load_config_file(config_spec) if config_spec else cli.workdir_config(workdir)
     return cli.apply_overrides(config, overrides)
 
@@ -92,8 +93,6 @@ def model_family(workdir: str | Path) -> dict:
 
 def index_fingerprint(workdir: str | Path) -> str:
     """A short digest of every store's and the model's manifest: it changes whenever any of them is rebuilt."""
-    from cfir_jax.stores.contract import manifest_digest
-
     layout = Layout.of(workdir)
     parts = []
     for name in STORES:
@@ -235,8 +234,6 @@ def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
     workers = int(config.serve.get("entity_workers", 0))
     if workers < 2 or all(r.entities is None for r in index.retrievers.values()):
         return None
-    from cfir_jax.nlp.entities import EntityPool
-
     e = config.index.entities
     labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
     if old is not None and old.key == (e.spacy_model, labels) and old.workers == workers:

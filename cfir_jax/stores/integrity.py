@@ -25,6 +25,7 @@ import numpy as np
 
 from cfir_jax.core.errors import StoreError
 from cfir_jax.stores.atomic_write import write_json_atomic
+from cfir_jax.stores.layout import STORES
 
 CHECKSUMS = "checksums.json"
 BLOCK_BYTES = 64 << 20
@@ -174,8 +175,6 @@ def row_norm_bound(manifest: dict) -> float:
 def verify_command(workdir: str | os.PathLike, out=None) -> int:
     """`index.py --verify`: one line per damaged file (stderr) and a summary; 0 when every store is intact, else 2."""
     import sys
-
-    from cfir_jax.stores.layout import STORES
 
     root = Path(workdir)
     if not root.is_dir():
