@@ -182,3 +182,10 @@ def test_every_function_level_import_says_why():
             if not (i > 0 and lines[i - 1].lstrip().startswith("# why:")):
                 silent.append(f"{path.relative_to(PACKAGE.parent)}:{lineno} imports {target}")
     assert not silent, "function-level imports without a reason:\n" + "\n".join(silent)
+
+
+def test_every_room_is_a_package():
+    """setuptools ships only folders with an __init__.py (pyproject.toml's packages.find)."""
+    bare = sorted(str(d.relative_to(PACKAGE.parent)) for d in {p.parent for p in PACKAGE.rglob("*.py")}
+                  if not (d / "__init__.py").is_file())
+    assert not bare, f"folders without an __init__.py: {bare}"
