@@ -18,9 +18,6 @@ import numpy as np
 import pytest
 from repo import ROOT, run_script
 
-from cfir_jax.core.config import serve_config
-from cfir_jax.core.config_upgrade import upgrade
-
 TOKEN = "s3cret-token"
 
 
@@ -329,15 +326,6 @@ def test_the_page_shows_the_gallery_after_a_query_in_headless_chromium(server, w
         colours, counts = np.unique(pixels.reshape(-1, 3), axis=0, return_counts=True)
         background, shape = (tuple(c) for c in colours[np.argsort(-counts)[:2]])
         assert background in screen and shape in screen, image_id
-
-
-def test_older_workdir_configs_get_the_serve_section_and_new_fields():
-    import ml_collections
-
-    old = ml_collections.ConfigDict({"retrieval": {"top_k": 7}})
-    upgrade(old)
-    assert old.serve.to_dict() == serve_config().to_dict() and old.retrieval.top_k == 7
-    assert "rerank" in old.retrieval and old.serve.host == "127.0.0.1"
 
 
 class _FakeRetriever:
