@@ -9,8 +9,8 @@
 
 The training recipe, each value with its source: the CFIR paper where it is explicit, the authors' released code
 (GLA-IR/CFIR) where the paper is silent or ambiguous, BEiT-3's fine-tuning code (microsoft/unilm beit3) for the
-optimiser details neither states. configs/large.py uses the same values; tests/test_config.py checks this table
-against both configs.
+optimiser details neither states. configs/large.py uses the same values; tests/unit/core/test_config.py checks this
+table against both configs.
 
   key                  value   source
   model.image_size     224     paper: 224 x 224 images

@@ -92,8 +92,8 @@ def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
 LANGUAGE_EXPERT = [("B/.*|language_head/.*|logit_scale", "train"), (".*", "frozen")]
 # The authors' `--tune_text_only` (GLA-IR/CFIR): the token embedding table, the language branch of every feed-forward
 # block (its pre-FFN LayerNorm `final_layer_norm`, fc1, the inner `ffn_layernorm`, fc2); attention, positions, the
-# head and the temperature stay frozen. 105,921,024 parameters at base (tests/test_model.py), the paper's count is
-# the language expert's.
+# head and the temperature stay frozen. 105,921,024 parameters at base (tests/unit/model/test_model.py), the
+# paper's count is the language expert's.
 AUTHORS_TEXT_ONLY = [("text_embed/embedding|B/layers/(final_layer_norm|fc1|ffn_layernorm|fc2)/.*", "train"),
                      (".*", "frozen")]
 # D-BEiT-3 Full (the paper's whole-model fine-tuning baseline): both experts, both heads, the temperature, the patch

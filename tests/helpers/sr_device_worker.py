@@ -1,5 +1,6 @@
-"""Device SR checks on 8 fake CPU devices (the device count is fixed per process, so tests/test_sr_device.py runs
-this file in a subprocess with XLA_FLAGS=--xla_force_host_platform_device_count=8).
+"""Device SR checks on 8 fake CPU devices (the device count is fixed per process, so
+tests/unit/search/test_sr_device.py runs this file in a subprocess with
+XLA_FLAGS=--xla_force_host_platform_device_count=8).
 
     python sr_device_worker.py OUT.json     # runs every check_* function, writes {name: "" | error text}
 """

@@ -182,7 +182,8 @@ def test_train_full_compiles_for_a_tpu_topology_with_the_state_it_shards():
     from cfir_jax.aot.topology import libtpu_problem, resolve
     from cfir_jax.core.config import FSDP_RULES
 
-    if problem := libtpu_problem():  # as tests/test_compile_only.py: CI installs libtpu (scripts/setup.sh test)
+    # As tests/unit/aot/test_compile_only.py: CI installs libtpu (scripts/setup.sh test).
+    if problem := libtpu_problem():
         pytest.skip(f"libtpu unavailable: {problem}")
     topology = resolve("v5e:2x2")
     assert [p.name for p in programs_lib.programs("train", full_config(), topology)] == ["train_full"]
