@@ -16,7 +16,7 @@ import os
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from cfir_jax.core import faults
 from cfir_jax.core.errors import StoreError
@@ -148,3 +148,28 @@ def read_lines(path: Path, expected: int, store_dir: Path) -> list[str]:
     if len(lines) != expected:
         raise StoreError(f"{path}: {len(lines)} lines but the manifest says {expected}; rebuild the store")
     return lines
+
+
+class Store:
+    """The base of every store's reader. `open` reads the manifest of a complete store of the reader's `KIND` and
+    `VERSION` (a one-line StoreError when the directory is missing, incomplete or of another format), holds it against
+    what the caller expects (`check`: by default, each expected manifest field that is not None must match), and
+    loads the store (`load`, the reader's own)."""
+
+    KIND: ClassVar[str]
+    VERSION: ClassVar[int]
+
+    @classmethod
+    def open(cls, path: str | os.PathLike, **expect: Any):
+        path = Path(path)
+        manifest = read_manifest(path, cls.KIND, cls.VERSION)
+        cls.check(manifest, path, **expect)
+        return cls.load(path, manifest)
+
+    @classmethod
+    def check(cls, manifest: dict, directory: Path, **expect: Any) -> None:
+        check_manifest(manifest, directory, **{key: value for key, value in expect.items() if value is not None})
+
+    @classmethod
+    def load(cls, directory: Path, manifest: dict):
+        raise NotImplementedError

@@ -32,7 +32,7 @@ import numpy as np
 
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.stores import contract
-from cfir_jax.stores.contract import read_lines
+from cfir_jax.stores.contract import Store, read_lines
 from cfir_jax.stores.integrity import check_csr
 
 _WHITESPACE = re.compile(r"\s+")
@@ -61,12 +61,14 @@ ENTITY_KIND = "entities"
 
 
 @dataclasses.dataclass
-class EntityStore:
+class EntityStore(Store):
     """A complete entity store opened for reading; arrays are memory-mapped.
 
     vocab [num_entities], doc_ids [num_docs], offsets int64 [num_docs + 1], entity_ids int32 [num_mentions],
     doc_freq int32 [num_entities].
     """
+
+    KIND, VERSION = ENTITY_KIND, ENTITY_FORMAT_VERSION
 
     directory: Path
     manifest: dict
@@ -78,16 +80,16 @@ class EntityStore:
     _index: dict[str, int] | None = dataclasses.field(default=None, repr=False)
 
     @classmethod
-    def open(
-        cls, directory: str | Path, spacy_model: str | None = None, corpus_fingerprint: str | None = None
-    ) -> EntityStore:
-        """Opens and validates a store; refuses one built by another `spacy_model` or from other documents."""
-        directory = Path(directory)
-        manifest = contract.read_manifest(directory, ENTITY_KIND, ENTITY_FORMAT_VERSION)
+    def check(cls, manifest: dict, directory: Path, spacy_model: str | None = None,
+              corpus_fingerprint: str | None = None) -> None:
+        """Refuses a store built by another `spacy_model` or from other documents."""
         if spacy_model is not None:
             contract.check_manifest(manifest, directory, spacy_model=spacy_model)
         if corpus_fingerprint is not None:
             contract.check_derived(manifest, directory, corpus_fingerprint=corpus_fingerprint)
+
+    @classmethod
+    def load(cls, directory: Path, manifest: dict) -> EntityStore:
         try:
             num_docs = int(manifest["num_docs"])
             num_entities = int(manifest["num_entities"])

@@ -19,14 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.stores.contract import check_manifest, read_manifest
+from cfir_jax.stores.contract import Store
 from cfir_jax.stores.entities import entity_key
 from cfir_jax.stores.integrity import check_csr
 
@@ -35,8 +34,10 @@ VERSION = 2
 
 
 @dataclasses.dataclass
-class EntityIndex:
+class EntityIndex(Store):
     """An opened entity index: CSR offsets [E + 1] int64, memory-mapped candidates [M] int32 (and scores [M] f16)."""
+
+    KIND, VERSION = KIND, VERSION
 
     directory: Path
     manifest: dict
@@ -50,18 +51,14 @@ class EntityIndex:
     cut: int | None = None
 
     @classmethod
-    def open(
-        cls,
-        directory: str | os.PathLike,
-        expect_fingerprint: str | None = None,
-        expect_dim: int | None = None,
-        expect_n_images: int | None = None,
-    ) -> EntityIndex:
-        """Opens a complete index; a missing/incomplete store or a mismatch raises a one-line StoreError."""
-        directory = Path(directory)
-        manifest = read_manifest(directory, KIND, VERSION)
-        expected = dict(model_fingerprint=expect_fingerprint, dim=expect_dim, n_images=expect_n_images)
-        check_manifest(manifest, directory, **{key: v for key, v in expected.items() if v is not None})
+    def check(cls, manifest: dict, directory: Path, expect_fingerprint: str | None = None,
+              expect_dim: int | None = None, expect_n_images: int | None = None) -> None:
+        """Refuses an index built by another text tower, of another dim or over another number of images."""
+        super().check(manifest, directory, model_fingerprint=expect_fingerprint, dim=expect_dim,
+                      n_images=expect_n_images)
+
+    @classmethod
+    def load(cls, directory: Path, manifest: dict) -> EntityIndex:
         try:
             vocab = json.loads((directory / "vocab.json").read_text())
             offsets = np.load(directory / "offsets.npy")

@@ -22,14 +22,13 @@ resumes), and process 0 commits the store once every chunk exists.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
-from cfir_jax.stores.contract import read_manifest
+from cfir_jax.stores.contract import Store
 from cfir_jax.stores.integrity import check_csr
 
 KIND = "entity_text_match"
@@ -44,22 +43,25 @@ FORMAT_VERSION = 1
 
 
 
-class EntityTextMatch:
+class EntityTextMatch(Store):
     """The complete store opened for reading: `rows_of(entity_rows)` -> the matched image rows of each entity."""
+
+    KIND, VERSION = KIND, FORMAT_VERSION
 
     def __init__(self, path: Path, manifest: dict, offsets: np.ndarray, rows: np.ndarray):
         self.path, self.manifest, self.offsets, self.rows = path, manifest, offsets, rows
 
     @classmethod
-    def open(cls, path: str | os.PathLike, **expect) -> EntityTextMatch:
-        """Opens the store; a one-line StoreError when missing, incomplete, or built from other sources than
-        `expect` (manifest fields: the entity index and cache builds, fields, max_matches)."""
-        path = Path(path)
-        manifest = read_manifest(path, KIND, FORMAT_VERSION)
+    def check(cls, manifest: dict, path: Path, **expect) -> None:
+        """Refuses a store built from other sources than `expect` (manifest fields: the entity index and cache
+        builds, fields, max_matches)."""
         for name, want in expect.items():
             if manifest.get(name) != want:
                 raise StoreError(f"{path}: stale, built for {name}={manifest.get(name)!r} but that is now {want!r}; "
                                  "rebuild it with index.py --stages entity_text_match")
+
+    @classmethod
+    def load(cls, path: Path, manifest: dict) -> EntityTextMatch:
         try:
             offsets = np.load(path / "offsets.npy")
             rows = np.load(path / "rows.npy", mmap_mode="r")

@@ -29,14 +29,13 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import logging
-import os
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import numpy as np
 
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.stores.contract import check_manifest, manifest_digest, read_manifest
+from cfir_jax.stores.contract import Store, manifest_digest, read_manifest
 
 KIND = "image_cache"
 FORMAT_VERSION = 1
@@ -96,8 +95,10 @@ def write_lists(directory: Path, ids: Sequence[str], skipped: Sequence[SkippedIm
 # ---------------------------------------------------------------------------------------------------- reading
 
 
-class ImageCache:
+class ImageCache(Store):
     """A complete image cache opened for reading: `embeddings` is one memory-mapped [N, D] array, row i = ids[i]."""
+
+    KIND, VERSION = KIND, FORMAT_VERSION
 
     def __init__(self, path: Path, manifest: dict, ids: list[str], embeddings: np.ndarray):
         self.path = path
@@ -107,18 +108,14 @@ class ImageCache:
         self._row_of: dict[str, int] | None = None
 
     @classmethod
-    def open(
-        cls, path: str | os.PathLike, expect_fingerprint: str | None = None, expect_dim: int | None = None
-    ) -> ImageCache:
-        """Opens a cache; one-line StoreError if it is missing, incomplete, or built by another model or dim."""
-        path = Path(path)
-        manifest = read_manifest(path, KIND, FORMAT_VERSION)
-        expected = {}
-        if expect_fingerprint is not None:
-            expected["fingerprint"] = expect_fingerprint
-        if expect_dim is not None:
-            expected["dim"] = int(expect_dim)
-        check_manifest(manifest, path, **expected)
+    def check(cls, manifest: dict, path: Path, expect_fingerprint: str | None = None,
+              expect_dim: int | None = None) -> None:
+        """Refuses a cache built by another model or of another dim."""
+        super().check(manifest, path, fingerprint=expect_fingerprint,
+                      dim=None if expect_dim is None else int(expect_dim))
+
+    @classmethod
+    def load(cls, path: Path, manifest: dict) -> ImageCache:
         emb_path, ids_path = path / "embeddings.npy", path / "ids.txt"
         if not emb_path.is_file() or not ids_path.is_file():
             raise StoreError(f"{path}: incomplete image cache (no embeddings.npy or ids.txt); rebuild it")

@@ -22,31 +22,30 @@ Readers (retrieval) take `ImageTextCache.open`; SR reads both caches as one matr
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
-from cfir_jax.stores.contract import check_manifest, read_manifest
+from cfir_jax.stores.contract import Store, check_manifest
 
 KIND = "image_text"
 FORMAT_VERSION = 1
 
 
-class ImageTextCache:
+class ImageTextCache(Store):
     """A complete image-text store opened for reading: `embeddings` [N, D] (memory-mapped), `has_text` [N] bool."""
+
+    KIND, VERSION = KIND, FORMAT_VERSION
 
     def __init__(self, path: Path, manifest: dict, embeddings: np.ndarray, has_text: np.ndarray):
         self.path, self.manifest, self.embeddings, self.has_text = path, manifest, embeddings, has_text
 
     @classmethod
-    def open(cls, path: str | os.PathLike, expect_fingerprint: str | None = None,
-             expect_cache_fingerprint: str | None = None, **expect) -> ImageTextCache:
-        """Opens the store; one-line StoreError when missing, incomplete, built by another text tower
-        (`expect_fingerprint`) or for another build of the image cache (`expect_cache_fingerprint`)."""
-        path = Path(path)
-        manifest = read_manifest(path, KIND, FORMAT_VERSION)
+    def check(cls, manifest: dict, path: Path, expect_fingerprint: str | None = None,
+              expect_cache_fingerprint: str | None = None, **expect) -> None:
+        """Refuses a store built by another text tower (`expect_fingerprint`), for another build of the image cache
+        (`expect_cache_fingerprint`), or with other settings (`expect_<field>`)."""
         expected = {k.removeprefix("expect_"): v for k, v in expect.items() if v is not None}
         if expect_fingerprint is not None and manifest.get("fingerprint") != expect_fingerprint:
             raise StoreError(f"{path}: image text was embedded by text tower {manifest.get('fingerprint')} but the "
@@ -55,6 +54,9 @@ class ImageTextCache:
             raise StoreError(f"{path}: stale, made for image cache {manifest.get('cache_fingerprint')} but the cache "
                              f"is now {expect_cache_fingerprint}; rebuild it with index.py --stages image_text")
         check_manifest(manifest, path, **expected)
+
+    @classmethod
+    def load(cls, path: Path, manifest: dict) -> ImageTextCache:
         try:
             embeddings = np.load(path / "embeddings.npy", mmap_mode="r")
             has_text = np.load(path / "has_text.npy")

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.stores import contract
-from cfir_jax.stores.contract import read_lines
+from cfir_jax.stores.contract import Store, read_lines
 
 SUMMARY_FORMAT_VERSION = 1
 SUMMARY_KIND = "summaries"
@@ -34,8 +34,10 @@ SUMMARY_KIND = "summaries"
 
 
 @dataclasses.dataclass
-class SummaryStore:
+class SummaryStore(Store):
     """A complete summary store opened for reading: doc_ids [num_docs], summaries [num_docs]."""
+
+    KIND, VERSION = SUMMARY_KIND, SUMMARY_FORMAT_VERSION
 
     directory: Path
     manifest: dict
@@ -43,16 +45,16 @@ class SummaryStore:
     summaries: list[str]
 
     @classmethod
-    def open(
-        cls, directory: str | Path, summarizer: str | None = None, corpus_fingerprint: str | None = None
-    ) -> SummaryStore:
-        """Opens and validates a store; refuses one made by another `summarizer` or from other documents."""
-        directory = Path(directory)
-        manifest = contract.read_manifest(directory, SUMMARY_KIND, SUMMARY_FORMAT_VERSION)
+    def check(cls, manifest: dict, directory: Path, summarizer: str | None = None,
+              corpus_fingerprint: str | None = None) -> None:
+        """Refuses a store made by another `summarizer` or from other documents."""
         if summarizer is not None:
             contract.check_manifest(manifest, directory, summarizer=summarizer)
         if corpus_fingerprint is not None:
             contract.check_derived(manifest, directory, corpus_fingerprint=corpus_fingerprint)
+
+    @classmethod
+    def load(cls, directory: Path, manifest: dict) -> SummaryStore:
         num_docs = manifest.get("num_docs")
         if not isinstance(num_docs, int):
             raise StoreError(f"{directory}/manifest.json: missing num_docs; rebuild the summary store")

@@ -189,3 +189,19 @@ def test_every_room_is_a_package():
     bare = sorted(str(d.relative_to(PACKAGE.parent)) for d in {p.parent for p in PACKAGE.rglob("*.py")}
                   if not (d / "__init__.py").is_file())
     assert not bare, f"folders without an __init__.py: {bare}"
+
+
+def test_every_store_reader_opens_through_the_store_base():
+    """Each reader in stores/ is a `Store`: it says its kind and version, and fills in `check` and `load`; none
+    writes its own `open` (the manifest read and its one-line errors are the base's)."""
+    readers = []
+    for module, path in MODULES.items():
+        if _room(module) != "stores":
+            continue
+        for node in ast.parse(path.read_text()).body:
+            methods = {n.name for n in node.body if isinstance(n, ast.FunctionDef)} if isinstance(node, ast.ClassDef) \
+                else set()
+            if "load" in methods or "open" in methods:
+                readers.append((node.name, [ast.unparse(b) for b in node.bases], "open" in methods))
+    assert len(readers) >= 6, readers
+    assert all(bases == ["Store"] and not own_open for _, bases, own_open in readers), readers

@@ -377,7 +377,7 @@ def test_eight_devices_equal_one_device(tmp_path, corpus, cache):
     script = textwrap.dedent(
         f"""
         import jax, json, sys
-        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "unit" / "stores")!r}]
+        sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "unit" / "stores")!r}, {str(ROOT / "tests" / "helpers")!r}]
         from cfir_jax.data.corpus import Corpus
         from cfir_jax.index.image_encoding import build_image_cache
         from test_image_cache import random_model
