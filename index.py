@@ -14,8 +14,8 @@ On several hosts, run the same command on every host (jax.distributed: see cfir_
 
 import sys
 
-from cfir_jax import cli
-from cfir_jax.errors import cli_main
+from cfir_jax.core import cli
+from cfir_jax.core.cli import cli_main
 
 
 def _flags(parser):
@@ -33,7 +33,7 @@ def main():
     if "--verify" in sys.argv[1:]:  # a reader: no config, no lock, no JAX
         import argparse
 
-        from cfir_jax.integrity import verify_command
+        from cfir_jax.stores.integrity import verify_command
 
         p = argparse.ArgumentParser(description="checks every store of W against its recorded checksums")
         p.add_argument("--verify", action="store_true", required=True)
@@ -45,26 +45,10 @@ def main():
 
         return compile_command("index", config, args.topology)
     cli.maybe_initialize_distributed()
-    from cfir_jax import faults, workdir_lock
-    from cfir_jax.hosts import is_main
-    from cfir_jax.index import runner
+    from cfir_jax.commands import index
+    from cfir_jax.index.runner import STAGES
 
-    faults.on_sigterm()  # "interrupted during STAGE; rerun to resume", exit 143
-    faults.quiet_library_noise()  # a full disk: one line, not every orbax thread's traceback
-    with workdir_lock.hold(args.workdir):
-        if args.add_entities:
-            from cfir_jax.index.add_entities import add_entities
-
-            added = add_entities(config, args.workdir, args.add_entities)
-            if is_main():
-                print(f"added {added} new entities to {args.workdir}/entity_index")
-            return
-        stages = tuple(s for s in args.stages.split(",") if s) or runner.STAGES
-        reports = runner.build_index(config, args.workdir, stages)
-        if is_main():  # every process ran every stage; one table
-            from cfir_jax.index.stage_report import report_table
-
-            print(report_table(reports))
+    index.run(config, args.workdir, tuple(s for s in args.stages.split(",") if s) or STAGES, args.add_entities)
 
 
 if __name__ == "__main__":

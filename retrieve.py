@@ -16,8 +16,9 @@ Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the pape
 
 import sys
 
-from cfir_jax import cli
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.core import cli
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
 # retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.
@@ -106,35 +107,28 @@ def main():
     if measures not in MEASURE_SETS:
         raise CfirError(f"--measures {measures!r}: use one of {', '.join(MEASURE_SETS)}")
     if not args.serve:  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
-        from cfir_jax import faults
+        from cfir_jax.core import faults
 
         faults.on_sigterm()
     if args.serve:
-        from cfir_jax.serve import serve
+        from cfir_jax.commands import serve
 
-        serve(args.index, config, args.config, sys.argv[1:], args.method, args.host, args.port)
+        serve.run(config, args.index, args.config, sys.argv[1:], args.method, args.host, args.port)
     elif args.fit_reranker:
         from cfir_jax.retrieve.rerank_fit import fit_reranker, summary
 
         print(summary(fit_reranker(config, args.index), args.index))
     elif args.evaluate:
-        from cfir_jax.eval.comparison import comparison_rows, full_row_note, k_rows, single_row
-        from cfir_jax.retrieve.evaluation import check_k_rows, evaluate
+        from cfir_jax.commands import evaluate
 
-        if args.compare_k:
-            rows = check_k_rows(args.index, k_rows(args.compare_k))
-        else:
-            rows = comparison_rows(config, args.index) if args.compare else (single_row(args.method),)
-            if args.compare and (note := full_row_note(args.index)):
-                print(f"note: {note}", file=sys.stderr)
-        evaluate(config, args.index, args.evaluate, rows, plot=args.plot, output=args.output, tag=args.tag, top=top,
-                 measures=measures)
+        evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
+                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures)
     else:
-        from cfir_jax.retrieve.answer import answer
+        from cfir_jax.commands import retrieve
 
-        answer(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
-               shown=args.top_k or min(SHOWN, top), top=top, html=args.html, output=args.output, qrels=args.qrels,
-               tag=args.tag, measures=measures)
+        retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
+                     shown=args.top_k or min(SHOWN, top), top=top, html=args.html, output=args.output,
+                     qrels=args.qrels, tag=args.tag, measures=measures)
 
 
 if __name__ == "__main__":

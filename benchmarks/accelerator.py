@@ -51,7 +51,7 @@ def peak_bytes() -> int | None:
 
 
 def _model_config(size: str):
-    from cfir_jax.cli import load_config_file
+    from cfir_jax.core.cli import load_config_file
 
     cfg = load_config_file("configs/base.py:runlocal" if size == "tiny" else f"configs/{size}.py")
     cfg.model.dtype = "bfloat16"
@@ -204,7 +204,7 @@ def _tiny_bart(directory: str) -> str:
 
 
 def bart_rows(sizes: Sizes) -> list[dict]:
-    from cfir_jax.index.summarizer import BartSummarizer
+    from cfir_jax.nlp.summarizer import BartSummarizer
 
     with tempfile.TemporaryDirectory() as tmp:
         name = _tiny_bart(tmp) if sizes.bart == "tiny" else sizes.bart

@@ -21,7 +21,8 @@ import time
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 
 
 def load_averages() -> str:
@@ -71,7 +72,7 @@ def worker_start(bulk, fresh, reference) -> None:
     each; the pool's first run includes its start (workers started, pipelines loaded), its second does not."""
     import copy
 
-    from cfir_jax.index import entities
+    from cfir_jax.nlp import entities
 
     ranking = bulk.entities
 
@@ -154,7 +155,7 @@ def main() -> None:
     args = p.parse_args()
     if min(args.docs, args.batch_size, args.entity_workers) < 1:
         raise CfirError("--docs, --batch-size and --entity-workers must be >= 1")
-    from cfir_jax import cli
+    from cfir_jax.core import cli
 
     config = cli.load_config_file(args.config) if args.config else cli.workdir_config(args.workdir)
     print(hardware_description())

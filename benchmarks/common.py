@@ -125,8 +125,8 @@ def random_unit_embeddings(n: int, dim: int, seed: int = 0) -> np.ndarray:
 
 
 def load_torch_reference():
-    """The `tests/torch_reference.py` module (torchscale with its timm stand-in), threads set to all cores."""
-    sys.path.insert(0, str(REPO / "tests"))
+    """The `tests/helpers/torch_reference.py` module (torchscale with its timm stand-in), threads set to all cores."""
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
     try:
         import torch_reference
     except ImportError as e:  # torchscale is an optional extra

@@ -40,7 +40,7 @@ from common import (
 )
 from flax import nnx
 
-from cfir_jax.config import LANGUAGE_EXPERT, model_config
+from cfir_jax.core.config import LANGUAGE_EXPERT, model_config
 from cfir_jax.model.beit3 import create_model
 from cfir_jax.train.loss import contrastive_loss
 from cfir_jax.train.optim import trainable_filter

@@ -29,9 +29,9 @@ LABEL_SETS = ("all", "picturable")
 
 
 def build_atomic_fixture(root: Path) -> Path:
-    """The AToMiC-layout fixture of tests/test_index.py (six texts, ten images, three qrels splits) indexed with the
+    """The AToMiC-layout fixture of tests/e2e/test_index.py (six texts, ten images, three qrels splits) indexed with the
     tests' tiny random encoder and the default config; returns the workdir."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO / "tests" / "helpers"), str(REPO / "tests" / "e2e")]
     from test_index import write_inputs
 
     from cfir_jax.data.synthetic import SyntheticConfig, build_world, train_tokenizer
@@ -49,13 +49,13 @@ def build_atomic_fixture(root: Path) -> Path:
 
 
 def measure(workdir: Path, split: str) -> None:
-    from cfir_jax.cli import workdir_config
+    from cfir_jax.core.cli import workdir_config
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.entities import EntityExtractor, load_spacy
-    from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.index.index_encoder import entity_encoder
-    from cfir_jax.layout import Layout
+    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
     from cfir_jax.search.topk import exact_topk
+    from cfir_jax.stores.image_cache import ImageCache
+    from cfir_jax.stores.layout import Layout
 
     config = workdir_config(workdir)
     layout = Layout.of(workdir)

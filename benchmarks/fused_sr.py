@@ -23,10 +23,10 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 from common import hardware_description
 
-from cfir_jax.index.knn import synthetic_embeddings
 from cfir_jax.search.compact import build_compact
 from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.fused import FusedRows, fused_queries
+from cfir_jax.search.knn import synthetic_embeddings
 from cfir_jax.search.topk import exact_top_k
 
 

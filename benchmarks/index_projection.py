@@ -73,7 +73,7 @@ def _documents(n: int) -> list[str]:
 
 def measure_corpus(args) -> float:
     """texts + images per second through the AToMiC parquet reader and the corpus writer (the large setting)."""
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path.insert(0, str(REPO / "tests" / "helpers"))
     from atomic_fixtures import IMAGE_SCHEMA, QRELS_SCHEMA, TEXT_SCHEMA, _write
     from index_throughput import synthetic_jpegs
 
@@ -109,7 +109,7 @@ def measure_image_cache(args) -> float:
     """images/s of the full cache build (decode on threads + encode) with BEiT-3 `--model` at 224 px, float32."""
     from index_throughput import synthetic_jpegs
 
-    from cfir_jax.config import model_config
+    from cfir_jax.core.config import model_config
     from cfir_jax.data.corpus import Document, Image
     from cfir_jax.data.corpus_writer import write_corpus
     from cfir_jax.index.image_encoding import build_image_cache
@@ -133,7 +133,7 @@ def measure_image_cache(args) -> float:
 
 def measure_entities(args) -> float:
     """documents/s of spaCy NER as index.py runs it (nlp.pipe, `--spacy-processes` workers)."""
-    from cfir_jax.index.entities import EntityExtractor, load_spacy
+    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 
     docs = _documents(args.spacy_docs)
     extractor = EntityExtractor(load_spacy(None), "all", batch_size=64, n_process=args.spacy_processes)
@@ -150,10 +150,10 @@ def measure_summaries(args) -> float:
     import jax
     from transformers import BartConfig, FlaxBartForConditionalGeneration
 
-    sys.path.insert(0, str(REPO / "tests"))
+    sys.path[:0] = [str(REPO / "tests" / "helpers"), str(REPO / "tests" / "unit" / "nlp")]
     from test_summaries import _write_tiny_tokenizer
 
-    from cfir_jax.index.summarizer import BartSummarizer
+    from cfir_jax.nlp.summarizer import BartSummarizer
 
     # facebook/bart-large-cnn's architecture (config.json of the hub model); random weights.
     config = BartConfig(vocab_size=50264, d_model=1024, encoder_layers=12, decoder_layers=12,
@@ -189,7 +189,7 @@ def measure_summaries(args) -> float:
 
 
 def _text_tower(args):
-    from cfir_jax.config import model_config
+    from cfir_jax.core.config import model_config
     from cfir_jax.model.beit3 import create_model
     from cfir_jax.model.text_encoder import TextEncoder
 
@@ -213,7 +213,7 @@ def measure_entity_text(args) -> float:
 
 def search_rate(n_images: int, args) -> float:
     """entities/s of ScaNN top-K (the entity index's default configuration) over n_images clustered rows."""
-    from cfir_jax.index.knn import ScannConfig, ScannSearcher, synthetic_embeddings
+    from cfir_jax.search.knn import ScannConfig, ScannSearcher, synthetic_embeddings
 
     db = synthetic_embeddings(n_images, args.dim, seed=0)
     queries = synthetic_embeddings(args.search_entities, args.dim, seed=1)

@@ -11,7 +11,7 @@ thread pool the build uses; encoding alone on pre-decoded pixels (after one comp
 build times exclude it.
 
 Part `search` (entities/s and ScaNN vs exact): a synthetic clustered image cache of `--n-images` x `--dim`
-(cfir_jax.index.knn.synthetic_embeddings) and `--entities` entity embeddings drawn from the same distribution.
+(cfir_jax.search.knn.synthetic_embeddings) and `--entities` entity embeddings drawn from the same distribution.
 For each K of `--k`: exact blocked top-K (the `exact` backend) and ScaNN with the default ScannConfig (the `scann`
 backend, built for that K as the entity index builds it), entities/s of each, ScaNN's recall@K against exact, and the
 speed ratio, all in one run.
@@ -34,13 +34,13 @@ import numpy as np
 from common import hardware_description
 from PIL import Image as PILImage
 
-from cfir_jax.config import model_config
+from cfir_jax.core.config import model_config
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.index.image_encoding import ImageEncoder, build_image_cache
-from cfir_jax.index.knn import ScannConfig, ScannSearcher, recall_at_k, synthetic_embeddings
 from cfir_jax.model.beit3 import create_model
 from cfir_jax.model.preprocess import decode_image
+from cfir_jax.search.knn import ScannConfig, ScannSearcher, recall_at_k, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
 
 

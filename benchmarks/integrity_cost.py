@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax import atomic_write, integrity, store
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores import atomic_write, contract, integrity
 
 
 def load_averages() -> str:
@@ -59,7 +60,7 @@ def checksum_costs(cache_path: Path, work: Path) -> None:
         atomic_write.remove_path(directory)
     directory.mkdir(parents=True)
     os.link(cache_path, directory / "embeddings.npy")
-    store.write_manifest(directory, "image_cache", 1)
+    contract.write_manifest(directory, "image_cache", 1)
     size = cache_path.stat().st_size
     t = time.perf_counter()
     integrity.write_checksums(directory)
@@ -99,7 +100,9 @@ def per_query(cache: np.ndarray, work: Path, queries: int, rounds: int) -> None:
     """SR per query, fast path, with and without the serving checks, interleaved."""
     from retrieval_latency import make_documents
 
-    from cfir_jax.retrieve.sr_scorer import SRScorer, build_compact, unique_sorted
+    from cfir_jax.search.compact import build_compact
+    from cfir_jax.search.cpu_sr import SRScorer
+    from cfir_jax.search.topk import unique_sorted
 
     compact_dir = work / f"compact_{cache.shape[0]}"
     if not compact_dir.exists():

@@ -31,7 +31,7 @@ import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 from retrieval_latency import load_averages, load_cache, load_compact, make_documents
 
-from cfir_jax.errors import cli_main
+from cfir_jax.core.cli import cli_main
 
 ROOT = Path(__file__).resolve().parents[1]
 # Where each concept lived: the first module path that exists in a version is used.

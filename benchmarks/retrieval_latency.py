@@ -38,13 +38,14 @@ import jax.numpy as jnp
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax.atomic_write import save_npy_atomic
-from cfir_jax.errors import CfirError, cli_main
-from cfir_jax.index.knn import synthetic_embeddings
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 from cfir_jax.search.compact import CompactCache, build_compact, compact_in_memory
 from cfir_jax.search.cpu_sr import SRScorer, StageTimes
 from cfir_jax.search.device_sr import DeviceCache, has_accelerator
+from cfir_jax.search.knn import synthetic_embeddings
 from cfir_jax.search.topk import exact_topk, unique_sorted
+from cfir_jax.stores.atomic_write import save_npy_atomic
 
 GOAL_P50_MS = 5.0  # the project's target for SR on 2 CPU cores (the paper's GPU figure is 4.7 ms)
 PAPER_MS_PER_QUERY = 4.7  # CFIR-L's reported retrieval time per query (the CFIR paper, Table 3)
@@ -337,11 +338,11 @@ def print_sr_results(args, compact, scorers, total, cpu, times, base: dict) -> N
 
 def workdir_config(workdir: str, spec: str | None):
     """The config of --config, else the one the index was built with (its index.json, read as retrieve.py does)."""
-    from cfir_jax import cli
+    from cfir_jax.core import cli
 
     if spec:
         return cli.load_config_file(spec)
-    from cfir_jax.cli import workdir_config
+    from cfir_jax.core.cli import workdir_config
 
     return workdir_config(workdir)
 

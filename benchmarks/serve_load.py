@@ -34,7 +34,8 @@ from pathlib import Path
 import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 
 ROOT = Path(__file__).resolve().parents[1]
 LEVELS = (1, 4, 16, 64)
@@ -107,7 +108,7 @@ def interleaved_c1(url: str, workdir: str, docs: list[tuple[str, str]]) -> tuple
     while the other runs: the concurrency-1 goal's ratio with the same machine load on both sides."""
     import httpx
 
-    from cfir_jax.cli import workdir_config
+    from cfir_jax.core.cli import workdir_config
     from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
     retriever = Retriever(workdir_config(workdir), workdir, "cfir")
@@ -197,8 +198,8 @@ def make_million(demo: str, out: str, n_images: int, k: int, seed: int = 0) -> N
     entity's candidate list its own top-K over the demo images followed by random other rows up to k, as an entity
     index over a large cache would hold (the paper's K = 10,000): SR then scores unions of realistic size, and the
     whole-cache searches (the no-entity fallback, unseen entities) run over n_images. Reused when present."""
-    from cfir_jax.atomic_write import write_json_atomic
-    from cfir_jax.index.image_cache import ImageCache
+    from cfir_jax.stores.atomic_write import write_json_atomic
+    from cfir_jax.stores.image_cache import ImageCache
 
     out_path = Path(out)
     if (out_path / "index.json").is_file() and ImageCache.open(out_path / "image_cache").num_images == n_images:

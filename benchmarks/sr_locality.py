@@ -28,7 +28,8 @@ import numpy as np
 from common import hardware_description  # also puts the repository root on sys.path
 from retrieval_latency import load_cache, load_compact, pct
 
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main
+from cfir_jax.core.errors import CfirError
 from cfir_jax.search.compact import CompactCache
 from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.topk import unique_sorted

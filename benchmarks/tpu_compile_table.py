@@ -31,7 +31,7 @@ sys.path.insert(1, str(Path(__file__).resolve().parent.parent))
 from cfir_jax.aot import programs as programs_lib  # noqa: E402
 from cfir_jax.aot.compile import GIB, compile_program  # noqa: E402
 from cfir_jax.aot.topology import resolve  # noqa: E402
-from cfir_jax.cli import load_config_file  # noqa: E402
+from cfir_jax.core.cli import load_config_file  # noqa: E402
 
 TRAIN_TOPOLOGIES = ("v4-8", "v5e-16", "v5p-64", "v6e-8")
 HOST_TOPOLOGIES = ("v5e-8", "v6e-8")

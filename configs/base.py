@@ -9,8 +9,8 @@
 
 The training recipe, each value with its source: the CFIR paper where it is explicit, the authors' released code
 (GLA-IR/CFIR) where the paper is silent or ambiguous, BEiT-3's fine-tuning code (microsoft/unilm beit3) for the
-optimiser details neither states. configs/large.py uses the same values; tests/test_config.py checks this table
-against both configs.
+optimiser details neither states. configs/large.py uses the same values; tests/unit/core/test_config.py checks this
+table against both configs.
 
   key                  value   source
   model.image_size     224     authors' code: --input_size 224 (retrieval.py:51, the README command's)
@@ -72,10 +72,10 @@ Full"); `--compile-only --topology T` compiles its step.
 
 Only the language expert is trained (CFIR): the one rule in `train.trainable`. Besides the recipe this file sets every
 other experiment choice (index: AToMiC base, K = 10,000, BART-large-CNN summaries; retrieval: top 1000, exact SR for
-evaluation); cfir_jax/config.py holds only what is not a choice (architecture, engineering knobs).
+evaluation); cfir_jax/core/config.py holds only what is not a choice (architecture, engineering knobs).
 """
 
-from cfir_jax.config import LANGUAGE_EXPERT, defaults, parse_arg
+from cfir_jax.core.config import LANGUAGE_EXPERT, defaults, parse_arg
 
 # The authors' stage-2 command: --batch_size 128, which BEiT-3's fine-tuning code applies per GPU (their README.md:30),
 # on the 4 GPUs their README.md:7 names: a global batch of 512, the paper's.

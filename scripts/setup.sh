@@ -41,7 +41,7 @@ else
   # torchscale/fairscale declare timm/torchvision deps that do not import beside this torch: install without them.
   python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.0"
   # libtpu (the TPU compiler) for the compile-only tests, at exactly the installed jax's version so pip never moves
-  # jax. Where it cannot be installed, tests/test_compile_only.py skips and prints why.
+  # jax. Where it cannot be installed, tests/unit/aot/test_compile_only.py skips and prints why.
   jax_version=$(python -c "import jax; print(jax.__version__)")
   python -m pip install -q "jax[tpu]==$jax_version" ||
     echo "setup.sh: jax[tpu]==$jax_version could not be installed: the compile-only tests will skip" >&2

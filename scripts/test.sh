@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# Sets up .venv and runs the whole test suite (the command CI runs).
+# Sets up .venv and runs the test suite: the whole suite (the command CI runs), or with --quick the tier a developer
+# runs before every commit: the unit tests of every room (tests/unit/), without the end-to-end runs of the commands
+# (tests/e2e/) and without the tests marked slow. Further arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+selection=()
+if [[ "${1:-}" == "--quick" ]]; then
+  shift
+  selection=(tests/unit -m "not slow")
+fi
 bash scripts/setup.sh test
 . .venv/bin/activate
 # Lint first (seconds): the style the code is held to (pyproject.toml [tool.ruff]).
 ruff check --quiet .
-exec python -m pytest -q -rs "$@"
+exec python -m pytest -q -rs "${selection[@]}" "$@"

@@ -1,20 +1,14 @@
+"""Fixtures shared by the tiers (tests/unit/<room>/, tests/e2e/). The helpers they import (`repo`, the fixtures'
+modules, the workers) are in tests/helpers/, on the path by pytest's `pythonpath` setting (pyproject.toml)."""
+
+import dataclasses
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from repo import FIRST_RUN, ROOT, TINY_CONFIG, run_script
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-# The real BEiT-3 tokenizer, only for the tests that compare against it (parity with XLMRobertaTokenizer): the file
-# CFIR_BEIT3_SPM names, else the shared copy beside the repository. It is never committed (download:
-# github.com/addf400/files/releases/download/beit3/beit3.spm).
-SPM_PATH = Path(os.environ.get("CFIR_BEIT3_SPM") or ROOT.parent / "shared" / "data" / "beit3.spm")
-NEEDS_BEIT3_SPM = pytest.mark.skipif(
-    not SPM_PATH.is_file(),
-    reason=f"needs BEiT-3's beit3.spm, not at {SPM_PATH}: set CFIR_BEIT3_SPM=/path/to/beit3.spm")
 
 
 @pytest.fixture(scope="session")
@@ -30,22 +24,6 @@ def synthetic_spm(tmp_path_factory) -> Path:
     return path
 
 
-TINY_CONFIG = "configs/demo.py:tiny"
-
-
-def run_script(*args, check=True, env=None):
-    """One of the repository's commands (`index.py ...`) in a subprocess, from the repository root."""
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **(env or {})})
-    if check:
-        assert proc.returncode == 0, proc.stderr[-4000:]
-    return proc
-
-
-# The first build's output, kept for the tests of what a user sees (progress bars forced on: stderr is no TTY).
-FIRST_RUN: dict[str, subprocess.CompletedProcess] = {}
-
-
 @pytest.fixture(scope="session")
 def workdir(tmp_path_factory):
     """A tiny world indexed and trained once for the whole session (every test module that needs one shares it)."""
@@ -59,6 +37,28 @@ def workdir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def config():
-    from cfir_jax.cli import load_config_file
+    from cfir_jax.core.cli import load_config_file
 
     return load_config_file(str(ROOT / TINY_CONFIG))
+
+
+@pytest.fixture(scope="module")
+def world_corpus(tmp_path_factory):
+    """The tiny synthetic world (real PNG pictures) with the first two train pairs' images broken: one corrupt, one
+    missing (empty bytes). Returns (corpus, pairs, rows of the broken images)."""
+    from atomic_fixtures import CORRUPT
+
+    from cfir_jax.data.corpus_writer import write_corpus
+    from cfir_jax.data.image_pipeline import train_pairs
+    from cfir_jax.data.synthetic import SyntheticConfig, build_world
+
+    world = build_world(SyntheticConfig.tiny())
+    first_doc = sorted(world.qrels["train"])[0]
+    broken = sorted(world.qrels["train"][first_doc])[:2]
+    if len(broken) < 2:  # the first document has one image: take the second document's
+        broken.append(sorted(world.qrels["train"][sorted(world.qrels["train"])[1]])[0])
+    bad = {broken[0]: CORRUPT, broken[1]: b""}
+    images = [dataclasses.replace(im, image=bad.get(im.image_id, im.image)) for im in world.images]
+    corpus = write_corpus(tmp_path_factory.mktemp("pipe") / "c", "tiny", world.documents, images, world.qrels)
+    rows = {corpus.image_ids.index(i) for i in broken}
+    return corpus, train_pairs(corpus), rows

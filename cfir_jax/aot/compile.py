@@ -10,7 +10,7 @@ import jax
 
 from cfir_jax.aot import programs as programs_lib
 from cfir_jax.aot.topology import Topology, resolve
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 GIB = 2**30
 

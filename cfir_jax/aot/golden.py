@@ -31,7 +31,7 @@ def sharding_table(config, topology_name: str) -> dict:
 
 
 def main(argv=None) -> None:
-    from cfir_jax.cli import load_config_file
+    from cfir_jax.core.cli import load_config_file
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/large.py")

@@ -11,7 +11,7 @@ import sys
 import tempfile
 from collections.abc import Iterator
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 # HBM per chip, GiB (Cloud TPU system architecture pages).
 HBM_GIB = {"v4": 32, "v5e": 16, "v5p": 95, "v6e": 32}

@@ -32,8 +32,8 @@ import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
-from cfir_jax.errors import CfirError
-from cfir_jax.store import manifest_digest, read_manifest
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.contract import manifest_digest, read_manifest
 
 KIND = "corpus"
 FORMAT_VERSION = 1

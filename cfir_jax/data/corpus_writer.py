@@ -16,9 +16,9 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import FORMAT_VERSION, KIND, RECORD_SPLIT, RECORD_VERSION, SPLITS, Corpus, Document, Image
-from cfir_jax.errors import CfirError
-from cfir_jax.store import atomic_dir, read_manifest, write_manifest
+from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 
 
 def _document_features() -> tfds.features.FeaturesDict:

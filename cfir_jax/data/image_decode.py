@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 from PIL import Image as PILImage
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 
 class ImageDecodeError(CfirError):

@@ -25,10 +25,10 @@ from typing import Any
 import grain
 import numpy as np
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.augment import eval_transform, train_transform
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.data.image_decode import ImageDecodeError, decode_rgb
-from cfir_jax.errors import CfirError
 
 log = logging.getLogger("cfir_jax.data")
 

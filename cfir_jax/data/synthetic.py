@@ -51,12 +51,12 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax import progress
-from cfir_jax.config import IMAGE_TEXT_FIELDS as CAPTION_FIELDS
+from cfir_jax.core import progress
+from cfir_jax.core.config import IMAGE_TEXT_FIELDS as CAPTION_FIELDS
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 from cfir_jax.data.synthetic_pictures import IMAGE_SIZE, render_image  # noqa: F401 (IMAGE_SIZE: the pictures' side)
-from cfir_jax.errors import CfirError
 from cfir_jax.model.tokenizer import train_tokenizer
 
 NAME = "synthetic"

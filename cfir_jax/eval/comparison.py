@@ -18,7 +18,7 @@ from typing import Any
 
 import ml_collections
 
-from cfir_jax.layout import Layout
+from cfir_jax.stores.layout import Layout
 
 
 @dataclasses.dataclass(frozen=True)

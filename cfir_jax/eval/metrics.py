@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 
 import pytrec_eval
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 DEFAULT_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000")
 

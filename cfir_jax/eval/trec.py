@@ -20,7 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.atomic_write import atomic_file
 
 Qrels = dict[str, dict[str, int]]
 Run = dict[str, dict[str, float]]
@@ -225,8 +226,6 @@ def _checked_hits(path: Path, qid: str, pairs: Iterable) -> tuple[list[str], lis
 
 def _write_text_atomic(path: Path, lines: list[str]) -> None:
     """Writes `lines` to a temporary file beside `path` and renames it over `path`: readers never see half a file."""
-    from cfir_jax.atomic_write import atomic_file
-
     path.parent.mkdir(parents=True, exist_ok=True)
     with atomic_file(path, "w", encoding="utf-8") as f:
         f.writelines(lines)

@@ -11,15 +11,18 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.errors import CfirError
+from cfir_jax.core import hosts
+from cfir_jax.core.errors import CfirError
+from cfir_jax.data.corpus import Corpus
 from cfir_jax.index.candidate_search import make_searcher
-from cfir_jax.index.entity_index import KIND, VERSION, EntityIndex
 from cfir_jax.index.entity_index_build import check_inputs, write_csr
 from cfir_jax.index.index_encoder import check_cache_encoder, entity_encoder, scann_config
-from cfir_jax.index.knn import ScannConfig
-from cfir_jax.layout import Layout
-from cfir_jax.store import atomic_dir, write_manifest
+from cfir_jax.search.knn import ScannConfig
+from cfir_jax.stores.contract import atomic_dir, write_manifest
+from cfir_jax.stores.entities import entity_key, normalize_entity
+from cfir_jax.stores.entity_index import KIND, VERSION, EntityIndex
+from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.layout import Layout
 
 
 def add_entities(config, workdir, path: str | os.PathLike) -> int:
@@ -31,10 +34,6 @@ def add_entities(config, workdir, path: str | os.PathLike) -> int:
 
 
 def _add_entities(config, workdir, path: str | os.PathLike) -> int:
-    from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.entities import entity_key, normalize_entity
-    from cfir_jax.index.image_cache import ImageCache
-
     layout = Layout.of(workdir)
     path = Path(path)
     if not path.is_file():

@@ -12,9 +12,10 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.errors import CfirError
-from cfir_jax.index.knn import ScannConfig, ScannSearcher, recall_at_k
+from cfir_jax.core import hosts
+from cfir_jax.core.errors import CfirError
+from cfir_jax.search import device_sr as sr_device
+from cfir_jax.search.knn import ScannConfig, ScannSearcher, recall_at_k
 from cfir_jax.search.topk import exact_topk
 
 BACKENDS = ("scann", "exact")
@@ -30,9 +31,7 @@ def resolve_backend(setting: str) -> str:
         raise CfirError(f"index.entity_index.backend={setting!r}: use one of {', '.join(BACKEND_SETTINGS)}")
     if setting != "auto":
         return setting
-    from cfir_jax.search import device_sr
-
-    return "exact" if device_sr.has_accelerator() else "scann"
+    return "exact" if sr_device.has_accelerator() else "scann"
 
 
 class CandidateSearcher:
@@ -42,8 +41,6 @@ class CandidateSearcher:
         self.backend, self.images, self.k, self.scann = backend, images, k, scann
         self.device = None
         if backend == "exact":
-            from cfir_jax.search import device_sr as sr_device
-
             # On a GPU/TPU the cache goes onto the devices once (sharded if it must) instead of block by block.
             self.device = sr_device.DeviceCache(images) if sr_device.has_accelerator() else None
 

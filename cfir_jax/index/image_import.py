@@ -10,9 +10,10 @@ from pathlib import Path
 
 import numpy as np
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus
-from cfir_jax.errors import CfirError
-from cfir_jax.index.image_cache import (
+from cfir_jax.stores.contract import atomic_dir, write_manifest
+from cfir_jax.stores.image_cache import (
     FORMAT_VERSION,
     KIND,
     ImageCache,
@@ -22,7 +23,6 @@ from cfir_jax.index.image_cache import (
     is_current,
     write_lists,
 )
-from cfir_jax.store import atomic_dir, write_manifest
 
 
 def _npy_source(path: Path, ids_path: Path | None) -> tuple[list[Path], Iterator[tuple[list[str], np.ndarray]]]:
@@ -169,18 +169,8 @@ def import_precomputed(
                             f"{', '.join(repr(corpus.image_ids[r]) for r in missing[:3])}); "
                             "add them or pass allow_missing=True to skip them")
         full.flush()
-        if len(missing):
-            kept = np.flatnonzero(have)
-            out = np.lib.format.open_memmap(tmp / "embeddings.npy", mode="w+", dtype=dtype, shape=(len(kept), dim))
-            for i in range(0, len(kept), 65536):
-                out[i : i + 65536] = full[kept[i : i + 65536]]
-            out.flush()
-            del out, full
-            (tmp / "all_rows.npy").unlink()
-        else:
-            del full
-            os.replace(tmp / "all_rows.npy", tmp / "embeddings.npy")
-            kept = np.arange(n)
+        del full
+        kept = _keep_rows(tmp, have, dtype, dim)
         ids_kept = [corpus.image_ids[r] for r in kept]
         skipped = [SkippedImage(corpus.image_ids[r], "no precomputed embedding") for r in missing]
         write_lists(tmp, ids_kept, skipped)
@@ -189,3 +179,20 @@ def import_precomputed(
                        source=os.fspath(source), build_seconds=round(time.time() - start, 3),
                        max_row_norm=round(max_norm, 6))
     return ImageCache.open(out_dir)
+
+
+def _keep_rows(tmp: Path, have: np.ndarray, dtype: str, dim: int) -> np.ndarray:
+    """embeddings.npy in `tmp` from all_rows.npy: the rows that have an embedding (all of them: a rename); returns
+    their corpus rows."""
+    if have.all():
+        os.replace(tmp / "all_rows.npy", tmp / "embeddings.npy")
+        return np.arange(len(have))
+    kept = np.flatnonzero(have)
+    full = np.load(tmp / "all_rows.npy", mmap_mode="r")
+    out = np.lib.format.open_memmap(tmp / "embeddings.npy", mode="w+", dtype=dtype, shape=(len(kept), dim))
+    for i in range(0, len(kept), 65536):
+        out[i : i + 65536] = full[kept[i : i + 65536]]
+    out.flush()
+    del out, full
+    (tmp / "all_rows.npy").unlink()
+    return kept

@@ -1,24 +1,6 @@
-"""The image-side text cache: what each cached image says about itself, embedded once by the frozen text tower.
-
-Beyond the paper: AToMiC images carry their own text (reference description, alt text, attribution).
-Embedding it with the frozen text tower gives a second vector per image, and SR can score a candidate by
-`w_img * <q, image> + w_txt * <q, image text>` (`retrieval.fusion`; off by default, so the paper's numbers stay).
-
-Layout of the store directory (kind "image_text"), rows in the image cache's row order:
-  embeddings.npy  [N, D] float16, L2-normalised rows; all-zero rows for images without text (they add nothing)
-  has_text.npy    [N] bool, False where the image has no text in the chosen fields (no embedding computed)
-  manifest.json   format version, the text tower's fingerprint, the image cache build it follows, fields, dims,
-                  counts, max_text_len
-An image's text is its non-empty strings of `fields`, in field order, duplicates dropped, joined with spaces.
-
-Building encodes the image cache's rows in chunks of `chunk_rows` into a work directory `.<name>.building/`
-(`chunk-00000.npy` then `chunk-00000.json`, written last: it marks the chunk complete); an interrupted build of the
-same key resumes after its finished chunks. Across the processes of a jax.distributed run chunk c is encoded by
-process c % P (`hosts.owns`); process 0 merges the chunks inside an `atomic_dir` once all exist.
-
-Readers (retrieval) take `ImageTextCache.open`; SR reads both caches as one matrix through
-`cfir_jax.search.fused.FusedRows`. The builder imports no retrieval or training code.
-"""
+"""The image_text stage's build (beyond the paper): each cached image's own text embedded by the frozen text tower,
+in chunks owned round-robin by the processes, merged by process 0 into the store that `cfir_jax.stores.image_text`
+reads."""
 
 from __future__ import annotations
 
@@ -33,20 +15,19 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.atomic_write import save_npy_atomic, write_json_atomic
-from cfir_jax.config import IMAGE_TEXT_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
-from cfir_jax.errors import CfirError
-from cfir_jax.progress import bar as progress_bar
-from cfir_jax.store import StoreError, atomic_dir, check_manifest, read_manifest, shared_work_dir, write_manifest
+from cfir_jax.core import hosts
+from cfir_jax.core.config import IMAGE_TEXT_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.index.chunks import shared_work_dir
+from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
+from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus, Image
-    from cfir_jax.index.image_cache import ImageCache
     from cfir_jax.model.text_encoder import TextEncoder
-
-KIND = "image_text"
-FORMAT_VERSION = 1
+    from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.image_text import FORMAT_VERSION, KIND, ImageTextCache
 
 
 def image_text(image: Image, fields: Sequence[str] = FIELDS) -> str:
@@ -136,40 +117,3 @@ def _merge(out_dir: Path, work: Path, chunks: range, key: dict, n: int, dim: int
                        ids_sha=hashlib.sha256("\n".join(cache.ids).encode()).hexdigest()[:16],
                        build_seconds=round(time.time() - start, 3))
     shutil.rmtree(work, ignore_errors=True)
-
-
-class ImageTextCache:
-    """A complete image-text store opened for reading: `embeddings` [N, D] (memory-mapped), `has_text` [N] bool."""
-
-    def __init__(self, path: Path, manifest: dict, embeddings: np.ndarray, has_text: np.ndarray):
-        self.path, self.manifest, self.embeddings, self.has_text = path, manifest, embeddings, has_text
-
-    @classmethod
-    def open(cls, path: str | os.PathLike, expect_fingerprint: str | None = None,
-             expect_cache_fingerprint: str | None = None, **expect) -> ImageTextCache:
-        """Opens the store; one-line StoreError when missing, incomplete, built by another text tower
-        (`expect_fingerprint`) or for another build of the image cache (`expect_cache_fingerprint`)."""
-        path = Path(path)
-        manifest = read_manifest(path, KIND, FORMAT_VERSION)
-        expected = {k.removeprefix("expect_"): v for k, v in expect.items() if v is not None}
-        if expect_fingerprint is not None and manifest.get("fingerprint") != expect_fingerprint:
-            raise StoreError(f"{path}: image text was embedded by text tower {manifest.get('fingerprint')} but the "
-                             f"index encoder is {expect_fingerprint}; rebuild it with index.py --stages image_text")
-        if expect_cache_fingerprint is not None and manifest.get("cache_fingerprint") != expect_cache_fingerprint:
-            raise StoreError(f"{path}: stale, made for image cache {manifest.get('cache_fingerprint')} but the cache "
-                             f"is now {expect_cache_fingerprint}; rebuild it with index.py --stages image_text")
-        check_manifest(manifest, path, **expected)
-        try:
-            embeddings = np.load(path / "embeddings.npy", mmap_mode="r")
-            has_text = np.load(path / "has_text.npy")
-        except (OSError, ValueError) as e:
-            raise StoreError(f"{path}: incomplete image text store ({e.__class__.__name__}); rebuild it") from None
-        n, dim = manifest.get("num_rows"), manifest.get("dim")
-        if embeddings.shape != (n, dim) or has_text.shape != (n,):
-            raise StoreError(f"{path}: arrays {embeddings.shape}, {has_text.shape} disagree with the manifest "
-                             f"({n}, {dim}); rebuild it with index.py --stages image_text")
-        return cls(path, manifest, embeddings, has_text)
-
-    @property
-    def num_with_text(self) -> int:
-        return int(self.manifest["num_with_text"])

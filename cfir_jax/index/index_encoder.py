@@ -6,9 +6,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
-from cfir_jax.errors import CfirError
-from cfir_jax.layout import Layout
+from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.errors import CfirError
+from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.search.knn import ScannConfig
+from cfir_jax.stores.contract import check_manifest
+from cfir_jax.stores.layout import Layout
 
 
 def encoder_dir(config, layout: Layout) -> Path | None:
@@ -22,6 +25,7 @@ def encoder_dir(config, layout: Layout) -> Path | None:
 def text_positions(config, layout: Layout) -> int:
     """max_text_positions of the encoder when it already exists (its own, whatever the config says), else the
     config's (the model the 'pretrain' stage will create)."""
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
 
     path = encoder_dir(config, layout)
@@ -31,6 +35,7 @@ def text_positions(config, layout: Layout) -> int:
 
 
 def load_encoder(config, layout: Layout):
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
 
     path = encoder_dir(config, layout)
@@ -42,9 +47,9 @@ def load_encoder(config, layout: Layout):
 
 def entity_encoder(config, layout: Layout, corpus):
     """The frozen text encoder for entity texts (16 tokens), and its fingerprint."""
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
-    from cfir_jax.model.tokenizer import resolve_tokenizer
 
     model = load_encoder(config, layout)
     check_text_lengths(config, INDEX_TEXT_LENGTHS[:1], model.config.max_text_positions)
@@ -54,8 +59,6 @@ def entity_encoder(config, layout: Layout, corpus):
 
 
 def scann_config(config):
-    from cfir_jax.index.knn import ScannConfig
-
     ei = config.index.entity_index
     return ScannConfig(num_leaves=ei.num_leaves or None, num_leaves_to_search=ei.num_leaves_to_search or None,
                        reorder=ei.reorder or None, min_rows_for_tree=ei.min_rows_for_tree)
@@ -63,8 +66,8 @@ def scann_config(config):
 
 def check_cache_encoder(config, layout: Layout, cache) -> None:
     """Entity texts and images must come from one model: a cache encoded by another model is refused (one line)."""
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
-    from cfir_jax.store import check_manifest
 
     if cache.manifest.get("source") == "model":  # imported embeddings carry no model fingerprint to compare
         vision = checkpoint.read_model_manifest(encoder_dir(config, layout))["vision_fingerprint"]

@@ -1,6 +1,6 @@
 """index.py as a library: builds, in order, every store that training and retrieval read.
 
-Stages (each writes one directory of the workdir layout, see cfir_jax.layout):
+Stages (each writes one directory of the workdir layout, see cfir_jax.stores.layout):
   corpus        AToMiC parquet files -> the corpus format (tfds array_record, read with grain); or a synthetic world
   image_cache   every image encoded once by the frozen vision tower (or precomputed embeddings imported)
   image_cache_full  the same images re-encoded by the D-BEiT-3 Full model's trained vision tower (W/model_full, made
@@ -43,10 +43,15 @@ from pathlib import Path
 import ml_collections
 import numpy as np
 
-from cfir_jax import hosts
-from cfir_jax.atomic_write import replace_dir, write_json_atomic
-from cfir_jax.config import INDEX_TEXT_LENGTHS, check_text_lengths
-from cfir_jax.errors import CfirError
+from cfir_jax.core import hosts
+from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import shown
+from cfir_jax.data import synthetic
+from cfir_jax.data.corpus import Corpus
+from cfir_jax.index import entity_index_build, entity_text_match, image_text
+from cfir_jax.index.candidate_search import resolve_backend
+from cfir_jax.index.entities import build_entity_store
 from cfir_jax.index.index_encoder import (
     check_cache_encoder,
     encoder_dir,
@@ -56,8 +61,21 @@ from cfir_jax.index.index_encoder import (
     text_positions,
 )
 from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
-from cfir_jax.index.summarizer import make_summarizer
-from cfir_jax.layout import Layout
+from cfir_jax.index.summaries import build_summary_store
+from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, check_sources
+from cfir_jax.nlp.summarizer import make_summarizer, summary_input
+from cfir_jax.stores.atomic_write import write_json_atomic
+from cfir_jax.stores.contract import read_manifest
+from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore
+from cfir_jax.stores.entity_index import VERSION, EntityIndex
+from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.layout import Layout
+from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SummaryStore
+
+# The caption pretraining of a synthetic world's encoder (config, layout) -> None: training, so it comes from train/.
+Pretrain = Callable[[ml_collections.ConfigDict, Layout], None]
 
 STAGES = ("corpus", "image_cache", "image_cache_full", "encoder", "entities", "summaries", "entity_index",
           "image_text", "entity_text_match")
@@ -69,8 +87,6 @@ STAGES = ("corpus", "image_cache", "image_cache_full", "encoder", "entities", "s
 def build_corpus(config, layout: Layout):
     """The corpus stage: written by process 0 alone while the others wait (a format conversion, not model work:
     splitting it over hosts would buy little), then opened by every process."""
-    from cfir_jax.data.corpus import Corpus
-
     if hosts.is_main():
         _write_corpus(config, layout)
     hosts.barrier("corpus_written")
@@ -78,14 +94,11 @@ def build_corpus(config, layout: Layout):
 
 
 def _write_corpus(config, layout: Layout):
-    from cfir_jax.data.corpus import Corpus
-
     c = config.index.corpus
     if c.source == "synthetic":
-        from cfir_jax.data import synthetic
-
         return synthetic.generate(layout.corpus, synthetic.SyntheticConfig.named(c.synthetic_size, seed=c.seed))
     if c.source == "atomic":
+        # why: pyarrow loads for an AToMiC build only
         from cfir_jax.data.atomic import build_atomic_corpus
 
         if not (c.texts and c.images and c.qrels):
@@ -101,6 +114,7 @@ def _write_corpus(config, layout: Layout):
 
 
 def build_image_cache(config, layout: Layout, corpus):
+    # why: flax loads when a stage encodes, not when index.py reads STAGES to parse flags
     from cfir_jax.index.image_encoding import build_image_cache as build
 
     ic = config.index.image_cache
@@ -128,6 +142,7 @@ def build_image_cache_full(config, layout: Layout, corpus):
     """W/image_cache_full: every image encoded by the Full model's own vision tower (the image cache's format and
     checks; its manifest records that tower's vision fingerprint). The model keeps its own sizes (a :full config may
     train at another image size than the index config's)."""
+    # why: flax loads when a stage encodes, not when index.py reads STAGES to parse flags
     from cfir_jax.index.image_encoding import build_image_cache as build
     from cfir_jax.model import checkpoint
 
@@ -137,11 +152,12 @@ def build_image_cache_full(config, layout: Layout, corpus):
                  dtype=ic.dtype, compute_dtype=ic.compute_dtype)
 
 
-def pretrain_encoder(config, layout: Layout) -> str:
-    """Synthetic worlds: train the text tower on (caption, image) pairs and export it as W/encoder."""
+def encoder_stage(config, layout: Layout, pretrain: Pretrain | None) -> str:
+    """The encoder stage: the summary of the model the index encodes text with. Synthetic worlds
+    (index.encoder='pretrain') train it on captions first, through `pretrain` (the caption pretraining of
+    `cfir_jax.train.pretrain`, which the index command passes in), unless W/encoder is already there."""
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
-    from cfir_jax.train import trainer
-    from cfir_jax.train.data import load_train_data
 
     if config.index.encoder != "pretrain":
         path = encoder_dir(config, layout)
@@ -155,26 +171,14 @@ def pretrain_encoder(config, layout: Layout) -> str:
         return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
     except CfirError:
         pass
-    pre = config.copy_and_resolve_references()
-    pre.train.update(dict(config.index.get("pretrain", {})))
-    pre.train.text = "caption"
-    pre.train.export_model = "scratch"
-    pre.train.init_model = ""
-    data = load_train_data(pre, layout.root, with_eval=False)
-    trainer.train(pre, layout.pretrain, data, desc="caption pretraining")  # every process: the multi-host trainer
-    # Publish the encoder under its own name (atomic: the export is complete before the rename), once, on process 0.
-    hosts.barrier("encoder_exported")
-    if hosts.is_main():
-        replace_dir(layout.pretrain / "model", layout.encoder)
-    hosts.barrier("encoder_published")
+    if pretrain is None:
+        raise CfirError("index.encoder='pretrain' trains W/encoder on captions: build with index.py (its command, "
+                        "cfir_jax.commands.index, runs the caption pretraining)")
+    pretrain(config, layout)
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
 
 def build_entities(config, layout: Layout, corpus):
-    from cfir_jax.index.entities import EntityExtractor, load_spacy
-    from cfir_jax.index.entity_sources import SourcedExtractor, categories_of, check_sources
-    from cfir_jax.index.entity_store import ENTITY_FORMAT_VERSION, EntityStore, build_entity_store
-
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
     nlp = load_spacy(e.spacy_model or None)
@@ -196,9 +200,6 @@ def build_entities(config, layout: Layout, corpus):
 
 
 def build_summaries(config, layout: Layout, corpus):
-    from cfir_jax.index.summarizer import summary_input
-    from cfir_jax.index.summary_store import SUMMARY_FORMAT_VERSION, SummaryStore, build_summary_store
-
     s = config.index.summaries
     summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
     if _current(layout.summaries, "summaries", SUMMARY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
@@ -240,9 +241,6 @@ def _texts_digest(texts: list[str]) -> str:
 
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache):
-    from cfir_jax.index.entity_index import VERSION, EntityIndex
-    from cfir_jax.index.entity_index_build import build_entity_index as build
-
     encoder, fingerprint = entity_encoder(config, layout, corpus)
     check_cache_encoder(config, layout, cache)
     ei = config.index.entity_index
@@ -252,16 +250,15 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
                    cache_fingerprint=cache.content_fingerprint)
     # 'auto' (the default): exact on a GPU or TPU, ScaNN on a CPU host. The manifest records the backend used and
     # the setting that chose it; an index is current when it was built with the backend this machine resolves to.
-    from cfir_jax.index.candidate_search import resolve_backend
-
     backend = resolve_backend(ei.backend)
     if _current(layout.entity_index, "entity_index", VERSION, model_fingerprint=fingerprint, k_requested=ei.k,
                 backend=backend, **sources):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
     # Each process encodes only the entity texts of the chunks it searches.
-    build(layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
-          backend=backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
-          chunk_size=ei.chunk_size, progress=_show_progress(), sources={**sources, "backend_setting": ei.backend})
+    entity_index_build.build_entity_index(
+        layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
+        backend=backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
+        chunk_size=ei.chunk_size, progress=_show_progress(), sources={**sources, "backend_setting": ei.backend})
     return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
 
 
@@ -273,10 +270,9 @@ def image_text_wanted(config) -> bool:
 
 def build_image_text(config, layout: Layout, corpus, cache):
     """Stage image_text: None (skipped) when the corpus' images carry no text, else the opened store."""
-    from cfir_jax.index.image_text import build_image_text as build
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
-    from cfir_jax.train.data import resolve_tokenizer
 
     if not corpus.manifest.get("images_with_text"):
         return None
@@ -284,8 +280,8 @@ def build_image_text(config, layout: Layout, corpus, cache):
     model = load_encoder(config, layout)
     check_cache_encoder(config, layout, cache)
     encoder = TextEncoder(model, resolve_tokenizer(config, corpus), it.max_text_len, it.encode_batch)
-    return build(layout.image_text, corpus, cache, encoder, checkpoint.fingerprint(model, "text"),
-                 fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=_show_progress())
+    return image_text.build_image_text(layout.image_text, corpus, cache, encoder, checkpoint.fingerprint(model, "text"),
+                                       fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=_show_progress())
 
 
 def entity_text_match_wanted(config) -> bool:
@@ -296,21 +292,16 @@ def entity_text_match_wanted(config) -> bool:
 
 def build_entity_text_match(config, layout: Layout, corpus, cache):
     """Stage entity_text_match: None (skipped) when the corpus' images carry no text, else the opened store."""
-    from cfir_jax.index.entity_index import EntityIndex
-    from cfir_jax.index.entity_text_match import build_entity_text_match as build
-
     if not corpus.manifest.get("images_with_text"):
         return None
     m = config.index.entity_text_match
-    return build(layout.entity_text_match, corpus, cache, EntityIndex.open(layout.entity_index),
-                 fields=tuple(m.fields), max_matches=m.max_matches, max_words=m.max_words, chunk_rows=m.chunk_rows,
-                 progress=_show_progress())
+    return entity_text_match.build_entity_text_match(
+        layout.entity_text_match, corpus, cache, EntityIndex.open(layout.entity_index), fields=tuple(m.fields),
+        max_matches=m.max_matches, max_words=m.max_words, chunk_rows=m.chunk_rows, progress=_show_progress())
 
 
 def _current(directory: Path, kind: str, version: int, **expected) -> bool:
     """Whether `directory` holds a complete store of this format whose manifest has the `expected` fields."""
-    from cfir_jax.store import read_manifest
-
     try:
         manifest = read_manifest(directory, kind, version)
     except CfirError:
@@ -319,8 +310,6 @@ def _current(directory: Path, kind: str, version: int, **expected) -> bool:
 
 
 def _show_progress() -> bool:
-    from cfir_jax.progress import shown
-
     return shown()
 
 
@@ -328,14 +317,12 @@ def _show_progress() -> bool:
 
 
 def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: tuple[str, ...] = STAGES,
-                log: Callable[[str], None] = print) -> list[StageReport]:
-    """Runs the stages in order (each skipped when current); returns the per-stage report."""
+                log: Callable[[str], None] = print, pretrain: Pretrain | None = None) -> list[StageReport]:
+    """Runs the stages in order (each skipped when current); returns the per-stage report. `pretrain` trains the
+    synthetic world's encoder on captions (`cfir_jax.train.pretrain.pretrain_encoder`, passed by the index command)."""
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise CfirError(f"unknown stage(s) {sorted(unknown)}: choose from {', '.join(STAGES)}")
-    from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.image_cache import ImageCache
-
     layout = Layout.of(workdir)
     check_text_lengths(config, INDEX_TEXT_LENGTHS, text_positions(config, layout))
     layout.root.mkdir(parents=True, exist_ok=True)
@@ -355,7 +342,8 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda c: f"{c.num_images:,} x {c.dim} {c.dtype} by W/model_full's vision tower",
             layout.image_cache_full)
     if "encoder" in stages:
-        run("encoder", lambda: pretrain_encoder(config, layout), str, encoder_dir(config, layout) or layout.encoder)
+        run("encoder", lambda: encoder_stage(config, layout, pretrain), str,
+            encoder_dir(config, layout) or layout.encoder)
     entities = run("entities", lambda: build_entities(config, layout, corpus) if "entities" in stages else None,
                    lambda s: "-" if s is None else f"{len(s.vocab):,} entities, {s.num_without_entities} docs without",
                    layout.entities)
@@ -364,8 +352,6 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             lambda s: f"{s.num_docs:,} summaries ({config.index.summaries.summarizer})", layout.summaries)
     if "entity_index" in stages:
         if entities is None:
-            from cfir_jax.index.entity_store import EntityStore
-
             entities = EntityStore.open(layout.entities, corpus_fingerprint=corpus.documents_fingerprint)
         run("entity_index", lambda: build_entity_index(config, layout, corpus, entities, cache),
             lambda ix: f"{len(ix):,} entities x K={ix.k}, recall@K {ix.manifest.get('recall_at_k')}",
@@ -381,13 +367,17 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
     reports += stale_reports(layout, reports, STAGES)
     if hosts.is_main():
-        encoder = encoder_dir(config, layout)
-        write_json_atomic(layout.index_json, {
-            **layout.record_path("encoder", encoder),  # relative inside W; outside, absolute with its fingerprint
-            "config": json.loads(json.dumps(config.to_dict(), default=str)),
-            "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
-                       for r in reports],
-        })
+        _record_index(config, layout, reports)
     hosts.barrier("index_done")
     return reports
+
+
+def _record_index(config, layout: Layout, reports: list[StageReport]) -> None:
+    """W/index.json: the encoder the index was built with, the config, and every stage's report."""
+    write_json_atomic(layout.index_json, {
+        **layout.record_path("encoder", encoder_dir(config, layout)),  # relative inside W; outside, absolute
+        "config": json.loads(json.dumps(config.to_dict(), default=str)),
+        "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
+                   for r in reports],
+    })
 

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cfir_jax import faults, hosts
+from cfir_jax.core import faults, hosts
 
 
 @dataclasses.dataclass

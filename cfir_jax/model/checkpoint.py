@@ -23,9 +23,9 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cfir_jax.errors import abandoned_restore
+from cfir_jax.core.errors import StoreError, abandoned_restore
 from cfir_jax.model import beit3 as model_lib
-from cfir_jax.store import StoreError, atomic_dir, read_manifest, write_manifest
+from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 
 FORMAT_VERSION = 1
 # Parameters each fingerprint covers (regex over the '/'-joined parameter path).

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 from flax import nnx
 
-from cfir_jax.cli import load_config_file
-from cfir_jax.errors import CfirError, cli_main
+from cfir_jax.core.cli import cli_main, load_config_file
+from cfir_jax.core.errors import CfirError
 from cfir_jax.model import beit3 as model_lib
+from cfir_jax.model import checkpoint
 
 # Per-expert parameter names inside a torchscale encoder layer -> our Block attribute.
 _LAYER_KEYS = {
@@ -62,6 +63,7 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping[str, Any]) -
             raise CheckpointError(f"{path}: checkpoint file not found")
         try:
             import torch
+
         except ImportError:
             raise CheckpointError("reading .pth checkpoints needs torch: pip install 'cfir-jax[torch]'") from None
         try:
@@ -257,8 +259,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--init-missing-heads", action="store_true",
                         help="accept a pretraining checkpoint without retrieval heads (heads randomly initialised)")
     args = parser.parse_args(argv)
-    from cfir_jax.model import checkpoint
-
     config = load_config_file(args.config)
     model = load_torch_checkpoint(args.checkpoint, config.model, allow_missing_heads=args.init_missing_heads)
     manifest = checkpoint.save_model(model, args.out, source=str(Path(args.checkpoint).name))

@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.model.beit3 import DBeit3, TextTower
 from cfir_jax.model.tokenizer import Beit3Tokenizer
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 _FAIRSEQ_OFFSET = 1

@@ -13,8 +13,11 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from cfir_jax.integrity import check_embeddings
+from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+from cfir_jax.nlp.entity_pool import EntityPool
+from cfir_jax.search.knn import ScannSearcher, drop_padding
 from cfir_jax.search.topk import unique_sorted
+from cfir_jax.stores.integrity import check_embeddings
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
 
@@ -32,12 +35,11 @@ class EntityRanking:
         self._exact_search = exact_search
         self._nlp = None
         self._pool = None
+        self._searcher = None
 
     def extractor(self):
         """The spaCy entity extractor (loaded on first use)."""
         if self._nlp is None:
-            from cfir_jax.index.entities import EntityExtractor, load_spacy
-
             e = self.config.index.entities
             self._nlp = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
         return self._nlp
@@ -46,14 +48,18 @@ class EntityRanking:
         self.extractor()
         self.encoder.encode(["warm up"])
         if self.rcfg.unknown_entities == "search" and self.index.manifest.get("has_searcher"):
-            self.index.searcher()  # loads the ScaNN searcher before the first query's timing
+            self.searcher()  # loads the ScaNN searcher before the first query's timing
+
+    def searcher(self) -> ScannSearcher:
+        """The entity index's stored ScaNN searcher over the image cache (loaded on first use)."""
+        if self._searcher is None:
+            self._searcher = ScannSearcher.load(self.index.searcher_dir())
+        return self._searcher
 
     def workers(self):
         """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,
         kept for the Retriever's life: a later batch pays no start-up)."""
         if self._pool is None:
-            from cfir_jax.index.entity_pool import EntityPool
-
             e = self.config.index.entities
             labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
             self._pool = EntityPool(e.spacy_model, labels, int(self.rcfg.entity_workers),
@@ -94,8 +100,6 @@ class EntityRanking:
         searched: list[str] = []
         if unknown and self.rcfg.unknown_entities == "search":
             found, rows = self._search(unknown)
-            from cfir_jax.index.knn import drop_padding
-
             lists += drop_padding(rows)  # ScaNN may find fewer than K: its padding never reaches the union
             if with_scores:
                 scores += [np.asarray(s[r >= 0], np.float32) for s, r in zip(found, np.asarray(rows))]
@@ -116,7 +120,7 @@ class EntityRanking:
         emb = self.encoder.encode(unknown)
         check_embeddings(emb, self.encoder_dir, "entity")  # a damaged encoder, named as such
         if self.index.manifest.get("has_searcher"):
-            return self.index.searcher().search(emb, self.index.k)
+            return self.searcher().search(emb, self.index.k)
         return self._exact_search(emb, self.index.k)
 
     def entity_only_ranking(self, lists: list[np.ndarray], used: list[str], k: int) -> Ranked:

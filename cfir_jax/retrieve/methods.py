@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 Ranked = tuple[np.ndarray, np.ndarray]
 NO_ENTITY_NOTE = "no usable entity: searched the whole cache with the summary embedding"

@@ -30,15 +30,19 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from cfir_jax.config_upgrade import upgrade
+from cfir_jax.core.config_upgrade import upgrade
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
-from cfir_jax.errors import CfirError
-from cfir_jax.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
-from cfir_jax.progress import bar as progress_bar
+from cfir_jax.nlp.summarizer import make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
 from cfir_jax.retrieve.methods import METHODS, method_of
 from cfir_jax.retrieve.sr import SR_MODES, SRFrontEnd, check_sr_settings
 from cfir_jax.retrieve.stores import open_stores
+from cfir_jax.retrieve.third_stage import ThirdStage
+from cfir_jax.stores.entities import EntityStore
+from cfir_jax.stores.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
+from cfir_jax.stores.summaries import SummaryStore
 
 __all__ = ["METHODS", "SR_MODES", "DocumentInput", "Hit", "Result", "Retriever", "run_of"]
 
@@ -120,8 +124,6 @@ class Retriever:
         self.measure_agreement = measure_agreement and self.sr_mode == "fast"
         self.third = None  # the third stage, when it runs (re-ranking or collecting its features)
         if cfir and (rerank_features or self.rcfg.rerank.enabled):
-            from cfir_jax.retrieve.third_stage import ThirdStage
-
             self.third = ThirdStage(self.rcfg, self.stores, self.fusion if self.fused else (1.0, 0.0),
                                     collect=rerank_features)
             self.notes += self.third.notes
@@ -195,8 +197,6 @@ class Retriever:
 
     def summarizer(self):
         if self._summarizer is None:
-            from cfir_jax.index.summarizer import make_summarizer
-
             self._summarizer = make_summarizer(self.config)
         return self._summarizer
 
@@ -216,7 +216,7 @@ class Retriever:
     def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Result]:
         """Runs the configured method for every document, retrieval.batch_size documents at a time (entities,
         summaries, encoding and SR batched); progress: a progress bar with documents/s (where bars are shown at all,
-        see cfir_jax.progress)."""
+        see cfir_jax.core.progress)."""
         self._warm_up()
         size = max(1, int(self.rcfg.batch_size))
         entities = self.entities.stream(docs) if self.entities is not None else iter([[] for _ in docs])
@@ -334,9 +334,6 @@ class Retriever:
 
     def corpus_documents(self, split: str) -> list[DocumentInput]:
         """The documents of a qrels split with the entities and summaries the index computed for them."""
-        from cfir_jax.index.entity_store import EntityStore
-        from cfir_jax.index.summary_store import SummaryStore
-
         qrels = self.corpus.qrels(split)
         row_of = {d: i for i, d in enumerate(self.corpus.doc_ids)}
         # Stores computed from other documents than the corpus now holds are refused (one line): rerun index.py.

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput
 
 # A document is a few KB (a Wikipedia section); 256 KiB is ~40,000 words. spaCy parses ~10k words/s on one core, so

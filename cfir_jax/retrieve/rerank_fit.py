@@ -24,7 +24,10 @@ import numpy as np
 import optax
 from flax import nnx
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.config_upgrade import upgrade
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import bar
+from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.retrieve.reranker import RerankHead, Standardisation, listwise_loss, save_reranker
 
 
@@ -69,8 +72,6 @@ def fit_head(features: np.ndarray, valid: np.ndarray, labels: np.ndarray, train:
              settings: FitSettings, progress: bool | None = None) -> FitResult:
     """Fits a RerankHead on lists `train` of features [Q, N, F] (valid, labels [Q, N] bool) and keeps the epoch
     whose MRR@10 on lists `heldout` is best; deterministic for a given seed. progress: a bar over the epochs."""
-    from cfir_jax.progress import bar
-
     if len(train) == 0 or len(heldout) == 0:
         raise CfirError(f"re-ranker: {len(train)} training and {len(heldout)} held-out lists with a positive in "
                         "SR's top-N; it needs at least one of each (more train documents, or a larger top_n)")
@@ -124,9 +125,6 @@ def fit_head(features: np.ndarray, valid: np.ndarray, labels: np.ndarray, train:
 
 def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = True) -> dict:
     """Fits the re-ranker on the train split of `workdir` and writes `W/reranker`; returns its manifest."""
-    from cfir_jax.config_upgrade import upgrade
-    from cfir_jax.retrieve.pipeline import Retriever
-
     start = time.time()
     cfg = upgrade(config.copy_and_resolve_references())
     rerank = cfg.retrieval.rerank

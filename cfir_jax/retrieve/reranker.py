@@ -27,8 +27,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cfir_jax.errors import CfirError
-from cfir_jax.store import StoreError, atomic_dir, read_manifest, write_manifest
+from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 
 KIND = "reranker"
 FORMAT_VERSION = 1

@@ -12,7 +12,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
+from cfir_jax.search import device_sr
+from cfir_jax.search.compact import CompactCache, build_compact
+from cfir_jax.search.cpu_sr import SRScorer
+from cfir_jax.search.fused import FusedRows, fused_queries
+from cfir_jax.search.topk import exact_top_k, exact_topk
+from cfir_jax.stores.contract import manifest_digest
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
 SR_MODES = ("exact", "fast")
@@ -36,8 +42,6 @@ class SRFrontEnd:
         self.embeddings = stores.embeddings
         self.rows = self.embeddings  # what SR and the device cache score: [N, D], or [N, 2D] when fused
         if fused:
-            from cfir_jax.search.fused import FusedRows
-
             self.rows = FusedRows(self.embeddings, stores.image_text.embeddings)
         self._cpu = self._device = None
 
@@ -47,9 +51,7 @@ class SRFrontEnd:
         if backend not in ("auto", "device", "cpu"):
             raise CfirError(f"retrieval.sr_backend={backend!r}: use auto, device or cpu")
         if backend == "auto":
-            from cfir_jax.search.device_sr import has_accelerator
-
-            backend = "device" if has_accelerator() else "cpu"
+            backend = "device" if device_sr.has_accelerator() else "cpu"
         return backend
 
     def prepare(self) -> None:
@@ -61,13 +63,11 @@ class SRFrontEnd:
     def device_cache(self):
         """The image cache resident on the local devices (loaded once; SR and exact searches share it)."""
         if self._device is None:
-            from cfir_jax.search.device_sr import DeviceCache
-
             rcfg = self.rcfg
             shard = {"auto": None, "always": True, "never": False}.get(rcfg.sr_device_shard, "bad")
             if shard == "bad":
                 raise CfirError(f"retrieval.sr_device_shard={rcfg.sr_device_shard!r}: use auto, always or never")
-            self._device = DeviceCache(self.rows, k=rcfg.top_k, dtype=rcfg.sr_device_dtype, shard=shard,
+            self._device = device_sr.DeviceCache(self.rows, k=rcfg.top_k, dtype=rcfg.sr_device_dtype, shard=shard,
                                        buckets=tuple(rcfg.sr_buckets), query_batch=rcfg.sr_query_batch)
         return self._device
 
@@ -82,15 +82,10 @@ class SRFrontEnd:
     def _cpu_scorer(self):
         """The two-pass scorer over the compact copy, which is rebuilt when missing or made from another cache (or
         dims). Fused, the copy is made of the [N, 2D] rows [image, image text], so it serves any weights."""
-        from cfir_jax.search.compact import CompactCache, build_compact
-        from cfir_jax.search.cpu_sr import SRScorer
-
         layout, cache = self.stores.layout, self.stores.cache
         compact_dir = layout.sr_compact_fused if self.fused else layout.sr_compact
         source = cache.content_fingerprint
         if self.fused:
-            from cfir_jax.store import manifest_digest
-
             source += f"+text-{manifest_digest(self.stores.image_text.manifest)}"
         dim = self.rows.shape[1]
         dims = min(self.rcfg.sr_compact_dims, dim)
@@ -104,8 +99,6 @@ class SRFrontEnd:
     def query_rows(self, queries: np.ndarray) -> np.ndarray:
         """Queries [Q, D] as SR scores them: [w_img q, w_txt q] when fused."""
         if self.fused:
-            from cfir_jax.search.fused import fused_queries
-
             return fused_queries(queries, *self.fusion)
         return queries
 
@@ -117,15 +110,11 @@ class SRFrontEnd:
         """
         queries = self.query_rows(queries)
         if self.mode == "exact" and self.backend() == "cpu":
-            from cfir_jax.search.topk import exact_top_k
-
             return [exact_top_k(self.rows, q, u, self.rcfg.top_k) for q, u in zip(queries, unions)]
         return self.scorer().score_batch(queries, unions)
 
     def agreement(self, query: np.ndarray, union: np.ndarray, ranked_rows: np.ndarray) -> float:
         """Fast SR's top-k overlap with exact scoring of the same union (measured outside the timed region)."""
-        from cfir_jax.search.topk import exact_top_k
-
         _, exact_rows = exact_top_k(self.rows, self.query_rows(query[None])[0], union, self.rcfg.top_k)
         return len(np.intersect1d(ranked_rows, exact_rows)) / max(len(exact_rows), 1)
 
@@ -134,12 +123,8 @@ class SRFrontEnd:
 
         weights: (w_img, w_txt) of a fused retriever's search; the default scores the images alone.
         """
-        from cfir_jax.search.topk import exact_topk
-
         rows = self.embeddings
         if self.fused and (self.backend() == "device" or weights != (1.0, 0.0)):
-            from cfir_jax.search.fused import fused_queries
-
             # The device holds the fused matrix only: an image-only search is the query [q, 0] against it.
             queries, rows = fused_queries(queries, *weights), self.rows
         if self.backend() == "device":

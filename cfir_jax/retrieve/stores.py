@@ -16,9 +16,15 @@ from typing import Any
 
 import ml_collections
 
-from cfir_jax.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
-from cfir_jax.errors import CfirError
-from cfir_jax.layout import Layout
+from cfir_jax.core.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.errors import CfirError
+from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.stores.contract import check_derived, manifest_digest
+from cfir_jax.stores.entity_index import EntityIndex
+from cfir_jax.stores.entity_text_match import EntityTextMatch
+from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.image_text import ImageTextCache
+from cfir_jax.stores.layout import Layout
 
 
 @dataclasses.dataclass
@@ -27,7 +33,7 @@ class Stores:
 
     layout: Layout
     corpus: Any  # cfir_jax.data.corpus.Corpus
-    cache: Any  # cfir_jax.index.image_cache.ImageCache
+    cache: Any  # cfir_jax.stores.image_cache.ImageCache
     model: Any  # the text model scoring queries
     model_manifest: dict
     tokenizer: Any
@@ -63,6 +69,7 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
                 text_match: bool, fused: bool) -> Stores:
     """Opens what a method reads. reads_document: it encodes the document (the document-trained model is used when
     train.py made one); entities: the entity index and its encoder; text_match / fused: the stores of those options."""
+    # why: tfds and grain load when a corpus is opened, not on import
     from cfir_jax.data.corpus import Corpus
     from cfir_jax.model import checkpoint
 
@@ -84,9 +91,6 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
     if entities:
         _open_entity_index(config, stores, encoder_dir)
     if text_match:
-        from cfir_jax.index.entity_text_match import EntityTextMatch
-        from cfir_jax.store import manifest_digest
-
         stores.text_match = EntityTextMatch.open(layout.entity_text_match,
                                                  entity_index=manifest_digest(stores.entity_index.manifest),
                                                  cache_fingerprint=cache.content_fingerprint)
@@ -97,8 +101,6 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
 
 def open_image_text(stores: Stores):
     """The image-text store, checked against the index encoder and this cache."""
-    from cfir_jax.index.image_text import ImageTextCache
-
     return ImageTextCache.open(stores.layout.image_text, expect_fingerprint=stores.encoder_fingerprint,
                                expect_cache_fingerprint=stores.cache.content_fingerprint)
 
@@ -135,8 +137,6 @@ def _open_cache(config, layout: Layout, model, model_dir: Path, model_manifest: 
     """The image cache retrieval.image_cache names (default: the model's own tower's), refused in one line when
     another vision tower built it: both fingerprints and the command that builds the right cache. Imported
     embeddings carry no fingerprint: they stand for the frozen tower, never for a Full model's."""
-    from cfir_jax.index.image_cache import ImageCache
-
     own = layout.image_cache_full if full else layout.image_cache
     named = config.retrieval.get("image_cache", "")
     path = layout.root / named if named else own  # an absolute name stays itself
@@ -157,8 +157,8 @@ def _with_encoders(config, layout, corpus, cache, model, model_manifest, documen
     """The query encoder (retrieval.max_text_len tokens) and the document encoder: up to the positions the model
     has with the summary-trained model; a model trained on documents (the document-trained one, the Full model)
     reads them as it was trained."""
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model.text_encoder import TextEncoder
-    from cfir_jax.model.tokenizer import resolve_tokenizer
 
     rcfg = config.retrieval
     tokenizer = resolve_tokenizer(config, corpus)
@@ -174,7 +174,7 @@ def _with_encoders(config, layout, corpus, cache, model, model_manifest, documen
 
 def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None:
     """The entity index, refused when built by another encoder, over another cache or another number of images."""
-    from cfir_jax.index.entity_index import EntityIndex
+    # why: flax loads when a model is opened, not on import
     from cfir_jax.model import checkpoint
     from cfir_jax.model.text_encoder import TextEncoder
 
@@ -189,8 +189,6 @@ def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None
         raise CfirError(f"{layout.entity_index}: built over {index.manifest['n_images']} images "
                         f"but the cache has {cache.num_images}: rebuild the entity index")
     if "cache_fingerprint" in index.manifest:
-        from cfir_jax.store import check_derived
-
         check_derived(index.manifest, layout.entity_index, cache_fingerprint=cache.content_fingerprint)
     stores.entity_index = index
     stores.entity_encoder = TextEncoder(enc_model, stores.tokenizer, config.index.entity_index.max_text_len, 16)

@@ -14,8 +14,11 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
-from cfir_jax.config import check_text_lengths
-from cfir_jax.errors import CfirError
+from cfir_jax.core.config import check_text_lengths
+from cfir_jax.core.errors import CfirError
+from cfir_jax.retrieve.rerank_features import EntityEvidence, candidate_features, feature_names
+from cfir_jax.retrieve.stores import open_image_text
+from cfir_jax.stores.contract import manifest_digest
 
 Ranked = tuple[np.ndarray, np.ndarray]
 
@@ -30,8 +33,8 @@ class ThirdStage:
     """
 
     def __init__(self, rcfg, stores, sr_fusion: tuple[float, float], collect: bool):
+        # why: flax loads when a model is opened, not on import
         from cfir_jax.model.text_encoder import TextEncoder
-        from cfir_jax.retrieve.rerank_features import feature_names
         from cfir_jax.retrieve.reranker import Reranker
 
         rerank = rcfg.rerank
@@ -51,8 +54,6 @@ class ThirdStage:
             with_text = (stores.layout.image_text / "manifest.json").is_file()
         self.text = None
         if with_text:
-            from cfir_jax.retrieve.stores import open_image_text
-
             self.text = stores.image_text if stores.image_text is not None else open_image_text(stores)
         self.feature_names = feature_names(with_text)
         if self.reranker is not None:
@@ -72,8 +73,6 @@ class ThirdStage:
     def sources(self) -> dict[str, str | None]:
         """What the re-ranker's features are computed from: the text model, the image cache build, the entity
         index and image-text store manifests (digests); a fitted store records them and is refused when they change."""
-        from cfir_jax.store import manifest_digest
-
         s = self.stores
         return dict(text_fingerprint=s.model_manifest["text_fingerprint"],
                     cache_fingerprint=s.cache.content_fingerprint,
@@ -115,8 +114,6 @@ class ThirdStage:
 
     def _features(self, i, query, lists, scores, ranked, images, doc_emb, best, top_mean) -> np.ndarray:
         """Features [n, F] of one query's SR top-n."""
-        from cfir_jax.retrieve.rerank_features import EntityEvidence, candidate_features
-
         sr_scores, rows = ranked
         n = min(self.settings["top_n"], len(rows))
         top = np.asarray(rows[:n], np.int64)
@@ -129,6 +126,7 @@ class ThirdStage:
 
 
 def _rerank_order(ranked: Ranked, logits: np.ndarray) -> Ranked:
+    # why: flax loads only when the third stage is enabled
     from cfir_jax.retrieve.reranker import rerank_order
 
     return rerank_order(ranked[0], ranked[1], logits)

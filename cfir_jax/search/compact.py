@@ -14,9 +14,9 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax import progress as progress_bars
-from cfir_jax.errors import CfirError
-from cfir_jax.store import atomic_dir, check_manifest, read_manifest, write_manifest
+from cfir_jax.core import progress as progress_bars
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.contract import atomic_dir, check_manifest, read_manifest, write_manifest
 
 COMPACT_KIND = "sr_compact"
 COMPACT_VERSION = 2  # 2: per-dimension scales [r] (1 had per-row scales [N])

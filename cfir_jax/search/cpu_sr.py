@@ -24,7 +24,7 @@ import time
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.search.compact import CompactCache
 from cfir_jax.search.topk import cast_f16, top_k_positions, unique_sorted
 

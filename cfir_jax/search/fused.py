@@ -1,7 +1,7 @@
 """The fused [image, image text] view: SR by w_img * <q, image> + w_txt * <q, image text> through any exact scorer.
 
 Beyond the paper (`retrieval.fusion`): the image cache [N, D] and the image-text store [N, D]
-(`cfir_jax.index.image_text`) read as one [N, 2D] matrix, scored against the query [w_img q, w_txt q], so the CPU
+(`cfir_jax.stores.image_text`) read as one [N, 2D] matrix, scored against the query [w_img q, w_txt q], so the CPU
 scorers, the device-resident cache and the whole-cache search serve fusion unchanged. Nothing [N, 2D] is ever
 materialised on the host: rows are gathered on demand.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 
 class FusedRows:

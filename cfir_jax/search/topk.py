@@ -22,7 +22,7 @@ try:  # optional: a faster float16 -> float32 cast; JAX users need not install i
 except ImportError:  # pragma: no cover - exercised where torch is absent
     torch = None
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 DEFAULT_BLOCK_SIZE = 32768
 DEFAULT_QUERY_BLOCK = 256

@@ -3,9 +3,9 @@
 One process loads the stores and models once, warms every shape it will send (`index.warm_up`), then answers over
 HTTP (`app`: FastAPI on uvicorn) until SIGTERM or SIGINT (to it alone or to its process group), which stops
 accepting, answers every request already accepted and exits 0. SIGHUP reloads the workdir
-(`index.IndexHolder.reload`, after verifying it). Requests are micro-batched into the Retriever's batched path
+(`resident.IndexHolder.reload`, after verifying it). Requests are micro-batched into the Retriever's batched path
 (`batcher`); a background pass verifies the stores (`verifier`).
-Settings: the config's `serve` section (`cfir_jax.config.serve_config`).
+Settings: the config's `serve` section (`cfir_jax.core.config.serve_config`).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 
 
 def serve(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (), method: str = "cfir",
@@ -28,8 +28,9 @@ def serve(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (),
     workdir's config (or to `config_spec`, the --config file)."""
     import uvicorn
 
+    # why: FastAPI, uvicorn and the Retriever load when serving starts
     from cfir_jax.serve.app import Service, create_app
-    from cfir_jax.serve.index import IndexHolder, config_overrides
+    from cfir_jax.serve.resident import IndexHolder, config_overrides
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("cfir_jax.serve").setLevel(logging.INFO)

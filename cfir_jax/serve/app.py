@@ -25,14 +25,14 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
 from starlette.exceptions import HTTPException
 
-from cfir_jax.errors import CfirError
-from cfir_jax.integrity import CorruptStore
+from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull
-from cfir_jax.serve.index import IndexHolder
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.page import PAGE
+from cfir_jax.serve.resident import IndexHolder
 from cfir_jax.serve.verifier import BackgroundVerifier
+from cfir_jax.stores.integrity import CorruptStore
 
 log = logging.getLogger("cfir_jax.serve")
 SHOWN = 20  # hits a request gets by default, as retrieve.py shows on stdout

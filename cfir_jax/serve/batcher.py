@@ -22,9 +22,9 @@ import time
 import weakref
 from collections.abc import Callable
 
-from cfir_jax.integrity import CorruptStore
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.stores.integrity import CorruptStore
 
 log = logging.getLogger("cfir_jax.serve")
 

@@ -9,8 +9,8 @@ import logging
 import threading
 import time
 
-from cfir_jax import integrity
-from cfir_jax.layout import STORES
+from cfir_jax.stores import integrity
+from cfir_jax.stores.layout import STORES
 
 log = logging.getLogger("cfir_jax.serve")
 

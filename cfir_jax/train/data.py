@@ -12,12 +12,12 @@ import dataclasses
 import ml_collections
 import numpy as np
 
-from cfir_jax.config import TRAIN_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.config import TRAIN_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, document_text
-from cfir_jax.errors import CfirError
-from cfir_jax.index.image_cache import ImageCache
-from cfir_jax.layout import Layout
 from cfir_jax.model.tokenizer import Beit3Tokenizer, resolve_tokenizer
+from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.layout import Layout
 
 TEXTS = ("summary", "document", "caption")
 
@@ -25,7 +25,7 @@ TEXTS = ("summary", "document", "caption")
 def document_texts(layout: Layout, corpus: Corpus, kind: str, fields=None) -> list[str]:
     """One text per corpus document, in corpus row order: its summary, or its text of `fields` (document_text)."""
     if kind == "summary":
-        from cfir_jax.index.summary_store import SummaryStore
+        from cfir_jax.stores.summaries import SummaryStore
 
         store = SummaryStore.open(layout.summaries)
         if store.doc_ids != corpus.doc_ids:
@@ -101,8 +101,8 @@ def validation_data(corpus: Corpus, cache: ImageCache, tokenizer: Beit3Tokenizer
 
 def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
     """CSR over documents of the candidate image rows of their entities (hard negatives)."""
-    from cfir_jax.index.entity_index import EntityIndex
-    from cfir_jax.index.entity_store import EntityStore
+    from cfir_jax.stores.entities import EntityStore
+    from cfir_jax.stores.entity_index import EntityIndex
 
     entities = EntityStore.open(layout.entities)
     index = EntityIndex.open(layout.entity_index)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.train import batch as batch_lib
 from cfir_jax.train import partition
 from cfir_jax.train.loss import contrastive_loss

@@ -2,7 +2,7 @@
 Full step over batches from the image pipeline, with the pipeline's position checkpointed by orbax beside the train
 state, so an interrupted run resumes to exactly the uninterrupted one.
 
-A 2-process run trains the 1-process model (tests/test_full_train.py). `cfir_jax.train.full_run.run_full` builds
+A 2-process run trains the 1-process model (tests/e2e/test_full_train.py). `cfir_jax.commands.train.run_full` builds
 its inputs from a workdir (train.py) and exports the trained model; `index.py --stages image_cache_full` re-encodes
 the images with its tower.
 """

@@ -24,9 +24,9 @@ from typing import Any, Protocol
 import jax
 import ml_collections
 
-from cfir_jax.atomic_write import write_json_atomic
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.eval import train_time
+from cfir_jax.stores.atomic_write import write_json_atomic
 from cfir_jax.train.batch import Schema
 from cfir_jax.train.monitor import MetricsLog, _Preemption
 from cfir_jax.train.state import Setup, init_state, make_setup, restore_tower, tower_kind
@@ -93,8 +93,8 @@ def num_steps(tcfg: ml_collections.ConfigDict, steps_per_epoch: int | None) -> i
 def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, task: Task, devices=None,
         progress: bool | None = None) -> TrainResult:
     """Runs (or resumes, from the latest checkpoint in `workdir`) `task`'s training, then its export. `progress`:
-    show the progress bar (process 0; None: as `cfir_jax.progress.shown`)."""
-    from cfir_jax.progress import shown
+    show the progress bar (process 0; None: as `cfir_jax.core.progress.shown`)."""
+    from cfir_jax.core.progress import shown
 
     if tower_kind(config) != task.tower:
         raise CfirError(f"train.images={config.train.get('images', 'cache')!r} does not train the {task.tower!r} "
@@ -183,7 +183,7 @@ class _Loop:
               ) -> tuple[dict, dict[str, float]]:
         """Steps `start`..`steps`; closes the checkpoint manager, the bar and the log. Returns the final state and
         the last logged values."""
-        from cfir_jax.progress import bar as progress_bar
+        from cfir_jax.core.progress import bar as progress_bar
 
         tcfg, task, mesh = self.config.train, self.task, self.setup.mesh
         step_fn = task.make_step(self.config, self.setup)
@@ -227,7 +227,7 @@ def _log_values(metrics: dict, done: int) -> dict[str, float]:
 def portable_config(config: ml_collections.ConfigDict, root: Path) -> dict:
     """The config as recorded in the run directory: model paths inside the workdir `root` relative to it, so a
     moved workdir's record still names its own stores."""
-    from cfir_jax.layout import Layout
+    from cfir_jax.stores.layout import Layout
 
     record = json.loads(json.dumps(config.to_dict(), default=str))
     for key in ("init_model", "export_model"):

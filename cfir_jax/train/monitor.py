@@ -10,7 +10,7 @@ from pathlib import Path
 import jax
 import jax.experimental.multihost_utils
 
-from cfir_jax.atomic_write import write_text_atomic
+from cfir_jax.stores.atomic_write import write_text_atomic
 
 
 class MetricsLog:

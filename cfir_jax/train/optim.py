@@ -10,8 +10,8 @@ import jax.experimental.multihost_utils
 import ml_collections
 import optax
 
-from cfir_jax.config import TRAINABLE_SETS
-from cfir_jax.errors import CfirError
+from cfir_jax.core.config import TRAINABLE_SETS
+from cfir_jax.core.errors import CfirError
 from cfir_jax.train import partition
 
 

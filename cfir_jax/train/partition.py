@@ -21,7 +21,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.model.beit3 import param_path
 
 MESH_AXES = ("data", "fsdp")

@@ -20,7 +20,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.train import partition
 from cfir_jax.train.optim import make_optimizer, trainable_filter
@@ -184,7 +184,7 @@ def export_model(config, setup: Setup | None, params, frozen, out_dir: Path, vis
     nnx.replace_by_pure_dict(state, _nest(flat))
     nnx.update(model, state)
     if jax.process_index() == 0:
-        from cfir_jax.layout import Layout
+        from cfir_jax.stores.layout import Layout
 
         trained_from = vision_from if vision_from == "scratch" else Layout(out_dir.parent.parent.absolute()
                                                                            ).portable(vision_from)

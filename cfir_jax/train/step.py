@@ -17,7 +17,7 @@ import numpy as np
 import optax
 from flax import nnx
 
-from cfir_jax.errors import CfirError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.train import batch as batch_lib
 from cfir_jax.train import partition
 from cfir_jax.train.data import TrainData

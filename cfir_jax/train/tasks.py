@@ -13,7 +13,7 @@ from typing import Any
 import ml_collections
 import numpy as np
 
-from cfir_jax import hosts
+from cfir_jax.core import hosts
 from cfir_jax.train import batch as batch_lib
 from cfir_jax.train import full_step, step
 from cfir_jax.train.data import TrainData

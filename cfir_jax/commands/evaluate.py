@@ -1,0 +1,140 @@
+"""`retrieve.py --evaluate SPLIT [--compare]`: retrieval for the corpus' own topics, scored like trec_eval.
+
+Each row (`cfir_jax.eval.comparison`: the paper's Table 3 and the rows beyond, or the one configured method) is its
+own Retriever over its row's config; evaluation scores unions exactly (`retrieval.eval_sr`, "exact" unless asked
+otherwise) and, with "fast", states its measured agreement with exact scoring. Prints the table, how SR scored, the
+third stage's cost and the unknown entities; optionally writes the recall@k curves and (one row) the run file.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import ml_collections
+
+from cfir_jax.eval import metrics, plots, trec
+from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows, single_row
+from cfir_jax.eval.train_time import train_time
+from cfir_jax.retrieve import report
+from cfir_jax.retrieve.pipeline import Retriever, run_of
+from cfir_jax.stores.entity_index import EntityIndex
+from cfir_jax.stores.layout import Layout
+
+
+def run(config: ml_collections.ConfigDict, workdir, split: str, method: str = "cfir", *, compare: bool = False,
+        compare_k: Sequence[int] = (), plot: str = "", output: str = "", tag: str = "cfir", top: int = 1000,
+        measures: str = "trec_eval") -> list[report.EvalRow]:
+    """The evaluate command (`retrieve.py --evaluate SPLIT`): the configured `method` alone, the paper's Table 3
+    (`compare`) or full CFIR at each K of `compare_k` (Table 4), over the split's topics; prints the table."""
+    if compare_k:
+        rows = check_k_rows(workdir, k_rows(compare_k))
+    else:
+        rows = comparison_rows(config, workdir) if compare else (single_row(method),)
+        if compare and (note := full_row_note(workdir)):
+            print(f"note: {note}", file=sys.stderr)
+    return evaluate(config, workdir, split, rows, plot=plot, output=output, tag=tag, top=top, measures=measures)
+
+
+def evaluation_sr(config: ml_collections.ConfigDict) -> None:
+    """Evaluation scores with retrieval.eval_sr (exact unless asked otherwise), whatever retrieval.sr says."""
+    config.retrieval.sr = config.retrieval.eval_sr
+
+
+def print_notes(retriever: Retriever) -> None:
+    for note in retriever.notes:
+        print(f"note: {note}", file=sys.stderr)
+
+
+def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, measures: str = "trec_eval") -> None:
+    """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given: trec_eval's
+    (-c over the queried topics the qrels judge, unless `measures` is 'trec_eval_no_c'), the authors' or both."""
+    if output:
+        trec.write_run(output, run, tag=tag, max_hits=top)
+        print(f"wrote {output}", file=sys.stderr)
+    if qrels:
+        # The topics asked about: a qrels file may judge more documents than the queries file holds.
+        judged = {q: j for q, j in trec.read_qrels(qrels).items() if q in run}
+        if measures != "authors":
+            res = metrics.evaluate(run, judged, complete=metrics.complete_for(measures))
+            print(res.table())
+            print(no_hits_line(res))
+        if measures not in ("trec_eval", "trec_eval_no_c"):
+            print(metrics.authors_table([(tag, metrics.authors_measures(run, judged))]))
+
+
+def no_hits_line(res) -> str:
+    """What became of the judged topics without a hit: scored 0 (trec_eval -c) or left out of the mean."""
+    if res.complete:
+        return f"topics without hits: {res.no_hits:,} of {res.num_queries:,}, each scored 0 (trec_eval -c)"
+    return (f"topics without hits: {res.no_hits:,}, left out of the mean over {res.num_queries:,} topics with hits "
+            "(trec_eval without -c: --measures trec_eval_no_c)")
+
+
+def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
+    """The Table 4 rows, after refusing (one line, before any retrieval) a K above the one the index was built with."""
+    index = EntityIndex.open(Layout.of(workdir).entity_index)
+    for row in rows:
+        index.with_k(row.overrides["retrieval.k"])
+    return rows
+
+
+def train_time_of(retriever: Retriever) -> str:
+    """Training time per epoch of the model that scored the row's queries, with its hardware (from the run's timing
+    log); '-' for the frozen index encoder, 'not logged' for a run trained before the log existed."""
+    stores = retriever.stores
+    if retriever.method == "entity_only" or stores.untrained:
+        return "-"
+    layout = retriever.layout
+    t = train_time(layout.train_full if stores.full else layout.train_document if stores.document_model
+                   else layout.train)
+    return t.label() if t is not None else "not logged"
+
+
+def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
+             output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval"
+             ) -> list[report.EvalRow]:
+    """Runs every row over the split's topics and prints the evaluation table (trec_eval -c's unless `measures` says
+    otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
+    row's rule did with them; returns its rows."""
+    evaluation_sr(config)
+    table, all_results, curves, authors, rules = [], [], {}, [], {}
+    er_line = ""
+    complete = metrics.complete_for(measures)
+    for row in rows:
+        row_config = row.config(config)
+        retriever = Retriever(row_config, workdir, row.method, measure_agreement=True)
+        print_notes(retriever)
+        docs = retriever.corpus_documents(split)
+        results = retriever.retrieve_many(docs, progress=True)
+        rule = row_config.retrieval.unknown_entities if retriever.methods.uses_entities else "-"
+        if rule != "-":  # the same entities for every row: one count per rule, with the rows that used it
+            rules.setdefault(rule, (results, []))[1].append(row.label)
+        all_results.append(results)
+        run = run_of(results, docs)
+        qrels = retriever.corpus.qrels(split)
+        if plot:
+            curves[row.label] = plots.recall_curve(run, qrels)
+        res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES, complete=complete)
+        table.append(report.EvalRow(row.label, res.aggregate, results, retriever.model_used,
+                                    train_time_of(retriever), unknown_rule=rule, no_hits=res.no_hits))
+        if measures not in ("trec_eval", "trec_eval_no_c"):
+            authors.append((row.label, metrics.authors_measures(run, qrels)))
+        if retriever.stores.entity_index is not None and not er_line:  # the index as built (a row may cut it)
+            er_line = retriever.stores.entity_index.with_k(0).er_note()
+        if len(rows) == 1:
+            write_and_score(run, output, "", tag, top)
+    print(f"{split} split, {len(docs)} topics")
+    if measures != "authors":
+        print(report.eval_table(table))
+        print(report.mean_line(complete))
+    if authors:
+        print(metrics.authors_table(authors))
+    unknown_line = report.unknown_rules_line(rules) if rules else ""
+    for line in (er_line, report.sr_line(config.retrieval, all_results), report.rerank_line(table), unknown_line):
+        if line:  # how ER and SR searched, the third stage's cost, the unseen entities: each when it has something
+            print(line)
+    if plot:
+        plots.plot_recall_curves(curves, plot, f"{split} split, {len(docs)} topics")
+        print(f"wrote {plot}", file=sys.stderr)
+    return table

@@ -1,0 +1,51 @@
+"""The retrieve command (`retrieve.py --query doc.txt` / `--queries docs.jsonl`): retrieve for documents given as
+files and show the hits.
+
+Shown on stdout as a table, JSON lines or TREC lines (`shown` hits each); optionally an HTML page with the images,
+a TREC run file (`top` hits each) and its measures against a qrels file (evaluated with exact SR, like --evaluate,
+with the unknown entities and SR's agreement stated).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import ml_collections
+
+from cfir_jax.commands.evaluate import evaluation_sr, print_notes, write_and_score
+from cfir_jax.retrieve import report
+from cfir_jax.retrieve.methods import METHODS
+from cfir_jax.retrieve.pipeline import Retriever, run_of
+from cfir_jax.retrieve.queries import read_queries, read_query
+
+
+def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
+           fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
+           tag: str = "cfir", measures: str = "trec_eval") -> None:
+    """Retrieves for the document in `query` or the documents of `queries` and prints / writes what was asked."""
+    docs = [read_query(query)] if query else read_queries(queries)
+    if qrels:
+        evaluation_sr(config)
+    retriever = Retriever(config, workdir, method, measure_agreement=bool(qrels))
+    print_notes(retriever)
+    results = retriever.retrieve_many(docs, progress=len(docs) > 1)
+    describe = retriever.describe_image
+    for doc, result in zip(docs, results):
+        if fmt == "table":
+            print(report.table(result, describe, shown))
+        elif fmt == "json":
+            print(report.as_json(doc.doc_id, result, describe, shown))
+        else:
+            print(report.trec_lines(doc.doc_id, result, tag, shown))
+    if html:
+        row = {i: n for n, i in enumerate(retriever.corpus.image_ids)}
+        image_bytes = lambda image_id: retriever.corpus.image(row[image_id]).image if image_id in row else b""  # noqa
+        page = "".join(report.html_page(d.doc_id, r, describe, image_bytes, shown) for d, r in zip(docs, results))
+        Path(html).write_text(page)
+        print(f"wrote {html}", file=sys.stderr)
+    write_and_score(run_of(results, docs), output, qrels, tag, top, measures)
+    if qrels:
+        if METHODS[method].uses_entities:
+            print(report.unknown_summary(results, config.retrieval.unknown_entities))
+        print(report.sr_line(config.retrieval, [results]))

@@ -1,0 +1,3 @@
+"""The floor every room stands on: one-line user errors (`errors`) and machine faults (`faults`), progress bars,
+hosts (jax.distributed processes), command-line flags and `cli_main` (`cli`), and the config tree with the upgrade of
+an older workdir's config (`config`, `config_upgrade`). Nothing here imports another room."""

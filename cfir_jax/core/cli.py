@@ -1,0 +1,188 @@
+"""Shared command-line plumbing: `--config FILE[:variant]` plus `--config.a.b=value` overrides (config_flags), and
+`cli_main`, the one place a command turns an error into a one-line message and an exit code: 2 for the user's input
+and a full disk, 143 for SIGTERM (cfir_jax.core.faults), 130 for Ctrl-C."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import importlib.util
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import TypeVar
+
+import ml_collections
+from absl import flags
+from ml_collections import config_flags
+
+from cfir_jax.core import faults, progress
+from cfir_jax.core.config_upgrade import upgrade
+from cfir_jax.core.errors import CfirError, os_error_line, quiet_abandoned_async_work
+
+F = TypeVar("F", bound=Callable)
+
+
+def load_config_file(spec: str) -> ml_collections.ConfigDict:
+    """'configs/base.py:384' -> get_config('384') of that file; every problem is one CfirError line."""
+    path, _, arg = spec.partition(":")
+    if not Path(path).is_file():
+        raise CfirError(f"{path}: config file not found")
+    # Config files import their siblings (`from configs.base import experiment`): the folder above configs/ is
+    # importable wherever the command runs from.
+    root = str(Path(path).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.append(root)
+    module_spec = importlib.util.spec_from_file_location(f"cfir_config_{Path(path).stem}", path)
+    module = importlib.util.module_from_spec(module_spec)
+    try:
+        module_spec.loader.exec_module(module)
+    except SyntaxError as e:
+        raise CfirError(f"{path}: not a Python config file ({e.msg}, line {e.lineno})") from None
+    if not hasattr(module, "get_config"):
+        raise CfirError(f"{path}: defines no get_config(arg)")
+    try:
+        return module.get_config(arg or None)
+    except ValueError as e:
+        raise CfirError(f"{spec}: {e}") from None
+
+
+def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
+    """The config an index was built with (recorded in W/index.json by index.py), with the fields added since it was
+    recorded filled in (`cfir_jax.core.config_upgrade.upgrade`: the one place that happens)."""
+    import json
+
+    path = Path(workdir) / "index.json"
+    if not Path(workdir).is_dir():
+        raise CfirError(f"{workdir}: no index here (missing directory); build it with index.py")
+    if not path.is_file():
+        raise CfirError(f"{workdir}: incomplete index (no index.json); run index.py to finish it")
+    try:
+        config = ml_collections.ConfigDict(json.loads(path.read_text())["config"])
+    except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
+        raise CfirError(f"{path}: unreadable; run index.py again") from None
+    return upgrade(config)
+
+
+def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> ml_collections.ConfigDict:
+    """`--config.a.b=value` strings applied by ml_collections.config_flags (its parsing and type checks); an unknown
+    field or an ill-typed value is one CfirError line naming the override."""
+    if not overrides:
+        return config
+    for item in overrides:
+        if not item.startswith("--config.") or "=" not in item:
+            raise CfirError(f"unrecognised argument {item!r}: overrides look like --config.train.lr=3e-4")
+        key = item[len("--config."):].partition("=")[0]
+        node = config
+        for part in key.split("."):
+            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+                raise CfirError(f"--config.{key}: unknown config field (see the config file for the fields)")
+            node = node[part]
+    argv = ["cfir", *overrides]
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=False, sys_argv=argv)
+    try:
+        flag_values(argv)
+    except flags.Error as e:
+        raise CfirError(" ".join(str(e).split())) from None
+    return flag_values.config
+
+
+def overrides_help(example: str = "--config.train.lr=3e-4") -> str:
+    """The --help epilog of every command: how to override config fields."""
+    return (f"Any config field can be set on the command line as --config.SECTION.FIELD=VALUE, e.g. {example} "
+            "--config.index.entity_index.k=1000 --config.tokenizer=beit3.spm (the fields are those of the config "
+            "file; an unknown field is an error).")
+
+
+def parse(description: str, add_arguments=None, argv: list[str] | None = None, *, workdir_flag: str = "--workdir",
+          config_from_workdir: bool = False, check_args=None, example: str = "--config.train.lr=3e-4"):
+    """Parses `--config`, the workdir flag, the tool's own flags and config overrides; returns (args, config), the
+    config locked. config_from_workdir: --config is optional and defaults to the config the workdir was built with
+    (upgraded, `workdir_config`); check_args(args): the tool's own flag checks, run before any config is read."""
+    epilog = "The config is the index's own (W/index.json) unless --config is given. " if config_from_workdir else ""
+    parser = argparse.ArgumentParser(description=description, epilog=epilog + overrides_help(example))
+    if config_from_workdir:
+        parser.add_argument("--config", default="", help="config file; default: the config the index was built with")
+        parser.add_argument(workdir_flag, help="workdir built by index.py (and train.py)")
+    else:
+        parser.add_argument("--config", required=True,
+                            help="config file, e.g. configs/base.py or configs/demo.py:tiny")
+        parser.add_argument(workdir_flag, help="directory holding the stores (see cfir_jax/stores/layout.py)")
+    add_compile_only_flags(parser)
+    parser.add_argument("-v", "--verbose", action="count", default=0,
+                        help="log more: -v this project's progress logs, -vv the libraries' too (orbax, absl)")
+    if add_arguments:
+        add_arguments(parser)
+    args, rest = parser.parse_known_args(argv)
+    workdir = getattr(args, workdir_flag.lstrip("-").replace("-", "_"))
+    if args.compile_only and not args.config:
+        parser.error("--compile-only needs --config (e.g. configs/base.py or configs/large.py)")
+    if not args.compile_only and not workdir:
+        parser.error(f"the following arguments are required: {workdir_flag}")
+    if check_args:
+        check_args(args)
+    config = load_config_file(args.config) if args.config else workdir_config(workdir)
+    config = apply_overrides(config, rest)
+    config.lock()
+    progress.set_log_levels(args.verbose)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    return args, config
+
+
+def add_compile_only_flags(parser: argparse.ArgumentParser) -> None:
+    """MaxText's convention: compile the command's accelerator programs for a TPU topology, build and read nothing."""
+    parser.add_argument("--compile-only", action="store_true", help="compile this command's accelerator programs "
+                        "for --topology (no TPU needed, no workdir or data read) and print each device's memory")
+    parser.add_argument("--topology", default="", help="with --compile-only: a TPU topology, e.g. v5e:2x4, v5p:4x4x4 "
+                        "(or v4-8, v5e-16, v5p-64, v6e-8)")
+
+
+def maybe_initialize_distributed() -> None:
+    """jax.distributed.initialize() when the environment describes several processes (TPU pods, SLURM, or the
+    JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID variables)."""
+    import jax
+
+    env = os.environ
+    several = bool(env.get("JAX_COORDINATOR_ADDRESS") or env.get("TPU_WORKER_HOSTNAMES")) or \
+        int(env.get("SLURM_NTASKS", "1")) > 1 or int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1
+    if several:
+        # CPU processes need a cross-process collectives library for what spans processes (orbax's restore syncs
+        # through one); the setting touches the CPU backend only, accelerators bring their own.
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    if env.get("JAX_COORDINATOR_ADDRESS"):
+        jax.distributed.initialize(env["JAX_COORDINATOR_ADDRESS"], int(env["JAX_NUM_PROCESSES"]),
+                                   int(env["JAX_PROCESS_ID"]))
+    elif env.get("TPU_WORKER_HOSTNAMES") or int(env.get("SLURM_NTASKS", "1")) > 1 or \
+            int(env.get("OMPI_COMM_WORLD_SIZE", "1")) > 1:
+        jax.distributed.initialize()
+
+
+def cli_main(fn: F) -> F:
+    """Wraps a command-line entry point: a CfirError (or a missing file) becomes `error: ...` on stderr, exit 2."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        quiet_abandoned_async_work()
+        try:
+            return fn(*args, **kwargs)
+        except CfirError as e:
+            _exit(f"error: {e}", 2)
+        except KeyboardInterrupt:
+            _exit("interrupted", 130)
+        except BaseException as e:
+            described = faults.describe(e)  # a full disk, SIGTERM
+            if described is not None:
+                message, status = described
+                _exit(message if status == faults.EXIT_SIGTERM else f"error: {message}", status)
+            if isinstance(e, (FileNotFoundError, IsADirectoryError, PermissionError)):
+                _exit(f"error: {os_error_line(e)}", 2)
+            raise
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _exit(line: str, status: int) -> None:
+    print(line, file=sys.stderr)
+    sys.exit(status)

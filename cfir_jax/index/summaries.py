@@ -1,0 +1,67 @@
+"""The summaries stage's build: every document summarised (`cfir_jax.nlp.summarizer`) in resumable chunks owned
+round-robin by the processes (`cfir_jax.index.chunks`), assembled by process 0 into the summary store that
+`cfir_jax.stores.summaries` reads."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+
+from cfir_jax.core.errors import CfirError
+from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
+from cfir_jax.nlp.summarizer import Summarizer
+from cfir_jax.stores import contract
+from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SUMMARY_KIND
+
+log = logging.getLogger(__name__)
+
+
+def build_summary_store(
+    out_dir: str | Path,
+    docs: Iterable[tuple[str, str]],
+    summarizer: Summarizer,
+    num_docs: int | None = None,
+    chunk_size: int = 1_000,
+    input_fields: str = "paper",
+    corpus_fingerprint: str | None = None,
+) -> dict:
+    """Summarises `docs` ((doc_id, text) pairs) into a summary store at `out_dir`; returns its manifest.
+
+    Resumable: an interrupted build restarts after its last finished chunk of `chunk_size` documents (BART on
+    millions of documents takes days; a chunk is minutes); with several processes each summarises its own chunks and
+    process 0 writes the store (`iter_chunks`). `num_docs` only sizes the progress bar. `input_fields`
+    names what the texts were made from (`summary_input`), recorded so that another choice is not resumed or reused;
+    `corpus_fingerprint` (`Corpus.documents_fingerprint`) is recorded to tell a stale store from a current one.
+    """
+    out_dir = Path(out_dir)
+    settings = {"summarizer": summarizer.name, **summarizer.settings, "input_fields": input_fields}
+    chunks = iter_chunks(out_dir, docs, summarizer.summarize, settings, chunk_size, num_docs, desc="summaries")
+    return commit_on_main(out_dir, SUMMARY_KIND, chunks,
+                          lambda chunks: _assemble(out_dir, chunks, settings, corpus_fingerprint))
+
+
+def _assemble(out_dir: Path, chunks, settings: dict, corpus_fingerprint: str | None) -> None:
+    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build)."""
+    doc_ids: list[str] = []
+    seen: set[str] = set()
+    num_empty = 0
+    with contract.atomic_dir(out_dir) as tmp:
+        # Summaries stream to disk chunk by chunk: millions of them need not sit in memory.
+        with open(tmp / "summaries.jsonl", "w", encoding="utf-8", newline="\n") as f:
+            for chunk_ids, summaries in chunks:
+                for doc_id, summary in zip(chunk_ids, summaries):
+                    check_doc_id(doc_id, seen, "summaries")
+                    doc_ids.append(doc_id)
+                    num_empty += not summary
+                    f.write(json.dumps(summary, ensure_ascii=False))
+                    f.write("\n")
+        if not doc_ids:
+            raise CfirError(f"{out_dir}: no documents to summarise; check the corpus path and split")
+        write_lines(tmp / "doc_ids.txt", doc_ids)
+        contract.write_manifest(
+            tmp, SUMMARY_KIND, SUMMARY_FORMAT_VERSION, **settings, num_docs=len(doc_ids), num_empty=num_empty,
+            corpus_fingerprint=corpus_fingerprint,
+        )
+    log.info("%s: %d summaries (%d empty)", out_dir, len(doc_ids), num_empty)

@@ -1,0 +1,397 @@
+"""Document summarisers: BART-large-CNN with CFIR's generation settings (Flax, bucketed jit), or extractive."""
+
+from __future__ import annotations
+
+import copy
+import os
+import re
+import socket
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from cfir_jax.core.errors import CfirError
+from cfir_jax.data.corpus import Document
+
+# Input lengths are padded up to one of these (capped at max_input_tokens), so generation compiles at most
+# len(buckets) times however long the documents are; doubling keeps the padding waste under 2x.
+_LENGTH_BUCKETS = (64, 128, 256, 512, 1024)
+
+
+# The files a Flax BART checkpoint directory needs, without the weights.
+_CONFIG_FILES = ("config.json", "generation_config.json")
+
+
+_TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
+_FLAX_WEIGHTS = "flax_model.msgpack"
+
+
+_PT_WEIGHTS = ("model.safetensors", "pytorch_model.bin")
+
+
+class Summarizer(Protocol):
+    """What the summary store needs of a summarizer."""
+
+    name: str
+
+    @property
+    def settings(self) -> dict[str, Any]: ...
+
+    def summarize(self, texts: list[str]) -> list[str]: ...
+
+
+# Named choices of what a document's summary is made from: the list fields (document metadata) appended to its text.
+# "paper": the text alone (the paper's four fields). "authors": the authors' code also appends str() of the category,
+# media and hierachy lists; here each list's items are joined with spaces (the same words without Python's brackets
+# and quotes), and the fields with spaces where that code leaves no separator.
+SUMMARY_INPUTS: dict[str, tuple[str, ...]] = {"paper": (), "authors": ("category", "media", "hierachy")}
+
+
+def summary_input(doc: Document, fields: str = "paper") -> str:
+    """The text summarised for `doc` under the named choice `fields` (SUMMARY_INPUTS)."""
+    if fields not in SUMMARY_INPUTS:
+        raise CfirError(f"index.summaries.fields={fields!r}: use one of {', '.join(SUMMARY_INPUTS)}")
+    missing = [f for f in SUMMARY_INPUTS[fields] if f not in doc.metadata]
+    if missing:
+        raise CfirError(f"index.summaries.fields={fields!r} needs the {', '.join(missing)} lists, which document "
+                        f"{doc.doc_id!r} does not have (synthetic corpora have none; an AToMiC corpus built before "
+                        "they were kept must be rebuilt: delete W/corpus)")
+    parts = [doc.text] + [" ".join(doc.metadata[f]) for f in SUMMARY_INPUTS[fields]]
+    return " ".join(p for p in parts if p)
+
+
+# A sentence ends at . ! or ? (optionally followed by closing quotes/brackets) before whitespace and a capital,
+# digit or opening quote. Abbreviations ("Mr. Smith") split wrongly, which only shortens the summary by a sentence.
+_SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9])")
+
+
+def split_sentences(text: str) -> list[str]:
+    """Splits text into sentences with a punctuation rule (no model): deterministic and fast."""
+    text = re.sub(r"\s+", " ", text).strip()
+    return [s for s in _SENTENCE_END.split(text) if s] if text else []
+
+
+class ExtractiveSummarizer:
+    """The leading sentences of a document, up to `max_tokens` tokens: a fast, deterministic CPU alternative to BART.
+
+    Leading sentences, because encyclopaedic sections (AToMiC) put their topic first. The budget counts whitespace
+    words, or the tokens of `tokenizer` (a callable str -> sequence of tokens, e.g. the BEiT-3 text tokenizer's
+    `tokenize`) so that the summary fills the encoder's 64 text tokens without being cut there. Whole sentences are
+    kept while they fit; when even the first does not, it is cut at the budget.
+    """
+
+    name = "extractive"
+
+    def __init__(self, max_tokens: int = 64, tokenizer: Callable[[str], Sequence[Any]] | None = None):
+        if max_tokens < 1:
+            raise CfirError(f"ExtractiveSummarizer: max_tokens={max_tokens} must be >= 1")
+        self.max_tokens = max_tokens
+        self.tokenizer = tokenizer
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        tokenizer = "words" if self.tokenizer is None else getattr(self.tokenizer, "__qualname__", repr(self.tokenizer))
+        return {"max_tokens": self.max_tokens, "budget_unit": tokenizer}
+
+    def _count(self, text: str) -> int:
+        return len(text.split()) if self.tokenizer is None else len(self.tokenizer(text))
+
+    def _cut(self, sentence: str) -> str:
+        """The longest word prefix of `sentence` within the budget (binary search: token counts grow with words)."""
+        words = sentence.split()
+        lo, hi = 0, len(words)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if self._count(" ".join(words[:mid])) <= self.max_tokens:
+                lo = mid
+            else:
+                hi = mid - 1
+        return " ".join(words[:lo])
+
+    def summarize_one(self, text: str) -> str:
+        kept: list[str] = []
+        for sentence in split_sentences(text):
+            candidate = " ".join([*kept, sentence])
+            if self._count(candidate) <= self.max_tokens:
+                kept.append(sentence)
+            elif not kept:
+                return self._cut(sentence)
+            else:
+                break
+        return " ".join(kept)
+
+    def summarize(self, texts: list[str]) -> list[str]:
+        return [self.summarize_one(text) for text in texts]
+
+
+def no_repeat_ngram_mask(sequences, cur_len, ngram_size: int, vocab_size: int):
+    """Tokens that would repeat an n-gram already in the sequence: bool [rows, vocab_size].
+
+    sequences: int [rows, max_length], generated up to `cur_len` (a traced scalar inside the generation loop). A token
+    t is banned when the last n-1 tokens followed by t occur earlier. Dense and static-shaped, O(rows * max_length):
+    transformers' Flax processor builds a sparse BCOO tensor that jax>=0.7 can no longer gather from.
+    """
+    import jax
+    import jax.numpy as jnp
+
+    n = ngram_size
+    rows, length = sequences.shape
+    windows = length - n + 1  # Start positions of n-grams.
+    if windows < 1:
+        return jnp.zeros((rows, vocab_size), bool)
+    start = jnp.maximum(cur_len - (n - 1), 0)
+    prefix = jax.lax.dynamic_slice(sequences, (0, start), (rows, n - 1))  # [rows, n - 1]
+    match = jnp.arange(windows)[None, :] <= cur_len - n  # Only n-grams that are fully generated.
+    for j in range(n - 1):
+        match = match & (sequences[:, j : j + windows] == prefix[:, j : j + 1])
+    following = sequences[:, n - 1 :]  # [rows, windows]: the token ending each n-gram.
+    return jnp.zeros((rows, vocab_size), bool).at[jnp.arange(rows)[:, None], following].max(match)
+
+
+def _no_repeat_processor(ngram_size: int):
+    """A transformers Flax logits processor around `no_repeat_ngram_mask` (imported lazily: transformers is heavy)."""
+    import jax.numpy as jnp
+    from transformers.generation.flax_logits_process import FlaxLogitsProcessor
+
+    class NoRepeatNGram(FlaxLogitsProcessor):
+        def __call__(self, input_ids, scores, cur_len):
+            banned = no_repeat_ngram_mask(input_ids, cur_len, ngram_size, scores.shape[-1])
+            return jnp.where(banned, -jnp.inf, scores)
+
+    return NoRepeatNGram()
+
+
+def _looks_local(name: str) -> bool:
+    return os.path.isabs(name) or name.startswith((".", "~")) or name.count("/") > 1 or os.path.exists(name)
+
+
+def _hub_unreachable() -> bool:
+    """True when huggingface.co does not even resolve (no network) and no proxy could reach it for us."""
+    if any(os.environ.get(v) for v in ("HTTPS_PROXY", "https_proxy", "ALL_PROXY", "all_proxy")):
+        return False
+    try:
+        socket.getaddrinfo("huggingface.co", 443)
+    except OSError:
+        return True
+    return False
+
+
+def resolve_model_dir(name_or_path: str) -> Path:
+    """A local directory holding the BART checkpoint: `name_or_path` itself, or the hub snapshot of that id.
+
+    Fails fast with a one-line CfirError rather than letting the hub client retry for minutes without a network.
+    """
+    expanded = os.path.expanduser(name_or_path)
+    if _looks_local(name_or_path):
+        if not os.path.isdir(expanded):
+            raise CfirError(f"{name_or_path}: no such model directory; pass a directory made by save_pretrained")
+        return Path(expanded)
+    import huggingface_hub
+
+    patterns = [*_CONFIG_FILES, *_TOKENIZER_FILES]
+    try:  # Cached already: no network needed.
+        local = huggingface_hub.snapshot_download(name_or_path, allow_patterns=patterns, local_files_only=True)
+        if any((Path(local) / w).exists() for w in (_FLAX_WEIGHTS, *_PT_WEIGHTS)):
+            return Path(local)
+    except Exception:  # noqa: BLE001 - any failure here just means "not cached"; the download below reports.
+        pass
+    if os.environ.get("HF_HUB_OFFLINE") or _hub_unreachable():
+        raise CfirError(
+            f"{name_or_path}: not a local directory and the Hugging Face hub is unreachable; download it elsewhere "
+            "(huggingface-cli download) and pass the directory"
+        )
+    try:
+        local = Path(huggingface_hub.snapshot_download(name_or_path, allow_patterns=[*patterns, _FLAX_WEIGHTS]))
+        if not (local / _FLAX_WEIGHTS).exists():  # Only PyTorch weights published: convert at load time.
+            local = Path(huggingface_hub.snapshot_download(name_or_path, allow_patterns=[*patterns, *_PT_WEIGHTS]))
+    except Exception as e:  # noqa: BLE001 - hub errors come in many types; all mean the same to the user.
+        raise CfirError(f"{name_or_path}: could not fetch from the Hugging Face hub ({type(e).__name__})") from None
+    return local
+
+
+def _check_bart_settings(max_length, min_length, num_beams, max_input_tokens, batch_size, no_repeat_ngram_size,
+                         dtype) -> None:
+    if not 1 <= min_length <= max_length:
+        raise CfirError(f"BartSummarizer: need 1 <= min_length ({min_length}) <= max_length ({max_length})")
+    if num_beams < 1 or batch_size < 1 or max_input_tokens < 2 or no_repeat_ngram_size < 0:
+        raise CfirError(
+            f"BartSummarizer: num_beams={num_beams}, batch_size={batch_size} must be >= 1, "
+            f"max_input_tokens={max_input_tokens} >= 2, no_repeat_ngram_size={no_repeat_ngram_size} >= 0"
+        )
+    if dtype not in ("float32", "bfloat16", "float16"):
+        raise CfirError(f"BartSummarizer: dtype={dtype!r}; use float32, bfloat16 or float16")
+
+
+def _generation_config(model, max_length: int, min_length: int, num_beams: int, length_penalty: float):
+    """An explicit GenerationConfig: the model's own (decoder start, forced BOS/EOS, early stopping) with CFIR's
+    settings on top. Passing it whole avoids transformers re-deriving one from config.json at call time."""
+    config = copy.deepcopy(model.generation_config)
+    config.update(
+        max_length=max_length,
+        min_length=min_length,
+        num_beams=num_beams,
+        length_penalty=length_penalty,
+        do_sample=False,
+        # The n-gram rule is ours (see no_repeat_ngram_mask); the built-in one fails under current jax.
+        no_repeat_ngram_size=0,
+    )
+    return config
+
+
+class BartSummarizer:
+    """Abstractive summaries with Flax BART, with CFIR's generation settings as defaults (the CFIR paper's).
+
+    Generation is one jitted function of (params, input_ids [batch_size, bucket], attention_mask [batch_size,
+    bucket]) -> token ids [batch_size, max_length]. Texts are sorted by length, batched, and each batch padded to
+    `batch_size` rows and to a length bucket, so the function compiles at most once per bucket. Padding changes no
+    summary: the attention mask hides pad keys from the encoder and from cross-attention, positions are absolute
+    from the left, and padded rows are dropped.
+
+    Generation is transformers' Flax beam search. With one beam it equals PyTorch `generate` token for token (tested);
+    with several it can differ from the PyTorch beam search CFIR ran in two rare cases: Flax finalises a hypothesis
+    that ends in EOS anywhere in the top 2 * num_beams candidates (PyTorch only in the top num_beams), and at
+    max_length Flax prefers any finished hypothesis to the unfinished ones (PyTorch scores both). On the tests'
+    random model this changed 1 summary in 5; a trained model's EOS is rarely that borderline.
+    """
+
+    name = "bart"
+
+    def __init__(
+        self,
+        model_name_or_path: str = "facebook/bart-large-cnn",
+        max_length: int = 64,
+        min_length: int = 8,
+        num_beams: int = 4,
+        length_penalty: float = 2.0,
+        no_repeat_ngram_size: int = 3,
+        max_input_tokens: int = 1024,
+        batch_size: int = 8,
+        dtype: str = "float32",
+    ):
+        import jax
+        import jax.numpy as jnp
+
+        _check_bart_settings(max_length, min_length, num_beams, max_input_tokens, batch_size, no_repeat_ngram_size,
+                             dtype)
+        self.model_name_or_path = model_name_or_path
+        self.model_dir = resolve_model_dir(model_name_or_path)
+        self.model, self.tokenizer = _load_bart(self.model_dir, jnp.dtype(dtype))
+
+        positions = getattr(self.model.config, "max_position_embeddings", max_input_tokens)
+        self.max_input_tokens = min(max_input_tokens, positions)
+        if max_length > positions:
+            raise CfirError(f"BartSummarizer: max_length={max_length} exceeds the model's {positions} positions")
+        self.batch_size = batch_size
+        self.dtype = dtype
+        self.buckets = tuple(b for b in _LENGTH_BUCKETS if b < self.max_input_tokens) + (self.max_input_tokens,)
+
+        self.generation_config = generation_config = _generation_config(self.model, max_length, min_length, num_beams,
+                                                                         length_penalty)
+        self.no_repeat_ngram_size = no_repeat_ngram_size
+        self.num_traces = 0  # Compilations of the generation function; the tests bound it by the bucket count.
+
+        from transformers.generation.flax_logits_process import FlaxLogitsProcessorList
+
+        processors = FlaxLogitsProcessorList()
+        if no_repeat_ngram_size > 0:
+            processors.append(_no_repeat_processor(no_repeat_ngram_size))
+
+        def generate(params, input_ids, attention_mask):
+            self.num_traces += 1  # Runs only while tracing.
+            out = self.model.generate(
+                input_ids,
+                attention_mask=attention_mask,
+                params=params,
+                generation_config=generation_config,
+                logits_processor=processors,
+            )
+            return out.sequences
+
+        self._generate = jax.jit(generate)
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        g = self.generation_config
+        return {
+            "model": self.model_name_or_path,
+            "max_length": g.max_length,
+            "min_length": g.min_length,
+            "num_beams": g.num_beams,
+            "length_penalty": g.length_penalty,
+            "no_repeat_ngram_size": self.no_repeat_ngram_size,
+            "early_stopping": g.early_stopping,
+            "max_input_tokens": self.max_input_tokens,
+            "dtype": self.dtype,
+        }
+
+    def _bucket(self, length: int) -> int:
+        return next(b for b in self.buckets if b >= length)
+
+    def generate_ids(self, texts: list[str]) -> list[np.ndarray]:
+        """Generated token ids per text, in order: int32 [<= max_length] each, starting with the decoder start."""
+        if not texts:
+            return []
+        encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_input_tokens)["input_ids"]
+        order = sorted(range(len(texts)), key=lambda i: -len(encoded[i]))  # Similar lengths share a bucket.
+        pad_id = self.tokenizer.pad_token_id
+        results: list[np.ndarray] = [np.zeros([0], np.int32)] * len(texts)
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            width = self._bucket(max(len(encoded[i]) for i in rows))
+            ids = np.full((self.batch_size, width), pad_id, np.int32)
+            mask = np.zeros((self.batch_size, width), np.int32)
+            # Filler rows repeat the first row: a real input, so no all-masked row reaches the softmax.
+            for r in range(self.batch_size):
+                tokens = encoded[rows[r] if r < len(rows) else rows[0]]
+                ids[r, : len(tokens)] = tokens
+                mask[r, : len(tokens)] = 1
+            sequences = np.asarray(self._generate(self.model.params, ids, mask))
+            eos = self.generation_config.eos_token_id
+            for r, i in enumerate(rows):
+                # Cut after the first EOS past the decoder start (also EOS in BART): beyond it is padding.
+                ends = np.flatnonzero(np.isin(sequences[r, 1:], eos))
+                results[i] = sequences[r, : ends[0] + 2] if ends.size else sequences[r]
+        return results
+
+    def summarize(self, texts: list[str]) -> list[str]:
+        """Summaries of `texts`, in order; each input is truncated at `max_input_tokens` tokens."""
+        decoded = self.tokenizer.batch_decode(self.generate_ids(texts), skip_special_tokens=True)
+        return [summary.strip() for summary in decoded]
+
+
+def _load_bart(model_dir: Path, dtype):
+    """Flax BART and its tokenizer from a save_pretrained directory (PyTorch-only weights are converted)."""
+    from transformers import BartTokenizerFast, FlaxBartForConditionalGeneration
+
+    if not (model_dir / "config.json").is_file():
+        raise CfirError(f"{model_dir}: no config.json; not a model directory made by save_pretrained")
+    from_pt = not (model_dir / _FLAX_WEIGHTS).is_file()
+    if from_pt and not any((model_dir / w).is_file() for w in _PT_WEIGHTS):
+        raise CfirError(
+            f"{model_dir}: no weights ({_FLAX_WEIGHTS}, {' or '.join(_PT_WEIGHTS)}); save it with save_pretrained"
+        )
+    if not ((model_dir / "tokenizer.json").is_file() or (model_dir / "vocab.json").is_file()):
+        raise CfirError(f"{model_dir}: no tokenizer (vocab.json + merges.txt, or tokenizer.json); save it too")
+    try:
+        model = FlaxBartForConditionalGeneration.from_pretrained(model_dir, dtype=dtype, from_pt=from_pt)
+        tokenizer = BartTokenizerFast.from_pretrained(model_dir)
+    except (OSError, ValueError, KeyError) as e:
+        raise CfirError(f"{model_dir}: cannot load the BART model ({type(e).__name__}: {str(e)[:150]})") from None
+    if not model.config.is_encoder_decoder:
+        raise CfirError(f"{model_dir}: {model.config.model_type} is not an encoder-decoder summarisation model")
+    return model, tokenizer
+
+
+def make_summarizer(config):
+    s = config.index.summaries
+    if s.summarizer == "extractive":
+        return ExtractiveSummarizer(max_tokens=s.extractive_tokens)
+    if s.summarizer == "bart":
+        return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
+                              length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
+                              max_input_tokens=s.max_input_tokens, batch_size=s.batch_size)
+    raise CfirError(f"index.summaries.summarizer={s.summarizer!r}: use 'bart' or 'extractive'")

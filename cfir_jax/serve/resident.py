@@ -1,0 +1,249 @@
+"""The resident index: a workdir's Retrievers loaded and warmed once, and swapped whole when the workdir is reloaded.
+
+A reload (SIGHUP, POST /v1/admin/reload) builds the new Retrievers off to the side while the old ones keep serving.
+They replace the old ones only when the workdir is complete (index.json present, no store half-written, every store
+the Retriever opens valid) and its model is of the same family (the same architecture: a new index of another
+model size or embedding width would change what the service's clients get without a restart telling them). A
+batch already running finishes on the Retrievers it started with; a refused reload keeps the old index and records
+why (the log, GET /readyz).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+import ml_collections
+
+from cfir_jax.core import cli
+from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp.entity_pool import EntityPool
+from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.serve.verifier import store_problems
+from cfir_jax.stores.contract import manifest_digest
+from cfir_jax.stores.layout import STORES, Layout
+
+log = logging.getLogger("cfir_jax.serve")
+
+# Training runs' directories: checkpoints, no manifest; a retriever reads their exported model instead.
+_RUN_DIRS = ("train", "pretrain", "train_document")
+# Derived copies the Retriever itself (re)builds when it opens the index: not part of what index.py wrote.
+_DERIVED = ("sr_compact", "sr_compact_fused")
+# What a model family is: the architecture fields of the model's manifest (weights may differ: a retrained model).
+FAMILY_KEYS = ("embed_dim", "num_layers", "num_heads", "ffn_dim", "vocab_size", "image_size", "patch_size")
+WARM_TEXT_NO_ENTITY = "nothing named here at all."
+WARM_TEXT_UNKNOWN = "Quentin Zabrowski of the Xylo Harbour Society met Priya Okonkwo in Vennmark."
+
+
+def load_config(workdir: str, config_spec: str, overrides: Sequence[str]) -> ml_collections.ConfigDict:
+    """The config the index was built with (upgraded: fields older workdirs lack take their defaults) or
+    `config_spec`, then the `--config.x.y=v` overrides, as `cli.parse` reads it: what a reload reads again."""
+    config = cli.load_config_file(config_spec) if config_spec else cli.workdir_config(workdir)
+    return cli.apply_overrides(config, overrides)
+
+
+def config_overrides(argv: Sequence[str]) -> list[str]:
+    """The `--config.x.y=v` (or `--config.x.y v`) arguments of a command line."""
+    out, argv = [], list(argv)
+    for n, arg in enumerate(argv):
+        if arg.startswith("--config."):
+            out.append(arg if "=" in arg or n + 1 >= len(argv) else f"{arg}={argv[n + 1]}")
+    return out
+
+
+def check_complete(workdir: str | Path) -> None:
+    """Refuses (one line) a workdir that is not a complete index: no index.json, a store directory without its
+    manifest (written last), or a store build still in progress beside it (`.tmp`, `.partial`, `.building`)."""
+    layout = Layout.of(workdir)
+    if not layout.root.is_dir():
+        raise CfirError(f"{layout.root}: no index here (missing directory)")
+    if not layout.index_json.is_file():
+        raise CfirError(f"{layout.root}: incomplete index (no index.json): index.py has not finished")
+    for name in STORES:
+        if name in _RUN_DIRS:
+            continue
+        store = layout.root / name
+        busy = [p.name for p in (layout.root / f"{name}.tmp", layout.root / f"{name}.partial",
+                                 layout.root / f".{name}.building") if p.exists()]
+        if busy:
+            raise CfirError(f"{store}: a build is in progress or was interrupted ({', '.join(busy)}): let index.py "
+                            "finish it")
+        if store.is_dir() and not (store / "manifest.json").is_file():
+            raise CfirError(f"{store}: incomplete store (no manifest.json): let index.py finish it")
+
+
+def _model_manifest(layout: Layout) -> dict:
+    for directory in (layout.model, Path(json.loads(layout.index_json.read_text()).get("encoder") or layout.encoder)):
+        path = directory / "manifest.json"
+        if path.is_file():
+            return json.loads(path.read_text())
+    raise CfirError(f"{layout.root}: no model (W/model) and no index encoder to take its family from")
+
+
+def model_family(workdir: str | Path) -> dict:
+    """The architecture of the workdir's model (or its index encoder when untrained): {field: value}."""
+    config = _model_manifest(Layout.of(workdir)).get("model_config", {})
+    return {key: config.get(key) for key in FAMILY_KEYS}
+
+
+def index_fingerprint(workdir: str | Path) -> str:
+    """A short digest of every store's and the model's manifest: it changes whenever any of them is rebuilt."""
+    layout = Layout.of(workdir)
+    parts = []
+    for name in STORES:
+        path = layout.root / name / "manifest.json"
+        if name in _DERIVED:
+            continue
+        if path.is_file():
+            parts.append(f"{name}={manifest_digest(json.loads(path.read_text()))}")
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def warm_up(retriever: Retriever, max_batch: int) -> None:
+    """Runs every shape the service will send before it says it is ready: a document with entities and one
+    without (the whole-cache fallback) at each power-of-two batch size up to max_batch (the encoders pad to their
+    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket."""
+    text = WARM_TEXT_NO_ENTITY
+    corpus = getattr(retriever, "corpus", None)
+    if corpus is not None and len(corpus.doc_ids):
+        text = corpus.document(0).text
+    sizes, n = [], 1
+    while n < max_batch:
+        sizes.append(n)
+        n *= 2
+    for size in [*sizes, max_batch]:
+        retriever.retrieve_many([DocumentInput(text, f"warm-{i}") for i in range(size)])
+    retriever.retrieve_many([DocumentInput(WARM_TEXT_NO_ENTITY, "warm-fallback")])
+    retriever.retrieve_many([DocumentInput(WARM_TEXT_UNKNOWN, "warm-unknown")])  # entities searched at query time
+    backend = getattr(retriever, "sr_backend", None)
+    if backend is not None and backend() == "device":  # unions of every bucket size, each query batch
+        import numpy as np
+
+        cache = retriever.device_cache()
+        q = 1
+        while True:
+            queries = np.zeros((q, retriever.sr_rows.shape[1]), np.float32)
+            for bucket in cache.buckets:
+                union = np.arange(min(bucket, retriever.sr_rows.shape[0]), dtype=np.int32)
+                cache.score_batch(queries, [union] * q)
+            if q >= min(cache.query_batch, max_batch):
+                break
+            q *= 2
+
+
+@dataclasses.dataclass
+class LoadedIndex:
+    """One generation of the resident index: a Retriever per served method, and what identifies them."""
+
+    workdir: str
+    retrievers: dict[str, Retriever]
+    fingerprint: str
+    family: dict
+    loaded_at: float  # time.time()
+    load_seconds: float
+    max_top_k: int  # retrieval.top_k: the most hits a Retriever keeps
+    entity_pool: object | None = None  # EntityPool parsing batches on every core (serve.entity_workers), or None
+
+    def describe(self) -> dict:
+        return {"workdir": self.workdir, "fingerprint": self.fingerprint, "methods": list(self.retrievers),
+                "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.loaded_at)),
+                "load_seconds": round(self.load_seconds, 2), "max_top_k": self.max_top_k,
+                "model_family": self.family}
+
+
+def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequence[str], max_batch: int
+               ) -> LoadedIndex:
+    """Checks the workdir is complete, opens a Retriever per method and warms each (seconds; minutes at scale)."""
+    t0 = time.perf_counter()
+    check_complete(workdir)
+    fingerprint, family = index_fingerprint(workdir), model_family(workdir)
+    retrievers = {}
+    for method in methods:
+        retrievers[method] = Retriever(config, workdir, method=method)
+        warm_up(retrievers[method], max_batch)
+    if index_fingerprint(workdir) != fingerprint:  # rebuilt while it was loading: what was read may be mixed
+        raise CfirError(f"{workdir}: the index changed while it was loading; reload again when index.py is done")
+    return LoadedIndex(workdir, retrievers, fingerprint, family, time.time(), time.perf_counter() - t0,
+                       int(config.retrieval.top_k))
+
+
+class IndexHolder:
+    """The current LoadedIndex and its reloads (one at a time), with the outcome of the last one."""
+
+    def __init__(self, workdir: str, config_spec: str, overrides: Sequence[str], methods: Sequence[str],
+                 max_batch: int, config: ml_collections.ConfigDict | None = None):
+        self.workdir, self.config_spec, self.overrides = workdir, config_spec, list(overrides)
+        self.methods, self.max_batch = tuple(methods), max_batch
+        config = config if config is not None else load_config(workdir, config_spec, overrides)
+        self.current = load_index(workdir, config, self.methods, max_batch)
+        self.current.entity_pool = entity_pool_for(config, self.current, None)
+        self.last_reload: dict | None = None  # {"ok": bool, "at": ..., "error"/"fingerprint": ...}
+        self._lock = threading.Lock()
+
+    def close(self) -> None:
+        """Stops the entity workers (after the batcher has drained)."""
+        if self.current.entity_pool is not None:
+            self.current.entity_pool.close()
+
+    @property
+    def reloading(self) -> bool:
+        return self._lock.locked()
+
+    def reload(self) -> LoadedIndex:
+        """Loads the workdir again beside the serving index and swaps it in when complete and of the same family;
+        raises CfirError (and keeps the old index) otherwise, or when a reload is already running."""
+        if not self._lock.acquire(blocking=False):
+            raise CfirError("a reload is already running")
+        at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
+        try:
+            config = load_config(self.workdir, self.config_spec, self.overrides)
+            if config.serve.get("verify_on_reload", True):  # every byte, before any of it is served
+                check_complete(self.workdir)
+                problems = store_problems(self.workdir)
+                if problems:
+                    more = f" (and {len(problems) - 1} more: index.py --verify names them)" if len(problems) > 1 else ""
+                    raise CfirError(f"damaged: {problems[0]}{more}")
+            fresh = load_index(self.workdir, config, self.methods, self.max_batch)
+            if fresh.family != self.current.family:
+                changed = ", ".join(f"{k} {self.current.family[k]} -> {fresh.family[k]}" for k in FAMILY_KEYS
+                                    if fresh.family[k] != self.current.family[k])
+                raise CfirError(f"{self.workdir}: the new index's model is of another family ({changed}); restart "
+                                "the service to serve it")
+            fresh.entity_pool = entity_pool_for(config, fresh, self.current.entity_pool)
+            old, self.current = self.current, fresh  # one reference swap: the next batch reads the new index
+            if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:
+                old.entity_pool.close()  # after the batch in flight on the old index has its entities
+        except Exception as e:  # noqa: BLE001 - whatever failed, the old index keeps serving
+            reason = str(e).splitlines()[0] if isinstance(e, CfirError) else f"{type(e).__name__}: {e}"
+            self.last_reload = {"ok": False, "at": at, "error": reason}
+            if isinstance(e, CfirError):
+                log.warning("reload refused, still serving %s: %s", self.current.fingerprint, reason)
+            else:
+                log.exception("reload failed, still serving %s", self.current.fingerprint)
+            raise CfirError(reason) from None
+        finally:
+            self._lock.release()
+        self.last_reload = {"ok": True, "at": at, "fingerprint": fresh.fingerprint}
+        log.warning("reloaded %s: index %s -> %s in %.1f s", self.workdir, old.fingerprint, fresh.fingerprint,
+                    fresh.load_seconds)
+        return fresh
+
+
+def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
+    """The EntityPool an index's batches use: `old` when it parses the same way (spaCy model, labels), a new one of
+    serve.entity_workers processes otherwise; None when workers < 2 or no served method reads entities."""
+    workers = int(config.serve.get("entity_workers", 0))
+    if workers < 2 or all(r.entities is None for r in index.retrievers.values()):
+        return None
+    e, s = config.index.entities, config.serve
+    labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
+    if old is not None and old.key == (e.spacy_model, labels) and old.workers == workers and not old.degraded:
+        return old
+    return EntityPool(e.spacy_model, labels, workers, deadline_s=float(s.entity_deadline_ms) / 1e3,
+                      max_restarts=int(s.entity_max_restarts), restart_window_s=float(s.entity_restart_window_s))

@@ -1,0 +1,24 @@
+"""The command bodies (cfir_jax/commands/) run in-process, as a library caller would, and say what the scripts say."""
+
+import re
+
+from repo import run_script
+
+from cfir_jax.commands import evaluate
+from cfir_jax.core.cli import workdir_config
+
+
+def _without_timing(text: str) -> list[list[str]]:
+    """Each line's cells, the evaluation table's ms/query (a measured time, column 7) left out."""
+    rows = [re.split(r"\s{2,}", line.strip()) for line in text.splitlines()]
+    return [r[:6] + r[7:] if len(r) >= 8 else r for r in rows]
+
+
+def test_the_evaluate_body_in_process_prints_the_table_of_retrieve_py(workdir, capsys):
+    """`commands.evaluate.run(config, workdir, split)` is `retrieve.py --index W --evaluate split`, without the flags:
+    the same evaluation table, to the digit (but for the measured ms/query)."""
+    rows = evaluate.run(workdir_config(workdir), str(workdir), "test")
+    table = capsys.readouterr().out
+    assert len(rows) == 1 and table.startswith("test split, ")
+    script = run_script("retrieve.py", "--index", str(workdir), "--evaluate", "test")
+    assert _without_timing(table) == _without_timing(script.stdout)

@@ -1,0 +1,414 @@
+"""The resident service (`retrieve.py --serve`), run as the real server in a subprocess on a free 127.0.0.1 port over
+the session's tiny world: answers equal `retrieve.py --format json`, bad input is a 4xx and the server keeps serving,
+a full queue is 503, a client going away, reloads refused while the old index answers, SIGTERM under load."""
+
+import concurrent.futures
+import io
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import httpx
+import numpy as np
+import pytest
+from repo import ROOT, run_script
+
+TOKEN = "s3cret-token"
+
+
+class Server:
+    """`python retrieve.py --index W --serve --port 0` in a subprocess; `url` once it says it is ready."""
+
+    def __init__(self, workdir, *overrides, env=None, group=False):
+        # group: the server leads a process group of its own (its entity workers in it), to be signalled whole
+        self.proc = subprocess.Popen(
+            [sys.executable, "retrieve.py", "--index", str(workdir), "--serve", "--port", "0", *overrides],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+            start_new_session=group)
+        self.log: list[str] = []
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError(f"server exited {self.proc.wait()}: {''.join(self.log)[-3000:]}")
+            self.log.append(line)
+            if line.rstrip().endswith("; ready"):
+                self.url = line.split(" at ", 1)[1].split(": loaded", 1)[0]
+                break
+        else:
+            raise AssertionError("server not ready in 240 s")
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+
+    def search(self, text, **fields):
+        return self.client.post("/v1/search", json={"text": text, **fields})
+
+    def metric(self, name: str) -> float:
+        """A sample of GET /metrics (0 when absent)."""
+        for line in self.client.get("/metrics").text.splitlines():
+            if line.startswith(name + " ") or line.startswith(name + "{") and line.split(" ")[0] == name:
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+    def stop(self, sig=signal.SIGTERM, timeout=60) -> tuple[int, str]:
+        self.client.close()
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            _, err = self.proc.communicate()
+        return self.proc.returncode, "".join(self.log) + err
+
+
+@pytest.fixture(scope="module")
+def documents(workdir):
+    """Three test documents of the world (fresh: their entities and summaries recomputed) and one without entities."""
+    from cfir_jax.data.corpus import Corpus
+
+    corpus = Corpus.open(workdir / "corpus")
+    docs = [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)]
+    return docs + [("no-entity", "Nothing named here at all, only words.")]
+
+
+@pytest.fixture(scope="module")
+def server(workdir):
+    s = Server(workdir)
+    yield s
+    code, log = s.stop()
+    assert code == 0, log[-3000:]
+    assert "Traceback" not in log, log[-3000:]
+
+
+@pytest.fixture(scope="module")
+def busy_workdir(workdir, tmp_path_factory):
+    """A copy of the world that the reload tests may break."""
+    copy = tmp_path_factory.mktemp("serve") / "W"
+    shutil.copytree(workdir, copy, ignore=shutil.ignore_patterns("train", "pretrain"))
+    return copy
+
+
+@pytest.fixture(scope="module")
+def small_server(busy_workdir):
+    """One document per batch and a queue of 2: load queues up at once. The admin endpoint on (token from env)."""
+    s = Server(busy_workdir, "--config.serve.max_batch=1", "--config.serve.queue_size=2",
+               "--config.serve.max_batch_docs=2", env={"CFIR_ADMIN_TOKEN": TOKEN})
+    yield s
+    s.stop()
+
+
+def _cli_json(workdir, documents, tmp_path) -> dict:
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in documents))
+    proc = run_script("retrieve.py", "--index", str(workdir), "--queries", str(queries), "--format", "json")
+    return {a["id"]: a for a in map(json.loads, proc.stdout.splitlines())}
+
+
+def _same_answer(served: dict, cli: dict) -> None:
+    assert [h["image_id"] for h in served["hits"]] == [h["image_id"] for h in cli["hits"]]
+    np.testing.assert_allclose([h["score"] for h in served["hits"]], [h["score"] for h in cli["hits"]],
+                               rtol=1e-5, atol=1e-6)
+    for key in ("id", "entities", "unknown_entities", "summary", "note", "num_candidates"):
+        assert served[key] == cli[key], key
+    assert [(h["entities"], h["caption"], h["url"], h["rank"]) for h in served["hits"]] == \
+        [(h["entities"], h["caption"], h["url"], h["rank"]) for h in cli["hits"]]
+    assert set(served["times_ms"]) == set(cli["times_ms"])
+
+
+def test_search_answers_equal_retrieve_py_format_json(server, workdir, documents, tmp_path):
+    cli = _cli_json(workdir, documents, tmp_path)
+    for doc_id, text in documents:
+        answer = server.search(text, id=doc_id)
+        assert answer.status_code == 200, answer.text
+        _same_answer(answer.json(), cli[doc_id])
+        assert len(answer.json()["hits"]) == 20
+    batch = server.client.post("/v1/search/batch", json={"documents": [{"id": i, "text": t} for i, t in documents]})
+    assert batch.status_code == 200, batch.text
+    assert [r["id"] for r in batch.json()["results"]] == [i for i, _ in documents]
+    for result in batch.json()["results"]:
+        _same_answer(result, cli[result["id"]])
+    assert cli["no-entity"]["note"] and cli[documents[0][0]]["hits"][0]["entities"]  # both paths were compared
+    assert len(server.search(documents[0][1], top_k=5).json()["hits"]) == 5
+
+
+def test_concurrent_requests_are_batched_and_each_gets_its_own_answer(server, documents):
+    texts = [t for _, t in documents] * 4
+    before = server.metric("cfir_batch_documents_count")
+    with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda t: server.search(t), texts))
+    alone = {t: server.search(t).json() for _, t in documents}
+    for text, answer in zip(texts, answers):
+        assert answer.status_code == 200
+        assert [h["image_id"] for h in answer.json()["hits"]] == [h["image_id"] for h in alone[text]["hits"]]
+    batches = server.metric("cfir_batch_documents_count") - before
+    assert batches < len(texts), "16 requests at once ran one batch each: nothing was micro-batched"
+
+
+BAD = [
+    (b"{not json", 400, "malformed JSON"),
+    (b"[1, 2]", 400, "JSON object"),
+    (b"{}", 422, "missing field 'text'"),
+    (b'{"text": ""}', 422, "empty"),
+    (b'{"text": "   \\n "}', 422, "empty"),
+    (b'{"text": "PNG\\u0000\\u0001binary"}', 422, "binary"),
+    (b'{"text": 12}', 422, "text"),
+    (b'{"text": "Ada Lovelace", "method": "bm25"}', 422, "unknown method 'bm25'"),
+    (b'{"text": "Ada Lovelace", "top_k": 0}', 422, "top_k=0 out of range"),
+    (b'{"text": "Ada Lovelace", "top_k": 101}', 422, "top_k=101 out of range"),
+    (b'{"text": "Ada Lovelace", "top_k": "5"}', 422, "top_k"),
+    (b'{"text": "Ada Lovelace", "topk": 5}', 422, "unknown field 'topk'"),
+    (b'{"text": "\xff\xfe bad utf-8"}', 400, "malformed JSON"),
+    (b'{"text": "' + b"a" * 70000 + b'"}', 413, "over serve.max_text_bytes"),
+]
+
+
+@pytest.mark.parametrize("body,status,message", BAD, ids=[m for _, _, m in BAD])
+def test_bad_input_gets_a_one_line_4xx_and_the_server_keeps_serving(server, documents, body, status, message):
+    answer = server.client.post("/v1/search", content=body, headers={"content-type": "application/json"})
+    assert answer.status_code == status, answer.text
+    error = answer.json()["error"]
+    assert message in error and "\n" not in error and "Traceback" not in error
+    assert server.search(documents[0][1]).status_code == 200
+
+
+def test_bad_batches_and_huge_bodies_are_refused(server, documents):
+    post = server.client.post
+    text = documents[0][1]
+    dup = post("/v1/search/batch", json={"documents": [{"id": "a", "text": text}, {"id": "a", "text": text}]})
+    assert dup.status_code == 422 and "duplicate document id 'a'" in dup.json()["error"]
+    assert post("/v1/search/batch", json={"documents": []}).status_code == 422
+    bad = post("/v1/search/batch", json={"documents": [{"id": "a", "text": text}, {"id": "b", "text": ""}]})
+    assert bad.status_code == 422 and "documents.1.text is empty" in bad.json()["error"]
+    many = post("/v1/search/batch", json={"documents": [{"id": str(i), "text": "x"} for i in range(65)]})
+    assert many.status_code == 413 and "max_batch_docs" in many.json()["error"]
+    huge = post("/v1/search", content=b"x" * (40 << 20), headers={"content-type": "application/json"})
+    assert huge.status_code == 413
+    assert server.client.post("/v1/admin/reload").status_code == 404  # off without a token
+    assert server.search(text).status_code == 200
+    assert server.metric('cfir_requests_total{endpoint="/v1/search",status="500"}') == 0
+
+
+def test_health_readiness_metrics_and_openapi(server, documents):
+    assert server.client.get("/healthz").json() == {"status": "alive"}
+    ready = server.client.get("/readyz").json()
+    assert ready["ready"] and ready["methods"] == ["cfir"] and len(ready["fingerprint"]) == 16
+    server.search(documents[0][1])
+    text = server.client.get("/metrics").text
+    for name in ("cfir_requests_total", "cfir_request_seconds_bucket", 'cfir_stage_seconds_bucket{le="0.01",'
+                 'stage="encode"}', "cfir_queue_depth", "cfir_batch_documents_bucket",
+                 f'fingerprint="{ready["fingerprint"]}"'):
+        assert name in text, name
+    paths = server.client.get("/openapi.json").json()["paths"]
+    assert {"/v1/search", "/v1/search/batch", "/healthz", "/readyz", "/metrics"} <= set(paths)
+
+
+def test_a_client_that_disconnects_mid_request_is_dropped_and_the_server_keeps_serving(small_server, documents):
+    """Eight requests sent and abandoned at once on a one-document-per-batch server: those still queued when their
+    client has gone are dropped unanswered, and the next client is served."""
+    body = json.dumps({"text": documents[0][1]}).encode()
+    host, port = small_server.url.removeprefix("http://").rsplit(":", 1)
+    before = small_server.metric('cfir_dropped_requests_total{reason="disconnected"}')
+    socks = []
+    for _ in range(2):
+        s = socket.create_connection((host, int(port)))
+        s.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+        socks.append(s)
+    time.sleep(0.01)
+    for s in socks:
+        s.close()
+    deadline = time.monotonic() + 20
+    while small_server.metric('cfir_dropped_requests_total{reason="disconnected"}') == before:
+        assert time.monotonic() < deadline, "no disconnected request was dropped"
+        time.sleep(0.1)
+    assert small_server.search(documents[1][1]).status_code == 200
+
+
+def test_a_full_queue_answers_503_with_retry_after(small_server, documents):
+    text = documents[0][1]
+    with concurrent.futures.ThreadPoolExecutor(24) as pool:
+        answers = list(pool.map(lambda _: small_server.search(text), range(24)))
+    codes = [a.status_code for a in answers]
+    assert set(codes) <= {200, 503} and codes.count(503) >= 1 and codes.count(200) >= 2, codes
+    busy = next(a for a in answers if a.status_code == 503)
+    assert int(busy.headers["retry-after"]) >= 1 and "serve.queue_size=2" in busy.json()["error"]
+    assert small_server.search(text).status_code == 200
+
+
+def test_a_reload_to_a_half_written_workdir_is_refused_while_the_old_index_answers(small_server, busy_workdir,
+                                                                                 documents):
+    text = documents[0][1]
+    before = small_server.search(text).json()
+    ready = small_server.client.get("/readyz").json()
+    wrong = small_server.client.post("/v1/admin/reload", headers={"Authorization": "Bearer nope"})
+    assert wrong.status_code == 401
+    manifest = busy_workdir / "entity_index" / "manifest.json"
+    saved = manifest.read_bytes()
+    manifest.unlink()  # index.py writes the manifest last: a store without it is half-written
+    (busy_workdir / "summaries.partial").mkdir()
+    try:
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            during = pool.submit(small_server.search, text)
+            refused = small_server.client.post("/v1/admin/reload", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert refused.status_code == 409 and "old index keeps serving" in refused.json()["error"]
+        assert during.result().status_code == 200
+        status = small_server.client.get("/readyz").json()
+        assert status["ready"] and status["fingerprint"] == ready["fingerprint"]
+        assert status["last_reload"]["ok"] is False and "summaries.partial" in status["last_reload"]["error"]
+        (busy_workdir / "summaries.partial").rmdir()
+        small_server.proc.send_signal(signal.SIGHUP)  # the same through the signal: still half-written
+        deadline = time.monotonic() + 60
+        while small_server.client.get("/readyz").json()["last_reload"]["error"].find("entity_index") < 0:
+            assert time.monotonic() < deadline, "SIGHUP did not reload"
+            time.sleep(0.2)
+        assert small_server.search(text).json()["hits"] == before["hits"]
+    finally:
+        manifest.write_bytes(saved)
+    done = small_server.client.post("/v1/admin/reload", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert done.status_code == 200 and done.json()["fingerprint"] == ready["fingerprint"]
+    assert small_server.client.get("/readyz").json()["last_reload"]["ok"] is True
+    assert small_server.search(text).json()["hits"] == before["hits"]
+
+
+def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(workdir, documents):
+    s = Server(workdir, "--config.serve.max_batch=2")
+    texts = [t for _, t in documents] * 6
+    started, finished = [], []
+
+    def ask(text):
+        started.append(time.monotonic())
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            answer = c.post("/v1/search", json={"text": text})
+        finished.append(time.monotonic())
+        return answer
+
+    with concurrent.futures.ThreadPoolExecutor(len(texts)) as pool:
+        futures = [pool.submit(ask, t) for t in texts]
+        deadline = time.monotonic() + 60
+        while s.metric("cfir_requests_in_flight") + len(finished) < len(texts):  # every request inside the server
+            assert time.monotonic() < deadline, "the requests never reached the server"
+            time.sleep(0.02)
+        stopped_at = time.monotonic()
+        s.proc.send_signal(signal.SIGTERM)
+        answers = [f.result() for f in futures]
+    code, log = s.stop()
+    assert code == 0, log[-3000:]
+    assert [a.status_code for a in answers] == [200] * len(texts)
+    assert all(a.json()["hits"] for a in answers)
+    assert "stopped: every accepted request was answered" in log and "Traceback" not in log
+    assert sum(t > stopped_at for t in finished) >= 4, "the signal did not reach the server under load"
+
+
+def test_the_page_shows_the_gallery_after_a_query_in_headless_chromium(server, workdir, documents, tmp_path):
+    """GET / with a query in its URL, as Chromium paints it after the search: the top hits' pictures on screen."""
+    from urllib.parse import quote
+
+    from PIL import Image as PILImage
+
+    from cfir_jax.data.corpus import Corpus
+
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "chromium is part of the test set (scripts/setup.sh test installs it)"
+    text = documents[0][1]
+    top = [h["image_id"] for h in server.search(text, top_k=3).json()["hits"]]
+    shot = tmp_path / "page.png"
+    subprocess.run([browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+                    "--virtual-time-budget=15000", f"--screenshot={shot}", "--window-size=1200,1400",
+                    f"{server.url}/#q={quote(text)}"], check=True, timeout=120, capture_output=True)
+    screen = {tuple(c) for c in np.asarray(PILImage.open(shot).convert("RGB")).reshape(-1, 3)}
+    corpus = Corpus.open(workdir / "corpus")
+    row = {i: n for n, i in enumerate(corpus.image_ids)}
+    for image_id in top:
+        pixels = np.asarray(PILImage.open(io.BytesIO(corpus.image(row[image_id]).image)).convert("RGB"))
+        colours, counts = np.unique(pixels.reshape(-1, 3), axis=0, return_counts=True)
+        background, shape = (tuple(c) for c in colours[np.argsort(-counts)[:2]])
+        assert background in screen and shape in screen, image_id
+
+
+class _FakeRetriever:
+    """Answers instantly; records the documents of each batch (the batcher's own behaviour under test)."""
+
+    entities = None
+
+    def __init__(self):
+        self.batches: list[list[str]] = []
+
+    def retrieve_many(self, docs):
+        import types
+
+        self.batches.append([d.doc_id for d in docs])
+        return [types.SimpleNamespace(times_ms={}) for _ in docs]
+
+    def describe_image(self, image_id):
+        return {}
+
+
+def _submit(batcher, loop, *doc_ids):
+    from cfir_jax.retrieve.pipeline import DocumentInput
+    from cfir_jax.serve.batcher import Job
+
+    docs = [DocumentInput("text", d) for d in doc_ids]
+    job = Job(docs, "cfir", 1, time.monotonic() + 60, loop.create_future(), loop)
+    batcher.submit(job)
+    return job
+
+
+def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
+    """max_wait_ms is paid only while requests arrive together: at concurrency 1 a request runs at once."""
+    import asyncio
+    import types
+
+    from cfir_jax.retrieve import report
+    from cfir_jax.serve.batcher import MicroBatcher
+    from cfir_jax.serve.metrics import Metrics
+
+    monkeypatch.setattr(report, "as_json", lambda doc_id, result, describe, top_k: doc_id)
+    retriever = _FakeRetriever()
+    index = types.SimpleNamespace(retrievers={"cfir": retriever}, entity_pool=None)
+    batcher = MicroBatcher(lambda: index, max_batch=8, max_wait_ms=1500, queue_size=8, metrics=Metrics())
+
+    async def scenario():
+        loop = asyncio.get_running_loop()
+        took = []
+        for n in range(3):  # one at a time: each answered long before max_wait
+            t0 = time.monotonic()
+            assert await _submit(batcher, loop, f"alone-{n}").future == [f"alone-{n}"]
+            took.append(time.monotonic() - t0)
+        await _submit(batcher, loop, "crowd-0", "crowd-1", "crowd-2").future  # a batch request: company
+        t0 = time.monotonic()  # the previous batch had company: the next first request waits for others to join
+        late = [_submit(batcher, loop, "first")]
+        await asyncio.sleep(0.3)
+        late.append(_submit(batcher, loop, "joins"))
+        await asyncio.gather(*(j.future for j in late))
+        return took, time.monotonic() - t0
+
+    try:
+        took, crowd_wait = asyncio.run(scenario())
+    finally:
+        batcher.stop(5)
+    assert max(took) < 0.75, took
+    assert retriever.batches[:3] == [["alone-0"], ["alone-1"], ["alone-2"]]
+    assert retriever.batches[3] == ["crowd-0", "crowd-1", "crowd-2"]
+    assert retriever.batches[-1] == ["first", "joins"] and crowd_wait >= 1.0, (retriever.batches, crowd_wait)
+
+
+def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
+    """serve.entity_workers: the documents of a batch parsed by worker processes, the same entities in order."""
+    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+    from cfir_jax.nlp.entity_pool import EntityPool
+
+    texts = [t for _, t in documents] + ["The Kingsham Museum and Brian Gray.", "nothing here"]
+    expected = list(EntityExtractor(load_spacy(None), "all").extract(texts))
+    pool = EntityPool("", "all", workers=2)
+    try:
+        assert pool.entities(texts) == expected  # 6 texts over 2 workers
+        assert pool.entities(texts[:1]) == expected[:1]
+        assert list(pool.stream(texts, 4)) == expected  # bulk retrieval's lazy path: chunks of 4 queued at once
+        assert any(expected)
+    finally:
+        pool.close()

@@ -1,0 +1,133 @@
+"""Compile-only (cfir_jax/aot): the train step and the device SR compiled for a small TPU topology with libtpu's
+compiler (no TPU attached), per-device memory read from the executable, refusals that name the knob, and the large
+config's golden shardings on a 64-chip slice."""
+
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+from repo import ROOT
+
+from cfir_jax.aot import programs as programs_lib
+from cfir_jax.aot.compile import compile_command, compile_program
+from cfir_jax.aot.topology import libtpu_problem, resolve
+from cfir_jax.core.cli import load_config_file
+from cfir_jax.core.errors import CfirError
+
+GOLDEN = ROOT / "tests" / "golden" / "large_v5p_4x4x4_shardings.json"
+PROBLEM = libtpu_problem()
+if PROBLEM:
+    print(f"test_compile_only: skipped, libtpu unavailable: {PROBLEM}", file=sys.stderr)
+pytestmark = pytest.mark.skipif(bool(PROBLEM), reason=f"libtpu unavailable: {PROBLEM}")
+
+
+def _per_device_bytes(abstract_tree) -> int:
+    """Bytes one device holds of abstract arrays with shardings (shard shape x itemsize)."""
+    leaves = jax.tree.leaves(abstract_tree)
+    return sum(int(np.prod(a.sharding.shard_shape(a.shape))) * a.dtype.itemsize for a in leaves)
+
+
+def test_topologies_resolve_with_hosts_and_hbm():
+    t = resolve("v5p-64")
+    assert (t.name, t.chips, len(t.devices), t.hosts, len(t.host_devices)) == ("v5p:4x4x4", 64, 64, 16, 4)
+    assert t.hbm_bytes == 95 * 2**30
+    assert resolve("v5e:2x4").hosts == 1 and resolve("v5e:4x4").hosts == 4
+    with pytest.raises(CfirError, match="GENERATION:GRID"):
+        resolve("v9:2x2")
+    with pytest.raises(CfirError, match="integers"):
+        resolve("v5e:axb")
+
+
+def test_tiny_train_step_compiles_with_the_state_it_shards():
+    config = load_config_file("configs/base.py:runlocal")
+    topology = resolve("v5e:2x2")
+    step, encoder = programs_lib.train_step(config, topology)
+    result = compile_program(step, topology)
+    assert result.fits and result.compile_s > 0
+    # The donated state comes back in place: outputs alias the state's bytes.
+    state, frozen, batch = step.args
+    expected = _per_device_bytes((state, frozen, batch))
+    # What the compiler says each device holds = the sharded arguments (tile padding of tiny arrays at most 10%).
+    assert expected <= result.arguments <= 1.1 * expected + 65536
+    assert result.aliased >= 0.9 * _per_device_bytes(state)
+    assert compile_program(encoder, topology).fits
+
+
+@pytest.mark.slow
+def test_base_train_step_compiles_data_parallel_with_replicated_state():
+    """Base at the paper's 87M trained parameters: replicated state (no FSDP), batch split over the 4 chips."""
+    config = load_config_file("configs/base.py")
+    topology = resolve("v5e:2x2")
+    step = programs_lib.train_step(config, topology, global_batch=64)[0]
+    result = compile_program(step, topology)
+    state, frozen, batch = step.args
+    # Replicated: every device holds every parameter and both Adam moments.
+    full = sum(a.size * a.dtype.itemsize for a in jax.tree.leaves(state["params"]))
+    assert _per_device_bytes(state["params"]) == full
+    assert result.arguments >= 3 * full  # params + mu + nu
+    assert result.fits and result.total < 16 * 2**30
+
+
+def test_device_sr_is_row_sharded_and_its_temporaries_do_not_grow_with_the_cache():
+    config = load_config_file("configs/base.py:runlocal")
+    config.unlock()
+    config.model.embed_dim = 128  # a multiple of TPU's 128-lane tiles, as 768 and 1024
+    topology = resolve("v5e:2x2")
+    memory = {}
+    for n in (200_000, 400_000):
+        program = programs_lib.device_sr(config, topology, n, "bfloat16", query_batches=(8,))[0]
+        memory[n] = program.lower().compile().memory_analysis()
+    for n, m in memory.items():
+        shard = n // 4 * 128 * 2  # the cache is never gathered onto one chip: each holds its quarter of the rows
+        replicated = 8 * programs_lib.UNION_BUCKET * 4 + 8 * 128 * 4  # the union ids and the queries
+        assert shard <= m.argument_size_in_bytes <= shard + replicated + 65536
+    assert memory[400_000].temp_size_in_bytes == memory[200_000].temp_size_in_bytes
+
+
+def test_refusal_names_the_knob():
+    config = load_config_file("configs/base.py:runlocal")
+    with pytest.raises(CfirError, match=r"train_step does not fit v5e:2x2: .* GiB per device of 16 GiB .*"
+                                        r"model\.remat=True"):
+        compile_command("train", config, "v5e:2x2", out=lambda _: None, global_batch=1 << 20)
+    with pytest.raises(CfirError, match="needs --topology"):
+        compile_command("train", config, "", out=lambda _: None)
+
+
+def test_train_cli_compile_only_reads_no_workdir():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "train.py", "--config", "configs/base.py:runlocal", "--compile-only",
+                          "--topology", "v5e:2x2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stderr == "", out.stderr[-2000:]  # libtpu's failed cloud-metadata probes are held back
+    lines = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line.strip()}
+    assert lines["train_step"][6] == "yes" and lines["eval_encoder"][6] == "yes"
+    bad = subprocess.run([sys.executable, "train.py", "--config", "configs/base.py:runlocal", "--compile-only",
+                          "--topology", "v7x:2x2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode != 0 and "Traceback" not in bad.stderr and "GENERATION:GRID" in bad.stderr
+
+
+def test_large_shardings_match_the_golden_file():
+    """Regenerate after an intended change of the rules: python -m cfir_jax.aot.golden > tests/golden/..."""
+    from cfir_jax.aot.golden import sharding_table
+
+    table = sharding_table(load_config_file("configs/large.py"), "v5p:4x4x4")
+    golden = json.loads(GOLDEN.read_text())
+    changed = {k: (golden["state"].get(k), v) for k, v in table["state"].items() if golden["state"].get(k) != v}
+    assert not changed and table == golden, f"shardings changed (golden, now): {changed}"
+    # FSDP over the 64 chips shards every large trained kernel and both Adam moments.
+    kernels = [k for k in table["state"] if k.endswith("kernel")]
+    assert kernels and all("fsdp" in table["state"][k] for k in kernels)
+
+
+def test_retrieve_compile_only_needs_a_config_and_index_needs_no_workdir():
+    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
+    out = subprocess.run([sys.executable, "retrieve.py", "--compile-only", "--topology", "v5e:2x2"], cwd=ROOT,
+                         env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode != 0 and "--compile-only needs --config" in out.stderr and "Traceback" not in out.stderr
+    out = subprocess.run([sys.executable, "index.py", "--config", "configs/base.py:runlocal"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "--workdir" in out.stderr  # without --compile-only the workdir is required

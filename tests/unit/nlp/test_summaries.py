@@ -1,0 +1,382 @@
+"""Summarisers (Flax BART against transformers' reference, extractive) and the summary store."""
+
+from __future__ import annotations
+
+import json
+import os
+
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import numpy as np
+import pytest
+
+from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.index.summaries import build_summary_store
+from cfir_jax.nlp import summarizer as summarizer_lib
+from cfir_jax.stores.summaries import SummaryStore
+
+TEXTS = [
+    "Berlin is the capital of Germany.",
+    "Hello world",
+    "The cat sat on the mat in Paris.",
+    "Rain fell for three days on the hills of Rome.",
+    # Longer than max_input_tokens below (byte-level tokens): exercises truncation.
+    "In the beginning there was nothing but water and the wind over it, and then the land rose, " * 3,
+]
+SETTINGS = dict(max_length=20, min_length=6, num_beams=4, length_penalty=2.0, no_repeat_ngram_size=3)
+MAX_INPUT = 64  # One length bucket, so the module's tests compile generation once.
+
+
+def _write_tiny_tokenizer(directory: str) -> None:
+    """A byte-level BPE vocabulary by hand: the 4 specials, the 256 byte symbols, a few merges, <mask>."""
+    from transformers import BartTokenizer
+    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
+
+    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
+    for symbol in sorted(set(bytes_to_unicode().values())):
+        vocab[symbol] = len(vocab)
+    merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "a"), ("i", "n"), ("e", "r")]
+    for a, b in merges:
+        vocab[a + b] = len(vocab)
+    vocab["<mask>"] = len(vocab)
+    with open(os.path.join(directory, "vocab.json"), "w") as f:
+        json.dump(vocab, f)
+    with open(os.path.join(directory, "merges.txt"), "w") as f:
+        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    vocab, merges_file = os.path.join(directory, "vocab.json"), os.path.join(directory, "merges.txt")
+    BartTokenizer(vocab, merges_file).save_pretrained(directory)
+
+
+@pytest.fixture(scope="module")
+def tiny_bart(tmp_path_factory):
+    """A random PyTorch BART (the reference) saved with its tokenizer; weights large enough that inputs matter."""
+    import torch
+    from transformers import BartConfig, BartForConditionalGeneration
+
+    directory = str(tmp_path_factory.mktemp("tiny_bart"))
+    _write_tiny_tokenizer(directory)
+    torch.manual_seed(0)
+    config = BartConfig(
+        vocab_size=267,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=32,
+        decoder_ffn_dim=32,
+        max_position_embeddings=160,
+        init_std=0.5,
+        forced_bos_token_id=0,
+        forced_eos_token_id=2,
+        num_beams=4,
+        early_stopping=True,
+    )
+    model = BartForConditionalGeneration(config).eval()
+    with torch.no_grad():  # Make </s> likely, so that min_length has something to hold back.
+        model.final_logits_bias[0, 2] = 8.0
+    model.save_pretrained(directory)
+    return directory, model
+
+
+@pytest.fixture(scope="module")
+def summarizer(tiny_bart):
+    """Loads the PyTorch-only directory (from_pt conversion); batch 4 for 5 texts exercises the filler rows."""
+    return summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **SETTINGS)
+
+
+@pytest.fixture(scope="module")
+def outputs(summarizer):
+    return summarizer.generate_ids(TEXTS)
+
+
+def _reference(directory, model, texts, **settings):
+    """transformers' PyTorch generate on the unbucketed batch: token ids [batch, <= max_length]."""
+    import torch
+    from transformers import BartTokenizerFast
+
+    tokenizer = BartTokenizerFast.from_pretrained(directory)
+    batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=MAX_INPUT)
+    with torch.no_grad():
+        ids = model.generate(**batch, do_sample=False, **settings)
+    return tokenizer, ids.numpy()
+
+
+def _unpad(ids: np.ndarray, pad_id: int) -> list[list[int]]:
+    return [row[row != pad_id].tolist() for row in ids]
+
+
+def test_bart_summaries_equal_flax_generate_called_directly(summarizer, outputs):
+    """Sorting, batch filler rows and length buckets change nothing against generate on the plain padded batch.
+
+    Slow: a second compilation of beam search (~15 s on 2 cores).
+    """
+    import jax
+    from transformers.generation.flax_logits_process import FlaxLogitsProcessorList
+
+    model, tokenizer = summarizer.model, summarizer.tokenizer
+    batch = tokenizer(TEXTS, return_tensors="np", padding=True, truncation=True, max_length=MAX_INPUT)
+    processors = FlaxLogitsProcessorList([summarizer_lib._no_repeat_processor(SETTINGS["no_repeat_ngram_size"])])
+    direct = jax.jit(
+        lambda ids, mask: model.generate(
+            ids, attention_mask=mask, generation_config=summarizer.generation_config, logits_processor=processors
+        ).sequences
+    )(batch["input_ids"], batch["attention_mask"])
+    assert [o.tolist() for o in outputs] == _unpad(np.asarray(direct), tokenizer.pad_token_id)
+    assert len({tuple(o) for o in outputs}) == len(TEXTS)  # The inputs matter, so equality says something.
+    assert summarizer.summarize(TEXTS[:2]) == [
+        s.strip() for s in tokenizer.batch_decode(np.asarray(direct)[:2], skip_special_tokens=True)
+    ]
+
+
+def test_bart_min_length_is_honoured(tiny_bart, outputs):
+    assert min(len(o) for o in outputs) >= SETTINGS["min_length"]
+    assert min(len(o) for o in outputs) < SETTINGS["max_length"]  # EOS is reachable: the bound is not vacuous.
+    # Without min_length this model stops sooner on some input, so min_length is what held it back.
+    tokenizer, free = _reference(*tiny_bart, TEXTS, **{**SETTINGS, "min_length": 0})
+    assert min(len(row) for row in _unpad(free, tokenizer.pad_token_id)) < SETTINGS["min_length"]
+
+
+def test_bart_summaries_repeat_no_trigram(outputs):
+    for ids in outputs:
+        trigrams = [tuple(ids[i : i + 3]) for i in range(len(ids) - 2)]
+        assert len(trigrams) == len(set(trigrams))
+
+
+def test_bart_compiles_once_per_length_bucket(summarizer, outputs):
+    assert summarizer.buckets == (MAX_INPUT,)
+    summarizer.summarize(TEXTS[:1])  # A smaller batch is padded to the same shape: no new compilation.
+    assert summarizer.num_traces == 1
+
+
+def test_bart_settings_are_recorded(summarizer):
+    settings = summarizer.settings
+    for key, value in SETTINGS.items():
+        assert settings[key] == value
+    assert settings["max_input_tokens"] == MAX_INPUT and settings["early_stopping"] is True
+
+
+def test_bart_greedy_equals_pytorch_generate(tiny_bart):
+    """Against the PyTorch reference: min_length, forced BOS/EOS and our no-repeat-ngram rule behave the same.
+
+    Greedy, because transformers' Flax beam search finalises hypotheses slightly differently from its PyTorch one
+    (see BartSummarizer); with one beam both reduce to the same argmax chain.
+    """
+    settings = {**SETTINGS, "num_beams": 1}
+    greedy = summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **settings)
+    tokenizer, ids = _reference(*tiny_bart, TEXTS, **settings)
+    assert [o.tolist() for o in greedy.generate_ids(TEXTS)] == _unpad(ids, tokenizer.pad_token_id)
+
+
+def test_no_repeat_ngram_mask_matches_a_direct_count():
+    import functools
+
+    import jax
+    import jax.numpy as jnp
+
+    rng = np.random.default_rng(0)
+    sequences = rng.integers(0, 4, size=(6, 12)).astype(np.int32)  # A small vocabulary: many repeats.
+    for n in (2, 3):
+        masker = jax.jit(functools.partial(summarizer_lib.no_repeat_ngram_mask, ngram_size=n, vocab_size=4))
+        for cur_len in range(0, 12):
+            mask = np.asarray(masker(jnp.asarray(sequences), jnp.asarray(cur_len)))
+            for row, seq in enumerate(sequences):
+                prefix = tuple(seq[cur_len - n + 1 : cur_len]) if cur_len >= n - 1 else None
+                banned = {
+                    seq[p + n - 1]
+                    for p in range(0, cur_len - n + 1)
+                    if prefix is not None and tuple(seq[p : p + n - 1]) == prefix
+                }
+                assert set(np.flatnonzero(mask[row])) == banned, (n, cur_len, row)
+
+
+def test_bart_flax_directory_loads_like_the_pytorch_one(tmp_path, tiny_bart, summarizer):
+    import shutil
+
+    flax_dir = tmp_path / "flax"
+    summarizer.model.save_pretrained(flax_dir)
+    summarizer.tokenizer.save_pretrained(flax_dir)
+    assert (flax_dir / "flax_model.msgpack").exists()
+    model, _ = summarizer_lib._load_bart(flax_dir, np.float32)
+    leaves = lambda p: [np.asarray(x) for x in __import__("jax").tree_util.tree_leaves(p)]  # noqa: E731
+    for a, b in zip(leaves(model.params), leaves(summarizer.model.params)):
+        np.testing.assert_array_equal(a, b)
+    shutil.rmtree(flax_dir)
+
+
+def test_bart_missing_directory_is_a_cfir_error(tmp_path):
+    with pytest.raises(CfirError, match="no such model directory"):
+        summarizer_lib.BartSummarizer(str(tmp_path / "nope"))
+
+
+def test_bart_directory_without_weights_is_a_cfir_error(tmp_path, tiny_bart):
+    (tmp_path / "config.json").write_text((open(os.path.join(tiny_bart[0], "config.json"))).read())
+    with pytest.raises(CfirError, match="no weights"):
+        summarizer_lib.BartSummarizer(str(tmp_path))
+
+
+def test_bart_unreachable_hub_is_a_cfir_error(monkeypatch):
+    monkeypatch.setattr(summarizer_lib, "_hub_unreachable", lambda: True)
+    with pytest.raises(CfirError, match="hub is unreachable"):
+        summarizer_lib.BartSummarizer("someone/not-cached-bart")
+
+
+def test_extractive_keeps_leading_sentences_within_the_word_budget():
+    text = "Paris is the capital of France. It has the Eiffel Tower. The Louvre holds the Mona Lisa. More follows."
+    s = summarizer_lib.ExtractiveSummarizer(max_tokens=12)
+    assert s.summarize([text]) == ["Paris is the capital of France. It has the Eiffel Tower."]
+    assert summarizer_lib.ExtractiveSummarizer(max_tokens=6).summarize([text]) == ["Paris is the capital of France."]
+
+
+def test_extractive_cuts_an_overlong_first_sentence_at_the_budget():
+    text = "one two three four five six seven eight nine ten. Second sentence."
+    assert summarizer_lib.ExtractiveSummarizer(max_tokens=4).summarize([text]) == ["one two three four"]
+
+
+def test_extractive_counts_tokens_of_a_given_tokenizer():
+    chars = lambda s: list(s.replace(" ", ""))  # noqa: E731 - one token per character.
+    s = summarizer_lib.ExtractiveSummarizer(max_tokens=21, tokenizer=chars)
+    out = s.summarize(["Rome is old. Oslo is cold. Lima is far away."])[0]
+    assert out == "Rome is old. Oslo is cold."  # 10 + 11 characters; the third sentence would overflow.
+    assert summarizer_lib.ExtractiveSummarizer(max_tokens=20, tokenizer=chars).summarize([out]) == ["Rome is old."]
+
+
+def test_extractive_handles_empty_text_and_is_deterministic():
+    s = summarizer_lib.ExtractiveSummarizer()
+    texts = ["", "   ", "A short one!  Then another? Yes."]
+    assert s.summarize(texts) == ["", "", "A short one! Then another? Yes."]
+    assert s.summarize(texts) == s.summarize(texts)
+
+
+DOCS = [(f"doc-{i}", f"Document number {i} is about Paris. It has a second sentence. And a third.") for i in range(7)]
+
+
+def test_summary_store_round_trip(tmp_path):
+    s = summarizer_lib.ExtractiveSummarizer(max_tokens=8)
+    docs = DOCS + [("empty", "")]
+    manifest = build_summary_store(tmp_path / "s", docs, s, chunk_size=3)
+    st = SummaryStore.open(tmp_path / "s", summarizer="extractive")
+    assert st.doc_ids == [d for d, _ in docs] and st.num_docs == 8
+    assert st.summaries == s.summarize([t for _, t in docs])
+    assert st.summary(7) == "" and manifest["num_empty"] == 1
+    assert manifest["max_tokens"] == 8
+    with pytest.raises(CfirError, match="out of range"):
+        st.summary(8)
+
+
+def test_summary_store_keeps_line_breaks_inside_a_summary(tmp_path):
+    class Echo:
+        name = "echo"
+        settings: dict = {}
+
+        def summarize(self, texts):
+            return [f"{t}\nsecond line" for t in texts]
+
+    build_summary_store(tmp_path / "s", DOCS[:2], Echo())
+    assert SummaryStore.open(tmp_path / "s").summary(1).endswith("\nsecond line")
+
+
+def test_summary_store_resume_after_interruption_equals_uninterrupted_build(tmp_path):
+    calls: list[str] = []
+
+    class Counting(summarizer_lib.ExtractiveSummarizer):
+        def summarize(self, texts):
+            calls.extend(texts)
+            return super().summarize(texts)
+
+    build_summary_store(tmp_path / "whole", DOCS, Counting(max_tokens=8), chunk_size=3)
+
+    def interrupted():
+        yield from DOCS[:4]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_summary_store(tmp_path / "resumed", interrupted(), Counting(max_tokens=8), chunk_size=3)
+    assert not (tmp_path / "resumed").exists()
+    calls.clear()
+    build_summary_store(tmp_path / "resumed", DOCS, Counting(max_tokens=8), chunk_size=3)
+    assert calls == [t for _, t in DOCS[3:]]  # The first chunk (3 docs) was read back, not recomputed.
+    for name in ("doc_ids.txt", "summaries.jsonl"):
+        assert (tmp_path / "whole" / name).read_text() == (tmp_path / "resumed" / name).read_text()
+
+
+def test_summary_store_restarts_when_settings_change(tmp_path):
+    def interrupted():
+        yield from DOCS[:4]
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_summary_store(tmp_path / "s", interrupted(), summarizer_lib.ExtractiveSummarizer(8),
+                                          chunk_size=3)
+    build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer(4), chunk_size=3)
+    st = SummaryStore.open(tmp_path / "s")
+    assert st.summaries == summarizer_lib.ExtractiveSummarizer(4).summarize([t for _, t in DOCS])
+
+
+def test_summary_store_rejects_bad_documents(tmp_path):
+    s = summarizer_lib.ExtractiveSummarizer()
+    with pytest.raises(CfirError, match="document #1"):
+        build_summary_store(tmp_path / "a", [("a", "x"), ("b", b"bytes")], s)
+    with pytest.raises(CfirError, match="appears twice"):
+        build_summary_store(tmp_path / "b", [("a", "x"), ("a", "y")], s)
+    with pytest.raises(CfirError, match="no documents"):
+        build_summary_store(tmp_path / "c", [], s)
+
+
+def test_summary_store_open_rejects_truncated_and_foreign_stores(tmp_path):
+    build_summary_store(tmp_path / "s", DOCS, summarizer_lib.ExtractiveSummarizer())
+    with pytest.raises(StoreError, match="summarizer"):
+        SummaryStore.open(tmp_path / "s", summarizer="bart")
+    path = tmp_path / "s" / "summaries.jsonl"
+    path.write_text("\n".join(path.read_text().split("\n")[:3]) + "\n")
+    with pytest.raises(StoreError, match="3 lines but the manifest says 7"):
+        SummaryStore.open(tmp_path / "s")
+    with pytest.raises(StoreError, match="no summaries store"):
+        SummaryStore.open(tmp_path / "missing")
+
+
+# The summariser's input: the paper's fields or the authors' (with the section's category, media, hierachy lists).
+
+
+def test_summary_input_is_the_text_for_the_paper_and_appends_the_lists_for_the_authors():
+    from cfir_jax.data.corpus import Document
+
+    doc = Document("t1", "Alpha History Alpha is a town.", metadata={"category": ("Towns", "Alps"), "media": (),
+                                                                     "hierachy": ("Top", "History")})
+    assert summarizer_lib.summary_input(doc) == summarizer_lib.summary_input(doc, "paper") == doc.text
+    assert summarizer_lib.summary_input(doc, "authors") == "Alpha History Alpha is a town. Towns Alps Top History"
+    with pytest.raises(CfirError, match="use one of paper, authors"):
+        summarizer_lib.summary_input(doc, "everything")
+    with pytest.raises(CfirError, match="category, media, hierachy lists"):
+        summarizer_lib.summary_input(Document("s1", "a synthetic document"), "authors")
+
+
+def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds_when_they_change(tmp_path):
+    """AToMiC fixture corpus, extractive summaries long enough to keep a whole (short) input: 'paper' summarises the
+    document text, 'authors' the text plus the lists; the manifest says which, and a change rebuilds the store."""
+    from atomic_fixtures import write_atomic_fixture
+
+    from cfir_jax.data.atomic import build_atomic_corpus
+    from cfir_jax.index import runner as indexing
+    from cfir_jax.stores.layout import Layout
+    from configs.base import experiment
+
+    fx = write_atomic_fixture(tmp_path / "atomic")
+    layout = Layout.of(tmp_path / "w")
+    corpus = build_atomic_corpus(fx.texts_dir, fx.images_dir, fx.qrels_dir, layout.corpus)
+    config = experiment("base", "runlocal")
+    config.index.summaries.update(summarizer="extractive", extractive_tokens=64)
+    assert config.index.summaries.fields == "paper"
+
+    def summary_of(doc_id: str) -> str:
+        store = indexing.build_summaries(config, layout, corpus)
+        return store.summary(store.doc_ids.index(doc_id))
+
+    assert summary_of("t1") == "Alpha History Alpha is a town. It was founded in 1900."
+    assert SummaryStore.open(layout.summaries).manifest["input_fields"] == "paper"
+    config.index.summaries.fields = "authors"
+    assert summary_of("t1") == "Alpha History Alpha is a town. It was founded in 1900. Cat i1 Top History"
+    assert SummaryStore.open(layout.summaries).manifest["input_fields"] == "authors"
+    config.index.summaries.fields = "section_only"
+    with pytest.raises(CfirError, match="fields='section_only'"):
+        indexing.build_summaries(config, layout, corpus)
