@@ -30,7 +30,7 @@ table against both configs.
 
 The paper says it follows BEiT-3's fine-tuning setup and its values are the table above (with the authors' code
 defaults where it is silent). The authors' README documents a different stage-2 command; `:authors` (combinable:
-`:authors,384`) sets it instead, value by value (README.md's "The protocol" table gives both sources):
+`:authors,384`) sets it instead, value by value (docs/protocol.md gives both sources):
 
   key                  paper            :authors
   train.lr             1e-4             2e-4
