@@ -189,11 +189,18 @@ class Retriever:
     def extractor(self):
         return self.entities.extractor()
 
+    def cache_summaries(self, max_entries: int) -> None:
+        """Keeps up to `max_entries` query summaries by document hash (the service: serve.summary_cache)."""
+        from cfir_jax.index.summarizer import CachedSummarizer
+
+        if max_entries > 0 and not isinstance(self.summarizer(), CachedSummarizer):
+            self._summarizer = CachedSummarizer(self._summarizer, max_entries)
+
     def summarizer(self):
         if self._summarizer is None:
             from cfir_jax.index.summarizer import make_summarizer
 
-            self._summarizer = make_summarizer(self.config)
+            self._summarizer = make_summarizer(self.config, self.rcfg.get("summarizer") or None)
         return self._summarizer
 
     def _candidates(self, entities: list[str]) -> tuple[list[np.ndarray], list[str], list[str]]:
