@@ -259,6 +259,142 @@ def build(out: Path, size: str, rows: int | None = None, world: Path | None = No
     return work
 
 
+# ------------------------------------------------------------------------------------------------- measurements
+def load_averages() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def long_texts(texts: list[str], words: int) -> list[str]:
+    """Each text followed by the next ones (cyclically) until it has `words` words: documents of AToMiC's longest,
+    which BART reads up to its 1,024-token cut (0: the texts unchanged)."""
+    if words <= 0:
+        return list(texts)
+    out = []
+    for i in range(len(texts)):
+        parts, n, j = [], 0, i
+        while n < words:
+            parts.append(texts[j % len(texts)])
+            n += len(parts[-1].split())
+            j += 1
+        out.append(" ".join(parts))
+    return out
+
+
+def query_documents(work: Path, n: int, words: int) -> list[tuple[str, str]]:
+    """(id, text) of n documents of the world (test split first), lengthened to `words` words."""
+    from cfir_jax.data.corpus import Corpus
+
+    corpus = Corpus.open(work / "corpus")
+    test = set(corpus.qrels("test"))
+    order = sorted(range(corpus.num_documents), key=lambda i: corpus.doc_ids[i] not in test)
+    texts = long_texts([corpus.document(i).text for i in order], words)
+    return [(f"{corpus.doc_ids[order[i % len(order)]]}#{i}", texts[i % len(texts)]) for i in range(n)]
+
+
+# Each cheaper summary option as the config overrides that select it (the paper's setting is the default, "paper").
+SUMMARY_OPTIONS = {
+    "paper": {},
+    "bfloat16": {"index.summaries.dtype": "bfloat16"},
+    "greedy": {"index.summaries.num_beams": 1},
+    "max32": {"index.summaries.max_length": 32},
+    "distilbart": {"index.summaries.bart_model": "{out}/bart/distilbart-cnn-12-6"},
+    "extractive": {"retrieval.summarizer": "extractive"},
+}
+
+
+def option_config(work: Path, out: Path, option: str):
+    from cfir_jax.cli import workdir_config
+
+    config = workdir_config(work)
+    with config.unlocked():
+        for key, value in SUMMARY_OPTIONS[option].items():
+            node = config
+            *path, last = key.split(".")
+            for part in path:
+                node = node[part]
+            node[last] = value.format(out=out) if isinstance(value, str) else value
+    return config
+
+
+def time_summaries(out: Path, options: list[str], docs: int, words: int, batch_docs: int) -> None:
+    """Per option: ms per query document (one per call, options interleaved document by document so load hits all
+    alike) and, for BART options, summaries/s at the index's batch; the token agreement of each BART option's
+    output with the paper setting's on the same documents."""
+    from cfir_jax.index.summarizer import BartSummarizer, make_summarizer
+
+    work = out / "work"
+    texts = [t for _, t in query_documents(work, docs + 1, words)]
+    made = {}
+    for option in options:
+        config = option_config(work, out, option)
+        made[option] = make_summarizer(config, config.retrieval.get("summarizer") or None)
+        made[option].summarize(texts[:1])  # load and compile the 1-row program
+    bart = {o: s for o, s in made.items() if isinstance(s, BartSummarizer)}
+    tokens = {o: len(s.tokenizer(texts[1], truncation=True, max_length=s.max_input_tokens)["input_ids"])
+              for o, s in bart.items()}
+    print(f"{docs} documents of >= {words} words ({', '.join(f'{o}: {n} BART tokens' for o, n in tokens.items())} "
+          f"for the first); load before {load_averages()}", flush=True)
+    times = {o: [] for o in options}
+    ids = {o: [] for o in bart}
+    for text in texts[1:]:
+        for option in options:
+            t0 = time.perf_counter()
+            if option in bart:
+                ids[option].append(bart[option].generate_ids([text])[0])
+            else:
+                made[option].summarize([text])
+            times[option].append(time.perf_counter() - t0)
+    print(f"query path, one document per call (load after {load_averages()}):")
+    for option in options:
+        ms = 1e3 * np.asarray(times[option])
+        agree = ""
+        if option == "bfloat16" and "paper" in ids:  # the same weights and decoding: only the dtype differs
+            same = [np.mean(a[: min(len(a), len(b))] == b[: min(len(a), len(b))]) * min(len(a), len(b))
+                    / max(len(a), len(b)) for a, b in zip(ids[option], ids["paper"])]
+            exact = sum(a.tolist() == b.tolist() for a, b in zip(ids[option], ids["paper"]))
+            agree = f"; tokens agreeing with paper {np.mean(same):.1%}, identical {exact}/{len(same)}"
+        print(f"  {option:11s} p50 {np.percentile(ms, 50):9.1f} ms  p95 {np.percentile(ms, 95):9.1f} ms  "
+              f"{SUMMARY_OPTIONS[option] or '(the default)'}{agree}", flush=True)
+    if batch_docs:
+        print(f"index path, {batch_docs} documents per call (index.summaries.batch_size rows per device):")
+        for option, s in bart.items():
+            chunk = (texts[1:] * batch_docs)[:batch_docs]
+            s.generate_ids(chunk)  # compile the batch's row bucket
+            t0 = time.perf_counter()
+            s.generate_ids(chunk)
+            dt = time.perf_counter() - t0
+            print(f"  {option:11s} {batch_docs / dt:6.2f} summaries/s ({dt:.1f} s per call; load "
+                  f"{load_averages()})", flush=True)
+
+
+def time_served(out: Path, levels: list[int], per_level: int, words: int, docs_c1: int, max_batch: int,
+                overrides: list[str]) -> None:
+    """The service on the real-size workdir: concurrency 1 interleaved with the in-process Retriever on the same
+    documents (the 1.3x goal's ratio under the same load), then p50/p95/p99 and documents/s at each level."""
+    import asyncio
+
+    import serve_load
+
+    work = out / "work"
+    docs = query_documents(work, max(levels) * per_level + docs_c1, words)
+    server = serve_load.Server(str(work), f"--config.serve.max_batch={max_batch}", "--config.serve.queue_size=256",
+                               "--config.serve.deadline_ms=600000", *overrides)
+    print(f"server ready in {server.ready_s:.0f} s ({' '.join(overrides) or 'the paper settings'}); "
+          f"load {load_averages()}", flush=True)
+    try:
+        asyncio.run(serve_load.load(server.url, serve_load.search_bodies(docs[:1]), 1, timeout=600))
+        inproc, served = serve_load.interleaved_c1(server.url, str(work), docs[-docs_c1:])
+        print(f"concurrency 1 interleaved with the in-process Retriever, {docs_c1} documents: p50 {served:.0f} ms "
+              f"served vs {inproc:.0f} ms in process ({served / inproc:.2f}x); load {load_averages()}", flush=True)
+        for c in levels:
+            bodies = serve_load.search_bodies(docs[: c * per_level])
+            r = asyncio.run(serve_load.load(server.url, bodies, c, timeout=600))
+            print(f"concurrency {c:3d}: {r['ok']}/{r['n']} ok, p50 {r['p50']:8.0f} ms  p95 {r['p95']:8.0f}  "
+                  f"p99 {r['p99']:8.0f}  {r['rate']:6.3f} documents/s; load {load_averages()}", flush=True)
+    finally:
+        server.stop()
+
+
 @cli_main
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -268,8 +404,34 @@ def main() -> None:
     b.add_argument("--size", choices=tuple(SIZES), default="base")
     b.add_argument("--rows", type=int, default=None, help="cache rows (default: the size's: 4M base, 11M large)")
     b.add_argument("--world", default=None, help="copy this indexed synthetic workdir instead of indexing one")
+    t = sub.add_parser("summaries", help="time each summary option on a built workdir (interleaved)")
+    t.add_argument("--out", required=True)
+    t.add_argument("--options", default=",".join(SUMMARY_OPTIONS), help=f"subset of {','.join(SUMMARY_OPTIONS)}")
+    t.add_argument("--docs", type=int, default=5)
+    t.add_argument("--words", type=int, default=900, help="documents lengthened to this many words (0: as they are)")
+    t.add_argument("--batch-docs", type=int, default=0, help="also summaries/s at this many documents per call")
+    v = sub.add_parser("serve", help="the service on a built workdir: p50/p95/p99 and documents/s per concurrency")
+    v.add_argument("--out", required=True)
+    v.add_argument("--levels", default="1,4,16")
+    v.add_argument("--per-level", type=int, default=2, help="requests per unit of concurrency")
+    v.add_argument("--c1-docs", type=int, default=4, help="documents of the interleaved concurrency-1 comparison")
+    v.add_argument("--words", type=int, default=900)
+    v.add_argument("--max-batch", type=int, default=16)
+    v.add_argument("overrides", nargs="*", help="--config.x=y given to the server (a summary option)")
     args = p.parse_args()
     out = Path(args.out).absolute()
+    if args.command == "summaries":
+        unknown = set(args.options.split(",")) - set(SUMMARY_OPTIONS)
+        if unknown or args.docs < 1:
+            raise CfirError(f"--options: unknown {sorted(unknown)} (use {','.join(SUMMARY_OPTIONS)}); --docs >= 1")
+        print(hardware_description())
+        time_summaries(out, args.options.split(","), args.docs, args.words, args.batch_docs)
+        return
+    if args.command == "serve":
+        print(hardware_description())
+        time_served(out, [int(x) for x in args.levels.split(",")], args.per_level, args.words, args.c1_docs,
+                    args.max_batch, args.overrides)
+        return
     if ROOT in (out, *out.parents):
         raise CfirError(f"--out {out}: inside the repository; pick a directory outside it (e.g. /work/realsize)")
     print(hardware_description())
