@@ -445,6 +445,42 @@ class BartSummarizer:
         return [summary.strip() for summary in decoded]
 
 
+# The published architectures by hub id, so that a compile-only run needs no download (their config.json files).
+ARCHITECTURES = {
+    "facebook/bart-large-cnn": dict(d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+                                    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096,
+                                    vocab_size=50264, max_position_embeddings=1024),
+    "sshleifer/distilbart-cnn-12-6": dict(d_model=1024, encoder_layers=12, decoder_layers=6,
+                                          encoder_attention_heads=16, decoder_attention_heads=16,
+                                          encoder_ffn_dim=4096, decoder_ffn_dim=4096, vocab_size=50264,
+                                          max_position_embeddings=1024),
+}
+# BART-large-CNN's special ids and generation defaults (its config.json); CFIR's settings go on top at call time.
+_BART_COMMON = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=0,
+                    forced_eos_token_id=2, num_beams=4, early_stopping=True, length_penalty=2.0, max_length=142,
+                    min_length=56, no_repeat_ngram_size=3)
+
+
+def abstract_bart(model_name_or_path: str, dtype: str):
+    """(Flax BART without weights, its parameters as jax.ShapeDtypeStruct) from the architecture alone: a local
+    directory's config.json, or a hub id of ARCHITECTURES. Nothing is downloaded or allocated."""
+    import jax
+    import jax.numpy as jnp
+    from transformers import BartConfig, FlaxBartForConditionalGeneration
+
+    expanded = Path(os.path.expanduser(model_name_or_path))
+    if (expanded / "config.json").is_file():
+        config = BartConfig.from_pretrained(expanded)
+    elif model_name_or_path in ARCHITECTURES:
+        config = BartConfig(**ARCHITECTURES[model_name_or_path], **_BART_COMMON)
+    else:
+        raise CfirError(f"index.summaries.bart_model={model_name_or_path!r}: no config.json there and not one of "
+                        f"{', '.join(ARCHITECTURES)}; pass a model directory")
+    model = FlaxBartForConditionalGeneration(config, dtype=jnp.dtype(dtype), _do_init=False)
+    params = jax.eval_shape(lambda: model.init_weights(jax.random.PRNGKey(0), (1, 1)))
+    return model, params
+
+
 def _load_bart(model_dir: Path, dtype):
     """Flax BART and its tokenizer from a save_pretrained directory (PyTorch-only weights are converted)."""
     from transformers import BartTokenizerFast, FlaxBartForConditionalGeneration
