@@ -317,54 +317,54 @@ def option_config(work: Path, out: Path, option: str):
 
 
 def time_summaries(out: Path, options: list[str], docs: int, words: int, batch_docs: int) -> None:
-    """Per option: ms per query document (one per call, options interleaved document by document so load hits all
-    alike) and, for BART options, summaries/s at the index's batch; the token agreement of each BART option's
-    output with the paper setting's on the same documents."""
+    """Per option, one after another (each line printed with the load it ran under, so a busy machine still gives
+    what finished): ms per query document (one per call, the query path) and, with batch_docs, summaries/s at that
+    many documents per call; bfloat16's token agreement with the paper setting's output on the same documents."""
     from cfir_jax.index.summarizer import BartSummarizer, make_summarizer
 
     work = out / "work"
     texts = [t for _, t in query_documents(work, docs + 1, words)]
-    made = {}
+    print(f"{docs} documents of >= {words} words, one per call (the query path), after one warm-up call; options "
+          f"one after another; load before {load_averages()}", flush=True)
+    paper_ids = None
     for option in options:
         config = option_config(work, out, option)
-        made[option] = make_summarizer(config, config.retrieval.get("summarizer") or None)
-        made[option].summarize(texts[:1])  # load and compile the 1-row program
-    bart = {o: s for o, s in made.items() if isinstance(s, BartSummarizer)}
-    tokens = {o: len(s.tokenizer(texts[1], truncation=True, max_length=s.max_input_tokens)["input_ids"])
-              for o, s in bart.items()}
-    print(f"{docs} documents of >= {words} words ({', '.join(f'{o}: {n} BART tokens' for o, n in tokens.items())} "
-          f"for the first); load before {load_averages()}", flush=True)
-    times = {o: [] for o in options}
-    ids = {o: [] for o in bart}
-    for text in texts[1:]:
-        for option in options:
-            t0 = time.perf_counter()
-            if option in bart:
-                ids[option].append(bart[option].generate_ids([text])[0])
+        t0 = time.perf_counter()
+        s = make_summarizer(config, config.retrieval.get("summarizer") or None)
+        bart = isinstance(s, BartSummarizer)
+        s.summarize(texts[:1])  # load and compile the 1-row program
+        ready = time.perf_counter() - t0
+        times, ids = [], []
+        for text in texts[1:]:
+            t = time.perf_counter()
+            if bart:
+                ids.append(s.generate_ids([text])[0])
             else:
-                made[option].summarize([text])
-            times[option].append(time.perf_counter() - t0)
-    print(f"query path, one document per call (load after {load_averages()}):")
-    for option in options:
-        ms = 1e3 * np.asarray(times[option])
-        agree = ""
-        if option == "bfloat16" and "paper" in ids:  # the same weights and decoding: only the dtype differs
+                s.summarize([text])
+            times.append(time.perf_counter() - t)
+        ms = 1e3 * np.asarray(times)
+        extra = ""
+        if bart:
+            tokens = len(s.tokenizer(texts[1], truncation=True, max_length=s.max_input_tokens)["input_ids"])
+            extra = f"; {tokens} input tokens, loaded and compiled in {ready:.0f} s"
+        if option == "paper":
+            paper_ids = ids
+        if option == "bfloat16" and paper_ids:  # the same weights and decoding: only the dtype differs
             same = [np.mean(a[: min(len(a), len(b))] == b[: min(len(a), len(b))]) * min(len(a), len(b))
-                    / max(len(a), len(b)) for a, b in zip(ids[option], ids["paper"])]
-            exact = sum(a.tolist() == b.tolist() for a, b in zip(ids[option], ids["paper"]))
-            agree = f"; tokens agreeing with paper {np.mean(same):.1%}, identical {exact}/{len(same)}"
-        print(f"  {option:11s} p50 {np.percentile(ms, 50):9.1f} ms  p95 {np.percentile(ms, 95):9.1f} ms  "
-              f"{SUMMARY_OPTIONS[option] or '(the default)'}{agree}", flush=True)
-    if batch_docs:
-        print(f"index path, {batch_docs} documents per call (index.summaries.batch_size rows per device):")
-        for option, s in bart.items():
+                    / max(len(a), len(b)) for a, b in zip(ids, paper_ids)]
+            exact = sum(a.tolist() == b.tolist() for a, b in zip(ids, paper_ids))
+            extra += f"; tokens agreeing with float32 {np.mean(same):.1%}, identical {exact}/{len(same)}"
+        print(f"  {option:11s} p50 {np.percentile(ms, 50):9.1f} ms  max {ms.max():9.1f} ms  "
+              f"{SUMMARY_OPTIONS[option] or '(the default)'}{extra}; load {load_averages()}", flush=True)
+        if batch_docs and bart:
             chunk = (texts[1:] * batch_docs)[:batch_docs]
             s.generate_ids(chunk)  # compile the batch's row bucket
-            t0 = time.perf_counter()
+            t = time.perf_counter()
             s.generate_ids(chunk)
-            dt = time.perf_counter() - t0
-            print(f"  {option:11s} {batch_docs / dt:6.2f} summaries/s ({dt:.1f} s per call; load "
-                  f"{load_averages()})", flush=True)
+            dt = time.perf_counter() - t
+            print(f"  {option:11s} {batch_docs / dt:6.2f} summaries/s at {batch_docs} documents per call "
+                  f"({dt:.1f} s); load {load_averages()}", flush=True)
+        del s
 
 
 def time_served(out: Path, levels: list[int], per_level: int, words: int, docs_c1: int, max_batch: int,
