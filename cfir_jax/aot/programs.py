@@ -276,8 +276,8 @@ def _bart_programs(config, topology: Topology, batches: dict[str, int], dtypes, 
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), params)
         length = min(input_tokens, model.config.max_position_embeddings)
         gen = summarizer_lib._generation_config(model, s.max_length, s.min_length, s.num_beams, s.length_penalty)
-        fn = jax.jit(summarizer_lib.generation_function(model, gen, s.no_repeat_ngram_size),
-                     in_shardings=(replicated, rows_sharding, rows_sharding), out_shardings=rows_sharding)
+        fn = summarizer_lib.data_parallel(summarizer_lib.generation_function(model, gen, s.no_repeat_ngram_size),
+                                          mesh)
         for name, batch in batches.items():
             rows = -(-batch // n) * n
             ids = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=rows_sharding)

@@ -315,6 +315,17 @@ def generation_shardings(mesh):
     return NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
 
 
+def data_parallel(generate, mesh):
+    """`generate` run by every device of `mesh` on its own rows (jax.shard_map): parameters replicated, rows split.
+    Left to the partitioner (jit with in_shardings alone), transformers' beam search came back replicated: the
+    compiled TPU program's temporaries grew with the whole batch, not a device's rows."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    return jax.jit(jax.shard_map(generate, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=P("data"),
+                                 check_vma=False))
+
+
 def row_buckets(batch_size: int, devices: int) -> tuple[int, ...]:
     """The row counts generation compiles for: devices x (1, 2, 4, ... up to batch_size, and batch_size)."""
     per_device = [1 << i for i in range(batch_size.bit_length()) if 1 << i < batch_size] + [batch_size]
@@ -382,12 +393,12 @@ class BartSummarizer:
         # for one row per device, not for the index's whole batch.
         self.devices = list(devices) if devices is not None else jax.local_devices()
         self.mesh = jax.sharding.Mesh(np.array(self.devices), ("data",))
-        replicated, rows = generation_shardings(self.mesh)
+        replicated, _ = generation_shardings(self.mesh)
         self.params = jax.device_put(self.model.params, replicated)
         self.rows_per_call = batch_size * len(self.devices)
         self.row_buckets = row_buckets(batch_size, len(self.devices))
         fn = generation_function(self.model, self.generation_config, no_repeat_ngram_size, count_trace)
-        self._generate = jax.jit(fn, in_shardings=(replicated, rows, rows), out_shardings=rows)
+        self._generate = data_parallel(fn, self.mesh)
 
     @property
     def settings(self) -> dict[str, Any]:
