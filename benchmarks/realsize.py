@@ -10,7 +10,7 @@ What it holds (OUT/ is the directory given; keep it outside the repository):
     starts as the synthetic tiny world indexed by `index.py --config configs/demo.py:tiny` (corpus, spaCy entities, the
     entity vocabulary), then every model-sized part is replaced by its real-size counterpart:
       * the text tower: a randomly initialised D-BEiT-3 base (768 dims, 12 layers) or large (1,024, 24) in W/encoder
-        (the query encoder and the entity encoder; no train.py run: weights are random either way);
+        (the entity encoder) and again in W/model (the query encoder; no train.py run: weights are random either way);
       * the image cache: the corpus' images first, then random unit rows up to 4,000,000 (base) or 11,019,202 (large)
         float16 rows, written in chunks through a memory map;
       * the entity index: every entity of the world with K = 10,000 candidates (its own top list over the corpus'
@@ -149,6 +149,19 @@ def write_encoder(work: Path, model_cfg, seed: int = 0) -> dict:
     return manifest
 
 
+def write_model(work: Path, encoder_manifest: dict) -> None:
+    """W/model: the random encoder again, where train.py leaves the trained model (the service takes the model
+    family from it; retrieval scores queries with it)."""
+    from cfir_jax.store import atomic_dir
+
+    manifest = work / "model" / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("text_fingerprint") == \
+            encoder_manifest["text_fingerprint"]:
+        return
+    with atomic_dir(work / "model") as tmp:
+        shutil.copytree(work / "encoder", tmp, dirs_exist_ok=True)
+
+
 def write_cache(work: Path, rows: int, dim: int, seed: int = 0):
     """W/image_cache: the corpus' image ids first, then synthetic ids, every row a random unit float16 vector."""
     from cfir_jax.index.image_cache import ImageCache
@@ -252,6 +265,7 @@ def build(out: Path, size: str, rows: int | None = None, world: Path | None = No
         write_bart(out / "bart" / name, shape, texts)
     model_cfg = model_config(spec["model"], max_text_positions=512 if size == "tiny" else 1024)
     encoder = write_encoder(work, model_cfg)
+    write_model(work, encoder)
     cache = write_cache(work, rows, model_cfg.embed_dim)
     write_entity_index(work, cache, spec["k"], encoder)
     record_config(work, size, model_cfg, out / "bart" / "bart-large-cnn", spec["k"])

@@ -21,7 +21,9 @@ def test_tiny_realsize_workdir_opens_and_answers_with_bart(tmp_path, workdir):
     from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
     work = realsize.build(tmp_path / "rs", "tiny", rows=3000, world=Path(workdir))
-    assert not (work / "model").exists()  # the trained demo model is not copied: the random encoder scores queries
+    # The trained demo model is not copied: the random encoder is the model that scores queries.
+    model = json.loads((work / "model" / "manifest.json").read_text())
+    assert model["text_fingerprint"] == json.loads((work / "encoder" / "manifest.json").read_text())["text_fingerprint"]
     config = workdir_config(work)
     assert config.index.summaries.summarizer == "bart" and config.index.summaries.num_beams == 4
     assert config.retrieval.top_k == 1000 and config.index.entity_index.k == 200
