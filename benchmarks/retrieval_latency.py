@@ -359,6 +359,12 @@ def end_to_end(args) -> None:
                         "(--split another one)")
     # entities=None, summary=None: recomputed per query, as for a document the index has never seen.
     docs = [DocumentInput(d.text, d.doc_id) for d in stored[: args.docs + 1]]
+    if args.doc_words:  # each followed by the next ones up to N words (realsize.py: BART's 1,024-token inputs)
+        from realsize import long_texts
+
+        texts = long_texts([d.text for d in stored], args.doc_words)
+        docs = [DocumentInput(texts[i % len(texts)], f"{stored[i % len(stored)].doc_id}#{i}")
+                for i in range(args.docs + 1)]
     retriever.retrieve_many(docs[:1])  # warm-up: spaCy, the summarizer, encoder compiles, the SR scorer
     stages = ("entities", "summary", "encode", "er", "score", "hits")
     per_stage = {s: [] for s in stages}
@@ -416,6 +422,8 @@ def main() -> None:
     g.add_argument("--config", help="config file (default: the one in the workdir's index.json)")
     g.add_argument("--split", default="test")
     g.add_argument("--docs", type=int, default=50, help="documents to time (after one warm-up document)")
+    g.add_argument("--doc-words", type=int, default=0,
+                   help="lengthen each document with the next ones to this many words (0: as stored)")
     args = p.parse_args()
     part = args.part or ("both" if args.workdir else "sr")
     if part != "sr" and not args.workdir:

@@ -12,6 +12,11 @@ not grow with the batch (arguments, outputs) and the temporaries per sequence; t
 multiple of 256, is confirmed by one compile (if it does not fit, the estimate is redone from that compile's own
 temporaries, at most twice). Each row is appended to `--out` (markdown) and `--json` as it finishes.
 
+`--only bart --out benchmarks/tpu_compile_table_bart.md --json benchmarks/tpu_compile_table_bart.json`: BART-large-CNN's
+generation (CFIR's 4-beam search, 1,024 input tokens, float32 and bfloat16 compute) per host of v5e-8, v6e-8 and
+v5p-64, for query batches of 1, 8 and 64 documents and the index's batch (index.summaries.batch_size rows per device;
+a shape already compiled as a query batch is not compiled twice).
+
 `--only full`: the D-BEiT-3 Full step (both towers from 224 px pixels; configs/base.py:full and large.py:full) on
 the same four slices at batch 512, then the largest batch of each.
 """
@@ -75,11 +80,33 @@ def largest_batch(config, topology, first, builder=programs_lib.train_step) -> t
     return fitting[-1][1], how
 
 
+BART_TOPOLOGIES = ("v5e-8", "v6e-8", "v5p-64")
+
+
+def bart_rows(configs, only, emit) -> None:
+    """BART's generation rows, float32 first on every slice (the paper's), then bfloat16; one compile per shape."""
+    if "bart" not in only:
+        return
+    config, done = configs.get("base") or next(iter(configs.values())), {}
+    for dtype in programs_lib.BART_DTYPES:
+        for topo_name in BART_TOPOLOGIES:
+            topology = resolve(topo_name)
+            programs = (programs_lib.bart_queries(config, topology, dtypes=(dtype,))
+                        + programs_lib.bart_index(config, topology, dtypes=(dtype,)))
+            for program in programs:
+                key = (topo_name, dtype, program.args[1].shape)
+                if key in done:
+                    print(f"{program.name} on {topo_name}: the shape of {done[key]}, compiled above", flush=True)
+                    continue
+                done[key] = program.name
+                emit(compile_program(program, topology), "base (BART-large-CNN)", topology)
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="benchmarks/tpu_compile_table.md")
     parser.add_argument("--json", default="benchmarks/tpu_compile_table.json")
-    parser.add_argument("--only", default="", help="comma-separated subset of: train, image, entity, sr, full")
+    parser.add_argument("--only", default="", help="comma-separated subset of: train, image, entity, sr, full, bart")
     parser.add_argument("--configs", default="base,large", help="comma-separated subset of: base, large")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(","))) or {"train", "image", "entity", "sr"}
@@ -131,6 +158,7 @@ def main():
             if "sr" in only:
                 for program in programs_lib.device_sr(configs[name], topology, rows_n, "bfloat16"):
                     emit(compile_program(program, topology), name, topology)
+    bart_rows(configs, only, emit)
     for (name, topo_name), (first, builder, config) in firsts.items():
         topology = resolve(topo_name)
         best, how = largest_batch(config, topology, first, builder)

@@ -242,3 +242,58 @@ def device_sr(config, topology: Topology, cache_rows: int | None = None, cache_d
     return [Program(f"device_sr_q{q}", f"{q} queries x union {UNION_BUCKET:,}, {cache.describe()}",
                     (lambda q=q: lower(q)), lambda d: _cache_knob(cache, d), per_host=True)
             for q in query_batches]
+
+
+# BART's generation (index.summaries): the query batches of a service and the paper's 1,024 input tokens.
+BART_QUERY_BATCHES = (1, 8, 64)
+BART_INPUT_TOKENS = 1024
+BART_DTYPES = ("float32", "bfloat16")
+
+
+def _bart_programs(config, topology: Topology, batches: dict[str, int], dtypes, input_tokens: int) -> list[Program]:
+    """BART's jitted beam search (nlp.summarizer.generation_function) at each named batch and dtype, data parallel
+    over the host's devices as the summarizer runs it: parameters replicated, rows split (a batch is padded up to a
+    multiple of the devices, as BartSummarizer's row buckets)."""
+    from cfir_jax.nlp import summarizer as summarizer_lib
+
+    s = config.index.summaries
+    if s.summarizer != "bart":
+        return []
+    mesh = jax.sharding.Mesh(list(topology.host_devices), ("data",))
+    replicated, rows_sharding = summarizer_lib.generation_shardings(mesh)
+    n = mesh.size
+    out = []
+    for dtype in dtypes:
+        model, params = summarizer_lib.abstract_bart(s.bart_model, dtype)
+        params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), params)
+        length = min(input_tokens, model.config.max_position_embeddings)
+        gen = summarizer_lib._generation_config(model, s.max_length, s.min_length, s.num_beams, s.length_penalty)
+        fn = summarizer_lib.data_parallel(summarizer_lib.generation_function(model, gen, s.no_repeat_ngram_size),
+                                          mesh)
+        for name, batch in batches.items():
+            rows = -(-batch // n) * n
+            ids = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=rows_sharding)
+            shapes = (f"{batch} document{'s' if batch > 1 else ''}{f' ({rows} rows)' if rows != batch else ''} x "
+                      f"{length} tokens, {s.num_beams} beams, <= {s.max_length} tokens, {dtype} over {n} devices")
+            short = "bf16" if dtype == "bfloat16" else "f32"
+            out.append(Program(f"bart_{name}_{short}", shapes, (lambda fn=fn, p=params, i=ids: fn.lower(p, i, i)),
+                               lambda _: "lower index.summaries.batch_size (rows per device) or num_beams",
+                               per_host=True, args=(params, ids, ids)))
+    return out
+
+
+@register("index", "bart_generation")
+def bart_index(config, topology: Topology, dtypes=BART_DTYPES, input_tokens: int = BART_INPUT_TOKENS
+               ) -> list[Program]:
+    """The index's summaries: index.summaries.batch_size rows per device, every device of each host."""
+    batch = int(config.index.summaries.batch_size) * len(topology.host_devices)
+    return _bart_programs(config, topology, {"index": batch}, dtypes, input_tokens)
+
+
+@register("retrieve", "bart_generation")
+def bart_queries(config, topology: Topology, query_batches: tuple[int, ...] = BART_QUERY_BATCHES,
+                 dtypes=BART_DTYPES, input_tokens: int = BART_INPUT_TOKENS) -> list[Program]:
+    """A query's summary (retrieval.summarizer unset): a service's micro-batches of 1, 8 and 64 documents."""
+    if config.retrieval.get("summarizer"):
+        return []
+    return _bart_programs(config, topology, {f"q{q}": q for q in query_batches}, dtypes, input_tokens)

@@ -222,7 +222,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                           sources=_experiment(str)),
             summaries=dict(
                 summarizer=_experiment(str),  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
-                # What is summarised (index.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and
+                # What is summarised (nlp.summarizer.SUMMARY_INPUTS): 'paper' = page title, section title, page and
                 # section descriptions joined with spaces; 'authors' = those plus the section's category, media and
                 # hierachy lists, as the authors' released code feeds BART.
                 fields=_experiment(str),
@@ -233,7 +233,8 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 length_penalty=_experiment(float),
                 no_repeat_ngram_size=_experiment(int),
                 max_input_tokens=_experiment(int),
-                batch_size=8,
+                batch_size=8,  # rows per generation call and device (data parallel over a host's devices)
+                dtype="float32",  # BART's compute dtype: float32 (the paper) or bfloat16 (docs/real-size.md)
                 extractive_tokens=64,
                 chunk_size=1_000,  # documents per resumable chunk (the unit split over hosts)
             ),
@@ -293,6 +294,9 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # The image cache it searches: '' (its own tower's: W/image_cache_full for 'full', else W/image_cache) or
             # a store directory (in W, or a path). A cache built by another vision tower is refused in one line.
             image_cache="",
+            # The summary of a query document: '' (index.summaries' summarizer, the paper: BART) or 'extractive'
+            # (its leading sentences at query time, while the index keeps BART's; a cheaper option, docs/real-size.md)
+            summarizer="",
             text=_experiment(str),  # the query text scored in SR: 'summary' (CFIR) or 'document'
             # The document fields a document embedding reads (the document-only and entities + document rows):
             # as train.document_fields; None (configs written before it existed) is 'all'.
@@ -362,6 +366,7 @@ def serve_config() -> ml_collections.ConfigDict:
             deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
             max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413
             max_batch_docs=64,  # documents in one POST /v1/search/batch
+            summary_cache=1024,  # query summaries kept by document hash (0: none); each costs a summary's text
             admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
         )
     )

@@ -54,7 +54,7 @@ class Document:
     title: str = ""
     entities: tuple[str, ...] = ()  # planted entity names (synthetic ground truth); empty for real corpora
     # The source's list-valued fields of the document by column name (AToMiC: category, media, hierachy), kept for
-    # stages that may read them (the summariser's input, `index.summarizer.summary_input`; the category names of
+    # stages that may read them (the summariser's input, `nlp.summarizer.summary_input`; the category names of
     # `index.entities.sources`); a synthetic world's documents hold their categories alone.
     metadata: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
 

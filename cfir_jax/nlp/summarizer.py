@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import collections
 import copy
+import hashlib
 import os
 import re
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Protocol
@@ -42,6 +45,47 @@ class Summarizer(Protocol):
     def settings(self) -> dict[str, Any]: ...
 
     def summarize(self, texts: list[str]) -> list[str]: ...
+
+
+class CachedSummarizer:
+    """A summarizer with a bounded cache of its summaries by the document's hash (SHA-256 of its text): a document
+    asked again (a page refreshed, a client retrying, several users reading the same article) costs a lookup, not a
+    generation. The least recently used summary goes first past `max_entries`; a batch's duplicates are generated
+    once. The summaries are the inner summarizer's own, so the output never changes."""
+
+    def __init__(self, inner: Summarizer, max_entries: int):
+        if max_entries < 1:
+            raise CfirError(f"summary cache: max_entries={max_entries} must be >= 1")
+        self.inner, self.max_entries = inner, int(max_entries)
+        self.name = inner.name
+        self._cache: collections.OrderedDict[bytes, str] = collections.OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = self.misses = 0
+
+    @property
+    def settings(self) -> dict[str, Any]:
+        return self.inner.settings
+
+    def __len__(self) -> int:
+        return len(self._cache)
+
+    def summarize(self, texts: list[str]) -> list[str]:
+        keys = [hashlib.sha256(t.encode("utf-8", "surrogatepass")).digest() for t in texts]
+        with self._lock:
+            found = {k: self._cache[k] for k in keys if k in self._cache}
+            for k in found:
+                self._cache.move_to_end(k)
+        todo = {k: t for k, t in zip(keys, texts) if k not in found}  # one generation per distinct text
+        made = dict(zip(todo, self.inner.summarize(list(todo.values())))) if todo else {}
+        with self._lock:
+            self.hits += len(keys) - len(todo)
+            self.misses += len(todo)
+            for k, summary in made.items():
+                self._cache[k] = summary
+                self._cache.move_to_end(k)
+            while len(self._cache) > self.max_entries:
+                self._cache.popitem(last=False)
+        return [found[k] if k in found else made[k] for k in keys]
 
 
 # Named choices of what a document's summary is made from: the list fields (document metadata) appended to its text.
@@ -242,14 +286,61 @@ def _generation_config(model, max_length: int, min_length: int, num_beams: int, 
     return config
 
 
+def generation_function(model, generation_config, no_repeat_ngram_size: int,
+                        on_trace: Callable[[], None] | None = None):
+    """CFIR's generation as a pure function (params, input_ids [rows, length], attention_mask [rows, length]) ->
+    token ids [rows, max_length]: transformers' Flax beam search with our n-gram rule. One function for the
+    summarizer (jitted over its devices) and the compile-only registry (lowered for a TPU topology)."""
+    from transformers.generation.flax_logits_process import FlaxLogitsProcessorList
+
+    processors = FlaxLogitsProcessorList()
+    if no_repeat_ngram_size > 0:
+        processors.append(_no_repeat_processor(no_repeat_ngram_size))
+
+    def generate(params, input_ids, attention_mask):
+        if on_trace is not None:
+            on_trace()  # Runs only while tracing.
+        out = model.generate(input_ids, attention_mask=attention_mask, params=params,
+                             generation_config=generation_config, logits_processor=processors)
+        return out.sequences
+
+    return generate
+
+
+def generation_shardings(mesh):
+    """(the parameters' sharding: replicated, the rows' sharding: split over the mesh's 'data' axis)."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    return NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+
+def data_parallel(generate, mesh):
+    """`generate` run by every device of `mesh` on its own rows (jax.shard_map): parameters replicated, rows split.
+    Left to the partitioner (jit with in_shardings alone), transformers' beam search came back replicated: the
+    compiled TPU program's temporaries grew with the whole batch, not a device's rows."""
+    import jax
+    from jax.sharding import PartitionSpec as P
+
+    return jax.jit(jax.shard_map(generate, mesh=mesh, in_specs=(P(), P("data"), P("data")), out_specs=P("data"),
+                                 check_vma=False))
+
+
+def row_buckets(batch_size: int, devices: int) -> tuple[int, ...]:
+    """The row counts generation compiles for: devices x (1, 2, 4, ... up to batch_size, and batch_size)."""
+    per_device = [1 << i for i in range(batch_size.bit_length()) if 1 << i < batch_size] + [batch_size]
+    return tuple(devices * b for b in per_device)
+
+
 class BartSummarizer:
     """Abstractive summaries with Flax BART, with CFIR's generation settings as defaults (the CFIR paper's).
 
-    Generation is one jitted function of (params, input_ids [batch_size, bucket], attention_mask [batch_size,
-    bucket]) -> token ids [batch_size, max_length]. Texts are sorted by length, batched, and each batch padded to
-    `batch_size` rows and to a length bucket, so the function compiles at most once per bucket. Padding changes no
-    summary: the attention mask hides pad keys from the encoder and from cross-attention, positions are absolute
-    from the left, and padded rows are dropped.
+    Generation is one jitted function of (params, input_ids [rows, bucket], attention_mask [rows, bucket]) -> token
+    ids [rows, max_length], data parallel over `devices` (default: every local device; parameters replicated, rows
+    split). Texts are sorted by length, batched up to `batch_size` rows per device, and each batch padded to a row
+    bucket (devices x 1, 2, 4 ... batch_size) and a length bucket, so the function compiles at most once per pair
+    and a lone query pays for one row per device. Padding changes no summary: the attention mask hides pad keys
+    from the encoder and from cross-attention, positions are absolute from the left, and padded rows are dropped.
 
     Generation is transformers' Flax beam search. With one beam it equals PyTorch `generate` token for token (tested);
     with several it can differ from the PyTorch beam search CFIR ran in two rare cases: Flax finalises a hypothesis
@@ -271,6 +362,7 @@ class BartSummarizer:
         max_input_tokens: int = 1024,
         batch_size: int = 8,
         dtype: str = "float32",
+        devices: Sequence[Any] | None = None,
     ):
         import jax
         import jax.numpy as jnp
@@ -289,29 +381,24 @@ class BartSummarizer:
         self.dtype = dtype
         self.buckets = tuple(b for b in _LENGTH_BUCKETS if b < self.max_input_tokens) + (self.max_input_tokens,)
 
-        self.generation_config = generation_config = _generation_config(self.model, max_length, min_length, num_beams,
-                                                                         length_penalty)
+        self.generation_config = _generation_config(self.model, max_length, min_length, num_beams, length_penalty)
         self.no_repeat_ngram_size = no_repeat_ngram_size
         self.num_traces = 0  # Compilations of the generation function; the tests bound it by the bucket count.
 
-        from transformers.generation.flax_logits_process import FlaxLogitsProcessorList
+        def count_trace():
+            self.num_traces += 1
 
-        processors = FlaxLogitsProcessorList()
-        if no_repeat_ngram_size > 0:
-            processors.append(_no_repeat_processor(no_repeat_ngram_size))
-
-        def generate(params, input_ids, attention_mask):
-            self.num_traces += 1  # Runs only while tracing.
-            out = self.model.generate(
-                input_ids,
-                attention_mask=attention_mask,
-                params=params,
-                generation_config=generation_config,
-                logits_processor=processors,
-            )
-            return out.sequences
-
-        self._generate = jax.jit(generate)
+        # Data parallel over `devices` (default: every local device): the parameters replicated, the rows split.
+        # A call's rows are a power of two times the device count, up to batch_size per device: a lone query pays
+        # for one row per device, not for the index's whole batch.
+        self.devices = list(devices) if devices is not None else jax.local_devices()
+        self.mesh = jax.sharding.Mesh(np.array(self.devices), ("data",))
+        replicated, _ = generation_shardings(self.mesh)
+        self.params = jax.device_put(self.model.params, replicated)
+        self.rows_per_call = batch_size * len(self.devices)
+        self.row_buckets = row_buckets(batch_size, len(self.devices))
+        fn = generation_function(self.model, self.generation_config, no_repeat_ngram_size, count_trace)
+        self._generate = data_parallel(fn, self.mesh)
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -331,25 +418,31 @@ class BartSummarizer:
     def _bucket(self, length: int) -> int:
         return next(b for b in self.buckets if b >= length)
 
+    def _rows(self, n: int) -> int:
+        return next(b for b in self.row_buckets if b >= n)
+
     def generate_ids(self, texts: list[str]) -> list[np.ndarray]:
-        """Generated token ids per text, in order: int32 [<= max_length] each, starting with the decoder start."""
+        """Generated token ids per text, in order: int32 [<= max_length] each, starting with the decoder start.
+
+        All of `texts` in as few generation calls as the batch allows (batch_size rows per device each)."""
         if not texts:
             return []
         encoded = self.tokenizer(list(texts), truncation=True, max_length=self.max_input_tokens)["input_ids"]
         order = sorted(range(len(texts)), key=lambda i: -len(encoded[i]))  # Similar lengths share a bucket.
         pad_id = self.tokenizer.pad_token_id
         results: list[np.ndarray] = [np.zeros([0], np.int32)] * len(texts)
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
+        for start in range(0, len(order), self.rows_per_call):
+            rows = order[start : start + self.rows_per_call]
             width = self._bucket(max(len(encoded[i]) for i in rows))
-            ids = np.full((self.batch_size, width), pad_id, np.int32)
-            mask = np.zeros((self.batch_size, width), np.int32)
+            height = self._rows(len(rows))
+            ids = np.full((height, width), pad_id, np.int32)
+            mask = np.zeros((height, width), np.int32)
             # Filler rows repeat the first row: a real input, so no all-masked row reaches the softmax.
-            for r in range(self.batch_size):
+            for r in range(height):
                 tokens = encoded[rows[r] if r < len(rows) else rows[0]]
                 ids[r, : len(tokens)] = tokens
                 mask[r, : len(tokens)] = 1
-            sequences = np.asarray(self._generate(self.model.params, ids, mask))
+            sequences = np.asarray(self._generate(self.params, ids, mask))
             eos = self.generation_config.eos_token_id
             for r, i in enumerate(rows):
                 # Cut after the first EOS past the decoder start (also EOS in BART): beyond it is padding.
@@ -361,6 +454,42 @@ class BartSummarizer:
         """Summaries of `texts`, in order; each input is truncated at `max_input_tokens` tokens."""
         decoded = self.tokenizer.batch_decode(self.generate_ids(texts), skip_special_tokens=True)
         return [summary.strip() for summary in decoded]
+
+
+# The published architectures by hub id, so that a compile-only run needs no download (their config.json files).
+ARCHITECTURES = {
+    "facebook/bart-large-cnn": dict(d_model=1024, encoder_layers=12, decoder_layers=12, encoder_attention_heads=16,
+                                    decoder_attention_heads=16, encoder_ffn_dim=4096, decoder_ffn_dim=4096,
+                                    vocab_size=50264, max_position_embeddings=1024),
+    "sshleifer/distilbart-cnn-12-6": dict(d_model=1024, encoder_layers=12, decoder_layers=6,
+                                          encoder_attention_heads=16, decoder_attention_heads=16,
+                                          encoder_ffn_dim=4096, decoder_ffn_dim=4096, vocab_size=50264,
+                                          max_position_embeddings=1024),
+}
+# BART-large-CNN's special ids and generation defaults (its config.json); CFIR's settings go on top at call time.
+_BART_COMMON = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=0,
+                    forced_eos_token_id=2, num_beams=4, early_stopping=True, length_penalty=2.0, max_length=142,
+                    min_length=56, no_repeat_ngram_size=3)
+
+
+def abstract_bart(model_name_or_path: str, dtype: str):
+    """(Flax BART without weights, its parameters as jax.ShapeDtypeStruct) from the architecture alone: a local
+    directory's config.json, or a hub id of ARCHITECTURES. Nothing is downloaded or allocated."""
+    import jax
+    import jax.numpy as jnp
+    from transformers import BartConfig, FlaxBartForConditionalGeneration
+
+    expanded = Path(os.path.expanduser(model_name_or_path))
+    if (expanded / "config.json").is_file():
+        config = BartConfig.from_pretrained(expanded)
+    elif model_name_or_path in ARCHITECTURES:
+        config = BartConfig(**ARCHITECTURES[model_name_or_path], **_BART_COMMON)
+    else:
+        raise CfirError(f"index.summaries.bart_model={model_name_or_path!r}: no config.json there and not one of "
+                        f"{', '.join(ARCHITECTURES)}; pass a model directory")
+    model = FlaxBartForConditionalGeneration(config, dtype=jnp.dtype(dtype), _do_init=False)
+    params = jax.eval_shape(lambda: model.init_weights(jax.random.PRNGKey(0), (1, 1)))
+    return model, params
 
 
 def _load_bart(model_dir: Path, dtype):
@@ -386,12 +515,16 @@ def _load_bart(model_dir: Path, dtype):
     return model, tokenizer
 
 
-def make_summarizer(config):
+def make_summarizer(config, summarizer: str | None = None):
+    """The summarizer index.summaries configures; `summarizer` names another kind with the same settings (the
+    query-time choice retrieval.summarizer='extractive')."""
     s = config.index.summaries
-    if s.summarizer == "extractive":
+    kind = summarizer or s.summarizer
+    if kind == "extractive":
         return ExtractiveSummarizer(max_tokens=s.extractive_tokens)
-    if s.summarizer == "bart":
+    if kind == "bart":
         return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
                               length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
-                              max_input_tokens=s.max_input_tokens, batch_size=s.batch_size)
-    raise CfirError(f"index.summaries.summarizer={s.summarizer!r}: use 'bart' or 'extractive'")
+                              max_input_tokens=s.max_input_tokens, batch_size=s.batch_size,
+                              dtype=s.get("dtype", "float32"))
+    raise CfirError(f"index.summaries.summarizer={kind!r}: use 'bart' or 'extractive'")

@@ -34,7 +34,7 @@ from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
-from cfir_jax.nlp.summarizer import make_summarizer
+from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
 from cfir_jax.retrieve.methods import METHODS, method_of
 from cfir_jax.retrieve.sr import SR_MODES, SRFrontEnd, check_sr_settings
@@ -195,9 +195,14 @@ class Retriever:
     def extractor(self):
         return self.entities.extractor()
 
+    def cache_summaries(self, max_entries: int) -> None:
+        """Keeps up to `max_entries` query summaries by document hash (the service: serve.summary_cache)."""
+        if max_entries > 0 and not isinstance(self.summarizer(), CachedSummarizer):
+            self._summarizer = CachedSummarizer(self._summarizer, max_entries)
+
     def summarizer(self):
         if self._summarizer is None:
-            self._summarizer = make_summarizer(self.config)
+            self._summarizer = make_summarizer(self.config, self.rcfg.get("summarizer") or None)
         return self._summarizer
 
     def _candidates(self, entities: list[str]) -> tuple[list[np.ndarray], list[str], list[str]]:

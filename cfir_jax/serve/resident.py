@@ -166,7 +166,9 @@ def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequenc
     retrievers = {}
     for method in methods:
         retrievers[method] = Retriever(config, workdir, method=method)
-        warm_up(retrievers[method], max_batch)
+        warm_up(retrievers[method], max_batch)  # before the cache, so each batch size's rows are generated
+        if retrievers[method].methods.uses_summary():
+            retrievers[method].cache_summaries(int(config.serve.get("summary_cache", 0)))
     if index_fingerprint(workdir) != fingerprint:  # rebuilt while it was loading: what was read may be mixed
         raise CfirError(f"{workdir}: the index changed while it was loading; reload again when index.py is done")
     return LoadedIndex(workdir, retrievers, fingerprint, family, time.time(), time.perf_counter() - t0,

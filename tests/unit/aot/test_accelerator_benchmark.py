@@ -28,5 +28,9 @@ def test_accelerator_script_runs_every_path_at_tiny_sizes_without_an_accelerator
     assert math.isclose(train["ratio"], train["jax_seq_s"] / train["torch_seq_s"], rel_tol=1e-6)
     sr = [r for r in result["rows"] if "ms_per_query" in r]
     assert len(sr) == 2 and all(r["ms_per_query"] > 0 and r["paper_ms"] == 4.7 for r in sr)
+    # BART: summaries/s at the index's batch and one query document, float32 and bfloat16 (issue 30)
+    bart = [r for r in result["rows"] if r["what"].startswith("BART")]
+    assert [("summaries_s" in r, "ms_per_doc" in r) for r in bart] == [(True, False), (False, True)] * 2
+    assert "float32" in bart[0]["what"] and "bfloat16" in bart[2]["what"]
     table = (tmp_path / "accelerator.md").read_text()
     assert "NOT accelerator figures" in table and table.count("\n| ") == len(whats) + 1

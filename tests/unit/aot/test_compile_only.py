@@ -131,3 +131,30 @@ def test_retrieve_compile_only_needs_a_config_and_index_needs_no_workdir():
     out = subprocess.run([sys.executable, "index.py", "--config", "configs/base.py:runlocal"], cwd=ROOT, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 2 and "--workdir" in out.stderr  # without --compile-only the workdir is required
+
+
+@pytest.mark.slow  # 37 s at load 12 (one compile of beam search)
+def test_bart_generation_compiles_data_parallel_for_a_small_topology(tmp_path):
+    """The summarizer's beam search (a tiny BART's architecture, no weights) per host of v5e 2x2: parameters
+    replicated on each chip, the rows split over the 4 chips, a lone query padded to one row per chip."""
+    from transformers import BartConfig
+
+    BartConfig(vocab_size=300, d_model=32, encoder_layers=1, decoder_layers=1, encoder_attention_heads=2,
+               decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32, max_position_embeddings=128,
+               forced_bos_token_id=0, forced_eos_token_id=2).save_pretrained(tmp_path)
+    config = load_config_file("configs/base.py:runlocal")
+    config.unlock()
+    config.index.summaries.bart_model = str(tmp_path)
+    topology = resolve("v5e:2x2")
+    queries = programs_lib.bart_queries(config, topology, query_batches=(1, 8), dtypes=("float32",))
+    assert [p.name for p in queries] == ["bart_q1_f32", "bart_q8_f32"]
+    # 1,024 input tokens asked, the model's 128 positions held; q1 is 4 rows (one per chip), q8 two per chip.
+    assert [p.args[1].shape for p in queries] == [(4, 128), (8, 128)]
+    assert queries[1].args[1].sharding.shard_shape((8, 128)) == (2, 128)
+    assert all(a.sharding.shard_shape(a.shape) == a.shape for a in jax.tree.leaves(queries[1].args[0]))
+    result = compile_program(queries[1], topology)
+    assert result.fits and result.per_host and result.arguments > 0 and result.temporaries > 0
+    index = programs_lib.bart_index(config, topology, dtypes=("bfloat16",))
+    assert [p.name for p in index] == ["bart_index_bf16"] and index[0].args[1].shape == (4 * 8, 128)
+    config.index.summaries.summarizer = "extractive"  # no BART run: no BART program
+    assert programs_lib.bart_queries(config, topology) == [] and programs_lib.bart_index(config, topology) == []

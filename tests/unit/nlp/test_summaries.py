@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
@@ -143,10 +146,70 @@ def test_bart_summaries_repeat_no_trigram(outputs):
         assert len(trigrams) == len(set(trigrams))
 
 
-def test_bart_compiles_once_per_length_bucket(summarizer, outputs):
-    assert summarizer.buckets == (MAX_INPUT,)
-    summarizer.summarize(TEXTS[:1])  # A smaller batch is padded to the same shape: no new compilation.
-    assert summarizer.num_traces == 1
+def test_bart_compiles_once_per_row_and_length_bucket(summarizer, outputs):
+    assert summarizer.buckets == (MAX_INPUT,) and summarizer.row_buckets == (1, 2, 4)
+    for n in (1, 2, 3):  # 1, 2 and 4 rows (3 texts are padded to 4)
+        summarizer.summarize(TEXTS[:n])
+    traces = summarizer.num_traces
+    assert traces <= len(summarizer.row_buckets) * len(summarizer.buckets)
+    summarizer.summarize(TEXTS[1:2])
+    summarizer.summarize(TEXTS[2:5])
+    assert summarizer.num_traces == traces  # Other texts of the same row and length buckets: no new compilation.
+
+
+def test_a_lone_text_pays_one_row_and_gets_the_batch_summary(summarizer, outputs):
+    """The query path: one document is generated in a 1-row call, and its summary equals the batched one."""
+    assert [summarizer.generate_ids([t])[0].tolist() for t in TEXTS[:2]] == [o.tolist() for o in outputs[:2]]
+
+
+def test_cached_summarizer_generates_each_distinct_text_once_and_stays_bounded():
+    class Counting:
+        name, settings = "counting", {"x": 1}
+
+        def __init__(self):
+            self.seen = []
+
+        def summarize(self, texts):
+            self.seen += texts
+            return [t.upper() for t in texts]
+
+    inner = Counting()
+    cached = summarizer_lib.CachedSummarizer(inner, max_entries=2)
+    assert cached.summarize(["a", "b", "a"]) == ["A", "B", "A"] and inner.seen == ["a", "b"]
+    assert cached.summarize(["b", "c"]) == ["B", "C"] and inner.seen == ["a", "b", "c"]  # b from the cache
+    assert len(cached) == 2 and (cached.hits, cached.misses) == (2, 3)
+    assert cached.summarize(["a"]) == ["A"] and inner.seen[-1] == "a"  # a was evicted (least recently used)
+    assert cached.settings == {"x": 1} and cached.name == "counting"
+    with pytest.raises(CfirError, match="max_entries"):
+        summarizer_lib.CachedSummarizer(inner, 0)
+
+
+def test_query_time_extractive_option_keeps_the_index_settings(config):
+    s = summarizer_lib.make_summarizer(config, "extractive")
+    assert isinstance(s, summarizer_lib.ExtractiveSummarizer)
+    assert s.max_tokens == config.index.summaries.extractive_tokens
+    with pytest.raises(CfirError, match="use 'bart' or 'extractive'"):
+        summarizer_lib.make_summarizer(config, "t5")
+
+
+@pytest.mark.slow
+def test_bart_data_parallel_over_8_devices_equals_one_device(tiny_bart):
+    """The index's generation split over 8 (fake CPU) devices gives the summaries of one device (~60 s)."""
+    code = (
+        "import json, sys, jax; from cfir_jax.nlp.summarizer import BartSummarizer as B\n"
+        f"kw = dict(batch_size=2, max_input_tokens={MAX_INPUT}, **{SETTINGS!r})\n"
+        "texts = json.loads(sys.argv[2])\n"
+        "many = B(sys.argv[1], **kw); one = B(sys.argv[1], devices=jax.devices()[:1], **kw)\n"
+        "assert len(many.devices) == 8 and many.rows_per_call == 16 and many.row_buckets == (8, 16)\n"
+        "a = [x.tolist() for x in many.generate_ids(texts)]; b = [x.tolist() for x in one.generate_ids(texts)]\n"
+        "print(json.dumps([a == b, len(a)]))\n"
+    )
+    env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8",
+               PYTHONPATH=str(Path(__file__).resolve().parents[1]))
+    out = subprocess.run([sys.executable, "-c", code, tiny_bart[0], json.dumps(TEXTS * 2)], env=env,
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, 2 * len(TEXTS)]
 
 
 def test_bart_settings_are_recorded(summarizer):
