@@ -285,9 +285,9 @@ def build_files_corpus(documents: str | os.PathLike, images: str | os.PathLike, 
     documents, images = Path(documents), Path(images)
     if not images.exists():
         raise CfirError(f"{images}: images not found (index.corpus.images)")
-    fields = {"source": "files", "documents": _stamp(documents), "images": _stamp(images),
-              "qrels": _stamp(Path(qrels)) if qrels else None,
-              "tokenizer": _stamp(Path(tokenizer_spm)) if tokenizer_spm else None}
+    fields = {"source": "files", "documents_file": _stamp(documents), "images_from": _stamp(images),
+              "qrels_dir": _stamp(Path(qrels)) if qrels else None,
+              "tokenizer_from": _stamp(Path(tokenizer_spm)) if tokenizer_spm else None}
     if corpus_is_complete(out_dir, NAME, fields):
         return Corpus.open(out_dir)
     judged = read_qrels(qrels) if qrels else {}
