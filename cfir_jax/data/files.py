@@ -291,5 +291,6 @@ def build_files_corpus(documents: str | os.PathLike, images: str | os.PathLike, 
     if corpus_is_complete(out_dir, NAME, fields):
         return Corpus.open(out_dir)
     judged = read_qrels(qrels) if qrels else {}
+    files = {split: os.fspath(_qrels_file(Path(qrels), split)) for split in judged}
     return write_corpus(out_dir, NAME, read_documents(documents), read_images(images), judged, tokenizer_spm,
-                        **fields)
+                        qrels_files=files, **fields)

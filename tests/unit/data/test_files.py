@@ -146,3 +146,12 @@ def test_a_collection_is_written_as_a_corpus_and_reused_until_a_file_changes(tmp
     assert (tmp_path / "c" / "manifest.json").stat().st_mtime_ns == mtime
     (tmp_path / "imgs" / "y.png").write_bytes(_png((0, 255, 0)))
     assert build_files_corpus(docs, tmp_path / "imgs", None, tmp_path / "c").image_ids == ["broken", "x", "y"]
+
+
+def test_a_judgement_naming_no_document_of_the_collection_names_its_qrels_file(tmp_path):
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / "x.png").write_bytes(_png())
+    (tmp_path / "q").mkdir()
+    (tmp_path / "q" / "test.qrels").write_text("d9 0 x 1\n")
+    with pytest.raises(CfirError, match=r"q/test\.qrels: doc_id 'd9' is not a document of the corpus"):
+        build_files_corpus(_jsonl(tmp_path / "docs.jsonl", DOCS), tmp_path / "imgs", tmp_path / "q", tmp_path / "c")
