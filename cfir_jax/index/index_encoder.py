@@ -48,6 +48,15 @@ def other_workdir(config) -> Layout | None:
     return Layout.of(path)
 
 
+def other_model(config) -> Path | None:
+    """The text-trained model (W/model) of the workdir index.encoder names, when it has one: retrieval scores queries
+    with it when this workdir trains none (`retrieve.stores`)."""
+    other = other_workdir(config)
+    if other is None or not (other.model / "manifest.json").is_file():
+        return None
+    return other.model
+
+
 def encoder_tokenizer(config) -> Path | None:
     """The tokenizer that goes with an encoder taken from another workdir: the one its corpus ships (a synthetic
     world's), unless the config names one (`tokenizer`, BEiT-3's beit3.spm); None otherwise."""

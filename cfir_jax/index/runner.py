@@ -60,6 +60,7 @@ from cfir_jax.index.index_encoder import (
     encoder_tokenizer,
     entity_encoder,
     load_encoder,
+    other_model,
     scann_config,
     text_positions,
 )
@@ -382,6 +383,8 @@ def _record_index(config, layout: Layout, reports: list[StageReport]) -> None:
     """W/index.json: the encoder the index was built with, the config, and every stage's report."""
     write_json_atomic(layout.index_json, {
         **layout.record_path("encoder", encoder_dir(config, layout)),  # relative inside W; outside, absolute
+        # index.encoder naming another workdir: its text-trained model too, which scores the queries (retrieve.stores)
+        **({} if (model := other_model(config)) is None else layout.record_path("model", model)),
         "config": json.loads(json.dumps(config.to_dict(), default=str)),
         "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
                    for r in reports],

@@ -35,6 +35,10 @@ def test_a_collection_from_files_is_indexed_with_another_workdirs_model_and_find
     # The other workdir's recorded encoder, with its fingerprints, as any outside encoder is recorded.
     assert Path(info["encoder"]) == (workdir / "encoder").absolute()
     assert info["encoder_fingerprint"]["text_fingerprint"] == model["text_fingerprint"]
+    # ...and its text-trained model, which scores the queries since this workdir trains none.
+    assert Path(info["model"]) == (workdir / "model").absolute()
+    trained = json.loads((workdir / "model" / "manifest.json").read_text())
+    assert info["model_fingerprint"]["text_fingerprint"] == trained["text_fingerprint"]
     assert (w / "corpus" / "tokenizer.spm").read_bytes() == (workdir / "corpus" / "tokenizer.spm").read_bytes()
 
     first = json.loads((collection / "documents.jsonl").read_text().splitlines()[0])
@@ -44,6 +48,19 @@ def test_a_collection_from_files_is_indexed_with_another_workdirs_model_and_find
                       str(collection / "query.txt"), "--format", "json", "--top-k", "3")
     hits = [h["image_id"] for h in json.loads(proc.stdout.strip().splitlines()[-1])["hits"]]
     assert relevant and relevant <= set(hits), (relevant, hits)
+
+
+def test_a_changed_model_in_the_other_workdir_is_refused_in_one_line(workdir, collection, tmp_path):
+    w = tmp_path / "w"
+    _index(w, workdir, collection / "documents.jsonl", collection / "images.jsonl", "--config.index.corpus.qrels=")
+    info = json.loads((w / "index.json").read_text())
+    info["model_fingerprint"]["text_fingerprint"] = "0" * 16  # as if W's model was retrained since
+    (w / "index.json").write_text(json.dumps(info))
+    proc = run_script("retrieve.py", "--config", CONFIG, "--index", str(w), "--query",
+                      str(collection / "query.txt"), check=False)
+    assert proc.returncode != 0
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"the model at {(workdir / 'model').absolute()}" in lines[0], proc.stderr[-2000:]
 
 
 def test_an_unreadable_picture_in_a_folder_is_skipped_and_listed_and_the_run_goes_on(workdir, collection, tmp_path):
