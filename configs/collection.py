@@ -2,15 +2,17 @@
 model trained elsewhere. As shipped it indexes examples/collection/ with the demo's model:
 
   python index.py    --config configs/demo.py --workdir demo_work             # once: the demo's model
+  python train.py    --config configs/demo.py --workdir demo_work             # (its summary-trained text tower)
   python index.py    --config configs/collection.py --workdir collection_work --config.index.encoder=demo_work
   python retrieve.py --config configs/collection.py --index collection_work --query examples/collection/query.txt
   python retrieve.py --config configs/collection.py --index collection_work --evaluate test
 
 index.encoder names the other workdir: its index encoder (recorded in collection_work/index.json with its
-fingerprints) and its corpus' tokenizer are used; nothing is trained here. Expected: each example document's own
-pictures (examples/collection/qrels/test.qrels) at the top of its ranking. Your files:
+fingerprints), its summary-trained model (recorded the same way) and its corpus' tokenizer are used; nothing is
+trained here. Expected: 9 of the 10 example documents with one of their own pictures
+(examples/collection/qrels/test.qrels) in their top 10. Your files:
 --config.index.corpus.documents=FILE --config.index.corpus.images=DIR_OR_FILE [--config.index.corpus.qrels=DIR]
-(and drop --config.index.image_cache.precomputed when your images carry no embedding: the vision tower encodes them).
+(and --config.index.image_cache.precomputed= when your images carry no embedding: the vision tower encodes them).
 """
 
 from configs.demo import get_config as demo_config
