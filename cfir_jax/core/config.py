@@ -192,10 +192,13 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     return ml_collections.ConfigDict(
         dict(
             corpus=dict(
-                source="atomic",  # 'atomic' (local parquet files in the HF layout) or 'synthetic'
+                # 'atomic' (local parquet files in the HF layout), 'synthetic', or 'files' (your own collection:
+                # documents, images and optional qrels from plain files, cfir_jax/data/files.py, docs/collection.md)
+                source="atomic",
                 texts="",  # AToMiC-Texts-v0.2.1 directory (or parquet files, comma-separated)
-                images="",  # AToMiC-Images-v0.2 directory
-                qrels="",  # AToMiC-Qrels-v0.2 directory
+                images="",  # AToMiC-Images-v0.2 directory; files: a directory tree of pictures or .jsonl/.parquet
+                qrels="",  # AToMiC-Qrels-v0.2 directory; files: a directory of <split>.qrels (optional)
+                documents="",  # files: a .jsonl or .parquet of rows id, text, [title, metadata fields]
                 setting=_experiment(str),  # small | base | large (AToMiC's settings: see cfir_jax/data/atomic.py)
                 # Qrels splits whose topics are the documents; in the small setting also the splits whose judged
                 # images form the collection (AToMiC's small setting of one split: splits="test").
@@ -204,7 +207,8 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 seed=0,
             ),
             # The frozen encoder: a model directory (python -m cfir_jax.model.convert on beit3_*_itc_patch16_224.pth),
-            # or 'pretrain' (synthetic worlds: train the text tower on captions first, see configs/demo.py).
+            # 'pretrain' (synthetic worlds: train the text tower on captions first, see configs/demo.py), or another
+            # workdir: the index encoder its index.json records (and its corpus' tokenizer when it ships one).
             encoder="",
             image_cache=dict(
                 precomputed="",  # '' encode with the encoder; 'corpus' or a .npy/.parquet of embeddings to import

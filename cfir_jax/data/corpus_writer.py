@@ -154,19 +154,21 @@ def _image_examples(
         yield example
 
 
-def _write_qrels(path: Path, split: str, qrels: Mapping[str, Mapping[str, int]], doc_ids, image_ids, drop: bool):
-    """Writes one split's qrels in TREC format; returns (topics, judgements, dropped judgements)."""
+def _write_qrels(path: Path, split: str, qrels: Mapping[str, Mapping[str, int]], doc_ids, image_ids, drop: bool,
+                 label: str):
+    """Writes one split's qrels in TREC format; returns (topics, judgements, dropped judgements). `label` names the
+    judgements in an error (the source's qrels file, or qrels['split'])."""
     lines, dropped = [], 0
     for doc_id in sorted(qrels):
         if doc_id not in doc_ids:
             if not drop:
-                raise CfirError(f"qrels[{split!r}]: doc_id {doc_id!r} is not a document of the corpus")
+                raise CfirError(f"{label}: doc_id {doc_id!r} is not a document of the corpus")
             dropped += len(qrels[doc_id])
             continue
         for image_id in sorted(qrels[doc_id]):
             if image_id not in image_ids:
                 if not drop:
-                    raise CfirError(f"qrels[{split!r}]: image_id {image_id!r} (doc {doc_id!r}) is not in the corpus")
+                    raise CfirError(f"{label}: image_id {image_id!r} (doc {doc_id!r}) is not in the corpus")
                 dropped += 1
                 continue
             lines.append(f"{doc_id} 0 {image_id} {int(qrels[doc_id][image_id])}\n")
@@ -261,7 +263,8 @@ def _write_items(
 
 
 def _write_all_qrels(
-    tmp: Path, qrels: Mapping[str, Mapping[str, Mapping[str, int]]], written: _Written, drop: bool
+    tmp: Path, qrels: Mapping[str, Mapping[str, Mapping[str, int]]], written: _Written, drop: bool,
+    qrels_files: Mapping[str, str],
 ) -> dict[str, dict[str, int]]:
     """Writes qrels/<split>.txt for every split; returns {split: {topics, judgements, dropped}} for the manifest."""
     (tmp / "qrels").mkdir()
@@ -269,7 +272,8 @@ def _write_all_qrels(
     splits = {}
     for split, split_qrels in qrels.items():
         topics, judgements, dropped = _write_qrels(
-            tmp / "qrels" / f"{split}.txt", split, split_qrels, doc_set, image_set, drop
+            tmp / "qrels" / f"{split}.txt", split, split_qrels, doc_set, image_set, drop,
+            qrels_files.get(split, f"qrels[{split!r}]"),
         )
         splits[split] = {"topics": topics, "judgements": judgements, "dropped": dropped}
     return splits
@@ -284,6 +288,7 @@ def write_corpus(
     tokenizer_spm: str | os.PathLike | None = None,
     *,
     drop_unknown_qrels: bool = False,
+    qrels_files: Mapping[str, str] | None = None,
     **manifest_fields: Any,
 ) -> Corpus:
     """Writes a corpus directory atomically and opens it; does nothing when a complete one with the same
@@ -292,8 +297,9 @@ def write_corpus(
     `documents` and `images` are streamed once (they may be generators over files far larger than memory).
     `qrels` maps a split ("train", "validation", "test") to {doc_id: {image_id: rel}}. A judgement naming an id
     that is not in the corpus raises CfirError, or is dropped and counted when `drop_unknown_qrels` (real
-    collections miss a few items). `manifest_fields` (JSON-able: the generator config, the source files) are
-    stored in the manifest and decide whether an existing corpus is reused.
+    collections miss a few items); `qrels_files` names each split's source file in that error. `manifest_fields`
+    (JSON-able: the generator config, the source files) are stored in the manifest and decide whether an existing
+    corpus is reused.
     """
     out_dir = Path(out_dir)
     _check_arguments(qrels, tokenizer_spm)
@@ -303,7 +309,7 @@ def write_corpus(
 
     with atomic_dir(out_dir) as tmp:
         written = _write_items(tmp, doc_iter, image_iter, embedding_dim)
-        splits = _write_all_qrels(tmp, qrels, written, drop_unknown_qrels)
+        splits = _write_all_qrels(tmp, qrels, written, drop_unknown_qrels, qrels_files or {})
         if tokenizer_spm is not None:
             shutil.copyfile(tokenizer_spm, tmp / "tokenizer.spm")
         write_manifest(

@@ -4,6 +4,7 @@ that the stores it made belong together (entity texts and images from one model)
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
@@ -15,11 +16,55 @@ from cfir_jax.stores.layout import Layout
 
 
 def encoder_dir(config, layout: Layout) -> Path | None:
-    """The frozen encoder's model directory: the configured one, or W/encoder for 'pretrain'."""
+    """The frozen encoder's model directory: the configured one, W/encoder for 'pretrain', or for another workdir
+    (a directory with an index.json and no model manifest) the index encoder that workdir records."""
     enc = config.index.encoder
     if enc == "pretrain":
         return layout.encoder
-    return Path(enc) if enc else None
+    if not enc:
+        return None
+    other = other_workdir(config)
+    if other is None:
+        return Path(enc)
+    try:
+        info = json.loads(other.index_json.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise CfirError(f"{other.index_json}: unreadable; finish that workdir's index.py run first "
+                        "(index.encoder names it)") from None
+    path = other.recorded_path(info, "encoder")
+    if path is None:
+        raise CfirError(f"{other.index_json}: records no index encoder; point index.encoder at a model directory")
+    return path
+
+
+def other_workdir(config) -> Layout | None:
+    """The workdir index.encoder names, when it names one (an index.json there, no model manifest), else None."""
+    enc = config.index.encoder
+    if not enc or enc == "pretrain":
+        return None
+    path = Path(enc)
+    if (path / "manifest.json").is_file() or not (path / "index.json").is_file():
+        return None
+    return Layout.of(path)
+
+
+def other_model(config) -> Path | None:
+    """The text-trained model (W/model) of the workdir index.encoder names, when it has one: retrieval scores queries
+    with it when this workdir trains none (`retrieve.stores`)."""
+    other = other_workdir(config)
+    if other is None or not (other.model / "manifest.json").is_file():
+        return None
+    return other.model
+
+
+def encoder_tokenizer(config) -> Path | None:
+    """The tokenizer that goes with an encoder taken from another workdir: the one its corpus ships (a synthetic
+    world's), unless the config names one (`tokenizer`, BEiT-3's beit3.spm); None otherwise."""
+    other = other_workdir(config)
+    if config.get("tokenizer") or other is None:
+        return None
+    spm = other.corpus / "tokenizer.spm"
+    return spm if spm.is_file() else None
 
 
 def text_positions(config, layout: Layout) -> int:

@@ -1,7 +1,8 @@
 """index.py as a library: builds, in order, every store that training and retrieval read.
 
 Stages (each writes one directory of the workdir layout, see cfir_jax.stores.layout):
-  corpus        AToMiC parquet files -> the corpus format (tfds array_record, read with grain); or a synthetic world
+  corpus        AToMiC parquet files -> the corpus format (tfds array_record, read with grain); or a synthetic world;
+                or your own collection from plain files (index.corpus.source='files', cfir_jax/data/files.py)
   image_cache   every image encoded once by the frozen vision tower (or precomputed embeddings imported)
   image_cache_full  the same images re-encoded by the D-BEiT-3 Full model's trained vision tower (W/model_full, made
                 by train.py with a :full config) into W/image_cache_full; built when W/model_full exists
@@ -49,14 +50,17 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import shown
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import Corpus
+from cfir_jax.data.files import build_files_corpus
 from cfir_jax.index import entity_index_build, entity_text_match, image_text
 from cfir_jax.index.candidate_search import resolve_backend
 from cfir_jax.index.entities import build_entity_store
 from cfir_jax.index.index_encoder import (
     check_cache_encoder,
     encoder_dir,
+    encoder_tokenizer,
     entity_encoder,
     load_encoder,
+    other_model,
     scann_config,
     text_positions,
 )
@@ -110,7 +114,10 @@ def _write_corpus(config, layout: Layout):
         splits = tuple(p.strip() for p in c.splits.split(",") if p.strip())
         return build_atomic_corpus(split(c.texts), split(c.images), c.qrels, layout.corpus, setting=c.setting,
                                    splits=splits)
-    raise CfirError(f"index.corpus.source={c.source!r}: use 'atomic' or 'synthetic'")
+    if c.source == "files":
+        return build_files_corpus(c.documents, c.images, c.qrels or None, layout.corpus,
+                                  tokenizer_spm=encoder_tokenizer(config))
+    raise CfirError(f"index.corpus.source={c.source!r}: use 'atomic', 'synthetic' or 'files'")
 
 
 def build_image_cache(config, layout: Layout, corpus):
@@ -376,6 +383,8 @@ def _record_index(config, layout: Layout, reports: list[StageReport]) -> None:
     """W/index.json: the encoder the index was built with, the config, and every stage's report."""
     write_json_atomic(layout.index_json, {
         **layout.record_path("encoder", encoder_dir(config, layout)),  # relative inside W; outside, absolute
+        # index.encoder naming another workdir: its text-trained model too, which scores the queries (retrieve.stores)
+        **({} if (model := other_model(config)) is None else layout.record_path("model", model)),
         "config": json.loads(json.dumps(config.to_dict(), default=str)),
         "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
                    for r in reports],

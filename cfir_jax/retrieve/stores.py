@@ -80,7 +80,9 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
     corpus = Corpus.open(layout.corpus)
     encoder_dir = layout.recorded_path(index_info, "encoder")
     full = _check_model_choice(config, layout)
-    model_dir, document_model, untrained = _model_dir(layout, encoder_dir, reads_document, full)
+    # index.encoder named another workdir: its text-trained model, recorded with its fingerprints
+    other_model = layout.recorded_path(index_info, "model", config_key="encoder")
+    model_dir, document_model, untrained = _model_dir(layout, encoder_dir, reads_document, full, other_model)
     # A Full model keeps its own sizes (its :full config may train at another image size than the workdir's).
     model = checkpoint.load_model(model_dir, None if full else config.model)
     check_text_lengths(config, RETRIEVAL_TEXT_LENGTHS, model.config.max_text_positions)
@@ -116,10 +118,10 @@ def _check_model_choice(config, layout: Layout) -> bool:
     return choice == "full"
 
 
-def _model_dir(layout: Layout, encoder_dir: Path | None, reads_document: bool, full: bool
-               ) -> tuple[Path, bool, bool]:
+def _model_dir(layout: Layout, encoder_dir: Path | None, reads_document: bool, full: bool,
+               other_model: Path | None = None) -> tuple[Path, bool, bool]:
     """(the model that scores queries, whether it is the document-trained one, whether it is the untrained index
-    encoder)."""
+    encoder). `other_model`: the text-trained model of the workdir index.encoder named, used when W has none."""
     if full:
         return layout.model_full, False, False
     # The document baseline of the paper (Table 3): a model trained on documents at 64 tokens, when train.py
@@ -128,6 +130,8 @@ def _model_dir(layout: Layout, encoder_dir: Path | None, reads_document: bool, f
         return layout.model_document, True, False
     if (layout.model / "manifest.json").is_file():
         return layout.model, False, False
+    if other_model is not None:
+        return other_model, False, False
     if encoder_dir is None:
         raise CfirError(f"{layout.root}: no trained model (run train.py) and no index encoder")
     return encoder_dir, False, True

@@ -76,9 +76,10 @@ class Layout:
             entry[f"{key}_fingerprint"] = _model_fingerprints(Path(path))
         return entry
 
-    def recorded_path(self, info: dict, key: str) -> Path | None:
+    def recorded_path(self, info: dict, key: str, config_key: str | None = None) -> Path | None:
         """The path index.json records under `key`, resolved against this workdir; an outside model directory
-        that is missing or is not the one recorded is refused in one line (what was expected where)."""
+        that is missing or is not the one recorded is refused in one line (what was expected where, and the config
+        key that chose it: `index.<config_key or key>`)."""
         value = info.get(key) or ""
         if not value:
             return None
@@ -94,7 +95,7 @@ class Layout:
             if have is None:
                 raise CfirError(f"{self.index_json}: the {key} at {path} (fingerprint {want['text_fingerprint']}) "
                                 f"is missing: put it back there, or rebuild the index with another "
-                                f"--config.index.{key}")
+                                f"--config.index.{config_key or key}")
             if have != want:
                 raise CfirError(f"{self.index_json}: expected the {key} at {path} to have fingerprints {want} but "
                                 f"it has {have}: restore the model the index was built with, or rebuild the index")

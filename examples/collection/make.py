@@ -1,0 +1,86 @@
+"""Regenerates examples/collection/: a small collection of plain files cut from the demo's synthetic world.
+
+    python examples/collection/make.py                       # this folder, from the demo world (configs/demo.py)
+    python examples/collection/make.py --size tiny --out DIR # from the tests' tiny world (configs/demo.py:tiny)
+
+It writes 10 documents of the world's test split (documents.jsonl: id, title, text), about 40 of its pictures as
+PNG files (images/<id>.png: each document's relevant pictures, then other pictures of the entities it mentions), a
+captions file (images.jsonl: id, path, caption, and the world's precomputed embedding of the picture, which is what
+the demo's frozen vision tower stands for), the relevance judgements (qrels/test.qrels) and query.txt (the first
+document). Deterministic: the world is seeded, so a rerun rewrites the same bytes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))  # run as a script from anywhere: the repository's package
+
+from cfir_jax.data.synthetic import SyntheticConfig, build_world  # noqa: E402
+
+NUM_DOCUMENTS = 10
+IMAGES_PER_DOCUMENT = 4
+
+
+def _pick(world, num_documents: int, per_document: int):
+    """(documents, images, {doc_id: {image_id: rel}}): test documents and, for each, its relevant pictures first,
+    then other pictures of its planted entities, up to `per_document` new ones."""
+    test = world.qrels["test"]
+    by_id = {d.doc_id: d for d in world.documents}
+    depicting: dict[str, list] = {}
+    for img in world.images:
+        for name in img.entities:
+            depicting.setdefault(name, []).append(img)
+    docs, images, qrels, taken = [], [], {}, set()
+    for doc_id in sorted(test)[:num_documents]:
+        doc = by_id[doc_id]
+        relevant = [img for img in world.images if img.image_id in test[doc_id]]
+        others = [img for name in doc.entities for img in depicting.get(name, [])]
+        chosen = []
+        for img in relevant + others:
+            if len(chosen) == per_document:
+                break
+            if img.image_id not in taken:
+                taken.add(img.image_id)
+                chosen.append(img)
+        docs.append(doc)
+        images += chosen
+        qrels[doc_id] = {img.image_id: 1 for img in relevant}
+    return docs, images, qrels
+
+
+def make_collection(out: Path, size: str = "default", num_documents: int = NUM_DOCUMENTS,
+                    per_document: int = IMAGES_PER_DOCUMENT) -> None:
+    """Writes the collection into `out` (its generated files replaced; make.py itself kept)."""
+    world = build_world(SyntheticConfig.named(size))
+    docs, images, qrels = _pick(world, num_documents, per_document)
+    for name in ("images", "qrels"):
+        shutil.rmtree(out / name, ignore_errors=True)
+        (out / name).mkdir(parents=True)
+    for img in images:
+        (out / "images" / f"{img.image_id}.png").write_bytes(img.image)
+    (out / "documents.jsonl").write_text("".join(
+        json.dumps({"id": d.doc_id, "title": d.title, "text": d.text}) + "\n" for d in docs))
+    (out / "images.jsonl").write_text("".join(
+        json.dumps({"id": img.image_id, "path": f"images/{img.image_id}.png", "caption": img.caption,
+                    "embedding": [round(float(x), 6) for x in img.embedding]}) + "\n" for img in images))
+    (out / "qrels" / "test.qrels").write_text("".join(
+        f"{d} 0 {i} {r}\n" for d in sorted(qrels) for i, r in sorted(qrels[d].items())))
+    (out / "query.txt").write_text(docs[0].text + "\n")
+
+
+def main(argv=None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size", default="default", choices=("default", "tiny"), help="the world to cut from")
+    parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="where to write")
+    args = parser.parse_args(argv)
+    make_collection(Path(args.out), args.size)
+
+
+if __name__ == "__main__":
+    main()
