@@ -383,27 +383,39 @@ def time_summaries(out: Path, options: list[str], docs: int, words: int, batch_d
 
 
 def time_served(out: Path, levels: list[int], per_level: int, words: int, docs_c1: int, max_batch: int,
-                overrides: list[str]) -> None:
+                overrides: list[str], min_requests: int = 1) -> None:
     """The service on the real-size workdir: concurrency 1 interleaved with the in-process Retriever on the same
-    documents (the 1.3x goal's ratio under the same load), then p50/p95/p99 and documents/s at each level."""
+    documents (the 1.3x goal's ratio under the same load), then p50/p95/p99 and documents/s at each level. Every
+    level gets documents no earlier request sent (the service caches summaries by document text, so a repeated one
+    would cost a lookup instead of a generation)."""
     import asyncio
 
     import serve_load
 
     work = out / "work"
-    docs = query_documents(work, max(levels) * per_level + docs_c1, words)
+    counts = [max(c * per_level, min_requests) for c in levels]
+    docs = query_documents(work, 1 + docs_c1 + sum(counts), words)
+    if len({text for _, text in docs}) < len(docs):
+        raise CfirError(f"{len(docs)} documents wanted but the world has fewer distinct texts; lower --per-level, "
+                        f"--min-requests or --c1-docs, or lengthen them (--words)")
     server = serve_load.Server(str(work), f"--config.serve.max_batch={max_batch}", "--config.serve.queue_size=256",
                                "--config.serve.deadline_ms=600000", *overrides)
     print(f"server ready in {server.ready_s:.0f} s ({' '.join(overrides) or 'the paper settings'}); "
           f"load {load_averages()}", flush=True)
     try:
-        asyncio.run(serve_load.load(server.url, serve_load.search_bodies(docs[:1]), 1, timeout=600))
-        inproc, served = serve_load.interleaved_c1(server.url, str(work), docs[-docs_c1:])
+        t = time.perf_counter()
+        asyncio.run(serve_load.load(server.url, serve_load.search_bodies(docs[:1]), 1, timeout=1800))
+        print(f"first query (its length bucket compiled if the warm-up's was another) {time.perf_counter() - t:.0f} s; "
+              f"load {load_averages()}", flush=True)
+        inproc, served = serve_load.interleaved_c1(server.url, str(work), docs[1 : 1 + docs_c1], tuple(overrides),
+                                                   timeout=1800)
         print(f"concurrency 1 interleaved with the in-process Retriever, {docs_c1} documents: p50 {served:.0f} ms "
               f"served vs {inproc:.0f} ms in process ({served / inproc:.2f}x); load {load_averages()}", flush=True)
-        for c in levels:
-            bodies = serve_load.search_bodies(docs[: c * per_level])
-            r = asyncio.run(serve_load.load(server.url, bodies, c, timeout=600))
+        start = 1 + docs_c1
+        for c, n in zip(levels, counts):
+            bodies = serve_load.search_bodies(docs[start : start + n])
+            start += n
+            r = asyncio.run(serve_load.load(server.url, bodies, c, timeout=1800))
             print(f"concurrency {c:3d}: {r['ok']}/{r['n']} ok, p50 {r['p50']:8.0f} ms  p95 {r['p95']:8.0f}  "
                   f"p99 {r['p99']:8.0f}  {r['rate']:6.3f} documents/s; load {load_averages()}", flush=True)
     finally:
@@ -432,6 +444,7 @@ def main() -> None:
     v.add_argument("--c1-docs", type=int, default=4, help="documents of the interleaved concurrency-1 comparison")
     v.add_argument("--words", type=int, default=900)
     v.add_argument("--max-batch", type=int, default=16)
+    v.add_argument("--min-requests", type=int, default=1, help="at least this many requests per level")
     v.add_argument("overrides", nargs="*", help="--config.x=y given to the server (a summary option)")
     args = p.parse_args()
     out = Path(args.out).absolute()
@@ -445,7 +458,7 @@ def main() -> None:
     if args.command == "serve":
         print(hardware_description())
         time_served(out, [int(x) for x in args.levels.split(",")], args.per_level, args.words, args.c1_docs,
-                    args.max_batch, args.overrides)
+                    args.max_batch, args.overrides, args.min_requests)
         return
     if ROOT in (out, *out.parents):
         raise CfirError(f"--out {out}: inside the repository; pick a directory outside it (e.g. /work/realsize)")

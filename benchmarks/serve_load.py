@@ -102,19 +102,21 @@ def bulk_rate(workdir: str, docs: int) -> float:
     return rate
 
 
-def interleaved_c1(url: str, workdir: str, docs: list[tuple[str, str]]) -> tuple[float, float]:
+def interleaved_c1(url: str, workdir: str, docs: list[tuple[str, str]], overrides: tuple[str, ...] = (),
+                   timeout: float = 60.0) -> tuple[float, float]:
     """p50 ms per document in this process (`Retriever.retrieve_many([doc])`, as retrieval_latency.py --part e2e
     times it) and over HTTP at concurrency 1, alternating document by document on the same texts, each side idle
-    while the other runs: the concurrency-1 goal's ratio with the same machine load on both sides."""
+    while the other runs: the concurrency-1 goal's ratio with the same machine load on both sides. `overrides`: the
+    server's `--config.x=y`, applied in process too so both sides run the same summarizer."""
     import httpx
 
-    from cfir_jax.core.cli import workdir_config
+    from cfir_jax.core.cli import apply_overrides, workdir_config
     from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
-    retriever = Retriever(workdir_config(workdir), workdir, "cfir")
+    retriever = Retriever(apply_overrides(workdir_config(workdir), overrides), workdir, "cfir")
     retriever.retrieve_many([DocumentInput(docs[0][1], "warm-up")])
     inproc, served = [], []
-    with httpx.Client(base_url=url, timeout=60) as client:
+    with httpx.Client(base_url=url, timeout=timeout) as client:
         for doc_id, text in docs:
             t0 = time.perf_counter()
             retriever.retrieve_many([DocumentInput(text, doc_id)])
