@@ -284,6 +284,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     )
 
 
+# Over 60 lines, as one recipe read top to bottom: a single ConfigDict literal, one commented setting a line.
 def retrieval_config() -> ml_collections.ConfigDict:
     """The `retrieval` section (CFIR's ER + SR stages)."""
     return ml_collections.ConfigDict(
