@@ -72,6 +72,7 @@ def test_base_train_step_compiles_data_parallel_with_replicated_state():
     assert result.fits and result.total < 16 * 2**30
 
 
+@pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_device_sr_is_row_sharded_and_its_temporaries_do_not_grow_with_the_cache():
     config = load_config_file("configs/base.py:runlocal")
     config.unlock()

@@ -146,6 +146,7 @@ def test_authors_trainable_set_is_token_embeddings_and_the_language_ffn():
                    devices=jax.devices()[:1], steps_per_epoch=1)
 
 
+@pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_remat_changes_nothing_but_memory():
     """Activation checkpointing (scanned or unrolled) gives the same loss gradients as storing activations."""
     from flax import nnx

@@ -97,6 +97,7 @@ def test_full_step_gradient_equals_the_float64_torchscale_gradient():
         assert any(np.abs(g).max() > 1e-3 for k, g in grads.items() if k.startswith(tower + "layers/fc1"))
 
 
+@pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_gradient_caching_equals_the_one_batch_gradient_for_both_towers():
     """grad_accum_steps=2: the exact gradient of the whole batch's loss, in micro-batches of half the rows."""
     one, cached = full_config(), full_config(grad_accum_steps=2)
@@ -130,6 +131,7 @@ def _encode_after_steps(cfg, steps: int = 2):
     return before, after, _flat(frozen)
 
 
+@pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_language_expert_set_leaves_the_image_tower_frozen_and_full_moves_everything():
     (p0, (img0, txt0)), (p1, (img1, txt1)), frozen = _encode_after_steps(full_config(trainable="language_expert"))
     assert set(p0) == {k for k in p0 if k.startswith(("B/", "language_head/", "logit_scale"))}
@@ -174,6 +176,7 @@ def test_eight_devices_data_by_fsdp_equal_one_device(tmp_path):
             np.testing.assert_allclose(many[k], one[k], rtol=1e-5, atol=1e-6, err_msg=k)
 
 
+@pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_train_full_compiles_for_a_tpu_topology_with_the_state_it_shards():
     """compile-only: a Full config's train command is the Full step alone; on v5e 2x2 its arguments are the sharded
     state, frozen set and batch, the donated state comes back in place, and FSDP divides the state over the chips."""
@@ -232,6 +235,7 @@ class Recording:
         self.batches.set_state(state)
 
 
+@pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(world_corpus, tmp_path):
     """The real image pipeline over the tiny world (two broken images among the first pairs): a run interrupted after
     its step-2 checkpoint resumes to the uninterrupted run's batches 3 and 4 and its parameters, bit for bit."""
@@ -261,6 +265,7 @@ def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(world
     assert straight.metrics == resumed.metrics and straight.metrics["skipped_images"] == whole.skipped
 
 
+@pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_throughput_benchmark_times_the_same_trained_set_as_torchscale():
     """benchmarks/train_throughput.py --step full at tiny size: it refuses to compare when the two sides train
     different parameter sets, so a run to the ratio line means torchscale's whole-model step trains what ours does."""

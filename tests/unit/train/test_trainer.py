@@ -64,6 +64,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+@pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_two_processes_equal_single_device(tmp_path):
     """2 processes x 4 devices on localhost (jax.distributed, gloo) vs the single-device run of the same batch."""
     port = str(_free_port())
