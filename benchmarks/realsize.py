@@ -1,8 +1,8 @@
 """A workdir at the paper's sizes with random weights, built from shapes alone (nothing is downloaded), so that the
 query path can be timed as a user of the paper's models would run it.
 
-    python benchmarks/realsize.py build --out /work/realsize/base --size base     # 4M x 768 cache (6 GB), minutes
-    python benchmarks/realsize.py build --out /work/realsize/large --size large   # 11M x 1,024 cache (23 GB)
+    python benchmarks/realsize.py build --out ~/realsize/base --size base     # 4M x 768 cache (6 GB), minutes
+    python benchmarks/realsize.py build --out ~/realsize/large --size large   # 11M x 1,024 cache (23 GB)
     python benchmarks/realsize.py build --out /tmp/rs --size tiny                 # the test's: seconds
 
 What it holds (OUT/ is the directory given; keep it outside the repository):
@@ -427,7 +427,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
     b = sub.add_parser("build", help="build (or complete) a real-size workdir from shapes")
-    b.add_argument("--out", required=True, help="a directory outside the repository, e.g. /work/realsize/base")
+    b.add_argument("--out", required=True, help="a directory outside the repository, e.g. ~/realsize/base")
     b.add_argument("--size", choices=tuple(SIZES), default="base")
     b.add_argument("--rows", type=int, default=None, help="cache rows (default: the size's: 4M base, 11M large)")
     b.add_argument("--world", default=None, help="copy this indexed synthetic workdir instead of indexing one")
@@ -461,7 +461,7 @@ def main() -> None:
                     args.max_batch, args.overrides, args.min_requests)
         return
     if ROOT in (out, *out.parents):
-        raise CfirError(f"--out {out}: inside the repository; pick a directory outside it (e.g. /work/realsize)")
+        raise CfirError(f"--out {out}: inside the repository; pick a directory outside it (e.g. ~/realsize)")
     print(hardware_description())
     build(out, args.size, args.rows, Path(args.world).absolute() if args.world else None)
 
