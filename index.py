@@ -6,6 +6,9 @@
         --config.tokenizer=beit3.spm
     python index.py --config configs/demo.py --workdir demo_work        # the synthetic world
     python index.py --config ... --workdir W --add-entities new_entities.txt
+    python index.py --workdir W --add new/          # new documents and images: documents.jsonl, images/, qrels/
+    python index.py --workdir W --remove ids.txt    # image or document ids, one a line: never returned again
+    python index.py --workdir W --compact           # rewrite the stores without the removed rows
     python index.py --verify --workdir W     # every store against the checksums recorded when it was built
     python index.py --config configs/base.py --compile-only --topology v5e:2x4   # image encoding, entity top-K
 
@@ -24,6 +27,12 @@ def _flags(parser):
     parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
                         f"order): {', '.join(STAGES)}; default: all")
     parser.add_argument("--add-entities", default="", help="file of entity texts (one per line) to append")
+    parser.add_argument("--add", default="", help="new documents and images to append to the built collection: a "
+                        "directory (documents.jsonl|parquet, images.jsonl|parquet or images/, qrels/), a directory "
+                        "of image files, or a .jsonl/.parquet file of image rows (docs/collection.md)")
+    parser.add_argument("--remove", default="", help="file of image or document ids (one per line; image:ID or "
+                        "document:ID where an id is both) that no method returns from now on")
+    parser.add_argument("--compact", action="store_true", help="rewrite the stores without the removed image rows")
     parser.add_argument("--verify", action="store_true", help="re-read every store of --workdir against the "
                         "checksums recorded when it was built, name each damaged file, build nothing (exit 2 if any)")
 
@@ -39,7 +48,9 @@ def main():
         p.add_argument("--verify", action="store_true", required=True)
         p.add_argument("--workdir", required=True)
         sys.exit(verify_command(p.parse_args().workdir))
-    args, config = cli.parse(__doc__.splitlines()[0], _flags)
+    # A change of a built collection reads the config the index was built with unless --config is given.
+    change = any(flag in sys.argv[1:] for flag in ("--add", "--remove", "--compact"))
+    args, config = cli.parse(__doc__.splitlines()[0], _flags, config_from_workdir=change)
     if args.compile_only:
         from cfir_jax.aot.compile import compile_command
 
@@ -48,7 +59,8 @@ def main():
     from cfir_jax.commands import index
     from cfir_jax.index.runner import STAGES
 
-    index.run(config, args.workdir, tuple(s for s in args.stages.split(",") if s) or STAGES, args.add_entities)
+    index.run(config, args.workdir, tuple(s for s in args.stages.split(",") if s) or STAGES, args.add_entities,
+              {"add": args.add, "remove": args.remove, "compact": args.compact})
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@
   relative to the directory without its suffix (`cats/tom.png` -> `cats/tom`), or a JSONL/parquet file of rows with
   `id` and then `path` (relative to that file's directory) or `bytes` (parquet: binary; JSONL: base64), optional
   caption fields (`caption`, kept as AToMiC's `caption_reference_description`, or any of IMAGE_TEXT_FIELDS, read by
-  the image-text stages) and an optional precomputed `embedding` (a list of floats; all rows or none).
+  the image-text stages) and an optional precomputed `embedding` (a list of floats; all rows or none). A row with an
+  embedding needs no `path` or `bytes` (the picture itself is then not kept).
 - Qrels (`index.corpus.qrels`, optional): a directory of TREC qrels `<split>.qrels` or `<split>.txt` for the splits
   train, validation and test, lines `doc_id 0 image_id rel`.
 
@@ -154,9 +155,9 @@ def _directory_images(root: Path) -> Iterator[Image]:
         yield Image(image_id=rel.with_suffix("").as_posix(), image=p.read_bytes())
 
 
-def _image_bytes(where: str, row: dict, base: Path) -> bytes:
+def _image_bytes(where: str, row: dict, base: Path, embedded: bool = False) -> bytes:
     """The encoded image of a row: its `bytes`, or the file its `path` names; b"" (skipped and listed by the image
-    cache) when that file is missing."""
+    cache) when that file is missing, and for a row that carries its embedding alone (`embedded`)."""
     if row.get("bytes") is not None:
         data = row["bytes"]
         if isinstance(data, str):  # JSONL carries bytes as base64
@@ -166,6 +167,8 @@ def _image_bytes(where: str, row: dict, base: Path) -> bytes:
                 raise CfirError(f"{where}: field 'bytes' is not base64") from None
         return bytes(data)
     rel = _string(where, row, "path", required=False)
+    if not rel and embedded:
+        return b""
     if not rel:
         raise CfirError(f"{where}: missing field 'path' (or 'bytes')")
     file = base / rel
@@ -212,7 +215,7 @@ def _row_images(path: Path) -> Iterator[Image]:
                 texts[field] = strings
         first = next((t for f in IMAGE_TEXT_FIELDS for t in texts.get(f, ()) if t.strip()), "")
         yield Image(image_id=image_id, caption=first, url=_string(where, row, "url", required=False),
-                    image=_image_bytes(where, row, path.parent), embedding=emb, texts=texts)
+                    image=_image_bytes(where, row, path.parent, emb is not None), embedding=emb, texts=texts)
 
 
 def read_images(path: str | os.PathLike) -> Iterator[Image]:

@@ -1,0 +1,196 @@
+"""A collection kept current through the commands: `index.py --add` equals a from-scratch build over the union (exact
+backend), a SIGKILLed add resumes to the same stores, `--remove` takes images out of every answer, `--compact`
+rewrites the stores without them, and each change is a version recorded in index.json."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from repo import ROOT, run_script
+
+CONFIG = "configs/collection.py"
+EXACT = "--config.index.entity_index.backend=exact"
+
+
+@pytest.fixture(scope="module")
+def split(tmp_path_factory) -> dict[str, Path]:
+    """The tiny example collection cut in two: a base (the first 7 documents, the first 28 pictures) and an addition
+    (the rest, as a directory the way a user hands it over), plus the union in base-then-addition order."""
+    out = tmp_path_factory.mktemp("split")
+    source = out / "source"
+    run_script("examples/collection/make.py", "--size", "tiny", "--out", str(source))
+    docs = (source / "documents.jsonl").read_text().splitlines()
+    images = [json.loads(line) for line in (source / "images.jsonl").read_text().splitlines()]
+    for image in images:  # paths absolute, so every cut reads the same files
+        image["path"] = str((source / image["path"]).absolute())
+    qrels = (source / "qrels" / "test.qrels").read_text().splitlines()
+    cuts = {"base": (docs[:7], images[:28]), "addition": (docs[7:], images[28:]), "union": (docs, images)}
+    paths = {}
+    for name, (d, i) in cuts.items():
+        root = out / name
+        (root / "qrels").mkdir(parents=True)
+        (root / "documents.jsonl").write_text("".join(f"{line}\n" for line in d))
+        (root / "images.jsonl").write_text("".join(json.dumps(row) + "\n" for row in i))
+        ids = {json.loads(line)["id"] for line in d}
+        (root / "qrels" / "test.qrels").write_text("".join(f"{q}\n" for q in qrels if q.split()[0] in ids))
+        paths[name] = root
+    return paths
+
+
+def _build(w: Path, model_workdir: Path, collection: Path) -> None:
+    run_script("index.py", "--config", CONFIG, "--workdir", str(w), f"--config.index.encoder={model_workdir}",
+               f"--config.index.corpus.documents={collection / 'documents.jsonl'}",
+               f"--config.index.corpus.images={collection / 'images.jsonl'}",
+               f"--config.index.corpus.qrels={collection / 'qrels'}", EXACT)
+
+
+def _arrays(w: Path) -> dict[str, np.ndarray | list]:
+    out = {}
+    for store, name in [("entity_index", "offsets.npy"), ("entity_index", "candidates.npy"),
+                        ("entity_index", "scores.npy"), ("image_cache", "embeddings.npy"),
+                        ("entities", "offsets.npy"), ("entities", "entity_ids.npy")]:
+        path = w / store / name
+        if path.is_file():
+            out[f"{store}/{name}"] = np.load(path)
+    out["entity_index/vocab"] = json.loads((w / "entity_index" / "vocab.json").read_text())
+    out["image_cache/ids"] = (w / "image_cache" / "ids.txt").read_text().split()
+    out["corpus/doc_ids"] = (w / "corpus" / "doc_ids.txt").read_text().split()
+    return out
+
+
+def _assert_same_stores(a: Path, b: Path) -> None:
+    left, right = _arrays(a), _arrays(b)
+    assert left.keys() == right.keys()
+    for key in left:
+        if isinstance(left[key], np.ndarray):
+            assert left[key].dtype == right[key].dtype and np.array_equal(left[key], right[key]), key
+        else:
+            assert left[key] == right[key], key
+
+
+def _hits(w: Path, query: Path, *extra: str) -> list[str]:
+    proc = run_script("retrieve.py", "--index", str(w), "--query", str(query), "--format", "json", "--top-k", "10",
+                      *extra)
+    return [h["image_id"] for h in json.loads(proc.stdout.strip().splitlines()[-1])["hits"]]
+
+
+@pytest.fixture(scope="module")
+def added(workdir, split, tmp_path_factory) -> Path:
+    """The base built, then the addition added with `index.py --add`."""
+    w = tmp_path_factory.mktemp("added") / "w"
+    _build(w, workdir, split["base"])
+    proc = run_script("index.py", "--workdir", str(w), "--add", str(split["addition"]))
+    assert "version 2" in proc.stdout, proc.stdout
+    return w
+
+
+def test_an_add_equals_a_from_scratch_build_over_the_union_with_the_exact_backend(workdir, split, added, tmp_path):
+    scratch = tmp_path / "scratch"
+    _build(scratch, workdir, split["union"])
+    _assert_same_stores(added, scratch)
+    info = json.loads((added / "index.json").read_text())
+    assert info["version"] == 2
+    assert [h["op"] for h in info["history"]] == ["build", "add"]
+    assert info["history"][-1]["changes"]["images_added"] == 12
+    assert info["history"][-1]["changes"]["documents_added"] == 3
+    # A plain index.py run afterwards finds every store current: nothing is rebuilt.
+    proc = run_script("index.py", "--workdir", str(added), "--config", CONFIG, f"--config.index.encoder={workdir}",
+                      f"--config.index.corpus.documents={split['base'] / 'documents.jsonl'}",
+                      f"--config.index.corpus.images={split['base'] / 'images.jsonl'}",
+                      f"--config.index.corpus.qrels={split['base'] / 'qrels'}", EXACT, "--stages",
+                      "image_cache,entities,summaries,entity_index")
+    assert "STALE" not in proc.stdout and proc.stdout.count("reused") == 4, proc.stdout
+
+
+def test_an_added_document_finds_its_added_pictures(split, added, tmp_path):
+    first = json.loads((split["addition"] / "documents.jsonl").read_text().splitlines()[0])
+    relevant = {line.split()[2] for line in (split["addition"] / "qrels" / "test.qrels").read_text().splitlines()
+                if line.split()[0] == first["id"]}
+    query = tmp_path / "query.txt"
+    query.write_text(first["text"])
+    assert relevant and relevant & set(_hits(added, query)), relevant
+
+
+def _kill_when(proc: subprocess.Popen, path: Path, timeout: float = 300) -> None:
+    t0 = time.time()
+    while not path.exists():
+        assert proc.poll() is None, "the add finished before it could be killed"
+        assert time.time() - t0 < timeout
+        time.sleep(0.01)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
+@pytest.mark.parametrize("point", ["corpus", "image_cache"])
+def test_an_add_killed_mid_way_resumes_to_the_same_stores(workdir, split, added, tmp_path, point):
+    w = tmp_path / "w"
+    _build(w, workdir, split["base"])
+    before = _arrays(w)
+    proc = subprocess.Popen([sys.executable, "index.py", "--workdir", str(w), "--add", str(split["addition"])],
+                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    _kill_when(proc, w / ".change" / point)
+    # Killed with a change staged: the old version is whole and still answers.
+    after_kill = _arrays(w)
+    for key in before:
+        assert np.array_equal(before[key], after_kill[key]) if isinstance(before[key], np.ndarray) \
+            else before[key] == after_kill[key], key
+    assert json.loads((w / "index.json").read_text())["version"] == 1
+    again = run_script("index.py", "--workdir", str(w), "--add", str(split["addition"]))
+    assert "reused" in again.stdout, again.stdout
+    _assert_same_stores(w, added)
+
+
+def test_removed_images_are_never_returned_and_compact_drops_their_rows(split, added, tmp_path):
+    w = tmp_path / "w"
+    subprocess.run(["cp", "-a", str(added), str(w)], check=True)
+    query = tmp_path / "query.txt"
+    query.write_text(json.loads((split["addition"] / "documents.jsonl").read_text().splitlines()[0])["text"])
+    methods = ("cfir", "entity_only", "dense_summary", "dense_document")
+    before = {m: _hits(w, query, "--method", m) for m in methods}
+    gone = sorted({h for hits in before.values() for h in hits[:2]})
+    ids = tmp_path / "ids.txt"
+    ids.write_text("".join(f"{i}\n" for i in gone))
+    proc = run_script("index.py", "--workdir", str(w), "--remove", str(ids))
+    assert "version 3" in proc.stdout, proc.stdout
+    for m in methods:
+        hits = _hits(w, query, "--method", m)
+        assert not set(hits) & set(gone), (m, hits, gone)
+        assert len(hits) == len(before[m])  # the collection still has enough live pictures for a full top 10
+    # The exact whole-cache search keeps the order of what is left.
+    survivors = [h for h in before["dense_summary"] if h not in gone]
+    assert _hits(w, query, "--method", "dense_summary")[: len(survivors)] == survivors
+    k = json.loads((w / "entity_index" / "manifest.json").read_text())["k"]
+    lengths = np.diff(np.load(w / "entity_index" / "offsets.npy"))
+    live = 40 - len(gone)
+    assert (lengths == min(k, live)).all(), lengths  # every list refilled to K from the next best
+
+    proc = run_script("index.py", "--workdir", str(w), "--compact")
+    assert "version 4" in proc.stdout, proc.stdout
+    ids_left = (w / "image_cache" / "ids.txt").read_text().split()
+    assert len(ids_left) == live and not set(ids_left) & set(gone)
+    for m in methods:
+        assert not set(_hits(w, query, "--method", m)) & set(gone), m
+    info = json.loads((w / "index.json").read_text())
+    assert [h["op"] for h in info["history"]] == ["build", "add", "remove", "compact"]
+
+
+def test_a_malformed_added_row_is_one_line_naming_its_file_and_line(added, tmp_path):
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "documents.jsonl").write_text('{"id": "new1", "text": "A fine text."}\n{"id": "new2"}\n')
+    proc = run_script("index.py", "--workdir", str(added), "--add", str(bad), check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and f"{bad / 'documents.jsonl'}:2" in lines[0], proc.stderr
+    duplicate = tmp_path / "dup.jsonl"
+    first = (added / "image_cache" / "ids.txt").read_text().split()[0]
+    duplicate.write_text(json.dumps({"id": first, "path": "x.png"}) + "\n")
+    proc = run_script("index.py", "--workdir", str(added), "--add", str(duplicate), check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and f"{duplicate}:1" in lines[0] and first in lines[0]
+    assert json.loads((added / "index.json").read_text())["version"] == 2  # nothing changed
