@@ -7,7 +7,8 @@ It writes 10 documents of the world's test split (documents.jsonl: id, title, te
 PNG files (images/<id>.png: each document's relevant pictures, then other pictures of the entities it mentions), a
 captions file (images.jsonl: id, path, caption, and the world's precomputed embedding of the picture, which is what
 the demo's frozen vision tower stands for), the relevance judgements (qrels/test.qrels) and query.txt (the first
-document). Deterministic: the world is seeded, so a rerun rewrites the same bytes.
+document). `more/` holds the next day's batch in the same layout: 3 further documents and their 12 pictures, for
+`index.py --add`. Deterministic: the world is seeded, so a rerun rewrites the same bytes.
 """
 
 from __future__ import annotations
@@ -25,11 +26,12 @@ from cfir_jax.data.synthetic import SyntheticConfig, build_world  # noqa: E402
 
 NUM_DOCUMENTS = 10
 IMAGES_PER_DOCUMENT = 4
+MORE_DOCUMENTS = 3  # the next day's batch (more/), added with index.py --add
 
 
 def _pick(world, num_documents: int, per_document: int):
-    """(documents, images, {doc_id: {image_id: rel}}): test documents and, for each, its relevant pictures first,
-    then other pictures of its planted entities, up to `per_document` new ones."""
+    """(documents, images of each document, {doc_id: {image_id: rel}}): test documents and, for each, its relevant
+    pictures first, then other pictures of its planted entities, up to `per_document` new ones."""
     test = world.qrels["test"]
     by_id = {d.doc_id: d for d in world.documents}
     depicting: dict[str, list] = {}
@@ -49,16 +51,23 @@ def _pick(world, num_documents: int, per_document: int):
                 taken.add(img.image_id)
                 chosen.append(img)
         docs.append(doc)
-        images += chosen
+        images.append(chosen)
         qrels[doc_id] = {img.image_id: 1 for img in relevant}
     return docs, images, qrels
 
 
 def make_collection(out: Path, size: str = "default", num_documents: int = NUM_DOCUMENTS,
-                    per_document: int = IMAGES_PER_DOCUMENT) -> None:
-    """Writes the collection into `out` (its generated files replaced; make.py itself kept)."""
+                    per_document: int = IMAGES_PER_DOCUMENT, more: int = MORE_DOCUMENTS) -> None:
+    """Writes the collection into `out` and the next day's batch into `out/more` (their generated files replaced;
+    make.py itself kept)."""
     world = build_world(SyntheticConfig.named(size))
-    docs, images, qrels = _pick(world, num_documents, per_document)
+    docs, images, qrels = _pick(world, num_documents + more, per_document)
+    for part, cut in ((out, slice(0, num_documents)), (out / "more", slice(num_documents, None))):
+        _write(part, docs[cut], [img for chosen in images[cut] for img in chosen],
+               {d.doc_id: qrels[d.doc_id] for d in docs[cut]})
+
+
+def _write(out: Path, docs, images, qrels) -> None:
     for name in ("images", "qrels"):
         shutil.rmtree(out / name, ignore_errors=True)
         (out / name).mkdir(parents=True)
