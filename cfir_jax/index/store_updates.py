@@ -242,7 +242,8 @@ def _kind_of(line: str, known: dict[str, set[str]], where: str) -> tuple[str, st
         if line.startswith(prefix) and line not in known["image"] and line not in known["document"]:
             ident = line[len(prefix):]
             if ident not in known[kind]:
-                raise CfirError(f"{where}: {ident!r} is not a {kind} id of the collection")
+                article = "an" if kind == "image" else "a"
+                raise CfirError(f"{where}: {ident!r} is not {article} {kind} id of the collection")
             return kind, ident
     kinds = [k for k in ("image", "document") if line in known[k]]
     if not kinds:
