@@ -316,7 +316,8 @@ def _write_appended(out_dir: Path, cache: ImageCache, emb: np.ndarray, ids: list
     out = np.lib.format.open_memmap(out_dir / "embeddings.npy", mode="w+", dtype=cache.dtype,
                                     shape=(n_old + len(ids), cache.dim))
     for start in range(0, n_old, 65536):
-        out[start : start + 65536] = cache.embeddings[start : start + 65536]
+        stop = min(start + 65536, n_old)
+        out[start:stop] = cache.embeddings[start:stop]
     out[n_old:] = emb
     out.flush()
     del out
