@@ -12,6 +12,8 @@ view. Work that is worth keeping across a kill (images encoded, documents throug
   image_cache  stage_cache_addition: the new corpus rows encoded (or their precomputed embeddings imported) and
                appended; stage_cache_removal: removed.txt, the rows kept; stage_cache_compaction: the cache without
                the removed rows, and the old row -> new row map.
+  sr_compact   stage_compact_addition: codes of the appended rows with the stored rotation and scales;
+               stage_compact_selection: the rows a compaction keeps. (Retrieval rebuilds a missing copy on demand.)
   entities     stage_entities_addition / stage_summaries_addition: NER or summaries of the new documents only,
   summaries    appended; the result equals a store built over the union in one go (vocabulary in first-mention
                order), recorded against the union corpus' documents fingerprint so the index stages find it current.
@@ -40,8 +42,9 @@ from cfir_jax.index.chunks import finish_chunks, iter_chunks
 from cfir_jax.index.entities import assemble_entity_store
 from cfir_jax.index.image_import import open_source
 from cfir_jax.index.summaries import assemble_summary_store, summary_settings
+from cfir_jax.search.compact import COMPACT_KIND, COMPACT_VERSION, quantize_rows
 from cfir_jax.stores.atomic_write import write_json_atomic
-from cfir_jax.stores.contract import manifest_digest, write_manifest
+from cfir_jax.stores.contract import manifest_digest, read_manifest, write_manifest
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.image_cache import KIND as CACHE_KIND
 from cfir_jax.stores.image_cache import REMOVAL_FIELDS, REMOVED, ImageCache, SkippedImage, digest_files, digest_ids
@@ -435,6 +438,60 @@ def stage_cache_compaction(cache: ImageCache, out_dir: str | os.PathLike) -> tup
     write_manifest(out_dir, CACHE_KIND, cache.VERSION, **{**fields, "num_encoded": len(kept),
                                                               "num_skipped": len(skipped)})
     return {"rows_before": cache.num_images, "rows_after": len(kept)}, row_map
+
+
+# ---------------------------------------------------------------------------------------------------- sr_compact
+
+
+def _write_compact(compact: Path, out_dir: Path, n: int, source: str, fill) -> dict:
+    """out_dir = the compact copy at `compact` with rotation and scales linked, codes [n, r] written by
+    `fill(codes, old_codes)` and the manifest's n and cache_fingerprint set."""
+    manifest = read_manifest(compact, COMPACT_KIND, COMPACT_VERSION)
+    link_tree(compact, out_dir, skip=(MANIFEST, CHECKSUMS, "codes.npy"))
+    old = np.load(compact / "codes.npy", mmap_mode="r")
+    codes = np.lib.format.open_memmap(out_dir / "codes.npy", mode="w+", dtype=np.int8, shape=(n, old.shape[1]))
+    fill(codes, old)
+    codes.flush()
+    del codes
+    write_manifest(out_dir, COMPACT_KIND, COMPACT_VERSION, **{**_fields(manifest), "n": n,
+                                                              "cache_fingerprint": source})
+    return {"rows_before": int(manifest["n"]), "rows_after": n}
+
+
+def stage_compact_addition(compact: str | os.PathLike, new_rows: np.ndarray, out_dir: str | os.PathLike,
+                           source: str) -> dict:
+    """The compact scoring copy (W/sr_compact, cfir_jax.search.compact) with `new_rows` [n, D] (the rows appended
+    to the image cache, f16/f32) quantised with its stored rotation and scales (values past the scales clip: the
+    exact second pass rescores the shortlist), staged in `out_dir`. `source` is the fingerprint retrieve/sr.py
+    expects: the staged cache's content_fingerprint. Unlike a rebuild, the rotation stays the one fitted on the
+    old rows. Returns {rows_before, rows_after}."""
+    compact, out_dir = Path(compact), Path(out_dir)
+    rotation, scales = np.load(compact / "rotation.npy"), np.load(compact / "scales.npy")
+    if new_rows.ndim != 2 or new_rows.shape[1] != rotation.shape[0]:
+        raise StoreError(f"{compact}: rows of dim {rotation.shape[0]}, the new rows are {new_rows.shape}; delete it "
+                         "(retrieval rebuilds it)")
+
+    def fill(codes, old):
+        codes[: len(old)] = old
+        for start in range(0, len(new_rows), 65536):
+            block = np.asarray(new_rows[start : start + 65536], np.float32)
+            codes[len(old) + start : len(old) + start + len(block)] = quantize_rows(block @ rotation, scales)
+
+    n_old = int(np.load(compact / "codes.npy", mmap_mode="r").shape[0])
+    return _write_compact(compact, out_dir, n_old + len(new_rows), source, fill)
+
+
+def stage_compact_selection(compact: str | os.PathLike, row_map: np.ndarray, out_dir: str | os.PathLike,
+                            source: str) -> dict:
+    """The compact copy with the rows of a compaction (`stage_cache_compaction`'s row_map: old row -> new row, -1
+    dropped), staged in `out_dir`; `source` the compacted cache's content_fingerprint."""
+    kept = np.flatnonzero(np.asarray(row_map) >= 0)
+
+    def fill(codes, old):
+        for start in range(0, len(kept), 65536):
+            codes[start : start + 65536] = old[kept[start : start + 65536]]
+
+    return _write_compact(Path(compact), Path(out_dir), len(kept), source, fill)
 
 
 # ---------------------------------------------------------------------------------------------------- documents

@@ -24,10 +24,13 @@ from cfir_jax.index.store_updates import (
     stage_cache_addition,
     stage_cache_compaction,
     stage_cache_removal,
+    stage_compact_addition,
+    stage_compact_selection,
     stage_corpus_addition,
     stage_corpus_removal,
 )
 from cfir_jax.model.beit3 import abstract_model, param_path
+from cfir_jax.search.compact import CompactCache, build_compact, quantize_rows
 from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
 
@@ -184,3 +187,31 @@ def test_model_addition_equals_a_cache_built_over_the_union(tmp_path, monkeypatc
     assert staged.ids == whole.ids and staged.manifest["corpus_ids_sha"] == whole.manifest["corpus_ids_sha"]
     np.testing.assert_array_equal(np.asarray(staged.embeddings), np.asarray(whole.embeddings))
     assert [s.image_id for s in staged.skipped()] == ["p7"]
+
+
+# ---------------------------------------------------------------------------------------------------- sr_compact
+
+
+def test_compact_copy_follows_an_addition_and_a_compaction(tmp_path, emb_world):
+    _, cache, grown = emb_world
+    build_compact(cache.embeddings, tmp_path / "sr_compact", dims=4, cache_fingerprint=cache.content_fingerprint)
+    staged = tmp_path / "cache2"
+    staged.mkdir()
+    stage_cache_addition(_config("corpus"), Layout.of(tmp_path), cache, grown, staged, tmp_path / "work")
+    grown_cache = ImageCache.open(staged)
+    out = tmp_path / "compact2"
+    out.mkdir()
+    info = stage_compact_addition(tmp_path / "sr_compact", grown_cache.embeddings[5:], out,
+                                  grown_cache.content_fingerprint)
+    assert info == {"rows_before": 5, "rows_after": 7}
+    old, new = CompactCache.open(tmp_path / "sr_compact"), CompactCache.open(
+        out, expect_n=7, expect_dim=DIM, expect_cache=grown_cache.content_fingerprint, expect_dims=4)
+    np.testing.assert_array_equal(new.codes[:5], old.codes)
+    want = quantize_rows(np.asarray(grown_cache.embeddings[5:], np.float32) @ old.rotation, old.scales)
+    np.testing.assert_array_equal(new.codes[5:], want)
+    row_map = np.array([0, -1, 1, 2, -1, 3, 4])
+    out3 = tmp_path / "compact3"
+    out3.mkdir()
+    assert stage_compact_selection(out, row_map, out3, "cache-x") == {"rows_before": 7, "rows_after": 5}
+    np.testing.assert_array_equal(CompactCache.open(out3, expect_n=5, expect_cache="cache-x").codes,
+                                  new.codes[[0, 2, 3, 5, 6]])
