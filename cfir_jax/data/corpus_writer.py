@@ -154,7 +154,7 @@ def _image_examples(
         yield example
 
 
-def write_qrels(path: Path, split: str, qrels: Mapping[str, Mapping[str, int]], doc_ids, image_ids, drop: bool,
+def write_split_qrels(path: Path, split: str, qrels: Mapping[str, Mapping[str, int]], doc_ids, image_ids, drop: bool,
                  label: str):
     """Writes one split's qrels in TREC format; returns (topics, judgements, dropped judgements). `label` names the
     judgements in an error (the source's qrels file, or qrels['split'])."""
@@ -271,7 +271,7 @@ def _write_all_qrels(
     doc_set, image_set = set(written.doc_ids), set(written.image_ids)
     splits = {}
     for split, split_qrels in qrels.items():
-        topics, judgements, dropped = write_qrels(
+        topics, judgements, dropped = write_split_qrels(
             tmp / "qrels" / f"{split}.txt", split, split_qrels, doc_set, image_set, drop,
             qrels_files.get(split, f"qrels[{split!r}]"),
         )

@@ -36,7 +36,7 @@ import numpy as np
 from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.data.corpus import FORMAT_VERSION, KIND, Corpus, Image
-from cfir_jax.data.corpus_writer import write_corpus_part, write_qrels
+from cfir_jax.data.corpus_writer import write_corpus_part, write_split_qrels
 from cfir_jax.data.files import IMAGE_SUFFIXES, ROW_FILE_SUFFIXES, read_documents, read_images, read_qrels
 from cfir_jax.index.chunks import finish_chunks, iter_chunks
 from cfir_jax.index.entities import assemble_entity_store
@@ -171,7 +171,7 @@ def _union_qrels(corpus: Corpus, added: dict, out_dir: Path, doc_ids: Sequence[s
             qrels.setdefault(doc_id, {}).update(judged)
             num_added += len(judged)
         label = f"{addition.qrels}/{split}" if split in added else f"{corpus.path}/qrels/{split}.txt"
-        topics, judgements, _ = write_qrels(out_dir / "qrels" / f"{split}.txt", split, qrels, docs, images, False,
+        topics, judgements, _ = write_split_qrels(out_dir / "qrels" / f"{split}.txt", split, qrels, docs, images, False,
                                             label)
         old = corpus.manifest["splits"].get(split, {}) if isinstance(corpus.manifest["splits"], dict) else {}
         splits[split] = {"topics": topics, "judgements": judgements, "dropped": int(old.get("dropped", 0))}
