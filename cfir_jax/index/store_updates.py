@@ -526,6 +526,9 @@ def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_ne
 
     out_dir, work_dir = Path(out_dir), Path(work_dir)
     _check_base(store, corpus, first_new_doc, "entities")
+    if first_new_doc == corpus.num_documents:  # images alone were added: the store is current as it is
+        link_tree(store.directory, out_dir, skip=(CHECKSUMS,))
+        return {"documents_added": 0, "entities_added": 0}
     extractor = entity_extractor(config)
     differ = [k for k, v in extractor.settings.items() if store.manifest.get(k) != json.loads(json.dumps(v))]
     if differ:
@@ -552,6 +555,9 @@ def stage_summaries_addition(config, store: SummaryStore, corpus: Corpus, first_
 
     out_dir, work_dir = Path(out_dir), Path(work_dir)
     _check_base(store, corpus, first_new_doc, "summaries")
+    if first_new_doc == corpus.num_documents:  # images alone were added: the store is current as it is
+        link_tree(store.directory, out_dir, skip=(CHECKSUMS,))
+        return {"documents_added": 0}
     s = config.index.summaries
     summarizer = make_summarizer(config)
     settings = summary_settings(summarizer, s.fields)

@@ -187,6 +187,9 @@ def test_model_addition_equals_a_cache_built_over_the_union(tmp_path, monkeypatc
     assert staged.ids == whole.ids and staged.manifest["corpus_ids_sha"] == whole.manifest["corpus_ids_sha"]
     np.testing.assert_array_equal(np.asarray(staged.embeddings), np.asarray(whole.embeddings))
     assert [s.image_id for s in staged.skipped()] == ["p7"]
+    # A cache built from scratch over the grown corpus skips the removed image, and lists it.
+    fresh = build_image_cache(tmp_path / "fresh", grown, model, batch_size=BATCH, shard_size=SHARD)
+    assert {s.image_id: s.reason for s in fresh.skipped()}["p2"] == "removed" and "p2" not in fresh.ids
 
 
 # ---------------------------------------------------------------------------------------------------- sr_compact

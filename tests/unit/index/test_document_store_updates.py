@@ -114,3 +114,18 @@ def test_indexed_entities_leave_removed_documents_out(tmp_path, config, corpora)
     kept = runner.indexed_entities(config, Corpus.open(tmp_path / "removed"), store)
     assert "Barack Obama" in store.vocab and "Barack Obama" not in kept and "Angela Merkel" in kept
     assert runner.indexed_entities(config, base, store) == store.vocab
+
+
+def test_an_addition_of_images_alone_keeps_the_document_stores(tmp_path, config, corpora):
+    base, _ = corpora
+    old = runner.build_entities(config, Layout.of(tmp_path / "w"), base)
+    pics = tmp_path / "pics"
+    pics.mkdir()
+    (pics / "new.png").write_bytes(b"png")
+    stage_corpus_addition(base, tmp_path / "grown", pics)
+    grown = Corpus.open(tmp_path / "grown")
+    out = tmp_path / "staged"
+    out.mkdir()
+    assert stage_entities_addition(config, old, grown, base.num_documents, out, tmp_path / "work") == {
+        "documents_added": 0, "entities_added": 0}
+    assert EntityStore.open(out, corpus_fingerprint=grown.documents_fingerprint).vocab == old.vocab
