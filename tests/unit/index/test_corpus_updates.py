@@ -12,6 +12,7 @@ import pytest
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
+from cfir_jax.data.files import build_files_corpus
 from cfir_jax.index.store_updates import (
     resolve_addition,
     resolve_removals,
@@ -192,3 +193,11 @@ def test_resolve_removals_errors_name_file_and_line(tmp_path):
     ids.write_text("d1\nimage:d1\n")
     with pytest.raises(CfirError, match=rf"{ids}:2: 'd1' is not an image id"):
         resolve_removals(both, ids)
+
+
+def test_a_grown_files_corpus_is_still_current_for_index_py(tmp_path):
+    src = _addition(tmp_path / "src", docs=("d0", "d1"), images=("i0", "i1"), qrels=None)
+    base = build_files_corpus(src / "documents.jsonl", src / "images.jsonl", None, tmp_path / "corpus")
+    stage_corpus_addition(base, tmp_path / "grown", _addition(tmp_path / "add", qrels="d2 0 i3 1\n"))
+    again = build_files_corpus(src / "documents.jsonl", src / "images.jsonl", None, tmp_path / "grown")
+    assert again.num_documents == 4 and again.qrels("train") == {"d2": {"i3": 1}}
