@@ -170,9 +170,9 @@ def _union_qrels(corpus: Corpus, added: dict, out_dir: Path, doc_ids: Sequence[s
         for doc_id, judged in added.get(split, {}).items():
             qrels.setdefault(doc_id, {}).update(judged)
             num_added += len(judged)
-        label = f"{addition.qrels}/{split}" if split in added else f"{corpus.path}/qrels/{split}.txt"
-        topics, judgements, _ = write_split_qrels(out_dir / "qrels" / f"{split}.txt", split, qrels, docs, images, False,
-                                            label)
+        label = f"{addition.qrels}: {split} qrels" if split in added else f"{corpus.path}/qrels/{split}.txt"
+        topics, judgements, _ = write_split_qrels(out_dir / "qrels" / f"{split}.txt", split, qrels, docs, images,
+                                                  False, label)
         old = corpus.manifest["splits"].get(split, {}) if isinstance(corpus.manifest["splits"], dict) else {}
         splits[split] = {"topics": topics, "judgements": judgements, "dropped": int(old.get("dropped", 0))}
     return splits, num_added
