@@ -9,6 +9,13 @@ A corpus directory `C/` holds
     C/embeddings.npy             [num_images, D] float32, only when the images carry precomputed embeddings
     C/qrels/<split>.txt          TREC qrels, `doc_id 0 image_id rel`
     C/tokenizer.spm              optional sentencepiece model shipped with the corpus (synthetic corpora)
+    C/parts/0001/ ...            rows added later (`index.py --add`), each a corpus directory of its own records, id
+                                 lists and embeddings.npy (a side with no rows has no records); the top manifest's
+                                 `parts` lists them ({path, num_documents, num_images}), and its counts, id lists,
+                                 qrels and documents_sha are of the union: row r of the union is the base's rows, then
+                                 each part's, in order
+    C/removed_images.txt, removed_documents.txt   ids removed by `index.py --remove` (one a line; manifest counts
+                                 `removed_images` / `removed_documents`): rows never move, later stages mask them
 
 Records are written by a tensorflow-datasets `GeneratorBasedBuilder` with `file_format="array_record"` and read back
 through `builder.as_data_source()` (tfds' TF-free example parser) wrapped in a `grain.MapDataset`, so a stage gets
@@ -16,7 +23,13 @@ random access by row index. TensorFlow is never imported. Row order is kept (`di
 id lists, the embedding matrix and every downstream store index rows by position.
 
 `embeddings.npy` duplicates the `embedding` field of the image records: downstream stages want the whole
-[num_images, D] matrix memory-mapped, which decoding millions of records one by one cannot give them.
+[num_images, D] matrix memory-mapped, which decoding millions of records one by one cannot give them (with parts,
+`embeddings()` concatenates the base's and the parts' matrices into memory).
+
+`documents_sha` digests the documents in order. A corpus written in one go digests every record; an addition chains
+the digests (sha256 of the previous digest and the part's), so a grown corpus has another fingerprint than a corpus
+written from scratch with the same documents (whose stores are then rebuilt once), and an addition of images only
+keeps it (entities and summaries stay current).
 """
 
 from __future__ import annotations
@@ -156,6 +169,50 @@ def _read_ids(path: Path, expected: int) -> list[str]:
     return ids
 
 
+class ConcatSource:
+    """Random access over several record sources as one (the base's rows, then each part's): picklable, as the
+    worker processes of the training input pipeline need."""
+
+    def __init__(self, sources: Sequence[Any]):
+        self.sources = list(sources)
+        self.starts = np.cumsum([0] + [len(s) for s in self.sources])
+
+    def __len__(self) -> int:
+        return int(self.starts[-1])
+
+    def __getitem__(self, i: int):
+        i = int(i)
+        if not 0 <= i < len(self):
+            raise IndexError(f"row {i} out of range [0, {len(self)})")
+        k = int(np.searchsorted(self.starts, i, side="right")) - 1
+        return self.sources[k][i - int(self.starts[k])]
+
+
+def _segments(path: Path, manifest: dict) -> list[tuple[Path, int, int]]:
+    """(directory, documents, images) of the base and of each part, in row order."""
+    parts = manifest.get("parts") or []
+    try:
+        rows = [(path / p["path"], int(p["num_documents"]), int(p["num_images"])) for p in parts]
+    except (KeyError, TypeError, ValueError):
+        raise CfirError(f"{path}/manifest.json: malformed 'parts' entry; rebuild the corpus") from None
+    base = (path, int(manifest["num_documents"]) - sum(r[1] for r in rows),
+            int(manifest["num_images"]) - sum(r[2] for r in rows))
+    if base[1] < 0 or base[2] < 0:
+        raise CfirError(f"{path}/manifest.json: its parts hold more rows than the corpus; rebuild the corpus")
+    return [base, *rows]
+
+
+def _concat(path: Path, segments: list[tuple[Path, int, int]], name: str):
+    """One record source over every segment's records of `name` (the base's own when there are no parts)."""
+    column = 1 if name == "documents" else 2
+    sources = [_open_records(seg[0], name, seg[column]) for seg in segments if seg[column]]
+    return sources[0] if len(sources) == 1 else ConcatSource(sources)
+
+
+def _read_id_set(path: Path) -> frozenset[str]:
+    return frozenset(path.read_text().split("\n")[:-1]) if path.is_file() else frozenset()
+
+
 class Corpus:
     """A corpus directory opened for random access; rows are addressed by index (the order of the id lists)."""
 
@@ -168,10 +225,33 @@ class Corpus:
         self.embedding_dim: int | None = manifest.get("embedding_dim")
         self.doc_ids: list[str] = _read_ids(path / "doc_ids.txt", self.num_documents)
         self.image_ids: list[str] = _read_ids(path / "image_ids.txt", self.num_images)
-        self._doc_source = _open_records(path, "documents", self.num_documents)
-        self._image_source = _open_records(path, "images", self.num_images)
+        self.segments = _segments(path, manifest)
+        self._doc_source = _concat(path, self.segments, "documents")
+        self._image_source = _concat(path, self.segments, "images")
         self.documents: grain.MapDataset = grain.MapDataset.source(self._doc_source).map(_to_document)
         self.images: grain.MapDataset = grain.MapDataset.source(self._image_source).map(_to_image)
+        self._removed: dict[str, frozenset[str]] = {}
+
+    @property
+    def removed_image_ids(self) -> frozenset[str]:
+        """Image ids removed by `index.py --remove` (removed_images.txt; empty when none)."""
+        if "images" not in self._removed:
+            self._removed["images"] = _read_id_set(self.path / "removed_images.txt")
+        return self._removed["images"]
+
+    @property
+    def removed_doc_ids(self) -> frozenset[str]:
+        """Document ids removed by `index.py --remove` (removed_documents.txt; empty when none)."""
+        if "documents" not in self._removed:
+            self._removed["documents"] = _read_id_set(self.path / "removed_documents.txt")
+        return self._removed["documents"]
+
+    @property
+    def embedding_files(self) -> list[Path]:
+        """The embeddings.npy of the base and of each part holding images, in row order (empty without them)."""
+        if self.embedding_dim is None:
+            return []
+        return [seg / "embeddings.npy" for seg, _, images in self.segments if images]
 
     @property
     def documents_fingerprint(self) -> str:
@@ -238,15 +318,19 @@ class Corpus:
         return out
 
     def embeddings(self, mmap: bool = True) -> np.ndarray | None:
-        """Precomputed image embeddings [num_images, D] float32 (synthetic corpora), else None."""
+        """Precomputed image embeddings [num_images, D] float32 (synthetic corpora), else None; memory-mapped
+        (`mmap`) unless the corpus has parts."""
         if self.embedding_dim is None:
             return None
-        path = self.path / "embeddings.npy"
-        if not path.is_file():
-            raise CfirError(f"{path}: missing; the corpus is incomplete, rebuild it")
-        emb = np.load(path, mmap_mode="r" if mmap else None)
-        if emb.shape != (self.num_images, self.embedding_dim) or emb.dtype != np.float32:
-            raise CfirError(
-                f"{path}: shape {emb.shape} {emb.dtype}, expected ({self.num_images}, {self.embedding_dim}) float32"
-            )
-        return emb
+        parts = []
+        rows_of = [images for _, _, images in self.segments if images]
+        for rows, path in zip(rows_of, self.embedding_files):
+            if not path.is_file():
+                raise CfirError(f"{path}: missing; the corpus is incomplete, rebuild it")
+            emb = np.load(path, mmap_mode="r" if mmap else None)
+            if emb.shape != (rows, self.embedding_dim) or emb.dtype != np.float32:
+                raise CfirError(f"{path}: shape {emb.shape} {emb.dtype}, expected ({rows}, {self.embedding_dim}) "
+                                "float32")
+            parts.append(emb)
+        # Parts: one matrix in memory (a grown corpus with precomputed embeddings is a synthetic or small one).
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)

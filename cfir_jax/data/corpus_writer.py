@@ -154,7 +154,7 @@ def _image_examples(
         yield example
 
 
-def _write_qrels(path: Path, split: str, qrels: Mapping[str, Mapping[str, int]], doc_ids, image_ids, drop: bool,
+def write_split_qrels(path: Path, split: str, qrels: Mapping[str, Mapping[str, int]], doc_ids, image_ids, drop: bool,
                  label: str):
     """Writes one split's qrels in TREC format; returns (topics, judgements, dropped judgements). `label` names the
     judgements in an error (the source's qrels file, or qrels['split'])."""
@@ -271,7 +271,7 @@ def _write_all_qrels(
     doc_set, image_set = set(written.doc_ids), set(written.image_ids)
     splits = {}
     for split, split_qrels in qrels.items():
-        topics, judgements, dropped = _write_qrels(
+        topics, judgements, dropped = write_split_qrels(
             tmp / "qrels" / f"{split}.txt", split, split_qrels, doc_set, image_set, drop,
             qrels_files.get(split, f"qrels[{split!r}]"),
         )
@@ -328,3 +328,37 @@ def write_corpus(
             **{k: _jsonable(v) for k, v in manifest_fields.items()},
         )
     return Corpus.open(out_dir)
+
+
+def write_corpus_part(
+    out_dir: str | os.PathLike, documents: Iterable[Document], images: Iterable[Image], embedding_dim: int | None,
+    source: str | os.PathLike = "",
+) -> dict:
+    """Writes the rows of an addition as a corpus part (`out_dir`, a new directory; see cfir_jax.data.corpus): its
+    records, id lists, embeddings.npy and manifest; a side without rows has no records. `embedding_dim` is the
+    corpus' (every image then carries one embedding of that dim, else none); `source` names the addition in an
+    error. Returns the part's manifest."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True)
+    doc_ids: list[str] = []
+    image_ids: list[str] = []
+    embeddings: list[np.ndarray] = []
+    with_text: list[int] = []
+    digest = hashlib.sha256()
+    first_doc, doc_iter = _peek(documents)
+    if first_doc is not None:
+        _write_records(out_dir, "documents", _document_features(), _document_examples(doc_iter, doc_ids, digest))
+    first_image, image_iter = _peek(images)
+    if first_image is not None:
+        examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
+        _write_records(out_dir, "images", _image_features(embedding_dim), examples)
+    if not doc_ids and not image_ids:
+        raise CfirError(f"{source or out_dir}: the addition holds no documents and no images")
+    (out_dir / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
+    (out_dir / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
+    if embedding_dim is not None and image_ids:
+        np.save(out_dir / "embeddings.npy", np.stack(embeddings).astype(np.float32))
+    return write_manifest(out_dir, KIND, FORMAT_VERSION, name="part", num_documents=len(doc_ids),
+                          num_images=len(image_ids), documents_sha=digest.hexdigest()[:16] if doc_ids else None,
+                          splits={}, embedding_dim=embedding_dim, has_tokenizer=False,
+                          images_with_text=len(with_text), records="tfds array_record")

@@ -23,7 +23,7 @@ import binascii
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -108,7 +108,7 @@ def _string(where: str, row: dict, field: str, required: bool = True) -> str:
     return value
 
 
-def _row_id(where: str, row: dict, seen: dict[str, str], kind: str) -> str:
+def _row_id(where: str, row: dict, seen: dict[str, str], kind: str, existing: Container[str] = ()) -> str:
     value = row.get("id")
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
@@ -117,6 +117,8 @@ def _row_id(where: str, row: dict, seen: dict[str, str], kind: str) -> str:
         raise CfirError(f"{where}: {kind} id {value!r} has whitespace (TREC files split on it)")
     if value in seen:
         raise CfirError(f"{where}: duplicate {kind} id {value!r} (first at {seen[value]})")
+    if value in existing:
+        raise CfirError(f"{where}: {kind} id {value!r} is already in the collection; give new rows new ids")
     seen[value] = where
     return value
 
@@ -130,11 +132,12 @@ def _strings(where: str, field: str, value: Any) -> tuple[str, ...] | None:
     return None
 
 
-def read_documents(path: str | os.PathLike) -> Iterator[Document]:
-    """The documents of a JSONL or parquet file, in file order (module docstring)."""
+def read_documents(path: str | os.PathLike, existing: Container[str] = ()) -> Iterator[Document]:
+    """The documents of a JSONL or parquet file, in file order (module docstring); an id in `existing` (the
+    collection an addition joins) is refused like a duplicate."""
     seen: dict[str, str] = {}
     for where, row in _rows(Path(path), "documents"):
-        doc_id = _row_id(where, row, seen, "document")
+        doc_id = _row_id(where, row, seen, "document", existing)
         text = _string(where, row, "text")
         title = _string(where, row, "title", required=False)
         metadata = {}
@@ -144,14 +147,14 @@ def read_documents(path: str | os.PathLike) -> Iterator[Document]:
         yield Document(doc_id=doc_id, text=text, title=title, metadata=metadata)
 
 
-def _directory_images(root: Path) -> Iterator[Image]:
+def _directory_images(root: Path, existing: Container[str]) -> Iterator[Image]:
     seen: dict[str, str] = {}
     files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     if not files:
         raise CfirError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) under index.corpus.images")
     for p in files:
         rel = p.relative_to(root)
-        _row_id(str(p), {"id": rel.with_suffix("").as_posix()}, seen, "image")
+        _row_id(str(p), {"id": rel.with_suffix("").as_posix()}, seen, "image", existing)
         yield Image(image_id=rel.with_suffix("").as_posix(), image=p.read_bytes())
 
 
@@ -195,12 +198,12 @@ def _image_embedding(where: str, row: dict, want: list[bool | None]) -> np.ndarr
     return emb
 
 
-def _row_images(path: Path) -> Iterator[Image]:
+def _row_images(path: Path, existing: Container[str]) -> Iterator[Image]:
     seen: dict[str, str] = {}
     want: list[bool | None] = [None]
     dim: list[int] = []
     for where, row in _rows(path, "images"):
-        image_id = _row_id(where, row, seen, "image")
+        image_id = _row_id(where, row, seen, "image", existing)
         emb = _image_embedding(where, row, want)
         if emb is not None:
             dim = dim or [emb.shape[0]]
@@ -218,12 +221,13 @@ def _row_images(path: Path) -> Iterator[Image]:
                     image=_image_bytes(where, row, path.parent, emb is not None), embedding=emb, texts=texts)
 
 
-def read_images(path: str | os.PathLike) -> Iterator[Image]:
-    """The images of a directory tree of image files or of a JSONL/parquet file of rows (module docstring)."""
+def read_images(path: str | os.PathLike, existing: Container[str] = ()) -> Iterator[Image]:
+    """The images of a directory tree of image files or of a JSONL/parquet file of rows (module docstring); an id
+    in `existing` is refused like a duplicate."""
     path = Path(path)
     if path.is_dir():
-        return _directory_images(path)
-    return _row_images(path)
+        return _directory_images(path, existing)
+    return _row_images(path, existing)
 
 
 def _qrels_file(root: Path, split: str) -> Path | None:

@@ -14,7 +14,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
 from cfir_jax.nlp.entities import EntityExtractor
 from cfir_jax.stores import contract
-from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, entity_key
+from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, EntityStore, entity_key
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +46,27 @@ def build_entity_store(
         desc="entities",
     )
     return commit_on_main(out_dir, ENTITY_KIND, chunks,
-                          lambda chunks: _assemble(out_dir, chunks, extractor, corpus_fingerprint))
+                          lambda chunks: assemble_entity_store(out_dir, chunks, extractor, corpus_fingerprint))
 
 
-def _assemble(out_dir: Path, chunks, extractor: EntityExtractor, corpus_fingerprint: str | None) -> None:
-    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build)."""
+def assemble_entity_store(out_dir: Path, chunks, extractor: EntityExtractor, corpus_fingerprint: str | None,
+                          base: EntityStore | None = None) -> None:
+    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build). `base`: a
+    store whose documents come first (an addition of documents), its vocabulary extended in order of first mention,
+    so the result equals a store built over base's documents and the chunks' in one go."""
     vocab: dict[str, int] = {}  # entity_key -> id
     surfaces: list[str] = []  # id -> surface form
     doc_ids: list[str] = []
     seen: set[str] = set()
     offsets = [0]
     ids: list[np.ndarray] = []
+    if base is not None:
+        surfaces = list(base.vocab)
+        vocab = {entity_key(name): k for k, name in enumerate(surfaces)}
+        doc_ids = list(base.doc_ids)
+        seen = set(doc_ids)
+        offsets = [int(o) for o in base.offsets]
+        ids = [np.asarray(base.entity_ids, dtype=np.int64)]
     for chunk_ids, chunk_entities in chunks:
         flat: list[int] = []  # One array per chunk, not per document: 10M tiny arrays would cost gigabytes.
         for doc_id, entities in zip(chunk_ids, chunk_entities):

@@ -108,7 +108,10 @@ class ImageEncoder:
 
 
 def _decode_row(corpus: Corpus, row: int, size: int) -> tuple[str, np.ndarray | None, str]:
-    """(image_id, pixels [S, S, 3] or None, reason it was skipped) for one corpus row; runs on a worker thread."""
+    """(image_id, pixels [S, S, 3] or None, reason it was skipped) for one corpus row; runs on a worker thread.
+    An image the corpus had removed (`index.py --remove`) is skipped with reason "removed"."""
+    if corpus.image_ids[row] in corpus.removed_image_ids:
+        return corpus.image_ids[row], None, "removed"
     record = corpus.images[row]
     try:
         return record.image_id, decode_image(record.image, size), ""

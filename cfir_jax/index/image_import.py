@@ -89,7 +89,7 @@ def _parquet_source(path: Path) -> tuple[list[Path], Iterator[tuple[list[str], n
     return files, chunks()
 
 
-def _open_source(corpus: Corpus, source: str | os.PathLike, ids_path: str | os.PathLike | None):
+def open_source(corpus: Corpus, source: str | os.PathLike, ids_path: str | os.PathLike | None):
     """(files that fingerprint the source, an iterator of (ids, embeddings [n, D]) chunks) of a precomputed source:
     "corpus" (its own embeddings.npy), a .npy with an ids file, or parquet."""
     if str(source) == "corpus":
@@ -97,7 +97,7 @@ def _open_source(corpus: Corpus, source: str | os.PathLike, ids_path: str | os.P
         if emb is None:
             raise CfirError(f"{corpus.path}: the corpus has no precomputed embeddings; pass a model or a .npy/parquet")
         ids, step = corpus.image_ids, 65536
-        return [corpus.path / "embeddings.npy"], ((ids[i : i + step], np.asarray(emb[i : i + step]))
+        return corpus.embedding_files, ((ids[i : i + step], np.asarray(emb[i : i + step]))
                                                   for i in range(0, len(ids), step))
     path = Path(source)
     if not path.exists():
@@ -137,7 +137,7 @@ def import_precomputed(
     allow_missing: bool,
 ) -> ImageCache:
     """Writes a cache from existing embeddings, matched to the corpus by image id (rows follow corpus order)."""
-    files, chunks = _open_source(corpus, source, ids_path)
+    files, chunks = open_source(corpus, source, ids_path)
     fp = f"precomputed:{digest_files(files)}"
     expected = dict(fingerprint=fp, dtype=dtype, corpus_images=corpus.num_images,
                     corpus_ids_sha=digest_ids(corpus.image_ids), allow_missing=allow_missing)
@@ -163,7 +163,9 @@ def import_precomputed(
             have[rows] = True
         if dim is None:
             raise CfirError(f"{source}: no embedding rows")
-        missing = np.flatnonzero(~have)
+        removed = np.asarray([i in corpus.removed_image_ids for i in corpus.image_ids], bool)
+        have &= ~removed  # the images the corpus had removed (`index.py --remove`) are skipped and listed
+        missing = np.flatnonzero(~have & ~removed)
         if len(missing) and not allow_missing:
             raise CfirError(f"{source}: {len(missing)} corpus images have no embedding (first: "
                             f"{', '.join(repr(corpus.image_ids[r]) for r in missing[:3])}); "
@@ -172,7 +174,8 @@ def import_precomputed(
         del full
         kept = _keep_rows(tmp, have, dtype, dim)
         ids_kept = [corpus.image_ids[r] for r in kept]
-        skipped = [SkippedImage(corpus.image_ids[r], "no precomputed embedding") for r in missing]
+        skipped = [SkippedImage(corpus.image_ids[r], "removed" if removed[r] else "no precomputed embedding")
+                   for r in np.flatnonzero(~have)]
         write_lists(tmp, ids_kept, skipped)
         write_manifest(tmp, KIND, FORMAT_VERSION, **expected, dim=dim, compute_dtype=None, image_size=None,
                        shard_size=None, num_encoded=len(ids_kept), num_skipped=len(skipped),

@@ -185,11 +185,18 @@ def encoder_stage(config, layout: Layout, pretrain: Pretrain | None) -> str:
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
 
-def build_entities(config, layout: Layout, corpus):
+def entity_extractor(config) -> SourcedExtractor:
+    """The NER index.entities configures (spaCy, its labels, the entity sources)."""
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
     nlp = load_spacy(e.spacy_model or None)
-    extractor = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+    return SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+
+
+def build_entities(config, layout: Layout, corpus):
+    e = config.index.entities
+    sources = check_sources(e.get("sources") or "spacy")
+    extractor = entity_extractor(config)
     # Current only when computed from these very documents (their content, not just their number) by this NER, from
     # these sources (a plain spaCy store records none).
     if _current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
@@ -224,21 +231,24 @@ def indexed_entities(config, corpus, entities) -> list[str]:
 
     'train' (the paper's protocol): the topics of the train qrels, so a test document's entities that no training
     document mentions are unknown at query time, and the test split does not leak into the index. 'all': every
-    document of the corpus. Texts come in entity-store order (first mention), so the choice only filters.
+    document of the corpus. Texts come in entity-store order (first mention), so the choice only filters. Documents
+    removed by `index.py --remove` count for neither: an entity only they name is left out.
     """
     documents = config.index.entity_index.documents
-    if documents == "all":
+    removed = corpus.removed_doc_ids
+    if documents == "all" and not removed:
         return list(entities.vocab)
-    if documents != "train":
+    if documents not in ("all", "train"):
         raise CfirError(f"index.entity_index.documents={documents!r}: use 'train' (the paper) or 'all'")
-    if "train" not in corpus.splits:
+    if documents == "train" and "train" not in corpus.splits:
         raise CfirError(f"{corpus.path}: no train qrels to take the indexed entities from; set "
                         "--config.index.entity_index.documents=all")
-    train = corpus.qrels("train")
-    ids = [entities.entity_ids_of(i) for i, d in enumerate(entities.doc_ids) if d in train]
+    topics = corpus.qrels("train") if documents == "train" else None
+    ids = [entities.entity_ids_of(i) for i, d in enumerate(entities.doc_ids)
+           if d not in removed and (topics is None or d in topics)]
     keep = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
     if not len(keep):
-        raise CfirError(f"{corpus.path}: the train documents have no entities; set "
+        raise CfirError(f"{corpus.path}: the {documents} documents (removed ones left out) have no entities; set "
                         "--config.index.entity_index.documents=all")
     return [entities.vocab[i] for i in keep]
 

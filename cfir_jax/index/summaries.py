@@ -13,7 +13,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
 from cfir_jax.nlp.summarizer import Summarizer
 from cfir_jax.stores import contract
-from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SUMMARY_KIND
+from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SUMMARY_KIND, SummaryStore
 
 log = logging.getLogger(__name__)
 
@@ -36,20 +36,31 @@ def build_summary_store(
     `corpus_fingerprint` (`Corpus.documents_fingerprint`) is recorded to tell a stale store from a current one.
     """
     out_dir = Path(out_dir)
-    settings = {"summarizer": summarizer.name, **summarizer.settings, "input_fields": input_fields}
+    settings = summary_settings(summarizer, input_fields)
     chunks = iter_chunks(out_dir, docs, summarizer.summarize, settings, chunk_size, num_docs, desc="summaries")
     return commit_on_main(out_dir, SUMMARY_KIND, chunks,
-                          lambda chunks: _assemble(out_dir, chunks, settings, corpus_fingerprint))
+                          lambda chunks: assemble_summary_store(out_dir, chunks, settings, corpus_fingerprint))
 
 
-def _assemble(out_dir: Path, chunks, settings: dict, corpus_fingerprint: str | None) -> None:
-    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build)."""
-    doc_ids: list[str] = []
-    seen: set[str] = set()
-    num_empty = 0
+def summary_settings(summarizer: Summarizer, input_fields: str) -> dict:
+    """What a summary store records of how it was made (and what an addition to it must match)."""
+    return {"summarizer": summarizer.name, **summarizer.settings, "input_fields": input_fields}
+
+
+def assemble_summary_store(out_dir: Path, chunks, settings: dict, corpus_fingerprint: str | None,
+                           base: SummaryStore | None = None) -> None:
+    """Writes the store from the finished chunks, in document order (process 0 of a multi-host build). `base`: a
+    store whose documents come first (an addition of documents)."""
+    doc_ids: list[str] = list(base.doc_ids) if base is not None else []
+    seen: set[str] = set(doc_ids)
+    num_empty = int(base.manifest.get("num_empty", 0)) if base is not None else 0
     with contract.atomic_dir(out_dir) as tmp:
         # Summaries stream to disk chunk by chunk: millions of them need not sit in memory.
         with open(tmp / "summaries.jsonl", "w", encoding="utf-8", newline="\n") as f:
+            if base is not None:
+                with open(base.directory / "summaries.jsonl", encoding="utf-8", newline="\n") as old:
+                    for line in old:
+                        f.write(line)
             for chunk_ids, summaries in chunks:
                 for doc_id, summary in zip(chunk_ids, summaries):
                     check_doc_id(doc_id, seen, "summaries")

@@ -6,8 +6,13 @@ the SR scorer, training's in-batch negatives) reads this cache instead of the pi
 Layout of a cache directory (kind "image_cache"):
   embeddings.npy  [N, D] float16 (or float32), L2-normalised rows, memory-mappable with np.load(mmap_mode="r")
   ids.txt         N image ids, line i = row i (corpus order with the skipped images left out)
-  skipped.tsv     `image_id<TAB>reason` (with a header line) for every image that could not be encoded
-  manifest.json   format version, vision fingerprint, dim, dtype, counts, shard size, image size, build time
+  skipped.tsv     `image_id<TAB>reason` (with a header line) for every image that could not be encoded, or that
+                  the corpus had removed (reason "removed")
+  removed.txt     optional: ids of cached images removed by `index.py --remove` (one a line); their rows stay until
+                  `index.py --compact` rewrites the cache without them (`ImageCache.removed` masks them)
+  manifest.json   format version, vision fingerprint, dim, dtype, counts, shard size, image size, build time;
+                  `num_removed` and `removed_sha` when removed.txt exists (left out of `content_fingerprint`: rows do
+                  not move on a removal, so the stores derived from the cache stay valid)
 
 Building. Corpus rows are cut into fixed shards of `shard_size` rows. Each shard is decoded on CPU threads
 (overlapped with the device, which encodes the previous batch) and encoded in fixed-shape batches sharded over a
@@ -40,6 +45,9 @@ from cfir_jax.stores.contract import Store, manifest_digest, read_manifest
 KIND = "image_cache"
 FORMAT_VERSION = 1
 STORAGE_DTYPES = ("float16", "float32")
+REMOVED = "removed.txt"
+# Manifest fields of the removed mask: not part of the cache's content (`ImageCache.content_fingerprint`).
+REMOVAL_FIELDS = ("num_removed", "removed_sha")
 log = logging.getLogger(__name__)
 
 
@@ -106,6 +114,7 @@ class ImageCache(Store):
         self.ids = ids
         self.embeddings = embeddings
         self._row_of: dict[str, int] | None = None
+        self._removed: np.ndarray | None = None
 
     @classmethod
     def check(cls, manifest: dict, path: Path, expect_fingerprint: str | None = None,
@@ -153,7 +162,34 @@ class ImageCache(Store):
     @property
     def content_fingerprint(self) -> str:
         """Identifies this build of the cache (model, images, dtype, build time): what derived stores record."""
-        return f"cache-{manifest_digest(self.manifest)}"
+        return f"cache-{manifest_digest({k: v for k, v in self.manifest.items() if k not in REMOVAL_FIELDS})}"
+
+    @property
+    def removed_ids(self) -> list[str]:
+        """Ids of the cached images removed since the build (removed.txt), in row order; [] when none."""
+        path = self.path / REMOVED
+        if not self.manifest.get("num_removed") or not path.is_file():
+            return []
+        return path.read_text().split("\n")[:-1]
+
+    @property
+    def removed(self) -> np.ndarray:
+        """bool [num_images]: the rows removed by `index.py --remove` (all False when none)."""
+        if self._removed is None:
+            mask = np.zeros(self.num_images, bool)
+            ids = self.removed_ids
+            if ids:
+                mask[[self.index_of(i) for i in ids]] = True
+            if int(mask.sum()) != int(self.manifest.get("num_removed") or 0):
+                raise StoreError(f"{self.path / REMOVED}: {int(mask.sum())} removed rows but the manifest says "
+                                 f"{self.manifest.get('num_removed')}; rebuild the image cache")
+            self._removed = mask
+        return self._removed
+
+    @property
+    def num_live(self) -> int:
+        """Rows not removed."""
+        return self.num_images - int(self.manifest.get("num_removed") or 0)
 
     def index_of(self, image_id: str) -> int:
         """Row of `image_id`; CfirError if it is not cached (unknown, or skipped at build time)."""
