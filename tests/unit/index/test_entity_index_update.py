@@ -40,7 +40,8 @@ def _assert_same_lists(a: EntityIndex, b: EntityIndex) -> None:
     np.testing.assert_array_equal(a.offsets, b.offsets)
     np.testing.assert_array_equal(a.candidates_array, b.candidates_array)
     # bit for bit, not close: compared as raw float16 patterns
-    np.testing.assert_array_equal(np.asarray(a.scores_array).view(np.uint16), np.asarray(b.scores_array).view(np.uint16))
+    np.testing.assert_array_equal(np.asarray(a.scores_array).view(np.uint16),
+                                  np.asarray(b.scores_array).view(np.uint16))
 
 
 def _with_ties(images: np.ndarray, rng, copies: int) -> np.ndarray:
