@@ -66,6 +66,24 @@ def _old_embeddings(index: EntityIndex, entity_embeddings: np.ndarray | None, en
     return out
 
 
+def _same_embeddings(index: EntityIndex, out_dir: Path, entity_embeddings: np.ndarray | None, encode: Encode | None
+                     ) -> np.ndarray:
+    """The new store's entity embeddings when its entities are the old ones: the stored file hard-linked (never
+    rewritten), else the given or encoded rows written."""
+    if entity_embeddings is None and index.has_embeddings:
+        index.entity_embeddings()  # checked before it is linked
+        _link_tree(index.directory / "entity_embeddings.npy", out_dir / "entity_embeddings.npy")
+        return np.load(out_dir / "entity_embeddings.npy", mmap_mode="r")
+    old = _old_embeddings(index, entity_embeddings, encode)
+    return _write_embeddings(out_dir, [(old, slice(None))], int(index.manifest["dim"]))
+
+
+def _holding(index: EntityIndex, dead: np.ndarray) -> np.ndarray:
+    """bool [E]: the lists that hold a row of dead bool [N] (a running count over the flat candidates)."""
+    held = np.concatenate([[0], np.cumsum(dead[np.asarray(index.candidates_array)], dtype=np.int64)])
+    return held[index.offsets[1:]] > held[index.offsets[:-1]]
+
+
 def _write_embeddings(out_dir: Path, parts: Sequence[tuple[np.ndarray, np.ndarray | slice]], dim: int,
                       chunk: int = 65536) -> np.ndarray:
     """Writes out_dir/entity_embeddings.npy f32 [E', D] from (array, rows) parts in order; returns it memory-mapped."""
@@ -273,7 +291,7 @@ def _write_store(plan: _Plan, out_dir: Path, images: np.ndarray, texts: Sequence
     (out_dir / "vocab.json").write_text(json.dumps(list(texts), ensure_ascii=False))
     sample = int(m.get("recall_sample") or 256)
     recall = 1.0 if backend == "exact" else _recall(plan, images, out_dir, sample)
-    kept = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created")}
+    kept = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created", "compacted_from")}
     kept.update(n_images=n, n_live=n_live, k=plan.k, n_entities=len(texts), n_candidates=n_candidates,
                 has_embeddings=True, has_searcher=has_searcher, chunk_size=plan.chunk_size, recall_at_k=recall,
                 searcher_rows=(old.searcher_rows if has_searcher else 0))
@@ -335,23 +353,25 @@ def stage_images_added(
     cache_fingerprint and sources (entities_sha, ...) go into the manifest as a scratch build records them.
     chunk_size: the build's (index.entity_index.chunk_size; default the manifest's). scann_config is unused: the
     stored tree is kept over its rows, the appended ones searched exactly (rebuild it with a full build).
-    Returns the new manifest (with `added_images`)."""
+    Returns the new manifest, with `added_images` (a count of this change, not written)."""
     del scann_config
     out_dir, live = _checked(index, out_dir, images, removed)
     n = images.shape[0]
     if not 0 <= n_old <= n or n_old != index.manifest["n_images"]:
         raise CfirError(f"n_old={n_old} but {index.directory} indexes {index.manifest['n_images']} rows of a cache of "
                         f"{n}; stage the rows appended since it was built")
-    old_emb = _old_embeddings(index, entity_embeddings, encode)
-    emb = _write_embeddings(out_dir, [(old_emb, slice(None))], int(index.manifest["dim"]))
+    emb = _same_embeddings(index, out_dir, entity_embeddings, encode)
     e = len(index)
     n_live = n if live is None else int(live.sum())
     extra = np.arange(n_old, n, dtype=np.int64)
-    plan = _Plan(index, emb, np.arange(e, dtype=np.int64), np.zeros(e, bool), extra if live is None else
+    # Lists holding a row removed since they were made (a removal not staged here) are searched again.
+    full = np.zeros(e, bool) if live is None else _holding(index, ~live[:n_old])
+    plan = _Plan(index, emb, np.arange(e, dtype=np.int64), full, extra if live is None else
                  extra[live[n_old:]], live, _k(index, n_live), chunk_size or int(index.manifest.get(
                      "chunk_size", DEFAULT_CHUNK_SIZE)))
-    return _write_store(plan, out_dir, images, index.vocab, searcher="link", scann=_scann(index),
-                        fields=_sources(cache_fingerprint, sources) | {"added_images": n - n_old})
+    manifest = _write_store(plan, out_dir, images, index.vocab, searcher="link", scann=_scann(index),
+                            fields=_sources(cache_fingerprint, sources))
+    return manifest | {"added_images": n - n_old}
 
 
 def stage_entities_added(
@@ -369,7 +389,7 @@ def stage_entities_added(
 ) -> dict:
     """Entities appended to the index (texts already indexed are skipped): each searched over the whole cache
     (removed rows excluded; ScaNN: the tree plus the appended tail), embeddings [E', D] f32 rows of texts.
-    Returns the new manifest; its `added_entities` says how many were new (0: out_dir holds a copy)."""
+    Returns the new manifest, with `added_entities` (not written): how many were new (0: out_dir holds a copy)."""
     out_dir, live = _checked(index, out_dir, images, removed)
     if images.shape[0] != index.manifest["n_images"]:
         raise CfirError(f"{index.directory} indexes {index.manifest['n_images']} images but the cache has "
@@ -386,8 +406,9 @@ def stage_entities_added(
                  _k(index, n_live), chunk_size or int(index.manifest.get("chunk_size", DEFAULT_CHUNK_SIZE)))
     all_texts = list(index.vocab) + [texts[i] for i in fresh]
     appended = int(index.manifest.get("appended", 0)) + e_new
-    return _write_store(plan, out_dir, images, all_texts, searcher="link", scann=_scann(index),
-                        fields=dict(sources or {}) | {"appended": appended, "added_entities": e_new})
+    manifest = _write_store(plan, out_dir, images, all_texts, searcher="link", scann=_scann(index),
+                            fields=dict(sources or {}) | {"appended": appended})
+    return manifest | {"added_entities": e_new}
 
 
 def stage_images_removed(
@@ -409,7 +430,7 @@ def stage_images_removed(
     held a removed row is searched again over the live rows (exact: equal to a scratch build over the cache minus
     the removed rows; ScaNN: the tree over-fetched and filtered, plus the appended tail). keep_entities bool [E] or
     None: entity rows kept (documents removed: their entities no remaining document names). Returns the new
-    manifest (with `removed_images`, `removed_entities`)."""
+    manifest, with `removed_images`, `removed_entities` and `refilled_lists` (counts of this change, not written)."""
     out_dir, live = _checked(index, out_dir, images, removed)
     if images.shape[0] != index.manifest["n_images"]:
         raise CfirError(f"{index.directory} indexes {index.manifest['n_images']} images but the cache has "
@@ -421,19 +442,21 @@ def stage_images_removed(
     kept = np.flatnonzero(keep)
     dead = np.zeros(images.shape[0], bool) if live is None else ~live
     lengths = np.diff(index.offsets)
-    # Lists holding a removed row: removed rows counted by a running sum over the flat candidates.
-    held = np.concatenate([[0], np.cumsum(dead[np.asarray(index.candidates_array)], dtype=np.int64)])
-    hit = held[index.offsets[1:]] > held[index.offsets[:-1]]
-    old_emb = _old_embeddings(index, entity_embeddings, encode)
-    emb = _write_embeddings(out_dir, [(old_emb, kept)], int(index.manifest["dim"]))
+    hit = _holding(index, dead)
+    if keep.all():
+        emb = _same_embeddings(index, out_dir, entity_embeddings, encode)
+    else:
+        emb = _write_embeddings(out_dir, [(_old_embeddings(index, entity_embeddings, encode), kept)],
+                                int(index.manifest["dim"]))
     n_live = images.shape[0] - int(dead.sum())
     # A list that was short of K (ScaNN) cannot say it holds everything above its last: searched again as well.
     short = lengths < min(int(index.manifest["k"]), n_live)
     plan = _Plan(index, emb, kept, (hit | short)[kept], np.zeros(0, np.int64), live, _k(index, n_live),
                  chunk_size or int(index.manifest.get("chunk_size", DEFAULT_CHUNK_SIZE)))
-    return _write_store(plan, out_dir, images, [index.vocab[r] for r in kept], searcher="link", scann=_scann(index),
-                        fields=_sources(cache_fingerprint, sources) | {"removed_images": int(dead.sum()),
-                                                                        "removed_entities": int(e - len(kept))})
+    manifest = _write_store(plan, out_dir, images, [index.vocab[r] for r in kept], searcher="link",
+                            scann=_scann(index), fields=_sources(cache_fingerprint, sources))
+    return manifest | {"removed_images": int(dead.sum()), "removed_entities": int(e - len(kept)),
+                       "refilled_lists": int(hit[kept].sum())}
 
 
 def stage_compacted(
@@ -449,7 +472,7 @@ def stage_compacted(
     dropped). Candidates are remapped (a list holding a dropped row is refused: stage the removal first); scores and
     embeddings are kept. The ScaNN tree's ids are those of the old rows, so it is rebuilt over `images` (the
     compacted cache [N_new, D]) when given, else dropped (unseen entities are then searched exactly). Returns the
-    new manifest."""
+    new manifest, with `dropped_rows` and `searcher` ("rebuilt", "dropped" or "none"; not written)."""
     out_dir = Path(out_dir)
     if not out_dir.is_dir() or any(out_dir.iterdir()):
         raise CfirError(f"{out_dir}: the staging directory must exist and be empty")
@@ -483,10 +506,9 @@ def stage_compacted(
     has_searcher = bool(m.get("has_searcher")) and images is not None
     if has_searcher:
         ScannSearcher.build(images, index.built_k, scann_config).serialize(out_dir / "scann")
-    fields.update(n_images=n_new, n_live=n_new, has_searcher=has_searcher, searcher_rows=n_new if has_searcher else 0,
-                  compacted_from=int(m["n_images"]))
+    fields.update(n_images=n_new, n_live=n_new, has_searcher=has_searcher, searcher_rows=n_new if has_searcher else 0)
     if cache_fingerprint is not None:
         fields["cache_fingerprint"] = cache_fingerprint
-    if m.get("has_searcher") and not has_searcher:
-        fields["searcher_dropped"] = "compacted without the new cache: unseen entities are searched exactly"
-    return write_manifest(out_dir, KIND, VERSION, **fields)
+    manifest = write_manifest(out_dir, KIND, VERSION, **fields)
+    return manifest | {"dropped_rows": int(m["n_images"] - n_new),
+                       "searcher": "rebuilt" if has_searcher else "dropped" if m.get("has_searcher") else "none"}

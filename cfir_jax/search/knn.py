@@ -172,7 +172,9 @@ def search_with_tail(searcher: ScannSearcher, database: np.ndarray, queries: np.
     i, s = np.where(dead, -1, i), np.where(dead, -np.inf, s)
     tail = np.flatnonzero(~removed[covered:]) + covered
     if len(tail) and len(queries):
-        ts, ti = exact_topk(queries, RowSubset(database, tail), min(k, len(tail)))
+        # A contiguous tail is read as a slice of the (memory-mapped) cache; with removed rows, as a gather.
+        rows = database[covered:] if len(tail) == n - covered else RowSubset(database, tail)
+        ts, ti = exact_topk(queries, rows, min(k, len(tail)))
         s, i = np.concatenate([s, ts], axis=1), np.concatenate([i, tail[ti].astype(np.int32)], axis=1)
     # Best first, ties to the lower row, padding (-1, -inf) last: sort by (score desc, row asc), padding keyed last.
     order = np.lexsort((np.where(i < 0, np.iinfo(np.int32).max, i), -s), axis=1)[:, :k]
