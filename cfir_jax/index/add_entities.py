@@ -3,9 +3,7 @@ index.py's `--add-entities FILE` (`add_entities`: the entity texts of a file, en
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -14,13 +12,12 @@ import numpy as np
 from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus
-from cfir_jax.index.candidate_search import make_searcher
-from cfir_jax.index.entity_index_build import check_inputs, write_csr
-from cfir_jax.index.index_encoder import check_cache_encoder, entity_encoder, scann_config
-from cfir_jax.search.knn import ScannConfig
-from cfir_jax.stores.contract import atomic_dir, write_manifest
+from cfir_jax.index.entity_index_build import check_inputs
+from cfir_jax.index.entity_index_update import Encode, stage_entities_added
+from cfir_jax.index.index_encoder import check_cache_encoder, entity_encoder
+from cfir_jax.stores.contract import atomic_dir
 from cfir_jax.stores.entities import entity_key, normalize_entity
-from cfir_jax.stores.entity_index import KIND, VERSION, EntityIndex
+from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
 
@@ -55,20 +52,8 @@ def _add_entities(config, workdir, path: str | os.PathLike) -> int:
     cache = ImageCache.open(layout.image_cache, expect_dim=config.model.embed_dim)
     check_cache_encoder(config, layout, cache)
     return append_entities(layout.entity_index, texts, encoder.encode(texts), cache.embeddings,
-                           expect_fingerprint=fingerprint, scann_config=scann_config(config))
-
-
-def _link_or_copy(src: Path, dst: Path) -> None:
-    """Hard-links a file tree (cheap, the old index stays valid until the rename), copying where links fail."""
-    if src.is_dir():
-        dst.mkdir()
-        for child in src.iterdir():
-            _link_or_copy(child, dst / child.name)
-        return
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
+                           expect_fingerprint=fingerprint, removed=getattr(cache, "removed", None),
+                           encode=encoder.encode, chunk_size=int(config.index.entity_index.chunk_size))
 
 
 def append_entities(
@@ -78,39 +63,23 @@ def append_entities(
     image_embeddings: np.ndarray,
     *,
     expect_fingerprint: str | None = None,
-    scann_config: ScannConfig | None = None,
-    chunk_size: int = 4096,
+    removed: np.ndarray | None = None,
+    encode: Encode | None = None,
+    chunk_size: int | None = None,
 ) -> int:
     """Adds entities to an existing index without rebuilding it; texts already indexed are skipped.
 
-    new_embeddings [E', D] f32 rows of new_texts. The old directory is replaced atomically by one holding old and
-    new rows (old rows first), the manifest written last. Returns how many entities were added.
+    new_embeddings [E', D] f32 rows of new_texts; removed bool [N]: image rows never listed; encode: the index
+    encoder, for an index built before it kept its entity embeddings. The old directory is replaced atomically by
+    the one `stage_entities_added` writes (old rows first). Returns how many entities were added.
     """
     directory = Path(directory)
     index = EntityIndex.open(directory, expect_fingerprint=expect_fingerprint, expect_dim=image_embeddings.shape[1],
                              expect_n_images=image_embeddings.shape[0])
     check_inputs(new_texts, new_embeddings, image_embeddings)
-    fresh = [i for i, t in enumerate(new_texts) if index.row(t) is None]
-    if not fresh:
+    if all(index.row(t) is not None for t in new_texts):
         return 0
-    texts = [new_texts[i] for i in fresh]
-    emb = np.asarray(new_embeddings, np.float32)[fresh]
-    m = index.manifest
-    has_searcher = bool(m.get("has_searcher"))
-    search = make_searcher(m["backend"], image_embeddings, index.k, scann_config,
-                            directory / "scann" if has_searcher else None)
-    e_old, e_new = len(index), len(texts)
-    # The new rows' padded search results are held in memory: appending is for entity lists, not whole corpora.
-    blocks = []
-    for a in range(0, e_new, chunk_size):
-        scores, rows = search(emb[a : a + chunk_size])
-        blocks.append((rows, scores))
     with atomic_dir(directory) as tmp:
-        n_candidates = write_csr(tmp, blocks, bool(m.get("has_scores")), prefix=index)
-        if has_searcher:
-            _link_or_copy(directory / "scann", tmp / "scann")
-        (tmp / "vocab.json").write_text(json.dumps(index.vocab + texts, ensure_ascii=False))
-        fields = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created")}
-        fields.update(n_entities=e_old + e_new, n_candidates=n_candidates, appended=int(m.get("appended", 0)) + e_new)
-        write_manifest(tmp, KIND, VERSION, **fields)
-    return e_new
+        manifest = stage_entities_added(index, tmp, new_texts, new_embeddings, image_embeddings, removed,
+                                        encode=encode, chunk_size=chunk_size)
+    return int(manifest["added_entities"])

@@ -26,7 +26,7 @@ from cfir_jax.search.knn import ScannConfig
 from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 from cfir_jax.stores.entities import entity_key
-from cfir_jax.stores.entity_index import KIND, VERSION, EntityIndex
+from cfir_jax.stores.entity_index import KIND, VERSION
 
 log = logging.getLogger(__name__)
 
@@ -67,28 +67,22 @@ def write_csr(
     out: Path,
     blocks: Sequence[tuple[np.ndarray, np.ndarray | None]],
     keep_scores: bool,
-    prefix: EntityIndex | None = None,
 ) -> int:
     """Writes offsets/candidates/scores.npy into `out` from padded blocks; returns the number of candidates M.
 
     blocks: (candidates [r, K] int32 padded with -1, scores [r, K] or None) in entity order (memmap slices are read
-    one block at a time); prefix: an opened index whose rows come first (append). Two passes over the blocks (the
-    lengths, then the copy) so the flat arrays are written once, straight into memory-mapped files.
+    one block at a time). Two passes over the blocks (the lengths, then the copy) so the flat arrays are written
+    once, straight into memory-mapped files.
     """
     lengths = [np.count_nonzero(np.asarray(c) >= 0, axis=1) for c, _ in blocks]
-    head = np.zeros(1, np.int64) if prefix is None else np.asarray(prefix.offsets, np.int64)
     new = np.cumsum(np.concatenate(lengths), dtype=np.int64) if lengths else np.zeros(0, np.int64)
-    offsets = np.concatenate([head, head[-1] + new])
-    m, m_old = int(offsets[-1]), int(head[-1])
+    offsets = np.concatenate([np.zeros(1, np.int64), new])
+    m = int(offsets[-1])
     np.save(out / "offsets.npy", offsets)
     cand = np.lib.format.open_memmap(out / "candidates.npy", mode="w+", dtype=np.int32, shape=(m,))
     scores = np.lib.format.open_memmap(out / "scores.npy", mode="w+", dtype=np.float16, shape=(m,)) \
         if keep_scores else None
-    if prefix is not None:
-        cand[:m_old] = prefix.candidates_array
-        if scores is not None:
-            scores[:m_old] = prefix.scores_array
-    pos = m_old
+    pos = 0
     for c, sc in blocks:
         c = np.asarray(c)
         valid = c >= 0
@@ -110,6 +104,23 @@ def _chunk_files(work: Path, c: int) -> tuple[Path, Path, Path]:
     return work / f"{name}.candidates.npy", work / f"{name}.scores.npy", work / f"{name}.done"
 
 
+def _embedding_file(work: Path, c: int) -> Path:
+    """chunk c's entity embeddings [r, D] float32 (kept in the store: an update scores them without the encoder)."""
+    return work / f"chunk-{c:06d}.embeddings.npy"
+
+
+def write_embeddings(out: Path, blocks: Sequence[np.ndarray], dim: int) -> None:
+    """Writes entity_embeddings.npy float32 [E, D] into `out` from row blocks (memmaps read one at a time)."""
+    e = sum(len(b) for b in blocks)
+    emb = np.lib.format.open_memmap(out / "entity_embeddings.npy", mode="w+", dtype=np.float32, shape=(e, dim))
+    pos = 0
+    for b in blocks:
+        emb[pos : pos + len(b)] = np.asarray(b, np.float32)
+        pos += len(b)
+    emb.flush()
+    del emb
+
+
 def _fill_chunks(
     work: Path,
     n: int,
@@ -129,7 +140,9 @@ def _fill_chunks(
         if done_path.is_file():
             continue
         a, b = c * chunk_size, min(n, (c + 1) * chunk_size)
-        s, i = search(np.asarray(embed(a, b), np.float32))
+        emb = np.asarray(embed(a, b), np.float32)
+        s, i = search(emb)
+        save_npy_atomic(_embedding_file(work, c), emb)
         save_npy_atomic(cand_path, np.asarray(i, np.int32))
         if keep_scores:
             save_npy_atomic(score_path, np.asarray(s, np.float16))
@@ -236,6 +249,8 @@ def _commit(
                           [None] * -(-e // chunk_size)))
         n_candidates = write_csr(tmp, blocks, keep_scores)
         del blocks
+        write_embeddings(tmp, [np.load(_embedding_file(work, c), mmap_mode="r") for c in range(-(-e // chunk_size))],
+                         fields["dim"])
         if keep_searcher and backend == "scann":
             os.replace(work / "scann", tmp / "scann")
         (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False))
@@ -243,7 +258,9 @@ def _commit(
             tmp, KIND, VERSION, **fields, backend=backend, n_entities=e, n_candidates=n_candidates, recall_at_k=recall,
             recall_sample=min(recall_sample, e) if backend == "scann" else 0,
             scann_config=dataclasses.asdict(search.scann.config) if search.scann else None,
-            has_scores=keep_scores, has_searcher=keep_searcher and backend == "scann", **(sources or {}),
+            has_scores=keep_scores, has_searcher=keep_searcher and backend == "scann", has_embeddings=True,
+            searcher_rows=fields["n_images"] if keep_searcher and backend == "scann" else 0,
+            n_live=fields["n_images"], chunk_size=chunk_size, **(sources or {}),
         )
     shutil.rmtree(work)
 
@@ -290,7 +307,7 @@ def build_entity_index(
     _open_work_dir(work, _fingerprint_inputs(
         entity_texts, embeddings, k=k, n=n, dim=dim, backend=backend, fp=model_fingerprint,
         scann=dataclasses.asdict(scann_config) if scann_config else None, scores=keep_scores, chunk=chunk_size,
-        layout="chunk-files",
+        layout="chunk-files-2",  # chunk files with their embeddings: a resumed older build starts over
     ))
 
     search = shared_searcher(backend, image_embeddings, k, scann_config, work / "scann")

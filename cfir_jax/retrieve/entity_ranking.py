@@ -15,7 +15,7 @@ import numpy as np
 
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_pool import EntityPool
-from cfir_jax.search.knn import ScannSearcher, drop_padding
+from cfir_jax.search.knn import ScannSearcher, drop_padding, search_with_tail
 from cfir_jax.search.topk import unique_sorted
 from cfir_jax.stores.integrity import check_embeddings
 
@@ -35,7 +35,13 @@ class EntityRanking:
         self._exact_search = exact_search
         self._nlp = None
         self._pool = None
-        self._searcher = None
+        # Loaded now, with the index: a later update that replaces the index directory cannot pair this index's
+        # lists with another version's tree. It covers cache rows [0, searcher_rows); rows appended since are
+        # searched exactly, and removed rows are never returned (`search_with_tail`).
+        self._searcher = ScannSearcher.load(self.index.searcher_dir()) \
+            if self.rcfg.unknown_entities == "search" and self.index.manifest.get("has_searcher") else None
+        removed = getattr(getattr(stores, "cache", None), "removed", None)
+        self._removed = removed if removed is not None and np.any(removed) else None
 
     def extractor(self):
         """The spaCy entity extractor (loaded on first use)."""
@@ -47,14 +53,6 @@ class EntityRanking:
     def warm_up(self) -> None:
         self.extractor()
         self.encoder.encode(["warm up"])
-        if self.rcfg.unknown_entities == "search" and self.index.manifest.get("has_searcher"):
-            self.searcher()  # loads the ScaNN searcher before the first query's timing
-
-    def searcher(self) -> ScannSearcher:
-        """The entity index's stored ScaNN searcher over the image cache (loaded on first use)."""
-        if self._searcher is None:
-            self._searcher = ScannSearcher.load(self.index.searcher_dir())
-        return self._searcher
 
     def workers(self):
         """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,
@@ -116,11 +114,12 @@ class EntityRanking:
         return [np.concatenate([c, x]) for c, x in zip(lists, extra)], scores
 
     def _search(self, unknown: list[str]) -> Ranked:
-        """Unseen entities' top-K over the cache: the index's ScaNN searcher when it kept one, else exact."""
+        """Unseen entities' top-K over the cache: the index's ScaNN searcher when it kept one (with exact search over
+        the rows appended since it was built), else exact."""
         emb = self.encoder.encode(unknown)
         check_embeddings(emb, self.encoder_dir, "entity")  # a damaged encoder, named as such
-        if self.index.manifest.get("has_searcher"):
-            return self.searcher().search(emb, self.index.k)
+        if self._searcher is not None:
+            return search_with_tail(self._searcher, self.embeddings, emb, self.index.k, self._removed)
         return self._exact_search(emb, self.index.k)
 
     def entity_only_ranking(self, lists: list[np.ndarray], used: list[str], k: int) -> Ranked:

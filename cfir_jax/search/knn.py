@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.search.topk import RowSubset, exact_topk
 
 
 def recall_at_k(approx_indices: np.ndarray, exact_indices: np.ndarray) -> float:
@@ -153,6 +154,35 @@ class ScannSearcher:
         n, dim = cfg.pop("n"), cfg.pop("dim")
         searcher = scann.scann_ops_pybind.load_searcher(str(directory))
         return cls(searcher, ScannConfig(**cfg), n, dim)
+
+
+def search_with_tail(searcher: ScannSearcher, database: np.ndarray, queries: np.ndarray, k: int,
+                     removed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Top-k of queries [Q, D] over every live row of database [N, D]: the ScaNN tree over the rows it was built on,
+    [0, searcher.n), and exact search over the rows appended since, [searcher.n, N), merged best first (ties to the
+    lower row). removed: bool [N] rows never returned (ScaNN over-fetches by the removed rows in its range, then
+    drops them). Returns the layout of `ScannSearcher.search`: (scores [Q, k], ids [Q, k] int32), padded -inf / -1.
+    """
+    queries = np.asarray(queries, np.float32)
+    n, covered = database.shape[0], min(searcher.n, database.shape[0])
+    removed = np.zeros(n, bool) if removed is None else np.asarray(removed, bool)
+    k = min(int(k), n)
+    s, i = searcher.search(queries, min(covered, k + int(removed[:covered].sum())))
+    dead = (i >= 0) & removed[np.maximum(i, 0)]
+    i, s = np.where(dead, -1, i), np.where(dead, -np.inf, s)
+    tail = np.flatnonzero(~removed[covered:]) + covered
+    if len(tail) and len(queries):
+        # A contiguous tail is read as a slice of the (memory-mapped) cache; with removed rows, as a gather.
+        rows = database[covered:] if len(tail) == n - covered else RowSubset(database, tail)
+        ts, ti = exact_topk(queries, rows, min(k, len(tail)))
+        s, i = np.concatenate([s, ts], axis=1), np.concatenate([i, tail[ti].astype(np.int32)], axis=1)
+    # Best first, ties to the lower row, padding (-1, -inf) last: sort by (score desc, row asc), padding keyed last.
+    order = np.lexsort((np.where(i < 0, np.iinfo(np.int32).max, i), -s), axis=1)[:, :k]
+    s, i = np.take_along_axis(s, order, 1), np.take_along_axis(i, order, 1)
+    if i.shape[1] < k:
+        s = np.pad(s, ((0, 0), (0, k - i.shape[1])), constant_values=-np.inf)
+        i = np.pad(i, ((0, 0), (0, k - i.shape[1])), constant_values=-1)
+    return s.astype(np.float32), i.astype(np.int32)
 
 
 def drop_padding(indices: np.ndarray) -> list[np.ndarray]:

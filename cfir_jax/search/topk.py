@@ -82,6 +82,19 @@ def exact_top_k(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int,
     return scores[best], ids[best].astype(np.int32)
 
 
+class RowSubset:
+    """Rows `rows` [V] (sorted int64 ids) of a database [N, D], as a [V, D] array to `exact_topk`: a slice gathers
+    only those rows, so a search over a candidate union reads V rows, never N. Result positions p map back to
+    database rows by `rows[p]`; sorted ids keep the lower row first on ties, as over the whole database."""
+
+    def __init__(self, database: np.ndarray, rows: np.ndarray):
+        self.database, self.rows = database, np.asarray(rows, np.int64)
+        self.shape, self.dtype, self.ndim = (len(self.rows), database.shape[1]), database.dtype, 2
+
+    def __getitem__(self, s: slice) -> np.ndarray:
+        return np.asarray(self.database[self.rows[s]])
+
+
 # ---------------------------------------------------------------------------------------------- jitted, whole cache
 def query_rows(n: int, most: int = DEFAULT_QUERY_BLOCK) -> int:
     """Queries per whole-cache search call: the next power of two up to `most` (a few shapes, few compilations)."""
@@ -129,11 +142,14 @@ def exact_topk(
     k: int,
     block_size: int = DEFAULT_BLOCK_SIZE,
     query_block: int = DEFAULT_QUERY_BLOCK,
+    fixed_block: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """Exact top-k by dot product over every row of a host array.
 
-    queries [Q, D] float32; database [N, D] float16/float32 (np.memmap is fine: read one block at a time).
-    Returns (scores [Q, k] float32, indices [Q, k] int32), best first; k is clamped to N.
+    queries [Q, D] float32; database [N, D] float16/float32 (np.memmap or a `RowSubset` is fine: read one block at a
+    time). Returns (scores [Q, k] float32, indices [Q, k] int32), best first; k is clamped to N.
+    fixed_block: blocks of block_size rows even when N is smaller (the one block padded), so a subset of a larger
+    database is scored with that database's matmul shapes (an update that must equal a from-scratch search).
     """
     queries = np.asarray(queries, dtype=np.float32)
     _check_pair(queries, database)
@@ -142,7 +158,7 @@ def exact_topk(
     if k < 1:
         raise CfirError(f"k={k} must be >= 1")
     # Fixed shapes: every block is block_size rows and every query chunk qb rows, so one compilation serves all.
-    block_size = min(block_size, n)
+    block_size = block_size if fixed_block else min(block_size, n)
     qb = query_rows(queries.shape[0], query_block)
     out_s = np.empty((queries.shape[0], k), np.float32)
     out_i = np.empty((queries.shape[0], k), np.int32)

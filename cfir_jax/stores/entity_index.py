@@ -5,8 +5,12 @@ Layout of the store directory (kind "entity_index", format 2: ragged, compressed
   candidates.npy  int32 [M]       image rows of the cache, best first per entity (memory-mappable)
   scores.npy      float16 [M]     their dot products (optional)
   vocab.json      [E] entity surface forms (what was encoded); row i belongs to vocab[i], looked up by `entity_key`
-  scann/          the serialized ScaNN searcher over the image cache, for entities unseen at index time (optional)
-  manifest.json   format version, model fingerprint, dim, K, backend, counts, recall@K measured against exact search
+  entity_embeddings.npy  float32 [E, D] the encoded entities (manifest `has_embeddings`; absent in older indexes),
+                  so adding images scores each entity without the encoder
+  scann/          the serialized ScaNN searcher over the image cache rows [0, searcher_rows), for entities unseen at
+                  index time (optional; rows appended since are searched exactly: `search.knn.search_with_tail`)
+  manifest.json   format version, model fingerprint, dim, K, backend, counts, recall@K measured against exact search;
+                  n_images (rows of the cache), n_live (rows searched: not removed), searcher_rows, chunk_size
 
 Rows are ragged because ScaNN can find fewer than K neighbours (the searched leaves hold fewer points): an entity
 then has a shorter list, and no padding id is ever stored or returned. Format 1 (a padded [E, K] matrix that could
@@ -146,6 +150,29 @@ class EntityIndex(Store):
     def _end(self, r: int) -> int:
         end = int(self.offsets[r + 1])
         return end if self.cut is None else min(end, int(self.offsets[r]) + self.cut)
+
+    @property
+    def has_embeddings(self) -> bool:
+        return bool(self.manifest.get("has_embeddings"))
+
+    def entity_embeddings(self) -> np.ndarray:
+        """The encoded entities, float32 [E, D] memory-mapped; StoreError for an index built before they were kept."""
+        if not self.has_embeddings:
+            raise StoreError(f"{self.directory}: built without entity_embeddings.npy; re-encode the entities")
+        try:
+            emb = np.load(self.directory / "entity_embeddings.npy", mmap_mode="r")
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{self.directory}: damaged entity_embeddings.npy ({e.__class__.__name__}); rebuild it") \
+                from None
+        if emb.shape != (len(self.vocab), self.manifest["dim"]) or emb.dtype != np.float32:
+            raise StoreError(f"{self.directory}: entity_embeddings.npy is {emb.dtype} {emb.shape} but the manifest "
+                             f"says float32 [{len(self.vocab)}, {self.manifest['dim']}]; rebuild it")
+        return emb
+
+    @property
+    def searcher_rows(self) -> int:
+        """Image rows [0, searcher_rows) the stored ScaNN tree covers (rows added since are searched exactly)."""
+        return int(self.manifest.get("searcher_rows", self.manifest.get("n_images", 0)))
 
     def searcher_dir(self) -> Path:
         """Where the stored ScaNN searcher over the image cache is (for entities unseen at index time; loaded with

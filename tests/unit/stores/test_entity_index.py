@@ -247,3 +247,19 @@ def test_auto_backend_is_exact_on_accelerators_scann_on_cpu_hosts_and_the_manife
     assert (tmp_path / "entity_index" / "manifest.json").stat().st_mtime_ns == before
     with pytest.raises(CfirError, match="index.entity_index.backend='faiss'"):
         resolve_backend("faiss")
+
+
+def test_the_build_keeps_the_encoded_entities(tmp_path, data):
+    """entity_embeddings.npy holds what was searched, in vocab order, whether given or encoded chunk by chunk;
+    a file of another shape is refused in one line."""
+    images, ents, texts = data
+    encode = lambda batch: ents[[texts.index(t) for t in batch]]  # noqa: E731
+    build_entity_index(tmp_path / "idx", texts, encode, images, 5, model_fingerprint=FP, backend="exact",
+                       chunk_size=16)
+    index = EntityIndex.open(tmp_path / "idx")
+    assert index.has_embeddings and index.manifest["chunk_size"] == 16 and index.searcher_rows == 0
+    np.testing.assert_array_equal(index.entity_embeddings(), ents)
+    np.save(tmp_path / "idx" / "entity_embeddings.npy", ents[:3])
+    with pytest.raises(StoreError, match="entity_embeddings.npy is float32 .3, 32. but the manifest") as e:
+        index.entity_embeddings()
+    assert "\n" not in str(e.value)
