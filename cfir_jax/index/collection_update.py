@@ -16,8 +16,9 @@ point leaves the old version servable, and the same command run again resumes fr
   the removed rows.
 
 The derived stores follow in the same change: image_text (the new rows' texts encoded and appended; rows selected
-on compaction) and entity_text_match (matched again; remapped on compaction). The compact SR copies
-(W/sr_compact*) are dropped and rebuilt by retrieval on first use.
+on compaction), entity_text_match (matched again; re-keyed after a removal; remapped on compaction) and the compact
+SR copy W/sr_compact (new rows quantised with its rotation; rows selected on compaction). The fused compact copy is
+dropped and rebuilt by retrieval on first use.
 """
 
 from __future__ import annotations
@@ -52,10 +53,6 @@ from cfir_jax.stores.summaries import SummaryStore
 
 log = logging.getLogger(__name__)
 
-# Stores aligned with the image cache's rows that retrieval rebuilds on demand: dropped by a change that moves rows.
-ON_DEMAND = ("sr_compact", "sr_compact_fused")
-
-
 def _stamp(path: Path) -> list:
     """What identifies the input of an add (its path, and each file's size and time): a rerun with the same input
     resumes the staged change, another input starts over."""
@@ -69,6 +66,9 @@ class _Staging:
 
     def __init__(self, change: versions.Change, say: Callable[[str], None]):
         self.change, self.say, self.changes = change, say, {}
+        # Work that survives a kill until the change is committed (encoded shards, NER chunks): resumed by a rerun.
+        self.work = change.directory / "work"
+        self.work.mkdir(parents=True, exist_ok=True)
 
     def store(self, name: str, build: Callable[[Path], dict | None]) -> Path:
         done = self.change.staged(name)
@@ -83,9 +83,16 @@ class _Staging:
         return self.change.staged(name)
 
 
+# What a stage's info says about the change (the rest is its manifest).
+_COUNTS = ("documents_added", "images_added", "judgements_added", "images_encoded", "images_skipped",
+           "entities_added", "added_images", "added_entities", "images_removed", "documents_removed",
+           "rows_removed", "removed_images", "removed_entities", "refilled_lists", "rows_before", "rows_after",
+           "dropped_rows", "searcher", "pairs", "rows", "with_text")
+
+
 def _describe(info: dict) -> str:
     return ", ".join(f"{k.replace('_', ' ')} {v:,}" if isinstance(v, int) else f"{k.replace('_', ' ')} {v}"
-                     for k, v in info.items() if not isinstance(v, (dict, list))) or "staged"
+                     for k, v in info.items() if k in _COUNTS) or "staged"
 
 
 def _open(layout: Layout) -> tuple[Corpus, ImageCache, EntityIndex]:
@@ -108,24 +115,24 @@ def add(config, workdir, path: str | os.PathLike, say: Callable[[str], None] = p
     change = versions.begin(layout, "add", {"input": _stamp(path), "base_version": base})
     staging = _Staging(change, say)
     say(f"adding {path} to {layout.root} (version {base})")
-    union = Corpus.open(staging.store("corpus", lambda out: store_updates.stage_corpus_addition(
-        corpus, out, path, tokenizer_spm=None)))
+    union = Corpus.open(staging.store("corpus", lambda out: store_updates.stage_corpus_addition(corpus, out, path)))
     new_docs = union.num_documents - corpus.num_documents
     new_cache = ImageCache.open(staging.store("image_cache", lambda out: store_updates.stage_cache_addition(
-        config, layout, cache, union, out)))
+        config, layout, cache, union, out, staging.work)))
     entities = EntityStore.open(layout.entities)
     if new_docs:
         entities = EntityStore.open(staging.store("entities", lambda out: store_updates.stage_entities_addition(
-            config, entities, union, corpus.num_documents, out)))
-        staging.store("summaries", lambda out: store_updates.stage_summaries_addition(
-            config, SummaryStore.open(layout.summaries), union, corpus.num_documents, out))
+            config, entities, union, corpus.num_documents, out, staging.work)))
+        if (layout.summaries / "manifest.json").is_file():
+            staging.store("summaries", lambda out: store_updates.stage_summaries_addition(
+                config, SummaryStore.open(layout.summaries), union, corpus.num_documents, out, staging.work))
     new_index = EntityIndex.open(staging.store("entity_index", lambda out: _index_after_add(
-        config, layout, union, entities, index, new_cache, cache.num_images, out, change.work_dir())))
+        config, layout, union, entities, index, new_cache, cache.num_images, out, staging.work)))
     _derived_after_add(config, layout, staging, union, cache, new_cache, new_index)
     changes = {"images_added": new_cache.num_images - cache.num_images,
                "images_skipped": len(new_cache.skipped()) - len(cache.skipped()),
                "documents_added": new_docs, "entities_added": len(new_index) - len(index)}
-    version = change.commit(changes, drop=[name for name in ON_DEMAND if (layout.root / name).exists()])
+    version = change.commit(changes)
     say(f"version {version}: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in changes.items()))
     return {"version": version, **changes}
 
@@ -136,31 +143,40 @@ def _index_after_add(config, layout: Layout, union: Corpus, entities: EntityStor
     searched over the whole cache; recorded as a from-scratch build over the union would record it."""
     encoder, _ = entity_encoder(config, layout, union)
     texts = indexed_entities(config, union, entities)
-    sources = {"entities_sha": _texts_digest(texts), "cache_fingerprint": cache.content_fingerprint}
+    sources = {"documents": config.index.entity_index.documents, "entities_sha": _texts_digest(texts)}
     fresh = [t for t in texts if index.row(t) is None]
-    removed = cache.removed if cache.manifest.get("num_removed") else None
+    removed = cache.removed if cache.num_live < cache.num_images else None
+    chunk = int(config.index.entity_index.chunk_size)
     images_out = work / "entity_index.images" if fresh else out
-    shutil.rmtree(images_out, ignore_errors=True)
-    images_out.mkdir(parents=True)
+    if fresh:
+        shutil.rmtree(images_out, ignore_errors=True)
+        images_out.mkdir(parents=True)
     info = stage_images_added(index, images_out, cache.embeddings, n_old, encode=encoder.encode, removed=removed,
-                              scann_config=scann_config(config), **sources)
+                              cache_fingerprint=cache.content_fingerprint, sources=sources, chunk_size=chunk)
     if fresh:
         merged = EntityIndex.load(images_out, json.loads((images_out / "manifest.json").read_text()))
         info = stage_entities_added(merged, out, fresh, encoder.encode(fresh), cache.embeddings, removed=removed,
-                                    scann_config=scann_config(config), **sources)
+                                    sources={**sources, "cache_fingerprint": cache.content_fingerprint},
+                                    chunk_size=chunk)
         shutil.rmtree(images_out, ignore_errors=True)
     return info
 
 
 def _derived_after_add(config, layout: Layout, staging: _Staging, union: Corpus, old_cache: ImageCache,
                        cache: ImageCache, index: EntityIndex) -> None:
-    """image_text: the new rows' texts encoded and appended; entity_text_match: matched again over the union."""
+    """image_text: the new rows' texts encoded and appended; entity_text_match: matched again over the union; the
+    compact SR copy: the new rows quantised with its rotation (the fused one is dropped: retrieval rebuilds it)."""
     if (layout.image_text / "manifest.json").is_file():
         staging.store("image_text", lambda out: derived_updates.image_text_after_add(
             config, layout, union, old_cache, cache, out))
     if (layout.entity_text_match / "manifest.json").is_file():
         staging.store("entity_text_match", lambda out: derived_updates.entity_text_match_after_add(
             config, union, cache, index, out))
+    if (layout.sr_compact / "manifest.json").is_file():
+        staging.store("sr_compact", lambda out: store_updates.stage_compact_addition(
+            layout.sr_compact, cache.embeddings[old_cache.num_images:], out, cache.content_fingerprint))
+    if layout.sr_compact_fused.exists():
+        staging.change.drop("sr_compact_fused")
 
 
 # ----------------------------------------------------------------------------------------------------------- remove
@@ -185,7 +201,7 @@ def remove(config, workdir, ids_file: str | os.PathLike, say: Callable[[str], No
     new_cache = ImageCache.open(staging.store("image_cache", lambda out: store_updates.stage_cache_removal(
         cache, out, images)))
     new_index = EntityIndex.open(staging.store("entity_index", lambda out: _index_after_remove(
-        config, layout, union, index, new_cache, out)))
+        config, layout, union, index, new_cache, out, corpus)))
     if (layout.entity_text_match / "manifest.json").is_file():
         staging.store("entity_text_match", lambda out: derived_updates.entity_text_match_rekeyed(
             layout, new_cache, new_index, out, keep_entities=_kept_entities(index, new_index)))
@@ -203,18 +219,18 @@ def _kept_entities(old: EntityIndex, new: EntityIndex) -> np.ndarray:
 
 
 def _index_after_remove(config, layout: Layout, corpus: Corpus, index: EntityIndex, cache: ImageCache,
-                        out: Path) -> dict:
+                        out: Path, before: Corpus) -> dict:
     """The entity index without the removed images (each list refilled from the next best) and without the entities
-    that no remaining indexed document names."""
+    that the removed documents alone named (entities added with --add-entities stay)."""
     encoder, _ = entity_encoder(config, layout, corpus)
-    texts = indexed_entities(config, corpus, EntityStore.open(layout.entities))
-    still = set(texts)
-    keep = np.array([t in still for t in index.vocab], bool)
-    sources = {"entities_sha": _texts_digest([t for t in index.vocab if t in still]),
-               "cache_fingerprint": cache.content_fingerprint}
+    store = EntityStore.open(layout.entities)
+    texts = indexed_entities(config, corpus, store)
+    gone = set(indexed_entities(config, before, store)) - set(texts)
+    keep = np.array([t not in gone for t in index.vocab], bool)
+    sources = {"documents": config.index.entity_index.documents, "entities_sha": _texts_digest(texts)}
     return stage_images_removed(index, out, cache.removed, cache.embeddings, encode=encoder.encode,
-                                keep_entities=None if keep.all() else keep, scann_config=scann_config(config),
-                                **sources)
+                                keep_entities=None if keep.all() else keep, cache_fingerprint=cache.content_fingerprint,
+                                sources=sources, chunk_size=int(config.index.entity_index.chunk_size))
 
 
 # ---------------------------------------------------------------------------------------------------------- compact
@@ -233,7 +249,7 @@ def compact(config, workdir, say: Callable[[str], None] = print) -> dict:
     change = versions.begin(layout, "compact", {"removed_sha": cache.manifest.get("removed_sha"),
                                                 "base_version": base})
     staging = _Staging(change, say)
-    row_map_file = change.work_dir() / "row_map.npy"
+    row_map_file = staging.work / "row_map.npy"
 
     def compact_cache(out: Path) -> dict:
         info, row_map = store_updates.stage_cache_compaction(cache, out)
@@ -251,7 +267,12 @@ def compact(config, workdir, say: Callable[[str], None] = print) -> dict:
     if (layout.entity_text_match / "manifest.json").is_file():
         staging.store("entity_text_match", lambda out: derived_updates.entity_text_match_rekeyed(
             layout, new_cache, EntityIndex.open(change.staged("entity_index")), out, row_map=row_map))
+    if (layout.sr_compact / "manifest.json").is_file():
+        staging.store("sr_compact", lambda out: store_updates.stage_compact_selection(
+            layout.sr_compact, row_map, out, new_cache.content_fingerprint))
+    if layout.sr_compact_fused.exists():
+        change.drop("sr_compact_fused")
     changes = {"rows_dropped": removed, "images_live": new_cache.num_images}
-    version = change.commit(changes, drop=[name for name in ON_DEMAND if (layout.root / name).exists()])
+    version = change.commit(changes)
     say(f"version {version}: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in changes.items()))
     return {"version": version, **changes}

@@ -34,12 +34,13 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
+def atomic_dir(final: str | os.PathLike, linked_from: str | os.PathLike | None = None) -> Iterator[Path]:
     """Yields a temporary directory that replaces `final` only if the block finishes without error.
 
     Before the rename, the checksums of every file are recorded (`integrity.CHECKSUMS`: what `index.py --verify`
-    checks). On an exception the temporary directory is removed; the old `final`, if any, is untouched. The
-    temporary name is unique to this process, so two processes never write into one directory.
+    checks; files hard-linked from the store `linked_from` keep the checksums recorded there). On an exception the
+    temporary directory is removed; the old `final`, if any, is untouched. The temporary name is unique to this
+    process, so two processes never write into one directory.
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
@@ -50,7 +51,7 @@ def atomic_dir(final: str | os.PathLike) -> Iterator[Path]:
     try:
         with faults.writing(final, tmp):
             yield tmp
-            write_checksums(tmp)
+            write_checksums(tmp, linked_from)
             replace_dir(tmp, final)
     finally:
         remove_path(tmp) if tmp.exists() else None

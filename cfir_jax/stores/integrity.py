@@ -95,14 +95,41 @@ def _files(directory: Path) -> list[Path]:
     return sorted(p for p in directory.rglob("*") if p.is_file() and p.name != CHECKSUMS)
 
 
-def write_checksums(directory: str | os.PathLike) -> dict:
-    """Records the size and per-block sha256 of every file under `directory` in `directory/checksums.json`."""
+def write_checksums(directory: str | os.PathLike, linked_from: str | os.PathLike | None = None) -> dict:
+    """Records the size and per-block sha256 of every file under `directory` in `directory/checksums.json`.
+
+    linked_from: the store a new version was made from by hard links (a change of the collection): a file that is
+    the very same file there (same inode) keeps the checksum recorded there instead of being read again, so staging
+    a grown corpus reads its new rows, not every picture it already had."""
     directory = Path(directory)
-    files = {p.relative_to(directory).as_posix(): {"size": p.stat().st_size, "sha256": _file_blocks(p, BLOCK_BYTES)}
-             for p in _files(directory)}
+    known = _linked_records(directory, Path(linked_from)) if linked_from is not None else {}
+    files = {}
+    for p in _files(directory):
+        rel = p.relative_to(directory).as_posix()
+        files[rel] = known.get(rel) or {"size": p.stat().st_size, "sha256": _file_blocks(p, BLOCK_BYTES)}
     record = {"format": FORMAT, "block_bytes": BLOCK_BYTES, "files": files}
     write_json_atomic(directory / CHECKSUMS, record)
     return record
+
+
+def _linked_records(directory: Path, source: Path) -> dict[str, dict]:
+    """{relative path: the checksum record of `source`} for the files of `directory` that are hard links of the
+    same-named file of `source` (whose recorded checksums are of this block size)."""
+    try:
+        record = json.loads((source / CHECKSUMS).read_text())
+    except (OSError, ValueError):
+        return {}
+    if record.get("format") != FORMAT or record.get("block_bytes") != BLOCK_BYTES:
+        return {}
+    out = {}
+    for rel, entry in (record.get("files") or {}).items():
+        try:
+            mine, theirs = (directory / rel).stat(), (source / rel).stat()
+        except OSError:
+            continue
+        if (mine.st_dev, mine.st_ino) == (theirs.st_dev, theirs.st_ino) and mine.st_size == entry.get("size"):
+            out[rel] = entry
+    return out
 
 
 def _rows_of_block(path: Path, block: int, block_bytes: int) -> str:
