@@ -70,6 +70,17 @@ def current_version(layout: Layout | str | os.PathLike) -> int:
     return int(_read_index(_layout(layout)).get("version") or 0)
 
 
+def history(layout: Layout | str | os.PathLike) -> list[dict]:
+    """The history index.json records: one entry per version ([] when none)."""
+    return list(_read_index(_layout(layout)).get("history") or [])
+
+
+def history_entry(version: int, op: str, changes: dict) -> dict:
+    """{"version", "op" ("build", "add", "remove", "compact"), "at" (UTC), "changes" (what changed, counts)}."""
+    return {"version": version, "op": op, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+            "changes": changes}
+
+
 def _at(point: str) -> None:
     """A named step of staging and committing (what the crash tests kill the process at); nothing happens here."""
 
@@ -200,9 +211,8 @@ class Change:
                 raise CfirError(f"{self.layout.index_json}: now at version {have} but this change was staged on "
                                 f"version {self.base_version}; rerun the command to stage it again")
             version = have + 1
-            entry = {"version": version, "op": self.op, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                     "changes": changes}
-            index = {**info, "version": version, "history": [*info.get("history", []), entry]}
+            index = {**info, "version": version,
+                     "history": [*(info.get("history") or []), history_entry(version, self.op, changes)]}
             write_json_atomic(self.directory / JOURNAL,
                               {"version": version, "stores": stores, "drop": self.dropped, "index": index})
             _at("journal")
