@@ -70,6 +70,7 @@ from cfir_jax.model.tokenizer import resolve_tokenizer
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, check_sources
 from cfir_jax.nlp.summarizer import make_summarizer, summary_input
+from cfir_jax.stores import versions
 from cfir_jax.stores.atomic_write import write_json_atomic
 from cfir_jax.stores.contract import read_manifest
 from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore
@@ -390,8 +391,15 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
 
 
 def _record_index(config, layout: Layout, reports: list[StageReport]) -> None:
-    """W/index.json: the encoder the index was built with, the config, and every stage's report."""
+    """W/index.json: the encoder the index was built with, the config, every stage's report, and the version (1 after
+    a first build, + 1 when a rebuild built anything: `cfir_jax.stores.versions`) with its history."""
+    version, history = versions.current_version(layout), versions.history(layout)
+    if not version or any(not (r.reused or r.stale_because) for r in reports):
+        version += 1
+        history.append(versions.history_entry(version, "build", {
+            "stages": [r.name for r in reports if not (r.reused or r.stale_because)]}))
     write_json_atomic(layout.index_json, {
+        "version": version, "history": history,
         **layout.record_path("encoder", encoder_dir(config, layout)),  # relative inside W; outside, absolute
         # index.encoder naming another workdir: its text-trained model too, which scores the queries (retrieve.stores)
         **({} if (model := other_model(config)) is None else layout.record_path("model", model)),

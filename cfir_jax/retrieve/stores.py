@@ -19,6 +19,7 @@ import ml_collections
 from cfir_jax.core.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.stores import versions
 from cfir_jax.stores.contract import check_derived, manifest_digest
 from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.entity_text_match import EntityTextMatch
@@ -50,6 +51,7 @@ class Stores:
     image_text: Any = None  # ImageTextCache (fused SR)
     model_dir: Path | None = None  # the model that encodes queries (named when its embeddings are impossible)
     encoder_dir: Path | None = None  # the index encoder that encodes unseen entities
+    version: int = 0  # the workdir's version the stores were opened at (index.json; cfir_jax.stores.versions)
 
     @property
     def embeddings(self):
@@ -68,14 +70,22 @@ def read_index_json(layout: Layout) -> dict:
 def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: bool, entities: bool,
                 text_match: bool, fused: bool) -> Stores:
     """Opens what a method reads. reads_document: it encodes the document (the document-trained model is used when
-    train.py made one); entities: the entity index and its encoder; text_match / fused: the stores of those options."""
+    train.py made one); entities: the entity index and its encoder; text_match / fused: the stores of those options.
+    They are opened under `versions.reading`: all of one version (`Stores.version`)."""
+    layout = Layout.of(workdir)
+    if not layout.root.is_dir():
+        raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
+    with versions.reading(layout) as version:  # every store of one version, none of a change being committed
+        stores = _open(config, layout, reads_document, entities, text_match, fused)
+    stores.version = version
+    return stores
+
+
+def _open(config, layout: Layout, reads_document: bool, entities: bool, text_match: bool, fused: bool) -> Stores:
     # why: tfds and grain load when a corpus is opened, not on import
     from cfir_jax.data.corpus import Corpus
     from cfir_jax.model import checkpoint
 
-    layout = Layout.of(workdir)
-    if not layout.root.is_dir():
-        raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
     index_info = read_index_json(layout)
     corpus = Corpus.open(layout.corpus)
     encoder_dir = layout.recorded_path(index_info, "encoder")

@@ -36,6 +36,7 @@ from cfir_jax.stores.integrity import CorruptStore
 
 log = logging.getLogger("cfir_jax.serve")
 SHOWN = 20  # hits a request gets by default, as retrieve.py shows on stdout
+VERSION_HEADER = "X-Index-Version"  # on every answer: the version of the index that answered it (index.json)
 # Characters that make a "text" binary: NUL and the C0 controls other than tab, newline and carriage return.
 _BINARY = {chr(c) for c in range(32) if chr(c) not in "\t\n\r"}
 
@@ -123,7 +124,8 @@ class Service:
         return method
 
     async def run(self, request: Request, docs: list[DocumentInput], method: str, top_k: int, html: bool = False):
-        """Queues the documents, then waits for their answer, the deadline or the client's going away."""
+        """Queues the documents, then waits for their answer, the deadline or the client's going away. Returns the
+        answer and its headers (X-Index-Version: the version of the index that answered it)."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.settings.deadline_ms / 1e3
         job = Job(docs, method, top_k, deadline, loop.create_future(), loop, html=html)
@@ -142,7 +144,7 @@ class Service:
             gone.cancel()
         if job.future in done:
             try:
-                return job.future.result()
+                return job.future.result(), {VERSION_HEADER: str(job.version)}
             except Dropped as e:
                 raise HTTPException(504, f"not answered: {e}") from None
             except CorruptStore as e:  # damage on disk: named in one line (also in /readyz), not an anonymous 500
@@ -283,8 +285,8 @@ def _search_routes(app: FastAPI) -> None:
     async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
         svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        answer = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k)
-        return Response(answer[0], media_type="application/json")
+        answer, headers = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k)
+        return Response(answer[0], media_type="application/json", headers=headers)
 
     @app.post("/v1/search/batch", summary="the images of several documents, answered in their order")
     async def search_batch(body: BatchRequest, request: Request, svc: ServiceDep) -> Response:
@@ -299,15 +301,16 @@ def _search_routes(app: FastAPI) -> None:
         for n, d in enumerate(body.documents):
             svc.check_text(d.text, f"documents.{n}.text")
         method = svc.check_options(body.top_k, body.method)
-        answer = await svc.run(request, [DocumentInput(d.text, d.id) for d in body.documents], method, body.top_k)
-        return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json")
+        answer, headers = await svc.run(request, [DocumentInput(d.text, d.id) for d in body.documents], method,
+                                        body.top_k)
+        return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json", headers=headers)
 
     @app.post("/v1/search/html", response_class=HTMLResponse, summary="the HTML gallery of one document's images")
     async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
         svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        page = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k, html=True)
-        return HTMLResponse(page)
+        page, headers = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k, html=True)
+        return HTMLResponse(page, headers=headers)
 
 
 _ENDPOINTS = ("/", "/v1/search", "/v1/search/batch", "/v1/search/html", "/healthz", "/readyz", "/metrics",

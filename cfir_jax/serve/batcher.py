@@ -50,6 +50,7 @@ class Job:
     loop: asyncio.AbstractEventLoop
     html: bool = False  # the gallery page instead of JSON (GET /'s page)
     cancelled: bool = False  # set by the handler when the client disconnects or the deadline passes
+    version: int | None = None  # the index version that answered it (set before the future is)
     enqueued: float = dataclasses.field(default_factory=time.monotonic)
 
     def settle(self, value=None, error: BaseException | None = None) -> None:
@@ -150,6 +151,8 @@ class MicroBatcher:
 
     def _run_method(self, index, method: str, jobs: list[Job]) -> None:
         retriever = index.retrievers[method]
+        for job in jobs:
+            job.version = index.version
         docs = [d for j in jobs for d in j.docs]
         self.metrics.batch_docs.observe(len(docs))
         try:

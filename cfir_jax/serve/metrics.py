@@ -40,5 +40,5 @@ class Metrics:
             self.stages.labels(stage).observe(ms / 1e3)
 
     def set_index(self, loaded) -> None:
-        self.index.info({"fingerprint": loaded.fingerprint, "workdir": loaded.workdir,
+        self.index.info({"version": str(loaded.version), "fingerprint": loaded.fingerprint, "workdir": loaded.workdir,
                          "methods": ",".join(loaded.retrievers), "loaded_at": loaded.describe()["loaded_at"]})

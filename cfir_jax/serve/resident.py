@@ -26,6 +26,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp.entity_pool import EntityPool
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve.verifier import store_problems
+from cfir_jax.stores import versions
 from cfir_jax.stores.contract import manifest_digest
 from cfir_jax.stores.layout import STORES, Layout
 
@@ -93,9 +94,10 @@ def model_family(workdir: str | Path) -> dict:
 
 
 def index_fingerprint(workdir: str | Path) -> str:
-    """A short digest of every store's and the model's manifest: it changes whenever any of them is rebuilt."""
+    """A short digest of the workdir's version and every store's and the model's manifest: it changes whenever any
+    of them is rebuilt, and with every committed change."""
     layout = Layout.of(workdir)
-    parts = []
+    parts = [f"version={versions.current_version(layout)}"]
     for name in STORES:
         path = layout.root / name / "manifest.json"
         if name in _DERIVED:
@@ -149,9 +151,11 @@ class LoadedIndex:
     load_seconds: float
     max_top_k: int  # retrieval.top_k: the most hits a Retriever keeps
     entity_pool: object | None = None  # EntityPool parsing batches on every core (serve.entity_workers), or None
+    version: int = 0  # the workdir's version (index.json) its stores were opened at
 
     def describe(self) -> dict:
-        return {"workdir": self.workdir, "fingerprint": self.fingerprint, "methods": list(self.retrievers),
+        return {"workdir": self.workdir, "version": self.version, "fingerprint": self.fingerprint,
+                "methods": list(self.retrievers),
                 "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.loaded_at)),
                 "load_seconds": round(self.load_seconds, 2), "max_top_k": self.max_top_k,
                 "model_family": self.family}
@@ -161,18 +165,18 @@ def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequenc
                ) -> LoadedIndex:
     """Checks the workdir is complete, opens a Retriever per method and warms each (seconds; minutes at scale)."""
     t0 = time.perf_counter()
-    check_complete(workdir)
-    fingerprint, family = index_fingerprint(workdir), model_family(workdir)
-    retrievers = {}
+    with versions.reading(Layout.of(workdir)) as version:  # every Retriever opens the same version
+        check_complete(workdir)
+        fingerprint, family = index_fingerprint(workdir), model_family(workdir)
+        retrievers = {method: Retriever(config, workdir, method=method) for method in methods}
     for method in methods:
-        retrievers[method] = Retriever(config, workdir, method=method)
         warm_up(retrievers[method], max_batch)  # before the cache, so each batch size's rows are generated
         if retrievers[method].methods.uses_summary():
             retrievers[method].cache_summaries(int(config.serve.get("summary_cache", 0)))
     if index_fingerprint(workdir) != fingerprint:  # rebuilt while it was loading: what was read may be mixed
         raise CfirError(f"{workdir}: the index changed while it was loading; reload again when index.py is done")
     return LoadedIndex(workdir, retrievers, fingerprint, family, time.time(), time.perf_counter() - t0,
-                       int(config.retrieval.top_k))
+                       int(config.retrieval.top_k), version=version)
 
 
 class IndexHolder:
@@ -224,16 +228,17 @@ class IndexHolder:
         except Exception as e:  # noqa: BLE001 - whatever failed, the old index keeps serving
             reason = str(e).splitlines()[0] if isinstance(e, CfirError) else f"{type(e).__name__}: {e}"
             self.last_reload = {"ok": False, "at": at, "error": reason}
+            serving = f"version {self.current.version} ({self.current.fingerprint})"
             if isinstance(e, CfirError):
-                log.warning("reload refused, still serving %s: %s", self.current.fingerprint, reason)
+                log.warning("reload refused, still serving %s: %s", serving, reason)
             else:
-                log.exception("reload failed, still serving %s", self.current.fingerprint)
+                log.exception("reload failed, still serving %s", serving)
             raise CfirError(reason) from None
         finally:
             self._lock.release()
-        self.last_reload = {"ok": True, "at": at, "fingerprint": fresh.fingerprint}
-        log.warning("reloaded %s: index %s -> %s in %.1f s", self.workdir, old.fingerprint, fresh.fingerprint,
-                    fresh.load_seconds)
+        self.last_reload = {"ok": True, "at": at, "version": fresh.version, "fingerprint": fresh.fingerprint}
+        log.warning("reloaded %s: version %d -> %d, index %s -> %s in %.1f s", self.workdir, old.version,
+                    fresh.version, old.fingerprint, fresh.fingerprint, fresh.load_seconds)
         return fresh
 
 

@@ -4,7 +4,8 @@ The lock is an OS lock (`fcntl.flock`) on a file in the workdir, so it is releas
 it ends (a crash or SIGKILL included): no stale lock to remove by hand. The file records the holder (pid, host,
 command, start time) so a second writer is refused in one line that names it, with exit status 2. Readers
 (retrieve.py, the service) never take it: every store is published by an atomic rename, so a reader sees a whole
-old store or a whole new one.
+old store or a whole new one (and a change's stores, committed together, are opened under the shared commit lock of
+`cfir_jax.stores.versions`). Taking the writer lock first finishes a commit a killed writer left half done.
 
 Under jax.distributed, process 0 alone holds it (the processes of one job are one writer). Shared file systems:
 the lock works across hosts where the file system implements flock between clients (NFSv4 and Lustre with
@@ -27,6 +28,7 @@ from pathlib import Path
 
 from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
+from cfir_jax.stores import versions
 
 LOCK_FILE = ".writer.lock"
 
@@ -46,8 +48,9 @@ def _holder(path: Path) -> str:
 @contextlib.contextmanager
 def hold(workdir: str | os.PathLike, command: str | None = None) -> Iterator[None]:
     """Holds the workdir's writer lock for the block; `WorkdirBusy` (one line naming the holder) when another
-    process has it. In a jax.distributed job process 0 takes it and tells the others, which then stop with the
-    same line rather than wait at their first barrier."""
+    process has it. Taking it finishes a change's commit that was cut off (`versions.recover`). In a
+    jax.distributed job process 0 takes it and tells the others, which then stop with the same line rather than
+    wait at their first barrier."""
     if not hosts.is_main():
         refused = hosts.from_main("writer_lock")
         if refused:
@@ -58,6 +61,12 @@ def hold(workdir: str | os.PathLike, command: str | None = None) -> Iterator[Non
         fd = _acquire(Path(workdir), command)
     except CfirError as e:
         hosts.from_main("writer_lock", str(e))
+        raise
+    try:
+        versions.recover(workdir)  # a commit cut off after its journal is finished before anything reads the stores
+    except Exception as e:
+        hosts.from_main("writer_lock", f"{workdir}: {e}")  # the other processes stop too, rather than wait
+        os.close(fd)
         raise
     hosts.from_main("writer_lock", "")
     try:

@@ -11,6 +11,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 
 import httpx
@@ -369,7 +370,7 @@ def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
 
     monkeypatch.setattr(report, "as_json", lambda doc_id, result, describe, top_k: doc_id)
     retriever = _FakeRetriever()
-    index = types.SimpleNamespace(retrievers={"cfir": retriever}, entity_pool=None)
+    index = types.SimpleNamespace(retrievers={"cfir": retriever}, entity_pool=None, version=1)
     batcher = MicroBatcher(lambda: index, max_batch=8, max_wait_ms=1500, queue_size=8, metrics=Metrics())
 
     async def scenario():
@@ -412,3 +413,90 @@ def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
         assert any(expected)
     finally:
         pool.close()
+
+
+def _stage_summaries_copy(change, workdir, note: str) -> None:
+    """A new version of W/summaries: the same summaries, its manifest saying `note` (what a change would rewrite)."""
+    with change.stage("summaries") as tmp:
+        shutil.copytree(workdir / "summaries", tmp, dirs_exist_ok=True,
+                        ignore=shutil.ignore_patterns("checksums.json"))
+        manifest = json.loads((tmp / "manifest.json").read_text())
+        (tmp / "manifest.json").write_text(json.dumps({**manifest, "note": note}))
+
+
+def test_a_committed_change_is_served_after_sighup_and_every_answer_names_one_version(workdir, documents, tmp_path,
+                                                                                   monkeypatch):
+    """Requests fire from four threads throughout: a commit cut off after its journal makes SIGHUP's reload refused
+    (one log line) while the old version keeps answering and /readyz stays ready; once a writer finishes the commit,
+    SIGHUP serves the new version. Every request is answered 200 with X-Index-Version naming the one version that
+    answered it, each thread sees the versions in order, and the hits never change."""
+    from cfir_jax.stores import lock, versions
+
+    w = tmp_path / "W"
+    shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train", "pretrain"))
+    s = Server(w, "--config.serve.max_batch=4")
+    before = s.client.get("/readyz").json()
+    v1 = before["version"]
+    assert before["ready"] and v1 >= 1
+    expected = {t: s.search(t).json()["hits"] for _, t in documents}
+    stop, answers = threading.Event(), [[] for _ in range(4)]
+
+    def fire(n):
+        with httpx.Client(base_url=s.url, timeout=60) as c:
+            while not stop.is_set():
+                text = documents[n % len(documents)][1]
+                r = c.post("/v1/search", json={"text": text})
+                answers[n].append((r.status_code, r.headers.get("x-index-version"), text,
+                                   r.json().get("hits") if r.status_code == 200 else r.text))
+
+    def wait_ready(check, what):
+        deadline = time.monotonic() + 240
+        while not check(status := s.client.get("/readyz").json()):
+            assert time.monotonic() < deadline, f"{what}: {status}"
+            time.sleep(0.2)
+        return status
+
+    threads = [threading.Thread(target=fire, args=(n,)) for n in range(4)]
+    for t in threads:
+        t.start()
+    try:
+        with lock.hold(w, "test"):
+            change = versions.begin(w, "add", {"test": 1})
+            _stage_summaries_copy(change, w, "v2")
+
+            def cut(point):
+                if point == "journal":
+                    raise RuntimeError("killed")
+
+            monkeypatch.setattr(versions, "_at", cut)
+            with pytest.raises(RuntimeError):
+                change.commit({"documents": 0})
+        monkeypatch.setattr(versions, "_at", lambda point: None)
+        s.proc.send_signal(signal.SIGHUP)
+        refused = wait_ready(lambda st: st["last_reload"] is not None, "SIGHUP did not reload")
+        assert refused["ready"] and refused["version"] == v1 and refused["fingerprint"] == before["fingerprint"]
+        assert refused["last_reload"]["ok"] is False and "cut off" in refused["last_reload"]["error"]
+        with lock.hold(w, "test"):  # the next writer finishes the commit
+            pass
+        assert versions.current_version(w) == v1 + 1
+        s.proc.send_signal(signal.SIGHUP)
+        after = wait_ready(lambda st: st["version"] == v1 + 1, "the new version was not loaded")
+        assert after["ready"] and after["last_reload"]["ok"] and after["fingerprint"] != before["fingerprint"]
+        deadline = time.monotonic() + 60
+        while not all(str(v1 + 1) in {a[1] for a in mine} for mine in answers):
+            assert time.monotonic() < deadline, "no answer from the new version"
+            time.sleep(0.1)
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(60)
+        code, log = s.stop()
+    assert code == 0, log[-3000:]
+    for mine in answers:
+        assert mine and all(a[0] == 200 for a in mine), [a for a in mine if a[0] != 200][:3]
+        seen = [int(a[1]) for a in mine]
+        assert seen == sorted(seen) and set(seen) <= {v1, v1 + 1}, seen  # one version each, never back
+        assert all(a[3] == expected[a[2]] for a in mine)
+    refusals = [line for line in log.splitlines() if "reload refused" in line]
+    assert len(refusals) == 1 and f"still serving version {v1}" in refusals[0] and "cut off" in refusals[0]
+    assert "Traceback" not in log, log[-3000:]
