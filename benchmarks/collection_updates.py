@@ -34,8 +34,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 from common import REPO, hardware_description
 
-from cfir_jax.search.topk import exact_topk
 from cfir_jax.search.knn import recall_at_k
+from cfir_jax.search.topk import exact_topk
 
 CONFIG = "configs/collection.py"
 

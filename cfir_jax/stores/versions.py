@@ -186,7 +186,8 @@ class Change:
     def stage(self, store: str) -> Iterator[Path]:
         """Yields an empty temporary directory that becomes W/.change/<store> (with its checksums) when the block
         finishes; on an error nothing is staged. W/<store> itself is untouched until `commit`."""
-        with atomic_dir(self.directory / _store_name(store)) as tmp:
+        # Files hard-linked from W/<store> keep the checksums recorded there (a grown corpus is not read again).
+        with atomic_dir(self.directory / _store_name(store), linked_from=self.layout.root / store) as tmp:
             yield tmp
         _at(f"staged:{store}")
 
