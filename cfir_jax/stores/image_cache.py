@@ -106,6 +106,7 @@ class ImageCache(Store):
         self.ids = ids
         self.embeddings = embeddings
         self._row_of: dict[str, int] | None = None
+        self._removed: np.ndarray | None = None
 
     @classmethod
     def check(cls, manifest: dict, path: Path, expect_fingerprint: str | None = None,
@@ -164,6 +165,22 @@ class ImageCache(Store):
             raise CfirError(f"{self.path}: image id {image_id!r} is not in the cache (unknown or skipped, see "
                             "skipped.tsv)")
         return row
+
+    @property
+    def removed(self) -> np.ndarray:
+        """bool [N]: rows whose image was removed (W/image_cache/removed.txt; all False when none)."""
+        if self._removed is None:
+            mask = np.zeros(self.num_images, bool)
+            if int(self.manifest.get("num_removed", 0) or 0) > 0:
+                ids = (self.path / "removed.txt").read_text().split("\n")[:-1]
+                mask[[self.index_of(i) for i in ids]] = True
+            self._removed = mask
+        return self._removed
+
+    @property
+    def num_live(self) -> int:
+        """Rows not removed."""
+        return self.num_images - int(self.removed.sum())
 
     def gather(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """Embeddings of `rows` as float32 [len(rows), D]."""
