@@ -154,7 +154,8 @@ class ImageCache(Store):
     @property
     def content_fingerprint(self) -> str:
         """Identifies this build of the cache (model, images, dtype, build time): what derived stores record."""
-        return f"cache-{manifest_digest(self.manifest)}"
+        kept = {k: v for k, v in self.manifest.items() if k not in ("num_removed", "removed_sha")}
+        return f"cache-{manifest_digest(kept)}"  # a removal moves no row: derived stores stay valid
 
     def index_of(self, image_id: str) -> int:
         """Row of `image_id`; CfirError if it is not cached (unknown, or skipped at build time)."""
