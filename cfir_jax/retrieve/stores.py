@@ -19,6 +19,7 @@ import ml_collections
 from cfir_jax.core.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.contract import check_derived, manifest_digest
 from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.entity_text_match import EntityTextMatch
@@ -50,6 +51,7 @@ class Stores:
     image_text: Any = None  # ImageTextCache (fused SR)
     model_dir: Path | None = None  # the model that encodes queries (named when its embeddings are impossible)
     encoder_dir: Path | None = None  # the index encoder that encodes unseen entities
+    live: LiveRows = dataclasses.field(default_factory=LiveRows)  # the rows a query may return (not removed)
 
     @property
     def embeddings(self):
@@ -90,6 +92,7 @@ def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: b
     cache = _open_cache(config, layout, model, model_dir, model_manifest, full)
     stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, full, untrained)
     stores.model_dir, stores.encoder_dir = Path(model_dir), Path(encoder_dir) if encoder_dir else Path(model_dir)
+    stores.live = LiveRows.of(cache)  # removed images: never returned by any method (cfir_jax.search.live_rows)
     if entities:
         _open_entity_index(config, stores, encoder_dir)
     if text_match:
