@@ -4,7 +4,8 @@ What a method reads: the corpus, the trained text model (or the index encoder wh
 document-trained model for the document baseline when train.py made one), the image cache built by that model's
 vision tower, and for the entity methods the entity index built by the frozen index encoder over this very cache
 (with the entity-text matches and the image-text store when the configuration asks for them). Each check names the
-store and the fix; nothing is read twice.
+store and the fix; nothing is read twice. The cache's removed images become `Stores.live`, the rows every method may
+return (`cfir_jax.search.live_rows`).
 """
 
 from __future__ import annotations
