@@ -26,7 +26,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: t
     faults.on_sigterm()  # "interrupted during STAGE; rerun to resume", exit 143
     faults.quiet_library_noise()  # a full disk: one line, not every orbax thread's traceback
     with lock.hold(workdir):
-        if change:
+        if change and any(change.values()):
             _change(config, workdir, change)
             return []
         if add_entities:

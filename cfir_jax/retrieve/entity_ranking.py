@@ -4,7 +4,8 @@ Entities the index has never seen are dropped (`retrieval.unknown_entities="igno
 frozen entity encoder and searched over the cache at query time (`"search"`, the default: no entity is lost). With
 `retrieval.entity_text_match` each known entity's list also holds the images whose own text names it. A document
 with no usable entity has no union: the method falls back to the whole cache (`cfir_jax.retrieve.methods`). The
-entity-only baseline ranks the union by each image's best entity score (`entity_only_ranking`).
+entity-only baseline ranks the union by each image's best entity score (`entity_only_ranking`). Removed images never
+enter a list (stored, text-matched or searched), so neither the union nor any method built on it returns one.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class EntityRanking:
         self.config, self.rcfg = config, config.retrieval
         self.index, self.encoder, self.text_match = stores.entity_index, stores.entity_encoder, stores.text_match
         self.embeddings = stores.embeddings
+        self.live = stores.live  # removed images never enter a list (cfir_jax.search.live_rows)
         self.encoder_dir = stores.encoder_dir or stores.layout.encoder
         self._exact_search = exact_search
         self._nlp = None
@@ -91,8 +93,8 @@ class EntityRanking:
                 known_rows.append(r)
                 known.append(e)
         rows_known = np.asarray(known_rows, np.int64)
-        lists = self.index.candidates(rows_known) if known_rows else []
-        scores = (self.index.scores(rows_known) if known_rows else []) if with_scores else None
+        lists, scores = self._stored_lists(rows_known, with_scores) if known_rows else \
+            ([], [] if with_scores else None)
         if self.text_match is not None and known_rows:
             lists, scores = self._with_text_matches(rows_known, lists, scores)
         searched: list[str] = []
@@ -104,18 +106,37 @@ class EntityRanking:
             searched = unknown
         return lists, scores, known + searched, unknown
 
+    def _stored_lists(self, rows_known: np.ndarray, with_scores: bool
+                      ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
+        """The index's lists of rows_known (best first) and their scores when with_scores, of live rows only. With
+        rows removed, a list is read past the cut (retrieval.k) to its first k live candidates, so that the union
+        still holds k per entity where the stored list has them."""
+        removed = self.live.num_removed > 0
+        index = self.index.with_k(0) if removed else self.index
+        lists = index.candidates(rows_known)
+        scores = index.scores(rows_known) if with_scores else None
+        if not removed:
+            return lists, scores
+        k = self.index.k
+        if scores is None:
+            return [self.live.keep(c)[:k] for c in lists], None
+        pairs = [self.live.keep(c, s) for c, s in zip(lists, scores)]
+        return [c[:k] for c, _ in pairs], [s[:k] for _, s in pairs]
+
     def _with_text_matches(self, rows_known, lists, scores):
         """Matched images the embedding search missed go after the entity's own top-K (its order is kept); their
         entity-image score, which the index never computed, is taken as the list's lowest."""
-        extra = [np.setdiff1d(m, c).astype(np.int32) for c, m in zip(lists, self.text_match.rows_of(rows_known))]
+        extra = [self.live.keep(np.setdiff1d(m, c).astype(np.int32))
+                 for c, m in zip(lists, self.text_match.rows_of(rows_known))]
         if scores is not None:
             scores = [np.concatenate([s, np.full(len(x), s.min() if len(s) else 0.0, np.float32)])
                       for s, x in zip(scores, extra)]
         return [np.concatenate([c, x]) for c, x in zip(lists, extra)], scores
 
     def _search(self, unknown: list[str]) -> Ranked:
-        """Unseen entities' top-K over the cache: the index's ScaNN searcher when it kept one (with exact search over
-        the rows appended since it was built), else exact."""
+        """Unseen entities' top-K live rows over the cache: the index's ScaNN searcher when it kept one (with exact
+        search over the rows appended since it was built, removed rows filtered), else exact (which keeps the live
+        ones itself)."""
         emb = self.encoder.encode(unknown)
         check_embeddings(emb, self.encoder_dir, "entity")  # a damaged encoder, named as such
         if self._searcher is not None:

@@ -19,6 +19,10 @@ exact re-rank of a shortlist (`"fast"`, ~16x faster at 4M images, top-1000 agree
 built when the Retriever is constructed, so per-query times measure queries: `entities`, `summary`, `encode`, `er`
 (candidate lists and their union), `score` (SR, or the baselines' whole-cache search / entity ranking), `hits`
 (which entities brought each hit in), and with the third stage `rerank_encode` and `rerank`.
+
+Images removed from the collection (`index.py --remove`) are never returned by any method: the stores carry the
+live rows (`Stores.live`, `cfir_jax.search.live_rows`), which ER applies where the candidate lists are formed and SR's
+whole-cache search where its answers come back; the third stage re-orders SR's live list.
 """
 from __future__ import annotations
 
@@ -300,7 +304,7 @@ class Retriever:
         hits = [Hit(j + 1, self.image_ids[int(row)], float(s), int(row), by)
                 for j, (s, row, by) in enumerate(zip(scores, rows, brought_by(rows, r.lists, r.used)))]
         times = dict(times, hits=1e3 * (time.perf_counter() - t_hits), **rerank_ms)
-        num = len(r.union) if r.union is not None else len(self.embeddings)
+        num = len(r.union) if r.union is not None else self.stores.live.num_live  # a whole-cache search's rows
         return Result(hits, list(entities), r.unknown, summary, r.note, num, times, r.agreement, features)
 
     def _summaries(self, docs: Sequence[DocumentInput]) -> list[str]:

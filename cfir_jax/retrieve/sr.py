@@ -6,6 +6,9 @@ Backend (`retrieval.sr_backend`): "device" (the cache resident on the JAX device
 the two-pass scorer over the compact int8 copy (`cfir_jax.search.cpu_sr`; the copy is built or checked when the
 front end is made, so no query pays for it). Fused (`retrieval.fusion` other than (1, 0)), every scorer reads the
 image cache and the image-text store as one [N, 2D] matrix (`cfir_jax.search.fused`) against [w_img q, w_txt q].
+Removed images never come back: the unions SR scores are formed of live rows (`cfir_jax.retrieve.entity_ranking`),
+and a whole-cache search over-fetches by the number of removed rows and keeps the live ones
+(`cfir_jax.search.live_rows`).
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ class SRFrontEnd:
         self.rcfg, self.stores, self.fusion, self.fused = rcfg, stores, fusion, fused
         self.mode = rcfg.sr
         self.embeddings = stores.embeddings
+        self.live = stores.live  # the rows a search may return: every one but the removed
         self.rows = self.embeddings  # what SR and the device cache score: [N, D], or [N, 2D] when fused
         if fused:
             self.rows = FusedRows(self.embeddings, stores.image_text.embeddings)
@@ -119,7 +123,9 @@ class SRFrontEnd:
         return len(np.intersect1d(ranked_rows, exact_rows)) / max(len(exact_rows), 1)
 
     def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0)) -> Ranked:
-        """Exact top-k over the whole cache, queries [Q, D] -> [Q, k'] each: on the devices when SR runs there.
+        """Exact top-k over the live rows of the whole cache, queries [Q, D] -> [Q, k'] each, k' = min(k, live
+        rows): on the devices when SR runs there. Removed rows are never returned: k + (removed rows) are searched
+        and the live ones kept (`cfir_jax.search.live_rows`).
 
         weights: (w_img, w_txt) of a fused retriever's search; the default scores the images alone.
         """
@@ -128,8 +134,8 @@ class SRFrontEnd:
             # The device holds the fused matrix only: an image-only search is the query [q, 0] against it.
             queries, rows = fused_queries(queries, *weights), self.rows
         if self.backend() == "device":
-            return self.device_cache().full_topk(queries, k)
-        return exact_topk(queries, rows, min(k, len(rows)))
+            return self.live.search(lambda fetch: self.device_cache().full_topk(queries, fetch), k)
+        return self.live.search(lambda fetch: exact_topk(queries, rows, min(fetch, len(rows))), k)
 
     def full_search(self, query: np.ndarray, k: int) -> Ranked:
         """One query [D] over the whole cache, fused when SR is."""

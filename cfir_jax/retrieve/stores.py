@@ -4,7 +4,8 @@ What a method reads: the corpus, the trained text model (or the index encoder wh
 document-trained model for the document baseline when train.py made one), the image cache built by that model's
 vision tower, and for the entity methods the entity index built by the frozen index encoder over this very cache
 (with the entity-text matches and the image-text store when the configuration asks for them). Each check names the
-store and the fix; nothing is read twice.
+store and the fix; nothing is read twice. The cache's removed images become `Stores.live`, the rows every method may
+return (`cfir_jax.search.live_rows`).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import ml_collections
 from cfir_jax.core.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores import versions
 from cfir_jax.stores.contract import check_derived, manifest_digest
 from cfir_jax.stores.entity_index import EntityIndex
@@ -52,6 +54,7 @@ class Stores:
     model_dir: Path | None = None  # the model that encodes queries (named when its embeddings are impossible)
     encoder_dir: Path | None = None  # the index encoder that encodes unseen entities
     version: int = 0  # the workdir's version the stores were opened at (index.json; cfir_jax.stores.versions)
+    live: LiveRows = dataclasses.field(default_factory=LiveRows)  # the rows a query may return (not removed)
 
     @property
     def embeddings(self):
@@ -100,6 +103,7 @@ def _open(config, layout: Layout, reads_document: bool, entities: bool, text_mat
     cache = _open_cache(config, layout, model, model_dir, model_manifest, full)
     stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, full, untrained)
     stores.model_dir, stores.encoder_dir = Path(model_dir), Path(encoder_dir) if encoder_dir else Path(model_dir)
+    stores.live = LiveRows.of(cache)  # removed images: never returned by any method (cfir_jax.search.live_rows)
     if entities:
         _open_entity_index(config, stores, encoder_dir)
     if text_match:

@@ -2,7 +2,9 @@
 
 CFIR trains the language expert on (summary of a train-split document, one of its relevant images) pairs, the image
 side being the frozen cache. The caption variant pairs each image with its own caption: that is how the demo stands
-in for BEiT-3's image-text pretraining on a synthetic world that has no pretrained weights.
+in for BEiT-3's image-text pretraining on a synthetic world that has no pretrained weights. Images removed from
+the collection (index.py --remove, the image cache's removed rows) are never a training target, a validation image or
+a negative.
 """
 
 from __future__ import annotations
@@ -49,7 +51,7 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
     tokenizer = resolve_tokenizer(config, corpus)
     if tokenizer.vocab_size > config.model.vocab_size:
         raise CfirError(f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}")
-    row_of = {image_id: i for i, image_id in enumerate(cache.ids)}
+    row_of = live_row_of(cache)
 
     if tcfg.text == "caption":
         texts, pair_text, pair_image = [], [], []
@@ -79,16 +81,24 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
         eval_data = validation_data(corpus, cache, tokenizer, queries, tcfg.max_text_len)
     hard_offsets = hard_rows = None
     if tcfg.extra_negatives > 0 and tcfg.negatives == "hard" and tcfg.text != "caption":
-        hard_offsets, hard_rows = entity_candidates_per_doc(layout, corpus)
+        hard_offsets, hard_rows = entity_candidates_per_doc(layout, corpus, cache.removed)
+    live_rows = np.flatnonzero(~cache.removed) if cache.removed.any() else None
     return TrainData(ids, mask, np.asarray(pair_text, np.int64), np.asarray(pair_image, np.int64), cache.embeddings,
-                     eval_data, hard_offsets, hard_rows)
+                     eval_data, hard_offsets, hard_rows, live_rows)
+
+
+def live_row_of(cache: ImageCache) -> dict[str, int]:
+    """Image id -> cache row of every image not removed (index.py --remove): a removed image is no training target,
+    no validation image and no negative."""
+    removed = cache.removed
+    return {image_id: i for i, image_id in enumerate(cache.ids) if not removed[i]}
 
 
 def validation_data(corpus: Corpus, cache: ImageCache, tokenizer: Beit3Tokenizer, doc_texts: list[str],
                     max_len: int) -> EvalData | None:
     """Validation documents against the images of the validation qrels (the 'small' setting), exact search."""
     qrels = {d: {i: r for i, r in rels.items() if r > 0} for d, rels in corpus.qrels("validation").items()}
-    row_of = {image_id: i for i, image_id in enumerate(cache.ids)}
+    row_of = live_row_of(cache)
     image_ids = sorted({i for rels in qrels.values() for i in rels if i in row_of})
     doc_row = {doc_id: i for i, doc_id in enumerate(corpus.doc_ids)}
     query_ids = sorted(d for d, rels in qrels.items() if rels and d in doc_row)
@@ -99,8 +109,10 @@ def validation_data(corpus: Corpus, cache: ImageCache, tokenizer: Beit3Tokenizer
     return EvalData(ids, mask, query_ids, np.asarray(cache.embeddings[rows], np.float32), image_ids, qrels)
 
 
-def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarray, np.ndarray]:
-    """CSR over documents of the candidate image rows of their entities (hard negatives)."""
+def entity_candidates_per_doc(layout: Layout, corpus: Corpus, removed: np.ndarray | None = None
+                              ) -> tuple[np.ndarray, np.ndarray]:
+    """CSR over documents of the candidate image rows of their entities (hard negatives), removed rows [N] left
+    out."""
     from cfir_jax.stores.entities import EntityStore
     from cfir_jax.stores.entity_index import EntityIndex
 
@@ -110,7 +122,9 @@ def entity_candidates_per_doc(layout: Layout, corpus: Corpus) -> tuple[np.ndarra
     for d in range(corpus.num_documents):
         ent_rows = [r for r in (index.row(e) for e in entities.entities_of(d)) if r is not None]
         lists = index.candidates(np.asarray(ent_rows, np.int64))
-        cands = np.unique(np.concatenate([c[:64] for c in lists])) if ent_rows else np.zeros(0)
+        cands = np.unique(np.concatenate([c[:64] for c in lists])) if ent_rows else np.zeros(0, np.int64)
+        if removed is not None and removed.any():
+            cands = cands[~removed[cands]]
         rows.append(cands.astype(np.int64))
         offsets.append(offsets[-1] + len(cands))
     return np.asarray(offsets, np.int64), np.concatenate(rows) if rows else np.zeros(0, np.int64)
@@ -145,6 +159,7 @@ class TrainData:
     eval: EvalData | None = None
     hard_offsets: np.ndarray | None = None
     hard_rows: np.ndarray | None = None
+    live_rows: np.ndarray | None = None  # the rows random negatives are drawn from (None: every row; else not removed)
 
     def __post_init__(self):
         if len(self.pair_text) != len(self.pair_image):
@@ -177,9 +192,15 @@ class TrainData:
                                    for t in self.pair_text[rows]] + [np.zeros(0, np.int64)])
             pool = np.setdiff1d(pool, self.pair_image[rows])
             picked = rng.choice(pool, min(count, len(pool)), replace=False) if len(pool) else np.zeros(0, np.int64)
-            picked = np.concatenate([picked, rng.integers(0, n, count - len(picked))])
+            picked = np.concatenate([picked, self._random_rows(rng, n, count - len(picked))])
         elif kind in ("random", "hard"):
-            picked = rng.integers(0, n, count)
+            picked = self._random_rows(rng, n, count)
         else:
             raise CfirError(f"unknown negatives kind {kind!r}: use 'random' or 'hard'")
         return np.asarray(self.image_embeddings[np.sort(picked)], np.float32)
+
+    def _random_rows(self, rng: np.random.Generator, n: int, count: int) -> np.ndarray:
+        """count uniform rows of the cache [n], removed rows never among them."""
+        if self.live_rows is None:
+            return rng.integers(0, n, count)
+        return self.live_rows[rng.integers(0, len(self.live_rows), count)]

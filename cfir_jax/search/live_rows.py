@@ -1,0 +1,83 @@
+"""The rows a query may return: every image cache row but the removed ones (`index.py --remove`), in one place.
+
+A removal moves no row (the cache keeps its [N, D] embeddings until `index.py --compact`); it only marks rows
+removed (`ImageCache.removed`, bool [N]). Retrieval honours the mask at two kinds of places, both through this
+object, built once when the stores open:
+
+- where candidates are formed (entity lists, text matches, the union): `keep` drops removed rows, order kept;
+- where a whole-cache search comes back (the dense baselines, CFIR's no-entity fallback, unseen entities searched at
+  query time, exact or ScaNN): the search is asked for k + R rows (R removed rows, `fetch`) and `top` keeps each
+  query's first k live ones. At most R of the k + R best are removed, so the top k stays exact, and the jitted
+  search programs stay as they are (no mask travels to the device).
+
+With nothing removed every method is the identity (no copy, no extra rows fetched).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+Ranked = tuple[np.ndarray, np.ndarray]  # (scores, rows), best first
+
+
+class LiveRows:
+    """The live rows of a cache of N rows. removed: bool [N] (None or all False: nothing removed)."""
+
+    def __init__(self, removed: np.ndarray | None = None, num_rows: int | None = None):
+        removed = None if removed is None else np.asarray(removed, bool)
+        self.num_rows = int(num_rows if num_rows is not None else (0 if removed is None else len(removed)))
+        self.num_removed = 0 if removed is None else int(removed.sum())
+        self.removed = removed if self.num_removed else None
+
+    @classmethod
+    def of(cls, cache) -> LiveRows:
+        """The live rows of an opened `ImageCache`."""
+        return cls(cache.removed, cache.num_images)
+
+    def __repr__(self) -> str:
+        return f"LiveRows({self.num_live} of {self.num_rows})"
+
+    @property
+    def num_live(self) -> int:
+        return self.num_rows - self.num_removed
+
+    def is_removed(self, rows: np.ndarray) -> np.ndarray:
+        """bool [...] of rows [...] (int; padding ids < 0 count as not removed)."""
+        rows = np.asarray(rows)
+        if self.removed is None:
+            return np.zeros(rows.shape, bool)
+        return self.removed[np.where(rows >= 0, rows, 0)] & (rows >= 0)
+
+    def keep(self, rows: np.ndarray, *aligned: np.ndarray):
+        """rows [M] without the removed ones, order kept; with `aligned` arrays [M] (their scores), the pair."""
+        if self.removed is None:
+            return (rows, *aligned) if aligned else rows
+        live = ~self.is_removed(rows)
+        kept = np.asarray(rows)[live]
+        return (kept, *(np.asarray(a)[live] for a in aligned)) if aligned else kept
+
+    def fetch(self, k: int) -> int:
+        """How many rows a whole-cache search must return so that k live ones are among them."""
+        return int(k) + self.num_removed
+
+    def top(self, scores: np.ndarray, rows: np.ndarray, k: int) -> Ranked:
+        """A whole-cache search's answer (scores, rows) [Q, k'] (fetched with `fetch(k)`, padding id -1) -> each
+        query's first k live rows [Q, k''], k'' = min(k, the most live rows any query got); shorter queries end in
+        padding (id -1, score -inf) as ScaNN's do."""
+        scores, rows = np.asarray(scores), np.asarray(rows)
+        if self.removed is None:
+            return scores[:, :k], rows[:, :k]
+        live = ~self.is_removed(rows) & (rows >= 0)
+        width = min(int(k), int(live.sum(axis=1).max(initial=0)))
+        out_s = np.full((len(rows), width), -np.inf, np.float32)
+        out_r = np.full((len(rows), width), -1, rows.dtype)
+        for q in range(len(rows)):
+            s, r = scores[q][live[q]][:width], rows[q][live[q]][:width]
+            out_s[q, : len(s)], out_r[q, : len(r)] = s, r
+        return out_s, out_r
+
+    def search(self, search: Callable[[int], Ranked], k: int) -> Ranked:
+        """search(k') -> (scores, rows) [Q, k'] over the whole cache, asked for k + R and cut to k live rows."""
+        return self.top(*search(self.fetch(k)), k)
