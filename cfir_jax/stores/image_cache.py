@@ -201,22 +201,6 @@ class ImageCache(Store):
                             "skipped.tsv)")
         return row
 
-    @property
-    def removed(self) -> np.ndarray:
-        """bool [N]: rows whose image was removed (W/image_cache/removed.txt; all False when none)."""
-        if self._removed is None:
-            mask = np.zeros(self.num_images, bool)
-            if int(self.manifest.get("num_removed", 0) or 0) > 0:
-                ids = (self.path / "removed.txt").read_text().split("\n")[:-1]
-                mask[[self.index_of(i) for i in ids]] = True
-            self._removed = mask
-        return self._removed
-
-    @property
-    def num_live(self) -> int:
-        """Rows not removed."""
-        return self.num_images - int(self.removed.sum())
-
     def gather(self, rows: Sequence[int] | np.ndarray) -> np.ndarray:
         """Embeddings of `rows` as float32 [len(rows), D]."""
         rows = np.asarray(rows, np.int64)
