@@ -115,7 +115,12 @@ def add(config, workdir, path: str | os.PathLike, say: Callable[[str], None] = p
     change = versions.begin(layout, "add", {"input": _stamp(path), "base_version": base})
     staging = _Staging(change, say)
     say(f"adding {path} to {layout.root} (version {base})")
-    union = Corpus.open(staging.store("corpus", lambda out: store_updates.stage_corpus_addition(corpus, out, path)))
+    try:  # the input is read and checked here: a refused row leaves nothing staged
+        union = Corpus.open(staging.store("corpus", lambda out: store_updates.stage_corpus_addition(
+            corpus, out, path)))
+    except CfirError:
+        change.abandon()
+        raise
     new_docs = union.num_documents - corpus.num_documents
     new_cache = ImageCache.open(staging.store("image_cache", lambda out: store_updates.stage_cache_addition(
         config, layout, cache, union, out, staging.work)))

@@ -112,8 +112,9 @@ def _one_of(root: Path, stem: str) -> Path | None:
 
 def resolve_addition(path: str | os.PathLike) -> Addition:
     """The forms of --add PATH: (a) a directory with documents.jsonl|.parquet and/or images.jsonl|.parquet or an
-    images/ tree, and optional qrels/; (b) a directory of image files only; (c) a .jsonl/.parquet file of image
-    rows. One line when PATH is none of these."""
+    images/ tree, and optional qrels/ (with both, the rows file is read: its `path`s point into images/, as in
+    examples/collection/); (b) a directory of image files only; (c) a .jsonl/.parquet file of image rows. One line
+    when PATH is none of these."""
     path = Path(path)
     if path.is_file():
         if path.suffix not in ROW_FILE_SUFFIXES:
@@ -122,8 +123,6 @@ def resolve_addition(path: str | os.PathLike) -> Addition:
     if not path.is_dir():
         raise CfirError(f"{path}: not found; --add takes a directory or a .jsonl/.parquet file of image rows")
     documents, images = _one_of(path, "documents"), _one_of(path, "images")
-    if images is not None and (path / "images").is_dir():
-        raise CfirError(f"{path}: both {images.name} and an images/ directory; keep one")
     if images is None and (path / "images").is_dir():
         images = path / "images"
     qrels = path / "qrels" if (path / "qrels").is_dir() else None

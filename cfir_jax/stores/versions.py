@@ -197,6 +197,10 @@ class Change:
         if store not in self.dropped:
             self.dropped.append(store)
 
+    def abandon(self) -> None:
+        """Removes what this change staged (its input was refused: there is nothing worth resuming)."""
+        _remove_dir(self.directory)
+
     def commit(self, changes: dict) -> int:
         """Makes the staged stores current together and records the version in index.json (`"version"` + 1 and a
         `"history"` entry {"version", "op", "at", "changes"}; its other keys kept). Returns the new version."""

@@ -63,6 +63,8 @@ def make_collection(out: Path, size: str = "default", num_documents: int = NUM_D
     world = build_world(SyntheticConfig.named(size))
     docs, images, qrels = _pick(world, num_documents + more, per_document)
     for part, cut in ((out, slice(0, num_documents)), (out / "more", slice(num_documents, None))):
+        if not docs[cut]:  # a world with no further test documents (the tests' tiny one, cut small) has no batch
+            continue
         _write(part, docs[cut], [img for chosen in images[cut] for img in chosen],
                {d.doc_id: qrels[d.doc_id] for d in docs[cut]})
 
@@ -87,8 +89,10 @@ def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--size", default="default", choices=("default", "tiny"), help="the world to cut from")
     parser.add_argument("--out", default=str(Path(__file__).resolve().parent), help="where to write")
+    parser.add_argument("--documents", type=int, default=NUM_DOCUMENTS, help="documents before the next day's "
+                        f"batch (default {NUM_DOCUMENTS})")
     args = parser.parse_args(argv)
-    make_collection(Path(args.out), args.size)
+    make_collection(Path(args.out), args.size, num_documents=args.documents)
 
 
 if __name__ == "__main__":

@@ -20,27 +20,30 @@ EXACT = "--config.index.entity_index.backend=exact"
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory) -> dict[str, Path]:
-    """The tiny example collection cut in two: a base (the first 7 documents, the first 28 pictures) and an addition
-    (the rest, as a directory the way a user hands it over), plus the union in base-then-addition order."""
+    """The tiny world's example collection as make.py cuts it: a base of 3 documents with their pictures, the next
+    day's batch (more/: the 4th document and its pictures, the way a user hands them over), and the union of both
+    written in one go, base rows first."""
     out = tmp_path_factory.mktemp("split")
     source = out / "source"
-    run_script("examples/collection/make.py", "--size", "tiny", "--out", str(source))
-    docs = (source / "documents.jsonl").read_text().splitlines()
-    images = [json.loads(line) for line in (source / "images.jsonl").read_text().splitlines()]
-    for image in images:  # paths absolute, so every cut reads the same files
-        image["path"] = str((source / image["path"]).absolute())
-    qrels = (source / "qrels" / "test.qrels").read_text().splitlines()
-    cuts = {"base": (docs[:7], images[:28]), "addition": (docs[7:], images[28:]), "union": (docs, images)}
-    paths = {}
-    for name, (d, i) in cuts.items():
-        root = out / name
-        (root / "qrels").mkdir(parents=True)
-        (root / "documents.jsonl").write_text("".join(f"{line}\n" for line in d))
-        (root / "images.jsonl").write_text("".join(json.dumps(row) + "\n" for row in i))
-        ids = {json.loads(line)["id"] for line in d}
-        (root / "qrels" / "test.qrels").write_text("".join(f"{q}\n" for q in qrels if q.split()[0] in ids))
-        paths[name] = root
+    run_script("examples/collection/make.py", "--size", "tiny", "--documents", "3", "--out", str(source))
+    paths = {"base": source, "addition": source / "more", "union": out / "union"}
+    union = paths["union"]
+    (union / "qrels").mkdir(parents=True)
+    for name in ("documents.jsonl", "images.jsonl", "qrels/test.qrels"):
+        lines = []
+        for part in (paths["base"], paths["addition"]):
+            for line in (part / name).read_text().splitlines():
+                if name == "images.jsonl":  # paths relative to each part's file: absolute in the union
+                    row = json.loads(line)
+                    row["path"] = str((part / row["path"]).absolute())
+                    line = json.dumps(row)
+                lines.append(line)
+        (union / name).write_text("".join(f"{line}\n" for line in lines))
     return paths
+
+
+def _count(path: Path) -> int:
+    return len(path.read_text().splitlines())
 
 
 def _build(w: Path, model_workdir: Path, collection: Path) -> None:
@@ -97,15 +100,15 @@ def test_an_add_equals_a_from_scratch_build_over_the_union_with_the_exact_backen
     info = json.loads((added / "index.json").read_text())
     assert info["version"] == 2
     assert [h["op"] for h in info["history"]] == ["build", "add"]
-    assert info["history"][-1]["changes"]["images_added"] == 12
-    assert info["history"][-1]["changes"]["documents_added"] == 3
+    assert info["history"][-1]["changes"]["images_added"] == _count(split["addition"] / "images.jsonl") > 0
+    assert info["history"][-1]["changes"]["documents_added"] == 1
     # A plain index.py run afterwards finds every store current: nothing is rebuilt.
     proc = run_script("index.py", "--workdir", str(added), "--config", CONFIG, f"--config.index.encoder={workdir}",
                       f"--config.index.corpus.documents={split['base'] / 'documents.jsonl'}",
                       f"--config.index.corpus.images={split['base'] / 'images.jsonl'}",
                       f"--config.index.corpus.qrels={split['base'] / 'qrels'}", EXACT, "--stages",
                       "image_cache,entities,summaries,entity_index")
-    assert "STALE" not in proc.stdout and proc.stdout.count("reused") == 4, proc.stdout
+    assert "index: every stage current, nothing to do" in proc.stdout, proc.stdout
 
 
 def test_an_added_document_finds_its_added_pictures(split, added, tmp_path):
@@ -153,21 +156,22 @@ def test_removed_images_are_never_returned_and_compact_drops_their_rows(split, a
     query.write_text(json.loads((split["addition"] / "documents.jsonl").read_text().splitlines()[0])["text"])
     methods = ("cfir", "entity_only", "dense_summary", "dense_document")
     before = {m: _hits(w, query, "--method", m) for m in methods}
-    gone = sorted({h for hits in before.values() for h in hits[:2]})
+    gone = sorted({hits[0] for hits in before.values()})
     ids = tmp_path / "ids.txt"
     ids.write_text("".join(f"{i}\n" for i in gone))
     proc = run_script("index.py", "--workdir", str(w), "--remove", str(ids))
     assert "version 3" in proc.stdout, proc.stdout
+    live = _count(split["union"] / "images.jsonl") - len(gone)
     for m in methods:
         hits = _hits(w, query, "--method", m)
         assert not set(hits) & set(gone), (m, hits, gone)
-        assert len(hits) == len(before[m])  # the collection still has enough live pictures for a full top 10
+        if m.startswith("dense"):  # whole-cache searches: still a full top 10 of the live pictures
+            assert len(hits) == min(10, live), (m, hits)
     # The exact whole-cache search keeps the order of what is left.
     survivors = [h for h in before["dense_summary"] if h not in gone]
     assert _hits(w, query, "--method", "dense_summary")[: len(survivors)] == survivors
     k = json.loads((w / "entity_index" / "manifest.json").read_text())["k"]
     lengths = np.diff(np.load(w / "entity_index" / "offsets.npy"))
-    live = 40 - len(gone)
     assert (lengths == min(k, live)).all(), lengths  # every list refilled to K from the next best
 
     proc = run_script("index.py", "--workdir", str(w), "--compact")

@@ -12,6 +12,7 @@ from cfir_jax.index.entity_index_build import build_entity_index
 from cfir_jax.index.entity_index_update import stage_images_added
 from cfir_jax.retrieve.entity_ranking import EntityRanking
 from cfir_jax.search.knn import synthetic_embeddings
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.entity_index import EntityIndex
 
 
@@ -35,7 +36,7 @@ def test_unseen_entities_search_the_tree_and_the_appended_tail_without_removed_r
     encoder = SimpleNamespace(encode=lambda texts: np.stack([unseen for _ in texts]))
     stores = SimpleNamespace(entity_index=EntityIndex.open(tmp_path / "new"), entity_encoder=encoder,
                              text_match=None, embeddings=images, encoder_dir=tmp_path, layout=None,
-                             cache=SimpleNamespace(removed=removed))
+                             cache=SimpleNamespace(removed=removed), live=LiveRows(removed))
     config = ml_collections.ConfigDict(dict(retrieval=dict(unknown_entities="search")))
     ranking = EntityRanking(config, stores, exact_search=None)
     shutil.rmtree(tmp_path / "new" / "scann")  # an update replaced the directory after the ranking opened it
