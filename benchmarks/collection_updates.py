@@ -7,8 +7,8 @@ A synthetic collection of `--n-images` pictures with precomputed embeddings (the
 embeddings, each drawn again with noise: clustered as real ones are) and the demo world's 2,000 documents, indexed
 with the demo's model (`--model-workdir`, made by the README's demo command) through the commands a user runs:
 
-1. build the base collection (`index.py --config configs/collection.py`, entity lists of K=`--k`, the backend this
-   machine resolves `auto` to: ScaNN on a CPU, exact on a GPU/TPU);
+1. build the base collection (`index.py --config configs/collection.py`, entity lists of K=`--k`, `--backend`:
+   by default what this machine resolves `auto` to, ScaNN on a CPU and exact on a GPU/TPU);
 2. add 1% more images, then 10% more (`index.py --add`), then remove 1% (`index.py --remove`);
 3. rebuild the same final collection from scratch (the live images only), timed the same way;
 4. recall@K of the lists after the changes and of the rebuild's, each against exact search of the final cache.
@@ -55,13 +55,16 @@ def _run(*args: str) -> float:
     proc = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{' '.join(args[:3])} failed:\n{proc.stderr[-3000:]}")
-    return time.perf_counter() - t0
+    seconds = time.perf_counter() - t0
+    print(f"  {' '.join(a for a in args if not a.startswith('--config.'))[:110]}: {seconds:.1f} s", flush=True)
+    return seconds
 
 
-def _build(workdir: Path, model: Path, documents: Path, images: Path, k: int) -> float:
+def _build(workdir: Path, model: Path, documents: Path, images: Path, k: int, backend: str) -> float:
     return _run("index.py", "--config", CONFIG, "--workdir", str(workdir), f"--config.index.encoder={model}",
                 f"--config.index.corpus.documents={documents}", f"--config.index.corpus.images={images}",
-                "--config.index.corpus.qrels=", f"--config.index.entity_index.k={k}")
+                "--config.index.corpus.qrels=", f"--config.index.entity_index.k={k}",
+                f"--config.index.entity_index.backend={backend}")
 
 
 def _recall(workdir: Path, exact_lists: np.ndarray, sample: np.ndarray, live_ids: list[str]) -> float:
@@ -103,6 +106,8 @@ def main() -> None:
                    "configs/demo.py --workdir demo_work, then train.py): its model encodes the entities")
     p.add_argument("--n-images", type=int, default=1_000_000)
     p.add_argument("--k", type=int, default=1000, help="candidates per entity (the entity index's K)")
+    p.add_argument("--backend", default="auto", choices=("auto", "scann", "exact"),
+                   help="the entity index's backend (auto: exact on a GPU/TPU, ScaNN on a CPU)")
     p.add_argument("--recall-sample", type=int, default=200)
     p.add_argument("--out", default=str(Path.home() / "collection_updates"))
     args = p.parse_args()
@@ -136,11 +141,11 @@ def main() -> None:
     w, rebuilt = out / "incremental", out / "rebuilt"
     for d in (w, rebuilt):
         subprocess.run(["rm", "-rf", str(d)], check=True)
-    times = {"build base": _build(w, model, documents, out / "base.parquet", args.k)}
+    times = {"build base": _build(w, model, documents, out / "base.parquet", args.k, args.backend)}
     times["add 1%"] = _run("index.py", "--workdir", str(w), "--add", str(out / "add1.parquet"))
     times["add 10%"] = _run("index.py", "--workdir", str(w), "--add", str(out / "add10.parquet"))
     times["remove 1%"] = _run("index.py", "--workdir", str(w), "--remove", str(out / "remove.txt"))
-    times["rebuild final"] = _build(rebuilt, model, documents, out / "final.parquet", args.k)
+    times["rebuild final"] = _build(rebuilt, model, documents, out / "final.parquet", args.k, args.backend)
 
     backend = json.loads((w / "entity_index" / "manifest.json").read_text())["backend"]
     vocab = json.loads((w / "entity_index" / "vocab.json").read_text())
