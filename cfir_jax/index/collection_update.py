@@ -43,7 +43,7 @@ from cfir_jax.index.entity_index_update import (
     stage_images_removed,
 )
 from cfir_jax.index.index_encoder import entity_encoder, scann_config
-from cfir_jax.index.runner import _texts_digest, indexed_entities
+from cfir_jax.index.runner import indexed_entities, texts_digest
 from cfir_jax.stores import versions
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.entity_index import EntityIndex
@@ -148,7 +148,7 @@ def _index_after_add(config, layout: Layout, union: Corpus, entities: EntityStor
     searched over the whole cache; recorded as a from-scratch build over the union would record it."""
     encoder, _ = entity_encoder(config, layout, union)
     texts = indexed_entities(config, union, entities)
-    sources = {"documents": config.index.entity_index.documents, "entities_sha": _texts_digest(texts)}
+    sources = {"documents": config.index.entity_index.documents, "entities_sha": texts_digest(texts)}
     fresh = [t for t in texts if index.row(t) is None]
     removed = cache.removed if cache.num_live < cache.num_images else None
     chunk = int(config.index.entity_index.chunk_size)
@@ -182,6 +182,10 @@ def _derived_after_add(config, layout: Layout, staging: _Staging, union: Corpus,
             layout.sr_compact, cache.embeddings[old_cache.num_images:], out, cache.content_fingerprint))
     if layout.sr_compact_fused.exists():
         staging.change.drop("sr_compact_fused")
+    if (layout.image_cache_full / "manifest.json").is_file():  # the Full model's tower has not seen the new images
+        staging.change.drop("image_cache_full")
+        staging.say(f"  image_cache_full: dropped (the Full model's own cache); rebuild it with python index.py "
+                    f"--config CONFIG --workdir {layout.root} --stages image_cache_full")
 
 
 # ----------------------------------------------------------------------------------------------------------- remove
@@ -207,6 +211,9 @@ def remove(config, workdir, ids_file: str | os.PathLike, say: Callable[[str], No
         cache, out, images)))
     new_index = EntityIndex.open(staging.store("entity_index", lambda out: _index_after_remove(
         config, layout, union, index, new_cache, out, corpus)))
+    if (layout.image_cache_full / "manifest.json").is_file():  # the Full model's own cache masks them too
+        staging.store("image_cache_full", lambda out: store_updates.stage_cache_removal(
+            ImageCache.open(layout.image_cache_full), out, images))
     if (layout.entity_text_match / "manifest.json").is_file():
         staging.store("entity_text_match", lambda out: derived_updates.entity_text_match_rekeyed(
             layout, new_cache, new_index, out, keep_entities=_kept_entities(index, new_index)))
@@ -232,7 +239,7 @@ def _index_after_remove(config, layout: Layout, corpus: Corpus, index: EntityInd
     texts = indexed_entities(config, corpus, store)
     gone = set(indexed_entities(config, before, store)) - set(texts)
     keep = np.array([t not in gone for t in index.vocab], bool)
-    sources = {"documents": config.index.entity_index.documents, "entities_sha": _texts_digest(texts)}
+    sources = {"documents": config.index.entity_index.documents, "entities_sha": texts_digest(texts)}
     return stage_images_removed(index, out, cache.removed, cache.embeddings, encode=encoder.encode,
                                 keep_entities=None if keep.all() else keep, cache_fingerprint=cache.content_fingerprint,
                                 sources=sources, chunk_size=int(config.index.entity_index.chunk_size))
@@ -277,6 +284,9 @@ def compact(config, workdir, say: Callable[[str], None] = print) -> dict:
             layout.sr_compact, row_map, out, new_cache.content_fingerprint))
     if layout.sr_compact_fused.exists():
         change.drop("sr_compact_fused")
+    if (layout.image_cache_full / "manifest.json").is_file():
+        staging.store("image_cache_full", lambda out: store_updates.stage_cache_compaction(
+            ImageCache.open(layout.image_cache_full), out)[0])
     changes = {"rows_dropped": removed, "images_live": new_cache.num_images}
     version = change.commit(changes)
     say(f"version {version}: " + ", ".join(f"{k.replace('_', ' ')} {v:,}" for k, v in changes.items()))

@@ -254,7 +254,9 @@ def indexed_entities(config, corpus, entities) -> list[str]:
     return [entities.vocab[i] for i in keep]
 
 
-def _texts_digest(texts: list[str]) -> str:
+def texts_digest(texts: list[str]) -> str:
+    """What the entity index records of the entity texts it was built from (`entities_sha`): a change of the
+    collection records the same of the texts it leaves indexed."""
     return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
 
 
@@ -264,7 +266,7 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
     ei = config.index.entity_index
     texts = indexed_entities(config, corpus, entities)
     # What the index is derived from: the selected entity texts and this build of the image cache.
-    sources = dict(documents=ei.documents, entities_sha=_texts_digest(texts),
+    sources = dict(documents=ei.documents, entities_sha=texts_digest(texts),
                    cache_fingerprint=cache.content_fingerprint)
     # 'auto' (the default): exact on a GPU or TPU, ScaNN on a CPU host. The manifest records the backend used and
     # the setting that chose it; an index is current when it was built with the backend this machine resolves to.
