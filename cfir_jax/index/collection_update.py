@@ -142,11 +142,24 @@ def add(config, workdir, path: str | os.PathLike, say: Callable[[str], None] = p
     return {"version": version, **changes}
 
 
+def _lazy_encoder(config, layout: Layout, corpus: Corpus) -> Callable[[list[str]], np.ndarray]:
+    """The index encoder's encode(texts), loaded on first use: an index that kept its entity embeddings needs it only
+    for new entities."""
+    loaded = []
+
+    def encode(texts: list[str]) -> np.ndarray:
+        if not loaded:
+            loaded.append(entity_encoder(config, layout, corpus)[0])
+        return loaded[0].encode(texts)
+
+    return encode
+
+
 def _index_after_add(config, layout: Layout, union: Corpus, entities: EntityStore, index: EntityIndex,
                      cache: ImageCache, n_old: int, out: Path, work: Path) -> dict:
     """The entity index after an add: the new images merged into every list, then the new documents' new entities
     searched over the whole cache; recorded as a from-scratch build over the union would record it."""
-    encoder, _ = entity_encoder(config, layout, union)
+    encode = _lazy_encoder(config, layout, union)
     texts = indexed_entities(config, union, entities)
     sources = {"documents": config.index.entity_index.documents, "entities_sha": texts_digest(texts)}
     fresh = [t for t in texts if index.row(t) is None]
@@ -156,11 +169,11 @@ def _index_after_add(config, layout: Layout, union: Corpus, entities: EntityStor
     if fresh:
         shutil.rmtree(images_out, ignore_errors=True)
         images_out.mkdir(parents=True)
-    info = stage_images_added(index, images_out, cache.embeddings, n_old, encode=encoder.encode, removed=removed,
+    info = stage_images_added(index, images_out, cache.embeddings, n_old, encode=encode, removed=removed,
                               cache_fingerprint=cache.content_fingerprint, sources=sources, chunk_size=chunk)
     if fresh:
         merged = EntityIndex.load(images_out, json.loads((images_out / "manifest.json").read_text()))
-        info = stage_entities_added(merged, out, fresh, encoder.encode(fresh), cache.embeddings, removed=removed,
+        info = stage_entities_added(merged, out, fresh, encode(fresh), cache.embeddings, removed=removed,
                                     sources={**sources, "cache_fingerprint": cache.content_fingerprint},
                                     chunk_size=chunk)
         shutil.rmtree(images_out, ignore_errors=True)
@@ -234,13 +247,13 @@ def _index_after_remove(config, layout: Layout, corpus: Corpus, index: EntityInd
                         out: Path, before: Corpus) -> dict:
     """The entity index without the removed images (each list refilled from the next best) and without the entities
     that the removed documents alone named (entities added with --add-entities stay)."""
-    encoder, _ = entity_encoder(config, layout, corpus)
+    encode = _lazy_encoder(config, layout, corpus)
     store = EntityStore.open(layout.entities)
     texts = indexed_entities(config, corpus, store)
     gone = set(indexed_entities(config, before, store)) - set(texts)
     keep = np.array([t not in gone for t in index.vocab], bool)
     sources = {"documents": config.index.entity_index.documents, "entities_sha": texts_digest(texts)}
-    return stage_images_removed(index, out, cache.removed, cache.embeddings, encode=encoder.encode,
+    return stage_images_removed(index, out, cache.removed, cache.embeddings, encode=encode,
                                 keep_entities=None if keep.all() else keep, cache_fingerprint=cache.content_fingerprint,
                                 sources=sources, chunk_size=int(config.index.entity_index.chunk_size))
 

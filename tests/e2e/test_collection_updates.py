@@ -130,14 +130,15 @@ def _kill_when(proc: subprocess.Popen, path: Path, timeout: float = 300) -> None
     proc.wait()
 
 
-@pytest.mark.parametrize("point", ["corpus", "image_cache"])
-def test_an_add_killed_mid_way_resumes_to_the_same_stores(workdir, split, added, tmp_path, point):
+def test_an_add_killed_mid_way_resumes_to_the_same_stores(workdir, split, added, tmp_path):
+    """Killed once the corpus and the image cache are staged (the kill points of the commit itself are
+    tests/unit/stores/test_versions.py's)."""
     w = tmp_path / "w"
     _build(w, workdir, split["base"])
     before = _arrays(w)
     proc = subprocess.Popen([sys.executable, "index.py", "--workdir", str(w), "--add", str(split["addition"])],
                             cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
-    _kill_when(proc, w / ".change" / point)
+    _kill_when(proc, w / ".change" / "image_cache")
     # Killed with a change staged: the old version is whole and still answers.
     after_kill = _arrays(w)
     for key in before:
@@ -145,7 +146,8 @@ def test_an_add_killed_mid_way_resumes_to_the_same_stores(workdir, split, added,
             else before[key] == after_kill[key], key
     assert json.loads((w / "index.json").read_text())["version"] == 1
     again = run_script("index.py", "--workdir", str(w), "--add", str(split["addition"]))
-    assert "reused" in again.stdout, again.stdout
+    assert "corpus: staged by an earlier run, reused" in again.stdout, again.stdout
+    assert "image_cache: staged by an earlier run, reused" in again.stdout, again.stdout
     _assert_same_stores(w, added)
 
 
