@@ -198,14 +198,14 @@ def finish_chunks(out_dir: str | Path) -> None:
     shutil.rmtree(partial_dir(out_dir), ignore_errors=True)
 
 
-def commit_on_main(out_dir: str | Path, kind: str, chunks: Iterator[Any], assemble: Callable[[Iterator[Any]], Any]
-                   ) -> dict:
-    """Runs `assemble(chunks)` (which writes the store at `out_dir` through `atomic_dir`) on process 0, then removes
-    the chunks; the other processes run `chunks` to its end (computing their own, see `iter_chunks`). Every process
-    returns the committed store's manifest, read after a barrier."""
+def commit_on_main(out_dir: str | Path, kind: str, chunks: Iterator[Any], assemble: Callable[[Iterator[Any]], Any],
+                   work: str | Path | None = None) -> dict:
+    """Runs `assemble(chunks)` (which writes the store at `out_dir`) on process 0, then removes the chunks (those
+    `iter_chunks` kept for `work`, by default `out_dir`); the other processes run `chunks` to its end (computing their
+    own, see `iter_chunks`). Every process returns the committed store's manifest, read after a barrier."""
     if hosts.is_main():
         assemble(chunks)
-        finish_chunks(out_dir)
+        finish_chunks(work if work is not None else out_dir)
     else:
         for _ in chunks:
             raise RuntimeError("iter_chunks yielded a chunk on a process other than 0")

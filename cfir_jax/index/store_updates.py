@@ -33,12 +33,11 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.data.corpus import FORMAT_VERSION, KIND, Corpus, Image
 from cfir_jax.data.corpus_writer import write_corpus_part, write_split_qrels
 from cfir_jax.data.files import IMAGE_SUFFIXES, ROW_FILE_SUFFIXES, read_documents, read_images, read_qrels
-from cfir_jax.index.chunks import finish_chunks, iter_chunks
+from cfir_jax.index.chunks import commit_on_main, iter_chunks
 from cfir_jax.index.entities import assemble_entity_store
 from cfir_jax.index.image_import import open_source
 from cfir_jax.index.summaries import assemble_summary_store, summary_settings
@@ -502,18 +501,6 @@ def _check_base(store, corpus: Corpus, first_new_doc: int, what: str) -> None:
                          f"{corpus.path}; rebuild them with index.py")
 
 
-def _run_chunks(out_dir: Path, work: Path, chunks: Iterator, assemble) -> dict:
-    """Assembles the store from `chunks` on process 0 (the others compute theirs), then drops the kept chunks."""
-    if hosts.is_main():
-        assemble(chunks)
-        finish_chunks(work)
-    else:
-        for _ in chunks:
-            raise RuntimeError("iter_chunks yielded a chunk on a process other than 0")
-    hosts.barrier(f"committed:{out_dir.name}")
-    return json.loads((out_dir / MANIFEST).read_text())
-
-
 def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_new_doc: int,
                             out_dir: str | os.PathLike, work_dir: str | os.PathLike) -> dict:
     """The entity store with the NER of the documents [first_new_doc, N) of the union `corpus` appended (chunks kept
@@ -538,8 +525,8 @@ def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_ne
     work = work_dir / "entities"
     chunks = iter_chunks(work, docs, lambda texts: list(extractor.extract(texts)), extractor.settings,
                          config.index.entities.chunk_size, corpus.num_documents - first_new_doc, desc="entities")
-    manifest = _run_chunks(out_dir, work, chunks, lambda c: assemble_entity_store(
-        out_dir, c, extractor, corpus.documents_fingerprint, base=store))
+    manifest = commit_on_main(out_dir, "entities", chunks, lambda c: assemble_entity_store(
+        out_dir, c, extractor, corpus.documents_fingerprint, base=store), work=work)
     return {"documents_added": corpus.num_documents - first_new_doc,
             "entities_added": int(manifest["num_entities"]) - len(store.vocab)}
 
@@ -569,7 +556,7 @@ def stage_summaries_addition(config, store: SummaryStore, corpus: Corpus, first_
     work = work_dir / "summaries"
     chunks = iter_chunks(work, docs, summarizer.summarize, settings, s.chunk_size,
                          corpus.num_documents - first_new_doc, desc="summaries")
-    _run_chunks(out_dir, work, chunks, lambda c: assemble_summary_store(
-        out_dir, c, settings, corpus.documents_fingerprint, base=store))
+    commit_on_main(out_dir, "summaries", chunks, lambda c: assemble_summary_store(
+        out_dir, c, settings, corpus.documents_fingerprint, base=store), work=work)
     return {"documents_added": corpus.num_documents - first_new_doc}
 
