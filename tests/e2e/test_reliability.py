@@ -411,10 +411,10 @@ target = os.environ["FULL_AT"]
 write = integrity.write_checksums
 
 
-def full(directory):
+def full(directory, *args):
     if os.path.basename(str(directory)).startswith(target + ".tmp"):
         raise OSError(errno.ENOSPC, "No space left on device", str(directory))
-    return write(directory)
+    return write(directory, *args)
 
 
 integrity.write_checksums = full
