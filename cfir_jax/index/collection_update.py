@@ -23,7 +23,6 @@ dropped and rebuilt by retrieval on first use.
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import shutil
@@ -172,7 +171,7 @@ def _index_after_add(config, layout: Layout, union: Corpus, entities: EntityStor
     info = stage_images_added(index, images_out, cache.embeddings, n_old, encode=encode, removed=removed,
                               cache_fingerprint=cache.content_fingerprint, sources=sources, chunk_size=chunk)
     if fresh:
-        merged = EntityIndex.load(images_out, json.loads((images_out / "manifest.json").read_text()))
+        merged = EntityIndex.open(images_out)
         info = stage_entities_added(merged, out, fresh, encode(fresh), cache.embeddings, removed=removed,
                                     sources={**sources, "cache_fingerprint": cache.content_fingerprint},
                                     chunk_size=chunk)

@@ -33,6 +33,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.index.entity_index_build import check_inputs, write_csr
 from cfir_jax.search.knn import ScannConfig, ScannSearcher, recall_at_k, search_with_tail
 from cfir_jax.search.topk import DEFAULT_BLOCK_SIZE, RowSubset, exact_topk, query_rows
+from cfir_jax.stores.atomic_write import link_tree
 from cfir_jax.stores.contract import write_manifest
 from cfir_jax.stores.entity_index import KIND, VERSION, EntityIndex
 
@@ -72,7 +73,7 @@ def _same_embeddings(index: EntityIndex, out_dir: Path, entity_embeddings: np.nd
     rewritten), else the given or encoded rows written."""
     if entity_embeddings is None and index.has_embeddings:
         index.entity_embeddings()  # checked before it is linked
-        _link_tree(index.directory / "entity_embeddings.npy", out_dir / "entity_embeddings.npy")
+        link_tree(index.directory / "entity_embeddings.npy", out_dir / "entity_embeddings.npy")
         return np.load(out_dir / "entity_embeddings.npy", mmap_mode="r")
     old = _old_embeddings(index, entity_embeddings, encode)
     return _write_embeddings(out_dir, [(old, slice(None))], int(index.manifest["dim"]))
@@ -258,19 +259,6 @@ def _recall(plan: _Plan, images: np.ndarray, out_dir: Path, sample: int) -> floa
     return float(np.mean([recall_at_k(f[None], x[None]) for f, x in zip(found, exact)]))
 
 
-def _link_tree(src: Path, dst: Path) -> None:
-    """Hard-links a file tree (the old store is never written; its files are immutable), copying where links fail."""
-    if src.is_dir():
-        dst.mkdir()
-        for child in src.iterdir():
-            _link_tree(child, dst / child.name)
-        return
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)
-
-
 def _write_store(plan: _Plan, out_dir: Path, images: np.ndarray, texts: Sequence[str], *,
                  searcher: str, scann: ScannSearcher | None, fields: dict) -> dict:
     """Searches/copies every list into out_dir and writes vocab and manifest. searcher: "link" (the old tree, rows
@@ -287,7 +275,7 @@ def _write_store(plan: _Plan, out_dir: Path, images: np.ndarray, texts: Sequence
     shutil.rmtree(work)
     has_searcher = searcher == "link" and bool(m.get("has_searcher"))
     if has_searcher:
-        _link_tree(old.searcher_dir(), out_dir / "scann")
+        link_tree(old.searcher_dir(), out_dir / "scann")
     (out_dir / "vocab.json").write_text(json.dumps(list(texts), ensure_ascii=False))
     sample = int(m.get("recall_sample") or 256)
     recall = 1.0 if backend == "exact" else _recall(plan, images, out_dir, sample)
@@ -500,7 +488,7 @@ def stage_compacted(
     np.save(out_dir / "offsets.npy", np.asarray(index.offsets, np.int64))
     for name in ("scores.npy", "entity_embeddings.npy"):
         if (index.directory / name).is_file():
-            _link_tree(index.directory / name, out_dir / name)
+            link_tree(index.directory / name, out_dir / name)
     (out_dir / "vocab.json").write_text(json.dumps(list(index.vocab), ensure_ascii=False))
     fields = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created")}
     has_searcher = bool(m.get("has_searcher")) and images is not None

@@ -42,7 +42,7 @@ from cfir_jax.index.entities import assemble_entity_store
 from cfir_jax.index.image_import import open_source
 from cfir_jax.index.summaries import assemble_summary_store, summary_settings
 from cfir_jax.search.compact import COMPACT_KIND, COMPACT_VERSION, quantize_rows
-from cfir_jax.stores.atomic_write import write_json_atomic
+from cfir_jax.stores.atomic_write import link_tree, write_json_atomic
 from cfir_jax.stores.contract import manifest_digest, read_manifest, write_manifest
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.image_cache import KIND as CACHE_KIND
@@ -56,24 +56,6 @@ log = logging.getLogger(__name__)
 REMOVED_IMAGES, REMOVED_DOCUMENTS = "removed_images.txt", "removed_documents.txt"
 # Fields write_manifest sets itself.
 _OWN_FIELDS = ("kind", "format_version", "created")
-
-
-def link_tree(src: Path, dst: Path, skip: Iterable[str] = ()) -> None:
-    """Hard-links every file under `src` into `dst` (same relative paths; a copy where linking fails), leaving out
-    the top-level names in `skip`. The old files are never opened for writing."""
-    skip = set(skip)
-    dst.mkdir(parents=True, exist_ok=True)
-    for entry in sorted(src.iterdir()):
-        if entry.name in skip:
-            continue
-        target = dst / entry.name
-        if entry.is_dir():
-            link_tree(entry, target)
-            continue
-        try:
-            os.link(entry, target)
-        except OSError:  # another file system, or one without hard links
-            shutil.copy2(entry, target)
 
 
 def _write_ids(path: Path, ids: Iterable[str]) -> None:

@@ -14,7 +14,7 @@ import os
 import secrets
 import shutil
 import socket
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from glob import escape as glob_escape
 from pathlib import Path
 from typing import IO, Any
@@ -122,3 +122,21 @@ def replace_dir(src: str | os.PathLike, final: str | os.PathLike) -> None:
         os.replace(final, old)
     os.replace(src, final)
     remove_path(old) if old.exists() else None
+
+
+def link_tree(src: Path, dst: Path, skip: Iterable[str] = ()) -> None:
+    """Hard-links the file or tree `src` as `dst` (same relative paths; a copy where linking fails: another file
+    system, or one without hard links), leaving out the top-level names in `skip`. A new version of a store is made
+    so from the old one, whose files are never opened for writing."""
+    src, dst = Path(src), Path(dst)
+    if not src.is_dir():
+        try:
+            os.link(src, dst)
+        except OSError:
+            shutil.copy2(src, dst)
+        return
+    skip = set(skip)
+    dst.mkdir(parents=True, exist_ok=True)
+    for entry in sorted(src.iterdir()):
+        if entry.name not in skip:
+            link_tree(entry, dst / entry.name)
