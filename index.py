@@ -17,49 +17,31 @@ On several hosts, run the same command on every host (jax.distributed: see cfir_
 
 import sys
 
+from cfir_jax.commands import flags
 from cfir_jax.core import cli
 from cfir_jax.core.cli import cli_main
-
-
-def _flags(parser):
-    from cfir_jax.index.runner import STAGES
-
-    parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
-                        f"order): {', '.join(STAGES)}; default: all")
-    parser.add_argument("--add-entities", default="", help="file of entity texts (one per line) to append")
-    parser.add_argument("--add", default="", help="new documents and images to append to the built collection: a "
-                        "directory (documents.jsonl|parquet, images.jsonl|parquet or images/, qrels/), a directory "
-                        "of image files, or a .jsonl/.parquet file of image rows (docs/collection.md)")
-    parser.add_argument("--remove", default="", help="file of image or document ids (one per line; image:ID or "
-                        "document:ID where an id is both) that no method returns from now on")
-    parser.add_argument("--compact", action="store_true", help="rewrite the stores without the removed image rows")
-    parser.add_argument("--verify", action="store_true", help="re-read every store of --workdir against the "
-                        "checksums recorded when it was built, name each damaged file, build nothing (exit 2 if any)")
 
 
 @cli_main
 def main():
     if "--verify" in sys.argv[1:]:  # a reader: no config, no lock, no JAX
-        import argparse
+        # why: each command loads only its own stack (the verifier: numpy; a build: JAX, flax, spaCy)
+        from cfir_jax.commands import verify
 
-        from cfir_jax.stores.integrity import verify_command
-
-        p = argparse.ArgumentParser(description="checks every store of W against its recorded checksums")
-        p.add_argument("--verify", action="store_true", required=True)
-        p.add_argument("--workdir", required=True)
-        sys.exit(verify_command(p.parse_args().workdir))
+        sys.exit(verify.run(flags.verify_args().workdir))
     # A change of a built collection reads the config the index was built with unless --config is given.
     change = any(flag in sys.argv[1:] for flag in ("--add", "--remove", "--compact"))
-    args, config = cli.parse(__doc__.splitlines()[0], _flags, config_from_workdir=change)
+    args, config = cli.parse(__doc__.splitlines()[0], flags.index_flags, config_from_workdir=change)
     if args.compile_only:
-        from cfir_jax.aot.compile import compile_command
+        # why: libtpu's compiler loads only for --compile-only
+        from cfir_jax.commands import compile_only
 
-        return compile_command("index", config, args.topology)
+        return compile_only.run("index", config, args.topology)
     cli.maybe_initialize_distributed()
+    # why: the builders (JAX, flax, spaCy) load once the flags and the config are read
     from cfir_jax.commands import index
-    from cfir_jax.index.runner import STAGES
 
-    index.run(config, args.workdir, tuple(s for s in args.stages.split(",") if s) or STAGES, args.add_entities,
+    index.run(config, args.workdir, tuple(s for s in args.stages.split(",") if s), args.add_entities,
               {"add": args.add, "remove": args.remove, "compact": args.compact})
 
 

@@ -14,10 +14,12 @@ from cfir_jax.core.cli import cli_main
 def main():
     args, config = cli.parse(__doc__.splitlines()[0])
     if args.compile_only:
-        from cfir_jax.aot.compile import compile_command
+        # why: libtpu's compiler loads only for --compile-only
+        from cfir_jax.commands import compile_only
 
-        return compile_command("train", config, args.topology)
+        return compile_only.run("train", config, args.topology)
     cli.maybe_initialize_distributed()
+    # why: JAX, flax and orbax load once the flags and the config are read
     from cfir_jax.commands import train
 
     train.run(config, args.workdir)

@@ -26,8 +26,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from train_fixtures import full_batch, full_config, planted_data, tiny_config  # noqa: E402
 
-from cfir_jax.train import trainer  # noqa: E402
-from cfir_jax.train.full_trainer import train_full  # noqa: E402
+from cfir_jax.train import loop  # noqa: E402
+from cfir_jax.train.tasks import FullTask, TextTask  # noqa: E402
 
 
 def _hash(tree) -> str:
@@ -70,9 +70,10 @@ def main(out: Path) -> dict:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     text_cfg = tiny_config(extra_negatives=4, negatives="random", grad_accum_steps=2, export_model="scratch")
-    text = trainer.train(text_cfg, out / "text", planted_data(), progress=False)
+    text = loop.run(text_cfg, out / "text", TextTask(planted_data()), progress=False)
     tokens = full_batch(seed=0)
-    full = train_full(full_config(), out / "full", SeededBatches(), tokens["ids"], tokens["mask"], progress=False)
+    full = loop.run(full_config(), out / "full", FullTask(SeededBatches(), tokens["ids"], tokens["mask"]),
+                    progress=False)
     record = {"text": _run_record(out / "text", text), "full": _run_record(out / "full", full),
               "text_export": sorted(p.name for p in (out / "text" / "model").iterdir())}
     (out / "fingerprint.json").write_text(json.dumps(record, indent=1, default=str))

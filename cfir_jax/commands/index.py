@@ -1,6 +1,6 @@
 """The index command's body (`index.py`, which only parses flags): builds every stage of the workdir's index, appends
-entities to a built one, or changes its collection (add, remove, compact: `cfir_jax.index.collection_update`), holding
-the workdir's writer lock. A synthetic world's encoder is trained on its
+entities to a built one (`cfir_jax.index.add_entities`), or changes its collection (add, remove, compact:
+`cfir_jax.index.collection_update`), holding the workdir's writer lock. A synthetic world's encoder is trained on its
 captions by `cfir_jax.train.pretrain`, passed to the runner: the index builders themselves never train."""
 
 from __future__ import annotations
@@ -18,9 +18,10 @@ from cfir_jax.stores import lock
 from cfir_jax.train.pretrain import pretrain_encoder
 
 
-def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: tuple[str, ...] = runner.STAGES,
+def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: tuple[str, ...] = (),
         add_entities: str = "", change: dict | None = None) -> list[StageReport]:
-    """Builds `stages` of the index in `workdir` (each skipped when current) and prints the closing table; with
+    """Builds `stages` of the index in `workdir` (every stage when empty; each skipped when current) and prints the
+    closing table; with
     `add_entities` (a file of entity texts, one per line), appends them to the built entity index instead; with
     `change` ({"add": PATH} or {"remove": IDS_FILE} or {"compact": True}), changes the built collection."""
     faults.on_sigterm()  # "interrupted during STAGE; rerun to resume", exit 143
@@ -34,7 +35,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: t
             if is_main():
                 print(f"added {added} new entities to {workdir}/entity_index")
             return []
-        reports = runner.build_index(config, workdir, stages, pretrain=pretrain_encoder)
+        reports = runner.build_index(config, workdir, stages or runner.STAGES, pretrain=pretrain_encoder)
         if is_main():  # every process ran every stage; one table
             print(report_table(reports))
         return reports

@@ -1,17 +1,81 @@
-"""The serve command (`retrieve.py --index W --serve`): the resident HTTP service of `cfir_jax.serve` over one
-workdir, until stopped."""
+"""The serve command (`retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]`): the resident HTTP service of
+`cfir_jax.serve` over one workdir, until stopped.
+
+One process loads the stores and models once, warms every shape it will send, then answers over HTTP (FastAPI on
+uvicorn) until SIGTERM or SIGINT (to it alone or to its process group), which stops accepting, answers every request
+already accepted and exits 0. SIGHUP reloads the workdir (`cfir_jax.serve.resident.IndexHolder.reload`, after
+verifying it). Settings: the config's `serve` section (`cfir_jax.core.config.serve_config`).
+"""
 
 from __future__ import annotations
 
+import logging
+import signal
+import socket
+import sys
+import time
 from collections.abc import Sequence
 
 import ml_collections
 
-from cfir_jax.serve import serve
+from cfir_jax.core.errors import CfirError
 
 
-def run(config: ml_collections.ConfigDict, workdir: str, config_spec: str = "", argv: Sequence[str] = (),
+def run(config: ml_collections.ConfigDict, workdir: str, *, config_spec: str = "", argv: Sequence[str] = (),
         method: str = "cfir", host: str | None = None, port: int | None = None) -> None:
-    """Loads the index of `workdir`, binds host:port and serves until SIGTERM (`cfir_jax.serve.serve`: `argv`'s
-    `--config.*` overrides are applied again to the workdir's config, or to `config_spec`, on a reload)."""
-    serve(workdir, config, config_spec, argv, method, host, port)
+    """Loads the index of `workdir`, binds host:port and serves until SIGTERM.
+
+    config: as parsed from the command line `argv`, whose `--config.*` overrides a reload applies again to the
+    workdir's config (or to `config_spec`, the --config file)."""
+    settings = config.serve
+    host = host or settings.host
+    port = settings.port if port is None else port
+    sock = bind(host, port)  # before minutes of loading: a taken port is said at once
+    serve_http(config, workdir, sock, config_spec=config_spec, argv=argv, method=method)
+
+
+def serve_http(config: ml_collections.ConfigDict, workdir: str, sock: socket.socket, *, config_spec: str,
+               argv: Sequence[str], method: str) -> None:
+    """The FastAPI app on uvicorn over the bound `sock`, until SIGTERM or SIGINT (then exit 0, every accepted request
+    answered)."""
+    # why: FastAPI, uvicorn and the Retriever (JAX, flax) load when serving starts
+    import uvicorn
+
+    from cfir_jax.serve.app import Service, create_app
+    from cfir_jax.serve.resident import IndexHolder, config_overrides
+
+    logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("cfir_jax.serve").setLevel(logging.INFO)
+    settings = config.serve
+    methods = list(dict.fromkeys([method, *settings.methods]))
+    t0 = time.perf_counter()
+    holder = IndexHolder(workdir, config_spec, config_overrides(argv), methods, int(settings.max_batch), config)
+    app = create_app(Service(holder, settings))
+    bound = sock.getsockname()
+    url = f"http://{bound[0] if ':' not in bound[0] else f'[{bound[0]}]'}:{bound[1]}"
+    print(f"serving {workdir} (index {holder.current.fingerprint}, methods {', '.join(methods)}) at {url}: "
+          f"loaded and warmed in {time.perf_counter() - t0:.1f} s; ready", file=sys.stderr, flush=True)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                           timeout_keep_alive=5))
+    # uvicorn re-raises the signal that stopped it once it has drained; it then reaches these no-op handlers, so a
+    # graceful stop exits 0, whether SIGTERM or SIGINT (Ctrl-C, systemctl stop, a container's init: often sent to
+    # the whole process group, whose entity workers ignore both and leave the stop to this process).
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
+    server.run(sockets=[sock])
+    print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (IPv6 when the host has a colon), or one line naming the taken port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CfirError(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port") from None
+    sock.listen(2048)
+    sock.set_inheritable(True)
+    return sock

@@ -14,8 +14,9 @@ import numpy as np
 
 from cfir_jax.retrieve.pipeline import Result
 
-FORMATS = ("table", "json", "trec")
 EVAL_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000")
+
+
 def rerank_line(rows: Sequence[EvalRow]) -> str:
     """What the third stage cost per query on the rows that ran it (p50): its features and head (counted in
     ms/query), and the document's encoding (excluded there, like every encoding); '' when no row re-ranked."""

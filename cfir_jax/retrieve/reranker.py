@@ -4,7 +4,7 @@ SR ranks the candidate union by one dot product with the summary. The re-ranker 
 default) of a document and scores each candidate from features SR throws away (`cfir_jax.retrieve.rerank_features`:
 the whole document's embedding, late interaction of its tokens with the image, ER evidence, the image's own text),
 seeing the list as a whole: every feature also enters relative to the list's mean and maximum. It is fitted on the
-train split's SR lists (`cfir_jax.retrieve.rerank_fit`) and stored in `W/reranker`:
+train split's SR lists (`cfir_jax.rerank.fit`) and stored in `W/reranker`:
 
   params.npz      the head's parameters and the feature standardisation, keyed by '/'-joined path
   manifest.json   kind "reranker", format version, the feature list, N, the document's token budget, li_top, hidden
@@ -28,52 +28,14 @@ import numpy as np
 from flax import nnx
 
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
+from cfir_jax.model.rerank_head import RerankHead
+from cfir_jax.stores.contract import read_manifest
 
 KIND = "reranker"
 FORMAT_VERSION = 1
 FIT_HINT = "python retrieve.py --index W --fit-reranker"
 # The retrieval.rerank settings that define what the head sees: a store answers only to the ones it was fitted with.
 FEATURE_SETTINGS = ("top_n", "max_text_len", "li_top")
-
-
-class Standardisation(nnx.Variable):
-    """Per-feature shift and scale, set from the training lists before fitting and never trained."""
-
-
-class RerankHead(nnx.Module):
-    """features [B, N, F], valid [B, N] -> logits [B, N]: an MLP over each candidate's standardised features, each
-    also taken relative to its list's mean and maximum (over the valid candidates), so a score can depend on how the
-    candidate compares with the others of its list."""
-
-    def __init__(self, num_features: int, hidden: int, *, rngs: nnx.Rngs):
-        self.shift = Standardisation(jnp.zeros(num_features, jnp.float32))
-        self.scale = Standardisation(jnp.ones(num_features, jnp.float32))
-        self.fc1 = nnx.Linear(3 * num_features, hidden, rngs=rngs)
-        self.fc2 = nnx.Linear(hidden, hidden, rngs=rngs)
-        self.out = nnx.Linear(hidden, 1, rngs=rngs)
-
-    def __call__(self, features: jax.Array, valid: jax.Array) -> jax.Array:
-        z = (features - self.shift.value) * self.scale.value
-        v = valid[..., None].astype(z.dtype)
-        count = jnp.maximum(v.sum(axis=-2, keepdims=True), 1.0)
-        list_mean = (z * v).sum(axis=-2, keepdims=True) / count
-        list_max = jnp.where(v > 0, z, -1e9).max(axis=-2, keepdims=True)
-        list_max = jnp.where(list_max > -1e8, list_max, 0.0)  # a list with no valid candidate (batch padding)
-        h = jnp.concatenate([z, z - list_mean, z - list_max], axis=-1)
-        h = jax.nn.gelu(self.fc1(h))
-        h = jax.nn.gelu(self.fc2(h))
-        return self.out(h)[..., 0]
-
-
-def listwise_loss(logits: jax.Array, valid: jax.Array, labels: jax.Array) -> jax.Array:
-    """Mean over lists of -log(softmax mass on the list's positives), logits/valid/labels [B, N]; lists without a
-    positive (batch padding) weigh 0."""
-    neg = jnp.float32(-1e9)
-    everything = jax.nn.logsumexp(jnp.where(valid, logits, neg), axis=-1)
-    positives = jax.nn.logsumexp(jnp.where(valid & labels, logits, neg), axis=-1)
-    weight = (valid & labels).any(axis=-1).astype(jnp.float32)
-    return ((everything - positives) * weight).sum() / jnp.maximum(weight.sum(), 1.0)
 
 
 def rerank_order(scores: np.ndarray, rows: np.ndarray, logits: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -92,17 +54,6 @@ def rerank_order(scores: np.ndarray, rows: np.ndarray, logits: np.ndarray) -> tu
     return np.concatenate([top, tail]), np.concatenate([np.asarray(rows[:n])[order], np.asarray(rows[n:])])
 
 
-def _flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
-    out = {}
-    for key, value in tree.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(_flatten(value, name + "/"))
-        else:
-            out[name] = np.asarray(value)
-    return out
-
-
 def _unflatten(flat: dict[str, np.ndarray]) -> dict:
     tree: dict = {}
     for name, value in flat.items():
@@ -112,14 +63,6 @@ def _unflatten(flat: dict[str, np.ndarray]) -> dict:
             node = node.setdefault(int(part) if part.isdigit() else part, {})
         node[leaf] = value
     return tree
-
-
-def save_reranker(path: str | os.PathLike, head: RerankHead, features: tuple[str, ...], **fields: Any) -> dict:
-    """Writes the store atomically (a temporary directory renamed into place); returns its manifest."""
-    with atomic_dir(path) as tmp:
-        np.savez(tmp / "params.npz", **_flatten(nnx.to_pure_dict(nnx.state(head))))
-        hidden = int(head.fc2.in_features)
-        return write_manifest(tmp, KIND, FORMAT_VERSION, features=list(features), hidden=hidden, **fields)
 
 
 class Reranker:

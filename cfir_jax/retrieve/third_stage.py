@@ -2,7 +2,7 @@
 
 With `retrieval.rerank.enabled` SR's top-N are re-scored by the head fitted into W/reranker
 (`cfir_jax.retrieve.reranker`, features in `cfir_jax.retrieve.rerank_features`); collecting the features without a
-head is how it is fitted (`cfir_jax.retrieve.rerank_fit`). Per-query times add `rerank_encode` (the document's
+head is how it is fitted (`cfir_jax.rerank.fit`). Per-query times add `rerank_encode` (the document's
 encoding with its late interaction, batched) and `rerank` (features and head). CFIR only.
 """
 

@@ -25,7 +25,6 @@ import numpy as np
 
 from cfir_jax.core.errors import StoreError
 from cfir_jax.stores.atomic_write import write_json_atomic
-from cfir_jax.stores.layout import STORES
 
 CHECKSUMS = "checksums.json"
 BLOCK_BYTES = 64 << 20
@@ -257,23 +256,6 @@ def row_norm_bound(manifest: dict) -> float:
     if "max_row_norm" in manifest:
         return float(manifest["max_row_norm"])
     return 1.0 if manifest.get("source", "model") == "model" else float("inf")
-
-
-def verify_command(workdir: str | os.PathLike, out=None) -> int:
-    """`index.py --verify`: one line per damaged file (stderr) and a summary; 0 when every store is intact, else 2."""
-    import sys
-
-    root = Path(workdir)
-    if not root.is_dir():
-        print(f"error: {root}: no workdir here (missing directory)", file=sys.stderr)
-        return 2
-    intact, problems = verify_workdir(root, STORES)
-    for line in problems:
-        print(f"damaged: {line}", file=sys.stderr)
-    print(f"verify: {len(intact)} store(s) intact" + (f" ({', '.join(intact)})" if intact else "")
-          + (f"; {len(problems)} problem(s): rebuild the stores named above with index.py (--stages ...)"
-             if problems else ""), file=out or sys.stdout)
-    return 2 if problems else 0
 
 
 # Arrays up to this many values are range-checked in full when opened (~10 ms per 16M int32 here); larger ones

@@ -1,4 +1,6 @@
-"""Training pairs from the index stores: (summary | document | caption) text, cached image embedding.
+"""The training tasks' data: the text task's pairs from the index stores ((summary | document | caption) text, cached
+image embedding: `load_train_data`), and the Full task's documents' tokens with the image pipeline over W/corpus'
+train pairs (`load_full_data`).
 
 CFIR trains the language expert on (summary of a train-split document, one of its relevant images) pairs, the image
 side being the frozen cache. The caption variant pairs each image with its own caption: that is how the demo stands
@@ -10,7 +12,9 @@ a negative.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
+import jax
 import ml_collections
 import numpy as np
 
@@ -44,13 +48,10 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
     tcfg = config.train
     if tcfg.text not in TEXTS:
         raise CfirError(f"train.text={tcfg.text!r}: use one of {TEXTS}")
-    check_text_lengths(config, TRAIN_TEXT_LENGTHS, config.model.max_text_positions)
     layout = Layout.of(workdir)
     corpus = Corpus.open(layout.corpus)
     cache = ImageCache.open(layout.image_cache, expect_dim=config.model.embed_dim)
-    tokenizer = resolve_tokenizer(config, corpus)
-    if tokenizer.vocab_size > config.model.vocab_size:
-        raise CfirError(f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}")
+    tokenizer = train_tokenizer(config, corpus)
     row_of = live_row_of(cache)
 
     if tcfg.text == "caption":
@@ -64,7 +65,7 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
                     pair_image.append(row_of[image_id])
         doc_texts = None
     else:
-        doc_texts = document_texts(layout, corpus, tcfg.text, tcfg.get("document_fields"))
+        doc_texts = document_texts(layout, corpus, tcfg.text, tcfg.document_fields)
         texts = doc_texts
         doc_row = {doc_id: i for i, doc_id in enumerate(corpus.doc_ids)}
         pair_text, pair_image = [], []
@@ -77,7 +78,7 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
 
     eval_data = None
     if with_eval and "validation" in corpus.splits:
-        queries = doc_texts or document_texts(layout, corpus, "document", tcfg.get("document_fields"))
+        queries = doc_texts or document_texts(layout, corpus, "document", tcfg.document_fields)
         eval_data = validation_data(corpus, cache, tokenizer, queries, tcfg.max_text_len)
     hard_offsets = hard_rows = None
     if tcfg.extra_negatives > 0 and tcfg.negatives == "hard" and tcfg.text != "caption":
@@ -85,6 +86,52 @@ def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool 
     live_rows = np.flatnonzero(~cache.removed) if cache.removed.any() else None
     return TrainData(ids, mask, np.asarray(pair_text, np.int64), np.asarray(pair_image, np.int64), cache.embeddings,
                      eval_data, hard_offsets, hard_rows, live_rows)
+
+
+def train_tokenizer(config: ml_collections.ConfigDict, corpus: Corpus) -> Beit3Tokenizer:
+    """The tokenizer a training run encodes with, after refusing (one line) a text length the model's positions
+    cannot hold or a vocabulary larger than the model's."""
+    check_text_lengths(config, TRAIN_TEXT_LENGTHS, config.model.max_text_positions)
+    tokenizer = resolve_tokenizer(config, corpus)
+    if tokenizer.vocab_size > config.model.vocab_size:
+        raise CfirError(f"tokenizer has {tokenizer.vocab_size} ids but model.vocab_size is {config.model.vocab_size}")
+    return tokenizer
+
+
+@dataclasses.dataclass
+class FullData:
+    """The Full task's inputs: `batches` (this process's slice of every global batch of the image pipeline) and every
+    document's tokens (`ids` int32, `mask` bool [documents, train.max_text_len], in corpus row order: the pipeline's
+    doc_rows index them)."""
+
+    batches: Any  # cfir_jax.data.image_pipeline.PairBatches
+    ids: np.ndarray
+    mask: np.ndarray
+
+
+def load_full_data(config: ml_collections.ConfigDict, workdir) -> FullData:
+    """The train pairs of W/corpus for D-BEiT-3 Full: each pair's document text tokenised (`train.document_fields`,
+    as the text task's document baseline) and the image pipeline over the pairs' pictures. Close `batches` after."""
+    layout = Layout.of(workdir)
+    if not layout.corpus.is_dir():
+        raise CfirError(f"{layout.corpus}: no corpus; build it first with index.py --config CONFIG --workdir "
+                        f"{layout.root}")
+    tcfg = config.train
+    if tcfg.text != "document":
+        raise CfirError(f"train.images='pixels' (D-BEiT-3 Full) trains on document text: train.text={tcfg.text!r} "
+                        "must be 'document'")
+    # why: grain (the image pipeline) loads only for the Full task's pixels, not for the text task's cache
+    from cfir_jax.data.image_pipeline import PairBatches, train_pairs
+
+    corpus = Corpus.open(layout.corpus)
+    tokenizer = train_tokenizer(config, corpus)
+    texts = [document_text(corpus.document(i), tcfg.document_fields) for i in range(corpus.num_documents)]
+    ids, mask = tokenizer(texts, tcfg.max_text_len)
+    batches = PairBatches(corpus, train_pairs(corpus), global_batch=tcfg.global_batch,
+                          image_size=config.model.image_size, seed=tcfg.seed, process_index=jax.process_index(),
+                          process_count=jax.process_count(), workers=int(tcfg.image_workers),
+                          randaug=bool(tcfg.randaug))
+    return FullData(batches, ids, mask)
 
 
 def live_row_of(cache: ImageCache) -> dict[str, int]:

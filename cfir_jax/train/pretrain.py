@@ -10,8 +10,9 @@ from __future__ import annotations
 from cfir_jax.core import hosts
 from cfir_jax.stores.atomic_write import replace_dir
 from cfir_jax.stores.layout import Layout
-from cfir_jax.train import trainer
+from cfir_jax.train import loop
 from cfir_jax.train.data import load_train_data
+from cfir_jax.train.tasks import TextTask
 
 
 def pretrain_encoder(config, layout: Layout) -> None:
@@ -23,7 +24,7 @@ def pretrain_encoder(config, layout: Layout) -> None:
     pre.train.export_model = "scratch"
     pre.train.init_model = ""
     data = load_train_data(pre, layout.root, with_eval=False)
-    trainer.train(pre, layout.pretrain, data, desc="caption pretraining")  # every process: the multi-host trainer
+    loop.run(pre, layout.pretrain, TextTask(data, "caption pretraining"))  # every process: the multi-host loop
     hosts.barrier("encoder_exported")
     if hosts.is_main():
         replace_dir(layout.pretrain / "model", layout.encoder)

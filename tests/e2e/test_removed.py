@@ -143,7 +143,8 @@ def test_a_cut_index_still_reads_k_live_candidates_per_entity(removal, config):
 def test_the_third_stage_reorders_live_rows_only(removal, config):
     """The re-ranker (a head fitted for these sources, random weights: any order) re-scores SR's live top-N."""
     # why: flax models and the re-ranker store load only in this test
-    from cfir_jax.retrieve.reranker import RerankHead, save_reranker
+    from cfir_jax.model.rerank_head import RerankHead
+    from cfir_jax.rerank.fit import save_reranker
 
     w, docs, _, removed, _ = removal
     cfg = _config(config, TOP_K, **IGNORE)

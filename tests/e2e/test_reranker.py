@@ -11,9 +11,9 @@ import pytest
 from repo import run_script as _run
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.rerank.fit import FitSettings, fit_head, list_mrr
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.retrieve.rerank_features import BASE_FEATURES, EntityEvidence, entity_features
-from cfir_jax.retrieve.rerank_fit import FitSettings, fit_head, list_mrr
 from cfir_jax.retrieve.reranker import rerank_order
 
 TOP_N = 20  # below the tiny world's top_k (100), so re-ranked hits are followed by SR's tail

@@ -21,10 +21,11 @@ from train_fixtures import planted_data, tiny_config  # noqa: E402
 
 from cfir_jax.core.config import mesh_config  # noqa: E402
 from cfir_jax.model.beit3 import param_path  # noqa: E402
-from cfir_jax.train import trainer  # noqa: E402
+from cfir_jax.train import loop  # noqa: E402
 from cfir_jax.train.data import TrainData  # noqa: E402
 from cfir_jax.train.state import init_state, make_setup  # noqa: E402
 from cfir_jax.train.step import global_batch_arrays, make_train_step  # noqa: E402
+from cfir_jax.train.tasks import TextTask  # noqa: E402
 
 
 def flat_numpy(tree) -> dict:
@@ -94,14 +95,14 @@ def main():
     elif mode == "run":
         workdir, out, stall = sys.argv[2], sys.argv[3], int(sys.argv[4])
         cfg = tiny_config(num_steps=8, checkpoint_every=2 if stall != -2 else 100)
-        result = trainer.train(cfg, workdir, stalling_data(planted_data(), stall))
+        result = loop.run(cfg, workdir, TextTask(stalling_data(planted_data(), stall)))
         np.savez(out, **flat_numpy(result.params))
     elif mode == "distrun":
         pid, port, workdir, out, stall = int(sys.argv[2]), sys.argv[3], sys.argv[4], sys.argv[5], int(sys.argv[6])
         initialize_two_processes(pid, port)
         # No validation set: the evaluation pass is single-process code. Only the preemption saves mid-run.
         cfg = tiny_config(num_steps=8, global_batch=16, checkpoint_every=100)
-        result = trainer.train(cfg, workdir, stalling_data(planted_data(with_eval=False), stall))
+        result = loop.run(cfg, workdir, TextTask(stalling_data(planted_data(with_eval=False), stall)))
         params = flat_numpy(result.params)  # every process takes part in the gather
         if pid == 0:
             np.savez(out, **params)

@@ -18,7 +18,7 @@ RANKS = {
     "stores": 1,  # the store contract, integrity, layout, lock, atomic writes; every store's reader
     "model": 2, "data": 2, "nlp": 2, "search": 2, "eval": 2,
     "index": 3, "train": 3, "retrieve": 3,  # the three stages: siblings, see WALLS
-    "serve": 4, "aot": 4,
+    "serve": 4, "aot": 4, "rerank": 4,
     "commands": 5,
 }
 # Rooms of one rank that never import each other: the builders, training and retrieval only meet in the stores.
@@ -150,38 +150,6 @@ def test_stores_hold_no_builder():
                       any(isinstance(n, ast.FunctionDef) and n.name.startswith("build_")
                           for n in ast.parse(p.read_text()).body))
     assert not builders, f"builders among the stores: {builders}"
-
-
-# Rooms whose function-level imports are still to be reviewed (the training loop's renovation, the compile-only
-# programs that follow it).
-UNREVIEWED = ("train", "aot")
-
-
-def _function_level_imports(path: Path) -> list[tuple[int, str]]:
-    """(line, module) of each cfir_jax import inside a function of the file."""
-    out = []
-    for fn in ast.walk(ast.parse(path.read_text())):
-        if isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            out += [(n.lineno, n.module) for n in ast.walk(fn)
-                    if isinstance(n, ast.ImportFrom) and n.module and n.module.startswith("cfir_jax")]
-    return sorted(set(out))
-
-
-def test_every_function_level_import_says_why():
-    """An import inside a function keeps a heavy dependency (jax, flax, tfds, pyarrow, FastAPI) off a light path,
-    and says which in a `# why:` comment above its block of imports; any other import belongs at the top."""
-    silent = []
-    for module, path in MODULES.items():
-        if _room(module) in UNREVIEWED:
-            continue
-        lines = path.read_text().splitlines()
-        for lineno, target in _function_level_imports(path):
-            i = lineno - 1
-            while i > 0 and lines[i - 1].lstrip().startswith(("from ", "import ")):
-                i -= 1
-            if not (i > 0 and lines[i - 1].lstrip().startswith("# why:")):
-                silent.append(f"{path.relative_to(PACKAGE.parent)}:{lineno} imports {target}")
-    assert not silent, "function-level imports without a reason:\n" + "\n".join(silent)
 
 
 def test_every_room_is_a_package():

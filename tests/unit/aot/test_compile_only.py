@@ -13,7 +13,7 @@ import pytest
 from repo import ROOT
 
 from cfir_jax.aot import programs as programs_lib
-from cfir_jax.aot.compile import compile_command, compile_program
+from cfir_jax.aot.compile import compile_program
 from cfir_jax.aot.topology import libtpu_problem, resolve
 from cfir_jax.core.cli import load_config_file
 from cfir_jax.core.errors import CfirError
@@ -87,15 +87,6 @@ def test_device_sr_is_row_sharded_and_its_temporaries_do_not_grow_with_the_cache
         replicated = 8 * programs_lib.UNION_BUCKET * 4 + 8 * 128 * 4  # the union ids and the queries
         assert shard <= m.argument_size_in_bytes <= shard + replicated + 65536
     assert memory[400_000].temp_size_in_bytes == memory[200_000].temp_size_in_bytes
-
-
-def test_refusal_names_the_knob():
-    config = load_config_file("configs/base.py:runlocal")
-    with pytest.raises(CfirError, match=r"train_step does not fit v5e:2x2: .* GiB per device of 16 GiB .*"
-                                        r"model\.remat=True"):
-        compile_command("train", config, "v5e:2x2", out=lambda _: None, global_batch=1 << 20)
-    with pytest.raises(CfirError, match="needs --topology"):
-        compile_command("train", config, "", out=lambda _: None)
 
 
 def test_train_cli_compile_only_reads_no_workdir():

@@ -12,9 +12,10 @@ from train_fixtures import planted_data, tiny_config
 import configs.base
 import configs.large
 from cfir_jax.model import beit3 as model_lib
-from cfir_jax.train import trainer
+from cfir_jax.train import loop
 from cfir_jax.train.optim import make_schedule, warmup_steps
 from cfir_jax.train.state import make_setup
+from cfir_jax.train.tasks import TextTask
 
 RECIPE_ROW = re.compile(r"^\s+((?:model|train)\.\w+)\s+([0-9][-+0-9.e]*)\s+\S")
 
@@ -88,7 +89,7 @@ def test_warmup_of_5_epochs_is_5_epochs_of_steps_for_the_dataset_size():
 def test_trainer_warms_up_over_epochs_of_its_data(tmp_path):
     """64 pairs at batch 8 = 8 steps per epoch; warmup_epochs=0.5 -> the logged lr climbs over 4 steps."""
     cfg = tiny_config(num_steps=6, warmup_steps=0, warmup_epochs=0.5, checkpoint_every=100, eval_every=100)
-    trainer.train(cfg, tmp_path, planted_data(num_pairs=64, with_eval=False))
+    loop.run(cfg, tmp_path, TextTask(planted_data(num_pairs=64, with_eval=False)))
     lrs = [json.loads(line)["lr"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     np.testing.assert_allclose(lrs[:5], [cfg.train.lr * s / 4 for s in range(5)], rtol=1e-6)
     assert lrs[5] < cfg.train.lr

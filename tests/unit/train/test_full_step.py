@@ -240,7 +240,11 @@ def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(world
     """The real image pipeline over the tiny world (two broken images among the first pairs): a run interrupted after
     its step-2 checkpoint resumes to the uninterrupted run's batches 3 and 4 and its parameters, bit for bit."""
     from cfir_jax.data.image_pipeline import PairBatches
-    from cfir_jax.train.full_trainer import train_full
+    from cfir_jax.train import loop
+    from cfir_jax.train.tasks import FullTask
+
+    def train_full(cfg, workdir, batches, ids, mask):
+        return loop.run(cfg, workdir, FullTask(batches, ids, mask))
 
     corpus, pairs, _ = world_corpus
     cfg = full_config(num_steps=4, checkpoint_every=2, grad_accum_steps=2)

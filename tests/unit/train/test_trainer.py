@@ -17,9 +17,10 @@ from train_fixtures import planted_data, tiny_config
 
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model import checkpoint
-from cfir_jax.train import trainer
+from cfir_jax.train import loop
 from cfir_jax.train.state import init_state, make_setup
 from cfir_jax.train.step import global_batch_arrays, make_train_step
+from cfir_jax.train.tasks import TextTask
 
 WORKER = str(ROOT / "tests" / "helpers" / "train_worker.py")
 # The key projection's bias has an exactly zero gradient (a per-query constant shift of all attention logits), so
@@ -215,7 +216,7 @@ def test_frozen_parameters_are_bit_identical_after_training(tmp_path):
     init = model_lib.create_model(cfg.model, seed=5)
     checkpoint.save_model(init, tmp_path / "init")
     cfg.train.update(init_model=str(tmp_path / "init"), export_model=str(tmp_path / "init"))
-    trainer.train(cfg, tmp_path / "run", planted_data(with_eval=False))
+    loop.run(cfg, tmp_path / "run", TextTask(planted_data(with_eval=False)))
     after = checkpoint.load_model(tmp_path / "run" / "model")
 
     def flat(m):
@@ -238,7 +239,7 @@ def test_loss_falls_and_validation_recall_rises(tmp_path):
     cfg = tiny_config(num_steps=60, lr=2e-3, warmup_steps=5, log_every=5, eval_every=30, checkpoint_every=1000,
                       global_batch=16)
     cfg.model.update(dropout=0.0, drop_path_rate=0.0)
-    trainer.train(cfg, tmp_path, planted_data(num_pairs=64))
+    loop.run(cfg, tmp_path, TextTask(planted_data(num_pairs=64)))
     log = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     first, last = log[0], log[-1]
     assert last["loss"] < 0.3 * first["loss"]
@@ -334,4 +335,4 @@ def test_init_model_of_another_size_is_refused(tmp_path):
     checkpoint.save_model(model_lib.create_model(other.model), tmp_path / "other")
     cfg.train.init_model = str(tmp_path / "other")
     with pytest.raises(CfirError, match="embed_dim=48 but the config has 32"):
-        trainer.train(cfg, tmp_path / "run", planted_data(with_eval=False))
+        loop.run(cfg, tmp_path / "run", TextTask(planted_data(with_eval=False)))

@@ -1,4 +1,5 @@
-"""Fitting the re-ranker (`python retrieve.py --index W --fit-reranker`) on the train split's own SR lists.
+"""Fitting the re-ranker (`python retrieve.py --index W --fit-reranker`) on the train split's own SR lists, and
+writing the store W/reranker that `cfir_jax.retrieve.reranker` opens.
 
 For every train document (at most `retrieval.rerank.max_train_docs`, a seeded sample), the trained model's SR top-N
 with the features of `cfir_jax.retrieve.rerank_features`; a candidate is positive when the train qrels judge it
@@ -6,7 +7,7 @@ relevant. Lists without a positive in their top-N are skipped, not patched by ap
 query time the re-ranker can only reorder the top-N, and an appended positive would carry features (an SR score
 below the list's, no rank) that only positives have, a shortcut the test lists never offer. A seeded slice of the
 kept lists (`heldout`) is held out; the head is fitted with AdamW on the list-wise softmax loss
-(`cfir_jax.retrieve.reranker.listwise_loss`) and the epoch with the best held-out MRR@10 is kept (early stopping
+(`cfir_jax.model.rerank_head.listwise_loss`) and the epoch with the best held-out MRR@10 is kept (early stopping
 after `patience` epochs without a gain). The entity index holds the train documents' own entities, so their ER
 lists are the ones a test document with only known entities would get; test documents with unseen entities get
 searched lists the fit never sees.
@@ -15,7 +16,9 @@ searched lists the fit never sees.
 from __future__ import annotations
 
 import dataclasses
+import os
 import time
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -27,8 +30,10 @@ from flax import nnx
 from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar
+from cfir_jax.model.rerank_head import RerankHead, Standardisation, listwise_loss
 from cfir_jax.retrieve.pipeline import Retriever
-from cfir_jax.retrieve.reranker import RerankHead, Standardisation, listwise_loss, save_reranker
+from cfir_jax.retrieve.reranker import FORMAT_VERSION, KIND
+from cfir_jax.stores.contract import atomic_dir, write_manifest
 
 
 @dataclasses.dataclass
@@ -169,6 +174,26 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
         heldout_lists=int(num_heldout), heldout_mrr10=round(fit.heldout_mrr, 4),
         heldout_sr_mrr10=round(fit.heldout_sr_mrr, 4), best_epoch=fit.best_epoch, epochs_run=fit.epochs,
         fit_seconds=round(time.time() - start, 1))
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, np.ndarray]:
+    out = {}
+    for key, value in tree.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(_flatten(value, name + "/"))
+        else:
+            out[name] = np.asarray(value)
+    return out
+
+
+def save_reranker(path: str | os.PathLike, head: RerankHead, features: tuple[str, ...], **fields: Any) -> dict:
+    """Writes the store atomically (a temporary directory renamed into place); returns its manifest."""
+    with atomic_dir(path) as tmp:
+        np.savez(tmp / "params.npz", **_flatten(nnx.to_pure_dict(nnx.state(head))))
+        hidden = int(head.fc2.in_features)
+        return write_manifest(tmp, KIND, FORMAT_VERSION, features=list(features), hidden=hidden, **fields)
+
 
 
 def summary(m: dict, workdir) -> str:

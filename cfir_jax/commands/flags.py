@@ -1,0 +1,111 @@
+"""The flags of index.py and retrieve.py, and retrieve.py's checks of them (run before any config is read). Light: it
+loads no JAX, so a wrong flag of retrieve.py is answered at once."""
+
+from __future__ import annotations
+
+import argparse
+
+from cfir_jax.core.errors import CfirError
+from cfir_jax.eval.comparison import parse_ks
+from cfir_jax.eval.metrics import MEASURE_SETS
+from cfir_jax.eval.plots import check_png_name
+
+# Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
+# retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.
+SHOWN = 20
+FORMATS = ("table", "json", "trec")
+
+
+def verify_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """`index.py --verify --workdir W`: a reader, with no config."""
+    p = argparse.ArgumentParser(description="checks every store of W against its recorded checksums")
+    p.add_argument("--verify", action="store_true", required=True)
+    p.add_argument("--workdir", required=True)
+    return p.parse_args(argv)
+
+
+def index_flags(parser: argparse.ArgumentParser) -> None:
+    # why: the index runner loads the builders (JAX, flax); only index.py's build needs its stage names
+    from cfir_jax.index.runner import STAGES
+
+    parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
+                        f"order): {', '.join(STAGES)}; default: all")
+    parser.add_argument("--add-entities", default="", help="file of entity texts (one per line) to append")
+    parser.add_argument("--add", default="", help="new documents and images to append to the built collection: a "
+                        "directory (documents.jsonl|parquet, images.jsonl|parquet or images/, qrels/), a directory "
+                        "of image files, or a .jsonl/.parquet file of image rows (docs/collection.md)")
+    parser.add_argument("--remove", default="", help="file of image or document ids (one per line; image:ID or "
+                        "document:ID where an id is both) that no method returns from now on")
+    parser.add_argument("--compact", action="store_true", help="rewrite the stores without the removed image rows")
+    parser.add_argument("--verify", action="store_true", help="re-read every store of --workdir against the "
+                        "checksums recorded when it was built, name each damaged file, build nothing (exit 2 if any)")
+
+
+def retrieve_flags(p: argparse.ArgumentParser) -> None:
+    # Not required by argparse: --compile-only (cli.parse's flag) stands alone; check_retrieve asks for one of them.
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--query", help="a plain-text document")
+    what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
+    what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
+    what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
+                      "(retrieval.rerank) on the train split into W/reranker; enable it with "
+                      "--config.retrieval.rerank.enabled=true")
+    what.add_argument("--serve", action="store_true", help="serve the index over HTTP until stopped (POST "
+                      "/v1/search, GET / a page; settings: --config.serve.*)")
+    serving = p.add_argument_group("--serve")
+    serving.add_argument("--host", default=None, help="address to listen on (default serve.host: 127.0.0.1)")
+    serving.add_argument("--port", type=int, default=None, help="port (default serve.port: 8080; 0: any free one)")
+    p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
+    p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
+    p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
+                   "method(s) into a PNG")
+    p.add_argument("--top-k", type=int, default=None,
+                   help=f"hits to show and write, >= 1 (default: {SHOWN} on stdout in every --format; retrieval.top_k, "
+                   "1000, in --output run files and --evaluate, which R@1000 needs)")
+    p.add_argument("--format", default="table", help="table | json | trec (stdout)")
+    p.add_argument("--html", default="", help="write an HTML page with the images")
+    p.add_argument("--output", default="", help="write a TREC run file")
+    p.add_argument("--qrels", default="", help="TREC qrels (or AToMiC parquet) to evaluate the run against")
+    p.add_argument("--tag", default="cfir", help="run tag of TREC output")
+    p.add_argument("--measures", default="", help="with --evaluate or --qrels: trec_eval (per text, trec_eval -c: "
+                   "a judged topic without hits scores 0; the default), trec_eval_no_c (the mean over topics with "
+                   "hits only, trec_eval without -c), authors (the authors' code: one query per qrels line, chunk "
+                   "means) or both (trec_eval -c and authors); default retrieval.measures")
+    p.add_argument("--compare-k", default="", metavar="K1,K2,...", help="with --evaluate: full CFIR at each K, the "
+                   "paper's Table 4, from the one index (each a cut of its best-first lists, retrieval.k; refused "
+                   "above the K it was built with)")
+
+
+def check_retrieve(args: argparse.Namespace) -> None:
+    """retrieve.py's flags together, in one line each, before minutes of retrieval; --compare-k parsed to ints."""
+    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.serve, args.compile_only]
+    if sum(bool(c) for c in chosen) != 1:
+        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --serve, --compile-only")
+    if args.format not in FORMATS:
+        raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
+    if args.plot and not args.evaluate:
+        raise CfirError("--plot draws the recall curves of --evaluate SPLIT; add --evaluate")
+    if args.plot:
+        check_png_name(args.plot)
+    if args.top_k is not None and args.top_k < 1:
+        raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
+    if args.measures and args.measures not in MEASURE_SETS:
+        raise CfirError(f"--measures {args.measures!r}: use one of {', '.join(MEASURE_SETS)}")
+    if args.compare_k and not args.evaluate:
+        raise CfirError("--compare-k evaluates full CFIR at several K on --evaluate SPLIT; add --evaluate")
+    if args.compare_k and args.compare:
+        raise CfirError("--compare (Table 3) and --compare-k (Table 4) are separate runs; give one")
+    if args.compare_k:
+        try:
+            args.compare_k = parse_ks(args.compare_k)
+        except ValueError as e:
+            raise CfirError(str(e)) from None
+
+
+def hit_budget(config, top_k: int | None) -> tuple[int, int]:
+    """(hits kept in run files and evaluation, hits shown on stdout) for `--top-k` (None: not given); a larger
+    --top-k raises retrieval.top_k so that retrieval keeps that many."""
+    if top_k:
+        config.retrieval.top_k = max(config.retrieval.top_k, top_k)
+    top = top_k or config.retrieval.top_k
+    return top, top_k or min(SHOWN, top)
