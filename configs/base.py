@@ -75,7 +75,8 @@ other experiment choice (index: AToMiC base, K = 10,000, BART-large-CNN summarie
 evaluation); cfir_jax/core/config.py holds only what is not a choice (architecture, engineering knobs).
 """
 
-from cfir_jax.core.config import LANGUAGE_EXPERT, defaults, parse_arg
+from cfir_jax.core.config import LANGUAGE_EXPERT, defaults
+from cfir_jax.core.variants import parse_arg
 
 # The authors' stage-2 command: --batch_size 128, which BEiT-3's fine-tuning code applies per GPU (their README.md:30),
 # on the 4 GPUs their README.md:7 names: a global batch of 512, the paper's.

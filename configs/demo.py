@@ -20,16 +20,13 @@ trains the text tower on image captions (as BEiT-3's itc pretraining did) and fr
 Expected (default size): CFIR well above dense document and summary search on the test split (see README).
 """
 
+from cfir_jax.core.variants import parse_arg
 from configs.base import experiment
-
-VARIANTS = ("", "tiny", "full", "tiny,full")
 
 
 def get_config(arg=None):
-    if (arg or "") not in VARIANTS:
-        raise ValueError(f"unknown config variant {arg!r}: use configs/demo.py or configs/demo.py:VARIANT, VARIANT "
-                         f"one of {VARIANTS[1:]}")
-    tiny, full = "tiny" in (arg or "").split(","), "full" in (arg or "").split(",")
+    variant = parse_arg(arg, tiny=False, full=False)  # in any order: `:full,tiny` is `:tiny,full`
+    tiny, full = variant.tiny, variant.full
     cfg = experiment("base", "runlocal,full" if full else "runlocal")
     # The demo's own recipe, tuned for a 2-layer model on a synthetic world: no drop path, no layer-wise lr decay.
     cfg.model.update(embed_dim=64, num_layers=2, num_heads=4, ffn_dim=256, vocab_size=1024, max_text_positions=512,

@@ -294,6 +294,6 @@ def bart_index(config, topology: Topology, dtypes=BART_DTYPES, input_tokens: int
 def bart_queries(config, topology: Topology, query_batches: tuple[int, ...] = BART_QUERY_BATCHES,
                  dtypes=BART_DTYPES, input_tokens: int = BART_INPUT_TOKENS) -> list[Program]:
     """A query's summary (retrieval.summarizer unset): a service's micro-batches of 1, 8 and 64 documents."""
-    if config.retrieval.get("summarizer"):
+    if config.retrieval.summarizer:
         return []
     return _bart_programs(config, topology, {f"q{q}": q for q in query_batches}, dtypes, input_tokens)

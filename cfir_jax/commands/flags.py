@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import argparse
 
+from cfir_jax.core.config_check import MEASURE_SETS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.eval.comparison import parse_ks
-from cfir_jax.eval.metrics import MEASURE_SETS
 from cfir_jax.eval.plots import check_png_name
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep

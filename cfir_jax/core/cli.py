@@ -18,6 +18,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from cfir_jax.core import faults, progress
+from cfir_jax.core.config_check import check
 from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError, os_error_line, quiet_abandoned_async_work
 
@@ -63,6 +64,15 @@ def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     except (UnicodeDecodeError, json.JSONDecodeError, KeyError):
         raise CfirError(f"{path}: unreadable; run index.py again") from None
     return upgrade(config)
+
+
+def load(config_spec: str, workdir: str | os.PathLike | None, overrides: Sequence[str] = ()
+         ) -> ml_collections.ConfigDict:
+    """The one way a command (and a service's reload) reads its config: `config_spec` (a config file and variant)
+    or, when empty, the config `workdir` was built with, then the `--config.*` overrides; each section is checked
+    once, here (`cfir_jax.core.config_check.check`)."""
+    config = load_config_file(config_spec) if config_spec else workdir_config(workdir)
+    return check(apply_overrides(config, overrides))
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> ml_collections.ConfigDict:
@@ -123,8 +133,7 @@ def parse(description: str, add_arguments=None, argv: list[str] | None = None, *
         parser.error(f"the following arguments are required: {workdir_flag}")
     if check_args:
         check_args(args)
-    config = load_config_file(args.config) if args.config else workdir_config(workdir)
-    config = apply_overrides(config, rest)
+    config = load(args.config, workdir, rest)
     config.lock()
     progress.set_log_levels(args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")

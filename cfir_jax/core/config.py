@@ -3,7 +3,9 @@
 Every config is an `ml_collections.ConfigDict` with sections `model`, `mesh`, `index`, `train`, `retrieval`.
 `defaults()` fills in what is not a choice of the experiment (architecture facts, engineering knobs) and leaves each
 experiment choice a typed placeholder; `configs/base.py` sets them (the paper's CFIR), `configs/large.py` and
-`configs/demo.py` start from it. `parse_arg` reads the variant after the colon (`configs/base.py:384,runlocal`).
+`configs/demo.py` start from it. `cfir_jax.core.variants.parse_arg` reads the variant after the colon
+(`configs/base.py:384,runlocal`); `cfir_jax.core.config_check.check` checks each section once, where a config is
+loaded.
 """
 
 from __future__ import annotations
@@ -52,39 +54,6 @@ def model_config(size: str = "base", image_size: int = 224, **overrides) -> ml_c
     )
     cfg.update(overrides)
     return cfg
-
-
-def parse_arg(arg: str | None, **defaults) -> ml_collections.ConfigDict:
-    """A config variant string -> ConfigDict of typed values (big_vision's convention).
-
-    'runlocal,res=384' with defaults (res=224, runlocal=False) -> {res: 384, runlocal: True}: `key=value` converts
-    to the default's type, a bare `key` sets a boolean default to True, and a bare number sets `res` (so
-    `configs/base.py:384` works). An unknown key is an error, never a silent default.
-    """
-    out = ml_collections.ConfigDict(defaults)
-    for token in (t.strip() for t in (arg or "").split(",")):
-        if not token:
-            continue
-        key, sep, value = token.partition("=")
-        if not sep and key.isdigit() and "res" in defaults:
-            key, value, sep = "res", key, "="
-        if key not in defaults:
-            raise ValueError(f"unknown config variant {key!r}: use {', '.join(sorted(defaults))}")
-        default = defaults[key]
-        if not sep:
-            if not isinstance(default, bool):
-                raise ValueError(f"config variant {key!r} needs a value: {key}=...")
-            out[key] = True
-        elif isinstance(default, bool):
-            if value.lower() not in ("true", "false", "1", "0"):
-                raise ValueError(f"config variant {key}={value!r}: expected true or false")
-            out[key] = value.lower() in ("true", "1")
-        else:
-            try:
-                out[key] = type(default)(value)
-            except ValueError:
-                raise ValueError(f"config variant {key}={value!r}: expected {type(default).__name__}") from None
-    return out
 
 
 # CFIR's trainable set: every B (language) branch, the B position table and final LayerNorm, the
@@ -186,7 +155,7 @@ def mesh_config(size: str) -> ml_collections.ConfigDict:
     )
 
 
-# Over 60 lines, as one recipe read top to bottom: a single ConfigDict literal, one commented setting a line.
+# recipe: over 60 lines, read top to bottom: a single ConfigDict literal, one commented setting a line.
 def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     """The `index` section: where the corpus comes from and how each offline stage runs."""
     return ml_collections.ConfigDict(
@@ -284,7 +253,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
     )
 
 
-# Over 60 lines, as one recipe read top to bottom: a single ConfigDict literal, one commented setting a line.
+# recipe: over 60 lines, read top to bottom: a single ConfigDict literal, one commented setting a line.
 def retrieval_config() -> ml_collections.ConfigDict:
     """The `retrieval` section (CFIR's ER + SR stages)."""
     return ml_collections.ConfigDict(

@@ -10,12 +10,13 @@ import copy
 
 import ml_collections
 
-from cfir_jax.core.config import index_config, retrieval_config, serve_config
+from cfir_jax.core.config import index_config, retrieval_config, serve_config, train_config
 
 # What a workdir recorded before a field existed meant, for the experiment fields that have no default
 # (placeholders): SR was the fast scorer, evaluation always scored exactly, documents were embedded whole, entities
 # were spaCy's alone.
-_LEGACY_VALUES = {"retrieval": {"sr": "fast", "eval_sr": "exact", "document_fields": "all"},
+_LEGACY_VALUES = {"train": {"document_fields": "all"},
+                  "retrieval": {"sr": "fast", "eval_sr": "exact", "document_fields": "all"},
                   "index": {"entities": {"sources": "spacy"}}}
 
 
@@ -24,8 +25,11 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     backend...) with their current defaults, recursively, in place; fields it has are never changed. The one place
     this happens: `cli.workdir_config` applies it when a workdir's config is read, before overrides and the lock."""
     runlocal = bool(config.get("runlocal", False))
-    sections = {"index": index_config(runlocal), "retrieval": retrieval_config(), "serve": serve_config()}
+    sections = {"train": train_config(runlocal), "index": index_config(runlocal), "retrieval": retrieval_config(),
+                "serve": serve_config()}
     with config.unlocked():
+        if "tokenizer" not in config:
+            config.tokenizer = ""  # the corpus' own
         for name, current in sections.items():
             if name not in config:
                 config[name] = ml_collections.ConfigDict()

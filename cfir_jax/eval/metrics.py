@@ -173,7 +173,6 @@ def evaluate(
 # What retrieve.py --measures (retrieval.measures) accepts: 'trec_eval' is trec_eval -c (every qrels topic counts,
 # one without hits scores 0); 'trec_eval_no_c' the mean over the topics with hits only (trec_eval without -c, what
 # --evaluate printed before issue 29); 'authors' the authors' code's metric; 'both' trec_eval -c and the authors'.
-MEASURE_SETS = ("trec_eval", "trec_eval_no_c", "authors", "both")
 
 
 def complete_for(measures: str) -> bool:

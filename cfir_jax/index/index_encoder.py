@@ -61,7 +61,7 @@ def encoder_tokenizer(config) -> Path | None:
     """The tokenizer that goes with an encoder taken from another workdir: the one its corpus ships (a synthetic
     world's), unless the config names one (`tokenizer`, BEiT-3's beit3.spm); None otherwise."""
     other = other_workdir(config)
-    if config.get("tokenizer") or other is None:
+    if config.tokenizer or other is None:
         return None
     spm = other.corpus / "tokenizer.spm"
     return spm if spm.is_file() else None

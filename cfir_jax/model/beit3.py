@@ -43,10 +43,6 @@ def _dtype(name: str | Any) -> Any:
     return DTYPES[name] if isinstance(name, str) else name
 
 
-def _cfg(config: Any, key: str, default: Any) -> Any:
-    return config.get(key, default) if hasattr(config, "get") else getattr(config, key, default)
-
-
 class Block(nnx.Module):
     """One encoder layer of one expert: Sub-LN attention then Sub-LN FFN, both pre-LN with residuals.
 
@@ -55,8 +51,8 @@ class Block(nnx.Module):
 
     def __init__(self, config: Any, *, rngs: nnx.Rngs):
         d, f = config.embed_dim, config.ffn_dim
-        eps = _cfg(config, "layernorm_eps", 1e-5)
-        dtype, pdtype = _dtype(_cfg(config, "dtype", "float32")), _dtype(_cfg(config, "param_dtype", "float32"))
+        eps = config.layernorm_eps
+        dtype, pdtype = _dtype(config.dtype), _dtype(config.param_dtype)
         self.num_heads = config.num_heads
         self.dtype = dtype
 
@@ -135,12 +131,12 @@ class Expert(nnx.Module):
     activation_sharding: Any = None
 
     def __init__(self, config: Any, num_positions: int, *, rngs: nnx.Rngs):
-        pdtype = _dtype(_cfg(config, "param_dtype", "float32"))
+        pdtype = _dtype(config.param_dtype)
         self.num_layers = config.num_layers
-        self.scan_layers = bool(_cfg(config, "scan_layers", True))
-        self.remat = bool(_cfg(config, "remat", False))
-        self.dropout = float(_cfg(config, "dropout", 0.0))
-        self.drop_path_rates = tuple(np.linspace(0.0, float(_cfg(config, "drop_path_rate", 0.0)), config.num_layers))
+        self.scan_layers = bool(config.scan_layers)
+        self.remat = bool(config.remat)
+        self.dropout = float(config.dropout)
+        self.drop_path_rates = tuple(np.linspace(0.0, float(config.drop_path_rate), config.num_layers))
         self.embed_positions = nnx.Param(
             nnx.initializers.truncated_normal(0.02)(rngs.params(), (num_positions, config.embed_dim), pdtype),
             **axes("positions", "embed"),
@@ -154,8 +150,8 @@ class Expert(nnx.Module):
         self.layers = make_layers(rngs)
         self.layer_norm = nnx.LayerNorm(
             config.embed_dim,
-            epsilon=_cfg(config, "layernorm_eps", 1e-5),
-            dtype=_dtype(_cfg(config, "dtype", "float32")),
+            epsilon=config.layernorm_eps,
+            dtype=_dtype(config.dtype),
             param_dtype=pdtype,
             rngs=rngs,
             scale_metadata=axes("embed"),
@@ -227,10 +223,10 @@ class PatchEmbed(nnx.Module):
 
     def __init__(self, config: Any, *, rngs: nnx.Rngs):
         p, d = config.patch_size, config.embed_dim
-        pdtype = _dtype(_cfg(config, "param_dtype", "float32"))
-        self.dtype = _dtype(_cfg(config, "dtype", "float32"))
+        pdtype = _dtype(config.param_dtype)
+        self.dtype = _dtype(config.dtype)
         self.proj = nnx.Conv(
-            _cfg(config, "in_chans", 3), d, kernel_size=(p, p), strides=(p, p), padding="VALID",
+            config.in_chans, d, kernel_size=(p, p), strides=(p, p), padding="VALID",
             dtype=self.dtype, param_dtype=pdtype, rngs=rngs,
             kernel_metadata=axes(None, None, None, "embed"), bias_metadata=axes("embed"),
         )
@@ -256,9 +252,9 @@ class DBeit3(nnx.Module):
 
     def __init__(self, config: Any, *, rngs: nnx.Rngs):
         d = config.embed_dim
-        pdtype = _dtype(_cfg(config, "param_dtype", "float32"))
+        pdtype = _dtype(config.param_dtype)
         self.config = config
-        self.dtype = _dtype(_cfg(config, "dtype", "float32"))
+        self.dtype = _dtype(config.dtype)
         num_patches = (config.image_size // config.patch_size) ** 2
         self.text_embed = nnx.Embed(
             config.vocab_size, d, embedding_init=nnx.initializers.normal(d**-0.5), param_dtype=pdtype, rngs=rngs,

@@ -23,6 +23,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
+from cfir_jax.core.config import model_config
 from cfir_jax.core.errors import StoreError, abandoned_restore
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
@@ -95,7 +96,8 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
 
     directory = Path(directory).absolute()
     manifest = read_model_manifest(directory)
-    stored = ml_collections.ConfigDict(manifest["model_config"])
+    # A model saved before a switch existed (scan_layers, remat, ...) takes today's default for it.
+    stored = ml_collections.ConfigDict({**model_config().to_dict(), **manifest["model_config"]})
     if config is not None:
         for key in ("embed_dim", "num_layers", "num_heads", "ffn_dim", "vocab_size", "image_size", "patch_size"):
             if key in config and config[key] != stored[key]:

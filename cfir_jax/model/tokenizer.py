@@ -91,7 +91,7 @@ class Beit3Tokenizer:
 
 def resolve_tokenizer(config, corpus) -> Beit3Tokenizer:
     """The config's tokenizer (beit3.spm), else the one a corpus (`data.corpus.Corpus`) ships (synthetic worlds)."""
-    path = config.get("tokenizer") or corpus.tokenizer_path
+    path = config.tokenizer or corpus.tokenizer_path
     if not path:
         raise CfirError("no tokenizer: set --config.tokenizer=/path/to/beit3.spm (BEiT-3's sentencepiece model)")
     return Beit3Tokenizer(path)

@@ -526,5 +526,5 @@ def make_summarizer(config, summarizer: str | None = None):
         return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
                               length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
                               max_input_tokens=s.max_input_tokens, batch_size=s.batch_size,
-                              dtype=s.get("dtype", "float32"))
+                              dtype=s.dtype)
     raise CfirError(f"index.summaries.summarizer={kind!r}: use 'bart' or 'extractive'")

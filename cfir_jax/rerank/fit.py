@@ -133,11 +133,7 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
     start = time.time()
     cfg = upgrade(config.copy_and_resolve_references())
     rerank = cfg.retrieval.rerank
-    top_n = int(rerank.top_n)
-    if top_n < 2:
-        raise CfirError(f"retrieval.rerank.top_n={top_n}: a list to re-rank needs at least 2 candidates")
-    if not 0.0 < float(rerank.heldout) < 1.0:
-        raise CfirError(f"retrieval.rerank.heldout={rerank.heldout}: a fraction of the lists, between 0 and 1")
+    top_n = int(rerank.top_n)  # at least 2, and heldout a fraction (cfir_jax.core.config_check)
     # SR exactly (the paper's), as evaluation scores it; the lists stop at N; the stage itself stays off.
     cfg.retrieval.update(sr=cfg.retrieval.eval_sr, top_k=top_n)
     rerank.enabled = False

@@ -63,7 +63,7 @@ class EntityRanking:
             e = self.config.index.entities
             labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
             self._pool = EntityPool(e.spacy_model, labels, int(self.rcfg.entity_workers),
-                                    deadline_s=float(self.rcfg.get("entity_deadline_ms", 60000.0)) / 1e3)
+                                    deadline_s=float(self.rcfg.entity_deadline_ms) / 1e3)
         return self._pool
 
     def stream(self, docs: Sequence) -> Iterator[list[str]]:

@@ -34,14 +34,14 @@ from collections.abc import Sequence
 import ml_collections
 import numpy as np
 
+from cfir_jax.core.config_check import SR_MODES
 from cfir_jax.core.config_upgrade import upgrade
-from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
 from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
 from cfir_jax.retrieve.methods import METHODS, method_of
-from cfir_jax.retrieve.sr import SR_MODES, SRFrontEnd, check_sr_settings
+from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
 from cfir_jax.stores.entities import EntityStore
@@ -101,9 +101,6 @@ class Retriever:
         config = upgrade(config)  # a no-op for a workdir config read by cli.workdir_config
         self.config, self.method, self.rcfg = config, method, config.retrieval
         self.methods = method_of(method, self.rcfg)
-        if self.rcfg.unknown_entities not in ("ignore", "search"):
-            raise CfirError(f"retrieval.unknown_entities={self.rcfg.unknown_entities!r}: use 'ignore' or 'search'")
-        check_sr_settings(self.rcfg)
         self.sr_mode = self.rcfg.sr
         self.notes: list[str] = []  # what the retriever decided that the user should know (printed by retrieve.py)
         cfir = method == "cfir"
@@ -136,7 +133,7 @@ class Retriever:
         self._load_nlp = load_nlp
         # (caption, url) of the images last shown, least recently used out: the corpus holds millions of images and
         # a service runs for months, so this stays at retrieval.caption_cache entries.
-        self._caption = functools.lru_cache(maxsize=max(0, int(self.rcfg.get("caption_cache", 10000))))(
+        self._caption = functools.lru_cache(maxsize=max(0, int(self.rcfg.caption_cache)))(
             self._read_caption)
         self._warm = False
         if cfir:
@@ -206,7 +203,7 @@ class Retriever:
 
     def summarizer(self):
         if self._summarizer is None:
-            self._summarizer = make_summarizer(self.config, self.rcfg.get("summarizer") or None)
+            self._summarizer = make_summarizer(self.config, self.rcfg.summarizer or None)
         return self._summarizer
 
     def _candidates(self, entities: list[str]) -> tuple[list[np.ndarray], list[str], list[str]]:
@@ -353,7 +350,7 @@ class Retriever:
             if self.methods.summarizes else None
         # A method that embeds the document reads retrieval.document_fields of it (entities and summaries come from
         # the stores, so the text is read for nothing else).
-        fields = self.rcfg.get("document_fields") if self.methods.reads_document() else "all"
+        fields = self.rcfg.document_fields if self.methods.reads_document() else "all"
         docs = []
         for doc_id in sorted(qrels):
             if doc_id not in row_of:

@@ -24,13 +24,6 @@ from cfir_jax.search.topk import exact_top_k, exact_topk
 from cfir_jax.stores.contract import manifest_digest
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
-SR_MODES = ("exact", "fast")
-
-
-def check_sr_settings(rcfg) -> None:
-    """One-line refusals of SR settings, before any store is opened."""
-    if rcfg.sr not in SR_MODES:
-        raise CfirError(f"retrieval.sr={rcfg.sr!r}: use 'exact' (the paper) or 'fast'")
 
 
 class SRFrontEnd:
@@ -51,9 +44,7 @@ class SRFrontEnd:
 
     def backend(self) -> str:
         """'device' or 'cpu' (retrieval.sr_backend; 'auto' is device when a GPU or TPU is present)."""
-        backend = self.rcfg.sr_backend
-        if backend not in ("auto", "device", "cpu"):
-            raise CfirError(f"retrieval.sr_backend={backend!r}: use auto, device or cpu")
+        backend = self.rcfg.sr_backend  # auto, device or cpu (cfir_jax.core.config_check)
         if backend == "auto":
             backend = "device" if device_sr.has_accelerator() else "cpu"
         return backend
@@ -68,9 +59,7 @@ class SRFrontEnd:
         """The image cache resident on the local devices (loaded once; SR and exact searches share it)."""
         if self._device is None:
             rcfg = self.rcfg
-            shard = {"auto": None, "always": True, "never": False}.get(rcfg.sr_device_shard, "bad")
-            if shard == "bad":
-                raise CfirError(f"retrieval.sr_device_shard={rcfg.sr_device_shard!r}: use auto, always or never")
+            shard = {"auto": None, "always": True, "never": False}[rcfg.sr_device_shard]
             self._device = device_sr.DeviceCache(self.rows, k=rcfg.top_k, dtype=rcfg.sr_device_dtype, shard=shard,
                                        buckets=tuple(rcfg.sr_buckets), query_batch=rcfg.sr_query_batch)
         return self._device

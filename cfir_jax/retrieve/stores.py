@@ -123,7 +123,7 @@ def open_image_text(stores: Stores):
 
 def _check_model_choice(config, layout: Layout) -> bool:
     """Whether retrieval.model asks for the Full model (refused in one line when it is unknown or not trained)."""
-    choice = config.retrieval.get("model", "")
+    choice = config.retrieval.model
     if choice not in ("", "full"):
         raise CfirError(f"retrieval.model={choice!r}: use '' (the text-trained model) or 'full' (W/model_full)")
     if choice == "full" and not (layout.model_full / "manifest.json").is_file():
@@ -156,7 +156,7 @@ def _open_cache(config, layout: Layout, model, model_dir: Path, model_manifest: 
     another vision tower built it: both fingerprints and the command that builds the right cache. Imported
     embeddings carry no fingerprint: they stand for the frozen tower, never for a Full model's."""
     own = layout.image_cache_full if full else layout.image_cache
-    named = config.retrieval.get("image_cache", "")
+    named = config.retrieval.image_cache
     path = layout.root / named if named else own  # an absolute name stays itself
     if full and not (path / "manifest.json").is_file() and path == own:
         raise CfirError(f"{own}: no image cache of the Full model's vision tower; build it with python index.py "
@@ -202,7 +202,7 @@ def _open_entity_index(config, stores: Stores, encoder_dir: Path | None) -> None
     stores.encoder_fingerprint = checkpoint.fingerprint(enc_model, "text")
     # retrieval.k cuts every stored list to its first k (0: as built); above the built K is refused.
     index = EntityIndex.open(layout.entity_index, expect_fingerprint=stores.encoder_fingerprint,
-                             expect_dim=model.config.embed_dim).with_k(config.retrieval.get("k", 0))
+                             expect_dim=model.config.embed_dim).with_k(config.retrieval.k)
     if index.manifest.get("n_images") not in (None, cache.num_images):
         raise CfirError(f"{layout.entity_index}: built over {index.manifest['n_images']} images "
                         f"but the cache has {cache.num_images}: rebuild the entity index")

@@ -76,8 +76,8 @@ class Service:
         self.stopping = False
         self.watch_pool(holder.current)
         self.verifier = BackgroundVerifier(lambda: self.holder.current.workdir,
-                                           float(settings.get("verify_mb_per_s", 0.0)),
-                                           float(settings.get("verify_interval_s", 3600.0)))
+                                           float(settings.verify_mb_per_s),
+                                           float(settings.verify_interval_s))
         self.max_body = 8 * settings.max_text_bytes * max(1, settings.max_batch_docs) + 65536  # JSON escapes
 
     def watch_pool(self, index) -> None:

@@ -45,8 +45,7 @@ WARM_TEXT_UNKNOWN = "Quentin Zabrowski of the Xylo Harbour Society met Priya Oko
 def load_config(workdir: str, config_spec: str, overrides: Sequence[str]) -> ml_collections.ConfigDict:
     """The config the index was built with (upgraded: fields older workdirs lack take their defaults) or
     `config_spec`, then the `--config.x.y=v` overrides, as `cli.parse` reads it: what a reload reads again."""
-    config = cli.load_config_file(config_spec) if config_spec else cli.workdir_config(workdir)
-    return cli.apply_overrides(config, overrides)
+    return cli.load(config_spec, workdir, overrides)
 
 
 def config_overrides(argv: Sequence[str]) -> list[str]:
@@ -172,7 +171,7 @@ def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequenc
     for method in methods:
         warm_up(retrievers[method], max_batch)  # before the cache, so each batch size's rows are generated
         if retrievers[method].methods.uses_summary():
-            retrievers[method].cache_summaries(int(config.serve.get("summary_cache", 0)))
+            retrievers[method].cache_summaries(int(config.serve.summary_cache))
     if index_fingerprint(workdir) != fingerprint:  # rebuilt while it was loading: what was read may be mixed
         raise CfirError(f"{workdir}: the index changed while it was loading; reload again when index.py is done")
     return LoadedIndex(workdir, retrievers, fingerprint, family, time.time(), time.perf_counter() - t0,
@@ -209,7 +208,7 @@ class IndexHolder:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
             config = load_config(self.workdir, self.config_spec, self.overrides)
-            if config.serve.get("verify_on_reload", True):  # every byte, before any of it is served
+            if config.serve.verify_on_reload:  # every byte, before any of it is served
                 check_complete(self.workdir)
                 problems = store_problems(self.workdir)
                 if problems:
@@ -245,7 +244,7 @@ class IndexHolder:
 def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
     """The EntityPool an index's batches use: `old` when it parses the same way (spaCy model, labels), a new one of
     serve.entity_workers processes otherwise; None when workers < 2 or no served method reads entities."""
-    workers = int(config.serve.get("entity_workers", 0))
+    workers = int(config.serve.entity_workers)
     if workers < 2 or all(r.entities is None for r in index.retrievers.values()):
         return None
     e, s = config.index.entities, config.serve

@@ -19,13 +19,12 @@ import ml_collections
 import numpy as np
 
 from cfir_jax.core.config import TRAIN_TEXT_LENGTHS, check_text_lengths
+from cfir_jax.core.config_check import TRAIN_TEXTS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, document_text
 from cfir_jax.model.tokenizer import Beit3Tokenizer, resolve_tokenizer
 from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
-
-TEXTS = ("summary", "document", "caption")
 
 
 def document_texts(layout: Layout, corpus: Corpus, kind: str, fields=None) -> list[str]:
@@ -40,14 +39,12 @@ def document_texts(layout: Layout, corpus: Corpus, kind: str, fields=None) -> li
         return list(store.summaries)
     if kind == "document":
         return [document_text(corpus.document(i), fields) for i in range(corpus.num_documents)]
-    raise CfirError(f"unknown text kind {kind!r}: use one of {TEXTS}")
+    raise CfirError(f"unknown text kind {kind!r}: use one of {TRAIN_TEXTS}")
 
 
 def load_train_data(config: ml_collections.ConfigDict, workdir, with_eval: bool = True) -> TrainData:
     """Builds the host-side TrainData of `config.train.text` from the stores of `workdir`."""
-    tcfg = config.train
-    if tcfg.text not in TEXTS:
-        raise CfirError(f"train.text={tcfg.text!r}: use one of {TEXTS}")
+    tcfg = config.train  # train.text is one of TRAIN_TEXTS (cfir_jax.core.config_check)
     layout = Layout.of(workdir)
     corpus = Corpus.open(layout.corpus)
     cache = ImageCache.open(layout.image_cache, expect_dim=config.model.embed_dim)
@@ -116,10 +113,7 @@ def load_full_data(config: ml_collections.ConfigDict, workdir) -> FullData:
     if not layout.corpus.is_dir():
         raise CfirError(f"{layout.corpus}: no corpus; build it first with index.py --config CONFIG --workdir "
                         f"{layout.root}")
-    tcfg = config.train
-    if tcfg.text != "document":
-        raise CfirError(f"train.images='pixels' (D-BEiT-3 Full) trains on document text: train.text={tcfg.text!r} "
-                        "must be 'document'")
+    tcfg = config.train  # train.text is 'document' (cfir_jax.core.config_check)
     # why: grain (the image pipeline) loads only for the Full task's pixels, not for the text task's cache
     from cfir_jax.data.image_pipeline import PairBatches, train_pairs
 

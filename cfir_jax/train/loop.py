@@ -97,7 +97,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, task: Tas
     from cfir_jax.core.progress import shown
 
     if tower_kind(config) != task.tower:
-        raise CfirError(f"train.images={config.train.get('images', 'cache')!r} does not train the {task.tower!r} "
+        raise CfirError(f"train.images={config.train.images!r} does not train the {task.tower!r} "
                         "tower: train.images='pixels' trains both towers (D-BEiT-3 Full), 'cache' the text tower")
     steps = num_steps(config.train, task.steps_per_epoch(config))
     workdir = Path(workdir).absolute()

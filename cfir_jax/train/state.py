@@ -20,6 +20,7 @@ import numpy as np
 import optax
 from flax import nnx
 
+from cfir_jax.core.config_check import TOWERS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.train import partition
@@ -43,16 +44,9 @@ class Setup:
     schedule: optax.Schedule
 
 
-# What goes on the accelerators, by the image side of the config (`train.images`).
-TOWERS = {"cache": "text", "pixels": "dual"}
-
-
 def tower_kind(config: ml_collections.ConfigDict) -> str:
     """'text' (train.images='cache', CFIR) or 'dual' (train.images='pixels', D-BEiT-3 Full)."""
-    images = config.train.get("images", "cache")  # workdirs recorded before the field: the cache
-    if images not in TOWERS:
-        raise CfirError(f"train.images={images!r}: use one of {', '.join(TOWERS)}")
-    return TOWERS[images]
+    return TOWERS[config.train.images]  # a key of TOWERS (cfir_jax.core.config_check)
 
 
 def _tower(model_cfg, seed: int = 0, kind: str = "text") -> model_lib.TextTower | model_lib.DBeit3:

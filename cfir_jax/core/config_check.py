@@ -1,0 +1,96 @@
+"""Each config section's check, one per section, run once where a config is loaded (`cfir_jax.core.cli.load`: the
+commands, and a service's reload): a value the code cannot run with is refused in one line naming the field and its
+choices, before any store is opened or any step compiled. The choices are defined here, on the floor, and the rooms
+that act on them import them from here.
+
+A field an experiment leaves unset (a placeholder, None) is not checked: a command that needs it says so.
+An older workdir's config is upgraded first (`cfir_jax.core.config_upgrade`), so every field is there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import ml_collections
+
+from cfir_jax.core.errors import CfirError
+
+# train.text: what the language expert reads of a train document (or an image's caption, the demo's pretraining).
+TRAIN_TEXTS = ("summary", "document", "caption")
+# train.images -> the tower trained: the cached embeddings train the text tower, the pictures both (D-BEiT-3 Full).
+TOWERS = {"cache": "text", "pixels": "dual"}
+SR_MODES = ("exact", "fast")  # retrieval.sr and retrieval.eval_sr
+SR_BACKENDS = ("auto", "device", "cpu")
+SR_DEVICE_SHARDS = ("auto", "always", "never")
+SR_DEVICE_DTYPES = ("float16", "bfloat16")
+UNKNOWN_ENTITY_RULES = ("ignore", "search")
+RETRIEVAL_MODELS = ("", "full")
+# retrieval.measures (retrieve.py --measures): trec_eval -c, trec_eval without -c, the authors' code, or both.
+MEASURE_SETS = ("trec_eval", "trec_eval_no_c", "authors", "both")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _one_of(section: str, node: ml_collections.ConfigDict, key: str, choices: Sequence) -> None:
+    value = node[key]
+    if value is not None and value not in choices:
+        raise CfirError(f"{section}.{key}={value!r}: use one of {', '.join(repr(c) for c in choices)}")
+
+
+def check_model(m: ml_collections.ConfigDict) -> None:
+    if m.image_size % m.patch_size:
+        raise CfirError(f"model.image_size={m.image_size} is not a multiple of model.patch_size={m.patch_size}")
+    _one_of("model", m, "dtype", DTYPES)
+    _one_of("model", m, "param_dtype", DTYPES)
+
+
+def check_mesh(m: ml_collections.ConfigDict) -> None:
+    for axis in ("data", "fsdp"):
+        if m[axis] == 0 or m[axis] < -1:
+            raise CfirError(f"mesh.{axis}={m[axis]}: a number of devices, or -1 for what the other axis leaves")
+
+
+def check_train(t: ml_collections.ConfigDict) -> None:
+    _one_of("train", t, "text", TRAIN_TEXTS)
+    _one_of("train", t, "images", TOWERS)
+    if t.images == "pixels" and t.text not in (None, "document"):
+        raise CfirError(f"train.images='pixels' (D-BEiT-3 Full) trains on document text: train.text={t.text!r} must "
+                        "be 'document'")
+
+
+def check_index(i: ml_collections.ConfigDict) -> None:
+    _one_of("index.corpus", i.corpus, "source", ("atomic", "synthetic", "files"))
+    _one_of("index.image_cache", i.image_cache, "dtype", DTYPES)
+
+
+def check_retrieval(r: ml_collections.ConfigDict) -> None:
+    for key, choices in (("sr", SR_MODES), ("eval_sr", SR_MODES), ("sr_backend", SR_BACKENDS),
+                         ("sr_device_shard", SR_DEVICE_SHARDS), ("sr_device_dtype", SR_DEVICE_DTYPES),
+                         ("unknown_entities", UNKNOWN_ENTITY_RULES), ("model", RETRIEVAL_MODELS),
+                         ("measures", MEASURE_SETS)):
+        _one_of("retrieval", r, key, choices)
+    rerank = r.rerank
+    if int(rerank.top_n) < 2:
+        raise CfirError(f"retrieval.rerank.top_n={rerank.top_n}: a list to re-rank needs at least 2 candidates")
+    if not 0.0 < float(rerank.heldout) < 1.0:
+        raise CfirError(f"retrieval.rerank.heldout={rerank.heldout}: a fraction of the lists, between 0 and 1")
+
+
+def check_serve(s: ml_collections.ConfigDict) -> None:
+    if s.max_batch < 1:
+        raise CfirError(f"serve.max_batch={s.max_batch}: at least 1 (1: micro-batching off)")
+    if s.max_batch_docs > s.queue_size:
+        raise CfirError(f"serve.max_batch_docs={s.max_batch_docs} exceeds serve.queue_size={s.queue_size}: a full "
+                        "batch request could never be queued")
+
+
+SECTIONS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {
+    "model": check_model, "mesh": check_mesh, "train": check_train, "index": check_index,
+    "retrieval": check_retrieval, "serve": check_serve}
+
+
+def check(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Runs every section's check (the sections the config has); returns the config."""
+    for name, check_section in SECTIONS.items():
+        if name in config:
+            check_section(config[name])
+    return config
