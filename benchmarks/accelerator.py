@@ -209,7 +209,7 @@ def bart_rows(sizes: Sizes) -> list[dict]:
     CNN's architecture with random weights (benchmarks/realsize.py; nothing downloaded): time and memory only."""
     import jax
 
-    from cfir_jax.nlp.summarizer import BartSummarizer
+    from cfir_jax.nlp.bart import BartSummarizer
 
     texts = [f"Document {i} about the history of the city, its rivers, bridges and people. " * 60
              for i in range(sizes.bart_docs)]

@@ -153,7 +153,7 @@ def measure_summaries(args) -> float:
     sys.path[:0] = [str(REPO / "tests" / "helpers"), str(REPO / "tests" / "unit" / "nlp")]
     from test_summaries import _write_tiny_tokenizer
 
-    from cfir_jax.nlp.summarizer import BartSummarizer
+    from cfir_jax.nlp.bart import BartSummarizer
 
     # facebook/bart-large-cnn's architecture (config.json of the hub model); random weights.
     config = BartConfig(vocab_size=50264, d_model=1024, encoder_layers=12, decoder_layers=12,

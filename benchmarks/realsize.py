@@ -335,7 +335,8 @@ def time_summaries(out: Path, options: list[str], docs: int, words: int, batch_d
     """Per option, one after another (each line printed with the load it ran under, so a busy machine still gives
     what finished): ms per query document (one per call, the query path) and, with batch_docs, summaries/s at that
     many documents per call; bfloat16's token agreement with the paper setting's output on the same documents."""
-    from cfir_jax.nlp.summarizer import BartSummarizer, make_summarizer
+    from cfir_jax.nlp.bart import BartSummarizer
+    from cfir_jax.nlp.summarizer import make_summarizer
 
     work = out / "work"
     texts = [t for _, t in query_documents(work, docs + 1, words)]

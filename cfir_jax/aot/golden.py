@@ -13,12 +13,12 @@ import json
 import jax
 
 from cfir_jax.aot.topology import resolve
+from cfir_jax.core.cli import load_config_file
+from cfir_jax.train.state import make_setup
 
 
 def sharding_table(config, topology_name: str) -> dict:
     """{"mesh": {axis: size}, "state": {path: spec}, "frozen": {path: spec}} of the train state on the topology."""
-    from cfir_jax.train.state import make_setup
-
     topology = resolve(topology_name)
     setup = make_setup(config, total_steps=1000, devices=list(topology.devices), steps_per_epoch=100)
 
@@ -31,8 +31,6 @@ def sharding_table(config, topology_name: str) -> dict:
 
 
 def main(argv=None) -> None:
-    from cfir_jax.core.cli import load_config_file
-
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--config", default="configs/large.py")
     parser.add_argument("--topology", default="v5p:4x4x4")

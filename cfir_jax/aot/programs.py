@@ -14,10 +14,19 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 import ml_collections
+from flax import nnx
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cfir_jax.aot.topology import Topology
+from cfir_jax.index.image_encoding import _encode_fn
+from cfir_jax.model import beit3 as model_lib
+from cfir_jax.nlp import bart as bart_lib
+from cfir_jax.search import device_sr as dsr
+from cfir_jax.train import batch as batch_lib
+from cfir_jax.train.full_step import FULL_BATCH, make_full_step
+from cfir_jax.train.state import make_setup, tower_kind
+from cfir_jax.train.step import batch_schema, make_encoder, make_train_step
 
 # AToMiC's image caches the device SR is sized for: base (every image the qrels judge, rounded up) and large (the
 # whole collection, 11,019,202 images); a document's entity-candidate union is about 60k rows (bucket 65,536).
@@ -71,8 +80,6 @@ def _unlocked(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
 def _train_setup(config, topology: Topology, global_batch: int | None, kind: str):
     """(the config at `global_batch`, unlocked, and its train Setup on the topology's devices), or None when the
     config trains the other tower kind ("text": the language expert on cached images; "dual": Full)."""
-    from cfir_jax.train.state import make_setup, tower_kind
-
     if tower_kind(config) != kind:
         return None
     config = _unlocked(config)
@@ -84,8 +91,6 @@ def _train_setup(config, topology: Topology, global_batch: int | None, kind: str
 @register("train", "train_step")
 def train_step(config, topology: Topology, global_batch: int | None = None) -> list[Program]:
     """The train step at the configured (or given) global batch over the whole slice, and the evaluation encoder."""
-    from cfir_jax.train import batch as batch_lib
-    from cfir_jax.train.step import batch_schema, make_encoder, make_train_step
 
     if (prepared := _train_setup(config, topology, global_batch, "text")) is None:
         return []
@@ -129,8 +134,6 @@ def _step_knob(config):
 def train_full(config, topology: Topology, global_batch: int | None = None) -> list[Program]:
     """The D-BEiT-3 Full step (both towers, images from uint8 pixels) at the configured (or given) global batch over
     the whole slice; only for configs with train.images='pixels' (configs/base.py:full, large.py:full)."""
-    from cfir_jax.train import batch as batch_lib
-    from cfir_jax.train.full_step import FULL_BATCH, make_full_step
 
     if (prepared := _train_setup(config, topology, global_batch, "dual")) is None:
         return []
@@ -150,10 +153,6 @@ def train_full(config, topology: Topology, global_batch: int | None = None) -> l
 @register("index", "image_encoding")
 def image_encoding(config, topology: Topology, image_size: int | None = None) -> list[Program]:
     """The vision tower's image-cache encoding step: each host encodes its batch over its own devices."""
-    from flax import nnx
-
-    from cfir_jax.index.image_encoding import _encode_fn
-    from cfir_jax.model import beit3 as model_lib
 
     ic = config.index.image_cache
     cfg = _unlocked(config.model)
@@ -194,8 +193,6 @@ class _Cache:
 
 
 def _device_cache(config, topology: Topology, rows: int | None, dtype: str | None) -> _Cache:
-    from cfir_jax.search import device_sr as dsr
-
     n = int(rows or CACHE_ROWS["large" if config.model.embed_dim >= 1024 else "base"])
     dtype = dtype or config.retrieval.sr_device_dtype
     mesh = dsr.make_mesh(list(topology.host_devices), shard=True)  # row-sharded over the host's devices
@@ -213,8 +210,6 @@ def _cache_knob(cache: _Cache, dominant: str) -> str:
 def entity_topk(config, topology: Topology, cache_rows: int | None = None, cache_dtype: str | None = None
                 ) -> list[Program]:
     """The exact entity top-K over the whole resident cache (the index's accelerator backend), per host."""
-    from cfir_jax.search import device_sr as dsr
-
     cache = _device_cache(config, topology, cache_rows, cache_dtype)
     k = int(config.index.entity_index.k)
     r = dsr.rows_per_shard(cache.n, cache.shards)
@@ -229,8 +224,6 @@ def entity_topk(config, topology: Topology, cache_rows: int | None = None, cache
 def device_sr(config, topology: Topology, cache_rows: int | None = None, cache_dtype: str | None = None,
               query_batches: tuple[int, ...] = SR_QUERY_BATCHES) -> list[Program]:
     """The device SR (summary scores the entity-candidate union) over the resident cache, per host."""
-    from cfir_jax.search import device_sr as dsr
-
     cache = _device_cache(config, topology, cache_rows, cache_dtype)
     r = dsr.rows_per_shard(cache.n, cache.shards)
 
@@ -251,24 +244,22 @@ BART_DTYPES = ("float32", "bfloat16")
 
 
 def _bart_programs(config, topology: Topology, batches: dict[str, int], dtypes, input_tokens: int) -> list[Program]:
-    """BART's jitted beam search (nlp.summarizer.generation_function) at each named batch and dtype, data parallel
+    """BART's jitted beam search (nlp.bart.generation_function) at each named batch and dtype, data parallel
     over the host's devices as the summarizer runs it: parameters replicated, rows split (a batch is padded up to a
     multiple of the devices, as BartSummarizer's row buckets)."""
-    from cfir_jax.nlp import summarizer as summarizer_lib
-
     s = config.index.summaries
     if s.summarizer != "bart":
         return []
     mesh = jax.sharding.Mesh(list(topology.host_devices), ("data",))
-    replicated, rows_sharding = summarizer_lib.generation_shardings(mesh)
+    replicated, rows_sharding = bart_lib.generation_shardings(mesh)
     n = mesh.size
     out = []
     for dtype in dtypes:
-        model, params = summarizer_lib.abstract_bart(s.bart_model, dtype)
+        model, params = bart_lib.abstract_bart(s.bart_model, dtype)
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), params)
         length = min(input_tokens, model.config.max_position_embeddings)
-        gen = summarizer_lib._generation_config(model, s.max_length, s.min_length, s.num_beams, s.length_penalty)
-        fn = summarizer_lib.data_parallel(summarizer_lib.generation_function(model, gen, s.no_repeat_ngram_size),
+        gen = bart_lib._generation_config(model, s.max_length, s.min_length, s.num_beams, s.length_penalty)
+        fn = bart_lib.data_parallel(bart_lib.generation_function(model, gen, s.no_repeat_ngram_size),
                                           mesh)
         for name, batch in batches.items():
             rows = -(-batch // n) * n

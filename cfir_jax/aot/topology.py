@@ -61,10 +61,12 @@ def _devices(name: str, host_bounds: tuple[int, int, int], chip_config: str = "d
     # (a test and the command it runs, two compile-only jobs) may load it at once.
     os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
     try:
+        # why: libtpu (the TPU compiler) loads only when a topology is resolved; it may be absent
         import libtpu  # noqa: F401
     except ImportError:
         raise CfirError("compile-only needs libtpu (the TPU compiler): pip install 'jax[tpu]==<your jax version>' "
                         "(bash scripts/setup.sh test installs it)") from None
+    # why: libtpu's topologies load only when a topology is resolved
     from jax.experimental import topologies
 
     with _libtpu_stderr() as said:

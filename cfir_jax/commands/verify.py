@@ -7,7 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from cfir_jax.stores.integrity import STORES, verify_workdir
+from cfir_jax.stores.integrity import verify_workdir
+from cfir_jax.stores.layout import STORES
 
 
 def run(workdir: str | os.PathLike, out=None) -> int:

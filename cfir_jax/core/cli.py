@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import functools
 import importlib.util
+import json
 import os
 import sys
 from collections.abc import Callable, Sequence
@@ -52,8 +53,6 @@ def load_config_file(spec: str) -> ml_collections.ConfigDict:
 def workdir_config(workdir: str | os.PathLike) -> ml_collections.ConfigDict:
     """The config an index was built with (recorded in W/index.json by index.py), with the fields added since it was
     recorded filled in (`cfir_jax.core.config_upgrade.upgrade`: the one place that happens)."""
-    import json
-
     path = Path(workdir) / "index.json"
     if not Path(workdir).is_dir():
         raise CfirError(f"{workdir}: no index here (missing directory); build it with index.py")
@@ -151,6 +150,7 @@ def add_compile_only_flags(parser: argparse.ArgumentParser) -> None:
 def maybe_initialize_distributed() -> None:
     """jax.distributed.initialize() when the environment describes several processes (TPU pods, SLURM, or the
     JAX_COORDINATOR_ADDRESS/JAX_NUM_PROCESSES/JAX_PROCESS_ID variables)."""
+    # why: JAX loads only when a command starts its computation, not for --help or a flag error
     import jax
 
     env = os.environ

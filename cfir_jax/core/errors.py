@@ -3,8 +3,10 @@ behind. `cfir_jax.core.cli.cli_main` turns them into a one-line message and an e
 
 from __future__ import annotations
 
+import logging
 import os
 import sys
+import warnings
 
 
 class CfirError(Exception):
@@ -50,8 +52,6 @@ def quiet_abandoned_async_work() -> None:
     """Drops the reports of `_abandoned_async_work` and asyncio's records of `_abandoned_task_record` (a damaged
     model's one-line error was followed by up to ~1,000 lines of "Exception ignored in <coroutine ...>" tracebacks);
     every other unraisable report goes to the hook before, every other asyncio record is logged."""
-    import logging
-
     previous = sys.unraisablehook
     if getattr(previous, "cfir_quiet", False):
         return
@@ -69,8 +69,6 @@ def abandoned_restore() -> None:
     """Called when an orbax restore failed, before its one-line error is raised: what it abandoned is kept quiet
     from now on (`_restore_failed`), and so are its reads never started, which Python reports as "coroutine ... was
     never awaited" RuntimeWarnings when they are collected."""
-    import warnings
-
     global _restore_failed
     _restore_failed = True
     warnings.filterwarnings("ignore", message=r"coroutine '.*' was never awaited", category=RuntimeWarning)

@@ -56,6 +56,7 @@ def barrier(name: str, timeout_s: float = BARRIER_TIMEOUT_S) -> None:
     """
     if process_count() == 1:
         return
+    # why: JAX's distributed client only where JAX is already running (hosts stays importable without JAX)
     from jax._src import distributed
 
     client = distributed.global_state.client
@@ -90,6 +91,7 @@ def from_main(name: str, value: str = "") -> str:
     process, `value` itself. Every process calls it, in the same order."""
     if process_count() == 1:
         return value
+    # why: JAX's distributed client only where JAX is already running (hosts stays importable without JAX)
     from jax._src import distributed
 
     client = distributed.global_state.client

@@ -48,6 +48,7 @@ def _terminal_sized() -> bool:
 def bar(iterable: Iterable[T] | None = None, show: bool | None = None, **kwargs):
     """A tqdm bar on stderr, shown when `show` says so, by default according to `disabled()`; only on process 0
     of a multi-host run."""
+    # why: tqdm loads only when a bar is drawn (the floor stays light)
     from tqdm.auto import tqdm
 
     hide = disabled() if show is None else not show
@@ -79,6 +80,7 @@ def set_log_levels(verbosity: int) -> None:
     for name in _CHATTY:
         logging.getLogger(name).setLevel(logging.INFO if verbosity >= 2 else logging.WARNING)
     try:
+        # why: absl's logging loads only when its verbosity is set
         from absl import logging as absl_logging
 
         absl_logging.set_verbosity("info" if verbosity >= 2 else "warning")

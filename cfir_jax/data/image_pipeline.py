@@ -98,6 +98,7 @@ class _LoadSample:
 def _grain_flags_ready() -> None:
     # grain 0.2.18's mp_prefetch reads one of its absl flags unguarded; the commands parse argparse, not absl, so
     # the flags keep their defaults and are marked parsed here (a later absl parse of argv still works).
+    # why: absl's flags load only when grain's worker processes start
     from absl import flags
 
     if not flags.FLAGS.is_parsed():

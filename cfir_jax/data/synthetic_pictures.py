@@ -3,6 +3,7 @@ learn (the topic's background colour, one shape per depicted entity with its col
 
 from __future__ import annotations
 
+import colorsys
 import io
 from collections.abc import Sequence
 from typing import Protocol
@@ -20,8 +21,6 @@ class Depicted(Protocol):
 
 
 def _hsv(hue: float, saturation: float, value: float) -> tuple[int, int, int]:
-    import colorsys
-
     return tuple(int(255 * c) for c in colorsys.hsv_to_rgb(hue % 1.0, saturation, value))
 
 
@@ -39,6 +38,7 @@ def render_image(entities: Sequence[Depicted], members: list[int], topic: int, i
     (its own generator, not the world's, so adding pixels changed no other draw) keeps images of one entity from
     being byte-identical.
     """
+    # why: Pillow loads only when a world draws its pictures
     from PIL import Image as PILImage
     from PIL import ImageDraw
 

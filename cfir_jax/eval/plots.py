@@ -28,9 +28,11 @@ def check_png_name(path: str | os.PathLike) -> None:
 def plot_recall_curves(curves: Mapping[str, list[float]], path: str | os.PathLike, title: str,
                        ks: tuple[int, ...] = RECALL_KS) -> None:
     """Draws recall@k against k (log axis), one line per method, into a PNG (written to a temp name, renamed)."""
+    # why: matplotlib loads only when a plot is drawn (--plot)
     import matplotlib
 
     matplotlib.use("Agg")  # files only: no display needed (and none on a server)
+    # why: pyplot loads only after the Agg backend is chosen
     import matplotlib.pyplot as plt
     import matplotlib.ticker
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import time
 from pathlib import Path
 
@@ -33,8 +34,6 @@ class TrainTime:
 
 def hardware_label(devices) -> str:
     """'8 x TPU v4', '1 x cpu (2 cores)': the device kind of `devices` and how many."""
-    import os
-
     kinds = sorted({d.device_kind for d in devices})
     label = f"{len(devices)} x {'/'.join(kinds)}"
     if all(d.platform == "cpu" for d in devices):

@@ -104,6 +104,7 @@ def read_qrels(path: str | os.PathLike) -> Qrels:
 
 def _read_parquet_qrels(path: Path) -> Qrels:
     """Reads an AToMiC qrels parquet file (text_id, Q0, image_id, rel); Q0 is optional and ignored."""
+    # why: pyarrow loads only for AToMiC's parquet qrels
     import pyarrow as pa
     import pyarrow.parquet as pq
 

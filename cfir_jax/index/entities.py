@@ -84,10 +84,16 @@ def assemble_entity_store(out_dir: Path, chunks, extractor: EntityExtractor, cor
         raise CfirError(f"{out_dir}: no documents to extract entities from; check the corpus path and split")
     if len(vocab) > np.iinfo(np.int32).max:
         raise CfirError(f"{out_dir}: {len(vocab)} distinct entities overflow int32 ids; shard the corpus")
+    _write_entity_store(out_dir, doc_ids, surfaces, offsets, np.concatenate(ids).astype(np.int32), extractor,
+                        corpus_fingerprint)
 
-    entity_ids = np.concatenate(ids).astype(np.int32)  # Checked above to fit.
+
+def _write_entity_store(out_dir: Path, doc_ids: list[str], surfaces: list[str], offsets: list[int],
+                        entity_ids: np.ndarray, extractor: EntityExtractor, corpus_fingerprint: str | None) -> None:
+    """The store's files from the assembled CSR (`entity_ids` int32 [mentions], `offsets` [documents + 1]) and the
+    vocabulary's surface forms, written under a temporary name and renamed."""
     offsets_arr = np.asarray(offsets, dtype=np.int64)
-    doc_freq = np.bincount(entity_ids, minlength=len(vocab)).astype(np.int32)
+    doc_freq = np.bincount(entity_ids, minlength=len(surfaces)).astype(np.int32)
     num_without = int(np.sum(np.diff(offsets_arr) == 0))
     with contract.atomic_dir(out_dir) as tmp:
         write_lines(tmp / "doc_ids.txt", doc_ids)
@@ -101,7 +107,7 @@ def assemble_entity_store(out_dir: Path, chunks, extractor: EntityExtractor, cor
             ENTITY_FORMAT_VERSION,
             **extractor.settings,
             num_docs=len(doc_ids),
-            num_entities=len(vocab),
+            num_entities=len(surfaces),
             num_mentions=int(entity_ids.size),
             num_without_entities=num_without,
             corpus_fingerprint=corpus_fingerprint,
@@ -110,6 +116,6 @@ def assemble_entity_store(out_dir: Path, chunks, extractor: EntityExtractor, cor
         "%s: %d documents, %d distinct entities, %d without entities",
         out_dir,
         len(doc_ids),
-        len(vocab),
+        len(surfaces),
         num_without,
     )

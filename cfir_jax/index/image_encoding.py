@@ -16,6 +16,7 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cfir_jax.core import hosts
@@ -66,8 +67,6 @@ def encoder_batch(batch_size: int) -> int:
 
 def _encode_fn(config) -> tuple[object, Callable]:
     """(graphdef, jitted fn(state, pixels [B, S, S, 3]) -> [B, D]) of the model structure described by `config`."""
-    from flax import nnx
-
     key = json.dumps(config.to_dict(), sort_keys=True, default=str)
     if key not in _ENCODE_FNS:
         graphdef, _ = nnx.split(model_lib.abstract_model(config))
@@ -86,8 +85,6 @@ class ImageEncoder:
     """The vision tower for a fixed [batch, S, S, 3] shape, the batch sharded over a 1-D mesh of the local devices."""
 
     def __init__(self, model: DBeit3, compute_dtype: str, batch_size: int):
-        from flax import nnx
-
         devices = jax.local_devices()
         self.mesh = Mesh(np.array(devices), ("data",))
         self.batch_size = encoder_batch(batch_size)

@@ -53,6 +53,7 @@ def _npy_source(path: Path, ids_path: Path | None) -> tuple[list[Path], Iterator
 
 
 def _parquet_source(path: Path) -> tuple[list[Path], Iterator[tuple[list[str], np.ndarray]]]:
+    # why: pyarrow loads only when embeddings are imported from parquet
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq

@@ -18,6 +18,7 @@ positions zeroed after the embedding, a final per-expert LayerNorm, token 0 thro
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import jax
@@ -354,8 +355,6 @@ def abstract_model(config: Any) -> DBeit3:
 
 def count_params(model: DBeit3, regex: str | None = None) -> int:
     """Number of parameters, optionally only those whose '/'-joined path matches `regex` (re.fullmatch)."""
-    import re
-
     state = nnx.state(model, nnx.Param)
     total = 0
     for path, leaf in jax.tree_util.tree_flatten_with_path(state)[0]:

@@ -56,6 +56,7 @@ def _this_process_only():
     """Orbax options for a model directory that this process writes or reads alone: in a jax.distributed run, the
     trainer's export happens on process 0 only and each process of an index build loads its own copy, so orbax must
     not wait for the other processes (it would, forever, on its default barrier over all of them)."""
+    # why: orbax loads only when a model is saved or restored
     import orbax.checkpoint as ocp
 
     process = jax.process_index()
@@ -64,6 +65,7 @@ def _this_process_only():
 
 def save_model(model: model_lib.DBeit3, directory: str | os.PathLike, **extra: Any) -> dict:
     """Writes `model` to a model directory atomically; returns the manifest."""
+    # why: orbax loads only when a model is saved or restored
     import orbax.checkpoint as ocp
 
     directory = Path(directory).absolute()
@@ -92,6 +94,7 @@ def read_model_manifest(directory: str | os.PathLike) -> dict:
 def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict | None = None) -> model_lib.DBeit3:
     """Restores a model directory. `config` (a `model` section) overrides precision/compile switches; its sizes
     must match the stored ones."""
+    # why: orbax loads only when a model is saved or restored
     import orbax.checkpoint as ocp
 
     directory = Path(directory).absolute()

@@ -62,6 +62,7 @@ def read_state_dict(path_or_state_dict: str | os.PathLike | Mapping[str, Any]) -
         if not path.is_file():
             raise CheckpointError(f"{path}: checkpoint file not found")
         try:
+            # why: torch loads only to read an official PyTorch checkpoint
             import torch
 
         except ImportError:

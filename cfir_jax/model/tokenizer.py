@@ -28,6 +28,7 @@ class Beit3Tokenizer:
     """`tok(texts, max_len) -> (ids [B, max_len] int32, padding_mask [B, max_len] bool)`."""
 
     def __init__(self, spm_path: str | os.PathLike):
+        # why: sentencepiece loads only when a tokenizer is opened or trained
         import sentencepiece as spm
 
         path = Path(spm_path)
@@ -103,6 +104,7 @@ def train_tokenizer(texts: list[str], path: str | os.PathLike, vocab_size: int, 
     `vocab_size` is an upper bound: the synthetic lexicon (~1,100 distinct words) supports only ~700 unigram
     pieces, and sentencepiece stops there. Returns the size reached.
     """
+    # why: sentencepiece loads only when a tokenizer is opened or trained
     import sentencepiece as spm
 
     # Sentences, not whole documents: sentencepiece skips inputs longer than max_sentence_length bytes.

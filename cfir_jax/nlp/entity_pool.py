@@ -21,12 +21,14 @@ from __future__ import annotations
 
 import collections
 import logging
+import multiprocessing
 import os
 import signal
 import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from multiprocessing.connection import wait
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
@@ -126,8 +128,6 @@ class EntityPool:
 
     def __init__(self, spacy_model: str, labels, workers: int, *, deadline_s: float = 60.0,
                  start_timeout_s: float = 120.0, max_restarts: int = 5, restart_window_s: float = 60.0):
-        import multiprocessing
-
         self.key = (spacy_model, tuple(labels) if isinstance(labels, (list, tuple)) else labels)
         self.workers = int(workers)
         self.deadline_s, self.start_timeout_s = float(deadline_s), float(start_timeout_s)
@@ -239,8 +239,6 @@ class EntityPool:
 
     def _pump(self, timeout: float) -> None:
         """Waits up to `timeout` for the workers' answers; replaces the dead and those past their deadline."""
-        from multiprocessing.connection import wait
-
         by_conn = {w.conn: w for w in self._workers}
         by_sentinel = {w.proc.sentinel: w for w in self._workers}
         for ready in wait([*by_conn, *by_sentinel], timeout):

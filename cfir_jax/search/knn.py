@@ -81,6 +81,7 @@ class ScannSearcher:
     @classmethod
     def build(cls, database: np.ndarray, k: int, config: ScannConfig | None = None) -> ScannSearcher:
         """Trains the tree and the quantiser on database [N, D] (converted to float32 in memory: N*D*4 bytes)."""
+        # why: ScaNN loads only when a searcher is built or opened (it is absent on some platforms)
         import scann  # Imported here: loading ScaNN's ops costs a second that exact-only callers need not pay.
 
         if database.ndim != 2 or database.shape[0] == 0:
@@ -144,6 +145,7 @@ class ScannSearcher:
     @classmethod
     def load(cls, directory: str | os.PathLike) -> ScannSearcher:
         """Loads a searcher written by `serialize`; a missing or partial directory raises CfirError."""
+        # why: ScaNN loads only when a searcher is built or opened (it is absent on some platforms)
         import scann
 
         directory = Path(directory)

@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
+import numpy as np
 
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
@@ -124,8 +125,6 @@ def warm_up(retriever: Retriever, max_batch: int) -> None:
     retriever.retrieve_many([DocumentInput(WARM_TEXT_UNKNOWN, "warm-unknown")])  # entities searched at query time
     backend = getattr(retriever, "sr_backend", None)
     if backend is not None and backend() == "device":  # unions of every bucket size, each query batch
-        import numpy as np
-
         cache = retriever.device_cache()
         q = 1
         while True:

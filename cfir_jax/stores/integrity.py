@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -51,8 +52,6 @@ class Throttle:
         self._t0, self._done = None, 0
 
     def __call__(self, n: int) -> None:
-        import time
-
         if self.stop is not None and self.stop.is_set():
             raise InterruptedError("verification stopped")
         if self.rate is None:

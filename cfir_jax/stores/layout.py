@@ -25,6 +25,7 @@
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from pathlib import Path
 
@@ -51,8 +52,6 @@ class Layout:
     def full_cache_stale(self) -> str:
         """Why W/image_cache_full no longer stands for W/model_full ('' while it does, or when either is missing):
         train.py re-exported the Full model, so the cache holds the previous vision tower's embeddings."""
-        import json
-
         try:
             cache = json.loads((self.image_cache_full / "manifest.json").read_text())["fingerprint"]
             model = json.loads((self.model_full / "manifest.json").read_text())["vision_fingerprint"]
@@ -104,8 +103,6 @@ class Layout:
 
 def _model_fingerprints(path: Path) -> dict | None:
     """The fingerprints of a model directory's towers (its manifest), or None when there is no model there."""
-    import json
-
     try:
         manifest = json.loads((path / "manifest.json").read_text())
         return {k: manifest[k] for k in ("vision_fingerprint", "text_fingerprint")}

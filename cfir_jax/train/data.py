@@ -23,15 +23,16 @@ from cfir_jax.core.config_check import TRAIN_TEXTS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, document_text
 from cfir_jax.model.tokenizer import Beit3Tokenizer, resolve_tokenizer
+from cfir_jax.stores.entities import EntityStore
+from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
+from cfir_jax.stores.summaries import SummaryStore
 
 
 def document_texts(layout: Layout, corpus: Corpus, kind: str, fields=None) -> list[str]:
     """One text per corpus document, in corpus row order: its summary, or its text of `fields` (document_text)."""
     if kind == "summary":
-        from cfir_jax.stores.summaries import SummaryStore
-
         store = SummaryStore.open(layout.summaries)
         if store.doc_ids != corpus.doc_ids:
             raise CfirError(f"{layout.summaries}: summaries were built for other documents than {corpus.path}; "
@@ -154,8 +155,6 @@ def entity_candidates_per_doc(layout: Layout, corpus: Corpus, removed: np.ndarra
                               ) -> tuple[np.ndarray, np.ndarray]:
     """CSR over documents of the candidate image rows of their entities (hard negatives), removed rows [N] left
     out."""
-    from cfir_jax.stores.entities import EntityStore
-    from cfir_jax.stores.entity_index import EntityIndex
 
     entities = EntityStore.open(layout.entities)
     index = EntityIndex.open(layout.entity_index)

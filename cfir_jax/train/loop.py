@@ -23,10 +23,14 @@ from typing import Any, Protocol
 
 import jax
 import ml_collections
+import orbax.checkpoint as ocp
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.core.progress import shown
 from cfir_jax.eval import train_time
 from cfir_jax.stores.atomic_write import write_json_atomic
+from cfir_jax.stores.layout import Layout
 from cfir_jax.train.batch import Schema
 from cfir_jax.train.monitor import MetricsLog, _Preemption
 from cfir_jax.train.state import Setup, init_state, make_setup, restore_tower, tower_kind
@@ -94,8 +98,6 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, task: Tas
         progress: bool | None = None) -> TrainResult:
     """Runs (or resumes, from the latest checkpoint in `workdir`) `task`'s training, then its export. `progress`:
     show the progress bar (process 0; None: as `cfir_jax.core.progress.shown`)."""
-    from cfir_jax.core.progress import shown
-
     if tower_kind(config) != task.tower:
         raise CfirError(f"train.images={config.train.images!r} does not train the {task.tower!r} "
                         "tower: train.images='pixels' trains both towers (D-BEiT-3 Full), 'cache' the text tower")
@@ -131,8 +133,6 @@ def _check_batch(tcfg: ml_collections.ConfigDict, devices: int) -> None:
 
 
 def _checkpoint_manager(tcfg: ml_collections.ConfigDict, workdir: Path):
-    import orbax.checkpoint as ocp
-
     options = ocp.CheckpointManagerOptions(max_to_keep=tcfg.keep_checkpoints, create=True,
                                            enable_async_checkpointing=tcfg.async_checkpoints)
     return ocp.CheckpointManager(workdir / "checkpoints", options=options, item_names=("state", "data", "config"))
@@ -141,8 +141,6 @@ def _checkpoint_manager(tcfg: ml_collections.ConfigDict, workdir: Path):
 def _start(config: ml_collections.ConfigDict, setup: Setup, manager, task: Task, workdir: Path) -> tuple[dict, dict]:
     """(state, frozen) to train from: the latest checkpoint (with the task's data state), else `train.init_model`,
     else the seed. The frozen parameters come from the init model on every (re)start."""
-    import orbax.checkpoint as ocp
-
     tcfg = config.train
     latest = manager.latest_step()
     state, frozen = init_state(config, setup, None if latest is not None else (tcfg.init_model or None))
@@ -172,8 +170,6 @@ class _Loop:
     steps: int
 
     def save(self, state: dict, step: int, force: bool = False) -> None:
-        import orbax.checkpoint as ocp
-
         data = {"step": step} | self.task.data_state(self.config)
         self.manager.save(step, args=ocp.args.Composite(
             state=ocp.args.StandardSave(state), data=ocp.args.JsonSave(data),
@@ -183,8 +179,6 @@ class _Loop:
               ) -> tuple[dict, dict[str, float]]:
         """Steps `start`..`steps`; closes the checkpoint manager, the bar and the log. Returns the final state and
         the last logged values."""
-        from cfir_jax.core.progress import bar as progress_bar
-
         tcfg, task, mesh = self.config.train, self.task, self.setup.mesh
         step_fn = task.make_step(self.config, self.setup)
         # step n/N, steps/s and ETA from tqdm; the loss and the throughput in the postfix at every log step.
@@ -227,8 +221,6 @@ def _log_values(metrics: dict, done: int) -> dict[str, float]:
 def portable_config(config: ml_collections.ConfigDict, root: Path) -> dict:
     """The config as recorded in the run directory: model paths inside the workdir `root` relative to it, so a
     moved workdir's record still names its own stores."""
-    from cfir_jax.stores.layout import Layout
-
     record = json.loads(json.dumps(config.to_dict(), default=str))
     for key in ("init_model", "export_model"):
         value = record["train"].get(key)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import signal
 import sys
+import threading
 from pathlib import Path
 
 import jax
@@ -31,6 +32,7 @@ class MetricsLog:
             write_text_atomic(self.path, "".join(line + "\n" for line in kept))
         if tensorboard:
             try:
+                # why: tensorboardX loads only when train.tensorboard writes events
                 from tensorboardX import SummaryWriter
 
                 self.writer = SummaryWriter(str(workdir / "tensorboard"))
@@ -107,6 +109,4 @@ class _Preemption:
 
 
 def _is_main_thread() -> bool:
-    import threading
-
     return threading.current_thread() is threading.main_thread()

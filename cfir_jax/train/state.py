@@ -18,11 +18,14 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
+import orbax.checkpoint as ocp
 from flax import nnx
 
 from cfir_jax.core.config_check import TOWERS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model import beit3 as model_lib
+from cfir_jax.model import checkpoint
+from cfir_jax.stores.layout import Layout
 from cfir_jax.train import partition
 from cfir_jax.train.optim import make_optimizer, trainable_filter
 
@@ -115,9 +118,6 @@ def init_state(config, setup: Setup, init_model: str | None) -> tuple[dict, dict
 def restore_tower(model_dir: str, setup: Setup, model_config) -> tuple[dict, dict]:
     """Restores only the setup's tower's parameters from a model directory (the text tower, or the whole model),
     straight into their shardings."""
-    import orbax.checkpoint as ocp
-
-    from cfir_jax.model import checkpoint
 
     stored = checkpoint.read_model_manifest(model_dir)["model_config"]  # one-line error if missing/incomplete
     for key in ("embed_dim", "num_layers", "num_heads", "ffn_dim", "vocab_size", "max_text_positions"):
@@ -161,8 +161,6 @@ def _nest(flat: dict[str, Any]) -> dict:
 def export_model(config, setup: Setup | None, params, frozen, out_dir: Path, vision_from: str, **manifest) -> None:
     """Writes the full model (vision tower from `vision_from`, trained text tower; a Full run's params and frozen
     cover both towers) as a model directory; `manifest`: extra manifest fields."""
-    from cfir_jax.model import checkpoint
-
     gather = (functools.partial(jax.experimental.multihost_utils.process_allgather, tiled=True)
               if jax.process_count() > 1 else jax.device_get)
     text = _flat(gather(params)) | _flat(gather(frozen))
@@ -178,8 +176,6 @@ def export_model(config, setup: Setup | None, params, frozen, out_dir: Path, vis
     nnx.replace_by_pure_dict(state, _nest(flat))
     nnx.update(model, state)
     if jax.process_index() == 0:
-        from cfir_jax.stores.layout import Layout
-
         trained_from = vision_from if vision_from == "scratch" else Layout(out_dir.parent.parent.absolute()
                                                                            ).portable(vision_from)
         checkpoint.save_model(model, out_dir, trained_from=trained_from, train_text=config.train.text,

@@ -6,13 +6,12 @@ import jax
 import jax.experimental.multihost_utils
 import numpy as np
 
+from cfir_jax.eval.metrics import evaluate as trec_evaluate
 from cfir_jax.train.data import EvalData
 
 
 def evaluate(encoder, params, frozen, eval_data: EvalData, batch_size: int, mesh) -> dict[str, float]:
     """R@1/5/10 and MRR@10 of the validation queries by exact search over the validation images."""
-    from cfir_jax.eval.metrics import evaluate as trec_evaluate
-
     q = len(eval_data.query_ids)
     n_dev = mesh.size
     batch_size = max(n_dev, (batch_size // n_dev) * n_dev)

@@ -5,16 +5,13 @@ import copy
 import json
 import pickle
 
-import jax.numpy as jnp
 import numpy as np
 import pytest
 from repo import run_script as _run
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.rerank.fit import FitSettings, fit_head, list_mrr
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
-from cfir_jax.retrieve.rerank_features import BASE_FEATURES, EntityEvidence, entity_features
-from cfir_jax.retrieve.reranker import rerank_order
+from cfir_jax.retrieve.rerank_features import BASE_FEATURES
 
 TOP_N = 20  # below the tiny world's top_k (100), so re-ranked hits are followed by SR's tail
 
@@ -48,20 +45,6 @@ def fitted(workdir, tmp_path_factory):  # noqa: F811
 
 
 # --------------------------------------------------------------------------------------------------- features
-def test_entity_features_equal_a_loop_over_the_lists():
-    rng = np.random.default_rng(0)
-    lists = [rng.permutation(50)[: rng.integers(5, 30)].astype(np.int32) for _ in range(4)]
-    scores = [np.sort(rng.normal(size=len(lst)))[::-1].astype(np.float32) for lst in lists]
-    rows = np.concatenate([rng.choice(np.concatenate(lists), 6, replace=False), [60, 61]])  # two in no list
-    got = entity_features(rows, EntityEvidence(lists, scores, k=30))
-    for i, row in enumerate(rows):
-        held = [(list(lst).index(row), float(sc[list(lst).index(row)])) for lst, sc in zip(lists, scores) if row in lst]
-        want = [len(held), len(held) / 4, np.log1p(min(p for p, _ in held)) / np.log1p(30) if held else 1.0,
-                max(s for _, s in held) if held else 0.0]
-        np.testing.assert_allclose(got[i], want, rtol=1e-6, err_msg=str(row))
-    assert got[-1].tolist() == [0.0, 0.0, 1.0, 0.0]
-
-
 def test_late_interaction_on_the_device_equals_numpy_over_the_token_outputs(synthetic_spm):
     """encode_against's best and top-3 mean token-image similarities equal numpy's over encode_text_tokens, padding and
     the first token excluded; a text with fewer tokens than `top` averages all of them (one batch padded, one not)."""
@@ -128,49 +111,6 @@ def test_retrievers_features_equal_a_plain_recomputation(workdir, config):  # no
                          float(summary @ np.asarray(text.embeddings[row], np.float32)), float(text.has_text[row])])
         np.testing.assert_allclose(res.rerank_features, want, rtol=2e-4, atol=2e-5, err_msg=doc.doc_id)
         np.testing.assert_allclose(states[0], tower.encode([doc.text])[0], atol=1e-5)  # token 0 is the embedding
-
-
-# ------------------------------------------------------------------------------------------- planted signal
-def _planted_lists(rng, lists: int, n: int = 20, shuffle_er: bool = False):
-    """Lists in SR's order whose one positive sits anywhere (SR cannot see it) and is marked only by its share of the
-    document's entity lists (er_frac): higher than the negatives' most of the time. shuffle_er: that column shuffled
-    across the list's candidates (the control: the feature is there, its link to the positive is not)."""
-    f = len(BASE_FEATURES)
-    x = rng.normal(size=(lists, n, f)).astype(np.float32)
-    x[..., 0] = -np.sort(-rng.normal(size=(lists, n)), axis=1)  # SR scores, best first
-    positive = rng.integers(0, n, lists)
-    labels = np.zeros((lists, n), bool)
-    labels[np.arange(lists), positive] = True
-    frac = rng.uniform(0.0, 0.6, (lists, n))
-    frac[np.arange(lists), positive] = rng.uniform(0.4, 1.0, lists)
-    if shuffle_er:
-        frac = np.take_along_axis(frac, rng.permuted(np.tile(np.arange(n), (lists, 1)), axis=1), axis=1)
-    x[..., BASE_FEATURES.index("er_frac")] = frac
-    return x, np.ones((lists, n), bool), labels
-
-
-@pytest.mark.parametrize("shuffle_er", [False, True], ids=["planted", "shuffled-control"])
-def test_planted_entity_evidence_lifts_mrr_only_when_it_marks_the_positive(shuffle_er):
-    rng = np.random.default_rng(3)
-    x, valid, labels = _planted_lists(rng, 400, shuffle_er=shuffle_er)
-    fit = fit_head(x, valid, labels, np.arange(300), np.arange(300, 400), FitSettings(max_epochs=60, patience=10))
-    test_x, test_valid, test_labels = _planted_lists(rng, 300, shuffle_er=shuffle_er)  # unseen queries
-    logits = np.asarray(fit.head(jnp.asarray(test_x), jnp.asarray(test_valid)))
-    reranked = list_mrr(logits, test_valid, test_labels)
-    sr = list_mrr(-np.arange(20.0)[None].repeat(300, 0), test_valid, test_labels)
-    assert sr < 0.25  # the positive's SR rank is uniform over the list
-    if shuffle_er:
-        assert reranked < sr + 0.1, (reranked, sr)
-    else:
-        assert reranked > sr + 0.4, (reranked, sr)
-
-
-def test_rerank_order_puts_the_top_n_by_logit_above_srs_tail():
-    scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5], np.float32)
-    rows = np.array([10, 11, 12, 13, 14])
-    s, r = rerank_order(scores, rows, np.array([-2.0, 3.0, 1.0], np.float32))
-    assert r.tolist() == [11, 12, 10, 13, 14]
-    assert np.all(np.diff(s) < 0) and s[2] == pytest.approx(0.6 + 1.0) and s[3:].tolist() == pytest.approx([0.6, 0.5])
 
 
 # --------------------------------------------------------------------------------------------------- the store

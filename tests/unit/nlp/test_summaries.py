@@ -15,6 +15,7 @@ import pytest
 
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.index.summaries import build_summary_store
+from cfir_jax.nlp import bart as bart_lib
 from cfir_jax.nlp import summarizer as summarizer_lib
 from cfir_jax.stores.summaries import SummaryStore
 
@@ -85,7 +86,7 @@ def tiny_bart(tmp_path_factory):
 @pytest.fixture(scope="module")
 def summarizer(tiny_bart):
     """Loads the PyTorch-only directory (from_pt conversion); batch 4 for 5 texts exercises the filler rows."""
-    return summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **SETTINGS)
+    return bart_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -119,7 +120,7 @@ def test_bart_summaries_equal_flax_generate_called_directly(summarizer, outputs)
 
     model, tokenizer = summarizer.model, summarizer.tokenizer
     batch = tokenizer(TEXTS, return_tensors="np", padding=True, truncation=True, max_length=MAX_INPUT)
-    processors = FlaxLogitsProcessorList([summarizer_lib._no_repeat_processor(SETTINGS["no_repeat_ngram_size"])])
+    processors = FlaxLogitsProcessorList([bart_lib._no_repeat_processor(SETTINGS["no_repeat_ngram_size"])])
     direct = jax.jit(
         lambda ids, mask: model.generate(
             ids, attention_mask=mask, generation_config=summarizer.generation_config, logits_processor=processors
@@ -196,7 +197,7 @@ def test_query_time_extractive_option_keeps_the_index_settings(config):
 def test_bart_data_parallel_over_8_devices_equals_one_device(tiny_bart):
     """The index's generation split over 8 (fake CPU) devices gives the summaries of one device (~60 s)."""
     code = (
-        "import json, sys, jax; from cfir_jax.nlp.summarizer import BartSummarizer as B\n"
+        "import json, sys, jax; from cfir_jax.nlp.bart import BartSummarizer as B\n"
         f"kw = dict(batch_size=2, max_input_tokens={MAX_INPUT}, **{SETTINGS!r})\n"
         "texts = json.loads(sys.argv[2])\n"
         "many = B(sys.argv[1], **kw); one = B(sys.argv[1], devices=jax.devices()[:1], **kw)\n"
@@ -226,7 +227,7 @@ def test_bart_greedy_equals_pytorch_generate(tiny_bart):
     (see BartSummarizer); with one beam both reduce to the same argmax chain.
     """
     settings = {**SETTINGS, "num_beams": 1}
-    greedy = summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **settings)
+    greedy = bart_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **settings)
     tokenizer, ids = _reference(*tiny_bart, TEXTS, **settings)
     assert [o.tolist() for o in greedy.generate_ids(TEXTS)] == _unpad(ids, tokenizer.pad_token_id)
 
@@ -240,7 +241,7 @@ def test_no_repeat_ngram_mask_matches_a_direct_count():
     rng = np.random.default_rng(0)
     sequences = rng.integers(0, 4, size=(6, 12)).astype(np.int32)  # A small vocabulary: many repeats.
     for n in (2, 3):
-        masker = jax.jit(functools.partial(summarizer_lib.no_repeat_ngram_mask, ngram_size=n, vocab_size=4))
+        masker = jax.jit(functools.partial(bart_lib.no_repeat_ngram_mask, ngram_size=n, vocab_size=4))
         for cur_len in range(0, 12):
             mask = np.asarray(masker(jnp.asarray(sequences), jnp.asarray(cur_len)))
             for row, seq in enumerate(sequences):
@@ -260,7 +261,7 @@ def test_bart_flax_directory_loads_like_the_pytorch_one(tmp_path, tiny_bart, sum
     summarizer.model.save_pretrained(flax_dir)
     summarizer.tokenizer.save_pretrained(flax_dir)
     assert (flax_dir / "flax_model.msgpack").exists()
-    model, _ = summarizer_lib._load_bart(flax_dir, np.float32)
+    model, _ = bart_lib._load_bart(flax_dir, np.float32)
     leaves = lambda p: [np.asarray(x) for x in __import__("jax").tree_util.tree_leaves(p)]  # noqa: E731
     for a, b in zip(leaves(model.params), leaves(summarizer.model.params)):
         np.testing.assert_array_equal(a, b)
@@ -269,19 +270,19 @@ def test_bart_flax_directory_loads_like_the_pytorch_one(tmp_path, tiny_bart, sum
 
 def test_bart_missing_directory_is_a_cfir_error(tmp_path):
     with pytest.raises(CfirError, match="no such model directory"):
-        summarizer_lib.BartSummarizer(str(tmp_path / "nope"))
+        bart_lib.BartSummarizer(str(tmp_path / "nope"))
 
 
 def test_bart_directory_without_weights_is_a_cfir_error(tmp_path, tiny_bart):
     (tmp_path / "config.json").write_text((open(os.path.join(tiny_bart[0], "config.json"))).read())
     with pytest.raises(CfirError, match="no weights"):
-        summarizer_lib.BartSummarizer(str(tmp_path))
+        bart_lib.BartSummarizer(str(tmp_path))
 
 
 def test_bart_unreachable_hub_is_a_cfir_error(monkeypatch):
-    monkeypatch.setattr(summarizer_lib, "_hub_unreachable", lambda: True)
+    monkeypatch.setattr(bart_lib, "_hub_unreachable", lambda: True)
     with pytest.raises(CfirError, match="hub is unreachable"):
-        summarizer_lib.BartSummarizer("someone/not-cached-bart")
+        bart_lib.BartSummarizer("someone/not-cached-bart")
 
 
 def test_extractive_keeps_leading_sentences_within_the_word_budget():

@@ -1,0 +1,155 @@
+"""The micro-batcher (cfir_jax/serve/batcher.py) over a stand-in Retriever: requests that queue while a batch runs go
+through `retrieve_many` together and each gets its own answers in order; the queue is bounded in documents; a request
+past its deadline is dropped unrun; a failing batch answers every request with the error; the resident service's
+`--config.*` arguments are the ones a reload applies again."""
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+
+from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.serve import batcher as batcher_lib
+from cfir_jax.serve.metrics import Metrics
+from cfir_jax.serve.resident import config_overrides
+
+
+class StandIn:
+    """A Retriever's batched path: each document's 'result' is its text upper-cased; batches are recorded."""
+
+    entities = None
+
+    def __init__(self, gate: threading.Event | None = None, fail: bool = False):
+        self.batches, self.gate, self.fail = [], gate, fail
+
+    def retrieve_many(self, docs):
+        self.batches.append([d.doc_id for d in docs])
+        if self.gate is not None:
+            self.gate.wait(5)
+        if self.fail:
+            raise RuntimeError("the device fell over")
+        return [SimpleNamespace(text=d.text.upper(), times_ms={}) for d in docs]
+
+    def describe_image(self, image_id):
+        return "", ""
+
+
+@pytest.fixture
+def answers_as_text(monkeypatch):
+    monkeypatch.setattr(batcher_lib.report, "as_json", lambda doc_id, result, describe, top: f"{doc_id}={result.text}")
+
+
+def _job(loop, ids, deadline_s=5.0, method="cfir"):
+    docs = [DocumentInput(f"text {i}", i) for i in ids]
+    return batcher_lib.Job(docs, method, 10, time.monotonic() + deadline_s, loop.create_future(), loop)
+
+
+def _batcher(retriever, max_batch=8, queue_size=64):
+    index = SimpleNamespace(retrievers={"cfir": retriever}, version=3, entity_pool=None)
+    return batcher_lib.MicroBatcher(lambda: index, max_batch, 0.0, queue_size, Metrics())
+
+
+def test_requests_queued_behind_a_batch_run_together_and_keep_their_answers(answers_as_text):
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = StandIn(gate)
+        mb = _batcher(retriever)
+        first = _job(loop, ["a"])
+        mb.submit(first)
+        while not retriever.batches:  # the worker holds the first batch
+            await asyncio.sleep(0.01)
+        later = [_job(loop, ["b", "c"]), _job(loop, ["d"])]
+        for job in later:
+            mb.submit(job)
+        gate.set()
+        results = [await job.future for job in (first, *later)]
+        mb.stop(5)
+        return retriever.batches, results, [j.version for j in (first, *later)]
+
+    batches, results, versions = asyncio.run(run())
+    assert batches == [["a"], ["b", "c", "d"]]
+    assert results == [["a=TEXT A"], ["b=TEXT B", "c=TEXT C"], ["d=TEXT D"]] and versions == [3, 3, 3]
+
+
+def test_the_queue_is_bounded_in_documents(answers_as_text):
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = StandIn(gate)
+        mb = _batcher(retriever, queue_size=3)
+        mb.submit(_job(loop, ["running"]))
+        while not retriever.batches:
+            await asyncio.sleep(0.01)
+        mb.submit(_job(loop, ["a", "b"]))
+        with pytest.raises(batcher_lib.QueueFull, match=r"2 documents are waiting \(serve.queue_size=3\)"):
+            mb.submit(_job(loop, ["c", "d"]))
+        mb.submit(_job(loop, ["e"]))  # 3 documents fit
+        gate.set()
+        mb.stop(5)
+
+    asyncio.run(run())
+
+
+def test_a_request_past_its_deadline_is_dropped_unrun(answers_as_text):
+    async def run():
+        loop = asyncio.get_running_loop()
+        retriever = StandIn()
+        mb = _batcher(retriever)
+        late = _job(loop, ["late"], deadline_s=-1.0)
+        mb.submit(late)
+        with pytest.raises(batcher_lib.Dropped, match="deadline passed"):
+            await late.future
+        mb.stop(5)
+        return retriever.batches
+
+    assert asyncio.run(run()) == []
+
+
+def test_a_failing_batch_answers_every_request_with_its_error(answers_as_text):
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = StandIn(gate, fail=True)
+        mb = _batcher(retriever)
+        jobs = [_job(loop, ["a"])]
+        mb.submit(jobs[0])
+        while not retriever.batches:
+            await asyncio.sleep(0.01)
+        jobs += [_job(loop, ["b"]), _job(loop, ["c"])]
+        for job in jobs[1:]:
+            mb.submit(job)
+        gate.set()
+        errors = []
+        for job in jobs:
+            with pytest.raises(RuntimeError, match="the device fell over"):
+                await job.future
+            errors.append(job)
+        mb.stop(5)
+        return len(errors)
+
+    assert asyncio.run(run()) == 3
+
+
+def test_a_batch_stops_at_max_batch_documents(answers_as_text):
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = StandIn(gate)
+        mb = _batcher(retriever, max_batch=3)
+        mb.submit(_job(loop, ["a"]))
+        while not retriever.batches:
+            await asyncio.sleep(0.01)
+        jobs = [_job(loop, ["b", "c"]), _job(loop, ["d", "e"]), _job(loop, ["f"])]
+        for job in jobs:
+            mb.submit(job)
+        gate.set()
+        for job in jobs:
+            await job.future
+        mb.stop(5)
+        return retriever.batches
+
+    assert asyncio.run(run()) == [["a"], ["b", "c"], ["d", "e", "f"]]
+
+
+def test_config_overrides_are_the_config_arguments_of_a_command_line():
+    argv = ["--index", "W", "--serve", "--config.serve.max_batch=4", "--config.retrieval.top_k", "50", "--port", "0"]
+    assert config_overrides(argv) == ["--config.serve.max_batch=4", "--config.retrieval.top_k=50"]
