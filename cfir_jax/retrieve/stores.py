@@ -123,9 +123,7 @@ def open_image_text(stores: Stores):
 
 def _check_model_choice(config, layout: Layout) -> bool:
     """Whether retrieval.model asks for the Full model (refused in one line when it is unknown or not trained)."""
-    choice = config.retrieval.model
-    if choice not in ("", "full"):
-        raise CfirError(f"retrieval.model={choice!r}: use '' (the text-trained model) or 'full' (W/model_full)")
+    choice = config.retrieval.model  # '' or 'full' (cfir_jax.core.config_check)
     if choice == "full" and not (layout.model_full / "manifest.json").is_file():
         raise CfirError(f"{layout.model_full}: no Full model; train it with python train.py --config CONFIG:full "
                         f"--workdir {layout.root}")

@@ -15,7 +15,8 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.variants import parse_arg
 
 ROOT = next(p for p in Path(__file__).resolve().parents if (p / "pyproject.toml").is_file())
-SHIPPED = ("configs/base.py", "configs/base.py:runlocal,authors", "configs/large.py", "configs/collection.py",
+SHIPPED = ("configs/base.py", "configs/base.py:runlocal,authors", "configs/base.py:full", "configs/large.py",
+           "configs/large.py:full", "configs/collection.py",
            "configs/demo.py", "configs/demo.py:tiny", "configs/demo.py:full", "configs/demo.py:tiny,full")
 
 
