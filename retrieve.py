@@ -26,14 +26,20 @@ def main():
     args, config = cli.parse(__doc__.splitlines()[0], flags.retrieve_flags, workdir_flag="--index",
                              config_from_workdir=True, check_args=flags.check_retrieve,
                              example="--config.retrieval.top_k=100")
-    # why: each command loads only its own stack (libtpu's compiler, FastAPI, the Retriever's JAX and spaCy)
-    from cfir_jax.commands import compile_only, evaluate, fit_reranker, retrieve, serve
-
     if args.compile_only:
+        # why: libtpu's compiler loads only for --compile-only
+        from cfir_jax.commands import compile_only
+
         return compile_only.run("retrieve", config, args.topology)
     if args.serve:  # the service stops on SIGTERM by itself, answering what it accepted
+        # why: FastAPI and uvicorn load only for --serve
+        from cfir_jax.commands import serve
+
         return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
                          host=args.host, port=args.port)
+    # why: the Retriever's stack (JAX, flax, spaCy) loads once the flags and the config are read
+    from cfir_jax.commands import evaluate, fit_reranker, retrieve
+
     faults.on_sigterm()  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
     top, shown = flags.hit_budget(config, args.top_k)
     measures = args.measures or config.retrieval.measures

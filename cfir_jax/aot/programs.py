@@ -21,7 +21,6 @@ from jax.sharding import PartitionSpec as P
 from cfir_jax.aot.topology import Topology
 from cfir_jax.index.image_encoding import _encode_fn
 from cfir_jax.model import beit3 as model_lib
-from cfir_jax.nlp import bart as bart_lib
 from cfir_jax.search import device_sr as dsr
 from cfir_jax.train import batch as batch_lib
 from cfir_jax.train.full_step import FULL_BATCH, make_full_step
@@ -250,6 +249,9 @@ def _bart_programs(config, topology: Topology, batches: dict[str, int], dtypes, 
     s = config.index.summaries
     if s.summarizer != "bart":
         return []
+    # why: transformers (BART) loads only for the summary programs, not for the train step's or SR's
+    from cfir_jax.nlp import bart as bart_lib
+
     mesh = jax.sharding.Mesh(list(topology.host_devices), ("data",))
     replicated, rows_sharding = bart_lib.generation_shardings(mesh)
     n = mesh.size
