@@ -9,7 +9,7 @@ the served version as it was, and a rerun of the same change resumes from what i
    half of the old version and half of the new one;
 2. writes the journal `W/.change/COMMIT.json` (the stores to move, those to drop, and the new index.json): the commit
    point. Before it, nothing of the workdir changed; after it, the change happens even if the process dies;
-3. renames each staged store over `W/<store>` (`atomic_write.replace_dir`), drops the stores the change made invalid,
+3. swaps each staged store with `W/<store>` (`atomic_write.replace_dir`), drops the stores the change made invalid,
    writes index.json with `"version"` + 1 and a `"history"` entry, removes the journal and the staging directory.
 
 A commit cut off after its journal is finished by `recover` (idempotent: each step is done when still undone), which
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 CHANGE_DIR = ".change"  # W/.change: the stores a change staged, its change.json and, once committing, the journal
 CHANGE_JSON = "change.json"  # {"op", "key", "base_version"}: which change the staged stores belong to
-JOURNAL = "COMMIT.json"  # {"version", "stores", "drop", "index"}: written at the commit point
+JOURNAL = "COMMIT.json"  # {"version", "stores", "inodes", "drop", "index"}: written at the commit point
 COMMIT_LOCK = ".commit.lock"  # exclusive while a commit renames, shared while a reader opens
 COMMIT_WAIT_S = 600.0  # how long a commit waits for readers still opening before it gives up (nothing changed)
 READ_WAIT_S = 120.0  # how long a reader waits for a commit (renames only: well under a second when alive)
@@ -218,8 +218,11 @@ class Change:
             version = have + 1
             index = {**info, "version": version,
                      "history": [*(info.get("history") or []), history_entry(version, self.op, changes)]}
-            write_json_atomic(self.directory / JOURNAL,
-                              {"version": version, "stores": stores, "drop": self.dropped, "index": index})
+            # Each staged store's inode: after an exchange the staged name holds the old store, which a rerun of
+            # the roll-forward must not swap back in.
+            inodes = {store: (self.directory / store).stat().st_ino for store in stores}
+            write_json_atomic(self.directory / JOURNAL, {"version": version, "stores": stores, "inodes": inodes,
+                                                         "drop": self.dropped, "index": index})
             _at("journal")
             _roll_forward(self.layout)
         log.info("%s: committed version %d (%s: %s)", self.layout.root, version, self.op, changes)
@@ -277,9 +280,12 @@ def _roll_forward(layout: Layout) -> None:
     removed, index.json written, then the journal and the staging directory removed. Idempotent."""
     directory = layout.root / CHANGE_DIR
     journal = json.loads((directory / JOURNAL).read_text())
+    inodes = journal.get("inodes") or {}
     for store in journal["stores"]:
-        if (directory / store).is_dir():  # else moved already, by the run this one finishes
-            replace_dir(directory / store, layout.root / store)
+        staged = directory / store
+        # Else moved already by the run this one finishes (what is left there is the old store, exchanged out).
+        if staged.is_dir() and inodes.get(store, staged.stat().st_ino) == staged.stat().st_ino:
+            replace_dir(staged, layout.root / store)
         _at(f"replaced:{store}")
     for store in journal["drop"]:
         _remove_dir(layout.root / store)
