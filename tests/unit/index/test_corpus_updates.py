@@ -13,7 +13,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.data.files import build_files_corpus
-from cfir_jax.index.store_updates import (
+from cfir_jax.index.corpus_update import (
     resolve_addition,
     resolve_removals,
     stage_corpus_addition,
