@@ -18,7 +18,7 @@ import numpy as np
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.data.corpus import FORMAT_VERSION, KIND, Corpus, Image
 from cfir_jax.data.corpus_writer import write_corpus_part, write_split_qrels
-from cfir_jax.data.files import IMAGE_SUFFIXES, ROW_FILE_SUFFIXES, read_documents, read_images, read_qrels
+from cfir_jax.data.files import ROW_FILE_SUFFIXES, image_files, read_documents, read_images, read_qrels, row_paths
 from cfir_jax.index.store_update import EXTEND, MASK, ChangeRun, Step, StoreUpdate, register
 from cfir_jax.stores.atomic_write import link_tree
 from cfir_jax.stores.contract import manifest_digest, write_manifest
@@ -45,12 +45,14 @@ def _documents_sha(corpus: Corpus) -> str:
 
 @dataclasses.dataclass(frozen=True)
 class Addition:
-    """What `index.py --add PATH` names: a documents file, an images file or tree, a qrels directory (each or None)."""
+    """What `index.py --add PATH` names: a documents file, an images file or tree, a qrels directory (each or None);
+    `image_files`: the pictures of the tree to read when not all of it (those beside a documents file)."""
 
     path: Path
     documents: Path | None = None
     images: Path | None = None
     qrels: Path | None = None
+    image_files: tuple[Path, ...] | None = None
 
 
 def _one_of(root: Path, stem: str) -> Path | None:
@@ -60,11 +62,18 @@ def _one_of(root: Path, stem: str) -> Path | None:
     return found[0] if found else None
 
 
+def _named(paths: list[Path], root: Path) -> str:
+    names = ", ".join(p.relative_to(root).as_posix() for p in paths[:3])
+    return names + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+
 def resolve_addition(path: str | os.PathLike) -> Addition:
     """The forms of --add PATH: (a) a directory with documents.jsonl|.parquet and/or images.jsonl|.parquet or an
     images/ tree, and optional qrels/ (with both, the rows file is read: its `path`s point into images/, as in
-    examples/collection/); (b) a directory of image files only; (c) a .jsonl/.parquet file of image rows. One line
-    when PATH is none of these."""
+    examples/collection/); pictures beside a documents file, with no images file or folder, are read as a tree of
+    image files; (b) a directory of image files only; (c) a .jsonl/.parquet file of image rows. One line when PATH
+    is none of these, and when pictures sit where nothing would read them (beside images/, or named by no row of
+    the images file)."""
     path = Path(path)
     if path.is_file():
         if path.suffix not in ROW_FILE_SUFFIXES:
@@ -73,13 +82,23 @@ def resolve_addition(path: str | os.PathLike) -> Addition:
     if not path.is_dir():
         raise CfirError(f"{path}: not found; --add takes a directory or a .jsonl/.parquet file of image rows")
     documents, images = _one_of(path, "documents"), _one_of(path, "images")
+    qrels = path / "qrels" if (path / "qrels").is_dir() else None
+    loose = [p for p in image_files(path) if p.relative_to(path).parts[0] not in ("images", "qrels")]
+    if images is not None and loose:
+        named = row_paths(images)
+        loose = [p for p in loose if p.resolve() not in named]
+        if loose:
+            raise CfirError(f"{path}: no row of {images.name} names the pictures {_named(loose, path)}; add rows "
+                            f"for them to {images.name}, or move them out of {path}")
     if images is None and (path / "images").is_dir():
         images = path / "images"
-    qrels = path / "qrels" if (path / "qrels").is_dir() else None
+        if loose:
+            raise CfirError(f"{path}: the pictures {_named(loose, path)} sit beside images/, which alone is read; "
+                            "move them into images/")
+    if images is None and loose:
+        return Addition(path, documents, path, qrels, image_files=tuple(loose))
     if documents or images or qrels:
         return Addition(path, documents, images, qrels)
-    if any(p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES for p in path.rglob("*")):
-        return Addition(path, images=path)
     raise CfirError(f"{path}: nothing to add; give documents.jsonl|.parquet, images.jsonl|.parquet, images/ or "
                     "image files")
 
@@ -134,7 +153,9 @@ def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: 
     added ones start) and part."""
     out_dir, add = Path(out_dir), resolve_addition(addition)
     documents = read_documents(add.documents, existing=set(corpus.doc_ids)) if add.documents else iter(())
-    first_image, images = _peek(read_images(add.images, existing=set(corpus.image_ids)) if add.images else ())
+    files = list(add.image_files) if add.image_files else None
+    first_image, images = _peek(read_images(add.images, existing=set(corpus.image_ids), files=files)
+                                if add.images else ())
     _check_embeddings(corpus, add.images or add.path, first_image)
     parts = list(corpus.manifest.get("parts") or [])
     name = f"parts/{len(parts) + 1:04d}"

@@ -34,8 +34,6 @@ owns them now (another process count included).
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -49,7 +47,7 @@ from cfir_jax.core.progress import shown
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.data.files import build_files_corpus
-from cfir_jax.index import entity_index_build, entity_text_match, image_text
+from cfir_jax.index import entity_index_build, entity_text_match, image_text, rebuild
 from cfir_jax.index.candidate_search import resolve_backend
 from cfir_jax.index.entities import build_entity_store, entity_extractor
 from cfir_jax.index.entity_index_build import indexed_entities, texts_digest
@@ -59,7 +57,6 @@ from cfir_jax.index.index_encoder import (
     encoder_tokenizer,
     entity_encoder,
     load_encoder,
-    other_model,
     scann_config,
     text_positions,
 )
@@ -68,8 +65,6 @@ from cfir_jax.index.summaries import build_summary_store
 from cfir_jax.model.tokenizer import resolve_tokenizer
 from cfir_jax.nlp.entity_sources import categories_of, check_sources
 from cfir_jax.nlp.summarizer import make_summarizer, summary_input
-from cfir_jax.stores import versions
-from cfir_jax.stores.atomic_write import write_json_atomic
 from cfir_jax.stores.contract import read_manifest
 from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore
 from cfir_jax.stores.entity_index import VERSION, EntityIndex
@@ -296,13 +291,25 @@ def _show_progress() -> bool:
 def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: tuple[str, ...] = STAGES,
                 log: Callable[[str], None] = print, pretrain: Pretrain | None = None) -> list[StageReport]:
     """Runs the stages in order (each skipped when current); returns the per-stage report. `pretrain` trains the
-    synthetic world's encoder on captions (`cfir_jax.train.pretrain.pretrain_encoder`, passed by the index command)."""
+    synthetic world's encoder on captions (`cfir_jax.train.pretrain.pretrain_encoder`, passed by the index command).
+    A rebuild of a built workdir runs in its staging directory and commits what it built as one version
+    (`cfir_jax.index.rebuild`)."""
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise CfirError(f"unknown stage(s) {sorted(unknown)}: choose from {', '.join(STAGES)}")
     layout = Layout.of(workdir)
     check_text_lengths(config, INDEX_TEXT_LENGTHS, text_positions(config, layout))
     layout.root.mkdir(parents=True, exist_ok=True)
+    staged = rebuild.staged_layout(layout)
+    reports = _run_stages(config, staged or layout, stages, log, pretrain)
+    reports = rebuild.record(config, layout, staged, reports)
+    hosts.barrier("index_done")
+    return reports
+
+
+# recipe: the stages in order, each a `run` of the stage runner
+def _run_stages(config, layout: Layout, stages: tuple[str, ...], log: Callable[[str], None],
+                pretrain: Pretrain | None) -> list[StageReport]:
     stages_run = StageRunner(log)
     run, reports = stages_run.run, stages_run.reports
     corpus = run("corpus", lambda: build_corpus(config, layout) if "corpus" in stages else Corpus.open(layout.corpus),
@@ -343,27 +350,4 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             f"{t.manifest['num_pairs']:,} (entity, image) pairs, {t.manifest['entities_matched']:,} entities matched, "
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
     reports += stale_reports(layout, reports, STAGES)
-    if hosts.is_main():
-        _record_index(config, layout, reports)
-    hosts.barrier("index_done")
     return reports
-
-
-def _record_index(config, layout: Layout, reports: list[StageReport]) -> None:
-    """W/index.json: the encoder the index was built with, the config, every stage's report, and the version (1 after
-    a first build, + 1 when a rebuild built anything: `cfir_jax.stores.versions`) with its history."""
-    version, history = versions.current_version(layout), versions.history(layout)
-    if not version or any(not (r.reused or r.stale_because) for r in reports):
-        version += 1
-        history.append(versions.history_entry(version, "build", {
-            "stages": [r.name for r in reports if not (r.reused or r.stale_because)]}))
-    write_json_atomic(layout.index_json, {
-        "version": version, "history": history,
-        **layout.record_path("encoder", encoder_dir(config, layout)),  # relative inside W; outside, absolute
-        # index.encoder naming another workdir: its text-trained model too, which scores the queries (retrieve.stores)
-        **({} if (model := other_model(config)) is None else layout.record_path("model", model)),
-        "config": json.loads(json.dumps(config.to_dict(), default=str)),
-        "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
-                   for r in reports],
-    })
-

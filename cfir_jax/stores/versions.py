@@ -76,7 +76,8 @@ def history(layout: Layout | str | os.PathLike) -> list[dict]:
 
 
 def history_entry(version: int, op: str, changes: dict) -> dict:
-    """{"version", "op" ("build", "add", "remove", "compact"), "at" (UTC), "changes" (what changed, counts)}."""
+    """{"version", "op" ("build", "add", "remove", "compact", "add_entities"), "at" (UTC), "changes" (what changed,
+    counts)}."""
     return {"version": version, "op": op, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "changes": changes}
 
@@ -201,9 +202,10 @@ class Change:
         """Removes what this change staged (its input was refused: there is nothing worth resuming)."""
         _remove_dir(self.directory)
 
-    def commit(self, changes: dict) -> int:
+    def commit(self, changes: dict, index: dict | None = None) -> int:
         """Makes the staged stores current together and records the version in index.json (`"version"` + 1 and a
-        `"history"` entry {"version", "op", "at", "changes"}; its other keys kept). Returns the new version."""
+        `"history"` entry {"version", "op", "at", "changes"}; its other keys kept, or replaced by those of `index`:
+        what a rebuild records). Returns the new version."""
         stores = sorted(p.name for p in self.directory.iterdir() if p.is_dir() and p.name in STORES)
         clash = sorted(set(stores) & set(self.dropped))
         if clash:
@@ -216,7 +218,7 @@ class Change:
                 raise CfirError(f"{self.layout.index_json}: now at version {have} but this change was staged on "
                                 f"version {self.base_version}; rerun the command to stage it again")
             version = have + 1
-            index = {**info, "version": version,
+            index = {**info, **(index or {}), "version": version,
                      "history": [*(info.get("history") or []), history_entry(version, self.op, changes)]}
             # Each staged store's inode: after an exchange the staged name holds the old store, which a rerun of
             # the roll-forward must not swap back in.
