@@ -55,9 +55,8 @@ def change(config, layout: Layout, op: str, key: dict, payload: Any, summary: Ca
     version; `key` identifies the input (a rerun with the same key resumes), `payload` is what each step reads,
     `summary` the counts recorded in the history. A refused input (CfirError before anything was staged) leaves
     nothing behind."""
-    base = versions.current_version(layout)
-    pending = versions.begin(layout, op, {**key, "base_version": base})
-    run = ChangeRun(config, layout, op, payload, pending, say)
+    run = ChangeRun.begin(config, layout, op, key, payload, say)
+    pending = run.change
     try:
         for update in registered():
             step = getattr(update, op)
@@ -95,6 +94,7 @@ def add(config, workdir, path: str | os.PathLike, say: Say = print) -> dict:
     path = Path(path)
     if not path.exists():
         raise CfirError(f"{path}: nothing to add (no such file or directory)")
+    key = {"input": _stamp(path)}
     layout = _opened(workdir)
     say(f"adding {path} to {layout.root} (version {versions.current_version(layout)})")
 
@@ -105,7 +105,7 @@ def add(config, workdir, path: str | os.PathLike, say: Say = print) -> dict:
                 "documents_added": corpus_update.documents_added(run),
                 "entities_added": len(run.new("entity_index")) - len(run.old("entity_index"))}
 
-    return change(config, layout, "add", {"input": _stamp(path)}, path, summary, say)
+    return change(config, layout, "add", key, path, summary, say)
 
 
 def remove(config, workdir, ids_file: str | os.PathLike, say: Say = print) -> dict:

@@ -102,6 +102,13 @@ class ChangeRun:
         self.infos: dict[str, dict] = {}
         self._opened: dict[Path, Any] = {}
 
+    @classmethod
+    def begin(cls, config, layout: Layout, op: str, key: dict, payload: Any, say: Callable[[str], None]
+              ) -> ChangeRun:
+        """Starts the change `op` of the workdir on its current version, or resumes the one staged with this `key`."""
+        change = versions.begin(layout, op, {**key, "base_version": versions.current_version(layout)})
+        return cls(config, layout, op, payload, change, say)
+
     def _open(self, store: str, path: Path) -> Any:
         if path not in self._opened:
             self._opened[path] = _REGISTRY[store].open(path)

@@ -204,8 +204,8 @@ class Change:
 
     def commit(self, changes: dict, index: dict | None = None) -> int:
         """Makes the staged stores current together and records the version in index.json (`"version"` + 1 and a
-        `"history"` entry {"version", "op", "at", "changes"}; its other keys kept, or replaced by those of `index`:
-        what a rebuild records). Returns the new version."""
+        `"history"` entry {"version", "op", "at", "changes"}; its other keys kept, or replaced by `index`: what a
+        rebuild records). Returns the new version."""
         stores = sorted(p.name for p in self.directory.iterdir() if p.is_dir() and p.name in STORES)
         clash = sorted(set(stores) & set(self.dropped))
         if clash:
@@ -218,7 +218,7 @@ class Change:
                 raise CfirError(f"{self.layout.index_json}: now at version {have} but this change was staged on "
                                 f"version {self.base_version}; rerun the command to stage it again")
             version = have + 1
-            index = {**info, **(index or {}), "version": version,
+            index = {**(info if index is None else index), "version": version,
                      "history": [*(info.get("history") or []), history_entry(version, self.op, changes)]}
             # Each staged store's inode: after an exchange the staged name holds the old store, which a rerun of
             # the roll-forward must not swap back in.
