@@ -126,15 +126,16 @@ _RENAMEAT2_SYSCALL = {"x86_64": 316, "aarch64": 276}  # where libc has no rename
 _NO_EXCHANGE = (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM)
 
 
-def _renameat2() -> object | None:
-    """A callable (src: bytes, dst: bytes) -> int (0 or -1, errno set) for renameat2(RENAME_EXCHANGE), or None."""
+def _renameat2(wrapper: bool = True) -> object | None:
+    """A callable (src: bytes, dst: bytes) -> int (0 or -1, errno set) for renameat2(RENAME_EXCHANGE), or None: libc's
+    wrapper where it has one (and `wrapper`), else the system call by its number."""
     if not sys.platform.startswith("linux"):
         return None
     try:
         libc = ctypes.CDLL(None, use_errno=True)
     except OSError:
         return None
-    fn = getattr(libc, "renameat2", None)
+    fn = getattr(libc, "renameat2", None) if wrapper else None
     if fn is not None:
         fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
         return lambda a, b: fn(_AT_FDCWD, a, _AT_FDCWD, b, _RENAME_EXCHANGE)
