@@ -1,9 +1,9 @@
 """Versions of a workdir that readers can follow, and the commit that makes a change's new stores current together.
 
-A change (`index.py --add / --remove / --compact`) rewrites several stores at once. It stages the new version of each
-in `W/.change/<store>` (`begin`, `Change.stage`: nothing under `W/<store>` is touched, so a crash while staging leaves
-the served version as it was, and a rerun of the same change resumes from what it staged), then commits
-(`Change.commit`):
+A change (`index.py --add / --remove / --compact / --add-entities`, a rebuild of a built workdir) rewrites several
+stores at once. It stages the new version of each in `W/.change/<store>` (`begin`, `Change.stage`: nothing under
+`W/<store>` is touched, so a crash while staging leaves the served version as it was, and a rerun of the same change
+resumes from what it staged), then commits (`Change.commit`):
 
 1. takes `W/.commit.lock` exclusively: readers hold it shared while they open their stores (`reading`), so none opens
    half of the old version and half of the new one;
