@@ -96,12 +96,19 @@ def _photos(collection: Path, root: Path) -> Path:
     return root
 
 
-def test_a_folder_of_pictures_named_as_people_name_them_is_indexed(workdir, collection, tmp_path):
-    w = tmp_path / "w"
-    proc = _index(w, workdir, collection / "documents.jsonl", _photos(collection, tmp_path / "photos"),
+@pytest.fixture(scope="module")
+def photos(workdir, collection, tmp_path_factory) -> tuple[Path, str]:
+    """The folder of `_photos` indexed with the session workdir's model: (the workdir, what index.py printed)."""
+    root = tmp_path_factory.mktemp("photos")
+    proc = _index(root / "w", workdir, collection / "documents.jsonl", _photos(collection, root / "photos"),
                   "--config.index.image_cache.precomputed=", "--config.index.corpus.qrels=")
+    return root / "w", proc.stdout
+
+
+def test_a_folder_of_pictures_named_as_people_name_them_is_indexed(photos, collection):
+    w, out = photos
     skipped = (w / "image_cache" / "skipped.tsv").read_text().splitlines()[1:]
-    assert [line.split("\t")[0] for line in skipped] == ["broken", "empty"] and "2 skipped" in proc.stdout
+    assert [line.split("\t")[0] for line in skipped] == ["broken", "empty"] and "2 skipped" in out
     ids = (w / "image_cache" / "ids.txt").read_text().split("\n")[:-1]
     assert ids == ["people/Grace%20Hopper", "trips/a%20gif", "trips/summer%202019/the%20beach"]
     proc = run_script("retrieve.py", "--config", CONFIG, "--index", str(w), "--query", str(collection / "query.txt"),
@@ -110,10 +117,9 @@ def test_a_folder_of_pictures_named_as_people_name_them_is_indexed(workdir, coll
     assert sorted(hits) == ids
 
 
-def test_an_add_reads_the_pictures_beside_its_documents_file(workdir, collection, tmp_path):
+def test_an_add_reads_the_pictures_beside_its_documents_file(photos, collection, tmp_path):
     w = tmp_path / "w"
-    _index(w, workdir, collection / "documents.jsonl", _photos(collection, tmp_path / "photos"),
-           "--config.index.image_cache.precomputed=", "--config.index.corpus.qrels=")
+    shutil.copytree(photos[0], w)
     new = tmp_path / "new"
     new.mkdir()
     (new / "documents.jsonl").write_text(json.dumps({"id": "doc-new", "text": "Grace Hopper at the harbour."}) + "\n")
