@@ -3,7 +3,9 @@
 - Documents (`index.corpus.documents`): a JSONL file (one JSON object a line) or a parquet file, rows with `id` and
   `text`, optional `title`; any further string or list-of-strings field is kept as the document's metadata.
 - Images (`index.corpus.images`): either a directory tree of image files (IMAGE_SUFFIXES), the id being the path
-  relative to the directory without its suffix (`cats/tom.png` -> `cats/tom`), or a JSONL/parquet file of rows with
+  relative to the directory without its suffix (`cats/tom.png` -> `cats/tom`; whitespace, control characters and
+  `%` percent-encoded, `people/Grace Hopper.jpg` -> `people/Grace%20Hopper`: `image_id_of_path`, reversed by
+  `path_of_image_id`; the relative path itself is kept as the image's `url`), or a JSONL/parquet file of rows with
   `id` and then `path` (relative to that file's directory) or `bytes` (parquet: binary; JSONL: base64), optional
   caption fields (`caption`, kept as AToMiC's `caption_reference_description`, or any of IMAGE_TEXT_FIELDS, read by
   the image-text stages) and an optional precomputed `embedding` (a list of floats; all rows or none). A row with an
@@ -12,8 +14,8 @@
   train, validation and test, lines `doc_id 0 image_id rel`.
 
 A bad row is one line naming the file and its line (JSONL) or row (parquet): a missing or empty field, a duplicate
-id, an id with whitespace, text that is not UTF-8. An image file that is missing or does not decode is not an error
-here: its row is written with its bytes (or none), and the image cache skips and lists it, as for any corpus.
+id, an id with whitespace, text that is not UTF-8. A file name never is: an image file that is empty, missing or
+does not decode is written with its bytes (or none), and the image cache skips and lists it, as for any corpus.
 """
 
 from __future__ import annotations
@@ -23,9 +25,11 @@ import binascii
 import hashlib
 import json
 import os
+import unicodedata
 from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 
@@ -147,15 +151,39 @@ def read_documents(path: str | os.PathLike, existing: Container[str] = ()) -> It
         yield Document(doc_id=doc_id, text=text, title=title, metadata=metadata)
 
 
-def _directory_images(root: Path, existing: Container[str]) -> Iterator[Image]:
+def _escaped(c: str) -> bool:
+    """Whether an id cannot carry the character as it is: whitespace (TREC files split on it), control and format
+    characters, and `%` itself (so that the encoding reverses)."""
+    return c == "%" or c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp", "Cs")
+
+
+def image_id_of_path(relative: str) -> str:
+    """The image id of a picture at `relative` (a POSIX path under the images folder, its suffix removed): the path
+    with every character an id cannot carry percent-encoded as UTF-8 (`Grace Hopper` -> `Grace%20Hopper`)."""
+    return "".join("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape")) if _escaped(c) else c
+                   for c in relative)
+
+
+def path_of_image_id(image_id: str) -> str:
+    """The relative path (without its suffix) an image id of a folder of pictures was made from."""
+    return unquote(image_id, errors="surrogateescape")
+
+
+def image_files(root: Path) -> list[Path]:
+    """The picture files (IMAGE_SUFFIXES, any case) under `root`, in path order."""
+    return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+
+
+def _directory_images(root: Path, existing: Container[str], files: list[Path] | None = None) -> Iterator[Image]:
     seen: dict[str, str] = {}
-    files = sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    files = image_files(root) if files is None else files
     if not files:
         raise CfirError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) under index.corpus.images")
     for p in files:
         rel = p.relative_to(root)
-        _row_id(str(p), {"id": rel.with_suffix("").as_posix()}, seen, "image", existing)
-        yield Image(image_id=rel.with_suffix("").as_posix(), image=p.read_bytes())
+        image_id = image_id_of_path(rel.with_suffix("").as_posix())
+        _row_id(str(p), {"id": image_id}, seen, "image", existing)
+        yield Image(image_id=image_id, url=rel.as_posix(), image=p.read_bytes())
 
 
 def _image_bytes(where: str, row: dict, base: Path, embedded: bool = False) -> bytes:
@@ -221,13 +249,21 @@ def _row_images(path: Path, existing: Container[str]) -> Iterator[Image]:
                     image=_image_bytes(where, row, path.parent, emb is not None), embedding=emb, texts=texts)
 
 
-def read_images(path: str | os.PathLike, existing: Container[str] = ()) -> Iterator[Image]:
-    """The images of a directory tree of image files or of a JSONL/parquet file of rows (module docstring); an id
-    in `existing` is refused like a duplicate."""
+def read_images(path: str | os.PathLike, existing: Container[str] = (), files: list[Path] | None = None
+                ) -> Iterator[Image]:
+    """The images of a directory tree of image files (or of the picture `files` under it) or of a JSONL/parquet file
+    of rows (module docstring); an id in `existing` is refused like a duplicate."""
     path = Path(path)
     if path.is_dir():
-        return _directory_images(path, existing)
+        return _directory_images(path, existing, files)
     return _row_images(path, existing)
+
+
+def row_paths(path: str | os.PathLike) -> set[Path]:
+    """The picture files the rows of an images JSONL/parquet file name by `path` (resolved)."""
+    path = Path(path)
+    return {(path.parent / row["path"]).resolve() for _, row in _rows(path, "images")
+            if isinstance(row.get("path"), str) and row["path"]}
 
 
 def _qrels_file(root: Path, split: str) -> Path | None:

@@ -1,20 +1,29 @@
 """The entities stage's build: spaCy NER (`cfir_jax.nlp.entities`) over every document, in resumable chunks owned
 round-robin by the processes (`cfir_jax.index.chunks`), assembled by process 0 into the entity store that
-`cfir_jax.stores.entities` reads."""
+`cfir_jax.stores.entities` reads. Under an add of the collection, the new documents' NER is appended
+(`stage_entities_addition`, registered with the change loop)."""
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.data.corpus import Corpus
 from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
-from cfir_jax.nlp.entities import EntityExtractor
+from cfir_jax.index.corpus_update import check_base, documents_added
+from cfir_jax.index.store_update import EXTEND, Step, StoreUpdate, register
+from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, check_sources
 from cfir_jax.stores import contract
+from cfir_jax.stores.atomic_write import link_tree
 from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, EntityStore, entity_key
+from cfir_jax.stores.integrity import CHECKSUMS
 
 log = logging.getLogger(__name__)
 
@@ -119,3 +128,44 @@ def _write_entity_store(out_dir: Path, doc_ids: list[str], surfaces: list[str], 
         len(surfaces),
         num_without,
     )
+
+
+def entity_extractor(config) -> SourcedExtractor:
+    """The NER index.entities configures (spaCy, its labels, the entity sources)."""
+    e = config.index.entities
+    sources = check_sources(e.get("sources") or "spacy")
+    nlp = load_spacy(e.spacy_model or None)
+    return SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+
+
+def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_new_doc: int,
+                            out_dir: str | os.PathLike, work_dir: str | os.PathLike) -> dict:
+    """The entity store with the NER of the documents [first_new_doc, N) of the union `corpus` appended (chunks kept
+    in `work_dir/entities.partial` across a kill), staged in `out_dir`: equal to a store built over the union in one
+    go, recorded with the union's documents fingerprint. Returns {documents_added, entities_added}."""
+    out_dir, work_dir = Path(out_dir), Path(work_dir)
+    check_base(store, corpus, first_new_doc, "entities")
+    if first_new_doc == corpus.num_documents:  # images alone were added: the store is current as it is
+        link_tree(store.directory, out_dir, skip=(CHECKSUMS,))
+        return {"documents_added": 0, "entities_added": 0}
+    extractor = entity_extractor(config)
+    differ = [k for k, v in extractor.settings.items() if store.manifest.get(k) != json.loads(json.dumps(v))]
+    if differ:
+        raise StoreError(f"{store.directory}: built with other entity settings ({', '.join(differ)}); rebuild it "
+                         "with index.py")
+    docs = ((corpus.doc_ids[i], extractor.item(doc.text, categories_of(doc)))
+            for i in range(first_new_doc, corpus.num_documents) for doc in (corpus.document(i),))
+    work = work_dir / "entities"
+    chunks = iter_chunks(work, docs, lambda texts: list(extractor.extract(texts)), extractor.settings,
+                         config.index.entities.chunk_size, corpus.num_documents - first_new_doc, desc="entities")
+    manifest = commit_on_main(out_dir, "entities", chunks, lambda c: assemble_entity_store(
+        out_dir, c, extractor, corpus.documents_fingerprint, base=store), work=work)
+    return {"documents_added": corpus.num_documents - first_new_doc,
+            "entities_added": int(manifest["num_entities"]) - len(store.vocab)}
+
+
+register(StoreUpdate("entities", open=EntityStore.open, after=("corpus",), add=Step(
+    EXTEND, lambda change, out: stage_entities_addition(
+        change.config, change.old("entities"), change.new("corpus"), change.old("corpus").num_documents, out,
+        change.work),
+    when=lambda change: documents_added(change) > 0)))

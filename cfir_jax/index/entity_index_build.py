@@ -323,3 +323,36 @@ def build_entity_index(
                 recall_sample=recall_sample, sources=sources)
     hosts.barrier("entity_index_committed")
     return read_manifest(out_dir, KIND, VERSION)["recall_at_k"]
+
+
+def indexed_entities(config, corpus, entities) -> list[str]:
+    """The entity texts the index is built from: those of the documents `index.entity_index.documents` names.
+
+    'train' (the paper's protocol): the topics of the train qrels, so a test document's entities that no training
+    document mentions are unknown at query time, and the test split does not leak into the index. 'all': every
+    document of the corpus. Texts come in entity-store order (first mention), so the choice only filters. Documents
+    removed by `index.py --remove` count for neither: an entity only they name is left out.
+    """
+    documents = config.index.entity_index.documents
+    removed = corpus.removed_doc_ids
+    if documents == "all" and not removed:
+        return list(entities.vocab)
+    if documents not in ("all", "train"):
+        raise CfirError(f"index.entity_index.documents={documents!r}: use 'train' (the paper) or 'all'")
+    if documents == "train" and "train" not in corpus.splits:
+        raise CfirError(f"{corpus.path}: no train qrels to take the indexed entities from; set "
+                        "--config.index.entity_index.documents=all")
+    topics = corpus.qrels("train") if documents == "train" else None
+    ids = [entities.entity_ids_of(i) for i, d in enumerate(entities.doc_ids)
+           if d not in removed and (topics is None or d in topics)]
+    keep = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
+    if not len(keep):
+        raise CfirError(f"{corpus.path}: the {documents} documents (removed ones left out) have no entities; set "
+                        "--config.index.entity_index.documents=all")
+    return [entities.vocab[i] for i in keep]
+
+
+def texts_digest(texts: list[str]) -> str:
+    """What the entity index records of the entity texts it was built from (`entities_sha`): a change of the
+    collection records the same of the texts it leaves indexed."""
+    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]

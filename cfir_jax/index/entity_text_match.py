@@ -1,6 +1,7 @@
 """The entity_text_match stage's build (beyond the paper): per entity of the entity index, the images whose own text
 names it, in chunks owned round-robin by the processes, committed by process 0 into the store that
-`cfir_jax.stores.entity_text_match` reads."""
+`cfir_jax.stores.entity_text_match` reads. Under changes of the collection (registered with the change loop) it is
+matched again after an add or --add-entities, and re-keyed after a removal or a compaction."""
 
 from __future__ import annotations
 
@@ -18,7 +19,9 @@ from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.index.chunks import shared_work_dir
+from cfir_jax.index.image_cache_update import row_map
 from cfir_jax.index.image_text import FIELDS, image_text
+from cfir_jax.index.store_update import REBUILD, REMAP, ChangeRun, Step, StoreUpdate, register
 from cfir_jax.stores.atomic_write import savez_atomic
 from cfir_jax.stores.contract import StoreError, atomic_dir, manifest_digest, write_manifest
 
@@ -137,3 +140,59 @@ def _commit(out_dir: Path, work: Path, chunks: range, key: dict, num_entities: i
                        entities_matched=int((np.diff(offsets) > 0).sum()), too_common=int(too_common.sum()),
                        build_seconds=round(time.time() - start, 3))
     shutil.rmtree(work, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------- under changes of the collection
+_BOOKKEEPING = ("kind", "format_version", "created")
+
+
+def entity_text_match_again(change: ChangeRun, out: Path) -> dict:
+    """W/entity_text_match matched again over the new collection (a pass over the image texts, no model): new images
+    may name old entities, and new entities (an add, --add-entities) may be named by old images."""
+    corpus, cache, index = change.new("corpus"), change.new("image_cache"), change.new("entity_index")
+    m = change.config.index.entity_text_match
+    build = out.parent / f"{out.name}.match"  # the builder commits into a directory of its own
+    store = build_entity_text_match(build, corpus, cache, index, fields=tuple(m.fields),
+                                                      max_matches=m.max_matches, max_words=m.max_words,
+                                                      chunk_rows=m.chunk_rows)
+    for child in build.iterdir():
+        os.replace(child, out / child.name)
+    build.rmdir()
+    return {"pairs": int(store.manifest["num_pairs"])}
+
+
+def _kept_entities(old: EntityIndex, new: EntityIndex) -> np.ndarray:
+    """Which rows of the old entity index the new one kept (a removal only drops rows, never reorders them)."""
+    kept = set(new.vocab)
+    return np.array([t in kept for t in old.vocab], bool)
+
+
+def entity_text_match_rekeyed(change: ChangeRun, out: Path) -> dict:
+    """W/entity_text_match following a rewritten entity index: the entity rows a removal kept, and the image rows a
+    compaction moved (the image cache's row map: the new row, or -1), recorded against the new builds."""
+    cache, index = change.new("image_cache"), change.new("entity_index")
+    old = EntityTextMatch.open(change.layout.entity_text_match)
+    keep_entities = _kept_entities(change.old("entity_index"), index) if change.op == "remove" else None
+    rows_to = row_map(change) if change.op == "compact" else None
+    entities = np.flatnonzero(keep_entities) if keep_entities is not None else np.arange(len(old))
+    lists = old.rows_of(entities)
+    if rows_to is not None:
+        lists = [rows_to[r] for r in lists]
+        lists = [r[r >= 0].astype(np.int32) for r in lists]
+    offsets = np.zeros(len(lists) + 1, np.int64)
+    np.cumsum([len(r) for r in lists], out=offsets[1:])
+    rows = np.concatenate(lists).astype(np.int32) if lists else np.zeros(0, np.int32)
+    np.save(out / "offsets.npy", offsets)
+    np.save(out / "rows.npy", rows)
+    fields = {**{k: v for k, v in old.manifest.items() if k not in _BOOKKEEPING},
+              "entity_index": manifest_digest(index.manifest),
+              "cache_fingerprint": cache.content_fingerprint, "num_entities": len(lists), "num_pairs": int(len(rows)),
+              "entities_matched": int((np.diff(offsets) > 0).sum())}
+    write_manifest(out, KIND, FORMAT_VERSION, **fields)
+    return {"pairs": int(len(rows))}
+
+
+register(StoreUpdate("entity_text_match", open=EntityTextMatch.open, after=("corpus", "image_cache", "entity_index"),
+                     add=Step(REBUILD, entity_text_match_again), remove=Step(REMAP, entity_text_match_rekeyed),
+                     compact=Step(REMAP, entity_text_match_rekeyed),
+                     add_entities=Step(REBUILD, entity_text_match_again)))

@@ -1,6 +1,7 @@
 """The image_text stage's build (beyond the paper): each cached image's own text embedded by the frozen text tower,
 in chunks owned round-robin by the processes, merged by process 0 into the store that `cfir_jax.stores.image_text`
-reads."""
+reads. Under changes of the collection (registered with the change loop) the added rows' texts are encoded and
+appended, and a compaction keeps the rows the image cache keeps."""
 
 from __future__ import annotations
 
@@ -20,6 +21,10 @@ from cfir_jax.core.config import IMAGE_TEXT_FIELDS as FIELDS  # AToMiC's image t
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.index.chunks import shared_work_dir
+from cfir_jax.index.image_cache_update import row_map
+from cfir_jax.index.index_encoder import load_encoder
+from cfir_jax.index.store_update import EXTEND, REMAP, ChangeRun, Step, StoreUpdate, register
+from cfir_jax.model.tokenizer import resolve_tokenizer
 from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
 from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
 
@@ -117,3 +122,57 @@ def _merge(out_dir: Path, work: Path, chunks: range, key: dict, n: int, dim: int
                        ids_sha=hashlib.sha256("\n".join(cache.ids).encode()).hexdigest()[:16],
                        build_seconds=round(time.time() - start, 3))
     shutil.rmtree(work, ignore_errors=True)
+
+
+# ------------------------------------------------------------------------------- under changes of the collection
+_BOOKKEEPING = ("kind", "format_version", "created")
+
+
+def _ids_sha(ids: list[str]) -> str:
+    return hashlib.sha256("\n".join(ids).encode()).hexdigest()[:16]
+
+
+def _write_image_text(out: Path, manifest: dict, embeddings: np.ndarray, has_text: np.ndarray, cache: ImageCache
+                      ) -> dict:
+    np.save(out / "embeddings.npy", embeddings)
+    np.save(out / "has_text.npy", has_text)
+    fields = {**{k: v for k, v in manifest.items() if k not in _BOOKKEEPING},
+              "cache_fingerprint": cache.content_fingerprint, "num_rows": cache.num_images,
+              "num_with_text": int(has_text.sum()), "ids_sha": _ids_sha(cache.ids)}
+    write_manifest(out, KIND, FORMAT_VERSION, **fields)
+    return {"rows": cache.num_images, "with_text": int(has_text.sum())}
+
+
+def image_text_after_add(change: ChangeRun, out: Path) -> dict:
+    """W/image_text with the new cache rows' texts encoded by the index encoder and appended (the old rows are kept
+    as they are: the same text tower embedded them)."""
+    # why: flax loads when a model is opened, not on import
+    from cfir_jax.model.text_encoder import TextEncoder
+
+    config, layout, corpus = change.config, change.layout, change.new("corpus")
+    old_cache, cache = change.old("image_cache"), change.new("image_cache")
+    old = change.old("image_text")
+    fields = tuple(old.manifest["fields"])
+    row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
+    texts = [image_text(corpus.image(row_of[i]), fields) for i in cache.ids[old_cache.num_images:]]
+    has = np.array([bool(t) for t in texts], bool)
+    new = np.zeros((len(texts), old.embeddings.shape[1]), np.float16)
+    if has.any():
+        it = config.index.image_text
+        encoder = TextEncoder(load_encoder(config, layout), resolve_tokenizer(config, corpus),
+                              int(old.manifest["max_text_len"]), it.encode_batch)
+        new[has] = encoder.encode([t for t in texts if t]).astype(np.float16)
+    return _write_image_text(out, old.manifest, np.concatenate([np.asarray(old.embeddings), new]),
+                             np.concatenate([old.has_text, has]), cache)
+
+
+def image_text_after_compaction(change: ChangeRun, out: Path) -> dict:
+    """W/image_text without the rows the compaction dropped (the image cache's row map: the new row, or -1)."""
+    old = change.old("image_text")
+    keep = np.flatnonzero(row_map(change) >= 0)
+    return _write_image_text(out, old.manifest, np.asarray(old.embeddings[keep]), old.has_text[keep],
+                             change.new("image_cache"))
+
+
+register(StoreUpdate("image_text", open=ImageTextCache.open, after=("corpus", "image_cache"),
+                     add=Step(EXTEND, image_text_after_add), compact=Step(REMAP, image_text_after_compaction)))

@@ -34,15 +34,11 @@ owns them now (another process count included).
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
-import json
 import os
 from collections.abc import Callable
 from pathlib import Path
 
 import ml_collections
-import numpy as np
 
 from cfir_jax.core import hosts
 from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
@@ -51,27 +47,24 @@ from cfir_jax.core.progress import shown
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.data.files import build_files_corpus
-from cfir_jax.index import entity_index_build, entity_text_match, image_text
+from cfir_jax.index import entity_index_build, entity_text_match, image_text, rebuild
 from cfir_jax.index.candidate_search import resolve_backend
-from cfir_jax.index.entities import build_entity_store
+from cfir_jax.index.entities import build_entity_store, entity_extractor
+from cfir_jax.index.entity_index_build import indexed_entities, texts_digest
 from cfir_jax.index.index_encoder import (
     check_cache_encoder,
     encoder_dir,
     encoder_tokenizer,
     entity_encoder,
     load_encoder,
-    other_model,
     scann_config,
     text_positions,
 )
 from cfir_jax.index.stage_report import StageReport, StageRunner, stale_reports
 from cfir_jax.index.summaries import build_summary_store
 from cfir_jax.model.tokenizer import resolve_tokenizer
-from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, check_sources
+from cfir_jax.nlp.entity_sources import categories_of, check_sources
 from cfir_jax.nlp.summarizer import make_summarizer, summary_input
-from cfir_jax.stores import versions
-from cfir_jax.stores.atomic_write import write_json_atomic
 from cfir_jax.stores.contract import read_manifest
 from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, EntityStore
 from cfir_jax.stores.entity_index import VERSION, EntityIndex
@@ -186,14 +179,6 @@ def encoder_stage(config, layout: Layout, pretrain: Pretrain | None) -> str:
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
 
-def entity_extractor(config) -> SourcedExtractor:
-    """The NER index.entities configures (spaCy, its labels, the entity sources)."""
-    e = config.index.entities
-    sources = check_sources(e.get("sources") or "spacy")
-    nlp = load_spacy(e.spacy_model or None)
-    return SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
-
-
 def build_entities(config, layout: Layout, corpus):
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
@@ -225,39 +210,6 @@ def build_summaries(config, layout: Layout, corpus):
     build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents, chunk_size=s.chunk_size,
                         input_fields=s.fields, corpus_fingerprint=corpus.documents_fingerprint)
     return SummaryStore.open(layout.summaries)
-
-
-def indexed_entities(config, corpus, entities) -> list[str]:
-    """The entity texts the index is built from: those of the documents `index.entity_index.documents` names.
-
-    'train' (the paper's protocol): the topics of the train qrels, so a test document's entities that no training
-    document mentions are unknown at query time, and the test split does not leak into the index. 'all': every
-    document of the corpus. Texts come in entity-store order (first mention), so the choice only filters. Documents
-    removed by `index.py --remove` count for neither: an entity only they name is left out.
-    """
-    documents = config.index.entity_index.documents
-    removed = corpus.removed_doc_ids
-    if documents == "all" and not removed:
-        return list(entities.vocab)
-    if documents not in ("all", "train"):
-        raise CfirError(f"index.entity_index.documents={documents!r}: use 'train' (the paper) or 'all'")
-    if documents == "train" and "train" not in corpus.splits:
-        raise CfirError(f"{corpus.path}: no train qrels to take the indexed entities from; set "
-                        "--config.index.entity_index.documents=all")
-    topics = corpus.qrels("train") if documents == "train" else None
-    ids = [entities.entity_ids_of(i) for i, d in enumerate(entities.doc_ids)
-           if d not in removed and (topics is None or d in topics)]
-    keep = np.unique(np.concatenate(ids)) if ids else np.zeros(0, np.int64)
-    if not len(keep):
-        raise CfirError(f"{corpus.path}: the {documents} documents (removed ones left out) have no entities; set "
-                        "--config.index.entity_index.documents=all")
-    return [entities.vocab[i] for i in keep]
-
-
-def texts_digest(texts: list[str]) -> str:
-    """What the entity index records of the entity texts it was built from (`entities_sha`): a change of the
-    collection records the same of the texts it leaves indexed."""
-    return hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]
 
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache):
@@ -339,13 +291,25 @@ def _show_progress() -> bool:
 def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: tuple[str, ...] = STAGES,
                 log: Callable[[str], None] = print, pretrain: Pretrain | None = None) -> list[StageReport]:
     """Runs the stages in order (each skipped when current); returns the per-stage report. `pretrain` trains the
-    synthetic world's encoder on captions (`cfir_jax.train.pretrain.pretrain_encoder`, passed by the index command)."""
+    synthetic world's encoder on captions (`cfir_jax.train.pretrain.pretrain_encoder`, passed by the index command).
+    A rebuild of a built workdir runs in its staging directory and commits what it built as one version
+    (`cfir_jax.index.rebuild`)."""
     unknown = set(stages) - set(STAGES)
     if unknown:
         raise CfirError(f"unknown stage(s) {sorted(unknown)}: choose from {', '.join(STAGES)}")
     layout = Layout.of(workdir)
     check_text_lengths(config, INDEX_TEXT_LENGTHS, text_positions(config, layout))
     layout.root.mkdir(parents=True, exist_ok=True)
+    staged = rebuild.staged_layout(layout)
+    reports = _run_stages(config, staged or layout, stages, log, pretrain)
+    reports = rebuild.record(config, layout, staged, reports)
+    hosts.barrier("index_done")
+    return reports
+
+
+# recipe: the stages in order, each a `run` of the stage runner
+def _run_stages(config, layout: Layout, stages: tuple[str, ...], log: Callable[[str], None],
+                pretrain: Pretrain | None) -> list[StageReport]:
     stages_run = StageRunner(log)
     run, reports = stages_run.run, stages_run.reports
     corpus = run("corpus", lambda: build_corpus(config, layout) if "corpus" in stages else Corpus.open(layout.corpus),
@@ -386,27 +350,4 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
             f"{t.manifest['num_pairs']:,} (entity, image) pairs, {t.manifest['entities_matched']:,} entities matched, "
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
     reports += stale_reports(layout, reports, STAGES)
-    if hosts.is_main():
-        _record_index(config, layout, reports)
-    hosts.barrier("index_done")
     return reports
-
-
-def _record_index(config, layout: Layout, reports: list[StageReport]) -> None:
-    """W/index.json: the encoder the index was built with, the config, every stage's report, and the version (1 after
-    a first build, + 1 when a rebuild built anything: `cfir_jax.stores.versions`) with its history."""
-    version, history = versions.current_version(layout), versions.history(layout)
-    if not version or any(not (r.reused or r.stale_because) for r in reports):
-        version += 1
-        history.append(versions.history_entry(version, "build", {
-            "stages": [r.name for r in reports if not (r.reused or r.stale_because)]}))
-    write_json_atomic(layout.index_json, {
-        "version": version, "history": history,
-        **layout.record_path("encoder", encoder_dir(config, layout)),  # relative inside W; outside, absolute
-        # index.encoder naming another workdir: its text-trained model too, which scores the queries (retrieve.stores)
-        **({} if (model := other_model(config)) is None else layout.record_path("model", model)),
-        "config": json.loads(json.dumps(config.to_dict(), default=str)),
-        "stages": [dataclasses.asdict(r) | {"path": layout.portable(r.path), "size_bytes": r.size_bytes}
-                   for r in reports],
-    })
-

@@ -1,18 +1,25 @@
 """The summaries stage's build: every document summarised (`cfir_jax.nlp.summarizer`) in resumable chunks owned
 round-robin by the processes (`cfir_jax.index.chunks`), assembled by process 0 into the summary store that
-`cfir_jax.stores.summaries` reads."""
+`cfir_jax.stores.summaries` reads. Under an add of the collection, the new documents' summaries are appended
+(`stage_summaries_addition`, registered with the change loop)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.data.corpus import Corpus
 from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
-from cfir_jax.nlp.summarizer import Summarizer
+from cfir_jax.index.corpus_update import check_base, documents_added
+from cfir_jax.index.store_update import EXTEND, Step, StoreUpdate, register
+from cfir_jax.nlp.summarizer import Summarizer, make_summarizer, summary_input
 from cfir_jax.stores import contract
+from cfir_jax.stores.atomic_write import link_tree
+from cfir_jax.stores.integrity import CHECKSUMS
 from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SUMMARY_KIND, SummaryStore
 
 log = logging.getLogger(__name__)
@@ -76,3 +83,38 @@ def assemble_summary_store(out_dir: Path, chunks, settings: dict, corpus_fingerp
             corpus_fingerprint=corpus_fingerprint,
         )
     log.info("%s: %d summaries (%d empty)", out_dir, len(doc_ids), num_empty)
+
+
+def stage_summaries_addition(config, store: SummaryStore, corpus: Corpus, first_new_doc: int,
+                             out_dir: str | os.PathLike, work_dir: str | os.PathLike) -> dict:
+    """The summary store with the summaries of the documents [first_new_doc, N) of the union `corpus` appended
+    (chunks kept in `work_dir/summaries.partial`), staged in `out_dir`: equal to a store built over the union in one
+    go. Returns {documents_added}."""
+    out_dir, work_dir = Path(out_dir), Path(work_dir)
+    check_base(store, corpus, first_new_doc, "summaries")
+    if first_new_doc == corpus.num_documents:  # images alone were added: the store is current as it is
+        link_tree(store.directory, out_dir, skip=(CHECKSUMS,))
+        return {"documents_added": 0}
+    s = config.index.summaries
+    summarizer = make_summarizer(config)
+    settings = summary_settings(summarizer, s.fields)
+    differ = [k for k, v in settings.items() if store.manifest.get(k) != json.loads(json.dumps(v))]
+    if differ:
+        raise StoreError(f"{store.directory}: built with other summary settings ({', '.join(differ)}); rebuild it "
+                         "with index.py")
+    docs = ((corpus.doc_ids[i], summary_input(corpus.document(i), s.fields))
+            for i in range(first_new_doc, corpus.num_documents))
+    work = work_dir / "summaries"
+    chunks = iter_chunks(work, docs, summarizer.summarize, settings, s.chunk_size,
+                         corpus.num_documents - first_new_doc, desc="summaries")
+    commit_on_main(out_dir, "summaries", chunks, lambda c: assemble_summary_store(
+        out_dir, c, settings, corpus.documents_fingerprint, base=store), work=work)
+    return {"documents_added": corpus.num_documents - first_new_doc}
+
+
+
+register(StoreUpdate("summaries", open=SummaryStore.open, after=("corpus",), add=Step(
+    EXTEND, lambda change, out: stage_summaries_addition(
+        change.config, change.old("summaries"), change.new("corpus"), change.old("corpus").num_documents, out,
+        change.work),
+    when=lambda change: documents_added(change) > 0)))

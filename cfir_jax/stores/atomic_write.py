@@ -2,18 +2,26 @@
 
 A file is written at a temporary name beside its final path (`temp_name`: unique per host, process and call),
 flushed and fsynced, then renamed over the final path, so a reader sees the old file or the new one, never half of
-one; a directory is replaced the same way (`replace_dir`). `sweep_temps` removes the temporaries that dead processes
-of this host left behind. The store floor's `contract.atomic_dir` builds on these.
+one. A directory is replaced by exchanging it with the old one in one step (`replace_dir`: Linux's
+`renameat2(RENAME_EXCHANGE)`); where the OS or file system has no exchange, the old directory is renamed aside and
+the new one renamed in, and for that moment a reader waits (`wait_for_dir`) and a writer restores what a dead
+process left aside (`recover_swap`). `sweep_temps` removes the temporaries that dead processes of this host left
+behind. The store floor's `contract.atomic_dir` builds on these.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import json
 import os
+import platform
 import secrets
 import shutil
 import socket
+import sys
+import time
 from collections.abc import Iterable, Iterator
 from glob import escape as glob_escape
 from pathlib import Path
@@ -113,15 +121,105 @@ def savez_atomic(path: str | os.PathLike, **arrays: np.ndarray) -> None:
         np.savez(f, **arrays)
 
 
+_AT_FDCWD, _RENAME_EXCHANGE = -100, 2
+_RENAMEAT2_SYSCALL = {"x86_64": 316, "aarch64": 276}  # where libc has no renameat2 wrapper (glibc < 2.28)
+_NO_EXCHANGE = (errno.ENOSYS, errno.EINVAL, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EPERM)
+
+
+def _renameat2(wrapper: bool = True) -> object | None:
+    """A callable (src: bytes, dst: bytes) -> int (0 or -1, errno set) for renameat2(RENAME_EXCHANGE), or None: libc's
+    wrapper where it has one (and `wrapper`), else the system call by its number."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return None
+    fn = getattr(libc, "renameat2", None) if wrapper else None
+    if fn is not None:
+        fn.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        return lambda a, b: fn(_AT_FDCWD, a, _AT_FDCWD, b, _RENAME_EXCHANGE)
+    number = _RENAMEAT2_SYSCALL.get(platform.machine())
+    if number is None:
+        return None
+    return lambda a, b: libc.syscall(ctypes.c_long(number), ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(a),
+                                     ctypes.c_int(_AT_FDCWD), ctypes.c_char_p(b), ctypes.c_uint(_RENAME_EXCHANGE))
+
+
+_RENAMEAT2 = _renameat2()
+
+
+def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
+    """Swaps the two existing paths `a` and `b` in one step (each name always names one of the two); False where
+    the OS or the file system cannot (then nothing changed)."""
+    if _RENAMEAT2 is None:
+        return False
+    if _RENAMEAT2(os.fsencode(a), os.fsencode(b)) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in _NO_EXCHANGE:
+        return False
+    raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))
+
+
+def _aside(final: Path) -> Path:
+    """Where the fallback swap keeps the old `final` for a moment: FINAL.old.tmp-HOST-PID-RANDOM."""
+    return temp_name(final.with_name(f"{final.name}.old"))
+
+
+def _asides(final: Path, dead: bool) -> list[Path]:
+    """The old `final`s that fallback swaps renamed aside: those of dead processes of this host (`dead`), or else
+    those of live processes and of other hosts."""
+    out = []
+    for old in sorted(final.parent.glob(f"{glob_escape(final.name)}.old.tmp-*")):
+        owner = old.name[len(final.name) + len(".old.tmp-"):].rsplit("-", 2)
+        gone = len(owner) == 3 and owner[0] == _HOST and owner[1].isdigit() and not _alive(int(owner[1]))
+        if gone == dead:
+            out.append(old)
+    return out
+
+
 def replace_dir(src: str | os.PathLike, final: str | os.PathLike) -> None:
-    """Renames the complete directory `src` to `final`, replacing what was there: the old `final` is moved aside
-    under a temporary name first and removed after, so `final` is at every moment either old or new."""
+    """Renames the complete directory `src` to `final`, replacing what was there, so that `final` is at every moment
+    the old directory or the new one: exchanged in one step where the OS can (`exchange`), then the old one (now at
+    `src`) removed. Elsewhere the old `final` is renamed aside, `src` renamed in and the old one removed; for that
+    moment readers wait (`wait_for_dir`) and a dead writer's swap is undone by `recover_swap`."""
     src, final = Path(src), Path(final)
-    old = temp_name(final.with_name(f"{final.name}.old"))
+    if final.is_dir() and not final.is_symlink() and exchange(src, final):
+        remove_path(src)  # the old directory, under the name the new one had
+        return
+    old = _aside(final)
     if final.exists():
         os.replace(final, old)
     os.replace(src, final)
     remove_path(old) if old.exists() else None
+
+
+def recover_swap(final: str | os.PathLike) -> bool:
+    """Puts back the old `final` that a process of this host, now dead, renamed aside in `replace_dir`'s fallback
+    and never replaced (True), or does nothing (False): `final` is then as it was before that swap began."""
+    final = Path(final)
+    if final.exists():
+        return False
+    for old in _asides(final, dead=True):
+        os.replace(old, final)
+        return True
+    return False
+
+
+def wait_for_dir(path: str | os.PathLike, wait_s: float = 10.0) -> bool:
+    """Whether the directory `path` is there, waiting while a fallback `replace_dir` has it renamed aside (at most
+    `wait_s`); False at once when it is missing with no swap under way."""
+    path = Path(path)
+    deadline, quiet = time.monotonic() + wait_s, 0
+    while True:
+        if path.is_dir():
+            return True
+        swapping = bool(_asides(path, dead=False))
+        quiet = 0 if swapping else quiet + 1
+        if quiet >= 2 or time.monotonic() > deadline:  # missing twice with no swap between: truly missing
+            return path.is_dir()
+        time.sleep(0.001)
 
 
 def link_tree(src: Path, dst: Path, skip: Iterable[str] = ()) -> None:

@@ -21,10 +21,12 @@ from typing import Any, ClassVar
 from cfir_jax.core import faults
 from cfir_jax.core.errors import StoreError
 from cfir_jax.stores.atomic_write import (
+    recover_swap,
     remove_path,
     replace_dir,
     sweep_temps,
     temp_name,
+    wait_for_dir,
     write_json_atomic,
 )
 from cfir_jax.stores.integrity import MANIFEST, write_checksums
@@ -44,6 +46,7 @@ def atomic_dir(final: str | os.PathLike, linked_from: str | os.PathLike | None =
     """
     final = Path(final)
     final.parent.mkdir(parents=True, exist_ok=True)
+    recover_swap(final)  # a dead writer's swap cut off between its two renames: the old store put back
     sweep_temps(final)
     sweep_temps(final.with_name(f"{final.name}.old"))
     tmp = temp_name(final)
@@ -68,14 +71,22 @@ def read_manifest(directory: str | os.PathLike, kind: str, version: int | None =
     """Reads the manifest of a complete store, or raises a one-line StoreError saying what is wrong."""
     directory = Path(directory)
     path = directory / MANIFEST
-    if not directory.is_dir():
-        raise StoreError(f"{directory}: no {kind} store here (missing directory); build it with index.py")
-    if not path.is_file():
-        raise StoreError(f"{directory}: incomplete {kind} store (no {MANIFEST}); rebuild it with index.py")
-    try:
-        manifest = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise StoreError(f"{path}: unreadable manifest ({e.__class__.__name__}); rebuild the store") from None
+    misses = 0
+    for _ in range(100):  # the directory swapped for a new version meanwhile (replace_dir's fallback): read again
+        if not wait_for_dir(directory):
+            raise StoreError(f"{directory}: no {kind} store here (missing directory); build it with index.py")
+        try:
+            manifest = json.loads(path.read_text())
+            break
+        except FileNotFoundError:
+            misses += 1
+            if misses >= 2 and directory.is_dir():
+                raise StoreError(f"{directory}: incomplete {kind} store (no {MANIFEST}); rebuild it with index.py"
+                                 ) from None
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise StoreError(f"{path}: unreadable manifest ({e.__class__.__name__}); rebuild the store") from None
+    else:
+        raise StoreError(f"{directory}: replaced again and again while being read; open it again")
     if manifest.get("kind") != kind:
         raise StoreError(f"{path}: expected a {kind} store, found {manifest.get('kind')!r}")
     if version is not None and manifest.get("format_version") != version:

@@ -1,15 +1,15 @@
 """Versions of a workdir that readers can follow, and the commit that makes a change's new stores current together.
 
-A change (`index.py --add / --remove / --compact`) rewrites several stores at once. It stages the new version of each
-in `W/.change/<store>` (`begin`, `Change.stage`: nothing under `W/<store>` is touched, so a crash while staging leaves
-the served version as it was, and a rerun of the same change resumes from what it staged), then commits
-(`Change.commit`):
+A change (`index.py --add / --remove / --compact / --add-entities`, a rebuild of a built workdir) rewrites several
+stores at once. It stages the new version of each in `W/.change/<store>` (`begin`, `Change.stage`: nothing under
+`W/<store>` is touched, so a crash while staging leaves the served version as it was, and a rerun of the same change
+resumes from what it staged), then commits (`Change.commit`):
 
 1. takes `W/.commit.lock` exclusively: readers hold it shared while they open their stores (`reading`), so none opens
    half of the old version and half of the new one;
 2. writes the journal `W/.change/COMMIT.json` (the stores to move, those to drop, and the new index.json): the commit
    point. Before it, nothing of the workdir changed; after it, the change happens even if the process dies;
-3. renames each staged store over `W/<store>` (`atomic_write.replace_dir`), drops the stores the change made invalid,
+3. swaps each staged store with `W/<store>` (`atomic_write.replace_dir`), drops the stores the change made invalid,
    writes index.json with `"version"` + 1 and a `"history"` entry, removes the journal and the staging directory.
 
 A commit cut off after its journal is finished by `recover` (idempotent: each step is done when still undone), which
@@ -40,7 +40,7 @@ log = logging.getLogger(__name__)
 
 CHANGE_DIR = ".change"  # W/.change: the stores a change staged, its change.json and, once committing, the journal
 CHANGE_JSON = "change.json"  # {"op", "key", "base_version"}: which change the staged stores belong to
-JOURNAL = "COMMIT.json"  # {"version", "stores", "drop", "index"}: written at the commit point
+JOURNAL = "COMMIT.json"  # {"version", "stores", "inodes", "drop", "index"}: written at the commit point
 COMMIT_LOCK = ".commit.lock"  # exclusive while a commit renames, shared while a reader opens
 COMMIT_WAIT_S = 600.0  # how long a commit waits for readers still opening before it gives up (nothing changed)
 READ_WAIT_S = 120.0  # how long a reader waits for a commit (renames only: well under a second when alive)
@@ -76,7 +76,8 @@ def history(layout: Layout | str | os.PathLike) -> list[dict]:
 
 
 def history_entry(version: int, op: str, changes: dict) -> dict:
-    """{"version", "op" ("build", "add", "remove", "compact"), "at" (UTC), "changes" (what changed, counts)}."""
+    """{"version", "op" ("build", "add", "remove", "compact", "add_entities"), "at" (UTC), "changes" (what changed,
+    counts)}."""
     return {"version": version, "op": op, "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
             "changes": changes}
 
@@ -201,9 +202,10 @@ class Change:
         """Removes what this change staged (its input was refused: there is nothing worth resuming)."""
         _remove_dir(self.directory)
 
-    def commit(self, changes: dict) -> int:
+    def commit(self, changes: dict, index: dict | None = None) -> int:
         """Makes the staged stores current together and records the version in index.json (`"version"` + 1 and a
-        `"history"` entry {"version", "op", "at", "changes"}; its other keys kept). Returns the new version."""
+        `"history"` entry {"version", "op", "at", "changes"}; its other keys kept, or replaced by `index`: what a
+        rebuild records). Returns the new version."""
         stores = sorted(p.name for p in self.directory.iterdir() if p.is_dir() and p.name in STORES)
         clash = sorted(set(stores) & set(self.dropped))
         if clash:
@@ -216,10 +218,13 @@ class Change:
                 raise CfirError(f"{self.layout.index_json}: now at version {have} but this change was staged on "
                                 f"version {self.base_version}; rerun the command to stage it again")
             version = have + 1
-            index = {**info, "version": version,
+            index = {**(info if index is None else index), "version": version,
                      "history": [*(info.get("history") or []), history_entry(version, self.op, changes)]}
-            write_json_atomic(self.directory / JOURNAL,
-                              {"version": version, "stores": stores, "drop": self.dropped, "index": index})
+            # Each staged store's inode: after an exchange the staged name holds the old store, which a rerun of
+            # the roll-forward must not swap back in.
+            inodes = {store: (self.directory / store).stat().st_ino for store in stores}
+            write_json_atomic(self.directory / JOURNAL, {"version": version, "stores": stores, "inodes": inodes,
+                                                         "drop": self.dropped, "index": index})
             _at("journal")
             _roll_forward(self.layout)
         log.info("%s: committed version %d (%s: %s)", self.layout.root, version, self.op, changes)
@@ -277,9 +282,12 @@ def _roll_forward(layout: Layout) -> None:
     removed, index.json written, then the journal and the staging directory removed. Idempotent."""
     directory = layout.root / CHANGE_DIR
     journal = json.loads((directory / JOURNAL).read_text())
+    inodes = journal.get("inodes") or {}
     for store in journal["stores"]:
-        if (directory / store).is_dir():  # else moved already, by the run this one finishes
-            replace_dir(directory / store, layout.root / store)
+        staged = directory / store
+        # Else moved already by the run this one finishes (what is left there is the old store, exchanged out).
+        if staged.is_dir() and inodes.get(store, staged.stat().st_ino) == staged.stat().st_ino:
+            replace_dir(staged, layout.root / store)
         _at(f"replaced:{store}")
     for store in journal["drop"]:
         _remove_dir(layout.root / store)

@@ -1,6 +1,8 @@
 """Your own collection (index.corpus.source='files') through the commands: a collection cut from the tiny world is
 indexed with the session workdir's model (index.encoder names that workdir) and a planted document finds its own
-pictures; an image folder with an unreadable file is indexed with that file skipped and listed."""
+pictures; an image folder with an unreadable file is indexed with that file skipped and listed; a folder of
+pictures named as people name them (spaces, nested folders, a GIF) is indexed, and pictures handed to --add beside a
+documents file are added with it."""
 
 import json
 import shutil
@@ -77,3 +79,59 @@ def test_an_unreadable_picture_in_a_folder_is_skipped_and_listed_and_the_run_goe
     ids = (w / "image_cache" / "ids.txt").read_text().split()
     assert len(ids) == 3 and all(i.startswith("sub/img") for i in ids)
     assert (w / "entity_index" / "manifest.json").is_file() and "1 skipped" in proc.stdout
+
+
+def _photos(collection: Path, root: Path) -> Path:
+    """A folder as a user has one: nested folders, names with spaces, a GIF, a broken and an empty file."""
+    from PIL import Image as PILImage
+
+    pngs = sorted((collection / "images").glob("*.png"))
+    (root / "people").mkdir(parents=True)
+    (root / "trips" / "summer 2019").mkdir(parents=True)
+    shutil.copy(pngs[0], root / "people" / "Grace Hopper.png")
+    shutil.copy(pngs[1], root / "trips" / "summer 2019" / "the beach.png")
+    PILImage.open(pngs[2]).convert("P").save(root / "trips" / "a gif.gif")
+    (root / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
+    (root / "empty.png").write_bytes(b"")
+    return root
+
+
+@pytest.fixture(scope="module")
+def photos(workdir, collection, tmp_path_factory) -> tuple[Path, str]:
+    """The folder of `_photos` indexed with the session workdir's model: (the workdir, what index.py printed)."""
+    root = tmp_path_factory.mktemp("photos")
+    proc = _index(root / "w", workdir, collection / "documents.jsonl", _photos(collection, root / "photos"),
+                  "--config.index.image_cache.precomputed=", "--config.index.corpus.qrels=")
+    return root / "w", proc.stdout
+
+
+def test_a_folder_of_pictures_named_as_people_name_them_is_indexed(photos, collection):
+    w, out = photos
+    skipped = (w / "image_cache" / "skipped.tsv").read_text().splitlines()[1:]
+    assert [line.split("\t")[0] for line in skipped] == ["broken", "empty"] and "2 skipped" in out
+    ids = (w / "image_cache" / "ids.txt").read_text().split("\n")[:-1]
+    assert ids == ["people/Grace%20Hopper", "trips/a%20gif", "trips/summer%202019/the%20beach"]
+    proc = run_script("retrieve.py", "--config", CONFIG, "--index", str(w), "--query", str(collection / "query.txt"),
+                      "--format", "json", "--top-k", "3")
+    hits = [h["image_id"] for h in json.loads(proc.stdout.strip().splitlines()[-1])["hits"]]
+    assert sorted(hits) == ids
+
+
+def test_an_add_reads_the_pictures_beside_its_documents_file(photos, collection, tmp_path):
+    w = tmp_path / "w"
+    shutil.copytree(photos[0], w)
+    new = tmp_path / "new"
+    new.mkdir()
+    (new / "documents.jsonl").write_text(json.dumps({"id": "doc-new", "text": "Grace Hopper at the harbour."}) + "\n")
+    for k, png in enumerate(sorted((collection / "images").glob("*.png"))[3:6]):
+        shutil.copy(png, new / f"new picture {k}.png")
+    proc = run_script("index.py", "--workdir", str(w), "--add", str(new))
+    assert "images added 3" in proc.stdout and "documents added 1" in proc.stdout, proc.stdout
+    ids = (w / "image_cache" / "ids.txt").read_text().split("\n")[:-1]
+    assert ids[3:] == [f"new%20picture%20{k}" for k in range(3)]
+    (new / "images").mkdir()  # pictures beside an images/ folder would be ignored: refused, naming them
+    shutil.move(new / "new picture 0.png", new / "images" / "inside.png")
+    proc = run_script("index.py", "--workdir", str(w), "--add", str(new), check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode != 0 and len(lines) == 1 and "new picture 1.png" in lines[0], proc.stderr[-2000:]
+    assert json.loads((w / "index.json").read_text())["version"] == 2

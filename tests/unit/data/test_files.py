@@ -155,3 +155,35 @@ def test_a_judgement_naming_no_document_of_the_collection_names_its_qrels_file(t
     (tmp_path / "q" / "test.qrels").write_text("d9 0 x 1\n")
     with pytest.raises(CfirError, match=r"q/test\.qrels: doc_id 'd9' is not a document of the corpus"):
         build_files_corpus(_jsonl(tmp_path / "docs.jsonl", DOCS), tmp_path / "imgs", tmp_path / "q", tmp_path / "c")
+
+
+def _gif() -> bytes:
+    out = io.BytesIO()
+    PILImage.new("P", (8, 8), 3).save(out, format="GIF")
+    return out.getvalue()
+
+
+def test_pictures_named_as_people_name_them_get_reversible_ids_and_keep_their_paths(tmp_path):
+    from cfir_jax.data.files import image_id_of_path, path_of_image_id
+
+    imgs = tmp_path / "imgs"
+    (imgs / "people").mkdir(parents=True)
+    (imgs / "trips" / "2019 summer").mkdir(parents=True)
+    (imgs / "people" / "Grace Hopper.jpg").write_bytes(_png())
+    (imgs / "trips" / "2019 summer" / "beach\tday 100%.png").write_bytes(_png((0, 0, 200)))
+    (imgs / "trips" / "Zoë at night.GIF").write_bytes(_gif())
+    (imgs / "broken.png").write_bytes(b"\x89PNG broken")
+    (imgs / "empty.jpeg").write_bytes(b"")
+    corpus = build_files_corpus(_jsonl(tmp_path / "docs.jsonl", DOCS), imgs, None, tmp_path / "c")
+    assert corpus.image_ids == ["broken", "empty", "people/Grace%20Hopper", "trips/2019%20summer/beach%09day%20100%25",
+                                "trips/Zo\u00eb%20at%20night"]
+    assert all(not any(c.isspace() for c in i) for i in corpus.image_ids)
+    paths = [corpus.image(r).url for r in range(corpus.num_images)]
+    assert paths == ["broken.png", "empty.jpeg", "people/Grace Hopper.jpg", "trips/2019 summer/beach\tday 100%.png",
+                     "trips/Zo\u00eb at night.GIF"]
+    for image_id, path in zip(corpus.image_ids, paths):
+        assert path_of_image_id(image_id) == path.rsplit(".", 1)[0]
+    assert corpus.image(2).image == _png() and corpus.image(4).image == _gif() and corpus.image(1).image == b""
+    # Reversible: a name that looks encoded stays apart from the name it would decode to.
+    assert image_id_of_path("a%20b") == "a%2520b" != image_id_of_path("a b") == "a%20b"
+    assert image_id_of_path("plain/name-1_x.y") == "plain/name-1_x.y"

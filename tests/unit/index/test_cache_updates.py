@@ -19,16 +19,10 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.index import index_encoder
+from cfir_jax.index.corpus_update import stage_corpus_addition, stage_corpus_removal
+from cfir_jax.index.image_cache_update import stage_cache_addition, stage_cache_compaction, stage_cache_removal
 from cfir_jax.index.image_encoding import build_image_cache
-from cfir_jax.index.store_updates import (
-    stage_cache_addition,
-    stage_cache_compaction,
-    stage_cache_removal,
-    stage_compact_addition,
-    stage_compact_selection,
-    stage_corpus_addition,
-    stage_corpus_removal,
-)
+from cfir_jax.index.sr_compact_update import stage_compact_addition, stage_compact_selection
 from cfir_jax.model.beit3 import abstract_model, param_path
 from cfir_jax.search.compact import CompactCache, build_compact, quantize_rows
 from cfir_jax.stores.image_cache import ImageCache

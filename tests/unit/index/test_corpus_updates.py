@@ -13,7 +13,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.data.files import build_files_corpus
-from cfir_jax.index.store_updates import (
+from cfir_jax.index.corpus_update import (
     resolve_addition,
     resolve_removals,
     stage_corpus_addition,
@@ -201,3 +201,38 @@ def test_a_grown_files_corpus_is_still_current_for_index_py(tmp_path):
     stage_corpus_addition(base, tmp_path / "grown", _addition(tmp_path / "add", qrels="d2 0 i3 1\n"))
     again = build_files_corpus(src / "documents.jsonl", src / "images.jsonl", None, tmp_path / "grown")
     assert again.num_documents == 4 and again.qrels("train") == {"d2": {"i3": 1}}
+
+
+def test_pictures_beside_a_documents_file_are_added_with_it(tmp_path):
+    base = write_corpus(tmp_path / "c", "toy", _docs(["d0"]), _images(["i0"], dim=None), {})
+    new = _addition(tmp_path / "new", docs=("d1",), images=(), qrels="")
+    for name in ("a.png", "b c.png", "sub/d.gif"):
+        (new / name).parent.mkdir(parents=True, exist_ok=True)
+        (new / name).write_bytes(name.encode())
+    add = resolve_addition(new)
+    assert add.documents == new / "documents.jsonl" and add.images == new
+    info = stage_corpus_addition(base, tmp_path / "s", new)
+    grown = Corpus.open(tmp_path / "s")
+    assert info["images_added"] == 3 and info["documents_added"] == 1
+    assert grown.image_ids == ["i0", "a", "b%20c", "sub/d"] and grown.image(2).image == b"b c.png"
+
+
+def test_pictures_that_nothing_would_read_are_refused_naming_them(tmp_path):
+    beside_folder = _addition(tmp_path / "f", images=(), qrels="")
+    (beside_folder / "images").mkdir()
+    (beside_folder / "images" / "in.png").write_bytes(b"x")
+    (beside_folder / "loose.png").write_bytes(b"x")
+    with pytest.raises(CfirError, match=r"pictures loose\.png sit beside images/") as e:
+        resolve_addition(beside_folder)
+    assert "\n" not in str(e.value)
+    unnamed = _addition(tmp_path / "r", qrels="")
+    rows = [json.dumps({"id": f"p{k}", "path": f"p{k}.png"}) + "\n" for k in range(2)]
+    (unnamed / "images.jsonl").write_text("".join(rows))
+    for k in range(6):
+        (unnamed / f"p{k}.png").write_bytes(b"x")
+    with pytest.raises(CfirError, match=r"no row of images\.jsonl names the pictures p2\.png, p3\.png, p4\.png and 1 "
+                                        r"more"):
+        resolve_addition(unnamed)
+    for k in range(2, 6):
+        (unnamed / f"p{k}.png").unlink()
+    assert resolve_addition(unnamed).images == unnamed / "images.jsonl"  # every picture named by a row: read

@@ -12,12 +12,9 @@ from cfir_jax.core.errors import StoreError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
 from cfir_jax.index import runner
-from cfir_jax.index.store_updates import (
-    stage_corpus_addition,
-    stage_corpus_removal,
-    stage_entities_addition,
-    stage_summaries_addition,
-)
+from cfir_jax.index.corpus_update import stage_corpus_addition, stage_corpus_removal
+from cfir_jax.index.entities import stage_entities_addition
+from cfir_jax.index.summaries import stage_summaries_addition
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.layout import Layout
 from cfir_jax.stores.summaries import SummaryStore

@@ -1,9 +1,9 @@
-"""index.json's version after a build (cfir_jax.index.runner._record_index): 1 after a first build, + 1 when a
+"""index.json's version after a build (cfir_jax.index.rebuild.record_index): 1 after a first build, + 1 when a
 rebuild built anything, kept when every stage was reused; the history of changes is kept."""
 
 import json
 
-from cfir_jax.index.runner import _record_index
+from cfir_jax.index.rebuild import record_index as _record_index
 from cfir_jax.index.stage_report import StageReport
 from cfir_jax.stores.layout import Layout
 
@@ -27,3 +27,41 @@ def test_builds_number_the_versions_and_keep_the_history(tmp_path, config):
     _record_index(config, layout, _reports(layout, reused=False))
     again = json.loads(layout.index_json.read_text())
     assert again["version"] == 5 and [h["version"] for h in again["history"]] == [1, 4, 5]
+
+
+def _store(path, text: str) -> None:
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "data.txt").write_text(text)
+    (path / "manifest.json").write_text(json.dumps({"text": text}))
+
+
+def test_a_rebuild_is_staged_beside_the_served_stores_and_committed_as_one_version(tmp_path, config):
+    from cfir_jax.index import rebuild
+    from cfir_jax.stores import versions
+    from cfir_jax.stores.contract import atomic_dir
+
+    layout = Layout.of(tmp_path / "w")
+    _store(layout.corpus, "corpus v1")
+    _store(layout.image_cache, "cache v1")
+    rebuild.record_index(config, layout, _reports(layout, reused=False))
+    corpus_inode = (layout.corpus / "data.txt").stat().st_ino
+    staged = rebuild.staged_layout(layout)
+    assert staged.root == layout.root / ".change" and (staged.corpus / "data.txt").stat().st_ino == corpus_inode
+    with atomic_dir(staged.image_cache) as tmp:  # a stage rebuilding its store writes the staged one
+        _store(tmp, "cache v2")
+    assert (layout.image_cache / "data.txt").read_text() == "cache v1"  # readers still open version 1
+    with versions.reading(layout) as version:
+        assert version == 1
+    reports = [StageReport("corpus", "3 docs", 0.1, staged.corpus, reused=True),
+               StageReport("image_cache", "5 x 64", 0.2, staged.image_cache)]
+    reports = rebuild.record(config, layout, staged, reports)
+    assert (layout.image_cache / "data.txt").read_text() == "cache v2" and not (layout.root / ".change").exists()
+    assert (layout.corpus / "data.txt").stat().st_ino == corpus_inode  # untouched, not swapped for its own link
+    info = json.loads(layout.index_json.read_text())
+    assert info["version"] == 2 and info["history"][-1]["op"] == "build"
+    assert info["history"][-1]["changes"] == {"stages": ["image_cache"]}
+    assert [s["path"] for s in info["stages"]] == ["corpus", "image_cache"] and "config" in info
+    assert [r.path for r in reports] == [layout.corpus, layout.image_cache]
+    staged = rebuild.staged_layout(layout)  # a rebuild that finds every store current
+    rebuild.record(config, layout, staged, [StageReport("corpus", "3 docs", 0.1, staged.corpus, reused=True)])
+    assert json.loads(layout.index_json.read_text())["version"] == 2 and not (layout.root / ".change").exists()

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.index.add_entities import append_entities
 from cfir_jax.index.entity_index_build import build_entity_index
+from cfir_jax.index.entity_index_update import stage_entities_added
 from cfir_jax.search.knn import ScannConfig, ScannSearcher, drop_padding, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
 from cfir_jax.stores.entity_index import EntityIndex
@@ -130,9 +130,11 @@ def test_append_equals_building_everything_at_once(tmp_path, data):
     images, ents, texts = data
     build_entity_index(tmp_path / "inc", texts[:30], ents[:30], images, 15, model_fingerprint=FP, backend="exact")
     # Rows 20..29 are already indexed: append must skip them and add only 30..49.
-    added = append_entities(tmp_path / "inc", texts[20:], ents[20:], images, expect_fingerprint=FP)
+    (tmp_path / "staged").mkdir()
+    added = stage_entities_added(EntityIndex.open(tmp_path / "inc", expect_fingerprint=FP), tmp_path / "staged",
+                                 texts[20:], ents[20:], images)["added_entities"]
     build_entity_index(tmp_path / "all", texts, ents, images, 15, model_fingerprint=FP, backend="exact")
-    inc, full = EntityIndex.open(tmp_path / "inc"), EntityIndex.open(tmp_path / "all")
+    inc, full = EntityIndex.open(tmp_path / "staged"), EntityIndex.open(tmp_path / "all")
     assert added == 20 and inc.vocab == full.vocab
     _assert_same_index(inc, full)
     assert inc.manifest["n_entities"] == 50
