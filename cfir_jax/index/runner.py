@@ -236,8 +236,7 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache):
 
 def image_text_wanted(config) -> bool:
     """Whether index.py builds W/image_text: asked for (index.image_text.enabled) or needed (fusion.w_txt != 0)."""
-    fusion = config.retrieval.get("fusion", {})
-    return bool(config.index.get("image_text", {}).get("enabled")) or float(fusion.get("w_txt", 0.0)) != 0.0
+    return bool(config.index.image_text.enabled) or float(config.retrieval.fusion.w_txt) != 0.0
 
 
 def build_image_text(config, layout: Layout, corpus, cache):
@@ -258,8 +257,7 @@ def build_image_text(config, layout: Layout, corpus, cache):
 
 def entity_text_match_wanted(config) -> bool:
     """Whether index.py builds W/entity_text_match: asked for, or needed by retrieval.entity_text_match."""
-    return bool(config.index.get("entity_text_match", {}).get("enabled")) or \
-        bool(config.retrieval.get("entity_text_match", False))
+    return bool(config.index.entity_text_match.enabled) or bool(config.retrieval.entity_text_match)
 
 
 def build_entity_text_match(config, layout: Layout, corpus, cache):

@@ -8,12 +8,6 @@ import dataclasses
 import re
 from pathlib import Path
 
-# The files issue 36's change loop (items 1, 2, 7) rewrites on another branch: the rule tests report their findings
-# apart, and the lead reconciles them after merging that branch.
-CHANGE_LOOP = frozenset(f"cfir_jax/{p}" for p in (
-    "index/collection_update.py", "index/store_updates.py", "index/derived_updates.py",
-    "index/entity_index_update.py", "index/add_entities.py", "index/runner.py", "stores/versions.py",
-    "stores/atomic_write.py", "data/files.py"))
 MAX_FUNCTION_LINES = 60
 MAX_MODULE_LINES = 400
 RECIPE = "# recipe:"

@@ -1,10 +1,7 @@
 """The rules docs/architecture.md and the style guide state, each a test that can fail: functions at most 60 lines
 unless marked as one recipe, a `# why:` above every function-level import, modules at most 400 lines, every path,
 dotted module and config key in a docs code span real, a unit-test folder for every room that holds logic, and the
-docs' rank table equal to the test's RANKS.
-
-The files that issue 36's change loop (items 1, 2 and 7) rewrites on another branch are held apart: their findings
-are reported by their own test case, named for them, so the rest of the house stays held while they are rebuilt."""
+docs' rank table equal to the test's RANKS."""
 
 from pathlib import Path
 
@@ -20,42 +17,35 @@ PACKAGE = ROOT / "cfir_jax"
 # The code the rules hold: the package, the three scripts and the configs.
 SOURCES = sorted([*PACKAGE.rglob("*.py"), ROOT / "index.py", ROOT / "train.py", ROOT / "retrieve.py",
                   *(ROOT / "configs").glob("*.py")])
-GROUPS = {"house": lambda rel: rel not in rules.CHANGE_LOOP, "change_loop_files": lambda rel: rel in rules.CHANGE_LOOP}
 DOCS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 # Every config file, with the variants that add keys (the demo's caption pretraining).
 CONFIG_FILES = ("configs/base.py", "configs/large.py", "configs/collection.py", "configs/demo.py:tiny,full")
 
 
-def _findings(check, group: str) -> list[str]:
-    keep = GROUPS[group]
-    return [f for path in SOURCES if keep(str(path.relative_to(ROOT))) for f in check(path, ROOT)]
+def _findings(check) -> list[str]:
+    return [f for path in SOURCES for f in check(path, ROOT)]
 
 
-def _fail_message(rule: str, group: str, found: list[str]) -> str:
-    where = "" if group == "house" else (" in the files issue 36's change loop rewrites (items 1, 2, 7; another "
-                                         "branch): reconcile after merging it")
-    return f"{len(found)} {rule}{where}:\n" + "\n".join(found)
+def _fail_message(rule: str, found: list[str]) -> str:
+    return f"{len(found)} {rule}:\n" + "\n".join(found)
 
 
-@pytest.mark.parametrize("group", GROUPS)
-def test_functions_are_at_most_60_lines_unless_one_recipe(group):
+def test_functions_are_at_most_60_lines_unless_one_recipe():
     """A longer function is one recipe read top to bottom, and a `# recipe:` comment above it says so."""
-    found = _findings(rules.function_lengths, group)
-    assert not found, _fail_message("functions over 60 lines without a `# recipe:` comment", group, found)
+    found = _findings(rules.function_lengths)
+    assert not found, _fail_message("functions over 60 lines without a `# recipe:` comment", found)
 
 
-@pytest.mark.parametrize("group", GROUPS)
-def test_every_function_level_import_says_why(group):
+def test_every_function_level_import_says_why():
     """An import inside a function keeps a heavy dependency off a light path and names it in a `# why:` comment above
     its block; any other import belongs at the top of its file."""
-    found = _findings(rules.silent_imports, group)
-    assert not found, _fail_message("function-level imports without a `# why:` comment", group, found)
+    found = _findings(rules.silent_imports)
+    assert not found, _fail_message("function-level imports without a `# why:` comment", found)
 
 
-@pytest.mark.parametrize("group", GROUPS)
-def test_modules_are_at_most_400_lines(group):
-    found = _findings(rules.module_length, group)
-    assert not found, _fail_message("modules over 400 lines", group, found)
+def test_modules_are_at_most_400_lines():
+    found = _findings(rules.module_length)
+    assert not found, _fail_message("modules over 400 lines", found)
 
 
 @pytest.mark.parametrize("script", ["index.py", "train.py", "retrieve.py"])
