@@ -8,6 +8,7 @@
     python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
     python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
+    python retrieve.py --index W --serve --engine ray --config.serve.shards=2   # on Ray Serve (docs/serving.md)
     python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
 
 Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
@@ -39,6 +40,10 @@ def _flags(p):
     serving = p.add_argument_group("--serve")
     serving.add_argument("--host", default=None, help="address to listen on (default serve.host: 127.0.0.1)")
     serving.add_argument("--port", type=int, default=None, help="port (default serve.port: 8080; 0: any free one)")
+    serving.add_argument("--engine", default=None, choices=("local", "ray"), help="one process, or Ray Serve with "
+                         "sharded index and replicas (default serve.engine: local)")
+    serving.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default "
+                         "serve.address; none: start a local Ray)")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
@@ -113,7 +118,8 @@ def main():
     if args.serve:
         from cfir_jax.commands import serve
 
-        serve.run(config, args.index, args.config, sys.argv[1:], args.method, args.host, args.port)
+        serve.run(config, args.index, args.config, sys.argv[1:], args.method, args.host, args.port, args.engine,
+                  args.address)
     elif args.fit_reranker:
         from cfir_jax.retrieve.rerank_fit import fit_reranker, summary
 

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput
-from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull
+from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.page import PAGE
 from cfir_jax.serve.resident import IndexHolder
@@ -147,7 +147,7 @@ class Service:
                 return job.future.result(), {VERSION_HEADER: str(job.version)}
             except Dropped as e:
                 raise HTTPException(504, f"not answered: {e}") from None
-            except CorruptStore as e:  # damage on disk: named in one line (also in /readyz), not an anonymous 500
+            except (CorruptStore, Unavailable) as e:  # damage on disk, a shard down: one line (also in /readyz)
                 raise HTTPException(503, str(e).splitlines()[0]) from None
         job.cancelled = True
         if gone in done:
@@ -155,6 +155,33 @@ class Service:
             raise HTTPException(499, "client closed the request")
         raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed "
                                  "(serve.deadline_ms)")
+
+    def refresh_metrics(self) -> None:
+        """The gauges /metrics reads at scrape time."""
+        pool = self.holder.current.entity_pool
+        self.metrics.entity_degraded.set(1 if pool is not None and pool.degraded else 0)
+        self.metrics.stores_damaged.set(len(self.verifier.problems))
+
+    async def reload(self) -> JSONResponse:
+        """Reloads in a thread of its own (the batcher keeps serving the old index meanwhile)."""
+        try:
+            fresh = await asyncio.to_thread(self.holder.reload)
+        except CfirError as e:
+            self.metrics.reloads.labels("refused").inc()
+            return _error(409, f"reload refused, the old index keeps serving: {e}")
+        self.metrics.reloads.labels("ok").inc()
+        self.metrics.set_index(fresh)
+        self.watch_pool(fresh)
+        self.batcher.damage = ""  # the new index was verified before it was swapped in
+        self.verifier.reset()
+        return JSONResponse({"reloaded": True, **fresh.describe()})
+
+    async def shutdown(self) -> None:
+        """Stops accepting, answers what was accepted, then stops the workers."""
+        self.stopping = True
+        self.verifier.stop()
+        await asyncio.to_thread(self.batcher.stop)
+        await asyncio.to_thread(self.holder.close)
 
 
 async def _disconnected(request: Request) -> None:
@@ -194,12 +221,9 @@ def create_app(svc: Service) -> FastAPI:
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
-            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(svc)))
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(svc.reload()))
         yield
-        svc.stopping = True
-        svc.verifier.stop()
-        await asyncio.to_thread(svc.batcher.stop)
-        await asyncio.to_thread(svc.holder.close)
+        await svc.shutdown()
 
     app = FastAPI(title="cfir-jax", version="1", lifespan=lifespan,
                   description="CFIR retrieval over a resident index: POST /v1/search with a document's text.")
@@ -219,9 +243,7 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics(svc: ServiceDep) -> Response:
-        pool = svc.holder.current.entity_pool
-        svc.metrics.entity_degraded.set(1 if pool is not None and pool.degraded else 0)
-        svc.metrics.stores_damaged.set(len(svc.verifier.problems))
+        svc.refresh_metrics()
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/admin/reload", summary="reload the workdir (needs serve.admin_token / CFIR_ADMIN_TOKEN)")
@@ -232,7 +254,7 @@ def create_app(svc: Service) -> FastAPI:
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {svc.admin_token}".encode()):
             raise HTTPException(401, "missing or wrong token (Authorization: Bearer TOKEN)")
-        return await _reload(svc)
+        return await svc.reload()
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:
@@ -316,17 +338,3 @@ def _search_routes(app: FastAPI) -> None:
 _ENDPOINTS = ("/", "/v1/search", "/v1/search/batch", "/v1/search/html", "/healthz", "/readyz", "/metrics",
               "/v1/admin/reload", "/docs", "/openapi.json")
 
-
-async def _reload(svc: Service) -> JSONResponse:
-    """Reloads in a thread of its own (the batcher keeps serving the old index meanwhile)."""
-    try:
-        fresh = await asyncio.to_thread(svc.holder.reload)
-    except CfirError as e:
-        svc.metrics.reloads.labels("refused").inc()
-        return _error(409, f"reload refused, the old index keeps serving: {e}")
-    svc.metrics.reloads.labels("ok").inc()
-    svc.metrics.set_index(fresh)
-    svc.watch_pool(fresh)
-    svc.batcher.damage = ""  # the new index was verified before it was swapped in
-    svc.verifier.reset()
-    return JSONResponse({"reloaded": True, **fresh.describe()})
