@@ -379,6 +379,7 @@ def serve_config() -> ml_collections.ConfigDict:
             shards=1,  # index shards: shard s holds rows [s*N/S, (s+1)*N/S) of the image cache, memory-mapped
             shard_replicas=1,  # replicas of each shard (2: a dead replica costs no request)
             front_replicas=1,  # replicas of the front (entities, summary, query encoding, fan-out and merge)
+            gateway_replicas=1,  # replicas of the HTTP ingress (no model: checks requests, sends them to a live front)
             front_num_gpus=0.0,  # GPUs per front replica (the summarizer and the text encoder run there)
             front_num_cpus=0.5,  # CPUs Ray reserves per front replica
             shard_num_cpus=0.25,  # CPUs Ray reserves per shard replica

@@ -63,6 +63,28 @@ class BatchRequest(BaseModel):
     method: StrictStr | None = None
 
 
+def check_text(settings, text: str, what: str) -> None:
+    """Refuses (4xx, one line) an empty, binary or over-long document text."""
+    if not text.strip():
+        raise HTTPException(422, f"{what} is empty")
+    if not _BINARY.isdisjoint(text):
+        raise HTTPException(422, f"{what} is binary (control characters), expected plain text")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > settings.max_text_bytes:
+        raise HTTPException(413, f"{what} is {size:,} bytes, over serve.max_text_bytes={settings.max_text_bytes:,}")
+
+
+def check_options(methods: list[str], max_top_k: int, top_k: int, method: str | None) -> str:
+    """The method a request asks for (the first served one by default), refused (422) when unknown or top_k is out
+    of range."""
+    method = method or methods[0]
+    if method not in methods:
+        raise HTTPException(422, f"unknown method {method!r}: this service answers {', '.join(methods)}")
+    if not 1 <= top_k <= max_top_k:
+        raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {max_top_k}")
+    return method
+
+
 class Service:
     """What the handlers share (injected with Depends): the index holder, the batcher, the metrics, the settings."""
 
@@ -104,28 +126,18 @@ class Service:
         return not problems, body
 
     def check_text(self, text: str, what: str) -> None:
-        if not text.strip():
-            raise HTTPException(422, f"{what} is empty")
-        if not _BINARY.isdisjoint(text):
-            raise HTTPException(422, f"{what} is binary (control characters), expected plain text")
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > self.settings.max_text_bytes:
-            raise HTTPException(413, f"{what} is {size:,} bytes, over serve.max_text_bytes="
-                                     f"{self.settings.max_text_bytes:,}")
+        check_text(self.settings, text, what)
 
     def check_options(self, top_k: int, method: str | None) -> str:
-        current = self.holder.current
-        method = method or next(iter(current.retrievers))
-        if method not in current.retrievers:
-            raise HTTPException(422, f"unknown method {method!r}: this service answers "
-                                     f"{', '.join(current.retrievers)}")
-        if not 1 <= top_k <= current.max_top_k:
-            raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {current.max_top_k}")
-        return method
+        return check_options(list(self.holder.current.retrievers), self.holder.current.max_top_k, top_k, method)
 
     async def run(self, request: Request, docs: list[DocumentInput], method: str, top_k: int, html: bool = False):
         """Queues the documents, then waits for their answer, the deadline or the client's going away. Returns the
         answer and its headers (X-Index-Version: the version of the index that answered it)."""
+        return await self.answer(docs, method, top_k, html, _disconnected(request))
+
+    async def answer(self, docs: list[DocumentInput], method: str, top_k: int, html: bool = False, gone_when=None):
+        """`run` without the HTTP request: gone_when, when given, is awaited as the client's going away."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.settings.deadline_ms / 1e3
         job = Job(docs, method, top_k, deadline, loop.create_future(), loop, html=html)
@@ -136,7 +148,7 @@ class Service:
             retry = max(1, math.ceil(self.settings.max_wait_ms / 1e3 + 0.05 * self.batcher.depth))
             raise HTTPException(503, f"busy: {e}; retry after {retry} s", headers={"Retry-After": str(retry)}) \
                 from None
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(gone_when if gone_when is not None else asyncio.Event().wait())
         try:
             done, _ = await asyncio.wait({job.future, gone}, timeout=max(0.0, deadline - time.monotonic()),
                                          return_when=asyncio.FIRST_COMPLETED)

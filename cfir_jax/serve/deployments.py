@@ -1,13 +1,14 @@
 """The Ray Serve deployments of the cluster service (`cfir_jax.serve.cluster` starts them; settings: `serve.*`).
 
-Two deployments, one HTTP API (the single process's `app`, unchanged: the same JSON, errors, headers):
+Three deployments behind one HTTP API (the single process's `app`: the same JSON, errors and headers):
 
-- `Front` (serve.front_replicas, serve.front_num_gpus each): the FastAPI app over the single process's micro-batcher
-  (its queue bound, deadlines and 503s), whose retrievers are `ClusterRetriever`s: spaCy entities, the summary and
-  the query encoding here, batched; the union fanned out to every shard and the answers merged
-  (`cfir_jax.serve.merge`).
-- `IndexShard` s of serve.shards (serve.shard_replicas each): rows [lo, hi) of the image cache and the lists' parts
-  in them (`cfir_jax.serve.shard`), memory-mapped from the one workdir.
+- `Gateway` (serve.gateway_replicas): the ingress. It checks each request and hands it to a front, again to another
+  replica when the one it reached died (`cfir_jax.serve.gateway`); it holds no model.
+- `Front` (serve.front_replicas, serve.front_num_gpus each): the single process's Service and micro-batcher (its
+  queue bound, deadlines and 503s) over `ClusterRetriever`s: spaCy entities, the summary and the query encoding
+  here, batched; the union fanned out to every shard and the answers merged (`cfir_jax.serve.merge`).
+- `IndexShard<s>` for s < serve.shards (serve.shard_replicas each): rows [lo, hi) of the image cache and the lists'
+  parts in them (`cfir_jax.serve.shard`), memory-mapped from the one workdir.
 
 Versions: every shard call carries the version its front loaded, and a shard replica answers at exactly that version
 (loading it beside the one it serves when it is the workdir's current one; it keeps the two newest). A reload (POST
@@ -21,17 +22,21 @@ and /readyz names the shard.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import threading
 import time
 from collections.abc import Sequence
 
+import ml_collections
 import ray
 from ray import serve
+from starlette.exceptions import HTTPException
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.serve.app import Service, create_app
 from cfir_jax.serve.batcher import Unavailable
+from cfir_jax.serve.gateway import GatewayService
 from cfir_jax.serve.merge import ClusterRetriever
 from cfir_jax.serve.resident import IndexHolder, load_config, load_index
 from cfir_jax.serve.shard import ShardIndex, shard_bounds
@@ -215,9 +220,9 @@ class ClusterService(Service):
         self.holder.client.close()
 
 
-@serve.ingress()
 class Front:
-    """The HTTP front: the single process's app over a ClusterService."""
+    """A front replica: the single process's Service (micro-batcher, queue bound, deadlines) over ClusterRetrievers;
+    the gateway hands it checked requests."""
 
     async def __init__(self, workdir: str, config_spec: str, overrides: Sequence[str], methods: Sequence[str],
                        *shards):
@@ -228,6 +233,37 @@ class Front:
         holder = await asyncio.to_thread(ClusterHolder, workdir, config_spec, overrides, methods,
                                          int(config.serve.max_batch), config, client)
         self.service = ClusterService(holder, config.serve, _Board.options(name=BOARD, get_if_exists=True).remote())
+
+    def describe(self) -> tuple[list[str], int]:
+        current = self.service.holder.current
+        return list(current.retrievers), current.max_top_k
+
+    async def answer(self, docs, method: str, top_k: int, html: bool) -> tuple[int, str | list[str], dict]:
+        """(200, the answer, its headers) or (status, the one-line error, headers), as the app would answer."""
+        try:
+            answer, headers = await self.service.answer(docs, method, top_k, html)
+            return 200, answer, headers
+        except HTTPException as e:
+            return e.status_code, str(e.detail), dict(e.headers or {})
+
+    def readiness(self) -> tuple[bool, dict]:
+        return self.service.readiness()
+
+    async def reload(self) -> tuple[int, dict]:
+        answer = await self.service.reload()
+        return answer.status_code, json.loads(answer.body)
+
+    async def __del__(self):
+        await self.service.shutdown()  # Ray's graceful stop: the batcher answers what it accepted
+
+
+@serve.ingress()
+class Gateway:
+    """The HTTP ingress: the single process's app over a GatewayService (requests retried on a live front)."""
+
+    async def __init__(self, config_json: str, front):
+        self.service = GatewayService(front, ml_collections.ConfigDict(json.loads(config_json)))
+        await self.service.start()
 
     def __serve_build_asgi_app__(self):
         return create_app(self.service)
@@ -252,4 +288,7 @@ def build_app(workdir: str, config, config_spec: str, overrides: Sequence[str], 
         name="Front", num_replicas=int(s.front_replicas), max_ongoing_requests=int(s.queue_size) + 16,
         ray_actor_options={"num_cpus": float(s.front_num_cpus), "num_gpus": float(s.front_num_gpus)},
         health_check_period_s=2, health_check_timeout_s=10, graceful_shutdown_timeout_s=60)
-    return front.bind(workdir, config_spec, list(overrides), list(methods), *shards)
+    gateway = serve.deployment(Gateway).options(
+        name="Gateway", num_replicas=int(s.gateway_replicas), max_ongoing_requests=4 * int(s.queue_size) + 16,
+        ray_actor_options={"num_cpus": float(s.shard_num_cpus)}, graceful_shutdown_timeout_s=60)
+    return gateway.bind(s.to_json(), front.bind(workdir, config_spec, list(overrides), list(methods), *shards))

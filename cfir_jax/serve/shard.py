@@ -119,12 +119,12 @@ class ShardIndex:
             queries, rows = fused_queries(queries, *weights), sr.rows
         view = RowRange(rows, self.lo, self.hi)
 
-        def search(fetch: int) -> Ranked:
-            scores, local = exact_topk(np.asarray(queries, np.float32), view, min(fetch, len(view)),
-                                       block_size=self.block, fixed_block=True)
-            return scores, np.where(local >= 0, local + self.lo, -1).astype(np.int32)
+        def search(fetch: int) -> Ranked:  # rows of the view: the shard's live rows are numbered from lo
+            return exact_topk(np.asarray(queries, np.float32), view, min(fetch, len(view)), block_size=self.block,
+                              fixed_block=True)
 
-        return self.live.search(search, k)
+        scores, local = self.live.search(search, k)
+        return scores, np.where(local >= 0, local + self.lo, -1).astype(np.int32)
 
     def search(self, embeddings: list[np.ndarray], k: int) -> list[Ranked]:
         """The unseen entities' exact top-k over this shard's live rows, one [U_i, D] matrix per document (searched
