@@ -383,7 +383,7 @@ def serve_config() -> ml_collections.ConfigDict:
             front_num_gpus=0.0,  # GPUs per front replica (the summarizer and the text encoder run there)
             front_num_cpus=0.5,  # CPUs Ray reserves per front replica
             shard_num_cpus=0.25,  # CPUs Ray reserves per shard replica
-            shard_timeout_s=2.0,  # a shard call not answered by then is retried on another replica, then 503
+            shard_timeout_s=2.0,  # a shard call not answered by then is sent again beside it (503 after deadline/2)
             object_store_mb=512,  # the object store of a Ray this command starts (not of a cluster it joins)
         )
     )

@@ -118,24 +118,37 @@ class RayShards:
         threading.Thread(target=self._probe, name="cfir-shard-probe", daemon=True).start()
 
     def _call(self, op: str, args_of) -> list:
+        """op(*args_of(s)) on every shard at once. A shard's call that fails is sent again at once, and one that has
+        not answered in serve.shard_timeout_s is sent again beside it (a replica that died may hold it unanswered);
+        the first answer wins. A shard with no answer after half the deadline: Unavailable."""
         start = time.monotonic()
-        pending = {s: getattr(h, op).remote(*args_of(s)) for s, h in enumerate(self.handles)}
+        sent = {s: [(start, getattr(h, op).remote(*args_of(s)))] for s, h in enumerate(self.handles)}
         out: dict[int, object] = {}
-        while pending:
-            s, response = next(iter(pending.items()))
-            try:
-                out[s] = response.result(timeout_s=self.timeout_s)
-                self.down.pop(s, None)
-                del pending[s]
-            except CfirError:
-                raise
-            except Exception as e:  # noqa: BLE001 - a dead replica, a timeout: tried again while time is left
-                reason = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
-                self.down[s] = reason
-                if time.monotonic() - start > self.budget_s:
-                    raise Unavailable(f"shard {s} unavailable: {reason}") from None
-                time.sleep(0.05)
-                pending[s] = getattr(self.handles[s], op).remote(*args_of(s))
+        while len(out) < len(self.handles):
+            for s, tries in sent.items():
+                if s in out:
+                    continue
+                for t in list(tries):
+                    try:
+                        out[s] = t[1].result(timeout_s=0.005)
+                        self.down.pop(s, None)
+                        break
+                    except TimeoutError:
+                        continue
+                    except CfirError:
+                        raise
+                    except Exception as e:  # noqa: BLE001 - a dead replica: sent again below while time is left
+                        self.down[s] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
+                        tries.remove(t)
+                now = time.monotonic()
+                if s in out:
+                    continue
+                if now - start > self.budget_s:
+                    reason = self.down.get(s) or f"no answer in {self.budget_s:g} s"
+                    raise Unavailable(f"shard {s} unavailable: {reason}")
+                if not tries or now - max(t[0] for t in tries) > self.timeout_s:
+                    tries.append((now, getattr(self.handles[s], op).remote(*args_of(s))))
+            time.sleep(0.002)
         return [out[s] for s in range(len(self.handles))]
 
     def prepare(self, version: int) -> None:
