@@ -52,6 +52,7 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
         import ray
         from ray import serve
 
+        # why: the deployments import Ray at their top
         from cfir_jax.serve.deployments import build_app
     except ImportError as e:
         if head is not None:

@@ -76,7 +76,8 @@ class Load:
 
     def __init__(self, url, documents, threads=4):
         self.stop, self.answers = threading.Event(), []
-        self.threads = [threading.Thread(target=self._fire, args=(url, documents, n)) for n in range(threads)]
+        self.threads = [threading.Thread(target=self._fire, args=(url, documents, n), daemon=True)
+                        for n in range(threads)]
         for t in self.threads:
             t.start()
 
@@ -161,17 +162,19 @@ def test_answers_equal_one_process_and_errors_are_the_same(cluster, documents, e
 @pytest.mark.parametrize("victim", ["IndexShard1", "Front"])
 def test_a_replica_killed_under_load_costs_no_request(cluster, documents, expected, victim):
     load = Load(cluster.url, documents)
-    time.sleep(3)
-    pids = _replica_pids(victim)
-    assert len(pids) == 2, pids
-    before = len(load.answers)
-    os.kill(pids[0], signal.SIGKILL)
-    time.sleep(8)
-    answers = load.finish()
+    try:
+        time.sleep(3)
+        pids = _replica_pids(victim)
+        assert len(pids) == 2, pids
+        before = len(load.answers)
+        os.kill(pids[0], signal.SIGKILL)
+        time.sleep(8)
+    finally:
+        answers = load.finish()
     assert len(answers) > before + 4  # requests ran while the replica was dead and being replaced
     failed = [a for a in answers if a[0] != 200]
     assert not failed, (len(answers), failed[:3])
-    assert len(answers) > 10 and all(a[3] == expected[a[2]]["hits"] for a in answers)
+    assert all(a[3] == expected[a[2]]["hits"] for a in answers)
     deadline = time.monotonic() + 180
     while len(_replica_pids(victim)) < 2:  # Ray replaces it
         assert time.monotonic() < deadline, f"{victim} not replaced"
@@ -233,9 +236,11 @@ def test_a_shard_with_no_live_replica_is_503_within_the_deadline_and_named_in_re
 @pytest.mark.slow
 def test_sigterm_to_the_group_drains_and_stops_its_ray(cluster, documents):
     load = Load(cluster.url, documents)
-    time.sleep(2)
-    code, log = cluster.stop()
-    answers = load.finish()
+    try:
+        time.sleep(2)
+        code, log = cluster.stop()
+    finally:
+        answers = load.finish()
     assert code == 0, log[-3000:]
     assert "stopped: every accepted request was answered" in log
     statuses = collections.Counter(a[0] for a in answers)
