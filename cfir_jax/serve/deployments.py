@@ -136,7 +136,11 @@ class RayShards:
                     except TimeoutError:
                         continue
                     except CfirError:
-                        raise
+                        if op == "prepare":  # a refusal of the version: the reload is refused
+                            raise
+                        # else a replica that cannot hold the version (one started after a commit): another may
+                        self.down[s] = "a replica without the version asked for"
+                        tries.remove(t)
                     except Exception as e:  # noqa: BLE001 - a dead replica: sent again below while time is left
                         self.down[s] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"[:200]
                         tries.remove(t)

@@ -244,6 +244,9 @@ def test_sigterm_to_the_group_drains_and_stops_its_ray(cluster, documents):
     assert code == 0, log[-3000:]
     assert "stopped: every accepted request was answered" in log
     statuses = collections.Counter(a[0] for a in answers)
-    assert statuses[200] > 0 and set(statuses) <= {200, "ConnectError", "RemoteProtocolError"}, statuses
+    # Requests were answered 200 or refused, never cut off mid-way (no 500, 502, 504, no connection closed on a
+    # request): 503 while the replicas drained, 404 from Ray's proxy once the application was gone, then no
+    # connection at all once the proxy was.
+    assert statuses[200] > 0 and set(statuses) <= {200, 503, 404, "ConnectError"}, statuses
     time.sleep(2)
     assert not _replica_pids("IndexShard0") and not _replica_pids("Front")
