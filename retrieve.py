@@ -36,7 +36,7 @@ def main():
         from cfir_jax.commands import serve
 
         return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
-                         host=args.host, port=args.port)
+                         host=args.host, port=args.port, engine=args.engine, address=args.address)
     # why: the Retriever's stack (JAX, flax, spaCy) loads once the flags and the config are read
     from cfir_jax.commands import evaluate, fit_reranker, retrieve
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Creates .venv (if missing) and installs what a command needs. Idempotent (a stamp per set and pyproject version).
 #   bash scripts/setup.sh demo   # the package + the spaCy model: what scripts/demo.sh runs (no torch)
-#   bash scripts/setup.sh test   # the demo set + pytest, pytrec_eval, torch and torchscale (the test oracle),
+#   bash scripts/setup.sh test   # the demo set + pytest, pytrec_eval, torch and torchscale (the test oracle), Ray
+#                                # Serve (the cluster service's tests),
 #                                # Debian's chromium (the screenshot tests of the gallery and the service's page) and
 #                                # libtpu (jax[tpu] at the installed jax's version: the compile-only tests)
 set -euo pipefail
@@ -37,7 +38,7 @@ if [ "$WHAT" = demo ]; then
 else
   # torch first and pinned: the CPU wheel (the test oracle and checkpoint reader, never a runtime need).
   python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[dev,torch]"
+  python -m pip install -q -e ".[dev,torch,cluster]"
   # torchscale/fairscale declare timm/torchvision deps that do not import beside this torch: install without them.
   python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.0"
   # libtpu (the TPU compiler) for the compile-only tests, at exactly the installed jax's version so pip never moves

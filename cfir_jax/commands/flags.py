@@ -55,6 +55,10 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     serving = p.add_argument_group("--serve")
     serving.add_argument("--host", default=None, help="address to listen on (default serve.host: 127.0.0.1)")
     serving.add_argument("--port", type=int, default=None, help="port (default serve.port: 8080; 0: any free one)")
+    serving.add_argument("--engine", default=None, choices=("local", "ray"), help="one process, or Ray Serve with "
+                         "the index in shards and replicas (default serve.engine: local)")
+    serving.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default "
+                         "serve.address; none: start a local Ray)")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "

@@ -4,7 +4,8 @@
 One process loads the stores and models once, warms every shape it will send, then answers over HTTP (FastAPI on
 uvicorn) until SIGTERM or SIGINT (to it alone or to its process group), which stops accepting, answers every request
 already accepted and exits 0. SIGHUP reloads the workdir (`cfir_jax.serve.resident.IndexHolder.reload`, after
-verifying it). Settings: the config's `serve` section (`cfir_jax.core.config.serve_config`).
+verifying it). Settings: the config's `serve` section (`cfir_jax.core.config.serve_config`). With serve.engine="ray"
+(or --engine ray) the same API runs on Ray Serve, the index in shards (`cfir_jax.serve.cluster`).
 """
 
 from __future__ import annotations
@@ -22,11 +23,19 @@ from cfir_jax.core.errors import CfirError
 
 
 def run(config: ml_collections.ConfigDict, workdir: str, *, config_spec: str = "", argv: Sequence[str] = (),
-        method: str = "cfir", host: str | None = None, port: int | None = None) -> None:
-    """Loads the index of `workdir`, binds host:port and serves until SIGTERM.
+        method: str = "cfir", host: str | None = None, port: int | None = None, engine: str | None = None,
+        address: str | None = None) -> None:
+    """Loads the index of `workdir`, binds host:port and serves until SIGTERM: in this process, or on Ray Serve
+    (engine "ray", joining the cluster at `address` or starting a local one).
 
     config: as parsed from the command line `argv`, whose `--config.*` overrides a reload applies again to the
     workdir's config (or to `config_spec`, the --config file)."""
+    engine = engine or config.serve.engine
+    if engine == "ray":
+        # why: Ray loads only for the Ray engine
+        from cfir_jax.serve.cluster import serve_cluster
+
+        return serve_cluster(workdir, config, config_spec, argv, method, host, port, address)
     settings = config.serve
     host = host or settings.host
     port = settings.port if port is None else port

@@ -342,6 +342,18 @@ def serve_config() -> ml_collections.ConfigDict:
             max_batch_docs=64,  # documents in one POST /v1/search/batch
             summary_cache=1024,  # query summaries kept by document hash (0: none); each costs a summary's text
             admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
+            # The cluster (serve.engine="ray": Ray Serve, cfir_jax.serve.cluster; pip install -e ".[cluster]").
+            engine="local",  # "local": this one process; "ray": fronts and index shards as Ray Serve deployments
+            address="",  # a running Ray cluster to join ("auto", "HOST:6379"); "": start a local Ray (or --address)
+            shards=1,  # index shards: shard s holds rows [s*N/S, (s+1)*N/S) of the image cache, memory-mapped
+            shard_replicas=1,  # replicas of each shard (2: a dead replica costs no request)
+            front_replicas=1,  # replicas of the front (entities, summary, query encoding, fan-out and merge)
+            gateway_replicas=1,  # replicas of the HTTP ingress (no model: checks requests, sends them to a live front)
+            front_num_gpus=0.0,  # GPUs per front replica (the summarizer and the text encoder run there)
+            front_num_cpus=0.5,  # CPUs Ray reserves per front replica
+            shard_num_cpus=0.25,  # CPUs Ray reserves per shard replica
+            shard_timeout_s=2.0,  # a shard call not answered by then is sent again beside it (503 after deadline/2)
+            object_store_mb=512,  # the object store of a Ray this command starts (not of a cluster it joins)
         )
     )
 

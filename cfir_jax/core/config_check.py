@@ -28,6 +28,7 @@ RETRIEVAL_MODELS = ("", "full")
 # retrieval.measures (retrieve.py --measures): trec_eval -c, trec_eval without -c, the authors' code, or both.
 MEASURE_SETS = ("trec_eval", "trec_eval_no_c", "authors", "both")
 DTYPES = ("float32", "bfloat16", "float16")
+SERVE_ENGINES = ("local", "ray")  # serve.engine: this one process, or Ray Serve (fronts and index shards)
 
 
 def _one_of(section: str, node: ml_collections.ConfigDict, key: str, choices: Sequence) -> None:
@@ -81,6 +82,12 @@ def check_serve(s: ml_collections.ConfigDict) -> None:
     if s.max_batch_docs > s.queue_size:
         raise CfirError(f"serve.max_batch_docs={s.max_batch_docs} exceeds serve.queue_size={s.queue_size}: a full "
                         "batch request could never be queued")
+    _one_of("serve", s, "engine", SERVE_ENGINES)
+    for key in ("shards", "shard_replicas", "front_replicas", "gateway_replicas"):
+        if s[key] < 1:
+            raise CfirError(f"serve.{key}={s[key]}: at least 1")
+    if s.shard_timeout_s <= 0:
+        raise CfirError(f"serve.shard_timeout_s={s.shard_timeout_s}: a positive number of seconds")
 
 
 SECTIONS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {

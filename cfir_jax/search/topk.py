@@ -26,6 +26,7 @@ from cfir_jax.core.errors import CfirError
 
 DEFAULT_BLOCK_SIZE = 32768
 DEFAULT_QUERY_BLOCK = 256
+_ROW_GROUP = 16  # rows per BLAS group in `_row_scores`
 # float16 bit pattern -> float32 value (256 KiB, stays in L2): numpy's own astype is a scalar loop.
 _F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 # torch parallelises copies above 32,768 elements (and its pool then fights the scorer's own threads: 1000x slower
@@ -77,9 +78,19 @@ def exact_top_k(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int,
             wide = np.empty(rows.shape, np.float32)
             cast_f16(rows, wide)
             rows = wide
-        scores[a : a + chunk_rows] = np.asarray(rows, np.float32) @ query
+        scores[a : a + chunk_rows] = _row_scores(np.asarray(rows, np.float32), query)
     best = top_k_positions(scores, k)
     return scores[best], ids[best].astype(np.int32)
+
+
+def _row_scores(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
+    """rows [m, D] @ query [D], each row's score independent of m and of the other rows: BLAS computes the rows past
+    the last full group of a matrix-vector product another way (1 ulp apart), so the rows are padded to a multiple
+    of _ROW_GROUP. A candidate's score is then the same in any union, on any shard."""
+    pad = -len(rows) % _ROW_GROUP
+    if pad:
+        rows = np.concatenate([rows, np.zeros((pad, rows.shape[1]), np.float32)])
+    return (rows @ query)[: len(rows) - pad]
 
 
 class RowSubset:

@@ -27,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput
-from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull
+from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.page import PAGE
 from cfir_jax.serve.resident import IndexHolder
@@ -61,6 +61,28 @@ class BatchRequest(BaseModel):
     documents: list[BatchDocument] = Field(description="the documents, ids unique")
     top_k: StrictInt = SHOWN
     method: StrictStr | None = None
+
+
+def check_text(settings, text: str, what: str) -> None:
+    """Refuses (4xx, one line) an empty, binary or over-long document text."""
+    if not text.strip():
+        raise HTTPException(422, f"{what} is empty")
+    if not _BINARY.isdisjoint(text):
+        raise HTTPException(422, f"{what} is binary (control characters), expected plain text")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > settings.max_text_bytes:
+        raise HTTPException(413, f"{what} is {size:,} bytes, over serve.max_text_bytes={settings.max_text_bytes:,}")
+
+
+def check_options(methods: list[str], max_top_k: int, top_k: int, method: str | None) -> str:
+    """The method a request asks for (the first served one by default), refused (422) when unknown or top_k is out
+    of range."""
+    method = method or methods[0]
+    if method not in methods:
+        raise HTTPException(422, f"unknown method {method!r}: this service answers {', '.join(methods)}")
+    if not 1 <= top_k <= max_top_k:
+        raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {max_top_k}")
+    return method
 
 
 class Service:
@@ -104,28 +126,18 @@ class Service:
         return not problems, body
 
     def check_text(self, text: str, what: str) -> None:
-        if not text.strip():
-            raise HTTPException(422, f"{what} is empty")
-        if not _BINARY.isdisjoint(text):
-            raise HTTPException(422, f"{what} is binary (control characters), expected plain text")
-        size = len(text.encode("utf-8", "surrogatepass"))
-        if size > self.settings.max_text_bytes:
-            raise HTTPException(413, f"{what} is {size:,} bytes, over serve.max_text_bytes="
-                                     f"{self.settings.max_text_bytes:,}")
+        check_text(self.settings, text, what)
 
     def check_options(self, top_k: int, method: str | None) -> str:
-        current = self.holder.current
-        method = method or next(iter(current.retrievers))
-        if method not in current.retrievers:
-            raise HTTPException(422, f"unknown method {method!r}: this service answers "
-                                     f"{', '.join(current.retrievers)}")
-        if not 1 <= top_k <= current.max_top_k:
-            raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {current.max_top_k}")
-        return method
+        return check_options(list(self.holder.current.retrievers), self.holder.current.max_top_k, top_k, method)
 
     async def run(self, request: Request, docs: list[DocumentInput], method: str, top_k: int, html: bool = False):
         """Queues the documents, then waits for their answer, the deadline or the client's going away. Returns the
         answer and its headers (X-Index-Version: the version of the index that answered it)."""
+        return await self.answer(docs, method, top_k, html, _disconnected(request))
+
+    async def answer(self, docs: list[DocumentInput], method: str, top_k: int, html: bool = False, gone_when=None):
+        """`run` without the HTTP request: gone_when, when given, is awaited as the client's going away."""
         loop = asyncio.get_running_loop()
         deadline = time.monotonic() + self.settings.deadline_ms / 1e3
         job = Job(docs, method, top_k, deadline, loop.create_future(), loop, html=html)
@@ -136,7 +148,7 @@ class Service:
             retry = max(1, math.ceil(self.settings.max_wait_ms / 1e3 + 0.05 * self.batcher.depth))
             raise HTTPException(503, f"busy: {e}; retry after {retry} s", headers={"Retry-After": str(retry)}) \
                 from None
-        gone = asyncio.ensure_future(_disconnected(request))
+        gone = asyncio.ensure_future(gone_when if gone_when is not None else asyncio.Event().wait())
         try:
             done, _ = await asyncio.wait({job.future, gone}, timeout=max(0.0, deadline - time.monotonic()),
                                          return_when=asyncio.FIRST_COMPLETED)
@@ -147,7 +159,7 @@ class Service:
                 return job.future.result(), {VERSION_HEADER: str(job.version)}
             except Dropped as e:
                 raise HTTPException(504, f"not answered: {e}") from None
-            except CorruptStore as e:  # damage on disk: named in one line (also in /readyz), not an anonymous 500
+            except (CorruptStore, Unavailable) as e:  # damage on disk, a shard down: one line (also in /readyz)
                 raise HTTPException(503, str(e).splitlines()[0]) from None
         job.cancelled = True
         if gone in done:
@@ -155,6 +167,33 @@ class Service:
             raise HTTPException(499, "client closed the request")
         raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed "
                                  "(serve.deadline_ms)")
+
+    def refresh_metrics(self) -> None:
+        """The gauges /metrics reads at scrape time."""
+        pool = self.holder.current.entity_pool
+        self.metrics.entity_degraded.set(1 if pool is not None and pool.degraded else 0)
+        self.metrics.stores_damaged.set(len(self.verifier.problems))
+
+    async def reload(self) -> JSONResponse:
+        """Reloads in a thread of its own (the batcher keeps serving the old index meanwhile)."""
+        try:
+            fresh = await asyncio.to_thread(self.holder.reload)
+        except CfirError as e:
+            self.metrics.reloads.labels("refused").inc()
+            return _error(409, f"reload refused, the old index keeps serving: {e}")
+        self.metrics.reloads.labels("ok").inc()
+        self.metrics.set_index(fresh)
+        self.watch_pool(fresh)
+        self.batcher.damage = ""  # the new index was verified before it was swapped in
+        self.verifier.reset()
+        return JSONResponse({"reloaded": True, **fresh.describe()})
+
+    async def shutdown(self) -> None:
+        """Stops accepting, answers what was accepted, then stops the workers."""
+        self.stopping = True
+        self.verifier.stop()
+        await asyncio.to_thread(self.batcher.stop)
+        await asyncio.to_thread(self.holder.close)
 
 
 async def _disconnected(request: Request) -> None:
@@ -194,12 +233,9 @@ def create_app(svc: Service) -> FastAPI:
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()
         with contextlib.suppress(NotImplementedError, RuntimeError, ValueError):  # not the main thread (tests)
-            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(_reload(svc)))
+            loop.add_signal_handler(signal.SIGHUP, lambda: loop.create_task(svc.reload()))
         yield
-        svc.stopping = True
-        svc.verifier.stop()
-        await asyncio.to_thread(svc.batcher.stop)
-        await asyncio.to_thread(svc.holder.close)
+        await svc.shutdown()
 
     app = FastAPI(title="cfir-jax", version="1", lifespan=lifespan,
                   description="CFIR retrieval over a resident index: POST /v1/search with a document's text.")
@@ -219,9 +255,7 @@ def create_app(svc: Service) -> FastAPI:
 
     @app.get("/metrics", summary="Prometheus metrics")
     async def metrics(svc: ServiceDep) -> Response:
-        pool = svc.holder.current.entity_pool
-        svc.metrics.entity_degraded.set(1 if pool is not None and pool.degraded else 0)
-        svc.metrics.stores_damaged.set(len(svc.verifier.problems))
+        svc.refresh_metrics()
         return Response(generate_latest(svc.metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
     @app.post("/v1/admin/reload", summary="reload the workdir (needs serve.admin_token / CFIR_ADMIN_TOKEN)")
@@ -232,7 +266,7 @@ def create_app(svc: Service) -> FastAPI:
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {svc.admin_token}".encode()):
             raise HTTPException(401, "missing or wrong token (Authorization: Bearer TOKEN)")
-        return await _reload(svc)
+        return await svc.reload()
 
     @app.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> HTMLResponse:
@@ -316,17 +350,3 @@ def _search_routes(app: FastAPI) -> None:
 _ENDPOINTS = ("/", "/v1/search", "/v1/search/batch", "/v1/search/html", "/healthz", "/readyz", "/metrics",
               "/v1/admin/reload", "/docs", "/openapi.json")
 
-
-async def _reload(svc: Service) -> JSONResponse:
-    """Reloads in a thread of its own (the batcher keeps serving the old index meanwhile)."""
-    try:
-        fresh = await asyncio.to_thread(svc.holder.reload)
-    except CfirError as e:
-        svc.metrics.reloads.labels("refused").inc()
-        return _error(409, f"reload refused, the old index keeps serving: {e}")
-    svc.metrics.reloads.labels("ok").inc()
-    svc.metrics.set_index(fresh)
-    svc.watch_pool(fresh)
-    svc.batcher.damage = ""  # the new index was verified before it was swapped in
-    svc.verifier.reset()
-    return JSONResponse({"reloaded": True, **fresh.describe()})

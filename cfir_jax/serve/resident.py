@@ -159,14 +159,15 @@ class LoadedIndex:
                 "model_family": self.family}
 
 
-def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequence[str], max_batch: int
-               ) -> LoadedIndex:
-    """Checks the workdir is complete, opens a Retriever per method and warms each (seconds; minutes at scale)."""
+def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequence[str], max_batch: int,
+               make=Retriever) -> LoadedIndex:
+    """Checks the workdir is complete, opens a Retriever per method and warms each (seconds; minutes at scale).
+    make(config, workdir, method): what opens a method's retriever (the cluster's opens its shards too)."""
     t0 = time.perf_counter()
     with versions.reading(Layout.of(workdir)) as version:  # every Retriever opens the same version
         check_complete(workdir)
         fingerprint, family = index_fingerprint(workdir), model_family(workdir)
-        retrievers = {method: Retriever(config, workdir, method=method) for method in methods}
+        retrievers = {method: make(config, workdir, method=method) for method in methods}
     for method in methods:
         warm_up(retrievers[method], max_batch)  # before the cache, so each batch size's rows are generated
         if retrievers[method].methods.uses_summary():
@@ -185,10 +186,14 @@ class IndexHolder:
         self.workdir, self.config_spec, self.overrides = workdir, config_spec, list(overrides)
         self.methods, self.max_batch = tuple(methods), max_batch
         config = config if config is not None else load_config(workdir, config_spec, overrides)
-        self.current = load_index(workdir, config, self.methods, max_batch)
+        self.current = self.load(workdir, config)
         self.current.entity_pool = entity_pool_for(config, self.current, None)
         self.last_reload: dict | None = None  # {"ok": bool, "at": ..., "error"/"fingerprint": ...}
         self._lock = threading.Lock()
+
+    def load(self, workdir: str, config: ml_collections.ConfigDict) -> LoadedIndex:
+        """One generation of the index (the cluster's holder loads its shards and fronts here instead)."""
+        return load_index(workdir, config, self.methods, self.max_batch)
 
     def close(self) -> None:
         """Stops the entity workers (after the batcher has drained)."""
@@ -213,7 +218,7 @@ class IndexHolder:
                 if problems:
                     more = f" (and {len(problems) - 1} more: index.py --verify names them)" if len(problems) > 1 else ""
                     raise CfirError(f"damaged: {problems[0]}{more}")
-            fresh = load_index(self.workdir, config, self.methods, self.max_batch)
+            fresh = self.load(self.workdir, config)
             if fresh.family != self.current.family:
                 changed = ", ".join(f"{k} {self.current.family[k]} -> {fresh.family[k]}" for k in FAMILY_KEYS
                                     if fresh.family[k] != self.current.family[k])

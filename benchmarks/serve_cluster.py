@@ -1,0 +1,168 @@
+"""The service on Ray Serve against the single process, in one run (`retrieve.py --serve --engine ray`).
+
+    flock /tmp/cfir-bench.lock python benchmarks/serve_cluster.py --workdir demo_work [--shards 1,2,4]
+
+For the single process (`--engine local`) and then Ray with each shard count (1 front, 1 replica per shard, each a
+real command on a free 127.0.0.1 port, exact SR on both sides, the spaCy pool off on both sides):
+  - p50 and p95 at concurrency 1 (--requests requests, one after the other);
+  - documents/s at concurrency 16 (16 client threads for --seconds);
+  - whether every answer (ids, order, scores) equals the single process's for the same text;
+and, in this process, what one query sends to each shard and receives back (pickled bytes of the shard calls, the
+payload Ray carries; per query, the mean over the test documents). The load average is printed with every row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pickle
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+from common import hardware_description  # also puts the repository root on sys.path
+
+from cfir_jax.core import cli
+from cfir_jax.core.cli import cli_main
+from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.serve.merge import ClusterRetriever, LocalShards
+from cfir_jax.serve.shard import ShardIndex
+
+ROOT = Path(__file__).resolve().parents[1]
+SETTINGS = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0",
+            "--config.serve.shard_num_cpus=0.1", "--config.serve.front_num_cpus=0.1",
+            "--config.serve.object_store_mb=400", "--config.serve.deadline_ms=60000",
+            "--config.serve.shard_timeout_s=20", "--config.serve.queue_size=256"]
+
+
+def load_averages() -> str:
+    return "/".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def start(workdir: str, *args: str) -> tuple[subprocess.Popen, str]:
+    proc = subprocess.Popen([sys.executable, "retrieve.py", "--index", workdir, "--serve", "--port", "0", *SETTINGS,
+                             *args], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    log = []
+    while line := proc.stderr.readline():
+        log.append(line)
+        if line.rstrip().endswith("; ready"):
+            threading.Thread(target=lambda: proc.stderr.read(), daemon=True).start()  # keep draining
+            return proc, "http" + line.split(" at http", 1)[1].split(": loaded", 1)[0]
+    raise SystemExit(f"server exited {proc.wait()}: {''.join(log)[-2000:]}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(180)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+
+
+def measure(url: str, docs: list[tuple[str, str]], requests: int, seconds: float) -> dict:
+    """p50/p95 (ms) at concurrency 1, documents/s at concurrency 16, and each text's hits."""
+    answers = {}
+    with httpx.Client(base_url=url, timeout=120) as c:
+        for doc_id, text in docs:  # warm, and the answers compared
+            r = c.post("/v1/search", json={"text": text, "id": doc_id})
+            r.raise_for_status()
+            answers[doc_id] = [(h["image_id"], h["score"]) for h in r.json()["hits"]]
+        times = []
+        for n in range(requests):
+            t0 = time.perf_counter()
+            c.post("/v1/search", json={"text": docs[n % len(docs)][1]}).raise_for_status()
+            times.append(time.perf_counter() - t0)
+    done, failed, stop_at = [0], [0], time.monotonic() + seconds
+
+    def client(n: int) -> None:
+        with httpx.Client(base_url=url, timeout=120) as c:
+            while time.monotonic() < stop_at:
+                r = c.post("/v1/search", json={"text": docs[n % len(docs)][1]})
+                (done if r.status_code == 200 else failed)[0] += 1
+
+    t0 = time.perf_counter()
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    qs = sorted(times)
+    return {"p50": 1e3 * statistics.median(qs), "p95": 1e3 * qs[int(0.95 * (len(qs) - 1))],
+            "docs_s": done[0] / (time.perf_counter() - t0), "failed": failed[0], "answers": answers}
+
+
+class CountingShards(LocalShards):
+    """In-process shards that count the pickled bytes of what each call sends and returns."""
+
+    def __init__(self, shards):
+        super().__init__(shards)
+        self.sent = self.received = 0
+
+    def score(self, version, method, docs, top_k):
+        answers = super().score(version, method, docs, top_k)
+        self.sent += len(pickle.dumps((version, method, docs, top_k)))
+        self.received += sum(len(pickle.dumps(a)) for a in answers) / len(answers)
+        return answers
+
+    def search(self, version, embeddings, k):
+        found = super().search(version, embeddings, k)
+        self.sent += len(pickle.dumps((version, embeddings, k)))
+        self.received += sum(len(pickle.dumps(f)) for f in found) / len(found)
+        return found
+
+
+def shard_bytes(workdir: str, docs: list[tuple[str, str]], shards: int) -> tuple[float, float]:
+    """(bytes sent to each shard, bytes each shard returns) per query, one query per call."""
+    config = cli.apply_overrides(cli.workdir_config(workdir), ["--config.retrieval.sr=exact"])
+    client = CountingShards([ShardIndex(config, workdir, s, shards, ["cfir"]) for s in range(shards)])
+    retriever = ClusterRetriever(config, workdir, "cfir", client)
+    for doc_id, text in docs:
+        retriever.retrieve(DocumentInput(text, doc_id))
+    return client.sent / len(docs), client.received / len(docs)
+
+
+@cli_main
+def main():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--shards", default="1,2,4")
+    p.add_argument("--requests", type=int, default=60)
+    p.add_argument("--seconds", type=float, default=20.0)
+    p.add_argument("--documents", type=int, default=20)
+    args = p.parse_args()
+    from cfir_jax.data.corpus import Corpus
+
+    corpus = Corpus.open(Path(args.workdir) / "corpus")
+    test = sorted(corpus.qrels("test"))[: args.documents]
+    rows = {d: i for i, d in enumerate(corpus.doc_ids)}
+    docs = [(d, corpus.document(rows[d]).text) for d in test]
+    print(f"{hardware_description()}; {args.workdir}: {len(docs)} test documents; load {load_averages()}")
+    print(f"{'engine':<22}{'p50 c=1 ms':>12}{'p95 c=1 ms':>12}{'docs/s c=16':>13}{'failed':>8}  equal  load")
+    single = None
+    for label, extra in [("single process", ["--engine", "local"])] + [
+            (f"ray, {s} shard{'s' if s > 1 else ''}", ["--engine", "ray", f"--config.serve.shards={s}"])
+            for s in map(int, args.shards.split(","))]:
+        proc, url = start(args.workdir, *extra)
+        try:
+            m = measure(url, docs, args.requests, args.seconds)
+        finally:
+            stop(proc)
+        single = single or m
+        equal = "yes" if m["answers"] == single["answers"] else "NO"
+        print(f"{label:<22}{m['p50']:>12.1f}{m['p95']:>12.1f}{m['docs_s']:>13.1f}{m['failed']:>8}  {equal:<5}  "
+              f"{load_averages()}", flush=True)
+        if label != "single process":
+            print(f"{'':<22}p50 {m['p50'] / single['p50']:.2f}x the single process's", flush=True)
+    for s in map(int, args.shards.split(",")):
+        sent, received = shard_bytes(args.workdir, docs, s)
+        print(f"{s} shard(s): per query, each shard is sent {sent:,.0f} B and returns {received:,.0f} B (pickled)")
+
+
+if __name__ == "__main__":
+    main()

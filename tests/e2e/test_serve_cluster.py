@@ -1,0 +1,252 @@
+"""The service on Ray Serve (`retrieve.py --serve --engine ray`), run as the real command on a localhost Ray it starts,
+over the session's tiny world with exact SR, 2 shards x 2 replicas and 2 fronts: answers equal `retrieve.py --format
+json`; a shard replica and a front replica SIGKILLed under load cost no request; a shard with no live replica makes
+the requests that need it 503 `shard s unavailable` within the deadline and /readyz names it; a reload flips every
+shard at once and every answer names one version; SIGTERM to the command's process group drains and stops the Ray it
+started."""
+
+import collections
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from repo import ROOT, run_script
+
+pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
+
+TOKEN = "cluster-token"
+LIGHT = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0",
+         "--config.serve.shard_num_cpus=0.1", "--config.serve.front_num_cpus=0.1", "--config.serve.object_store_mb=300",
+         "--config.serve.deadline_ms=30000", "--config.serve.shard_timeout_s=10",
+         f"--config.serve.admin_token={TOKEN}"]
+
+
+class Cluster:
+    """`retrieve.py --serve --engine ray` leading a process group of its own; `url` once it says it is ready."""
+
+    def __init__(self, workdir, *overrides):
+        self.proc = subprocess.Popen(
+            [sys.executable, "retrieve.py", "--index", str(workdir), "--serve", "--engine", "ray", "--port", "0",
+             *LIGHT, *overrides], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            start_new_session=True)
+        self.log: list[str] = []
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError(f"exited {self.proc.wait()}: {''.join(self.log)[-3000:]}")
+            self.log.append(line)
+            if line.rstrip().endswith("; ready"):
+                self.url = line.split(") at ", 1)[1].split(": loaded", 1)[0]
+                break
+        else:
+            raise AssertionError("not ready in 400 s")
+        self.client = httpx.Client(base_url=self.url, timeout=60)
+
+    def search(self, text, **fields):
+        return self.client.post("/v1/search", json={"text": text, **fields})
+
+    def stop(self, timeout=120) -> tuple[int, str]:
+        self.client.close()
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            _, err = self.proc.communicate()
+        return self.proc.returncode, "".join(self.log) + err
+
+
+def _replica_pids(name: str) -> list[int]:
+    """Pids of the Ray Serve replicas of deployment `name` (their process title names it)."""
+    out = subprocess.run(["pgrep", "-f", f"ray::ServeReplica:cfir:{name}"], capture_output=True, text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+class Load:
+    """Threads posting documents until stopped; every outcome kept (status, version header, id, hits or error)."""
+
+    def __init__(self, url, documents, threads=4):
+        self.stop, self.answers = threading.Event(), []
+        self.threads = [threading.Thread(target=self._fire, args=(url, documents, n), daemon=True)
+                        for n in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _fire(self, url, documents, n):
+        with httpx.Client(base_url=url, timeout=120) as c:
+            while not self.stop.is_set():
+                doc_id, text = documents[n % len(documents)]
+                try:
+                    r = c.post("/v1/search", json={"text": text, "id": doc_id})
+                    self.answers.append((r.status_code, r.headers.get("x-index-version"), doc_id,
+                                         r.json()["hits"] if r.status_code == 200 else r.text[:300]))
+                except httpx.HTTPError as e:
+                    self.answers.append((type(e).__name__, None, doc_id, str(e)))
+
+    def finish(self) -> list:
+        self.stop.set()
+        for t in self.threads:
+            t.join(180)
+        return self.answers
+
+
+@pytest.fixture(scope="module")
+def documents(workdir):
+    from cfir_jax.data.corpus import Corpus
+
+    corpus = Corpus.open(workdir / "corpus")
+    return [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)] + \
+        [("no-entity", "Nothing named here at all, only words.")]
+
+
+@pytest.fixture(scope="module")
+def cluster_workdir(workdir, tmp_path_factory):
+    w = tmp_path_factory.mktemp("cluster") / "W"
+    shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train", "pretrain"))
+    return w
+
+
+@pytest.fixture(scope="module")
+def expected(cluster_workdir, documents, tmp_path_factory):
+    """`retrieve.py --format json` of the documents, exact SR: {id: answer}."""
+    queries = tmp_path_factory.mktemp("q") / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in documents))
+    proc = run_script("retrieve.py", "--index", str(cluster_workdir), "--queries", str(queries), "--format", "json",
+                      "--config.retrieval.sr=exact")
+    return {a["id"]: a for a in map(json.loads, proc.stdout.splitlines())}
+
+
+@pytest.fixture(scope="module")
+def cluster(cluster_workdir):
+    c = Cluster(cluster_workdir, "--config.serve.shards=2", "--config.serve.shard_replicas=2",
+                "--config.serve.front_replicas=2")
+    yield c
+    if c.proc.poll() is None:
+        c.stop()
+
+
+def _hits(answer: dict) -> list:
+    return [(h["rank"], h["image_id"], h["score"], h["entities"], h["caption"]) for h in answer["hits"]]
+
+
+@pytest.mark.slow
+def test_answers_equal_one_process_and_errors_are_the_same(cluster, documents, expected):
+    for doc_id, text in documents:
+        r = cluster.search(text, id=doc_id)
+        assert r.status_code == 200, r.text
+        assert r.headers["x-index-version"] == "1"
+        answer = r.json()
+        assert _hits(answer) == _hits(expected[doc_id])  # ids, order and scores (JSON floats: bit-equal)
+        for key in ("entities", "unknown_entities", "summary", "note", "num_candidates"):
+            assert answer[key] == expected[doc_id][key], key
+    batch = cluster.client.post("/v1/search/batch", json={"documents": [{"id": i, "text": t} for i, t in documents]})
+    assert [_hits(a) for a in batch.json()["results"]] == [_hits(expected[i]) for i, _ in documents]
+    assert cluster.search("").json() == {"error": "text is empty"}
+    assert cluster.search("x", top_k=0).status_code == 422
+    ready = cluster.client.get("/readyz").json()
+    assert ready["ready"] and ready["shards"] == {"0": "ok", "1": "ok"}, ready
+    page = cluster.client.post("/v1/search/html", json={"text": documents[0][1]})
+    assert page.status_code == 200 and "<img" in page.text
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("victim", ["IndexShard1", "Front"])
+def test_a_replica_killed_under_load_costs_no_request(cluster, documents, expected, victim):
+    load = Load(cluster.url, documents)
+    try:
+        time.sleep(3)
+        pids = _replica_pids(victim)
+        assert len(pids) == 2, pids
+        before = len(load.answers)
+        os.kill(pids[0], signal.SIGKILL)
+        time.sleep(8)
+    finally:
+        answers = load.finish()
+    assert len(answers) > before + 4  # requests ran while the replica was dead and being replaced
+    failed = [a for a in answers if a[0] != 200]
+    assert not failed, (len(answers), failed[:3])
+    assert all(a[3] == expected[a[2]]["hits"] for a in answers)
+    deadline = time.monotonic() + 180
+    while len(_replica_pids(victim)) < 2:  # Ray replaces it
+        assert time.monotonic() < deadline, f"{victim} not replaced"
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_a_reload_flips_every_shard_and_every_answer_names_one_version(cluster, cluster_workdir, documents):
+    from cfir_jax.stores import lock, versions
+
+    w = cluster_workdir
+    v1 = versions.current_version(w)
+    load = Load(cluster.url, documents)
+    try:
+        with lock.hold(w, "test"):  # a committed change: a new version of the summaries, the same answers
+            change = versions.begin(w, "add", {"test": 1})
+            with change.stage("summaries") as tmp:
+                shutil.copytree(w / "summaries", tmp, dirs_exist_ok=True,
+                                ignore=shutil.ignore_patterns("checksums.json"))
+                manifest = json.loads((tmp / "manifest.json").read_text())
+                (tmp / "manifest.json").write_text(json.dumps({**manifest, "note": "v2"}))
+            change.commit({"documents": 0})
+        r = cluster.client.post("/v1/admin/reload", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200 and r.json()["version"] == v1 + 1, r.text
+        deadline = time.monotonic() + 60
+        while str(v1 + 1) not in {a[1] for a in load.answers[-8:]}:
+            assert time.monotonic() < deadline, "no answer from the new version"
+            time.sleep(0.2)
+    finally:
+        answers = load.finish()
+    assert answers and all(a[0] == 200 for a in answers), [a for a in answers if a[0] != 200][:3]
+    assert {a[1] for a in answers} <= {str(v1), str(v1 + 1)}
+    assert cluster.client.get("/readyz").json()["version"] in (v1, v1 + 1)
+
+
+@pytest.mark.slow
+def test_a_shard_with_no_live_replica_is_503_within_the_deadline_and_named_in_readyz(cluster, documents):
+    """Both replicas of shard 1 killed (what R = 1 meets with one kill): the requests that need it are answered 503
+    `shard 1 unavailable` within the deadline, never hang, /readyz names the shard; Ray replaces them."""
+    assert cluster.search(documents[0][1]).status_code == 200
+    for pid in _replica_pids("IndexShard1"):
+        os.kill(pid, signal.SIGKILL)
+    t0 = time.monotonic()
+    r = cluster.search(documents[0][1])
+    took = time.monotonic() - t0
+    if r.status_code == 200:  # Ray replaced both within the retries: the request waited for them, as it may
+        assert took < 30
+    else:
+        assert r.status_code == 503 and r.json()["error"].startswith("shard 1 unavailable"), r.text
+        assert took < 30, took  # within serve.deadline_ms, never a hang
+        ready = cluster.client.get("/readyz")
+        assert ready.status_code == 503 and "shard 1 unavailable" in ready.json()["reason"], ready.text
+    deadline = time.monotonic() + 240
+    while cluster.search(documents[0][1]).status_code != 200 or len(_replica_pids("IndexShard1")) < 2:
+        assert time.monotonic() < deadline, "the shard was not replaced"
+        time.sleep(1)
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_group_drains_and_stops_its_ray(cluster, documents):
+    load = Load(cluster.url, documents)
+    try:
+        time.sleep(2)
+        code, log = cluster.stop()
+    finally:
+        answers = load.finish()
+    assert code == 0, log[-3000:]
+    assert "stopped: every accepted request was answered" in log
+    statuses = collections.Counter(a[0] for a in answers)
+    # Requests were answered 200 or refused, never cut off mid-way (no 500, 502, 504, no connection closed on a
+    # request): 503 while the replicas drained, 404 from Ray's proxy once the application was gone, then no
+    # connection at all once the proxy was.
+    assert statuses[200] > 0 and set(statuses) <= {200, 503, 404, "ConnectError"}, statuses
+    time.sleep(2)
+    assert not _replica_pids("IndexShard0") and not _replica_pids("Front")
