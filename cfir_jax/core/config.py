@@ -1,11 +1,11 @@
 """The config tree under every experiment in `configs/*.py`: model sizes, sections and their non-experiment defaults.
 
-Every config is an `ml_collections.ConfigDict` with sections `model`, `mesh`, `index`, `train`, `retrieval`.
+Every config is an `ml_collections.ConfigDict` with sections `model`, `mesh`, `index`, `train`, `retrieval`, `serve`.
 `defaults()` fills in what is not a choice of the experiment (architecture facts, engineering knobs) and leaves each
 experiment choice a typed placeholder; `configs/base.py` sets them (the paper's CFIR), `configs/large.py` and
-`configs/demo.py` start from it. `cfir_jax.core.variants.parse_arg` reads the variant after the colon
-(`configs/base.py:384,runlocal`); `cfir_jax.core.config_check.check` checks each section once, where a config is
-loaded.
+`configs/demo.py` start from it. The `serve` section is `cfir_jax.core.config_serve`.
+`cfir_jax.core.variants.parse_arg` reads the variant after the colon (`configs/base.py:384,runlocal`);
+`cfir_jax.core.config_check.check` checks each section once, where a config is loaded.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from collections.abc import Sequence
 import ml_collections
 from ml_collections import config_dict
 
+from cfir_jax.core.config_serve import serve_config
 from cfir_jax.core.errors import CfirError
 
 # BEiT-3's sizes. Head dim is 64 for both; the text vocabulary has 64010 rows (64002 used, padded).
@@ -316,44 +317,6 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # features, so a store answers only to the values it was fitted with; the rest is how it is fitted.
             rerank=dict(enabled=False, top_n=100, max_text_len=512, li_top=8, hidden=32, lr=3e-3, weight_decay=1e-4,
                         batch_lists=64, max_epochs=200, patience=15, heldout=0.1, max_train_docs=20000, seed=0),
-        )
-    )
-
-
-def serve_config() -> ml_collections.ConfigDict:
-    """The `serve` section: the resident HTTP service (`retrieve.py --index W --serve`, `cfir_jax.serve`)."""
-    return ml_collections.ConfigDict(
-        dict(
-            host="127.0.0.1",  # localhost unless told otherwise (--host)
-            port=8080,
-            methods=("cfir",),  # the methods answered (one Retriever each); the first is a request's default
-            max_batch=16,  # documents per micro-batch (1: micro-batching off)
-            max_wait_ms=5.0,  # how long a batch's first request waits for others (only while requests arrive together)
-            entity_workers=2,  # spaCy processes parsing a batch's documents in parallel (< 2: in the retrieval thread)
-            entity_deadline_ms=5000.0,  # a worker holding a batch's chunk longer is killed and replaced
-            entity_max_restarts=5,  # more worker restarts than this within entity_restart_window_s: parse in-thread
-            entity_restart_window_s=60.0,
-            verify_mb_per_s=32.0,  # the background re-read of every store against checksums.json (0: off)
-            verify_interval_s=3600.0,  # pause between two background passes
-            verify_on_reload=True,  # a reload verifies the new workdir's stores before swapping it in
-            queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
-            deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
-            max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413
-            max_batch_docs=64,  # documents in one POST /v1/search/batch
-            summary_cache=1024,  # query summaries kept by document hash (0: none); each costs a summary's text
-            admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
-            # The cluster (serve.engine="ray": Ray Serve, cfir_jax.serve.cluster; pip install -e ".[cluster]").
-            engine="local",  # "local": this one process; "ray": fronts and index shards as Ray Serve deployments
-            address="",  # a running Ray cluster to join ("auto", "HOST:6379"); "": start a local Ray (or --address)
-            shards=1,  # index shards: shard s holds rows [s*N/S, (s+1)*N/S) of the image cache, memory-mapped
-            shard_replicas=1,  # replicas of each shard (2: a dead replica costs no request)
-            front_replicas=1,  # replicas of the front (entities, summary, query encoding, fan-out and merge)
-            gateway_replicas=1,  # replicas of the HTTP ingress (no model: checks requests, sends them to a live front)
-            front_num_gpus=0.0,  # GPUs per front replica (the summarizer and the text encoder run there)
-            front_num_cpus=0.5,  # CPUs Ray reserves per front replica
-            shard_num_cpus=0.25,  # CPUs Ray reserves per shard replica
-            shard_timeout_s=2.0,  # a shard call not answered by then is sent again beside it (503 after deadline/2)
-            object_store_mb=512,  # the object store of a Ray this command starts (not of a cluster it joins)
         )
     )
 

@@ -10,7 +10,8 @@ import copy
 
 import ml_collections
 
-from cfir_jax.core.config import index_config, retrieval_config, serve_config, train_config
+from cfir_jax.core.config import index_config, retrieval_config, train_config
+from cfir_jax.core.config_serve import serve_config
 
 # What a workdir recorded before a field existed meant, for the experiment fields that have no default
 # (placeholders): SR was the fast scorer, evaluation always scored exactly, documents were embedded whole, entities

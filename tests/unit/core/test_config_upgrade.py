@@ -2,7 +2,7 @@
 
 import ml_collections
 
-from cfir_jax.core.config import serve_config
+from cfir_jax.core.config_serve import serve_config
 from cfir_jax.core.config_upgrade import upgrade
 
 
