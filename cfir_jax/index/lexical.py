@@ -19,7 +19,6 @@ import json
 import os
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import bm25s

@@ -124,5 +124,6 @@ def _recorded_root(info: dict) -> Path | None:
 
 
 STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "image_text",
-          "entity_text_match", "lexical", "sr_compact", "sr_compact_fused", "reranker", "train", "model", "train_document",
+          "entity_text_match", "lexical",
+          "sr_compact", "sr_compact_fused", "reranker", "train", "model", "train_document",
           "model_document", "train_full", "model_full", "image_cache_full")
