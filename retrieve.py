@@ -6,6 +6,7 @@
                                                                     # (+ the fused row when W/image_text exists,
                                                                     # + the re-ranked row when W/reranker does)
     python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
+    python retrieve.py --index W --evaluate test --compare-k 0,100,1000 --method cfir_bm25   # the same over BM25's M
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
     python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
     python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
@@ -39,7 +40,8 @@ def _flags(p):
     serving = p.add_argument_group("--serve")
     serving.add_argument("--host", default=None, help="address to listen on (default serve.host: 127.0.0.1)")
     serving.add_argument("--port", type=int, default=None, help="port (default serve.port: 8080; 0: any free one)")
-    p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
+    p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only | bm25 | "
+                   "cfir_bm25 | cfir_bm25_fused")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
                    "method(s) into a PNG")
@@ -79,6 +81,8 @@ def _check(args) -> None:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     if args.compare_k and not args.evaluate:
         raise CfirError("--compare-k evaluates full CFIR at several K on --evaluate SPLIT; add --evaluate")
+    if args.compare_k and args.method not in ("cfir", "cfir_bm25"):
+        raise CfirError(f"--compare-k sweeps K (--method cfir) or BM25's M (--method cfir_bm25), not {args.method!r}")
     if args.compare_k and args.compare:
         raise CfirError("--compare (Table 3) and --compare-k (Table 4) are separate runs; give one")
     if args.compare_k:

@@ -40,7 +40,7 @@ from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
 from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
-from cfir_jax.retrieve.methods import METHODS, method_of
+from cfir_jax.retrieve.methods import METHODS, Cfir, method_of
 from cfir_jax.retrieve.sr import SR_MODES, SRFrontEnd, check_sr_settings
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
@@ -71,6 +71,7 @@ class Result:
     times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     sr_agreement: float | None = None  # fast SR's top-k overlap with exact scoring (when measured)
     rerank_features: np.ndarray | None = None  # [n, F] of SR's top-n, when the retriever collects them (fitting)
+    lexical_added: int = 0  # candidates BM25 added beyond ER's union (cfir_bm25, cfir_bm25_fused)
 
 
 @dataclasses.dataclass
@@ -106,15 +107,20 @@ class Retriever:
         check_sr_settings(self.rcfg)
         self.sr_mode = self.rcfg.sr
         self.notes: list[str] = []  # what the retriever decided that the user should know (printed by retrieve.py)
-        cfir = method == "cfir"
+        cfir = isinstance(self.methods, Cfir)  # CFIR, alone or with BM25
         self.fusion = (float(self.rcfg.fusion.w_img), float(self.rcfg.fusion.w_txt))
         self.fused = cfir and self.fusion != (1.0, 0.0)
         self.stores = open_stores(config, workdir, reads_document=self.methods.reads_document(),
                                   entities=self.methods.uses_entities,
-                                  text_match=cfir and bool(self.rcfg.entity_text_match), fused=self.fused)
+                                  text_match=cfir and bool(self.rcfg.entity_text_match), fused=self.fused,
+                                  lexical=self.methods.uses_lexical)
         self.model_used = self.methods.model_label(self.stores)  # which model scored the queries (--compare)
         if self.stores.text_match is not None:
             self.model_used += ", entities matched in image text"
+        if cfir and self.methods.uses_lexical:
+            self.model_used += (f", BM25 top {self.rcfg.lexical.candidates} in the union" if
+                                self.methods.lexical_candidates else
+                                f", fused with BM25 (RRF, weight {float(self.rcfg.lexical.fuse_weight):g})")
         if self.fused:
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
         self.sr = SRFrontEnd(self.rcfg, self.stores, self.fusion, self.fused)
@@ -251,12 +257,19 @@ class Retriever:
         if queries is not None:  # a damaged model is named here, before its NaN scores could blame the cache
             check_embeddings(queries, self.stores.model_dir or self.stores.layout.model)
         t3 = time.perf_counter()
+        lexical = self.stores.lexical.search_many([d.text for d in docs]) if self.methods.uses_lexical \
+            else [None] * len(docs)
+        t4 = time.perf_counter()
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs)}
-        ranked = [self._rank_one(entities[i], queries[i] if queries is not None else None) for i in range(len(docs))]
+        if self.methods.uses_lexical:
+            per_doc_ms["lexical"] = 1e3 * (t4 - t3) / len(docs)
+        ranked = [self._rank_one(entities[i], queries[i] if queries is not None else None, lexical[i])
+                  for i in range(len(docs))]
         self._score_unions(queries, ranked)
         for r in ranked:  # a damaged row scores NaN or far above 1: refused, never ranked first
-            check_scores(r.ranked[0], self.score_bound, self.score_stores)
+            if self.methods.dot_scores:
+                check_scores(r.ranked[0], self.score_bound, self.score_stores)
         rerank_ms, features = [{}] * len(docs), [None] * len(docs)
         if self.third is not None:
             ordered = [r.ranked for r in ranked]
@@ -264,11 +277,16 @@ class Retriever:
                                                  [r.scores for r in ranked], ordered)
             for r, order in zip(ranked, ordered):
                 r.ranked = order
+        if self.methods.lexical_fused:
+            for r, lex in zip(ranked, lexical):
+                r.ranked = self.stores.lexical.fuse(r.ranked, lex, self.rcfg.top_k)
+                r.added = len(np.setdiff1d(lex[1], r.union if r.union is not None else r.ranked[1]))
         return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i])
                 for i, r in enumerate(ranked)]
 
-    def _rank_one(self, entities: list[str], query: np.ndarray | None) -> _Ranking:
-        """ER (for the entity methods) and the method's own ranking; SR is left for the batch (ranked None)."""
+    def _rank_one(self, entities: list[str], query: np.ndarray | None, lexical=None) -> _Ranking:
+        """ER (for the entity methods; BM25's top M join its union) and the method's own ranking; SR is left for the
+        batch (ranked None). lexical: the document's BM25 ranking (methods that search W/lexical)."""
         t_start = time.perf_counter()
         r = _Ranking()
         if self.entities is not None:
@@ -276,8 +294,13 @@ class Retriever:
             r.union = union_of(r.lists)
             if r.union is not None:
                 check_rows(r.union, len(self.embeddings), self.stores.layout.entity_index)  # sorted: two numbers
+                if self.methods.lexical_candidates:  # no entity: the whole cache is searched, BM25's top M with it
+                    grown = union_of([r.union, self.stores.lexical.candidates(lexical)])
+                    r.added, r.union = len(grown) - len(r.union), grown
+        elif lexical is not None:
+            r.union = np.sort(lexical[1])
         t_er = time.perf_counter()
-        r.ranked, r.note = self.methods.rank(self, query, r.lists, r.used)
+        r.ranked, r.note = self.methods.rank(self, query, r.lists, r.used, lexical)
         r.times_ms = {"er": 1e3 * (t_er - t_start), "score": 1e3 * (time.perf_counter() - t_er)}
         return r
 
@@ -305,7 +328,8 @@ class Retriever:
                 for j, (s, row, by) in enumerate(zip(scores, rows, brought_by(rows, r.lists, r.used)))]
         times = dict(times, hits=1e3 * (time.perf_counter() - t_hits), **rerank_ms)
         num = len(r.union) if r.union is not None else self.stores.live.num_live  # a whole-cache search's rows
-        return Result(hits, list(entities), r.unknown, summary, r.note, num, times, r.agreement, features)
+        return Result(hits, list(entities), r.unknown, summary, r.note, num + r.added * self.methods.lexical_fused,
+                      times, r.agreement, features, r.added)
 
     def _summaries(self, docs: Sequence[DocumentInput]) -> list[str]:
         missing = [i for i, d in enumerate(docs) if d.summary is None]
@@ -378,6 +402,7 @@ class _Ranking:
     ranked: tuple[np.ndarray, np.ndarray] | None = None
     note: str = ""
     agreement: float | None = None
+    added: int = 0  # candidates BM25 added to ER's union
     times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
