@@ -5,8 +5,8 @@ label the table prints. Table 3 of the CFIR paper (ablation, AToMiC base) comes 
 entity candidate union with the document's embedding instead of the summary's. The paper's rows stay the paper's
 whatever retrieval.fusion, entity_text_match and rerank say (`PAPER_SETTINGS`); the rows beyond the paper follow, each
 when its store exists: CFIR fused with the image text (W/image_text), with the entity text matches
-(W/entity_text_match), BM25 over the image text and CFIR with it (W/lexical), and re-ranked by the third stage (W/reranker). Last, D-BEiT-3 Full (the paper's
-whole-model fine-tuning, Tables 1-2): dense document search with W/model_full over the image cache its own vision
+(W/entity_text_match), BM25 over the image text and CFIR with it (W/lexical), and re-ranked by the third stage
+(W/reranker). Last, D-BEiT-3 Full (the paper's whole-model fine-tuning, Tables 1-2): dense document search with W/model_full over the image cache its own vision
 tower encoded (W/image_cache_full); when either is missing, `full_row_note` says which command makes it. A row
 that varies one more setting (say Table 4's K, `retrieval.k`) is one more line here.
 """
@@ -69,8 +69,8 @@ RERANK = Row("rerank", "cfir", {**NO_FUSION, **NO_TEXT_MATCH, "retrieval.rerank.
 FUSED_RERANK = Row("image_text_rerank", "cfir", {**NO_TEXT_MATCH, "retrieval.rerank.enabled": True},
                    "CFIR + image text + re-rank")
 
-# Beyond the paper, over the pictures' own text (W/lexical): BM25 alone, BM25's top M in CFIR's union, and CFIR's ranking
-# fused with BM25's. Each changes one thing from "full CFIR" (the paper's settings otherwise).
+# Beyond the paper, over the pictures' own text (W/lexical): BM25 alone, BM25's top M in CFIR's union, and CFIR's
+# ranking fused with BM25's. Each changes one thing from "full CFIR" (the paper's settings otherwise).
 LEXICAL = (Row("bm25", "bm25", PAPER_SETTINGS, "BM25 (image text)"),
            Row("bm25_candidates", "cfir_bm25", PAPER_SETTINGS, "CFIR + BM25 candidates"),
            Row("bm25_fused", "cfir_bm25_fused", PAPER_SETTINGS, "CFIR + BM25 fused"))
