@@ -8,7 +8,8 @@ when its store exists: CFIR fused with the image text (W/image_text), with the e
 (W/entity_text_match), BM25 over the image text and CFIR with it (W/lexical), and re-ranked by the third stage
 (W/reranker). Last, D-BEiT-3 Full (the paper's whole-model fine-tuning, Tables 1-2): dense document search with
 W/model_full over the image cache its own vision tower encoded (W/image_cache_full); when either is missing,
-`full_row_note` says which command makes it. A row that varies one more setting (say Table 4's K, `retrieval.k`) is one more line here.
+`full_row_note` says which command makes it. A row that varies one more setting (say Table 4's K, `retrieval.k`)
+is one more line here.
 """
 
 from __future__ import annotations
