@@ -1,6 +1,7 @@
 """The lexical store: BM25 scores equal to rank_bm25's, pruning, removed rows, and the store after add and compact
 equal to a fresh build."""
 
+import bm25s
 import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
@@ -46,6 +47,21 @@ def test_scores_and_top10_equal_rank_bm25():
         np.testing.assert_array_equal(got_r, want_r)
         np.testing.assert_allclose(got_s, want[want_r], rtol=1e-5)
     assert min(reference.idf.values()) == 0.0 < max(reference.idf.values())  # a common term's idf was floored
+
+
+@pytest.mark.parametrize("method", ["robertson", "lucene", "atire"])
+def test_score_matrix_equals_bm25s_index(method):
+    texts = random_texts(200, seed=5, rare=[(4, "")])
+    vocab = {}
+    offsets, doc_terms = tokenize(texts, vocab, "english")
+    settings = dict(SETTINGS, method=method, k1=1.5, b=0.6)
+    indptr, indices, data = score(offsets, doc_terms, len(vocab), settings)
+    docs = [doc_terms[offsets[r] : offsets[r + 1]].tolist() for r in range(len(texts))]
+    want = bm25s.BM25(method=method, k1=1.5, b=0.6).build_index_from_ids(list(range(len(vocab))), docs,
+                                                                          show_progress=False)
+    np.testing.assert_array_equal(indptr, want["indptr"])
+    np.testing.assert_array_equal(indices, want["indices"])
+    np.testing.assert_allclose(data, want["data"], rtol=1e-6)
 
 
 def test_terms_lowercase_stopwords_stemmed():
