@@ -7,6 +7,7 @@
                                                                     # + the re-ranked row when W/reranker does)
     python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
     python retrieve.py --index W --evaluate test --compare-k 0,100,1000 --method cfir_bm25   # the same over BM25's M
+    python retrieve.py --index W --evaluate validation --compare-k 0.5,1,2 --method cfir_bm25_fused   # its weight
     python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
     python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
     python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
@@ -59,7 +60,8 @@ def _flags(p):
                    "means) or both (trec_eval -c and authors); default retrieval.measures")
     p.add_argument("--compare-k", default="", metavar="K1,K2,...", help="with --evaluate: full CFIR at each K, the "
                    "paper's Table 4, from the one index (each a cut of its best-first lists, retrieval.k; refused "
-                   "above the K it was built with)")
+                   "above the K it was built with); with --method cfir_bm25 each BM25's M (retrieval.lexical."
+                   "candidates), with cfir_bm25_fused each fusion weight (retrieval.lexical.fuse_weight)")
 
 
 def _check(args) -> None:
@@ -81,15 +83,17 @@ def _check(args) -> None:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     if args.compare_k and not args.evaluate:
         raise CfirError("--compare-k evaluates full CFIR at several K on --evaluate SPLIT; add --evaluate")
-    if args.compare_k and args.method not in ("cfir", "cfir_bm25"):
-        raise CfirError(f"--compare-k sweeps K (--method cfir) or BM25's M (--method cfir_bm25), not {args.method!r}")
+    if args.compare_k and args.method not in ("cfir", "cfir_bm25", "cfir_bm25_fused"):
+        raise CfirError(f"--compare-k sweeps K (--method cfir), BM25's M (cfir_bm25) or its fusion weight "
+                        f"(cfir_bm25_fused), not --method {args.method!r}")
     if args.compare_k and args.compare:
         raise CfirError("--compare (Table 3) and --compare-k (Table 4) are separate runs; give one")
     if args.compare_k:
-        from cfir_jax.eval.comparison import parse_ks
+        from cfir_jax.eval.comparison import parse_ks, parse_weights
 
         try:
-            args.compare_k = parse_ks(args.compare_k)
+            parse = {"cfir_bm25_fused": parse_weights, "cfir_bm25": lambda t: parse_ks(t, minimum=0)}
+            args.compare_k = parse.get(args.method, parse_ks)(args.compare_k)
         except ValueError as e:
             raise CfirError(str(e)) from None
 

@@ -85,23 +85,40 @@ def k_rows(ks, method: str = "cfir") -> tuple[Row, ...]:
     """Table 4 of the paper (full CFIR at each K of `ks`, ascending) from one index: each row reads the entity index
     cut at its K (`retrieval.k`; lists are stored best first, so the index built at the largest K holds the others).
     With method cfir_bm25 the same sweep is over M, the BM25 candidates each document adds to the union
-    (`retrieval.lexical.candidates`; M = 0 is full CFIR)."""
+    (`retrieval.lexical.candidates`; M = 0 is full CFIR), and with cfir_bm25_fused over BM25's weight in the fusion
+    (`retrieval.lexical.fuse_weight`)."""
     if method == "cfir_bm25":
         return tuple(Row(f"m_{m}", method, {**PAPER_SETTINGS, "retrieval.lexical.candidates": m},
                          f"CFIR + BM25 candidates, M = {m:,}") for m in sorted(set(ks)))
+    if method == "cfir_bm25_fused":  # the fusion weight, chosen on the validation split
+        return tuple(Row(f"w_{w:g}", method, {**PAPER_SETTINGS, "retrieval.lexical.fuse_weight": float(w)},
+                         f"CFIR + BM25 fused, weight {w:g}") for w in sorted(set(ks)))
     return tuple(Row(f"k_{k}", "cfir", {**PAPER_SETTINGS, "retrieval.k": k}, f"full CFIR, K = {k:,}")
                  for k in sorted(set(ks)))
 
 
-def parse_ks(text: str) -> tuple[int, ...]:
-    """'1000,5000,10000,15000' -> (1000, 5000, 10000, 15000); anything else is one ValueError line."""
+def parse_ks(text: str, minimum: int = 1) -> tuple[int, ...]:
+    """'1000,5000,10000,15000' -> (1000, 5000, 10000, 15000); anything else is one ValueError line (minimum: the
+    least value allowed, 0 for BM25's M)."""
+    what = "positive integers" if minimum else "integers >= 0"
     try:
         ks = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
-        raise ValueError(f"--compare-k {text!r}: expected positive integers separated by commas") from None
-    if not ks or min(ks) < 1:
-        raise ValueError(f"--compare-k {text!r}: expected positive integers separated by commas")
+        raise ValueError(f"--compare-k {text!r}: expected {what} separated by commas") from None
+    if not ks or min(ks) < minimum:
+        raise ValueError(f"--compare-k {text!r}: expected {what} separated by commas")
     return ks
+
+
+def parse_weights(text: str) -> tuple[float, ...]:
+    """'0.25,0.5,1,2' -> (0.25, 0.5, 1.0, 2.0): the fusion weights --compare-k sweeps with cfir_bm25_fused."""
+    try:
+        ws = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--compare-k {text!r}: expected weights >= 0 separated by commas") from None
+    if not ws or min(ws) < 0:
+        raise ValueError(f"--compare-k {text!r}: expected weights >= 0 separated by commas")
+    return ws
 
 
 def single_row(method: str) -> Row:
