@@ -15,6 +15,7 @@ import numpy as np
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.search.bm25 import BM25Search, Pruning, Ranked, top_k
+from cfir_jax.search.topk import unique_sorted
 from cfir_jax.stores.lexical import LexicalIndex
 
 
@@ -43,13 +44,24 @@ class LexicalSearch:
         k = int(k or self.cfg.top_k)
         return [self.search.search(*self.store.query_terms(t), k) for t in texts]
 
-    def candidates(self, ranked: Ranked) -> np.ndarray:
-        """The top M rows BM25 adds to a document's union."""
-        return ranked[1][: int(self.cfg.candidates)]
+    def model_note(self, methods) -> str:
+        """What a CFIR row adds to its model column (the --compare table)."""
+        if methods.lexical_candidates:
+            return f", BM25 top {self.cfg.candidates} in the union"
+        return f", fused with BM25 (RRF, weight {float(self.cfg.fuse_weight):g})"
 
-    def fuse(self, sr: Ranked, bm25: Ranked, k: int) -> Ranked:
-        """Reciprocal-rank fusion of SR's and BM25's rankings (module docstring), top k, ties to the lower row."""
-        return rrf(sr, bm25, float(self.cfg.fuse_weight), int(self.cfg.rrf_k), k)
+    def grow(self, union: np.ndarray, ranked: Ranked) -> tuple[int, np.ndarray]:
+        """(rows added, ER's sorted union with the document's top M BM25 rows)."""
+        grown = unique_sorted(np.concatenate([union, ranked[1][: int(self.cfg.candidates)]]))
+        return len(grown) - len(union), grown
+
+    def fuse_all(self, ranked: list, lexical: list[Ranked], k: int) -> None:
+        """Each document's SR ranking (`ranked[i].ranked`) fused with its BM25 ranking (reciprocal rank, module
+        docstring), top k, in place; `added`: BM25's rows the union had not held."""
+        for r, bm25 in zip(ranked, lexical):
+            held = r.union if r.union is not None else r.ranked[1]
+            r.ranked = rrf(r.ranked, bm25, float(self.cfg.fuse_weight), int(self.cfg.rrf_k), k)
+            r.added = len(np.setdiff1d(bm25[1], held))
 
 
 def rrf(first: Ranked, second: Ranked, weight: float, rrf_k: int, k: int) -> Ranked:
