@@ -131,7 +131,8 @@ class EntityOnly(Method):
 
 
 class Bm25(Method):
-    """BM25 of the document over the pictures' own text, its top retrieval.lexical.top_k (no model, no entities)."""
+    """BM25 of the document over the pictures' own text: its top retrieval.lexical.top_k, cut to retrieval.top_k (no
+    model, no entities)."""
 
     name = "bm25"
     uses_lexical = True
@@ -147,7 +148,8 @@ class Bm25(Method):
         return stores.lexical.label()
 
     def rank(self, retriever, query, lists, used, lexical=None):
-        return lexical, ""
+        k = int(self.rcfg.top_k)
+        return (lexical[0][:k], lexical[1][:k]), ""
 
 
 class CfirBm25(Cfir):
