@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 from bm25s import scoring as bm25s_scoring
 
+from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.index.image_text import FIELDS, image_text
@@ -193,7 +194,11 @@ def build_stage(config, layout, corpus: Corpus, cache: ImageCache, progress: boo
     """Stage lexical: None (skipped) when the corpus' images carry no text, else the opened store."""
     if not corpus.manifest.get("images_with_text"):
         return None
-    return build_lexical(layout.lexical, corpus, cache, settings_of(config.index.lexical), progress)
+    settings = settings_of(config.index.lexical)
+    if hosts.is_main():  # one process builds (minutes at millions of captions); the others wait, then open it
+        build_lexical(layout.lexical, corpus, cache, settings, progress)
+    hosts.barrier("lexical_committed")
+    return LexicalIndex.open(layout.lexical, cache_fingerprint=cache.content_fingerprint, **settings)
 
 
 def stage_summary(store: LexicalIndex | None) -> str:
