@@ -40,6 +40,8 @@ def get_config(arg=None):
     cfg.index.image_text.update(enabled=True, max_text_len=32, encode_batch=64)
     # Beyond the paper: entities matched against that text, for the entity text match row of --compare.
     cfg.index.entity_text_match.enabled = True
+    # Beyond the paper: BM25 over that text (W/lexical), for the BM25 rows of --compare.
+    cfg.index.lexical.enabled = True
     # Caption pretraining of the text tower (the stand-in for BEiT-3's image-text pretraining).
     cfg.index.pretrain = dict(global_batch=32 if tiny else 128, num_steps=30 if tiny else 400, lr=2e-3,
                               warmup_steps=5 if tiny else 40, max_text_len=32, log_every=10, eval_every=10**9,

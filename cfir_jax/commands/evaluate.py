@@ -28,7 +28,7 @@ def run(config: ml_collections.ConfigDict, workdir, split: str, method: str = "c
     """The evaluate command (`retrieve.py --evaluate SPLIT`): the configured `method` alone, the paper's Table 3
     (`compare`) or full CFIR at each K of `compare_k` (Table 4), over the split's topics; prints the table."""
     if compare_k:
-        rows = check_k_rows(workdir, k_rows(compare_k))
+        rows = check_k_rows(workdir, k_rows(compare_k, method))
     else:
         rows = comparison_rows(config, workdir) if compare else (single_row(method),)
         if compare and (note := full_row_note(workdir)):
@@ -75,7 +75,7 @@ def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
     """The Table 4 rows, after refusing (one line, before any retrieval) a K above the one the index was built with."""
     index = EntityIndex.open(Layout.of(workdir).entity_index)
     for row in rows:
-        index.with_k(row.overrides["retrieval.k"])
+        index.with_k(row.overrides.get("retrieval.k", 0))
     return rows
 
 
@@ -83,7 +83,7 @@ def train_time_of(retriever: Retriever) -> str:
     """Training time per epoch of the model that scored the row's queries, with its hardware (from the run's timing
     log); '-' for the frozen index encoder, 'not logged' for a run trained before the log existed."""
     stores = retriever.stores
-    if retriever.method == "entity_only" or stores.untrained:
+    if retriever.method in ("entity_only", "bm25") or stores.untrained:
         return "-"
     layout = retriever.layout
     t = train_time(layout.train_full if stores.full else layout.train_document if stores.document_model
@@ -131,7 +131,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     if authors:
         print(metrics.authors_table(authors))
     unknown_line = report.unknown_rules_line(rules) if rules else ""
-    for line in (er_line, report.sr_line(config.retrieval, all_results), report.rerank_line(table), unknown_line):
+    for line in (er_line, report.sr_line(config.retrieval, all_results), report.rerank_line(table),
+                 report.lexical_line(table), unknown_line):
         if line:  # how ER and SR searched, the third stage's cost, the unseen entities: each when it has something
             print(line)
     if plot:

@@ -7,7 +7,7 @@ import argparse
 
 from cfir_jax.core.config_check import MEASURE_SETS
 from cfir_jax.core.errors import CfirError
-from cfir_jax.eval.comparison import parse_ks
+from cfir_jax.eval.comparison import parse_ks, parse_weights
 from cfir_jax.eval.plots import check_png_name
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
@@ -59,7 +59,8 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
                          "the index in shards and replicas (default serve.engine: local)")
     serving.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default "
                          "serve.address; none: start a local Ray)")
-    p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only")
+    p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only | bm25 | "
+                   "cfir_bm25 | cfir_bm25_fused")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
                    "method(s) into a PNG")
@@ -97,11 +98,15 @@ def check_retrieve(args: argparse.Namespace) -> None:
         raise CfirError(f"--measures {args.measures!r}: use one of {', '.join(MEASURE_SETS)}")
     if args.compare_k and not args.evaluate:
         raise CfirError("--compare-k evaluates full CFIR at several K on --evaluate SPLIT; add --evaluate")
+    if args.compare_k and args.method not in ("cfir", "cfir_bm25", "cfir_bm25_fused"):
+        raise CfirError(f"--compare-k sweeps K (--method cfir), BM25's M (cfir_bm25) or its fusion weight "
+                        f"(cfir_bm25_fused), not --method {args.method!r}")
     if args.compare_k and args.compare:
         raise CfirError("--compare (Table 3) and --compare-k (Table 4) are separate runs; give one")
     if args.compare_k:
+        parse = {"cfir_bm25_fused": parse_weights, "cfir_bm25": lambda t: parse_ks(t, minimum=0)}
         try:
-            args.compare_k = parse_ks(args.compare_k)
+            args.compare_k = parse.get(args.method, parse_ks)(args.compare_k)
         except ValueError as e:
             raise CfirError(str(e)) from None
 

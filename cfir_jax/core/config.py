@@ -250,6 +250,18 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 max_words=8,
                 chunk_rows=65536,
             ),
+            # Beyond the paper: BM25 over every cached image's own text into W/lexical (cfir_jax.stores.lexical:
+            # bm25s's scores, its splitter and English stop words, PyStemmer's `stemmer`, '' for none), for the
+            # methods bm25, cfir_bm25 and cfir_bm25_fused. Built when enabled; skipped when no image has text. A files
+            # collection's `caption` is kept as the first field. method: robertson | lucene | atire.
+            lexical=dict(
+                enabled=False,
+                fields=IMAGE_TEXT_FIELDS,
+                method="robertson",
+                k1=1.2,
+                b=0.75,
+                stemmer="english",
+            ),
         )
     )
 
@@ -310,6 +322,13 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # Beyond the paper: each known entity's candidates also include the images whose own text names it
             # (W/entity_text_match, cfir_jax.stores.entity_text_match).
             entity_text_match=False,
+            # Beyond the paper: BM25 over the images' own text (W/lexical), the document as the query. top_k: BM25's
+            # list (the bm25 method's answer, and what fusion reads). candidates: M, each document's top M BM25 images
+            # joining CFIR's union (method cfir_bm25). fuse_weight: BM25's weight in the reciprocal-rank fusion
+            # w_sr / (rrf_k + rank_sr) + fuse_weight / (rrf_k + rank_bm25) (method cfir_bm25_fused; SR's weight is 1;
+            # chosen on the validation split, docs/retrieval.md). max_terms / max_postings: the query's rarest terms
+            # read, and the postings read before no more terms are (0: all, exact BM25; cfir_jax.search.bm25).
+            lexical=dict(top_k=1000, candidates=100, fuse_weight=1.0, rrf_k=60, max_terms=32, max_postings=2000000),
             # Beyond the paper: a third stage re-scores SR's top_n with a small list-wise head over features SR
             # throws away (cfir_jax.retrieve.reranker; fitted by retrieve.py --fit-reranker into W/reranker). Off by
             # default: the paper's SR order stands. top_n, max_text_len (the document's tokens for its embedding and

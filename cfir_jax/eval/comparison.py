@@ -5,10 +5,11 @@ label the table prints. Table 3 of the CFIR paper (ablation, AToMiC base) comes 
 entity candidate union with the document's embedding instead of the summary's. The paper's rows stay the paper's
 whatever retrieval.fusion, entity_text_match and rerank say (`PAPER_SETTINGS`); the rows beyond the paper follow, each
 when its store exists: CFIR fused with the image text (W/image_text), with the entity text matches
-(W/entity_text_match), and re-ranked by the third stage (W/reranker). Last, D-BEiT-3 Full (the paper's
-whole-model fine-tuning, Tables 1-2): dense document search with W/model_full over the image cache its own vision
-tower encoded (W/image_cache_full); when either is missing, `full_row_note` says which command makes it. A row
-that varies one more setting (say Table 4's K, `retrieval.k`) is one more line here.
+(W/entity_text_match), BM25 over the image text and CFIR with it (W/lexical), and re-ranked by the third stage
+(W/reranker). Last, D-BEiT-3 Full (the paper's whole-model fine-tuning, Tables 1-2): dense document search with
+W/model_full over the image cache its own vision tower encoded (W/image_cache_full); when either is missing,
+`full_row_note` says which command makes it. A row that varies one more setting (say Table 4's K, `retrieval.k`)
+is one more line here.
 """
 
 from __future__ import annotations
@@ -69,27 +70,55 @@ RERANK = Row("rerank", "cfir", {**NO_FUSION, **NO_TEXT_MATCH, "retrieval.rerank.
 FUSED_RERANK = Row("image_text_rerank", "cfir", {**NO_TEXT_MATCH, "retrieval.rerank.enabled": True},
                    "CFIR + image text + re-rank")
 
+# Beyond the paper, over the pictures' own text (W/lexical): BM25 alone, BM25's top M in CFIR's union, and CFIR's
+# ranking fused with BM25's. Each changes one thing from "full CFIR" (the paper's settings otherwise).
+LEXICAL = (Row("bm25", "bm25", PAPER_SETTINGS, "BM25 (image text)"),
+           Row("bm25_candidates", "cfir_bm25", PAPER_SETTINGS, "CFIR + BM25 candidates"),
+           Row("bm25_fused", "cfir_bm25_fused", PAPER_SETTINGS, "CFIR + BM25 fused"))
+
 # Beside document only (the frozen vision tower) and CFIR: both towers trained, the document at its training length.
 FULL = Row("full", "dense_document", {**PAPER_SETTINGS, "retrieval.model": "full", "retrieval.image_cache": ""},
            "D-BEiT-3 Full")
 
 
-def k_rows(ks) -> tuple[Row, ...]:
+def k_rows(ks, method: str = "cfir") -> tuple[Row, ...]:
     """Table 4 of the paper (full CFIR at each K of `ks`, ascending) from one index: each row reads the entity index
-    cut at its K (`retrieval.k`; lists are stored best first, so the index built at the largest K holds the others)."""
+    cut at its K (`retrieval.k`; lists are stored best first, so the index built at the largest K holds the others).
+    With method cfir_bm25 the same sweep is over M, the BM25 candidates each document adds to the union
+    (`retrieval.lexical.candidates`; M = 0 is full CFIR), and with cfir_bm25_fused over BM25's weight in the fusion
+    (`retrieval.lexical.fuse_weight`)."""
+    if method == "cfir_bm25":
+        return tuple(Row(f"m_{m}", method, {**PAPER_SETTINGS, "retrieval.lexical.candidates": m},
+                         f"CFIR + BM25 candidates, M = {m:,}") for m in sorted(set(ks)))
+    if method == "cfir_bm25_fused":  # the fusion weight, chosen on the validation split
+        return tuple(Row(f"w_{w:g}", method, {**PAPER_SETTINGS, "retrieval.lexical.fuse_weight": float(w)},
+                         f"CFIR + BM25 fused, weight {w:g}") for w in sorted(set(ks)))
     return tuple(Row(f"k_{k}", "cfir", {**PAPER_SETTINGS, "retrieval.k": k}, f"full CFIR, K = {k:,}")
                  for k in sorted(set(ks)))
 
 
-def parse_ks(text: str) -> tuple[int, ...]:
-    """'1000,5000,10000,15000' -> (1000, 5000, 10000, 15000); anything else is one ValueError line."""
+def parse_ks(text: str, minimum: int = 1) -> tuple[int, ...]:
+    """'1000,5000,10000,15000' -> (1000, 5000, 10000, 15000); anything else is one ValueError line (minimum: the
+    least value allowed, 0 for BM25's M)."""
+    what = "positive integers" if minimum else "integers >= 0"
     try:
         ks = tuple(int(t) for t in text.split(",") if t.strip())
     except ValueError:
-        raise ValueError(f"--compare-k {text!r}: expected positive integers separated by commas") from None
-    if not ks or min(ks) < 1:
-        raise ValueError(f"--compare-k {text!r}: expected positive integers separated by commas")
+        raise ValueError(f"--compare-k {text!r}: expected {what} separated by commas") from None
+    if not ks or min(ks) < minimum:
+        raise ValueError(f"--compare-k {text!r}: expected {what} separated by commas")
     return ks
+
+
+def parse_weights(text: str) -> tuple[float, ...]:
+    """'0.25,0.5,1,2' -> (0.25, 0.5, 1.0, 2.0): the fusion weights --compare-k sweeps with cfir_bm25_fused."""
+    try:
+        ws = tuple(float(t) for t in text.split(",") if t.strip())
+    except ValueError:
+        raise ValueError(f"--compare-k {text!r}: expected weights >= 0 separated by commas") from None
+    if not ws or min(ws) < 0:
+        raise ValueError(f"--compare-k {text!r}: expected weights >= 0 separated by commas")
+    return ws
 
 
 def single_row(method: str) -> Row:
@@ -108,6 +137,8 @@ def comparison_rows(config: ml_collections.ConfigDict, workdir) -> tuple[Row, ..
         rows += (FUSED.with_overrides(retrieval__fusion__w_txt=w_txt),)
     if (layout.entity_text_match / "manifest.json").is_file():
         rows += (TEXT_MATCH,)
+    if (layout.lexical / "manifest.json").is_file():
+        rows += LEXICAL
     if (layout.reranker / "manifest.json").is_file() or rcfg.rerank.enabled:
         rows += (RERANK,)
         if fusion != (1.0, 0.0):

@@ -14,6 +14,8 @@ Stages (each writes one directory of the workdir layout, see cfir_jax.stores.lay
                 built when index.image_text.enabled or retrieval.fusion.w_txt != 0, skipped when no image has text
   entity_text_match  beyond the paper: per entity of the entity index, the images whose own text names it; built
                 when index.entity_text_match.enabled or retrieval.entity_text_match, skipped when no image has text
+  lexical       beyond the paper: BM25 over each cached image's own text (cfir_jax.index.lexical); built when
+                index.lexical.enabled, skipped when no image has text
 
 A stage is skipped when its store is complete and current (each stage module checks its own manifest), resumes
 where it stopped when interrupted, and refuses stores built by another model. A closing table gives counts, size on
@@ -47,7 +49,7 @@ from cfir_jax.core.progress import shown
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.data.files import build_files_corpus
-from cfir_jax.index import entity_index_build, entity_text_match, image_text, rebuild
+from cfir_jax.index import entity_index_build, entity_text_match, image_text, lexical, rebuild
 from cfir_jax.index.candidate_search import resolve_backend
 from cfir_jax.index.entities import build_entity_store, entity_extractor
 from cfir_jax.index.entity_index_build import indexed_entities, texts_digest
@@ -76,7 +78,7 @@ from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SummaryStore
 Pretrain = Callable[[ml_collections.ConfigDict, Layout], None]
 
 STAGES = ("corpus", "image_cache", "image_cache_full", "encoder", "entities", "summaries", "entity_index",
-          "image_text", "entity_text_match")
+          "image_text", "entity_text_match", "lexical")
 
 
 # ---------------------------------------------------------------------------------------------------------- stages
@@ -347,5 +349,8 @@ def _run_stages(config, layout: Layout, stages: tuple[str, ...], log: Callable[[
             lambda t: "skipped: the corpus' images have no text" if t is None else
             f"{t.manifest['num_pairs']:,} (entity, image) pairs, {t.manifest['entities_matched']:,} entities matched, "
             f"{t.manifest['too_common']:,} too common", layout.entity_text_match)
+    if "lexical" in stages and lexical.lexical_wanted(config):
+        run("lexical", lambda: lexical.build_stage(config, layout, corpus, cache, _show_progress()),
+            lexical.stage_summary, layout.lexical)
     reports += stale_reports(layout, reports, STAGES)
     return reports

@@ -44,7 +44,7 @@ def _human(n: float) -> str:
 DERIVED_FROM = {"entity_index": ("entities", "image_cache", "encoder"), "image_text": ("image_cache", "encoder"),
                 "entity_text_match": ("entity_index", "image_cache"), "entities": ("corpus",),
                 "summaries": ("corpus",), "image_cache": ("corpus",),
-                "image_cache_full": ("corpus",)}
+                "image_cache_full": ("corpus",), "lexical": ("image_cache",)}
 # Stores made by the other commands, derived from index stages: how to refresh each.
 LATER_STORES = {"model": (("summaries", "image_cache", "encoder"), "train.py --config CONFIG --workdir W "
                           "(after removing W/train, or it resumes the old run)"),

@@ -1,10 +1,12 @@
-"""The retrieval methods, one small class each: CFIR and the paper's three baselines.
+"""The retrieval methods, one small class each: CFIR, the paper's three baselines, and BM25's three (beyond the paper).
 
 A method says what it reads (entities, the summary, the document), how it encodes a batch of queries, and how it
 ranks one document given its candidate lists: CFIR leaves the union to SR (batched by the Retriever) and falls back
 to the whole cache when the document has no usable entity; `dense_document` and `dense_summary` search the whole
 cache exactly with the full document's or the summary's embedding; `entity_only` ranks the union by each image's
-best entity score.
+best entity score. Beyond the paper, over the pictures' own text (W/lexical, `cfir_jax.retrieve.lexical`): `bm25`
+answers with BM25's ranking of the document; `cfir_bm25` is CFIR with BM25's top M in the union; `cfir_bm25_fused` is
+CFIR's ranking fused with BM25's.
 """
 
 from __future__ import annotations
@@ -25,6 +27,10 @@ class Method:
     name = ""
     uses_entities = False  # opens the entity index; extracts the documents' entities
     summarizes = False  # scores the document's summary when retrieval.text="summary"
+    uses_lexical = False  # searches W/lexical with the document (BM25)
+    lexical_candidates = False  # BM25's top M join the union SR scores
+    lexical_fused = False  # the answer is SR's ranking fused with BM25's
+    dot_scores = True  # its scores are dot products of unit vectors (checked against the stores' bound)
 
     def __init__(self, rcfg):
         self.rcfg = rcfg
@@ -48,8 +54,9 @@ class Method:
         """Which model scored this method's queries (the --compare table)."""
         return f"{model_kind(stores)}, {self.rcfg.max_text_len} tokens"
 
-    def rank(self, retriever, query: np.ndarray | None, lists: list[np.ndarray], used: list[str]
-             ) -> tuple[Ranked | None, str]:
+    def rank(self, retriever, query: np.ndarray | None, lists: list[np.ndarray], used: list[str],
+             lexical: Ranked | None = None) -> tuple[Ranked | None, str]:
+        """lexical: the document's BM25 ranking, for the methods that search W/lexical."""
         raise NotImplementedError
 
 
@@ -69,7 +76,7 @@ class Cfir(Method):
     uses_entities = True
     summarizes = True
 
-    def rank(self, retriever, query, lists, used):
+    def rank(self, retriever, query, lists, used, lexical=None):
         if lists:
             return None, ""
         return retriever.sr.full_search(query, self.rcfg.top_k), NO_ENTITY_NOTE
@@ -93,7 +100,7 @@ class DenseDocument(Method):
     def model_label(self, stores) -> str:
         return f"{model_kind(stores)}, {stores.doc_encoder.max_len} tokens"
 
-    def rank(self, retriever, query, lists, used):
+    def rank(self, retriever, query, lists, used, lexical=None):
         return retriever.sr.full_search(query, self.rcfg.top_k), ""
 
 
@@ -103,7 +110,7 @@ class DenseSummary(Method):
     name = "dense_summary"
     summarizes = True
 
-    def rank(self, retriever, query, lists, used):
+    def rank(self, retriever, query, lists, used, lexical=None):
         return retriever.sr.full_search(query, self.rcfg.top_k), ""
 
 
@@ -119,11 +126,49 @@ class EntityOnly(Method):
     def model_label(self, stores) -> str:
         return f"frozen index encoder, {stores.entity_encoder.max_len} tokens"
 
-    def rank(self, retriever, query, lists, used):
+    def rank(self, retriever, query, lists, used, lexical=None):
         return retriever.entities.entity_only_ranking(lists, used, self.rcfg.top_k), ""
 
 
-METHODS = {m.name: m for m in (Cfir, DenseDocument, DenseSummary, EntityOnly)}
+class Bm25(Method):
+    """BM25 of the document over the pictures' own text: its top retrieval.lexical.top_k, cut to retrieval.top_k (no
+    model, no entities)."""
+
+    name = "bm25"
+    uses_lexical = True
+    dot_scores = False
+
+    def encode(self, stores, docs, summaries):
+        return None
+
+    def warm_up(self, stores) -> None:
+        pass
+
+    def model_label(self, stores) -> str:
+        return stores.lexical.label()
+
+    def rank(self, retriever, query, lists, used, lexical=None):
+        k = int(self.rcfg.top_k)
+        return (lexical[0][:k], lexical[1][:k]), ""
+
+
+class CfirBm25(Cfir):
+    """CFIR with each document's top retrieval.lexical.candidates BM25 pictures in the union SR scores."""
+
+    name = "cfir_bm25"
+    uses_lexical = True
+    lexical_candidates = True
+
+
+class CfirBm25Fused(Cfir):
+    """CFIR's ranking fused with BM25's by reciprocal rank (retrieval.lexical.fuse_weight)."""
+
+    name = "cfir_bm25_fused"
+    uses_lexical = True
+    lexical_fused = True
+
+
+METHODS = {m.name: m for m in (Cfir, DenseDocument, DenseSummary, EntityOnly, Bm25, CfirBm25, CfirBm25Fused)}
 
 
 def method_of(name: str, rcfg) -> Method:

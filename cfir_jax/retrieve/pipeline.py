@@ -9,8 +9,9 @@ The parts: the stores, opened and checked once (`cfir_jax.retrieve.stores`); ER,
 (`retrieval.unknown_entities="ignore"`, the paper) or searched over the cache at query time (`"search"`), and the
 no-entity fallback to the whole cache, which the result's note states; the SR front end (CPU or device, exact or
 fast, fused with the image text or not); the third stage; and one small class per method
-(`cfir_jax.retrieve.methods`: cfir, dense_document, dense_summary, entity_only). Batched and one-at-a-time retrieval
-run the same path (`retrieve` is `retrieve_many` of one document).
+(`cfir_jax.retrieve.methods`: cfir, dense_document, dense_summary, entity_only; beyond the paper, BM25 over the
+pictures' own text, `cfir_jax.retrieve.lexical`: bm25, cfir_bm25, cfir_bm25_fused). Batched and one-at-a-time
+retrieval run the same path (`retrieve` is `retrieve_many` of one document).
 
 SR scores the union exactly, as the paper does (`retrieval.sr="exact"`), or through the compact int8 copy and an
 exact re-rank of a shortlist (`"fast"`, ~16x faster at 4M images, top-1000 agreement ~0.9998). Evaluation uses
@@ -18,7 +19,7 @@ exact re-rank of a shortlist (`"fast"`, ~16x faster at 4M images, top-1000 agree
 (`Retriever(measure_agreement=True)`, outside the timed region). Every store and the compact copy are opened or
 built when the Retriever is constructed, so per-query times measure queries: `entities`, `summary`, `encode`, `er`
 (candidate lists and their union), `score` (SR, or the baselines' whole-cache search / entity ranking), `hits`
-(which entities brought each hit in), and with the third stage `rerank_encode` and `rerank`.
+(which entities brought each hit in), with the third stage `rerank_encode` and `rerank`, with BM25 `lexical`.
 
 Images removed from the collection (`index.py --remove`) are never returned by any method: the stores carry the
 live rows (`Stores.live`, `cfir_jax.search.live_rows`), which ER applies where the candidate lists are formed and SR's
@@ -40,7 +41,7 @@ from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
 from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
-from cfir_jax.retrieve.methods import METHODS, method_of
+from cfir_jax.retrieve.methods import METHODS, Cfir, method_of
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
@@ -71,6 +72,7 @@ class Result:
     times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
     sr_agreement: float | None = None  # fast SR's top-k overlap with exact scoring (when measured)
     rerank_features: np.ndarray | None = None  # [n, F] of SR's top-n, when the retriever collects them (fitting)
+    lexical_added: int = 0  # candidates BM25 added beyond ER's union (cfir_bm25, cfir_bm25_fused)
 
 
 @dataclasses.dataclass
@@ -103,15 +105,17 @@ class Retriever:
         self.methods = method_of(method, self.rcfg)
         self.sr_mode = self.rcfg.sr
         self.notes: list[str] = []  # what the retriever decided that the user should know (printed by retrieve.py)
-        cfir = method == "cfir"
+        cfir = isinstance(self.methods, Cfir)  # CFIR, alone or with BM25
         self.fusion = (float(self.rcfg.fusion.w_img), float(self.rcfg.fusion.w_txt))
         self.fused = cfir and self.fusion != (1.0, 0.0)
         self.stores = open_stores(config, workdir, reads_document=self.methods.reads_document(),
                                   entities=self.methods.uses_entities,
-                                  text_match=cfir and bool(self.rcfg.entity_text_match), fused=self.fused)
+                                  text_match=cfir and bool(self.rcfg.entity_text_match), fused=self.fused,
+                                  lexical=self.methods.uses_lexical)
         self.model_used = self.methods.model_label(self.stores)  # which model scored the queries (--compare)
         if self.stores.text_match is not None:
             self.model_used += ", entities matched in image text"
+        self.model_used += self.stores.lexical.model_note(self.methods) if cfir and self.methods.uses_lexical else ""
         if self.fused:
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
         self.sr = SRFrontEnd(self.rcfg, self.stores, self.fusion, self.fused)
@@ -248,11 +252,14 @@ class Retriever:
         if queries is not None:  # a damaged model is named here, before its NaN scores could blame the cache
             check_embeddings(queries, self.stores.model_dir or self.stores.layout.model)
         t3 = time.perf_counter()
+        lexical = self.stores.lexical.search_many([d.text for d in docs]) if self.methods.uses_lexical else None
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
-                      "encode": 1e3 * (t3 - t2) / len(docs)}
-        ranked = [self._rank_one(entities[i], queries[i] if queries is not None else None) for i in range(len(docs))]
+                      "encode": 1e3 * (t3 - t2) / len(docs),
+                      **({"lexical": 1e3 * (time.perf_counter() - t3) / len(docs)} if lexical else {})}
+        ranked = [self._rank_one(entities[i], queries[i] if queries is not None else None,
+                                 lexical[i] if lexical else None) for i in range(len(docs))]
         self._score_unions(queries, ranked)
-        for r in ranked:  # a damaged row scores NaN or far above 1: refused, never ranked first
+        for r in ranked if self.methods.dot_scores else ():  # a damaged row scores NaN or far above 1: refused
             check_scores(r.ranked[0], self.score_bound, self.score_stores)
         rerank_ms, features = [{}] * len(docs), [None] * len(docs)
         if self.third is not None:
@@ -261,11 +268,12 @@ class Retriever:
                                                  [r.scores for r in ranked], ordered)
             for r, order in zip(ranked, ordered):
                 r.ranked = order
+        self.stores.lexical.fuse_all(ranked, lexical, self.rcfg.top_k) if self.methods.lexical_fused else None
         return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i])
                 for i, r in enumerate(ranked)]
 
-    def _rank_one(self, entities: list[str], query: np.ndarray | None) -> _Ranking:
-        """ER (for the entity methods) and the method's own ranking; SR is left for the batch (ranked None)."""
+    def _rank_one(self, entities: list[str], query: np.ndarray | None, lexical=None) -> _Ranking:
+        """ER (entity methods; with BM25's `lexical` ranking's top M) and the method's ranking; SR left to the batch."""
         t_start = time.perf_counter()
         r = _Ranking()
         if self.entities is not None:
@@ -273,8 +281,12 @@ class Retriever:
             r.union = union_of(r.lists)
             if r.union is not None:
                 check_rows(r.union, len(self.embeddings), self.stores.layout.entity_index)  # sorted: two numbers
+                if self.methods.lexical_candidates:  # no entity: the whole cache is searched, BM25's top M with it
+                    r.added, r.union = self.stores.lexical.grow(r.union, lexical)
+        elif lexical is not None:
+            r.union = np.sort(lexical[1])
         t_er = time.perf_counter()
-        r.ranked, r.note = self.methods.rank(self, query, r.lists, r.used)
+        r.ranked, r.note = self.methods.rank(self, query, r.lists, r.used, lexical)
         r.times_ms = {"er": 1e3 * (t_er - t_start), "score": 1e3 * (time.perf_counter() - t_er)}
         return r
 
@@ -302,7 +314,8 @@ class Retriever:
                 for j, (s, row, by) in enumerate(zip(scores, rows, brought_by(rows, r.lists, r.used)))]
         times = dict(times, hits=1e3 * (time.perf_counter() - t_hits), **rerank_ms)
         num = len(r.union) if r.union is not None else self.stores.live.num_live  # a whole-cache search's rows
-        return Result(hits, list(entities), r.unknown, summary, r.note, num, times, r.agreement, features)
+        return Result(hits, list(entities), r.unknown, summary, r.note, num + r.added * self.methods.lexical_fused,
+                      times, r.agreement, features, r.added)
 
     def _summaries(self, docs: Sequence[DocumentInput]) -> list[str]:
         missing = [i for i, d in enumerate(docs) if d.summary is None]
@@ -375,6 +388,7 @@ class _Ranking:
     ranked: tuple[np.ndarray, np.ndarray] | None = None
     note: str = ""
     agreement: float | None = None
+    added: int = 0  # candidates BM25 added to ER's union
     times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 

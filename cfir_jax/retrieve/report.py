@@ -29,6 +29,20 @@ def rerank_line(rows: Sequence[EvalRow]) -> str:
     return ("re-rank, p50 per query: " + "; ".join(parts)) if parts else ""
 
 
+def lexical_line(rows: Sequence[EvalRow]) -> str:
+    """What BM25 added and cost on the rows that searched W/lexical: candidates added to ER's union per query
+    (mean) and BM25's search (p50, ms per query); '' when no row read it."""
+    parts = []
+    for row in rows:
+        times = [r.times_ms["lexical"] for r in row.results if "lexical" in r.times_ms]
+        if times:
+            added = np.mean([r.lexical_added for r in row.results])
+            parts.append(f"{row.label}: {np.median(times):.2f} ms" + (f", +{added:,.1f} candidates beyond ER's union"
+                                                                       if added else ""))
+    return ("BM25 over image text, per query (search p50; candidates added, mean): " + "; ".join(parts)) if parts \
+        else ""
+
+
 @dataclasses.dataclass
 class EvalRow:
     label: str
@@ -43,8 +57,8 @@ class EvalRow:
 
     def search_ms(self) -> float:
         """Mean ms/query of retrieval proper (candidate lists + scoring, the paper's ms/query, + the re-ranker's
-        features and head when it ran), encoding excluded."""
-        return float(np.mean([r.times_ms.get("er", 0.0) + r.times_ms.get("score", 0.0) + r.times_ms.get("rerank", 0.0)
+        features and head when it ran, + BM25's search when the row reads W/lexical), encoding excluded."""
+        return float(np.mean([sum(r.times_ms.get(part, 0.0) for part in ("er", "score", "rerank", "lexical"))
                               for r in self.results]))
 
 

@@ -20,6 +20,7 @@ import ml_collections
 from cfir_jax.core.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import resolve_tokenizer
+from cfir_jax.retrieve.lexical import LexicalSearch
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores import versions
 from cfir_jax.stores.contract import check_derived, manifest_digest
@@ -51,6 +52,7 @@ class Stores:
     encoder_fingerprint: str | None = None  # the index encoder's text tower
     text_match: Any = None  # EntityTextMatch (retrieval.entity_text_match)
     image_text: Any = None  # ImageTextCache (fused SR)
+    lexical: Any = None  # LexicalSearch over W/lexical (the BM25 methods; cfir_jax.retrieve.lexical)
     model_dir: Path | None = None  # the model that encodes queries (named when its embeddings are impossible)
     encoder_dir: Path | None = None  # the index encoder that encodes unseen entities
     version: int = 0  # the workdir's version the stores were opened at (index.json; cfir_jax.stores.versions)
@@ -71,15 +73,18 @@ def read_index_json(layout: Layout) -> dict:
 
 
 def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: bool, entities: bool,
-                text_match: bool, fused: bool) -> Stores:
+                text_match: bool, fused: bool, lexical: bool = False) -> Stores:
     """Opens what a method reads. reads_document: it encodes the document (the document-trained model is used when
-    train.py made one); entities: the entity index and its encoder; text_match / fused: the stores of those options.
+    train.py made one); entities: the entity index and its encoder; text_match / fused / lexical: the stores of those
+    options.
     They are opened under `versions.reading`: all of one version (`Stores.version`)."""
     layout = Layout.of(workdir)
     if not layout.root.is_dir():
         raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
     with versions.reading(layout) as version:  # every store of one version, none of a change being committed
         stores = _open(config, layout, reads_document, entities, text_match, fused)
+        if lexical:
+            stores.lexical = LexicalSearch(config.retrieval, layout, stores.cache, stores.live)
     stores.version = version
     return stores
 

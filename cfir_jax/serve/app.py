@@ -46,7 +46,8 @@ class SearchRequest(BaseModel):
     text: StrictStr = Field(description="the document (plain UTF-8 text)")
     top_k: StrictInt = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k")
     method: StrictStr | None = Field(None, description="cfir | dense_document | dense_summary | entity_only "
-                                     "(those the service loaded; default: the first)")
+                                     "| bm25 | cfir_bm25 | cfir_bm25_fused (those the service loaded; default: "
+                                     "the first)")
     id: StrictStr = Field("query", description="the document's id, echoed in the answer")
 
 

@@ -9,6 +9,7 @@
     W/entity_index/    top-K images of every entity (cfir_jax.stores.entity_index)
     W/image_text/      [N, D] embeddings of each cached image's own text, for fused SR (cfir_jax.stores.image_text)
     W/entity_text_match/  per entity, the images whose own text names it (cfir_jax.stores.entity_text_match)
+    W/lexical/         BM25 over each cached image's own text (cfir_jax.stores.lexical)
     W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.search.compact)
     W/sr_compact_fused/  the same for fused SR: a compact copy of the rows [image, image text]
     W/reranker/        the fitted re-ranker of SR's top-N, beyond the paper (cfir_jax.retrieve.reranker)
@@ -120,5 +121,6 @@ def _recorded_root(info: dict) -> Path | None:
 
 
 STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "image_text",
-          "entity_text_match", "sr_compact", "sr_compact_fused", "reranker", "train", "model", "train_document",
+          "entity_text_match", "lexical",
+          "sr_compact", "sr_compact_fused", "reranker", "train", "model", "train_document",
           "model_document", "train_full", "model_full", "image_cache_full")

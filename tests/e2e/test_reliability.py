@@ -23,7 +23,7 @@ from cfir_jax.stores.layout import Layout
 CONFIG = "configs/demo.py:tiny"
 # The stores a demo:tiny build writes, each with its own checksums.
 STORE_KINDS = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
-               "entity_text_match")
+               "entity_text_match", "lexical")
 
 
 def _run(*args, check=True, env=None, cwd=ROOT, timeout=900):

@@ -1,0 +1,75 @@
+"""BM25 at query time (beyond the paper): the document as the query over the pictures' own text (W/lexical).
+
+Three uses, one method each (`cfir_jax.retrieve.methods`): `bm25` answers with BM25's top `retrieval.lexical.top_k`;
+`cfir_bm25` adds each document's top M (`retrieval.lexical.candidates`) to CFIR's candidate union, which SR scores
+like any other candidate; `cfir_bm25_fused` fuses SR's ranking with BM25's by reciprocal rank,
+w_sr / (rrf_k + rank_sr) + fuse_weight / (rrf_k + rank_bm25) with w_sr = 1 (a list a picture is missing from adds
+nothing). Removed pictures are dropped inside the search (`cfir_jax.search.bm25`), so no use returns one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from cfir_jax.core.errors import CfirError
+from cfir_jax.search.bm25 import BM25Search, Pruning, Ranked, top_k
+from cfir_jax.search.topk import unique_sorted
+from cfir_jax.stores.lexical import LexicalIndex
+
+
+class LexicalSearch:
+    """The lexical store of a workdir, checked against its image cache, and its search over the live rows."""
+
+    def __init__(self, rcfg, layout, cache, live):
+        self.cfg = rcfg.lexical
+        self.store = LexicalIndex.open(layout.lexical, cache_fingerprint=cache.content_fingerprint,
+                                       num_rows=cache.num_images)
+        if int(self.cfg.top_k) < 1 or int(self.cfg.candidates) < 0 or float(self.cfg.fuse_weight) < 0:
+            raise CfirError(f"retrieval.lexical: top_k={self.cfg.top_k} must be >= 1, candidates="
+                            f"{self.cfg.candidates} and fuse_weight={self.cfg.fuse_weight} >= 0")
+        pruning = Pruning(int(self.cfg.max_terms), int(self.cfg.max_postings))
+        self.search = BM25Search(self.store.indptr, self.store.indices, self.store.data, self.store.num_rows,
+                                 live=live, pruning=pruning)
+
+    def label(self) -> str:
+        m, c = self.store.manifest, self.cfg
+        pruned = f"rarest {c.max_terms} terms, {c.max_postings:,} postings" if c.max_terms or c.max_postings \
+            else "every term"
+        return f"BM25 {m['method']} k1={m['k1']:g} b={m['b']:g} over image text ({pruned})"
+
+    def search_many(self, texts: Sequence[str], k: int | None = None) -> list[Ranked]:
+        """Each text's top k (default retrieval.lexical.top_k) live pictures: (scores, rows), best first."""
+        k = int(k or self.cfg.top_k)
+        return [self.search.search(*self.store.query_terms(t), k) for t in texts]
+
+    def model_note(self, methods) -> str:
+        """What a CFIR row adds to its model column (the --compare table)."""
+        if methods.lexical_candidates:
+            return f", BM25 top {self.cfg.candidates} in the union"
+        return f", fused with BM25 (RRF, weight {float(self.cfg.fuse_weight):g})"
+
+    def grow(self, union: np.ndarray, ranked: Ranked) -> tuple[int, np.ndarray]:
+        """(rows added, ER's sorted union with the document's top M BM25 rows)."""
+        grown = unique_sorted(np.concatenate([union, ranked[1][: int(self.cfg.candidates)]]))
+        return len(grown) - len(union), grown
+
+    def fuse_all(self, ranked: list, lexical: list[Ranked], k: int) -> None:
+        """Each document's SR ranking (`ranked[i].ranked`) fused with its BM25 ranking (reciprocal rank, module
+        docstring), top k, in place; `added`: BM25's rows the union had not held."""
+        for r, bm25 in zip(ranked, lexical):
+            held = r.union if r.union is not None else r.ranked[1]
+            r.ranked = rrf(r.ranked, bm25, float(self.cfg.fuse_weight), int(self.cfg.rrf_k), k)
+            r.added = len(np.setdiff1d(bm25[1], held))
+
+
+def rrf(first: Ranked, second: Ranked, weight: float, rrf_k: int, k: int) -> Ranked:
+    """1 / (rrf_k + rank in first) + weight / (rrf_k + rank in second), ranks from 1, over the rows of both."""
+    rows = np.concatenate([first[1], second[1]]).astype(np.int64)
+    scores = np.concatenate([1.0 / (rrf_k + np.arange(1, len(first[1]) + 1)),
+                             weight / (rrf_k + np.arange(1, len(second[1]) + 1))])
+    keep = rows >= 0
+    uniq, inverse = np.unique(rows[keep], return_inverse=True)
+    fused = np.bincount(inverse, weights=scores[keep], minlength=len(uniq))
+    return top_k(fused.astype(np.float32), uniq.astype(np.int32), k)

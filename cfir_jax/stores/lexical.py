@@ -1,0 +1,115 @@
+"""The lexical store: BM25 over what each picture says about itself, for names the text tower never learned.
+
+Beyond the paper. ER finds an entity's pictures by embedding its name; a name the frozen text tower never learned (a
+local councillor, a village) finds noise. A picture's own text (AToMiC's three caption fields; `caption` of a files
+collection, kept as `caption_reference_description`) often names it. This store scores those texts with BM25 so that a
+document can be the query: the `bm25` method (the document alone), and CFIR with BM25's top M pictures in its union
+(`cfir_bm25`) or its ranking fused with BM25's (`cfir_bm25_fused`; `cfir_jax.retrieve.methods`).
+
+Text to terms (`terms`, the same for pictures and queries): lower-cased, split by bm25s's default pattern
+`(?u)\\b\\w\\w+\\b` (words of two or more word characters), bm25s's English stop words dropped
+(`bm25s.stopwords.STOPWORDS_EN`), then stemmed by PyStemmer's Snowball English stemmer (`stemmer=""`: no stemming).
+The BM25 scores of every (term, picture) pair are computed once by `bm25s` (eager sparse scoring) with
+`method`, `k1`, `b` from the config; "robertson" (the default) is idf = log((N - df + 0.5) / (df + 0.5)) floored at 0,
+tf part tf / (tf + k1 (1 - b + b |d| / avgdl)), which equals `rank_bm25.BM25Okapi(epsilon=0)` divided by (k1 + 1)
+(tests/unit/stores/test_lexical.py holds them equal). "lucene" and "atire" are also accepted (no non-occurrence
+scores: a picture without a query term gets nothing from it).
+
+Layout of the store (kind "lexical", format 1), rows in the image cache's row order:
+  vocab.json        [V] the terms; column j of the score matrix is vocab[j]
+  indptr.npy        int64 [V + 1]  term j's postings are indices/data[indptr[j]:indptr[j + 1]]
+  indices.npy       int32 [P]      picture rows, ascending within a term
+  data.npy          float32 [P]    BM25 score of (term, picture)
+  doc_offsets.npy   int64 [N + 1]  picture r's terms are doc_terms[doc_offsets[r]:doc_offsets[r + 1]]
+  doc_terms.npy     int32 [T]      the term ids of every picture, in text order (a change of the collection re-scores
+                                   from them without reading the corpus again)
+  manifest.json     fields, method, k1, b, stemmer, the image cache build it follows, counts
+
+A query is scored term by term over the postings of its terms (`cfir_jax.search.bm25`), each term weighted by its
+count in the query (as rank_bm25 and a bag-of-words Lucene query do), then cut to the live rows and its top k.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import re
+from pathlib import Path
+
+import numpy as np
+import Stemmer
+from bm25s.stopwords import STOPWORDS_EN
+
+from cfir_jax.core.errors import StoreError
+from cfir_jax.stores.contract import Store
+from cfir_jax.stores.integrity import check_csr
+
+KIND = "lexical"
+FORMAT_VERSION = 1
+METHODS = ("robertson", "lucene", "atire")  # bm25s's variants without non-occurrence scores
+SPLIT = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default splitter
+STOPWORDS = frozenset(STOPWORDS_EN)
+
+
+@functools.lru_cache(maxsize=4)
+def _stemmer(language: str):
+    return Stemmer.Stemmer(language) if language else None
+
+
+def terms(text: str, stemmer: str = "english") -> list[str]:
+    """The BM25 terms of `text`: lower-cased words of 2+ characters, English stop words dropped, stemmed."""
+    words = [w for w in SPLIT.findall(text.lower()) if w not in STOPWORDS]
+    stem = _stemmer(stemmer)
+    return stem.stemWords(words) if stem is not None and words else words
+
+
+class LexicalIndex(Store):
+    """The complete store opened for reading: the BM25 score matrix by term, the vocabulary, each row's terms."""
+
+    KIND, VERSION = KIND, FORMAT_VERSION
+
+    def __init__(self, path: Path, manifest: dict, vocab: list[str], indptr: np.ndarray, indices: np.ndarray,
+                 data: np.ndarray, doc_offsets: np.ndarray, doc_terms: np.ndarray):
+        self.path, self.manifest, self.vocab = path, manifest, vocab
+        self.indptr, self.indices, self.data = indptr, indices, data
+        self.doc_offsets, self.doc_terms = doc_offsets, doc_terms
+        self.column = {t: j for j, t in enumerate(vocab)}
+
+    @classmethod
+    def check(cls, manifest: dict, path: Path, **expect) -> None:
+        """Refuses a store built for another image cache build or with other settings (`expect`: manifest fields)."""
+        for name, want in expect.items():
+            if want is not None and manifest.get(name) != want:
+                raise StoreError(f"{path}: stale, built for {name}={manifest.get(name)!r} but that is now {want!r}; "
+                                 "rebuild it with index.py --stages lexical")
+
+    @classmethod
+    def load(cls, path: Path, manifest: dict) -> LexicalIndex:
+        try:
+            vocab = json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+            arrays = {name: np.load(path / f"{name}.npy", mmap_mode="r")
+                      for name in ("indptr", "indices", "data", "doc_offsets", "doc_terms")}
+        except (OSError, ValueError) as e:
+            raise StoreError(f"{path}: unreadable lexical store ({e.__class__.__name__}); rebuild it with index.py "
+                             "--stages lexical") from None
+        n, v = manifest.get("num_rows"), manifest.get("vocab_size")
+        if len(vocab) != v or len(arrays["indptr"]) != v + 1 or len(arrays["doc_offsets"]) != n + 1 or \
+                len(arrays["indices"]) != len(arrays["data"]):
+            raise StoreError(f"{path}: arrays disagree with the manifest ({n} rows, {v} terms); rebuild it with "
+                             "index.py --stages lexical")
+        check_csr(np.asarray(arrays["indptr"]), arrays["indices"], n, path)
+        check_csr(np.asarray(arrays["doc_offsets"]), arrays["doc_terms"], v, path)
+        return cls(path, manifest, vocab, np.asarray(arrays["indptr"]), arrays["indices"], arrays["data"],
+                   np.asarray(arrays["doc_offsets"]), arrays["doc_terms"])
+
+    @property
+    def num_rows(self) -> int:
+        return int(self.manifest["num_rows"])
+
+    def query_terms(self, text: str) -> tuple[np.ndarray, np.ndarray]:
+        """(term columns [u] of the store's vocabulary, their counts in `text` [u]); unknown terms dropped."""
+        cols = [j for t in terms(text, self.manifest["stemmer"]) if (j := self.column.get(t)) is not None]
+        if not cols:
+            return np.zeros(0, np.int64), np.zeros(0, np.float32)
+        uniq, counts = np.unique(np.asarray(cols, np.int64), return_counts=True)
+        return uniq, counts.astype(np.float32)
