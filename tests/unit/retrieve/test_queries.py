@@ -65,10 +65,14 @@ def test_methods_by_name_say_what_they_read():
     class Settings:
         text = "summary"
 
-    assert set(METHODS) == {"cfir", "dense_document", "dense_summary", "entity_only"}
+    assert set(METHODS) == {"cfir", "dense_document", "dense_summary", "entity_only", "bm25", "cfir_bm25",
+                            "cfir_bm25_fused"}
     assert method_of("cfir", Settings).uses_entities and method_of("cfir", Settings).uses_summary()
     assert method_of("dense_document", Settings).reads_document() and not method_of("dense_document", Settings)\
         .uses_entities
     assert not method_of("entity_only", Settings).uses_summary()
-    with pytest.raises(CfirError, match="unknown method 'bm25': use one of cfir, dense_document"):
-        method_of("bm25", Settings)
+    assert method_of("bm25", Settings).uses_lexical and not method_of("bm25", Settings).uses_entities
+    assert method_of("cfir_bm25", Settings).uses_lexical and method_of("cfir_bm25", Settings).uses_entities
+    assert not method_of("cfir", Settings).uses_lexical
+    with pytest.raises(CfirError, match="unknown method 'bm26': use one of cfir, dense_document"):
+        method_of("bm26", Settings)
