@@ -100,7 +100,8 @@ def _train_row(size: str, sizes: Sizes, device: str) -> dict:
 
     t = interleaved({"jax": jax_step, "torch": torch_step}, sizes.steps, warmup=2)
     torch_peak = torch.cuda.max_memory_allocated() if device.startswith("cuda") else None
-    return {"what": f"train step {size} bf16 (remat={cfg.model.remat}, {cfg.model.remat_policy})", "batch": b,
+    remat = f"{cfg.model.remat}" + (f", {cfg.model.remat_policy}" if cfg.model.remat else "")
+    return {"what": f"train step {size} bf16 (remat={remat})", "batch": b,
             "jax_seq_s": b / t["jax"].median, "torch_seq_s": b / t["torch"].median,
             "ratio": t["torch"].median / t["jax"].median, "torch_peak_bytes": torch_peak}
 
