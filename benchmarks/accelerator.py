@@ -55,6 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--unit", help=argparse.SUPPRESS)  # a worker process: measure one unit
     parser.add_argument("--sizes-json", help=argparse.SUPPRESS)
     parser.add_argument("--result", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     args.parts = tuple(p for p in args.parts.split(",") if p)
     unknown = sorted(set(args.parts) - set(PARTS))
@@ -86,13 +87,15 @@ def units(parts: tuple[str, ...], sizes: Sizes) -> list[str]:
 # --------------------------------------------------------------------------------------------------------- driver
 
 
-def _spawn(unit: str, sizes: Sizes | None, limit: float) -> tuple[object, str]:
+def _spawn(unit: str, sizes: Sizes | None, limit: float, scratch: str | None = None) -> tuple[object, str]:
     """Runs one unit in a fresh process within `limit` seconds: (its result, or None, and a one-line reason)."""
     with tempfile.TemporaryDirectory() as tmp:
         result = Path(tmp, "result.json")
         cmd = [sys.executable, str(Path(__file__).resolve()), "--unit", unit, "--result", str(result)]
         if sizes is not None:
             cmd += ["--sizes-json", json.dumps(dataclasses.asdict(sizes))]
+        if scratch is not None:
+            cmd += ["--scratch", scratch]
         env = dict(os.environ)
         # jax allocates as it goes: torchscale's step shares the GPU in the train units, and nothing is held back.
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -122,13 +125,16 @@ def drive(args: argparse.Namespace) -> dict:
                 "are NOT accelerator figures" if not accelerated else "tiny smoke run (--tiny) on the accelerator")
     print(mode, flush=True)
     plan, rows = units(args.parts, sizes), []
+    scratch = tempfile.TemporaryDirectory(prefix="accelerator-")  # what units share (BART's model directory)
     for i, unit in enumerate(plan):
         t = time.perf_counter()
         limit = budget - (t - start) - RESERVE_S * (len(plan) - i - 1)
-        got, why = _spawn(unit, sizes, limit) if limit > 1 else (None, "not run: the run's budget was spent")
+        got, why = (_spawn(unit, sizes, limit, scratch.name) if limit > 1
+                    else (None, "not run: the run's budget was spent"))
         rows += got if got is not None else [{"what": f"{unit}: {why}", "unit": unit}]
         print(f"{unit}: {why or 'done'} in {time.perf_counter() - t:.0f} s (total {time.perf_counter() - start:.0f} "
               "s)", flush=True)
+    scratch.cleanup()
     return {"mode": mode, "accelerator": accelerated and not args.tiny, "hardware": found["hardware"],
             "parts": list(args.parts), "sizes": dataclasses.asdict(sizes), "budget_s": budget, "rows": rows,
             "seconds": time.perf_counter() - start}
@@ -168,7 +174,10 @@ def main() -> None:
         sizes = Sizes(**json.loads(args.sizes_json)) if args.sizes_json else None
         if sizes is not None:
             sizes.train = tuple(sizes.train)
-        out = accelerator_units.probe() if args.unit == "probe:host" else accelerator_units.run_unit(args.unit, sizes)
+        if args.unit == "probe:host":
+            out = accelerator_units.probe()
+        else:
+            out = accelerator_units.run_unit(args.unit, sizes, args.scratch)
         Path(args.result).write_text(json.dumps(out))
         return
     result = drive(args)

@@ -189,10 +189,11 @@ def _tiny_bart(directory: str) -> str:
     return directory
 
 
-def bart_rows(sizes: Sizes, dtype: str) -> list[dict]:
+def bart_rows(sizes: Sizes, dtype: str, scratch: str | None = None) -> list[dict]:
     """BART's summaries/s at the index's batch (8 rows per device, data parallel) and ms per lone query document (one
     row per device: a served query's summary stage), in `dtype` (float32 is the paper's). On an accelerator: BART-
-    large-CNN's architecture with random weights (benchmarks/realsize.py; nothing downloaded): time and memory only."""
+    large-CNN's architecture with random weights (benchmarks/realsize.py; nothing downloaded): time and memory only.
+    The model directory is written once into `scratch` (the run's folder) and read by the other dtype's unit."""
     import jax
 
     from cfir_jax.nlp.summarizer import BartSummarizer
@@ -201,13 +202,15 @@ def bart_rows(sizes: Sizes, dtype: str) -> list[dict]:
              for i in range(sizes.bart_docs)]
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        if sizes.bart == "tiny":
-            name = _tiny_bart(tmp)
-        else:
-            from realsize import BART_SHAPES, write_bart
+        name = str(Path(scratch or tmp, "bart-tiny" if sizes.bart == "tiny" else "bart-large-cnn"))
+        if not Path(name, "config.json").exists():
+            Path(name).mkdir(parents=True, exist_ok=True)
+            if sizes.bart == "tiny":
+                _tiny_bart(name)
+            else:
+                from realsize import BART_SHAPES, write_bart
 
-            name = f"{tmp}/bart-large-cnn"
-            write_bart(Path(name), BART_SHAPES["large"]["bart-large-cnn"], texts)
+                write_bart(Path(name), BART_SHAPES["large"]["bart-large-cnn"], texts)
         max_input = 128 if sizes.bart == "tiny" else 1024
         s = BartSummarizer(name, max_length=64 if sizes.bart != "tiny" else 16, min_length=8, num_beams=4,
                            max_input_tokens=max_input, batch_size=8, dtype=dtype)
@@ -228,7 +231,7 @@ def bart_rows(sizes: Sizes, dtype: str) -> list[dict]:
     return rows
 
 
-def run_unit(unit: str, sizes: Sizes) -> list[dict]:
+def run_unit(unit: str, sizes: Sizes, scratch: str | None = None) -> list[dict]:
     """The rows of one unit ('part:which'), each with this process's peak device memory and its id."""
     part, which = unit.split(":", 1)
     if part == "train":
@@ -238,7 +241,7 @@ def run_unit(unit: str, sizes: Sizes) -> list[dict]:
     elif part == "sr":
         rows = sr_rows(sizes)
     else:
-        rows = bart_rows(sizes, which)
+        rows = bart_rows(sizes, which, scratch)
     peak = peak_bytes()
     return [{**r, "unit": unit, "pid": os.getpid(), "jax_peak_bytes": peak} for r in rows]
 
