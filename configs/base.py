@@ -93,7 +93,7 @@ def experiment(size: str, arg: str | None = None):
     # gradients are the same; docs/compile-only.md, "The train step's memory"): large keeps only each layer's input
     # (18.4 -> 1.7 GiB of activations per device at batch 512 on 8 devices, benchmarks/train_throughput.py); base
     # keeps its six weight matmuls' outputs and recomputes the rest (the float32 GELU, LayerNorm and softmax
-    # intermediates it stored were most of its memory), for about 1% more FLOPs.
+    # intermediates it stored were most of its memory), for no extra FLOPs.
     c.model.update(dropout=0.0, drop_path_rate=0.1, remat=not arg.runlocal,
                    remat_policy="nothing" if size == "large" else "projections")
 
