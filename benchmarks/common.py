@@ -160,12 +160,13 @@ def torch_model(model_cfg, dropout: float = 0.0, full: bool = False):
 
 
 def torch_contrastive_loss(text, image, logit_scale):
-    """The symmetric InfoNCE of `cfir_jax.train.loss.contrastive_loss` (float32 logits), in torch."""
+    """The symmetric InfoNCE of `cfir_jax.train.loss.contrastive_loss` (float32 logits), in torch, on the device
+    of its inputs (the labels are made there: a CPU tensor beside CUDA logits stops cross_entropy)."""
     import torch
     import torch.nn.functional as F
 
     logits = logit_scale.float().exp() * text.float() @ image.float().T
-    labels = torch.arange(text.shape[0])
+    labels = torch.arange(text.shape[0], device=logits.device)
     return 0.5 * (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels))
 
 

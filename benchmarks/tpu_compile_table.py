@@ -17,6 +17,9 @@ generation (CFIR's 4-beam search, 1,024 input tokens, float32 and bfloat16 compu
 v5p-64, for query batches of 1, 8 and 64 documents and the index's batch (index.summaries.batch_size rows per device;
 a shape already compiled as a query batch is not compiled twice).
 
+`--only train --configs base --no-largest --append`: the base train step's batch-512 rows again (after a change of
+its config), added below the others in both files.
+
 `--only full`: the D-BEiT-3 Full step (both towers from 224 px pixels; configs/base.py:full and large.py:full) on
 the same four slices at batch 512, then the largest batch of each.
 """
@@ -108,12 +111,21 @@ def main():
     parser.add_argument("--json", default="benchmarks/tpu_compile_table.json")
     parser.add_argument("--only", default="", help="comma-separated subset of: train, image, entity, sr, full, bart")
     parser.add_argument("--configs", default="base,large", help="comma-separated subset of: base, large")
+    parser.add_argument("--no-largest", action="store_true", help="only the batch-512 rows of the train steps")
+    parser.add_argument("--append", action="store_true", help="add the rows to --out and --json (regenerating "
+                        "some rows beside the others)")
     args = parser.parse_args()
     only = set(filter(None, args.only.split(","))) or {"train", "image", "entity", "sr"}
-    out, rows = Path(args.out), []
+    out = Path(args.out)
+    rows = json.loads(Path(args.json).read_text()) if args.append else []
     uptime = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
-    out.write_text(f"Load before: `{uptime}`; {os.cpu_count()} CPU cores; "
-                   f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}\n\n{HEAD}\n")
+    started = (f"Load before: `{uptime}`; {os.cpu_count()} CPU cores; "
+               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    if args.append:
+        with out.open("a") as f:
+            f.write(f"\nRows added: {started}\n\n{HEAD}\n")
+    else:
+        out.write_text(f"{started}\n\n{HEAD}\n")
 
     def emit(result, config_name, topology, extra=""):
         with out.open("a") as f:
@@ -159,7 +171,7 @@ def main():
                 for program in programs_lib.device_sr(configs[name], topology, rows_n, "bfloat16"):
                     emit(compile_program(program, topology), name, topology)
     bart_rows(configs, only, emit)
-    for (name, topo_name), (first, builder, config) in firsts.items():
+    for (name, topo_name), (first, builder, config) in ({} if args.no_largest else firsts).items():
         topology = resolve(topo_name)
         best, how = largest_batch(config, topology, first, builder)
         if best is not None:

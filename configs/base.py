@@ -62,7 +62,8 @@ changes, and only changes:
   - train.trainable: "full" (both experts, both heads, logit_scale, the patch and token embeddings)
   - train.images: "pixels" (the image tower is trained, so there is no cache: each batch's 224 px images encoded)
   - train.text: "document" (the authors' document model: train.document_fields, from their code)
-  - model.remat: True (both towers' layers rematerialised: activations of 197 image + 64 text tokens)
+  - model.remat: True, model.remat_policy: "nothing" (both towers' layers rematerialised, each keeping only its
+    input: activations of 197 image + 64 text tokens)
   - model.dtype: "bfloat16" (compute; parameters and Adam moments stay float32)
 
 with the recipe above (the paper trains its baselines with it). Its command is
@@ -89,9 +90,13 @@ def experiment(size: str, arg: str | None = None):
     arg = parse_arg(arg, res=224, runlocal=False, authors=False, full=False)
     c = defaults(size, arg.res, arg.runlocal)
 
-    # The model: BEiT-3's drop path is the paper's "dropout 0.1"; large rematerialises its layers (18.4 -> 1.7 GiB
-    # of activations per device at batch 512 on 8 devices, benchmarks/train_throughput.py).
-    c.model.update(dropout=0.0, drop_path_rate=0.1, remat=size == "large" and not arg.runlocal)
+    # The model: BEiT-3's drop path is the paper's "dropout 0.1". Both sizes rematerialise their layers (the loss and
+    # gradients are the same; docs/compile-only.md, "The train step's memory"): large keeps only each layer's input
+    # (18.4 -> 1.7 GiB of activations per device at batch 512 on 8 devices, benchmarks/train_throughput.py); base
+    # keeps its six weight matmuls' outputs and recomputes the rest (the float32 GELU, LayerNorm and softmax
+    # intermediates it stored were most of its memory), for no extra FLOPs.
+    c.model.update(dropout=0.0, drop_path_rate=0.1, remat=not arg.runlocal,
+                   remat_policy="nothing" if size == "large" else "projections")
 
     # Training: the recipe of the docstring.
     c.train.update(text="summary", max_text_len=64, global_batch=16 if arg.runlocal else 512,
@@ -109,7 +114,7 @@ def experiment(size: str, arg: str | None = None):
     c.train.document_fields = ("page_title", "section_title", "context_section_description")
 
     if arg.full:  # D-BEiT-3 Full: both towers trained from pixels on the authors' document text (the docstring)
-        c.model.update(remat=True, dtype="float32" if arg.runlocal else "bfloat16")
+        c.model.update(remat=True, remat_policy="nothing", dtype="float32" if arg.runlocal else "bfloat16")
         c.train.update(trainable="full", images="pixels", text="document")
 
     # The offline index: AToMiC's base setting (documents of every qrels split, the images they judge), entities of

@@ -103,7 +103,7 @@ def train_step(config, topology: Topology, global_batch: int | None = None) -> l
     step = make_train_step(config, setup)
     encoder = make_encoder(config, setup)
     shapes = (f"batch {b} x {length} tokens, mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}, "
-              f"remat={config.model.remat}, grad_accum_steps={tcfg.grad_accum_steps}, "
+              f"remat={_remat(config.model)}, grad_accum_steps={tcfg.grad_accum_steps}, "
               f"extra_negatives={tcfg.extra_negatives}")
 
     args = (setup.abstract_state, frozen, batch)
@@ -113,6 +113,11 @@ def train_step(config, topology: Topology, global_batch: int | None = None) -> l
                 lambda: encoder.lower(params, frozen, batch["ids"], batch["mask"]),
                 lambda _: "lower train.global_batch (the evaluation batch) or use more chips"),
     ]
+
+
+def _remat(model) -> str:
+    """'False', 'True' (every layer keeps only its input) or 'True (projections)' (model.remat_policy)."""
+    return f"{model.remat}" + (f" ({model.remat_policy})" if model.remat and model.remat_policy != "nothing" else "")
 
 
 def _step_knob(config):
@@ -144,7 +149,7 @@ def train_full(config, topology: Topology, global_batch: int | None = None) -> l
     frozen = _abstract(setup.abstract_frozen, setup.frozen_shardings)
     step = make_full_step(config, setup)
     shapes = (f"batch {b} x ({size} px + {length} tokens), mesh data={mesh.shape['data']} fsdp={mesh.shape['fsdp']}, "
-              f"remat={config.model.remat}, {config.model.dtype}, grad_accum_steps={tcfg.grad_accum_steps}")
+              f"remat={_remat(config.model)}, {config.model.dtype}, grad_accum_steps={tcfg.grad_accum_steps}")
     args = (setup.abstract_state, frozen, batch)
     return [Program("train_full", shapes, lambda: step.lower(*args), _step_knob(config), args=args)]
 

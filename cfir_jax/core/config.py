@@ -51,6 +51,10 @@ def model_config(size: str = "base", image_size: int = 224, **overrides) -> ml_c
             scan_layers=True,
             # Rematerialise each layer in the backward pass (activation memory / compute trade).
             remat=False,
+            # What a rematerialised layer keeps for the backward pass: "nothing" (only its input; every op is
+            # recomputed) or "projections" (the outputs of its six weight matmuls; the attention scores, softmax,
+            # GELU, LayerNorms and dropout are recomputed).
+            remat_policy="nothing",
         )
     )
     cfg.update(overrides)

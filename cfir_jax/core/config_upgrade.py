@@ -10,7 +10,7 @@ import copy
 
 import ml_collections
 
-from cfir_jax.core.config import index_config, retrieval_config, train_config
+from cfir_jax.core.config import index_config, model_config, retrieval_config, train_config
 from cfir_jax.core.config_serve import serve_config
 
 # What a workdir recorded before a field existed meant, for the experiment fields that have no default
@@ -26,7 +26,9 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     backend...) with their current defaults, recursively, in place; fields it has are never changed. The one place
     this happens: `cli.workdir_config` applies it when a workdir's config is read, before overrides and the lock."""
     runlocal = bool(config.get("runlocal", False))
-    sections = {"train": train_config(runlocal), "index": index_config(runlocal), "retrieval": retrieval_config(),
+    # model: the switches added since (remat_policy, ...); a recorded config always has its sizes, which stay.
+    sections = {"model": model_config(), "train": train_config(runlocal), "index": index_config(runlocal),
+                "retrieval": retrieval_config(),
                 "serve": serve_config()}
     with config.unlocked():
         if "tokenizer" not in config:

@@ -27,6 +27,10 @@ import numpy as np
 from flax import nnx
 
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
+# What a rematerialised layer keeps for its backward pass (model.remat_policy): only its input, or also the outputs
+# of its weight matmuls (dots without batch dimensions: q, k, v, out, fc1, fc2; not the attention's two products).
+REMAT_POLICIES = {"nothing": jax.checkpoint_policies.nothing_saveable,
+                  "projections": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 
 # Initialisers of the reference (`BEiT3Wrapper._init_weights`): truncated normal std 0.02 for Linear weights and
 # the cls/mask tokens, zero biases, unit LayerNorms.
@@ -136,6 +140,9 @@ class Expert(nnx.Module):
         self.num_layers = config.num_layers
         self.scan_layers = bool(config.scan_layers)
         self.remat = bool(config.remat)
+        self.remat_policy = str(config.remat_policy)
+        if self.remat_policy not in REMAT_POLICIES:
+            raise ValueError(f"model.remat_policy={self.remat_policy!r}: use one of {', '.join(REMAT_POLICIES)}")
         self.dropout = float(config.dropout)
         self.drop_path_rates = tuple(np.linspace(0.0, float(config.drop_path_rate), config.num_layers))
         self.embed_positions = nnx.Param(
@@ -194,7 +201,7 @@ class Expert(nnx.Module):
             return nnx.merge(graphdef, state)(x, key_mask, rate if use_drop_path else 0.0, dropout, key)
 
         if self.remat:
-            apply = jax.checkpoint(apply, prevent_cse=not self.scan_layers)
+            apply = jax.checkpoint(apply, prevent_cse=not self.scan_layers, policy=REMAT_POLICIES[self.remat_policy])
 
         if self.activation_sharding is not None:
             sharding = self.activation_sharding

@@ -109,8 +109,8 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
                     "use the config of the saved model size"
                 )
         merged = stored.copy_and_resolve_references()
-        merged.update({k: v for k, v in config.items() if k in ("dtype", "scan_layers", "remat", "dropout",
-                                                                  "drop_path_rate")})
+        merged.update({k: v for k, v in config.items() if k in ("dtype", "scan_layers", "remat", "remat_policy",
+                                                                  "dropout", "drop_path_rate")})
         stored = merged
     abstract = model_lib.abstract_model(stored)
     graphdef, abstract_state = nnx.split(abstract)

@@ -23,7 +23,7 @@ def test_accelerator_script_runs_every_path_at_tiny_sizes_without_an_accelerator
     whats = [r["what"] for r in result["rows"]]
     for expected in ("train step tiny bf16", "text encoding", "image encoding", "device SR", "BART summaries"):
         assert any(w.startswith(expected) for w in whats), (expected, whats)
-    train = result["rows"][0]
+    train = next(r for r in result["rows"] if r["what"].startswith("train step"))
     assert train["jax_seq_s"] > 0 and train["torch_seq_s"] > 0
     assert math.isclose(train["ratio"], train["jax_seq_s"] / train["torch_seq_s"], rel_tol=1e-6)
     sr = [r for r in result["rows"] if "ms_per_query" in r]
@@ -34,3 +34,6 @@ def test_accelerator_script_runs_every_path_at_tiny_sizes_without_an_accelerator
     assert "float32" in bart[0]["what"] and "bfloat16" in bart[2]["what"]
     table = (tmp_path / "accelerator.md").read_text()
     assert "NOT accelerator figures" in table and table.count("\n| ") == len(whats) + 1
+    # one process per unit (SR, the train size, each encoder, each BART dtype), none of them the driver's
+    pids = {r["unit"]: r.get("pid") for r in result["rows"]}
+    assert len(pids) == 6 and len(set(pids.values())) == 6

@@ -162,5 +162,5 @@ def test_remat_changes_nothing_but_memory():
         return nnx.to_pure_dict(nnx.grad(loss)(model))
 
     base = grads(remat=False)
-    for kw in (dict(remat=True), dict(remat=True, scan_layers=False)):
+    for kw in (dict(remat=True), dict(remat=True, scan_layers=False), dict(remat=True, remat_policy="projections")):
         jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6), base, grads(**kw))

@@ -1,0 +1,79 @@
+"""benchmarks/accelerator.py without an accelerator: the torchscale loss builds every tensor on its inputs' device (a
+CPU tensor beside CUDA logits stopped the train part on the GPU), and the command line picks the parts, the sizes
+and one process per measured unit."""
+
+import time
+
+import accelerator
+import common
+import pytest
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+class _Devices(TorchFunctionMode):
+    """Records the device of every tensor any torch function returns."""
+
+    def __init__(self):
+        super().__init__()
+        self.seen = set()
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, tuple) else (out,):
+            if isinstance(t, torch.Tensor):
+                self.seen.add(t.device.type)
+        return out
+
+
+def test_torch_contrastive_loss_builds_every_tensor_on_the_inputs_device():
+    # "meta" stands in for CUDA on a host without one: tensors that are not on the CPU, with shapes and no data.
+    text, image = torch.empty(6, 8, device="meta"), torch.empty(6, 8, device="meta")
+    scale = torch.empty((), device="meta")
+    with _Devices() as mode:
+        loss = common.torch_contrastive_loss(text, image, scale)
+    assert loss.device.type == "meta" and loss.shape == ()
+    assert mode.seen == {"meta"}
+
+
+def test_torch_contrastive_loss_on_cpu_is_the_symmetric_infonce():
+    g = torch.Generator().manual_seed(0)
+    text = torch.nn.functional.normalize(torch.randn(5, 4, generator=g), dim=1)
+    image = torch.nn.functional.normalize(torch.randn(5, 4, generator=g), dim=1)
+    scale = torch.tensor(2.0)
+    logits = scale.exp() * text @ image.T
+    t2i = -torch.log_softmax(logits, 1).diagonal().mean()
+    i2t = -torch.log_softmax(logits.T, 1).diagonal().mean()
+    assert torch.allclose(common.torch_contrastive_loss(text, image, scale), 0.5 * (t2i + i2t), atol=1e-6)
+
+
+def test_parts_and_size_flags_override_either_modes_defaults():
+    args = accelerator.parse_args(["--parts", "sr,train", "--batch", "32", "--train", "base,large", "--union", "7"])
+    assert args.parts == ("sr", "train")
+    on_gpu, on_cpu = accelerator.pick_sizes(args, True), accelerator.pick_sizes(args, False)
+    assert (on_gpu.batch, on_gpu.train, on_gpu.union, on_gpu.cache_rows) == (32, ("base", "large"), 7, 4_000_000)
+    assert (on_cpu.batch, on_cpu.train, on_cpu.union, on_cpu.cache_rows) == (32, ("base", "large"), 7, 20_000)
+    tiny = accelerator.parse_args(["--tiny"])
+    assert accelerator.pick_sizes(tiny, True) == accelerator.TINY and tiny.parts == accelerator.PARTS
+
+
+def test_one_process_per_train_size_encoder_and_bart_dtype_in_the_order_of_parts():
+    sizes = accelerator.pick_sizes(accelerator.parse_args(["--train", "base,large"]), True)
+    assert accelerator.units(("bart", "train", "sr", "encode"), sizes) == [
+        "bart:float32", "bart:bfloat16", "train:base", "train:large", "sr:cache", "encode:text", "encode:image"]
+
+
+def test_an_unknown_part_is_one_line_and_exit_2(capsys):
+    with pytest.raises(SystemExit) as e:
+        accelerator.parse_args(["--parts", "sr,trian"])
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.endswith("--parts trian: choose from sr, train, encode, bart")
+
+
+def test_a_unit_past_its_time_limit_is_stopped_and_reported():
+    t = time.perf_counter()
+    # Starting jax and compiling the tiny SR take longer than 2 s.
+    result, why = accelerator._spawn("sr:cache", accelerator.TINY, 2.0)
+    assert result is None and why == "stopped at its time limit (2 s of the run's budget)"
+    assert time.perf_counter() - t < 10
