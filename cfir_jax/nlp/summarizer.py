@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import collections
-import copy
 import hashlib
+import json
 import os
 import re
 import socket
@@ -173,40 +173,11 @@ class ExtractiveSummarizer:
 
 
 def no_repeat_ngram_mask(sequences, cur_len, ngram_size: int, vocab_size: int):
-    """Tokens that would repeat an n-gram already in the sequence: bool [rows, vocab_size].
+    """`nlp.ngram.no_repeat_ngram_mask` (the dense no-repeat n-gram rule of the beam search)."""
+    # why: jax stays off the extractive summarizer's path.
+    from cfir_jax.nlp import ngram
 
-    sequences: int [rows, max_length], generated up to `cur_len` (a traced scalar inside the generation loop). A token
-    t is banned when the last n-1 tokens followed by t occur earlier. Dense and static-shaped, O(rows * max_length):
-    transformers' Flax processor builds a sparse BCOO tensor that jax>=0.7 can no longer gather from.
-    """
-    import jax
-    import jax.numpy as jnp
-
-    n = ngram_size
-    rows, length = sequences.shape
-    windows = length - n + 1  # Start positions of n-grams.
-    if windows < 1:
-        return jnp.zeros((rows, vocab_size), bool)
-    start = jnp.maximum(cur_len - (n - 1), 0)
-    prefix = jax.lax.dynamic_slice(sequences, (0, start), (rows, n - 1))  # [rows, n - 1]
-    match = jnp.arange(windows)[None, :] <= cur_len - n  # Only n-grams that are fully generated.
-    for j in range(n - 1):
-        match = match & (sequences[:, j : j + windows] == prefix[:, j : j + 1])
-    following = sequences[:, n - 1 :]  # [rows, windows]: the token ending each n-gram.
-    return jnp.zeros((rows, vocab_size), bool).at[jnp.arange(rows)[:, None], following].max(match)
-
-
-def _no_repeat_processor(ngram_size: int):
-    """A transformers Flax logits processor around `no_repeat_ngram_mask` (imported lazily: transformers is heavy)."""
-    import jax.numpy as jnp
-    from transformers.generation.flax_logits_process import FlaxLogitsProcessor
-
-    class NoRepeatNGram(FlaxLogitsProcessor):
-        def __call__(self, input_ids, scores, cur_len):
-            banned = no_repeat_ngram_mask(input_ids, cur_len, ngram_size, scores.shape[-1])
-            return jnp.where(banned, -jnp.inf, scores)
-
-    return NoRepeatNGram()
+    return ngram.no_repeat_ngram_mask(sequences, cur_len, ngram_size, vocab_size)
 
 
 def _looks_local(name: str) -> bool:
@@ -270,41 +241,35 @@ def _check_bart_settings(max_length, min_length, num_beams, max_input_tokens, ba
         raise CfirError(f"BartSummarizer: dtype={dtype!r}; use float32, bfloat16 or float16")
 
 
-def _generation_config(model, max_length: int, min_length: int, num_beams: int, length_penalty: float):
-    """An explicit GenerationConfig: the model's own (decoder start, forced BOS/EOS, early stopping) with CFIR's
-    settings on top. Passing it whole avoids transformers re-deriving one from config.json at call time."""
-    config = copy.deepcopy(model.generation_config)
-    config.update(
-        max_length=max_length,
-        min_length=min_length,
-        num_beams=num_beams,
-        length_penalty=length_penalty,
-        do_sample=False,
-        # The n-gram rule is ours (see no_repeat_ngram_mask); the built-in one fails under current jax.
-        no_repeat_ngram_size=0,
-    )
-    return config
+# The generation fields BART's generation_config.json (or, without one, config.json) sets; CFIR's settings go on top.
+_GENERATION_FIELDS = ("decoder_start_token_id", "eos_token_id", "pad_token_id", "forced_bos_token_id",
+                      "forced_eos_token_id", "early_stopping")
 
 
-def generation_function(model, generation_config, no_repeat_ngram_size: int,
-                        on_trace: Callable[[], None] | None = None):
-    """CFIR's generation as a pure function (params, input_ids [rows, length], attention_mask [rows, length]) ->
-    token ids [rows, max_length]: transformers' Flax beam search with our n-gram rule. One function for the
-    summarizer (jitted over its devices) and the compile-only registry (lowered for a TPU topology)."""
-    from transformers.generation.flax_logits_process import FlaxLogitsProcessorList
+def generation_settings(model_config: dict, generation_config: dict | None, max_length: int, min_length: int,
+                        num_beams: int, length_penalty: float, no_repeat_ngram_size: int, semantics: str = "torch"):
+    """The beam search's settings (nlp.bart_generate.GenerationSettings): the model's special tokens, forced BOS/EOS
+    and early stopping (generation_config.json where present, else config.json, as transformers reads them) with
+    CFIR's settings on top."""
+    # why: jax and flax stay off the extractive summarizer's path.
+    from cfir_jax.nlp.bart_generate import GenerationSettings
 
-    processors = FlaxLogitsProcessorList()
-    if no_repeat_ngram_size > 0:
-        processors.append(_no_repeat_processor(no_repeat_ngram_size))
+    source = generation_config if generation_config is not None else model_config
+    fields = {k: source.get(k, model_config.get(k)) for k in _GENERATION_FIELDS}
+    eos = fields["eos_token_id"]
+    if isinstance(eos, list):
+        if len(eos) != 1:
+            raise CfirError(f"BART generation config: eos_token_id={eos}; one EOS token is supported")
+        fields["eos_token_id"] = eos[0]
+    fields["early_stopping"] = bool(fields["early_stopping"]) if fields["early_stopping"] != "never" else "never"
+    return GenerationSettings(max_length=max_length, min_length=min_length, num_beams=num_beams,
+                              length_penalty=float(length_penalty), no_repeat_ngram_size=no_repeat_ngram_size,
+                              semantics=semantics, **fields)
 
-    def generate(params, input_ids, attention_mask):
-        if on_trace is not None:
-            on_trace()  # Runs only while tracing.
-        out = model.generate(input_ids, attention_mask=attention_mask, params=params,
-                             generation_config=generation_config, logits_processor=processors)
-        return out.sequences
 
-    return generate
+def _read_generation_config(model_dir: Path) -> dict | None:
+    path = Path(model_dir) / "generation_config.json"
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def generation_shardings(mesh):
@@ -333,20 +298,18 @@ def row_buckets(batch_size: int, devices: int) -> tuple[int, ...]:
 
 
 class BartSummarizer:
-    """Abstractive summaries with Flax BART, with CFIR's generation settings as defaults (the CFIR paper's).
+    """Abstractive summaries with the project's own BART (nlp.bart, Flax NNX), with CFIR's generation settings as
+    defaults (the CFIR paper's).
 
-    Generation is one jitted function of (params, input_ids [rows, bucket], attention_mask [rows, bucket]) -> token
-    ids [rows, max_length], data parallel over `devices` (default: every local device; parameters replicated, rows
-    split). Texts are sorted by length, batched up to `batch_size` rows per device, and each batch padded to a row
-    bucket (devices x 1, 2, 4 ... batch_size) and a length bucket, so the function compiles at most once per pair
-    and a lone query pays for one row per device. Padding changes no summary: the attention mask hides pad keys
-    from the encoder and from cross-attention, positions are absolute from the left, and padded rows are dropped.
-
-    Generation is transformers' Flax beam search. With one beam it equals PyTorch `generate` token for token (tested);
-    with several it can differ from the PyTorch beam search CFIR ran in two rare cases: Flax finalises a hypothesis
-    that ends in EOS anywhere in the top 2 * num_beams candidates (PyTorch only in the top num_beams), and at
-    max_length Flax prefers any finished hypothesis to the unfinished ones (PyTorch scores both). On the tests'
-    random model this changed 1 summary in 5; a trained model's EOS is rarely that borderline.
+    Generation (nlp.bart_generate) is one jitted function of (model state, input_ids [rows, bucket], attention_mask
+    [rows, bucket]) -> token ids [rows, max_length], data parallel over `devices` (default: every local device;
+    parameters replicated, rows split). The encoder and each decoder layer's cross-attention keys and values are
+    computed once per document and shared by its beams; the decoder's own keys and values live in a static cache.
+    Texts are sorted by length, batched up to `batch_size` rows per device (fewer where the device's memory says
+    so), and each batch padded to a row bucket (devices x 1, 2, 4 ... batch_size) and a length bucket, so the
+    function compiles at most once per pair and a lone query pays for one row per device. Padding changes no
+    summary: the attention mask hides pad keys, positions are absolute from the left, padded rows are dropped, and
+    the beam search ("torch" semantics: PyTorch `generate`'s, token for token) decides each document alone.
     """
 
     name = "bart"
@@ -363,53 +326,59 @@ class BartSummarizer:
         batch_size: int = 8,
         dtype: str = "float32",
         devices: Sequence[Any] | None = None,
+        semantics: str = "torch",
     ):
+        # why: jax, flax and the model stay off the extractive summarizer's path.
         import jax
         import jax.numpy as jnp
+        from flax import nnx
+
+        from cfir_jax.nlp import bart as bart_lib
+        from cfir_jax.nlp import bart_generate
 
         _check_bart_settings(max_length, min_length, num_beams, max_input_tokens, batch_size, no_repeat_ngram_size,
                              dtype)
         self.model_name_or_path = model_name_or_path
         self.model_dir = resolve_model_dir(model_name_or_path)
-        self.model, self.tokenizer = _load_bart(self.model_dir, jnp.dtype(dtype))
-
-        positions = getattr(self.model.config, "max_position_embeddings", max_input_tokens)
+        raw = bart_lib.read_config(self.model_dir)
+        model = bart_lib.load_bart(self.model_dir, jnp.dtype(dtype))
+        self.tokenizer = _load_tokenizer(self.model_dir)
+        positions = model.config.max_position_embeddings
         self.max_input_tokens = min(max_input_tokens, positions)
         if max_length > positions:
             raise CfirError(f"BartSummarizer: max_length={max_length} exceeds the model's {positions} positions")
-        self.batch_size = batch_size
         self.dtype = dtype
         self.buckets = tuple(b for b in _LENGTH_BUCKETS if b < self.max_input_tokens) + (self.max_input_tokens,)
-
-        self.generation_config = _generation_config(self.model, max_length, min_length, num_beams, length_penalty)
-        self.no_repeat_ngram_size = no_repeat_ngram_size
+        self.generation = generation_settings(raw, _read_generation_config(self.model_dir), max_length, min_length,
+                                              num_beams, length_penalty, no_repeat_ngram_size, semantics)
         self.num_traces = 0  # Compilations of the generation function; the tests bound it by the bucket count.
 
         def count_trace():
             self.num_traces += 1
 
         # Data parallel over `devices` (default: every local device): the parameters replicated, the rows split.
-        # A call's rows are a power of two times the device count, up to batch_size per device: a lone query pays
-        # for one row per device, not for the index's whole batch.
         self.devices = list(devices) if devices is not None else jax.local_devices()
         self.mesh = jax.sharding.Mesh(np.array(self.devices), ("data",))
         replicated, _ = generation_shardings(self.mesh)
-        self.params = jax.device_put(self.model.params, replicated)
-        self.rows_per_call = batch_size * len(self.devices)
-        self.row_buckets = row_buckets(batch_size, len(self.devices))
-        fn = generation_function(self.model, self.generation_config, no_repeat_ngram_size, count_trace)
+        graphdef, state = nnx.split(model)
+        self.params = jax.device_put(state, replicated)
+        self.batch_size = rows_for_memory(batch_size, model.config, self.generation, self.max_input_tokens,
+                                          jnp.dtype(dtype).itemsize, _free_bytes(self.devices[0], state))
+        self.rows_per_call = self.batch_size * len(self.devices)
+        self.row_buckets = row_buckets(self.batch_size, len(self.devices))
+        fn = bart_generate.make_generate(graphdef, self.generation, count_trace)
         self._generate = data_parallel(fn, self.mesh)
 
     @property
     def settings(self) -> dict[str, Any]:
-        g = self.generation_config
+        g = self.generation
         return {
             "model": self.model_name_or_path,
             "max_length": g.max_length,
             "min_length": g.min_length,
             "num_beams": g.num_beams,
             "length_penalty": g.length_penalty,
-            "no_repeat_ngram_size": self.no_repeat_ngram_size,
+            "no_repeat_ngram_size": g.no_repeat_ngram_size,
             "early_stopping": g.early_stopping,
             "max_input_tokens": self.max_input_tokens,
             "dtype": self.dtype,
@@ -443,7 +412,7 @@ class BartSummarizer:
                 ids[r, : len(tokens)] = tokens
                 mask[r, : len(tokens)] = 1
             sequences = np.asarray(self._generate(self.params, ids, mask))
-            eos = self.generation_config.eos_token_id
+            eos = self.generation.eos_token_id
             for r, i in enumerate(rows):
                 # Cut after the first EOS past the decoder start (also EOS in BART): beyond it is padding.
                 ends = np.flatnonzero(np.isin(sequences[r, 1:], eos))
@@ -473,46 +442,61 @@ _BART_COMMON = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_star
 
 
 def abstract_bart(model_name_or_path: str, dtype: str):
-    """(Flax BART without weights, its parameters as jax.ShapeDtypeStruct) from the architecture alone: a local
-    directory's config.json, or a hub id of ARCHITECTURES. Nothing is downloaded or allocated."""
-    import jax
+    """(the model's graph definition, its state as jax.ShapeDtypeStruct, its config.json as a dict) from the
+    architecture alone: a local directory's config.json, or a hub id of ARCHITECTURES. Nothing is downloaded or
+    allocated."""
+    # why: jax, flax and the model stay off the extractive summarizer's path.
     import jax.numpy as jnp
-    from transformers import BartConfig, FlaxBartForConditionalGeneration
+    from flax import nnx
+
+    from cfir_jax.nlp import bart as bart_lib
 
     expanded = Path(os.path.expanduser(model_name_or_path))
     if (expanded / "config.json").is_file():
-        config = BartConfig.from_pretrained(expanded)
+        raw = bart_lib.read_config(expanded)
     elif model_name_or_path in ARCHITECTURES:
-        config = BartConfig(**ARCHITECTURES[model_name_or_path], **_BART_COMMON)
+        raw = {**ARCHITECTURES[model_name_or_path], **_BART_COMMON}
     else:
         raise CfirError(f"index.summaries.bart_model={model_name_or_path!r}: no config.json there and not one of "
                         f"{', '.join(ARCHITECTURES)}; pass a model directory")
-    model = FlaxBartForConditionalGeneration(config, dtype=jnp.dtype(dtype), _do_init=False)
-    params = jax.eval_shape(lambda: model.init_weights(jax.random.PRNGKey(0), (1, 1)))
-    return model, params
+    graphdef, state = nnx.split(bart_lib.abstract_model(bart_lib.BartConfig.from_dict(raw), jnp.dtype(dtype)))
+    return graphdef, state, raw
 
 
-def _load_bart(model_dir: Path, dtype):
-    """Flax BART and its tokenizer from a save_pretrained directory (PyTorch-only weights are converted)."""
-    from transformers import BartTokenizerFast, FlaxBartForConditionalGeneration
+def _load_tokenizer(model_dir: Path):
+    """BART's tokenizer from a save_pretrained directory (transformers 4.x or 5.x)."""
+    # why: transformers is heavy and only the BART path needs it.
+    from transformers import AutoTokenizer
 
-    if not (model_dir / "config.json").is_file():
-        raise CfirError(f"{model_dir}: no config.json; not a model directory made by save_pretrained")
-    from_pt = not (model_dir / _FLAX_WEIGHTS).is_file()
-    if from_pt and not any((model_dir / w).is_file() for w in _PT_WEIGHTS):
-        raise CfirError(
-            f"{model_dir}: no weights ({_FLAX_WEIGHTS}, {' or '.join(_PT_WEIGHTS)}); save it with save_pretrained"
-        )
     if not ((model_dir / "tokenizer.json").is_file() or (model_dir / "vocab.json").is_file()):
         raise CfirError(f"{model_dir}: no tokenizer (vocab.json + merges.txt, or tokenizer.json); save it too")
     try:
-        model = FlaxBartForConditionalGeneration.from_pretrained(model_dir, dtype=dtype, from_pt=from_pt)
-        tokenizer = BartTokenizerFast.from_pretrained(model_dir)
+        return AutoTokenizer.from_pretrained(model_dir)
     except (OSError, ValueError, KeyError) as e:
-        raise CfirError(f"{model_dir}: cannot load the BART model ({type(e).__name__}: {str(e)[:150]})") from None
-    if not model.config.is_encoder_decoder:
-        raise CfirError(f"{model_dir}: {model.config.model_type} is not an encoder-decoder summarisation model")
-    return model, tokenizer
+        raise CfirError(f"{model_dir}: cannot load the BART tokenizer ({type(e).__name__}: {str(e)[:150]})") from None
+
+
+def rows_for_memory(batch_size: int, config, generation, src_tokens: int, itemsize: int, free: int | None) -> int:
+    """Rows per device: `batch_size`, or fewer where a device's free memory (`free` bytes; None: unknown, as on a
+    CPU) does not hold that many documents' working set: the encoder's activations, every decoder layer's cross
+    keys and values, and the beams' self-attention cache, with 2x headroom for the compiler's temporaries."""
+    if free is None:
+        return batch_size
+    d, beams = config.d_model, generation.num_beams
+    encoder = src_tokens * (4 * d + 2 * config.encoder_ffn_dim + 2 * config.encoder_attention_heads * src_tokens)
+    cross = config.decoder_layers * 2 * src_tokens * d
+    cache = config.decoder_layers * 2 * beams * generation.max_length * d
+    per_doc = 2 * itemsize * (encoder + cross + cache) + 4 * beams * config.vocab_size * 4
+    fit = max(1, int(free // per_doc))
+    return min(batch_size, 1 << (fit.bit_length() - 1))
+
+
+def _free_bytes(device, state) -> int | None:
+    """A device's memory left after the model's parameters, where the device reports it (GPU, TPU)."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
 
 
 def make_summarizer(config, summarizer: str | None = None):
@@ -526,5 +510,5 @@ def make_summarizer(config, summarizer: str | None = None):
         return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
                               length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
                               max_input_tokens=s.max_input_tokens, batch_size=s.batch_size,
-                              dtype=s.get("dtype", "float32"))
+                              dtype=s.dtype)
     raise CfirError(f"index.summaries.summarizer={kind!r}: use 'bart' or 'extractive'")

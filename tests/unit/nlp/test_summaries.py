@@ -96,9 +96,9 @@ def outputs(summarizer):
 def _reference(directory, model, texts, **settings):
     """transformers' PyTorch generate on the unbucketed batch: token ids [batch, <= max_length]."""
     import torch
-    from transformers import BartTokenizerFast
+    from transformers import AutoTokenizer
 
-    tokenizer = BartTokenizerFast.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
     batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=MAX_INPUT)
     with torch.no_grad():
         ids = model.generate(**batch, do_sample=False, **settings)
@@ -109,26 +109,14 @@ def _unpad(ids: np.ndarray, pad_id: int) -> list[list[int]]:
     return [row[row != pad_id].tolist() for row in ids]
 
 
-def test_bart_summaries_equal_flax_generate_called_directly(summarizer, outputs):
-    """Sorting, batch filler rows and length buckets change nothing against generate on the plain padded batch.
-
-    Slow: a second compilation of beam search (~15 s on 2 cores).
-    """
-    import jax
-    from transformers.generation.flax_logits_process import FlaxLogitsProcessorList
-
-    model, tokenizer = summarizer.model, summarizer.tokenizer
-    batch = tokenizer(TEXTS, return_tensors="np", padding=True, truncation=True, max_length=MAX_INPUT)
-    processors = FlaxLogitsProcessorList([summarizer_lib._no_repeat_processor(SETTINGS["no_repeat_ngram_size"])])
-    direct = jax.jit(
-        lambda ids, mask: model.generate(
-            ids, attention_mask=mask, generation_config=summarizer.generation_config, logits_processor=processors
-        ).sequences
-    )(batch["input_ids"], batch["attention_mask"])
-    assert [o.tolist() for o in outputs] == _unpad(np.asarray(direct), tokenizer.pad_token_id)
+def test_bart_summaries_equal_pytorch_generate_on_the_plain_batch(tiny_bart, summarizer, outputs):
+    """Sorting, batch filler rows, length buckets and 4 beams: token for token transformers' PyTorch generate on the
+    plain padded batch."""
+    tokenizer, ids = _reference(*tiny_bart, TEXTS, **SETTINGS)
+    assert [o.tolist() for o in outputs] == _unpad(ids, tokenizer.pad_token_id)
     assert len({tuple(o) for o in outputs}) == len(TEXTS)  # The inputs matter, so equality says something.
     assert summarizer.summarize(TEXTS[:2]) == [
-        s.strip() for s in tokenizer.batch_decode(np.asarray(direct)[:2], skip_special_tokens=True)
+        s.strip() for s in tokenizer.batch_decode(ids[:2], skip_special_tokens=True)
     ]
 
 
@@ -220,11 +208,7 @@ def test_bart_settings_are_recorded(summarizer):
 
 
 def test_bart_greedy_equals_pytorch_generate(tiny_bart):
-    """Against the PyTorch reference: min_length, forced BOS/EOS and our no-repeat-ngram rule behave the same.
-
-    Greedy, because transformers' Flax beam search finalises hypotheses slightly differently from its PyTorch one
-    (see BartSummarizer); with one beam both reduce to the same argmax chain.
-    """
+    """One beam: min_length, forced BOS/EOS and the no-repeat-ngram rule as PyTorch's greedy search."""
     settings = {**SETTINGS, "num_beams": 1}
     greedy = summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **settings)
     tokenizer, ids = _reference(*tiny_bart, TEXTS, **settings)
@@ -253,18 +237,25 @@ def test_no_repeat_ngram_mask_matches_a_direct_count():
                 assert set(np.flatnonzero(mask[row])) == banned, (n, cur_len, row)
 
 
-def test_bart_flax_directory_loads_like_the_pytorch_one(tmp_path, tiny_bart, summarizer):
-    import shutil
+def test_bart_flax_and_bin_directories_load_like_the_safetensors_one(tmp_path, tiny_bart, summarizer):
+    """The same weights saved as flax_model.msgpack (transformers 4.x's Flax BART, the test set's side copy) and as
+    pytorch_model.bin load to the same parameters as model.safetensors."""
+    import jax
+    import torch
+    from bart_reference import save_flax
 
-    flax_dir = tmp_path / "flax"
-    summarizer.model.save_pretrained(flax_dir)
-    summarizer.tokenizer.save_pretrained(flax_dir)
-    assert (flax_dir / "flax_model.msgpack").exists()
-    model, _ = summarizer_lib._load_bart(flax_dir, np.float32)
-    leaves = lambda p: [np.asarray(x) for x in __import__("jax").tree_util.tree_leaves(p)]  # noqa: E731
-    for a, b in zip(leaves(model.params), leaves(summarizer.model.params)):
-        np.testing.assert_array_equal(a, b)
-    shutil.rmtree(flax_dir)
+    from cfir_jax.nlp import bart as bart_lib
+
+    flax_dir, bin_dir = tmp_path / "flax", tmp_path / "bin"
+    save_flax(tiny_bart[0], flax_dir)
+    bin_dir.mkdir()
+    (bin_dir / "config.json").write_text((Path(tiny_bart[0]) / "config.json").read_text())
+    torch.save(tiny_bart[1].state_dict(), bin_dir / "pytorch_model.bin")
+    assert (flax_dir / "flax_model.msgpack").exists() and not (flax_dir / "model.safetensors").exists()
+    want = jax.tree.leaves(bart_lib.load_bart(Path(tiny_bart[0])))
+    for directory in (flax_dir, bin_dir):
+        for a, b in zip(jax.tree.leaves(bart_lib.load_bart(directory)), want, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_bart_missing_directory_is_a_cfir_error(tmp_path):
