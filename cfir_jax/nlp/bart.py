@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx, serialization
 from safetensors import safe_open
+from safetensors.numpy import save_file
 
 from cfir_jax.core.errors import CfirError
 
@@ -269,10 +270,10 @@ def read_checkpoint(model_dir: Path) -> dict[str, np.ndarray]:
         raw = _flatten(serialization.msgpack_restore((model_dir / "flax_model.msgpack").read_bytes()))
         tensors = {}
         for k, v in raw.items():
-            head, leaf = k.rsplit(".", 1)
+            head, _, leaf = k.rpartition(".")
             v = np.asarray(v, np.float32)
-            tensors[f"{head}.{'weight' if leaf in ('kernel', 'embedding', 'scale') else leaf}"] = (
-                v.T if leaf == "kernel" else v)
+            name = "weight" if leaf in ("kernel", "embedding", "scale") else leaf
+            tensors[f"{head}.{name}" if head else name] = v.T if leaf == "kernel" else v
     else:
         raise CfirError(f"{model_dir}: no weights (model.safetensors, pytorch_model.bin or flax_model.msgpack); "
                         "save it with save_pretrained")
@@ -307,3 +308,22 @@ def load_bart(model_dir: Path, dtype=jnp.float32) -> Bart:
 def abstract_model(config: BartConfig, dtype=jnp.float32) -> Bart:
     """The model with abstract parameters (jax.ShapeDtypeStruct): nothing allocated."""
     return nnx.eval_shape(lambda: Bart(config, dtype))
+
+
+def save_bart(model: Bart, directory: Path, config: dict) -> None:
+    """`model` as a save_pretrained directory (config.json + model.safetensors, transformers' names), which
+    `load_bart` and transformers' BartForConditionalGeneration both read."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    tensors = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(nnx.to_pure_dict(nnx.state(model))):
+        keys = tuple(k.key if hasattr(k, "key") else k.idx for k in path)
+        value = np.asarray(leaf, np.float32)
+        name = checkpoint_name(keys)
+        tensors["model." + name if name != "final_logits_bias" else name] = (
+            value.T if keys[-1] == "kernel" else value[None] if name == "final_logits_bias" else value)
+    save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(directory / "model.safetensors"),
+              metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps({"model_type": "bart", "is_encoder_decoder": True,
+                                                       "architectures": ["BartForConditionalGeneration"], **config},
+                                                      indent=1))

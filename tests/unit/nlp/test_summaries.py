@@ -237,7 +237,7 @@ def test_no_repeat_ngram_mask_matches_a_direct_count():
                 assert set(np.flatnonzero(mask[row])) == banned, (n, cur_len, row)
 
 
-def test_bart_flax_and_bin_directories_load_like_the_safetensors_one(tmp_path, tiny_bart, summarizer):
+def test_bart_flax_and_bin_directories_load_like_the_safetensors_one(tmp_path, tiny_bart):
     """The same weights saved as flax_model.msgpack (transformers 4.x's Flax BART, the test set's side copy) and as
     pytorch_model.bin load to the same parameters as model.safetensors."""
     import jax
