@@ -15,6 +15,7 @@ import pytest
 
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.index.summaries import build_summary_store
+from cfir_jax.nlp import bart_summarizer
 from cfir_jax.nlp import summarizer as summarizer_lib
 from cfir_jax.stores.summaries import SummaryStore
 
@@ -30,13 +31,20 @@ SETTINGS = dict(max_length=20, min_length=6, num_beams=4, length_penalty=2.0, no
 MAX_INPUT = 64  # One length bucket, so the module's tests compile generation once.
 
 
+def _byte_symbols() -> dict[int, str]:
+    """Byte-level BPE's printable stand-in for each byte: printable Latin-1 bytes are themselves, the others take
+    the characters from U+0100 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
 def _write_tiny_tokenizer(directory: str) -> None:
     """A byte-level BPE vocabulary by hand: the 4 specials, the 256 byte symbols, a few merges, <mask>."""
     from transformers import BartTokenizer
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
     vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    for symbol in sorted(set(bytes_to_unicode().values())):
+    for symbol in sorted(set(_byte_symbols().values())):
         vocab[symbol] = len(vocab)
     merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "a"), ("i", "n"), ("e", "r")]
     for a, b in merges:
@@ -270,7 +278,7 @@ def test_bart_directory_without_weights_is_a_cfir_error(tmp_path, tiny_bart):
 
 
 def test_bart_unreachable_hub_is_a_cfir_error(monkeypatch):
-    monkeypatch.setattr(summarizer_lib, "_hub_unreachable", lambda: True)
+    monkeypatch.setattr(bart_summarizer, "_hub_unreachable", lambda: True)
     with pytest.raises(CfirError, match="hub is unreachable"):
         summarizer_lib.BartSummarizer("someone/not-cached-bart")
 
