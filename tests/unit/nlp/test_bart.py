@@ -37,6 +37,7 @@ def _random_bart(directory, shape: dict, eos_bias: float, seed: int = 0):
     model = BartForConditionalGeneration(config).eval()
     with torch.no_grad():  # EOS likely enough that hypotheses end at different lengths
         model.final_logits_bias[0, 2] = eos_bias
+    model.generation_config.update(forced_bos_token_id=0, forced_eos_token_id=2, num_beams=4, early_stopping=True)
     model.save_pretrained(directory)
     return model
 
@@ -177,3 +178,18 @@ def test_compiled_decoding_loop_has_no_projection_of_the_source_states(tiny):
     heads, beams = TINY["decoder_attention_heads"], SETTINGS["num_beams"]
     assert all(np.prod(s) <= docs * src * heads * beams for s in loop if src in s)
     assert [s for s in _dots(hlo) if np.prod(s) >= docs * src * d and src in s]  # outside the loop
+
+
+def test_rows_per_device_follow_the_free_memory():
+    """A device's rows per call: the configured batch where memory is unknown (CPU) or ample, fewer (a power of
+    two, at least 1) where the documents' working set does not fit."""
+    from cfir_jax.nlp.bart_summarizer import rows_for_memory
+
+    raw = {**summarizer_lib.ARCHITECTURES["facebook/bart-large-cnn"], **summarizer_lib._BART_COMMON}
+    config = bart_lib.BartConfig.from_dict(raw)
+    settings = summarizer_lib.generation_settings(raw, None, **SETTINGS)
+    fits = [rows_for_memory(64, config, settings, 1024, 4, gib * 2**30) for gib in (0.01, 1, 4, 16, 1024)]
+    assert rows_for_memory(64, config, settings, 1024, 4, None) == 64
+    assert fits[0] == 1 and fits[-1] == 64 and fits == sorted(fits) and len(set(fits)) >= 4
+    assert all(f & (f - 1) == 0 for f in fits)  # powers of two: the row buckets stay few
+    assert rows_for_memory(64, config, settings, 1024, 2, 4 * 2**30) >= fits[2]  # bfloat16 holds at least as many

@@ -84,8 +84,13 @@ def tiny_bart(tmp_path_factory):
         early_stopping=True,
     )
     model = BartForConditionalGeneration(config).eval()
-    with torch.no_grad():  # Make </s> likely, so that min_length has something to hold back.
-        model.final_logits_bias[0, 2] = 8.0
+    with torch.no_grad():  # Weights drawn here (transformers 4.x and 5.x initialise differently) ...
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.5)
+        model.final_logits_bias[0, 2] = 8.0  # ... and </s> likely, so that min_length has something to hold back.
+    # BART-large-CNN's generation settings in generation_config.json, where transformers 5.x reads them.
+    model.generation_config.update(forced_bos_token_id=0, forced_eos_token_id=2, num_beams=4, early_stopping=True)
     model.save_pretrained(directory)
     return directory, model
 
