@@ -215,7 +215,7 @@ class BartSummarizer:
         graphdef, state = nnx.split(model)
         self.params = jax.device_put(state, replicated)
         self.batch_size = rows_for_memory(batch_size, model.config, self.generation, self.max_input_tokens,
-                                          jnp.dtype(dtype).itemsize, _free_bytes(self.devices[0], state))
+                                          jnp.dtype(dtype).itemsize, _free_bytes(self.devices[0]))
         self.rows_per_call = self.batch_size * len(self.devices)
         self.row_buckets = row_buckets(self.batch_size, len(self.devices))
         fn = bart_generate.make_generate(graphdef, self.generation, count_trace)
@@ -343,7 +343,7 @@ def rows_for_memory(batch_size: int, config, generation, src_tokens: int, itemsi
     return min(batch_size, 1 << (fit.bit_length() - 1))
 
 
-def _free_bytes(device, state) -> int | None:
+def _free_bytes(device) -> int | None:
     """A device's memory left after the model's parameters, where the device reports it (GPU, TPU)."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     if not stats or "bytes_limit" not in stats:
