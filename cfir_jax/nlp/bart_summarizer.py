@@ -185,6 +185,7 @@ class BartSummarizer:
         import jax.numpy as jnp
         from flax import nnx
 
+        # why: the model's modules import jax and flax at their top.
         from cfir_jax.nlp import bart as bart_lib
         from cfir_jax.nlp import bart_generate
 
@@ -301,6 +302,7 @@ def abstract_bart(model_name_or_path: str, dtype: str):
     import jax.numpy as jnp
     from flax import nnx
 
+    # why: the model's module imports jax and flax at its top.
     from cfir_jax.nlp import bart as bart_lib
 
     expanded = Path(os.path.expanduser(model_name_or_path))
