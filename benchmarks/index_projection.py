@@ -148,22 +148,21 @@ def measure_entities(args) -> float:
 def measure_summaries(args) -> float:
     """documents/s of BartSummarizer's generation at BART-large-CNN's shape, inputs of `--bart-input` tokens."""
     import jax
-    from transformers import BartConfig, FlaxBartForConditionalGeneration
+    import jax.numpy as jnp
+    from flax import nnx
 
     sys.path[:0] = [str(REPO / "tests" / "helpers"), str(REPO / "tests" / "unit" / "nlp")]
     from test_summaries import _write_tiny_tokenizer
 
-    from cfir_jax.nlp.bart import BartSummarizer
+    from cfir_jax.nlp import bart as bart_lib
+    from cfir_jax.nlp.summarizer import _BART_COMMON, ARCHITECTURES, BartSummarizer
 
     # facebook/bart-large-cnn's architecture (config.json of the hub model); random weights.
-    config = BartConfig(vocab_size=50264, d_model=1024, encoder_layers=12, decoder_layers=12,
-                        encoder_attention_heads=16, decoder_attention_heads=16, encoder_ffn_dim=4096,
-                        decoder_ffn_dim=4096, max_position_embeddings=1024, forced_bos_token_id=0,
-                        forced_eos_token_id=2, decoder_start_token_id=2, early_stopping=True, num_beams=4,
-                        max_length=142, min_length=56, length_penalty=2.0, no_repeat_ngram_size=3)
+    config = {**ARCHITECTURES["facebook/bart-large-cnn"], **_BART_COMMON}
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
-        FlaxBartForConditionalGeneration(config, seed=0).save_pretrained(tmp)
+        bart_lib.save_bart(bart_lib.Bart(bart_lib.BartConfig.from_dict(config), jnp.float32, nnx.Rngs(0)),
+                           Path(tmp), config)
         _write_tiny_tokenizer(tmp)
         summarizer = BartSummarizer(tmp, batch_size=args.bart_batch)
         created = time.perf_counter() - t

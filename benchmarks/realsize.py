@@ -87,24 +87,27 @@ def write_tokenizer(directory: Path, texts: list[str], vocab_size: int) -> None:
 
 
 def write_bart(directory: Path, shape: dict, texts: list[str], seed: int = 0) -> None:
-    """A Flax BART of `shape` with random weights and BART-large-CNN's generation config, saved atomically."""
-    from transformers import BartConfig, FlaxBartForConditionalGeneration
+    """A BART of `shape` with random weights (the project's own, nlp.bart) and BART-large-CNN's generation config,
+    saved atomically as a save_pretrained directory."""
+    import jax.numpy as jnp
+    from flax import nnx
 
+    from cfir_jax.nlp import bart as bart_lib
     from cfir_jax.stores.contract import atomic_dir
 
-    if (directory / "flax_model.msgpack").is_file():
+    if (directory / "model.safetensors").is_file():
         return
+    config = dict(
+        vocab_size=shape["vocab"], d_model=shape["d_model"], encoder_layers=shape["encoder_layers"],
+        decoder_layers=shape["decoder_layers"], encoder_attention_heads=shape["heads"],
+        decoder_attention_heads=shape["heads"], encoder_ffn_dim=shape["ffn"], decoder_ffn_dim=shape["ffn"],
+        max_position_embeddings=shape["positions"], bos_token_id=0, pad_token_id=1, eos_token_id=2,
+        decoder_start_token_id=2, forced_bos_token_id=0, forced_eos_token_id=2, num_beams=4, early_stopping=True,
+        length_penalty=2.0, max_length=142, min_length=56, no_repeat_ngram_size=3)
     with atomic_dir(directory) as tmp:
         write_tokenizer(tmp, texts, shape["vocab"])
-        config = BartConfig(
-            vocab_size=shape["vocab"], d_model=shape["d_model"], encoder_layers=shape["encoder_layers"],
-            decoder_layers=shape["decoder_layers"], encoder_attention_heads=shape["heads"],
-            decoder_attention_heads=shape["heads"], encoder_ffn_dim=shape["ffn"], decoder_ffn_dim=shape["ffn"],
-            max_position_embeddings=shape["positions"], bos_token_id=0, pad_token_id=1, eos_token_id=2,
-            decoder_start_token_id=2, forced_bos_token_id=0, forced_eos_token_id=2, num_beams=4, early_stopping=True,
-            length_penalty=2.0, max_length=142, min_length=56, no_repeat_ngram_size=3)
-        model = FlaxBartForConditionalGeneration(config, seed=seed)
-        model.save_pretrained(tmp)
+        model = bart_lib.Bart(bart_lib.BartConfig.from_dict(config), jnp.float32, nnx.Rngs(seed))
+        bart_lib.save_bart(model, Path(tmp), config)
     log(f"{directory}: random BART {shape}")
 
 
@@ -335,7 +338,7 @@ def time_summaries(out: Path, options: list[str], docs: int, words: int, batch_d
     """Per option, one after another (each line printed with the load it ran under, so a busy machine still gives
     what finished): ms per query document (one per call, the query path) and, with batch_docs, summaries/s at that
     many documents per call; bfloat16's token agreement with the paper setting's output on the same documents."""
-    from cfir_jax.nlp.bart import BartSummarizer
+    from cfir_jax.nlp.bart_summarizer import BartSummarizer
     from cfir_jax.nlp.summarizer import make_summarizer
 
     work = out / "work"

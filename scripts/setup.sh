@@ -41,6 +41,11 @@ else
   python -m pip install -q -e ".[dev,torch,cluster]"
   # torchscale/fairscale declare timm/torchvision deps that do not import beside this torch: install without them.
   python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.0"
+  # transformers 4.x's Flax BART: the summarizer tests' second oracle (tests/unit/nlp/bart_reference.py). 5.x removed
+  # it, so a side copy of 4.x (with the hub client and tokenizers it needs) lives beside the environment, on the
+  # oracle subprocess's PYTHONPATH only.
+  python -m pip install -q --no-deps --target .venv/oracle-transformers4 "transformers>=4.57,<5" \
+    "huggingface_hub>=0.34,<1.0" "tokenizers>=0.22,<0.23"
   # libtpu (the TPU compiler) for the compile-only tests, at exactly the installed jax's version so pip never moves
   # jax. Where it cannot be installed, tests/unit/aot/test_compile_only.py skips and prints why.
   jax_version=$(python -c "import jax; print(jax.__version__)")

@@ -248,26 +248,27 @@ BART_DTYPES = ("float32", "bfloat16")
 
 
 def _bart_programs(config, topology: Topology, batches: dict[str, int], dtypes, input_tokens: int) -> list[Program]:
-    """BART's jitted beam search (nlp.bart.generation_function) at each named batch and dtype, data parallel
+    """BART's jitted beam search (nlp.bart_generate, the summarizer's) at each named batch and dtype, data parallel
     over the host's devices as the summarizer runs it: parameters replicated, rows split (a batch is padded up to a
     multiple of the devices, as BartSummarizer's row buckets)."""
     s = config.index.summaries
     if s.summarizer != "bart":
         return []
-    # why: transformers (BART) loads only for the summary programs, not for the train step's or SR's
-    from cfir_jax.nlp import bart as bart_lib
+    # why: the summarizer's stack (BART, its weights' readers, the tokenizer) loads only for the summary programs
+    from cfir_jax.nlp import bart_generate
+    from cfir_jax.nlp import summarizer as summarizer_lib
 
     mesh = jax.sharding.Mesh(list(topology.host_devices), ("data",))
-    replicated, rows_sharding = bart_lib.generation_shardings(mesh)
+    replicated, rows_sharding = summarizer_lib.generation_shardings(mesh)
     n = mesh.size
     out = []
     for dtype in dtypes:
-        model, params = bart_lib.abstract_bart(s.bart_model, dtype)
+        graphdef, params, raw = summarizer_lib.abstract_bart(s.bart_model, dtype)
         params = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=replicated), params)
-        length = min(input_tokens, model.config.max_position_embeddings)
-        gen = bart_lib._generation_config(model, s.max_length, s.min_length, s.num_beams, s.length_penalty)
-        fn = bart_lib.data_parallel(bart_lib.generation_function(model, gen, s.no_repeat_ngram_size),
-                                          mesh)
+        length = min(input_tokens, raw["max_position_embeddings"])
+        gen = summarizer_lib.generation_settings(raw, None, s.max_length, s.min_length, s.num_beams,
+                                                 s.length_penalty, s.no_repeat_ngram_size)
+        fn = summarizer_lib.data_parallel(bart_generate.make_generate(graphdef, gen), mesh)
         for name, batch in batches.items():
             rows = -(-batch // n) * n
             ids = jax.ShapeDtypeStruct((rows, length), jnp.int32, sharding=rows_sharding)

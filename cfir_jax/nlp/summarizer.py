@@ -1,5 +1,5 @@
-"""Document summarisers: the extractive one, the cache in front of any, and `make_summarizer`, which builds the one the
-config names (BART-large-CNN with CFIR's generation settings lives in `cfir_jax.nlp.bart`)."""
+"""Document summarisers: BART-large-CNN with CFIR's generation settings (the project's own Flax BART, bucketed jit:
+`nlp.bart_summarizer`, re-exported here), or extractive."""
 
 from __future__ import annotations
 
@@ -12,6 +12,18 @@ from typing import Any, Protocol
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Document
+from cfir_jax.nlp.bart_summarizer import (  # noqa: F401 - the summarizers' one module for their users
+    _BART_COMMON,
+    ARCHITECTURES,
+    BartSummarizer,
+    _read_generation_config,
+    abstract_bart,
+    data_parallel,
+    generation_settings,
+    generation_shardings,
+    resolve_model_dir,
+    row_buckets,
+)
 
 
 class Summarizer(Protocol):
@@ -150,6 +162,14 @@ class ExtractiveSummarizer:
         return [self.summarize_one(text) for text in texts]
 
 
+def no_repeat_ngram_mask(sequences, cur_len, ngram_size: int, vocab_size: int):
+    """`nlp.ngram.no_repeat_ngram_mask` (the dense no-repeat n-gram rule of the beam search)."""
+    # why: jax stays off the extractive summarizer's path.
+    from cfir_jax.nlp import ngram
+
+    return ngram.no_repeat_ngram_mask(sequences, cur_len, ngram_size, vocab_size)
+
+
 def make_summarizer(config, summarizer: str | None = None):
     """The summarizer index.summaries configures; `summarizer` names another kind with the same settings (the
     query-time choice retrieval.summarizer='extractive')."""
@@ -158,9 +178,6 @@ def make_summarizer(config, summarizer: str | None = None):
     if kind == "extractive":
         return ExtractiveSummarizer(max_tokens=s.extractive_tokens)
     if kind == "bart":
-        # why: transformers, flax and JAX load only for BART, not for the extractive summarizer
-        from cfir_jax.nlp.bart import BartSummarizer
-
         return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
                               length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
                               max_input_tokens=s.max_input_tokens, batch_size=s.batch_size,

@@ -14,7 +14,7 @@ from repo import ROOT
 @pytest.mark.slow  # 65 s at load 11 (the encoder's init and BART's first compile); the session workdir apart
 def test_tiny_realsize_workdir_opens_and_answers_with_bart(tmp_path, workdir):
     from cfir_jax.core.cli import workdir_config
-    from cfir_jax.nlp.bart import BartSummarizer
+    from cfir_jax.nlp.bart_summarizer import BartSummarizer
     from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
     work = realsize.build(tmp_path / "rs", "tiny", rows=3000, world=Path(workdir))

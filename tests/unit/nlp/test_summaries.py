@@ -15,7 +15,7 @@ import pytest
 
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.index.summaries import build_summary_store
-from cfir_jax.nlp import bart as bart_lib
+from cfir_jax.nlp import bart_summarizer
 from cfir_jax.nlp import summarizer as summarizer_lib
 from cfir_jax.stores.summaries import SummaryStore
 
@@ -31,13 +31,20 @@ SETTINGS = dict(max_length=20, min_length=6, num_beams=4, length_penalty=2.0, no
 MAX_INPUT = 64  # One length bucket, so the module's tests compile generation once.
 
 
+def _byte_symbols() -> dict[int, str]:
+    """Byte-level BPE's printable stand-in for each byte: printable Latin-1 bytes are themselves, the others take
+    the characters from U+0100 on, in byte order."""
+    keep = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    others = [b for b in range(256) if b not in keep]
+    return {**{b: chr(b) for b in keep}, **{b: chr(256 + i) for i, b in enumerate(others)}}
+
+
 def _write_tiny_tokenizer(directory: str) -> None:
     """A byte-level BPE vocabulary by hand: the 4 specials, the 256 byte symbols, a few merges, <mask>."""
     from transformers import BartTokenizer
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
 
     vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    for symbol in sorted(set(bytes_to_unicode().values())):
+    for symbol in sorted(set(_byte_symbols().values())):
         vocab[symbol] = len(vocab)
     merges = [("Ġ", "t"), ("h", "e"), ("Ġt", "he"), ("Ġ", "a"), ("i", "n"), ("e", "r")]
     for a, b in merges:
@@ -77,8 +84,13 @@ def tiny_bart(tmp_path_factory):
         early_stopping=True,
     )
     model = BartForConditionalGeneration(config).eval()
-    with torch.no_grad():  # Make </s> likely, so that min_length has something to hold back.
-        model.final_logits_bias[0, 2] = 8.0
+    with torch.no_grad():  # Weights drawn here (transformers 4.x and 5.x initialise differently) ...
+        for p in model.parameters():
+            if p.dim() > 1:
+                p.normal_(0.0, 0.5)
+        model.final_logits_bias[0, 2] = 8.0  # ... and </s> likely, so that min_length has something to hold back.
+    # BART-large-CNN's generation settings in generation_config.json, where transformers 5.x reads them.
+    model.generation_config.update(forced_bos_token_id=0, forced_eos_token_id=2, num_beams=4, early_stopping=True)
     model.save_pretrained(directory)
     return directory, model
 
@@ -86,7 +98,7 @@ def tiny_bart(tmp_path_factory):
 @pytest.fixture(scope="module")
 def summarizer(tiny_bart):
     """Loads the PyTorch-only directory (from_pt conversion); batch 4 for 5 texts exercises the filler rows."""
-    return bart_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **SETTINGS)
+    return summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **SETTINGS)
 
 
 @pytest.fixture(scope="module")
@@ -97,9 +109,9 @@ def outputs(summarizer):
 def _reference(directory, model, texts, **settings):
     """transformers' PyTorch generate on the unbucketed batch: token ids [batch, <= max_length]."""
     import torch
-    from transformers import BartTokenizerFast
+    from transformers import AutoTokenizer
 
-    tokenizer = BartTokenizerFast.from_pretrained(directory)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
     batch = tokenizer(texts, return_tensors="pt", padding=True, truncation=True, max_length=MAX_INPUT)
     with torch.no_grad():
         ids = model.generate(**batch, do_sample=False, **settings)
@@ -110,26 +122,14 @@ def _unpad(ids: np.ndarray, pad_id: int) -> list[list[int]]:
     return [row[row != pad_id].tolist() for row in ids]
 
 
-def test_bart_summaries_equal_flax_generate_called_directly(summarizer, outputs):
-    """Sorting, batch filler rows and length buckets change nothing against generate on the plain padded batch.
-
-    Slow: a second compilation of beam search (~15 s on 2 cores).
-    """
-    import jax
-    from transformers.generation.flax_logits_process import FlaxLogitsProcessorList
-
-    model, tokenizer = summarizer.model, summarizer.tokenizer
-    batch = tokenizer(TEXTS, return_tensors="np", padding=True, truncation=True, max_length=MAX_INPUT)
-    processors = FlaxLogitsProcessorList([bart_lib._no_repeat_processor(SETTINGS["no_repeat_ngram_size"])])
-    direct = jax.jit(
-        lambda ids, mask: model.generate(
-            ids, attention_mask=mask, generation_config=summarizer.generation_config, logits_processor=processors
-        ).sequences
-    )(batch["input_ids"], batch["attention_mask"])
-    assert [o.tolist() for o in outputs] == _unpad(np.asarray(direct), tokenizer.pad_token_id)
+def test_bart_summaries_equal_pytorch_generate_on_the_plain_batch(tiny_bart, summarizer, outputs):
+    """Sorting, batch filler rows, length buckets and 4 beams: token for token transformers' PyTorch generate on the
+    plain padded batch."""
+    tokenizer, ids = _reference(*tiny_bart, TEXTS, **SETTINGS)
+    assert [o.tolist() for o in outputs] == _unpad(ids, tokenizer.pad_token_id)
     assert len({tuple(o) for o in outputs}) == len(TEXTS)  # The inputs matter, so equality says something.
     assert summarizer.summarize(TEXTS[:2]) == [
-        s.strip() for s in tokenizer.batch_decode(np.asarray(direct)[:2], skip_special_tokens=True)
+        s.strip() for s in tokenizer.batch_decode(ids[:2], skip_special_tokens=True)
     ]
 
 
@@ -197,7 +197,7 @@ def test_query_time_extractive_option_keeps_the_index_settings(config):
 def test_bart_data_parallel_over_8_devices_equals_one_device(tiny_bart):
     """The index's generation split over 8 (fake CPU) devices gives the summaries of one device (~60 s)."""
     code = (
-        "import json, sys, jax; from cfir_jax.nlp.bart import BartSummarizer as B\n"
+        "import json, sys, jax; from cfir_jax.nlp.summarizer import BartSummarizer as B\n"
         f"kw = dict(batch_size=2, max_input_tokens={MAX_INPUT}, **{SETTINGS!r})\n"
         "texts = json.loads(sys.argv[2])\n"
         "many = B(sys.argv[1], **kw); one = B(sys.argv[1], devices=jax.devices()[:1], **kw)\n"
@@ -221,13 +221,9 @@ def test_bart_settings_are_recorded(summarizer):
 
 
 def test_bart_greedy_equals_pytorch_generate(tiny_bart):
-    """Against the PyTorch reference: min_length, forced BOS/EOS and our no-repeat-ngram rule behave the same.
-
-    Greedy, because transformers' Flax beam search finalises hypotheses slightly differently from its PyTorch one
-    (see BartSummarizer); with one beam both reduce to the same argmax chain.
-    """
+    """One beam: min_length, forced BOS/EOS and the no-repeat-ngram rule as PyTorch's greedy search."""
     settings = {**SETTINGS, "num_beams": 1}
-    greedy = bart_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **settings)
+    greedy = summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, **settings)
     tokenizer, ids = _reference(*tiny_bart, TEXTS, **settings)
     assert [o.tolist() for o in greedy.generate_ids(TEXTS)] == _unpad(ids, tokenizer.pad_token_id)
 
@@ -241,7 +237,7 @@ def test_no_repeat_ngram_mask_matches_a_direct_count():
     rng = np.random.default_rng(0)
     sequences = rng.integers(0, 4, size=(6, 12)).astype(np.int32)  # A small vocabulary: many repeats.
     for n in (2, 3):
-        masker = jax.jit(functools.partial(bart_lib.no_repeat_ngram_mask, ngram_size=n, vocab_size=4))
+        masker = jax.jit(functools.partial(summarizer_lib.no_repeat_ngram_mask, ngram_size=n, vocab_size=4))
         for cur_len in range(0, 12):
             mask = np.asarray(masker(jnp.asarray(sequences), jnp.asarray(cur_len)))
             for row, seq in enumerate(sequences):
@@ -254,35 +250,42 @@ def test_no_repeat_ngram_mask_matches_a_direct_count():
                 assert set(np.flatnonzero(mask[row])) == banned, (n, cur_len, row)
 
 
-def test_bart_flax_directory_loads_like_the_pytorch_one(tmp_path, tiny_bart, summarizer):
-    import shutil
+def test_bart_flax_and_bin_directories_load_like_the_safetensors_one(tmp_path, tiny_bart):
+    """The same weights saved as flax_model.msgpack (transformers 4.x's Flax BART, the test set's side copy) and as
+    pytorch_model.bin load to the same parameters as model.safetensors."""
+    import jax
+    import torch
+    from bart_reference import save_flax
 
-    flax_dir = tmp_path / "flax"
-    summarizer.model.save_pretrained(flax_dir)
-    summarizer.tokenizer.save_pretrained(flax_dir)
-    assert (flax_dir / "flax_model.msgpack").exists()
-    model, _ = bart_lib._load_bart(flax_dir, np.float32)
-    leaves = lambda p: [np.asarray(x) for x in __import__("jax").tree_util.tree_leaves(p)]  # noqa: E731
-    for a, b in zip(leaves(model.params), leaves(summarizer.model.params)):
-        np.testing.assert_array_equal(a, b)
-    shutil.rmtree(flax_dir)
+    from cfir_jax.nlp import bart as bart_lib
+
+    flax_dir, bin_dir = tmp_path / "flax", tmp_path / "bin"
+    save_flax(tiny_bart[0], flax_dir)
+    bin_dir.mkdir()
+    (bin_dir / "config.json").write_text((Path(tiny_bart[0]) / "config.json").read_text())
+    torch.save(tiny_bart[1].state_dict(), bin_dir / "pytorch_model.bin")
+    assert (flax_dir / "flax_model.msgpack").exists() and not (flax_dir / "model.safetensors").exists()
+    want = jax.tree.leaves(bart_lib.load_bart(Path(tiny_bart[0])))
+    for directory in (flax_dir, bin_dir):
+        for a, b in zip(jax.tree.leaves(bart_lib.load_bart(directory)), want, strict=True):
+            np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
 def test_bart_missing_directory_is_a_cfir_error(tmp_path):
     with pytest.raises(CfirError, match="no such model directory"):
-        bart_lib.BartSummarizer(str(tmp_path / "nope"))
+        summarizer_lib.BartSummarizer(str(tmp_path / "nope"))
 
 
 def test_bart_directory_without_weights_is_a_cfir_error(tmp_path, tiny_bart):
     (tmp_path / "config.json").write_text((open(os.path.join(tiny_bart[0], "config.json"))).read())
     with pytest.raises(CfirError, match="no weights"):
-        bart_lib.BartSummarizer(str(tmp_path))
+        summarizer_lib.BartSummarizer(str(tmp_path))
 
 
 def test_bart_unreachable_hub_is_a_cfir_error(monkeypatch):
-    monkeypatch.setattr(bart_lib, "_hub_unreachable", lambda: True)
+    monkeypatch.setattr(bart_summarizer, "_hub_unreachable", lambda: True)
     with pytest.raises(CfirError, match="hub is unreachable"):
-        bart_lib.BartSummarizer("someone/not-cached-bart")
+        summarizer_lib.BartSummarizer("someone/not-cached-bart")
 
 
 def test_extractive_keeps_leading_sentences_within_the_word_budget():
