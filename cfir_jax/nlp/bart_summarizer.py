@@ -57,6 +57,7 @@ def resolve_model_dir(name_or_path: str) -> Path:
         if not os.path.isdir(expanded):
             raise CfirError(f"{name_or_path}: no such model directory; pass a directory made by save_pretrained")
         return Path(expanded)
+    # why: huggingface_hub loads only to resolve a hub model id, never for a local directory
     import huggingface_hub
 
     patterns = [*_CONFIG_FILES, *_TOKENIZER_FILES]
@@ -126,6 +127,7 @@ def _read_generation_config(model_dir: Path) -> dict | None:
 
 def generation_shardings(mesh):
     """(the parameters' sharding: replicated, the rows' sharding: split over the mesh's 'data' axis)."""
+    # why: jax stays off the extractive summarizer's path (nlp.summarizer imports this module)
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -136,6 +138,7 @@ def data_parallel(generate, mesh):
     """`generate` run by every device of `mesh` on its own rows (jax.shard_map): parameters replicated, rows split.
     Left to the partitioner (jit with in_shardings alone), transformers' beam search came back replicated: the
     compiled TPU program's temporaries grew with the whole batch, not a device's rows."""
+    # why: jax stays off the extractive summarizer's path (nlp.summarizer imports this module)
     import jax
     from jax.sharding import PartitionSpec as P
 
