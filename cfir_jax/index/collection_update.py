@@ -38,6 +38,7 @@ from cfir_jax.index import (  # noqa: F401  (each module registers its store wit
     entity_text_match,
     image_cache_update,
     image_text,
+    lexical,
     sr_compact_update,
     summaries,
 )

@@ -27,7 +27,9 @@ from bm25s import scoring as bm25s_scoring
 from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.index.image_cache_update import row_map
 from cfir_jax.index.image_text import FIELDS, image_text
+from cfir_jax.index.store_update import EXTEND, REMAP, ChangeRun, Step, StoreUpdate, register
 from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
 from cfir_jax.stores.lexical import FORMAT_VERSION, KIND, METHODS, LexicalIndex, terms
 
@@ -208,3 +210,22 @@ def stage_summary(store: LexicalIndex | None) -> str:
     m = store.manifest
     return (f"{m['num_with_text']:,} of {m['num_rows']:,} images with text, {m['vocab_size']:,} terms, "
             f"{m['num_postings']:,} postings ({m['method']}, k1={m['k1']:g}, b={m['b']:g})")
+
+
+def lexical_after_add(change: ChangeRun, out) -> dict:
+    """W/lexical with the new cache rows' terms appended and every row re-scored (the corpus statistics moved)."""
+    old, cache = change.old("lexical"), change.new("image_cache")
+    store = extend_lexical(out, old, change.new("corpus"), cache)
+    return {"rows": store.num_rows, "added_images": store.num_rows - old.num_rows}
+
+
+def lexical_after_compaction(change: ChangeRun, out) -> dict:
+    """W/lexical without the rows the compaction dropped (the image cache's row map), re-scored. A removal alone
+    needs no step: the removed rows stay in the statistics and the search drops them (search.live_rows)."""
+    store = compact_lexical(out, change.old("lexical"), np.flatnonzero(row_map(change) >= 0),
+                            change.new("image_cache"))
+    return {"rows": store.num_rows}
+
+
+register(StoreUpdate("lexical", open=LexicalIndex.open, after=("corpus", "image_cache"),
+                     add=Step(EXTEND, lexical_after_add), compact=Step(REMAP, lexical_after_compaction)))

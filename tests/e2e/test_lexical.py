@@ -1,5 +1,6 @@
 """BM25 over the pictures' own text, through the commands: a picture whose caption holds a name no model learned is
-found by a document naming it (built, then added), a removed one is never returned, and the store is verified."""
+found by a document naming it (built, then added through the change loop), a removed one is never returned, before
+and after a compaction, and the store is verified."""
 
 import json
 import shutil
@@ -61,7 +62,7 @@ def test_a_name_in_a_caption_is_found_by_a_document_naming_it(built, tmp_path):
     assert "lexical" in proc.stdout, proc.stdout
 
 
-def test_added_picture_is_found_and_a_removed_one_never_returned(workdir, built, tmp_path):
+def test_added_picture_is_found_and_a_removed_one_never_returned(built, tmp_path):
     w0, named = built
     w = tmp_path / "w"
     shutil.copytree(w0, w, symlinks=True)
@@ -71,14 +72,16 @@ def test_added_picture_is_found_and_a_removed_one_never_returned(workdir, built,
     shutil.copy(ROOT / "examples" / "collection" / example["path"], more / "new.png")
     (more / "images.jsonl").write_text(json.dumps({**example, "id": "img_new_zv", "path": "new.png",
                                                    "caption": ADDED_CAPTION}) + "\n")
-    run_script("index.py", "--workdir", str(w), "--add", str(more))
-    # The change loop extends W/lexical (cfir_jax.index.lexical.extend_lexical) once the store is registered in it;
-    # until then the stage is rebuilt over the grown collection.
-    run_script("index.py", "--config", CONFIG, "--workdir", str(w), f"--config.index.encoder={workdir}", "--stages",
-               "lexical", LEXICAL)
+    proc = run_script("index.py", "--workdir", str(w), "--add", str(more))
+    assert "lexical: extend" in proc.stdout + proc.stderr, proc.stdout + proc.stderr  # the change loop's own step
     assert _hits(w, _article("Zephyrine Vantablack"), tmp_path, "bm25")[0] == "img_new_zv"
     ids = tmp_path / "ids.txt"
     ids.write_text(f"{named}\n")
     run_script("index.py", "--workdir", str(w), "--remove", str(ids))
     for method in ("bm25", "cfir_bm25", "cfir_bm25_fused"):
         assert named not in _hits(w, _article("Quillan Ozymandias-Roe"), tmp_path, method), method
+    proc = run_script("index.py", "--workdir", str(w), "--compact")
+    assert "lexical: remap" in proc.stdout + proc.stderr, proc.stdout + proc.stderr
+    assert named not in _hits(w, _article("Quillan Ozymandias-Roe"), tmp_path, "bm25")
+    assert _hits(w, _article("Zephyrine Vantablack"), tmp_path, "bm25")[0] == "img_new_zv"
+    assert "lexical" in run_script("index.py", "--verify", "--workdir", str(w)).stdout
