@@ -6,6 +6,7 @@ import os
 import numpy as np
 import pytest
 
+from cfir_jax.core import config_check
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
@@ -61,5 +62,6 @@ def test_device_backend_equals_cpu_backend(workdir, config, method):  # noqa: F8
 
 
 def test_unknown_sr_backend_is_one_line_error(workdir, config):  # noqa: F811
+    # The retrieval section is checked once, where a config is loaded (cli.load runs config_check.check).
     with pytest.raises(CfirError, match="sr_backend='gpu'"):
-        Retriever(_with(config, sr_backend="gpu"), workdir).sr_scorer()
+        config_check.check(_with(config, sr_backend="gpu"))
