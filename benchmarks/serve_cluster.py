@@ -29,7 +29,7 @@ from common import hardware_description  # also puts the repository root on sys.
 
 from cfir_jax.core import cli
 from cfir_jax.core.cli import cli_main
-from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve.merge import ClusterRetriever, LocalShards
 from cfir_jax.serve.shard import ShardIndex
 
@@ -127,6 +127,19 @@ def shard_bytes(workdir: str, docs: list[tuple[str, str]], shards: int) -> tuple
     return client.sent / len(docs), client.received / len(docs)
 
 
+def fast_sr_agreement(workdir: str, docs: list[tuple[str, str]], shards: int, top_k: int = 1000) -> float:
+    """With the two-pass SR (retrieval.sr="fast"), each shard shortlists on its own rows: the mean share of one
+    process's top `top_k` that the merged shards' top `top_k` holds, over `docs`."""
+    config = cli.apply_overrides(cli.workdir_config(workdir), ["--config.retrieval.sr=fast",
+                                                               f"--config.retrieval.top_k={top_k}"])
+    inputs = [DocumentInput(text, doc_id) for doc_id, text in docs]
+    one = Retriever(config, workdir, "cfir").retrieve_many(inputs)
+    parts = [ShardIndex(config, workdir, s, shards, ["cfir"]) for s in range(shards)]
+    many = ClusterRetriever(config, workdir, "cfir", LocalShards(parts)).retrieve_many(inputs)
+    shares = [len({h.row for h in a.hits} & {h.row for h in b.hits}) / max(1, len(a.hits)) for a, b in zip(one, many)]
+    return statistics.mean(shares)
+
+
 @cli_main
 def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -135,7 +148,10 @@ def main():
     p.add_argument("--requests", type=int, default=60)
     p.add_argument("--seconds", type=float, default=20.0)
     p.add_argument("--documents", type=int, default=20)
+    p.add_argument("--parts", default="serve,bytes,fast", help="serve (the engines over HTTP), bytes (per shard), "
+                   "fast (the two-pass SR's top-1000 agreement with one process)")
     args = p.parse_args()
+    parts = set(args.parts.split(","))
     from cfir_jax.data.corpus import Corpus
 
     corpus = Corpus.open(Path(args.workdir) / "corpus")
@@ -143,6 +159,20 @@ def main():
     rows = {d: i for i, d in enumerate(corpus.doc_ids)}
     docs = [(d, corpus.document(rows[d]).text) for d in test]
     print(f"{hardware_description()}; {args.workdir}: {len(docs)} test documents; load {load_averages()}")
+    if "serve" in parts:
+        serve_rows(args, docs)
+    for s in map(int, args.shards.split(",")):
+        if "bytes" in parts:
+            sent, received = shard_bytes(args.workdir, docs, s)
+            print(f"{s} shard(s): per query, each shard is sent {sent:,.0f} B and returns {received:,.0f} B (pickled)")
+        if "fast" in parts:
+            share = fast_sr_agreement(args.workdir, docs, s)
+            print(f"{s} shard(s), two-pass SR (each shard shortlists its own rows): {share:.4f} of one process's "
+                  f"top 1000 in the merged top 1000; load {load_averages()}", flush=True)
+
+
+def serve_rows(args, docs) -> None:
+    """The single process, then Ray with each shard count, over HTTP on this host."""
     print(f"{'engine':<22}{'p50 c=1 ms':>12}{'p95 c=1 ms':>12}{'docs/s c=16':>13}{'failed':>8}  equal  load")
     single = None
     for label, extra in [("single process", ["--engine", "local"])] + [
@@ -159,9 +189,6 @@ def main():
               f"{load_averages()}", flush=True)
         if label != "single process":
             print(f"{'':<22}p50 {m['p50'] / single['p50']:.2f}x the single process's", flush=True)
-    for s in map(int, args.shards.split(",")):
-        sent, received = shard_bytes(args.workdir, docs, s)
-        print(f"{s} shard(s): per query, each shard is sent {sent:,.0f} B and returns {received:,.0f} B (pickled)")
 
 
 if __name__ == "__main__":
