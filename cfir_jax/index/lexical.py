@@ -22,7 +22,6 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
-from bm25s import scoring as bm25s_scoring
 
 from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
@@ -90,6 +89,9 @@ def score(offsets: np.ndarray, doc_terms: np.ndarray, vocab_size: int, settings:
     row, term = key // vocab_size, key % vocab_size
     del key
     df = np.bincount(term, minlength=vocab_size)
+    # why: importing bm25s runs a JAX computation (stores.lexical.stopwords says why it waits until it is needed)
+    from bm25s import scoring as bm25s_scoring
+
     idf_of = bm25s_scoring._select_idf_scorer(settings["method"])
     idf = np.array([idf_of(int(d), N=n) if d else 0.0 for d in df], np.float32)
     tfc = bm25s_scoring._select_tfc_scorer(settings["method"])(

@@ -38,7 +38,6 @@ from pathlib import Path
 
 import numpy as np
 import Stemmer
-from bm25s.stopwords import STOPWORDS_EN
 
 from cfir_jax.core.errors import StoreError
 from cfir_jax.stores.contract import Store
@@ -48,7 +47,16 @@ KIND = "lexical"
 FORMAT_VERSION = 1
 METHODS = ("robertson", "lucene", "atire")  # bm25s's variants without non-occurrence scores
 SPLIT = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default splitter
-STOPWORDS = frozenset(STOPWORDS_EN)
+
+
+@functools.lru_cache(maxsize=1)
+def stopwords() -> frozenset[str]:
+    """bm25s's English stop words."""
+    # why: importing bm25s runs a JAX computation when JAX is installed (its selection module), which would start
+    # the XLA backend before jax.distributed.initialize of a multi-host index build; it loads on the first terms
+    from bm25s.stopwords import STOPWORDS_EN
+
+    return frozenset(STOPWORDS_EN)
 
 
 @functools.lru_cache(maxsize=4)
@@ -58,7 +66,8 @@ def _stemmer(language: str):
 
 def terms(text: str, stemmer: str = "english") -> list[str]:
     """The BM25 terms of `text`: lower-cased words of 2+ characters, English stop words dropped, stemmed."""
-    words = [w for w in SPLIT.findall(text.lower()) if w not in STOPWORDS]
+    stop = stopwords()
+    words = [w for w in SPLIT.findall(text.lower()) if w not in stop]
     stem = _stemmer(stemmer)
     return stem.stemWords(words) if stem is not None and words else words
 
