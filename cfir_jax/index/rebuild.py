@@ -23,9 +23,10 @@ from cfir_jax.stores import versions
 from cfir_jax.stores.atomic_write import link_tree, remove_path, temp_name, write_json_atomic
 from cfir_jax.stores.layout import Layout
 
-# The stores a build reads or writes: linked into the staging directory of a rebuild.
+# The stores a build reads or writes: linked into the staging directory of a rebuild (every stage of
+# runner.STAGES, and the models a stage reads; tests/unit/index/test_index_versions.py holds the first).
 LINKED = ("corpus", "image_cache", "image_cache_full", "encoder", "pretrain", "entities", "summaries", "entity_index",
-          "image_text", "entity_text_match", "model", "model_full")
+          "image_text", "entity_text_match", "lexical", "model", "model_full")
 
 
 def staged_layout(layout: Layout) -> Layout | None:
