@@ -116,9 +116,10 @@ class StageRunner:
         # read the same manifests and agree whether this stage is current (none skips a stage another runs).
         hosts.barrier(f"stage:{name}")
         t = time.time()
-        self.say(f"[{name}] ...")
-        before = store_stamp(path)
+        # The stage is marked before it is announced: a SIGTERM sent on seeing "[name] ..." names the stage.
         with faults.stage(name, path):  # a full disk or SIGTERM names the stage and its store
+            self.say(f"[{name}] ...")
+            before = store_stamp(path)
             result = fn()
         # A stage that only opened its complete, current store (or had none to make) left the manifest untouched.
         reused = store_stamp(path) == before
