@@ -52,8 +52,9 @@ SPLIT = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default splitter
 @functools.lru_cache(maxsize=1)
 def stopwords() -> frozenset[str]:
     """bm25s's English stop words."""
-    # why: importing bm25s runs a JAX computation when JAX is installed (its selection module), which would start
-    # the XLA backend before jax.distributed.initialize of a multi-host index build; it loads on the first terms
+    # Importing bm25s runs a JAX computation when JAX is installed (its selection module), which would start the
+    # XLA backend before jax.distributed.initialize of a multi-host index build.
+    # why: bm25s (and the JAX computation its import runs) loads on the first terms, not on import
     from bm25s.stopwords import STOPWORDS_EN
 
     return frozenset(STOPWORDS_EN)
