@@ -5,7 +5,6 @@ the host's jax sees. Every row carries its process's id and peak device memory."
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import tempfile
 import time
@@ -168,27 +167,6 @@ def sr_rows(sizes: Sizes) -> list[dict]:
     return rows
 
 
-def _tiny_bart(directory: str) -> str:
-    """A random 1-layer BART with a byte-level tokenizer (the CPU mode's stand-in for BART-large-CNN)."""
-    import torch
-    from transformers import BartConfig, BartForConditionalGeneration, BartTokenizer
-    from transformers.models.gpt2.tokenization_gpt2 import bytes_to_unicode
-
-    vocab = {"<s>": 0, "<pad>": 1, "</s>": 2, "<unk>": 3}
-    for symbol in sorted(set(bytes_to_unicode().values())):
-        vocab[symbol] = len(vocab)
-    vocab["<mask>"] = len(vocab)
-    Path(directory, "vocab.json").write_text(json.dumps(vocab))
-    Path(directory, "merges.txt").write_text("#version: 0.2\n")
-    BartTokenizer(f"{directory}/vocab.json", f"{directory}/merges.txt").save_pretrained(directory)
-    torch.manual_seed(0)
-    config = BartConfig(vocab_size=len(vocab), d_model=32, encoder_layers=1, decoder_layers=1,
-                        encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=32, decoder_ffn_dim=32,
-                        max_position_embeddings=160, forced_bos_token_id=0, forced_eos_token_id=2)
-    BartForConditionalGeneration(config).save_pretrained(directory)
-    return directory
-
-
 def bart_rows(sizes: Sizes, dtype: str, scratch: str | None = None) -> list[dict]:
     """BART's summaries/s at the index's batch (8 rows per device, data parallel) and ms per lone query document (one
     row per device: a served query's summary stage), in `dtype` (float32 is the paper's). On an accelerator: BART-
@@ -204,13 +182,10 @@ def bart_rows(sizes: Sizes, dtype: str, scratch: str | None = None) -> list[dict
     with tempfile.TemporaryDirectory() as tmp:
         name = str(Path(scratch or tmp, "bart-tiny" if sizes.bart == "tiny" else "bart-large-cnn"))
         if not Path(name, "config.json").exists():
-            Path(name).mkdir(parents=True, exist_ok=True)
-            if sizes.bart == "tiny":
-                _tiny_bart(name)
-            else:
-                from realsize import BART_SHAPES, write_bart
+            from realsize import BART_SHAPES, write_bart
 
-                write_bart(Path(name), BART_SHAPES["large"]["bart-large-cnn"], texts)
+            shapes = BART_SHAPES["tiny" if sizes.bart == "tiny" else "large"]
+            write_bart(Path(name), shapes["bart-large-cnn"], texts)
         max_input = 128 if sizes.bart == "tiny" else 1024
         s = BartSummarizer(name, max_length=64 if sizes.bart != "tiny" else 16, min_length=8, num_beams=4,
                            max_input_tokens=max_input, batch_size=8, dtype=dtype)

@@ -1,10 +1,12 @@
-"""The BEiT-3 tokenizer gives the ids of transformers' XLMRobertaTokenizer on the real beit3.spm."""
+"""The BEiT-3 tokenizer gives the ids of transformers' XLMRobertaTokenizer (4.x, the class unilm's BEiT-3 uses) on the
+real beit3.spm."""
 
 import random
 
 import numpy as np
 import pytest
 from repo import NEEDS_BEIT3_SPM, SPM_PATH
+from xlmr_reference import xlmr_reference
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import Beit3Tokenizer
@@ -13,6 +15,11 @@ WORDS = ["Eiffel", "Tower", "photo", "of", "the", "Zürich", "naïve", "東京",
          "1,024", "3.14", "don't", "—", "«quote»", "C++", "x86_64", "<s>", "</s>", "<mask>", "<pad>", "<unk>", "<",
          ">", "&amp;", "http://example.org/a_b", "ﬁ", "Å", "ǅ", "\u200b", "a\u0301"]
 SPACES = [" ", "  ", "\t", "\n", " \n ", "\u3000", "\u00a0", ""]
+
+
+def _reference(spm):
+    """The oracle's piece ids for a list of texts (one subprocess per call: ask for a whole list at once)."""
+    return lambda texts: xlmr_reference(spm, list(texts))["ids"]
 
 
 def _varied_strings(n: int, seed: int = 0) -> list[str]:
@@ -28,11 +35,9 @@ def _varied_strings(n: int, seed: int = 0) -> list[str]:
 @pytest.fixture(scope="module")
 def tokenizers():
     """Ours and transformers' on the real beit3.spm (the tests taking this fixture are marked NEEDS_BEIT3_SPM)."""
-    from transformers import XLMRobertaTokenizer
-
     if not SPM_PATH.is_file():
         pytest.skip(f"needs BEiT-3's beit3.spm at {SPM_PATH} (set CFIR_BEIT3_SPM)")
-    return Beit3Tokenizer(SPM_PATH), XLMRobertaTokenizer(str(SPM_PATH))
+    return Beit3Tokenizer(SPM_PATH), _reference(SPM_PATH)
 
 
 @NEEDS_BEIT3_SPM
@@ -45,19 +50,16 @@ def test_reference_example(tokenizers):
 def test_ids_equal_transformers_on_varied_strings(tokenizers):
     ours, ref = tokenizers
     texts = _varied_strings(600)
-    got = ours.encode(texts)
-    for text, ids in zip(texts, got):
-        assert ids == ref.convert_tokens_to_ids(ref.tokenize(text)), repr(text)
+    for text, ids, want in zip(texts, ours.encode(texts), ref(texts), strict=True):
+        assert ids == want, repr(text)
 
 
 def test_ids_equal_transformers_on_the_synthetic_model(synthetic_spm):
     """The id mapping, checked without beit3.spm: the synthetic world's model has the same <unk>/<s>/</s> ids."""
-    from transformers import XLMRobertaTokenizer
-
-    ours, ref = Beit3Tokenizer(synthetic_spm), XLMRobertaTokenizer(str(synthetic_spm))
+    ours, ref = Beit3Tokenizer(synthetic_spm), _reference(synthetic_spm)
     texts = _varied_strings(200, seed=2) + ["Mary Walker visited Lake Ashford and the Stoneford Institute."]
-    for text, ids in zip(texts, ours.encode(texts)):
-        assert ids == ref.convert_tokens_to_ids(ref.tokenize(text)), repr(text)
+    for text, ids, want in zip(texts, ours.encode(texts), ref(texts), strict=True):
+        assert ids == want, repr(text)
 
 
 @NEEDS_BEIT3_SPM
@@ -67,8 +69,8 @@ def test_batch_layout_matches_reference_recipe(tokenizers):
     texts = _varied_strings(50, seed=1)
     ids, mask = ours(texts, 16)
     assert ids.shape == mask.shape == (50, 16) and ids.dtype == np.int32
-    for row, text in enumerate(texts):
-        pieces = ref.convert_tokens_to_ids(ref.tokenize(text))[:14]
+    for row, pieces in enumerate(ref(texts)):
+        pieces = pieces[:14]
         want = [0] + pieces + [2]
         length = len(want)
         want += [1] * (16 - length)
@@ -78,9 +80,10 @@ def test_batch_layout_matches_reference_recipe(tokenizers):
 
 @NEEDS_BEIT3_SPM
 def test_vocab_and_special_ids(tokenizers):
-    ours, ref = tokenizers
-    assert ours.vocab_size == len(ref) == 64002
-    assert ours.mask_id == ref.mask_token_id
+    ours, _ = tokenizers
+    facts = xlmr_reference(SPM_PATH, [])
+    assert ours.vocab_size == facts["vocab"] == 64002
+    assert ours.mask_id == facts["mask_id"]
 
 
 def test_missing_or_bad_model_is_one_line_error(tmp_path):
@@ -95,15 +98,13 @@ def test_missing_or_bad_model_is_one_line_error(tmp_path):
 @pytest.fixture(scope="module")
 def synthetic_tokenizers(tmp_path_factory):
     """The synthetic world's kind of sentencepiece model (beit3.spm's id conventions), ours and transformers'."""
-    from transformers import XLMRobertaTokenizer
-
     from cfir_jax.data.synthetic import train_tokenizer
 
     path = tmp_path_factory.mktemp("spm") / "tokenizer.spm"
     texts = [f"Document {i} mentions the Harbour Bridge of Quokka Island and a padded sentence number {i * 7}."
              for i in range(200)]
     train_tokenizer(texts, path, vocab_size=120)
-    return Beit3Tokenizer(path), XLMRobertaTokenizer(str(path))
+    return Beit3Tokenizer(path), _reference(path)
 
 
 @pytest.mark.parametrize("which", ["beit3", "synthetic"])
@@ -113,8 +114,8 @@ def test_literal_pad_in_text_is_attended_to(request, which):
     ours, ref = request.getfixturevalue("tokenizers" if which == "beit3" else "synthetic_tokenizers")
     texts = ["the bridge <pad> of the island", "<pad>", "<pad><pad> island <pad>"]
     ids, mask = ours(texts, 48)
-    for row, text in enumerate(texts):
-        want = [0] + ref.convert_tokens_to_ids(ref.tokenize(text)) + [2]
+    for row, pieces in enumerate(ref(texts)):
+        want = [0] + pieces + [2]
         assert 1 in want[1:-1]  # the literal <pad> became id 1
         assert ids[row, : len(want)].tolist() == want
         assert not mask[row, : len(want)].any() and mask[row, len(want) :].all()
