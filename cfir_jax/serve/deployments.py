@@ -14,9 +14,10 @@ Versions: every shard call carries the version its front loaded, and a shard rep
 (loading it beside the one it serves when it is the workdir's current one; it keeps the two newest). A reload (POST
 /v1/admin/reload, or SIGHUP to the command) verifies the workdir, asks every shard to load version N+1 beside N (any
 refusal refuses the reload everywhere, and N keeps answering), then the front flips; the other fronts follow within
-a second (`_Board`). A shard call that fails (a dead replica, a timeout) is tried again, on another replica when
-there is one, until half the request's deadline has passed: then the request is answered 503 `shard s unavailable`
-and /readyz names the shard.
+a second (`_Board`, an actor of the command's own process: it lives as long as the command, whichever front dies). A
+shard call that fails (a dead replica, a timeout) is tried again, on another replica when there is one, until half
+the request's deadline has passed: then the request is answered 503 `shard s unavailable` and /readyz names the
+shard.
 """
 
 from __future__ import annotations
@@ -45,7 +46,6 @@ from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
 
 log = logging.getLogger("cfir_jax.serve")
-BOARD = "cfir-serve-board"  # the named actor that tells every front which reload to follow
 KEEP_VERSIONS = 2  # a shard replica keeps the version it serves and the one beside it
 
 
@@ -241,7 +241,7 @@ class Front:
     """A front replica: the single process's Service (micro-batcher, queue bound, deadlines) over ClusterRetrievers;
     the gateway hands it checked requests."""
 
-    async def __init__(self, workdir: str, config_spec: str, overrides: Sequence[str], methods: Sequence[str],
+    async def __init__(self, workdir: str, config_spec: str, overrides: Sequence[str], methods: Sequence[str], board,
                        *shards):
         logging.getLogger("cfir_jax.serve").setLevel(logging.INFO)
         config = load_config(workdir, config_spec, overrides)
@@ -249,7 +249,7 @@ class Front:
         # Off the replica's event loop: loading waits on the shards' answers
         holder = await asyncio.to_thread(ClusterHolder, workdir, config_spec, overrides, methods,
                                          int(config.serve.max_batch), config, client)
-        self.service = ClusterService(holder, config.serve, _Board.options(name=BOARD, get_if_exists=True).remote())
+        self.service = ClusterService(holder, config.serve, board)
 
     def describe(self) -> tuple[list[str], int]:
         current = self.service.holder.current
@@ -291,7 +291,9 @@ class Gateway:
 
 
 def build_app(workdir: str, config, config_spec: str, overrides: Sequence[str], methods: Sequence[str]):
-    """The bound application: serve.shards IndexShard deployments behind serve.front_replicas Fronts."""
+    """The bound application: serve.shards IndexShard deployments behind serve.front_replicas Fronts. Called by the
+    command's process after ray.init: the fronts' reload board is its actor, so no front's death takes the board with it
+    (an actor dies with the process that made it), and two applications on one Ray never share one."""
     s = config.serve
     num_rows = ImageCache.open(Layout.of(workdir).image_cache).num_images
     shard_bounds(num_rows, int(s.shards))  # a bad shard count is refused here, in one line
@@ -308,4 +310,5 @@ def build_app(workdir: str, config, config_spec: str, overrides: Sequence[str], 
     gateway = serve.deployment(Gateway).options(
         name="Gateway", num_replicas=int(s.gateway_replicas), max_ongoing_requests=4 * int(s.queue_size) + 16,
         ray_actor_options={"num_cpus": float(s.shard_num_cpus)}, graceful_shutdown_timeout_s=60)
-    return gateway.bind(s.to_json(), front.bind(workdir, config_spec, list(overrides), list(methods), *shards))
+    board = _Board.remote()
+    return gateway.bind(s.to_json(), front.bind(workdir, config_spec, list(overrides), list(methods), board, *shards))
