@@ -13,4 +13,6 @@ bash scripts/setup.sh test
 . .venv/bin/activate
 # Lint first (seconds): the style the code is held to (pyproject.toml [tool.ruff]).
 ruff check --quiet .
-exec python -m pytest -q -rs "${selection[@]}" "$@"
+# Two workers (pytest-xdist), each taking whole test files (their module fixtures built once): most tests wait on
+# the commands they run in subprocesses, so two keep both cores busy; 1.7x the single worker's pace on 2 cores.
+exec python -m pytest -q -rs -n 2 --dist loadfile "${selection[@]}" "$@"

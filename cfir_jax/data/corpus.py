@@ -35,13 +35,13 @@ keeps it (entities and summaries stay current).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import grain
 import numpy as np
 import tensorflow_datasets as tfds
 
@@ -228,9 +228,23 @@ class Corpus:
         self.segments = _segments(path, manifest)
         self._doc_source = _concat(path, self.segments, "documents")
         self._image_source = _concat(path, self.segments, "images")
-        self.documents: grain.MapDataset = grain.MapDataset.source(self._doc_source).map(_to_document)
-        self.images: grain.MapDataset = grain.MapDataset.source(self._image_source).map(_to_image)
         self._removed: dict[str, frozenset[str]] = {}
+
+    @functools.cached_property
+    def documents(self):
+        """The documents as a grain.MapDataset (random access by row)."""
+        # why: grain's import takes seconds; a query's start (retrieve.py, the service) needs it only here
+        import grain
+
+        return grain.MapDataset.source(self._doc_source).map(_to_document)
+
+    @functools.cached_property
+    def images(self):
+        """The images as a grain.MapDataset (random access by row)."""
+        # why: as for `documents`
+        import grain
+
+        return grain.MapDataset.source(self._image_source).map(_to_image)
 
     @property
     def removed_image_ids(self) -> frozenset[str]:

@@ -17,11 +17,6 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-try:  # optional: a faster float16 -> float32 cast; JAX users need not install it
-    import torch
-except ImportError:  # pragma: no cover - exercised where torch is absent
-    torch = None
-
 from cfir_jax.core.errors import CfirError
 
 DEFAULT_BLOCK_SIZE = 32768
@@ -35,8 +30,20 @@ _F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.flo
 _TORCH_CAST_VALUES = 32768
 
 
+@functools.cache
+def _torch():
+    """torch if installed (optional: a faster float16 -> float32 cast; JAX users need not install it), else None."""
+    try:
+        # why: torch's import takes seconds; every command start would pay it for a cast it may never make
+        import torch
+    except ImportError:  # pragma: no cover - exercised where torch is absent
+        return None
+    return torch
+
+
 def cast_f16(src: np.ndarray, dst: np.ndarray) -> None:
     """dst[...] = src (float16 -> float32), vectorised: torch's F16C loop if installed, else a lookup table."""
+    torch = _torch()
     if torch is None:
         np.take(_F16_TO_F32, src.view(np.uint16), out=dst)
         return

@@ -69,9 +69,11 @@ def main(request: str, out: str) -> None:
             return jnp.where(no_repeat_ngram_mask(input_ids, cur_len, n, scores.shape[-1]), -jnp.inf, scores)
 
     processors = FlaxLogitsProcessorList([NoRepeat()] if n else [])
-    fn = jax.jit(lambda ids, mask: model.generate(ids, attention_mask=mask, generation_config=config,
-                                                  logits_processor=processors).sequences)
-    np.save(out, np.asarray(fn(data["input_ids"], data["attention_mask"])))
+    # The weights are an argument, not constants folded into the program (BART-large's would be copied into it).
+    fn = jax.jit(lambda params, ids, mask: model.generate(ids, attention_mask=mask, params=params,
+                                                          generation_config=config,
+                                                          logits_processor=processors).sequences)
+    np.save(out, np.asarray(fn(model.params, data["input_ids"], data["attention_mask"])))
 
 
 if __name__ == "__main__":

@@ -169,8 +169,8 @@ def test_float16_cast_without_torch_is_exact(monkeypatch):
 
     src = np.random.default_rng(0).normal(size=(70, 33)).astype(np.float16)
     src[0, :4] = [0.0, -0.0, np.float16(6e-8), np.inf]  # zeros, a subnormal, inf
-    for torch_module in (None, sr.torch):
-        monkeypatch.setattr(sr, "torch", torch_module)
+    for torch_module in (None, sr._torch()):
+        monkeypatch.setattr(sr, "_torch", lambda module=torch_module: module)
         dst = np.empty(src.shape, np.float32)
         sr.cast_f16(src, dst)
         np.testing.assert_array_equal(dst, src.astype(np.float32))
@@ -182,16 +182,17 @@ def test_float16_cast_stays_under_torchs_parallel_threshold(monkeypatch, width):
     row is 1536 wide: 32 rows at a time crossed it). Every copy must stay at or under the threshold, and be exact."""
     import cfir_jax.search.topk as sr
 
-    if sr.torch is None:
+    torch = sr._torch()
+    if torch is None:
         pytest.skip("PyTorch is not installed: the lookup-table cast has no thread pool")
     sizes = []
-    real = sr.torch.from_numpy
+    real = torch.from_numpy
 
     def recording(array):
         sizes.append(array.size)
         return real(array)
 
-    monkeypatch.setattr(sr.torch, "from_numpy", recording)
+    monkeypatch.setattr(torch, "from_numpy", recording)
     src = np.random.default_rng(0).normal(size=(128, width)).astype(np.float16)
     dst = np.empty(src.shape, np.float32)
     sr.cast_f16(src, dst)
