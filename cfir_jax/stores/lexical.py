@@ -52,9 +52,9 @@ SPLIT = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default splitter
 @functools.lru_cache(maxsize=1)
 def stopwords() -> frozenset[str]:
     """bm25s's English stop words."""
-    # Importing bm25s runs a JAX computation when JAX is installed (its selection module), which would start the
-    # XLA backend before jax.distributed.initialize of a multi-host index build.
-    # why: bm25s (and the JAX computation its import runs) loads on the first terms, not on import
+    # Its import runs a JAX computation, which would start the XLA backend before a multi-host build's
+    # jax.distributed.initialize.
+    # why: bm25s loads on the first terms, not on this module's import
     from bm25s.stopwords import STOPWORDS_EN
 
     return frozenset(STOPWORDS_EN)
