@@ -103,7 +103,7 @@ def _spawn(unit: str, sizes: Sizes | None, limit: float, scratch: str | None = N
             done = subprocess.run(cmd, env=env, timeout=max(limit, 1.0), stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True)
         except subprocess.TimeoutExpired:
-            return None, f"stopped at its time limit ({limit:.0f} s of the run's budget)"
+            return None, f"stopped at its time limit ({limit:g} s of the run's budget)"
         if done.returncode != 0 or not result.exists():
             tail = done.stdout.strip().splitlines()[-1:] or ["no output"]
             return None, f"failed (exit {done.returncode}): {tail[0][:300]}"
