@@ -17,7 +17,7 @@ import numpy as np
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_pool import EntityPool
 from cfir_jax.search.knn import ScannSearcher, drop_padding, search_with_tail
-from cfir_jax.search.topk import unique_sorted
+from cfir_jax.search.topk import best_first, unique_sorted
 from cfir_jax.stores.integrity import check_embeddings
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
@@ -151,7 +151,7 @@ class EntityRanking:
         emb = self.encoder.encode(used)
         scores = np.concatenate([np.asarray(self.embeddings[np.asarray(lst)], np.float32) @ emb[j]
                                  for j, lst in enumerate(lists)])
-        order = np.lexsort((rows, -scores))
+        order = best_first(scores, rows)
         rows, scores = rows[order], scores[order]
         _, first = np.unique(rows, return_index=True)
         keep = np.sort(first)[:k]

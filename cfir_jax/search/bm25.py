@@ -22,6 +22,7 @@ import threading
 import numpy as np
 
 from cfir_jax.search.live_rows import LiveRows
+from cfir_jax.search.topk import best_first
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores float32 [k], rows int32 [k]), best first
 
@@ -84,5 +85,5 @@ def top_k(scores: np.ndarray, rows: np.ndarray, k: int) -> Ranked:
         cut = np.partition(scores, len(scores) - k)[len(scores) - k]
         keep = scores >= cut
         scores, rows = scores[keep], rows[keep]
-    order = np.lexsort((rows, -scores))[:k]
+    order = best_first(scores, rows, k)
     return scores[order].astype(np.float32), rows[order].astype(np.int32)

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.search.topk import RowSubset, exact_topk
+from cfir_jax.search.topk import RowSubset, best_first, exact_topk
 
 
 def recall_at_k(approx_indices: np.ndarray, exact_indices: np.ndarray) -> float:
@@ -178,8 +178,7 @@ def search_with_tail(searcher: ScannSearcher, database: np.ndarray, queries: np.
         rows = database[covered:] if len(tail) == n - covered else RowSubset(database, tail)
         ts, ti = exact_topk(queries, rows, min(k, len(tail)))
         s, i = np.concatenate([s, ts], axis=1), np.concatenate([i, tail[ti].astype(np.int32)], axis=1)
-    # Best first, ties to the lower row, padding (-1, -inf) last: sort by (score desc, row asc), padding keyed last.
-    order = np.lexsort((np.where(i < 0, np.iinfo(np.int32).max, i), -s), axis=1)[:, :k]
+    order = best_first(s, i, k)  # padding (-1, -inf) last
     s, i = np.take_along_axis(s, order, 1), np.take_along_axis(i, order, 1)
     if i.shape[1] < k:
         s = np.pad(s, ((0, 0), (0, k - i.shape[1])), constant_values=-np.inf)

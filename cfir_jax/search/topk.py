@@ -5,7 +5,8 @@ float32 by `cast_f16`) and scored in float32, top-k by argpartition. `exact_topk
 every row of a host array (a np.memmap is read one block at a time) through one jitted block step, `merge_block`,
 whose running top-k is merged by `merge_top_k`; the device-resident cache (`cfir_jax.search.device_sr`) merges its
 blocks and shards with the same `merge_top_k`. Neither ever materialises a [Q, N] score matrix. Ties go to the lower
-row everywhere (positions follow row order and `jax.lax.top_k` keeps the lower position).
+row everywhere (positions follow row order and `jax.lax.top_k` keeps the lower position); `best_first` orders any
+(score, row) pairs by that rule.
 """
 
 from __future__ import annotations
@@ -61,6 +62,16 @@ def unique_sorted(candidates: np.ndarray) -> np.ndarray:
     keep[0] = True
     np.not_equal(s[1:], s[:-1], out=keep[1:])
     return s[keep]
+
+
+def best_first(scores: np.ndarray, rows: np.ndarray, k: int | None = None) -> np.ndarray:
+    """Positions of (score, row) pairs along the last axis, best first: by score descending, ties to the lower row,
+    padding (row < 0) after every real row of its score; the first k when k is given. The tie rule of every top-k on
+    the host: BM25, the cluster's merge of its shards, the entity-only ranking, ScaNN with its exact tail."""
+    rows = np.asarray(rows)
+    key = np.where(rows < 0, np.iinfo(np.int64).max, rows.astype(np.int64)) if rows.size and rows.min() < 0 else rows
+    order = np.lexsort((key, -np.asarray(scores)), axis=-1)
+    return order if k is None else order[..., :k]
 
 
 def top_k_positions(scores: np.ndarray, k: int) -> np.ndarray:

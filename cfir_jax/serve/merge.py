@@ -27,6 +27,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.methods import NO_ENTITY_NOTE
 from cfir_jax.retrieve.pipeline import DocumentInput, Hit, Result, Retriever
 from cfir_jax.search.knn import drop_padding
+from cfir_jax.search.topk import best_first
 from cfir_jax.serve.shard import ShardAnswer, ShardDoc
 from cfir_jax.stores.integrity import check_embeddings
 
@@ -39,7 +40,7 @@ def merge_ranked(scores: Sequence[np.ndarray], rows: Sequence[np.ndarray], k: in
     s = np.concatenate([np.asarray(x, np.float32) for x in scores]) if scores else np.zeros(0, np.float32)
     r = np.concatenate([np.asarray(x, np.int64) for x in rows]) if rows else np.zeros(0, np.int64)
     valid = np.flatnonzero(r >= 0)
-    order = valid[np.lexsort((r[valid], -s[valid]))][:k]
+    order = valid[best_first(s[valid], r[valid], k)]
     return order, r[order]
 
 
