@@ -111,15 +111,19 @@ def check_derived(manifest: dict, where: str | os.PathLike, **sources: Any) -> N
                              "run index.py to rebuild it")
 
 
-def check_manifest(manifest: dict, where: str | os.PathLike, **expected: Any) -> None:
-    """Raises a one-line StoreError naming the first field of `manifest` that differs from `expected`."""
+def check_manifest(manifest: dict, where: str | os.PathLike, stage: str | None = None, **expected: Any) -> None:
+    """Raises a one-line StoreError naming the first field of `manifest` that differs from `expected` (an expected
+    None is not checked). `stage`: the index.py stage of a store made from others, which such a difference makes
+    stale (the message says so, and names the stage that rebuilds it)."""
     for key, want in expected.items():
         have = manifest.get(key)
-        if have != want:
-            raise StoreError(
-                f"{where}: store was built with {key}={have!r} but this run uses {key}={want!r}; "
-                "rebuild the store or use the matching model/config"
-            )
+        if want is None or have == want:
+            continue
+        if stage is not None:
+            raise StoreError(f"{where}: stale, built for {key}={have!r} but that is now {want!r}; rebuild it with "
+                             f"index.py --stages {stage}")
+        raise StoreError(f"{where}: store was built with {key}={have!r} but this run uses {key}={want!r}; "
+                         "rebuild the store or use the matching model/config")
 
 
 
@@ -165,11 +169,13 @@ def read_lines(path: Path, expected: int, store_dir: Path) -> list[str]:
 class Store:
     """The base of every store's reader. `open` reads the manifest of a complete store of the reader's `KIND` and
     `VERSION` (a one-line StoreError when the directory is missing, incomplete or of another format), holds it against
-    what the caller expects (`check`: by default, each expected manifest field that is not None must match), and
-    loads the store (`load`, the reader's own)."""
+    what the caller expects (`check`: by default, each expected manifest field that is not None must match; a store
+    made from others names its `STAGE`, and a difference makes it stale), and loads the store (`load`, the reader's
+    own)."""
 
     KIND: ClassVar[str]
     VERSION: ClassVar[int]
+    STAGE: ClassVar[str | None] = None
 
     @classmethod
     def open(cls, path: str | os.PathLike, **expect: Any):
@@ -180,7 +186,7 @@ class Store:
 
     @classmethod
     def check(cls, manifest: dict, directory: Path, **expect: Any) -> None:
-        check_manifest(manifest, directory, **{key: value for key, value in expect.items() if value is not None})
+        check_manifest(manifest, directory, cls.STAGE, **expect)
 
     @classmethod
     def load(cls, directory: Path, manifest: dict):

@@ -46,19 +46,10 @@ FORMAT_VERSION = 1
 class EntityTextMatch(Store):
     """The complete store opened for reading: `rows_of(entity_rows)` -> the matched image rows of each entity."""
 
-    KIND, VERSION = KIND, FORMAT_VERSION
+    KIND, VERSION, STAGE = KIND, FORMAT_VERSION, "entity_text_match"
 
     def __init__(self, path: Path, manifest: dict, offsets: np.ndarray, rows: np.ndarray):
         self.path, self.manifest, self.offsets, self.rows = path, manifest, offsets, rows
-
-    @classmethod
-    def check(cls, manifest: dict, path: Path, **expect) -> None:
-        """Refuses a store built from other sources than `expect` (manifest fields: the entity index and cache
-        builds, fields, max_matches)."""
-        for name, want in expect.items():
-            if manifest.get(name) != want:
-                raise StoreError(f"{path}: stale, built for {name}={manifest.get(name)!r} but that is now {want!r}; "
-                                 "rebuild it with index.py --stages entity_text_match")
 
     @classmethod
     def load(cls, path: Path, manifest: dict) -> EntityTextMatch:

@@ -36,7 +36,7 @@ FORMAT_VERSION = 1
 class ImageTextCache(Store):
     """A complete image-text store opened for reading: `embeddings` [N, D] (memory-mapped), `has_text` [N] bool."""
 
-    KIND, VERSION = KIND, FORMAT_VERSION
+    KIND, VERSION, STAGE = KIND, FORMAT_VERSION, "image_text"
 
     def __init__(self, path: Path, manifest: dict, embeddings: np.ndarray, has_text: np.ndarray):
         self.path, self.manifest, self.embeddings, self.has_text = path, manifest, embeddings, has_text
@@ -45,15 +45,10 @@ class ImageTextCache(Store):
     def check(cls, manifest: dict, path: Path, expect_fingerprint: str | None = None,
               expect_cache_fingerprint: str | None = None, **expect) -> None:
         """Refuses a store built by another text tower (`expect_fingerprint`), for another build of the image cache
-        (`expect_cache_fingerprint`), or with other settings (`expect_<field>`)."""
-        expected = {k.removeprefix("expect_"): v for k, v in expect.items() if v is not None}
-        if expect_fingerprint is not None and manifest.get("fingerprint") != expect_fingerprint:
-            raise StoreError(f"{path}: image text was embedded by text tower {manifest.get('fingerprint')} but the "
-                             f"index encoder is {expect_fingerprint}; rebuild it with index.py --stages image_text")
-        if expect_cache_fingerprint is not None and manifest.get("cache_fingerprint") != expect_cache_fingerprint:
-            raise StoreError(f"{path}: stale, made for image cache {manifest.get('cache_fingerprint')} but the cache "
-                             f"is now {expect_cache_fingerprint}; rebuild it with index.py --stages image_text")
-        check_manifest(manifest, path, **expected)
+        (`expect_cache_fingerprint`), or with other settings (`expect_<field>`): stale, rebuilt by its stage."""
+        check_manifest(manifest, path, cls.STAGE, fingerprint=expect_fingerprint,
+                       cache_fingerprint=expect_cache_fingerprint,
+                       **{k.removeprefix("expect_"): v for k, v in expect.items()})
 
     @classmethod
     def load(cls, path: Path, manifest: dict) -> ImageTextCache:

@@ -76,7 +76,7 @@ def terms(text: str, stemmer: str = "english") -> list[str]:
 class LexicalIndex(Store):
     """The complete store opened for reading: the BM25 score matrix by term, the vocabulary, each row's terms."""
 
-    KIND, VERSION = KIND, FORMAT_VERSION
+    KIND, VERSION, STAGE = KIND, FORMAT_VERSION, "lexical"
 
     def __init__(self, path: Path, manifest: dict, vocab: list[str], indptr: np.ndarray, indices: np.ndarray,
                  data: np.ndarray, doc_offsets: np.ndarray, doc_terms: np.ndarray):
@@ -84,14 +84,6 @@ class LexicalIndex(Store):
         self.indptr, self.indices, self.data = indptr, indices, data
         self.doc_offsets, self.doc_terms = doc_offsets, doc_terms
         self.column = {t: j for j, t in enumerate(vocab)}
-
-    @classmethod
-    def check(cls, manifest: dict, path: Path, **expect) -> None:
-        """Refuses a store built for another image cache build or with other settings (`expect`: manifest fields)."""
-        for name, want in expect.items():
-            if want is not None and manifest.get(name) != want:
-                raise StoreError(f"{path}: stale, built for {name}={manifest.get(name)!r} but that is now {want!r}; "
-                                 "rebuild it with index.py --stages lexical")
 
     @classmethod
     def load(cls, path: Path, manifest: dict) -> LexicalIndex:

@@ -146,10 +146,11 @@ def test_store_built_by_another_encoder_or_for_another_cache_is_refused(tmp_path
     build_image_text(tmp_path / "it", corpus, cache, FakeEncoder(), "text-A")
     ImageTextCache.open(tmp_path / "it", expect_fingerprint="text-A",
                         expect_cache_fingerprint=cache.content_fingerprint)
-    with pytest.raises(StoreError, match="embedded by text tower text-A but the index encoder is text-B") as e:
+    with pytest.raises(StoreError, match="stale, built for fingerprint='text-A' but that is now 'text-B'; rebuild it "
+                       "with index.py --stages image_text") as e:
         ImageTextCache.open(tmp_path / "it", expect_fingerprint="text-B")
     assert "\n" not in str(e.value)
-    with pytest.raises(StoreError, match="stale, made for image cache"):
+    with pytest.raises(StoreError, match="stale, built for cache_fingerprint="):
         ImageTextCache.open(tmp_path / "it", expect_cache_fingerprint="cache-other")
     enc = FakeEncoder()  # another encoder: the build is not reused but redone
     build_image_text(tmp_path / "it", corpus, cache, enc, "text-B")
