@@ -23,7 +23,6 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
-import json
 import os
 import unicodedata
 from collections.abc import Container, Iterator
@@ -35,6 +34,7 @@ import numpy as np
 
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.jsonl import read_json_lines
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 
@@ -46,25 +46,6 @@ ROW_FILE_SUFFIXES = (".jsonl", ".parquet")
 IMAGE_ROW_FIELDS = ("id", "path", "bytes", "embedding", "url")
 
 Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "file: row n", the row's fields)
-
-
-def _jsonl_rows(path: Path) -> Iterator[Row]:
-    with open(path, "rb") as f:
-        for n, raw in enumerate(f, 1):
-            where = f"{path}:{n}"
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as e:
-                raise CfirError(f"{where}: not UTF-8 text (byte {e.start}); re-encode the file as UTF-8") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise CfirError(f"{where}: not a JSON object ({e.msg}); one JSON object a line") from None
-            if not isinstance(row, dict):
-                raise CfirError(f"{where}: not a JSON object; one JSON object a line")
-            yield where, row
 
 
 def _parquet_rows(path: Path) -> Iterator[Row]:
@@ -90,7 +71,7 @@ def _rows(path: Path, what: str) -> Iterator[Row]:
     if not path.is_file():
         raise CfirError(f"{path}: {what} file not found (index.corpus.{what})")
     if path.suffix == ".jsonl":
-        return _jsonl_rows(path)
+        return read_json_lines(path)
     if path.suffix == ".parquet":
         return _parquet_rows(path)
     raise CfirError(f"{path}: index.corpus.{what} must be a .jsonl or .parquet file")

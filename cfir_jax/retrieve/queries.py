@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.jsonl import json_objects
 from cfir_jax.retrieve.pipeline import DocumentInput
 
 # A document is a few KB (a Wikipedia section); 256 KiB is ~40,000 words. spaCy parses ~10k words/s on one core, so
@@ -50,22 +50,16 @@ def read_queries(path: str | Path) -> list[DocumentInput]:
     """JSON lines {"id": ..., "text": ...}; ids unique, no whitespace (they become TREC topic ids)."""
     text = _read_text(path, MAX_QUERIES_BYTES, "queries file")
     docs, seen = [], set()
-    for n, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            record = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise CfirError(f"{path}:{n}: not JSON ({e.msg})") from None
-        if not isinstance(record, dict) or not isinstance(record.get("text"), str) or "id" not in record:
-            raise CfirError(f'{path}:{n}: expected {{"id": ..., "text": "..."}}')
+    for where, record in json_objects(path, text.split("\n")):
+        if not isinstance(record.get("text"), str) or "id" not in record:
+            raise CfirError(f'{where}: expected {{"id": ..., "text": "..."}}')
         doc_id = str(record["id"])
         if not doc_id or any(c.isspace() for c in doc_id):
-            raise CfirError(f"{path}:{n}: id {doc_id!r} is empty or has whitespace (TREC topic ids cannot)")
+            raise CfirError(f"{where}: id {doc_id!r} is empty or has whitespace (TREC topic ids cannot)")
         if doc_id in seen:
-            raise CfirError(f"{path}:{n}: duplicate id {doc_id!r}")
+            raise CfirError(f"{where}: duplicate id {doc_id!r}")
         if not record["text"].strip():
-            raise CfirError(f"{path}:{n}: empty text for id {doc_id!r}")
+            raise CfirError(f"{where}: empty text for id {doc_id!r}")
         seen.add(doc_id)
         docs.append(DocumentInput(record["text"], doc_id))
     if not docs:

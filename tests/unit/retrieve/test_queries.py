@@ -47,7 +47,7 @@ def test_a_missing_or_oversized_query_is_refused(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("lines, refusal", [
-    (['{"id": "a", "text": "x"}', "{not json"], r"q.jsonl:2: not JSON"),
+    (['{"id": "a", "text": "x"}', "{not json"], r"q.jsonl:2: not a JSON object"),
     (['{"text": "x"}'], r"q.jsonl:1: expected"),
     (['{"id": "a b", "text": "x"}'], "has whitespace"),
     (['{"id": "a", "text": "x"}', '{"id": "a", "text": "y"}'], r"q.jsonl:2: duplicate id 'a'"),
