@@ -81,9 +81,9 @@ def write_random_bart(directory: Path) -> None:
     from flax import nnx
 
     from cfir_jax.nlp import bart as bart_lib
-    from cfir_jax.nlp.summarizer import _BART_COMMON, ARCHITECTURES
+    from cfir_jax.nlp.bart_summarizer import published_config
 
-    config = {**ARCHITECTURES["facebook/bart-large-cnn"], **_BART_COMMON}
+    config = published_config("facebook/bart-large-cnn")
     model = bart_lib.Bart(bart_lib.BartConfig.from_dict(config), jnp.float32, nnx.Rngs(0))
     bart_lib.save_bart(model, directory, config)
 

@@ -155,10 +155,10 @@ def measure_summaries(args) -> float:
     from test_summaries import _write_tiny_tokenizer
 
     from cfir_jax.nlp import bart as bart_lib
-    from cfir_jax.nlp.summarizer import _BART_COMMON, ARCHITECTURES, BartSummarizer
+    from cfir_jax.nlp.bart_summarizer import BartSummarizer, published_config
 
     # facebook/bart-large-cnn's architecture (config.json of the hub model); random weights.
-    config = {**ARCHITECTURES["facebook/bart-large-cnn"], **_BART_COMMON}
+    config = published_config("facebook/bart-large-cnn")
     with tempfile.TemporaryDirectory() as tmp:
         t = time.perf_counter()
         bart_lib.save_bart(bart_lib.Bart(bart_lib.BartConfig.from_dict(config), jnp.float32, nnx.Rngs(0)),

@@ -120,9 +120,10 @@ def generation_settings(model_config: dict, generation_config: dict | None, max_
                               semantics=semantics, **fields)
 
 
-def _read_generation_config(model_dir: Path) -> dict | None:
+def read_generation_config(model_dir: Path) -> dict | None:
+    """A model directory's generation_config.json as a dict; None where it has none."""
     path = Path(model_dir) / "generation_config.json"
-    return json.loads(path.read_text()) if path.is_file() else None
+    return json.loads(path.read_text(encoding="utf-8")) if path.is_file() else None
 
 
 def generation_shardings(mesh):
@@ -205,7 +206,7 @@ class BartSummarizer:
             raise CfirError(f"BartSummarizer: max_length={max_length} exceeds the model's {positions} positions")
         self.dtype = dtype
         self.buckets = tuple(b for b in _LENGTH_BUCKETS if b < self.max_input_tokens) + (self.max_input_tokens,)
-        self.generation = generation_settings(raw, _read_generation_config(self.model_dir), max_length, min_length,
+        self.generation = generation_settings(raw, read_generation_config(self.model_dir), max_length, min_length,
                                               num_beams, length_penalty, no_repeat_ngram_size, semantics)
         self.num_traces = 0  # Compilations of the generation function; the tests bound it by the bucket count.
 
@@ -292,9 +293,15 @@ ARCHITECTURES = {
                                           max_position_embeddings=1024),
 }
 # BART-large-CNN's special ids and generation defaults (its config.json); CFIR's settings go on top at call time.
-_BART_COMMON = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=0,
+CNN_DEFAULTS = dict(bos_token_id=0, pad_token_id=1, eos_token_id=2, decoder_start_token_id=2, forced_bos_token_id=0,
                     forced_eos_token_id=2, num_beams=4, early_stopping=True, length_penalty=2.0, max_length=142,
                     min_length=56, no_repeat_ngram_size=3)
+
+
+def published_config(hub_id: str) -> dict:
+    """The config.json of a published architecture (a hub id of ARCHITECTURES): its shape with BART-large-CNN's
+    special ids and generation defaults, a new dict each call."""
+    return {**ARCHITECTURES[hub_id], **CNN_DEFAULTS}
 
 
 def abstract_bart(model_name_or_path: str, dtype: str):
@@ -312,7 +319,7 @@ def abstract_bart(model_name_or_path: str, dtype: str):
     if (expanded / "config.json").is_file():
         raw = bart_lib.read_config(expanded)
     elif model_name_or_path in ARCHITECTURES:
-        raw = {**ARCHITECTURES[model_name_or_path], **_BART_COMMON}
+        raw = published_config(model_name_or_path)
     else:
         raise CfirError(f"index.summaries.bart_model={model_name_or_path!r}: no config.json there and not one of "
                         f"{', '.join(ARCHITECTURES)}; pass a model directory")

@@ -13,10 +13,8 @@ from typing import Any, Protocol
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Document
 from cfir_jax.nlp.bart_summarizer import (  # noqa: F401 - the summarizers' one module for their users
-    _BART_COMMON,
     ARCHITECTURES,
     BartSummarizer,
-    _read_generation_config,
     abstract_bart,
     data_parallel,
     generation_settings,

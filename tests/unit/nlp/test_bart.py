@@ -18,6 +18,7 @@ from flax import nnx
 from cfir_jax.nlp import bart as bart_lib
 from cfir_jax.nlp import bart_generate
 from cfir_jax.nlp import summarizer as summarizer_lib
+from cfir_jax.nlp.bart_summarizer import published_config, read_generation_config
 
 SETTINGS = dict(max_length=24, min_length=6, num_beams=4, length_penalty=2.0, no_repeat_ngram_size=3)
 TINY = dict(vocab_size=96, d_model=32, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4,
@@ -56,7 +57,7 @@ def _documents(count: int, length: int, vocab: int, seed: int):
 def _ours(directory, ids, mask, semantics: str, dtype=jnp.float32):
     model = bart_lib.load_bart(directory, dtype)
     raw = bart_lib.read_config(directory)
-    settings = summarizer_lib.generation_settings(raw, summarizer_lib._read_generation_config(directory),
+    settings = summarizer_lib.generation_settings(raw, read_generation_config(directory),
                                                   semantics=semantics, **SETTINGS)
     graphdef, state = nnx.split(model)
     return np.asarray(jax.jit(bart_generate.make_generate(graphdef, settings))(state, ids, mask))
@@ -186,7 +187,7 @@ def test_rows_per_device_follow_the_free_memory():
     two, at least 1) where the documents' working set does not fit."""
     from cfir_jax.nlp.bart_summarizer import rows_for_memory
 
-    raw = {**summarizer_lib.ARCHITECTURES["facebook/bart-large-cnn"], **summarizer_lib._BART_COMMON}
+    raw = published_config("facebook/bart-large-cnn")
     config = bart_lib.BartConfig.from_dict(raw)
     settings = summarizer_lib.generation_settings(raw, None, **SETTINGS)
     fits = [rows_for_memory(64, config, settings, 1024, 4, gib * 2**30) for gib in (0.01, 1, 4, 16, 1024)]
