@@ -20,7 +20,7 @@ from cfir_jax.core import hosts
 from cfir_jax.index.index_encoder import encoder_dir, other_model
 from cfir_jax.index.stage_report import StageReport
 from cfir_jax.stores import versions
-from cfir_jax.stores.atomic_write import link_tree, remove_path, temp_name, write_json_atomic
+from cfir_jax.stores.atomic_write import discard_dir, link_tree, temp_name, write_json_atomic
 from cfir_jax.stores.layout import Layout
 
 # The stores a build reads or writes: linked into the staging directory of a rebuild (every stage of
@@ -98,7 +98,7 @@ def record(config, layout: Layout, staged: Layout | None, reports: list[StageRep
         change = versions.begin(layout, "build", {})  # the change staged_layout began
         for name in LINKED:
             if (staged.root / name).is_dir() and not _changed(staged.root / name, layout.root / name):
-                remove_path(staged.root / name)  # a link of the live store: nothing to commit
+                discard_dir(staged.root / name)  # a link of the live store: nothing to commit
         if _built(reports):
             change.commit({"stages": _built(reports)}, index=index_fields(config, layout, live, sizes))
         else:

@@ -80,6 +80,15 @@ def remove_path(path: Path) -> None:
             path.unlink()
 
 
+def discard_dir(path: Path) -> None:
+    """Removes the directory `path` so that it is gone at once, never half there: renamed aside (a hidden temporary
+    name beside it, which no reader opens) first, then deleted there. An error deleting it is raised, not ignored; a
+    kill meanwhile leaves only the renamed copy, which `sweep_temps(path)` removes once its process is gone."""
+    aside = temp_name(path, hidden=True)
+    os.replace(path, aside)
+    shutil.rmtree(aside)
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -> Iterator[IO]:
     """Yields a file opened at a temporary name beside `path` that replaces `path` (flushed and fsynced) only if the

@@ -72,3 +72,83 @@ def test_a_rebuild_is_staged_beside_the_served_stores_and_committed_as_one_versi
 def test_a_rebuild_links_every_stage_the_runner_builds():
     """A store a stage writes but a rebuild does not link into W/.change is built anew on every rerun."""
     assert set(STAGES) <= set(LINKED), sorted(set(STAGES) - set(LINKED))
+
+
+class _Killed(BaseException):
+    """A kill arriving mid-removal (SIGKILL, as a Python exception: nothing after it runs)."""
+
+
+def _rebuild_staged(tmp_path, config):
+    """A built workdir (corpus and image cache at version 1), a rebuild staged in W/.change with the image cache
+    rebuilt there: (layout, staged layout, reports, the live corpus's files)."""
+    from cfir_jax.index import rebuild
+    from cfir_jax.stores.contract import atomic_dir
+
+    layout = Layout.of(tmp_path / "w")
+    _store(layout.corpus, "corpus v1")
+    _store(layout.image_cache, "cache v1")
+    rebuild.record_index(config, layout, _reports(layout, reused=False))
+    staged = rebuild.staged_layout(layout)
+    with atomic_dir(staged.image_cache) as tmp:
+        _store(tmp, "cache v2")
+    reports = [StageReport("corpus", "3 docs", 0.1, staged.corpus, reused=True),
+               StageReport("image_cache", "5 x 64", 0.2, staged.image_cache)]
+    return layout, staged, reports, {p.name: p.stat().st_ino for p in layout.corpus.iterdir()}
+
+
+def _fail_on(monkeypatch, name: str, error: BaseException) -> None:
+    """os.unlink removes every file but `name`, for which it raises `error` (after removing it for a kill)."""
+    import os
+
+    real = os.unlink
+
+    def unlink(path, *args, **kwargs):
+        if os.fsdecode(path).endswith(name):
+            if isinstance(error, _Killed):
+                real(path, *args, **kwargs)
+            raise error
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "unlink", unlink)
+
+
+def test_an_error_removing_a_staged_link_is_raised_and_never_commits_a_partial_store(tmp_path, config, monkeypatch):
+    """An unchanged store's link in W/.change is renamed aside before it is deleted: an error deleting it (an NFS
+    silly-rename: EBUSY) is raised, and the live store stays whole; the rerun commits the rebuild."""
+    import errno
+
+    import pytest
+
+    from cfir_jax.index import rebuild
+
+    layout, staged, reports, corpus = _rebuild_staged(tmp_path, config)
+    with monkeypatch.context() as m:
+        _fail_on(m, "data.txt", OSError(errno.EBUSY, "Device or resource busy"))
+        with pytest.raises(OSError, match="busy"):
+            rebuild.record(config, layout, staged, reports)
+    assert {p.name: p.stat().st_ino for p in layout.corpus.iterdir()} == corpus  # whole, never swapped
+    assert (layout.image_cache / "data.txt").read_text() == "cache v1"
+    staged = rebuild.staged_layout(layout)  # the rerun: the link is made again, the rebuild committed
+    rebuild.record(config, layout, staged, reports)
+    assert {p.name: p.stat().st_ino for p in layout.corpus.iterdir()} == corpus
+    assert (layout.image_cache / "data.txt").read_text() == "cache v2"
+    assert json.loads(layout.index_json.read_text())["version"] == 2
+
+
+def test_a_kill_while_removing_a_staged_link_leaves_nothing_partial_for_the_rerun(tmp_path, config, monkeypatch):
+    """A kill in the middle of deleting an unchanged store's link: the rerun finds no partial copy under the store's
+    name in W/.change (it was renamed aside first), links the store again and commits the whole of it."""
+    import pytest
+
+    from cfir_jax.index import rebuild
+
+    layout, staged, reports, corpus = _rebuild_staged(tmp_path, config)
+    with monkeypatch.context() as m:
+        _fail_on(m, "data.txt", _Killed())
+        with pytest.raises(_Killed):
+            rebuild.record(config, layout, staged, reports)
+    assert not staged.corpus.exists() or {p.name for p in staged.corpus.iterdir()} == set(corpus)
+    staged = rebuild.staged_layout(layout)
+    rebuild.record(config, layout, staged, reports)
+    assert {p.name: p.stat().st_ino for p in layout.corpus.iterdir()} == corpus  # whole: both files, the same inodes
+    assert (layout.image_cache / "data.txt").read_text() == "cache v2"
