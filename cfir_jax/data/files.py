@@ -16,6 +16,13 @@
 A bad row is one line naming the file and its line (JSONL) or row (parquet): a missing or empty field, a duplicate
 id, an id with whitespace, text that is not UTF-8. A file name never is: an image file that is empty, missing or
 does not decode is written with its bytes (or none), and the image cache skips and lists it, as for any corpus.
+
+Ids are NFC-normalised (a name typed on one system and copied from another looks the same and is the same id), the
+ids of rows and qrels as the names of files. In a folder, files are read in sorted order:
+- the second of two files of one stem (`tom.JPG`, then `tom.png`) keeps its suffix in its id (`tom.png`);
+- a file whose name is an earlier file's in another Unicode form (NFD `Zu\u0308rich.png` beside NFC `Z\u00fcrich.png`)
+  is not read: it is written with no bytes under its name with every non-ASCII character percent-encoded
+  (`Zu%CC%88rich.png`), so the image cache skips it and names it in skipped.tsv.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ import hashlib
 import os
 import unicodedata
 from collections.abc import Container, Iterator
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
 
@@ -97,7 +104,7 @@ def _row_id(where: str, row: dict, seen: dict[str, str], kind: str, existing: Co
     value = row.get("id")
     if isinstance(value, int) and not isinstance(value, bool):
         value = str(value)
-    value = _string(where, {"id": value}, "id")
+    value = unicodedata.normalize("NFC", _string(where, {"id": value}, "id"))
     if any(c.isspace() for c in value):
         raise CfirError(f"{where}: {kind} id {value!r} has whitespace (TREC files split on it)")
     if value in seen:
@@ -138,11 +145,12 @@ def _escaped(c: str) -> bool:
     return c == "%" or c.isspace() or unicodedata.category(c) in ("Cc", "Cf", "Zs", "Zl", "Zp", "Cs")
 
 
-def image_id_of_path(relative: str) -> str:
+def image_id_of_path(relative: str, ascii_only: bool = False) -> str:
     """The image id of a picture at `relative` (a POSIX path under the images folder, its suffix removed): the path
-    with every character an id cannot carry percent-encoded as UTF-8 (`Grace Hopper` -> `Grace%20Hopper`)."""
-    return "".join("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape")) if _escaped(c) else c
-                   for c in relative)
+    with every character an id cannot carry (`ascii_only`: and every non-ASCII one) percent-encoded as UTF-8
+    (`Grace Hopper` -> `Grace%20Hopper`)."""
+    return "".join("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape"))
+                   if _escaped(c) or (ascii_only and not c.isascii()) else c for c in relative)
 
 
 def path_of_image_id(image_id: str) -> str:
@@ -157,14 +165,23 @@ def image_files(root: Path) -> list[Path]:
 
 def _directory_images(root: Path, existing: Container[str], files: list[Path] | None = None) -> Iterator[Image]:
     seen: dict[str, str] = {}
-    files = image_files(root) if files is None else files
+    names: set[str] = set()  # the NFC relative paths read
+    files = image_files(root) if files is None else sorted(files)
     if not files:
         raise CfirError(f"{root}: no image files ({', '.join(IMAGE_SUFFIXES)}) under index.corpus.images")
     for p in files:
-        rel = p.relative_to(root)
-        image_id = image_id_of_path(rel.with_suffix("").as_posix())
+        rel = p.relative_to(root).as_posix()
+        name = unicodedata.normalize("NFC", rel)
+        if name in names:  # an earlier file's name in another Unicode form: not read, skipped by the image cache
+            image_id = _row_id(str(p), {"id": image_id_of_path(rel, ascii_only=True)}, seen, "image", existing)
+            yield Image(image_id=image_id, url=rel)
+            continue
+        names.add(name)
+        image_id = image_id_of_path(str(PurePosixPath(name).with_suffix("")))
+        if image_id in seen:  # the second file of one stem keeps its suffix
+            image_id = image_id_of_path(name)
         _row_id(str(p), {"id": image_id}, seen, "image", existing)
-        yield Image(image_id=image_id, url=rel.as_posix(), image=p.read_bytes())
+        yield Image(image_id=image_id, url=rel, image=p.read_bytes())
 
 
 def _image_bytes(where: str, row: dict, base: Path, embedded: bool = False) -> bytes:
@@ -269,7 +286,8 @@ def read_qrels(root: str | os.PathLike) -> dict[str, dict[str, dict[str, int]]]:
             fields = line.split()
             if len(fields) != 4 or not fields[3].lstrip("-").isdigit():
                 raise CfirError(f"{where}: expected `doc_id 0 image_id rel`, got {line.strip()!r}")
-            qrels.setdefault(fields[0], {})[fields[2]] = int(fields[3])
+            doc_id, image_id = (unicodedata.normalize("NFC", f) for f in (fields[0], fields[2]))
+            qrels.setdefault(doc_id, {})[image_id] = int(fields[3])
         out[split] = qrels
     if not out:
         names = ", ".join(f"{s}{x}" for s in SPLITS for x in QRELS_SUFFIXES[:1])

@@ -10,6 +10,7 @@ import dataclasses
 import hashlib
 import itertools
 import os
+import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 
@@ -200,6 +201,8 @@ def resolve_removals(corpus: Corpus, ids_file: str | os.PathLike) -> tuple[list[
         line = raw.strip()
         if not line:
             continue
+        if line not in known["image"] and line not in known["document"]:
+            line = unicodedata.normalize("NFC", line)  # ids are NFC (cfir_jax.data.files)
         kind, ident = _kind_of(line, known, f"{ids_file}:{n}")
         if ident in removed[kind]:
             already[ident] = None

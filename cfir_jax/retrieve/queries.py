@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import unicodedata
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
@@ -43,7 +44,8 @@ def _read_text(path: str | Path, limit: int, what: str) -> str:
 
 def read_query(path: str | Path) -> DocumentInput:
     """A plain-text document file."""
-    return DocumentInput(_read_text(path, MAX_QUERY_BYTES, "query file").strip(), doc_id=Path(path).stem or "query")
+    doc_id = unicodedata.normalize("NFC", Path(path).stem) or "query"
+    return DocumentInput(_read_text(path, MAX_QUERY_BYTES, "query file").strip(), doc_id=doc_id)
 
 
 def read_queries(path: str | Path) -> list[DocumentInput]:
@@ -53,7 +55,7 @@ def read_queries(path: str | Path) -> list[DocumentInput]:
     for where, record in json_objects(path, text.split("\n")):
         if not isinstance(record.get("text"), str) or "id" not in record:
             raise CfirError(f'{where}: expected {{"id": ..., "text": "..."}}')
-        doc_id = str(record["id"])
+        doc_id = unicodedata.normalize("NFC", str(record["id"]))  # as the collection's ids (cfir_jax.data.files)
         if not doc_id or any(c.isspace() for c in doc_id):
             raise CfirError(f"{where}: id {doc_id!r} is empty or has whitespace (TREC topic ids cannot)")
         if doc_id in seen:

@@ -83,12 +83,34 @@ def test_an_image_folder_gives_ids_from_relative_paths(tmp_path):
     assert images[1].image == _png() and images[1].embedding is None
 
 
-def test_two_files_with_one_id_in_a_folder_are_refused(tmp_path):
-    (tmp_path / "imgs").mkdir()
+def test_two_files_of_one_stem_get_two_ids_the_second_keeping_its_suffix(tmp_path):
+    """tom.png and tom.JPG in one folder: neither the build nor an add is refused; sorted by name, the second keeps
+    its suffix."""
+    (tmp_path / "imgs" / "cats").mkdir(parents=True)
+    (tmp_path / "imgs" / "cats" / "tom.png").write_bytes(_png())
+    (tmp_path / "imgs" / "cats" / "tom.JPG").write_bytes(_png((0, 0, 255)))
     (tmp_path / "imgs" / "a.png").write_bytes(_png())
     (tmp_path / "imgs" / "a.jpg").write_bytes(_png())
-    with pytest.raises(CfirError, match=r"a\.png: duplicate image id 'a'"):
-        list(read_images(tmp_path / "imgs"))
+    images = list(read_images(tmp_path / "imgs"))
+    assert [(i.image_id, i.url) for i in images] == [("a", "a.jpg"), ("a.png", "a.png"), ("cats/tom", "cats/tom.JPG"),
+                                                     ("cats/tom.png", "cats/tom.png")]
+    assert images[2].image == _png((0, 0, 255)) and images[3].image == _png()
+    with pytest.raises(CfirError, match="'a' is already in the collection"):  # a re-add is still refused
+        list(read_images(tmp_path / "imgs", existing={"a"}))
+
+
+def test_ids_are_nfc_and_a_name_in_another_unicode_form_is_skipped_and_named(tmp_path):
+    """Zürich.png in NFC and NFD look the same: one id (NFC); the second file is not read but written with no bytes
+    under its name percent-encoded, so the image cache skips it and names it in skipped.tsv. Row ids are NFC too."""
+    nfc, nfd = "Z\u00fcrich", "Zu\u0308rich"
+    (tmp_path / "imgs").mkdir()
+    (tmp_path / "imgs" / f"{nfd}.png").write_bytes(_png())
+    (tmp_path / "imgs" / f"{nfc}.png").write_bytes(_png((0, 0, 255)))
+    images = list(read_images(tmp_path / "imgs"))  # sorted by name: the NFD name ("u" < "\u00fc") is read first
+    assert [(i.image_id, i.url, i.image) for i in images] == [(nfc, f"{nfd}.png", _png()),
+                                                              ("Z%C3%BCrich.png", f"{nfc}.png", b"")]
+    rows = [{"id": nfd, "path": f"{nfd}.png"}, {"id": "b", "path": f"{nfc}.png"}]
+    assert [i.image_id for i in read_images(_jsonl(tmp_path / "images.jsonl", rows))] == [nfc, "b"]
 
 
 def test_image_rows_read_path_bytes_captions_and_embeddings(tmp_path):

@@ -131,6 +131,17 @@ def test_an_image_directory_adds_its_files(tmp_path):
     assert grown.image_ids == ["i0", "new"] and grown.image(1).image == b"png" and grown.embeddings() is None
 
 
+def test_an_added_folder_with_two_files_of_one_stem_adds_both(tmp_path):
+    base = write_corpus(tmp_path / "c", "toy", _docs(["d0"]), _images(["i0"], dim=None), {})
+    pics = tmp_path / "pics"
+    pics.mkdir()
+    (pics / "tom.png").write_bytes(b"png")
+    (pics / "tom.JPG").write_bytes(b"jpg")
+    stage_corpus_addition(base, tmp_path / "s", pics)
+    grown = Corpus.open(tmp_path / "s")
+    assert grown.image_ids == ["i0", "tom", "tom.png"] and grown.image(2).image == b"png"
+
+
 @pytest.mark.parametrize("what,line", [("documents.jsonl", 2), ("images.jsonl", 1)])
 def test_ids_already_in_the_collection_are_refused_naming_file_and_line(tmp_path, base, what, line):
     add = _addition(tmp_path / "add", docs=("d2", "d0"), images=("i2",))

@@ -168,6 +168,25 @@ def test_corrupt_and_empty_images_are_skipped_and_listed(cache):
     assert not BAD & set(cache.ids)
 
 
+def test_a_folder_name_in_another_unicode_form_is_named_in_skipped_tsv(tmp_path, model):
+    """Zürich.png in NFD and NFC in one folder (cfir_jax.data.files): one picture cached under the NFC id, the other
+    named in skipped.tsv; ids.txt and skipped.tsv are UTF-8."""
+    from cfir_jax.data.files import build_files_corpus
+
+    nfc, nfd = "Z\u00fcrich", "Zu\u0308rich"
+    pixels = np.random.default_rng(1).integers(0, 256, (24, 24, 3), dtype=np.uint8)
+    (tmp_path / "imgs").mkdir()
+    for name in (nfd, nfc, "tom"):
+        (tmp_path / "imgs" / f"{name}.png").write_bytes(encoded(pixels, "PNG"))
+    (tmp_path / "imgs" / "tom.JPG").write_bytes(encoded(pixels, "JPEG"))
+    (tmp_path / "docs.jsonl").write_text(json.dumps({"id": "d0", "text": "Zürich"}) + "\n")
+    corpus = build_files_corpus(tmp_path / "docs.jsonl", tmp_path / "imgs", None, tmp_path / "c")
+    cache = build_image_cache(tmp_path / "cache", corpus, model, batch_size=BATCH, shard_size=SHARD)
+    assert cache.ids == [nfc, "tom", "tom.png"]
+    assert [(s.image_id, s.reason) for s in cache.skipped()] == [("Z%C3%BCrich.png", "empty image bytes")]
+    assert (tmp_path / "cache" / "ids.txt").read_bytes().decode("utf-8").split("\n")[0] == nfc
+
+
 def test_manifest_records_fingerprint_dim_dtype_and_sizes(cache, model):
     m = cache.manifest
     assert cache.fingerprint == fingerprint(model, "vision")
