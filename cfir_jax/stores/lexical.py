@@ -6,7 +6,8 @@ collection, kept as `caption_reference_description`) often names it. This store 
 document can be the query: the `bm25` method (the document alone), and CFIR with BM25's top M pictures in its union
 (`cfir_bm25`) or its ranking fused with BM25's (`cfir_bm25_fused`; `cfir_jax.retrieve.methods`).
 
-Text to terms (`terms`, the same for pictures and queries): lower-cased, split by bm25s's default pattern
+Text to terms (`terms`, the same for pictures and queries): NFC-normalised (an "ü" typed as "u" and a combining
+diaeresis is one letter, not a split), lower-cased, split by bm25s's default pattern
 `(?u)\\b\\w\\w+\\b` (words of two or more word characters), bm25s's English stop words dropped
 (`bm25s.stopwords.STOPWORDS_EN`), then stemmed by PyStemmer's Snowball English stemmer (`stemmer=""`: no stemming).
 The BM25 scores of every (term, picture) pair are computed once by `bm25s` (eager sparse scoring) with
@@ -15,7 +16,8 @@ tf part tf / (tf + k1 (1 - b + b |d| / avgdl)), which equals `rank_bm25.BM25Okap
 (tests/unit/stores/test_lexical.py holds them equal). "lucene" and "atire" are also accepted (no non-occurrence
 scores: a picture without a query term gets nothing from it).
 
-Layout of the store (kind "lexical", format 1), rows in the image cache's row order:
+Layout of the store (kind "lexical", format 2: format 1 read its terms without NFC; index.py rebuilds such a store),
+rows in the image cache's row order:
   vocab.json        [V] the terms; column j of the score matrix is vocab[j]
   indptr.npy        int64 [V + 1]  term j's postings are indices/data[indptr[j]:indptr[j + 1]]
   indices.npy       int32 [P]      picture rows, ascending within a term
@@ -34,6 +36,7 @@ from __future__ import annotations
 import functools
 import json
 import re
+import unicodedata
 from pathlib import Path
 
 import numpy as np
@@ -44,7 +47,7 @@ from cfir_jax.stores.contract import Store
 from cfir_jax.stores.integrity import check_csr
 
 KIND = "lexical"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 METHODS = ("robertson", "lucene", "atire")  # bm25s's variants without non-occurrence scores
 SPLIT = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default splitter
 
@@ -66,9 +69,10 @@ def _stemmer(language: str):
 
 
 def terms(text: str, stemmer: str = "english") -> list[str]:
-    """The BM25 terms of `text`: lower-cased words of 2+ characters, English stop words dropped, stemmed."""
+    """The BM25 terms of `text`: NFC-normalised, lower-cased words of 2+ characters, English stop words dropped,
+    stemmed."""
     stop = stopwords()
-    words = [w for w in SPLIT.findall(text.lower()) if w not in stop]
+    words = [w for w in SPLIT.findall(unicodedata.normalize("NFC", text).lower()) if w not in stop]
     stem = _stemmer(stemmer)
     return stem.stemWords(words) if stem is not None and words else words
 

@@ -169,3 +169,32 @@ def test_store_is_reused_checked_and_refused_when_damaged(tmp_path):
     np.save(tmp_path / "lex" / "indptr.npy", np.zeros(3, np.int64))
     with pytest.raises(StoreError):
         LexicalIndex.open(tmp_path / "lex")
+
+
+def test_nfd_and_nfc_spellings_are_one_term_on_both_sides(tmp_path):
+    """"Zürich" typed with a combining diaeresis (NFD) and as one letter (NFC) find each other: terms are NFC on the
+    picture's side and on the query's."""
+    nfc, nfd = "Z\u00fcrich", "Zu\u0308rich"
+    texts = random_texts(40, seed=5)
+    texts[11] += f" the old town of {nfc}"
+    texts[29] += f" a tram in {nfd}"
+    corpus = FakeCorpus(texts)
+    store = build_lexical(tmp_path / "lex", corpus, FakeCache(corpus.image_ids, "c1"), SETTINGS)
+    assert terms(nfd) == terms(nfc) == ["z\u00fcrich"]
+    search = BM25Search(store.indptr, store.indices, store.data, store.num_rows)
+    for query in (f"a document about {nfd}", f"a document about {nfc}"):
+        assert sorted(search.search(*store.query_terms(query), 5)[1].tolist()) == [11, 29]
+
+
+def test_a_store_of_the_older_format_is_rebuilt_not_used(tmp_path):
+    """Format 1 read its terms without NFC: index.py (build_lexical) rebuilds such a store; a reader refuses it."""
+    import json
+
+    corpus = FakeCorpus(random_texts(30))
+    build_lexical(tmp_path / "lex", corpus, FakeCache(corpus.image_ids, "c1"), SETTINGS)
+    manifest = json.loads((tmp_path / "lex" / "manifest.json").read_text())
+    (tmp_path / "lex" / "manifest.json").write_text(json.dumps({**manifest, "format_version": 1, "old": True}))
+    with pytest.raises(StoreError, match="format version 1 but this code reads 2"):
+        LexicalIndex.open(tmp_path / "lex")
+    rebuilt = build_lexical(tmp_path / "lex", corpus, FakeCache(corpus.image_ids, "c1"), SETTINGS)
+    assert rebuilt.manifest["format_version"] == 2 and "old" not in rebuilt.manifest
