@@ -42,7 +42,7 @@ def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str =
         row = {i: n for n, i in enumerate(retriever.corpus.image_ids)}
         image_bytes = lambda image_id: retriever.corpus.image(row[image_id]).image if image_id in row else b""  # noqa
         page = "".join(report.html_page(d.doc_id, r, describe, image_bytes, shown) for d, r in zip(docs, results))
-        Path(html).write_text(page)
+        Path(html).write_text(page, encoding="utf-8")
         print(f"wrote {html}", file=sys.stderr)
     write_and_score(run_of(results, docs), output, qrels, tag, top, measures)
     if qrels:

@@ -163,7 +163,7 @@ def _open_records(path: Path, name: str, expected: int):
 def _read_ids(path: Path, expected: int) -> list[str]:
     if not path.is_file():
         raise CfirError(f"{path}: missing; the corpus is incomplete, rebuild it")
-    ids = path.read_text().split("\n")[:-1]
+    ids = path.read_text(encoding="utf-8").split("\n")[:-1]
     if len(ids) != expected:
         raise CfirError(f"{path}: {len(ids)} ids but the manifest says {expected}; rebuild the corpus")
     return ids
@@ -210,7 +210,7 @@ def _concat(path: Path, segments: list[tuple[Path, int, int]], name: str):
 
 
 def _read_id_set(path: Path) -> frozenset[str]:
-    return frozenset(path.read_text().split("\n")[:-1]) if path.is_file() else frozenset()
+    return frozenset(path.read_text(encoding="utf-8").split("\n")[:-1]) if path.is_file() else frozenset()
 
 
 class Corpus:
@@ -324,7 +324,7 @@ class Corpus:
         if not path.is_file():
             raise CfirError(f"{path}: missing; the corpus is incomplete, rebuild it")
         out: Qrels = {}
-        for n, line in enumerate(path.read_text().splitlines(), 1):
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
             fields = line.split()
             if len(fields) != 4:
                 raise CfirError(f"{path}:{n}: expected `doc_id 0 image_id rel`, got {line!r}")

@@ -172,7 +172,7 @@ def write_split_qrels(path: Path, split: str, qrels: Mapping[str, Mapping[str, i
                 dropped += 1
                 continue
             lines.append(f"{doc_id} 0 {image_id} {int(qrels[doc_id][image_id])}\n")
-    path.write_text("".join(lines))
+    path.write_text("".join(lines), encoding="utf-8")
     topics = len({line.split(" ", 1)[0] for line in lines})
     return topics, len(lines), dropped
 
@@ -255,8 +255,8 @@ def _write_items(
     _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
     examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
     _write_records(tmp, "images", _image_features(embedding_dim), examples)
-    (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
-    (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
+    (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids), encoding="utf-8")
+    (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids), encoding="utf-8")
     if embedding_dim is not None:
         np.save(tmp / "embeddings.npy", np.stack(embeddings).astype(np.float32))
     return _Written(doc_ids, image_ids, with_text, documents_sha.hexdigest())
@@ -354,8 +354,8 @@ def write_corpus_part(
         _write_records(out_dir, "images", _image_features(embedding_dim), examples)
     if not doc_ids and not image_ids:
         raise CfirError(f"{source or out_dir}: the addition holds no documents and no images")
-    (out_dir / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids))
-    (out_dir / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids))
+    (out_dir / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids), encoding="utf-8")
+    (out_dir / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids), encoding="utf-8")
     if embedding_dim is not None and image_ids:
         np.save(out_dir / "embeddings.npy", np.stack(embeddings).astype(np.float32))
     return write_manifest(out_dir, KIND, FORMAT_VERSION, name="part", num_documents=len(doc_ids),

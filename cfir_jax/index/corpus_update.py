@@ -31,7 +31,7 @@ _OWN_FIELDS = ("kind", "format_version", "created")
 
 
 def _write_ids(path: Path, ids: Iterable[str]) -> None:
-    path.write_text("".join(f"{i}\n" for i in ids))
+    path.write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
 
 
 def _fields(manifest: dict) -> dict:
@@ -162,8 +162,8 @@ def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: 
     name = f"parts/{len(parts) + 1:04d}"
     link_tree(corpus.path, out_dir, skip=(MANIFEST, CHECKSUMS, "doc_ids.txt", "image_ids.txt", "qrels"))
     part = write_corpus_part(out_dir / name, documents, images, corpus.embedding_dim, source=add.path)
-    new_docs = (out_dir / name / "doc_ids.txt").read_text().split("\n")[:-1]
-    new_images = (out_dir / name / "image_ids.txt").read_text().split("\n")[:-1]
+    new_docs = (out_dir / name / "doc_ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    new_images = (out_dir / name / "image_ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
     doc_ids, image_ids = corpus.doc_ids + new_docs, corpus.image_ids + new_images
     _write_ids(out_dir / "doc_ids.txt", doc_ids)
     _write_ids(out_dir / "image_ids.txt", image_ids)

@@ -253,7 +253,7 @@ def _commit(
                          fields["dim"])
         if keep_searcher and backend == "scann":
             os.replace(work / "scann", tmp / "scann")
-        (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False))
+        (tmp / "vocab.json").write_text(json.dumps(list(entity_texts), ensure_ascii=False), encoding="utf-8")
         write_manifest(
             tmp, KIND, VERSION, **fields, backend=backend, n_entities=e, n_candidates=n_candidates, recall_at_k=recall,
             recall_sample=min(recall_sample, e) if backend == "scann" else 0,

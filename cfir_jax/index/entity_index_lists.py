@@ -260,7 +260,7 @@ def write_store(plan: Plan, out_dir: Path, images: np.ndarray, texts: Sequence[s
     has_searcher = searcher == "link" and bool(m.get("has_searcher"))
     if has_searcher:
         link_tree(old.searcher_dir(), out_dir / "scann")
-    (out_dir / "vocab.json").write_text(json.dumps(list(texts), ensure_ascii=False))
+    (out_dir / "vocab.json").write_text(json.dumps(list(texts), ensure_ascii=False), encoding="utf-8")
     sample = int(m.get("recall_sample") or 256)
     recall = 1.0 if backend == "exact" else _recall(plan, images, out_dir, sample)
     kept = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created", "compacted_from")}

@@ -225,7 +225,7 @@ def stage_compacted(
     for name in ("scores.npy", "entity_embeddings.npy"):
         if (index.directory / name).is_file():
             link_tree(index.directory / name, out_dir / name)
-    (out_dir / "vocab.json").write_text(json.dumps(list(index.vocab), ensure_ascii=False))
+    (out_dir / "vocab.json").write_text(json.dumps(list(index.vocab), ensure_ascii=False), encoding="utf-8")
     fields = {key: v for key, v in m.items() if key not in ("kind", "format_version", "created")}
     has_searcher = bool(m.get("has_searcher")) and images is not None
     if has_searcher:

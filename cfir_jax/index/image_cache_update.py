@@ -30,7 +30,7 @@ _OWN_FIELDS = ("kind", "format_version", "created")
 
 
 def _write_ids(path: Path, ids: Iterable[str]) -> None:
-    path.write_text("".join(f"{i}\n" for i in ids))
+    path.write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
 
 
 def _fields(manifest: dict) -> dict:

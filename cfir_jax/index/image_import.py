@@ -41,7 +41,7 @@ def _npy_source(path: Path, ids_path: Path | None) -> tuple[list[Path], Iterator
     except (ValueError, OSError) as e:
         raise CfirError(f"{path}: not a readable .npy array ({e.__class__.__name__}); save it with np.save") from None
     try:
-        ids = Path(ids_path).read_text().split()
+        ids = Path(ids_path).read_text(encoding="utf-8").split()
     except UnicodeDecodeError:
         raise CfirError(f"{ids_path}: not a UTF-8 text file of image ids") from None
     if emb.ndim != 2 or len(ids) != emb.shape[0]:

@@ -108,7 +108,7 @@ def atomic_file(path: str | os.PathLike, mode: str = "wb", **open_kwargs: Any) -
 
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> None:
     """Writes `obj` as JSON to `path` through a temporary file and a rename."""
-    with atomic_file(path, "w") as f:
+    with atomic_file(path, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=2, sort_keys=True, default=str)
 
 

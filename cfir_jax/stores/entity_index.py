@@ -64,7 +64,7 @@ class EntityIndex(Store):
     @classmethod
     def load(cls, directory: Path, manifest: dict) -> EntityIndex:
         try:
-            vocab = json.loads((directory / "vocab.json").read_text())
+            vocab = json.loads((directory / "vocab.json").read_text(encoding="utf-8"))
             offsets = np.load(directory / "offsets.npy")
             cand = np.load(directory / "candidates.npy", mmap_mode="r")
             scores = np.load(directory / "scores.npy", mmap_mode="r") if manifest.get("has_scores") else None

@@ -94,10 +94,10 @@ def is_current(out_dir: Path, expected: dict) -> bool:
 
 
 def write_lists(directory: Path, ids: Sequence[str], skipped: Sequence[SkippedImage]) -> None:
-    (directory / "ids.txt").write_text("".join(f"{i}\n" for i in ids))
+    (directory / "ids.txt").write_text("".join(f"{i}\n" for i in ids), encoding="utf-8")
     # A reason is free text from a decoder; tabs and newlines would break the TSV.
     lines = [f"{s.image_id}\t{' '.join(s.reason.split())}\n" for s in skipped]
-    (directory / "skipped.tsv").write_text("image_id\treason\n" + "".join(lines))
+    (directory / "skipped.tsv").write_text("image_id\treason\n" + "".join(lines), encoding="utf-8")
 
 
 # ---------------------------------------------------------------------------------------------------- reading
@@ -132,7 +132,7 @@ class ImageCache(Store):
             embeddings = np.load(emb_path, mmap_mode="r")
         except (ValueError, OSError) as e:
             raise StoreError(f"{emb_path}: unreadable ({e.__class__.__name__}); rebuild the image cache") from None
-        ids = ids_path.read_text().split("\n")[:-1]
+        ids = ids_path.read_text(encoding="utf-8").split("\n")[:-1]
         want = (manifest.get("num_encoded"), manifest.get("dim"))
         if embeddings.shape != want or len(ids) != want[0] or embeddings.dtype != np.dtype(manifest.get("dtype")):
             raise StoreError(f"{path}: embeddings {embeddings.shape} {embeddings.dtype} and {len(ids)} ids disagree "
@@ -170,7 +170,7 @@ class ImageCache(Store):
         path = self.path / REMOVED
         if not self.manifest.get("num_removed") or not path.is_file():
             return []
-        return path.read_text().split("\n")[:-1]
+        return path.read_text(encoding="utf-8").split("\n")[:-1]
 
     @property
     def removed(self) -> np.ndarray:
@@ -215,5 +215,5 @@ class ImageCache(Store):
 
     def skipped(self) -> list[SkippedImage]:
         """The images left out at build time, with the reason."""
-        lines = (self.path / "skipped.tsv").read_text().splitlines()[1:]
+        lines = (self.path / "skipped.tsv").read_text(encoding="utf-8").splitlines()[1:]
         return [SkippedImage(*line.split("\t", 1)) for line in lines]
