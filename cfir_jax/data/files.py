@@ -20,9 +20,9 @@ does not decode is written with its bytes (or none), and the image cache skips a
 Ids are NFC-normalised (a name typed on one system and copied from another looks the same and is the same id), the
 ids of rows and qrels as the names of files. In a folder, files are read in sorted order:
 - the second of two files of one stem (`tom.JPG`, then `tom.png`) keeps its suffix in its id (`tom.png`);
-- a file whose name is an earlier file's in another Unicode form (NFD `Zu\u0308rich.png` beside NFC `Z\u00fcrich.png`)
-  is not read: it is written with no bytes under its name with every non-ASCII character percent-encoded
-  (`Zu%CC%88rich.png`), so the image cache skips it and names it in skipped.tsv.
+- of two names that differ only in Unicode form (`Zu\u0308rich.png` in NFD, which sorts first, and `Z\u00fcrich.png` in
+  NFC), the second is not read: it is written with no bytes under its name with every non-ASCII character
+  percent-encoded (`Z%C3%BCrich.png`), so the image cache skips it and names it in skipped.tsv.
 """
 
 from __future__ import annotations
