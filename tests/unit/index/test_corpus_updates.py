@@ -190,6 +190,14 @@ def test_resolve_removals_reads_ids_prefixes_and_skips_removed(tmp_path, base):
     assert resolve_removals(removed, ids) == (["i0", "i1"], ["d1"], ["i2"])
 
 
+def test_removal_lines_name_ids_in_either_unicode_form(tmp_path):
+    """Ids are NFC (cfir_jax.data.files): a --remove line typed in NFD names the same picture."""
+    nfc = write_corpus(tmp_path / "c", "toy", _docs(["d0"]), [Image("Z\u00fcrich", image=b"png")], {})
+    ids = tmp_path / "ids.txt"
+    ids.write_text("Zu\u0308rich\n", encoding="utf-8")
+    assert resolve_removals(nfc, ids) == (["Z\u00fcrich"], [], [])
+
+
 def test_resolve_removals_errors_name_file_and_line(tmp_path):
     both = write_corpus(tmp_path / "c", "toy", _docs(["x", "d1"]), _images(["x"], dim=None), {})
     ids = tmp_path / "ids.txt"

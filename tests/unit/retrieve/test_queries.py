@@ -20,6 +20,8 @@ def test_queries_keep_their_order_and_ids(tmp_path):
     path = tmp_path / "q.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in ({"id": "b", "text": "two"}, {"id": 7, "text": "one"})) + "\n\n")
     assert [(d.doc_id, d.text) for d in queries.read_queries(path)] == [("b", "two"), ("7", "one")]
+    path.write_text(json.dumps({"id": "Zu\u0308rich", "text": "one"}))  # ids are NFC, as the collection's
+    assert [d.doc_id for d in queries.read_queries(path)] == ["Z\u00fcrich"]
 
 
 @pytest.mark.parametrize("content, refusal", [
