@@ -26,14 +26,15 @@ from cfir_jax.retrieve.image_query import UnknownPicture, search_image
 from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.stores.integrity import CorruptStore
 
-SHOWN = 20  # hits a request gets by default, as /v1/search's
+SHOWN = 20  # hits a request gets by default (at most retrieval.top_k)
 
 
 class ImageSearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     image: StrictStr | None = Field(None, description="the picture's bytes (JPEG, PNG, WebP, ...), base64")
     image_id: StrictStr | None = Field(None, description="or an indexed picture's id (its cached embedding)")
-    top_k: StrictInt = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k")
+    top_k: StrictInt | None = Field(None, description="hits to return, 1 .. retrieval.top_k (default: 20, or "
+                                    "retrieval.top_k when smaller)")
     id: StrictStr = Field("picture", description="the query's id, echoed in the answer")
 
 
@@ -53,7 +54,8 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind.startswith("image/"):
         try:
-            fields = ImageSearchRequest(top_k=int(request.query_params.get("top_k", SHOWN)),
+            top_k = request.query_params.get("top_k")
+            fields = ImageSearchRequest(top_k=None if top_k is None else int(top_k),
                                         id=request.query_params.get("id", "picture"))
         except ValueError:
             raise HTTPException(422, f"top_k={request.query_params.get('top_k')!r}: an integer") from None
@@ -91,12 +93,13 @@ def picture_routes(app: FastAPI, version_header: str) -> None:
         retriever = next(iter(retrievers.values()), None)
         if not isinstance(retriever, Retriever):
             raise HTTPException(501, "search by picture is served by the single-process engine (serve.engine=local)")
-        if not 1 <= fields.top_k <= holder.current.max_top_k:
-            raise HTTPException(422, f"top_k={fields.top_k} out of range: 1 .. {holder.current.max_top_k}")
+        top_k = min(SHOWN, holder.current.max_top_k) if fields.top_k is None else fields.top_k
+        if not 1 <= top_k <= holder.current.max_top_k:
+            raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {holder.current.max_top_k}")
         version = holder.current.version
         try:
             result = await asyncio.wait_for(asyncio.to_thread(
-                search_image, retriever, image=picture, image_id=fields.image_id, top_k=fields.top_k),
+                search_image, retriever, image=picture, image_id=fields.image_id, top_k=top_k),
                 timeout=svc.settings.deadline_ms / 1e3)
         except TimeoutError:
             raise HTTPException(504, f"deadline of {svc.settings.deadline_ms:g} ms passed (serve.deadline_ms)") \
@@ -107,5 +110,5 @@ def picture_routes(app: FastAPI, version_header: str) -> None:
             raise HTTPException(404, str(e).splitlines()[0]) from None
         except CfirError as e:
             raise HTTPException(422, str(e).splitlines()[0]) from None
-        answer = await asyncio.to_thread(report.as_json, fields.id, result, retriever.describe_image, fields.top_k)
+        answer = await asyncio.to_thread(report.as_json, fields.id, result, retriever.describe_image, top_k)
         return Response(answer, media_type="application/json", headers={version_header: str(version)})

@@ -12,7 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from cfir_jax.serve.picture import SHOWN, _body, _parse
+from cfir_jax.serve.picture import _body, _parse
 
 PNG = b"\x89PNG\r\n\x1a\nnot really"
 
@@ -33,7 +33,7 @@ def test_a_raw_picture_body_takes_top_k_and_id_from_the_query_string():
     picture, fields = _parse(_request("image/png", "top_k=3&id=mine"), PNG, max_bytes=1000)
     assert picture == PNG and (fields.top_k, fields.id, fields.image_id) == (3, "mine", None)
     picture, fields = _parse(_request("image/jpeg; charset=binary"), PNG, max_bytes=1000)
-    assert picture == PNG and (fields.top_k, fields.id) == (SHOWN, "picture")
+    assert picture == PNG and (fields.top_k, fields.id) == (None, "picture")  # the route's default
 
 
 def test_a_json_picture_is_base64_or_an_id():
