@@ -2,6 +2,8 @@
 
     python retrieve.py --index W --query doc.txt [--top-k 20] [--format table|json|trec] [--html out.html]
     python retrieve.py --index W --queries docs.jsonl --output run.trec [--qrels qrels.txt]
+    python retrieve.py --index W --query-image photo.jpg [--top-k 20] [--format table|json|trec]   # by picture
+    python retrieve.py --index W --query-image-id IMAGE_ID          # the nearest pictures of an indexed picture
     python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
                                                                     # (+ the fused row when W/image_text exists,
                                                                     # + the re-ranked row when W/reranker does)
@@ -37,6 +39,14 @@ def main():
 
         return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
                          host=args.host, port=args.port, engine=args.engine, address=args.address)
+    if args.query_image or args.query_image_id:
+        # why: the Retriever's stack and the vision tower load once the flags and the config are read
+        from cfir_jax.commands import retrieve_image
+
+        faults.on_sigterm()
+        return retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
+                                  image_id=args.query_image_id or "", fmt=args.format,
+                                  shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag)
     # why: the Retriever's stack (JAX, flax, spaCy) loads once the flags and the config are read
     from cfir_jax.commands import evaluate, fit_reranker, retrieve
 

@@ -124,8 +124,8 @@ def _encode_row(which: str, sizes: Sizes) -> dict:
         t = interleaved({which: lambda: jax.block_until_ready(encoder(state["params"], frozen, ids, mask))},
                         sizes.steps, warmup=1)
         return {"what": f"text encoding {size} bf16", "batch": b, "jax_seq_s": b / t[which].median}
-    from cfir_jax.index.image_encoding import ImageEncoder
     from cfir_jax.model import beit3 as model_lib
+    from cfir_jax.model.image_tower import ImageEncoder
 
     images = ImageEncoder(model_lib.create_model(cfg.model), "bfloat16", b)
     pixels = np.random.default_rng(0).normal(size=(images.batch_size, images.image_size, images.image_size, 3))

@@ -37,8 +37,9 @@ from PIL import Image as PILImage
 from cfir_jax.core.config import model_config
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.index.image_encoding import ImageEncoder, build_image_cache
+from cfir_jax.index.image_encoding import build_image_cache
 from cfir_jax.model.beit3 import create_model
+from cfir_jax.model.image_tower import ImageEncoder
 from cfir_jax.model.preprocess import decode_image
 from cfir_jax.search.knn import ScannConfig, ScannSearcher, recall_at_k, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk

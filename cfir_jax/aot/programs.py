@@ -19,8 +19,8 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cfir_jax.aot.topology import Topology
-from cfir_jax.index.image_encoding import _encode_fn
 from cfir_jax.model import beit3 as model_lib
+from cfir_jax.model.image_tower import encode_fn
 from cfir_jax.search import device_sr as dsr
 from cfir_jax.train import batch as batch_lib
 from cfir_jax.train.full_step import FULL_BATCH, make_full_step
@@ -164,8 +164,8 @@ def image_encoding(config, topology: Topology, image_size: int | None = None) ->
     cfg.dtype = ic.compute_dtype
     devices = topology.host_devices
     mesh = jax.sharding.Mesh(list(devices), ("data",))
-    batch = -(-int(ic.batch_size) // len(devices)) * len(devices)  # image_encoding.encoder_batch on that host
-    _, fn = _encode_fn(cfg)
+    batch = -(-int(ic.batch_size) // len(devices)) * len(devices)  # image_tower.encoder_batch on that host
+    _, fn = encode_fn(cfg)
     _, state = nnx.split(model_lib.abstract_model(cfg))
     state = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=NamedSharding(mesh, P())), state)
     pixels = jax.ShapeDtypeStruct((batch, cfg.image_size, cfg.image_size, 3), jnp.float32,

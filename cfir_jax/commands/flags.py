@@ -46,6 +46,10 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--query", help="a plain-text document")
     what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
+    what.add_argument("--query-image", metavar="FILE", help="a picture (JPEG, PNG, WebP, ...): its nearest pictures, "
+                      "embedded by the index's own vision tower (docs/retrieval.md, search by picture)")
+    what.add_argument("--query-image-id", metavar="ID", help="an indexed picture's id: its nearest pictures, by its "
+                      "cached embedding")
     what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
     what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
                       "(retrieval.rerank) on the train split into W/reranker; enable it with "
@@ -83,9 +87,12 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
 
 def check_retrieve(args: argparse.Namespace) -> None:
     """retrieve.py's flags together, in one line each, before minutes of retrieval; --compare-k parsed to ints."""
-    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.serve, args.compile_only]
+    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.serve, args.compile_only,
+              args.query_image or args.query_image_id]
     if sum(bool(c) for c in chosen) != 1:
-        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --serve, --compile-only")
+        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --serve, --compile-only, "
+                        "--query-image, --query-image-id")
+    _check_picture(args)
     if args.format not in FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
     if args.plot and not args.evaluate:
@@ -109,6 +116,13 @@ def check_retrieve(args: argparse.Namespace) -> None:
             args.compare_k = parse.get(args.method, parse_ks)(args.compare_k)
         except ValueError as e:
             raise CfirError(str(e)) from None
+
+
+def _check_picture(args: argparse.Namespace) -> None:
+    """A picture's hits print on stdout: there is no run of documents to write or score."""
+    if (args.query_image or args.query_image_id) and (args.output or args.qrels):
+        raise CfirError("--output and --qrels write and score a run of documents; a picture's hits print on stdout "
+                        "(--format trec for TREC lines)")
 
 
 def hit_budget(config, top_k: int | None) -> tuple[int, int]:

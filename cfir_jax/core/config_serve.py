@@ -26,6 +26,7 @@ def serve_config() -> ml_collections.ConfigDict:
             deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
             max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413
             max_batch_docs=64,  # documents in one POST /v1/search/batch
+            max_image_bytes=20 << 20,  # bytes of one query picture (POST /v1/search/image, --query-image); past it 413
             summary_cache=1024,  # query summaries kept by document hash (0: none); each costs a summary's text
             admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
             # The cluster (serve.engine="ray": Ray Serve, cfir_jax.serve.cluster; pip install -e ".[cluster]").

@@ -16,8 +16,6 @@ from pathlib import Path
 
 import jax
 import numpy as np
-from flax import nnx
-from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError, StoreError
@@ -26,9 +24,9 @@ from cfir_jax.core.progress import shown
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.index.chunks import shared_work_dir
 from cfir_jax.index.image_import import import_precomputed
-from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model.beit3 import DBeit3
 from cfir_jax.model.checkpoint import fingerprint
+from cfir_jax.model.image_tower import ImageEncoder, encoder_batch
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
 from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
 from cfir_jax.stores.contract import atomic_dir, write_manifest
@@ -52,56 +50,6 @@ PREFETCH_BATCHES = 4
 
 
 log = logging.getLogger(__name__)
-# One jitted encode function per model structure (config incl. compute dtype), shared by every build in a process:
-# jit caches its compilations per function object, so a second build (another corpus, a resumed run, the fp32/bf16
-# pair of the benchmark) does not compile again. The GraphDef holds the ConfigDict (unhashable), so it cannot be a
-# static argument; it is closed over instead.
-_ENCODE_FNS: dict[str, tuple[object, Callable]] = {}
-
-
-def encoder_batch(batch_size: int) -> int:
-    """The batch size actually used: `batch_size` rounded up to a multiple of the local device count."""
-    n = jax.local_device_count()
-    return -(-batch_size // n) * n
-
-
-def _encode_fn(config) -> tuple[object, Callable]:
-    """(graphdef, jitted fn(state, pixels [B, S, S, 3]) -> [B, D]) of the model structure described by `config`."""
-    key = json.dumps(config.to_dict(), sort_keys=True, default=str)
-    if key not in _ENCODE_FNS:
-        graphdef, _ = nnx.split(model_lib.abstract_model(config))
-
-        # The batch sharding of `pixels` propagates to the output: each device encodes its slice with replicated
-        # parameters, with no collective.
-        @jax.jit
-        def encode(state, pixels):
-            return nnx.merge(graphdef, state).encode_image(pixels)
-
-        _ENCODE_FNS[key] = (graphdef, encode)
-    return _ENCODE_FNS[key]
-
-
-class ImageEncoder:
-    """The vision tower for a fixed [batch, S, S, 3] shape, the batch sharded over a 1-D mesh of the local devices."""
-
-    def __init__(self, model: DBeit3, compute_dtype: str, batch_size: int):
-        devices = jax.local_devices()
-        self.mesh = Mesh(np.array(devices), ("data",))
-        self.batch_size = encoder_batch(batch_size)
-        self.image_size = int(model.config.image_size)
-        self.dim = int(model.config.embed_dim)
-        # The compute dtype is a static attribute of the modules, so it lives in the graphdef: take the graphdef of
-        # an abstract model built with the wanted dtype and merge it with the real parameters.
-        cfg = model.config.copy_and_resolve_references()
-        cfg.dtype = compute_dtype
-        _, self._fn = _encode_fn(cfg)
-        _, state = nnx.split(model)
-        self._state = jax.device_put(state, NamedSharding(self.mesh, PartitionSpec()))
-        self._data = NamedSharding(self.mesh, PartitionSpec("data"))
-
-    def __call__(self, pixels: np.ndarray) -> jax.Array:
-        """pixels [batch_size, S, S, 3] float32 -> [batch_size, D] float32 (dispatched asynchronously)."""
-        return self._fn(self._state, jax.device_put(pixels, self._data))
 
 
 def _decode_row(corpus: Corpus, row: int, size: int) -> tuple[str, np.ndarray | None, str]:

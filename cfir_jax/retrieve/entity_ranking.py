@@ -45,6 +45,11 @@ class EntityRanking:
         removed = getattr(getattr(stores, "cache", None), "removed", None)
         self._removed = removed if removed is not None and np.any(removed) else None
 
+    @property
+    def searcher(self) -> ScannSearcher | None:
+        """The entity index's ScaNN searcher over the cache, when this ranking loaded it (unseen entities searched)."""
+        return self._searcher
+
     def extractor(self):
         """The spaCy entity extractor (loaded on first use)."""
         if self._nlp is None:

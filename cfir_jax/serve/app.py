@@ -30,6 +30,7 @@ from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.page import PAGE
+from cfir_jax.serve.picture import picture_routes
 from cfir_jax.serve.resident import IndexHolder
 from cfir_jax.serve.verifier import BackgroundVerifier
 from cfir_jax.stores.integrity import CorruptStore
@@ -101,7 +102,8 @@ class Service:
         self.verifier = BackgroundVerifier(lambda: self.holder.current.workdir,
                                            float(settings.verify_mb_per_s),
                                            float(settings.verify_interval_s))
-        self.max_body = 8 * settings.max_text_bytes * max(1, settings.max_batch_docs) + 65536  # JSON escapes
+        self.max_body = max(8 * settings.max_text_bytes * max(1, settings.max_batch_docs),  # JSON escapes
+                            4 * -(-settings.max_image_bytes // 3)) + 65536  # a base64 picture
 
     def watch_pool(self, index) -> None:
         """Counts the entity pool's worker restarts in /metrics (each is also logged in one line by the pool)."""
@@ -244,6 +246,7 @@ def create_app(svc: Service) -> FastAPI:
 
     _error_handlers(app, svc)
     _search_routes(app)
+    picture_routes(app, VERSION_HEADER)  # POST /v1/search/image: search by picture (single-process engine)
 
     @app.get("/healthz", summary="alive")
     async def healthz() -> dict:
@@ -349,5 +352,5 @@ def _search_routes(app: FastAPI) -> None:
 
 
 _ENDPOINTS = ("/", "/v1/search", "/v1/search/batch", "/v1/search/html", "/healthz", "/readyz", "/metrics",
-              "/v1/admin/reload", "/docs", "/openapi.json")
+              "/v1/admin/reload", "/docs", "/openapi.json", "/v1/search/image")
 

@@ -1,0 +1,174 @@
+"""Search by picture (cfir_jax.retrieve.image_query, `retrieve.py --query-image`, POST /v1/search/image) over the
+example collection's 40 pictures, indexed with the session workdir's model: the image cache made by its vision tower
+and the entity index built with ScaNN, its searcher kept. A picture's own file finds it first, with ScaNN and
+exactly, and so does its id; the tower loads on the first picture and compiles once; removed pictures never answer;
+an imported cache refuses a file in one line but answers an id; broken and huge pictures are refused in one line by
+the command and by the service, which keeps serving."""
+
+import base64
+import hashlib
+import json
+import shutil
+
+import httpx
+import numpy as np
+import pytest
+from repo import ROOT, run_script
+from test_serve import Server
+
+from cfir_jax.core import cli
+from cfir_jax.retrieve import image_query
+from cfir_jax.retrieve.image_query import UnknownPicture, UnusablePicture, search_image
+from cfir_jax.retrieve.pipeline import Retriever
+from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.integrity import write_checksums
+
+PICTURES = ROOT / "examples" / "collection" / "images"
+ASKED = ("img0000013", "img0000100", "img0003567")  # pictures of the collection (PICTURES/<id>.png)
+EXACT = "--config.index.entity_index.backend=exact"
+BROKEN = b"\x89PNG\r\n\x1a\n" + b"\x00" * 64  # a PNG signature, then nothing PIL can read
+
+
+def _file(image_id: str) -> bytes:
+    return (PICTURES / f"{image_id}.png").read_bytes()
+
+
+def _retriever(w, *overrides: str) -> Retriever:
+    return Retriever(cli.load("", w, overrides), w)
+
+
+@pytest.fixture(scope="module")
+def pictures(workdir, tmp_path_factory):
+    w = tmp_path_factory.mktemp("pictures") / "W"
+    run_script("index.py", "--config", "configs/collection.py", "--workdir", str(w),
+               f"--config.index.encoder={workdir}", "--config.index.image_cache.precomputed=",
+               "--config.index.corpus.qrels=", "--config.index.entity_index.backend=scann")
+    return w
+
+
+@pytest.fixture(scope="module")
+def scann(pictures) -> Retriever:
+    return _retriever(pictures)
+
+
+def test_a_picture_finds_itself_first_by_its_file_and_by_its_id_with_scann_and_exactly(pictures, scann):
+    exact = _retriever(pictures, EXACT)
+    for image_id in ASKED:
+        by_file = search_image(scann, image=_file(image_id), top_k=5)
+        by_id = search_image(scann, image_id=image_id, top_k=5)
+        exactly = search_image(exact, image=_file(image_id), top_k=5)
+        for result in (by_file, by_id, exactly):
+            assert result.hits[0].image_id == image_id and result.hits[0].score > 0.999, result.hits[:2]
+            assert result.entities == [] and result.num_candidates == 40 and len(result.hits) == 5
+        # 40 rows: ScaNN's reorder covers them all, so its answer is the exact one
+        assert [h.image_id for h in by_file.hits] == [h.image_id for h in exactly.hits]
+        np.testing.assert_allclose([h.score for h in by_file.hits], [h.score for h in exactly.hits], atol=1e-5)
+        assert {"decode", "tower", "search", "hits"} <= set(by_file.times_ms) and "lookup" in by_id.times_ms
+    assert "ScaNN" in by_file.note and "exact search over 40 live pictures" in exactly.note
+
+
+def test_the_tower_loads_on_the_first_picture_and_compiles_once(pictures, monkeypatch):
+    from compile_checks import traced_at_most
+
+    from cfir_jax.model import image_tower
+
+    retriever = _retriever(pictures)
+    search_image(retriever, image_id=ASKED[0], top_k=3)  # an id needs no tower
+    assert image_query._SEARCHES[retriever]._encoder is None
+    monkeypatch.setattr(image_tower, "_ENCODE_FNS", {})  # its program made afresh, inside the trace count
+    with traced_at_most(1):
+        times = [search_image(retriever, image=_file(i), top_k=3).times_ms for i in ASKED]
+    assert "tower_load" in times[0] and not any("tower_load" in t for t in times[1:])
+
+
+def _remove(w, image_ids: list[str]) -> None:
+    """What `index.py --remove` commits to the image cache: removed.txt, the manifest's count and digest, checksums."""
+    cache = w / "image_cache"
+    text = "".join(f"{i}\n" for i in image_ids)
+    (cache / "removed.txt").write_text(text)
+    manifest = json.loads((cache / "manifest.json").read_text())
+    manifest.update(num_removed=len(image_ids), removed_sha=hashlib.sha256(text.encode()).hexdigest()[:16])
+    (cache / "manifest.json").write_text(json.dumps(manifest))
+    write_checksums(cache)
+
+
+@pytest.mark.parametrize("backend", ["scann", "exact"])
+def test_removed_pictures_never_answer(pictures, scann, tmp_path, backend):
+    before = search_image(scann, image=_file(ASKED[1]), top_k=40)
+    gone = {ASKED[0], before.hits[1].image_id, before.hits[2].image_id}  # one asked, two of another's nearest
+    w = tmp_path / "W"
+    shutil.copytree(pictures, w)
+    _remove(w, sorted(gone))
+    retriever = _retriever(w, f"--config.index.entity_index.backend={backend}")
+    after = search_image(retriever, image=_file(ASKED[1]), top_k=40)
+    assert [h.image_id for h in after.hits] == [h.image_id for h in before.hits if h.image_id not in gone]
+    assert after.num_candidates == 37 and backend in after.note.lower()
+    asked_gone = search_image(retriever, image=_file(ASKED[0]), top_k=40)  # its own file: never itself
+    assert len(asked_gone.hits) == 37 and not gone & {h.image_id for h in asked_gone.hits}
+    with pytest.raises(UnknownPicture, match=f"image id '{ASKED[0]}' was removed"):
+        search_image(retriever, image_id=ASKED[0], top_k=3)
+
+
+def test_an_imported_cache_refuses_a_file_in_one_line_but_answers_an_id(workdir):
+    retriever = _retriever(workdir)  # the demo world: the corpus' own embeddings, imported
+    cache = ImageCache.open(workdir / "image_cache")
+    row = retriever.corpus.image_ids.index(cache.ids[0])
+    with pytest.raises(UnusablePicture, match="embeddings were imported .*query an indexed picture by its id") as e:
+        search_image(retriever, image=retriever.corpus.image(row).image, top_k=3)
+    assert "\n" not in str(e.value)
+    assert search_image(retriever, image_id=cache.ids[0], top_k=3).hits[0].image_id == cache.ids[0]
+
+
+def test_the_command_prints_the_hits_and_refuses_a_bad_picture_in_one_line(pictures, tmp_path):
+    proc = run_script("retrieve.py", "--index", str(pictures), "--query-image", str(PICTURES / f"{ASKED[0]}.png"),
+                      "--format", "json", "--top-k", "3")
+    answer = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert answer["id"] == ASKED[0] and answer["hits"][0]["image_id"] == ASKED[0] and len(answer["hits"]) == 3
+    assert answer["hits"][0]["caption"] and answer["entities"] == []
+    broken = tmp_path / "broken.png"
+    broken.write_bytes(BROKEN)
+    proc = run_script("retrieve.py", "--index", str(pictures), "--query-image", str(broken), check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr[-2000:]
+    assert lines[0] == "error: the picture (72 bytes) cannot be used: not a recognised image format"
+
+
+@pytest.fixture(scope="module")
+def server(pictures):
+    # A deadline a loaded machine meets: the first picture loads the tower (seconds) within its request's time.
+    s = Server(pictures, "--config.serve.max_image_bytes=4096", "--config.serve.deadline_ms=60000")
+    yield s
+    code, log = s.stop()
+    assert code == 0 and "Traceback" not in log, log[-3000:]
+
+
+def test_the_service_takes_a_picture_as_base64_json_or_as_the_body_or_by_id(server):
+    picture = _file(ASKED[1])
+    asked = [server.client.post("/v1/search/image", json={"image": base64.b64encode(picture).decode(), "top_k": 4}),
+             server.client.post("/v1/search/image?top_k=4&id=mine", content=picture,
+                                headers={"content-type": "image/png"}),
+             server.client.post("/v1/search/image", json={"image_id": ASKED[1], "top_k": 4})]
+    for response in asked:
+        assert response.status_code == 200, response.text
+        hits = response.json()["hits"]
+        assert hits[0]["image_id"] == ASKED[1] and len(hits) == 4 and response.headers["X-Index-Version"].isdigit()
+    assert asked[1].json()["id"] == "mine" and asked[0].json()["id"] == "picture"
+    assert [h["image_id"] for h in asked[0].json()["hits"]] == [h["image_id"] for h in asked[1].json()["hits"]]
+
+
+@pytest.mark.parametrize("request_kwargs, status, message", [
+    (dict(json={"image": base64.b64encode(BROKEN).decode()}), 422, "cannot be used: not a recognised image format"),
+    (dict(content=BROKEN[:40], headers={"content-type": "image/png"}), 422, "the picture (40 bytes) cannot be used"),
+    (dict(content=b"\x89PNG" + b"\x00" * 5000, headers={"content-type": "image/png"}), 413,
+     "over serve.max_image_bytes=4,096"),
+    (dict(json={"image": base64.b64encode(b"\x00" * 5000).decode()}), 413, "over serve.max_image_bytes=4,096"),
+    (dict(json={"image_id": "img-nope"}), 404, "image id 'img-nope' is not in the cache"),
+    (dict(json={"image_id": ASKED[0], "top_k": 0}), 422, "top_k=0 out of range"),
+    (dict(content=b"{nope", headers={"content-type": "application/json"}), 400, "malformed JSON"),
+])
+def test_a_bad_picture_gets_a_one_line_4xx_and_the_service_keeps_serving(server, request_kwargs, status, message):
+    response = server.client.post("/v1/search/image", **request_kwargs)
+    assert response.status_code == status, response.text
+    assert list(response.json()) == ["error"] and message in response.json()["error"]
+    assert "\n" not in response.json()["error"]
+    assert httpx.get(f"{server.url}/readyz").status_code == 200

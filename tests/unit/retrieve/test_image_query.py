@@ -1,0 +1,41 @@
+"""Search by picture's refusals that need no index (cfir_jax/retrieve/image_query.py): a picture file read safely,
+and the arguments of `search_image` checked before anything loads, each in one line. What it finds, over a built
+index, is tests/e2e/test_image_search.py."""
+
+import pytest
+
+from cfir_jax.core.errors import CfirError
+from cfir_jax.retrieve.image_query import UnusablePicture, read_picture, search_image
+
+
+def test_a_picture_file_is_read_whole(tmp_path):
+    path = tmp_path / "photo.png"
+    path.write_bytes(b"\x89PNG\r\n\x1a\n....")
+    assert read_picture(path, limit=100) == b"\x89PNG\r\n\x1a\n...."
+
+
+@pytest.mark.parametrize("make, refusal", [
+    (lambda p: None, "picture not found"),
+    (lambda p: p.mkdir(), "picture is not a regular file"),
+    (lambda p: p.write_bytes(b""), "picture is empty"),
+    (lambda p: p.write_bytes(b"x" * 101), "picture is 101 bytes, over serve.max_image_bytes=100"),
+])
+def test_a_bad_picture_file_is_one_line_naming_it(tmp_path, make, refusal):
+    path = tmp_path / "photo.jpg"
+    make(path)
+    with pytest.raises(UnusablePicture) as e:
+        read_picture(path, limit=100)
+    assert str(e.value) == f"{path}: {refusal}"
+
+
+@pytest.mark.parametrize("kwargs, refusal", [
+    (dict(top_k=5), "give a picture's bytes (image) or an indexed picture's id (image_id), not both or neither"),
+    (dict(image=b"x", image_id="a", top_k=5), "not both or neither"),
+    (dict(image_id="a", top_k=0), "top_k must be a positive integer, got 0"),
+    (dict(image_id="a", top_k=True), "top_k must be a positive integer, got True"),
+    (dict(image_id="a", top_k="3"), "top_k must be a positive integer, got '3'"),
+])
+def test_search_arguments_are_checked_before_the_index_is_touched(kwargs, refusal):
+    with pytest.raises(CfirError) as e:
+        search_image(None, **kwargs)  # no Retriever: the check comes first
+    assert refusal in str(e.value) and "\n" not in str(e.value)
