@@ -123,8 +123,7 @@ class Index:
 
     def _top(self, top_k: int) -> int:
         if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= self.max_top_k:
-            raise CfirError(f"top_k={top_k!r} out of range: 1 .. {self.max_top_k} (retrieval.top_k; open the index "
-                            "with retrieval__top_k=N for more)")
+            raise CfirError(f"top_k={top_k!r} out of range: 1 .. {self.max_top_k}")  # the service's words
         return top_k
 
     def _search_image(self, image: bytes | str | os.PathLike, top: int, method: str | None) -> Result:
