@@ -179,5 +179,5 @@ def test_every_example_of_docs_python_md_runs(api_workdir, service, tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     out = proc.stdout
     assert "no_such_work: no index here (missing directory); build it with index.py" in out
-    assert "text is empty" in out and "'images_added': 12" in out and "'images_removed': 1" in out
+    assert "text is empty" in out and "'images_added': 3" in out and "'images_removed': 1" in out
     assert out.count("True") >= 3  # the service ready, two versions later, the stores intact
