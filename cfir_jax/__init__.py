@@ -1,8 +1,10 @@
 """cfir-jax: Coarse-to-Fine Index-shared Retrieval (CFIR) with a Decoupling-BEiT-3 dual encoder in JAX/Flax."""
 
 import glob
+import importlib
 import importlib.util
 import os
+import types
 
 __version__ = "0.1.0"
 
@@ -29,3 +31,57 @@ def tpu_free_platforms(environ, find_spec=importlib.util.find_spec, device_files
 _platforms = tpu_free_platforms(os.environ)
 if _platforms is not None:
     os.environ["JAX_PLATFORMS"] = _platforms
+
+
+# The library's names (docs/python.md), loaded on first use so that `import cfir_jax` stays light (no JAX): each is
+# (module, attribute).
+_API = {
+    "open": ("cfir_jax.api.index", "open"),
+    "Index": ("cfir_jax.api.index", "Index"),
+    "build": ("cfir_jax.api.workdir", "build"),
+    "verify": ("cfir_jax.api.workdir", "verify"),
+    "Verification": ("cfir_jax.api.workdir", "Verification"),
+    "Client": ("cfir_jax.api.client", "Client"),
+    "ServiceError": ("cfir_jax.api.client", "ServiceError"),
+    "Result": ("cfir_jax.retrieve.results", "Result"),
+    "Hit": ("cfir_jax.retrieve.results", "Hit"),
+    "CfirError": ("cfir_jax.core.errors", "CfirError"),
+}
+# The names a user may import (every key of _API, and the callable training package): tests/unit/api holds them equal.
+__all__ = ["CfirError", "Client", "Hit", "Index", "Result", "ServiceError", "Verification", "__version__", "build",
+           "open", "train", "verify"]
+
+
+def __getattr__(name: str):
+    if name not in _API:
+        raise AttributeError(f"module 'cfir_jax' has no attribute {name!r}")
+    module, attribute = _API[name]
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # the next access is a plain lookup
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_API])
+
+
+class _TrainPackage(types.ModuleType):
+    """`cfir_jax.train` is the training package (`cfir_jax.train.loop`, ...) and, called, the library's
+    `train(config, W, **overrides)` (`cfir_jax.api.workdir.train`): one name for both, since a package's attribute
+    named like a subpackage is replaced by the subpackage whenever that is imported."""
+
+    def __call__(self, config, workdir, **overrides):
+        # why: training loads JAX, flax, optax and orbax on the call, not when the name is read
+        from cfir_jax.api import workdir as library
+
+        return library.train(config, workdir, **overrides)
+
+
+def _callable_train_package() -> None:
+    # why: the training package's __init__ is its docstring alone; its modules load when used
+    from cfir_jax import train as package
+
+    package.__class__ = _TrainPackage
+
+
+_callable_train_package()

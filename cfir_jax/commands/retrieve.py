@@ -1,5 +1,5 @@
 """The retrieve command (`retrieve.py --query doc.txt` / `--queries docs.jsonl`): retrieve for documents given as
-files and show the hits.
+files and show the hits, through the library's `Index` (`cfir_jax.api.index`; `--format json` is its records' JSON).
 
 Shown on stdout as a table, JSON lines or TREC lines (`shown` hits each); optionally an HTML page with the images,
 a TREC run file (`top` hits each) and its measures against a qrels file (evaluated with exact SR, like --evaluate,
@@ -13,10 +13,11 @@ from pathlib import Path
 
 import ml_collections
 
+from cfir_jax.api.index import Index
 from cfir_jax.commands.evaluate import evaluation_sr, print_notes, write_and_score
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.methods import METHODS
-from cfir_jax.retrieve.pipeline import Retriever, run_of
+from cfir_jax.retrieve.pipeline import run_of
 from cfir_jax.retrieve.queries import read_queries, read_query
 
 
@@ -27,9 +28,10 @@ def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str =
     docs = [read_query(query)] if query else read_queries(queries)
     if qrels:
         evaluation_sr(config)
-    retriever = Retriever(config, workdir, method, measure_agreement=bool(qrels))
+    index = Index(config, workdir, method, measure_agreement=bool(qrels))  # the library's (cfir_jax.open's)
+    retriever = index.retriever()
     print_notes(retriever)
-    results = retriever.retrieve_many(docs, progress=len(docs) > 1)
+    results = index.retrieve(docs, progress=len(docs) > 1)
     describe = retriever.describe_image
     for doc, result in zip(docs, results):
         if fmt == "table":

@@ -1,25 +1,26 @@
 """The verify command (`index.py --verify --workdir W`): every store of W re-read against the checksums recorded when
-it was built (`cfir_jax.stores.integrity.verify_workdir`). A reader: no config, no lock, no JAX."""
+it was built (`cfir_jax.api.workdir.verify`, over `cfir_jax.stores.integrity.verify_workdir`). A reader: no config,
+no lock, no JAX."""
 
 from __future__ import annotations
 
 import os
 import sys
-from pathlib import Path
 
-from cfir_jax.stores.integrity import verify_workdir
-from cfir_jax.stores.layout import STORES
+from cfir_jax.api import workdir as api
+from cfir_jax.core.errors import CfirError
 
 
 def run(workdir: str | os.PathLike, out=None) -> int:
     """One line per damaged file (stderr) and a summary; returns 0 when every store is intact, else 2."""
-    root = Path(workdir)
-    if not root.is_dir():
-        print(f"error: {root}: no workdir here (missing directory)", file=sys.stderr)
+    try:
+        found = api.verify(workdir)
+    except CfirError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
-    intact, problems = verify_workdir(root, STORES)
-    for line in problems:
+    for line in found.problems:
         print(f"damaged: {line}", file=sys.stderr)
+    intact, problems = found.intact, found.problems
     print(f"verify: {len(intact)} store(s) intact" + (f" ({', '.join(intact)})" if intact else "")
           + (f"; {len(problems)} problem(s): rebuild the stores named above with index.py (--stages ...)"
              if problems else ""), file=out or sys.stdout)

@@ -10,9 +10,9 @@ import importlib.util
 import json
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import ml_collections
 from absl import flags
@@ -82,12 +82,7 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
     for item in overrides:
         if not item.startswith("--config.") or "=" not in item:
             raise CfirError(f"unrecognised argument {item!r}: overrides look like --config.train.lr=3e-4")
-        key = item[len("--config."):].partition("=")[0]
-        node = config
-        for part in key.split("."):
-            if not isinstance(node, ml_collections.ConfigDict) or part not in node:
-                raise CfirError(f"--config.{key}: unknown config field (see the config file for the fields)")
-            node = node[part]
+        _field(config, item[len("--config."):].partition("=")[0], "--config.")
     argv = ["cfir", *overrides]
     flag_values = flags.FlagValues()
     config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=False, sys_argv=argv)
@@ -96,6 +91,32 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
     except flags.Error as e:
         raise CfirError(" ".join(str(e).split())) from None
     return flag_values.config
+
+
+def apply_values(config: ml_collections.ConfigDict, values: Mapping[str, Any]) -> ml_collections.ConfigDict:
+    """The library's overrides (`cfir_jax.open(W, retrieval__top_k=100)`): {"retrieval.top_k": 100} (or
+    "retrieval__top_k") set on the config as Python values, with the ConfigDict's type checks; an unknown field or
+    an ill-typed value is one CfirError line naming the field."""
+    for name, value in values.items():
+        key = name.replace("__", ".")
+        parent, _, leaf = key.rpartition(".")
+        _field(config, key, "")
+        node = _field(config, parent, "") if parent else config
+        try:
+            node[leaf] = value
+        except (TypeError, ValueError) as e:
+            raise CfirError(f"{key}={value!r}: {' '.join(str(e).split())}") from None
+    return config
+
+
+def _field(config: ml_collections.ConfigDict, key: str, prefix: str):
+    """The value of the config field `key` ("a.b.c"), or one CfirError line when there is no such field."""
+    node = config
+    for part in key.split("."):
+        if not isinstance(node, ml_collections.ConfigDict) or part not in node:
+            raise CfirError(f"{prefix}{key}: unknown config field (see the config file for the fields)")
+        node = node[part]
+    return node
 
 
 def overrides_help(example: str = "--config.train.lr=3e-4") -> str:

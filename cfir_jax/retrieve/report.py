@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from cfir_jax.retrieve import results
 from cfir_jax.retrieve.pipeline import Result
 
 EVAL_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000")
@@ -127,14 +128,8 @@ def table(result: Result, describe: Callable[[str], tuple[str, str]], top: int) 
 
 
 def as_json(doc_id: str, result: Result, describe: Callable[[str], tuple[str, str]], top: int) -> str:
-    return json.dumps({
-        "id": doc_id, "entities": result.entities, "unknown_entities": result.unknown_entities,
-        "num_unknown_entities": len(result.unknown_entities),
-        "summary": result.summary, "note": result.note, "num_candidates": result.num_candidates,
-        "times_ms": result.times_ms,
-        "hits": [{"rank": h.rank, "image_id": h.image_id, "score": h.score, "entities": list(h.entities),
-                  "caption": describe(h.image_id)[0], "url": describe(h.image_id)[1]} for h in result.hits[:top]],
-    }, ensure_ascii=False)
+    """One result as a JSON line: the public record's JSON (`cfir_jax.retrieve.results.Result.to_json`)."""
+    return json.dumps(results.Result.of(doc_id, result, describe, top).to_json(), ensure_ascii=False)
 
 
 def unknown_summary(results: Sequence[Result], policy: str) -> str:

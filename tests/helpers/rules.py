@@ -204,7 +204,8 @@ def _check_dotted(dotted: str, root: Path) -> str | None:
 
 
 def _defines(module: Path, name: str) -> bool:
-    """Whether `module` defines `name` at its top level or as a member of one of its classes (or imports it)."""
+    """Whether `module` defines `name` at its top level or as a member of one of its classes (or imports it, or
+    declares it in `__all__`: a package's lazily loaded names)."""
     tree = ast.parse(module.read_text())
     names = set()
     for node in ast.walk(tree):
@@ -213,6 +214,9 @@ def _defines(module: Path, name: str) -> bool:
         elif isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             names |= {t.id for t in targets if isinstance(t, ast.Name)}
+            if any(isinstance(t, ast.Name) and t.id == "__all__" for t in targets) and \
+                    isinstance(node.value, (ast.List, ast.Tuple)):  # the names a lazy module declares (PEP 562)
+                names |= {e.value for e in node.value.elts if isinstance(e, ast.Constant) and isinstance(e.value, str)}
             names |= {t.attr for t in targets if isinstance(t, ast.Attribute)}
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names |= {(a.asname or a.name).split(".")[0] for a in node.names}

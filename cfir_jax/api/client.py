@@ -1,0 +1,144 @@
+"""The service's client: `Client(url).search(text)` answers with the same `Result` as `cfir_jax.open(W).search(text)`,
+over HTTP to `retrieve.py --index W --serve` (one process or `--engine ray`: the same API).
+
+    client = cfir_jax.Client("http://127.0.0.1:8080")
+    result = client.search("The Eiffel Tower in Paris ...", top_k=5)
+
+A busy service answers 503 with `Retry-After`: the client waits that long and asks again, as long as the call's
+deadline (`deadline_s`) allows; any other refusal (and a 503 past the deadline) is a `ServiceError`, a `CfirError`
+whose message is the service's one-line reason. The standard library's HTTP alone: no JAX, no extra dependency.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+
+from cfir_jax.core.errors import CfirError
+from cfir_jax.retrieve.results import Result
+
+__all__ = ["Client", "ServiceError"]
+
+
+class ServiceError(CfirError):
+    """A refusal of the service: its one-line reason, with the HTTP status (and Retry-After, in s, when given)."""
+
+    def __init__(self, reason: str, status: int, retry_after: float | None = None):
+        super().__init__(reason)
+        self.status, self.retry_after = status, retry_after
+
+
+class Client:
+    """A client of one service at `url` ("http://host:port"); token: sent as `Authorization: Bearer TOKEN` (a
+    proxy's, or the admin token); deadline_s: how long a call may take, waits for a busy service included."""
+
+    def __init__(self, url: str, token: str | None = None, *, deadline_s: float = 60.0):
+        if not url.startswith(("http://", "https://")):
+            raise CfirError(f"{url!r}: the service's URL starts with http:// or https://")
+        self.url, self.token, self.deadline_s = url.rstrip("/"), token, float(deadline_s)
+
+    def __repr__(self) -> str:
+        return f"Client({self.url!r})"
+
+    def search(self, text: str | os.PathLike, *, top_k: int = 20, method: str | None = None,
+               id: str = "query", deadline_s: float | None = None) -> Result:  # noqa: A002
+        """The images of one document (`POST /v1/search`); a path is read as a UTF-8 text file, its stem the id."""
+        text, id = _text(text, id)
+        body = {"text": text, "top_k": top_k, "id": id, **({"method": method} if method else {})}
+        return Result.from_json(self._post("/v1/search", body, deadline_s))
+
+    def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
+                    ids: Sequence[str] | None = None, batch: int = 64, deadline_s: float | None = None
+                    ) -> list[Result]:
+        """The images of each document, in order (`POST /v1/search/batch`, `batch` documents a request: at most the
+        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s."""
+        if isinstance(texts, (str, os.PathLike)):
+            raise CfirError("search_many takes a list of documents; search takes one")
+        ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
+        if len(ids) != len(texts):
+            raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
+        docs = [dict(zip(("text", "id"), _text(t, i))) for t, i in zip(texts, ids)]
+        out: list[Result] = []
+        for at in range(0, len(docs), max(1, batch)):
+            body = {"documents": docs[at : at + batch], "top_k": top_k, **({"method": method} if method else {})}
+            out += [Result.from_json(r) for r in self._post("/v1/search/batch", body, deadline_s)["results"]]
+        return out
+
+    def ready(self) -> bool:
+        """Whether a search would succeed now (`GET /readyz` 200); False while the service starts, stops or is
+        damaged, or cannot be reached."""
+        try:
+            self._call(urllib.request.Request(f"{self.url}/readyz", headers=self._headers()), time.monotonic() + 10)
+        except CfirError:
+            return False
+        return True
+
+    def _headers(self) -> dict[str, str]:
+        headers = {"accept": "application/json"}
+        if self.token:
+            headers["authorization"] = f"Bearer {self.token}"
+        return headers
+
+    def _post(self, path: str, body: dict, deadline_s: float | None) -> dict:
+        data = json.dumps(body, ensure_ascii=False).encode()
+        request = urllib.request.Request(f"{self.url}{path}", data=data, method="POST",
+                                         headers={**self._headers(), "content-type": "application/json"})
+        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else float(deadline_s))
+        while True:
+            try:
+                return self._call(request, deadline)
+            except ServiceError as e:  # busy: wait as told, within the deadline
+                if e.status != 503 or e.retry_after is None or time.monotonic() + e.retry_after >= deadline:
+                    raise
+                time.sleep(e.retry_after)
+
+    def _call(self, request: urllib.request.Request, deadline: float) -> dict:
+        """One request, answered within what is left of the deadline: its JSON, or a one-line error."""
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise CfirError(f"{request.full_url}: no answer within the deadline")
+        try:
+            with urllib.request.urlopen(request, timeout=left) as response:
+                return json.loads(response.read())
+        except urllib.error.HTTPError as e:
+            raise _refusal(e) from None
+        except urllib.error.URLError as e:
+            raise CfirError(f"{self.url}: cannot reach the service ({_reason(e.reason)})") from None
+        except TimeoutError:
+            raise CfirError(f"{request.full_url}: no answer within the deadline") from None
+        except json.JSONDecodeError:
+            raise CfirError(f"{request.full_url}: the answer is not JSON (is this a cfir-jax service?)") from None
+
+
+def _refusal(e: urllib.error.HTTPError) -> ServiceError:
+    """The service's one-line reason ({"error": ...}, or /readyz's "reason") of an HTTP error."""
+    try:
+        body = json.loads(e.read() or b"{}")
+    except (json.JSONDecodeError, OSError):
+        body = {}
+    reason = body.get("error") or body.get("reason") if isinstance(body, dict) else None
+    retry = e.headers.get("Retry-After") if e.headers else None
+    return ServiceError(str(reason or f"HTTP {e.code} {e.reason}"), e.code,
+                        float(retry) if retry and retry.strip().isdigit() else None)
+
+
+def _reason(reason) -> str:
+    return getattr(reason, "strerror", None) or str(reason)
+
+
+def _text(text: str | os.PathLike, doc_id: str) -> tuple[str, str]:
+    """(text, id) of a document given as text or as a UTF-8 file (its stem the id, as `retrieve.py --query`)."""
+    if isinstance(text, os.PathLike):
+        path = Path(text)
+        try:
+            return path.read_text(encoding="utf-8").strip(), path.stem or "query"
+        except (OSError, UnicodeDecodeError) as e:
+            raise CfirError(f"{path}: cannot read the document ({e.__class__.__name__})") from None
+    if not isinstance(text, str):
+        raise CfirError(f"a document is text (str) or a path, got {type(text).__name__}")
+    return text, doc_id

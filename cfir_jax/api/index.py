@@ -1,0 +1,188 @@
+"""An index opened from Python: `cfir_jax.open(W)` reads the workdir's own config (as `retrieve.py --index W` does)
+and returns an `Index` whose `search` answers with the typed records of `cfir_jax.retrieve.results`.
+
+    with cfir_jax.open("demo_work") as index:
+        result = index.search(Path("examples/doc.txt"), top_k=5)
+        print([(h.id, h.score, h.caption) for h in result.hits])
+
+The stores and models are opened once, when the index is opened (the method named there) or first searched (any
+other method), so a search costs what the pipeline's stages cost. The collection's changes (`add`, `remove`,
+`compact`) hold the workdir's writer lock, commit a new version and reopen the stores at it on the next search.
+Every refusal is the one-line `CfirError` the commands print.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import ml_collections
+
+from cfir_jax.api import workdir as ops
+from cfir_jax.core.errors import CfirError
+from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.retrieve.queries import MAX_QUERY_BYTES, read_query
+from cfir_jax.retrieve.results import Result
+from cfir_jax.stores import versions
+from cfir_jax.stores.layout import Layout
+
+__all__ = ["Index", "open"]
+
+IMAGE_QUERY = "cfir_jax.retrieve.image_query"  # search by picture (`search_image`), where this build has it
+
+
+def open(workdir: str | os.PathLike, method: str = "cfir", *, config: ops.ConfigLike = None,  # noqa: A001
+         **overrides: Any) -> Index:
+    """Opens the index of `workdir` for `method`: with the config it was built with (or `config`, a ConfigDict or a
+    config file), `overrides` set on it by name: `retrieval__top_k=100` (or `**{"retrieval.top_k": 100}`)."""
+    return Index(ops.config_of(config, workdir if config is None else None, overrides), workdir, method)
+
+
+class Index:
+    """A workdir's index, opened for searching and changing; a context manager (`with cfir_jax.open(W) as index`).
+
+    config: a checked config (`open` reads it); method: the default method of `search`; measure_agreement: with
+    fast SR, also score each union exactly and record the agreement (`retrieve.py --qrels`)."""
+
+    def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, method: str = "cfir", *,
+                 measure_agreement: bool = False):
+        self.config, self.workdir, self.method = config, workdir, method
+        self._measure = measure_agreement
+        self._retrievers: dict[str, Retriever] = {}
+        self._version = 0
+        self.retriever(method)  # a missing or damaged store is said here, not at the first search
+
+    def __enter__(self) -> Index:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Lets go of the opened stores and models (a later search opens them again)."""
+        self._retrievers.clear()
+
+    def __repr__(self) -> str:
+        return f"Index({os.fspath(self.workdir)!r}, method={self.method!r}, version={self.version})"
+
+    @property
+    def version(self) -> int:
+        """The version of the workdir this index answers from (W/index.json's; + 1 with every change)."""
+        return self._version if self._retrievers else ops.version(self.workdir)
+
+    @property
+    def max_top_k(self) -> int:
+        """The most hits a search returns: retrieval.top_k (open with retrieval__top_k=N for more)."""
+        return int(self.config.retrieval.top_k)
+
+    def retriever(self, method: str | None = None) -> Retriever:
+        """The pipeline under the index for `method` (opened on first use), for what the records do not carry:
+        evaluation, notes, the corpus (`cfir_jax.retrieve.pipeline.Retriever`)."""
+        method = method or self.method
+        if method not in self._retrievers:
+            with versions.reading(Layout.of(self.workdir)) as version:  # every store of one version
+                retriever = Retriever(self.config, self.workdir, method, measure_agreement=self._measure)
+            if self._retrievers and version != self._version:  # the workdir changed since: one version for all
+                self._retrievers.clear()
+            self._retrievers[method], self._version = retriever, version
+        return self._retrievers[method]
+
+    # ------------------------------------------------------------------------------------------------ searching
+    def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
+               top_k: int = 20, method: str | None = None, id: str = "query") -> Result:  # noqa: A002
+        """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
+        stem the id), or of one picture: `image` (its bytes, a picture file, or the id of an indexed image)."""
+        if (text is None) == (image is None):
+            raise CfirError("give one of text= (a document) or image= (a picture's bytes, file or indexed id)")
+        if image is not None:
+            return self._search_image(image, self._top(top_k), method)
+        return self.search_many([text], top_k=top_k, method=method, ids=[id])[0]
+
+    def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
+                    ids: Sequence[str] | None = None, progress: bool = False) -> list[Result]:
+        """The images of each document, retrieved in batches of retrieval.batch_size (entities, summaries, encoding
+        and SR batched); ids: the documents' ids (default "0", "1", ...; a path's stem for a path)."""
+        top = self._top(top_k)
+        if isinstance(texts, (str, os.PathLike)):
+            raise CfirError("search_many takes a list of documents; search takes one")
+        ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
+        if len(ids) != len(texts):
+            raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
+        docs = [_document(t, i) for t, i in zip(texts, ids)]
+        retriever = self.retriever(method)
+        results = retriever.retrieve_many(docs, progress=progress)
+        return [Result.of(d.doc_id, r, retriever.describe_image, top) for d, r in zip(docs, results)]
+
+    def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False) -> list:
+        """The pipeline's own results (`cfir_jax.retrieve.pipeline.Result`: rows, SR's agreement) of `docs`, for
+        the commands' reports and evaluation; `search_many` is this, made records."""
+        return self.retriever(method).retrieve_many(docs, progress=progress)
+
+    def _top(self, top_k: int) -> int:
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= self.max_top_k:
+            raise CfirError(f"top_k={top_k!r} out of range: 1 .. {self.max_top_k}")  # the service's words
+        return top_k
+
+    def _search_image(self, image: bytes | str | os.PathLike, top: int, method: str | None) -> Result:
+        """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows."""
+        if importlib.util.find_spec(IMAGE_QUERY) is None:
+            raise CfirError(f"search by picture is not in this build ({IMAGE_QUERY} is missing)")
+        # why: the picture search (the vision tower, the image decoder) loads only for a picture query
+        from cfir_jax.retrieve import image_query
+
+        if isinstance(image, (bytes, bytearray)):
+            query, what = {"image": bytes(image)}, "query"
+        elif isinstance(image, os.PathLike) or (isinstance(image, str) and Path(image).is_file()):
+            path = Path(image)
+            if not path.is_file():
+                raise CfirError(f"{path}: picture file not found")
+            query, what = {"image": path.read_bytes()}, path.stem or "query"
+        elif isinstance(image, str):
+            query, what = {"image_id": image}, image
+        else:
+            raise CfirError(f"image: expected bytes, a picture file or an indexed image id, got {type(image).__name__}")
+        retriever = self.retriever(method)
+        found = image_query.search_image(retriever, **query, top_k=top)
+        return found if isinstance(found, Result) else Result.of(what, found, retriever.describe_image, top)
+
+    # -------------------------------------------------------------------------------------- changing, checking
+    def add(self, path: str | os.PathLike) -> dict[str, int]:
+        """Appends the documents and images of `path` (as `index.py --add PATH`) as one new version."""
+        return self._changed(ops.add(self.config, self.workdir, path))
+
+    def remove(self, ids: Iterable[str] | str | os.PathLike) -> dict[str, int]:
+        """Masks the images and documents `ids` names (the ids; or a file of them, one a line: `index.py
+        --remove`) as one new version: no method returns them again."""
+        return self._changed(ops.remove(self.config, self.workdir, ids))
+
+    def compact(self) -> dict[str, int]:
+        """Rewrites the stores without the removed image rows (`index.py --compact`) as one new version."""
+        return self._changed(ops.compact(self.config, self.workdir))
+
+    def verify(self) -> ops.Verification:
+        """Every store re-read against its recorded checksums (`index.py --verify`)."""
+        return ops.verify(self.workdir)
+
+    def _changed(self, change: dict[str, int]) -> dict[str, int]:
+        if change.get("version", self._version) != self._version:  # the next search opens the new version
+            self.close()
+        return change
+
+
+def _document(text: str | os.PathLike, doc_id: str) -> DocumentInput:
+    """A query document from a string or a file (read and checked as `retrieve.py --query` reads it)."""
+    if isinstance(text, os.PathLike):
+        return read_query(text)
+    if not isinstance(text, str):
+        raise CfirError(f"a document is text (str) or a path, got {type(text).__name__}")
+    if not text.strip():
+        raise CfirError("text is empty")
+    if "\x00" in text:
+        raise CfirError("text is binary (NUL characters), expected plain text")
+    size = len(text.encode("utf-8", "surrogatepass"))
+    if size > MAX_QUERY_BYTES:
+        raise CfirError(f"text is {size:,} bytes, over the {MAX_QUERY_BYTES:,} a document may hold")
+    return DocumentInput(text, doc_id)

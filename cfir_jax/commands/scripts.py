@@ -1,0 +1,130 @@
+"""The three commands' entry points: `index_main`, `train_main` and `retrieve_main`, run by the scripts `index.py`,
+`train.py` and `retrieve.py` at the repository's root and by the console scripts `cfir-index`, `cfir-train` and
+`cfir-retrieve` that pip installs (pyproject.toml's [project.scripts]): one function per command, each parsing its
+flags and calling one `run` of its body. Each function's docstring is the command's usage (its first line the
+--help description)."""
+
+import sys
+
+from cfir_jax.commands import flags
+from cfir_jax.core import cli, faults
+from cfir_jax.core.cli import cli_main
+
+
+@cli_main
+def index_main():
+    """Builds the offline index of CFIR: corpus, image cache, (encoder), entities, summaries, entity index.
+
+        python index.py --config configs/base.py --workdir W \
+            --config.index.corpus.texts=AToMiC-Texts-v0.2.1 --config.index.corpus.images=AToMiC-Images-v0.2 \
+            --config.index.corpus.qrels=AToMiC-Qrels-v0.2 --config.index.encoder=models/beit3_base_itc \
+            --config.tokenizer=beit3.spm
+        python index.py --config configs/demo.py --workdir demo_work        # the synthetic world
+        python index.py --config ... --workdir W --add-entities new_entities.txt
+        python index.py --workdir W --add new/          # new documents and images: documents.jsonl, images/, qrels/
+        python index.py --workdir W --remove ids.txt    # image or document ids, one a line: never returned again
+        python index.py --workdir W --compact           # rewrite the stores without the removed rows
+        python index.py --verify --workdir W     # every store against the checksums recorded when it was built
+        python index.py --config configs/base.py --compile-only --topology v5e:2x4   # image encoding, entity top-K
+
+    On several hosts, run the same command on every host (jax.distributed: see cfir_jax/index/runner.py).
+    """
+    if "--verify" in sys.argv[1:]:  # a reader: no config, no lock, no JAX
+        # why: each command loads only its own stack (the verifier: numpy; a build: JAX, flax, spaCy)
+        from cfir_jax.commands import verify
+
+        sys.exit(verify.run(flags.verify_args().workdir))
+    # A change of a built collection reads the config the index was built with unless --config is given.
+    change = any(flag in sys.argv[1:] for flag in ("--add", "--remove", "--compact"))
+    args, config = cli.parse(index_main.__doc__.splitlines()[0], flags.index_flags, config_from_workdir=change)
+    if args.compile_only:
+        # why: libtpu's compiler loads only for --compile-only
+        from cfir_jax.commands import compile_only
+
+        return compile_only.run("index", config, args.topology)
+    cli.maybe_initialize_distributed()
+    # why: the builders (JAX, flax, spaCy) load once the flags and the config are read
+    from cfir_jax.commands import index
+
+    index.run(config, args.workdir, tuple(s for s in args.stages.split(",") if s), args.add_entities,
+              {"add": args.add, "remove": args.remove, "compact": args.compact})
+
+
+@cli_main
+def train_main():
+    """Trains CFIR's language expert on (summary, image) pairs of the index in --workdir.
+
+        python train.py --config configs/large.py --workdir W --config.init_model=...   # see README for GPU/TPU
+        python train.py --config configs/demo.py --workdir demo_work
+        python train.py --config configs/demo.py:full --workdir demo_work       # D-BEiT-3 Full: both towers, pixels
+        python train.py --config configs/large.py --compile-only --topology v5p:4x4x4   # TPU programs, no TPU needed
+    """
+    args, config = cli.parse(train_main.__doc__.splitlines()[0])
+    if args.compile_only:
+        # why: libtpu's compiler loads only for --compile-only
+        from cfir_jax.commands import compile_only
+
+        return compile_only.run("train", config, args.topology)
+    cli.maybe_initialize_distributed()
+    # why: JAX, flax and orbax load once the flags and the config are read
+    from cfir_jax.commands import train
+
+    train.run(config, args.workdir)
+
+
+@cli_main
+def retrieve_main():
+    """Finds the images of a document with CFIR (entities -> candidate union -> summary re-ranking).
+
+        python retrieve.py --index W --query doc.txt [--top-k 20] [--format table|json|trec] [--html out.html]
+        python retrieve.py --index W --queries docs.jsonl --output run.trec [--qrels qrels.txt]
+        python retrieve.py --index W --query-image photo.jpg [--top-k 20] [--format table|json|trec]   # by picture
+        python retrieve.py --index W --query-image-id IMAGE_ID          # the nearest pictures of an indexed picture
+        python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
+                                                                        # (+ the fused row when W/image_text exists,
+                                                                        # + the re-ranked row when W/reranker does)
+        python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
+        python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
+        python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
+        python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
+
+    Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
+    --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
+    """
+    args, config = cli.parse(retrieve_main.__doc__.splitlines()[0], flags.retrieve_flags, workdir_flag="--index",
+                             config_from_workdir=True, check_args=flags.check_retrieve,
+                             example="--config.retrieval.top_k=100")
+    if args.compile_only:
+        # why: libtpu's compiler loads only for --compile-only
+        from cfir_jax.commands import compile_only
+
+        return compile_only.run("retrieve", config, args.topology)
+    if args.serve:  # the service stops on SIGTERM by itself, answering what it accepted
+        # why: FastAPI and uvicorn load only for --serve
+        from cfir_jax.commands import serve
+
+        return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
+                         host=args.host, port=args.port, engine=args.engine, address=args.address)
+    if args.query_image or args.query_image_id:
+        # why: the Retriever's stack and the vision tower load once the flags and the config are read
+        from cfir_jax.commands import retrieve_image
+
+        faults.on_sigterm()
+        return retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
+                                  image_id=args.query_image_id or "", fmt=args.format,
+                                  shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag)
+    # why: the Retriever's stack (JAX, flax, spaCy) loads once the flags and the config are read
+    from cfir_jax.commands import evaluate, fit_reranker, retrieve
+
+    faults.on_sigterm()  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
+    top, shown = flags.hit_budget(config, args.top_k)
+    measures = args.measures or config.retrieval.measures
+    if args.fit_reranker:
+        fit_reranker.run(config, args.index)
+    elif args.evaluate:
+        evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
+                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures)
+    else:
+        retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
+                     shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
+                     measures=measures)

@@ -1,0 +1,80 @@
+"""The public records of a search: `Result` and its `Hit`s, what `cfir_jax.open(W).search(...)` and
+`cfir_jax.Client(url).search(...)` return alike.
+
+A `Result` is the JSON of `retrieve.py --format json` and of the service's `POST /v1/search` made typed: `to_json`
+writes that JSON (`cfir_jax.retrieve.report.as_json` is `to_json` of the record, so the command, the service and the
+library answer from one shape) and `from_json` reads it back (the client). Two results are equal when their answers
+are: `times_ms`, measured per run, is left out of the comparison. This module imports nothing heavy, so the client
+stays free of JAX.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping
+from typing import Any
+
+__all__ = ["Hit", "Result"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Hit:
+    """One image of the answer, best first."""
+
+    rank: int  # 1-based
+    id: str  # the image's id in the corpus
+    score: float  # SR's score (or the method's), higher is better
+    caption: str  # the image's caption in the corpus ('' when it has none)
+    url: str  # where the image comes from ('' when unknown)
+    entities: tuple[str, ...] = ()  # the document's entities whose candidate lists brought this image in
+
+
+@dataclasses.dataclass(frozen=True)
+class Result:
+    """The answer for one document (or picture): its hits and how they were found."""
+
+    id: str  # the query's id (a document's, or "query")
+    hits: tuple[Hit, ...]
+    entities: tuple[str, ...] = ()  # entities found in the document (normalised)
+    unknown_entities: tuple[str, ...] = ()  # of those, the ones the index had not seen
+    summary: str = ""  # the document's summary that SR embedded ('' for methods that read none)
+    note: str = ""  # what the retriever decided that the reader should know (e.g. the no-entity fallback)
+    num_candidates: int = 0  # size of the candidate union SR scored
+    times_ms: Mapping[str, float] = dataclasses.field(default_factory=dict, compare=False)  # per stage, this run
+
+    @classmethod
+    def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int) -> Result:
+        """The record of the pipeline's result (`cfir_jax.retrieve.pipeline.Result`), its first `top` hits, with
+        each hit's (caption, url) from `describe(image_id)`."""
+        hits = []
+        for h in result.hits[:top]:
+            caption, url = describe(h.image_id)
+            hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities)))
+        return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
+                   result.note, result.num_candidates, dict(result.times_ms))
+
+    def to_json(self) -> dict:
+        """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order)."""
+        return {
+            "id": self.id, "entities": list(self.entities), "unknown_entities": list(self.unknown_entities),
+            "num_unknown_entities": len(self.unknown_entities),
+            "summary": self.summary, "note": self.note, "num_candidates": self.num_candidates,
+            "times_ms": dict(self.times_ms),
+            "hits": [{"rank": h.rank, "image_id": h.id, "score": h.score, "entities": list(h.entities),
+                      "caption": h.caption, "url": h.url} for h in self.hits],
+        }
+
+    @classmethod
+    def from_json(cls, answer: Mapping[str, Any]) -> Result:
+        """The record of one answer of the service (`to_json`'s shape)."""
+        hits = tuple(Hit(int(h["rank"]), str(h["image_id"]), float(h["score"]), str(h.get("caption", "")),
+                         str(h.get("url", "")), tuple(h.get("entities", ()))) for h in answer["hits"])
+        return cls(str(answer["id"]), hits, tuple(answer.get("entities", ())),
+                   tuple(answer.get("unknown_entities", ())), str(answer.get("summary", "")),
+                   str(answer.get("note", "")), int(answer.get("num_candidates", 0)),
+                   {str(k): float(v) for k, v in answer.get("times_ms", {}).items()})
+
+    @property
+    def ids(self) -> list[str]:
+        """The hits' image ids, best first."""
+        return [h.id for h in self.hits]

@@ -1,0 +1,183 @@
+"""The library over the session's tiny world: `Index.search` answers what `retrieve.py --format json` prints, the
+client's answers equal `Index.search`'s on both engines (the real service in a subprocess: one process, and Ray
+Serve started from an empty HOME), their refusals are the same lines, a removed image is never returned again, and
+every `python` block of docs/python.md runs as written (on the tiny world: configs/demo.py is its tiny variant, the
+service's URL the one started here)."""
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from repo import ROOT, TINY_CONFIG, run_script
+
+import cfir_jax
+from cfir_jax.core.errors import CfirError
+from cfir_jax.retrieve.results import Result
+
+
+class Service:
+    """`retrieve.py --index W --serve --port 0 ...` leading a process group of its own; `url` once it is ready."""
+
+    def __init__(self, workdir, *flags, env=None, ready_s=400):
+        self.proc = subprocess.Popen([sys.executable, "retrieve.py", "--index", str(workdir), "--serve", "--port", "0",
+                                      *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        self.log: list[str] = []
+        deadline = time.monotonic() + ready_s
+        while time.monotonic() < deadline:
+            line = self.proc.stderr.readline()
+            if not line:
+                raise AssertionError(f"exited {self.proc.wait()}: {''.join(self.log)[-3000:]}")
+            self.log.append(line)
+            if line.rstrip().endswith("; ready"):
+                self.url = re.search(r" at (http://\S+): loaded", line).group(1)
+                return
+        self.stop()
+        raise AssertionError(f"not ready in {ready_s} s: {''.join(self.log)[-3000:]}")
+
+    def stop(self, timeout=120) -> str:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)  # the server and its workers (a Ray it started: its head too)
+        try:
+            _, err = self.proc.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            _, err = self.proc.communicate()
+        return "".join(self.log) + err
+
+
+@pytest.fixture(scope="module")
+def api_workdir(workdir, tmp_path_factory):
+    """A copy of the world the module's service reads (the session's stays untouched)."""
+    w = tmp_path_factory.mktemp("api") / "W"
+    shutil.copytree(workdir, w)
+    return w
+
+
+@pytest.fixture(scope="module")
+def documents(workdir):
+    """Three documents of the world and one without entities: [(id, text)]."""
+    from cfir_jax.data.corpus import Corpus
+
+    corpus = Corpus.open(workdir / "corpus")
+    return [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)] + \
+        [("no-entity", "Nothing named here at all, only words.")]
+
+
+@pytest.fixture(scope="module")
+def index(api_workdir):
+    with cfir_jax.open(api_workdir) as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def service(api_workdir):
+    s = Service(api_workdir, "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0")
+    yield s
+    log = s.stop()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def test_index_search_is_what_retrieve_py_prints(index, api_workdir, documents, tmp_path):
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in documents))
+    proc = run_script("retrieve.py", "--index", str(api_workdir), "--queries", str(queries), "--format", "json")
+    printed = [Result.from_json(json.loads(line)) for line in proc.stdout.splitlines()]
+    found = index.search_many([t for _, t in documents], ids=[i for i, _ in documents], top_k=20)
+    assert found == printed
+    assert [set(r.times_ms) for r in found] == [set(r.times_ms) for r in printed]
+    assert found[0].hits and found[0].hits[0].caption and found[-1].note  # captions; the no-entity fallback
+
+
+def test_the_clients_answers_equal_index_search(service, index, documents):
+    client = cfir_jax.Client(service.url)
+    assert client.ready()
+    for doc_id, text in documents:
+        assert client.search(text, id=doc_id, top_k=10) == index.search(text, id=doc_id, top_k=10), doc_id
+    ids = [i for i, _ in documents]
+    assert client.search_many([t for _, t in documents], ids=ids, batch=3) == \
+        index.search_many([t for _, t in documents], ids=ids)
+
+
+@pytest.mark.parametrize("call, refusal", [
+    (lambda s: s.search("   "), "text is empty"),
+    (lambda s: s.search("A mill.", top_k=0), "top_k=0 out of range: 1 .. {top}"),  # top: retrieval.top_k
+])
+def test_the_client_and_the_index_refuse_in_the_same_line(service, index, call, refusal):
+    for door in (cfir_jax.Client(service.url), index):
+        with pytest.raises(CfirError) as refused:
+            call(door)
+        assert str(refused.value) == refusal.format(top=index.max_top_k), door
+
+
+def test_a_removed_image_is_never_returned_and_the_version_moves(api_workdir, documents, tmp_path):
+    w = tmp_path / "W"
+    shutil.copytree(api_workdir, w)
+    text = documents[0][1]
+    with cfir_jax.open(w) as index:
+        before = index.version
+        first = index.search(text, top_k=1).hits[0].id
+        change = index.remove([first])
+        assert change["version"] == before + 1 == index.version and change["images_removed"] == 1
+        assert first not in index.search(text, top_k=100).ids
+        assert index.compact()["version"] == before + 2
+        assert first not in index.search(text, top_k=100).ids
+        assert index.verify().ok
+
+
+@pytest.mark.slow
+def test_the_clients_answers_equal_index_search_on_ray_from_an_empty_home(api_workdir, documents, tmp_path):
+    pytest.importorskip("ray.serve", reason="the Ray engine needs Ray Serve: pip install -e '.[cluster]'")
+    home = tmp_path / "home"
+    home.mkdir()
+    exact = "--config.retrieval.sr=exact"  # the shards score exactly; so does the index compared with
+    cluster = Service(api_workdir, "--engine", "ray", exact, "--config.serve.entity_workers=0",
+                      "--config.serve.verify_mb_per_s=0", "--config.serve.shard_num_cpus=0.1",
+                      "--config.serve.front_num_cpus=0.1", "--config.serve.object_store_mb=300",
+                      env={"HOME": str(home)})
+    try:
+        client = cfir_jax.Client(cluster.url)
+        assert client.ready()
+        with cfir_jax.open(api_workdir, retrieval__sr="exact") as index:
+            for doc_id, text in documents:
+                assert client.search(text, id=doc_id) == index.search(text, id=doc_id), doc_id
+            with pytest.raises(CfirError, match="^text is empty$"):
+                client.search(" ")
+    finally:
+        log = cluster.stop()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def _python_blocks(page: Path) -> list[str]:
+    return re.findall(r"^```python\n(.*?)^```", page.read_text(), re.M | re.S)
+
+
+def test_every_example_of_docs_python_md_runs(api_workdir, service, tmp_path):
+    """The page's blocks in order, each in a fresh namespace, in a folder holding demo_work (a copy of the world),
+    examples/ and configs/; configs/demo.py reads as its tiny variant, the service's URL as the one started here."""
+    blocks = _python_blocks(ROOT / "docs" / "python.md")
+    assert len(blocks) >= 6
+    shutil.copytree(api_workdir, tmp_path / "demo_work")
+    for name in ("examples", "configs"):
+        (tmp_path / name).symlink_to(ROOT / name)
+    swaps = {'"configs/demo.py"': repr(TINY_CONFIG), '"http://127.0.0.1:8080"': repr(service.url)}
+    code = []
+    for block in blocks:
+        for old, new in swaps.items():
+            block = block.replace(old, new)
+        code.append(block)
+    runner = "import sys\nfor block in sys.argv[1:]:\n    exec(compile(block, 'docs/python.md', 'exec'), {})\n"
+    proc = subprocess.run([sys.executable, "-c", runner, *code], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    out = proc.stdout
+    assert "no_such_work: no index here (missing directory); build it with index.py" in out
+    assert "text is empty" in out and "'images_added': 3" in out and "'images_removed': 1" in out
+    assert out.count("True") >= 3  # the service ready, two versions later, the stores intact
