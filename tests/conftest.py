@@ -3,12 +3,29 @@ modules, the workers) are in tests/helpers/, on the path by pytest's `pythonpath
 
 import dataclasses
 import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import pytest
 from repo import FIRST_RUN, ROOT, TINY_CONFIG, run_script
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+
+def pytest_configure(config):
+    """The commands the tests run keep their compiled programs in one cache for the whole run, never in the user's
+    (cfir_jax.core.compile_cache): made here by the first process (a plain run, or xdist's controller, before it
+    starts the workers, which inherit it), and removed by that process at the end."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    config.cfir_cache_dir = tempfile.mkdtemp(prefix="cfir-test-cache-")
+    os.environ["CFIR_CACHE_DIR"] = config.cfir_cache_dir
+
+
+def pytest_unconfigure(config):
+    if getattr(config, "cfir_cache_dir", None):
+        shutil.rmtree(config.cfir_cache_dir, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

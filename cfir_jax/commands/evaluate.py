@@ -13,7 +13,8 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from cfir_jax.eval import metrics, plots, trec
+from cfir_jax.commands.scoring import evaluation_sr, print_notes, write_and_score
+from cfir_jax.eval import metrics, plots
 from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows, single_row
 from cfir_jax.eval.train_time import train_time
 from cfir_jax.retrieve import report
@@ -34,41 +35,6 @@ def run(config: ml_collections.ConfigDict, workdir, split: str, method: str = "c
         if compare and (note := full_row_note(workdir)):
             print(f"note: {note}", file=sys.stderr)
     return evaluate(config, workdir, split, rows, plot=plot, output=output, tag=tag, top=top, measures=measures)
-
-
-def evaluation_sr(config: ml_collections.ConfigDict) -> None:
-    """Evaluation scores with retrieval.eval_sr (exact unless asked otherwise), whatever retrieval.sr says."""
-    config.retrieval.sr = config.retrieval.eval_sr
-
-
-def print_notes(retriever: Retriever) -> None:
-    for note in retriever.notes:
-        print(f"note: {note}", file=sys.stderr)
-
-
-def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, measures: str = "trec_eval") -> None:
-    """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given: trec_eval's
-    (-c over the queried topics the qrels judge, unless `measures` is 'trec_eval_no_c'), the authors' or both."""
-    if output:
-        trec.write_run(output, run, tag=tag, max_hits=top)
-        print(f"wrote {output}", file=sys.stderr)
-    if qrels:
-        # The topics asked about: a qrels file may judge more documents than the queries file holds.
-        judged = {q: j for q, j in trec.read_qrels(qrels).items() if q in run}
-        if measures != "authors":
-            res = metrics.evaluate(run, judged, complete=metrics.complete_for(measures))
-            print(res.table())
-            print(no_hits_line(res))
-        if measures not in ("trec_eval", "trec_eval_no_c"):
-            print(metrics.authors_table([(tag, metrics.authors_measures(run, judged))]))
-
-
-def no_hits_line(res) -> str:
-    """What became of the judged topics without a hit: scored 0 (trec_eval -c) or left out of the mean."""
-    if res.complete:
-        return f"topics without hits: {res.no_hits:,} of {res.num_queries:,}, each scored 0 (trec_eval -c)"
-    return (f"topics without hits: {res.no_hits:,}, left out of the mean over {res.num_queries:,} topics with hits "
-            "(trec_eval without -c: --measures trec_eval_no_c)")
 
 
 def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:

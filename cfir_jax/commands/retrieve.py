@@ -14,7 +14,7 @@ from pathlib import Path
 import ml_collections
 
 from cfir_jax.api.index import Index
-from cfir_jax.commands.evaluate import evaluation_sr, print_notes, write_and_score
+from cfir_jax.commands.scoring import evaluation_sr, print_notes, write_and_score
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.methods import METHODS
 from cfir_jax.retrieve.pipeline import run_of

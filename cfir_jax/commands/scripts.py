@@ -106,25 +106,36 @@ def retrieve_main():
         return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
                          host=args.host, port=args.port, engine=args.engine, address=args.address)
     if args.query_image or args.query_image_id:
-        # why: the Retriever's stack and the vision tower load once the flags and the config are read
-        from cfir_jax.commands import retrieve_image
-
-        faults.on_sigterm()
-        return retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
-                                  image_id=args.query_image_id or "", fmt=args.format,
-                                  shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag)
-    # why: the Retriever's stack (JAX, flax, spaCy) loads once the flags and the config are read
-    from cfir_jax.commands import evaluate, fit_reranker, retrieve
-
+        return _retrieve_by_picture(args, config)
     faults.on_sigterm()  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
     top, shown = flags.hit_budget(config, args.top_k)
     measures = args.measures or config.retrieval.measures
     if args.fit_reranker:
+        # why: each body loads its own stack (JAX, flax, spaCy; optax for a fit) once the flags and config are read
+        from cfir_jax.commands import fit_reranker
+
         fit_reranker.run(config, args.index)
     elif args.evaluate:
+        # why: the evaluation's stack (metrics, plots, its tables) loads only for --evaluate
+        from cfir_jax.commands import evaluate
+
         evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
                      plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures)
     else:
+        # why: a query run loads the Retriever's stack, not the evaluation's or the fit's
+        from cfir_jax.commands import retrieve
+
         retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                      shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
                      measures=measures)
+
+
+def _retrieve_by_picture(args, config) -> None:
+    """`--query-image FILE` / `--query-image-id ID`: the picture's nearest pictures, shown as `--query`'s hits."""
+    # why: the Retriever's stack and the vision tower load once the flags and the config are read
+    from cfir_jax.commands import retrieve_image
+
+    faults.on_sigterm()
+    retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
+                       image_id=args.query_image_id or "", fmt=args.format,
+                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag)

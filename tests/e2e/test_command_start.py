@@ -1,0 +1,35 @@
+"""A query's start loads what the query uses, and its second run compiles nothing: `retrieve.py --query` parses
+entities with spaCy without thinc's import of torch, loads neither the evaluation's tables nor the re-ranker's fit,
+scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache."""
+
+from repo import run_script
+
+# Modules (and their submodules) a query run never loads.
+NOT_ON_A_QUERY = ("torch", "sklearn", "matplotlib", "cfir_jax.commands.evaluate",
+                  "cfir_jax.commands.fit_reranker", "cfir_jax.rerank", "cfir_jax.index", "cfir_jax.train")
+
+
+def _query(workdir, tmp_path, cache, n: int):
+    """retrieve.py --query in a fresh process; (its output, the modules it loaded)."""
+    out = tmp_path / f"modules{n}.txt"
+    proc = run_script("tests/helpers/modules_at_exit.py", str(out), "retrieve.py", "--index", str(workdir),
+                      "--query", "examples/doc.txt", env={"CFIR_CACHE_DIR": str(cache)})
+    return proc, set(out.read_text().split())
+
+
+def _without_times(stdout: str) -> list[str]:
+    return [line for line in stdout.splitlines() if not line.startswith("candidates:")]
+
+
+def test_a_query_loads_only_what_it_uses_and_its_second_run_compiles_nothing(workdir, tmp_path):
+    cache = tmp_path / "cache"
+    first, loaded = _query(workdir, tmp_path, cache, 1)
+    entries = sorted(p.name for p in (cache / "jax").glob("*-cache"))
+    assert entries, "the first run wrote no program to the compilation cache"
+    second, loaded_again = _query(workdir, tmp_path, cache, 2)
+    assert sorted(p.name for p in (cache / "jax").glob("*-cache")) == entries  # every program found, none new
+    assert _without_times(second.stdout) == _without_times(first.stdout)
+    for modules in (loaded, loaded_again):
+        assert {"spacy", "jax", "cfir_jax.retrieve.pipeline"} <= modules  # it parsed entities and searched
+        found = sorted(m for m in modules if any(m == name or m.startswith(name + ".") for name in NOT_ON_A_QUERY))
+        assert not found, f"a query loaded {found}"

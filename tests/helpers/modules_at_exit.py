@@ -1,0 +1,22 @@
+"""Runs one of the repository's scripts as `python SCRIPT ARGS...` would and, when it exits (an error's exit
+included), writes the names of the modules it loaded to OUT, one a line:
+
+    python tests/helpers/modules_at_exit.py OUT retrieve.py --index W --query doc.txt
+"""
+
+import atexit
+import runpy
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    out, script, *args = sys.argv[1:]
+    atexit.register(lambda: Path(out).write_text("\n".join(sorted(sys.modules)) + "\n"))
+    sys.argv = [script, *args]
+    sys.path[0] = str(Path(script).resolve().parent)  # as `python SCRIPT` puts the script's folder first
+    runpy.run_path(script, run_name="__main__")
+
+
+if __name__ == "__main__":
+    main()
