@@ -13,7 +13,6 @@ Every refusal is the one-line `CfirError` the commands print.
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -30,8 +29,6 @@ from cfir_jax.stores import versions
 from cfir_jax.stores.layout import Layout
 
 __all__ = ["Index", "open"]
-
-IMAGE_QUERY = "cfir_jax.retrieve.image_query"  # search by picture (`search_image`), where this build has it
 
 
 def open(workdir: str | os.PathLike, method: str = "cfir", *, config: ops.ConfigLike = None,  # noqa: A001
@@ -127,9 +124,8 @@ class Index:
         return top_k
 
     def _search_image(self, image: bytes | str | os.PathLike, top: int, method: str | None) -> Result:
-        """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows."""
-        if importlib.util.find_spec(IMAGE_QUERY) is None:
-            raise CfirError(f"search by picture is not in this build ({IMAGE_QUERY} is missing)")
+        """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows: `image` is a picture's
+        bytes, a picture file (within serve.max_image_bytes) or the id of an indexed image."""
         # why: the picture search (the vision tower, the image decoder) loads only for a picture query
         from cfir_jax.retrieve import image_query
 
@@ -137,16 +133,15 @@ class Index:
             query, what = {"image": bytes(image)}, "query"
         elif isinstance(image, os.PathLike) or (isinstance(image, str) and Path(image).is_file()):
             path = Path(image)
-            if not path.is_file():
-                raise CfirError(f"{path}: picture file not found")
-            query, what = {"image": path.read_bytes()}, path.stem or "query"
+            query = {"image": image_query.read_picture(path, int(self.config.serve.max_image_bytes))}
+            what = path.stem or "query"
         elif isinstance(image, str):
             query, what = {"image_id": image}, image
         else:
             raise CfirError(f"image: expected bytes, a picture file or an indexed image id, got {type(image).__name__}")
         retriever = self.retriever(method)
         found = image_query.search_image(retriever, **query, top_k=top)
-        return found if isinstance(found, Result) else Result.of(what, found, retriever.describe_image, top)
+        return Result.of(what, found, retriever.describe_image, top)
 
     # -------------------------------------------------------------------------------------- changing, checking
     def add(self, path: str | os.PathLike) -> dict[str, int]:
