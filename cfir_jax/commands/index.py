@@ -35,7 +35,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: t
             if is_main():
                 print(f"added {added} new entities to {workdir}/entity_index")
             return []
-        reports = runner.build_index(config, workdir, stages or runner.STAGES, pretrain=pretrain_encoder)
+        reports = runner.build_index(config, workdir, stages, pretrain=pretrain_encoder)
         if is_main():  # every process ran every stage; one table
             print(report_table(reports))
         return reports
