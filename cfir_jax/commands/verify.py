@@ -7,8 +7,8 @@ import os
 import sys
 from pathlib import Path
 
-from cfir_jax.index.descriptor import store_names
 from cfir_jax.stores.integrity import verify_workdir
+from cfir_jax.stores.layout import Layout
 
 
 def run(workdir: str | os.PathLike, out=None) -> int:
@@ -17,7 +17,7 @@ def run(workdir: str | os.PathLike, out=None) -> int:
     if not root.is_dir():
         print(f"error: {root}: no workdir here (missing directory)", file=sys.stderr)
         return 2
-    intact, problems = verify_workdir(root, store_names())
+    intact, problems = verify_workdir(root, Layout.of(root).store_dirs())
     for line in problems:
         print(f"damaged: {line}", file=sys.stderr)
     print(f"verify: {len(intact)} store(s) intact" + (f" ({', '.join(intact)})" if intact else "")

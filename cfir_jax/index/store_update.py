@@ -6,8 +6,8 @@ kind, each saying how the store follows it: extend, mask, remap, rebuild or drop
 change staged before it with `change.new(name)` and what was asked with `change.payload` (one payload class per
 change kind: `AddPayload`, `RemovePayload`, `CompactPayload`, `AddEntitiesPayload`), writes the store's new version
 into the empty `out` and returns its counts, which the change's log line says as they are. A removal masks rows in
-the corpus, the image cache and the entity index; the other stores keep them, and the query side drops them
-(`cfir_jax.search.live_rows`).
+the corpus, the image caches and the entity index and re-keys the entity-text matches; the other stores (lexical,
+image text, the compact copies) keep the removed rows, and the query side drops them (`cfir_jax.search.live_rows`).
 """
 
 from __future__ import annotations

@@ -50,6 +50,13 @@ class Layout:
             return self.root / name
         raise AttributeError(name)
 
+    def store_dirs(self) -> tuple[str, ...]:
+        """The directories of W that hold a store or a run (their names are store names), sorted: what `--verify`
+        and the service's verifier check, whichever module declared them."""
+        if not self.root.is_dir():
+            return ()
+        return tuple(sorted(p.name for p in self.root.iterdir() if p.is_dir() and is_store_name(p.name)))
+
     @property
     def index_json(self) -> Path:
         return self.root / "index.json"

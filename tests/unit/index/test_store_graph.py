@@ -79,3 +79,15 @@ def test_every_store_of_the_change_loop_can_be_opened_and_every_stage_is_linked(
         if any(store.changes.of(op) and store.changes.of(op).run for op in descriptor.OPS):
             assert store.reader is not None, store.name
     assert set(descriptor.stages()) <= set(descriptor.linked())
+
+
+def test_each_declared_config_section_is_in_the_config():
+    from configs.base import get_config
+
+    config = get_config("runlocal")
+    for store in descriptor.stores():
+        if store.config:
+            node = config
+            for key in store.config.split("."):
+                assert key in node, (store.name, store.config)
+                node = node[key]
