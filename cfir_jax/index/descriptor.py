@@ -104,7 +104,6 @@ class StageRun:
     stages: tuple[str, ...]
     all_stages: tuple[str, ...]
     pretrain: Callable | None = None
-    progress: bool | None = None
     opened: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 

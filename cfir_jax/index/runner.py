@@ -46,7 +46,6 @@ import ml_collections
 from cfir_jax.core import hosts
 from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.progress import shown
 from cfir_jax.index import descriptor, rebuild
 from cfir_jax.index.descriptor import StageRun, Store
 from cfir_jax.index.index_encoder import text_positions
@@ -77,7 +76,7 @@ def build_index(config: ml_collections.ConfigDict, workdir: str | os.PathLike, s
     check_text_lengths(config, INDEX_TEXT_LENGTHS, text_positions(config, layout))
     layout.root.mkdir(parents=True, exist_ok=True)
     staged = rebuild.staged_layout(layout)
-    run = StageRun(config, staged or layout, stages, every, pretrain, shown())
+    run = StageRun(config, staged or layout, stages, every, pretrain)
     reports = _run_stages(run, log)
     reports = rebuild.record(config, layout, staged, reports)
     hosts.barrier("index_done")
