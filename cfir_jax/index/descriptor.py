@@ -3,7 +3,7 @@ checked and opened. Every list of stores is derived from these declarations.
 
 A store's builder module declares it once, at import (`declare`), beside the code it names:
 
-    declare(Store("lexical", order=90, made_from=("corpus", "image_cache"), reader=LexicalIndex.open,
+    declare(Store("lexical", order=90, made_from=("corpus", "image_cache"), reader=READER,
                   config="index.lexical", build=Build(build_stage, stage_summary, wanted=...),
                   changes=Changes(add=Step(EXTEND, lexical_after_add),
                                   compact=Step(REMAP, lexical_after_compaction))))
@@ -11,6 +11,10 @@ A store's builder module declares it once, at import (`declare`), beside the cod
 `stores()` finds the declarations by module: it imports every module of `cfir_jax.index` (as big_vision finds its
 models and evaluators by name), so a new store is one new module plus its reader, with no list to extend.
 `declaring(store)` adds a declaration made elsewhere (a test's toy store) for the length of a `with` block.
+
+A store that retrieval opens only when a method or an option asks for it (the lexical store above) names as its
+`reader` the `cfir_jax.stores.readers.Reader` its reader module registers (`cfir_jax.stores.lexical.READER`): one
+object tells both the change loop and retrieval how to open it (retrieval may not import this package).
 
 What derives from them: index.py's stages and their order (`stages`), the stores a rebuild links (`linked`), the
 one dependency graph (`graph`) that the closing table's stale rows and the change loop's order both read, the
@@ -26,6 +30,8 @@ import pkgutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from cfir_jax.stores.readers import Reader
 
 EXTEND, MASK, REMAP, REBUILD, DROP = "extend", "mask", "remap", "rebuild", "drop"
 OPS = ("add", "remove", "compact", "add_entities")
@@ -133,7 +139,8 @@ class Store:
     `made_from`: the stores it is derived from (the one dependency graph: rebuilding one makes it stale, and its
     change steps read their new versions). `build`: its stage of index.py (None: another command makes it).
     `changes`: its steps per change kind. `linked`: a rebuild links it into its staging directory (every stage's
-    store is). `reader(path)`: opens it. `config`: its config section. `refresh`: the command that refreshes it when
+    store is). `reader(path)`: opens it (a `stores.readers.Reader` for a store retrieval opens on request, the same
+object retrieval opens it by). `config`: its config section. `refresh`: the command that refreshes it when
     another command makes it (W stands for the workdir)."""
 
     name: str
@@ -162,6 +169,8 @@ _found: list[str] = []
 
 def declare(store: Store) -> Store:
     """Declares a store (at its builder module's import; a second declaration of one name replaces the first)."""
+    if isinstance(store.reader, Reader) and store.reader.name != store.name:
+        raise ValueError(f"store {store.name!r} names the reader of {store.reader.name!r}")
     _DECLARED[store.name] = store
     return store
 

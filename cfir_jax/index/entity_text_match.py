@@ -32,7 +32,7 @@ from cfir_jax.stores.entity_index import EntityIndex
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
     from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.entity_text_match import FORMAT_VERSION, KIND, EntityTextMatch
+from cfir_jax.stores.entity_text_match import FORMAT_VERSION, KIND, READER, EntityTextMatch
 
 # A word: letters/digits/underscore, with inner apostrophes or hyphens kept ("McDonald's", "Saint-Denis").
 _WORD = re.compile(r"\w+(?:['\u2019\-]\w+)*")
@@ -221,7 +221,7 @@ def _stage_summary(t: EntityTextMatch | None) -> str:
 
 
 declare(Store(
-    "entity_text_match", order=80, made_from=("entity_index", "image_cache", "corpus"), reader=EntityTextMatch.open,
+    "entity_text_match", order=80, made_from=("entity_index", "image_cache", "corpus"), reader=READER,
     config="index.entity_text_match",
     build=Build(entity_text_match_stage, _stage_summary, wanted=entity_text_match_wanted),
     changes=Changes(add=Step(REBUILD, entity_text_match_again), remove=Step(REMAP, entity_text_match_rekeyed),

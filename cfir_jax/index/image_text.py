@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus, Image
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.image_text import FORMAT_VERSION, KIND, ImageTextCache
+from cfir_jax.stores.image_text import FORMAT_VERSION, KIND, READER, ImageTextCache
 
 
 def image_text(image: Image, fields: Sequence[str] = FIELDS) -> str:
@@ -199,7 +199,7 @@ def image_text_stage(run: StageRun) -> ImageTextCache | None:
 
 
 declare(Store(
-    "image_text", order=70, made_from=("image_cache", "encoder", "corpus"), reader=ImageTextCache.open,
+    "image_text", order=70, made_from=("image_cache", "encoder", "corpus"), reader=READER,
     config="index.image_text",
     build=Build(image_text_stage, lambda t: "skipped: the corpus' images have no text" if t is None else
                 f"{t.num_with_text:,} of {len(t.has_text):,} images with text", wanted=image_text_wanted),

@@ -31,7 +31,7 @@ from cfir_jax.index.image_cache_update import row_map
 from cfir_jax.index.image_text import FIELDS, image_text
 from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
-from cfir_jax.stores.lexical import FORMAT_VERSION, KIND, METHODS, LexicalIndex, terms
+from cfir_jax.stores.lexical import FORMAT_VERSION, KIND, METHODS, READER, LexicalIndex, terms
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
@@ -235,7 +235,7 @@ def lexical_after_compaction(change: ChangeRun, out) -> dict:
     return {"rows": store.num_rows}
 
 
-declare(Store("lexical", order=90, made_from=("image_cache", "corpus"), reader=LexicalIndex.open,
+declare(Store("lexical", order=90, made_from=("image_cache", "corpus"), reader=READER,
               config="index.lexical", build=Build(build_stage, stage_summary, every_host=False, open=open_stage,
                                                   wanted=lexical_wanted),
               changes=Changes(add=Step(EXTEND, lexical_after_add), compact=Step(REMAP, lexical_after_compaction))))

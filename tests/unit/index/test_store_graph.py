@@ -81,6 +81,17 @@ def test_every_store_of_the_change_loop_can_be_opened_and_every_stage_is_linked(
     assert set(descriptor.stages()) <= set(descriptor.linked())
 
 
+def test_each_store_retrieval_opens_on_request_is_declared_with_that_same_reader():
+    from cfir_jax.stores import readers
+
+    registered = readers.optional()
+    assert {r.name for r in registered} >= {"entity_text_match", "image_text", "lexical"}
+    for reader in registered:
+        assert descriptor.get(reader.name).reader is reader, reader.name
+    with pytest.raises(ValueError, match="names the reader of 'lexical'"):
+        descriptor.declare(descriptor.Store("other", order=1, reader=readers.get("lexical")))
+
+
 def test_each_declared_config_section_is_in_the_config():
     from configs.base import get_config
 

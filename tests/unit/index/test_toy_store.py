@@ -2,12 +2,14 @@
 of every image cache row) and nothing else in the repository names it. It follows the steps of docs/architecture.md
 ("How to add a store"): index.py builds it after the image cache, the closing table marks it stale when the image
 cache is rebuilt, an add extends it, a compaction remaps it, a rebuild links it (and so reuses it), `--verify` checks
-it and its reader opens it."""
+it, its reader opens it, and retrieval opens it when its option asks for it (`retrieve.stores.open_asked`, the
+opening `open_stores` runs)."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,7 +21,10 @@ from cfir_jax.index import collection_update, descriptor, runner
 from cfir_jax.index.descriptor import EXTEND, REMAP, Build, Changes, Step, Store
 from cfir_jax.index.image_cache_update import row_map
 from cfir_jax.index.stage_report import report_table
-from cfir_jax.stores import contract
+from cfir_jax.retrieve.methods import method_of
+from cfir_jax.retrieve.stores import open_asked
+from cfir_jax.stores import contract, readers
+from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
 from configs.base import get_config
 
@@ -77,8 +82,13 @@ def toy_after_compaction(change, out: Path) -> dict:
     return {"rows_before": len(old.norms), "rows_after": len(norms)}
 
 
+# Retrieval opens it when retrieval.toy is set, held to the image cache it was made from.
+TOY_READER = readers.Reader("toy", ToyStore.open, asked=lambda config, method: bool(config.retrieval.get("toy")),
+                            expect=lambda opened: {"cache_fingerprint": opened.cache.content_fingerprint})
+
+
 # --------------------------------------------------------------------------------------- step 3: the declaration
-TOY = Store("toy", order=95, made_from=("image_cache",), reader=ToyStore.open,
+TOY = Store("toy", order=95, made_from=("image_cache",), reader=TOY_READER,
             build=Build(build_toy, lambda t: f"{len(t.norms):,} norms"),
             changes=Changes(add=Step(EXTEND, toy_after_add), compact=Step(REMAP, toy_after_compaction)))
 
@@ -107,7 +117,7 @@ def _cache_norms(layout: Layout) -> np.ndarray:
 
 @pytest.fixture
 def declared():
-    with descriptor.declaring(TOY):
+    with descriptor.declaring(TOY), readers.registering(TOY_READER):
         yield
 
 
@@ -153,11 +163,28 @@ def test_a_toy_store_declared_here_is_built_staled_changed_linked_verified_and_o
     assert verify.run(layout.root) == 0 and "toy" in capsys.readouterr().out
     store = TOY.reader(layout.root / "toy")
     assert store.manifest["rows"] == 6 and len(store.norms) == 6
+    _opened_by_retrieval(layout)
+
+
+def _opened_by_retrieval(layout: Layout) -> None:
+    """Retrieval's opening of the stores asked for: none without the option, the toy store with it, refused when
+    the image cache it was made from has changed since."""
+    config = _config("float32")
+    opened = SimpleNamespace(layout=layout, cache=ImageCache.open(layout.image_cache), extra={})
+    open_asked(config, method_of("dense_summary", config.retrieval), opened)
+    assert opened.extra == {}
+    config.retrieval.toy = True
+    open_asked(config, method_of("dense_summary", config.retrieval), opened)
+    np.testing.assert_array_equal(opened.extra["toy"].norms, _cache_norms(layout))
+    opened.cache = SimpleNamespace(content_fingerprint="another cache")
+    with pytest.raises(contract.StoreError, match="cache_fingerprint"):
+        open_asked(config, method_of("dense_summary", config.retrieval), opened)
 
 
 def test_a_declaration_ends_with_its_block(declared):
-    assert "toy" in descriptor.store_names()
+    assert "toy" in descriptor.store_names() and readers.get("toy") is TOY_READER
 
 
 def test_without_the_declaration_no_list_names_the_toy_store():
     assert "toy" not in descriptor.store_names() and "toy" not in runner.stages()
+    assert "toy" not in [r.name for r in readers.optional()]
