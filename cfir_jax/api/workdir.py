@@ -25,7 +25,7 @@ from cfir_jax.core.config_check import check
 from cfir_jax.core.errors import CfirError
 from cfir_jax.stores import lock, versions
 from cfir_jax.stores.integrity import verify_workdir
-from cfir_jax.stores.layout import STORES
+from cfir_jax.stores.layout import Layout
 
 __all__ = ["Verification", "add", "build", "compact", "config_of", "remove", "train", "verify", "version"]
 
@@ -64,7 +64,7 @@ def build(config: ConfigLike, workdir: str | os.PathLike, *, stages: Iterable[st
 
     config = config_of(config, workdir if config is None else None, overrides)
     with lock.hold(workdir):
-        return runner.build_index(config, workdir, tuple(stages) or runner.STAGES, log=log_line or log.info,
+        return runner.build_index(config, workdir, tuple(stages), log=log_line or log.info,
                                   pretrain=pretrain_encoder)
 
 
@@ -104,7 +104,7 @@ def verify(workdir: str | os.PathLike) -> Verification:
     root = Path(workdir)
     if not root.is_dir():
         raise CfirError(f"{root}: no workdir here (missing directory)")
-    intact, problems = verify_workdir(root, STORES)
+    intact, problems = verify_workdir(root, Layout.of(root).store_dirs())
     return Verification(tuple(intact), tuple(problems))
 
 

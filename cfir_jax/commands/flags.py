@@ -26,10 +26,10 @@ def verify_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def index_flags(parser: argparse.ArgumentParser) -> None:
     # why: the index runner loads the builders (JAX, flax); only index.py's build needs its stage names
-    from cfir_jax.index.runner import STAGES
+    from cfir_jax.index.runner import stages
 
     parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
-                        f"order): {', '.join(STAGES)}; default: all")
+                        f"order): {', '.join(stages())}; default: all")
     parser.add_argument("--add-entities", default="", help="file of entity texts (one per line) to append")
     parser.add_argument("--add", default="", help="new documents and images to append to the built collection: a "
                         "directory (documents.jsonl|parquet, images.jsonl|parquet or images/, qrels/), a directory "

@@ -54,6 +54,7 @@ import numpy as np
 from cfir_jax.core import progress
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS as CAPTION_FIELDS
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.spm import train_tokenizer
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 from cfir_jax.data.synthetic_pictures import IMAGE_SIZE, render_image  # noqa: F401 (IMAGE_SIZE: the pictures' side)
@@ -71,7 +72,6 @@ from cfir_jax.data.synthetic_words import (
     STEM_PREFIXES,
     STEM_SUFFIXES,
 )
-from cfir_jax.model.tokenizer import train_tokenizer
 
 NAME = "synthetic"
 

@@ -228,3 +228,13 @@ def write_lines(path: Path, lines: Iterable[str]) -> None:
         for line in lines:
             f.write(line)
             f.write("\n")
+
+
+def current(directory: Path, kind: str, version: int, **expected: Any) -> bool:
+    """Whether `directory` holds a complete store of this format whose manifest has the `expected` fields (a stage
+    whose store is current skips its build)."""
+    try:
+        manifest = read_manifest(directory, kind, version)
+    except CfirError:
+        return False
+    return all(manifest.get(k) == v for k, v in expected.items())

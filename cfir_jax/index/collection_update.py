@@ -1,7 +1,7 @@
 """Keeping a built collection current: `index.py --add PATH`, `--remove IDS.txt`, `--compact` and `--add-entities FILE`.
 
-Each is one *change* of the workdir (`cfir_jax.stores.versions`), run by one loop (`change`) over the registry of
-stores (`cfir_jax.index.store_update`): every store the workdir holds says how it follows the change (extend, mask,
+Each is one *change* of the workdir (`cfir_jax.stores.versions`), run by one loop (`change`) over the declared
+stores (`cfir_jax.index.descriptor`): every store the workdir holds says how it follows the change (extend, mask,
 remap, rebuild, drop) and writes its new version under `W/.change/`; then all are committed together and
 `W/index.json` records the new version and what changed. A reader (retrieve.py, the service on SIGHUP) sees the old
 version or the new one, never a mix; a run killed at any point leaves the old version servable, and the same command
@@ -18,7 +18,8 @@ run again resumes from the stores already staged.
   the removed rows.
 - add_entities: the entity texts of a file searched over the whole cache and appended to the entity index.
 
-Which store does what is said beside each store's builder; `registered()` lists them in the order they run.
+Which store does what is said beside each store's builder; `descriptor.stores()` lists them in the order they run
+(the pipeline's: each after the stores it is made from).
 """
 
 from __future__ import annotations
@@ -27,45 +28,38 @@ import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus
-from cfir_jax.index import (  # noqa: F401  (each module registers its store with the change loop)
-    corpus_update,
-    entities,
-    entity_index_update,
-    entity_text_match,
-    image_cache_update,
-    image_text,
-    lexical,
-    sr_compact_update,
-    summaries,
-)
-from cfir_jax.index.store_update import ChangeRun, registered
+from cfir_jax.index import corpus_update, descriptor
+from cfir_jax.index.descriptor import AddEntitiesPayload, AddPayload, CompactPayload, Payload, RemovePayload
+from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.stores import versions
 from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.integrity import MANIFEST
 from cfir_jax.stores.layout import Layout
 
 Say = Callable[[str], None]
 
 
-def change(config, layout: Layout, op: str, key: dict, payload: Any, summary: Callable[[ChangeRun], dict],
+def change(config, layout: Layout, op: str, key: dict, payload: Payload, summary: Callable[[ChangeRun], dict],
            say: Say = print) -> dict:
-    """Runs the change `op` over every registered store the workdir holds, in order, and commits it as one new
+    """Runs the change `op` over every declared store the workdir holds, in pipeline order, and commits it as one new
     version; `key` identifies the input (a rerun with the same key resumes), `payload` is what each step reads,
     `summary` the counts recorded in the history. A refused input (CfirError before anything was staged) leaves
     nothing behind."""
     run = ChangeRun.begin(config, layout, op, key, payload, say)
     pending = run.change
+    stores = descriptor.stores()
     try:
-        for update in registered():
-            step = getattr(update, op)
-            if step is None or not update.present(layout) or (step.when is not None and not step.when(run)):
+        for store in stores:
+            step = store.changes.of(op)
+            if step is None or not (store.path(layout.root) / MANIFEST).is_file() or \
+                    (step.when is not None and not step.when(run)):
                 continue
-            run.apply(update, step)
+            run.apply(store, step)
     except CfirError:
-        if not any(pending.staged(u.store) for u in registered()):
+        if not any(pending.staged(s.name) for s in stores):
             pending.abandon()
         raise
     changes = summary(run)
@@ -80,6 +74,13 @@ def _opened(workdir) -> Layout:
     if not layout.index_json.is_file():
         raise CfirError(f"{layout.root}: no built index here (no index.json); build it with index.py first")
     return layout
+
+
+def _grown(run: ChangeRun, store: str) -> int:
+    """How many rows the change added to `store` (negative: removed; 0 when the workdir holds none)."""
+    if not (run.layout.root / store / MANIFEST).is_file():
+        return 0
+    return len(run.new(store)) - len(run.old(store))
 
 
 def _stamp(path: Path) -> list:
@@ -104,9 +105,9 @@ def add(config, workdir, path: str | os.PathLike, say: Say = print) -> dict:
         return {"images_added": new.num_images - old.num_images,
                 "images_skipped": len(new.skipped()) - len(old.skipped()),
                 "documents_added": corpus_update.documents_added(run),
-                "entities_added": len(run.new("entity_index")) - len(run.old("entity_index"))}
+                "entities_added": _grown(run, "entity_index")}
 
-    return change(config, layout, "add", key, path, summary, say)
+    return change(config, layout, "add", key, AddPayload(path), summary, say)
 
 
 def remove(config, workdir, ids_file: str | os.PathLike, say: Say = print) -> dict:
@@ -122,11 +123,11 @@ def remove(config, workdir, ids_file: str | os.PathLike, say: Say = print) -> di
 
     def summary(run: ChangeRun) -> dict:
         return {"images_removed": len(images), "documents_removed": len(documents),
-                "entities_dropped": len(run.old("entity_index")) - len(run.new("entity_index")),
+                "entities_dropped": -_grown(run, "entity_index"),
                 "images_live": run.new("image_cache").num_live}
 
     return change(config, layout, "remove", {"images": sorted(images), "documents": sorted(documents)},
-                  (images, documents), summary, say)
+                  RemovePayload(tuple(images), tuple(documents)), summary, say)
 
 
 def compact(config, workdir, say: Say = print) -> dict:
@@ -141,7 +142,8 @@ def compact(config, workdir, say: Say = print) -> dict:
     def summary(run: ChangeRun) -> dict:
         return {"rows_dropped": removed, "images_live": run.new("image_cache").num_images}
 
-    return change(config, layout, "compact", {"removed_sha": cache.manifest.get("removed_sha")}, None, summary, say)
+    sha = cache.manifest.get("removed_sha")
+    return change(config, layout, "compact", {"removed_sha": sha}, CompactPayload(sha), summary, say)
 
 
 def add_entities(config, workdir, texts: list[str], say: Say = print) -> dict:
@@ -149,7 +151,7 @@ def add_entities(config, workdir, texts: list[str], say: Say = print) -> dict:
     layout = _opened(workdir)
 
     def summary(run: ChangeRun) -> dict:
-        return {"entities_added": len(run.new("entity_index")) - len(run.old("entity_index"))}
+        return {"entities_added": _grown(run, "entity_index")}
 
     key = {"entities_sha": hashlib.sha256("\n".join(texts).encode()).hexdigest()[:16]}
-    return change(config, layout, "add_entities", key, texts, summary, say)
+    return change(config, layout, "add_entities", key, AddEntitiesPayload(tuple(texts)), summary, say)

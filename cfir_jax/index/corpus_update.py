@@ -1,8 +1,9 @@
 """The corpus under changes of the collection: `index.py --add PATH` appends the rows of PATH as a new part
 (`stage_corpus_addition`), `--remove IDS.txt` lists ids as removed (`stage_corpus_removal`; rows stay). Each writes
 one complete corpus (cfir_jax.data.corpus) into an empty staging directory; unchanged files are hard links of the old
-ones, so a reader that has them memory-mapped keeps its view. Registered with the change loop
-(`cfir_jax.index.store_update`): extended by an add, masked by a removal, untouched by a compaction."""
+ones, so a reader that has them memory-mapped keeps its view. Declared here (`cfir_jax.index.descriptor`): the
+corpus stage of index.py (`build_corpus`: converted by process 0 alone), extended by an add, masked by a removal,
+untouched by a compaction."""
 
 from __future__ import annotations
 
@@ -16,11 +17,22 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.core.errors import CfirError
+from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import FORMAT_VERSION, KIND, Corpus, Image
 from cfir_jax.data.corpus_writer import write_corpus_part, write_split_qrels
-from cfir_jax.data.files import ROW_FILE_SUFFIXES, image_files, read_documents, read_images, read_qrels, row_paths
-from cfir_jax.index.store_update import EXTEND, MASK, ChangeRun, Step, StoreUpdate, register
+from cfir_jax.data.files import (
+    ROW_FILE_SUFFIXES,
+    build_files_corpus,
+    image_files,
+    read_documents,
+    read_images,
+    read_qrels,
+    row_paths,
+)
+from cfir_jax.index.descriptor import EXTEND, MASK, Build, Changes, StageRun, Step, Store, declare
+from cfir_jax.index.index_encoder import encoder_tokenizer
+from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.stores.atomic_write import link_tree
 from cfir_jax.stores.contract import manifest_digest, write_manifest
 from cfir_jax.stores.integrity import CHECKSUMS, MANIFEST
@@ -254,19 +266,55 @@ def stage_corpus_removal(corpus: Corpus, out_dir: str | os.PathLike, image_ids: 
 
 
 
-register(StoreUpdate(
-    "corpus", open=Corpus.open,
-    add=Step(EXTEND, lambda change, out: stage_corpus_addition(change.old("corpus"), out, change.payload)),
-    remove=Step(MASK, lambda change, out: stage_corpus_removal(change.old("corpus"), out, *change.payload))))
-
-
 def documents_added(change: ChangeRun) -> int:
     """How many documents the change's staged corpus added (0 before it is staged, and for other changes)."""
     return change.new("corpus").num_documents - change.old("corpus").num_documents
 
 
-def check_base(store, corpus: Corpus, first_new_doc: int, what: str) -> None:
-    """One line when a per-document store (entities, summaries) is not of the first `first_new_doc` documents."""
-    if store.doc_ids != corpus.doc_ids[:first_new_doc]:
-        raise StoreError(f"{store.directory}: the {what} are not of the first {first_new_doc} documents of "
-                         f"{corpus.path}; rebuild them with index.py")
+def write_corpus(config, layout) -> None:
+    """The corpus stage (process 0 alone: a format conversion, not model work; splitting it over hosts would buy
+    little): AToMiC parquet files, a synthetic world, or plain files, as index.corpus.source says."""
+    c = config.index.corpus
+    if c.source == "synthetic":
+        synthetic.generate(layout.corpus, synthetic.SyntheticConfig.named(c.synthetic_size, seed=c.seed))
+        return
+    if c.source == "atomic":
+        # why: pyarrow loads for an AToMiC build only
+        from cfir_jax.data.atomic import build_atomic_corpus
+
+        if not (c.texts and c.images and c.qrels):
+            if layout.corpus.is_dir():
+                return
+            raise CfirError("AToMiC corpus: set --config.index.corpus.texts=..., .images=..., .qrels=... (local "
+                            "copies of TREC-AToMiC/AToMiC-Texts-v0.2.1, AToMiC-Images-v0.2, AToMiC-Qrels-v0.2)")
+        split = lambda s: [p for p in s.split(",") if p] if "," in s else s  # noqa: E731
+        splits = tuple(p.strip() for p in c.splits.split(",") if p.strip())
+        build_atomic_corpus(split(c.texts), split(c.images), c.qrels, layout.corpus, setting=c.setting,
+                            splits=splits)
+    elif c.source == "files":
+        build_files_corpus(c.documents, c.images, c.qrels or None, layout.corpus,
+                           tokenizer_spm=encoder_tokenizer(config))
+    else:
+        raise CfirError(f"index.corpus.source={c.source!r}: use 'atomic', 'synthetic' or 'files'")
+
+
+def _added(change: ChangeRun, out: Path) -> dict:
+    info = stage_corpus_addition(change.old("corpus"), out, change.payload.path)
+    return {k: info[k] for k in ("documents_added", "images_added", "judgements_added")}
+
+
+def _removed(change: ChangeRun, out: Path) -> dict:
+    info = stage_corpus_removal(change.old("corpus"), out, change.payload.images, change.payload.documents)
+    return {k: info[k] for k in ("images_removed", "documents_removed", "removed_images")}
+
+
+def _open_corpus(run: StageRun) -> Corpus:
+    return Corpus.open(run.layout.corpus)
+
+
+declare(Store(
+    "corpus", order=10, reader=Corpus.open, config="index.corpus",
+    build=Build(lambda run: write_corpus(run.config, run.layout),
+                lambda c: f"{c.num_documents:,} documents, {c.num_images:,} images", every_host=False,
+                open=_open_corpus, unselected=_open_corpus),
+    changes=Changes(add=Step(EXTEND, _added), remove=Step(MASK, _removed))))

@@ -1,11 +1,11 @@
 """The entities stage's build: spaCy NER (`cfir_jax.nlp.entities`) over every document, in resumable chunks owned
 round-robin by the processes (`cfir_jax.index.chunks`), assembled by process 0 into the entity store that
-`cfir_jax.stores.entities` reads. Under an add of the collection, the new documents' NER is appended
-(`stage_entities_addition`, registered with the change loop)."""
+`cfir_jax.stores.entities` reads. Declared here (`cfir_jax.index.descriptor`): the entities stage of index.py
+(`build_entities`), and under an add of the collection the new documents' NER appended (`stage_entities_addition`,
+through the one recipe of `cfir_jax.index.document_stores`)."""
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from collections.abc import Iterable
@@ -13,17 +13,16 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus
-from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
-from cfir_jax.index.corpus_update import check_base, documents_added
-from cfir_jax.index.store_update import EXTEND, Step, StoreUpdate, register
+from cfir_jax.index.chunks import check_doc_id, commit_on_main, current, iter_chunks, write_lines
+from cfir_jax.index.descriptor import Build, Changes, Store, declare
+from cfir_jax.index.document_stores import DocumentNLP, after_add, append_documents
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, check_sources
 from cfir_jax.stores import contract
-from cfir_jax.stores.atomic_write import link_tree
 from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, EntityStore, entity_key
-from cfir_jax.stores.integrity import CHECKSUMS
+from cfir_jax.stores.layout import Layout
 
 log = logging.getLogger(__name__)
 
@@ -138,34 +137,47 @@ def entity_extractor(config) -> SourcedExtractor:
     return SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
 
 
+def build_entities(config, layout: Layout, corpus: Corpus) -> EntityStore:
+    """The entities stage: spaCy NER (and the configured entity sources) over every document, unless current."""
+    e = config.index.entities
+    sources = check_sources(e.get("sources") or "spacy")
+    extractor = entity_extractor(config)
+    # Current only when computed from these very documents (their content, not just their number) by this NER, from
+    # these sources (a plain spaCy store records none).
+    if current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
+               labels=list(extractor.extractor.labels), sources=extractor.settings.get("sources")):
+        return EntityStore.open(layout.entities)
+    if sources != "spacy" and corpus.num_documents and not any(
+            categories_of(corpus.document(i)) for i in range(min(corpus.num_documents, 1000))):
+        raise CfirError(f"{corpus.path}: its documents carry no category names (index.entities.sources={sources!r}); "
+                        "use --config.index.entities.sources=spacy or a corpus with AToMiC's category field")
+    docs = ((corpus.doc_ids[i], extractor.item(doc.text, categories_of(doc)))
+            for i in range(corpus.num_documents) for doc in (corpus.document(i),))
+    build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents, chunk_size=e.chunk_size,
+                       corpus_fingerprint=corpus.documents_fingerprint)
+    return EntityStore.open(layout.entities)
+
+
 def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_new_doc: int,
                             out_dir: str | os.PathLike, work_dir: str | os.PathLike) -> dict:
     """The entity store with the NER of the documents [first_new_doc, N) of the union `corpus` appended (chunks kept
-    in `work_dir/entities.partial` across a kill), staged in `out_dir`: equal to a store built over the union in one
-    go, recorded with the union's documents fingerprint. Returns {documents_added, entities_added}."""
-    out_dir, work_dir = Path(out_dir), Path(work_dir)
-    check_base(store, corpus, first_new_doc, "entities")
-    if first_new_doc == corpus.num_documents:  # images alone were added: the store is current as it is
-        link_tree(store.directory, out_dir, skip=(CHECKSUMS,))
-        return {"documents_added": 0, "entities_added": 0}
-    extractor = entity_extractor(config)
-    differ = [k for k, v in extractor.settings.items() if store.manifest.get(k) != json.loads(json.dumps(v))]
-    if differ:
-        raise StoreError(f"{store.directory}: built with other entity settings ({', '.join(differ)}); rebuild it "
-                         "with index.py")
-    docs = ((corpus.doc_ids[i], extractor.item(doc.text, categories_of(doc)))
-            for i in range(first_new_doc, corpus.num_documents) for doc in (corpus.document(i),))
-    work = work_dir / "entities"
-    chunks = iter_chunks(work, docs, lambda texts: list(extractor.extract(texts)), extractor.settings,
-                         config.index.entities.chunk_size, corpus.num_documents - first_new_doc, desc="entities")
-    manifest = commit_on_main(out_dir, "entities", chunks, lambda c: assemble_entity_store(
-        out_dir, c, extractor, corpus.documents_fingerprint, base=store), work=work)
+    in `work_dir/entities` across a kill), staged in `out_dir`: equal to a store built over the union in one go,
+    recorded with the union's documents fingerprint. Returns {documents_added, entities_added}."""
+    def nlp() -> DocumentNLP:
+        extractor = entity_extractor(config)
+        return DocumentNLP(
+            extractor.settings, lambda i: extractor.item(corpus.document(i).text, categories_of(corpus.document(i))),
+            lambda texts: list(extractor.extract(texts)),
+            lambda out, chunks: assemble_entity_store(out, chunks, extractor, corpus.documents_fingerprint, base=store))
+
+    manifest = append_documents(store, corpus, first_new_doc, out_dir, work_dir, "entities", "entity",
+                                config.index.entities.chunk_size, nlp)
     return {"documents_added": corpus.num_documents - first_new_doc,
-            "entities_added": int(manifest["num_entities"]) - len(store.vocab)}
+            "entities_added": 0 if manifest is None else int(manifest["num_entities"]) - len(store.vocab)}
 
 
-register(StoreUpdate("entities", open=EntityStore.open, after=("corpus",), add=Step(
-    EXTEND, lambda change, out: stage_entities_addition(
-        change.config, change.old("entities"), change.new("corpus"), change.old("corpus").num_documents, out,
-        change.work),
-    when=lambda change: documents_added(change) > 0)))
+declare(Store("entities", order=40, made_from=("corpus",), reader=EntityStore.open, config="index.entities",
+              build=Build(lambda run: build_entities(run.config, run.layout, run.opened["corpus"]),
+                          lambda s: "-" if s is None else f"{len(s.vocab):,} entities, {s.num_without_entities} docs "
+                          "without", unselected=lambda run: None),
+              changes=Changes(add=after_add("entities", stage_entities_addition))))

@@ -2,8 +2,9 @@
 compacted. Each `stage_*` writes one complete entity index store (the layout `cfir_jax.stores.entity_index`
 describes) into an empty directory `out_dir` from the old store, which it never modifies (its files are read, and
 the ScaNN tree hard-linked); the change loop (`cfir_jax.index.collection_update`) writes the checksums and commits.
-Registered with it: extended by an add (and by --add-entities), masked and refilled by a removal, remapped by a
-compaction. The lists themselves are filled by `cfir_jax.index.entity_index_lists`.
+Declared here (`cfir_jax.index.descriptor`): the entity index stage of index.py (`build_entity_index`, over
+`cfir_jax.index.entity_index_build`), extended by an add (and by --add-entities), masked and refilled by a removal,
+remapped by a compaction. The lists themselves are filled by `cfir_jax.index.entity_index_lists`.
 
 Exact backend: every list equals a from-scratch `build_entity_index` over the live rows of the new cache (row ids
 kept), candidates, order and stored scores bit for bit. A list only ever needs rescoring over a small set: an entity's
@@ -31,6 +32,11 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.progress import shown
+from cfir_jax.index import entity_index_build
+from cfir_jax.index.candidate_search import resolve_backend
+from cfir_jax.index.chunks import current
+from cfir_jax.index.descriptor import EXTEND, MASK, REMAP, Build, Changes, Step, Store, declare
 from cfir_jax.index.entity_index_build import check_inputs, indexed_entities, texts_digest
 from cfir_jax.index.entity_index_lists import (
     DEFAULT_CHUNK_SIZE,
@@ -47,12 +53,14 @@ from cfir_jax.index.entity_index_lists import (
     write_store,
 )
 from cfir_jax.index.image_cache_update import row_map
-from cfir_jax.index.index_encoder import entity_encoder, scann_config
-from cfir_jax.index.store_update import EXTEND, MASK, REMAP, ChangeRun, Step, StoreUpdate, register
+from cfir_jax.index.index_encoder import check_cache_encoder, entity_encoder, scann_config
+from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.search.knn import ScannConfig, ScannSearcher
 from cfir_jax.stores.atomic_write import link_tree
 from cfir_jax.stores.contract import write_manifest
+from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.entity_index import KIND, VERSION, EntityIndex
+from cfir_jax.stores.layout import Layout
 
 
 # ------------------------------------------------------------------------------------------------------- the stages
@@ -252,6 +260,12 @@ def _encoder(change: ChangeRun) -> Encode:
     return encode
 
 
+def _counts(info: dict, out: Path) -> dict:
+    """What a stage returned beyond the manifest it wrote into `out`: its counts."""
+    manifest = json.loads((out / "manifest.json").read_text())
+    return {k: v for k, v in info.items() if k not in manifest}
+
+
 def _after_add(change: ChangeRun, out: Path) -> dict:
     """The new images merged into every list, then the new documents' new entities searched over the whole cache;
     recorded as a from-scratch build over the union would record it."""
@@ -267,15 +281,16 @@ def _after_add(change: ChangeRun, out: Path) -> dict:
     if fresh:
         shutil.rmtree(images_out, ignore_errors=True)
         images_out.mkdir(parents=True)
-    info = stage_images_added(index, images_out, cache.embeddings, change.old("image_cache").num_images,
-                              encode=encode, removed=removed, cache_fingerprint=cache.content_fingerprint,
-                              sources=sources, chunk_size=chunk)
+    counts = _counts(stage_images_added(
+        index, images_out, cache.embeddings, change.old("image_cache").num_images, encode=encode, removed=removed,
+        cache_fingerprint=cache.content_fingerprint, sources=sources, chunk_size=chunk), images_out)
     if fresh:
         sources["cache_fingerprint"] = cache.content_fingerprint
-        info = stage_entities_added(EntityIndex.open(images_out), out, fresh, encode(fresh), cache.embeddings,
-                                    removed=removed, sources=sources, chunk_size=chunk)
+        counts |= _counts(stage_entities_added(EntityIndex.open(images_out), out, fresh, encode(fresh),
+                                               cache.embeddings, removed=removed, sources=sources, chunk_size=chunk),
+                          out)
         shutil.rmtree(images_out, ignore_errors=True)
-    return info
+    return counts
 
 
 def _after_removal(change: ChangeRun, out: Path) -> dict:
@@ -287,26 +302,63 @@ def _after_removal(change: ChangeRun, out: Path) -> dict:
     gone = set(indexed_entities(config, change.old("corpus"), store)) - set(texts)
     keep = np.array([t not in gone for t in index.vocab], bool)
     sources = {"documents": config.index.entity_index.documents, "entities_sha": texts_digest(texts)}
-    return stage_images_removed(index, out, cache.removed, cache.embeddings, encode=_encoder(change),
-                                keep_entities=None if keep.all() else keep, cache_fingerprint=cache.content_fingerprint,
-                                sources=sources, chunk_size=int(config.index.entity_index.chunk_size))
+    return _counts(stage_images_removed(
+        index, out, cache.removed, cache.embeddings, encode=_encoder(change),
+        keep_entities=None if keep.all() else keep, cache_fingerprint=cache.content_fingerprint, sources=sources,
+        chunk_size=int(config.index.entity_index.chunk_size)), out)
 
 
 def _after_compaction(change: ChangeRun, out: Path) -> dict:
     cache = change.new("image_cache")
-    return stage_compacted(change.old("entity_index"), out, row_map(change), images=cache.embeddings,
-                           cache_fingerprint=cache.content_fingerprint, scann_config=scann_config(change.config))
+    return _counts(stage_compacted(change.old("entity_index"), out, row_map(change), images=cache.embeddings,
+                                   cache_fingerprint=cache.content_fingerprint,
+                                   scann_config=scann_config(change.config)), out)
 
 
 def _entities_appended(change: ChangeRun, out: Path) -> dict:
     """--add-entities: the texts of the change's payload (those not indexed yet) searched over the whole cache."""
-    cache, texts = change.old("image_cache"), list(change.payload)
+    cache, texts = change.old("image_cache"), list(change.payload.texts)
     encode = _encoder(change)
-    return stage_entities_added(change.old("entity_index"), out, texts, encode(texts), cache.embeddings,
-                                removed=cache.removed if cache.num_live < cache.num_images else None, encode=encode,
-                                chunk_size=int(change.config.index.entity_index.chunk_size))
+    return _counts(stage_entities_added(
+        change.old("entity_index"), out, texts, encode(texts), cache.embeddings,
+        removed=cache.removed if cache.num_live < cache.num_images else None, encode=encode,
+        chunk_size=int(change.config.index.entity_index.chunk_size)), out)
 
 
-register(StoreUpdate("entity_index", open=EntityIndex.open, after=("corpus", "image_cache", "entities"),
-                     add=Step(EXTEND, _after_add), remove=Step(MASK, _after_removal),
-                     compact=Step(REMAP, _after_compaction), add_entities=Step(EXTEND, _entities_appended)))
+def build_entity_index(config, layout: Layout, corpus, entities, cache) -> EntityIndex:
+    """The entity index stage: the selected entity texts encoded by the frozen text tower, each one's top-K images
+    of this cache, unless current."""
+    encoder, fingerprint = entity_encoder(config, layout, corpus)
+    check_cache_encoder(config, layout, cache)
+    ei = config.index.entity_index
+    texts = indexed_entities(config, corpus, entities)
+    # What the index is derived from: the selected entity texts and this build of the image cache.
+    sources = dict(documents=ei.documents, entities_sha=texts_digest(texts),
+                   cache_fingerprint=cache.content_fingerprint)
+    # 'auto' (the default): exact on a GPU or TPU, ScaNN on a CPU host. The manifest records the backend used and
+    # the setting that chose it; an index is current when it was built with the backend this machine resolves to.
+    backend = resolve_backend(ei.backend)
+    if current(layout.entity_index, "entity_index", VERSION, model_fingerprint=fingerprint, k_requested=ei.k,
+               backend=backend, **sources):
+        return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
+    # Each process encodes only the entity texts of the chunks it searches.
+    entity_index_build.build_entity_index(
+        layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
+        backend=backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
+        chunk_size=ei.chunk_size, progress=shown(), sources={**sources, "backend_setting": ei.backend})
+    return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
+
+
+def _stage(run) -> EntityIndex:
+    corpus = run.opened["corpus"]
+    entities = run.opened.get("entities") or EntityStore.open(run.layout.entities,
+                                                              corpus_fingerprint=corpus.documents_fingerprint)
+    return build_entity_index(run.config, run.layout, corpus, entities, run.opened["image_cache"])
+
+
+declare(Store(
+    "entity_index", order=60, made_from=("entities", "image_cache", "encoder", "corpus"), reader=EntityIndex.open,
+    config="index.entity_index",
+    build=Build(_stage, lambda ix: f"{len(ix):,} entities x K={ix.k}, recall@K {ix.manifest.get('recall_at_k')}"),
+    changes=Changes(add=Step(EXTEND, _after_add), remove=Step(MASK, _after_removal),
+                    compact=Step(REMAP, _after_compaction), add_entities=Step(EXTEND, _entities_appended))))

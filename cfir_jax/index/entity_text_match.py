@@ -1,7 +1,8 @@
 """The entity_text_match stage's build (beyond the paper): per entity of the entity index, the images whose own text
 names it, in chunks owned round-robin by the processes, committed by process 0 into the store that
-`cfir_jax.stores.entity_text_match` reads. Under changes of the collection (registered with the change loop) it is
-matched again after an add or --add-entities, and re-keyed after a removal or a compaction."""
+`cfir_jax.stores.entity_text_match` reads. Declared here (`cfir_jax.index.descriptor`): its stage of index.py
+(`entity_text_match_stage`), and under changes of the collection matched again after an add or --add-entities, and
+re-keyed after a removal or a compaction."""
 
 from __future__ import annotations
 
@@ -18,18 +19,20 @@ import numpy as np
 from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.core.progress import shown
 from cfir_jax.index.chunks import shared_work_dir
+from cfir_jax.index.descriptor import REBUILD, REMAP, Build, Changes, StageRun, Step, Store, declare
 from cfir_jax.index.image_cache_update import row_map
 from cfir_jax.index.image_text import FIELDS, image_text
-from cfir_jax.index.store_update import REBUILD, REMAP, ChangeRun, Step, StoreUpdate, register
+from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.stores.atomic_write import savez_atomic
 from cfir_jax.stores.contract import StoreError, atomic_dir, manifest_digest, write_manifest
+from cfir_jax.stores.entity_index import EntityIndex
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.stores.entity_index import EntityIndex
     from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.entity_text_match import FORMAT_VERSION, KIND, EntityTextMatch
+from cfir_jax.stores.entity_text_match import FORMAT_VERSION, KIND, READER, EntityTextMatch
 
 # A word: letters/digits/underscore, with inner apostrophes or hyphens kept ("McDonald's", "Saint-Denis").
 _WORD = re.compile(r"\w+(?:['\u2019\-]\w+)*")
@@ -192,7 +195,35 @@ def entity_text_match_rekeyed(change: ChangeRun, out: Path) -> dict:
     return {"pairs": int(len(rows))}
 
 
-register(StoreUpdate("entity_text_match", open=EntityTextMatch.open, after=("corpus", "image_cache", "entity_index"),
-                     add=Step(REBUILD, entity_text_match_again), remove=Step(REMAP, entity_text_match_rekeyed),
-                     compact=Step(REMAP, entity_text_match_rekeyed),
-                     add_entities=Step(REBUILD, entity_text_match_again)))
+def entity_text_match_wanted(run: StageRun) -> bool:
+    """Whether index.py builds W/entity_text_match: asked for, or needed by retrieval.entity_text_match."""
+    return bool(run.config.index.entity_text_match.enabled) or bool(run.config.retrieval.entity_text_match)
+
+
+def entity_text_match_stage(run: StageRun) -> EntityTextMatch | None:
+    """Stage entity_text_match: None (skipped) when the corpus' images carry no text, else the opened store."""
+    corpus, layout = run.opened["corpus"], run.layout
+    if not corpus.manifest.get("images_with_text"):
+        return None
+    m = run.config.index.entity_text_match
+    return build_entity_text_match(
+        layout.entity_text_match, corpus, run.opened["image_cache"], EntityIndex.open(layout.entity_index),
+        fields=tuple(m.fields), max_matches=m.max_matches, max_words=m.max_words, chunk_rows=m.chunk_rows,
+        progress=shown())
+
+
+def _stage_summary(t: EntityTextMatch | None) -> str:
+    if t is None:
+        return "skipped: the corpus' images have no text"
+    m = t.manifest
+    return (f"{m['num_pairs']:,} (entity, image) pairs, {m['entities_matched']:,} entities matched, "
+            f"{m['too_common']:,} too common")
+
+
+declare(Store(
+    "entity_text_match", order=80, made_from=("entity_index", "image_cache", "corpus"), reader=READER,
+    config="index.entity_text_match",
+    build=Build(entity_text_match_stage, _stage_summary, wanted=entity_text_match_wanted),
+    changes=Changes(add=Step(REBUILD, entity_text_match_again), remove=Step(REMAP, entity_text_match_rekeyed),
+                    compact=Step(REMAP, entity_text_match_rekeyed),
+                    add_entities=Step(REBUILD, entity_text_match_again))))

@@ -2,7 +2,9 @@
 imported) and appended (`stage_cache_addition`), removed rows masked (`stage_cache_removal`: removed.txt, rows kept),
 the cache rewritten without them (`stage_cache_compaction`, with the old row -> new row map). The Full model's own
 cache (W/image_cache_full) is masked and compacted alike, and dropped by an add (its tower has not seen the new
-images). Each writes one complete cache into an empty staging directory from the old one, which it never modifies."""
+images). Each writes one complete cache into an empty staging directory from the old one, which it never modifies.
+Both caches are declared here (`cfir_jax.index.descriptor`), with their stages of index.py (`build_image_cache`,
+`build_image_cache_full`)."""
 
 from __future__ import annotations
 
@@ -15,8 +17,10 @@ import numpy as np
 
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.data.corpus import Corpus, Image
+from cfir_jax.index import index_encoder
+from cfir_jax.index.descriptor import DROP, EXTEND, MASK, REMAP, Build, Changes, StageRun, Step, Store, declare
 from cfir_jax.index.image_import import open_source
-from cfir_jax.index.store_update import DROP, EXTEND, MASK, REMAP, ChangeRun, Step, StoreUpdate, register
+from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.stores.atomic_write import link_tree, write_json_atomic
 from cfir_jax.stores.contract import write_manifest
 from cfir_jax.stores.image_cache import KIND as CACHE_KIND
@@ -139,9 +143,8 @@ def stage_cache_addition(config, layout: Layout, cache: ImageCache, corpus: Corp
                                max_row_norm=round(max(norm, float(cache.manifest.get("max_row_norm") or 0.0)), 6))
     # why: flax loads when images are encoded, not when the orchestrator imports this module
     from cfir_jax.index.image_encoding import build_image_cache
-    from cfir_jax.index.index_encoder import load_encoder
 
-    model = load_encoder(config, layout)
+    model = index_encoder.load_encoder(config, layout)
     part = build_image_cache(work_dir / "image_cache", _NewImages(corpus, first), model, batch_size=ic.batch_size,
                              shard_size=ic.shard_size, dtype=ic.dtype, compute_dtype=ic.compute_dtype)
     for key in ("fingerprint", "dim", "dtype", "compute_dtype", "image_size"):
@@ -210,16 +213,73 @@ def _compacted(store: str):
 
 
 def _masked(store: str):
-    return lambda change, out: stage_cache_removal(change.old(store), out, change.payload[0])
+    def run(change: ChangeRun, out: Path) -> dict:
+        return {"rows_removed": stage_cache_removal(change.old(store), out, change.payload.images)["rows_removed"]}
+    return run
 
 
-register(StoreUpdate("image_cache", open=ImageCache.open, after=("corpus",), add=Step(EXTEND, _after_add),
-                     remove=Step(MASK, _masked("image_cache")), compact=Step(REMAP, _compacted("image_cache"))))
-register(StoreUpdate(
-    "image_cache_full", open=ImageCache.open, after=("image_cache",),
-    add=Step(DROP, note="the Full model's own cache: rebuild it with python index.py --config CONFIG --workdir W "
-                        "--stages image_cache_full"),
-    remove=Step(MASK, _masked("image_cache_full")), compact=Step(REMAP, _compacted("image_cache_full"))))
+def build_image_cache(config, layout: Layout, corpus: Corpus) -> ImageCache:
+    """The image cache stage: every image encoded once by the frozen vision tower, or precomputed ones imported."""
+    # why: flax loads when a stage encodes, not when index.py reads its stage names to parse flags
+    from cfir_jax.index.image_encoding import build_image_cache as build
+
+    ic = config.index.image_cache
+    if ic.precomputed:
+        return build(layout.image_cache, corpus, precomputed=ic.precomputed, dtype=ic.dtype)
+    model = index_encoder.load_encoder(config, layout)
+    return build(layout.image_cache, corpus, model, batch_size=ic.batch_size, shard_size=ic.shard_size,
+                 dtype=ic.dtype, compute_dtype=ic.compute_dtype)
+
+
+def _check_dim(run: StageRun, cache: ImageCache) -> None:
+    if cache.dim != run.config.model.embed_dim:
+        raise CfirError(f"{run.layout.image_cache}: embeddings have dim {cache.dim} but model.embed_dim is "
+                        f"{run.config.model.embed_dim}")
+
+
+def full_cache_wanted(run: StageRun) -> bool:
+    """Whether this run builds W/image_cache_full: when W/model_full exists; named alone in --stages without it,
+    one line naming the command that trains it."""
+    layout = run.layout
+    if (layout.model_full / "manifest.json").is_file():
+        return True
+    if run.stages != run.all_stages:
+        raise CfirError(f"{layout.model_full}: no Full model to re-encode the images with; train it first: python "
+                        f"train.py --config CONFIG:full --workdir {layout.root}")
+    return False
+
+
+def build_image_cache_full(config, layout: Layout, corpus: Corpus) -> ImageCache:
+    """W/image_cache_full: every image encoded by the Full model's own vision tower (the image cache's format and
+    checks; its manifest records that tower's vision fingerprint). The model keeps its own sizes (a :full config may
+    train at another image size than the index config's)."""
+    # why: flax loads when a stage encodes, not when index.py reads its stage names to parse flags
+    from cfir_jax.index.image_encoding import build_image_cache as build
+    from cfir_jax.model import checkpoint
+
+    ic = config.index.image_cache
+    model = checkpoint.load_model(layout.model_full)
+    return build(layout.image_cache_full, corpus, model, batch_size=ic.batch_size,
+                 shard_size=ic.shard_size, dtype=ic.dtype, compute_dtype=ic.compute_dtype)
+
+
+declare(Store(
+    "image_cache", order=20, made_from=("corpus",), reader=ImageCache.open, config="index.image_cache",
+    build=Build(lambda run: build_image_cache(run.config, run.layout, run.opened["corpus"]),
+                lambda c: f"{c.num_images:,} x {c.dim} {c.dtype}, "
+                f"{c.manifest.get('num_skipped', 0)} skipped", check=_check_dim,
+                unselected=lambda run: ImageCache.open(run.layout.image_cache)),
+    changes=Changes(add=Step(EXTEND, _after_add), remove=Step(MASK, _masked("image_cache")),
+                    compact=Step(REMAP, _compacted("image_cache")))))
+declare(Store(
+    "image_cache_full", order=25, made_from=("corpus",), reader=ImageCache.open,
+    build=Build(lambda run: build_image_cache_full(run.config, run.layout, run.opened["corpus"]),
+                lambda c: f"{c.num_images:,} x {c.dim} {c.dtype} by W/model_full's vision tower",
+                wanted=full_cache_wanted),
+    changes=Changes(
+        add=Step(DROP, note="the Full model's own cache: rebuild it with python index.py --config CONFIG --workdir W "
+                            "--stages image_cache_full"),
+        remove=Step(MASK, _masked("image_cache_full")), compact=Step(REMAP, _compacted("image_cache_full")))))
 
 
 def row_map(change: ChangeRun) -> np.ndarray:

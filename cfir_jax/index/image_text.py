@@ -20,10 +20,12 @@ from cfir_jax.core import hosts
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS as FIELDS  # AToMiC's image text columns, the default fields embedded
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.core.progress import shown
 from cfir_jax.index.chunks import shared_work_dir
+from cfir_jax.index.descriptor import EXTEND, REMAP, Build, Changes, StageRun, Step, Store, declare
 from cfir_jax.index.image_cache_update import row_map
-from cfir_jax.index.index_encoder import load_encoder
-from cfir_jax.index.store_update import EXTEND, REMAP, ChangeRun, Step, StoreUpdate, register
+from cfir_jax.index.index_encoder import check_cache_encoder, load_encoder
+from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.model.tokenizer import resolve_tokenizer
 from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
 from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus, Image
     from cfir_jax.model.text_encoder import TextEncoder
     from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.image_text import FORMAT_VERSION, KIND, ImageTextCache
+from cfir_jax.stores.image_text import FORMAT_VERSION, KIND, READER, ImageTextCache
 
 
 def image_text(image: Image, fields: Sequence[str] = FIELDS) -> str:
@@ -174,5 +176,31 @@ def image_text_after_compaction(change: ChangeRun, out: Path) -> dict:
                              change.new("image_cache"))
 
 
-register(StoreUpdate("image_text", open=ImageTextCache.open, after=("corpus", "image_cache"),
-                     add=Step(EXTEND, image_text_after_add), compact=Step(REMAP, image_text_after_compaction)))
+def image_text_wanted(run: StageRun) -> bool:
+    """Whether index.py builds W/image_text: asked for (index.image_text.enabled) or needed (fusion.w_txt != 0)."""
+    return bool(run.config.index.image_text.enabled) or float(run.config.retrieval.fusion.w_txt) != 0.0
+
+
+def image_text_stage(run: StageRun) -> ImageTextCache | None:
+    """Stage image_text: None (skipped) when the corpus' images carry no text, else the opened store."""
+    # why: flax loads when a model is opened, not on import
+    from cfir_jax.model import checkpoint
+    from cfir_jax.model.text_encoder import TextEncoder
+
+    config, layout, corpus, cache = run.config, run.layout, run.opened["corpus"], run.opened["image_cache"]
+    if not corpus.manifest.get("images_with_text"):
+        return None
+    it = config.index.image_text
+    model = load_encoder(config, layout)
+    check_cache_encoder(config, layout, cache)
+    encoder = TextEncoder(model, resolve_tokenizer(config, corpus), it.max_text_len, it.encode_batch)
+    return build_image_text(layout.image_text, corpus, cache, encoder, checkpoint.fingerprint(model, "text"),
+                            fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=shown())
+
+
+declare(Store(
+    "image_text", order=70, made_from=("image_cache", "encoder", "corpus"), reader=READER,
+    config="index.image_text",
+    build=Build(image_text_stage, lambda t: "skipped: the corpus' images have no text" if t is None else
+                f"{t.num_with_text:,} of {len(t.has_text):,} images with text", wanted=image_text_wanted),
+    changes=Changes(add=Step(EXTEND, image_text_after_add), compact=Step(REMAP, image_text_after_compaction))))

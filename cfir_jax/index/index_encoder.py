@@ -1,5 +1,6 @@
 """The frozen index encoder: where it is, its text positions, loading it, its entity-text encoder and the checks
-that the stores it made belong together (entity texts and images from one model).
+that the stores it made belong together (entity texts and images from one model). Declares the encoder stage
+(`encoder_stage`): a synthetic world's encoder trained on its captions, or the summary of the configured one.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from pathlib import Path
 
 from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
+from cfir_jax.index.descriptor import Build, StageRun, Store, declare
 from cfir_jax.model.tokenizer import resolve_tokenizer
 from cfir_jax.search.knn import ScannConfig
 from cfir_jax.stores.contract import check_manifest
@@ -117,3 +119,35 @@ def check_cache_encoder(config, layout: Layout, cache) -> None:
     if cache.manifest.get("source") == "model":  # imported embeddings carry no model fingerprint to compare
         vision = checkpoint.read_model_manifest(encoder_dir(config, layout))["vision_fingerprint"]
         check_manifest(cache.manifest, cache.path, fingerprint=vision)
+
+
+def encoder_stage(run: StageRun) -> str:
+    """The encoder stage: the summary of the model the index encodes text with. Synthetic worlds
+    (index.encoder='pretrain') train it on captions first, through `run.pretrain` (the caption pretraining of
+    `cfir_jax.train.pretrain`, which the index command passes in), unless W/encoder is already there."""
+    # why: flax loads when a model is opened, not on import
+    from cfir_jax.model import checkpoint
+
+    config, layout = run.config, run.layout
+    if config.index.encoder != "pretrain":
+        path = encoder_dir(config, layout)
+        if path is None:
+            if config.index.image_cache.precomputed:
+                raise CfirError("index.encoder is empty: set it to a converted BEiT-3 model directory, or 'pretrain'")
+            return "-"
+        return checkpoint.model_summary(checkpoint.read_model_manifest(path))
+    try:
+        return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
+    except CfirError:
+        pass
+    if run.pretrain is None:
+        raise CfirError("index.encoder='pretrain' trains W/encoder on captions: build with index.py (its command, "
+                        "cfir_jax.commands.index, runs the caption pretraining)")
+    run.pretrain(config, layout)
+    return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
+
+
+# Made from nothing the index rebuilds: a configured model, or W/encoder trained once (its stage keeps it).
+declare(Store("encoder", order=30, config="index.encoder",
+              build=Build(encoder_stage, str,
+                          path=lambda run: encoder_dir(run.config, run.layout) or run.layout.encoder)))

@@ -23,14 +23,15 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.core.progress import shown
+from cfir_jax.index.descriptor import EXTEND, REMAP, Build, Changes, StageRun, Step, Store, declare
 from cfir_jax.index.image_cache_update import row_map
 from cfir_jax.index.image_text import FIELDS, image_text
-from cfir_jax.index.store_update import EXTEND, REMAP, ChangeRun, Step, StoreUpdate, register
+from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
-from cfir_jax.stores.lexical import FORMAT_VERSION, KIND, METHODS, LexicalIndex, terms
+from cfir_jax.stores.lexical import FORMAT_VERSION, KIND, METHODS, READER, LexicalIndex, terms
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
@@ -188,21 +189,26 @@ def _ids_prefix(store: LexicalIndex, cache: ImageCache) -> list[str]:
     return ids if _ids_sha(ids) == store.manifest["ids_sha"] else []
 
 
-def lexical_wanted(config) -> bool:
-    """Whether index.py builds W/lexical: asked for, or needed by a retrieval method that reads it."""
-    return bool(config.index.lexical.enabled)
+def lexical_wanted(run: StageRun) -> bool:
+    """Whether index.py builds W/lexical: asked for (index.lexical.enabled)."""
+    return bool(run.config.index.lexical.enabled)
 
 
-def build_stage(config, layout, corpus: Corpus, cache: ImageCache, progress: bool | None = None
-                ) -> LexicalIndex | None:
-    """Stage lexical: None (skipped) when the corpus' images carry no text, else the opened store."""
-    if not corpus.manifest.get("images_with_text"):
+def build_stage(run: StageRun) -> None:
+    """Stage lexical, on process 0 alone (minutes at millions of captions; the others wait, then open it): nothing
+    when the corpus' images carry no text."""
+    corpus = run.opened["corpus"]
+    if corpus.manifest.get("images_with_text"):
+        build_lexical(run.layout.lexical, corpus, run.opened["image_cache"], settings_of(run.config.index.lexical),
+                      shown())
+
+
+def open_stage(run: StageRun) -> LexicalIndex | None:
+    """What every process opens after the stage: None (skipped) when the corpus' images carry no text."""
+    if not run.opened["corpus"].manifest.get("images_with_text"):
         return None
-    settings = settings_of(config.index.lexical)
-    if hosts.is_main():  # one process builds (minutes at millions of captions); the others wait, then open it
-        build_lexical(layout.lexical, corpus, cache, settings, progress)
-    hosts.barrier("lexical_committed")
-    return LexicalIndex.open(layout.lexical, cache_fingerprint=cache.content_fingerprint, **settings)
+    return LexicalIndex.open(run.layout.lexical, cache_fingerprint=run.opened["image_cache"].content_fingerprint,
+                             **settings_of(run.config.index.lexical))
 
 
 def stage_summary(store: LexicalIndex | None) -> str:
@@ -229,5 +235,7 @@ def lexical_after_compaction(change: ChangeRun, out) -> dict:
     return {"rows": store.num_rows}
 
 
-register(StoreUpdate("lexical", open=LexicalIndex.open, after=("corpus", "image_cache"),
-                     add=Step(EXTEND, lexical_after_add), compact=Step(REMAP, lexical_after_compaction)))
+declare(Store("lexical", order=90, made_from=("image_cache", "corpus"), reader=READER,
+              config="index.lexical", build=Build(build_stage, stage_summary, every_host=False, open=open_stage,
+                                                  wanted=lexical_wanted),
+              changes=Changes(add=Step(EXTEND, lexical_after_add), compact=Step(REMAP, lexical_after_compaction))))

@@ -17,16 +17,12 @@ import os
 from pathlib import Path
 
 from cfir_jax.core import hosts
+from cfir_jax.index import descriptor
 from cfir_jax.index.index_encoder import encoder_dir, other_model
 from cfir_jax.index.stage_report import StageReport
 from cfir_jax.stores import versions
 from cfir_jax.stores.atomic_write import discard_dir, link_tree, temp_name, write_json_atomic
 from cfir_jax.stores.layout import Layout
-
-# The stores a build reads or writes: linked into the staging directory of a rebuild (every stage of
-# runner.STAGES, and the models a stage reads; tests/unit/index/test_index_versions.py holds the first).
-LINKED = ("corpus", "image_cache", "image_cache_full", "encoder", "pretrain", "entities", "summaries", "entity_index",
-          "image_text", "entity_text_match", "lexical", "model", "model_full")
 
 
 def staged_layout(layout: Layout) -> Layout | None:
@@ -36,7 +32,7 @@ def staged_layout(layout: Layout) -> Layout | None:
         return None
     if hosts.is_main():
         change = versions.begin(layout, "build", {})
-        for name in LINKED:
+        for name in descriptor.linked():  # every stage's store, and the models a stage reads
             src, dst = layout.root / name, change.directory / name
             if src.is_dir() and not dst.exists():  # kept when a run of this same change staged it already
                 tmp = temp_name(dst)
@@ -96,7 +92,7 @@ def record(config, layout: Layout, staged: Layout | None, reports: list[StageRep
             if Path(r.path).is_relative_to(staged.root) else r for r in reports]
     if hosts.is_main():
         change = versions.begin(layout, "build", {})  # the change staged_layout began
-        for name in LINKED:
+        for name in descriptor.linked():
             if (staged.root / name).is_dir() and not _changed(staged.root / name, layout.root / name):
                 discard_dir(staged.root / name)  # a link of the live store: nothing to commit
         if _built(reports):

@@ -10,8 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
+from cfir_jax.index.descriptor import DROP, EXTEND, REMAP, Changes, Step, Store, declare
 from cfir_jax.index.image_cache_update import row_map
-from cfir_jax.index.store_update import DROP, EXTEND, REMAP, ChangeRun, Step, StoreUpdate, register
+from cfir_jax.index.store_update import ChangeRun
 from cfir_jax.search.compact import COMPACT_KIND, COMPACT_VERSION, quantize_rows
 from cfir_jax.stores.atomic_write import link_tree
 from cfir_jax.stores.contract import read_manifest, write_manifest
@@ -87,7 +88,9 @@ def _after_compaction(change: ChangeRun, out: Path) -> dict:
                                    change.new("image_cache").content_fingerprint)
 
 
-register(StoreUpdate("sr_compact", open=Path, after=("image_cache",), add=Step(EXTEND, _after_add),
-                     compact=Step(REMAP, _after_compaction)))
-register(StoreUpdate("sr_compact_fused", add=Step(DROP, note="retrieval rebuilds it on first use"),
-                     compact=Step(DROP, note="retrieval rebuilds it on first use")))
+# Both made by retrieval on first use (cfir_jax.retrieve.sr), from the image cache's rows (and the image text's).
+_REBUILT = "retrieval rebuilds it on first use"
+declare(Store("sr_compact", order=100, made_from=("image_cache",), reader=Path,
+              changes=Changes(add=Step(EXTEND, _after_add), compact=Step(REMAP, _after_compaction))))
+declare(Store("sr_compact_fused", order=101, made_from=("image_cache", "image_text"),
+              changes=Changes(add=Step(DROP, note=_REBUILT), compact=Step(DROP, note=_REBUILT))))

@@ -1,7 +1,9 @@
 """What index.py did, stage by stage: contents, size on disk and time, and whether the store was reused.
 
 `StageRunner` runs one stage the way every stage runs (all processes start it together, it is timed, and it counts
-as reused when its store's manifest was left untouched); `report_table` is the closing table index.py prints.
+as reused when its store's manifest was left untouched); `report_table` is the closing table index.py prints. Which
+stores a rebuild makes stale, and how the stores other commands make are refreshed, are read from the stores'
+declarations (`cfir_jax.index.descriptor`: the one dependency graph).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from cfir_jax.core import faults, hosts
+from cfir_jax.index import descriptor
 
 
 @dataclasses.dataclass
@@ -40,17 +43,6 @@ def _human(n: float) -> str:
     return str(n)
 
 
-# The stores each stage is derived from (beyond the corpus): when one is rebuilt, the stage is stale until rerun.
-DERIVED_FROM = {"entity_index": ("entities", "image_cache", "encoder"), "image_text": ("image_cache", "encoder"),
-                "entity_text_match": ("entity_index", "image_cache"), "entities": ("corpus",),
-                "summaries": ("corpus",), "image_cache": ("corpus",),
-                "image_cache_full": ("corpus",), "lexical": ("image_cache",)}
-# Stores made by the other commands, derived from index stages: how to refresh each.
-LATER_STORES = {"model": (("summaries", "image_cache", "encoder"), "train.py --config CONFIG --workdir W "
-                          "(after removing W/train, or it resumes the old run)"),
-                "reranker": (("entity_index", "image_text", "model"), "retrieve.py --index W --fit-reranker")}
-
-
 def report_table(reports: list[StageReport], stages: tuple[str, ...] = ()) -> str:
     """The closing table; stale rows (`stale_reports`) read STALE, with the commands that refresh them below."""
     rows = [("stage", "contents", "on disk", "time")]
@@ -63,15 +55,16 @@ def report_table(reports: list[StageReport], stages: tuple[str, ...] = ()) -> st
     built = [r for r in reports if not r.stale_because]
     if built and all(r.reused for r in built) and not stale:
         lines.append("index: every stage current, nothing to do")
-    index_stale = [r for r in stale if r.name not in LATER_STORES]
+    later = descriptor.later()
+    index_stale = [r for r in stale if r.name not in later]
     if index_stale:
         lines.append(f"stale: {', '.join(f'{r.name} ({r.stale_because})' for r in index_stale)}; refresh with: "
                      f"python index.py --config CONFIG --workdir {index_stale[0].path.parent} --stages "
                      + ",".join(r.name for r in index_stale))
     for r in stale:
-        if r.name in LATER_STORES:
+        if r.name in later:
             lines.append(f"stale: W/{r.name} ({r.stale_because}); refresh with: python "
-                         + LATER_STORES[r.name][1].replace("W", str(r.path.parent)))
+                         + later[r.name].replace("W", str(r.path.parent)))
     return "\n".join(lines)
 
 
@@ -83,9 +76,9 @@ def stale_reports(layout, reports: list[StageReport], stages: tuple[str, ...]) -
     out: list[StageReport] = []
     if "image_cache_full" in stages and "image_cache_full" not in ran and (why := layout.full_cache_stale()):
         out.append(StageReport("image_cache_full", "-", 0.0, layout.image_cache_full, stale_because=why))
-    graph = {**DERIVED_FROM, **{name: deps for name, (deps, _) in LATER_STORES.items()}}
-    for name in [*stages, *LATER_STORES]:
-        path = getattr(layout, name)
+    graph = descriptor.graph()
+    for name in [*stages, *descriptor.later()]:
+        path = layout.root / name
         if name in ran or name not in graph or not (path / "manifest.json").is_file() or \
                 name in {o.name for o in out}:
             continue

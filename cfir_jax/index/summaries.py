@@ -1,7 +1,8 @@
 """The summaries stage's build: every document summarised (`cfir_jax.nlp.summarizer`) in resumable chunks owned
 round-robin by the processes (`cfir_jax.index.chunks`), assembled by process 0 into the summary store that
-`cfir_jax.stores.summaries` reads. Under an add of the collection, the new documents' summaries are appended
-(`stage_summaries_addition`, registered with the change loop)."""
+`cfir_jax.stores.summaries` reads. Declared here (`cfir_jax.index.descriptor`): the summaries stage of index.py
+(`build_summaries`), and under an add of the collection the new documents' summaries appended
+(`stage_summaries_addition`, through the one recipe of `cfir_jax.index.document_stores`)."""
 
 from __future__ import annotations
 
@@ -11,15 +12,14 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from cfir_jax.core.errors import CfirError, StoreError
+from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus
-from cfir_jax.index.chunks import check_doc_id, commit_on_main, iter_chunks, write_lines
-from cfir_jax.index.corpus_update import check_base, documents_added
-from cfir_jax.index.store_update import EXTEND, Step, StoreUpdate, register
+from cfir_jax.index.chunks import check_doc_id, commit_on_main, current, iter_chunks, write_lines
+from cfir_jax.index.descriptor import Build, Changes, Store, declare
+from cfir_jax.index.document_stores import DocumentNLP, after_add, append_documents
 from cfir_jax.nlp.summarizer import Summarizer, make_summarizer, summary_input
 from cfir_jax.stores import contract
-from cfir_jax.stores.atomic_write import link_tree
-from cfir_jax.stores.integrity import CHECKSUMS
+from cfir_jax.stores.layout import Layout
 from cfir_jax.stores.summaries import SUMMARY_FORMAT_VERSION, SUMMARY_KIND, SummaryStore
 
 log = logging.getLogger(__name__)
@@ -85,36 +85,39 @@ def assemble_summary_store(out_dir: Path, chunks, settings: dict, corpus_fingerp
     log.info("%s: %d summaries (%d empty)", out_dir, len(doc_ids), num_empty)
 
 
+def build_summaries(config, layout: Layout, corpus: Corpus) -> SummaryStore:
+    """The summaries stage: every document summarised as index.summaries says, unless current."""
+    s = config.index.summaries
+    summary_input(corpus.document(0), s.fields)  # an unknown choice, or fields the corpus lacks: one line, now
+    if current(layout.summaries, "summaries", SUMMARY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
+               summarizer=s.summarizer, input_fields=s.fields):
+        return SummaryStore.open(layout.summaries)
+    summarizer = make_summarizer(config)
+    docs = ((corpus.doc_ids[i], summary_input(corpus.document(i), s.fields)) for i in range(corpus.num_documents))
+    build_summary_store(layout.summaries, docs, summarizer, num_docs=corpus.num_documents, chunk_size=s.chunk_size,
+                        input_fields=s.fields, corpus_fingerprint=corpus.documents_fingerprint)
+    return SummaryStore.open(layout.summaries)
+
+
 def stage_summaries_addition(config, store: SummaryStore, corpus: Corpus, first_new_doc: int,
                              out_dir: str | os.PathLike, work_dir: str | os.PathLike) -> dict:
     """The summary store with the summaries of the documents [first_new_doc, N) of the union `corpus` appended
-    (chunks kept in `work_dir/summaries.partial`), staged in `out_dir`: equal to a store built over the union in one
-    go. Returns {documents_added}."""
-    out_dir, work_dir = Path(out_dir), Path(work_dir)
-    check_base(store, corpus, first_new_doc, "summaries")
-    if first_new_doc == corpus.num_documents:  # images alone were added: the store is current as it is
-        link_tree(store.directory, out_dir, skip=(CHECKSUMS,))
-        return {"documents_added": 0}
+    (chunks kept in `work_dir/summaries`), staged in `out_dir`: equal to a store built over the union in one go.
+    Returns {documents_added}."""
     s = config.index.summaries
-    summarizer = make_summarizer(config)
-    settings = summary_settings(summarizer, s.fields)
-    differ = [k for k, v in settings.items() if store.manifest.get(k) != json.loads(json.dumps(v))]
-    if differ:
-        raise StoreError(f"{store.directory}: built with other summary settings ({', '.join(differ)}); rebuild it "
-                         "with index.py")
-    docs = ((corpus.doc_ids[i], summary_input(corpus.document(i), s.fields))
-            for i in range(first_new_doc, corpus.num_documents))
-    work = work_dir / "summaries"
-    chunks = iter_chunks(work, docs, summarizer.summarize, settings, s.chunk_size,
-                         corpus.num_documents - first_new_doc, desc="summaries")
-    commit_on_main(out_dir, "summaries", chunks, lambda c: assemble_summary_store(
-        out_dir, c, settings, corpus.documents_fingerprint, base=store), work=work)
+
+    def nlp() -> DocumentNLP:
+        summarizer = make_summarizer(config)
+        settings = summary_settings(summarizer, s.fields)
+        return DocumentNLP(settings, lambda i: summary_input(corpus.document(i), s.fields), summarizer.summarize,
+                           lambda out, chunks: assemble_summary_store(out, chunks, settings,
+                                                                      corpus.documents_fingerprint, base=store))
+
+    append_documents(store, corpus, first_new_doc, out_dir, work_dir, "summaries", "summary", s.chunk_size, nlp)
     return {"documents_added": corpus.num_documents - first_new_doc}
 
 
-
-register(StoreUpdate("summaries", open=SummaryStore.open, after=("corpus",), add=Step(
-    EXTEND, lambda change, out: stage_summaries_addition(
-        change.config, change.old("summaries"), change.new("corpus"), change.old("corpus").num_documents, out,
-        change.work),
-    when=lambda change: documents_added(change) > 0)))
+declare(Store("summaries", order=50, made_from=("corpus",), reader=SummaryStore.open, config="index.summaries",
+              build=Build(lambda run: build_summaries(run.config, run.layout, run.opened["corpus"]),
+                          lambda s: f"{s.num_docs:,} summaries ({s.manifest.get('summarizer')})"),
+              changes=Changes(add=after_add("summaries", stage_summaries_addition))))

@@ -30,7 +30,8 @@ class EntityRanking:
 
     def __init__(self, config, stores, exact_search: Callable[[np.ndarray, int], Ranked]):
         self.config, self.rcfg = config, config.retrieval
-        self.index, self.encoder, self.text_match = stores.entity_index, stores.entity_encoder, stores.text_match
+        self.index, self.encoder, self.text_match = stores.entity_index, stores.entity_encoder, \
+            stores.extra.get("entity_text_match")
         self.embeddings = stores.embeddings
         self.live = stores.live  # removed images never enter a list (cfir_jax.search.live_rows)
         self.encoder_dir = stores.encoder_dir or stores.layout.encoder

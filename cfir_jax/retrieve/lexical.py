@@ -20,24 +20,17 @@ from cfir_jax.stores.lexical import LexicalIndex
 
 
 class LexicalSearch:
-    """The lexical store of a workdir, checked against its image cache, and its search over the live rows."""
+    """The search of the lexical store of a workdir (opened checked against its image cache: `cfir_jax.stores.lexical`
+    `READER`) over the live rows."""
 
-    def __init__(self, rcfg, layout, cache, live):
-        self.cfg = rcfg.lexical
-        self.store = LexicalIndex.open(layout.lexical, cache_fingerprint=cache.content_fingerprint,
-                                       num_rows=cache.num_images)
+    def __init__(self, rcfg, store: LexicalIndex, live):
+        self.cfg, self.store = rcfg.lexical, store
         if int(self.cfg.top_k) < 1 or int(self.cfg.candidates) < 0 or float(self.cfg.fuse_weight) < 0:
             raise CfirError(f"retrieval.lexical: top_k={self.cfg.top_k} must be >= 1, candidates="
                             f"{self.cfg.candidates} and fuse_weight={self.cfg.fuse_weight} >= 0")
         pruning = Pruning(int(self.cfg.max_terms), int(self.cfg.max_postings))
         self.search = BM25Search(self.store.indptr, self.store.indices, self.store.data, self.store.num_rows,
                                  live=live, pruning=pruning)
-
-    def label(self) -> str:
-        m, c = self.store.manifest, self.cfg
-        pruned = f"rarest {c.max_terms} terms, {c.max_postings:,} postings" if c.max_terms or c.max_postings \
-            else "every term"
-        return f"BM25 {m['method']} k1={m['k1']:g} b={m['b']:g} over image text ({pruned})"
 
     def search_many(self, texts: Sequence[str], k: int | None = None) -> list[Ranked]:
         """Each text's top k (default retrieval.lexical.top_k) live pictures: (scores, rows), best first."""
@@ -62,6 +55,14 @@ class LexicalSearch:
             held = r.union if r.union is not None else r.ranked[1]
             r.ranked = rrf(r.ranked, bm25, float(self.cfg.fuse_weight), int(self.cfg.rrf_k), k)
             r.added = len(np.setdiff1d(bm25[1], held))
+
+
+def label(store: LexicalIndex, cfg) -> str:
+    """The bm25 method's model column (the --compare table): the store's BM25 and retrieval.lexical's pruning."""
+    m = store.manifest
+    pruned = f"rarest {cfg.max_terms} terms, {cfg.max_postings:,} postings" if cfg.max_terms or cfg.max_postings \
+        else "every term"
+    return f"BM25 {m['method']} k1={m['k1']:g} b={m['b']:g} over image text ({pruned})"
 
 
 def rrf(first: Ranked, second: Ranked, weight: float, rrf_k: int, k: int) -> Ranked:

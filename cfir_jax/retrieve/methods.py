@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.retrieve.lexical import label
 
 Ranked = tuple[np.ndarray, np.ndarray]
 NO_ENTITY_NOTE = "no usable entity: searched the whole cache with the summary embedding"
@@ -25,6 +26,7 @@ class Method:
     """What every method answers. `rank` returns (ranked, note); ranked None means: SR scores the union."""
 
     name = ""
+    cfir = False  # CFIR, alone or with BM25: SR scores ER's union (the options of cfir_jax.stores.readers ask this)
     uses_entities = False  # opens the entity index; extracts the documents' entities
     summarizes = False  # scores the document's summary when retrieval.text="summary"
     uses_lexical = False  # searches W/lexical with the document (BM25)
@@ -73,6 +75,7 @@ class Cfir(Method):
     """Entities -> candidate union -> SR with the summary embedding (or the document's, retrieval.text)."""
 
     name = "cfir"
+    cfir = True
     uses_entities = True
     summarizes = True
 
@@ -145,7 +148,7 @@ class Bm25(Method):
         pass
 
     def model_label(self, stores) -> str:
-        return stores.lexical.label()
+        return label(stores.extra["lexical"], self.rcfg.lexical)
 
     def rank(self, retriever, query, lists, used, lexical=None):
         k = int(self.rcfg.top_k)

@@ -41,7 +41,8 @@ from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
 from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
-from cfir_jax.retrieve.methods import METHODS, Cfir, method_of
+from cfir_jax.retrieve.lexical import LexicalSearch
+from cfir_jax.retrieve.methods import METHODS, method_of
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
@@ -105,17 +106,16 @@ class Retriever:
         self.methods = method_of(method, self.rcfg)
         self.sr_mode = self.rcfg.sr
         self.notes: list[str] = []  # what the retriever decided that the user should know (printed by retrieve.py)
-        cfir = isinstance(self.methods, Cfir)  # CFIR, alone or with BM25
+        cfir = self.methods.cfir  # CFIR, alone or with BM25
         self.fusion = (float(self.rcfg.fusion.w_img), float(self.rcfg.fusion.w_txt))
-        self.fused = cfir and self.fusion != (1.0, 0.0)
-        self.stores = open_stores(config, workdir, reads_document=self.methods.reads_document(),
-                                  entities=self.methods.uses_entities,
-                                  text_match=cfir and bool(self.rcfg.entity_text_match), fused=self.fused,
-                                  lexical=self.methods.uses_lexical)
+        self.stores = open_stores(config, workdir, self.methods)  # with the stores the method and options ask for
+        self.fused = "image_text" in self.stores.extra  # asked for by retrieval.fusion (stores.image_text.fusion_asked)
+        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live) \
+            if self.methods.uses_lexical else None  # BM25 over W/lexical
         self.model_used = self.methods.model_label(self.stores)  # which model scored the queries (--compare)
-        if self.stores.text_match is not None:
+        if "entity_text_match" in self.stores.extra:
             self.model_used += ", entities matched in image text"
-        self.model_used += self.stores.lexical.model_note(self.methods) if cfir and self.methods.uses_lexical else ""
+        self.model_used += self.lexical.model_note(self.methods) if cfir and self.methods.uses_lexical else ""
         if self.fused:
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
         self.sr = SRFrontEnd(self.rcfg, self.stores, self.fusion, self.fused)
@@ -252,7 +252,7 @@ class Retriever:
         if queries is not None:  # a damaged model is named here, before its NaN scores could blame the cache
             check_embeddings(queries, self.stores.model_dir or self.stores.layout.model)
         t3 = time.perf_counter()
-        lexical = self.stores.lexical.search_many([d.text for d in docs]) if self.methods.uses_lexical else None
+        lexical = self.lexical.search_many([d.text for d in docs]) if self.methods.uses_lexical else None
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs),
                       **({"lexical": 1e3 * (time.perf_counter() - t3) / len(docs)} if lexical else {})}
@@ -268,7 +268,7 @@ class Retriever:
                                                  [r.scores for r in ranked], ordered)
             for r, order in zip(ranked, ordered):
                 r.ranked = order
-        self.stores.lexical.fuse_all(ranked, lexical, self.rcfg.top_k) if self.methods.lexical_fused else None
+        self.lexical.fuse_all(ranked, lexical, self.rcfg.top_k) if self.methods.lexical_fused else None
         return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i])
                 for i, r in enumerate(ranked)]
 
@@ -282,7 +282,7 @@ class Retriever:
             if r.union is not None:
                 check_rows(r.union, len(self.embeddings), self.stores.layout.entity_index)  # sorted: two numbers
                 if self.methods.lexical_candidates:  # no entity: the whole cache is searched, BM25's top M with it
-                    r.added, r.union = self.stores.lexical.grow(r.union, lexical)
+                    r.added, r.union = self.lexical.grow(r.union, lexical)
         elif lexical is not None:
             r.union = np.sort(lexical[1])
         t_er = time.perf_counter()

@@ -39,7 +39,7 @@ class SRFrontEnd:
         self.live = stores.live  # the rows a search may return: every one but the removed
         self.rows = self.embeddings  # what SR and the device cache score: [N, D], or [N, 2D] when fused
         if fused:
-            self.rows = FusedRows(self.embeddings, stores.image_text.embeddings)
+            self.rows = FusedRows(self.embeddings, stores.extra["image_text"].embeddings)
         self._cpu = self._device = None
 
     def backend(self) -> str:
@@ -79,7 +79,7 @@ class SRFrontEnd:
         compact_dir = layout.sr_compact_fused if self.fused else layout.sr_compact
         source = cache.content_fingerprint
         if self.fused:
-            source += f"+text-{manifest_digest(self.stores.image_text.manifest)}"
+            source += f"+text-{manifest_digest(self.stores.extra['image_text'].manifest)}"
         dim = self.rows.shape[1]
         dims = min(self.rcfg.sr_compact_dims, dim)
         try:

@@ -2,8 +2,9 @@
 
 What a method reads: the corpus, the trained text model (or the index encoder when train.py has not run; the
 document-trained model for the document baseline when train.py made one), the image cache built by that model's
-vision tower, and for the entity methods the entity index built by the frozen index encoder over this very cache
-(with the entity-text matches and the image-text store when the configuration asks for them). Each check names the
+vision tower, and for the entity methods the entity index built by the frozen index encoder over this very cache.
+Then every store registered by its reader module (`cfir_jax.stores.readers`: the entity-text matches, the image-text
+store, the lexical store) that the method or the configuration asks for, into `Stores.extra`. Each check names the
 store and the fix; nothing is read twice. The cache's removed images become `Stores.live`, the rows every method may
 return (`cfir_jax.search.live_rows`).
 """
@@ -20,14 +21,11 @@ import ml_collections
 from cfir_jax.core.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import resolve_tokenizer
-from cfir_jax.retrieve.lexical import LexicalSearch
 from cfir_jax.search.live_rows import LiveRows
-from cfir_jax.stores import versions
-from cfir_jax.stores.contract import check_derived, manifest_digest
+from cfir_jax.stores import readers, versions
+from cfir_jax.stores.contract import check_derived
 from cfir_jax.stores.entity_index import EntityIndex
-from cfir_jax.stores.entity_text_match import EntityTextMatch
 from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.image_text import ImageTextCache
 from cfir_jax.stores.layout import Layout
 
 
@@ -50,9 +48,8 @@ class Stores:
     entity_index: Any = None  # EntityIndex (cfir, entity_only)
     entity_encoder: Any = None  # TextEncoder of entities (the frozen index encoder)
     encoder_fingerprint: str | None = None  # the index encoder's text tower
-    text_match: Any = None  # EntityTextMatch (retrieval.entity_text_match)
-    image_text: Any = None  # ImageTextCache (fused SR)
-    lexical: Any = None  # LexicalSearch over W/lexical (the BM25 methods; cfir_jax.retrieve.lexical)
+    # the stores opened on request, by name (entity_text_match, image_text, lexical: cfir_jax.stores.readers)
+    extra: dict[str, Any] = dataclasses.field(default_factory=dict)
     model_dir: Path | None = None  # the model that encodes queries (named when its embeddings are impossible)
     encoder_dir: Path | None = None  # the index encoder that encodes unseen entities
     version: int = 0  # the workdir's version the stores were opened at (index.json; cfir_jax.stores.versions)
@@ -72,24 +69,35 @@ def read_index_json(layout: Layout) -> dict:
         raise CfirError(f"{layout.index_json}: unreadable; run index.py again") from None
 
 
-def open_stores(config: ml_collections.ConfigDict, workdir, *, reads_document: bool, entities: bool,
-                text_match: bool, fused: bool, lexical: bool = False) -> Stores:
-    """Opens what a method reads. reads_document: it encodes the document (the document-trained model is used when
-    train.py made one); entities: the entity index and its encoder; text_match / fused / lexical: the stores of those
-    options.
+def open_stores(config: ml_collections.ConfigDict, workdir, method) -> Stores:
+    """Opens what `method` (`cfir_jax.retrieve.methods`) reads: the document-trained model when it encodes the
+    document and train.py made one (`reads_document()`), the entity index and its encoder (`uses_entities`), and the
+    stores it or the configuration asks for (`open_asked`).
     They are opened under `versions.reading`: all of one version (`Stores.version`)."""
     layout = Layout.of(workdir)
     if not layout.root.is_dir():
         raise CfirError(f"{layout.root}: no index here (missing directory); build it with index.py")
     with versions.reading(layout) as version:  # every store of one version, none of a change being committed
-        stores = _open(config, layout, reads_document, entities, text_match, fused)
-        if lexical:
-            stores.lexical = LexicalSearch(config.retrieval, layout, stores.cache, stores.live)
+        stores = _open(config, layout, method.reads_document(), method.uses_entities)
+        open_asked(config, method, stores)
     stores.version = version
     return stores
 
 
-def _open(config, layout: Layout, reads_document: bool, entities: bool, text_match: bool, fused: bool) -> Stores:
+def open_asked(config, method, stores) -> None:
+    """Opens into `stores.extra` every registered store (`cfir_jax.stores.readers`) that `method` or `config` asks
+    for, each checked against the stores opened before it."""
+    for reader in readers.optional():
+        if reader.asked(config, method):
+            stores.extra[reader.name] = reader.open_for(stores)
+
+
+def opened(stores, name: str):
+    """The registered store `name` as `open_asked` opened it, or opened now with the same checks."""
+    return stores.extra[name] if name in stores.extra else readers.get(name).open_for(stores)
+
+
+def _open(config, layout: Layout, reads_document: bool, entities: bool) -> Stores:
     # why: tfds and grain load when a corpus is opened, not on import
     from cfir_jax.data.corpus import Corpus
     from cfir_jax.model import checkpoint
@@ -111,19 +119,7 @@ def _open(config, layout: Layout, reads_document: bool, entities: bool, text_mat
     stores.live = LiveRows.of(cache)  # removed images: never returned by any method (cfir_jax.search.live_rows)
     if entities:
         _open_entity_index(config, stores, encoder_dir)
-    if text_match:
-        stores.text_match = EntityTextMatch.open(layout.entity_text_match,
-                                                 entity_index=manifest_digest(stores.entity_index.manifest),
-                                                 cache_fingerprint=cache.content_fingerprint)
-    if fused:
-        stores.image_text = open_image_text(stores)
     return stores
-
-
-def open_image_text(stores: Stores):
-    """The image-text store, checked against the index encoder and this cache."""
-    return ImageTextCache.open(stores.layout.image_text, expect_fingerprint=stores.encoder_fingerprint,
-                               expect_cache_fingerprint=stores.cache.content_fingerprint)
 
 
 def _check_model_choice(config, layout: Layout) -> bool:

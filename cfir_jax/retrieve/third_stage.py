@@ -17,7 +17,7 @@ import numpy as np
 from cfir_jax.core.config import check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.rerank_features import EntityEvidence, candidate_features, feature_names
-from cfir_jax.retrieve.stores import open_image_text
+from cfir_jax.retrieve.stores import opened
 from cfir_jax.stores.contract import manifest_digest
 
 Ranked = tuple[np.ndarray, np.ndarray]
@@ -54,7 +54,7 @@ class ThirdStage:
             with_text = (stores.layout.image_text / "manifest.json").is_file()
         self.text = None
         if with_text:
-            self.text = stores.image_text if stores.image_text is not None else open_image_text(stores)
+            self.text = opened(stores, "image_text")
         self.feature_names = feature_names(with_text)
         if self.reranker is not None:
             self._check_head(sr_fusion)

@@ -24,12 +24,13 @@ import numpy as np
 
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
+from cfir_jax.index.descriptor import store_names
 from cfir_jax.nlp.entity_pool import EntityPool
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve.verifier import store_problems
 from cfir_jax.stores import versions
 from cfir_jax.stores.contract import manifest_digest
-from cfir_jax.stores.layout import STORES, Layout
+from cfir_jax.stores.layout import Layout
 
 log = logging.getLogger("cfir_jax.serve")
 
@@ -66,7 +67,7 @@ def check_complete(workdir: str | Path) -> None:
         raise CfirError(f"{layout.root}: no index here (missing directory)")
     if not layout.index_json.is_file():
         raise CfirError(f"{layout.root}: incomplete index (no index.json): index.py has not finished")
-    for name in STORES:
+    for name in store_names():
         if name in _RUN_DIRS:
             continue
         store = layout.root / name
@@ -98,7 +99,7 @@ def index_fingerprint(workdir: str | Path) -> str:
     of them is rebuilt, and with every committed change."""
     layout = Layout.of(workdir)
     parts = [f"version={versions.current_version(layout)}"]
-    for name in STORES:
+    for name in store_names():
         path = layout.root / name / "manifest.json"
         if name in _DERIVED:
             continue

@@ -10,14 +10,14 @@ import threading
 import time
 
 from cfir_jax.stores import integrity
-from cfir_jax.stores.layout import STORES
+from cfir_jax.stores.layout import Layout
 
 log = logging.getLogger("cfir_jax.serve")
 
 
 def store_problems(workdir: str, throttle: integrity.Throttle | None = None) -> list[str]:
     """`index.py --verify`'s lines of damage for a workdir (stores built before checksums are not damage)."""
-    _, problems = integrity.verify_workdir(workdir, STORES, throttle)
+    _, problems = integrity.verify_workdir(workdir, Layout.of(workdir).store_dirs(), throttle)
     return [p for p in problems if "cannot verify" not in p]
 
 

@@ -28,8 +28,9 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
-from cfir_jax.stores.contract import Store
+from cfir_jax.stores.contract import Store, manifest_digest
 from cfir_jax.stores.integrity import check_csr
+from cfir_jax.stores.readers import Reader, register
 
 KIND = "entity_text_match"
 FORMAT_VERSION = 1
@@ -69,3 +70,10 @@ class EntityTextMatch(Store):
     def rows_of(self, entity_rows: Sequence[int] | np.ndarray) -> list[np.ndarray]:
         """int32 [m_i] ascending image rows per entity row (empty when nothing matched)."""
         return [np.asarray(self.rows[self.offsets[e] : self.offsets[e + 1]]) for e in entity_rows]
+
+
+# Retrieval opens it for CFIR with retrieval.entity_text_match, held to the entity index and image cache it follows.
+READER = register(Reader(
+    KIND, EntityTextMatch.open, asked=lambda config, method: method.cfir and bool(config.retrieval.entity_text_match),
+    expect=lambda opened: {"entity_index": manifest_digest(opened.entity_index.manifest),
+                           "cache_fingerprint": opened.cache.content_fingerprint}))

@@ -28,6 +28,7 @@ import numpy as np
 
 from cfir_jax.core.errors import StoreError
 from cfir_jax.stores.contract import Store, check_manifest
+from cfir_jax.stores.readers import Reader, register
 
 KIND = "image_text"
 FORMAT_VERSION = 1
@@ -66,3 +67,16 @@ class ImageTextCache(Store):
     @property
     def num_with_text(self) -> int:
         return int(self.manifest["num_with_text"])
+
+
+def fusion_asked(config, method) -> bool:
+    """SR fuses the image and image-text scores: a CFIR method with retrieval.fusion other than (w_img, w_txt) =
+    (1, 0)."""
+    fusion = config.retrieval.fusion
+    return method.cfir and (float(fusion.w_img), float(fusion.w_txt)) != (1.0, 0.0)
+
+
+# Retrieval opens it for fused SR, held to the index encoder's text tower and the image cache it was made from.
+READER = register(Reader(KIND, ImageTextCache.open, asked=fusion_asked,
+                         expect=lambda opened: {"expect_fingerprint": opened.encoder_fingerprint,
+                                                "expect_cache_fingerprint": opened.cache.content_fingerprint}))

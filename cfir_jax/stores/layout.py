@@ -21,6 +21,9 @@
     W/train_full/      training run of D-BEiT-3 Full (train.images="pixels"; cfir_jax/commands/train.py)
     W/model_full/      the Full model (both towers trained; its manifest says trained="full")
     W/image_cache_full/  the image cache re-encoded by W/model_full's vision tower (index.py --stages image_cache_full)
+
+Each store is declared once, by the module that builds it (`cfir_jax.index.descriptor`, which derives the list of
+them); the layout names a store's directory W/<name> for any store name (`is_store_name`).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
@@ -42,9 +46,16 @@ class Layout:
         return cls(Path(workdir).absolute())
 
     def __getattr__(self, name: str) -> Path:
-        if name in STORES:
+        if is_store_name(name):
             return self.root / name
         raise AttributeError(name)
+
+    def store_dirs(self) -> tuple[str, ...]:
+        """The directories of W that hold a store or a run (their names are store names), sorted: what `--verify`
+        and the service's verifier check, whichever module declared them."""
+        if not self.root.is_dir():
+            return ()
+        return tuple(sorted(p.name for p in self.root.iterdir() if p.is_dir() and is_store_name(p.name)))
 
     @property
     def index_json(self) -> Path:
@@ -120,7 +131,12 @@ def _recorded_root(info: dict) -> Path | None:
     return None
 
 
-STORES = ("corpus", "image_cache", "encoder", "pretrain", "entities", "summaries", "entity_index", "image_text",
-          "entity_text_match", "lexical",
-          "sr_compact", "sr_compact_fused", "reranker", "train", "model", "train_document",
-          "model_document", "train_full", "model_full", "image_cache_full")
+# A store's name: its directory W/<name> (lower case, digits, underscores). Temporary and work directories beside
+# the stores carry a dot or a leading one, and `work` is a change's own scratch directory (cfir_jax.stores.versions).
+_STORE_NAME = re.compile(r"[a-z][a-z0-9_]*")
+NOT_STORES = ("work",)
+
+
+def is_store_name(name: str) -> bool:
+    """Whether `name` can name a store of the layout."""
+    return bool(_STORE_NAME.fullmatch(name)) and name not in NOT_STORES

@@ -45,6 +45,7 @@ import Stemmer
 from cfir_jax.core.errors import StoreError
 from cfir_jax.stores.contract import Store
 from cfir_jax.stores.integrity import check_csr
+from cfir_jax.stores.readers import Reader, register
 
 KIND = "lexical"
 FORMAT_VERSION = 2
@@ -119,3 +120,9 @@ class LexicalIndex(Store):
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
         uniq, counts = np.unique(np.asarray(cols, np.int64), return_counts=True)
         return uniq, counts.astype(np.float32)
+
+
+# Retrieval opens it for the BM25 methods, held to the image cache it was built from.
+READER = register(Reader(KIND, LexicalIndex.open, asked=lambda config, method: method.uses_lexical,
+                         expect=lambda opened: {"cache_fingerprint": opened.cache.content_fingerprint,
+                                                "num_rows": opened.cache.num_images}))

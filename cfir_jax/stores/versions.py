@@ -34,7 +34,7 @@ from pathlib import Path
 from cfir_jax.core.errors import CfirError
 from cfir_jax.stores.atomic_write import remove_path, replace_dir, sweep_temps, temp_name, write_json_atomic
 from cfir_jax.stores.contract import atomic_dir
-from cfir_jax.stores.layout import STORES, Layout
+from cfir_jax.stores.layout import Layout, is_store_name
 
 log = logging.getLogger(__name__)
 
@@ -206,7 +206,7 @@ class Change:
         """Makes the staged stores current together and records the version in index.json (`"version"` + 1 and a
         `"history"` entry {"version", "op", "at", "changes"}; its other keys kept, or replaced by `index`: what a
         rebuild records). Returns the new version."""
-        stores = sorted(p.name for p in self.directory.iterdir() if p.is_dir() and p.name in STORES)
+        stores = sorted(p.name for p in self.directory.iterdir() if p.is_dir() and is_store_name(p.name))
         clash = sorted(set(stores) & set(self.dropped))
         if clash:
             raise ValueError(f"stores both staged and dropped: {clash}")
@@ -232,8 +232,8 @@ class Change:
 
 
 def _store_name(store: str) -> str:
-    if store not in STORES:
-        raise ValueError(f"{store!r} is not a store of the workdir layout ({', '.join(STORES)})")
+    if not is_store_name(store):
+        raise ValueError(f"{store!r} is not a store name of the workdir layout (lower case, digits, underscores)")
     return store
 
 
@@ -257,7 +257,7 @@ def begin(layout: Layout | str | os.PathLike, op: str, key: dict) -> Change:
         except (OSError, ValueError):
             have = None
         if have == want:
-            staged = sorted(p.name for p in directory.iterdir() if p.is_dir() and p.name in STORES)
+            staged = sorted(p.name for p in directory.iterdir() if p.is_dir() and is_store_name(p.name))
             log.info("%s: resuming the %s change staged earlier (%s staged)", layout.root, op,
                      ", ".join(staged) or "nothing")
             return Change(layout, op, want["key"], base)

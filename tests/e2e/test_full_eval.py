@@ -47,13 +47,14 @@ def test_full_cache_is_the_full_towers_own_encoding_of_the_images(full_workdir):
 
 def test_a_full_model_over_the_frozen_cache_is_refused_in_one_line(full_workdir, config):
     from cfir_jax.core.errors import CfirError
+    from cfir_jax.retrieve.methods import method_of
     from cfir_jax.retrieve.stores import open_stores
 
     cfg = config.copy_and_resolve_references()
     cfg.retrieval.model = "full"
     cfg.retrieval.image_cache = "image_cache"
     with pytest.raises(CfirError) as e:
-        open_stores(cfg, full_workdir, reads_document=True, entities=False, text_match=False, fused=False)
+        open_stores(cfg, full_workdir, method_of("dense_document", cfg.retrieval))
     msg = str(e.value)
     assert "\n" not in msg and "--stages image_cache_full" in msg and msg.count("vision tower") == 2
 

@@ -142,13 +142,15 @@ def test_atomic_corpus_has_the_judged_documents_and_images(atomic):
 
 def test_small_setting_takes_the_documents_and_images_of_the_chosen_split(atomic, tmp_path):
     from cfir_jax.core.cli import load_config_file
-    from cfir_jax.index.runner import build_corpus
+    from cfir_jax.data.corpus import Corpus
+    from cfir_jax.index.corpus_update import write_corpus
     from cfir_jax.stores.layout import Layout
 
     fx = atomic["fx"]
     config = load_config_file(str(atomic["config"]))
     config.index.corpus.update(setting="small", splits="test")
-    corpus = build_corpus(config, Layout.of(tmp_path / "W"))
+    write_corpus(config, Layout.of(tmp_path / "W"))
+    corpus = Corpus.open(tmp_path / "W" / "corpus")
     assert sorted(corpus.doc_ids) == sorted({t for t, _ in fx.qrels["test"]} & set(fx.texts))
     small = sorted({i for _, i in fx.qrels["test"]} & set(fx.images))
     assert sorted(corpus.image_ids) == small and len(small) < len(_expected_corpus(fx)[1])  # base has more

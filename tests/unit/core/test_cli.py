@@ -12,7 +12,7 @@ import pytest
 from repo import ROOT
 
 from cfir_jax.core import progress
-from cfir_jax.index.runner import STAGES
+from cfir_jax.index.descriptor import stages
 
 
 @pytest.mark.parametrize("command", ["index.py", "train.py", "retrieve.py"])
@@ -22,7 +22,7 @@ def test_help_mentions_config_overrides(command):
     text = " ".join(proc.stdout.split())
     assert "--config.SECTION.FIELD=VALUE" in text and "--config.index.entity_index.k=1000" in text
     if command == "index.py":
-        assert ", ".join(STAGES) in text
+        assert ", ".join(stages()) in text
 
 
 def test_setup_script_refuses_an_unknown_set():

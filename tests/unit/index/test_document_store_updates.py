@@ -11,10 +11,10 @@ import pytest
 from cfir_jax.core.errors import StoreError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.index import runner
 from cfir_jax.index.corpus_update import stage_corpus_addition, stage_corpus_removal
-from cfir_jax.index.entities import stage_entities_addition
-from cfir_jax.index.summaries import stage_summaries_addition
+from cfir_jax.index.entities import build_entities, stage_entities_addition
+from cfir_jax.index.entity_index_build import indexed_entities
+from cfir_jax.index.summaries import build_summaries, stage_summaries_addition
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.layout import Layout
 from cfir_jax.stores.summaries import SummaryStore
@@ -58,34 +58,34 @@ def _manifest(store) -> dict:
 
 def test_entities_addition_equals_a_build_over_the_union(tmp_path, config, corpora):
     base, grown = corpora
-    old = runner.build_entities(config, Layout.of(tmp_path / "w1"), base)
+    old = build_entities(config, Layout.of(tmp_path / "w1"), base)
     out = tmp_path / "staged"
     out.mkdir()
     info = stage_entities_addition(config, old, grown, base.num_documents, out, tmp_path / "work")
     staged = EntityStore.open(out)
-    whole = runner.build_entities(config, Layout.of(tmp_path / "w2"), grown)
+    whole = build_entities(config, Layout.of(tmp_path / "w2"), grown)
     assert staged.vocab == whole.vocab and staged.doc_ids == whole.doc_ids
     for name in ("offsets", "entity_ids", "doc_freq"):
         np.testing.assert_array_equal(getattr(staged, name), getattr(whole, name))
     assert _manifest(staged) == _manifest(whole)
     assert info == {"documents_added": 3, "entities_added": len(whole.vocab) - len(old.vocab)}
     assert info["entities_added"] > 0 and not (tmp_path / "work" / "entities.partial").exists()
-    # runner.build_entities takes the staged store for current (its manifest names the grown corpus).
+    # build_entities takes the staged store for current (its manifest names the grown corpus).
     layout = Layout.of(tmp_path / "w3")
     layout.root.mkdir()
     out.rename(layout.entities)
-    assert runner.build_entities(config, layout, grown).manifest["created"] == staged.manifest["created"]
+    assert build_entities(config, layout, grown).manifest["created"] == staged.manifest["created"]
 
 
 def test_summaries_addition_equals_a_build_over_the_union(tmp_path, config, corpora):
     base, grown = corpora
-    old = runner.build_summaries(config, Layout.of(tmp_path / "w1"), base)
+    old = build_summaries(config, Layout.of(tmp_path / "w1"), base)
     out = tmp_path / "staged"
     out.mkdir()
     assert stage_summaries_addition(config, old, grown, base.num_documents, out, tmp_path / "work") == {
         "documents_added": 3}
     staged = SummaryStore.open(out)
-    whole = runner.build_summaries(config, Layout.of(tmp_path / "w2"), grown)
+    whole = build_summaries(config, Layout.of(tmp_path / "w2"), grown)
     assert staged.doc_ids == whole.doc_ids and staged.summaries == whole.summaries
     assert (out / "summaries.jsonl").read_bytes() == (whole.directory / "summaries.jsonl").read_bytes()
     assert _manifest(staged) == _manifest(whole)
@@ -93,7 +93,7 @@ def test_summaries_addition_equals_a_build_over_the_union(tmp_path, config, corp
 
 def test_addition_refuses_a_store_of_other_documents_or_settings(tmp_path, config, corpora):
     base, grown = corpora
-    old = runner.build_summaries(config, Layout.of(tmp_path / "w1"), base)
+    old = build_summaries(config, Layout.of(tmp_path / "w1"), base)
     with pytest.raises(StoreError, match="not of the first 3 documents"):
         stage_summaries_addition(config, old, grown, 3, tmp_path / "s", tmp_path / "work")
     other = config.copy_and_resolve_references()
@@ -104,18 +104,18 @@ def test_addition_refuses_a_store_of_other_documents_or_settings(tmp_path, confi
 
 def test_indexed_entities_leave_removed_documents_out(tmp_path, config, corpora):
     base, _ = corpora
-    store = runner.build_entities(config, Layout.of(tmp_path / "w"), base)
+    store = build_entities(config, Layout.of(tmp_path / "w"), base)
     config = config.copy_and_resolve_references()
     config.index.entity_index.documents = "all"
     stage_corpus_removal(base, tmp_path / "removed", [], ["d0"])
-    kept = runner.indexed_entities(config, Corpus.open(tmp_path / "removed"), store)
+    kept = indexed_entities(config, Corpus.open(tmp_path / "removed"), store)
     assert "Barack Obama" in store.vocab and "Barack Obama" not in kept and "Angela Merkel" in kept
-    assert runner.indexed_entities(config, base, store) == store.vocab
+    assert indexed_entities(config, base, store) == store.vocab
 
 
 def test_an_addition_of_images_alone_keeps_the_document_stores(tmp_path, config, corpora):
     base, _ = corpora
-    old = runner.build_entities(config, Layout.of(tmp_path / "w"), base)
+    old = build_entities(config, Layout.of(tmp_path / "w"), base)
     pics = tmp_path / "pics"
     pics.mkdir()
     (pics / "new.png").write_bytes(b"png")

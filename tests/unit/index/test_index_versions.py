@@ -3,9 +3,8 @@ rebuild built anything, kept when every stage was reused; the history of changes
 
 import json
 
-from cfir_jax.index.rebuild import LINKED
+from cfir_jax.index import descriptor
 from cfir_jax.index.rebuild import record_index as _record_index
-from cfir_jax.index.runner import STAGES
 from cfir_jax.index.stage_report import StageReport
 from cfir_jax.stores.layout import Layout
 
@@ -71,7 +70,7 @@ def test_a_rebuild_is_staged_beside_the_served_stores_and_committed_as_one_versi
 
 def test_a_rebuild_links_every_stage_the_runner_builds():
     """A store a stage writes but a rebuild does not link into W/.change is built anew on every rerun."""
-    assert set(STAGES) <= set(LINKED), sorted(set(STAGES) - set(LINKED))
+    assert set(descriptor.stages()) <= set(descriptor.linked())
 
 
 class _Killed(BaseException):

@@ -12,7 +12,7 @@ import pytest
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.synthetic import SyntheticConfig, generate
-from cfir_jax.index import runner
+from cfir_jax.index import entities, entity_index_update
 from cfir_jax.index.entities import entity_key
 from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, manifest_sources, merged
 from cfir_jax.stores.entities import EntityStore
@@ -63,16 +63,16 @@ def test_merged_keeps_spacys_entities_first_and_the_categories_unique_by_key():
 def test_category_entities_are_built_per_document_and_indexed_from_the_train_documents(corpus, tmp_path,
                                                                                        monkeypatch):
     layout = Layout.of(tmp_path)
-    spacy_store = runner.build_entities(_config("spacy"), layout, corpus)
+    spacy_store = entities.build_entities(_config("spacy"), layout, corpus)
     assert manifest_sources(spacy_store.manifest) == "spacy"
     plain = [spacy_store.entities_of(i) for i in range(corpus.num_documents)]
-    both = runner.build_entities(_config("spacy+categories"), layout, corpus)  # a changed choice rebuilds
+    both = entities.build_entities(_config("spacy+categories"), layout, corpus)  # a changed choice rebuilds
     assert both.manifest["sources"] == "spacy+categories"
     only = EntityStore.open(layout.entities)
     for i in range(corpus.num_documents):
         cats = categories_of(corpus.document(i))
         assert cats and both.entities_of(i) == merged(plain[i], cats)
-    cats_store = runner.build_entities(_config("categories"), layout, corpus)
+    cats_store = entities.build_entities(_config("categories"), layout, corpus)
     assert [cats_store.entities_of(i) for i in range(corpus.num_documents)] == \
         [merged((), categories_of(corpus.document(i))) for i in range(corpus.num_documents)]
     assert only.manifest["sources"] == "spacy+categories"  # the store opened before is the one it was
@@ -80,20 +80,20 @@ def test_category_entities_are_built_per_document_and_indexed_from_the_train_doc
     # Indexed from the train documents: every train document's category names are entities of the index, encoded
     # like the others (here by a stand-in encoder), and a test document's own category is unknown there.
     config = _config("spacy+categories")
-    both = runner.build_entities(config, layout, corpus)
+    both = entities.build_entities(config, layout, corpus)
     dim = 8
 
     def encode(texts):
         rows = [np.frombuffer(hashlib.sha256(t.encode()).digest()[:dim], np.uint8) for t in texts]
         return np.asarray(rows, np.float32) / 255.0
 
-    monkeypatch.setattr(runner, "entity_encoder",
+    monkeypatch.setattr(entity_index_update, "entity_encoder",
                         lambda config, layout, corpus: (type("E", (), {"encode": staticmethod(encode)}), "fp"))
-    monkeypatch.setattr(runner, "check_cache_encoder", lambda config, layout, cache: None)
+    monkeypatch.setattr(entity_index_update, "check_cache_encoder", lambda config, layout, cache: None)
     cache = ml_collections.ConfigDict(dict(embeddings=np.random.default_rng(0).standard_normal((60, dim))
                                            .astype(np.float32), content_fingerprint="c"))
     config.index.entity_index.update(k=5, backend="exact")
-    index = runner.build_entity_index(config, layout, corpus, both, cache)
+    index = entity_index_update.build_entity_index(config, layout, corpus, both, cache)
     train, test = corpus.qrels("train"), corpus.qrels("test")
     row_of = {d: i for i, d in enumerate(corpus.doc_ids)}
     train_cats = {entity_key(c) for d in train for c in categories_of(corpus.document(row_of[d]))}
@@ -113,5 +113,5 @@ def test_categories_asked_of_a_corpus_without_them_is_one_line(tmp_path):
     corpus = write_corpus(tmp_path / "c", "plain", docs, [Image("i0", caption="a picture")],
                           {"train": {"d0": {"i0": 1}}})
     with pytest.raises(CfirError, match="carry no category names") as e:
-        runner.build_entities(_config("spacy+categories"), Layout.of(tmp_path / "W"), corpus)
+        entities.build_entities(_config("spacy+categories"), Layout.of(tmp_path / "W"), corpus)
     assert "\n" not in str(e.value)

@@ -424,7 +424,7 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
     from atomic_fixtures import write_atomic_fixture
 
     from cfir_jax.data.atomic import build_atomic_corpus
-    from cfir_jax.index import runner as indexing
+    from cfir_jax.index import summaries as indexing
     from cfir_jax.stores.layout import Layout
     from configs.base import experiment
 

@@ -35,7 +35,7 @@ def test_unseen_entities_search_the_tree_and_the_appended_tail_without_removed_r
     removed[n_old + 12] = True
     encoder = SimpleNamespace(encode=lambda texts: np.stack([unseen for _ in texts]))
     stores = SimpleNamespace(entity_index=EntityIndex.open(tmp_path / "new"), entity_encoder=encoder,
-                             text_match=None, embeddings=images, encoder_dir=tmp_path, layout=None,
+                             extra={}, embeddings=images, encoder_dir=tmp_path, layout=None,
                              cache=SimpleNamespace(removed=removed), live=LiveRows(removed))
     config = ml_collections.ConfigDict(dict(retrieval=dict(unknown_entities="search")))
     ranking = EntityRanking(config, stores, exact_search=None)

@@ -218,7 +218,7 @@ def test_auto_backend_is_exact_on_accelerators_scann_on_cpu_hosts_and_the_manife
     rerun on the same machine finds the index current."""
     import ml_collections
 
-    from cfir_jax.index import runner
+    from cfir_jax.index import entity_index_update
     from cfir_jax.index.candidate_search import resolve_backend
     from cfir_jax.search import device_sr
     from cfir_jax.stores.layout import Layout
@@ -226,9 +226,9 @@ def test_auto_backend_is_exact_on_accelerators_scann_on_cpu_hosts_and_the_manife
     images, ents, texts = data
     monkeypatch.setattr(device_sr, "has_accelerator", lambda: accelerator)
     encoder = type("Encoder", (), {"encode": staticmethod(lambda batch: ents[[texts.index(t) for t in batch]])})
-    monkeypatch.setattr(runner, "entity_encoder", lambda config, layout, corpus: (encoder, FP))
-    monkeypatch.setattr(runner, "check_cache_encoder", lambda config, layout, cache: None)
-    monkeypatch.setattr(runner, "indexed_entities", lambda config, corpus, entities: texts)
+    monkeypatch.setattr(entity_index_update, "entity_encoder", lambda config, layout, corpus: (encoder, FP))
+    monkeypatch.setattr(entity_index_update, "check_cache_encoder", lambda config, layout, cache: None)
+    monkeypatch.setattr(entity_index_update, "indexed_entities", lambda config, corpus, entities: texts)
     from configs.base import get_config
 
     config = get_config("runlocal")
@@ -236,7 +236,7 @@ def test_auto_backend_is_exact_on_accelerators_scann_on_cpu_hosts_and_the_manife
     config.index.entity_index.update(k=40, chunk_size=16)
     cache = ml_collections.ConfigDict(dict(embeddings=images, content_fingerprint="cache-1"))
     layout = Layout.of(tmp_path)
-    index = runner.build_entity_index(config, layout, None, None, cache)
+    index = entity_index_update.build_entity_index(config, layout, None, None, cache)
     want = "exact" if accelerator else "scann"
     assert resolve_backend("auto") == want and resolve_backend("scann") == "scann"
     assert (index.manifest["backend"], index.manifest["backend_setting"]) == (want, "auto")
@@ -245,7 +245,7 @@ def test_auto_backend_is_exact_on_accelerators_scann_on_cpu_hosts_and_the_manife
     else:
         assert index.manifest["has_searcher"] and index.manifest["recall_at_k"] is not None
     before = (tmp_path / "entity_index" / "manifest.json").stat().st_mtime_ns
-    runner.build_entity_index(config, layout, None, None, cache)
+    entity_index_update.build_entity_index(config, layout, None, None, cache)
     assert (tmp_path / "entity_index" / "manifest.json").stat().st_mtime_ns == before
     with pytest.raises(CfirError, match="index.entity_index.backend='faiss'"):
         resolve_backend("faiss")
