@@ -12,8 +12,9 @@ and the two-pass SR across shards on unions larger than its shortlist.
    documents/s at concurrency 16 (`serve_cluster.measure`), every document's top 1,000 (ids, order, scores) compared
    with the single process's, and the memory (PSS) of every process of the run's HOME while it serves.
 3. `fast`: with `retrieval.sr=fast`, where each shard shortlists its own rows, the share of one process's top 1,000
-   that the merged shards' top 1,000 holds (`serve_cluster.fast_sr_agreement`), over the documents whose union is
-   larger than the shortlist (their union sizes printed).
+   that the merged shards' top 1,000 holds, and each one's share of exact SR's top 1,000, over the documents whose
+   union is larger than the shortlist (their union sizes printed). The first pass's dims are the workdir's
+   `retrieval.sr_compact_dims` (128, at most the cache's: at the demo's 64 dims it keeps every one, in int8).
 
 Ray keeps state in HOME: run it with HOME set to a folder of its own. The load average is printed with every row.
 """
@@ -90,26 +91,56 @@ def serve_rows(workdir: str, docs: list[tuple[str, str]], shard_counts: list[int
               f"{pss:>9.0f}  {same}/{len(single)} docs{'':<5}{serve_cluster.load_averages()}", flush=True)
 
 
+def top_rows(workdir: str, docs: list[tuple[str, str]], sr: str, shards: int = 0) -> list[set[int]]:
+    """Each document's top-1000 rows with retrieval.sr=`sr`: one process's Retriever (shards 0), or `shards` shards
+    in this process merged by the cluster's retriever (the code the Ray fronts and shards run)."""
+    # why: the in-process retrievers (jax, the stores) are only needed here
+    from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+    from cfir_jax.serve.merge import ClusterRetriever, LocalShards
+    from cfir_jax.serve.shard import ShardIndex
+
+    config = cli.apply_overrides(cli.workdir_config(workdir), [f"--config.retrieval.sr={sr}",
+                                                               f"--config.retrieval.top_k={TOP_K}"])
+    inputs = [DocumentInput(text, doc_id) for doc_id, text in docs]
+    if shards == 0:
+        results = Retriever(config, workdir, "cfir").retrieve_many(inputs)
+    else:
+        parts = LocalShards([ShardIndex(config, workdir, s, shards, ["cfir"]) for s in range(shards)])
+        results = ClusterRetriever(config, workdir, "cfir", parts).retrieve_many(inputs)
+    return [{h.row for h in r.hits} for r in results]
+
+
+def overlap(a: list[set[int]], b: list[set[int]]) -> float:
+    """The mean share of a's top rows that b's hold."""
+    return statistics.mean(len(x & y) / max(1, len(x)) for x, y in zip(a, b))
+
+
 def fast_rows(workdir: str, docs: list[tuple[str, str]], shard_counts: list[int]) -> None:
-    """The two-pass SR's top-1000 agreement with one process, over the documents whose union exceeds the shortlist."""
+    """The two-pass SR's top-1000 agreement with one process (and each one's with exact SR), over the documents
+    whose union exceeds the shortlist."""
     # why: the in-process Retriever (jax, the stores) is only needed here
     from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
     config = cli.apply_overrides(cli.workdir_config(workdir), ["--config.retrieval.sr=exact"])
+    retriever = Retriever(config, workdir, "cfir")
     shortlist = int(config.retrieval.sr_shortlist)
-    results = Retriever(config, workdir, "cfir").retrieve_many([DocumentInput(t, d) for d, t in docs])
+    dims = min(int(config.retrieval.sr_compact_dims), retriever.cache.dim)  # as the SR front end cuts it
+    results = retriever.retrieve_many([DocumentInput(t, d) for d, t in docs])
     unions = {d: r.num_candidates for (d, _), r in zip(docs, results)}
     large = [(d, t) for d, t in docs if unions[d] > shortlist]
     sizes = sorted(unions[d] for d, _ in large)
     if not large:
         raise CfirError(f"no test document's union exceeds the shortlist ({shortlist}): raise --k")
-    print(f"two-pass SR (retrieval.sr=fast, shortlist {shortlist:,}): {len(large)} of {len(docs)} documents have a "
-          f"union larger than the shortlist (union rows: min {sizes[0]:,}, median {statistics.median(sizes):,.0f}, "
-          f"max {sizes[-1]:,})", flush=True)
+    print(f"two-pass SR (retrieval.sr=fast, shortlist {shortlist:,}, first pass over {dims} int8 dims): {len(large)} "
+          f"of {len(docs)} documents have a union larger than the shortlist (union rows: min {sizes[0]:,}, median "
+          f"{statistics.median(sizes):,.0f}, max {sizes[-1]:,})", flush=True)
+    exact, one = top_rows(workdir, large, "exact"), top_rows(workdir, large, "fast")
+    print(f"one process: fast SR holds {overlap(exact, one):.4f} of exact SR's top {TOP_K}", flush=True)
     for shards in shard_counts:
-        share = serve_cluster.fast_sr_agreement(workdir, large, shards, TOP_K)
-        print(f"{shards} shard(s): {share:.4f} of one process's top {TOP_K} in the merged top {TOP_K}; load "
-              f"{serve_cluster.load_averages()}", flush=True)
+        many = top_rows(workdir, large, "fast", shards)
+        print(f"{shards} shard(s): the merged top {TOP_K} holds {overlap(one, many):.4f} of one process's (fast "
+              f"SR both) and {overlap(exact, many):.4f} of exact SR's; load {serve_cluster.load_averages()}",
+              flush=True)
 
 
 @cli_main
