@@ -1,6 +1,7 @@
 """The measured units of benchmarks/accelerator.py, each run in its own process by `accelerator.py --unit PART:WHICH`:
-the train step of one size against torchscale's, one encoder, the device SR, BART in one dtype; and the probe of what
-the host's jax sees. Every row carries its process's id and peak device memory."""
+the train step of one size against torchscale's, one encoder, the device SR, BART in one dtype, the served query
+(benchmarks/accelerator_serve.py); and the probe of what the host's jax sees. Every row carries its process's id and
+(but the served query's, whose servers are processes of their own) peak device memory."""
 
 from __future__ import annotations
 
@@ -28,10 +29,16 @@ class Sizes:
     sr_queries: int
     bart: str  # 'facebook/bart-large-cnn' or 'tiny'
     bart_docs: int
+    serve_size: str  # the served workdir: benchmarks/realsize.py's size (base, large, tiny)
+    serve_rows: int  # its image cache rows
+    serve_words: int  # query documents lengthened to this many words (0: as they are)
+    serve_c1: int  # requests at concurrency 1
+    serve_c16: int  # requests at concurrency 16
 
 
-FULL = Sizes(("base", "large"), 512, 5, 256, 4_000_000, 768, 60_000, 64, "facebook/bart-large-cnn", 64)
-TINY = Sizes(("tiny",), 16, 3, 8, 20_000, 64, 3_000, 8, "tiny", 4)
+FULL = Sizes(("base", "large"), 512, 5, 256, 4_000_000, 768, 60_000, 64, "facebook/bart-large-cnn", 64,
+             "base", 4_000_000, 900, 8, 48)
+TINY = Sizes(("tiny",), 16, 3, 8, 20_000, 64, 3_000, 8, "tiny", 4, "tiny", 2_000, 0, 3, 16)
 
 
 def peak_bytes() -> int | None:
@@ -206,9 +213,14 @@ def bart_rows(sizes: Sizes, dtype: str, scratch: str | None = None) -> list[dict
     return rows
 
 
-def run_unit(unit: str, sizes: Sizes, scratch: str | None = None) -> list[dict]:
-    """The rows of one unit ('part:which'), each with this process's peak device memory and its id."""
+def run_unit(unit: str, sizes: Sizes, scratch: str | None = None, serve: dict | None = None) -> list[dict]:
+    """The rows of one unit ('part:which'), each with this process's peak device memory and its id. serve: where the
+    served query's workdir is (accelerator_serve.run's options)."""
     part, which = unit.split(":", 1)
+    if part == "serve":  # its servers hold the device, never this process: no peak here
+        import accelerator_serve
+
+        return [{**r, "unit": unit, "pid": os.getpid()} for r in accelerator_serve.run(which, sizes, **serve)]
     if part == "train":
         rows = [_train_row(which, sizes, _torch_device())]
     elif part == "encode":

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import random
@@ -28,6 +29,7 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -132,16 +134,23 @@ def interleaved_c1(url: str, workdir: str, docs: list[tuple[str, str]], override
 
 # --------------------------------------------------------------------------------------------------------- server
 class Server:
-    def __init__(self, workdir: str, *overrides: str):
+    """`retrieve.py --index W --serve --port 0 OVERRIDES` (either engine), ready; its stderr drained (the last lines
+    kept for an error). env: the server's environment (default: this run's, on the CPU unless JAX_PLATFORMS says)."""
+
+    def __init__(self, workdir: str, *overrides: str, env: dict | None = None):
         self.proc = subprocess.Popen([sys.executable, "retrieve.py", "--index", workdir, "--serve", "--port", "0",
-                                      *overrides], cwd=ROOT, env=_env(), stderr=subprocess.PIPE, text=True)
+                                      *overrides], cwd=ROOT, env=env or _env(), stderr=subprocess.PIPE, text=True)
+        self.log: collections.deque[str] = collections.deque(maxlen=20)
         t0 = time.perf_counter()
         for line in self.proc.stderr:
-            if line.rstrip().endswith("; ready"):
-                self.url = line.split(" at ", 1)[1].split(": loaded", 1)[0]
+            self.log.append(line)
+            if line.rstrip().endswith("; ready"):  # "... at http://HOST:PORT: loaded and warmed in X s; ready"
+                self.url = "http" + line.split(" at http", 1)[1].split(": loaded", 1)[0]
                 break
         else:
-            raise CfirError(f"the server exited {self.proc.wait()} before it was ready")
+            last = [x.strip() for x in self.log if x.strip()][-1:] or ["no output"]
+            raise CfirError(f"the server exited {self.proc.wait()} before it was ready: {last[0][:300]}")
+        threading.Thread(target=lambda: self.log.extend(self.proc.stderr), daemon=True).start()
         if not self.url.startswith("http://127.0.0.1:"):
             raise CfirError(f"the server listens on {self.url}, not 127.0.0.1")
         self.ready_s = time.perf_counter() - t0
@@ -155,11 +164,10 @@ class Server:
     def stop(self) -> int:
         self.proc.terminate()
         try:
-            self.proc.communicate(timeout=120)
+            return self.proc.wait(timeout=120)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-            self.proc.communicate()
-        return self.proc.returncode
+            return self.proc.wait()
 
 
 async def load(url: str, bodies: list[bytes], concurrency: int, timeout: float = 60.0) -> dict:
@@ -202,6 +210,7 @@ def make_million(demo: str, out: str, n_images: int, k: int, seed: int = 0) -> N
     whole-cache searches (the no-entity fallback, unseen entities) run over n_images. Reused when present."""
     from cfir_jax.stores.atomic_write import write_json_atomic
     from cfir_jax.stores.image_cache import ImageCache
+    from cfir_jax.stores.integrity import write_checksums
 
     out_path = Path(out)
     if (out_path / "index.json").is_file() and ImageCache.open(out_path / "image_cache").num_images == n_images:
@@ -247,6 +256,8 @@ def make_million(demo: str, out: str, n_images: int, k: int, seed: int = 0) -> N
     em.update(n_images=n_images, n_candidates=int(new_o[-1]), k=k, k_requested=k, has_searcher=False,
               cache_fingerprint=fresh.content_fingerprint)
     write_json_atomic(ei / "manifest.json", em)
+    for store in ("image_cache", "entity_index"):  # what `index.py --verify` and the served verification read
+        write_checksums(out_path / store)
     index = json.loads((out_path / "index.json").read_text())
     index["config"]["index"]["entity_index"]["k"] = k
     write_json_atomic(out_path / "index.json", index)

@@ -72,12 +72,17 @@ def best_first(scores: np.ndarray, rows: np.ndarray, k: int | None = None) -> np
 
 
 def top_k_positions(scores: np.ndarray, k: int) -> np.ndarray:
-    """Positions of the k best of scores [S], best first (ties broken by position)."""
+    """Positions of the k best of scores [S], best first, ties to the lower position: in the order, and at the cut
+    (argpartition keeps tied positions in no particular order, and picks any of those tied at the k-th score)."""
     if scores.size > k:
         part = np.argpartition(scores, scores.size - k)[scores.size - k :]
+        cut = scores[part].min()
+        if cut == cut:  # NaN sorts as the largest: a damaged row's score stays in, for check_scores to refuse
+            above = np.flatnonzero(scores > cut)
+            part = np.concatenate([above, np.flatnonzero(scores == cut)[: k - above.size]])
     else:
         part = np.arange(scores.size)
-    return part[np.argsort(-scores[part], kind="stable")]
+    return part[np.lexsort((part, -scores[part]))]
 
 
 def exact_top_k(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int,

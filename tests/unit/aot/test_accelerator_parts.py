@@ -5,6 +5,7 @@ and one process per measured unit."""
 import time
 
 import accelerator
+import accelerator_serve
 import common
 import pytest
 import torch
@@ -54,7 +55,7 @@ def test_parts_and_size_flags_override_either_modes_defaults():
     assert (on_gpu.batch, on_gpu.train, on_gpu.union, on_gpu.cache_rows) == (32, ("base", "large"), 7, 4_000_000)
     assert (on_cpu.batch, on_cpu.train, on_cpu.union, on_cpu.cache_rows) == (32, ("base", "large"), 7, 20_000)
     tiny = accelerator.parse_args(["--tiny"])
-    assert accelerator.pick_sizes(tiny, True) == accelerator.TINY and tiny.parts == accelerator.PARTS
+    assert accelerator.pick_sizes(tiny, True) == accelerator.TINY and tiny.parts == accelerator.DEFAULT_PARTS
 
 
 def test_one_process_per_train_size_encoder_and_bart_dtype_in_the_order_of_parts():
@@ -68,7 +69,7 @@ def test_an_unknown_part_is_one_line_and_exit_2(capsys):
         accelerator.parse_args(["--parts", "sr,trian"])
     assert e.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.endswith("--parts trian: choose from sr, train, encode, bart")
+    assert last.endswith("--parts trian: choose from sr, train, encode, bart, serve")
 
 
 def test_a_unit_past_its_time_limit_is_stopped_and_reported():
@@ -77,3 +78,32 @@ def test_a_unit_past_its_time_limit_is_stopped_and_reported():
     result, why = accelerator._spawn("sr:cache", accelerator.TINY, 0.5)
     assert result is None and why == "stopped at its time limit (0.5 s of the run's budget)"
     assert time.perf_counter() - t < 10
+
+
+def test_serve_is_asked_for_by_name_with_its_own_units_sizes_and_budget():
+    assert accelerator.parse_args([]).parts == ("sr", "train", "encode", "bart")
+    args = accelerator.parse_args(["--parts", "serve", "--serve-rows", "5000", "--serve-c16", "4"])
+    sizes = accelerator.pick_sizes(args, True)
+    assert (sizes.serve_size, sizes.serve_rows, sizes.serve_c16, sizes.serve_words) == ("base", 5000, 4, 900)
+    assert accelerator.units(args.parts, sizes) == ["serve:build", "serve:local", "serve:ray"]
+    # serve alone fits one 10-minute device call; with the measurement parts, the budgets add up
+    assert accelerator.default_budget(("serve",), True) == 540
+    assert accelerator.default_budget(("sr", "serve"), True) == 300 + 540
+    assert accelerator.default_budget(("sr", "bart"), False) == 900
+
+
+def test_the_stage_split_is_each_stages_mean_ms_between_two_reads_of_the_services_metrics():
+    from prometheus_client import generate_latest
+
+    from cfir_jax.serve.metrics import Metrics
+
+    metrics = Metrics()
+    metrics.observe_stages({"entities": 50.0, "summary": 900.0, "encode": 20.0, "er": 4.0, "score": 1.0})
+    before = accelerator_serve.parse_stage_totals(generate_latest(metrics.registry).decode())
+    for doc in range(2):  # two more documents: the split is their mean, not the first one's
+        metrics.observe_stages({"entities": 10.0 + doc, "summary": 300.0, "encode": 8.0, "er": 2.0, "score": 0.5})
+    after = accelerator_serve.parse_stage_totals(generate_latest(metrics.registry).decode())
+    split = accelerator_serve.stage_split(before, after)
+    assert list(split) == ["spaCy", "BART", "tower", "ER", "SR"]
+    assert [round(ms, 6) for ms in split.values()] == [10.5, 300.0, 8.0, 2.0, 0.5]
+    assert accelerator_serve.stage_split({}, accelerator_serve.parse_stage_totals("cfir_requests_total 3.0\n")) == {}

@@ -97,3 +97,17 @@ def test_resolved_keeps_explicit_settings():
 
 def test_scann_recall_when_k_is_a_tenth_of_the_database():
     assert _default_scann_recall(10_000, 32, 1000, seed=6) >= 0.95
+
+
+def test_top_k_positions_breaks_ties_by_position_in_the_order_and_at_the_cut():
+    """One process's exact SR and the shards' merge both send ties to the lower row: a tie inside a document's top
+    1,000 ordered otherwise made the cluster's answer differ from one process's (the synthetic 1M index)."""
+    from cfir_jax.search.topk import top_k_positions
+
+    scores = np.zeros(1000, np.float32)
+    scores[[700, 5]] = 1.0
+    assert top_k_positions(scores, 10).tolist() == [5, 700, 0, 1, 2, 3, 4, 6, 7, 8]
+    scores = np.random.default_rng(0).integers(0, 4, 5000).astype(np.float32)  # many ties at every score
+    expected = np.lexsort((np.arange(scores.size), -scores))[:300]
+    assert top_k_positions(scores, 300).tolist() == expected.tolist()
+    assert top_k_positions(scores[:7], 300).tolist() == np.lexsort((np.arange(7), -scores[:7])).tolist()
