@@ -19,6 +19,7 @@ import logging
 import math
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -182,8 +183,12 @@ def _import_ray():
 def _connect(run: _Run, address: str, need: Needs, signals: _Signals) -> None:
     """ray.init as a driver of `address`; one line when it refuses this driver or has no room for the replicas."""
     where = "the head it started" if run.head else f"the cluster at {address}"
-    # ray.init installs Ray's failure handler over SIGTERM: a stop signal is held until this command's are back
-    held = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
+    if run.head is None:
+        check_reachable(address)
+    # ray.init installs Ray's failure handler over SIGTERM, which aborts the driver: with a head of its own, a stop
+    # signal is held until this command's handlers are back (a joined cluster has nothing of this command's yet)
+    held = signal.pthread_sigmask(signal.SIG_BLOCK if run.head else signal.SIG_UNBLOCK,
+                                  {signal.SIGTERM, signal.SIGINT})
     try:
         run.ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as e:  # noqa: BLE001 - Ray's refusals (authentication, no cluster there) are many types
@@ -198,6 +203,18 @@ def _connect(run: _Run, address: str, need: Needs, signals: _Signals) -> None:
     if run.head is not None:
         print(run.head.join_line(run.ray.util.get_node_ip_address()), file=sys.stderr, flush=True)
     check_room(need, run.ray.available_resources(), where)
+
+
+def check_reachable(address: str, timeout_s: float = 10.0) -> None:
+    """One line when nothing listens at HOST:PORT (Ray's driver would retry for minutes without a word)."""
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():  # "auto", a ray:// address: Ray resolves it
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise CfirError(f"cannot join the cluster at {address}: {e.strerror or type(e).__name__}; is its head "
+                        "running (ray start --head) and the address serve.address / --address right?") from None
 
 
 def _wait_ready(run: _Run, timeout_s: float) -> None:
@@ -237,7 +254,8 @@ def _summary(app) -> str:
         states = {str(getattr(k, "value", k)): v for k, v in d.replica_states.items()}
         running, total = states.get("RUNNING", 0), sum(states.values())
         parts.append(f"{name} {running}/{total} running" + (f" ({_gist(d.message)})" if d.message else ""))
-    return "; ".join(parts) or (app.message or "").strip().splitlines()[0][:300]
+    state = getattr(app.status, "value", app.status)
+    return "; ".join(parts) or _gist(app.message or "") or f"the application is {state}"
 
 
 def _gist(message: str) -> str:

@@ -6,6 +6,7 @@ names it and exits non-zero within 30 s, leaving nothing. (SIGTERM while serving
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -180,3 +181,6 @@ def test_the_raylet_killed_exits_non_zero_within_30_s_naming_it(served):
     assert served.lines[-1].startswith(f"error: the Ray this command started lost its raylet (pid {raylet[0]}) "
                                        "while serving"), served.log[-2000:]
     _assert_nothing_left(session)
+    logs = re.search(r"its logs: (\S+);", served.lines[-1]).group(1)
+    assert os.path.isfile(os.path.join(logs, "raylet.out"))  # kept after a failure, named in the line
+    shutil.rmtree(logs.split("/session_latest/")[0])

@@ -1,7 +1,8 @@
 """The start of the cluster service without Ray (cfir_jax/serve/cluster.py, ray_head.py): what the replicas reserve,
 gateways included; the head sized for them or refused in one line naming the shortfall; a cluster without room
-refused; the head's token a fresh 0600 file of its own temp dir; its stop ending every process of its session, those
-that left its process group too (as Ray's workers do); a vital process gone is named."""
+refused, and an address where nothing listens at once; the head's token a fresh 0600 file of its own temp dir; its
+stop ending every process of its session, those that left its process group too (as Ray's workers do); a vital
+process gone is named."""
 
 import os
 import re
@@ -14,8 +15,8 @@ import pytest
 
 from cfir_jax.core.config_serve import serve_config
 from cfir_jax.core.errors import CfirError
-from cfir_jax.serve.cluster import check_room, head_cpus, needs
-from cfir_jax.serve.ray_head import RayHead, session_pids
+from cfir_jax.serve.cluster import check_reachable, check_room, head_cpus, needs
+from cfir_jax.serve.ray_head import RayHead, free_port, session_pids
 
 
 def _documented():
@@ -57,6 +58,15 @@ def test_a_cluster_without_room_is_refused_in_one_line():
     s.front_num_gpus = 1.0
     with pytest.raises(CfirError, match=r"needs 2 GPUs .* has 1 free"):
         check_room(needs(s), {"CPU": 8.0, "GPU": 1.0}, "the cluster at h:6379")
+
+
+def test_joining_an_address_where_nothing_listens_is_refused_at_once():
+    """Ray's driver retries such an address for minutes without a word (seen: over 5 minutes)."""
+    t0 = time.monotonic()
+    with pytest.raises(CfirError, match=r"cannot join the cluster at 127.0.0.1:\d+: Connection refused; is its head "):
+        check_reachable(f"127.0.0.1:{free_port()}")
+    assert time.monotonic() - t0 < 10
+    check_reachable("auto")  # Ray resolves it
 
 
 def test_the_head_token_is_a_fresh_0600_file_in_its_own_temp_dir():
