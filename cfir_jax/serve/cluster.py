@@ -133,11 +133,12 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
     try:
         if address is None:  # a Ray of its own, in a session of its own, with a token of its own
             run.head = RayHead(cpus, int(s.object_store_mb))
-            run.head.launch()
-            address = run.head.address
             os.environ.pop("RAY_AUTH_TOKEN", None)
             os.environ.update(run.head.driver_env())
-        run.ray, run.serve, build_app = _import_ray()
+        run.ray, run.serve, build_app = _import_ray()  # Ray missing: said before a head starts
+        if run.head is not None:
+            run.head.launch()
+            address = run.head.address
         _connect(run, address, need, signals)
         run.serve.start(http_options={"host": host, "port": port})
         app = build_app(workdir, config, config_spec, config_overrides(argv), methods)
@@ -168,7 +169,7 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
 
 def _import_ray():
     try:
-        # why: Ray (an optional extra) reads RAY_AUTH_MODE when it is imported, after the head above set it
+        # why: Ray (an optional extra) reads RAY_AUTH_MODE when it is imported, after the head's was set
         import ray
         from ray import serve
 

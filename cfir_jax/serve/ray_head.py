@@ -149,7 +149,7 @@ class RayHead:
                     pids = session_pids(self.session)
                 if not pids:
                     break
-        if keep_logs:
+        if keep_logs and self.session:  # a head never launched has no logs
             Path(self.token_path).unlink(missing_ok=True)
         else:
             shutil.rmtree(self.temp_dir, ignore_errors=True)

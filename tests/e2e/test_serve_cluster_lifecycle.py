@@ -1,8 +1,9 @@
 """Ray's lifetime is the command's (`retrieve.py --serve --engine ray`, `cfir_jax.serve.cluster`), run as an operator
 runs it on a fresh machine: HOME an empty folder, no RAY_* variable, the default `serve` settings. The command starts
-its own head with a token it makes; a head or a joined cluster too small is refused in one line; a SIGTERM while the
-head starts or while deploying stops it leaving no process of its Ray; its raylet killed while serving: the command
-names it and exits non-zero within 30 s, leaving nothing. (SIGTERM while serving: tests/e2e/test_serve_cluster.py.)"""
+its own head with a token it makes; a head or a joined cluster too small is refused in one line; a start past its
+deadline ends in one line; a SIGTERM while the head starts or while deploying stops it leaving no process of its Ray;
+its raylet killed while serving: the command names it and exits non-zero within 30 s, leaving nothing. (SIGTERM while
+serving: tests/e2e/test_serve_cluster.py.)"""
 
 import os
 import re
@@ -122,6 +123,26 @@ def test_sigterm_while_the_head_starts_or_deploys_stops_it_leaving_no_process(wo
     assert "stopped before it was ready: the Ray it started is stopped" in cmd.lines[-1], cmd.log
     temp_dir = re.search(r"logs in (\S+)/session_latest", cmd.log).group(1)
     assert not os.path.exists(temp_dir)
+
+
+@pytest.mark.slow
+def test_a_start_past_its_deadline_is_one_line_and_exit_2_leaving_no_process(workdir, home):
+    """Never a silent wait: replicas not running by serve.ready_timeout_s (here 1 s, less than any start takes) end
+    the command with one line naming each deployment's state; its Ray is stopped, its logs kept and named."""
+    cmd = Command(workdir, home(), "--config.serve.ready_timeout_s=1")
+    try:
+        assert cmd.wait(300) == 2, cmd.log
+        session = cmd.head_session
+        _assert_nothing_left(session)
+    finally:
+        cmd.kill()
+    error = cmd.lines[-1]
+    # What waits: each deployment's replicas once Serve has them ("Front 0/1 running; ..."), else the application
+    assert re.match(r"error: not ready after 1 s \(serve.ready_timeout_s\): (.*Front \d/1 running.*|the application "
+                    r".+) \(Ray's logs: \S+\)$", error), cmd.log
+    logs = re.search(r"\(Ray's logs: (\S+)\)$", error).group(1)
+    assert os.path.isdir(logs)
+    shutil.rmtree(logs.split("/session_latest/")[0])
 
 
 @pytest.fixture(scope="module")
