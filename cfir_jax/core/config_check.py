@@ -88,6 +88,11 @@ def check_serve(s: ml_collections.ConfigDict) -> None:
             raise CfirError(f"serve.{key}={s[key]}: at least 1")
     if s.shard_timeout_s <= 0:
         raise CfirError(f"serve.shard_timeout_s={s.shard_timeout_s}: a positive number of seconds")
+    for key in ("front_num_cpus", "shard_num_cpus", "gateway_num_cpus", "front_num_gpus", "head_num_cpus"):
+        if s[key] < 0:
+            raise CfirError(f"serve.{key}={s[key]}: at least 0")
+    if s.ready_timeout_s <= 0:
+        raise CfirError(f"serve.ready_timeout_s={s.ready_timeout_s}: a positive number of seconds")
 
 
 SECTIONS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {

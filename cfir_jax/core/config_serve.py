@@ -36,8 +36,11 @@ def serve_config() -> ml_collections.ConfigDict:
             shard_replicas=1,  # replicas of each shard (2: a dead replica costs no request)
             front_replicas=1,  # replicas of the front (entities, summary, query encoding, fan-out and merge)
             gateway_replicas=1,  # replicas of the HTTP ingress (no model: checks requests, sends them to a live front)
-            # What Ray reserves per replica: GPUs of a front (the summarizer and text encoder run there), CPUs.
-            front_num_gpus=0.0, front_num_cpus=0.5, shard_num_cpus=0.25,
+            # What Ray reserves per replica: GPUs of a front (the summarizer and text encoder run there), CPUs. The
+            # sum over every replica must fit the head this command starts, or the free room of a cluster it joins.
+            front_num_gpus=0.0, front_num_cpus=0.5, shard_num_cpus=0.25, gateway_num_cpus=0.25,
+            head_num_cpus=0,  # logical CPUs of a Ray this command starts (0: every replica's sum, at least the cores)
+            ready_timeout_s=600.0,  # every replica placed and loaded by then, or one line naming what waits; exit 2
             shard_timeout_s=2.0,  # a shard call not answered by then is sent again beside it (503 after deadline/2)
             object_store_mb=512,  # the object store of a Ray this command starts (not of a cluster it joins)
         )

@@ -309,6 +309,6 @@ def build_app(workdir: str, config, config_spec: str, overrides: Sequence[str], 
         health_check_period_s=2, health_check_timeout_s=10, graceful_shutdown_timeout_s=60)
     gateway = serve.deployment(Gateway).options(
         name="Gateway", num_replicas=int(s.gateway_replicas), max_ongoing_requests=4 * int(s.queue_size) + 16,
-        ray_actor_options={"num_cpus": float(s.shard_num_cpus)}, graceful_shutdown_timeout_s=60)
+        ray_actor_options={"num_cpus": float(s.gateway_num_cpus)}, graceful_shutdown_timeout_s=60)
     board = _Board.remote()
     return gateway.bind(s.to_json(), front.bind(workdir, config_spec, list(overrides), list(methods), board, *shards))

@@ -1,9 +1,10 @@
 """The service on Ray Serve (`retrieve.py --serve --engine ray`), run as the real command on a localhost Ray it starts,
-over the session's tiny world with exact SR, 2 shards x 2 replicas and 2 fronts: answers equal `retrieve.py --format
+from an empty HOME with the default CPUs per replica, over the session's tiny world with exact SR, 2 shards x 2
+replicas, 2 fronts and 2 gateways (the documented command): answers equal `retrieve.py --format
 json`; a shard replica and a front replica SIGKILLed under load cost no request; a shard with no live replica makes
 the requests that need it 503 `shard s unavailable` within the deadline and /readyz names it; a reload flips every
-shard at once and every answer names one version; SIGTERM to the command's process group drains and stops the Ray it
-started."""
+shard at once and every answer names one version; SIGTERM to the command's process group drains, exits 0 and leaves no
+process of the Ray it started."""
 
 import collections
 import json
@@ -17,13 +18,14 @@ import time
 
 import httpx
 import pytest
+from ray_processes import clean_env, session_processes
 from repo import ROOT, run_script
 
 pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
 
 TOKEN = "cluster-token"
 LIGHT = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0",
-         "--config.serve.shard_num_cpus=0.1", "--config.serve.front_num_cpus=0.1", "--config.serve.object_store_mb=300",
+         "--config.serve.object_store_mb=300",
          "--config.serve.deadline_ms=30000", "--config.serve.shard_timeout_s=10",
          f"--config.serve.admin_token={TOKEN}"]
 
@@ -31,13 +33,13 @@ LIGHT = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--co
 class Cluster:
     """`retrieve.py --serve --engine ray` leading a process group of its own; `url` once it says it is ready."""
 
-    def __init__(self, workdir, *overrides):
+    def __init__(self, workdir, home, *overrides):
         self.proc = subprocess.Popen(
             [sys.executable, "retrieve.py", "--index", str(workdir), "--serve", "--engine", "ray", "--port", "0",
              *LIGHT, *overrides], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-            start_new_session=True)
+            start_new_session=True, env=clean_env(home))
         self.log: list[str] = []
-        deadline = time.monotonic() + 400
+        deadline = time.monotonic() + 600
         while time.monotonic() < deadline:
             line = self.proc.stderr.readline()
             if not line:
@@ -47,7 +49,7 @@ class Cluster:
                 self.url = line.split(") at ", 1)[1].split(": loaded", 1)[0]
                 break
         else:
-            raise AssertionError("not ready in 400 s")
+            raise AssertionError("not ready in 600 s")
         self.client = httpx.Client(base_url=self.url, timeout=60)
 
     def search(self, text, **fields):
@@ -126,9 +128,10 @@ def expected(cluster_workdir, documents, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def cluster(cluster_workdir):
-    c = Cluster(cluster_workdir, "--config.serve.shards=2", "--config.serve.shard_replicas=2",
-                "--config.serve.front_replicas=2")
+def cluster(cluster_workdir, tmp_path_factory):
+    c = Cluster(cluster_workdir, tmp_path_factory.mktemp("home"), "--config.serve.shards=2",
+                "--config.serve.shard_replicas=2", "--config.serve.front_replicas=2",
+                "--config.serve.gateway_replicas=2")
     yield c
     if c.proc.poll() is None:
         c.stop()
@@ -238,6 +241,9 @@ def test_a_shard_with_no_live_replica_is_503_within_the_deadline_and_named_in_re
 
 @pytest.mark.slow
 def test_sigterm_to_the_group_drains_and_stops_its_ray(cluster, documents):
+    session = int(next(line for line in cluster.log if "starting a Ray head" in line).split("process group ")[1]
+                  .split(",")[0])
+    assert "raylet" in session_processes(session).values()
     load = Load(cluster.url, documents)
     try:
         time.sleep(2)
@@ -257,5 +263,4 @@ def test_sigterm_to_the_group_drains_and_stops_its_ray(cluster, documents):
         mine = [a[0] for a in answers if a[4] == n]
         first_cut = next((i for i, status in enumerate(mine) if status in cut), len(mine))
         assert 404 in mine[:first_cut] or first_cut == len(mine), (n, collections.Counter(mine[:first_cut]))
-    time.sleep(2)
-    assert not _replica_pids("IndexShard0") and not _replica_pids("Front")
+    assert not session_processes(session), session_processes(session)  # the head's, its workers' too: none left
