@@ -144,8 +144,11 @@ class RayShards:
                         send_at[s] = now + self.timeout_s
                 pending = {f: s for s, fs in tries.items() if s not in out for f in fs}
                 wake = min([start + self.budget_s, *(send_at[s] for s in tries if s not in out)])
-                done, _ = futures.wait(pending, timeout=max(0.0, wake - time.monotonic()) + 1e-4,
-                                       return_when=futures.FIRST_COMPLETED)
+                timeout = max(0.0, wake - time.monotonic()) + 1e-4
+                if not pending:  # every call failed: the next goes out at send_at
+                    time.sleep(timeout)
+                    continue
+                done, _ = futures.wait(pending, timeout=timeout, return_when=futures.FIRST_COMPLETED)
                 for f in done:
                     s = pending[f]
                     del tries[s][f]

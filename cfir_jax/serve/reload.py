@@ -36,6 +36,7 @@ REPLICA_EXPIRY_S = 5.0  # a shard replica silent this long is gone: a reload no 
 SETTLE_S = 10.0  # after the board starts, no replica drops a version (the reports restore the board's state first)
 FRONT_REPORT_S = 1.0
 REPLICA_REPORT_S = 0.25
+FOLLOW_RETRY_MAX_S = 60.0  # a failed follow is tried again after 2, 4, 8 ... report periods, at most this long
 
 
 def _first_line(e: BaseException) -> str:
@@ -196,7 +197,7 @@ class ShardReplica:
 class FrontReporter:
     """A front's reports: every period, what it serves (and the version it swapped out, for grace_s after the swap,
     while a batch may still use it); when the board's target is newer, `follow` (a reload) in a thread of its own,
-    started again at each report until it succeeds."""
+    started again after a failure (2, 4, 8 ... report periods later) until it succeeds."""
 
     def __init__(self, board, serving: Callable[[], int], follow: Callable[[], None], grace_s: float,
                  period_s: float = FRONT_REPORT_S, start: bool = True):
@@ -204,7 +205,7 @@ class FrontReporter:
         self.id = uuid.uuid4().hex
         self.retired: dict[int, float] = {}  # version swapped out -> until when it is still reported
         self.following: threading.Thread | None = None
-        self.last_error = ""
+        self.last_error, self.failures, self.retry_at = "", 0, 0.0
         self._last: int | None = None
         self._stop = threading.Event()
         if start:
@@ -218,7 +219,8 @@ class FrontReporter:
         self._last = serving
         self.retired = {v: until for v, until in self.retired.items() if until > now and v != serving}
         target = self.board.front(self.id, serving, sorted(self.retired))
-        if target > serving and (self.following is None or not self.following.is_alive()):
+        idle = self.following is None or not self.following.is_alive()
+        if target > serving and idle and now >= self.retry_at:
             self.following = threading.Thread(target=self._follow, name="cfir-follow", daemon=True)
             self.following.start()
         return target
@@ -226,10 +228,12 @@ class FrontReporter:
     def _follow(self) -> None:
         try:
             self.follow()
-            self.last_error = ""
-        except Exception as e:  # noqa: BLE001 - the next report starts it again; the front keeps serving
-            self.last_error = _first_line(e)
-            log.warning("following a reload (tried again at the next report): %s", self.last_error)
+            self.last_error, self.failures = "", 0
+        except Exception as e:  # noqa: BLE001 - started again later; the front keeps serving what it has
+            self.last_error, self.failures = _first_line(e), self.failures + 1
+            wait = min(FOLLOW_RETRY_MAX_S, self.period_s * 2**self.failures)
+            self.retry_at = time.monotonic() + wait
+            log.warning("following a reload (tried again in %g s): %s", wait, self.last_error)
 
     def _loop(self) -> None:
         while not self._stop.wait(self.period_s):
