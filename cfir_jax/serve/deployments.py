@@ -236,7 +236,10 @@ class ClusterService(Service):
         return answer
 
     def _follow(self) -> None:
-        """Reloads because another front did (the reporter's thread; tried again at its next report on failure)."""
+        """Reloads because another front did, or prepares a version (the reporter's thread; tried again later on
+        failure). A reload of this front already running is the follow."""
+        if self.holder.reloading:
+            return
         self.swapped(self.holder.reload())
         self.reporter.report()
 

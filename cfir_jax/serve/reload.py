@@ -3,7 +3,7 @@ replica loads or drops one (`cfir_jax.serve.deployments` runs these parts on Ray
 
 Every front reports the versions it serves to the board (`ReloadBoard`) every second: the one it answers at, and
 the one it swapped out while a batch may still run on it. Every shard replica reports the versions it holds every
-quarter second. From these reports:
+half second. From these reports:
 
 - A front's reload (SIGHUP, POST /v1/admin/reload, or following another front) first loads and checks its own side
   (the workdir complete, the model of the same family, the index not changed while loading, warm-up). Only then
@@ -12,8 +12,9 @@ quarter second. From these reports:
   reload when one cannot (the workdir moved on meanwhile).
 - A shard replica holds one version per `ShardIndex` (every method opened under one `versions.reading`) and drops
   one only when no live front serves it and no reload prepares it (`ShardReplica`).
-- The fronts follow the newest version any front serves (the board's `target`): a front behind it reloads, and a
-  follow that fails is tried again at the next report (`FrontReporter`).
+- The fronts follow the newest version any front serves or a reload prepares (the board's answer to a report): a
+  front behind it reloads, its own side loading while the shards load theirs, and a follow that fails is tried
+  again later (`FrontReporter`).
 
 The board holds nothing the reports do not restore: an actor restarts with an empty state, and within a report
 period it knows every front's and replica's versions again; until SETTLE_S after its start it tells no replica to
@@ -35,7 +36,7 @@ FRONT_EXPIRY_S = 10.0  # a front silent this long is gone: the versions it serve
 REPLICA_EXPIRY_S = 5.0  # a shard replica silent this long is gone: a reload no longer waits for it
 SETTLE_S = 10.0  # after the board starts, no replica drops a version (the reports restore the board's state first)
 FRONT_REPORT_S = 1.0
-REPLICA_REPORT_S = 0.25
+REPLICA_REPORT_S = 0.5
 FOLLOW_RETRY_MAX_S = 60.0  # a failed follow is tried again after 2, 4, 8 ... report periods, at most this long
 
 
@@ -56,14 +57,19 @@ class ReloadBoard:
 
     def front(self, front: str, serving: int, in_use: Sequence[int] = ()) -> int:
         """A front's report: the version it answers at, and the others a batch of it may still use. Returns the
-        version every front should serve."""
-        self.fronts[front] = (frozenset([int(serving), *map(int, in_use)]), self.clock())
+        version every front should load: the newest one a front serves or, sooner, the newest a reload prepares (the
+        fronts then load their side while the shards load theirs)."""
+        now = self.clock()
+        self.fronts[front] = (frozenset([int(serving), *map(int, in_use)]), now)
         self.target = max(self.target, int(serving))
-        return self.target
+        asked = [v for v, at in self.preparing.items() if now - at <= FRONT_EXPIRY_S]
+        return max([self.target, *asked])
 
-    def prepare(self, version: int) -> None:
-        """A front's checks passed for `version`: every shard replica loads it."""
+    def prepare(self, version: int, shards: int) -> tuple[str, str]:
+        """A front's checks passed for `version`: every shard replica loads it. Asked again at every poll of the
+        front that waits (a board that restarted learns it again); returns `holding(version, shards)`."""
         self.preparing[int(version)] = self.clock()
+        return self.holding(version, shards)
 
     def abandon(self, version: int) -> None:
         """The reload to `version` was refused: replicas may drop it (unless a front serves it)."""
@@ -97,14 +103,13 @@ class ReloadBoard:
         return ("waiting", waiting) if waiting else ("held", "")
 
 
-def prepare_everywhere(board, version: int, shards: int, timeout_s: float, poll_s: float = 0.05) -> None:
+def prepare_everywhere(board, version: int, shards: int, timeout_s: float, poll_s: float = 0.2) -> None:
     """Asks every replica of every shard for `version` and returns once every live one holds it; CfirError (and the
     version abandoned) when a replica cannot load it or timeout_s passes."""
     deadline = time.monotonic() + timeout_s
     try:
         while True:
-            board.prepare(version)  # again at every poll: a board that restarted learns it again
-            state, why = board.holding(version, shards)
+            state, why = board.prepare(version, shards)  # asked at every poll: a restarted board learns it again
             if state == "held":
                 return
             if state == "refused":

@@ -215,3 +215,16 @@ def test_the_shard_client_waits_on_its_calls_and_cancels_the_hedged_duplicate():
         client.close()
         loop.call_soon_threadsafe(loop.stop)
         thread.join(5)
+
+
+def test_the_other_fronts_load_a_version_while_the_shards_do():
+    """A reload that passed its front's checks is a version to load for every front (their own side loads beside the
+    shards'); refused, it is not."""
+    board, followed = ReloadBoard(), []
+    front = FrontReporter(board, lambda: 1, lambda: followed.append(1), grace_s=0, start=False)
+    assert front.report() == 1
+    board.prepare(2, 1)
+    assert front.report() == 2
+    _wait(lambda: followed, what="the follow")
+    board.abandon(2)
+    assert front.report() == 1
