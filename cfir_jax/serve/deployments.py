@@ -207,6 +207,17 @@ class ClusterHolder(IndexHolder):
     def activate(self, fresh) -> None:
         prepare_everywhere(self.board, fresh.version, len(self.client.handles), PREPARE_TIMEOUT_S)
 
+    def reload(self):
+        """The single process's reload, the other fronts told at once that it began (they load beside it)."""
+        version = versions.current_version(Layout.of(self.workdir))
+        if version != self.current.version:
+            self.board.request(version)
+        try:
+            return super().reload()
+        except CfirError:
+            self.board.abandon(version)
+            raise
+
 
 class ClusterService(Service):
     """The single process's Service over a ClusterHolder, with the shards in /readyz and every version it serves

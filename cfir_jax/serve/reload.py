@@ -54,16 +54,21 @@ class ReloadBoard:
         self.fronts: dict[str, tuple[frozenset[int], float]] = {}  # front -> (versions in use, last report)
         self.replicas: dict[str, tuple[int, frozenset[int], dict[int, str], float]] = {}  # shard, held, failed, at
         self.preparing: dict[int, float] = {}  # version -> last asked (a front re-asks while it waits)
+        self.requested: dict[int, float] = {}  # version -> when a front began a reload to it (its checks pending)
 
     def front(self, front: str, serving: int, in_use: Sequence[int] = ()) -> int:
         """A front's report: the version it answers at, and the others a batch of it may still use. Returns the
-        version every front should load: the newest one a front serves or, sooner, the newest a reload prepares (the
-        fronts then load their side while the shards load theirs)."""
+        version every front should load: the newest one a front serves or, sooner, the newest a reload began (every
+        front then loads and checks its own side at once, and each asks the shards only once its checks passed)."""
         now = self.clock()
         self.fronts[front] = (frozenset([int(serving), *map(int, in_use)]), now)
         self.target = max(self.target, int(serving))
-        asked = [v for v, at in self.preparing.items() if now - at <= FRONT_EXPIRY_S]
+        asked = [v for v, at in [*self.preparing.items(), *self.requested.items()] if now - at <= FRONT_EXPIRY_S]
         return max([self.target, *asked])
+
+    def request(self, version: int) -> None:
+        """A front began a reload to `version` (the workdir's committed one): the other fronts begin theirs."""
+        self.requested[int(version)] = self.clock()
 
     def prepare(self, version: int, shards: int) -> tuple[str, str]:
         """A front's checks passed for `version`: every shard replica loads it. Asked again at every poll of the
@@ -72,8 +77,9 @@ class ReloadBoard:
         return self.holding(version, shards)
 
     def abandon(self, version: int) -> None:
-        """The reload to `version` was refused: replicas may drop it (unless a front serves it)."""
+        """The reload to `version` was refused: replicas may drop it (unless a front serves it), fronts not load it."""
         self.preparing.pop(int(version), None)
+        self.requested.pop(int(version), None)
 
     def replica(self, replica: str, shard: int, held: Sequence[int], failed: dict[int, str]) -> tuple[list[int], bool]:
         """A shard replica's report: what it holds and the versions it could not load (why). Returns the versions

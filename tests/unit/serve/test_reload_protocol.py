@@ -228,3 +228,14 @@ def test_the_other_fronts_load_a_version_while_the_shards_do():
     _wait(lambda: followed, what="the follow")
     board.abandon(2)
     assert front.report() == 1
+
+
+def test_the_other_fronts_begin_a_reload_when_one_begins():
+    board, followed = ReloadBoard(), []
+    front = FrontReporter(board, lambda: 1, lambda: followed.append(1), grace_s=0, start=False)
+    board.request(2)  # a front began a reload to version 2: its checks are still running
+    assert front.report() == 2
+    _wait(lambda: followed, what="the follow")
+    assert board.replica("r", 0, [1], {}) == ([1], False)  # no shard loads it before a front's checks passed
+    board.abandon(2)
+    assert front.report() == 1
