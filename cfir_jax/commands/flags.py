@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import argparse
 
-from cfir_jax.core.config_check import MEASURE_SETS
+from cfir_jax.core.config_check import MEASURE_SETS, SERVE_ENGINES
 from cfir_jax.core.errors import CfirError
 from cfir_jax.eval.comparison import parse_ks, parse_weights
 from cfir_jax.eval.plots import check_png_name
@@ -59,7 +59,7 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     serving = p.add_argument_group("--serve")
     serving.add_argument("--host", default=None, help="address to listen on (default serve.host: 127.0.0.1)")
     serving.add_argument("--port", type=int, default=None, help="port (default serve.port: 8080; 0: any free one)")
-    serving.add_argument("--engine", default=None, choices=("local", "ray"), help="one process, or Ray Serve with "
+    serving.add_argument("--engine", default=None, choices=tuple(SERVE_ENGINES), help="one process, or Ray Serve with "
                          "the index in shards and replicas (default serve.engine: local)")
     serving.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default "
                          "serve.address; none: start a local Ray)")

@@ -10,6 +10,7 @@ verifying it). Settings: the config's `serve` section (`cfir_jax.core.config_ser
 
 from __future__ import annotations
 
+import importlib
 import logging
 import signal
 import socket
@@ -19,6 +20,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from cfir_jax.core.config_check import SERVE_ENGINES
 from cfir_jax.core.errors import CfirError
 
 
@@ -31,11 +33,15 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, config_spec: str = "
     config: as parsed from the command line `argv`, whose `--config.*` overrides a reload applies again to the
     workdir's config (or to `config_spec`, the --config file)."""
     engine = engine or config.serve.engine
-    if engine == "ray":
-        # why: Ray loads only for the Ray engine
-        from cfir_jax.serve.cluster import serve_cluster
+    module, function = SERVE_ENGINES[engine].split(":")
+    # why: an engine's libraries (Ray Serve for "ray") load only when it is chosen
+    serve = getattr(importlib.import_module(module), function)
+    return serve(workdir, config, config_spec, argv, method, host, port, address)
 
-        return serve_cluster(workdir, config, config_spec, argv, method, host, port, address)
+
+def serve_local(workdir: str, config: ml_collections.ConfigDict, config_spec: str, argv: Sequence[str], method: str,
+                host: str | None, port: int | None, address: str | None) -> None:
+    """serve.engine "local": this one process (address: unused, there is no cluster to join)."""
     settings = config.serve
     host = host or settings.host
     port = settings.port if port is None else port

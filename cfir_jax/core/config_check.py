@@ -28,7 +28,12 @@ RETRIEVAL_MODELS = ("", "full")
 # retrieval.measures (retrieve.py --measures): trec_eval -c, trec_eval without -c, the authors' code, or both.
 MEASURE_SETS = ("trec_eval", "trec_eval_no_c", "authors", "both")
 DTYPES = ("float32", "bfloat16", "float16")
-SERVE_ENGINES = ("local", "ray")  # serve.engine: this one process, or Ray Serve (fronts and index shards)
+# serve.engine -> what serves it ("module:function", imported only when chosen, called as
+# function(workdir, config, config_spec, argv, method, host, port, address)). A new engine: its module, one line here.
+SERVE_ENGINES = {
+    "local": "cfir_jax.commands.serve:serve_local",  # this one process (FastAPI on uvicorn)
+    "ray": "cfir_jax.serve.cluster:serve_cluster",  # Ray Serve: fronts and index shards
+}
 
 
 def _one_of(section: str, node: ml_collections.ConfigDict, key: str, choices: Sequence) -> None:

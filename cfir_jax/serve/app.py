@@ -16,7 +16,7 @@ import os
 import signal
 import time
 import uuid
-from typing import Annotated
+from typing import Annotated, Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -184,12 +184,16 @@ class Service:
         except CfirError as e:
             self.metrics.reloads.labels("refused").inc()
             return _error(409, f"reload refused, the old index keeps serving: {e}")
+        self.swapped(fresh)
+        return JSONResponse({"reloaded": True, **fresh.describe()})
+
+    def swapped(self, fresh) -> None:
+        """What follows a reload that swapped `fresh` in: its metrics, its entity pool watched, damage forgotten."""
         self.metrics.reloads.labels("ok").inc()
         self.metrics.set_index(fresh)
         self.watch_pool(fresh)
         self.batcher.damage = ""  # the new index was verified before it was swapped in
         self.verifier.reset()
-        return JSONResponse({"reloaded": True, **fresh.describe()})
 
     async def shutdown(self) -> None:
         """Stops accepting, answers what was accepted, then stops the workers."""
@@ -199,17 +203,42 @@ class Service:
         await asyncio.to_thread(self.holder.close)
 
 
+class SearchService(Protocol):
+    """What the HTTP app calls: the Service (over the resident index's engines) and, on Ray, the gateway's view of
+    the fronts (`cfir_jax.serve.gateway.GatewayService`)."""
+
+    settings: object  # the config's serve section
+    metrics: Metrics
+    admin_token: str
+    max_body: int  # the largest request body it reads
+
+    def check_text(self, text: str, what: str) -> None: ...
+
+    def check_options(self, top_k: int, method: str | None) -> str: ...
+
+    async def run(self, request: Request, docs: list[DocumentInput], method: str, top_k: int,
+                  html: bool = False) -> tuple[object, dict]: ...
+
+    def readiness(self) -> tuple[bool, dict]: ...
+
+    def refresh_metrics(self) -> None: ...
+
+    async def reload(self) -> JSONResponse: ...
+
+    async def shutdown(self) -> None: ...
+
+
 async def _disconnected(request: Request) -> None:
     """Returns when the client closes the connection (the body was read: the next message is the disconnect)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
 
 
-def service(request: Request) -> Service:
+def service(request: Request) -> SearchService:
     return request.app.state.service
 
 
-ServiceDep = Annotated[Service, Depends(service)]
+ServiceDep = Annotated[SearchService, Depends(service)]
 
 
 def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
@@ -231,7 +260,7 @@ def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
     return 422, f"{where or 'body'}: {err.get('msg', 'invalid')}"
 
 
-def create_app(svc: Service) -> FastAPI:
+def create_app(svc: SearchService) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
         loop = asyncio.get_running_loop()

@@ -44,10 +44,10 @@ class Needs:
 def needs(s) -> Needs:
     """Every replica's reservation (serve.*_replicas x serve.*_num_cpus / front_num_gpus), the gateways included."""
     fronts, shard_replicas = int(s.front_replicas), int(s.shards) * int(s.shard_replicas)
-    gateways = int(s.gateway_replicas)
+    gateways = int(s.gateway_replicas) if fronts > 1 else 0  # one front is the ingress itself (deployments.build_app)
     terms = [(fronts, "front", float(s.front_num_cpus)), (shard_replicas, "shard replica", float(s.shard_num_cpus)),
              (gateways, "gateway", float(s.gateway_num_cpus))]
-    parts = " + ".join(f"{n} {name}{'s' if n > 1 else ''} x {cpus:g}" for n, name, cpus in terms)
+    parts = " + ".join(f"{n} {name}{'s' if n > 1 else ''} x {cpus:g}" for n, name, cpus in terms if n)
     return Needs(sum(n * cpus for n, _, cpus in terms), fronts * float(s.front_num_gpus), parts)
 
 

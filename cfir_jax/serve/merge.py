@@ -1,11 +1,11 @@
 """The cluster's front side of retrieval: a document's entities, summary and query embedding here, its union scored by
 the shards, and their top-k merged into the single process's answer.
 
-`ClusterRetriever` has the Retriever's serving surface (`retrieve_many`, `describe_image`, `corpus`, `entities`,
-`methods`), so the micro-batcher and the HTTP app of the single process serve it unchanged. A batch:
+`ClusterRetriever` is the Retriever (an `Engine`, `cfir_jax.retrieve.engine`) with its batch's scoring on the
+shards, so the micro-batcher and the HTTP app of the single process serve it unchanged. A batch:
 
-1. entities (spaCy), summaries and query embeddings, batched, by this process's own Retriever of the method (which
-   also holds the entity index's vocabulary, the entity encoder, the corpus and the image ids);
+1. entities (spaCy), summaries and query embeddings, batched, by the Retriever's own stages (it also holds the
+   entity index's vocabulary, the entity encoder, the corpus and the image ids);
 2. unseen entities (`retrieval.unknown_entities="search"`): each shard's exact top-K over its rows, merged here into
    the entity's list, as one process's exact whole-cache search finds it;
 3. one call per shard with the whole batch (`ShardDoc`s: query, known entities, merged lists), each answering its
@@ -28,6 +28,7 @@ from cfir_jax.retrieve.methods import NO_ENTITY_NOTE
 from cfir_jax.retrieve.pipeline import DocumentInput, Hit, Result, Retriever
 from cfir_jax.search.knn import drop_padding
 from cfir_jax.search.topk import best_first
+from cfir_jax.serve.resident import WARM_TEXT_NO_ENTITY
 from cfir_jax.serve.shard import ShardAnswer, ShardDoc
 from cfir_jax.stores.integrity import check_embeddings
 
@@ -54,65 +55,53 @@ def check_cluster_config(config, methods: Sequence[str]) -> None:
         raise CfirError("serve.engine=ray does not run the third stage: set retrieval.rerank.enabled=false")
 
 
-class ClusterRetriever:
-    """One method's retrieval over sharded rows. client: the shards (`score(version, method, docs, top_k)` -> per
-    shard a list of ShardAnswer, `search(version, embeddings, k)` -> per shard a list of (scores, rows)), called
-    with this retriever's version, so every shard answers at the version the front has loaded."""
+class ClusterRetriever(Retriever):
+    """One method's retrieval over sharded rows: the Retriever (an `Engine`) whose batches score their candidates on
+    the shards. client: the shards (`score(version, method, docs, top_k)` -> per shard a list of ShardAnswer,
+    `search(version, embeddings, k)` -> per shard a list of (scores, rows)), called with this retriever's version,
+    so every shard answers at the version the front has loaded."""
 
     def __init__(self, config, workdir: str, method: str, client):
-        self.front = Retriever(config, workdir, method=method)
-        self.client, self.method, self.config = client, method, self.front.config
-        self.rcfg = self.front.rcfg
-        self.version = self.front.stores.version
-        self.methods = self.front.methods
-        self._warm = False
+        super().__init__(config, workdir, method=method)
+        self.client = client
+        self.version = self.stores.version
 
-    # The serving surface the micro-batcher and the app read
-    @property
-    def corpus(self):
-        return self.front.corpus
-
-    @property
-    def entities(self):
-        return self.front.entities
-
-    @property
-    def image_ids(self):
-        return self.front.image_ids
-
-    def describe_image(self, image_id: str) -> tuple[str, str]:
-        return self.front.describe_image(image_id)
-
-    def cache_summaries(self, max_entries: int) -> None:
-        self.front.cache_summaries(max_entries)
-
-    def retrieve(self, doc: DocumentInput | str) -> Result:
-        return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
-
-    def _warm_up(self) -> None:
-        if not self._warm:
-            if self.front.entities is not None:
-                self.front.entities.warm_up()
-            if self.methods.uses_summary():
-                self.front.summarizer()
-            self.methods.warm_up(self.front.stores)
-            self._warm = True
-
-    # Retrieval
-    def retrieve_many(self, docs: Sequence[DocumentInput]) -> list[Result]:
-        """The batch's Results, equal to `Retriever.retrieve_many`'s (exact SR), with the same per-stage times."""
+    def warm_front(self, max_batch: int) -> None:
+        """This side warmed at every batch size up to max_batch (entities, summaries, the query encoder, the unseen
+        entities' encoder), without a shard call: the shards warm themselves when they load this version."""
         self._warm_up()
-        f = self.front
-        t0 = time.perf_counter()
-        entities = list(f.entities.stream(docs)) if f.entities is not None else [[] for _ in docs]
+        text = self.corpus.document(0).text if len(self.corpus.doc_ids) else WARM_TEXT_NO_ENTITY
+        size = 1
+        while True:
+            docs = [DocumentInput(text, f"warm-{i}") for i in range(min(size, max_batch))]
+            if self.entities is not None:
+                list(self.entities.stream(docs))
+            self._front(docs)
+            if size >= max_batch:
+                break
+            size *= 2
+        if self.entities is not None and self.rcfg.unknown_entities == "search":
+            self.entities.encoder.encode(["warm"])
+
+    def _front(self, docs: Sequence[DocumentInput]):
+        """This side of a batch: summaries and query embeddings, and what the shards are asked."""
         t1 = time.perf_counter()
         summaries = self._summaries(docs) if self.methods.uses_summary() else [""] * len(docs)
         t2 = time.perf_counter()
-        queries = self.methods.encode(f.stores, docs, summaries)
-        check_embeddings(queries, f.stores.model_dir or f.stores.layout.model)
+        queries = self.methods.encode(self.stores, docs, summaries)
+        check_embeddings(queries, self.stores.model_dir or self.stores.layout.model)
         t3 = time.perf_counter()
         n = len(docs)
-        times = {"entities": 1e3 * (t1 - t0) / n, "summary": 1e3 * (t2 - t1) / n, "encode": 1e3 * (t3 - t2) / n}
+        times = {"summary": 1e3 * (t2 - t1) / n, "encode": 1e3 * (t3 - t2) / n}
+        return summaries, queries, times
+
+    def _retrieve_batch(self, docs: Sequence[DocumentInput], entities: list[list[str]], entity_s: float
+                        ) -> list[Result]:
+        """The batch's Results, equal to the Retriever's (exact SR), with the same per-stage times."""
+        n = len(docs)
+        summaries, queries, times = self._front(docs)
+        times["entities"] = 1e3 * entity_s / n
+        t3 = time.perf_counter()
         asks, used, unknown = self._ask(entities, queries)
         t4 = time.perf_counter()
         answers = self.client.score(self.version, self.method, asks, int(self.rcfg.top_k))
@@ -126,38 +115,31 @@ class ClusterRetriever:
                 if a.version != self.version:
                     raise CfirError(f"a shard answered at version {a.version}, not {self.version}")
             hits, size = self._merge(per_shard, used[i])
-            lists = bool(asks[i].known or asks[i].searched) and f.entities is not None
+            lists = bool(asks[i].known or asks[i].searched) and self.entities is not None
             note = NO_ENTITY_NOTE if self.method == "cfir" and not lists else ""
             out.append(Result(hits, list(entities[i]), unknown[i], summaries[i], note, size,
                               dict(times, hits=1e3 * (time.perf_counter() - t_hits))))
         return out
 
-    def _summaries(self, docs: Sequence[DocumentInput]) -> list[str]:
-        missing = [i for i, d in enumerate(docs) if d.summary is None]
-        made = self.front.summarizer().summarize([docs[i].text for i in missing]) if missing else []
-        out = [d.summary for d in docs]
-        for i, s in zip(missing, made):
-            out[i] = s
-        return out
-
     def _ask(self, entities: list[list[str]], queries: np.ndarray):
         """Per document: what the shards are asked (ShardDoc), the names of its lists in order, its unknown
         entities; the unseen entities' lists merged from every shard's search."""
-        f, asks, used, unknown = self.front, [], [], []
+        asks, used, unknown = [], [], []
+        reads = self.entities is not None
         for ents, q in zip(entities, queries):
-            known = [e for e in ents if f.entities is not None and f.entity_index.row(e) is not None]
-            unknown.append([e for e in ents if f.entities is not None and f.entity_index.row(e) is None])
+            known = [e for e in ents if reads and self.entity_index.row(e) is not None]
+            unknown.append([e for e in ents if reads and self.entity_index.row(e) is None])
             asks.append(ShardDoc(np.asarray(q, np.float32), known))
             used.append(list(known))
         searching = [i for i, u in enumerate(unknown) if u] if self.rcfg.unknown_entities == "search" else []
         if searching:
-            encoder = f.entities.encoder
+            encoder = self.entities.encoder
             embs = []
             for i in searching:
                 e = encoder.encode(unknown[i])
-                check_embeddings(e, f.stores.encoder_dir or f.stores.layout.encoder, "entity")
+                check_embeddings(e, self.stores.encoder_dir or self.stores.layout.encoder, "entity")
                 embs.append(e)
-            k = f.entity_index.k
+            k = self.entity_index.k
             found = self.client.search(self.version, embs, k)
             for j, i in enumerate(searching):
                 parts = [shard[j] for shard in found]

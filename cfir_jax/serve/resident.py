@@ -26,6 +26,7 @@ from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
 from cfir_jax.index.descriptor import store_names
 from cfir_jax.nlp.entity_pool import EntityPool
+from cfir_jax.retrieve.engine import Engine
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve.verifier import store_problems
 from cfir_jax.stores import versions
@@ -140,10 +141,11 @@ def warm_up(retriever: Retriever, max_batch: int) -> None:
 
 @dataclasses.dataclass
 class LoadedIndex:
-    """One generation of the resident index: a Retriever per served method, and what identifies them."""
+    """One generation of the resident index: an engine per served method (`cfir_jax.retrieve.engine.Engine`: a
+    Retriever, or on Ray a ClusterRetriever), and what identifies them."""
 
     workdir: str
-    retrievers: dict[str, Retriever]
+    retrievers: dict[str, Engine]
     fingerprint: str
     family: dict
     loaded_at: float  # time.time()
@@ -161,16 +163,17 @@ class LoadedIndex:
 
 
 def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequence[str], max_batch: int,
-               make=Retriever) -> LoadedIndex:
+               make=Retriever, warm=warm_up) -> LoadedIndex:
     """Checks the workdir is complete, opens a Retriever per method and warms each (seconds; minutes at scale).
-    make(config, workdir, method): what opens a method's retriever (the cluster's opens its shards too)."""
+    make(config, workdir, method): what opens a method's engine; warm(engine, max_batch): what warms it (the
+    cluster's front warms its own side: its shards load the version only once the front's checks passed)."""
     t0 = time.perf_counter()
     with versions.reading(Layout.of(workdir)) as version:  # every Retriever opens the same version
         check_complete(workdir)
         fingerprint, family = index_fingerprint(workdir), model_family(workdir)
         retrievers = {method: make(config, workdir, method=method) for method in methods}
     for method in methods:
-        warm_up(retrievers[method], max_batch)  # before the cache, so each batch size's rows are generated
+        warm(retrievers[method], max_batch)  # before the cache, so each batch size's rows are generated
         if retrievers[method].methods.uses_summary():
             retrievers[method].cache_summaries(int(config.serve.summary_cache))
     if index_fingerprint(workdir) != fingerprint:  # rebuilt while it was loading: what was read may be mixed
@@ -188,6 +191,7 @@ class IndexHolder:
         self.methods, self.max_batch = tuple(methods), max_batch
         config = config if config is not None else load_config(workdir, config_spec, overrides)
         self.current = self.load(workdir, config)
+        self.activate(self.current)
         self.current.entity_pool = entity_pool_for(config, self.current, None)
         self.last_reload: dict | None = None  # {"ok": bool, "at": ..., "error"/"fingerprint": ...}
         self._lock = threading.Lock()
@@ -195,6 +199,10 @@ class IndexHolder:
     def load(self, workdir: str, config: ml_collections.ConfigDict) -> LoadedIndex:
         """One generation of the index (the cluster's holder loads its shards and fronts here instead)."""
         return load_index(workdir, config, self.methods, self.max_batch)
+
+    def activate(self, fresh: LoadedIndex) -> None:
+        """Makes a loaded index that passed every check servable, just before it is swapped in (CfirError: refused).
+        One process has nothing to do; the cluster's shards load its version here."""
 
     def close(self) -> None:
         """Stops the entity workers (after the batcher has drained)."""
@@ -225,6 +233,7 @@ class IndexHolder:
                                     if fresh.family[k] != self.current.family[k])
                 raise CfirError(f"{self.workdir}: the new index's model is of another family ({changed}); restart "
                                 "the service to serve it")
+            self.activate(fresh)
             fresh.entity_pool = entity_pool_for(config, fresh, self.current.entity_pool)
             old, self.current = self.current, fresh  # one reference swap: the next batch reads the new index
             if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:

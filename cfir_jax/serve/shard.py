@@ -29,6 +29,7 @@ from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.search.fused import fused_queries
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.search.topk import DEFAULT_BLOCK_SIZE, exact_topk
+from cfir_jax.stores import versions
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], rows [k']), best first
 IMAGES_ONLY = (1.0, 0.0)
@@ -87,14 +88,16 @@ class RowRange:
 class ShardIndex:
     """Shard `shard` of `shards` of one version of a workdir, opened for the served methods (read-only, memory-mapped).
 
-    One Retriever per served method opens the stores (the first method's that reads entities opens the entity
-    index); its SR front end scores the union parts, and the whole-cache searches run here over [lo, hi)."""
+    One Retriever per served method opens the stores, all of them under one `versions.reading` (one version for
+    every method: a commit between two opens would mix versions); its SR front end scores the union parts, and the
+    whole-cache searches run here over [lo, hi)."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, shard: int, shards: int,
                  methods: Sequence[str]):
-        self.retrievers = {m: Retriever(config, workdir, method=m, load_nlp=False) for m in methods}
+        with versions.reading(workdir) as version:
+            self.retrievers = {m: Retriever(config, workdir, method=m, load_nlp=False) for m in methods}
         first = next(iter(self.retrievers.values()))
-        self.version = first.stores.version
+        self.version = version
         self.num_rows = first.stores.cache.num_images
         self.shard, self.shards = shard, shards
         self.lo, self.hi = shard_bounds(self.num_rows, shards)[shard]
@@ -103,6 +106,15 @@ class ShardIndex:
         self.top_k = int(config.retrieval.top_k)
         # The whole cache's block shape: every shard's blocked search compiles what one process's does.
         self.block = min(DEFAULT_BLOCK_SIZE, self.num_rows)
+
+    def warm_up(self, max_batch: int) -> None:
+        """Compiles the whole-cache search of each method at every power-of-two batch size up to max_batch (what a
+        front's batch sends), before this version answers."""
+        sizes = sorted({min(1 << n, max_batch) for n in range(max(1, max_batch).bit_length() + 1)})
+        for method, retriever in self.retrievers.items():
+            dim = retriever.embeddings.shape[1]
+            for size in sizes:
+                self.score(method, [ShardDoc(np.zeros(dim, np.float32)) for _ in range(size)], self.top_k)
 
     def describe(self) -> dict:
         return {"shard": self.shard, "rows": [self.lo, self.hi], "live_rows": self.live.num_live,

@@ -32,6 +32,13 @@ def test_every_replica_is_counted_the_gateways_included():
     assert need.parts == "2 fronts x 0.5 + 4 shard replicas x 0.25 + 2 gateways x 0.25"
 
 
+def test_one_front_is_the_ingress_and_no_gateway_is_counted():
+    s = _documented()
+    s.front_replicas = 1  # deployments.build_app serves HTTP from the front itself: no gateway is placed
+    need = needs(s)
+    assert need.cpus == pytest.approx(1.5) and need.parts == "1 front x 0.5 + 4 shard replicas x 0.25"
+
+
 def test_the_head_is_sized_for_every_replica_and_at_least_the_cores():
     s = _documented()
     assert head_cpus(s, needs(s), cores=2) == 3  # 2.5 CPUs reserved: the head of 2 never placed a gateway

@@ -1,0 +1,199 @@
+"""Reloads of the service on Ray Serve under load and chaos (`retrieve.py --serve --engine ray`, the real command
+from an empty HOME): 2 shards x 2 replicas, 2 fronts, 2 gateways; two clients search without pause while three
+rounds of `index.py --remove` and SIGHUP run, each round with one replica SIGKILLed (a front, a shard replica, a
+gateway). No search fails, but those in flight on the gateway replica at its SIGKILL (Ray's HTTP proxy does not send
+a request again when the ingress replica holding it died: 500, at most one per client); every answer carries the new
+version within 30 s of each SIGHUP; a removed picture never answers at or after its removal's version; the final
+answers equal `retrieve.py --format json`. The deadline is 60 s: the suite's machine is loaded (a shard call gets
+half of it)."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import pytest
+from repo import ROOT, run_script
+
+pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
+
+SETTINGS = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0",
+            "--config.serve.shard_num_cpus=0.1", "--config.serve.front_num_cpus=0.1",
+            "--config.serve.object_store_mb=300", "--config.serve.deadline_ms=60000",
+            "--config.serve.shard_timeout_s=10", "--config.serve.shards=2", "--config.serve.shard_replicas=2",
+            "--config.serve.front_replicas=2", "--config.serve.gateway_replicas=2"]
+FOLLOW_S = 30.0  # every answer carries the new version this long after a SIGHUP
+
+
+class Command:
+    """The command in a process group of its own, HOME an empty folder and no RAY_* variable: it relies on the
+    authentication it sets up for the Ray it starts. Its stderr is kept (lines) and `url` is set once ready."""
+
+    def __init__(self, workdir, home):
+        env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+        self.home = str(home)
+        self.proc = subprocess.Popen(
+            [sys.executable, "retrieve.py", "--index", str(workdir), "--serve", "--engine", "ray", "--port", "0",
+             *SETTINGS], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+            start_new_session=True, env={**env, "HOME": self.home})
+        self.log: list[str] = []
+        self.ready = threading.Event()
+        threading.Thread(target=self._read, daemon=True).start()
+        if not self.ready.wait(600):
+            self.stop()
+            raise AssertionError(f"not ready in 600 s: {''.join(self.log)[-3000:]}")
+
+    def _read(self):
+        for line in self.proc.stderr:
+            self.log.append(line)
+            if line.rstrip().endswith("; ready") and not self.ready.is_set():
+                self.url = line.split(") at ", 1)[1].split(": loaded", 1)[0]
+                self.ready.set()
+
+    def replicas(self, name: str) -> list[int]:
+        """Pids of the replicas of deployment `name` of this command's Ray (their HOME is this test's)."""
+        out = subprocess.run(["pgrep", "-f", f"ray::ServeReplica:cfir:{name}"], capture_output=True, text=True)
+        mine = []
+        for pid in map(int, out.stdout.split()):
+            try:
+                environ = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+            except OSError:
+                continue
+            if f"HOME={self.home}".encode() in environ:
+                mine.append(pid)
+        return mine
+
+    def stop(self) -> int:
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+        try:
+            return self.proc.wait(180)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            return self.proc.wait()
+
+
+class Load:
+    """Two clients searching without pause: (sent at, status, version, id, hit ids or the error) per answer."""
+
+    def __init__(self, url, documents):
+        self.stop, self.answers = threading.Event(), []
+        self.threads = [threading.Thread(target=self._fire, args=(url, documents, n), daemon=True) for n in range(2)]
+        for t in self.threads:
+            t.start()
+
+    def _fire(self, url, documents, n):
+        with httpx.Client(base_url=url, timeout=120) as c:
+            i = n
+            while not self.stop.is_set():
+                doc_id, text = documents[i % len(documents)]
+                i += 1
+                t = time.monotonic()
+                try:
+                    r = c.post("/v1/search", json={"text": text, "id": doc_id})
+                    hits = [h["image_id"] for h in r.json()["hits"]] if r.status_code == 200 else r.text[:300]
+                    self.answers.append((t, r.status_code, int(r.headers.get("x-index-version", -1)), doc_id, hits))
+                except httpx.HTTPError as e:
+                    self.answers.append((t, type(e).__name__, -1, doc_id, str(e)))
+
+    def finish(self) -> list:
+        self.stop.set()
+        for t in self.threads:
+            t.join(180)
+        return self.answers
+
+
+@pytest.fixture(scope="module")
+def documents(workdir):
+    from cfir_jax.data.corpus import Corpus
+
+    corpus = Corpus.open(workdir / "corpus")
+    return [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)] + \
+        [("no-entity", "Nothing named here at all, only words.")]
+
+
+def _wait_for(predicate, timeout, what):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"{what}: not in {timeout} s"
+        time.sleep(0.5)
+
+
+def _round(cluster, load, w, ids, doc_id, victim, removed) -> tuple[float, int, float]:
+    """`index.py --remove` of a picture that answers doc_id now, SIGHUP, one replica of `victim` SIGKILLed; returns
+    once every answer carries the new version and Ray replaced the replica: (SIGHUP at, the new version, killed at)."""
+    from cfir_jax.stores import versions
+
+    before = cluster.replicas(victim)
+    assert len(before) == 2, (victim, before)
+    hits = next(a[4] for a in reversed(load.answers) if a[1] == 200 and a[3] == doc_id)
+    image = next(h for h in hits if h not in removed)
+    ids.write_text(f"image:{image}\n")
+    run_script("index.py", "--workdir", str(w), "--remove", str(ids))
+    version = versions.current_version(w)
+    removed[image] = version
+    reloads = sum("reload:" in line for line in cluster.log)
+    at = time.monotonic()
+    os.kill(cluster.proc.pid, signal.SIGHUP)
+    if victim == "Gateway":  # the gateway that carries the command's reload: killed once it answered
+        _wait_for(lambda: sum("reload:" in line for line in cluster.log) > reloads, 120, "the reload")
+    else:
+        time.sleep(1.0)  # while the fronts reload
+    killed = time.monotonic()
+    os.kill(before[0], signal.SIGKILL)
+    _wait_for(lambda: all(a[2] >= version for a in load.answers[-4:]) and len(cluster.replicas(victim)) == 2, 240,
+              f"{victim} replaced and version {version} everywhere")
+    time.sleep(max(0.0, at + FOLLOW_S + 2 - time.monotonic()))  # answers past the 30 s, for the check
+    return at, version, killed
+
+
+def _expected(w, documents, tmp_path) -> dict:
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in documents))
+    proc = run_script("retrieve.py", "--index", str(w), "--queries", str(queries), "--format", "json",
+                      "--config.retrieval.sr=exact")
+    answers = map(json.loads, proc.stdout.splitlines())
+    return {a["id"]: [(h["image_id"], h["score"]) for h in a["hits"]] for a in answers}
+
+
+@pytest.mark.slow
+def test_three_removals_reloaded_under_load_with_a_replica_killed_each_time(workdir, documents, tmp_path):
+    w = tmp_path / "W"
+    shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train", "pretrain"))
+    home = tmp_path / "home"
+    home.mkdir()
+    cluster = Command(w, home)
+    removed: dict[str, int] = {}  # image id -> the version that removed it
+    rounds = []  # (SIGHUP at, the version it reloads, the replica killed at)
+    try:
+        load = Load(cluster.url, documents)
+        try:
+            _wait_for(lambda: len(load.answers) >= 8, 120, "the first answers")
+            for n, victim in enumerate(["Front", "IndexShard1", "Gateway"]):
+                rounds.append(_round(cluster, load, w, tmp_path / f"remove{n}.txt", documents[n][0], victim, removed))
+        finally:
+            answers = load.finish()
+        gateway_killed = rounds[2][2]
+        in_flight = [a for a in answers if a[1] == 500 and gateway_killed - 60 < a[0] <= gateway_killed]
+        failed = [a for a in answers if a[1] != 200 and a not in in_flight]
+        assert not failed and len(in_flight) <= 2, (len(answers), failed[:5], in_flight)
+        for at, version, _ in rounds:
+            late = [a for a in answers if a[0] > at + FOLLOW_S and a[1] == 200 and a[2] < version]
+            assert not late, (version, late[:3])  # every answer carries the new version within 30 s
+        for a in answers:
+            shown = [image for image in a[4] if removed.get(image, 1 << 30) <= a[2]]
+            assert not shown, (a[2], a[3], shown)  # never at or after its removal's version
+        expected = _expected(w, documents, tmp_path)
+        with httpx.Client(base_url=cluster.url, timeout=120) as c:
+            for doc_id, text in documents:
+                got = c.post("/v1/search", json={"text": text, "id": doc_id})
+                assert got.status_code == 200 and int(got.headers["x-index-version"]) == rounds[-1][1]
+                assert [(h["image_id"], h["score"]) for h in got.json()["hits"]] == expected[doc_id]
+    finally:
+        code = cluster.stop()
+    assert code == 0, "".join(cluster.log)[-3000:]  # SIGTERM: drained and stopped
