@@ -53,6 +53,17 @@ def workdir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def documents(workdir):
+    """Three documents of the tiny world (fresh: their entities and summaries recomputed) and one without entities:
+    [(id, text)], what the service tests send."""
+    from cfir_jax.data.corpus import Corpus
+
+    corpus = Corpus.open(workdir / "corpus")
+    return [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)] + \
+        [("no-entity", "Nothing named here at all, only words.")]
+
+
+@pytest.fixture(scope="session")
 def config():
     from cfir_jax.core.cli import load_config_file
 

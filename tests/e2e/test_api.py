@@ -62,16 +62,6 @@ def api_workdir(workdir, tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def documents(workdir):
-    """Three documents of the world and one without entities: [(id, text)]."""
-    from cfir_jax.data.corpus import Corpus
-
-    corpus = Corpus.open(workdir / "corpus")
-    return [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)] + \
-        [("no-entity", "Nothing named here at all, only words.")]
-
-
-@pytest.fixture(scope="module")
 def index(api_workdir):
     with cfir_jax.open(api_workdir) as opened:
         yield opened

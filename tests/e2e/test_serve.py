@@ -68,16 +68,6 @@ class Server:
 
 
 @pytest.fixture(scope="module")
-def documents(workdir):
-    """Three test documents of the world (fresh: their entities and summaries recomputed) and one without entities."""
-    from cfir_jax.data.corpus import Corpus
-
-    corpus = Corpus.open(workdir / "corpus")
-    docs = [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)]
-    return docs + [("no-entity", "Nothing named here at all, only words.")]
-
-
-@pytest.fixture(scope="module")
 def server(workdir):
     s = Server(workdir)
     yield s

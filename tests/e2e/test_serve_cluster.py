@@ -102,15 +102,6 @@ class Load:
 
 
 @pytest.fixture(scope="module")
-def documents(workdir):
-    from cfir_jax.data.corpus import Corpus
-
-    corpus = Corpus.open(workdir / "corpus")
-    return [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)] + \
-        [("no-entity", "Nothing named here at all, only words.")]
-
-
-@pytest.fixture(scope="module")
 def cluster_workdir(workdir, tmp_path_factory):
     w = tmp_path_factory.mktemp("cluster") / "W"
     shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train", "pretrain"))

@@ -108,15 +108,6 @@ class Load:
         return self.answers
 
 
-@pytest.fixture(scope="module")
-def documents(workdir):
-    from cfir_jax.data.corpus import Corpus
-
-    corpus = Corpus.open(workdir / "corpus")
-    return [(corpus.doc_ids[i], corpus.document(i).text) for i in range(3)] + \
-        [("no-entity", "Nothing named here at all, only words.")]
-
-
 def _wait_for(predicate, timeout, what):
     deadline = time.monotonic() + timeout
     while not predicate():
