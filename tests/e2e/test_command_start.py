@@ -4,9 +4,10 @@ scikit-learn or matplotlib, and finds every program it compiled in the persisten
 
 from repo import run_script
 
-# Modules (and their submodules) a query run never loads.
+# Modules (and their submodules) a query run never loads. The training package's own __init__ (a docstring) is the
+# library's callable `cfir_jax.train` (cfir_jax/__init__.py), so only its modules count: "cfir_jax.train.".
 NOT_ON_A_QUERY = ("torch", "sklearn", "matplotlib", "cfir_jax.commands.evaluate",
-                  "cfir_jax.commands.fit_reranker", "cfir_jax.rerank", "cfir_jax.index", "cfir_jax.train")
+                  "cfir_jax.commands.fit_reranker", "cfir_jax.rerank", "cfir_jax.index", "cfir_jax.train.")
 
 
 def _query(workdir, tmp_path, cache, n: int):

@@ -71,9 +71,10 @@ def test_accelerator_script_serves_a_real_size_workdir_locally_and_on_ray_at_tin
     for row in (local, ray):
         assert row["c1"] == "3/3" and row["c16"] == "16/16" and row["exit"] == 0
         assert row["p95_ms"] >= row["p50_ms"] > 0 and row["docs_s"] > 0
-    # the per-stage split is the single process's own /metrics: every stage the issue names
-    assert list(local["stages_ms"]) == ["spaCy", "BART", "tower", "ER", "SR"]
-    assert all(ms > 0 for ms in local["stages_ms"].values()) and ray["stages_ms"] == {}
+    # the per-stage split is each server's own /metrics (on Ray, the one front is the ingress): every stage named
+    for row in (local, ray):
+        assert list(row["stages_ms"]) == ["spaCy", "BART", "tower", "ER", "SR"]
+        assert all(ms > 0 for ms in row["stages_ms"].values())
     table = (tmp_path / "out" / "accelerator.md").read_text()
     assert "| single process |" in table and "| Ray, 1 shard |" in table and "| spaCy ms | BART ms |" in table
     assert _processes_with_home(home) == []  # every server and the Ray it started are gone
