@@ -25,13 +25,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib
-import pkgutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cfir_jax.stores.readers import Reader
+from cfir_jax.stores.readers import Reader, import_modules
 
 EXTEND, MASK, REMAP, REBUILD, DROP = "extend", "mask", "remap", "rebuild", "drop"
 OPS = ("add", "remove", "compact", "add_entities")
@@ -164,7 +162,6 @@ object retrieval opens it by). `config`: its config section. `refresh`: the comm
 # ---------------------------------------------------------------------------------------------- the declarations
 _DECLARED: dict[str, Store] = {}
 _PACKAGES = ("cfir_jax.index",)
-_found: list[str] = []
 
 
 def declare(store: Store) -> Store:
@@ -193,11 +190,7 @@ def declaring(*extra: Store) -> Iterator[None]:
 def discover() -> None:
     """Imports every module of the builder packages once, so each declares its stores."""
     for package in _PACKAGES:
-        if package in _found:
-            continue
-        _found.append(package)
-        for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
-            importlib.import_module(f"{package}.{module.name}")
+        import_modules(package)
 
 
 def stores() -> list[Store]:

@@ -74,13 +74,19 @@ def registering(*extra: Reader) -> Iterator[None]:
         _REGISTERED.update(before)
 
 
+def import_modules(package: str) -> None:
+    """Imports every module of `package` once, so each registers what it declares (its readers, its stores): the one
+    discovery by module, for this registry and the builders' (`cfir_jax.index.descriptor.discover`)."""
+    if package in _found:
+        return
+    _found.append(package)
+    for module in pkgutil.iter_modules(importlib.import_module(package).__path__):
+        importlib.import_module(f"{package}.{module.name}")
+
+
 def _discover() -> None:
     """Imports every module of cfir_jax.stores once, so each registers its readers."""
-    if _found:
-        return
-    _found.append(__package__)
-    for module in pkgutil.iter_modules(importlib.import_module(__package__).__path__):
-        importlib.import_module(f"{__package__}.{module.name}")
+    import_modules(__package__)
 
 
 def optional() -> list[Reader]:
