@@ -6,11 +6,18 @@ over HTTP to `retrieve.py --index W --serve` (one process or `--engine ray`: the
 
 A busy service answers 503 with `Retry-After`: the client waits that long and asks again, as long as the call's
 deadline (`deadline_s`) allows; any other refusal (and a 503 past the deadline) is a `ServiceError`, a `CfirError`
-whose message is the service's one-line reason. The standard library's HTTP alone: no JAX, no extra dependency.
+whose message is the service's one-line reason. A search that the service never answered is sent again: the
+connection failed mid-request (reset, closed, refused while the service restarts), or a proxy answered a 5xx that is
+not the service's own JSON (Ray's HTTP proxy answers a plain-text 500 when the ingress replica holding the request
+died). A search is idempotent, so sending it again is safe; the waits between tries grow from 50 ms to 1 s, within
+the deadline, past which the call is a one-line `CfirError` naming the last failure. A refused connection is tried
+again only once this client has reached the service (a restart); a URL never reached is said at once. The standard
+library's HTTP alone: no JAX, no extra dependency.
 """
 
 from __future__ import annotations
 
+import http.client
 import json
 import os
 import time
@@ -23,6 +30,9 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.results import Result
 
 __all__ = ["Client", "ServiceError"]
+
+RESEND_WAIT_S = (0.05, 1.0)  # the first wait before a search the service never answered is sent again; the longest
+PROXY_5XX = (500, 502, 503, 504)  # statuses a proxy answers for a request that its upstream lost
 
 
 class ServiceError(CfirError):
@@ -41,6 +51,7 @@ class Client:
         if not url.startswith(("http://", "https://")):
             raise CfirError(f"{url!r}: the service's URL starts with http:// or https://")
         self.url, self.token, self.deadline_s = url.rstrip("/"), token, float(deadline_s)
+        self._reached = False  # whether the service ever answered this client (a refusal after it is a restart)
 
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
@@ -50,7 +61,8 @@ class Client:
         """The images of one document (`POST /v1/search`); a path is read as a UTF-8 text file, its stem the id."""
         text, id = _text(text, id)
         body = {"text": text, "top_k": top_k, "id": id, **({"method": method} if method else {})}
-        return Result.from_json(self._post("/v1/search", body, deadline_s))
+        answer, version = self._post("/v1/search", body, deadline_s)
+        return Result.from_json(answer, version)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, batch: int = 64, deadline_s: float | None = None
@@ -66,7 +78,8 @@ class Client:
         out: list[Result] = []
         for at in range(0, len(docs), max(1, batch)):
             body = {"documents": docs[at : at + batch], "top_k": top_k, **({"method": method} if method else {})}
-            out += [Result.from_json(r) for r in self._post("/v1/search/batch", body, deadline_s)["results"]]
+            answer, version = self._post("/v1/search/batch", body, deadline_s)
+            out += [Result.from_json(r, version) for r in answer["results"]]
         return out
 
     def ready(self) -> bool:
@@ -84,47 +97,77 @@ class Client:
             headers["authorization"] = f"Bearer {self.token}"
         return headers
 
-    def _post(self, path: str, body: dict, deadline_s: float | None) -> dict:
+    def _post(self, path: str, body: dict, deadline_s: float | None) -> tuple[dict, int | None]:
+        """The service's JSON answer to a search, and the index version that answered (X-Index-Version): waits
+        out a busy service (503 with Retry-After) and sends a search that it never answered again, both within
+        the deadline."""
         data = json.dumps(body, ensure_ascii=False).encode()
         request = urllib.request.Request(f"{self.url}{path}", data=data, method="POST",
                                          headers={**self._headers(), "content-type": "application/json"})
-        deadline = time.monotonic() + (self.deadline_s if deadline_s is None else float(deadline_s))
+        budget = self.deadline_s if deadline_s is None else float(deadline_s)
+        deadline, wait, tries = time.monotonic() + budget, RESEND_WAIT_S[0], 0
         while True:
+            tries += 1
             try:
-                return self._call(request, deadline)
+                answer, headers = self._call(request, deadline)
+                version = headers.get("x-index-version", "")
+                return answer, int(version) if version.strip().isdigit() else None
             except ServiceError as e:  # busy: wait as told, within the deadline
                 if e.status != 503 or e.retry_after is None or time.monotonic() + e.retry_after >= deadline:
                     raise
                 time.sleep(e.retry_after)
+            except _Unanswered as e:  # the service never answered it: a search is idempotent, so send it again
+                if time.monotonic() + wait >= deadline:
+                    raise CfirError(f"{request.full_url}: no answer within the {budget:g} s deadline ({tries} "
+                                    f"tries; the last: {e})") from None
+                time.sleep(wait)
+                wait = min(2 * wait, RESEND_WAIT_S[1])
 
-    def _call(self, request: urllib.request.Request, deadline: float) -> dict:
-        """One request, answered within what is left of the deadline: its JSON, or a one-line error."""
+    def _call(self, request: urllib.request.Request, deadline: float) -> tuple[dict, http.client.HTTPMessage]:
+        """One request, answered within what is left of the deadline: its JSON and headers, or a one-line error
+        (`_Unanswered` when the service never answered it)."""
         left = deadline - time.monotonic()
         if left <= 0:
             raise CfirError(f"{request.full_url}: no answer within the deadline")
         try:
             with urllib.request.urlopen(request, timeout=left) as response:
-                return json.loads(response.read())
+                self._reached = True
+                return json.loads(response.read()), response.headers
         except urllib.error.HTTPError as e:
+            self._reached = True
             raise _refusal(e) from None
-        except urllib.error.URLError as e:
+        except urllib.error.URLError as e:  # raised while connecting or sending
+            if isinstance(e.reason, ConnectionError) and (self._reached or not isinstance(
+                    e.reason, ConnectionRefusedError)):
+                raise _Unanswered(f"the connection failed ({_reason(e.reason)})") from None
             raise CfirError(f"{self.url}: cannot reach the service ({_reason(e.reason)})") from None
         except TimeoutError:
             raise CfirError(f"{request.full_url}: no answer within the deadline") from None
+        except (ConnectionError, http.client.IncompleteRead) as e:  # while the answer was awaited or read
+            raise _Unanswered(f"the connection was closed before the answer ({type(e).__name__})") from None
+        except http.client.HTTPException as e:
+            raise CfirError(f"{request.full_url}: not an HTTP answer ({type(e).__name__})") from None
         except json.JSONDecodeError:
             raise CfirError(f"{request.full_url}: the answer is not JSON (is this a cfir-jax service?)") from None
 
 
-def _refusal(e: urllib.error.HTTPError) -> ServiceError:
-    """The service's one-line reason ({"error": ...}, or /readyz's "reason") of an HTTP error."""
+class _Unanswered(CfirError):
+    """A request that the service never answered: its connection failed, or a proxy answered a 5xx for it."""
+
+
+def _refusal(e: urllib.error.HTTPError) -> CfirError:
+    """The service's one-line reason ({"error": ...}, or /readyz's "reason") of an HTTP error; `_Unanswered` for a
+    proxy's 5xx (not the service's JSON, no Retry-After): the request never reached an answer of the service."""
     try:
         body = json.loads(e.read() or b"{}")
-    except (json.JSONDecodeError, OSError):
-        body = {}
+    except (json.JSONDecodeError, OSError, http.client.HTTPException, UnicodeDecodeError):
+        body = None
     reason = body.get("error") or body.get("reason") if isinstance(body, dict) else None
     retry = e.headers.get("Retry-After") if e.headers else None
-    return ServiceError(str(reason or f"HTTP {e.code} {e.reason}"), e.code,
-                        float(retry) if retry and retry.strip().isdigit() else None)
+    retry_after = float(retry) if retry and retry.strip().isdigit() else None
+    if reason is None and retry_after is None and e.code in PROXY_5XX:
+        return _Unanswered(f"HTTP {e.code} {e.reason}, not the service's own answer")
+    return ServiceError(str(reason or f"HTTP {e.code} {e.reason}"), e.code, retry_after)
 
 
 def _reason(reason) -> str:

@@ -111,7 +111,7 @@ class Index:
         docs = [_document(t, i) for t, i in zip(texts, ids)]
         retriever = self.retriever(method)
         results = retriever.retrieve_many(docs, progress=progress)
-        return [Result.of(d.doc_id, r, retriever.describe_image, top) for d, r in zip(docs, results)]
+        return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version) for d, r in zip(docs, results)]
 
     def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False) -> list:
         """The pipeline's own results (`cfir_jax.retrieve.pipeline.Result`: rows, SR's agreement) of `docs`, for
@@ -141,7 +141,7 @@ class Index:
             raise CfirError(f"image: expected bytes, a picture file or an indexed image id, got {type(image).__name__}")
         retriever = self.retriever(method)
         found = image_query.search_image(retriever, **query, top_k=top)
-        return Result.of(what, found, retriever.describe_image, top)
+        return Result.of(what, found, retriever.describe_image, top, self._version)
 
     # -------------------------------------------------------------------------------------- changing, checking
     def add(self, path: str | os.PathLike) -> dict[str, int]:

@@ -4,8 +4,10 @@
 A `Result` is the JSON of `retrieve.py --format json` and of the service's `POST /v1/search` made typed: `to_json`
 writes that JSON (`cfir_jax.retrieve.report.as_json` is `to_json` of the record, so the command, the service and the
 library answer from one shape) and `from_json` reads it back (the client). Two results are equal when their answers
-are: `times_ms`, measured per run, is left out of the comparison. This module imports nothing heavy, so the client
-stays free of JAX.
+are: `times_ms`, measured per run, and `version`, the index version that answered (the service sends it in the
+`X-Index-Version` header, not in the JSON), are left out of the comparison: one answer is the same whichever
+version gave it, and a result read back from its JSON equals the result written. This module imports nothing heavy,
+so the client stays free of JAX.
 """
 
 from __future__ import annotations
@@ -41,17 +43,19 @@ class Result:
     note: str = ""  # what the retriever decided that the reader should know (e.g. the no-entity fallback)
     num_candidates: int = 0  # size of the candidate union SR scored
     times_ms: Mapping[str, float] = dataclasses.field(default_factory=dict, compare=False)  # per stage, this run
+    version: int | None = dataclasses.field(default=None, compare=False)  # the index version that answered
 
     @classmethod
-    def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int) -> Result:
+    def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int,
+           version: int | None = None) -> Result:
         """The record of the pipeline's result (`cfir_jax.retrieve.pipeline.Result`), its first `top` hits, with
-        each hit's (caption, url) from `describe(image_id)`."""
+        each hit's (caption, url) from `describe(image_id)`; version: the index version that answered."""
         hits = []
         for h in result.hits[:top]:
             caption, url = describe(h.image_id)
             hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities)))
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
-                   result.note, result.num_candidates, dict(result.times_ms))
+                   result.note, result.num_candidates, dict(result.times_ms), version)
 
     def to_json(self) -> dict:
         """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order)."""
@@ -65,14 +69,14 @@ class Result:
         }
 
     @classmethod
-    def from_json(cls, answer: Mapping[str, Any]) -> Result:
-        """The record of one answer of the service (`to_json`'s shape)."""
+    def from_json(cls, answer: Mapping[str, Any], version: int | None = None) -> Result:
+        """The record of one answer of the service (`to_json`'s shape); version: its X-Index-Version header."""
         hits = tuple(Hit(int(h["rank"]), str(h["image_id"]), float(h["score"]), str(h.get("caption", "")),
                          str(h.get("url", "")), tuple(h.get("entities", ()))) for h in answer["hits"])
         return cls(str(answer["id"]), hits, tuple(answer.get("entities", ())),
                    tuple(answer.get("unknown_entities", ())), str(answer.get("summary", "")),
                    str(answer.get("note", "")), int(answer.get("num_candidates", 0)),
-                   {str(k): float(v) for k, v in answer.get("times_ms", {}).items()})
+                   {str(k): float(v) for k, v in answer.get("times_ms", {}).items()}, version)
 
     @property
     def ids(self) -> list[str]:

@@ -90,10 +90,13 @@ def test_the_clients_answers_equal_index_search(service, index, documents):
     client = cfir_jax.Client(service.url)
     assert client.ready()
     for doc_id, text in documents:
-        assert client.search(text, id=doc_id, top_k=10) == index.search(text, id=doc_id, top_k=10), doc_id
+        got, expected = client.search(text, id=doc_id, top_k=10), index.search(text, id=doc_id, top_k=10)
+        assert got == expected, doc_id
+        assert got.version == expected.version == index.version  # the version that answered, on both doors
     ids = [i for i, _ in documents]
-    assert client.search_many([t for _, t in documents], ids=ids, batch=3) == \
-        index.search_many([t for _, t in documents], ids=ids)
+    batch = client.search_many([t for _, t in documents], ids=ids, batch=3)
+    assert batch == index.search_many([t for _, t in documents], ids=ids)
+    assert {r.version for r in batch} == {index.version}
 
 
 @pytest.mark.parametrize("call, refusal", [
@@ -116,7 +119,8 @@ def test_a_removed_image_is_never_returned_and_the_version_moves(api_workdir, do
         first = index.search(text, top_k=1).hits[0].id
         change = index.remove([first])
         assert change["version"] == before + 1 == index.version and change["images_removed"] == 1
-        assert first not in index.search(text, top_k=100).ids
+        after = index.search(text, top_k=100)
+        assert first not in after.ids and after.version == before + 1
         assert index.compact()["version"] == before + 2
         assert first not in index.search(text, top_k=100).ids
         assert index.verify().ok

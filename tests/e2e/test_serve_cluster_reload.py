@@ -1,11 +1,11 @@
-"""Reloads of the service on Ray Serve under load and chaos (`retrieve.py --serve --engine ray`, the real command
-from an empty HOME): 2 shards x 2 replicas, 2 fronts, 2 gateways; two clients search without pause while three
-rounds of `index.py --remove` and SIGHUP run, each round with one replica SIGKILLed (a front, a shard replica, a
-gateway). No search fails, but those in flight on the gateway replica at its SIGKILL (Ray's HTTP proxy does not send
-a request again when the ingress replica holding it died: 500, at most one per client); every answer carries the new
-version within 30 s of each SIGHUP; a removed picture never answers at or after its removal's version; the final
-answers equal `retrieve.py --format json`. The deadline is 60 s: the suite's machine is loaded (a shard call gets
-half of it)."""
+"""Reloads of the service on Ray Serve under load and chaos (`retrieve.py --serve --engine ray`, the real command from
+an empty HOME): 2 shards x 2 replicas, 2 fronts, 2 gateways; two clients search without pause while three rounds of
+`index.py --remove` and SIGHUP run, each round with one replica SIGKILLed (a front, a shard replica, a gateway). The
+clients are `cfir_jax.Client`: a search in flight on the gateway replica at its SIGKILL gets Ray's HTTP proxy's
+plain-text 500 (the proxy does not send it again), and the client sends it again. No search fails; every answer
+carries the new version within 30 s of each SIGHUP; a removed picture never answers at or after its removal's
+version; the final answers equal `retrieve.py --format json`. The deadline is 60 s: the suite's machine is loaded (a
+shard call gets half of it)."""
 
 import json
 import os
@@ -16,9 +16,10 @@ import sys
 import threading
 import time
 
-import httpx
 import pytest
 from repo import ROOT, run_script
+
+import cfir_jax
 
 pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
 
@@ -79,7 +80,8 @@ class Command:
 
 
 class Load:
-    """Two clients searching without pause: (sent at, status, version, id, hit ids or the error) per answer."""
+    """Two clients searching without pause: (sent at, 200 or the error's class, version, id, hit ids or the error)
+    per answer."""
 
     def __init__(self, url, documents):
         self.stop, self.answers = threading.Event(), []
@@ -88,18 +90,17 @@ class Load:
             t.start()
 
     def _fire(self, url, documents, n):
-        with httpx.Client(base_url=url, timeout=120) as c:
-            i = n
-            while not self.stop.is_set():
-                doc_id, text = documents[i % len(documents)]
-                i += 1
-                t = time.monotonic()
-                try:
-                    r = c.post("/v1/search", json={"text": text, "id": doc_id})
-                    hits = [h["image_id"] for h in r.json()["hits"]] if r.status_code == 200 else r.text[:300]
-                    self.answers.append((t, r.status_code, int(r.headers.get("x-index-version", -1)), doc_id, hits))
-                except httpx.HTTPError as e:
-                    self.answers.append((t, type(e).__name__, -1, doc_id, str(e)))
+        client = cfir_jax.Client(url, deadline_s=120)
+        i = n
+        while not self.stop.is_set():
+            doc_id, text = documents[i % len(documents)]
+            i += 1
+            t = time.monotonic()
+            try:
+                r = client.search(text, id=doc_id)
+                self.answers.append((t, 200, -1 if r.version is None else r.version, doc_id, r.ids))
+            except cfir_jax.CfirError as e:
+                self.answers.append((t, type(e).__name__, -1, doc_id, str(e)))
 
     def finish(self) -> list:
         self.stop.set()
@@ -169,22 +170,22 @@ def test_three_removals_reloaded_under_load_with_a_replica_killed_each_time(work
                 rounds.append(_round(cluster, load, w, tmp_path / f"remove{n}.txt", documents[n][0], victim, removed))
         finally:
             answers = load.finish()
-        gateway_killed = rounds[2][2]
-        in_flight = [a for a in answers if a[1] == 500 and gateway_killed - 60 < a[0] <= gateway_killed]
-        failed = [a for a in answers if a[1] != 200 and a not in in_flight]
-        assert not failed and len(in_flight) <= 2, (len(answers), failed[:5], in_flight)
+        failed = [a for a in answers if a[1] != 200]
+        assert not failed, (len(answers), failed[:5])  # 0 failed searches, the gateway's SIGKILL included
         for at, version, _ in rounds:
+            old = [a[0] - at for a in answers if a[0] > at and a[2] < version]
+            print(f"version {version}: the last answer of an older version was sent {max(old, default=0):.1f} s "
+                  "after the SIGHUP")  # how long the reload took to carry it (the 30 s goal)
             late = [a for a in answers if a[0] > at + FOLLOW_S and a[1] == 200 and a[2] < version]
             assert not late, (version, late[:3])  # every answer carries the new version within 30 s
         for a in answers:
             shown = [image for image in a[4] if removed.get(image, 1 << 30) <= a[2]]
             assert not shown, (a[2], a[3], shown)  # never at or after its removal's version
         expected = _expected(w, documents, tmp_path)
-        with httpx.Client(base_url=cluster.url, timeout=120) as c:
-            for doc_id, text in documents:
-                got = c.post("/v1/search", json={"text": text, "id": doc_id})
-                assert got.status_code == 200 and int(got.headers["x-index-version"]) == rounds[-1][1]
-                assert [(h["image_id"], h["score"]) for h in got.json()["hits"]] == expected[doc_id]
+        client = cfir_jax.Client(cluster.url, deadline_s=120)
+        for doc_id, text in documents:
+            got = client.search(text, id=doc_id)
+            assert got.version == rounds[-1][1] and [(h.id, h.score) for h in got.hits] == expected[doc_id]
     finally:
         code = cluster.stop()
     assert code == 0, "".join(cluster.log)[-3000:]  # SIGTERM: drained and stopped

@@ -48,3 +48,10 @@ def test_records_compare_by_their_answer_not_their_times():
     assert again == record and again.times_ms == {"er": 9.0}
     moved = Result.from_json(record.to_json() | {"num_candidates": 13})
     assert moved != record
+
+
+def test_the_version_that_answered_is_carried_but_not_compared():
+    record = Result.of("doc", _pipeline_result(), _describe, 3, version=4)
+    assert record.version == 4 and "version" not in record.to_json()  # the service sends it as X-Index-Version
+    again = Result.from_json(record.to_json(), version=5)
+    assert again == record and again.version == 5 and Result.from_json(record.to_json()).version is None
