@@ -3,12 +3,17 @@
 Used for entity texts (16 tokens) when indexing and at query time, and for summaries/documents (64 tokens) when
 retrieving. Batches are padded to a fixed shape so encoding any number of strings compiles once.
 `encode_against` also compares every token's output with given images (the re-ranker's late interaction).
+
+The jitted programs take the weights as an argument and are shared by every encoder of a tower of equal structure
+(its nnx graph: the architecture, not the weights), so a model opened again (the service's reload, an `Index`
+reopened after a change) traces and compiles nothing: a reload of the demo's front spent most of its time there.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,27 +37,8 @@ class TextEncoder:
         self.max_len = max_len
         self.batch_size = batch_size
         self.dim = tower.config.embed_dim
-        graphdef, state = nnx.split(tower)
-        self._state = state
-
-        @jax.jit
-        def encode(state, ids, mask):
-            return nnx.merge(graphdef, state).encode_text(ids, mask)
-
-        self._encode = encode
-
-        @functools.partial(jax.jit, static_argnames="top")
-        def encode_against(state, ids, mask, images, top):
-            tokens = nnx.merge(graphdef, state).encode_text_tokens(ids, mask)  # [B, L, D]
-            keep = ~mask.astype(bool) & (jnp.arange(ids.shape[1]) > 0)  # the text's own tokens after the first
-            sims = jnp.where(keep[:, None, :], jnp.einsum("bnd,bld->bnl", images, tokens), -jnp.inf)  # [B, N, L]
-            best = jax.lax.top_k(sims, min(top, ids.shape[1]))[0]  # [B, N, m], best first
-            m = jnp.minimum(top, keep.sum(axis=1))[:, None, None]  # fewer tokens than `top`: all of them
-            among = jnp.arange(best.shape[-1]) < m
-            top_mean = jnp.where(among, best, 0.0).sum(axis=-1) / jnp.maximum(m[..., 0], 1)
-            return tokens[:, 0], jnp.where(m[..., 0] > 0, best[..., 0], 0.0), top_mean
-
-        self._encode_against = encode_against
+        graphdef, self._state = nnx.split(tower)
+        self._encode, self._encode_against = _programs(graphdef)
 
     def _batched(self, fn, *arrays: np.ndarray) -> list[np.ndarray]:
         """fn(state, *batch) over row-aligned arrays [N, ...] in batches padded to batch_size -> its outputs, each
@@ -98,3 +84,41 @@ class TextEncoder:
             return np.zeros((0, self.dim), np.float32)
         ids, mask = self.tokenizer(list(texts), self.max_len)
         return self.encode_tokens(ids, mask)
+
+
+_PROGRAMS: list[tuple[Callable, nnx.GraphDef, tuple[Callable, Callable]]] = []  # (jax.jit, graphdef, programs)
+_PROGRAMS_KEPT = 8  # towers of distinct structure whose programs are kept (a process holds one or two)
+_PROGRAMS_LOCK = threading.Lock()
+
+
+def _programs(graphdef: nnx.GraphDef) -> tuple[Callable, Callable]:
+    """The jitted (encode, encode_against) of a tower of this structure, made once per structure (and per `jax.jit`:
+    a test that wraps it gets its own); equal graphdefs merge any tower's weights alike. A GraphDef holds the model's
+    ConfigDict and is not hashable, so the few kept are compared in turn."""
+    with _PROGRAMS_LOCK:
+        for jit, known, programs in _PROGRAMS:
+            if jit is jax.jit and known == graphdef:
+                return programs
+        programs = _compile(graphdef)
+        _PROGRAMS.insert(0, (jax.jit, graphdef, programs))
+        del _PROGRAMS[_PROGRAMS_KEPT:]
+        return programs
+
+
+def _compile(graphdef: nnx.GraphDef) -> tuple[Callable, Callable]:
+    @jax.jit
+    def encode(state, ids, mask):
+        return nnx.merge(graphdef, state).encode_text(ids, mask)
+
+    @functools.partial(jax.jit, static_argnames="top")
+    def encode_against(state, ids, mask, images, top):
+        tokens = nnx.merge(graphdef, state).encode_text_tokens(ids, mask)  # [B, L, D]
+        keep = ~mask.astype(bool) & (jnp.arange(ids.shape[1]) > 0)  # the text's own tokens after the first
+        sims = jnp.where(keep[:, None, :], jnp.einsum("bnd,bld->bnl", images, tokens), -jnp.inf)  # [B, N, L]
+        best = jax.lax.top_k(sims, min(top, ids.shape[1]))[0]  # [B, N, m], best first
+        m = jnp.minimum(top, keep.sum(axis=1))[:, None, None]  # fewer tokens than `top`: all of them
+        among = jnp.arange(best.shape[-1]) < m
+        top_mean = jnp.where(among, best, 0.0).sum(axis=-1) / jnp.maximum(m[..., 0], 1)
+        return tokens[:, 0], jnp.where(m[..., 0] > 0, best[..., 0], 0.0), top_mean
+
+    return encode, encode_against
