@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import logging
 import os
 import time
 import urllib.error
@@ -31,6 +32,7 @@ from cfir_jax.retrieve.results import Result
 
 __all__ = ["Client", "ServiceError"]
 
+log = logging.getLogger("cfir_jax.client")
 RESEND_WAIT_S = (0.05, 1.0)  # the first wait before a search the service never answered is sent again; the longest
 PROXY_5XX = (500, 502, 503, 504)  # statuses a proxy answers for a request that its upstream lost
 
@@ -120,6 +122,7 @@ class Client:
                 if time.monotonic() + wait >= deadline:
                     raise CfirError(f"{request.full_url}: no answer within the {budget:g} s deadline ({tries} "
                                     f"tries; the last: {e})") from None
+                log.info("%s: %s; sending it again in %.2f s", request.full_url, e, wait)
                 time.sleep(wait)
                 wait = min(2 * wait, RESEND_WAIT_S[1])
 

@@ -8,6 +8,7 @@ version; the final answers equal `retrieve.py --format json`. The deadline is 60
 shard call gets half of it)."""
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -84,7 +85,11 @@ class Load:
     per answer."""
 
     def __init__(self, url, documents):
-        self.stop, self.answers = threading.Event(), []
+        self.stop, self.answers, self.resent = threading.Event(), [], []
+        self.counter = logging.Handler(logging.INFO)
+        self.counter.emit = self.resent.append  # the client's "sending it again" lines
+        logging.getLogger("cfir_jax.client").addHandler(self.counter)
+        logging.getLogger("cfir_jax.client").setLevel(logging.INFO)
         self.threads = [threading.Thread(target=self._fire, args=(url, documents, n), daemon=True) for n in range(2)]
         for t in self.threads:
             t.start()
@@ -106,6 +111,7 @@ class Load:
         self.stop.set()
         for t in self.threads:
             t.join(180)
+        logging.getLogger("cfir_jax.client").removeHandler(self.counter)
         return self.answers
 
 
@@ -171,6 +177,8 @@ def test_three_removals_reloaded_under_load_with_a_replica_killed_each_time(work
         finally:
             answers = load.finish()
         failed = [a for a in answers if a[1] != 200]
+        print(f"{len(answers)} searches, {len(failed)} failed; sent again by the client: "
+              f"{[r.getMessage() for r in load.resent]}")
         assert not failed, (len(answers), failed[:5])  # 0 failed searches, the gateway's SIGKILL included
         for at, version, _ in rounds:
             old = [a[0] - at for a in answers if a[0] > at and a[2] < version]
