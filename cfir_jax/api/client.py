@@ -3,6 +3,7 @@ over HTTP to `retrieve.py --index W --serve` (one process or `--engine ray`: the
 
     client = cfir_jax.Client("http://127.0.0.1:8080")
     result = client.search("The Eiffel Tower in Paris ...", top_k=5)
+    alike = client.search(image="photo.jpg", top_k=5)   # search by picture: bytes, a file, or an indexed id
 
 A busy service answers 503 with `Retry-After`: the client waits that long and asks again, as long as the call's
 deadline (`deadline_s`) allows; any other refusal (and a 503 past the deadline) is a `ServiceError`, a `CfirError`
@@ -17,6 +18,7 @@ library's HTTP alone: no JAX, no extra dependency.
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import logging
@@ -58,9 +60,17 @@ class Client:
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
 
-    def search(self, text: str | os.PathLike, *, top_k: int = 20, method: str | None = None,
-               id: str = "query", deadline_s: float | None = None) -> Result:  # noqa: A002
-        """The images of one document (`POST /v1/search`); a path is read as a UTF-8 text file, its stem the id."""
+    def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
+               top_k: int = 20, method: str | None = None, id: str = "query",  # noqa: A002
+               deadline_s: float | None = None) -> Result:
+        """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id), or
+        of one picture (`POST /v1/search/image`): `image` is its bytes, a picture file (its stem the id) or the id of
+        an indexed image, as `Index.search(image=...)` takes it."""
+        if (text is None) == (image is None):
+            raise CfirError("give one of text= (a document) or image= (a picture's bytes, file or indexed id)")
+        if image is not None:
+            answer, version = self._post("/v1/search/image", {**_picture(image), "top_k": top_k}, deadline_s)
+            return Result.from_json(answer, version)
         text, id = _text(text, id)
         body = {"text": text, "top_k": top_k, "id": id, **({"method": method} if method else {})}
         answer, version = self._post("/v1/search", body, deadline_s)
@@ -188,3 +198,19 @@ def _text(text: str | os.PathLike, doc_id: str) -> tuple[str, str]:
     if not isinstance(text, str):
         raise CfirError(f"a document is text (str) or a path, got {type(text).__name__}")
     return text, doc_id
+
+
+def _picture(image: bytes | str | os.PathLike) -> dict:
+    """The JSON fields of a picture query, named as `Index.search(image=...)` names its answer: bytes (base64, id
+    "query"), a picture file (its stem the id) or an indexed image's id (the id)."""
+    if isinstance(image, (bytes, bytearray)):
+        return {"image": base64.b64encode(bytes(image)).decode(), "id": "query"}
+    if isinstance(image, os.PathLike) or (isinstance(image, str) and Path(image).is_file()):
+        path = Path(image)
+        try:
+            return {"image": base64.b64encode(path.read_bytes()).decode(), "id": path.stem or "query"}
+        except OSError as e:
+            raise CfirError(f"{path}: cannot read the picture ({e.strerror or e.__class__.__name__})") from None
+    if isinstance(image, str):
+        return {"image_id": image, "id": image}
+    raise CfirError(f"image: expected bytes, a picture file or an indexed image id, got {type(image).__name__}")

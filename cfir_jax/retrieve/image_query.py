@@ -10,7 +10,8 @@ The answer is the query's nearest live rows by dot product, searched as the enti
 appended since searched exactly, `cfir_jax.search.knn.search_with_tail`), 'exact' with the SR front end's exact
 whole-cache search (on the devices when SR runs there), 'auto' as the entity index was built. Without a stored
 searcher (or an entity index: the dense methods open none) the search is exact, and the result's note says which
-search answered. Removed rows never answer (`cfir_jax.search.live_rows`).
+search answered. Removed rows never answer (`cfir_jax.search.live_rows`). A Retriever class may name another
+`picture_search` (a PictureSearch that searches elsewhere): the cluster's front embeds here and searches its shards.
 
 The tower is made once per Retriever, when its first picture arrives; its one program (a batch of one picture, padded
 to the local device count) compiles once. The records are the pipeline's `Result` and `Hit`, with no entities.
@@ -30,7 +31,7 @@ from cfir_jax.retrieve.pipeline import Hit, Result, Retriever
 from cfir_jax.search.knn import ScannSearcher, search_with_tail
 from cfir_jax.stores.integrity import check_embeddings, check_scores, row_norm_bound
 
-__all__ = ["UnknownPicture", "UnusablePicture", "read_picture", "search_image"]
+__all__ = ["PictureSearch", "UnknownPicture", "UnusablePicture", "read_picture", "search_image"]
 
 
 class UnusablePicture(CfirError):
@@ -56,8 +57,9 @@ def read_picture(path: str | Path, limit: int) -> bytes:
     return path.read_bytes()
 
 
-class _PictureSearch:
-    """What one Retriever's picture queries share: its stores, the tower (made on the first picture), the searcher."""
+class PictureSearch:
+    """What one Retriever's picture queries share: its stores, the tower (made on the first picture), the searcher.
+    A subclass may search elsewhere: `_searcher` (which search, its note) and `nearest` (query [1, D] -> hits)."""
 
     def __init__(self, retriever: Retriever):
         # Parts, not the Retriever: the Retriever keys this object weakly, so nothing here may hold it.
@@ -69,13 +71,22 @@ class _PictureSearch:
         self.lock = threading.Lock()  # one picture at a time per Retriever (the tower's buffers, lazy loads)
         self.searcher, self.note = self._searcher(str(retriever.config.index.entity_index.backend))
 
-    def _searcher(self, backend: str) -> tuple[ScannSearcher | None, str]:
-        """The ScaNN searcher the entity index kept over this very cache when `backend` (index.entity_index.backend)
-        asks for it: 'scann', or 'auto' when the index was built with ScaNN; None (exact) otherwise. Also the note
-        that says which search answered."""
-        exact = f"nearest pictures: exact search over {self.stores.live.num_live:,} live pictures"
+    def exact_note(self) -> str:
+        """The result's note when every live row is searched exactly."""
+        return f"nearest pictures: exact search over {self.stores.live.num_live:,} live pictures"
+
+    def wants_scann(self, backend: str) -> bool:
+        """Whether `backend` (index.entity_index.backend) asks for ScaNN: 'scann', or 'auto' when the entity index
+        was built with ScaNN."""
         index = self.stores.entity_index
-        if backend == "exact" or index is None or (backend == "auto" and index.manifest.get("backend") != "scann"):
+        return not (backend == "exact" or index is None or
+                    (backend == "auto" and index.manifest.get("backend") != "scann"))
+
+    def _searcher(self, backend: str) -> tuple[ScannSearcher | None, str]:
+        """The ScaNN searcher the entity index kept over this very cache when `backend` asks for it
+        (`wants_scann`); None (exact) otherwise. Also the note that says which search answered."""
+        exact, index = self.exact_note(), self.stores.entity_index
+        if not self.wants_scann(backend):
             return None, exact
         same_cache = index.manifest.get("cache_fingerprint", self.cache.content_fingerprint) == \
             self.cache.content_fingerprint
@@ -151,14 +162,16 @@ class _PictureSearch:
         return scores[rows >= 0], rows[rows >= 0]
 
 
-_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Retriever -> _PictureSearch
+_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Retriever -> PictureSearch
 _SEARCHES_LOCK = threading.Lock()
 
 
-def _search_of(retriever: Retriever) -> _PictureSearch:
+def _search_of(retriever: Retriever) -> PictureSearch:
+    """The retriever's picture search, made on its first picture: its class's `picture_search` (the cluster's front
+    searches on the shards, `cfir_jax.serve.merge.ShardedPictureSearch`), or PictureSearch."""
     with _SEARCHES_LOCK:
         if retriever not in _SEARCHES:
-            _SEARCHES[retriever] = _PictureSearch(retriever)
+            _SEARCHES[retriever] = getattr(type(retriever), "picture_search", PictureSearch)(retriever)
         return _SEARCHES[retriever]
 
 

@@ -30,7 +30,7 @@ from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.page import PAGE
-from cfir_jax.serve.picture import picture_routes
+from cfir_jax.serve.picture import answer_picture, body_limit, picture_routes
 from cfir_jax.serve.resident import IndexHolder
 from cfir_jax.serve.verifier import BackgroundVerifier
 from cfir_jax.stores.integrity import CorruptStore
@@ -76,6 +76,11 @@ def check_text(settings, text: str, what: str) -> None:
         raise HTTPException(413, f"{what} is {size:,} bytes, over serve.max_text_bytes={settings.max_text_bytes:,}")
 
 
+def max_body(settings) -> int:
+    """The largest request body a service reads: a batch of documents (JSON escapes) or a picture (base64)."""
+    return max(8 * settings.max_text_bytes * max(1, settings.max_batch_docs), body_limit(settings.max_image_bytes))
+
+
 def check_options(methods: list[str], max_top_k: int, top_k: int, method: str | None) -> str:
     """The method a request asks for (the first served one by default), refused (422) when unknown or top_k is out
     of range."""
@@ -102,8 +107,7 @@ class Service:
         self.verifier = BackgroundVerifier(lambda: self.holder.current.workdir,
                                            float(settings.verify_mb_per_s),
                                            float(settings.verify_interval_s))
-        self.max_body = max(8 * settings.max_text_bytes * max(1, settings.max_batch_docs),  # JSON escapes
-                            4 * -(-settings.max_image_bytes // 3)) + 65536  # a base64 picture
+        self.max_body = max_body(settings)
 
     def watch_pool(self, index) -> None:
         """Counts the entity pool's worker restarts in /metrics (each is also logged in one line by the pool)."""
@@ -171,6 +175,10 @@ class Service:
         raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed "
                                  "(serve.deadline_ms)")
 
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str):
+        """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index."""
+        return await answer_picture(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER)
+
     def refresh_metrics(self) -> None:
         """The gauges /metrics reads at scrape time."""
         pool = self.holder.current.entity_pool
@@ -218,6 +226,9 @@ class SearchService(Protocol):
 
     async def run(self, request: Request, docs: list[DocumentInput], method: str, top_k: int,
                   html: bool = False) -> tuple[object, dict]: ...
+
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None,
+                             qid: str) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
 
@@ -275,7 +286,7 @@ def create_app(svc: SearchService) -> FastAPI:
 
     _error_handlers(app, svc)
     _search_routes(app)
-    picture_routes(app, VERSION_HEADER)  # POST /v1/search/image: search by picture (single-process engine)
+    picture_routes(app)  # POST /v1/search/image: search by picture
 
     @app.get("/healthz", summary="alive")
     async def healthz() -> dict:

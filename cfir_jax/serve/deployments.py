@@ -6,7 +6,8 @@ Three deployments behind one HTTP API (the single process's `app`: the same JSON
   front, again to another replica when the one it reached died (`cfir_jax.serve.gateway`); it holds no model.
 - `Front` (serve.front_replicas, serve.front_num_gpus each): the single process's Service and micro-batcher (its
   queue bound, deadlines and 503s) over `ClusterRetriever`s: spaCy entities, the summary and the query encoding
-  here, batched; the union fanned out to every shard and the answers merged (`cfir_jax.serve.merge`).
+  here, batched; the union fanned out to every shard and the answers merged (`cfir_jax.serve.merge`). A picture
+  (POST /v1/search/image) is embedded here and searched on every shard.
 - `IndexShard<s>` for s < serve.shards (serve.shard_replicas each): rows [lo, hi) of the image cache and the lists'
   parts in them (`cfir_jax.serve.shard`), memory-mapped from the one workdir.
 
@@ -89,6 +90,9 @@ class IndexShard:
 
     def search(self, version: int, embeddings, k: int):
         return self.replica.at(version).search(embeddings, k)
+
+    def pictures(self, version: int, query, k: int):
+        return self.replica.at(version).pictures(query, k)
 
     def ping(self) -> int:
         return self.shard
@@ -177,6 +181,9 @@ class RayShards:
 
     def search(self, version: int, embeddings, k: int) -> list:
         return self._call("search", lambda s: (version, embeddings, k))
+
+    def pictures(self, version: int, query, k: int) -> list:
+        return self._call("pictures", lambda s: (version, query, k))
 
     def _probe(self) -> None:
         while not self._stop.wait(1.0):
@@ -284,11 +291,11 @@ class Front:
 
     async def answer(self, docs, method: str, top_k: int, html: bool) -> tuple[int, str | list[str], dict]:
         """(200, the answer, its headers) or (status, the one-line error, headers), as the app would answer."""
-        try:
-            answer, headers = await self.service.answer(docs, method, top_k, html)
-            return 200, answer, headers
-        except HTTPException as e:
-            return e.status_code, str(e.detail), dict(e.headers or {})
+        return await _status(self.service.answer(docs, method, top_k, html))
+
+    async def picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str):
+        """A picture request the gateway checked, as `answer` answers: embedded here, searched on every shard."""
+        return await _status(self.service.search_picture(picture, image_id, top_k, qid))
 
     def readiness(self) -> tuple[bool, dict]:
         return self.service.readiness()
@@ -299,6 +306,15 @@ class Front:
 
     async def __del__(self):
         await self.service.shutdown()  # Ray's graceful stop: the batcher answers what it accepted
+
+
+async def _status(call) -> tuple[int, object, dict]:
+    """(200, answer, headers) of a service call, or (status, its one-line refusal, headers)."""
+    try:
+        answer, headers = await call
+        return 200, answer, headers
+    except HTTPException as e:
+        return e.status_code, str(e.detail), dict(e.headers or {})
 
 
 @serve.ingress()

@@ -2,7 +2,8 @@
 each request and hands it to a front replica, again to another one when the replica it reached died.
 
 It holds no model and no index: what it checks (text, method, top_k) needs only the served methods and
-retrieval.top_k, which it asks a front once. A search is idempotent, so a request whose front replica died mid-way
+retrieval.top_k, which it asks a front once; a picture (POST /v1/search/image) is read and checked here and searched
+by a front. A search is idempotent, so a request whose front replica died mid-way
 (SIGKILL, an OOM, a lost node) is sent again, until serve.deadline_ms; only then is it answered 503 `front
 unavailable`. /readyz is the fronts' readiness (shards included), polled every second.
 """
@@ -18,7 +19,7 @@ from fastapi.responses import JSONResponse
 from ray.exceptions import ActorUnavailableError, RayActorError
 from starlette.exceptions import HTTPException
 
-from cfir_jax.serve.app import check_options, check_text
+from cfir_jax.serve.app import check_options, check_text, max_body
 from cfir_jax.serve.metrics import Metrics
 
 log = logging.getLogger("cfir_jax.serve")
@@ -34,7 +35,7 @@ class GatewayService:
         self.metrics = Metrics()
         self.admin_token = os.environ.get("CFIR_ADMIN_TOKEN") or settings.admin_token
         self.stopping = False
-        self.max_body = 8 * settings.max_text_bytes * max(1, settings.max_batch_docs) + 65536  # JSON escapes
+        self.max_body = max_body(settings)
         self.methods: list[str] = []
         self.max_top_k = 0
         self._ready: tuple[bool, dict] = (False, {"ready": False, "reason": "starting: no front has answered yet"})
@@ -73,7 +74,15 @@ class GatewayService:
         return check_options(self.methods, self.max_top_k, top_k, method)
 
     async def run(self, request, docs, method: str, top_k: int, html: bool = False):
-        status, body, headers = await self._call("answer", docs, method, top_k, html)
+        return await self._answered("answer", docs, method, top_k, html)
+
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str):
+        """A checked picture request, searched by a front (which embeds it and asks every shard)."""
+        return await self._answered("picture", picture, image_id, top_k, qid)
+
+    async def _answered(self, op: str, *args):
+        """A front's (200, answer, headers) as (answer, headers); its refusal raised as the app's one line."""
+        status, body, headers = await self._call(op, *args)
         if status != 200:
             raise HTTPException(status, body, headers=headers or None)
         return body, headers

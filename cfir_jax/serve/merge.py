@@ -14,6 +14,12 @@ shards, so the micro-batcher and the HTTP app of the single process serve it unc
 
 With exact SR the answer equals one process's (ids, order and scores); with fast SR each shard shortlists its own
 rows. A search through a ScaNN searcher (an index built with one) is exact here over every shard's rows.
+
+Search by picture (`ShardedPictureSearch`): the picture is embedded here, once, by the vision tower of the model the
+front already holds for its queries (a shard holds no model), or an indexed picture's row is read here from the
+memory-mapped cache (one row: cheaper than a shard's round trip); each shard answers its exact nearest live rows
+and the merge is the one above, so the answer equals one process's exact picture search. Where the config asks for
+ScaNN (index.entity_index.backend), the cluster still searches exactly, and its note says so.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.retrieve.image_query import PictureSearch
 from cfir_jax.retrieve.methods import NO_ENTITY_NOTE
 from cfir_jax.retrieve.pipeline import DocumentInput, Hit, Result, Retriever
 from cfir_jax.search.knn import drop_padding
@@ -55,11 +62,35 @@ def check_cluster_config(config, methods: Sequence[str]) -> None:
         raise CfirError("serve.engine=ray does not run the third stage: set retrieval.rerank.enabled=false")
 
 
+class ShardedPictureSearch(PictureSearch):
+    """Search by picture on a front: the picture embedded here (PictureSearch's tower), its nearest live rows found
+    by every shard over its own rows (exactly) and merged by score, ties to the lower row."""
+
+    def __init__(self, retriever: ClusterRetriever):
+        self.client, self.version = retriever.client, retriever.version
+        super().__init__(retriever)
+
+    def _searcher(self, backend: str) -> tuple[None, str]:
+        if self.wants_scann(backend):
+            return None, self.exact_note() + f" (index.entity_index.backend={backend}: the cluster searches its " \
+                "shards exactly)"
+        return None, self.exact_note()
+
+    def nearest(self, query: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
+        answers = self.client.pictures(self.version, np.asarray(query[0], np.float32), top_k)
+        order, rows = merge_ranked([a[0] for a in answers], [a[1] for a in answers], top_k)
+        scores = np.concatenate([np.asarray(a[0], np.float32) for a in answers]) if answers else np.zeros(0)
+        return scores[order], rows
+
+
 class ClusterRetriever(Retriever):
     """One method's retrieval over sharded rows: the Retriever (an `Engine`) whose batches score their candidates on
     the shards. client: the shards (`score(version, method, docs, top_k)` -> per shard a list of ShardAnswer,
-    `search(version, embeddings, k)` -> per shard a list of (scores, rows)), called with this retriever's version,
+    `search(version, embeddings, k)` -> per shard a list of (scores, rows), `pictures(version, query, k)` -> per
+    shard (scores, rows)), called with this retriever's version,
     so every shard answers at the version the front has loaded."""
+
+    picture_search = ShardedPictureSearch  # search by picture (`cfir_jax.retrieve.image_query`) on the shards
 
     def __init__(self, config, workdir: str, method: str, client):
         super().__init__(config, workdir, method=method)
@@ -178,3 +209,6 @@ class LocalShards:
 
     def search(self, version: int, embeddings: list[np.ndarray], k: int) -> list:
         return [s.search(embeddings, k) for s in self._at(version)]
+
+    def pictures(self, version: int, query: np.ndarray, k: int) -> list:
+        return [s.pictures(query, k) for s in self._at(version)]

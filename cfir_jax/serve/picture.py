@@ -1,10 +1,17 @@
-"""Search by picture over HTTP: POST /v1/search/image (`cfir_jax.retrieve.image_query` in the single-process engine).
+"""Search by picture over HTTP: POST /v1/search/image, on both engines (`cfir_jax.retrieve.image_query` answers).
 
-The picture comes as JSON `{"image": BASE64, "top_k": 20, "id": "..."}` (or `{"image_id": ID}` for an indexed
-picture), or as the request body itself with a `Content-Type: image/...` header (`?top_k=&id=` in the query string).
-Multipart uploads are not read: FastAPI needs python-multipart for them, which the project does not install.
-A picture over serve.max_image_bytes is 413, an undecodable one 422, an unknown or removed id 404, each one line;
-the answer is the JSON of `retrieve.py --query-image ... --format json`. The cluster engine answers 501.
+The picture comes in one of three forms, each within serve.max_image_bytes:
+- a multipart upload (`curl -F image=@photo.jpg -F top_k=5`): the file field `image`, the optional form fields
+  `top_k` and `id` (or a field `image_id` instead of the file, also as a urlencoded form), parsed by Starlette's
+  form parsers (python-multipart, FastAPI's own);
+- JSON `{"image": BASE64, "top_k": 20, "id": "..."}`, or `{"image_id": ID}` for an indexed picture;
+- the request body itself with a `Content-Type: image/...` header (`?top_k=&id=` in the query string).
+
+The body is read no further than its limit (413 past it, whatever Content-Length said); a picture over
+serve.max_image_bytes is 413, an undecodable one or a malformed upload 422, an unknown or removed id 404, each one
+line; the answer is the JSON of `retrieve.py --query-image ... --format json`. The single process searches its
+resident index; on Ray (`--engine ray`) the gateway hands the checked picture to a front, which embeds it and asks
+every shard for its nearest live rows (`cfir_jax.serve.merge.ShardedPictureSearch`).
 """
 
 from __future__ import annotations
@@ -18,15 +25,18 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import UnknownPicture, search_image
-from cfir_jax.retrieve.pipeline import Retriever
+from cfir_jax.serve.batcher import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
 
 SHOWN = 20  # hits a request gets by default (at most retrieval.top_k)
+FORM_FIELDS = ("image", "image_id", "top_k", "id")  # what a multipart upload may hold
+FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")  # read as a form (an upload, or an id's)
 
 
 class ImageSearchRequest(BaseModel):
@@ -36,6 +46,12 @@ class ImageSearchRequest(BaseModel):
     top_k: StrictInt | None = Field(None, description="hits to return, 1 .. retrieval.top_k (default: 20, or "
                                     "retrieval.top_k when smaller)")
     id: StrictStr = Field("picture", description="the query's id, echoed in the answer")
+
+
+def body_limit(max_image_bytes: int) -> int:
+    """The most bytes a picture request's body is read to: the base64 of the largest picture and what surrounds it
+    (the JSON around it, a multipart upload's headers and fields)."""
+    return 4 * -(-int(max_image_bytes) // 3) + 65536
 
 
 async def _body(request: Request, limit: int) -> bytes:
@@ -49,28 +65,18 @@ async def _body(request: Request, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
-    """(picture bytes or None, the request's fields) from a JSON body or a raw image/* body."""
-    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-    if kind.startswith("image/"):
-        try:
-            top_k = request.query_params.get("top_k")
-            fields = ImageSearchRequest(top_k=None if top_k is None else int(top_k),
-                                        id=request.query_params.get("id", "picture"))
-        except ValueError:
-            raise HTTPException(422, f"top_k={request.query_params.get('top_k')!r}: an integer") from None
-        picture = body
-    else:
-        try:
-            fields = ImageSearchRequest.model_validate_json(body)
-        except pydantic.ValidationError as e:
-            raise RequestValidationError(e.errors()) from None  # the app's one-line 400 / 422
-        if (fields.image is None) == (fields.image_id is None):
-            raise HTTPException(422, "give the picture (image: base64) or an indexed picture's id (image_id), one")
-        try:
-            picture = base64.b64decode(fields.image, validate=True) if fields.image is not None else None
-        except (binascii.Error, ValueError):
-            raise HTTPException(422, "image is not base64") from None
+def _kind(request: Request) -> str:
+    return request.headers.get("content-type", "").split(";")[0].strip().lower()
+
+
+def _top_k(given: str | None) -> int | None:
+    try:
+        return None if given is None else int(given)
+    except ValueError:
+        raise HTTPException(422, f"top_k={given!r}: an integer") from None
+
+
+def _checked(picture: bytes | None, fields: ImageSearchRequest, max_bytes: int):
     if picture is not None and len(picture) > max_bytes:
         raise HTTPException(413, f"the picture is {len(picture):,} bytes, over serve.max_image_bytes={max_bytes:,}")
     if picture is not None and not picture:
@@ -78,37 +84,101 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
     return picture, fields
 
 
-def picture_routes(app: FastAPI, version_header: str) -> None:
-    """Adds POST /v1/search/image to the app; answers carry `version_header` (the index version), as every search's."""
+def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
+    """(picture bytes or None, the request's fields) from a JSON body or a raw image/* body."""
+    if _kind(request).startswith("image/"):
+        fields = ImageSearchRequest(top_k=_top_k(request.query_params.get("top_k")),
+                                    id=request.query_params.get("id", "picture"))
+        return _checked(body, fields, max_bytes)
+    try:
+        fields = ImageSearchRequest.model_validate_json(body)
+    except pydantic.ValidationError as e:
+        raise RequestValidationError(e.errors()) from None  # the app's one-line 400 / 422
+    if (fields.image is None) == (fields.image_id is None):
+        raise HTTPException(422, "give the picture (image: base64) or an indexed picture's id (image_id), one")
+    try:
+        picture = base64.b64decode(fields.image, validate=True) if fields.image is not None else None
+    except (binascii.Error, ValueError):
+        raise HTTPException(422, "image is not base64") from None
+    return _checked(picture, fields, max_bytes)
 
-    @app.post("/v1/search/image", summary="the nearest pictures of a picture (JSON {image: base64} or {image_id}, "
-              "or the picture as the body with Content-Type image/*)")
+
+async def _form(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
+    """(picture bytes or None, the fields) of a multipart/form-data upload already read (`body`): the file field
+    `image` (or a field `image_id`), the fields `top_k` and `id`; a malformed upload is one 422. A urlencoded form
+    (no file) may name an indexed picture."""
+    # why: Starlette's form parsers import python-multipart, needed only when a form arrives
+    from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
+
+    async def stream():
+        yield body
+
+    try:
+        if _kind(request) == "multipart/form-data":
+            form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=len(FORM_FIELDS),
+                                         max_part_size=65536).parse()
+        else:  # a form without a file (curl -d image_id=ID)
+            form = await FormParser(request.headers, stream()).parse()
+    except MultiPartException as e:
+        raise HTTPException(422, f"malformed multipart upload: {e.message}") from None
+    unknown = [name for name in form if name not in FORM_FIELDS]
+    if unknown:
+        raise HTTPException(422, f"unknown form field {unknown[0]!r}: an upload holds the file image (or image_id), "
+                                 "top_k and id")
+    upload, image_id = form.get("image"), form.get("image_id")
+    plain = [name for name in FORM_FIELDS[1:] if isinstance(form.get(name), UploadFile)]
+    if plain or (upload is not None and not isinstance(upload, UploadFile)):
+        raise HTTPException(422, "image is a file field (curl -F image=@photo.jpg); image_id, top_k and id are "
+                                 f"plain fields{f', not {plain[0]}' if plain else ''}")
+    if (upload is None) == (image_id is None):
+        raise HTTPException(422, "give the picture (the file field image) or an indexed picture's id (image_id), one")
+    fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "picture"))
+    picture = await upload.read() if upload is not None else None
+    await form.close()
+    return _checked(picture, fields, max_bytes)
+
+
+async def read_request(request: Request, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
+    """The picture (or None for an id) and the fields of a POST /v1/search/image, checked, in any of its forms."""
+    body = await _body(request, body_limit(max_bytes))
+    if _kind(request) in FORMS:
+        return await _form(request, body, max_bytes)
+    return _parse(request, body, max_bytes)
+
+
+async def answer_picture(holder, settings, picture: bytes | None, image_id: str | None, top_k: int | None,
+                         qid: str, version_header: str) -> tuple[str, dict]:
+    """The answer's JSON and headers (`version_header`: the index version) of a checked picture request, searched by
+    the index `holder` serves (a ClusterRetriever's search runs on the shards), within serve.deadline_ms."""
+    current = holder.current
+    retriever = next(iter(current.retrievers.values()))
+    top_k = min(SHOWN, current.max_top_k) if top_k is None else top_k
+    if not 1 <= top_k <= current.max_top_k:
+        raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {current.max_top_k}")
+    try:
+        result = await asyncio.wait_for(asyncio.to_thread(
+            search_image, retriever, image=picture, image_id=image_id, top_k=top_k),
+            timeout=settings.deadline_ms / 1e3)
+    except TimeoutError:
+        raise HTTPException(504, f"deadline of {settings.deadline_ms:g} ms passed (serve.deadline_ms)") from None
+    except (CorruptStore, Unavailable) as e:  # damage on disk, a shard down: one line, as a search's
+        raise HTTPException(503, str(e).splitlines()[0]) from None
+    except UnknownPicture as e:
+        raise HTTPException(404, str(e).splitlines()[0]) from None
+    except CfirError as e:
+        raise HTTPException(422, str(e).splitlines()[0]) from None
+    answer = await asyncio.to_thread(report.as_json, qid, result, retriever.describe_image, top_k)
+    return answer, {version_header: str(current.version)}
+
+
+def picture_routes(app: FastAPI) -> None:
+    """Adds POST /v1/search/image to the app: the request read and checked here, searched by the app's service
+    (`search_picture`: the resident index, or on Ray a front)."""
+
+    @app.post("/v1/search/image", summary="the nearest pictures of a picture (a multipart upload with the file field "
+              "image, JSON {image: base64} or {image_id}, or the picture as the body with Content-Type image/*)")
     async def search_by_picture(request: Request) -> Response:
         svc = request.app.state.service
-        max_bytes = int(svc.settings.max_image_bytes)
-        body = await _body(request, 4 * -(-max_bytes // 3) + 65536)  # base64 and the JSON around it
-        picture, fields = _parse(request, body, max_bytes)
-        holder = getattr(svc, "holder", None)
-        retrievers = holder.current.retrievers if holder is not None else {}
-        retriever = next(iter(retrievers.values()), None)
-        if not isinstance(retriever, Retriever):
-            raise HTTPException(501, "search by picture is served by the single-process engine (serve.engine=local)")
-        top_k = min(SHOWN, holder.current.max_top_k) if fields.top_k is None else fields.top_k
-        if not 1 <= top_k <= holder.current.max_top_k:
-            raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {holder.current.max_top_k}")
-        version = holder.current.version
-        try:
-            result = await asyncio.wait_for(asyncio.to_thread(
-                search_image, retriever, image=picture, image_id=fields.image_id, top_k=top_k),
-                timeout=svc.settings.deadline_ms / 1e3)
-        except TimeoutError:
-            raise HTTPException(504, f"deadline of {svc.settings.deadline_ms:g} ms passed (serve.deadline_ms)") \
-                from None
-        except CorruptStore as e:
-            raise HTTPException(503, str(e).splitlines()[0]) from None
-        except UnknownPicture as e:
-            raise HTTPException(404, str(e).splitlines()[0]) from None
-        except CfirError as e:
-            raise HTTPException(422, str(e).splitlines()[0]) from None
-        answer = await asyncio.to_thread(report.as_json, fields.id, result, retriever.describe_image, top_k)
-        return Response(answer, media_type="application/json", headers={version_header: str(version)})
+        picture, fields = await read_request(request, int(svc.settings.max_image_bytes))
+        answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id)
+        return Response(answer, media_type="application/json", headers=headers)

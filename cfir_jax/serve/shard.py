@@ -9,7 +9,8 @@ read for scoring) and answers three questions, each over its rows only:
   the same SR as one process (`SRFrontEnd.score_unions`: exact, fused or the two-pass fast scorer, which then
   shortlists on this shard's rows alone), its top-k with scores and which lists brought each hit in;
 - `score` without lists: the whole-cache search (CFIR's no-entity fallback, the dense baselines) over its live rows;
-- `search`: the unseen entities' exact top-K over its live rows (the front merges the shards' into each list).
+- `search`: the unseen entities' exact top-K over its live rows (the front merges the shards' into each list);
+- `pictures`: a picture's exact top-k over its live rows (search by picture; the front embeds it and merges).
 
 Its answers merge into the single process's (`cfir_jax.serve.merge`): the whole-cache searches run the blocked
 search with the matmul shapes of the whole cache (`exact_topk(..., fixed_block=True)`), so scores are bit-equal.
@@ -143,6 +144,13 @@ class ShardIndex:
         one document at a time, as one process searches a document's unseen entities together)."""
         retriever = self._entity_retriever()
         return [self.own_search(retriever, e, k) for e in embeddings]
+
+    def pictures(self, query: np.ndarray, k: int) -> Ranked:
+        """A picture's exact top-k over this shard's live rows, the images alone (search by picture), query [D] ->
+        (scores [k'], global rows [k'])."""
+        retriever = next(iter(self.retrievers.values()))  # every method reads the one image cache
+        scores, rows = self.own_search(retriever, np.asarray(query, np.float32)[None], k)
+        return scores[0], rows[0]
 
     def _entity_retriever(self) -> Retriever:
         for r in self.retrievers.values():

@@ -1,8 +1,8 @@
 """The library over the session's tiny world: `Index.search` answers what `retrieve.py --format json` prints, the
 client's answers equal `Index.search`'s on both engines (the real service in a subprocess: one process, and Ray
-Serve started from an empty HOME), their refusals are the same lines, a removed image is never returned again, and
-every `python` block of docs/python.md runs as written (on the tiny world: configs/demo.py is its tiny variant, the
-service's URL the one started here)."""
+Serve started from an empty HOME), for documents and for a picture by its id, their refusals are the same lines, a
+removed image is never returned again, and every `python` block of docs/python.md runs as written (on the tiny
+world: configs/demo.py is its tiny variant, the service's URL the one started here)."""
 
 import json
 import os
@@ -97,6 +97,18 @@ def test_the_clients_answers_equal_index_search(service, index, documents):
     batch = client.search_many([t for _, t in documents], ids=ids, batch=3)
     assert batch == index.search_many([t for _, t in documents], ids=ids)
     assert {r.version for r in batch} == {index.version}
+    picture = index.search(documents[0][1], top_k=1).ids[0]
+    alike = client.search(image=picture, top_k=5)
+    assert alike == index.search(image=picture, top_k=5) and alike.ids[0] == picture
+
+
+def test_a_picture_the_index_cannot_embed_is_refused_in_the_same_line_by_both(service, index):
+    refusals = []
+    for door in (cfir_jax.Client(service.url), index):
+        with pytest.raises(CfirError) as refused:
+            door.search(image=b"\x89PNG\r\n\x1a\n" + b"\x00" * 64)
+        refusals.append(str(refused.value))
+    assert refusals[0] == refusals[1] and "embeddings were imported" in refusals[0] and "\n" not in refusals[0]
 
 
 @pytest.mark.parametrize("call, refusal", [
@@ -142,6 +154,8 @@ def test_the_clients_answers_equal_index_search_on_ray_from_an_empty_home(api_wo
         with cfir_jax.open(api_workdir, retrieval__sr="exact") as index:
             for doc_id, text in documents:
                 assert client.search(text, id=doc_id) == index.search(text, id=doc_id), doc_id
+            picture = index.search(documents[1][1], top_k=1).ids[0]  # by id: the shards search, the front merges
+            assert client.search(image=picture) == index.search(image=picture)
             with pytest.raises(CfirError, match="^text is empty$"):
                 client.search(" ")
     finally:
@@ -174,4 +188,4 @@ def test_every_example_of_docs_python_md_runs(api_workdir, service, tmp_path):
     out = proc.stdout
     assert "no_such_work: no index here (missing directory); build it with index.py" in out
     assert "text is empty" in out and "'images_added': 3" in out and "'images_removed': 1" in out
-    assert out.count("True") >= 3  # the service ready, two versions later, the stores intact
+    assert out.count("True") >= 4  # the service ready, a picture found first, two versions later, the stores intact

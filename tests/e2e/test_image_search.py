@@ -3,9 +3,12 @@ example collection's 40 pictures, indexed with the session workdir's model: the 
 and the entity index built with ScaNN, its searcher kept. A picture's own file finds it first, with ScaNN and
 exactly, and so does its id; the tower loads on the first picture and compiles once; removed pictures never answer;
 an imported cache refuses a file in one line but answers an id; broken and huge pictures are refused in one line by
-the command and by the service, which keeps serving."""
+the command and by the service, which keeps serving; a multipart upload answers as the other forms do; the client's
+answers equal `Index.search(image=...)`'s; and on Ray (`--engine ray`, 2 shards, from an empty HOME) a picture finds
+itself first and the answer equals the single process's exact one."""
 
 import base64
+import dataclasses
 import hashlib
 import json
 import shutil
@@ -16,7 +19,9 @@ import pytest
 from repo import ROOT, run_script
 from test_serve import Server
 
+import cfir_jax
 from cfir_jax.core import cli
+from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.image_query import UnknownPicture, UnusablePicture, search_image
 from cfir_jax.retrieve.pipeline import Retriever
@@ -147,13 +152,28 @@ def test_the_service_takes_a_picture_as_base64_json_or_as_the_body_or_by_id(serv
     asked = [server.client.post("/v1/search/image", json={"image": base64.b64encode(picture).decode(), "top_k": 4}),
              server.client.post("/v1/search/image?top_k=4&id=mine", content=picture,
                                 headers={"content-type": "image/png"}),
-             server.client.post("/v1/search/image", json={"image_id": ASKED[1], "top_k": 4})]
+             server.client.post("/v1/search/image", json={"image_id": ASKED[1], "top_k": 4}),
+             server.client.post("/v1/search/image", files={"image": ("p.png", picture, "image/png")},
+                                data={"top_k": "4", "id": "mine"})]
     for response in asked:
         assert response.status_code == 200, response.text
         hits = response.json()["hits"]
         assert hits[0]["image_id"] == ASKED[1] and len(hits) == 4 and response.headers["X-Index-Version"].isdigit()
     assert asked[1].json()["id"] == "mine" and asked[0].json()["id"] == "picture"
     assert [h["image_id"] for h in asked[0].json()["hits"]] == [h["image_id"] for h in asked[1].json()["hits"]]
+    upload, raw = ({k: v for k, v in r.json().items() if k != "times_ms"} for r in (asked[3], asked[1]))
+    assert upload == raw  # the upload's answer is the raw body's
+
+
+def test_the_clients_picture_answers_equal_index_search(server, pictures):
+    client = cfir_jax.Client(server.url)
+    with cfir_jax.open(pictures) as index:
+        for image in (_file(ASKED[0]), PICTURES / f"{ASKED[1]}.png", ASKED[2]):  # bytes, a file, an indexed id
+            alike = client.search(image=image, top_k=5)
+            assert alike == index.search(image=image, top_k=5) and alike.hits[0].id in ASKED, image
+        for door in (client, index):
+            with pytest.raises(CfirError, match="^the picture \\(72 bytes\\) cannot be used: not a recognised image"):
+                door.search(image=BROKEN, top_k=3)
 
 
 @pytest.mark.parametrize("request_kwargs, status, message", [
@@ -165,6 +185,10 @@ def test_the_service_takes_a_picture_as_base64_json_or_as_the_body_or_by_id(serv
     (dict(json={"image_id": "img-nope"}), 404, "image id 'img-nope' is not in the cache"),
     (dict(json={"image_id": ASKED[0], "top_k": 0}), 422, "top_k=0 out of range"),
     (dict(content=b"{nope", headers={"content-type": "application/json"}), 400, "malformed JSON"),
+    (dict(files={"image": ("b.png", BROKEN, "image/png")}), 422, "the picture (72 bytes) cannot be used"),
+    (dict(files={"image": ("b.png", b"\x00" * 5000)}), 413, "over serve.max_image_bytes=4,096"),
+    (dict(content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data"}), 422,
+     "malformed multipart upload"),
 ])
 def test_a_bad_picture_gets_a_one_line_4xx_and_the_service_keeps_serving(server, request_kwargs, status, message):
     response = server.client.post("/v1/search/image", **request_kwargs)
@@ -172,3 +196,30 @@ def test_a_bad_picture_gets_a_one_line_4xx_and_the_service_keeps_serving(server,
     assert list(response.json()) == ["error"] and message in response.json()["error"]
     assert "\n" not in response.json()["error"]
     assert httpx.get(f"{server.url}/readyz").status_code == 200
+
+
+@pytest.mark.slow
+def test_on_ray_a_picture_finds_itself_first_and_equals_the_single_process(pictures, tmp_path):
+    """One start of the Ray engine (2 shards, the workdir's own config: ScaNN asked for, answered exactly)."""
+    pytest.importorskip("ray.serve", reason="the Ray engine needs Ray Serve: pip install -e '.[cluster]'")
+    # why: the cluster tests' command runner imports Ray's helpers; only this test needs them
+    from test_serve_cluster import Cluster
+
+    cluster = Cluster(pictures, tmp_path / "home", "--config.serve.shards=2", "--config.serve.deadline_ms=60000")
+    try:
+        client = cfir_jax.Client(cluster.url)
+        with cfir_jax.open(pictures, index__entity_index__backend="exact") as index:  # the single process, exact
+            for image in (PICTURES / f"{ASKED[0]}.png", _file(ASKED[1]), ASKED[2]):  # a file, bytes, an indexed id
+                want, got = index.search(image=image, top_k=10), client.search(image=image, top_k=10)
+                assert got.hits[0].id in ASKED and dataclasses.replace(got, note=want.note) == want, image
+                assert got.note == want.note + " (index.entity_index.backend=scann: the cluster searches its shards " \
+                    "exactly)"
+        upload = cluster.client.post("/v1/search/image", files={"image": ("p.png", _file(ASKED[0]), "image/png")},
+                                     data={"top_k": "3", "id": "mine"})
+        assert upload.status_code == 200 and upload.json()["hits"][0]["image_id"] == ASKED[0], upload.text
+        broken = cluster.client.post("/v1/search/image", files={"image": ("b.png", BROKEN, "image/png")})
+        assert broken.status_code == 422 and "cannot be used" in broken.json()["error"]
+    finally:
+        code, log = cluster.stop()
+    assert code == 0 and "Traceback" not in log, log[-3000:]
+

@@ -2,7 +2,8 @@
 exact SR the answers equal one Retriever's (ids, order, scores, which entities brought each hit, the union's size,
 the note) with 1, 2 and 4 shards, for CFIR (unseen entities searched over every shard, the no-entity fallback over
 every shard's rows), fused SR, entity-text matches and a dense baseline, on a copy of the tiny index with rows
-removed (removed rows never come back from any shard)."""
+removed (removed rows never come back from any shard); and so does search by picture (an indexed picture's id: its
+row searched on every shard and merged)."""
 
 import copy
 import hashlib
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.retrieve.image_query import UnknownPicture, search_image
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve.merge import ClusterRetriever, LocalShards, merge_ranked
 from cfir_jax.serve.shard import ShardIndex, shard_bounds
@@ -104,3 +106,39 @@ def test_a_shard_refuses_a_version_it_does_not_hold(removed_copy, config):
     retriever.version += 1  # a front that loaded another version than the shard holds
     with pytest.raises(CfirError, match="holds version"):
         retriever.retrieve_many(docs[:1])
+
+
+@pytest.mark.slow
+def test_a_picture_search_on_1_2_and_4_shards_equals_one_process(removed_copy, config):
+    """Exact on every shard count, a dense method's shards included; with ScaNN asked for, the cluster answers
+    exactly and its note says so."""
+    w, _, removed = removed_copy
+    ids = ImageCache.open(w / "image_cache").ids
+    asked = [ids[r] for r in range(0, len(ids), max(1, len(ids) // 5)) if r not in removed][:4]
+    one = Retriever(_config(config, **EXACT), w)  # the single process's exact picture search
+    expected = [search_image(one, image_id=i, top_k=25) for i in asked]
+    scann = " (index.entity_index.backend=scann: the cluster searches its shards exactly)"
+    for shards, method, backend in ((1, "cfir", "exact"), (2, "dense_document", "exact"), (4, "cfir", "exact"),
+                                    (2, "cfir", "scann")):
+        cfg = _config(config, **EXACT)
+        cfg.index.entity_index.backend = backend
+        parts = [ShardIndex(cfg, str(w), s, shards, [method]) for s in range(shards)]
+        front = ClusterRetriever(cfg, str(w), method, _Counted(parts))
+        for image_id, want in zip(asked, expected):
+            got = search_image(front, image_id=image_id, top_k=25)
+            assert got.hits[0].image_id == image_id
+            assert [(h.rank, h.image_id, h.row, h.score) for h in got.hits] == \
+                [(h.rank, h.image_id, h.row, h.score) for h in want.hits]  # scores bit-equal
+            assert got.num_candidates == want.num_candidates and not removed & {h.row for h in got.hits}
+            assert got.note == want.note + (scann if backend == "scann" else "")
+        assert front.client.asked == len(asked)  # every picture searched on the shards, none on the front
+        with pytest.raises(UnknownPicture, match="was removed"):
+            search_image(front, image_id=ids[min(removed)], top_k=3)
+
+
+class _Counted(LocalShards):
+    asked = 0
+
+    def pictures(self, version, query, k):
+        self.asked += 1
+        return super().pictures(version, query, k)

@@ -1,18 +1,19 @@
 """POST /v1/search/image's reading of a request (cfir_jax/serve/picture.py), on real Starlette requests: a picture
-as base64 JSON or as the raw body (Content-Type image/*), each bad form refused with its one-line status before any
-index is touched, and a body read no further than its limit. The route over a served index is
-tests/e2e/test_image_search.py."""
+as a multipart upload (as httpx, and so curl -F, encodes it), as base64 JSON or as the raw body (Content-Type
+image/*), each bad form refused with its one-line status before any index is touched, and a body read no further
+than its limit. The route over a served index is tests/e2e/test_image_search.py."""
 
 import asyncio
 import base64
 import json
 
+import httpx
 import pytest
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 
-from cfir_jax.serve.picture import _body, _parse
+from cfir_jax.serve.picture import _body, _parse, read_request
 
 PNG = b"\x89PNG\r\n\x1a\nnot really"
 
@@ -71,3 +72,58 @@ def test_a_body_is_read_no_further_than_its_limit():
     with pytest.raises(HTTPException) as e:
         asyncio.run(_body(_request("image/png", chunks=[b"ab", b"cd", b"e"]), limit=4))
     assert e.value.status_code == 413
+
+
+def _upload(files=None, data=None, split=7) -> Request:
+    """A multipart/form-data request as httpx encodes it (its boundary, its parts), sent in chunks of `split` bytes."""
+    encoded = httpx.Request("POST", "http://x/v1/search/image", files=files, data=data)
+    body = encoded.read()
+    return _request(encoded.headers["content-type"], chunks=[body[i : i + split] for i in range(0, len(body), split)])
+
+
+def _read(request: Request, max_bytes: int = 1000):
+    return asyncio.run(read_request(request, max_bytes))
+
+
+def test_an_upload_takes_the_file_image_and_the_fields_top_k_and_id():
+    picture = PNG + bytes(range(256)) + b"\r\n--not-the-boundary\r\n"  # binary, line breaks, a boundary look-alike
+    got, fields = _read(_upload(files={"image": ("photo.png", picture, "image/png")}, data={"top_k": "3", "id": "me"}))
+    assert got == picture and (fields.top_k, fields.id, fields.image_id) == (3, "me", None)
+    got, fields = _read(_upload(files={"image": ("p.png", PNG)}))
+    assert got == PNG and (fields.top_k, fields.id) == (None, "picture")
+    got, fields = _read(_upload(data={"image_id": "img7"}))
+    assert got is None and fields.image_id == "img7"
+
+
+@pytest.mark.parametrize("files, data, status, message", [
+    ({"image": ("p.png", b"x" * 11)}, None, 413, "the picture is 11 bytes, over serve.max_image_bytes=10"),
+    ({"image": ("p.png", b"")}, None, 422, "the picture is empty"),
+    ({"image": ("p.png", PNG[:5])}, {"top_k": "many"}, 422, "top_k='many': an integer"),
+    (None, {"image": "not a file"}, 422, "image is a file field (curl -F image=@photo.jpg)"),
+    ({"top_k": ("k.txt", b"3")}, {"image_id": "a"}, 422, "are plain fields, not top_k"),
+    (None, {"top_k": "3"}, 422, "give the picture (the file field image) or an indexed picture's id (image_id), one"),
+    ({"image": ("p.png", PNG[:5])}, {"image_id": "a"}, 422, "or an indexed picture's id (image_id), one"),
+    ({"image": ("p.png", PNG[:5])}, {"colour": "red"}, 422, "unknown form field 'colour'"),
+    ({"image": ("p.png", PNG[:5]), "other": ("q.png", PNG[:5])}, None, 422, "malformed multipart upload: Too many"),
+])
+def test_each_bad_upload_is_one_line_with_its_status(files, data, status, message):
+    with pytest.raises(HTTPException) as e:
+        _read(_upload(files=files, data=data), max_bytes=10)
+    assert e.value.status_code == status and message in e.value.detail and "\n" not in e.value.detail
+
+
+@pytest.mark.parametrize("content_type, body", [
+    ("multipart/form-data", b"--x\r\n"),  # no boundary given
+    ("multipart/form-data; boundary=x", b"--x\r\nContent-Disposition: form-data\r\n\r\nno name\r\n--x--\r\n"),
+])
+def test_a_malformed_upload_is_one_422(content_type, body):
+    with pytest.raises(HTTPException) as e:
+        _read(_request(content_type, chunks=[body]))
+    assert e.value.status_code == 422 and e.value.detail.startswith("malformed multipart upload: ")
+
+
+def test_an_upload_is_read_no_further_than_its_limit():
+    big = _upload(files={"image": ("p.png", b"x" * 200_000)}, split=65536)
+    with pytest.raises(HTTPException) as e:
+        _read(big, max_bytes=1000)  # read to the base64 of 1,000 bytes and 64 KiB around it, then refused
+    assert e.value.status_code == 413 and "body over the" in e.value.detail
