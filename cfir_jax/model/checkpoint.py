@@ -112,8 +112,7 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
         merged.update({k: v for k, v in config.items() if k in ("dtype", "scan_layers", "remat", "remat_policy",
                                                                   "dropout", "drop_path_rate")})
         stored = merged
-    abstract = model_lib.abstract_model(stored)
-    graphdef, abstract_state = nnx.split(abstract)
+    graphdef, abstract_state = _abstract(stored)
     # Onto this process's first device: the saved shardings name the saving process's devices, which another process
     # of a jax.distributed run does not have (each process of an index build holds its own copy of the model).
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
@@ -128,6 +127,21 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
                          f"check its files (index.py --verify --workdir W for a workdir's models)") from None
     nnx.replace_by_pure_dict(abstract_state, restored)
     return nnx.merge(graphdef, abstract_state)
+
+
+# (graphdef, abstract state) by model config, built once per process: building one traces the model's initialisers
+# (a fifth of a second on a CPU), and a query opens two models of one config (the trained one, the index encoder).
+_ABSTRACT: dict[str, tuple[Any, Any]] = {}
+
+
+def _abstract(config: ml_collections.ConfigDict) -> tuple[Any, Any]:
+    """The graph and a fresh abstract state (`jax.ShapeDtypeStruct` leaves, its own copy: a restore fills it in) of
+    a model of `config`."""
+    key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    if key not in _ABSTRACT:
+        _ABSTRACT[key] = nnx.split(model_lib.abstract_model(config))
+    graphdef, state = _ABSTRACT[key]
+    return graphdef, jax.tree.map(lambda leaf: leaf, state)
 
 
 def model_summary(manifest: dict) -> str:
