@@ -1,6 +1,6 @@
 """A query's start loads what the query uses, and its second run compiles nothing: `retrieve.py --query` parses
 entities with spaCy in a helper process started before JAX loads (`cfir_jax.nlp.entity_process`: spaCy never loads in
-the command's own process), loads neither the evaluation's tables (pytrec_eval) nor the re-ranker's fit, grain,
+the command's own process), loads neither the evaluation's tables (pytrec_eval) nor the re-ranker's fit, grain, orbax,
 scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache."""
 
 from repo import ROOT, run_script
@@ -12,8 +12,8 @@ from cfir_jax.retrieve.queries import read_query
 # Modules (and their submodules) a query run never loads. The training package's own __init__ (a docstring) is the
 # library's callable `cfir_jax.train` (cfir_jax/__init__.py), so only its modules count: "cfir_jax.train.".
 NOT_ON_A_QUERY = ("torch", "spacy", "thinc", "pytrec_eval", "grain", "orbax", "sklearn", "matplotlib",
-                  "cfir_jax.eval.metrics", "cfir_jax.commands.evaluate", "cfir_jax.commands.fit_reranker", "cfir_jax.rerank",
-                  "cfir_jax.index", "cfir_jax.train.")
+                  "cfir_jax.eval.metrics", "cfir_jax.commands.evaluate", "cfir_jax.commands.fit_reranker",
+                  "cfir_jax.rerank", "cfir_jax.index", "cfir_jax.train.")
 
 
 def _query(workdir, tmp_path, cache, n: int):
