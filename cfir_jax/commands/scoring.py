@@ -8,7 +8,7 @@ import sys
 
 import ml_collections
 
-from cfir_jax.eval import metrics, trec
+from cfir_jax.eval import trec
 from cfir_jax.retrieve.pipeline import Retriever
 
 
@@ -29,6 +29,9 @@ def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, meas
         trec.write_run(output, run, tag=tag, max_hits=top)
         print(f"wrote {output}", file=sys.stderr)
     if qrels:
+        # why: trec_eval's tables (pytrec_eval) load only when a run is scored, never for a query's hits
+        from cfir_jax.eval import metrics
+
         # The topics asked about: a qrels file may judge more documents than the queries file holds.
         judged = {q: j for q, j in trec.read_qrels(qrels).items() if q in run}
         if measures != "authors":

@@ -9,6 +9,7 @@ import sys
 from cfir_jax.commands import flags
 from cfir_jax.core import cli, faults
 from cfir_jax.core.cli import cli_main
+from cfir_jax.nlp import entity_process
 
 
 @cli_main
@@ -122,6 +123,9 @@ def retrieve_main():
         evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
                      plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures)
     else:
+        if args.query:  # spaCy loads in a helper process beside JAX, the models and the programs
+            e = config.index.entities
+            entity_process.start(e.spacy_model, e.labels)
         # why: a query run loads the Retriever's stack, not the evaluation's or the fit's
         from cfir_jax.commands import retrieve
 

@@ -233,7 +233,7 @@ class Corpus:
     @functools.cached_property
     def documents(self):
         """The documents as a grain.MapDataset (random access by row)."""
-        # why: grain's import takes seconds; a query's start (retrieve.py, the service) needs it only here
+        # why: grain's import takes seconds; a query's start (retrieve.py, the service) never needs it
         import grain
 
         return grain.MapDataset.source(self._doc_source).map(_to_document)
@@ -307,13 +307,13 @@ class Corpus:
         """Document at row `i` (0 <= i < num_documents)."""
         if not 0 <= i < self.num_documents:
             raise CfirError(f"{self.path}: document row {i} out of range [0, {self.num_documents})")
-        return self.documents[i]
+        return _to_document(self._doc_source[i])  # as `documents[i]`, without grain's import
 
     def image(self, i: int) -> Image:
         """Image at row `i` (0 <= i < num_images)."""
         if not 0 <= i < self.num_images:
             raise CfirError(f"{self.path}: image row {i} out of range [0, {self.num_images})")
-        return self.images[i]
+        return _to_image(self._image_source[i])  # as `images[i]`, without grain's import
 
     def qrels(self, split: str) -> Qrels:
         """{doc_id: {image_id: rel}} of one split."""

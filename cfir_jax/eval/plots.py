@@ -6,7 +6,6 @@ import os
 from collections.abc import Mapping
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.eval.metrics import evaluate
 from cfir_jax.stores.atomic_write import atomic_file
 
 # Cut-offs of the curve: log-spaced from 1 to the 1,000 hits a run holds (trec_eval's recall.k at each).
@@ -15,6 +14,9 @@ RECALL_KS = (1, 2, 3, 5, 7, 10, 15, 20, 30, 50, 70, 100, 150, 200, 300, 500, 700
 
 def recall_curve(run: Mapping, qrels: Mapping, ks: tuple[int, ...] = RECALL_KS) -> list[float]:
     """Mean recall@k over the judged topics, one value per k in `ks` (trec_eval's recall.k)."""
+    # why: pytrec_eval loads only for a curve, not for retrieve.py's flag check (check_png_name)
+    from cfir_jax.eval.metrics import evaluate
+
     result = evaluate(run, qrels, measures=tuple(f"recall@{k}" for k in ks))
     return [result.aggregate[f"recall@{k}"] for k in ks]
 

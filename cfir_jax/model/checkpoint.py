@@ -26,6 +26,7 @@ from flax import nnx
 from cfir_jax.core.config import model_config
 from cfir_jax.core.errors import StoreError, abandoned_restore
 from cfir_jax.model import beit3 as model_lib
+from cfir_jax.model import params_files
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 
 FORMAT_VERSION = 1
@@ -94,9 +95,6 @@ def read_model_manifest(directory: str | os.PathLike) -> dict:
 def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict | None = None) -> model_lib.DBeit3:
     """Restores a model directory. `config` (a `model` section) overrides precision/compile switches; its sizes
     must match the stored ones."""
-    # why: orbax loads only when a model is saved or restored
-    import orbax.checkpoint as ocp
-
     directory = Path(directory).absolute()
     manifest = read_model_manifest(directory)
     # A model saved before a switch existed (scan_layers, remat, ...) takes today's default for it.
@@ -112,22 +110,47 @@ def load_model(directory: str | os.PathLike, config: ml_collections.ConfigDict |
         merged.update({k: v for k, v in config.items() if k in ("dtype", "scan_layers", "remat", "remat_policy",
                                                                   "dropout", "drop_path_rate")})
         stored = merged
-    abstract = model_lib.abstract_model(stored)
-    graphdef, abstract_state = nnx.split(abstract)
+    graphdef, abstract_state = _abstract(stored)
     # Onto this process's first device: the saved shardings name the saving process's devices, which another process
     # of a jax.distributed run does not have (each process of an index build holds its own copy of the model).
     device = jax.sharding.SingleDeviceSharding(jax.local_devices()[0])
     target = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=device),
                           nnx.to_pure_dict(abstract_state))
+    nnx.replace_by_pure_dict(abstract_state, _restore(directory, target))
+    return nnx.merge(graphdef, abstract_state)
+
+
+def _restore(directory: Path, target: Any) -> Any:
+    """The parameters of `directory` as `target`'s pytree: read straight from their files (`params_files.read`), or
+    by orbax where that reader does not find exactly the target's arrays; one StoreError when neither can."""
+    restored = params_files.read(directory / "params", target)
+    if restored is not None:
+        return restored
+    # why: orbax loads only when a model is saved, or restored where the direct read gives way
+    import orbax.checkpoint as ocp
+
     try:
         with ocp.StandardCheckpointer(multiprocessing_options=_this_process_only()) as ckptr:
-            restored = ckptr.restore(directory / "params", target)
+            return ckptr.restore(directory / "params", target)
     except Exception as e:  # orbax and tensorstore wrap the OS error: name the file and what the OS (or reader) said
         abandoned_restore()
         raise StoreError(f"{directory}: cannot read the model's parameters: {_read_error(e, directory / 'params')}; "
                          f"check its files (index.py --verify --workdir W for a workdir's models)") from None
-    nnx.replace_by_pure_dict(abstract_state, restored)
-    return nnx.merge(graphdef, abstract_state)
+
+
+# (graphdef, abstract state) by model config, built once per process: building one traces the model's initialisers
+# (a fifth of a second on a CPU), and a query opens two models of one config (the trained one, the index encoder).
+_ABSTRACT: dict[str, tuple[Any, Any]] = {}
+
+
+def _abstract(config: ml_collections.ConfigDict) -> tuple[Any, Any]:
+    """The graph and a fresh abstract state (`jax.ShapeDtypeStruct` leaves, its own copy: a restore fills it in) of
+    a model of `config`."""
+    key = json.dumps(config.to_dict(), sort_keys=True, default=str)
+    if key not in _ABSTRACT:
+        _ABSTRACT[key] = nnx.split(model_lib.abstract_model(config))
+    graphdef, state = _ABSTRACT[key]
+    return graphdef, jax.tree.map(lambda leaf: leaf, state)
 
 
 def model_summary(manifest: dict) -> str:

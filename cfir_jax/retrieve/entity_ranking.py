@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
+from cfir_jax.nlp import entity_process
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_pool import EntityPool
 from cfir_jax.search.knn import ScannSearcher, drop_padding, search_with_tail
@@ -52,15 +53,19 @@ class EntityRanking:
         return self._searcher
 
     def extractor(self):
-        """The spaCy entity extractor (loaded on first use)."""
+        """The spaCy entity extractor (loaded on first use), or the helper process a command started to load it
+        beside the models (`cfir_jax.nlp.entity_process`: the same pipeline, the same entities)."""
         if self._nlp is None:
             e = self.config.index.entities
-            self._nlp = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
+            self._nlp = entity_process.claim(e.spacy_model, e.labels) or \
+                EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
         return self._nlp
 
     def warm_up(self) -> None:
-        self.extractor()
         self.encoder.encode(["warm up"])
+        extractor = self.extractor()
+        if isinstance(extractor, entity_process.EntityHelper):
+            extractor.ready()  # its load ran beside the encoders'; a query's time is then the query's
 
     def workers(self):
         """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,

@@ -329,11 +329,11 @@ class Retriever:
         """Loads the models and compiles the encoders once, so per-query times measure queries."""
         if self._warm:
             return
-        if self.entities is not None:
-            self.entities.warm_up()
+        self.methods.warm_up(self.stores)
         if self.methods.uses_summary():
             self.summarizer()
-        self.methods.warm_up(self.stores)
+        if self.entities is not None:  # last: spaCy may be loading beside them (cfir_jax.nlp.entity_process)
+            self.entities.warm_up()
         if self.third is not None:
             self.third.warm_up()
         self._warm = True

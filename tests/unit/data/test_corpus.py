@@ -52,6 +52,17 @@ def test_documents_are_a_random_access_grain_dataset(corpus):
     assert sorted(d.doc_id for d in corpus.documents.shuffle(seed=1)) == corpus.doc_ids
 
 
+def test_a_row_read_alone_is_the_grain_dataset_s_row_and_needs_no_grain(corpus):
+    """`image(i)` / `document(i)` read the record itself (a query's captions load no grain); the same as the dataset."""
+    assert [corpus.document(k) for k in range(3)] == [corpus.documents[k] for k in range(3)]
+    for k in range(4):
+        alone, in_dataset = corpus.image(k), corpus.images[k]
+        assert alone == in_dataset and np.array_equal(alone.embedding, in_dataset.embedding)
+    fresh = Corpus.open(corpus.path)
+    fresh.image(1), fresh.document(1)
+    assert "images" not in vars(fresh) and "documents" not in vars(fresh)  # the grain datasets were never made
+
+
 def test_embeddings_matrix_matches_the_records(corpus):
     emb = corpus.embeddings()
     assert emb.shape == (4, 8) and emb.dtype == np.float32

