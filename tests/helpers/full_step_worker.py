@@ -11,6 +11,13 @@ import sys
 
 sys.path[:0] = [os.path.dirname(__file__), os.path.dirname(os.path.dirname(os.path.dirname(__file__)))]
 
+from cfir_jax.core import compile_cache  # noqa: E402
+
+# The suite's compiled programs are kept in its own cache (CFIR_CACHE_DIR, tests/conftest.py), as the commands keep
+# theirs: a run that is killed and resumed, or run again beside the uninterrupted one, compiles its steps once.
+if os.environ.get("CFIR_CACHE_DIR"):
+    compile_cache.enable()
+
 import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from train_fixtures import full_batch, full_config  # noqa: E402
