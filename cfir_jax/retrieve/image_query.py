@@ -28,6 +28,7 @@ import numpy as np
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import Hit, Result, Retriever
+from cfir_jax.retrieve.queries import read_bounded
 from cfir_jax.search.knn import ScannSearcher, search_with_tail
 from cfir_jax.stores.integrity import check_embeddings, check_scores, row_norm_bound
 
@@ -44,17 +45,8 @@ class UnknownPicture(CfirError):
 
 def read_picture(path: str | Path, limit: int) -> bytes:
     """The bytes of a picture file, refused in one line when missing, not a file, empty or over `limit` bytes."""
-    path = Path(path)
-    if not path.exists():
-        raise UnusablePicture(f"{path}: picture not found")
-    if not path.is_file():
-        raise UnusablePicture(f"{path}: picture is not a regular file")
-    size = path.stat().st_size
-    if size == 0:
-        raise UnusablePicture(f"{path}: picture is empty")
-    if size > limit:
-        raise UnusablePicture(f"{path}: picture is {size:,} bytes, over serve.max_image_bytes={limit:,}")
-    return path.read_bytes()
+    return read_bounded(path, "picture", limit, lambda size: f"{size:,} bytes, over serve.max_image_bytes={limit:,}",
+                        UnusablePicture)
 
 
 class PictureSearch:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import unicodedata
+from collections.abc import Callable
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
@@ -19,18 +20,27 @@ def _size(n: int) -> str:
     return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
-def _read_text(path: str | Path, limit: int, what: str) -> str:
+def read_bounded(path: str | Path, what: str, limit: int, too_large: Callable[[int], str],
+                 error: type[CfirError] = CfirError) -> bytes:
+    """The bytes of a file a user named (`what`: "query file", "picture"), refused in one line (`error`) when
+    missing, not a regular file, empty, or over `limit` bytes (`too_large(size)`: what the refusal says after
+    "is")."""
     path = Path(path)
     if not path.exists():
-        raise CfirError(f"{path}: {what} not found")
+        raise error(f"{path}: {what} not found")
     if not path.is_file():
-        raise CfirError(f"{path}: {what} is not a regular file")
+        raise error(f"{path}: {what} is not a regular file")
     size = path.stat().st_size
     if size == 0:
-        raise CfirError(f"{path}: {what} is empty")
+        raise error(f"{path}: {what} is empty")
     if size > limit:
-        raise CfirError(f"{path}: {what} is {_size(size)}, over the {_size(limit)} limit (is it really a document?)")
-    data = path.read_bytes()
+        raise error(f"{path}: {what} is {too_large(size)}")
+    return path.read_bytes()
+
+
+def _read_text(path: str | Path, limit: int, what: str) -> str:
+    data = read_bounded(path, what, limit,
+                        lambda size: f"{_size(size)}, over the {_size(limit)} limit (is it really a document?)")
     if b"\x00" in data:
         raise CfirError(f"{path}: {what} is binary (NUL bytes), expected UTF-8 text")
     try:

@@ -11,11 +11,11 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from repo import ROOT, TINY_CONFIG, run_script
+from serving import wait_ready
 
 import cfir_jax
 from cfir_jax.core.errors import CfirError
@@ -30,17 +30,11 @@ class Service:
                                       *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, **(env or {})}, start_new_session=True)
         self.log: list[str] = []
-        deadline = time.monotonic() + ready_s
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise AssertionError(f"exited {self.proc.wait()}: {''.join(self.log)[-3000:]}")
-            self.log.append(line)
-            if line.rstrip().endswith("; ready"):
-                self.url = re.search(r" at (http://\S+): loaded", line).group(1)
-                return
-        self.stop()
-        raise AssertionError(f"not ready in {ready_s} s: {''.join(self.log)[-3000:]}")
+        try:
+            self.url = wait_ready(self.proc, self.log, ready_s)
+        except AssertionError:
+            self.stop()
+            raise
 
     def stop(self, timeout=120) -> str:
         if self.proc.poll() is None:

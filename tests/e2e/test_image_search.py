@@ -9,13 +9,13 @@ itself first and the answer equals the single process's exact one."""
 
 import base64
 import dataclasses
-import hashlib
 import json
 import shutil
 
 import httpx
 import numpy as np
 import pytest
+from removals import commit_removal
 from repo import ROOT, run_script
 from test_serve import Server
 
@@ -26,7 +26,6 @@ from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.image_query import UnknownPicture, UnusablePicture, search_image
 from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.integrity import write_checksums
 
 PICTURES = ROOT / "examples" / "collection" / "images"
 ASKED = ("img0000013", "img0000100", "img0003567")  # pictures of the collection (PICTURES/<id>.png)
@@ -86,24 +85,13 @@ def test_the_tower_loads_on_the_first_picture_and_compiles_once(pictures, monkey
     assert "tower_load" in times[0] and not any("tower_load" in t for t in times[1:])
 
 
-def _remove(w, image_ids: list[str]) -> None:
-    """What `index.py --remove` commits to the image cache: removed.txt, the manifest's count and digest, checksums."""
-    cache = w / "image_cache"
-    text = "".join(f"{i}\n" for i in image_ids)
-    (cache / "removed.txt").write_text(text)
-    manifest = json.loads((cache / "manifest.json").read_text())
-    manifest.update(num_removed=len(image_ids), removed_sha=hashlib.sha256(text.encode()).hexdigest()[:16])
-    (cache / "manifest.json").write_text(json.dumps(manifest))
-    write_checksums(cache)
-
-
 @pytest.mark.parametrize("backend", ["scann", "exact"])
 def test_removed_pictures_never_answer(pictures, scann, tmp_path, backend):
     before = search_image(scann, image=_file(ASKED[1]), top_k=40)
     gone = {ASKED[0], before.hits[1].image_id, before.hits[2].image_id}  # one asked, two of another's nearest
     w = tmp_path / "W"
     shutil.copytree(pictures, w)
-    _remove(w, sorted(gone))
+    commit_removal(w, sorted(gone))
     retriever = _retriever(w, f"--config.index.entity_index.backend={backend}")
     after = search_image(retriever, image=_file(ASKED[1]), top_k=40)
     assert [h.image_id for h in after.hits] == [h.image_id for h in before.hits if h.image_id not in gone]

@@ -6,18 +6,17 @@ the cases rank first for the first test documents (the planted answers) are writ
 image_cache/removed.txt, as a removal records them. Then every case runs again at top_k = 30."""
 
 import copy
-import hashlib
-import json
 import shutil
 
 import numpy as np
 import pytest
 from flax import nnx
+from removals import commit_removal
 
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.search.topk import exact_topk
 from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.integrity import verify_store, write_checksums
+from cfir_jax.stores.integrity import verify_store
 
 TOP_K = 30
 EXACT = dict(sr="exact", sr_backend="cpu")
@@ -44,17 +43,6 @@ def _config(config, top_k, **retrieval):
     return cfg
 
 
-def _remove(w, image_ids: list[str]) -> None:
-    """What a removal commits to the image cache: removed.txt, the manifest's count and digest, the checksums."""
-    cache = w / "image_cache"
-    text = "".join(f"{i}\n" for i in image_ids)
-    (cache / "removed.txt").write_text(text)
-    manifest = json.loads((cache / "manifest.json").read_text())
-    manifest.update(num_removed=len(image_ids), removed_sha=hashlib.sha256(text.encode()).hexdigest()[:16])
-    (cache / "manifest.json").write_text(json.dumps(manifest))
-    write_checksums(cache)
-
-
 @pytest.fixture(scope="module")
 def removal(workdir, config, tmp_path_factory):
     """(copy with removals, test documents, every case's full ranking before, removed rows, the cache's rows N)."""
@@ -67,7 +55,7 @@ def removal(workdir, config, tmp_path_factory):
     planted = {h.row for results in before.values() for res in results[:6] for h in res.hits[:2]}
     planted |= {before["cfir"][-1].hits[0].row, before["dense_summary"][-1].hits[0].row}  # the fallback's best
     image_ids = ImageCache.open(w / "image_cache").ids
-    _remove(w, [image_ids[r] for r in sorted(planted)])
+    commit_removal(w, [image_ids[r] for r in sorted(planted)])
     return w, docs, before, planted, n
 
 

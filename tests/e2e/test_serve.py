@@ -18,6 +18,7 @@ import httpx
 import numpy as np
 import pytest
 from repo import ROOT, run_script
+from serving import wait_ready
 
 TOKEN = "s3cret-token"
 
@@ -32,17 +33,7 @@ class Server:
             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
             start_new_session=group)
         self.log: list[str] = []
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise AssertionError(f"server exited {self.proc.wait()}: {''.join(self.log)[-3000:]}")
-            self.log.append(line)
-            if line.rstrip().endswith("; ready"):
-                self.url = line.split(" at ", 1)[1].split(": loaded", 1)[0]
-                break
-        else:
-            raise AssertionError("server not ready in 240 s")
+        self.url = wait_ready(self.proc, self.log, 240)
         self.client = httpx.Client(base_url=self.url, timeout=60)
 
     def search(self, text, **fields):

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from ray_processes import clean_env, session_processes
 from repo import ROOT, run_script
+from serving import wait_ready
 
 pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
 
@@ -40,17 +41,7 @@ class Cluster:
              *LIGHT, *overrides], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=True, env=clean_env(home))
         self.log: list[str] = []
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline:
-            line = self.proc.stderr.readline()
-            if not line:
-                raise AssertionError(f"exited {self.proc.wait()}: {''.join(self.log)[-3000:]}")
-            self.log.append(line)
-            if line.rstrip().endswith("; ready"):
-                self.url = line.split(") at ", 1)[1].split(": loaded", 1)[0]
-                break
-        else:
-            raise AssertionError("not ready in 600 s")
+        self.url = wait_ready(self.proc, self.log, 600)
         self.client = httpx.Client(base_url=self.url, timeout=60)
 
     def search(self, text, **fields):

@@ -19,6 +19,7 @@ import time
 
 import pytest
 from repo import ROOT, run_script
+from serving import READY, ready_url
 
 import cfir_jax
 
@@ -53,8 +54,8 @@ class Command:
     def _read(self):
         for line in self.proc.stderr:
             self.log.append(line)
-            if line.rstrip().endswith("; ready") and not self.ready.is_set():
-                self.url = line.split(") at ", 1)[1].split(": loaded", 1)[0]
+            if line.rstrip().endswith(READY) and not self.ready.is_set():
+                self.url = ready_url(line)
                 self.ready.set()
 
     def replicas(self, name: str) -> list[int]:

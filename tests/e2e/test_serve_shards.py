@@ -6,12 +6,11 @@ removed (removed rows never come back from any shard); and so does search by pic
 row searched on every shard and merged)."""
 
 import copy
-import hashlib
-import json
 import shutil
 
 import numpy as np
 import pytest
+from removals import commit_removal
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.image_query import UnknownPicture, search_image
@@ -19,7 +18,6 @@ from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve.merge import ClusterRetriever, LocalShards, merge_ranked
 from cfir_jax.serve.shard import ShardIndex, shard_bounds
 from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.integrity import write_checksums
 
 EXACT = dict(sr="exact", sr_backend="cpu", top_k=30)
 CASES = {
@@ -47,13 +45,7 @@ def removed_copy(workdir, config, tmp_path_factory):
     docs = single.corpus_documents("test")[:6] + EXTRA
     rows = sorted({h.row for r in single.retrieve_many(docs) for h in r.hits[:2]})
     ids = ImageCache.open(w / "image_cache").ids
-    cache = w / "image_cache"
-    text = "".join(f"{ids[r]}\n" for r in rows)
-    (cache / "removed.txt").write_text(text)
-    manifest = json.loads((cache / "manifest.json").read_text())
-    manifest.update(num_removed=len(rows), removed_sha=hashlib.sha256(text.encode()).hexdigest()[:16])
-    (cache / "manifest.json").write_text(json.dumps(manifest))
-    write_checksums(cache)
+    commit_removal(w, [ids[r] for r in rows])
     return w, docs, set(rows)
 
 
