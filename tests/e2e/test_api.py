@@ -1,6 +1,7 @@
 """The library over the session's tiny world: `Index.search` answers what `retrieve.py --format json` prints, the
-client's answers equal `Index.search`'s on both engines (the real service in a subprocess: one process, and Ray
-Serve started from an empty HOME), for documents and for a picture by its id, their refusals are the same lines, a
+client's answers equal `Index.search`'s (the real service in a subprocess, one process; on Ray Serve the same check
+is tests/e2e/test_serve_cluster.py's, over its cluster), for documents and for a picture by its id, their refusals
+are the same lines, a
 removed image is never returned again, and every `python` block of docs/python.md runs as written (on the tiny
 world: configs/demo.py is its tiny variant, the service's URL the one started here)."""
 
@@ -130,31 +131,6 @@ def test_a_removed_image_is_never_returned_and_the_version_moves(api_workdir, do
         assert index.compact()["version"] == before + 2
         assert first not in index.search(text, top_k=100).ids
         assert index.verify().ok
-
-
-@pytest.mark.slow
-def test_the_clients_answers_equal_index_search_on_ray_from_an_empty_home(api_workdir, documents, tmp_path):
-    pytest.importorskip("ray.serve", reason="the Ray engine needs Ray Serve: pip install -e '.[cluster]'")
-    home = tmp_path / "home"
-    home.mkdir()
-    exact = "--config.retrieval.sr=exact"  # the shards score exactly; so does the index compared with
-    cluster = Service(api_workdir, "--engine", "ray", exact, "--config.serve.entity_workers=0",
-                      "--config.serve.verify_mb_per_s=0", "--config.serve.shard_num_cpus=0.1",
-                      "--config.serve.front_num_cpus=0.1", "--config.serve.object_store_mb=300",
-                      env={"HOME": str(home)})
-    try:
-        client = cfir_jax.Client(cluster.url)
-        assert client.ready()
-        with cfir_jax.open(api_workdir, retrieval__sr="exact") as index:
-            for doc_id, text in documents:
-                assert client.search(text, id=doc_id) == index.search(text, id=doc_id), doc_id
-            picture = index.search(documents[1][1], top_k=1).ids[0]  # by id: the shards search, the front merges
-            assert client.search(image=picture) == index.search(image=picture)
-            with pytest.raises(CfirError, match="^text is empty$"):
-                client.search(" ")
-    finally:
-        log = cluster.stop()
-    assert "Traceback" not in log, log[-3000:]
 
 
 def _python_blocks(page: Path) -> list[str]:

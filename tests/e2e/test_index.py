@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import command_server
 import numpy as np
 import pytest
 from atomic_fixtures import write_atomic_fixture
@@ -65,9 +66,12 @@ runpy.run_path("index.py", run_name="__main__")
 
 def _run(*args, check=True, env=None, code=None):
     """index.py ARGS (or `python -c CODE ARGS`) in the repository root; asserts success unless check=False."""
-    program = ["-c", code] if code else ["index.py"]
-    proc = subprocess.run([sys.executable, *program, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                          timeout=900, env={**os.environ, **(env or {})})
+    env = {**os.environ, **(env or {})}
+    if code:
+        proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                              timeout=900, env=env)
+    else:
+        proc = command_server.run(["index.py", *args], env=env, cwd=ROOT, timeout=900)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

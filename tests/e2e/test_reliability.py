@@ -11,6 +11,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import command_server
 import numpy as np
 import pytest
 from repo import ROOT
@@ -27,8 +28,8 @@ STORE_KINDS = ("corpus", "image_cache", "encoder", "entities", "summaries", "ent
 
 
 def _run(*args, check=True, env=None, cwd=ROOT, timeout=900):
-    proc = subprocess.run([sys.executable, *map(str, args)], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
+    proc = command_server.run(args, cwd=cwd, timeout=timeout,
+                              env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})})
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

@@ -1,7 +1,8 @@
 """The service on Ray Serve (`retrieve.py --serve --engine ray`), run as the real command on a localhost Ray it starts,
 from an empty HOME with the default CPUs per replica, over the session's tiny world with exact SR, 2 shards x 2
 replicas, 2 fronts and 2 gateways (the documented command): answers equal `retrieve.py --format
-json`, and a picture's (by its id, through the gateways) `Index.search(image=...)`'s; a shard replica and a front
+json`, and a picture's (by its id, through the gateways) `Index.search(image=...)`'s, and so do `cfir_jax.Client`'s
+answers, for documents and a picture, and its refusals; a shard replica and a front
 replica SIGKILLed under load cost no request; a shard with no live replica makes
 the requests that need it 503 `shard s unavailable` within the deadline and /readyz names it; a reload flips every
 shard at once and every answer names one version; SIGTERM to the command's process group drains, exits 0 and leaves no
@@ -144,22 +145,46 @@ def test_answers_equal_one_process_and_errors_are_the_same(cluster, documents, e
     assert page.status_code == 200 and "<img" in page.text
 
 
+@pytest.fixture(scope="module")
+def index(cluster_workdir):
+    """The library's door to the same workdir in this process, exact SR as the shards score (JAX and the model: only
+    the tests that compare with it open it)."""
+    import cfir_jax
+
+    with cfir_jax.open(cluster_workdir, retrieval__sr="exact") as opened:
+        yield opened
+
+
 @pytest.mark.slow
-def test_a_picture_through_the_gateway_equals_one_process(cluster, cluster_workdir):
+def test_a_picture_through_the_gateway_equals_one_process(cluster, index):
     """The gateway reads the form and hands it to a front, which searches both shards (the world's cache was
     imported, so a picture's bytes are refused in one line and an id is the query)."""
-    # why: the one test of this module that opens the index in this process (JAX and the model)
-    import cfir_jax
     from cfir_jax.retrieve.results import Result
 
-    with cfir_jax.open(cluster_workdir, retrieval__sr="exact") as index:
-        image_id = index.retriever().image_ids[7]
-        want = index.search(image=image_id, top_k=10)
+    image_id = index.retriever().image_ids[7]
+    want = index.search(image=image_id, top_k=10)
     r = cluster.client.post("/v1/search/image", data={"image_id": image_id, "top_k": "10", "id": image_id})
     assert r.status_code == 200 and r.headers["x-index-version"] == "1", r.text
     assert Result.from_json(r.json()) == want and want.hits[0].id == image_id
     upload = cluster.client.post("/v1/search/image", files={"image": ("p.png", b"\x89PNG\r\n\x1a\n" + bytes(64))})
     assert upload.status_code == 422 and "embeddings were imported" in upload.json()["error"], upload.text
+
+
+@pytest.mark.slow
+def test_the_clients_answers_equal_index_search(cluster, index, documents):
+    """`cfir_jax.Client` on the Ray engine answers what `Index.search` answers in one process, for documents and for
+    a picture by its id, and refuses in the same line (the one-process engine's side: tests/e2e/test_api.py)."""
+    import cfir_jax
+    from cfir_jax.core.errors import CfirError
+
+    client = cfir_jax.Client(cluster.url)
+    assert client.ready()
+    for doc_id, text in documents:
+        assert client.search(text, id=doc_id) == index.search(text, id=doc_id), doc_id
+    picture = index.search(documents[1][1], top_k=1).ids[0]  # by id: the shards search, the front merges
+    assert client.search(image=picture) == index.search(image=picture)
+    with pytest.raises(CfirError, match="^text is empty$"):
+        client.search(" ")
 
 
 @pytest.mark.slow

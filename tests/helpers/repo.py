@@ -6,6 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import command_server
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -20,10 +21,15 @@ NEEDS_BEIT3_SPM = pytest.mark.skipif(
 TINY_CONFIG = "configs/demo.py:tiny"
 
 
-def run_script(*args, check=True, env=None):
-    """One of the repository's commands (`index.py ...`) in a subprocess, from the repository root."""
-    proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900,
-                          env={**os.environ, **(env or {})})
+def run_script(*args, check=True, env=None, fresh=False):
+    """One of the repository's commands (`index.py ...`) in a process of its own, from the repository root: forked
+    from a process that has imported JAX and the command modules already (command_server), or with `fresh` (and for
+    any other script) a new interpreter."""
+    env = {**os.environ, **(env or {})}
+    if fresh:
+        proc = subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, timeout=900, env=env)
+    else:
+        proc = command_server.run(args, env=env, cwd=ROOT, timeout=900)
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

@@ -54,12 +54,13 @@ def _processes_with_home(home: Path) -> list[str]:
 
 
 @pytest.mark.slow  # 4 min at load 18, 10 at load 30: a tiny real-size workdir indexed, one server, then Ray
-def test_accelerator_script_serves_a_real_size_workdir_locally_and_on_ray_at_tiny_sizes(tmp_path):
+def test_accelerator_script_serves_a_real_size_workdir_locally_and_on_ray_at_tiny_sizes(workdir, tmp_path):
     home = tmp_path / "home"  # Ray keeps state in HOME: an empty one, as on a fresh machine
     home.mkdir()
     env = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS" and not k.startswith("RAY_")}
     env.update(HOME=str(home), JAX_PLATFORMS="cpu")
-    out = subprocess.run(["bash", "benchmarks/accelerator.sh", "--parts", "serve", "--out", str(tmp_path / "out")],
+    out = subprocess.run(["bash", "benchmarks/accelerator.sh", "--parts", "serve", "--out", str(tmp_path / "out"),
+                          "--world", str(workdir)],  # the session's indexed tiny world, copied: not indexed again
                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=1500)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert out.stdout.startswith("no accelerator on this host")

@@ -1,7 +1,8 @@
 """The service's client against a stand-in service on 127.0.0.1 (the standard library's HTTP server, answering as
 `cfir_jax.serve.app` does): a 503 with Retry-After is waited out within the caller's deadline and not past it, every
 refusal is a CfirError carrying the service's one-line reason, the answers are the same records `Index.search`
-returns, and a batch keeps its order across requests. The real services (one process, Ray) are tests/e2e/test_api.py."""
+returns, and a batch keeps its order across requests. The real services: one process, tests/e2e/test_api.py; Ray,
+tests/e2e/test_serve_cluster.py."""
 
 import json
 import threading

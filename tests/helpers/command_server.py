@@ -1,0 +1,230 @@
+"""The repository's commands run as `python SCRIPT ARGS...` would, in a child forked from a process that has already
+imported what every command imports first (JAX, Flax, tensorflow-datasets, the command modules), so each test's
+command does not pay the interpreter's start and those imports again: about 1.4 s of a query's 2.8 s on the suite's
+2-core machine, for the few hundred commands the suite runs.
+
+The child is a process of its own, as a fresh one is: its argv, environment, working directory, standard streams,
+signals, exit status (a signal's as a negative code) and the processes it starts are its own, and its `__main__` is
+the script. What it shares with the server is only the modules imported before the fork, so a request whose
+environment differs from the server's in a variable read while those modules are imported (JAX_*, XLA_*, TF_*,
+PYTHON*, ...) runs as a fresh process instead (`commands.run`).
+
+    python tests/helpers/command_server.py SOCKET   # prints "ready" once listening; one server per pytest worker
+
+`run` is the tests' side (tests/helpers/repo.py's run_script): it starts the server on first use and falls back to a
+fresh process wherever the server cannot serve a command as that process would.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import os
+import selectors
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import types
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+_PATH = list(sys.path)  # the server's own, as `python command_server.py` set it (its folder first)
+
+# What a command's environment must share with the server's to be forked from it: variables read at import time.
+IMPORT_TIME_PREFIXES = ("JAX_", "XLA_", "TF_", "PYTHON", "LD_", "OMP_", "OPENBLAS_", "MKL_", "TPU_", "CUDA",
+                        "CFIR_BEIT3", "TRANSFORMERS", "HF_", "LC_", "LANG")
+# The scripts forked from the server (others, such as the tests' own helpers, run as fresh processes).
+COMMANDS = ("index.py", "retrieve.py", "train.py")
+
+
+# Read at the interpreter's start too, but set again by the child for its own streams and bytecode.
+CHILD_SETS = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+
+
+def import_time_env(environ) -> dict:
+    return {k: v for k, v in environ.items() if k.startswith(IMPORT_TIME_PREFIXES) and k not in CHILD_SETS}
+
+
+def _stdio(unbuffered: bool) -> None:
+    """sys.stdout and sys.stderr over fds 1 and 2 as the interpreter makes them at its start (PYTHONUNBUFFERED: the
+    bytes unbuffered and the text written through; stderr always line-buffered)."""
+    import io
+
+    for name, fd in (("stdout", 1), ("stderr", 2)):
+        old = getattr(sys, name)
+        raw = io.FileIO(fd, "w", closefd=False)
+        buffer = raw if unbuffered else io.BufferedWriter(raw)
+        stream = io.TextIOWrapper(buffer, encoding=old.encoding, errors=old.errors, write_through=unbuffered,
+                                  line_buffering=name == "stderr" or raw.isatty())
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+
+
+def _preload() -> None:
+    sys.path.insert(0, str(ROOT))  # the repository's cfir_jax, as `python SCRIPT` from its root imports it
+    import flax.nnx  # noqa: F401
+    import jax  # noqa: F401
+    import numpy  # noqa: F401
+    import tensorflow_datasets  # noqa: F401
+
+    import cfir_jax.api.index  # noqa: F401
+    import cfir_jax.commands.scripts  # noqa: F401
+    import cfir_jax.retrieve.pipeline  # noqa: F401
+
+
+def _child(request: dict, fds: list[int]) -> None:
+    """In the forked child: become `python SCRIPT ARGS` and exit as it would."""
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+        os.close(fd)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    _stdio(bool(os.environ.get("PYTHONUNBUFFERED")))
+    sys.dont_write_bytecode = bool(os.environ.get("PYTHONDONTWRITEBYTECODE"))
+    os.chdir(request["cwd"])
+    script = request["argv"][0]
+    sys.argv = list(request["argv"])
+    sys.path[:] = [os.path.dirname(os.path.abspath(script)), *_PATH[1:]]  # as `python SCRIPT`: its folder first
+    main = types.ModuleType("__main__")
+    main.__file__ = script
+    main.__builtins__ = __builtins__
+    sys.modules["__main__"] = main
+    code = 0
+    try:
+        with open(script, "rb") as f:
+            exec(compile(f.read(), script, "exec"), main.__dict__)
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except BaseException:
+        sys.excepthook(*sys.exc_info())
+        code = 1
+    # What the interpreter does at its exit: wait for the threads that are not daemons, then the atexit functions.
+    threading._shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:
+            pass
+    os._exit(code & 0xFF)
+
+
+def serve(path: str) -> None:
+    _preload()
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    print("ready", flush=True)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ)
+    children: dict[int, socket.socket] = {}  # pid -> the connection its status goes to
+    parent = os.getppid()
+    while os.getppid() == parent:  # the test process that started it is gone: so is the server
+        for _ in selector.select(timeout=0.02):
+            conn, _ = listener.accept()
+            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+            request = json.loads(message)
+            pid = os.fork()
+            if pid == 0:
+                listener.close()
+                conn.close()
+                _child(request, fds)
+            for fd in fds:
+                os.close(fd)
+            conn.sendall(f"{pid}\n".encode())
+            children[pid] = conn
+        while children:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+            if pid == 0:
+                break
+            conn = children.pop(pid, None)
+            if conn is not None:
+                try:
+                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+                except OSError:  # the test gave up on it
+                    pass
+                conn.close()
+
+
+if __name__ == "__main__":
+    serve(sys.argv[1])
+
+
+class _Server:
+    """This process's server (started on first use); None where it could not start."""
+
+    proc: subprocess.Popen | None = None
+    path: str = ""
+    env: dict = {}
+    failed = False
+
+
+def _server() -> _Server | None:
+    if _Server.failed:
+        return None
+    if _Server.proc is None or _Server.proc.poll() is not None:
+        _Server.path = os.path.join(tempfile.mkdtemp(prefix="cfir-commands-"), "s")
+        _Server.env = dict(os.environ)
+        _Server.proc = subprocess.Popen([sys.executable, __file__, _Server.path], cwd=ROOT, env=_Server.env,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True)
+        if _Server.proc.stdout.readline().strip() != "ready":
+            _Server.proc.kill()
+            _Server.failed = True
+            return None
+        atexit.register(_Server.proc.kill)
+    return _Server
+
+
+def run(args, env: dict, cwd=ROOT, timeout: float = 900) -> subprocess.CompletedProcess:
+    """`python *args` with `env` in `cwd`, its output captured (subprocess.run's CompletedProcess and its
+    TimeoutExpired): forked from the server when args[0] is one of COMMANDS and the environment allows it."""
+    argv = [str(a) for a in args]
+    server = _server() if Path(argv[0]).name in COMMANDS and hasattr(socket, "send_fds") else None
+    if server is None or import_time_env(env) != import_time_env(server.env):
+        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    null = os.open(os.devnull, os.O_RDONLY)
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        conn.connect(server.path)
+        request = json.dumps({"argv": argv, "env": dict(env), "cwd": str(cwd)}).encode()
+        socket.send_fds(conn, [request], [null, out_w, err_w])
+    finally:
+        for fd in (null, out_w, err_w):
+            os.close(fd)
+    reader = conn.makefile("r")
+    pid = int(reader.readline())
+    streams = {}
+
+    def drain(name, fd):
+        with open(fd, "rb") as f:
+            streams[name] = f.read().decode(errors="replace")
+
+    readers = [threading.Thread(target=drain, args=a, daemon=True) for a in (("out", out_r), ("err", err_r))]
+    for t in readers:
+        t.start()
+    conn.settimeout(timeout)
+    try:
+        code = int(reader.readline())
+    except TimeoutError:
+        os.kill(pid, signal.SIGKILL)
+        raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
+    finally:
+        conn.close()
+    for t in readers:
+        t.join()
+    return subprocess.CompletedProcess([sys.executable, *argv], code, streams.get("out", ""), streams.get("err", ""))
