@@ -16,11 +16,18 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 def pytest_configure(config):
     """The commands the tests run keep their compiled programs in one cache for the whole run, never in the user's
     (cfir_jax.core.compile_cache): made here by the first process (a plain run, or xdist's controller, before it
-    starts the workers, which inherit it), and removed by that process at the end."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        return
-    config.cfir_cache_dir = tempfile.mkdtemp(prefix="cfir-test-cache-")
-    os.environ["CFIR_CACHE_DIR"] = config.cfir_cache_dir
+    starts the workers, which inherit it), and removed by that process at the end. The tests' own process keeps its
+    programs there too, through JAX's config only (JAX is imported first), so the processes it starts choose their
+    cache as a command does: CFIR_CACHE_DIR, or a test's own."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        config.cfir_cache_dir = tempfile.mkdtemp(prefix="cfir-test-cache-")
+        os.environ["CFIR_CACHE_DIR"] = config.cfir_cache_dir
+    if os.environ.get("PYTEST_XDIST_WORKER") or not getattr(config.option, "numprocesses", None):
+        import jax  # noqa: F401  (loaded first: compile_cache.enable then sets JAX's config, not the environment)
+
+        from cfir_jax.core import compile_cache
+
+        compile_cache.enable()
 
 
 def pytest_unconfigure(config):
