@@ -10,11 +10,10 @@ import sys
 import time
 from pathlib import Path
 
-import command_server
 import numpy as np
 import pytest
 from atomic_fixtures import write_atomic_fixture
-from repo import ROOT
+from repo import ROOT, run_script
 
 # A tiny BEiT-3 (random weights) standing in for the converted base checkpoint: BEiT-3's vocabulary size, 32-d
 # embeddings; the tokenizer is the synthetic world's (same id conventions as beit3.spm, which these tests don't need).
@@ -66,12 +65,10 @@ runpy.run_path("index.py", run_name="__main__")
 
 def _run(*args, check=True, env=None, code=None):
     """index.py ARGS (or `python -c CODE ARGS`) in the repository root; asserts success unless check=False."""
-    env = {**os.environ, **(env or {})}
-    if code:
-        proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
-                              timeout=900, env=env)
-    else:
-        proc = command_server.run(["index.py", *args], env=env, cwd=ROOT, timeout=900)
+    if not code:
+        return run_script("index.py", *map(str, args), check=check, env=env)
+    proc = subprocess.run([sys.executable, "-c", code, *map(str, args)], cwd=ROOT, capture_output=True, text=True,
+                          timeout=900, env={**os.environ, **(env or {})})
     if check:
         assert proc.returncode == 0, proc.stderr[-4000:]
     return proc

@@ -121,41 +121,69 @@ def _child(request: dict, fds: list[int]) -> None:
     os._exit(code & 0xFF)
 
 
+def _fork(listener: socket.socket, closed_in_child: tuple[int, ...]) -> tuple[int, socket.socket]:
+    """Takes one request off `listener` and forks its command; (child pid, the connection its status goes to)."""
+    conn, _ = listener.accept()
+    message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
+    request = json.loads(message)
+    pid = os.fork()
+    if pid == 0:
+        signal.set_wakeup_fd(-1)
+        listener.close()
+        conn.close()
+        for fd in closed_in_child:
+            os.close(fd)
+        _child(request, fds)
+    for fd in fds:
+        os.close(fd)
+    conn.sendall(f"{pid}\n".encode())
+    return pid, conn
+
+
+def _reap(children: dict[int, socket.socket]) -> None:
+    """Sends each ended child's exit status to its connection."""
+    while children:
+        pid, status = os.waitpid(-1, os.WNOHANG)
+        if pid == 0:
+            return
+        conn = children.pop(pid, None)
+        if conn is not None:
+            try:
+                conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
+            except OSError:  # the test gave up on it
+                pass
+            conn.close()
+
+
 def serve(path: str) -> None:
     _preload()
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     listener.bind(path)
     listener.listen(16)
     print("ready", flush=True)
+    # A child's end wakes the loop: SIGCHLD writes a byte to `wake` (the handler itself does nothing).
+    wake_r, wake_w = os.pipe()
+    for fd in (wake_r, wake_w):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda *_: None)
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ)
+    selector.register(wake_r, selectors.EVENT_READ)
     children: dict[int, socket.socket] = {}  # pid -> the connection its status goes to
     parent = os.getppid()
-    while os.getppid() == parent:  # the test process that started it is gone: so is the server
-        for _ in selector.select(timeout=0.02):
-            conn, _ = listener.accept()
-            message, fds, _, _ = socket.recv_fds(conn, 1 << 20, 3)
-            request = json.loads(message)
-            pid = os.fork()
-            if pid == 0:
-                listener.close()
-                conn.close()
-                _child(request, fds)
-            for fd in fds:
-                os.close(fd)
-            conn.sendall(f"{pid}\n".encode())
-            children[pid] = conn
-        while children:
-            pid, status = os.waitpid(-1, os.WNOHANG)
-            if pid == 0:
-                break
-            conn = children.pop(pid, None)
-            if conn is not None:
-                try:
-                    conn.sendall(f"{os.waitstatus_to_exitcode(status)}\n".encode())
-                except OSError:  # the test gave up on it
-                    pass
-                conn.close()
+    while os.getppid() == parent:  # the test process that started it is gone (checked each second): so is the server
+        for key, _ in selector.select(timeout=1.0):
+            if key.fileobj is listener:
+                pid, conn = _fork(listener, (wake_r, wake_w))
+                children[pid] = conn
+            else:
+                while True:
+                    try:
+                        os.read(wake_r, 4096)
+                    except BlockingIOError:
+                        break
+        _reap(children)
 
 
 if __name__ == "__main__":
@@ -199,15 +227,26 @@ def run(args, env: dict, cwd=ROOT, timeout: float = 900) -> subprocess.Completed
     err_r, err_w = os.pipe()
     null = os.open(os.devnull, os.O_RDONLY)
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    reader = conn.makefile("r")
     try:
         conn.connect(server.path)
         request = json.dumps({"argv": argv, "env": dict(env), "cwd": str(cwd)}).encode()
         socket.send_fds(conn, [request], [null, out_w, err_w])
+        line = reader.readline()  # the child's pid, once forked
+    except OSError:
+        line = ""
     finally:
         for fd in (null, out_w, err_w):
             os.close(fd)
-    reader = conn.makefile("r")
-    pid = int(reader.readline())
+    if not line:  # the server died before it forked: the command never started, so it starts as a fresh process
+        conn.close()
+        for fd in (out_r, err_r):
+            os.close(fd)
+        server.proc.kill()
+        server.proc = None  # the next command starts a new server
+        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
+                              timeout=timeout)
+    pid = int(line)
     streams = {}
 
     def drain(name, fd):
@@ -219,12 +258,15 @@ def run(args, env: dict, cwd=ROOT, timeout: float = 900) -> subprocess.Completed
         t.start()
     conn.settimeout(timeout)
     try:
-        code = int(reader.readline())
+        status = reader.readline()
     except TimeoutError:
         os.kill(pid, signal.SIGKILL)
         raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
     finally:
         conn.close()
+    if not status:  # the command ran on, but nobody is left to tell how it ended
+        raise RuntimeError(f"the command server died while {argv[0]} ran (pid {pid}): its exit status is lost")
+    code = int(status)
     for t in readers:
         t.join()
     return subprocess.CompletedProcess([sys.executable, *argv], code, streams.get("out", ""), streams.get("err", ""))
