@@ -14,6 +14,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import command_server
 import pytest
 from repo import ROOT, TINY_CONFIG, run_script
 from serving import wait_ready
@@ -27,9 +28,9 @@ class Service:
     """`retrieve.py --index W --serve --port 0 ...` leading a process group of its own; `url` once it is ready."""
 
     def __init__(self, workdir, *flags, env=None, ready_s=400):
-        self.proc = subprocess.Popen([sys.executable, "retrieve.py", "--index", str(workdir), "--serve", "--port", "0",
-                                      *flags], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, **(env or {})}, start_new_session=True)
+        self.proc = command_server.popen(["retrieve.py", "--index", str(workdir), "--serve", "--port", "0", *flags],
+                                         {**os.environ, **(env or {})}, ROOT, stdout=subprocess.PIPE,
+                                         stderr=subprocess.PIPE, text=True, start_new_session=True)
         self.log: list[str] = []
         try:
             self.url = wait_ready(self.proc, self.log, ready_s)

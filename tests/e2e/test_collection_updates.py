@@ -6,10 +6,10 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
+import command_server
 import numpy as np
 import pytest
 from repo import ROOT, run_script
@@ -136,8 +136,8 @@ def test_an_add_killed_mid_way_resumes_to_the_same_stores(workdir, split, added,
     w = tmp_path / "w"
     _build(w, workdir, split["base"])
     before = _arrays(w)
-    proc = subprocess.Popen([sys.executable, "index.py", "--workdir", str(w), "--add", str(split["addition"])],
-                            cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    proc = command_server.popen(["index.py", "--workdir", w, "--add", split["addition"]], dict(os.environ), ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     _kill_when(proc, w / ".change" / "image_cache")
     # Killed with a change staged: the old version is whole and still answers.
     after_kill = _arrays(w)

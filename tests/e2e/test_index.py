@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import command_server
 import numpy as np
 import pytest
 from atomic_fixtures import write_atomic_fixture
@@ -290,8 +291,8 @@ def test_synthetic_build_killed_during_pretraining_resumes_to_the_same_encoder(t
              "--config.index.pretrain.num_steps=16"]
     _run(*flags, "--workdir", tmp_path / "ref")
     work = tmp_path / "W"
-    proc = subprocess.Popen([sys.executable, "index.py", *flags, "--workdir", str(work)], cwd=ROOT,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = command_server.popen(["index.py", *flags, "--workdir", work], dict(os.environ), ROOT,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     first = work / "pretrain" / "checkpoints" / "4"
     deadline = time.time() + 600
     while not first.is_dir() and proc.poll() is None and time.time() < deadline:

@@ -4,9 +4,9 @@ process builds, and a SIGKILLed 2-process build resumes, reusing its finished ch
 import os
 import socket
 import subprocess
-import sys
 from pathlib import Path
 
+import command_server
 import pytest
 from repo import ROOT
 from test_index import write_inputs
@@ -36,10 +36,9 @@ def _start(nproc: int, config: Path, work: Path, logs: Path, kill_after: int = -
                CFIR_PROGRESS="0")
     port = _free_port()
     logs.mkdir(parents=True, exist_ok=True)
-    return [subprocess.Popen([sys.executable, WORKER, str(p), str(nproc), port, str(logs / str(p)),
-                              str(kill_after if p == 1 else -1), "--config", str(config), "--workdir", str(work),
-                              *OVERRIDES],
-                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return [command_server.popen([WORKER, p, nproc, port, logs / str(p), kill_after if p == 1 else -1, "--config",
+                                  config, "--workdir", work, *OVERRIDES],
+                                 env, ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             for p in range(nproc)]
 
 
@@ -153,8 +152,8 @@ def test_model_directory_written_by_process_0_is_loaded_by_both(tmp_path):
 
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=2")
     port = _free_port()
-    procs = [subprocess.Popen([sys.executable, WORKER, "model", str(p), port, str(tmp_path / "model")], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for p in (0, 1)]
+    procs = [command_server.popen([WORKER, "model", p, port, tmp_path / "model"], env, ROOT, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, text=True) for p in (0, 1)]
     outs = _finish(procs, timeout=120)
     cfg = model_config("tiny", embed_dim=32, num_layers=1, num_heads=2, ffn_dim=64, image_size=32, vocab_size=100)
     model = create_model(cfg, seed=3)

@@ -473,9 +473,9 @@ def test_a_full_disk_during_index_is_one_line_exit_2_and_the_rerun_completes(bui
 @pytest.mark.slow  # an interrupted build and a resumed one: ~50 s on 2 cores
 def test_sigterm_to_index_says_where_exits_143_and_the_rerun_resumes_to_identical_stores(built, tmp_path):
     w = tmp_path / "W"
-    proc = subprocess.Popen([sys.executable, "index.py", "--config", CONFIG, "--workdir", str(w)], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1"})
+    proc = command_server.popen(["index.py", "--config", CONFIG, "--workdir", w],
+                                {**os.environ, "PYTHONUNBUFFERED": "1"}, ROOT, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
     for line in proc.stdout:
         if line.startswith("[entities] ..."):
             proc.send_signal(signal.SIGTERM)

@@ -10,10 +10,10 @@ import shutil
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 
+import command_server
 import httpx
 import numpy as np
 import pytest
@@ -28,9 +28,9 @@ class Server:
 
     def __init__(self, workdir, *overrides, env=None, group=False):
         # group: the server leads a process group of its own (its entity workers in it), to be signalled whole
-        self.proc = subprocess.Popen(
-            [sys.executable, "retrieve.py", "--index", str(workdir), "--serve", "--port", "0", *overrides],
-            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, **(env or {})},
+        self.proc = command_server.popen(
+            ["retrieve.py", "--index", str(workdir), "--serve", "--port", "0", *overrides],
+            {**os.environ, **(env or {})}, ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
             start_new_session=group)
         self.log: list[str] = []
         self.url = wait_ready(self.proc, self.log, 240)

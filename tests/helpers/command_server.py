@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import types
 from pathlib import Path
 
@@ -36,12 +37,13 @@ _PATH = list(sys.path)  # the server's own, as `python command_server.py` set it
 # What a command's environment must share with the server's to be forked from it: variables read at import time.
 IMPORT_TIME_PREFIXES = ("JAX_", "XLA_", "TF_", "PYTHON", "LD_", "OMP_", "OPENBLAS_", "MKL_", "TPU_", "CUDA",
                         "CFIR_BEIT3", "TRANSFORMERS", "HF_", "LC_", "LANG")
-# The scripts forked from the server (others, such as the tests' own helpers, run as fresh processes).
-COMMANDS = ("index.py", "retrieve.py", "train.py")
+# The scripts forked from the server: the commands and the tests' workers (other scripts run as fresh processes).
+FORKED = ("index.py", "retrieve.py", "train.py", "train_worker.py", "index_worker.py", "full_step_worker.py")
 
 
-# Read at the interpreter's start too, but set again by the child for its own streams and bytecode.
-CHILD_SETS = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE")
+# Read at the interpreter's start too, but set again by the child for its own streams and bytecode; and XLA_FLAGS,
+# which XLA reads when JAX starts its first backend (the device count of a multi-device test), after the fork.
+CHILD_SETS = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "XLA_FLAGS")
 
 
 def import_time_env(environ) -> dict:
@@ -80,6 +82,8 @@ def _child(request: dict, fds: list[int]) -> None:
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
         os.close(fd)
+    if request.get("session"):  # Popen's start_new_session: the leader of a process group of its own
+        os.setsid()
     signal.signal(signal.SIGINT, signal.default_int_handler)
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
@@ -215,58 +219,160 @@ def _server() -> _Server | None:
     return _Server
 
 
+def _forkable(argv: list[str], env: dict) -> _Server | None:
+    """The server to fork `python *argv` from, or None where it must be a fresh interpreter."""
+    if Path(argv[0]).name not in FORKED or not hasattr(socket, "send_fds"):
+        return None
+    server = _server()
+    return server if server is not None and import_time_env(env) == import_time_env(server.env) else None
+
+
+def _stream(target, parent_end: list) -> int:
+    """The fd a child's stream gets for Popen's `target` (None, PIPE, DEVNULL or a file), opened here; a pipe's
+    read end is appended to `parent_end`."""
+    if target is None:
+        return os.dup(sys.__stdout__.fileno() if sys.__stdout__ else 1)
+    if target == subprocess.DEVNULL:
+        return os.open(os.devnull, os.O_RDWR)
+    if target == subprocess.PIPE:
+        r, w = os.pipe()
+        parent_end.append(r)
+        return w
+    return os.dup(target if isinstance(target, int) else target.fileno())
+
+
+class Forked:
+    """What subprocess.Popen offers for a command the server forked (pid, args, returncode, stdout, stderr, poll,
+    wait, communicate, send_signal, terminate, kill): its exit status comes over the server's connection, since it is
+    the server's child, not this process's."""
+
+    def __init__(self, server: _Server, argv: list[str], env: dict, cwd, stdout, stderr, text: bool,
+                 start_new_session: bool):
+        self.args = [sys.executable, *argv]
+        self.returncode: int | None = None
+        out_end, err_end = [], []
+        fds = [os.open(os.devnull, os.O_RDONLY), _stream(stdout, out_end)]
+        fds.append(os.dup(fds[1]) if stderr == subprocess.STDOUT else _stream(stderr, err_end))
+        self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._status = b""
+        try:
+            self._conn.connect(server.path)
+            request = {"argv": argv, "env": dict(env), "cwd": str(cwd), "session": start_new_session}
+            socket.send_fds(self._conn, [json.dumps(request).encode()], fds)
+            self.pid = int(self._line())  # once forked
+        except (OSError, ValueError):
+            self._conn.close()
+            for fd in out_end + err_end:
+                os.close(fd)
+            raise ServerGone from None
+        finally:
+            for fd in fds:
+                os.close(fd)
+        opened = [open(end[0], "r" if text else "rb", encoding="utf-8" if text else None,
+                       errors="replace" if text else None) if end else None for end in (out_end, err_end)]
+        self.stdout, self.stderr = opened
+        self.stdin = None
+        self._drained: dict[str, object] = {}
+        self._drainers: list[threading.Thread] = []
+
+    def _line(self, timeout: float | None = None) -> str:
+        """The next line from the server ("" when it closed the connection); TimeoutError past `timeout`."""
+        self._conn.settimeout(timeout)
+        while b"\n" not in self._status:
+            chunk = self._conn.recv(64)
+            if not chunk:
+                return ""
+            self._status += chunk
+        line, self._status = self._status.split(b"\n", 1)
+        return line.decode()
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                self.wait(0)
+            except subprocess.TimeoutExpired:
+                pass
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            try:
+                status = self._line(timeout)
+            except (TimeoutError, BlockingIOError):
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            if not status:  # the command may run on, but nobody is left to tell how it ended
+                raise RuntimeError(f"the command server died while {self.args[1]} ran (pid {self.pid})")
+            self.returncode = int(status)
+            self._conn.close()
+        return self.returncode
+
+    def communicate(self, input=None, timeout: float | None = None) -> tuple:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        if not self._drainers:
+            for name in ("stdout", "stderr"):
+                stream = getattr(self, name)
+                if stream is not None:
+                    self._drainers.append(threading.Thread(target=self._drain, args=(name, stream), daemon=True))
+            for t in self._drainers:
+                t.start()
+        for t in self._drainers:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return self._drained.get("stdout"), self._drained.get("stderr")
+
+    def _drain(self, name: str, stream) -> None:
+        with stream:
+            self._drained[name] = stream.read()
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for stream in (self.stdout, self.stderr):
+            if stream is not None:
+                stream.close()
+        self.wait()
+
+
+class ServerGone(Exception):
+    """The server died before it forked the command: it never started."""
+
+
+def popen(args, env: dict, cwd=ROOT, stdout=None, stderr=None, text: bool = False,
+          start_new_session: bool = False) -> subprocess.Popen | Forked:
+    """subprocess.Popen([sys.executable, *args], ...) for the tests' commands and workers: forked from the server
+    where `args[0]` is one it forks and the environment allows it, else a fresh interpreter."""
+    argv = [str(a) for a in args]
+    server = _forkable(argv, env)
+    if server is not None:
+        try:
+            return Forked(server, argv, env, cwd, stdout, stderr, text, start_new_session)
+        except ServerGone:  # the command never started: a fresh process; the next command starts a new server
+            server.proc.kill()
+            server.proc = None
+    return subprocess.Popen([sys.executable, *argv], cwd=cwd, env=env, stdout=stdout, stderr=stderr, text=text,
+                            start_new_session=start_new_session)
+
+
 def run(args, env: dict, cwd=ROOT, timeout: float = 900) -> subprocess.CompletedProcess:
     """`python *args` with `env` in `cwd`, its output captured (subprocess.run's CompletedProcess and its
-    TimeoutExpired): forked from the server when args[0] is one of COMMANDS and the environment allows it."""
-    argv = [str(a) for a in args]
-    server = _server() if Path(argv[0]).name in COMMANDS and hasattr(socket, "send_fds") else None
-    if server is None or import_time_env(env) != import_time_env(server.env):
-        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    out_r, out_w = os.pipe()
-    err_r, err_w = os.pipe()
-    null = os.open(os.devnull, os.O_RDONLY)
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    reader = conn.makefile("r")
+    TimeoutExpired), through `popen`."""
+    proc = popen(args, env, cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        conn.connect(server.path)
-        request = json.dumps({"argv": argv, "env": dict(env), "cwd": str(cwd)}).encode()
-        socket.send_fds(conn, [request], [null, out_w, err_w])
-        line = reader.readline()  # the child's pid, once forked
-    except OSError:
-        line = ""
-    finally:
-        for fd in (null, out_w, err_w):
-            os.close(fd)
-    if not line:  # the server died before it forked: the command never started, so it starts as a fresh process
-        conn.close()
-        for fd in (out_r, err_r):
-            os.close(fd)
-        server.proc.kill()
-        server.proc = None  # the next command starts a new server
-        return subprocess.run([sys.executable, *argv], cwd=cwd, env=env, capture_output=True, text=True,
-                              timeout=timeout)
-    pid = int(line)
-    streams = {}
-
-    def drain(name, fd):
-        with open(fd, "rb") as f:
-            streams[name] = f.read().decode(errors="replace")
-
-    readers = [threading.Thread(target=drain, args=a, daemon=True) for a in (("out", out_r), ("err", err_r))]
-    for t in readers:
-        t.start()
-    conn.settimeout(timeout)
-    try:
-        status = reader.readline()
-    except TimeoutError:
-        os.kill(pid, signal.SIGKILL)
-        raise subprocess.TimeoutExpired([sys.executable, *argv], timeout) from None
-    finally:
-        conn.close()
-    if not status:  # the command ran on, but nobody is left to tell how it ended
-        raise RuntimeError(f"the command server died while {argv[0]} ran (pid {pid}): its exit status is lost")
-    code = int(status)
-    for t in readers:
-        t.join()
-    return subprocess.CompletedProcess([sys.executable, *argv], code, streams.get("out", ""), streams.get("err", ""))
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)

@@ -5,6 +5,7 @@ import os
 import subprocess
 import sys
 
+import command_server
 import jax
 import numpy as np
 import pytest
@@ -159,7 +160,7 @@ def test_eight_devices_data_by_fsdp_equal_one_device(tmp_path):
     without gradient caching."""
     out = tmp_path / "full.npz"
     env = dict(os.environ, JAX_PLATFORMS="cpu", XLA_FLAGS="--xla_force_host_platform_device_count=8")
-    proc = subprocess.run([sys.executable, WORKER, str(out)], env=env, capture_output=True, text=True, timeout=600)
+    proc = command_server.run([WORKER, out], env, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     z = np.load(out)
     for accum in (1, 2):

@@ -5,10 +5,10 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import time
 
 import chex
+import command_server
 import jax
 import numpy as np
 import pytest
@@ -34,6 +34,17 @@ def _env(devices: int) -> dict:
     return env
 
 
+def _worker(*args, devices: int = 1) -> subprocess.CompletedProcess:
+    """train_worker.py ARGS on `devices` CPU devices, to its end, its output captured (forked from the tests'
+    command server: tests/helpers/command_server.py)."""
+    return command_server.run([WORKER, *args], _env(devices), timeout=600)
+
+
+def _start(*args, devices: int = 1, **streams):
+    """train_worker.py ARGS on `devices` CPU devices, started (subprocess.Popen's interface; `streams` as its)."""
+    return command_server.popen([WORKER, *args], _env(devices), **streams)
+
+
 def _assert_same_params(a: dict, b: dict, rtol: float = 1e-5):
     assert a.keys() == b.keys()
     for k in a:
@@ -48,8 +59,7 @@ def _assert_same_params(a: dict, b: dict, rtol: float = 1e-5):
 def test_sharded_step_equals_single_device(tmp_path):
     """8 fake CPU devices (pure data parallel, and 4 x 2 data x fsdp with sharded params) vs one device."""
     out = tmp_path / "sharded.npz"
-    proc = subprocess.run([sys.executable, WORKER, "sharded", str(out)], env=_env(8), capture_output=True, text=True,
-                          timeout=600)
+    proc = _worker("sharded", out, devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
     z = np.load(out)
     for name in ("dp", "fsdp"):
@@ -70,13 +80,12 @@ def test_two_processes_equal_single_device(tmp_path):
     """2 processes x 4 devices on localhost (jax.distributed, gloo) vs the single-device run of the same batch."""
     port = str(_free_port())
     out = tmp_path / "dist.npz"
-    procs = [subprocess.Popen([sys.executable, WORKER, "dist", str(pid), port, str(out)], env=_env(4),
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for pid in (0, 1)]
+    procs = [_start("dist", pid, port, out, devices=4, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for pid in (0, 1)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert all(p.returncode == 0 for p in procs), logs[0][-3000:] + logs[1][-3000:]
     single = tmp_path / "single.npz"
-    proc = subprocess.run([sys.executable, WORKER, "single", str(single)], env=_env(1), capture_output=True,
-                          text=True, timeout=600)
+    proc = _worker("single", single)
     assert proc.returncode == 0, proc.stderr[-3000:]
     z, s = np.load(out), np.load(single)
     np.testing.assert_allclose(z["loss"], s["loss"], rtol=1e-5)
@@ -87,12 +96,10 @@ def test_two_processes_equal_single_device(tmp_path):
 def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
     """SIGKILL after the step-4 checkpoint (blocked before step 5), resume: same params and metrics log."""
     whole, broken = tmp_path / "whole", tmp_path / "broken"
-    proc = subprocess.run([sys.executable, WORKER, "run", str(whole), str(tmp_path / "whole.npz"), "-1"],
-                          env=_env(1), capture_output=True, text=True, timeout=600)
+    proc = _worker("run", whole, tmp_path / "whole.npz", -1)
     assert proc.returncode == 0, proc.stderr[-3000:]
 
-    victim = subprocess.Popen([sys.executable, WORKER, "run", str(broken), str(tmp_path / "x.npz"), "5"],
-                              env=_env(1), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    victim = _start("run", broken, tmp_path / "x.npz", 5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (broken / "checkpoints" / "4").is_dir() and time.time() < deadline:
         assert victim.poll() is None, "training ended before it could be killed"
@@ -102,8 +109,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
     victim.wait()
     assert not (tmp_path / "x.npz").exists()
 
-    proc = subprocess.run([sys.executable, WORKER, "run", str(broken), str(tmp_path / "resumed.npz"), "-1"],
-                          env=_env(1), capture_output=True, text=True, timeout=600)
+    proc = _worker("run", broken, tmp_path / "resumed.npz", -1)
     assert proc.returncode == 0, proc.stderr[-3000:]
     a, b = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "resumed.npz")
     for k in a.files:
@@ -123,8 +129,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
 def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     """Preemption: SIGTERM mid-run -> checkpoint at the current step, exit 0; the rerun finishes identically."""
     work = tmp_path / "pre"
-    proc = subprocess.Popen([sys.executable, WORKER, "run", str(work), str(tmp_path / "x.npz"), "-2"], env=_env(1),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _start("run", work, tmp_path / "x.npz", -2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while not (work / "metrics.jsonl").is_file() or not (work / "metrics.jsonl").read_text().strip():
         assert proc.poll() is None and time.time() < deadline, "training ended before SIGTERM"
@@ -135,11 +140,9 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     saved = sorted(int(p.name) for p in (work / "checkpoints").iterdir() if p.name.isdigit())
     assert saved and saved[-1] < 8 and "SIGTERM" in err
     assert not (tmp_path / "x.npz").exists()
-    done = subprocess.run([sys.executable, WORKER, "run", str(work), str(tmp_path / "y.npz"), "-1"], env=_env(1),
-                          capture_output=True, text=True, timeout=600)
+    done = _worker("run", work, tmp_path / "y.npz", -1)
     assert done.returncode == 0, done.stderr[-2000:]
-    whole = subprocess.run([sys.executable, WORKER, "run", str(tmp_path / "whole"), str(tmp_path / "z.npz"), "-1"],
-                           env=_env(1), capture_output=True, text=True, timeout=600)
+    whole = _worker("run", tmp_path / "whole", tmp_path / "z.npz", -1)
     assert whole.returncode == 0
     a, b = np.load(tmp_path / "y.npz"), np.load(tmp_path / "z.npz")
     for k in a.files:
@@ -149,8 +152,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
 def _start_two_processes(*args: str) -> list[subprocess.Popen]:
     """`train_worker.py distrun` as processes 0 and 1 of a 2 x 4-device jax.distributed job."""
     port = str(_free_port())
-    return [subprocess.Popen([sys.executable, WORKER, "distrun", str(pid), port, *args], env=_env(4),
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True) for pid in (0, 1)]
+    return [_start("distrun", pid, port, *args, devices=4, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            for pid in (0, 1)]
 
 
 def _wait_all(procs: list[subprocess.Popen], timeout: float = 600) -> list[str]:
