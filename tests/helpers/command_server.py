@@ -1,18 +1,19 @@
-"""The repository's commands run as `python SCRIPT ARGS...` would, in a child forked from a process that has already
-imported what every command imports first (JAX, Flax, tensorflow-datasets, the command modules), so each test's
-command does not pay the interpreter's start and those imports again: about 1.4 s of a query's 2.8 s on the suite's
-2-core machine, for the few hundred commands the suite runs.
+"""The repository's commands and the tests' workers run as `python SCRIPT ARGS...` would, in a child forked from a
+process that has already imported what every command imports first (JAX, Flax, tensorflow-datasets, the command
+modules), so each test's command does not pay the interpreter's start and those imports again: about 1.4 s of a
+query's 2.8 s on the suite's 2-core machine, for the few hundred commands the suite runs.
 
 The child is a process of its own, as a fresh one is: its argv, environment, working directory, standard streams,
 signals, exit status (a signal's as a negative code) and the processes it starts are its own, and its `__main__` is
 the script. What it shares with the server is only the modules imported before the fork, so a request whose
-environment differs from the server's in a variable read while those modules are imported (JAX_*, XLA_*, TF_*,
-PYTHON*, ...) runs as a fresh process instead (`commands.run`).
+environment differs from the server's in a variable read while those modules are imported (JAX_*, TF_*, PYTHON*,
+...) runs as a fresh process instead.
 
     python tests/helpers/command_server.py SOCKET   # prints "ready" once listening; one server per pytest worker
 
-`run` is the tests' side (tests/helpers/repo.py's run_script): it starts the server on first use and falls back to a
-fresh process wherever the server cannot serve a command as that process would.
+`run` (subprocess.run's) and `popen` (subprocess.Popen's) are the tests' side (tests/helpers/repo.py's run_script
+uses `run`): they start the server on first use and fall back to a fresh process wherever the server cannot serve a
+command as that process would.
 """
 
 from __future__ import annotations
