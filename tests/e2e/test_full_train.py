@@ -4,9 +4,9 @@ W/train_full, exported whole to W/model_full; resumed runs equal uninterrupted o
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
+import command_server
 import jax
 import numpy as np
 import pytest
@@ -16,24 +16,6 @@ from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model import checkpoint
 
 CONFIG = "configs/demo.py:tiny,full"
-
-
-@pytest.fixture(scope="module", autouse=True)
-def compile_cache(tmp_path_factory):
-    """One persistent XLA compilation cache for this module's runs (each run jits the same programs anew; compiling
-    them is most of a tiny run's time), in-process and in train.py's subprocesses; the session's setting restored."""
-    from jax.experimental.compilation_cache import compilation_cache
-
-    path = str(tmp_path_factory.mktemp("xla_cache"))
-    keys = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs")
-    before = {k: getattr(jax.config, k) for k in keys}
-    jax.config.update(keys[0], path)
-    jax.config.update(keys[1], 0)
-    compilation_cache.reset_cache()
-    yield {"JAX_COMPILATION_CACHE_DIR": path, "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
-    for k, v in before.items():
-        jax.config.update(k, v)
-    compilation_cache.reset_cache()
 
 
 @pytest.fixture(scope="module")
@@ -53,10 +35,11 @@ def _workdir(world: Path, tmp_path: Path, name: str) -> Path:
     return w
 
 
-def _train_py(workdir: Path, cache: dict) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **cache)
-    return subprocess.run([sys.executable, "train.py", "--config", CONFIG, "--workdir", str(workdir)], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=600)
+def _train_py(workdir: Path, **env) -> subprocess.CompletedProcess:
+    """train.py on CONFIG (forked from the tests' command server; its compiles kept in the run's cache, as every
+    command's: tests/conftest.py)."""
+    return command_server.run(["train.py", "--config", CONFIG, "--workdir", workdir], {**os.environ, **env},
+                              timeout=600)
 
 
 def _config():
@@ -73,9 +56,9 @@ def _params(model_dir: Path) -> dict:
             jax.tree_util.tree_flatten_with_path(nnx.to_pure_dict(nnx.state(model, nnx.Param)))[0]}
 
 
-def test_train_py_trains_both_towers_of_the_full_model_and_exports_it_beside_cfirs(world, tmp_path, compile_cache):
+def test_train_py_trains_both_towers_of_the_full_model_and_exports_it_beside_cfirs(world, tmp_path):
     w = _workdir(world, tmp_path, "w")
-    out = _train_py(w, compile_cache)
+    out = _train_py(w)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.startswith("final: ") and "skipped_images=0" in out.stdout and "Traceback" not in out.stderr
     run = w / "train_full"
@@ -92,7 +75,7 @@ def test_train_py_trains_both_towers_of_the_full_model_and_exports_it_beside_cfi
         assert manifest[f"{tower}_fingerprint"] == checkpoint.fingerprint(_loaded(w), tower)
         assert manifest[f"{tower}_fingerprint"] != checkpoint.fingerprint(initial, tower), tower
     # A rerun has nothing left to do and keeps the model.
-    again = _train_py(w, compile_cache)
+    again = _train_py(w)
     assert again.returncode == 0 and "already trained to step 4" in again.stdout, again.stderr[-3000:]
     assert checkpoint.read_model_manifest(w / "model_full")["created"] == manifest["created"]
 
@@ -134,12 +117,12 @@ def test_interrupted_full_run_resumes_to_the_uninterrupted_model(world, tmp_path
         (resumed_dir / "train_full" / "metrics.jsonl").read_text()
 
 
-def test_a_second_writer_of_the_workdir_is_refused_in_one_line(world, tmp_path, compile_cache):
+def test_a_second_writer_of_the_workdir_is_refused_in_one_line(world, tmp_path):
     from cfir_jax.stores import lock
 
     w = _workdir(world, tmp_path, "w")
     with lock.hold(w, command="first writer"):
-        out = _train_py(w, compile_cache)
+        out = _train_py(w)
     assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "another writer is running" in out.stderr and "first writer" in out.stderr
     assert not (w / "train_full").exists() and not (w / "model_full").exists()
@@ -153,16 +136,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _two_process_train_py(workdir: Path, cache: dict) -> list[subprocess.CompletedProcess]:
+def _two_process_train_py(workdir: Path) -> list[subprocess.CompletedProcess]:
     """train.py as processes 0 and 1 of a jax.distributed job on localhost, one CPU device each."""
     port = _free_port()
     procs = []
     for pid in (0, 1):
-        env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **cache,
-                   XLA_FLAGS="--xla_force_host_platform_device_count=1", JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}",
-                   JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
-        procs.append(subprocess.Popen([sys.executable, "train.py", "--config", CONFIG, "--workdir", str(workdir)],
-                                      cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+                   JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(pid))
+        procs.append(command_server.popen(["train.py", "--config", CONFIG, "--workdir", workdir], env, ROOT,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
     try:
         outs = [p.communicate(timeout=600) for p in procs]
     finally:
@@ -173,17 +155,14 @@ def _two_process_train_py(workdir: Path, cache: dict) -> list[subprocess.Complet
 
 
 @pytest.mark.slow
-def test_two_process_full_run_equals_one_process_on_as_many_devices(world, tmp_path, compile_cache):
+def test_two_process_full_run_equals_one_process_on_as_many_devices(world, tmp_path):
     """2 processes x 1 device (each reading its own half of every global batch from the pipeline) train the model
     that 1 process x 2 devices trains; a rerun of the finished 2-process job agrees to keep the model, on both."""
     two = _workdir(world, tmp_path, "two")
-    runs = _two_process_train_py(two, compile_cache)
+    runs = _two_process_train_py(two)
     assert all(r.returncode == 0 for r in runs), runs[0].stderr[-3000:] + "\n-----\n" + runs[1].stderr[-3000:]
     one = _workdir(world, tmp_path, "one")
-    env = dict(compile_cache, XLA_FLAGS="--xla_force_host_platform_device_count=2")
-    single = subprocess.run([sys.executable, "train.py", "--config", CONFIG, "--workdir", str(one)], cwd=ROOT,
-                            env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu", **env),
-                            capture_output=True, text=True, timeout=600)
+    single = _train_py(one, XLA_FLAGS="--xla_force_host_platform_device_count=2")
     assert single.returncode == 0, single.stderr[-3000:]
     a, b = _params(one / "model_full"), _params(two / "model_full")
     assert a.keys() == b.keys()
@@ -193,7 +172,7 @@ def test_two_process_full_run_equals_one_process_on_as_many_devices(world, tmp_p
                for w in (one, two)]
     np.testing.assert_allclose(metrics[1], metrics[0], rtol=1e-5)
     created = checkpoint.read_model_manifest(two / "model_full")["created"]
-    again = _two_process_train_py(two, compile_cache)
+    again = _two_process_train_py(two)
     assert all(r.returncode == 0 for r in again), again[0].stderr[-3000:] + again[1].stderr[-3000:]
     assert "already trained to step 4" in again[0].stdout
     assert checkpoint.read_model_manifest(two / "model_full")["created"] == created

@@ -42,9 +42,11 @@ IMPORT_TIME_PREFIXES = ("JAX_", "XLA_", "TF_", "PYTHON", "LD_", "OMP_", "OPENBLA
 FORKED = ("index.py", "retrieve.py", "train.py", "train_worker.py", "index_worker.py", "full_step_worker.py")
 
 
-# Read at the interpreter's start too, but set again by the child for its own streams and bytecode; and XLA_FLAGS,
-# which XLA reads when JAX starts its first backend (the device count of a multi-device test), after the fork.
-CHILD_SETS = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "XLA_FLAGS")
+# What a child may have otherwise than the server: read at the interpreter's start, but set again by the child (its
+# streams and bytecode); or read only once the command runs, after the fork: XLA_FLAGS when JAX starts its first
+# backend (the device count of a multi-device test), jax.distributed's process variables when it initializes.
+CHILD_SETS = ("PYTHONUNBUFFERED", "PYTHONDONTWRITEBYTECODE", "XLA_FLAGS", "JAX_COORDINATOR_ADDRESS",
+              "JAX_NUM_PROCESSES", "JAX_PROCESS_ID")
 
 
 def import_time_env(environ) -> dict:

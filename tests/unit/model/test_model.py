@@ -159,7 +159,7 @@ def test_remat_changes_nothing_but_memory():
         def loss(m):
             return jnp.sum(m.encode_text(ids, mask) ** 3)
 
-        return nnx.to_pure_dict(nnx.grad(loss)(model))
+        return nnx.to_pure_dict(nnx.jit(nnx.grad(loss))(model))
 
     base = grads(remat=False)
     for kw in (dict(remat=True), dict(remat=True, scan_layers=False), dict(remat=True, remat_policy="projections")):
