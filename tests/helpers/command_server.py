@@ -339,15 +339,6 @@ class Forked:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc) -> None:
-        for stream in (self.stdout, self.stderr):
-            if stream is not None:
-                stream.close()
-        self.wait()
-
 
 class ServerGone(Exception):
     """The server died before it forked the command: it never started."""
