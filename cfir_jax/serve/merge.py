@@ -99,14 +99,15 @@ class ClusterRetriever(Retriever):
 
     def warm_front(self, max_batch: int) -> None:
         """This side warmed at every batch size up to max_batch (entities, summaries, the query encoder, the unseen
-        entities' encoder), without a shard call: the shards warm themselves when they load this version."""
+        entities' encoder), without a shard call: the shards warm themselves when they load this version. spaCy
+        compiles nothing: the document is parsed once."""
         self._warm_up()
         text = self.corpus.document(0).text if len(self.corpus.doc_ids) else WARM_TEXT_NO_ENTITY
+        if self.entities is not None:
+            next(self.entities.stream([DocumentInput(text, "warm-0")]))
         size = 1
         while True:
             docs = [DocumentInput(text, f"warm-{i}") for i in range(min(size, max_batch))]
-            if self.entities is not None:
-                list(self.entities.stream(docs))
             self._front(docs)
             if size >= max_batch:
                 break

@@ -112,7 +112,8 @@ def index_fingerprint(workdir: str | Path) -> str:
 def warm_up(retriever: Retriever, max_batch: int) -> None:
     """Runs every shape the service will send before it says it is ready: a document with entities and one
     without (the whole-cache fallback) at each power-of-two batch size up to max_batch (the encoders pad to their
-    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket."""
+    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket.
+    spaCy compiles nothing: the document is parsed once, and the larger batches are given its entities."""
     text = WARM_TEXT_NO_ENTITY
     corpus = getattr(retriever, "corpus", None)
     if corpus is not None and len(corpus.doc_ids):
@@ -121,8 +122,9 @@ def warm_up(retriever: Retriever, max_batch: int) -> None:
     while n < max_batch:
         sizes.append(n)
         n *= 2
-    for size in [*sizes, max_batch]:
-        retriever.retrieve_many([DocumentInput(text, f"warm-{i}") for i in range(size)])
+    entities = list(retriever.retrieve_many([DocumentInput(text, "warm-0")])[0].entities)
+    for size in [*sizes, max_batch][1:]:  # the first (1) was the parse
+        retriever.retrieve_many([DocumentInput(text, f"warm-{i}", entities=entities) for i in range(size)])
     retriever.retrieve_many([DocumentInput(WARM_TEXT_NO_ENTITY, "warm-fallback")])
     retriever.retrieve_many([DocumentInput(WARM_TEXT_UNKNOWN, "warm-unknown")])  # entities searched at query time
     backend = getattr(retriever, "sr_backend", None)
