@@ -92,13 +92,21 @@ def test_two_processes_equal_single_device(tmp_path):
     _assert_same_params({k: z[k] for k in z.files if k != "loss"}, {k: s[k] for k in s.files if k != "loss"})
 
 
-@pytest.mark.slow
-def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
-    """SIGKILL after the step-4 checkpoint (blocked before step 5), resume: same params and metrics log."""
-    whole, broken = tmp_path / "whole", tmp_path / "broken"
-    proc = _worker("run", whole, tmp_path / "whole.npz", -1)
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """One uninterrupted `train_worker.py run` (8 steps, a checkpoint every 2): (its workdir, its parameters' npz),
+    what the killed and the preempted runs must end equal to. Only read."""
+    folder = tmp_path_factory.mktemp("uninterrupted")
+    whole, out = folder / "whole", folder / "whole.npz"
+    proc = _worker("run", whole, out, -1)
     assert proc.returncode == 0, proc.stderr[-3000:]
+    return whole, out
 
+
+@pytest.mark.slow
+def test_killed_and_resumed_run_equals_uninterrupted(tmp_path, uninterrupted):
+    """SIGKILL after the step-4 checkpoint (blocked before step 5), resume: same params and metrics log."""
+    (whole, whole_npz), broken = uninterrupted, tmp_path / "broken"
     victim = _start("run", broken, tmp_path / "x.npz", 5, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 300
     while not (broken / "checkpoints" / "4").is_dir() and time.time() < deadline:
@@ -111,7 +119,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
 
     proc = _worker("run", broken, tmp_path / "resumed.npz", -1)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    a, b = np.load(tmp_path / "whole.npz"), np.load(tmp_path / "resumed.npz")
+    a, b = np.load(whole_npz), np.load(tmp_path / "resumed.npz")
     for k in a.files:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
     assert (whole / "metrics.jsonl").read_text() == (broken / "metrics.jsonl").read_text()
@@ -126,7 +134,7 @@ def test_killed_and_resumed_run_equals_uninterrupted(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
+def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path, uninterrupted):
     """Preemption: SIGTERM mid-run -> checkpoint at the current step, exit 0; the rerun finishes identically."""
     work = tmp_path / "pre"
     proc = _start("run", work, tmp_path / "x.npz", -2, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -142,9 +150,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_cleanly(tmp_path):
     assert not (tmp_path / "x.npz").exists()
     done = _worker("run", work, tmp_path / "y.npz", -1)
     assert done.returncode == 0, done.stderr[-2000:]
-    whole = _worker("run", tmp_path / "whole", tmp_path / "z.npz", -1)
-    assert whole.returncode == 0
-    a, b = np.load(tmp_path / "y.npz"), np.load(tmp_path / "z.npz")
+    a, b = np.load(tmp_path / "y.npz"), np.load(uninterrupted[1])
     for k in a.files:
         np.testing.assert_array_equal(a[k], b[k], err_msg=k)
 
