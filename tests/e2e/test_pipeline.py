@@ -22,6 +22,12 @@ def retriever(workdir, config):
     return Retriever(config, workdir)
 
 
+@pytest.fixture(scope="module")
+def evaluated(workdir):
+    """`retrieve.py --index W --evaluate test` on the session's workdir, run once for the tests that read its table."""
+    return _run("retrieve.py", "--index", str(workdir), "--evaluate", "test")
+
+
 def test_index_rerun_skips_every_stage_and_says_so(workdir):
     before = {p: p.stat().st_mtime_ns for p in workdir.rglob("manifest.json")}
     proc = _run("index.py", "--config", CONFIG, "--workdir", str(workdir))
@@ -136,7 +142,7 @@ def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
     assert res.hits and all(h.row in union and h.entities for h in res.hits)
 
 
-def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, retriever):
+def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_counted(workdir, retriever, evaluated):
     """The paper's protocol: the index is built from the train split's entities; test entities it never saw are
     unknown, and the evaluation says how many."""
     from cfir_jax.stores.entities import EntityStore, entity_key
@@ -149,7 +155,7 @@ def test_entity_index_holds_the_train_documents_entities_and_unknown_ones_are_co
     test_entities = [e for i, d in enumerate(store.doc_ids) if d in test for e in store.entities_of(i)]
     unknown = sum(entity_key(e) not in train_keys for e in test_entities)
     assert unknown > 0, "the tiny world has test entities no train document mentions"
-    proc = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test")
+    proc = evaluated
     assert f"unknown query entities: {unknown:,} of {len(test_entities):,}" in proc.stdout
     assert "searched over the cache" in proc.stdout
     docs = r.corpus_documents("test")
@@ -265,8 +271,8 @@ def test_exact_sr_equals_brute_force_and_fast_sr_reports_its_agreement(workdir, 
         assert f.sr_agreement == len({h.row for h in f.hits} & set(want)) / 5
 
 
-def test_evaluate_is_exact_by_default_and_states_fast_agreement(workdir):
-    exact = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test")
+def test_evaluate_is_exact_by_default_and_states_fast_agreement(workdir, evaluated):
+    exact = evaluated
     assert "SR: exact" in exact.stdout
     fast = _run("retrieve.py", "--index", str(workdir), "--evaluate", "test", "--config.retrieval.eval_sr=fast")
     assert "SR: fast" in fast.stdout and "agreement with exact scoring on these" in fast.stdout
