@@ -8,12 +8,12 @@ import contextlib
 import importlib.util
 import json
 import multiprocessing
-import sys
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.torch_free import without_torch
 from cfir_jax.stores.entities import entity_key, normalize_entity
 
 # Version of what extraction yields, in every build's settings (1 stripped a leading 'the' and a trailing "'s").
@@ -76,7 +76,8 @@ def load_spacy(name: str | None = None, *, only_ner: bool = True):
     """
     candidates = (name,) if name else _DEFAULT_PIPELINES
     nlp = None
-    with _without_torch(_needs_torch(candidates)):
+    # thinc imports torch whenever it is installed (most of spaCy's import) and runs without it
+    with without_torch(_needs_torch(candidates)):
         # why: spaCy (seconds, hundreds of MB) loads only when a model is opened
         import spacy
 
@@ -157,22 +158,6 @@ def _not_for_ner(config_text: str | None) -> list[str]:
     keep = {"ner", upstream} if upstream != "*" else {"ner"} | {c for c, f in factories.items()
                                                                if f in ("tok2vec", "transformer")}
     return [c for c in pipeline if c not in keep]
-
-
-@contextlib.contextmanager
-def _without_torch(needed: bool) -> Iterator[None]:
-    """Loads spaCy as on a machine without PyTorch when its pipeline does not use it: thinc imports torch whenever it
-    is installed (seconds, most of spaCy's import), and then runs without it. A torch already imported is left, and
-    torch can be imported as usual afterwards (thinc keeps working without it)."""
-    if needed or "torch" in sys.modules:
-        yield
-        return
-    sys.modules["torch"] = None  # `import torch` raises ImportError, as where it is not installed
-    try:
-        yield
-    finally:
-        if "torch" in sys.modules and sys.modules["torch"] is None:
-            del sys.modules["torch"]
 
 
 def spacy_model_name(nlp) -> str:

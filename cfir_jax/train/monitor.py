@@ -11,6 +11,7 @@ from pathlib import Path
 import jax
 import jax.experimental.multihost_utils
 
+from cfir_jax.core.torch_free import without_torch
 from cfir_jax.stores.atomic_write import write_text_atomic
 
 
@@ -32,8 +33,10 @@ class MetricsLog:
             write_text_atomic(self.path, "".join(line + "\n" for line in kept))
         if tensorboard:
             try:
-                # why: tensorboardX loads only when train.tensorboard writes events
-                from tensorboardX import SummaryWriter
+                # tensorboardX imports torch whenever it is installed (seconds), for tensors this log never writes
+                with without_torch():
+                    # why: tensorboardX loads only when train.tensorboard writes events
+                    from tensorboardX import SummaryWriter
 
                 self.writer = SummaryWriter(str(workdir / "tensorboard"))
             except ImportError:
