@@ -240,11 +240,11 @@ def _forkable(argv: list[str], env: dict) -> _Server | None:
     return server if server is not None and import_time_env(env) == import_time_env(server.env) else None
 
 
-def _stream(target, parent_end: list) -> int:
-    """The fd a child's stream gets for Popen's `target` (None, PIPE, DEVNULL or a file), opened here; a pipe's
-    read end is appended to `parent_end`."""
+def _stream(target, inherited: int, parent_end: list) -> int:
+    """The fd a child's stream gets for Popen's `target` (None: this process's fd `inherited`; PIPE, DEVNULL or a
+    file), opened here; a pipe's read end is appended to `parent_end`."""
     if target is None:
-        return os.dup(sys.__stdout__.fileno() if sys.__stdout__ else 1)
+        return os.dup(inherited)
     if target == subprocess.DEVNULL:
         return os.open(os.devnull, os.O_RDWR)
     if target == subprocess.PIPE:
@@ -264,8 +264,8 @@ class Forked:
         self.args = [sys.executable, *argv]
         self.returncode: int | None = None
         out_end, err_end = [], []
-        fds = [os.open(os.devnull, os.O_RDONLY), _stream(stdout, out_end)]
-        fds.append(os.dup(fds[1]) if stderr == subprocess.STDOUT else _stream(stderr, err_end))
+        fds = [os.open(os.devnull, os.O_RDONLY), _stream(stdout, 1, out_end)]
+        fds.append(os.dup(fds[1]) if stderr == subprocess.STDOUT else _stream(stderr, 2, err_end))
         self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._status = b""
         try:
@@ -378,5 +378,6 @@ def run(args, env: dict, cwd=ROOT, timeout: float = 900) -> subprocess.Completed
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.kill()
+        proc.wait()  # reaped, as subprocess.run does
         raise
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
