@@ -64,7 +64,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
     row's rule did with them; returns its rows."""
     evaluation_sr(config)
-    table, all_results, curves, authors, rules = [], [], {}, [], {}
+    table, all_results, curves, authors, rules, scorers = [], [], {}, [], {}, []
     er_line = ""
     complete = metrics.complete_for(measures)
     for row in rows:
@@ -77,6 +77,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
         if rule != "-":  # the same entities for every row: one count per rule, with the rows that used it
             rules.setdefault(rule, (results, []))[1].append(row.label)
         all_results.append(results)
+        scorers.append(retriever.sr.scored_by())  # what scored the row (its words), not the row's stores
         run = run_of(results, docs)
         qrels = retriever.corpus.qrels(split)
         if plot:
@@ -97,7 +98,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     if authors:
         print(metrics.authors_table(authors))
     unknown_line = report.unknown_rules_line(rules) if rules else ""
-    for line in (er_line, report.sr_line(config.retrieval, all_results), report.rerank_line(table),
+    for line in (er_line, report.sr_line(scorers, all_results), report.rerank_line(table),
                  report.lexical_line(table), unknown_line):
         if line:  # how ER and SR searched, the third stage's cost, the unseen entities: each when it has something
             print(line)

@@ -50,4 +50,4 @@ def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str =
     if qrels:
         if METHODS[method].uses_entities:
             print(report.unknown_summary(results, config.retrieval.unknown_entities))
-        print(report.sr_line(config.retrieval, [results]))
+        print(report.sr_line([retriever.sr.scored_by()], [results]))

@@ -97,10 +97,12 @@ class Retriever:
 
     measure_agreement: with fast SR, also score each union exactly (untimed) and record the top-k overlap.
     rerank_features: compute the re-ranker's features of SR's top-N into each Result (fitting the re-ranker).
+    local_sr: False for a retriever whose unions are scored elsewhere (a Ray front's, on its shards): it builds no
+    device or compact copy of the cache, and its SR front end refuses to score (`cfir_jax.retrieve.sr.SRFrontEnd`).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True,
-                 measure_agreement: bool = False, rerank_features: bool = False):
+                 measure_agreement: bool = False, rerank_features: bool = False, local_sr: bool = True):
         config = upgrade(config)  # a no-op for a workdir config read by cli.workdir_config
         self.config, self.method, self.rcfg = config, method, config.retrieval
         self.methods = method_of(method, self.rcfg)
@@ -118,7 +120,7 @@ class Retriever:
         self.model_used += self.lexical.model_note(self.methods) if cfir and self.methods.uses_lexical else ""
         if self.fused:
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
-        self.sr = SRFrontEnd(self.rcfg, self.stores, self.fusion, self.fused)
+        self.sr = SRFrontEnd(self.rcfg, self.stores, self.fusion, self.fused, local=local_sr)
         self.entities = EntityRanking(config, self.stores, self.sr.exact_search) if self.methods.uses_entities \
             else None
         # The largest score an intact store allows (unit queries; rows of the recorded norm), and where rows come from.
@@ -126,7 +128,8 @@ class Retriever:
         self.score_bound = abs(self.fusion[0]) * img_norm + abs(self.fusion[1]) if self.fused else img_norm
         self.score_stores = f"{self.stores.layout.image_cache}" + \
             (f" or {self.stores.layout.image_text}" if self.fused else "")
-        self.measure_agreement = measure_agreement and self.sr_mode == "fast"
+        # The device scores exactly whatever retrieval.sr says: only the CPU's fast scorer has an agreement to measure.
+        self.measure_agreement = measure_agreement and self.sr_mode == "fast" and self.sr.backend() == "cpu"
         self.third = None  # the third stage, when it runs (re-ranking or collecting its features)
         if cfir and (rerank_features or self.rcfg.rerank.enabled):
             self.third = ThirdStage(self.rcfg, self.stores, self.fusion if self.fused else (1.0, 0.0),

@@ -14,6 +14,7 @@ import numpy as np
 
 from cfir_jax.retrieve import results
 from cfir_jax.retrieve.pipeline import Result
+from cfir_jax.retrieve.sr import ScoredBy
 
 EVAL_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000")
 
@@ -88,15 +89,18 @@ def mean_line(complete: bool) -> str:
             "search = searched over the cache")
 
 
-def sr_line(rcfg, results: Sequence[Sequence[Result]]) -> str:
-    """How SR scored the unions: exactly (the paper), or fast with its measured top-k agreement with exact."""
-    if rcfg.sr == "exact":
-        return "SR: exact float32 dot product over the whole candidate union (the paper's)"
+def sr_line(scored: Sequence[ScoredBy], results: Sequence[Sequence[Result]]) -> str:
+    """How SR scored the unions, as the rows' SR front ends say (`cfir_jax.retrieve.sr.SRFrontEnd.scored_by`:
+    exactly on the CPU, the paper's; exactly on the device, with the dtype of its copy; or the CPU's fast scorer with
+    its measured top-k agreement with exact scoring). Rows that scored alike say it once."""
+    head = "SR: " + "; ".join(dict.fromkeys(s.label for s in scored))
+    fast = [s for s in scored if s.fast]
+    if not fast:
+        return head
     agree = [r.sr_agreement for rs in results for r in rs if r.sr_agreement is not None]
-    head = f"SR: fast (int8 compact copy, exact re-rank of {rcfg.sr_shortlist:,})"
     if not agree:
         return head + "; no query had a candidate union to compare with exact scoring"
-    return (head + f"; top-{rcfg.top_k} agreement with exact scoring on these {len(agree)} queries: mean "
+    return (head + f"; top-{fast[0].top_k} agreement with exact scoring on these {len(agree)} queries: mean "
             f"{np.mean(agree):.4f}, worst {np.min(agree):.4f}")
 
 

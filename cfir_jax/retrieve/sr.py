@@ -9,9 +9,18 @@ image cache and the image-text store as one [N, 2D] matrix (`cfir_jax.search.fus
 Removed images never come back: the unions SR scores are formed of live rows (`cfir_jax.retrieve.entity_ranking`),
 and a whole-cache search over-fetches by the number of removed rows and keeps the live ones
 (`cfir_jax.search.live_rows`).
+
+The device copy is one per process and per row matrix (`resident_cache`): every served method's front end, and the
+next generation of a service reloading the same cache, score on the one copy, which is freed with the last front end
+that holds it. A front end made with `local=False` (a front that sends its unions to others to score, as a Ray front
+sends them to its shards) builds no copy at all, and a call that would score here is refused.
 """
 
 from __future__ import annotations
+
+import dataclasses
+import threading
+import weakref
 
 import numpy as np
 
@@ -25,15 +34,48 @@ from cfir_jax.stores.contract import manifest_digest
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
 
+@dataclasses.dataclass(frozen=True)
+class ScoredBy:
+    """What scored a retriever's unions (`SRFrontEnd.scored_by`), for the report: its words, and whether it is the
+    CPU's fast scorer (whose top-k agreement with exact scoring is measured) with its k."""
+
+    label: str
+    fast: bool
+    top_k: int
+
+
+# The device copies of this process, by what they hold and how (`resident_cache`): a copy lives as long as a front
+# end holds it, so a reload of another cache frees the old copy with the old generation.
+_RESIDENT: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+_RESIDENT_LOCK = threading.Lock()
+
+
+def resident_cache(rows, source: str, rcfg) -> device_sr.DeviceCache:
+    """The process's device copy of `rows` ([N, D], or the fused [N, 2D] view) made from `source` (what identifies
+    the rows: the cache's content fingerprint, with the image-text store's when fused) under rcfg's device settings
+    (retrieval.top_k, sr_device_dtype, sr_device_shard, sr_buckets, sr_query_batch): made once, shared by every caller
+    asking for the same."""
+    shard = {"auto": None, "always": True, "never": False}[rcfg.sr_device_shard]
+    settings = dict(k=int(rcfg.top_k), dtype=str(rcfg.sr_device_dtype), shard=shard,
+                    buckets=tuple(int(b) for b in rcfg.sr_buckets), query_batch=int(rcfg.sr_query_batch))
+    key = (source, tuple(rows.shape), *sorted(settings.items()))
+    with _RESIDENT_LOCK:  # two methods opening at once (a service's loads) still make one copy
+        cache = _RESIDENT.get(key)
+        if cache is None:
+            cache = _RESIDENT[key] = device_sr.DeviceCache(rows, **settings)
+        return cache
+
 
 class SRFrontEnd:
     """Scores unions and searches the whole cache for one retriever.
 
-    stores: the opened `Stores` (cache, image text when fused); fusion: (w_img, w_txt); fused: whether SR fuses.
+    stores: the opened `Stores` (cache, image text when fused); fusion: (w_img, w_txt); fused: whether SR fuses;
+    local: False for a front end that never scores here (its unions are scored elsewhere: a Ray front's shards), which
+    builds neither the device copy nor the compact copy.
     """
 
-    def __init__(self, rcfg, stores, fusion: tuple[float, float], fused: bool):
-        self.rcfg, self.stores, self.fusion, self.fused = rcfg, stores, fusion, fused
+    def __init__(self, rcfg, stores, fusion: tuple[float, float], fused: bool, local: bool = True):
+        self.rcfg, self.stores, self.fusion, self.fused, self.local = rcfg, stores, fusion, fused, local
         self.mode = rcfg.sr
         self.embeddings = stores.embeddings
         self.live = stores.live  # the rows a search may return: every one but the removed
@@ -49,37 +91,87 @@ class SRFrontEnd:
             backend = "device" if device_sr.has_accelerator() else "cpu"
         return backend
 
+    def scored_by(self) -> ScoredBy:
+        """What scores the unions (`cfir_jax.retrieve.report.sr_line` prints it)."""
+        fast = self.mode == "fast" and self.backend() == "cpu"
+        return ScoredBy(self.label(), fast, int(self.rcfg.top_k))
+
+    def label(self) -> str:
+        """What scores the unions, in words: the backend, the scorer and, on the device, the dtype of its copy against
+        the stored rows' (a bfloat16 copy of a float16 cache scores rounded rows: not the paper's float32 SR)."""
+        if self.backend() == "cpu":
+            if self.mode == "exact":
+                return "exact float32 dot product over the whole candidate union (the paper's), on the CPU"
+            return f"fast (int8 compact copy, exact re-rank of {self.rcfg.sr_shortlist:,}) on the CPU"
+        devices = self._device.shards if self._device is not None else 1
+        stored, copy = np.dtype(self.rows.dtype).name, str(self.rcfg.sr_device_dtype)
+        rows = "(the paper's)" if stored == copy else f"(rows rounded from the stored {stored}: not the paper's)"
+        label = (f"exact float32 dot product over the whole candidate union on the device ({device_sr.platform()} "
+                 f"x{devices}, a {copy} copy of the cache) {rows}")
+        if self.mode == "fast":
+            label += "; retrieval.sr='fast' names the CPU's two-pass scorer, the device scores every candidate"
+        return label
+
     def prepare(self) -> None:
         """Builds now what the first query would otherwise wait for (minutes at scale): the compact copy for fast
-        SR, or the device copy."""
-        if self.mode == "fast" or self.backend() == "device":
+        SR, or the device copy; nothing when this front end does not score here."""
+        if self.local and (self.mode == "fast" or self.backend() == "device"):
             self.scorer()
 
+    def source(self) -> str:
+        """What identifies the rows SR scores: the cache's content fingerprint, with the image-text store's when
+        fused."""
+        source = self.stores.cache.content_fingerprint
+        if self.fused:
+            source += f"+text-{manifest_digest(self.stores.extra['image_text'].manifest)}"
+        return source
+
     def device_cache(self):
-        """The image cache resident on the local devices (loaded once; SR and exact searches share it)."""
+        """The image cache resident on the local devices: the process's one copy of these rows (`resident_cache`),
+        which SR and the exact searches of every method share."""
+        self._require_local()
         if self._device is None:
-            rcfg = self.rcfg
-            shard = {"auto": None, "always": True, "never": False}[rcfg.sr_device_shard]
-            self._device = device_sr.DeviceCache(self.rows, k=rcfg.top_k, dtype=rcfg.sr_device_dtype, shard=shard,
-                                       buckets=tuple(rcfg.sr_buckets), query_batch=rcfg.sr_query_batch)
+            self._device = resident_cache(self.rows, self.source(), self.rcfg)
         return self._device
+
+    def warm_up(self, max_batch: int) -> None:
+        """Compiles the device SR for every union bucket a union of this cache can fall in, at every query batch a
+        batch of up to max_batch documents sends (powers of two up to retrieval.sr_query_batch), before the first
+        query: nothing compiles while a request waits. Nothing to do on the CPU backend, or where nothing scores."""
+        if not self.local or self.backend() != "device":
+            return
+        cache = self.device_cache()
+        n = cache.n
+        buckets = sorted({device_sr.bucket_size(min(b, n), cache.buckets) for b in cache.buckets})
+        q = 1
+        while True:
+            queries = np.zeros((q, cache.dim), np.float32)
+            for bucket in buckets:
+                cache.score_batch(queries, [np.arange(min(bucket, n), dtype=np.int32)] * q)
+            if q >= min(cache.query_batch, max_batch):
+                break
+            q *= 2
 
     def scorer(self):
         """The SR scorer of the configured backend; both have score_batch(queries [Q, D], unions) -> [(s, rows)]."""
+        self._require_local()
         if self.backend() == "device":
             return self.device_cache()
         if self._cpu is None:
             self._cpu = self._cpu_scorer()
         return self._cpu
 
+    def _require_local(self) -> None:
+        if not self.local:
+            raise CfirError("this retriever does not score here (made with local_sr=False: its unions are scored "
+                            "elsewhere, as a Ray front's are on its shards); it holds no device or compact copy")
+
     def _cpu_scorer(self):
         """The two-pass scorer over the compact copy, which is rebuilt when missing or made from another cache (or
         dims). Fused, the copy is made of the [N, 2D] rows [image, image text], so it serves any weights."""
         layout, cache = self.stores.layout, self.stores.cache
         compact_dir = layout.sr_compact_fused if self.fused else layout.sr_compact
-        source = cache.content_fingerprint
-        if self.fused:
-            source += f"+text-{manifest_digest(self.stores.extra['image_text'].manifest)}"
+        source = self.source()
         dim = self.rows.shape[1]
         dims = min(self.rcfg.sr_compact_dims, dim)
         try:

@@ -48,6 +48,11 @@ def has_accelerator() -> bool:
     return jax.default_backend() in ("gpu", "tpu", "cuda", "rocm")
 
 
+def platform() -> str:
+    """The platform JAX computes on ('cpu', 'gpu', 'tpu'): what a report names as the device."""
+    return jax.default_backend()
+
+
 def bucket_size(n: int, buckets: tuple[int, ...]) -> int:
     """The smallest bucket >= n; past the largest, the next multiple of it (a rare extra compilation)."""
     for b in buckets:

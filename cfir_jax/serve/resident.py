@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
-import numpy as np
 
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
@@ -112,7 +111,8 @@ def index_fingerprint(workdir: str | Path) -> str:
 def warm_up(retriever: Retriever, max_batch: int) -> None:
     """Runs every shape the service will send before it says it is ready: a document with entities and one
     without (the whole-cache fallback) at each power-of-two batch size up to max_batch (the encoders pad to their
-    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket.
+    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket at
+    every query batch (`cfir_jax.retrieve.sr.SRFrontEnd.warm_up`).
     spaCy compiles nothing: the document is parsed once, and the larger batches are given its entities."""
     text = WARM_TEXT_NO_ENTITY
     corpus = getattr(retriever, "corpus", None)
@@ -127,18 +127,7 @@ def warm_up(retriever: Retriever, max_batch: int) -> None:
         retriever.retrieve_many([DocumentInput(text, f"warm-{i}", entities=entities) for i in range(size)])
     retriever.retrieve_many([DocumentInput(WARM_TEXT_NO_ENTITY, "warm-fallback")])
     retriever.retrieve_many([DocumentInput(WARM_TEXT_UNKNOWN, "warm-unknown")])  # entities searched at query time
-    backend = getattr(retriever, "sr_backend", None)
-    if backend is not None and backend() == "device":  # unions of every bucket size, each query batch
-        cache = retriever.device_cache()
-        q = 1
-        while True:
-            queries = np.zeros((q, retriever.sr_rows.shape[1]), np.float32)
-            for bucket in cache.buckets:
-                union = np.arange(min(bucket, retriever.sr_rows.shape[0]), dtype=np.int32)
-                cache.score_batch(queries, [union] * q)
-            if q >= min(cache.query_batch, max_batch):
-                break
-            q *= 2
+    retriever.sr.warm_up(max_batch)  # on the device backend: every SR bucket at each query batch
 
 
 @dataclasses.dataclass
