@@ -5,6 +5,7 @@ and a full disk, 143 for SIGTERM (cfir_jax.core.faults), 130 for Ctrl-C."""
 from __future__ import annotations
 
 import argparse
+import ast
 import functools
 import importlib.util
 import json
@@ -75,22 +76,57 @@ def load(config_spec: str, workdir: str | os.PathLike | None, overrides: Sequenc
 
 
 def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str]) -> ml_collections.ConfigDict:
-    """`--config.a.b=value` strings applied by ml_collections.config_flags (its parsing and type checks); an unknown
-    field or an ill-typed value is one CfirError line naming the override."""
+    """`--config.a.b=value` strings applied by ml_collections.config_flags (its parsing and type checks), and those
+    of a list or tuple field by `sequence_value` (config_flags refuses a list: what a workdir's JSON config holds); an
+    unknown field or an ill-typed value is one CfirError line naming the override."""
     if not overrides:
         return config
+    sequences: dict[str, list[str]] = {}
+    rest = []
     for item in overrides:
         if not item.startswith("--config.") or "=" not in item:
             raise CfirError(f"unrecognised argument {item!r}: overrides look like --config.train.lr=3e-4")
-        _field(config, item[len("--config."):].partition("=")[0], "--config.")
-    argv = ["cfir", *overrides]
-    flag_values = flags.FlagValues()
-    config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=False, sys_argv=argv)
+        key, _, text = item[len("--config."):].partition("=")
+        if isinstance(_field(config, key, "--config."), (list, tuple)):
+            sequences.setdefault(key, []).append(text)  # repeated flags add items, as config_flags' tuples do
+        else:
+            rest.append(item)
+    if rest:
+        argv = ["cfir", *rest]
+        flag_values = flags.FlagValues()
+        config_flags.DEFINE_config_dict("config", config, flag_values=flag_values, lock_config=False, sys_argv=argv)
+        try:
+            flag_values(argv)
+        except flags.Error as e:
+            raise CfirError(" ".join(str(e).split())) from None
+        config = flag_values.config
+    for key, texts in sequences.items():
+        parent, _, leaf = key.rpartition(".")
+        node = _field(config, parent, "--config.") if parent else config
+        node[leaf] = sequence_value(key, texts, node[leaf])  # the field keeps its type (a list stays a list)
+    return config
+
+
+def sequence_value(key: str, texts: Sequence[str], current: Sequence) -> tuple:
+    """The items of `--config.KEY=TEXT` for a list or tuple field, in one line: a Python literal (`'(4096, 16384)'`,
+    `"['cfir', 'bm25']"`) or bare items separated by commas (`cfir,bm25`, `[cfir, bm25]`, `4096,16384`); each item
+    converted to the type of the field's items (an int field's items must be ints). One CfirError line otherwise."""
+    items = []
+    for text in texts:
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            value = [part.strip().strip("'\"") for part in text.strip().strip("[]()").split(",") if part.strip()]
+        items += list(value) if isinstance(value, (list, tuple)) else [value]
+    kinds = {type(item) for item in current}
+    if len(kinds) != 1:
+        return tuple(items)
+    kind = kinds.pop()
     try:
-        flag_values(argv)
-    except flags.Error as e:
-        raise CfirError(" ".join(str(e).split())) from None
-    return flag_values.config
+        return tuple(item if isinstance(item, kind) else kind(item) for item in items)
+    except (TypeError, ValueError):
+        raise CfirError(f"--config.{key}={','.join(texts)}: its items are {kind.__name__}s, e.g. --config.{key}="
+                        f"{','.join(str(item) for item in current)}") from None
 
 
 def apply_values(config: ml_collections.ConfigDict, values: Mapping[str, Any]) -> ml_collections.ConfigDict:
@@ -122,8 +158,9 @@ def _field(config: ml_collections.ConfigDict, key: str, prefix: str):
 def overrides_help(example: str = "--config.train.lr=3e-4") -> str:
     """The --help epilog of every command: how to override config fields."""
     return (f"Any config field can be set on the command line as --config.SECTION.FIELD=VALUE, e.g. {example} "
-            "--config.index.entity_index.k=1000 --config.tokenizer=beit3.spm (the fields are those of the config "
-            "file; an unknown field is an error).")
+            "--config.index.entity_index.k=1000 --config.tokenizer=beit3.spm, a list as "
+            "--config.serve.methods=cfir,bm25 (the fields are those of the config file; an unknown field is an "
+            "error).")
 
 
 def parse(description: str, add_arguments=None, argv: list[str] | None = None, *, workdir_flag: str = "--workdir",
