@@ -16,6 +16,7 @@ stages, so the split is the single process's (the same work in the same order).
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import re
 import time
@@ -62,8 +63,9 @@ def build(out: Path, sizes, world: str | None) -> list[dict]:
     reused = (out / "work" / "index.json").is_file()
     work = realsize.build(out, sizes.serve_size, sizes.serve_rows, Path(world) if world else None)
     spec = realsize.SIZES[sizes.serve_size]
+    index = json.loads((work / "entity_index" / "manifest.json").read_text())  # a larger world raises the rows
     return [{"what": f"serve: the {sizes.serve_size} real-size workdir", "workdir": str(work),
-             "shape": f"{sizes.serve_rows:,} rows, K = {spec['k']:,}, the {spec['model']} text tower",
+             "shape": f"{index['n_images']:,} rows, K = {index['k']:,}, the {spec['model']} text tower",
              "seconds": time.perf_counter() - t, "reused": reused}]
 
 

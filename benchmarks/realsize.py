@@ -207,7 +207,8 @@ def write_entity_index(work: Path, cache, k: int, encoder_manifest: dict, seed: 
     n = cache.num_images
     for j in range(len(offsets) - 1):
         own = cand[offsets[j] : offsets[j + 1]][:k]
-        extra = rng.choice(n, size=k + len(own), replace=False)
+        own = own[own < n]  # a cache rebuilt smaller (another --rows) keeps the rows it still has
+        extra = rng.choice(n, size=min(n, k + len(own)), replace=False)
         extra = extra[~np.isin(extra, own)][: k - len(own)]
         new_c.append(np.concatenate([own, extra]).astype(np.int32))
         if scores is not None:
@@ -249,6 +250,14 @@ def record_config(work: Path, size: str, model_cfg, bart_dir: Path, k: int) -> N
     write_json_atomic(work / "index.json", index)
 
 
+def cache_rows(rows: int, world_images: int) -> int:
+    """The cache's rows: the world's own images come first, every one of them (the entity index, the entities and
+    the corpus refer to them), then random rows up to `rows`; a world larger than `rows` raises it to its size."""
+    if rows < world_images:
+        log(f"--rows {rows:,} is below the world's {world_images:,} images: the cache holds them all")
+    return max(rows, world_images)
+
+
 def build(out: Path, size: str, rows: int | None = None, world: Path | None = None) -> Path:
     """Builds (or completes) OUT for `size`; returns the workdir. Each part is skipped when already at size."""
     from cfir_jax.core.config import model_config
@@ -256,14 +265,15 @@ def build(out: Path, size: str, rows: int | None = None, world: Path | None = No
 
     spec = SIZES[size]
     rows = int(rows or spec["rows"])
-    if rows < 200:
-        raise CfirError(f"--rows {rows}: need at least 200 (the corpus' own images come first)")
+    if rows < 1:
+        raise CfirError(f"--rows {rows}: need at least 1")
     work = out / "work"
     out.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
     index_tiny_world(work, world)
     log(f"the tiny world indexed ({time.perf_counter() - t0:.0f} s)")
     corpus = Corpus.open(work / "corpus")
+    rows = cache_rows(rows, corpus.num_images)
     texts = [corpus.document(i).text for i in range(corpus.num_documents)]
     for name, shape in BART_SHAPES[spec["bart"]].items():
         write_bart(out / "bart" / name, shape, texts)
@@ -271,8 +281,9 @@ def build(out: Path, size: str, rows: int | None = None, world: Path | None = No
     encoder = write_encoder(work, model_cfg)
     write_model(work, encoder)
     cache = write_cache(work, rows, model_cfg.embed_dim)
-    write_entity_index(work, cache, spec["k"], encoder)
-    record_config(work, size, model_cfg, out / "bart" / "bart-large-cnn", spec["k"])
+    k = min(spec["k"], rows)  # a list holds distinct rows
+    write_entity_index(work, cache, k, encoder)
+    record_config(work, size, model_cfg, out / "bart" / "bart-large-cnn", k)
     log(f"done: {work} ({time.perf_counter() - t0:.0f} s)")
     return work
 

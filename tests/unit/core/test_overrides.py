@@ -11,7 +11,7 @@ from cfir_jax.core.errors import CfirError
 
 
 @pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
+def recorded(tmp_path_factory):
     """A workdir's index.json, as index.py records the config (JSON: tuples become lists)."""
     w = tmp_path_factory.mktemp("overrides")
     config = cli.load_config_file(str(ROOT / "configs/demo.py:tiny"))
@@ -28,30 +28,30 @@ def workdir(tmp_path_factory):
     ("--config.retrieval.sr_buckets=(8, 64)", "retrieval.sr_buckets", [8, 64]),
     ("--config.retrieval.sr_buckets=[128]", "retrieval.sr_buckets", [128]),
 ])
-def test_a_list_field_of_a_workdirs_config_is_overridden_in_one_argument(workdir, override, field, want):
-    config = cli.load("", workdir, [override, "--config.retrieval.top_k=7"])
+def test_a_list_field_of_a_workdirs_config_is_overridden_in_one_argument(recorded, override, field, want):
+    config = cli.load("", recorded, [override, "--config.retrieval.top_k=7"])
     section, key = field.split(".")
     assert list(config[section][key]) == want
     assert type(config[section][key][0]) is type(want[0])
     assert config.retrieval.top_k == 7  # the other overrides still go through config_flags
 
 
-def test_repeated_flags_add_items_as_for_a_tuple_of_a_config_file(workdir):
-    from_workdir = cli.load("", workdir, ["--config.serve.methods=cfir", "--config.serve.methods=bm25"])
+def test_repeated_flags_add_items_as_for_a_tuple_of_a_config_file(recorded):
+    from_workdir = cli.load("", recorded, ["--config.serve.methods=cfir", "--config.serve.methods=bm25"])
     from_file = cli.load(str(ROOT / "configs/demo.py:tiny"), None, ["--config.serve.methods=cfir",
                                                                    "--config.serve.methods=bm25"])
     assert list(from_workdir.serve.methods) == list(from_file.serve.methods) == ["cfir", "bm25"]
 
 
-def test_an_ill_typed_item_is_one_line_naming_the_field_and_an_example(workdir):
+def test_an_ill_typed_item_is_one_line_naming_the_field_and_an_example(recorded):
     with pytest.raises(CfirError) as e:
-        cli.load("", workdir, ["--config.retrieval.sr_buckets=small,large"])
+        cli.load("", recorded, ["--config.retrieval.sr_buckets=small,large"])
     assert str(e.value) == ("--config.retrieval.sr_buckets=small,large: its items are ints, e.g. "
                             "--config.retrieval.sr_buckets=4096,16384,65536,262144")
 
 
-def test_the_command_line_takes_a_list_override_of_a_workdir(workdir, capsys):
+def test_the_command_line_takes_a_list_override_of_a_workdir(recorded):
     """Through the command's own parser: one argument, no traceback."""
-    args, config = cli.parse("x", argv=["--workdir", str(workdir), "--config.serve.methods=cfir,bm25"],
+    args, config = cli.parse("x", argv=["--workdir", str(recorded), "--config.serve.methods=cfir,bm25"],
                              config_from_workdir=True)
-    assert list(config.serve.methods) == ["cfir", "bm25"] and args.workdir == str(workdir)
+    assert list(config.serve.methods) == ["cfir", "bm25"] and args.workdir == str(recorded)

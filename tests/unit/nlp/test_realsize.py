@@ -53,3 +53,26 @@ def test_realsize_refuses_an_output_inside_the_repository():
                          env=dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu"))
     assert out.returncode != 0 and "inside the repository" in out.stderr and "Traceback" not in out.stderr
     assert not (ROOT / "rs").exists()
+
+
+@pytest.mark.slow  # the session workdir (index.py and train.py on the tiny world); the build itself takes seconds
+def test_a_world_larger_than_the_rows_asked_keeps_every_image_it_has(tmp_path, workdir):
+    """`accelerator.sh --parts serve --world W` with a world of more images than --serve-rows built a cache cut to
+    the rows asked under an entity index of the world's rows: the service refused it ('entity_index: id 4999 is
+    outside [0, 2,000)'). The cache keeps every image of the world, first, and the lists stay within it."""
+    from cfir_jax.core.cli import workdir_config
+    from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+    from cfir_jax.serve.resident import check_complete
+
+    world_images = len((Path(workdir) / "image_cache" / "ids.txt").read_text().split())
+    rows = world_images // 2
+    work = realsize.build(tmp_path / "rs", "tiny", rows=rows, world=Path(workdir))
+    check_complete(work)
+    retriever = Retriever(workdir_config(work), work, "cfir", load_nlp=False)
+    assert retriever.cache.num_images == world_images and retriever.cache.ids == retriever.corpus.image_ids
+    assert retriever.entity_index.candidates_array.max() < world_images
+    assert retriever.entity_index.k == world_images  # K = 200 lists of distinct rows cannot outgrow the cache
+    doc = retriever.corpus.document(0)
+    result = retriever.retrieve(DocumentInput(doc.text, "q", entities=list(retriever.entity_index.vocab[:2]),
+                                              summary="a summary of the document"))
+    assert len(result.hits) == world_images and result.num_candidates == world_images
