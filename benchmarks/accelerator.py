@@ -1,27 +1,34 @@
 """Every accelerator measurement in one run (`bash benchmarks/accelerator.sh`): train step vs torchscale on the same
-device, text and image encoding throughput, device SR ms/query, BART summaries/s, peak device memory of each; and,
-with `--parts serve`, the served query at real size.
+device, text and image encoding throughput, device SR ms/query, BART summaries/s and a lone document's summary, peak
+device memory of each, and the served query at real size (single process, and Ray with 1 shard).
 
-  bash benchmarks/accelerator.sh [--parts sr,train,encode,bart] [--batch 512 --steps 5 ...] [--out DIR]
-  bash benchmarks/accelerator.sh --parts serve [--realsize DIR]
+  bash benchmarks/accelerator.sh [--parts sr,train,encode,bart,serve] [--batch 512 --steps 5 ...] [--out DIR]
+  bash benchmarks/accelerator.sh --dry-run          # the same units at tiny sizes on the CPU, device branches forced
 
 Each measured unit runs in its own process (SR; the train step of each size; text and image encoding; BART in each
-dtype), so each unit's peak device memory is its own: XLA's peak_bytes_in_use is the high-water mark of the process
-and cannot be reset, so in one process every row after the largest one repeats its peak. The run keeps to --budget
-seconds (300 on an accelerator): each unit gets what is left less a reserve for the units after it, and a unit that
-runs past its share is stopped and reported as such.
+dtype; the served query's build and each engine), so each unit's peak device memory is its own: XLA's
+peak_bytes_in_use is the high-water mark of the process and cannot be reset, so in one process every row after the
+largest one repeats its peak. The run keeps to --budget seconds (480 on an accelerator: one 8-minute device call):
+each unit gets its share (`SHARES_S`, scaled to the budget) plus what the units before it left unspent, and a unit
+past that is stopped. A unit that fails or is stopped prints one line and the next one runs; the run then exits 1,
+naming them. Each unit's time is printed as it ends.
+
+`--dry-run` (what runs on a host without an accelerator, and in the test suite) runs the same units at tiny sizes on
+the CPU with every device branch forced: two CPU devices per unit (XLA_FLAGS=--xla_force_host_platform_device_count=2:
+the train step's mesh, the image tower's and BART's batch split over devices), the SR cache sharded over them, BART's
+rows sized to a device's free memory (a fixed figure stands for the memory the CPU does not report), and the served
+query with SR on the device (retrieval.sr_backend=device, sr_device_shard=always), which a GPU's "auto" picks.
 
 On a GPU (or TPU) host: base and large train steps in bfloat16 at batch --batch (torchscale's step on the same GPU,
 interleaved, ratio printed), encoders at batch 256, device SR over a 4M x 768 float16 cache with ~60k-row unions
 (one query per call and 64 per call) beside the paper's 4.7 ms, BART-large-CNN summaries/s. On a host without an
-accelerator it says so and runs the same code paths at tiny sizes (CI runs it so; its figures are not accelerator
-figures). Any size flag overrides the default of either mode. Writes --out/accelerator.json and --out/accelerator.md.
+accelerator it says so and runs the dry run (its figures are not accelerator figures). Any size flag overrides the
+default of either mode. Writes --out/accelerator.json and --out/accelerator.md.
 
-`--parts serve` (not in the default parts: it builds a 10 GB workdir) builds or reuses a real-size workdir in
---realsize (default ~/realsize/base on an accelerator; at tiny sizes the run's scratch folder) and serves it: the
-single process, then Ray with 1 shard; p50 at concurrency 1, documents/s at concurrency 16 and the per-stage split
-(benchmarks/accelerator_serve.py). Its budget is its own (540 s on an accelerator, within a 10-minute call, the
-build included; a build cut short is completed by the next run), added to the other parts' when both are asked.
+The serve part builds or reuses a real-size workdir in --realsize (default ~/realsize/base on an accelerator; at
+tiny sizes the run's scratch folder; 10 GB at base size) and serves it: the single process, then Ray with 1 shard,
+each with SR on the device; p50 at concurrency 1, documents/s at concurrency 16 and the per-stage split
+(benchmarks/accelerator_serve.py). A build cut short is completed by the next run.
 """
 
 from __future__ import annotations
@@ -43,10 +50,13 @@ import common  # noqa: F401  (puts the repository root on sys.path)
 from accelerator_units import FULL, TINY, Sizes
 
 PARTS = ("sr", "train", "encode", "bart", "serve")
-DEFAULT_PARTS = PARTS[:4]  # serve builds a real-size workdir first: asked for by name
-RESERVE_S = 20.0  # kept back for each unit still to run when a unit's time limit is set
-BUDGET_S = {True: 300.0, False: 900.0}  # the measurement parts: on an accelerator (5 minutes); tiny sizes on a CPU
-SERVE_BUDGET_S = {True: 540.0, False: 1200.0}  # the serve part, its workdir's build included (a CPU: Ray)
+DEFAULT_PARTS = PARTS  # the whole table in one run
+BUDGET_S = {True: 480.0, False: 2100.0}  # the run: on an accelerator (one 8-minute call); the dry run on 2 CPU cores
+# Each unit's share of the budget on an accelerator (seconds; scaled to the budget): the serve part's build writes a
+# 4M x 768 cache and two random BARTs, and each server compiles BART-large-CNN's beam search before it is ready.
+SHARES_S = {"sr": 25.0, "train": 40.0, "encode": 15.0, "bart": 35.0, "serve:build": 110.0, "serve:local": 60.0,
+            "serve:ray": 70.0}
+DRY_RUN_DEVICES = 2  # CPU devices per unit of the dry run: every multi-device branch runs
 SIZE_HELP = {"train": "train step sizes, comma-separated (base, large, tiny)", "batch": "train step global batch",
              "steps": "timed steps (and encoder calls) after the warmup", "encode_batch": "encoding batch",
              "cache_rows": "device SR cache rows", "cache_dim": "device SR cache dims", "union": "SR union rows",
@@ -67,8 +77,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--world", default=None, help="serve: copy this indexed synthetic workdir into a new "
                         "real-size folder instead of indexing one (realsize.py build --world)")
     parser.add_argument("--tiny", action="store_true", help="tiny sizes even on an accelerator (a smoke run)")
-    parser.add_argument("--budget", type=float, default=None, help="seconds for the whole run (300 on an "
-                        "accelerator, 900 at tiny sizes on a CPU; serve adds 540 or 1200)")
+    parser.add_argument("--dry-run", action="store_true", help="the same units at tiny sizes on the CPU, every "
+                        "device branch forced (2 CPU devices per unit, the SR cache sharded, SR served on the "
+                        "device): what a host without an accelerator runs, and the test suite")
+    parser.add_argument("--budget", type=float, default=None, help="seconds for the whole run (480 on an "
+                        "accelerator, 2100 for the dry run)")
     for field in dataclasses.fields(Sizes):
         kind = int if field.type == "int" else str
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=kind, default=None, help=SIZE_HELP[field.name])
@@ -77,6 +90,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     parser.add_argument("--result", help=argparse.SUPPRESS)
     parser.add_argument("--scratch", help=argparse.SUPPRESS)
     parser.add_argument("--accelerated", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--forced", action="store_true", help=argparse.SUPPRESS)  # a dry run's unit
     args = parser.parse_args(argv)
     args.parts = tuple(p for p in args.parts.split(",") if p)
     unknown = sorted(set(args.parts) - set(PARTS))
@@ -105,16 +119,40 @@ def units(parts: tuple[str, ...], sizes: Sizes) -> list[str]:
     return out
 
 
-def default_budget(parts: tuple[str, ...], full: bool) -> float:
-    """Seconds for the run: the measurement parts' budget if any is asked, plus the serve part's if it is."""
-    return BUDGET_S[full] * bool(set(parts) - {"serve"}) + SERVE_BUDGET_S[full] * ("serve" in parts)
+def default_budget(full: bool) -> float:
+    """Seconds for the run: one 8-minute device call on an accelerator, the dry run's on the CPU."""
+    return BUDGET_S[full]
+
+
+def shares(plan: list[str], budget: float) -> list[float]:
+    """Each unit's share of the budget: SHARES_S (by unit, else by part) scaled so that the shares fill it."""
+    raw = [SHARES_S[unit] if unit in SHARES_S else SHARES_S[unit.split(":")[0]] for unit in plan]
+    return [budget * r / sum(raw) for r in raw]
+
+
+def unit_limit(budget_left: float, later: list[float]) -> float:
+    """A unit's time limit: what is left of the budget less the shares of the units after it (so it gets its own
+    share and whatever the units before it left unspent)."""
+    return budget_left - sum(later)
 
 
 # --------------------------------------------------------------------------------------------------------- driver
 
 
+def unit_env(forced: bool) -> dict:
+    """A unit's environment: jax allocates as it goes (torchscale's step shares the GPU in the train units, and
+    nothing is held back); a dry run's unit computes on 2 CPU devices."""
+    env = dict(os.environ)
+    env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    if forced:
+        flags = env.get("XLA_FLAGS", "")
+        env.update(JAX_PLATFORMS="cpu", XLA_FLAGS=f"{flags} --xla_force_host_platform_device_count={DRY_RUN_DEVICES}"
+                   .strip())
+    return env
+
+
 def _spawn(unit: str, sizes: Sizes | None, limit: float, scratch: str | None = None,
-           extra: tuple[str, ...] = ()) -> tuple[object, str]:
+           extra: tuple[str, ...] = (), forced: bool = False) -> tuple[object, str]:
     """Runs one unit in a fresh process group within `limit` seconds: (its result, or None, and a one-line reason).
     Past the limit the group is sent SIGTERM (a server the unit started stops itself, and the Ray it started),
     then SIGKILL 30 s later."""
@@ -125,10 +163,8 @@ def _spawn(unit: str, sizes: Sizes | None, limit: float, scratch: str | None = N
             cmd += ["--sizes-json", json.dumps(dataclasses.asdict(sizes))]
         if scratch is not None:
             cmd += ["--scratch", scratch]
-        env = dict(os.environ)
-        # jax allocates as it goes: torchscale's step shares the GPU in the train units, and nothing is held back.
-        env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        cmd += ["--forced"] if forced else []
+        proc = subprocess.Popen(cmd, env=unit_env(forced), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                 start_new_session=True)
         try:
             out, _ = proc.communicate(timeout=max(limit, 1.0))
@@ -149,35 +185,41 @@ def _spawn(unit: str, sizes: Sizes | None, limit: float, scratch: str | None = N
 
 def drive(args: argparse.Namespace) -> dict:
     start = time.perf_counter()
-    found, why = _spawn("probe:host", None, 120.0)
+    found, why = _spawn("probe:host", None, 120.0, forced=args.dry_run)
     if found is None:
         raise SystemExit(f"accelerator.py: the probe of this host's jax {why}")
     accelerated = found["accelerated"]
-    sizes = pick_sizes(args, accelerated)
-    full = accelerated and not args.tiny
-    budget = args.budget or default_budget(args.parts, full)
-    if accelerated and not args.tiny:
+    forced = args.dry_run or not accelerated  # a host without an accelerator runs the dry run
+    sizes = pick_sizes(args, accelerated and not forced)
+    full = accelerated and not args.tiny and not forced
+    budget = args.budget or default_budget(full)
+    if full:
         mode = f"accelerator measurements on {found['device_kind']} ({found['backend']})"
+    elif forced:
+        mode = ("" if accelerated else "no accelerator on this host (jax backend: cpu): ") + \
+            (f"the dry run: tiny sizes on {DRY_RUN_DEVICES} CPU devices, every device branch forced; these figures "
+             "are NOT accelerator figures")
     else:
-        mode = ("no accelerator on this host (jax backend: cpu): the same code paths at tiny sizes; these figures "
-                "are NOT accelerator figures" if not accelerated else "tiny smoke run (--tiny) on the accelerator")
+        mode = "tiny smoke run (--tiny) on the accelerator"
     print(mode, flush=True)
-    plan, rows = units(args.parts, sizes), []
+    plan, rows, failed = units(args.parts, sizes), [], []
+    share = shares(plan, budget)
     scratch = tempfile.TemporaryDirectory(prefix="accelerator-")  # what units share (BART's model directory)
-    serve = serve_args(args, sizes, full, accelerated, scratch.name)
+    serve = serve_args(args, sizes, full, accelerated and not forced, scratch.name)
     for i, unit in enumerate(plan):
         t = time.perf_counter()
-        limit = budget - (t - start) - RESERVE_S * (len(plan) - i - 1)
+        limit = unit_limit(budget - (t - start), share[i + 1:])
         extra = serve if unit.startswith("serve:") else ()
-        got, why = (_spawn(unit, sizes, limit, scratch.name, extra) if limit > 1
+        got, why = (_spawn(unit, sizes, limit, scratch.name, extra, forced) if limit > 1
                     else (None, "not run: the run's budget was spent"))
         rows += got if got is not None else [{"what": f"{unit}: {why}", "unit": unit}]
+        failed += [unit] if got is None else []
         print(f"{unit}: {why or 'done'} in {time.perf_counter() - t:.0f} s (total {time.perf_counter() - start:.0f} "
               "s)", flush=True)
     scratch.cleanup()
-    return {"mode": mode, "accelerator": accelerated and not args.tiny, "hardware": found["hardware"],
+    return {"mode": mode, "accelerator": full, "dry_run": forced, "hardware": found["hardware"],
             "parts": list(args.parts), "sizes": dataclasses.asdict(sizes), "budget_s": budget, "rows": rows,
-            "seconds": time.perf_counter() - start}
+            "units": plan, "failed": failed, "seconds": time.perf_counter() - start}
 
 
 def serve_args(args: argparse.Namespace, sizes: Sizes, full: bool, accelerated: bool, scratch: str) -> tuple:
@@ -214,10 +256,10 @@ def markdown(result: dict) -> str:
                      f"{gib(r.get('jax_peak_bytes'))} / {gib(r.get('torch_peak_bytes'))} |")
     lines += accelerator_serve.markdown(served) if served else []
     lines += ["", f"total {result['seconds']:.0f} s of a {result['budget_s']:.0f} s budget; each unit (SR, a train "
-              "size, an encoder, a BART dtype) ran in its own process, so each peak is that unit's own", "",
-              "The served query at the paper's sizes (spaCy, BART, the base text tower, SR over 4M rows, over HTTP), "
-              "the single process and Ray with 1 shard: `bash benchmarks/accelerator.sh --parts serve` (it builds "
-              "the real-size workdir first, 10 GB of disk; docs/real-size.md)."]
+              "size, an encoder, a BART dtype, the served query's build and each engine) ran in its own process, so "
+              "each peak is that unit's own"]
+    if result["failed"]:
+        lines += ["", f"failed or stopped: {', '.join(result['failed'])} (their rows say why)"]
     return "\n".join(lines) + "\n"
 
 
@@ -230,8 +272,9 @@ def main() -> None:
         if args.unit == "probe:host":
             out = accelerator_units.probe()
         else:
-            serve = dict(realsize_dir=args.realsize, world=args.world, accelerated=args.accelerated)
-            out = accelerator_units.run_unit(args.unit, sizes, args.scratch, serve)
+            serve = dict(realsize_dir=args.realsize, world=args.world, accelerated=args.accelerated,
+                         forced=args.forced)
+            out = accelerator_units.run_unit(args.unit, sizes, args.scratch, serve, forced=args.forced)
         Path(args.result).write_text(json.dumps(out))
         return
     result = drive(args)
@@ -242,6 +285,10 @@ def main() -> None:
         (out / f".{name}.tmp").replace(out / name)
     print(markdown(result))
     print(f"wrote {out}/accelerator.json and accelerator.md", file=sys.stderr)
+    if result["failed"]:
+        print(f"accelerator.sh: {len(result['failed'])} of {len(result['units'])} units "
+              f"failed or were stopped: {', '.join(result['failed'])}", file=sys.stderr)
+        sys.exit(1)
 
 
 if __name__ == "__main__":

@@ -69,8 +69,14 @@ def build(out: Path, sizes, world: str | None) -> list[dict]:
              "seconds": time.perf_counter() - t, "reused": reused}]
 
 
-def served(engine: str, work: Path, sizes, env: dict, accelerated: bool) -> list[dict]:
-    """One engine's row: ready time, p50/p95 at concurrency 1, documents/s at concurrency 16, the stage split."""
+# SR on the device, as "auto" picks it on a GPU or TPU; the dry run also shards the cache over its CPU devices.
+DEVICE_SR = ("--config.retrieval.sr_backend=device",)
+FORCED_SR = DEVICE_SR + ("--config.retrieval.sr_device_shard=always",)
+
+
+def served(engine: str, work: Path, sizes, env: dict, accelerated: bool, forced: bool = False) -> list[dict]:
+    """One engine's row: ready time, p50/p95 at concurrency 1, documents/s at concurrency 16, the stage split. SR
+    runs on the device (forced on the CPU by the dry run)."""
     # why: realsize (the query documents) sets JAX_PLATFORMS=cpu in this process; the server keeps `env`
     import realsize
     import serve_load
@@ -79,7 +85,7 @@ def served(engine: str, work: Path, sizes, env: dict, accelerated: bool) -> list
     extra = ["--engine", engine]
     if engine == "ray":
         extra += ["--config.serve.shards=1"] + (["--config.serve.front_num_gpus=1"] if accelerated else [])
-    server = serve_load.Server(str(work), *SETTINGS, *extra, env=env)
+    server = serve_load.Server(str(work), *SETTINGS, *(FORCED_SR if forced else DEVICE_SR), *extra, env=env)
     try:
         timeout = 1800.0
         first = asyncio.run(serve_load.load(server.url, serve_load.search_bodies(docs[:1]), 1, timeout))
@@ -91,22 +97,27 @@ def served(engine: str, work: Path, sizes, env: dict, accelerated: bool) -> list
                                           timeout))
     finally:
         code = server.stop()
+    if code != 0 or c1["ok"] < c1["n"] or c16["ok"] < c16["n"] or first["ok"] < first["n"]:
+        raise SystemExit(f"served ({engine}): {first['ok'] + c1['ok'] + c16['ok']} of "
+                         f"{first['n'] + c1['n'] + c16['n']} requests answered, server exit {code}")
     label = "single process" if engine == "local" else "Ray, 1 shard" + (" (front on the GPU)" if accelerated else "")
-    return [{"what": f"served, {label}", "served": engine, "ready_s": server.ready_s, "first_ms": first["p50"],
+    return [{"what": f"served, {label}", "served": engine, "sr": "device", "ready_s": server.ready_s,
+             "first_ms": first["p50"],
              "p50_ms": c1["p50"], "p95_ms": c1["p95"], "c1": f"{c1['ok']}/{c1['n']}", "docs_s": c16["rate"],
              "c16": f"{c16['ok']}/{c16['n']}", "stages_ms": split, "exit": code,
              "words": sizes.serve_words, "load": "/".join(f"{x:.2f}" for x in os.getloadavg())}]
 
 
-def run(which: str, sizes, realsize_dir: str, world: str | None = None, accelerated: bool = False) -> list[dict]:
-    """The rows of unit serve:WHICH (build, local or ray)."""
+def run(which: str, sizes, realsize_dir: str, world: str | None = None, accelerated: bool = False,
+        forced: bool = False) -> list[dict]:
+    """The rows of unit serve:WHICH (build, local or ray); forced: a dry run's (SR sharded over the CPU devices)."""
     env = dict(os.environ)  # before realsize's import: the servers take the accelerator when there is one
     out = Path(realsize_dir)
     if which == "build":
         return build(out, sizes, world)
     if not (out / "work" / "index.json").is_file():
         raise SystemExit(f"{out}/work: no real-size workdir (serve:build did not finish)")
-    return served(which, out / "work", sizes, env, accelerated)
+    return served(which, out / "work", sizes, env, accelerated, forced)
 
 
 def markdown(rows: list[dict]) -> list[str]:

@@ -142,25 +142,35 @@ def _encode_row(which: str, sizes: Sizes) -> dict:
             "jax_seq_s": images.batch_size / t[which].median}
 
 
-def sr_rows(sizes: Sizes) -> list[dict]:
+# A device's free memory as a dry run's BART unit states it (the CPU reports none): small enough that the rows per
+# device are sized down, as on a GPU whose memory is taken.
+DRY_RUN_FREE_BYTES = 8 << 20
+
+
+def sr_rows(sizes: Sizes, forced: bool = False) -> list[dict]:
     """Device SR ms/query over a resident float16 cache: one query per call, and sizes.sr_queries per call. The cache
     is one random block of unit rows repeated (the timing does not depend on the values; filling 4M x 768 with fresh
-    random numbers took longer than the measurement)."""
+    random numbers took longer than the measurement). Two queries' answers are held to numpy's exact SR (ids equal,
+    scores within 1e-5). forced (the dry run): the cache sharded over every local device."""
     from common import random_unit_embeddings
 
     from cfir_jax.search.device_sr import DeviceCache
+    from cfir_jax.search.topk import exact_top_k
 
     rng = np.random.default_rng(0)
     block = random_unit_embeddings(min(sizes.cache_rows, 262_144), sizes.cache_dim, 0).astype(np.float16)
     cache = np.empty((sizes.cache_rows, sizes.cache_dim), np.float16)
     for start in range(0, sizes.cache_rows, len(block)):
         cache[start : start + len(block)] = block[: sizes.cache_rows - start]
-    dc = DeviceCache(cache, k=1000, dtype="float16", query_batch=sizes.sr_queries)
+    dc = DeviceCache(cache, k=1000, dtype="float16", query_batch=sizes.sr_queries, shard=True if forced else None)
     n_q = sizes.sr_queries
     queries = random_unit_embeddings(n_q, sizes.cache_dim, 7)
     unions = [np.unique(rng.integers(0, sizes.cache_rows, sizes.union)) for _ in range(n_q)]
     dc.score_batch(queries[:1], unions[:1])  # compile both shapes
-    dc.score_batch(queries, unions)
+    for q, u, (s, r) in zip(queries[:2], unions[:2], dc.score_batch(queries, unions)[:2]):
+        want_s, want_r = exact_top_k(cache, q, u, 1000)
+        if not (np.array_equal(r, want_r) and np.allclose(s, want_s, rtol=0, atol=1e-5)):
+            raise SystemExit(f"device SR differs from numpy's exact SR over the same union ({dc.shards} shards)")
     rows = []
     for per_call in (1, n_q):
         times = []
@@ -170,15 +180,18 @@ def sr_rows(sizes: Sizes) -> list[dict]:
                 dc.score_batch(queries[q0 : q0 + per_call], unions[q0 : q0 + per_call])
             times.append((time.perf_counter() - t) / n_q * 1000)
         rows.append({"what": f"device SR {sizes.cache_rows:,} x {sizes.cache_dim} f16, union ~{sizes.union:,}, "
-                     f"{per_call} query/call", "ms_per_query": float(np.median(times)), "paper_ms": PAPER_SR_MS})
+                     f"{per_call} query/call", "ms_per_query": float(np.median(times)), "paper_ms": PAPER_SR_MS,
+                     "shards": dc.shards, "equal_to_cpu": True})
     return rows
 
 
-def bart_rows(sizes: Sizes, dtype: str, scratch: str | None = None) -> list[dict]:
+def bart_rows(sizes: Sizes, dtype: str, scratch: str | None = None, forced: bool = False) -> list[dict]:
     """BART's summaries/s at the index's batch (8 rows per device, data parallel) and ms per lone query document (one
     row per device: a served query's summary stage), in `dtype` (float32 is the paper's). On an accelerator: BART-
     large-CNN's architecture with random weights (benchmarks/realsize.py; nothing downloaded): time and memory only.
-    The model directory is written once into `scratch` (the run's folder) and read by the other dtype's unit."""
+    The model directory is written once into `scratch` (the run's folder) and read by the other dtype's unit.
+    forced (the dry run): the rows per device sized to DRY_RUN_FREE_BYTES of free memory, as a GPU's report sizes
+    them."""
     import jax
 
     from cfir_jax.nlp.summarizer import BartSummarizer
@@ -195,13 +208,15 @@ def bart_rows(sizes: Sizes, dtype: str, scratch: str | None = None) -> list[dict
             write_bart(Path(name), shapes["bart-large-cnn"], texts)
         max_input = 128 if sizes.bart == "tiny" else 1024
         s = BartSummarizer(name, max_length=64 if sizes.bart != "tiny" else 16, min_length=8, num_beams=4,
-                           max_input_tokens=max_input, batch_size=8, dtype=dtype)
+                           max_input_tokens=max_input, batch_size=8, dtype=dtype,
+                           free_bytes=DRY_RUN_FREE_BYTES if forced else None)
         s.summarize(texts[: s.rows_per_call])  # compile the index's batch
         t = time.perf_counter()
         s.summarize(texts)
         seconds = time.perf_counter() - t
         rows.append({"what": f"BART summaries ({sizes.bart}, 4 beams, {dtype}, {len(jax.local_devices())} devices)",
-                     "batch": s.rows_per_call, "summaries_s": sizes.bart_docs / seconds})
+                     "batch": s.rows_per_call, "summaries_s": sizes.bart_docs / seconds,
+                     "rows_per_device": s.batch_size})
         s.summarize(texts[:1])  # compile the lone query's row bucket
         lone = []
         for text in texts[1:4]:
@@ -213,9 +228,13 @@ def bart_rows(sizes: Sizes, dtype: str, scratch: str | None = None) -> list[dict
     return rows
 
 
-def run_unit(unit: str, sizes: Sizes, scratch: str | None = None, serve: dict | None = None) -> list[dict]:
-    """The rows of one unit ('part:which'), each with this process's peak device memory and its id. serve: where the
-    served query's workdir is (accelerator_serve.run's options)."""
+def run_unit(unit: str, sizes: Sizes, scratch: str | None = None, serve: dict | None = None,
+             forced: bool = False) -> list[dict]:
+    """The rows of one unit ('part:which'), each with this process's peak device memory, its id and its device
+    count. serve: where the served query's workdir is (accelerator_serve.run's options); forced: a dry run's unit
+    (every device branch taken on the CPU)."""
+    import jax
+
     part, which = unit.split(":", 1)
     if part == "serve":  # its servers hold the device, never this process: no peak here
         import accelerator_serve
@@ -226,11 +245,12 @@ def run_unit(unit: str, sizes: Sizes, scratch: str | None = None, serve: dict | 
     elif part == "encode":
         rows = [_encode_row(which, sizes)]
     elif part == "sr":
-        rows = sr_rows(sizes)
+        rows = sr_rows(sizes, forced)
     else:
-        rows = bart_rows(sizes, which, scratch)
+        rows = bart_rows(sizes, which, scratch, forced)
     peak = peak_bytes()
-    return [{**r, "unit": unit, "pid": os.getpid(), "jax_peak_bytes": peak} for r in rows]
+    return [{**r, "unit": unit, "pid": os.getpid(), "jax_peak_bytes": peak, "devices": jax.local_device_count()}
+            for r in rows]
 
 
 def probe() -> dict:

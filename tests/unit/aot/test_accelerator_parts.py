@@ -2,6 +2,7 @@
 CPU tensor beside CUDA logits stopped the train part on the GPU), and the command line picks the parts, the sizes
 and one process per measured unit."""
 
+import json
 import time
 
 import accelerator
@@ -55,7 +56,7 @@ def test_parts_and_size_flags_override_either_modes_defaults():
     assert (on_gpu.batch, on_gpu.train, on_gpu.union, on_gpu.cache_rows) == (32, ("base", "large"), 7, 4_000_000)
     assert (on_cpu.batch, on_cpu.train, on_cpu.union, on_cpu.cache_rows) == (32, ("base", "large"), 7, 20_000)
     tiny = accelerator.parse_args(["--tiny"])
-    assert accelerator.pick_sizes(tiny, True) == accelerator.TINY and tiny.parts == accelerator.DEFAULT_PARTS
+    assert accelerator.pick_sizes(tiny, True) == accelerator.TINY and tiny.parts == accelerator.PARTS
 
 
 def test_one_process_per_train_size_encoder_and_bart_dtype_in_the_order_of_parts():
@@ -74,22 +75,63 @@ def test_an_unknown_part_is_one_line_and_exit_2(capsys):
 
 def test_a_unit_past_its_time_limit_is_stopped_and_reported():
     t = time.perf_counter()
-    # Importing jax alone takes longer than 0.5 s (the tiny SR once finished within 2 s, so 2 s could pass).
-    result, why = accelerator._spawn("sr:cache", accelerator.TINY, 0.5)
+    # A unit gets at least 1 s; the tiny train step's unit takes ~10 s (the tiny SR's finished within 1 s).
+    result, why = accelerator._spawn("train:tiny", accelerator.TINY, 0.5)
     assert result is None and why == "stopped at its time limit (0.5 s of the run's budget)"
     assert time.perf_counter() - t < 10
 
 
-def test_serve_is_asked_for_by_name_with_its_own_units_sizes_and_budget():
-    assert accelerator.parse_args([]).parts == ("sr", "train", "encode", "bart")
-    args = accelerator.parse_args(["--parts", "serve", "--serve-rows", "5000", "--serve-c16", "4"])
+def test_the_whole_table_is_the_default_in_one_eight_minute_device_call():
+    args = accelerator.parse_args([])
+    assert args.parts == ("sr", "train", "encode", "bart", "serve") and not args.dry_run
     sizes = accelerator.pick_sizes(args, True)
+    plan = accelerator.units(args.parts, sizes)
+    assert plan == ["sr:cache", "train:base", "train:large", "encode:text", "encode:image", "bart:float32",
+                    "bart:bfloat16", "serve:build", "serve:local", "serve:ray"]
+    assert accelerator.default_budget(True) == 480  # one device call of 8 minutes
+    share = accelerator.shares(plan, 480)
+    assert abs(sum(share) - 480) < 1e-6 and share[plan.index("serve:build")] > share[plan.index("sr:cache")]
+    # a unit gets its own share and what the units before it left; the later units' shares are kept for them
+    assert accelerator.unit_limit(480, share[1:]) == pytest.approx(share[0])
+    assert accelerator.unit_limit(480 - 1, share[2:]) == pytest.approx(480 - 1 - sum(share[2:]))
+    served = accelerator.parse_args(["--parts", "serve", "--serve-rows", "5000", "--serve-c16", "4"])
+    sizes = accelerator.pick_sizes(served, True)
     assert (sizes.serve_size, sizes.serve_rows, sizes.serve_c16, sizes.serve_words) == ("base", 5000, 4, 900)
-    assert accelerator.units(args.parts, sizes) == ["serve:build", "serve:local", "serve:ray"]
-    # serve alone fits one 10-minute device call; with the measurement parts, the budgets add up
-    assert accelerator.default_budget(("serve",), True) == 540
-    assert accelerator.default_budget(("sr", "serve"), True) == 300 + 540
-    assert accelerator.default_budget(("sr", "bart"), False) == 900
+    assert accelerator.units(served.parts, sizes) == ["serve:build", "serve:local", "serve:ray"]
+
+
+def test_a_dry_runs_units_compute_on_two_cpu_devices():
+    env = accelerator.unit_env(True)
+    assert env["JAX_PLATFORMS"] == "cpu" and env["XLA_FLAGS"].endswith("--xla_force_host_platform_device_count=2")
+    assert "--xla_force_host_platform_device_count" not in accelerator.unit_env(False).get("XLA_FLAGS", "")
+
+
+def test_a_failed_unit_is_one_line_the_rest_run_and_the_run_exits_1(monkeypatch, tmp_path, capsys):
+    """A part that fails (the served query's server dying at warm-up, say) prints one line, the next parts run, and
+    the script exits 1 naming it: it exited 0 (`accelerator.sh --parts serve` met the device SR's warm-up crash)."""
+    ran = []
+
+    def spawn(unit, sizes, limit, scratch=None, extra=(), forced=False):
+        ran.append((unit, forced))
+        if unit == "probe:host":
+            return {"accelerated": False, "backend": "cpu", "device_kind": "cpu", "hardware": "a CPU"}, ""
+        if unit == "serve:local":
+            return None, "failed (exit 1): CfirError: the server exited 1 before it was ready: AttributeError: x"
+        return [{"what": f"{unit} row", "unit": unit}], ""
+
+    monkeypatch.setattr(accelerator, "_spawn", spawn)
+    monkeypatch.setattr("sys.argv", ["accelerator.py", "--parts", "sr,serve", "--out", str(tmp_path)])
+    with pytest.raises(SystemExit) as e:
+        accelerator.main()
+    assert e.value.code == 1
+    assert [u for u, _ in ran] == ["probe:host", "sr:cache", "serve:build", "serve:local", "serve:ray"]
+    assert all(forced for _, forced in ran[1:])  # no accelerator here: the dry run, device branches forced
+    out, err = capsys.readouterr()
+    failed = [line for line in out.splitlines() if line.startswith("serve:local")]
+    assert len(failed) == 1 and failed[0].startswith("serve:local: failed (exit 1): CfirError: the server exited 1")
+    assert any(line.startswith("serve:ray: done in ") for line in out.splitlines())
+    assert err.strip().splitlines()[-1] == "accelerator.sh: 1 of 4 units failed or were stopped: serve:local"
+    assert json.loads((tmp_path / "accelerator.json").read_text())["failed"] == ["serve:local"]
 
 
 def test_the_stage_split_is_each_stages_mean_ms_between_two_reads_of_the_services_metrics():
