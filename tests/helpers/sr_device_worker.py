@@ -113,6 +113,25 @@ def check_unsharded_and_bfloat16_equal_numpy():
         _assert_equal_to_numpy(dc, cache, int_queries(3), unions_of_sizes([100, 1000, 2]))
 
 
+def check_auto_shards_a_cache_one_device_cannot_hold():
+    """sr_device_shard='auto': a cache over half a device's memory (`_fits_one_device`, from the device's
+    bytes_limit, which the CPU does not report: here a device says it holds less) is row-sharded over every device,
+    and scores as numpy does; one that fits stays on one device."""
+    from cfir_jax.search import device_sr
+
+    cache = grid_cache()
+    real = device_sr._fits_one_device
+    try:
+        device_sr._fits_one_device = lambda nbytes, device: False  # a device of too little memory
+        sharded = DeviceCache(cache, k=12, shard=None, buckets=(64, 1024))
+    finally:
+        device_sr._fits_one_device = real
+    alone = DeviceCache(cache, k=12, shard=None, buckets=(64, 1024))
+    assert (sharded.shards, alone.shards) == (8, 1)
+    for dc in (sharded, alone):
+        _assert_equal_to_numpy(dc, cache, int_queries(3), unions_of_sizes([10, 64, 900]))
+
+
 def check_full_topk_equals_numpy_over_shards():
     cache = grid_cache(n=997)  # not a multiple of 8: the last shard holds padding rows
     dc = DeviceCache(cache, k=10, shard=True)

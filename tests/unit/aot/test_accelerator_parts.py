@@ -149,3 +149,48 @@ def test_the_stage_split_is_each_stages_mean_ms_between_two_reads_of_the_service
     assert list(split) == ["spaCy", "BART", "tower", "ER", "SR"]
     assert [round(ms, 6) for ms in split.values()] == [10.5, 300.0, 8.0, 2.0, 0.5]
     assert accelerator_serve.stage_split({}, accelerator_serve.parse_stage_totals("cfir_requests_total 3.0\n")) == {}
+
+
+def test_on_an_accelerator_the_run_measures_at_full_size_unforced_and_serves_on_the_gpu(monkeypatch, tmp_path):
+    """The probe names a GPU (faked: this host has none): full sizes, the 8-minute budget, no unit forced onto the
+    CPU, the servers told they hold an accelerator (Ray's front takes the GPU); --dry-run still forces the CPU."""
+    calls = []
+
+    def spawn(unit, sizes, limit, scratch=None, extra=(), forced=False):
+        calls.append((unit, sizes, limit, extra, forced))
+        if unit == "probe:host":
+            return {"accelerated": True, "backend": "gpu", "device_kind": "NVIDIA H100 80GB HBM3",
+                    "hardware": "a GPU"}, ""
+        return [{"what": f"{unit} row", "unit": unit}], ""
+
+    monkeypatch.setattr(accelerator, "_spawn", spawn)
+    result = accelerator.drive(accelerator.parse_args(["--parts", "sr,serve", "--realsize", str(tmp_path)]))
+    assert result["mode"] == "accelerator measurements on NVIDIA H100 80GB HBM3 (gpu)"
+    assert result["accelerator"] and not result["dry_run"] and result["budget_s"] == 480
+    units = calls[1:]
+    assert [u for u, *_ in units] == ["sr:cache", "serve:build", "serve:local", "serve:ray"]
+    assert all(sizes == accelerator.FULL and not forced for _, sizes, _, _, forced in units)
+    assert all("--accelerated" in extra for u, _, _, extra, _ in units if u.startswith("serve:"))
+    assert sum(limit for _, _, limit, _, _ in units[:1]) < 480
+    calls.clear()
+    dry = accelerator.drive(accelerator.parse_args(["--parts", "sr", "--dry-run"]))
+    assert dry["dry_run"] and not dry["accelerator"] and dry["mode"].startswith("the dry run")
+    assert all(forced and sizes in (None, accelerator.TINY) for _, sizes, _, _, forced in calls)
+
+
+def test_the_script_says_when_nvidia_smi_sees_a_gpu_that_jax_does_not(tmp_path):
+    """A GPU host whose jax has no CUDA plugin (faked: an nvidia-smi that answers, and this CPU jax)."""
+    import os
+    import subprocess
+    import sys
+
+    from repo import ROOT
+
+    fake = tmp_path / "nvidia-smi"
+    fake.write_text("#!/bin/sh\nexit 0\n")
+    fake.chmod(0o755)
+    env = dict(os.environ, PATH=f"{tmp_path}:{os.environ['PATH']}", PYTHON=sys.executable, JAX_PLATFORMS="cpu")
+    out = subprocess.run(["bash", "benchmarks/accelerator.sh", "--parts", "nothing"], cwd=ROOT, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert "accelerator.sh: nvidia-smi sees a GPU but jax does not: pip install -e '.[cuda]'" in out.stderr
+    assert out.returncode == 2  # then the unknown part, one line

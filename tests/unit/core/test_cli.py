@@ -37,6 +37,21 @@ def test_progress_env_switches_bars(monkeypatch, value, want):
     assert progress.disabled() is want
 
 
+def test_only_process_zero_of_a_multi_host_run_draws_a_bar(monkeypatch):
+    """Process 1 of a jax.distributed run (faked: jax's process_index says so) draws no bar, and what the bar
+    followed gives the same answer."""
+    import jax
+
+    shown = progress.bar(total=3, show=True)
+    assert not shown.disable
+    shown.close()
+    monkeypatch.setattr(jax, "process_index", lambda: 1)
+    hidden = progress.bar(total=3, show=True)
+    assert hidden.disable
+    hidden.close()
+    assert progress.map_chunks(lambda xs: [x * 2 for x in xs], list(range(9)), "x", chunk=4) == list(range(0, 18, 2))
+
+
 def test_map_chunks_equals_one_call():
     items = list(range(70))
     assert progress.map_chunks(lambda xs: [x * x for x in xs], items, desc="t", chunk=32) == [x * x for x in items]

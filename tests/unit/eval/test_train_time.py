@@ -38,3 +38,14 @@ def test_hardware_label_names_the_device_kind_and_count():
     import jax
 
     assert tt.hardware_label(jax.devices()[:1]) == f"1 x cpu ({os.cpu_count()} cores)"
+
+
+def test_hardware_label_of_accelerators_names_their_kind_without_the_hosts_cores():
+    """On a GPU or TPU the label is the devices' kind and count (faked devices: this host has none); on the CPU it
+    adds the cores."""
+    from types import SimpleNamespace
+
+    gpus = [SimpleNamespace(device_kind="NVIDIA H100 80GB HBM3", platform="gpu")] * 8
+    assert tt.hardware_label(gpus) == "8 x NVIDIA H100 80GB HBM3"
+    tpus = [SimpleNamespace(device_kind="TPU v5 lite", platform="tpu")] * 4
+    assert tt.hardware_label(tpus) == "4 x TPU v5 lite"

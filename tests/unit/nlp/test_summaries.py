@@ -213,6 +213,20 @@ def test_bart_data_parallel_over_8_devices_equals_one_device(tiny_bart):
     assert json.loads(out.stdout.strip().splitlines()[-1]) == [True, 2 * len(TEXTS)]
 
 
+def test_rows_sized_to_a_devices_small_free_memory_give_the_same_summaries(tiny_bart, summarizer, outputs):
+    """A GPU or TPU reports its free memory and the rows per device are sized to it (the CPU reports none: the
+    figure is given here, as a device would). Fewer rows per call, the same summaries."""
+    from types import SimpleNamespace
+
+    small = summarizer_lib.BartSummarizer(tiny_bart[0], batch_size=4, max_input_tokens=MAX_INPUT, free_bytes=200_000,
+                                          **SETTINGS)
+    assert summarizer.batch_size == 4 and small.batch_size < 4
+    assert [o.tolist() for o in small.generate_ids(TEXTS)] == [o.tolist() for o in outputs]
+    device = SimpleNamespace(memory_stats=lambda: {"bytes_limit": 16 << 30, "bytes_in_use": 6 << 30})
+    assert bart_summarizer._free_bytes(device) == 10 << 30  # what a device's report leaves
+    assert bart_summarizer._free_bytes(SimpleNamespace(memory_stats=lambda: None)) is None  # the CPU's
+
+
 def test_bart_settings_are_recorded(summarizer):
     settings = summarizer.settings
     for key, value in SETTINGS.items():

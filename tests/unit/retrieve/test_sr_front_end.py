@@ -156,3 +156,19 @@ def test_the_report_names_the_device_and_the_dtype_of_its_copy():
     assert "int8" not in fast and "agreement" not in fast and "the device scores every candidate" in fast
     cpu = _line(_front(rows, "cpu"))
     assert cpu == "SR: exact float32 dot product over the whole candidate union (the paper's), on the CPU"
+
+
+@pytest.mark.parametrize("platform, backend", [("gpu", "device"), ("tpu", "device"), ("cuda", "device"),
+                                               ("rocm", "device"), ("cpu", "cpu")])
+def test_auto_is_the_device_where_jax_computes_on_a_gpu_or_tpu(monkeypatch, platform, backend):
+    """retrieval.sr_backend='auto' (the default) asks JAX's platform name: a faked GPU or TPU name takes the device
+    side, which answers as the CPU side does."""
+    import jax
+
+    monkeypatch.setattr(jax, "default_backend", lambda: platform)
+    rows = _rows(9)
+    auto, cpu = _front(rows, "auto", fingerprint=f"auto-{platform}"), _front(rows, "cpu")
+    assert auto.backend() == backend
+    queries = np.random.default_rng(1).normal(size=(3, D)).astype(np.float32)
+    _same_as_cpu(auto, cpu, queries, _unions([5, 40, 120]))
+    assert (auto._device is not None) == (backend == "device")

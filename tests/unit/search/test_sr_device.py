@@ -33,6 +33,19 @@ def test_on_eight_devices(eight_device_results, check):
     assert eight_device_results[check] == "", eight_device_results[check]
 
 
+def test_a_cache_fits_one_device_unless_the_device_reports_too_little_memory():
+    """The decision of sr_device_shard='auto' from a device's memory report (a GPU's or TPU's; the CPU reports
+    none): the cache may take half of bytes_limit."""
+    from types import SimpleNamespace
+
+    from cfir_jax.search.device_sr import _fits_one_device
+
+    gpu = SimpleNamespace(memory_stats=lambda: {"bytes_limit": 80 << 30, "bytes_in_use": 0})
+    assert _fits_one_device(40 << 30, gpu) and not _fits_one_device((40 << 30) + 1, gpu)
+    assert _fits_one_device(1 << 40, SimpleNamespace(memory_stats=lambda: None))  # nothing reported: one device
+    assert _fits_one_device(1 << 40, object())  # no report at all
+
+
 def test_bucket_size_rounds_up_to_a_few_shapes():
     assert [bucket_size(m, (8, 64)) for m in (1, 8, 9, 64, 65, 200)] == [8, 8, 64, 64, 128, 256]
 
