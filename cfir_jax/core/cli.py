@@ -87,7 +87,10 @@ def apply_overrides(config: ml_collections.ConfigDict, overrides: Sequence[str])
         if not item.startswith("--config.") or "=" not in item:
             raise CfirError(f"unrecognised argument {item!r}: overrides look like --config.train.lr=3e-4")
         key, _, text = item[len("--config."):].partition("=")
-        if isinstance(_field(config, key, "--config."), (list, tuple)):
+        _field(config, key, "--config.")
+        parent, _, leaf = key.rpartition(".")
+        node = _field(config, parent, "--config.") if parent else config
+        if node.get_type(leaf) in (list, tuple):  # declared so (a field of `object` type takes any literal)
             sequences.setdefault(key, []).append(text)  # repeated flags add items, as config_flags' tuples do
         else:
             rest.append(item)
@@ -122,6 +125,9 @@ def sequence_value(key: str, texts: Sequence[str], current: Sequence) -> tuple:
     if len(kinds) != 1:
         return tuple(items)
     kind = kinds.pop()
+    if kind in (list, tuple) and not all(isinstance(item, (list, tuple)) for item in items):
+        raise CfirError(f"--config.{key}={','.join(texts)}: the field holds a list of lists (rules): give it as a "
+                        "Python literal, e.g. '[[\".*\", \"frozen\"]]'")
     try:
         return tuple(item if isinstance(item, kind) else kind(item) for item in items)
     except (TypeError, ValueError):

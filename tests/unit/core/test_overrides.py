@@ -55,3 +55,16 @@ def test_the_command_line_takes_a_list_override_of_a_workdir(recorded):
     args, config = cli.parse("x", argv=["--workdir", str(recorded), "--config.serve.methods=cfir,bm25"],
                              config_from_workdir=True)
     assert list(config.serve.methods) == ["cfir", "bm25"] and args.workdir == str(recorded)
+
+
+def test_a_field_that_takes_any_value_is_left_to_config_flags(recorded):
+    """train.trainable is a name or a rule list (a field of `object` type): a name stays a name; in a workdir's
+    recorded config it is a list of rules, which takes a literal and refuses a bare name in one line."""
+    from configs.base import get_config
+
+    config = cli.apply_overrides(get_config("384"), ["--config.train.trainable=authors"])
+    assert config.train.trainable == "authors"
+    rules = cli.load("", recorded, ["--config.train.trainable=[['B/.*', 'train'], ['.*', 'frozen']]"])
+    assert [list(rule) for rule in rules.train.trainable] == [["B/.*", "train"], [".*", "frozen"]]
+    with pytest.raises(CfirError, match=r"^--config.train.trainable=authors: the field holds a list of lists"):
+        cli.load("", recorded, ["--config.train.trainable=authors"])
