@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import check_top_k
+from cfir_jax.core.query_rule import QueryRefused, check_top_k
 from cfir_jax.retrieve.pipeline import Hit, Result, Retriever
 from cfir_jax.retrieve.queries import read_bounded
 from cfir_jax.search.knn import ScannSearcher, search_with_tail
@@ -243,7 +243,8 @@ def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: 
     times_ms: decode, tower (and tower_load on the query that made it) or lookup; search; hits."""
     if (image is None) == (image_id is None):
         raise CfirError("give a picture's bytes (image) or an indexed picture's id (image_id), not both or neither")
-    check_top_k(top_k, int(retriever.config.retrieval.top_k))  # the rule of every door
+    if check_top_k(top_k) < 1:  # an int; the doors held it to retrieval.top_k (the rule), a search needs one hit
+        raise QueryRefused(f"top_k={top_k} out of range: at least 1")
     if image is not None and not (isinstance(image, (bytes, bytearray, memoryview)) and len(image)):
         raise UnusablePicture("the picture is empty" if isinstance(image, (bytes, bytearray, memoryview))
                               else f"image must be the picture's bytes, got {type(image).__name__}")
