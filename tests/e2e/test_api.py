@@ -140,6 +140,20 @@ def test_the_library_and_the_client_agree_on_odd_texts(service, index):
     assert isinstance(outcomes[0], str)  # the last (None): refused by both
 
 
+def test_an_id_over_255_bytes_is_one_line_at_both_doors(service, index):
+    """An indexed picture's id is never read as a file (a 300-byte name raised a bare OSError); as a picture file, such
+    a name is one line too."""
+    long_id = "img-" + "x" * 300
+    refusals = []
+    for door in (cfir_jax.Client(service.url), index):
+        with pytest.raises(CfirError) as unknown:
+            door.search(image_id=long_id, top_k=3)
+        refusals.append(str(unknown.value))
+        with pytest.raises(CfirError, match=r"cannot read the picture \(File name too long\)"):
+            door.search(image=long_id, top_k=3)
+    assert refusals[0] == refusals[1] and "is not in the index" in refusals[0] and "\n" not in refusals[0]
+
+
 def test_a_removed_image_is_never_returned_and_the_version_moves(api_workdir, documents, tmp_path):
     w = tmp_path / "W"
     shutil.copytree(api_workdir, w)

@@ -6,8 +6,11 @@ import json
 import re
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import check_text
 from cfir_jax.retrieve import queries
 from cfir_jax.retrieve.methods import METHODS, method_of
 
@@ -90,3 +93,19 @@ def test_methods_by_name_say_what_they_read():
     assert not method_of("cfir", Settings).uses_lexical
     with pytest.raises(CfirError, match="unknown method 'bm26': use one of cfir, dense_document"):
         method_of("bm26", Settings)
+
+
+@settings(max_examples=100, deadline=None, database=None)
+@given(content=st.one_of(st.binary(max_size=200),
+                         st.text(max_size=100).map(lambda t: t.encode("utf-8", "surrogatepass"))))
+def test_fuzz_any_query_file_is_a_document_or_one_line(tmp_path_factory, content):
+    """The command's door (`retrieve.py --query FILE`): whatever a file holds, a document held to the rule, or one
+    CfirError line naming the file."""
+    path = tmp_path_factory.mktemp("q") / "doc.txt"
+    path.write_bytes(content)
+    try:
+        doc = queries.read_query(path, 64)
+    except CfirError as refused:
+        assert str(refused).startswith(f"{path}: ") and "\n" not in str(refused)
+    else:
+        assert doc.text == check_text(content.decode("utf-8"), "text", 64) and doc.doc_id == "doc"

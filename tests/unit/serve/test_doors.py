@@ -23,9 +23,9 @@ from standin_service import serving
 from cfir_jax.core.query_rule import QueryRefused, check_id, check_text, check_top_k
 from cfir_jax.retrieve import image_query
 
-QUICK = settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
+QUICK = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
                                                                                        HealthCheck.data_too_large])
-LONG = settings(QUICK, max_examples=600)
+LONG = settings(QUICK, max_examples=300)
 MAX_TOP_K = 50
 
 
