@@ -215,24 +215,27 @@ def _check_search(url: str, text, top_k) -> None:
         assert response.status_code in (413, 422) and _one_line(response) == refusal
 
 
-@QUICK
-@given(text=TEXTS, top_k=TOP_KS)
-def test_fuzz_a_search_is_answered_exactly_when_the_rule_accepts_it(door, text, top_k):
+SEARCHES = dict(text=TEXTS, top_k=TOP_KS)
+
+
+def _search_door(door, text, top_k):
     _check_search(door[0], text, top_k)
 
 
-@QUICK
-@given(body=st.one_of(JSON_VALUES.map(_dumps), st.binary(max_size=200),
-                      st.fixed_dictionaries({}, optional={"text": TEXTS, "top_k": TOP_KS, "id": JSON_VALUES,
-                                                          "method": JSON_VALUES, "documents": JSON_VALUES,
-                                                          "image": JSON_VALUES, "image_id": JSON_VALUES,
-                                                          "extra": JSON_VALUES}).map(_dumps)),
-       path=st.sampled_from(["/v1/search", "/v1/search/batch", "/v1/search/html", "/v1/search/image",
-                             "/v1/admin/reload", "/readyz", "/nowhere"]),
-       content_type=st.sampled_from(["application/json", "", "text/plain", "application/json; charset=latin-1",
-                                     "multipart/form-data", "multipart/form-data; boundary=x", "image/png",
-                                     "application/x-www-form-urlencoded"]))
-def test_fuzz_any_body_at_any_door_is_answered_or_refused_in_one_line(door, body, path, content_type):
+BODIES = dict(
+    body=st.one_of(JSON_VALUES.map(_dumps), st.binary(max_size=200),
+                   st.fixed_dictionaries({}, optional={"text": TEXTS, "top_k": TOP_KS, "id": JSON_VALUES,
+                                                       "method": JSON_VALUES, "documents": JSON_VALUES,
+                                                       "image": JSON_VALUES, "image_id": JSON_VALUES,
+                                                       "extra": JSON_VALUES}).map(_dumps)),
+    path=st.sampled_from(["/v1/search", "/v1/search/batch", "/v1/search/html", "/v1/search/image",
+                          "/v1/admin/reload", "/readyz", "/nowhere"]),
+    content_type=st.sampled_from(["application/json", "", "text/plain", "application/json; charset=latin-1",
+                                  "multipart/form-data", "multipart/form-data; boundary=x", "image/png",
+                                  "application/x-www-form-urlencoded"]))
+
+
+def _any_body(door, body, path, content_type):
     headers = {"content-type": content_type} if content_type else {}
     response = httpx.post(f"{door[0]}{path}", content=body, headers=headers, timeout=30)
     assert response.status_code in (200, 400, 404, 405, 413, 422), response.text[:300]
@@ -242,14 +245,14 @@ def test_fuzz_any_body_at_any_door_is_answered_or_refused_in_one_line(door, body
 
 FORM_NAMES = st.sampled_from(["image", "image_id", "top_k", "id", "other", ""])
 PICTURES = {"bomb": bomb_png(8000), "small": small_png()}  # named, so that a failing example prints short
+UPLOADS = dict(
+    files=st.dictionaries(FORM_NAMES, st.tuples(st.text(max_size=8), st.one_of(
+        st.binary(max_size=100), st.binary(max_size=60).map(lambda b: small_png()[:40] + b))), max_size=2),
+    named=st.sampled_from([None, *sorted(PICTURES)]),
+    data=st.dictionaries(FORM_NAMES, st.one_of(st.text(max_size=10), TOP_KS.map(str)), max_size=3))
 
 
-@QUICK
-@given(files=st.dictionaries(FORM_NAMES, st.tuples(st.text(max_size=8), st.one_of(
-           st.binary(max_size=100), st.binary(max_size=60).map(lambda b: small_png()[:40] + b))), max_size=2),
-       named=st.sampled_from([None, *sorted(PICTURES)]),
-       data=st.dictionaries(FORM_NAMES, st.one_of(st.text(max_size=10), TOP_KS.map(str)), max_size=3))
-def test_fuzz_any_multipart_upload_is_answered_or_refused_in_one_line(door, files, named, data):
+def _any_upload(door, files, named, data):
     if named is not None:  # a whole picture, or a bomb, as the file field image
         files = {**files, "image": ("p.png", PICTURES[named])}
     response = httpx.post(f"{door[0]}/v1/search/image", files=files or None, data=data or None, timeout=30)
@@ -258,10 +261,11 @@ def test_fuzz_any_multipart_upload_is_answered_or_refused_in_one_line(door, file
         _one_line(response)
 
 
-@QUICK
-@given(picture=st.one_of(st.binary(max_size=300), st.integers(1, 200), st.sampled_from(sorted(PICTURES))),
-       as_json=st.booleans(), top_k=st.one_of(st.none(), TOP_KS))
-def test_fuzz_any_raw_picture_is_answered_or_refused_in_one_line(door, picture, as_json, top_k):
+RAW_PICTURES = dict(picture=st.one_of(st.binary(max_size=300), st.integers(1, 200), st.sampled_from(sorted(PICTURES))),
+                    as_json=st.booleans(), top_k=st.one_of(st.none(), TOP_KS))
+
+
+def _any_raw_picture(door, picture, as_json, top_k):
     """picture: its bytes, a small picture cut after n bytes, or a named one; as the body, or base64 in JSON."""
     url = door[0]
     picture = small_png()[:picture] if isinstance(picture, int) else PICTURES.get(picture, picture)
@@ -279,12 +283,17 @@ def test_fuzz_any_raw_picture_is_answered_or_refused_in_one_line(door, picture, 
         _one_line(response)
 
 
-def test_after_the_fuzzing_the_service_is_ready_and_logged_no_error(door):
+# Each property twice: a short profile in the quick tier, a long one in the slow tier.
+test_fuzz_a_search_is_answered_exactly_when_the_rule_accepts_it = QUICK(given(**SEARCHES)(_search_door))
+test_fuzz_any_body_at_any_door_is_answered_or_refused_in_one_line = QUICK(given(**BODIES)(_any_body))
+test_fuzz_any_multipart_upload_is_answered_or_refused_in_one_line = QUICK(given(**UPLOADS)(_any_upload))
+test_fuzz_any_raw_picture_is_answered_or_refused_in_one_line = QUICK(given(**RAW_PICTURES)(_any_raw_picture))
+test_fuzz_long_searches = pytest.mark.slow(LONG(given(**SEARCHES)(_search_door)))
+test_fuzz_long_bodies = pytest.mark.slow(LONG(given(**BODIES)(_any_body)))
+test_fuzz_long_uploads = pytest.mark.slow(LONG(given(**UPLOADS)(_any_upload)))
+test_fuzz_long_raw_pictures = pytest.mark.slow(LONG(given(**RAW_PICTURES)(_any_raw_picture)))
+
+
+def test_zz_after_the_fuzzing_the_service_is_ready_and_logged_no_error(door):
+    """Defined last, so run last: whatever the fuzzing sent, the service is ready and logged no error."""
     _still_ready(door[0], door[1])
-
-
-@pytest.mark.slow
-@LONG
-@given(text=TEXTS, top_k=TOP_KS)
-def test_fuzz_long_a_search_is_answered_exactly_when_the_rule_accepts_it(door, text, top_k):
-    _check_search(door[0], text, top_k)
