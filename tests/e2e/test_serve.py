@@ -220,7 +220,7 @@ def test_300_malformed_bodies_get_no_500_and_the_server_stays_ready(server, docu
 
 
 @pytest.mark.slow
-@settings(max_examples=80, deadline=None, database=None)
+@settings(max_examples=300, deadline=None, database=None)
 @given(text=st.one_of(st.text(max_size=80), st.text(alphabet=st.characters(codec=None), max_size=40),
                       st.sampled_from(["Ada Lovelace in London", "Cafe\u0301 in Zu\u0308rich", "a\x00b", "\ud800",
                                        " \f\v ", "x" * 70000, 12, None])),
