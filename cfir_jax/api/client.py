@@ -3,40 +3,54 @@ over HTTP to `retrieve.py --index W --serve` (one process or `--engine ray`: the
 
     client = cfir_jax.Client("http://127.0.0.1:8080")
     result = client.search("The Eiffel Tower in Paris ...", top_k=5)
-    alike = client.search(image="photo.jpg", top_k=5)   # search by picture: bytes, a file, or an indexed id
+    alike = client.search(image="photo.jpg", top_k=5)       # search by picture: its bytes or a file
+    same = client.search(image_id="img0000013", top_k=5)     # or an indexed picture's id (never read as a file)
 
-A busy service answers 503 with `Retry-After`: the client waits that long and asks again, as long as the call's
-deadline (`deadline_s`) allows; any other refusal (and a 503 past the deadline) is a `ServiceError`, a `CfirError`
-whose message is the service's one-line reason. A search that the service never answered is sent again: the
-connection failed mid-request (reset, closed, refused while the service restarts), or a proxy answered a 5xx that is
-not the service's own JSON (Ray's HTTP proxy answers a plain-text 500 when the ingress replica holding the request
-died). A search is idempotent, so sending it again is safe; the waits between tries grow from 50 ms to 1 s, within
-the deadline, past which the call is a one-line `CfirError` naming the last failure. A refused connection is tried
-again only once this client has reached the service (a restart); a URL never reached is said at once. The standard
-library's HTTP alone: no JAX, no extra dependency.
+A busy service answers 503 with `Retry-After`: the client waits that long (at least RETRY_AFTER_MIN_S) and asks
+again, as long as the call's deadline (`deadline_s`) allows; any other refusal (and a 503 past the deadline) is a
+`ServiceError`, a `CfirError` whose message is the service's one-line reason. An answer the service sent before the
+client had sent the whole body (a 413 for a picture over its limit) is read and raised at once: the body is not sent
+on, and never sent again. A search that the service never answered is sent again: the connection failed
+mid-request (reset, closed, refused while the service restarts), or a proxy answered a 5xx that is not the service's
+own JSON (Ray's HTTP proxy answers a plain-text 500 when the ingress replica holding the request died). A search is
+idempotent, so sending it again is safe; the waits between tries grow from 50 ms to 1 s, within the deadline, past
+which the call is a one-line `CfirError` naming the last failure. A refused connection is tried again only once this
+client has reached the service (a restart); a URL never reached is said at once.
+
+The token goes to the service's own origin only: a redirect to another scheme, host or port (https to http
+included) is refused in one line, never followed. A query is held to the rule every door applies
+(`cfir_jax.core.query_rule`) before it is sent, as far as the client can hold it without the service's settings
+(the size and top_k's range are the service's to check). The standard library's HTTP alone: no JAX, no extra
+dependency; no proxy from the environment is used.
 """
 
 from __future__ import annotations
 
 import base64
+import email.utils
 import http.client
 import json
 import logging
+import math
 import os
+import select
 import time
-import urllib.error
-import urllib.request
+import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_text, check_top_k
 from cfir_jax.retrieve.results import Result
 
 __all__ = ["Client", "ServiceError"]
 
 log = logging.getLogger("cfir_jax.client")
 RESEND_WAIT_S = (0.05, 1.0)  # the first wait before a search the service never answered is sent again; the longest
+RETRY_AFTER_MIN_S = 0.5  # the shortest wait a 503's Retry-After gets (0 would ask again in a tight loop)
 PROXY_5XX = (500, 502, 503, 504)  # statuses a proxy answers for a request that its upstream lost
+MAX_REDIRECTS = 5  # redirects followed within the service's own origin
+SEND_CHUNK = 1 << 16  # a body is sent in chunks, and an answer that arrives before its end is read at once
 
 
 class ServiceError(CfirError):
@@ -48,33 +62,36 @@ class ServiceError(CfirError):
 
 
 class Client:
-    """A client of one service at `url` ("http://host:port"); token: sent as `Authorization: Bearer TOKEN` (a
-    proxy's, or the admin token); deadline_s: how long a call may take, waits for a busy service included."""
+    """A client of one service at `url` ("http://host:port"); token: sent as `Authorization: Bearer TOKEN` to that
+    origin only (a proxy's, or the admin token); deadline_s: how long a call may take, waits for a busy service
+    included."""
 
     def __init__(self, url: str, token: str | None = None, *, deadline_s: float = 60.0):
-        if not url.startswith(("http://", "https://")):
-            raise CfirError(f"{url!r}: the service's URL starts with http:// or https://")
+        if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not _host(url):
+            raise CfirError(f"{url!r}: the service's URL starts with http:// or https:// and names a host")
         self.url, self.token, self.deadline_s = url.rstrip("/"), token, float(deadline_s)
+        self._origin = _origin(self.url)
         self._reached = False  # whether the service ever answered this client (a refusal after it is a restart)
 
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
 
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
-               top_k: int = 20, method: str | None = None, id: str = "query",  # noqa: A002
-               deadline_s: float | None = None) -> Result:
+               image_id: str | None = None, top_k: int = 20, method: str | None = None,
+               id: str = "query", deadline_s: float | None = None) -> Result:  # noqa: A002
         """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id), or
-        of one picture (`POST /v1/search/image`): `image` is its bytes, a picture file (its stem the id) or the id of
-        an indexed image, as `Index.search(image=...)` takes it."""
-        if (text is None) == (image is None):
-            raise CfirError("give one of text= (a document) or image= (a picture's bytes, file or indexed id)")
-        if image is not None:
-            answer, version = self._post("/v1/search/image", {**_picture(image), "top_k": top_k}, deadline_s)
-            return Result.from_json(answer, version)
+        of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
+        `image_id` the id of an indexed picture, as `Index.search` takes them."""
+        if sum(x is not None for x in (text, image, image_id)) != 1:
+            raise CfirError(QUERY_KINDS)
+        if text is None:
+            body = {**_picture(image, image_id), "top_k": check_top_k(top_k)}
+            answer, version = self._post("/v1/search/image", body, deadline_s)
+            return _result(answer, version, f"{self.url}/v1/search/image")
         text, id = _text(text, id)
-        body = {"text": text, "top_k": top_k, "id": id, **({"method": method} if method else {})}
+        body = {"text": text, "top_k": check_top_k(top_k), "id": id, **({"method": method} if method else {})}
         answer, version = self._post("/v1/search", body, deadline_s)
-        return Result.from_json(answer, version)
+        return _result(answer, version, f"{self.url}/v1/search")
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, batch: int = 64, deadline_s: float | None = None
@@ -87,41 +104,45 @@ class Client:
         if len(ids) != len(texts):
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
         docs = [dict(zip(("text", "id"), _text(t, i))) for t, i in zip(texts, ids)]
+        check_top_k(top_k)
         out: list[Result] = []
         for at in range(0, len(docs), max(1, batch)):
-            body = {"documents": docs[at : at + batch], "top_k": top_k, **({"method": method} if method else {})}
+            chunk = docs[at : at + batch]
+            body = {"documents": chunk, "top_k": top_k, **({"method": method} if method else {})}
             answer, version = self._post("/v1/search/batch", body, deadline_s)
-            out += [Result.from_json(r, version) for r in answer["results"]]
+            results = answer.get("results") if isinstance(answer, dict) else None
+            if not isinstance(results, list) or len(results) != len(chunk):
+                raise CfirError(f"{self.url}/v1/search/batch: the answer is not {len(chunk)} search results; is this "
+                                "a cfir-jax service?")
+            out += [_result(r, version, f"{self.url}/v1/search/batch") for r in results]
         return out
 
     def ready(self) -> bool:
         """Whether a search would succeed now (`GET /readyz` 200); False while the service starts, stops or is
         damaged, or cannot be reached."""
         try:
-            self._call(urllib.request.Request(f"{self.url}/readyz", headers=self._headers()), time.monotonic() + 10)
+            self._call("GET", "/readyz", None, time.monotonic() + 10)
         except CfirError:
             return False
         return True
 
-    def _headers(self) -> dict[str, str]:
-        headers = {"accept": "application/json"}
-        if self.token:
+    def _headers(self, url: str) -> dict[str, str]:
+        headers = {"accept": "application/json", "user-agent": "cfir-jax-client"}
+        if self.token and _origin(url) == self._origin:  # never to another origin (a redirect's is refused anyway)
             headers["authorization"] = f"Bearer {self.token}"
         return headers
 
-    def _post(self, path: str, body: dict, deadline_s: float | None) -> tuple[dict, int | None]:
+    def _post(self, path: str, body: dict, deadline_s: float | None) -> tuple[object, int | None]:
         """The service's JSON answer to a search, and the index version that answered (X-Index-Version): waits
         out a busy service (503 with Retry-After) and sends a search that it never answered again, both within
         the deadline."""
-        data = json.dumps(body, ensure_ascii=False).encode()
-        request = urllib.request.Request(f"{self.url}{path}", data=data, method="POST",
-                                         headers={**self._headers(), "content-type": "application/json"})
+        data = json.dumps(body).encode()  # ASCII: a text's every character escaped as JSON allows
         budget = self.deadline_s if deadline_s is None else float(deadline_s)
         deadline, wait, tries = time.monotonic() + budget, RESEND_WAIT_S[0], 0
         while True:
             tries += 1
             try:
-                answer, headers = self._call(request, deadline)
+                answer, headers = self._call("POST", path, data, deadline)
                 version = headers.get("x-index-version", "")
                 return answer, int(version) if version.strip().isdigit() else None
             except ServiceError as e:  # busy: wait as told, within the deadline
@@ -130,87 +151,206 @@ class Client:
                 time.sleep(e.retry_after)
             except _Unanswered as e:  # the service never answered it: a search is idempotent, so send it again
                 if time.monotonic() + wait >= deadline:
-                    raise CfirError(f"{request.full_url}: no answer within the {budget:g} s deadline ({tries} "
+                    raise CfirError(f"{self.url}{path}: no answer within the {budget:g} s deadline ({tries} "
                                     f"tries; the last: {e})") from None
-                log.info("%s: %s; sending it again in %.2f s", request.full_url, e, wait)
+                log.info("%s%s: %s; sending it again in %.2f s", self.url, path, e, wait)
                 time.sleep(wait)
                 wait = min(2 * wait, RESEND_WAIT_S[1])
 
-    def _call(self, request: urllib.request.Request, deadline: float) -> tuple[dict, http.client.HTTPMessage]:
-        """One request, answered within what is left of the deadline: its JSON and headers, or a one-line error
-        (`_Unanswered` when the service never answered it)."""
+    def _call(self, method: str, path: str, data: bytes | None, deadline: float
+              ) -> tuple[object, http.client.HTTPMessage]:
+        """One request, answered within what is left of the deadline, following redirects within the service's
+        origin: its JSON and headers, or a one-line error (`_Unanswered` when the service never answered it)."""
+        url = f"{self.url}{path}"
+        for _ in range(MAX_REDIRECTS + 1):
+            status, reason, headers, raw = self._exchange(method, url, data, deadline)
+            if status in (301, 302, 303, 307, 308) and headers.get("location"):
+                url = self._redirect(url, headers["location"], status, method)
+                continue
+            if status >= 400:
+                raise _refusal(status, reason, headers, raw)
+            if status >= 300:
+                raise CfirError(f"{url}: the service answered HTTP {status} {reason}, not a search's answer")
+            try:
+                return json.loads(raw), headers
+            except (json.JSONDecodeError, UnicodeDecodeError):
+                raise CfirError(f"{url}: the answer is not JSON (is this a cfir-jax service?)") from None
+        raise CfirError(f"{self.url}{path}: more than {MAX_REDIRECTS} redirects")
+
+    def _redirect(self, url: str, location: str, status: int, method: str) -> str:
+        """Where a redirect from `url` leads, refused in one line off the service's origin (scheme, host, port):
+        the token is for it alone. A search (a POST) follows only a redirect that keeps it one (307, 308)."""
+        target = urllib.parse.urljoin(url, location.strip())
+        if _origin(target) != self._origin:
+            shown = urllib.parse.urlunsplit(urllib.parse.urlsplit(target)[:3] + ("", ""))[:200]
+            raise CfirError(f"{url}: the service redirected to {shown}, another origin than {self.url}; not followed "
+                            "(the client sends its token to the service's own origin only)")
+        if method != "GET" and status not in (307, 308):
+            raise CfirError(f"{url}: the service answered HTTP {status} (a redirect to {target[:200]}) to a search; a "
+                            "search is not sent as a GET")
+        return target
+
+    def _exchange(self, method: str, url: str, data: bytes | None, deadline: float
+                  ) -> tuple[int, str, http.client.HTTPMessage, bytes]:
+        """One HTTP exchange: (status, reason, headers, body). An answer that arrives while the body is being sent
+        is read at once, and so is one the service sent before a send failed (the body is not sent on)."""
         left = deadline - time.monotonic()
         if left <= 0:
-            raise CfirError(f"{request.full_url}: no answer within the deadline")
+            raise CfirError(f"{url}: no answer within the deadline")
+        parts = urllib.parse.urlsplit(url)
+        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        conn = kind(parts.hostname, parts.port, timeout=left)
         try:
-            with urllib.request.urlopen(request, timeout=left) as response:
-                self._reached = True
-                return json.loads(response.read()), response.headers
-        except urllib.error.HTTPError as e:
+            self._connect(conn)
+            failed = _send(conn, method, urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
+                           self._headers(url), data)
+            try:
+                response = conn.getresponse()
+                raw = response.read()
+            except TimeoutError:
+                raise CfirError(f"{url}: no answer within the deadline") from None
+            except (ConnectionError, http.client.IncompleteRead, http.client.RemoteDisconnected) as e:
+                if failed is not None:  # the send failed and nothing was answered
+                    raise _Unanswered(f"the connection failed ({_reason(failed)})") from None
+                raise _Unanswered(f"the connection was closed before the answer ({type(e).__name__})") from None
+            except http.client.HTTPException as e:
+                raise CfirError(f"{url}: not an HTTP answer ({type(e).__name__})") from None
             self._reached = True
-            raise _refusal(e) from None
-        except urllib.error.URLError as e:  # raised while connecting or sending
-            if isinstance(e.reason, ConnectionError) and (self._reached or not isinstance(
-                    e.reason, ConnectionRefusedError)):
-                raise _Unanswered(f"the connection failed ({_reason(e.reason)})") from None
-            raise CfirError(f"{self.url}: cannot reach the service ({_reason(e.reason)})") from None
+            return response.status, response.reason, response.headers, raw
         except TimeoutError:
-            raise CfirError(f"{request.full_url}: no answer within the deadline") from None
-        except (ConnectionError, http.client.IncompleteRead) as e:  # while the answer was awaited or read
-            raise _Unanswered(f"the connection was closed before the answer ({type(e).__name__})") from None
-        except http.client.HTTPException as e:
-            raise CfirError(f"{request.full_url}: not an HTTP answer ({type(e).__name__})") from None
-        except json.JSONDecodeError:
-            raise CfirError(f"{request.full_url}: the answer is not JSON (is this a cfir-jax service?)") from None
+            raise CfirError(f"{url}: no answer within the deadline") from None
+        finally:
+            conn.close()
+
+    def _connect(self, conn: http.client.HTTPConnection) -> None:
+        try:
+            conn.connect()
+        except ConnectionError as e:
+            if self._reached or not isinstance(e, ConnectionRefusedError):
+                raise _Unanswered(f"the connection failed ({_reason(e)})") from None
+            raise CfirError(f"{self.url}: cannot reach the service ({_reason(e)})") from None
+        except TimeoutError:
+            raise CfirError(f"{self.url}: cannot reach the service (no connection within the deadline)") from None
+        except OSError as e:  # a name that does not resolve, a certificate refused, no route
+            raise CfirError(f"{self.url}: cannot reach the service ({_reason(e)})") from None
 
 
 class _Unanswered(CfirError):
     """A request that the service never answered: its connection failed, or a proxy answered a 5xx for it."""
 
 
-def _refusal(e: urllib.error.HTTPError) -> CfirError:
+def _send(conn: http.client.HTTPConnection, method: str, target: str, headers: dict, data: bytes | None
+          ) -> OSError | None:
+    """Sends the request; stops sending its body when the service answers before its end. Returns the error that
+    ended a failed send (a reset, a closed pipe: the service may still have answered first), else None."""
+    try:
+        conn.putrequest(method, target, skip_accept_encoding=True)
+        for key, value in {**headers, **({"content-type": "application/json"} if data is not None else {})}.items():
+            conn.putheader(key, value)
+        if data is not None:
+            conn.putheader("content-length", str(len(data)))
+        conn.endheaders()
+        for at in range(0, len(data or b""), SEND_CHUNK):
+            if select.select([conn.sock], [], [], 0)[0]:  # an answer (a refusal) before the body's end: read it
+                break
+            conn.send(data[at : at + SEND_CHUNK])
+    except TimeoutError:
+        raise
+    except (ConnectionError, OSError) as e:
+        return e
+    return None
+
+
+def _refusal(status: int, reason: str, headers: http.client.HTTPMessage, raw: bytes) -> CfirError:
     """The service's one-line reason ({"error": ...}, or /readyz's "reason") of an HTTP error; `_Unanswered` for a
     proxy's 5xx (not the service's JSON, no Retry-After): the request never reached an answer of the service."""
     try:
-        body = json.loads(e.read() or b"{}")
-    except (json.JSONDecodeError, OSError, http.client.HTTPException, UnicodeDecodeError):
+        body = json.loads(raw or b"{}")
+    except (json.JSONDecodeError, UnicodeDecodeError):
         body = None
-    reason = body.get("error") or body.get("reason") if isinstance(body, dict) else None
-    retry = e.headers.get("Retry-After") if e.headers else None
-    retry_after = float(retry) if retry and retry.strip().isdigit() else None
-    if reason is None and retry_after is None and e.code in PROXY_5XX:
-        return _Unanswered(f"HTTP {e.code} {e.reason}, not the service's own answer")
-    return ServiceError(str(reason or f"HTTP {e.code} {e.reason}"), e.code, retry_after)
+    found = body.get("error") or body.get("reason") if isinstance(body, dict) else None
+    retry_after = _retry_after(headers.get("Retry-After"))
+    if found is None and retry_after is None and status in PROXY_5XX:
+        return _Unanswered(f"HTTP {status} {reason}, not the service's own answer")
+    line = str(found).splitlines()[0][:2000] if found is not None and str(found).strip() else f"HTTP {status} {reason}"
+    return ServiceError(line, status, retry_after)
+
+
+def _retry_after(value: str | None) -> float | None:
+    """A Retry-After header in seconds (delta-seconds or an HTTP date), at least RETRY_AFTER_MIN_S; None when absent
+    or unreadable."""
+    if not value:
+        return None
+    try:
+        seconds = float(value.strip())
+    except ValueError:
+        try:
+            seconds = email.utils.parsedate_to_datetime(value).timestamp() - time.time()
+        except (TypeError, ValueError, IndexError, OverflowError):
+            return None
+    return max(seconds, RETRY_AFTER_MIN_S) if math.isfinite(seconds) else None
+
+
+def _result(answer: object, version: int | None, where: str) -> Result:
+    """The record of one search's answer, or one line saying the answer is not one."""
+    try:
+        if not isinstance(answer, dict):
+            raise TypeError(f"a JSON {type(answer).__name__}, not an object")
+        return Result.from_json(answer, version)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0][:120] or type(e).__name__
+        raise CfirError(f"{where}: the answer is not a search result ({what}); is this a cfir-jax service?") from None
 
 
 def _reason(reason) -> str:
-    return getattr(reason, "strerror", None) or str(reason)
+    return getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
+
+
+def _host(url: str) -> str | None:
+    try:
+        return urllib.parse.urlsplit(url).hostname
+    except ValueError:
+        return None
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    """(scheme, host, port) of a URL, the port its scheme's default when none is given."""
+    parts = urllib.parse.urlsplit(url)
+    try:
+        port = parts.port
+    except ValueError:
+        port = -1
+    return parts.scheme.lower(), (parts.hostname or "").lower(), port or (443 if parts.scheme == "https" else 80)
 
 
 def _text(text: str | os.PathLike, doc_id: str) -> tuple[str, str]:
-    """(text, id) of a document given as text or as a UTF-8 file (its stem the id, as `retrieve.py --query`)."""
+    """(text, id) of a document given as text or as a UTF-8 file (its stem the id, as `retrieve.py --query`), held
+    to the rule of a query's text (its size is the service's to check)."""
     if isinstance(text, os.PathLike):
         path = Path(text)
         try:
-            return path.read_text(encoding="utf-8").strip(), path.stem or "query"
-        except (OSError, UnicodeDecodeError) as e:
-            raise CfirError(f"{path}: cannot read the document ({e.__class__.__name__})") from None
-    if not isinstance(text, str):
-        raise CfirError(f"a document is text (str) or a path, got {type(text).__name__}")
-    return text, doc_id
+            read = path.read_text(encoding="utf-8")
+        except (OSError, ValueError) as e:  # missing, a name too long or with a NUL, not UTF-8
+            raise CfirError(f"{str(path)[:200]}: cannot read the document ({_reason(e)})") from None
+        check_text(read, f"{path}: query file")
+        return read, path.stem or "query"
+    check_text(text, "text")
+    return text, check_id(doc_id, "id")
 
 
-def _picture(image: bytes | str | os.PathLike) -> dict:
-    """The JSON fields of a picture query, named as `Index.search(image=...)` names its answer: bytes (base64, id
-    "query"), a picture file (its stem the id) or an indexed image's id (the id)."""
-    if isinstance(image, (bytes, bytearray)):
+def _picture(image: bytes | str | os.PathLike | None, image_id: str | None) -> dict:
+    """The JSON fields of a picture query, named as `Index.search` names its answer: bytes (base64, id "query"), a
+    picture file (its stem the id) or an indexed image's id (the id; never read as a file)."""
+    if image_id is not None:
+        if not isinstance(image_id, str):
+            raise CfirError(f"image_id: expected an indexed picture's id (str), got {type(image_id).__name__}")
+        return {"image_id": image_id, "id": image_id}
+    if isinstance(image, (bytes, bytearray, memoryview)):
         return {"image": base64.b64encode(bytes(image)).decode(), "id": "query"}
-    if isinstance(image, os.PathLike) or (isinstance(image, str) and Path(image).is_file()):
+    if isinstance(image, (str, os.PathLike)):
         path = Path(image)
         try:
             return {"image": base64.b64encode(path.read_bytes()).decode(), "id": path.stem or "query"}
-        except OSError as e:
-            raise CfirError(f"{path}: cannot read the picture ({e.strerror or e.__class__.__name__})") from None
-    if isinstance(image, str):
-        return {"image_id": image, "id": image}
-    raise CfirError(f"image: expected bytes, a picture file or an indexed image id, got {type(image).__name__}")
+        except (OSError, ValueError) as e:  # missing, a folder, a name too long or with a NUL
+            raise CfirError(f"{str(path)[:200]}: cannot read the picture ({_reason(e)})") from None
+    raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")

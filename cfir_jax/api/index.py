@@ -22,8 +22,10 @@ import ml_collections
 
 from cfir_jax.api import workdir as ops
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_text, check_top_k
+from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
-from cfir_jax.retrieve.queries import MAX_QUERY_BYTES, read_query
+from cfir_jax.retrieve.queries import read_query
 from cfir_jax.retrieve.results import Result
 from cfir_jax.stores import versions
 from cfir_jax.stores.layout import Layout
@@ -82,6 +84,7 @@ class Index:
         if method not in self._retrievers:
             with versions.reading(Layout.of(self.workdir)) as version:  # every store of one version
                 retriever = Retriever(self.config, self.workdir, method, measure_agreement=self._measure)
+                image_query.prepare(retriever)  # the picture search's stores, of this version too
             if self._retrievers and version != self._version:  # the workdir changed since: one version for all
                 self._retrievers.clear()
             self._retrievers[method], self._version = retriever, version
@@ -89,26 +92,29 @@ class Index:
 
     # ------------------------------------------------------------------------------------------------ searching
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
-               top_k: int = 20, method: str | None = None, id: str = "query") -> Result:  # noqa: A002
+               image_id: str | None = None, top_k: int = 20, method: str | None = None,
+               id: str = "query") -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
-        stem the id), or of one picture: `image` (its bytes, a picture file, or the id of an indexed image)."""
-        if (text is None) == (image is None):
-            raise CfirError("give one of text= (a document) or image= (a picture's bytes, file or indexed id)")
-        if image is not None:
-            return self._search_image(image, self._top(top_k), method)
+        stem the id), or of one picture: `image` (its bytes, or a picture file: a path) or `image_id` (the id of an
+        indexed picture: never read as a file)."""
+        if sum(x is not None for x in (text, image, image_id)) != 1:
+            raise CfirError(QUERY_KINDS)
+        if text is None:
+            return self._search_image(image, image_id, self._top(top_k), method)
         return self.search_many([text], top_k=top_k, method=method, ids=[id])[0]
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, progress: bool = False) -> list[Result]:
         """The images of each document, retrieved in batches of retrieval.batch_size (entities, summaries, encoding
         and SR batched); ids: the documents' ids (default "0", "1", ...; a path's stem for a path)."""
-        top = self._top(top_k)
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
         if len(ids) != len(texts):
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
-        docs = [_document(t, i) for t, i in zip(texts, ids)]
+        limit = int(self.config.serve.max_text_bytes)
+        docs = [_document(t, i, limit) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
+        top = self._top(top_k)
         retriever = self.retriever(method)
         results = retriever.retrieve_many(docs, progress=progress)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version) for d, r in zip(docs, results)]
@@ -119,28 +125,26 @@ class Index:
         return self.retriever(method).retrieve_many(docs, progress=progress)
 
     def _top(self, top_k: int) -> int:
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= self.max_top_k:
-            raise CfirError(f"top_k={top_k!r} out of range: 1 .. {self.max_top_k}")  # the service's words
-        return top_k
+        return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
 
-    def _search_image(self, image: bytes | str | os.PathLike, top: int, method: str | None) -> Result:
+    def _search_image(self, image: bytes | str | os.PathLike | None, image_id: str | None, top: int,
+                      method: str | None) -> Result:
         """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows: `image` is a picture's
-        bytes, a picture file (within serve.max_image_bytes) or the id of an indexed image."""
-        # why: the picture search (the vision tower, the image decoder) loads only for a picture query
-        from cfir_jax.retrieve import image_query
-
-        if isinstance(image, (bytes, bytearray)):
+        bytes or a picture file (within serve.max_image_bytes), `image_id` the id of an indexed picture."""
+        serve = self.config.serve
+        if image_id is not None:
+            if not isinstance(image_id, str):
+                raise CfirError(f"image_id: expected an indexed picture's id (str), got {type(image_id).__name__}")
+            query, what = {"image_id": image_id}, image_id
+        elif isinstance(image, (bytes, bytearray, memoryview)):
             query, what = {"image": bytes(image)}, "query"
-        elif isinstance(image, os.PathLike) or (isinstance(image, str) and Path(image).is_file()):
+        elif isinstance(image, (str, os.PathLike)):
             path = Path(image)
-            query = {"image": image_query.read_picture(path, int(self.config.serve.max_image_bytes))}
-            what = path.stem or "query"
-        elif isinstance(image, str):
-            query, what = {"image_id": image}, image
+            query, what = {"image": image_query.read_picture(path, int(serve.max_image_bytes))}, path.stem or "query"
         else:
-            raise CfirError(f"image: expected bytes, a picture file or an indexed image id, got {type(image).__name__}")
+            raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
         retriever = self.retriever(method)
-        found = image_query.search_image(retriever, **query, top_k=top)
+        found = image_query.search_image(retriever, **query, top_k=top, max_pixels=int(serve.max_image_pixels))
         return Result.of(what, found, retriever.describe_image, top, self._version)
 
     # -------------------------------------------------------------------------------------- changing, checking
@@ -167,17 +171,9 @@ class Index:
         return change
 
 
-def _document(text: str | os.PathLike, doc_id: str) -> DocumentInput:
-    """A query document from a string or a file (read and checked as `retrieve.py --query` reads it)."""
+def _document(text: str | os.PathLike, doc_id: str, limit: int) -> DocumentInput:
+    """A query document from a string or a file (read as `retrieve.py --query` reads it), held to the one rule of a
+    query's text (`cfir_jax.core.query_rule`, at most serve.max_text_bytes)."""
     if isinstance(text, os.PathLike):
-        return read_query(text)
-    if not isinstance(text, str):
-        raise CfirError(f"a document is text (str) or a path, got {type(text).__name__}")
-    if not text.strip():
-        raise CfirError("text is empty")
-    if "\x00" in text:
-        raise CfirError("text is binary (NUL characters), expected plain text")
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > MAX_QUERY_BYTES:
-        raise CfirError(f"text is {size:,} bytes, over the {MAX_QUERY_BYTES:,} a document may hold")
-    return DocumentInput(text, doc_id)
+        return read_query(text, limit)
+    return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"))

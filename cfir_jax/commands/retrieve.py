@@ -25,7 +25,8 @@ def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str =
            fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
            tag: str = "cfir", measures: str = "trec_eval") -> None:
     """Retrieves for the document in `query` or the documents of `queries` and prints / writes what was asked."""
-    docs = [read_query(query)] if query else read_queries(queries)
+    limit = int(config.serve.max_text_bytes)  # the one rule of a query's text, at every door
+    docs = [read_query(query, limit)] if query else read_queries(queries, limit)
     if qrels:
         evaluation_sr(config)
     index = Index(config, workdir, method, measure_agreement=bool(qrels))  # the library's (cfir_jax.open's)

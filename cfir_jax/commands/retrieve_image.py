@@ -9,18 +9,23 @@ from pathlib import Path
 import ml_collections
 
 from cfir_jax.retrieve import report
-from cfir_jax.retrieve.image_query import read_picture, search_image
+from cfir_jax.retrieve.image_query import prepare, read_picture, search_image
 from cfir_jax.retrieve.pipeline import Retriever
+from cfir_jax.stores import versions
+from cfir_jax.stores.layout import Layout
 
 
 def run(config: ml_collections.ConfigDict, workdir, method: str, *, image: str = "", image_id: str = "",
         fmt: str = "table", shown: int = 20, html: str = "", tag: str = "cfir") -> None:
     """Searches by the picture file `image` or the indexed picture `image_id` and prints `shown` hits in `fmt`."""
     data = read_picture(image, int(config.serve.max_image_bytes)) if image else None  # before minutes of loading
-    retriever = Retriever(config, workdir, method)
+    with versions.reading(Layout.of(workdir)):  # the Retriever's stores and the picture search's, one version
+        retriever = Retriever(config, workdir, method)
+        prepare(retriever)
     for note in retriever.notes:  # as --query prints them
         print(f"note: {note}", file=sys.stderr)
-    result = search_image(retriever, image=data, image_id=image_id or None, top_k=shown)
+    result = search_image(retriever, image=data, image_id=image_id or None, top_k=shown,
+                          max_pixels=int(config.serve.max_image_pixels))
     query_id = image_id or Path(image).stem or "picture"
     describe = retriever.describe_image
     if fmt == "table":

@@ -125,7 +125,7 @@ def retrieve_main():
     else:
         if args.query:  # spaCy loads in a helper process beside JAX, the models and the programs
             e = config.index.entities
-            entity_process.start(e.spacy_model, e.labels)
+            entity_process.start(e.spacy_model, e.labels, float(config.retrieval.entity_deadline_ms) / 1e3)
         # why: a query run loads the Retriever's stack, not the evaluation's or the fit's
         from cfir_jax.commands import retrieve
 

@@ -88,7 +88,8 @@ def check_serve(s: ml_collections.ConfigDict) -> None:
         raise CfirError(f"serve.max_batch_docs={s.max_batch_docs} exceeds serve.queue_size={s.queue_size}: a full "
                         "batch request could never be queued")
     _one_of("serve", s, "engine", SERVE_ENGINES)
-    for key in ("shards", "shard_replicas", "front_replicas", "gateway_replicas", "max_image_bytes"):
+    for key in ("shards", "shard_replicas", "front_replicas", "gateway_replicas", "max_image_bytes", "max_text_bytes",
+                "max_image_pixels", "picture_queue_size"):
         if s[key] < 1:
             raise CfirError(f"serve.{key}={s[key]}: at least 1")
     if s.shard_timeout_s <= 0:

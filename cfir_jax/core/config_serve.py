@@ -24,9 +24,11 @@ def serve_config() -> ml_collections.ConfigDict:
             verify_on_reload=True,  # a reload verifies the new workdir's stores before swapping it in
             queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
             deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
-            max_text_bytes=65536,  # UTF-8 bytes of one document's text; past it 413
+            max_text_bytes=65536,  # UTF-8 bytes of a query's text at every door (commands, library, service): 413
             max_batch_docs=64,  # documents in one POST /v1/search/batch
             max_image_bytes=20 << 20,  # bytes of one query picture (POST /v1/search/image, --query-image); past it 413
+            max_image_pixels=50_000_000,  # a query picture's pixels, read from its header before decoding; past it 413
+            picture_queue_size=8,  # pictures waiting to be searched at most; past it a request is answered 503
             summary_cache=1024,  # query summaries kept by document hash (0: none); each costs a summary's text
             admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
             # The cluster (serve.engine="ray": Ray Serve, cfir_jax.serve.cluster; pip install -e ".[cluster]").

@@ -21,11 +21,18 @@ class ImageDecodeError(CfirError):
     """The bytes of one image are empty, corrupt, or not an image PIL can read; callers skip such images."""
 
 
-def decode_rgb(data: bytes) -> PILImage.Image:
+class ImageTooLarge(ImageDecodeError):
+    """An image whose header announces more pixels than the caller takes: refused before any pixel is decoded."""
+
+
+def decode_rgb(data: bytes, max_pixels: int | None = None) -> PILImage.Image:
     """Encoded image bytes (WebP, JPEG, PNG, ...) -> a fully decoded RGB PIL image (alpha dropped, palettes expanded).
 
-    Raises ImageDecodeError with a short reason for empty or undecodable bytes (and for decompression bombs, which
-    PIL refuses). The pixels are decoded here, inside the error handling, so later crops and resizes cannot fail.
+    Raises ImageDecodeError with a short reason for empty or undecodable bytes, and ImageTooLarge, before decoding,
+    when the header announces more than `max_pixels` pixels (a query's serve.max_image_pixels: a 20 KB PNG can
+    announce 169 MP, half a GB decoded) or when PIL refuses it as a decompression bomb (`max_pixels` None: PIL's own
+    limit alone, what the index builders keep). The pixels are decoded here, inside the error handling, so later
+    crops and resizes cannot fail.
     """
     if not data:
         raise ImageDecodeError("empty image bytes")
@@ -34,11 +41,15 @@ def decode_rgb(data: bytes) -> PILImage.Image:
             # A DecompressionBombWarning (between 1x and 2x PIL's pixel limit) is still decodable; only the error
             # above 2x is a failure.
             warnings.simplefilter("ignore", PILImage.DecompressionBombWarning)
-            with PILImage.open(io.BytesIO(data)) as im:
+            with PILImage.open(io.BytesIO(data)) as im:  # reads the header only
+                width, height = im.size
+                if max_pixels is not None and width * height > max_pixels:
+                    raise ImageTooLarge(f"{width:,} x {height:,} = {width * height:,} pixels, over "
+                                        f"serve.max_image_pixels={max_pixels:,}")
                 # `convert` loads the pixels: an image truncated mid-stream fails here, inside the try.
                 return im.convert("RGB")
     except PILImage.DecompressionBombError:
-        raise ImageDecodeError("image too large (PIL decompression bomb limit)") from None
+        raise ImageTooLarge("image too large (PIL decompression bomb limit)") from None
     except PILImage.UnidentifiedImageError:
         raise ImageDecodeError("not a recognised image format") from None
     except (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError) as e:

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from cfir_jax.data.image_decode import ImageDecodeError, decode_rgb, resize_pixels
+from cfir_jax.data.image_decode import ImageDecodeError, ImageTooLarge, decode_rgb, resize_pixels
 
-__all__ = ["ImageDecodeError", "decode_image"]
+__all__ = ["ImageDecodeError", "ImageTooLarge", "decode_image"]
 
 
-def decode_image(data: bytes, size: int) -> np.ndarray:
+def decode_image(data: bytes, size: int, max_pixels: int | None = None) -> np.ndarray:
     """Encoded image bytes (WebP, JPEG, PNG, ...) -> pixels [size, size, 3] float32 in [-1, 1].
 
     Exactly the reference evaluation preprocessing: RGB conversion (alpha dropped, palettes expanded), a bicubic
     resize to (size, size) without crop or aspect preservation, /255, then (x - 0.5) / 0.5. Raises ImageDecodeError
-    with a short reason for empty or undecodable bytes (and for decompression bombs, which PIL refuses).
+    with a short reason for empty or undecodable bytes, ImageTooLarge past `max_pixels` (read from the header,
+    before decoding) or PIL's decompression-bomb limit.
     """
     if size <= 0:
         raise ValueError(f"image size must be positive, got {size}")
-    pixels = resize_pixels(decode_rgb(data), size).astype(np.float32) / 255.0
+    pixels = resize_pixels(decode_rgb(data, max_pixels), size).astype(np.float32) / 255.0
     return (pixels - 0.5) / 0.5

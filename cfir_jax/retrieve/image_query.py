@@ -13,12 +13,18 @@ searcher (or an entity index: the dense methods open none) the search is exact, 
 search answered. Removed rows never answer (`cfir_jax.search.live_rows`). A Retriever class may name another
 `picture_search` (a PictureSearch that searches elsewhere): the cluster's front embeds here and searches its shards.
 
-The tower is made once per Retriever, when its first picture arrives; its one program (a batch of one picture, padded
-to the local device count) compiles once. The records are the pipeline's `Result` and `Hit`, with no entities.
+What a picture search reads is opened with the Retriever (`prepare`, called where the Retriever is opened, under
+the same version's reading: the library's `Index`, the service's load and reload): a later commit that replaces the
+entity index cannot pair this cache with another version's ScaNN tree. The tower is made by `warm` (the service, at
+load: its one program, a batch of one picture padded to the local device count, compiles then) or on the first
+picture. A picture's pixels are counted from its header before it is decoded (`max_pixels`: serve.max_image_pixels),
+and it is decoded outside the lock that serialises the tower, so a slow decode holds no other search back; past its
+`deadline` a search stops before its next stage. The records are the pipeline's `Result` and `Hit`, with no entities.
 """
 
 from __future__ import annotations
 
+import io
 import threading
 import time
 import weakref
@@ -27,20 +33,30 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import QueryRefused, check_top_k
 from cfir_jax.retrieve.pipeline import Hit, Result, Retriever
 from cfir_jax.retrieve.queries import read_bounded
 from cfir_jax.search.knn import ScannSearcher, search_with_tail
 from cfir_jax.stores.integrity import check_embeddings, check_scores, row_norm_bound
 
-__all__ = ["PictureSearch", "UnknownPicture", "UnusablePicture", "read_picture", "search_image"]
+__all__ = ["Expired", "PictureSearch", "PictureTooLarge", "UnknownPicture", "UnusablePicture", "prepare",
+           "read_picture", "search_image", "warm"]
 
 
 class UnusablePicture(CfirError):
     """The picture cannot be searched with: empty, undecodable, too large, or this index has no tower to embed it."""
 
 
+class PictureTooLarge(UnusablePicture):
+    """The picture announces more pixels than serve.max_image_pixels (or PIL's bomb limit): refused undecoded."""
+
+
 class UnknownPicture(CfirError):
     """No live picture of the index has the id given."""
+
+
+class Expired(CfirError):
+    """The search's deadline passed before its next stage: it stopped there."""
 
 
 def read_picture(path: str | Path, limit: int) -> bytes:
@@ -60,7 +76,7 @@ class PictureSearch:
         self.cache = self.stores.cache
         self.norm = row_norm_bound(self.cache.manifest)  # the largest norm of a stored row
         self._encoder = None
-        self.lock = threading.Lock()  # one picture at a time per Retriever (the tower's buffers, lazy loads)
+        self.lock = threading.Lock()  # one tower call and search at a time per Retriever (buffers, making the tower)
         self.searcher, self.note = self._searcher(str(retriever.config.index.entity_index.backend))
 
     def exact_note(self) -> str:
@@ -90,18 +106,28 @@ class PictureSearch:
             f"nearest pictures: ScaNN over {self.stores.live.num_live:,} live pictures (the entity index's searcher, "
             f"index.entity_index.backend={backend})")
 
-    def encoder(self) -> tuple[object, float]:
-        """The vision tower (made and compiled on the first call) and the ms that call spent making it."""
-        if self._encoder is not None:
-            return self._encoder, 0.0
+    @property
+    def has_tower(self) -> bool:
+        """Whether the cache was made by this index's vision tower (not imported), so a new picture can be embedded."""
         manifest = self.cache.manifest
-        if manifest.get("source", "model") != "model" or str(self.cache.fingerprint).startswith("precomputed:"):
+        return manifest.get("source", "model") == "model" and not str(self.cache.fingerprint).startswith("precomputed:")
+
+    def check_tower(self) -> None:
+        """Refuses (one line) a picture that this index cannot embed: its cache was imported."""
+        if not self.has_tower:
             raise UnusablePicture(
                 f"{self.cache.path}: its embeddings were imported (index.image_cache.precomputed), not made by a "
                 "vision tower of this index, so a new picture cannot be embedded like them: query an indexed "
                 "picture by its id, or rebuild the cache with --config.index.image_cache.precomputed= --stages "
                 "image_cache")
-        # why: flax and the vision tower load only when the first picture (not an id) is searched
+
+    def encoder(self) -> tuple[object, float]:
+        """The vision tower (made and compiled on the first call) and the ms that call spent making it."""
+        if self._encoder is not None:
+            return self._encoder, 0.0
+        self.check_tower()
+        manifest = self.cache.manifest
+        # why: flax and the vision tower load only when a tower is made (the service's load, or a first picture)
         from cfir_jax.model.image_tower import ImageEncoder
 
         t0 = time.perf_counter()
@@ -111,36 +137,52 @@ class PictureSearch:
         self._encoder = encoder
         return encoder, 1e3 * (time.perf_counter() - t0)
 
-    def embed(self, image: bytes, times: dict[str, float]) -> np.ndarray:
-        """Encoded picture bytes -> its embedding [1, D] float32, the stages' ms into `times`."""
+    def decode(self, image: bytes, max_pixels: int | None, times: dict[str, float]) -> np.ndarray:
+        """Encoded picture bytes -> its pixels [S, S, 3] float32 (the cache's preprocessing), the ms into `times`;
+        refused undecoded past `max_pixels` (PictureTooLarge) and when this index has no tower to embed them."""
         # why: PIL loads only when a picture is decoded
-        from cfir_jax.model.preprocess import ImageDecodeError, decode_image
+        from cfir_jax.model.preprocess import ImageDecodeError, ImageTooLarge, decode_image
 
+        self.check_tower()
+        t0 = time.perf_counter()
+        try:
+            pixels = decode_image(image, int(self.image_size), max_pixels)
+        except ImageTooLarge as e:
+            raise PictureTooLarge(f"the picture ({len(image):,} bytes) is too large: {e}") from None
+        except ImageDecodeError as e:
+            raise UnusablePicture(f"the picture ({len(image):,} bytes) cannot be used: {e}") from None
+        times["decode"] = 1e3 * (time.perf_counter() - t0)
+        return pixels
+
+    @property
+    def image_size(self) -> int:
+        """The side the tower takes (the model's image size): what a picture is resized to."""
+        return int(self.stores.model.config.image_size)
+
+    def embed(self, pixels: np.ndarray, times: dict[str, float]) -> np.ndarray:
+        """Pixels [S, S, 3] -> their embedding [1, D] float32 by the tower (made here on first use), the ms into
+        `times`. The caller holds `lock`."""
         encoder, load_ms = self.encoder()
         if load_ms:
             times["tower_load"] = load_ms
-        t0 = time.perf_counter()
-        try:
-            pixels = decode_image(image, encoder.image_size)
-        except ImageDecodeError as e:
-            raise UnusablePicture(f"the picture ({len(image):,} bytes) cannot be used: {e}") from None
         batch = np.zeros((encoder.batch_size, *pixels.shape), np.float32)
         batch[0] = pixels
         t1 = time.perf_counter()
         query = np.asarray(encoder(batch))[:1]
-        times.update(decode=1e3 * (t1 - t0), tower=1e3 * (time.perf_counter() - t1))
+        times["tower"] = 1e3 * (time.perf_counter() - t1)
         check_embeddings(query, self.stores.model_dir or self.stores.layout.model, "picture")
         return query
 
     def row_of(self, image_id: str) -> int:
-        """The cache row of a live picture, refused (UnknownPicture) when unknown, skipped or removed."""
-        try:
-            row = self.cache.index_of(image_id)
-        except CfirError as e:
-            raise UnknownPicture(str(e)) from None
+        """The cache row of a live picture, refused (UnknownPicture) when unknown, skipped or removed; the refusal
+        names the id, never the workdir's path (a service answers it to anyone)."""
+        row = self.cache.row(image_id) if isinstance(image_id, str) else None
+        shown = repr(image_id) if len(repr(image_id)) <= 80 else repr(image_id)[:77] + "..."
+        if row is None:
+            raise UnknownPicture(f"image id {shown} is not in the index (unknown, or skipped when the image cache "
+                                 "was built: its skipped.tsv says why)")
         if self.stores.live.is_removed(np.asarray([row]))[0]:
-            raise UnknownPicture(f"{self.cache.path}: image id {image_id!r} was removed (index.py --remove): it "
-                                 "answers no query and is none")
+            raise UnknownPicture(f"image id {shown} was removed (index.py --remove): it answers no query and is none")
         return row
 
     def nearest(self, query: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
@@ -158,34 +200,62 @@ _SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Retriever 
 _SEARCHES_LOCK = threading.Lock()
 
 
-def _search_of(retriever: Retriever) -> PictureSearch:
-    """The retriever's picture search, made on its first picture: its class's `picture_search` (the cluster's front
-    searches on the shards, `cfir_jax.serve.merge.ShardedPictureSearch`), or PictureSearch."""
+def prepare(retriever: Retriever) -> PictureSearch:
+    """The retriever's picture search, opened now (call it where the Retriever is opened, under the same version's
+    reading): its class's `picture_search` (the cluster's front searches on the shards,
+    `cfir_jax.serve.merge.ShardedPictureSearch`), or PictureSearch. A Retriever never prepared gets one on its
+    first picture."""
     with _SEARCHES_LOCK:
         if retriever not in _SEARCHES:
             _SEARCHES[retriever] = getattr(type(retriever), "picture_search", PictureSearch)(retriever)
         return _SEARCHES[retriever]
 
 
-def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: str | None = None,
-                 top_k: int) -> Result:
+def warm(retriever: Retriever) -> float:
+    """Makes the retriever's tower and runs one small picture through decoding and the tower (its one program
+    compiled), as a service does before it says it is ready; the seconds it took. The search itself is the text
+    path's (its warm-up runs it; a cluster's shards load their version only later). Nothing to do (0) when the
+    cache was imported."""
+    engine = prepare(retriever)
+    if not engine.has_tower:
+        return 0.0
+    # why: PIL loads only to make the warm-up's picture
+    from PIL import Image as PILImage
+
+    t0 = time.perf_counter()
+    png = io.BytesIO()
+    PILImage.new("RGB", (8, 8), (128, 96, 64)).save(png, "PNG")
+    pixels = engine.decode(png.getvalue(), None, {})
+    with engine.lock:
+        engine.embed(pixels, {})
+    return time.perf_counter() - t0
+
+
+def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: str | None = None, top_k: int,
+                 max_pixels: int | None = None, deadline: float | None = None) -> Result:
     """The top_k nearest live pictures of a picture: given as encoded bytes (`image`: JPEG, PNG, WebP, ...; embedded
-    by the index's vision tower) or as the id of an indexed picture (`image_id`: its cached row). Raises
-    UnusablePicture (bad bytes, no tower), UnknownPicture (no live picture of that id) or CfirError (arguments).
+    by the index's vision tower) or as the id of an indexed picture (`image_id`: its cached row). max_pixels: the
+    most pixels a picture's header may announce (serve.max_image_pixels; None: PIL's own limit); deadline: a
+    time.monotonic() past which the search stops before its next stage. Raises UnusablePicture (bad bytes, no
+    tower; PictureTooLarge past max_pixels), UnknownPicture (no live picture of that id), Expired, or CfirError
+    (arguments).
 
     times_ms: decode, tower (and tower_load on the query that made it) or lookup; search; hits."""
     if (image is None) == (image_id is None):
         raise CfirError("give a picture's bytes (image) or an indexed picture's id (image_id), not both or neither")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-        raise CfirError(f"top_k must be a positive integer, got {top_k!r}")
-    engine = _search_of(retriever)
+    if check_top_k(top_k) < 1:  # an int; the doors held it to retrieval.top_k (the rule), a search needs one hit
+        raise QueryRefused(f"top_k={top_k} out of range: at least 1")
+    if image is not None and not (isinstance(image, (bytes, bytearray, memoryview)) and len(image)):
+        raise UnusablePicture("the picture is empty" if isinstance(image, (bytes, bytearray, memoryview))
+                              else f"image must be the picture's bytes, got {type(image).__name__}")
+    engine = prepare(retriever)
     times: dict[str, float] = {}
+    pixels = engine.decode(bytes(image), max_pixels, times) if image is not None else None  # outside the lock
     with engine.lock:
-        if image is not None:
-            if not isinstance(image, (bytes, bytearray, memoryview)) or not len(image):
-                raise UnusablePicture("the picture is empty" if isinstance(image, (bytes, bytearray, memoryview))
-                                      else f"image must be the picture's bytes, got {type(image).__name__}")
-            query, query_norm = engine.embed(bytes(image), times), 1.0
+        _in_time(deadline, "embedding the picture" if image is not None else "its search")
+        if pixels is not None:
+            query, query_norm = engine.embed(pixels, times), 1.0
+            _in_time(deadline, "its search")
         else:
             t0 = time.perf_counter()
             query = engine.cache.gather([engine.row_of(image_id)])
@@ -198,3 +268,8 @@ def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: 
     hits = [Hit(n + 1, ids[int(r)], float(s), int(r)) for n, (s, r) in enumerate(zip(scores, rows))]
     times.update(search=1e3 * (t2 - t1), hits=1e3 * (time.perf_counter() - t2))
     return Result(hits, [], [], "", engine.note, engine.stores.live.num_live, times)
+
+
+def _in_time(deadline: float | None, before: str) -> None:
+    if deadline is not None and time.monotonic() > deadline:
+        raise Expired(f"the deadline passed before {before}: the search stopped there")

@@ -1,4 +1,6 @@
-"""Reading query documents safely: one document (`--query doc.txt`) or many (`--queries docs.jsonl`)."""
+"""Reading query documents safely: one document (`--query doc.txt`) or many (`--queries docs.jsonl`), each text held
+to the one rule of a query (`cfir_jax.core.query_rule`: size, Unicode, control characters, NFC) that every door
+applies."""
 
 from __future__ import annotations
 
@@ -8,16 +10,13 @@ from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.jsonl import json_objects
+from cfir_jax.core.query_rule import check_text
 from cfir_jax.retrieve.pipeline import DocumentInput
 
-# A document is a few KB (a Wikipedia section); 256 KiB is ~40,000 words. spaCy parses ~10k words/s on one core, so
-# at 1 MiB a query took 26 s (and 3.3 GB before entities were parsed in segments): not a document, and not a query.
-MAX_QUERY_BYTES = 256 << 10
+# A document is a few KB (a Wikipedia section); a query's text is at most serve.max_text_bytes (64 KiB, ~10,000
+# words) at every door. spaCy parses ~10k words/s on one core: at 1 MiB a query took 26 s (and 3.3 GB before
+# entities were parsed in segments). A file of many queries is bounded as a whole, and each of its texts by the rule.
 MAX_QUERIES_BYTES = 1 << 30
-
-
-def _size(n: int) -> str:
-    return f"{n / 2**20:.1f} MiB" if n >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def read_bounded(path: str | Path, what: str, limit: int, too_large: Callable[[int], str],
@@ -26,41 +25,42 @@ def read_bounded(path: str | Path, what: str, limit: int, too_large: Callable[[i
     missing, not a regular file, empty, or over `limit` bytes (`too_large(size)`: what the refusal says after
     "is")."""
     path = Path(path)
-    if not path.exists():
-        raise error(f"{path}: {what} not found")
-    if not path.is_file():
-        raise error(f"{path}: {what} is not a regular file")
-    size = path.stat().st_size
-    if size == 0:
-        raise error(f"{path}: {what} is empty")
-    if size > limit:
-        raise error(f"{path}: {what} is {too_large(size)}")
-    return path.read_bytes()
-
-
-def _read_text(path: str | Path, limit: int, what: str) -> str:
-    data = read_bounded(path, what, limit,
-                        lambda size: f"{_size(size)}, over the {_size(limit)} limit (is it really a document?)")
-    if b"\x00" in data:
-        raise CfirError(f"{path}: {what} is binary (NUL bytes), expected UTF-8 text")
     try:
-        text = data.decode("utf-8")
+        if not path.exists():
+            raise error(f"{path}: {what} not found")
+        if not path.is_file():
+            raise error(f"{path}: {what} is not a regular file")
+        size = path.stat().st_size
+        if size == 0:
+            raise error(f"{path}: {what} is empty")
+        if size > limit:
+            raise error(f"{path}: {what} is {too_large(size)}")
+        return path.read_bytes()
+    except (OSError, ValueError) as e:  # a name too long, a NUL in it, unreadable: one line, never a traceback
+        reason = getattr(e, "strerror", None) or str(e) or type(e).__name__
+        raise error(f"{str(path)[:200]}: cannot read the {what} ({reason})") from None
+
+
+def _read_text(path: str | Path, limit: int, what: str, over: str) -> str:
+    data = read_bounded(path, what, limit, lambda size: f"{size:,} bytes, {over}")
+    try:
+        return data.decode("utf-8")
     except UnicodeDecodeError as e:
         raise CfirError(f"{path}: {what} is not UTF-8 text (bad byte at offset {e.start})") from None
-    if not text.strip():
-        raise CfirError(f"{path}: {what} holds only whitespace")
-    return text
 
 
-def read_query(path: str | Path) -> DocumentInput:
-    """A plain-text document file."""
+def read_query(path: str | Path, limit: int) -> DocumentInput:
+    """A plain-text document file of at most `limit` bytes (serve.max_text_bytes), its text held to the rule."""
     doc_id = unicodedata.normalize("NFC", Path(path).stem) or "query"
-    return DocumentInput(_read_text(path, MAX_QUERY_BYTES, "query file").strip(), doc_id=doc_id)
+    text = _read_text(path, limit, "query file", f"over serve.max_text_bytes={limit:,} (is it really a document?)")
+    text = check_text(text, f"{path}: query file", limit)
+    return DocumentInput(text, doc_id=doc_id)
 
 
-def read_queries(path: str | Path) -> list[DocumentInput]:
-    """JSON lines {"id": ..., "text": ...}; ids unique, no whitespace (they become TREC topic ids)."""
-    text = _read_text(path, MAX_QUERIES_BYTES, "queries file")
+def read_queries(path: str | Path, limit: int) -> list[DocumentInput]:
+    """JSON lines {"id": ..., "text": ...}; ids unique, no whitespace (they become TREC topic ids); each text held to
+    the rule, at most `limit` bytes (serve.max_text_bytes)."""
+    text = _read_text(path, MAX_QUERIES_BYTES, "queries file", f"over the {MAX_QUERIES_BYTES:,} a queries file holds")
     docs, seen = [], set()
     for where, record in json_objects(path, text.split("\n")):
         if not isinstance(record.get("text"), str) or "id" not in record:
@@ -70,10 +70,8 @@ def read_queries(path: str | Path) -> list[DocumentInput]:
             raise CfirError(f"{where}: id {doc_id!r} is empty or has whitespace (TREC topic ids cannot)")
         if doc_id in seen:
             raise CfirError(f"{where}: duplicate id {doc_id!r}")
-        if not record["text"].strip():
-            raise CfirError(f"{where}: empty text for id {doc_id!r}")
         seen.add(doc_id)
-        docs.append(DocumentInput(record["text"], doc_id))
+        docs.append(DocumentInput(check_text(record["text"], f"{where}: text of id {doc_id!r}", limit), doc_id))
     if not docs:
         raise CfirError(f"{path}: no queries")
     return docs

@@ -157,7 +157,8 @@ class SRScorer:
                 # with out=; ids were range-checked once by the caller.
                 np.take(codes, ids[c0 : c0 + m], axis=0, out=gathered[:m], mode="clip")
                 np.copyto(as_float[:m], gathered[:m])
-                np.dot(as_float[:m], weights, out=out[c0 : c0 + m])
+                with np.errstate(all="ignore"):  # per thread: a damaged row's scores are refused after, in one line
+                    np.dot(as_float[:m], weights, out=out[c0 : c0 + m])
 
         self._run(work, ids.size, _PARALLEL_MIN_APPROX)
         return out
@@ -177,7 +178,8 @@ class SRScorer:
                     # float16 values are exact in float32, so this equals the float32 reference up to summation
                     # order. The product runs in numpy's BLAS (sgemv 3x faster than torch.mv here).
                     cast_f16(rows[:m], as_float[:m])
-                np.dot(as_float[:m], query, out=out[c0 : c0 + m])
+                with np.errstate(all="ignore"):  # per thread: a damaged row's scores are refused after, in one line
+                    np.dot(as_float[:m], query, out=out[c0 : c0 + m])
 
         self._run(work, ids.size, _PARALLEL_MIN_EXACT)
         return out.copy()

@@ -1,8 +1,10 @@
 """The HTTP API (FastAPI): versioned search endpoints, health, readiness, metrics, reload, and the page at `/`.
 
 Every error is a one-line JSON `{"error": ...}` with a 4xx status naming the problem (malformed JSON 400, unknown or
-missing fields and bad values 422, text over serve.max_text_bytes 413, a full queue 503 with Retry-After, a passed
-deadline 504); an internal error is logged with its traceback and answered 500 with an id to find it in the log.
+missing fields and bad values 422, text over serve.max_text_bytes or a body too large 413, a body that stopped
+arriving 408, a full queue 503 with Retry-After, a passed deadline 504); a query's text and top_k are held to the one
+rule every door applies (`cfir_jax.core.query_rule`). An internal error is logged with its traceback and answered 500
+with an id to find it in the log. Every request passes `cfir_jax.serve.middleware.RequestGuard` first.
 """
 
 from __future__ import annotations
@@ -10,27 +12,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hmac
+import json
 import logging
 import math
 import os
 import signal
 import time
 import uuid
-from typing import Annotated, Protocol
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import QueryRefused, check_id, check_top_k
+from cfir_jax.core.query_rule import check_text as rule_text
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable
 from cfir_jax.serve.metrics import Metrics
+from cfir_jax.serve.middleware import RequestGuard
 from cfir_jax.serve.page import PAGE
-from cfir_jax.serve.picture import answer_picture, body_limit, picture_routes
+from cfir_jax.serve.picture import PictureQueue, body_limit, picture_routes
 from cfir_jax.serve.resident import IndexHolder
 from cfir_jax.serve.verifier import BackgroundVerifier
 from cfir_jax.stores.integrity import CorruptStore
@@ -38,14 +45,15 @@ from cfir_jax.stores.integrity import CorruptStore
 log = logging.getLogger("cfir_jax.serve")
 SHOWN = 20  # hits a request gets by default, as retrieve.py shows on stdout
 VERSION_HEADER = "X-Index-Version"  # on every answer: the version of the index that answered it (index.json)
-# Characters that make a "text" binary: NUL and the C0 controls other than tab, newline and carriage return.
-_BINARY = {chr(c) for c in range(32) if chr(c) not in "\t\n\r"}
+# A text and top_k are checked by the one rule (its words at every door), not by their models' types.
+TEXT = Field(description="the document (plain UTF-8 text)", json_schema_extra={"type": "string"})
+TOP_K = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k", json_schema_extra={"type": "integer"})
 
 
 class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    text: StrictStr = Field(description="the document (plain UTF-8 text)")
-    top_k: StrictInt = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k")
+    text: Any = TEXT
+    top_k: Any = TOP_K
     method: StrictStr | None = Field(None, description="cfir | dense_document | dense_summary | entity_only "
                                      "| bm25 | cfir_bm25 | cfir_bm25_fused (those the service loaded; default: "
                                      "the first)")
@@ -55,25 +63,20 @@ class SearchRequest(BaseModel):
 class BatchDocument(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: StrictStr
-    text: StrictStr
+    text: Any = TEXT
 
 
 class BatchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     documents: list[BatchDocument] = Field(description="the documents, ids unique")
-    top_k: StrictInt = SHOWN
+    top_k: Any = TOP_K
     method: StrictStr | None = None
 
 
-def check_text(settings, text: str, what: str) -> None:
-    """Refuses (4xx, one line) an empty, binary or over-long document text."""
-    if not text.strip():
-        raise HTTPException(422, f"{what} is empty")
-    if not _BINARY.isdisjoint(text):
-        raise HTTPException(422, f"{what} is binary (control characters), expected plain text")
-    size = len(text.encode("utf-8", "surrogatepass"))
-    if size > settings.max_text_bytes:
-        raise HTTPException(413, f"{what} is {size:,} bytes, over serve.max_text_bytes={settings.max_text_bytes:,}")
+def check_text(settings, text: object, what: str) -> str:
+    """The text a query is searched with, held to the one rule (`cfir_jax.core.query_rule`); its refusal
+    (QueryRefused) is answered with the status it names: 413 over serve.max_text_bytes, else 422."""
+    return rule_text(text, what, int(settings.max_text_bytes))
 
 
 def max_body(settings) -> int:
@@ -81,14 +84,13 @@ def max_body(settings) -> int:
     return max(8 * settings.max_text_bytes * max(1, settings.max_batch_docs), body_limit(settings.max_image_bytes))
 
 
-def check_options(methods: list[str], max_top_k: int, top_k: int, method: str | None) -> str:
-    """The method a request asks for (the first served one by default), refused (422) when unknown or top_k is out
-    of range."""
+def check_options(methods: list[str], max_top_k: int, top_k: object, method: str | None) -> str:
+    """The method a request asks for (the first served one by default), refused (422) when unknown or when top_k
+    breaks the rule (`cfir_jax.core.query_rule.check_top_k`)."""
     method = method or methods[0]
     if method not in methods:
         raise HTTPException(422, f"unknown method {method!r}: this service answers {', '.join(methods)}")
-    if not 1 <= top_k <= max_top_k:
-        raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {max_top_k}")
+    check_top_k(top_k, max_top_k)
     return method
 
 
@@ -108,6 +110,7 @@ class Service:
                                            float(settings.verify_mb_per_s),
                                            float(settings.verify_interval_s))
         self.max_body = max_body(settings)
+        self.pictures = PictureQueue(int(settings.picture_queue_size), self.metrics)
 
     def watch_pool(self, index) -> None:
         """Counts the entity pool's worker restarts in /metrics (each is also logged in one line by the pool)."""
@@ -132,8 +135,8 @@ class Service:
                 "reloading": self.holder.reloading, "last_reload": self.holder.last_reload}
         return not problems, body
 
-    def check_text(self, text: str, what: str) -> None:
-        check_text(self.settings, text, what)
+    def check_text(self, text: object, what: str) -> str:
+        return check_text(self.settings, text, what)
 
     def check_options(self, top_k: int, method: str | None) -> str:
         return check_options(list(self.holder.current.retrievers), self.holder.current.max_top_k, top_k, method)
@@ -175,9 +178,10 @@ class Service:
         raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed "
                                  "(serve.deadline_ms)")
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str):
-        """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index."""
-        return await answer_picture(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER)
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str):
+        """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index,
+        through the bounded picture queue."""
+        return await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER)
 
     def refresh_metrics(self) -> None:
         """The gauges /metrics reads at scrape time."""
@@ -208,6 +212,7 @@ class Service:
         self.stopping = True
         self.verifier.stop()
         await asyncio.to_thread(self.batcher.stop)
+        await asyncio.to_thread(self.pictures.stop)
         await asyncio.to_thread(self.holder.close)
 
 
@@ -220,14 +225,14 @@ class SearchService(Protocol):
     admin_token: str
     max_body: int  # the largest request body it reads
 
-    def check_text(self, text: str, what: str) -> None: ...
+    def check_text(self, text: object, what: str) -> str: ...
 
-    def check_options(self, top_k: int, method: str | None) -> str: ...
+    def check_options(self, top_k: object, method: str | None) -> str: ...
 
     async def run(self, request: Request, docs: list[DocumentInput], method: str, top_k: int,
                   html: bool = False) -> tuple[object, dict]: ...
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None,
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object,
                              qid: str) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
@@ -252,8 +257,10 @@ def service(request: Request) -> SearchService:
 ServiceDep = Annotated[SearchService, Depends(service)]
 
 
-def _error(status: int, message: str, headers: dict | None = None) -> JSONResponse:
-    return JSONResponse({"error": message}, status_code=status, headers=headers)
+def _error(status: int, message: str, headers: dict | None = None) -> Response:
+    """The one-line JSON refusal; ASCII, so that any character a request sent (a lone surrogate) can be named."""
+    return Response(json.dumps({"error": message}), status_code=status, headers=headers,
+                    media_type="application/json")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
@@ -283,8 +290,9 @@ def create_app(svc: SearchService) -> FastAPI:
     app = FastAPI(title="cfir-jax", version="1", lifespan=lifespan,
                   description="CFIR retrieval over a resident index: POST /v1/search with a document's text.")
     app.state.service = svc
+    app.add_middleware(RequestGuard, service=svc)  # bounds, drains and counts every request (its docstring)
 
-    _error_handlers(app, svc)
+    _error_handlers(app)
     _search_routes(app)
     picture_routes(app)  # POST /v1/search/image: search by picture
 
@@ -319,7 +327,7 @@ def create_app(svc: SearchService) -> FastAPI:
     return app
 
 
-def _error_handlers(app: FastAPI, svc: Service) -> None:
+def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         return _error(*_validation_message(exc))
@@ -328,8 +336,17 @@ def _error_handlers(app: FastAPI, svc: Service) -> None:
     async def _http(request: Request, exc: HTTPException):
         detail = str(exc.detail)
         if exc.status_code == 400 and detail == "There was an error parsing the body":  # FastAPI's, undecodable
-            detail = "malformed JSON: the body is not UTF-8 JSON"
+            cause = str(exc.__cause__ or "").splitlines()[0][:200] if str(exc.__cause__ or "") else ""
+            detail = f"malformed JSON: {cause}" if cause else "malformed JSON: the body is not UTF-8 JSON"
         return _error(exc.status_code, detail, exc.headers)
+
+    @app.exception_handler(QueryRefused)
+    async def _refused(request: Request, exc: QueryRefused):  # the one rule of a query: its line and its status
+        return _error(exc.status, str(exc))
+
+    @app.exception_handler(ClientDisconnect)
+    async def _gone(request: Request, exc: ClientDisconnect):  # mid-body: nobody reads the answer; no traceback
+        return _error(499, "client closed the request")
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception):
@@ -337,33 +354,14 @@ def _error_handlers(app: FastAPI, svc: Service) -> None:
         log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
         return _error(500, f"internal error (id {error_id}; the service's log has its traceback)")
 
-    @app.middleware("http")
-    async def _count(request: Request, call_next):
-        route = request.url.path if request.url.path in _ENDPOINTS else "other"
-        declared = request.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > svc.max_body:
-            response = _error(413, f"body of {int(declared):,} bytes is over the {svc.max_body:,} this service reads")
-        else:
-            t0 = time.perf_counter()
-            searching = route.startswith("/v1/search")
-            if searching:
-                svc.metrics.in_flight.inc()
-            try:
-                response = await call_next(request)
-            finally:
-                if searching:
-                    svc.metrics.in_flight.dec()
-            svc.metrics.latency.labels(route).observe(time.perf_counter() - t0)
-        svc.metrics.requests.labels(route, str(response.status_code)).inc()
-        return response
-
 
 def _search_routes(app: FastAPI) -> None:
     @app.post("/v1/search", summary="the images of one document (the JSON of retrieve.py --format json)")
     async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
-        svc.check_text(body.text, "text")
+        text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        answer, headers = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k)
+        doc = DocumentInput(text, check_id(body.id, "id"))
+        answer, headers = await svc.run(request, [doc], method, body.top_k)
         return Response(answer[0], media_type="application/json", headers=headers)
 
     @app.post("/v1/search/batch", summary="the images of several documents, answered in their order")
@@ -373,24 +371,20 @@ def _search_routes(app: FastAPI) -> None:
         if len(body.documents) > svc.settings.max_batch_docs:
             raise HTTPException(413, f"{len(body.documents)} documents, over serve.max_batch_docs="
                                      f"{svc.settings.max_batch_docs}")
-        ids = [d.id for d in body.documents]
+        ids = [check_id(d.id, f"documents.{n}.id") for n, d in enumerate(body.documents)]
         if len(set(ids)) != len(ids):
             raise HTTPException(422, f"duplicate document id {next(i for i in ids if ids.count(i) > 1)!r}")
-        for n, d in enumerate(body.documents):
-            svc.check_text(d.text, f"documents.{n}.text")
+        texts = [svc.check_text(d.text, f"documents.{n}.text") for n, d in enumerate(body.documents)]
         method = svc.check_options(body.top_k, body.method)
-        answer, headers = await svc.run(request, [DocumentInput(d.text, d.id) for d in body.documents], method,
-                                        body.top_k)
+        answer, headers = await svc.run(request, [DocumentInput(t, d.id) for t, d in zip(texts, body.documents)],
+                                        method, body.top_k)
         return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json", headers=headers)
 
     @app.post("/v1/search/html", response_class=HTMLResponse, summary="the HTML gallery of one document's images")
     async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
-        svc.check_text(body.text, "text")
+        text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        page, headers = await svc.run(request, [DocumentInput(body.text, body.id)], method, body.top_k, html=True)
+        doc = DocumentInput(text, check_id(body.id, "id"))
+        page, headers = await svc.run(request, [doc], method, body.top_k, html=True)
         return HTMLResponse(page, headers=headers)
-
-
-_ENDPOINTS = ("/", "/v1/search", "/v1/search/batch", "/v1/search/html", "/healthz", "/readyz", "/metrics",
-              "/v1/admin/reload", "/docs", "/openapi.json", "/v1/search/image")
 

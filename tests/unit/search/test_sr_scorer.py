@@ -213,3 +213,24 @@ def test_exact_top_k_is_the_papers_sr_over_the_whole_union(setting):
     np.testing.assert_array_equal(top, ids[order])
     np.testing.assert_allclose(scores, want[order], rtol=1e-6)
     assert top.dtype == np.int32
+
+
+@pytest.mark.parametrize("shortlist", [64, 4096])  # the union re-scored through the approximate pass, or exactly
+def test_damaged_rows_warn_nothing_before_their_one_line_refusal(shortlist):
+    """Random bytes in float16 rows hold inf and NaN: their dot products must not print numpy's RuntimeWarning (a
+    second and third line before the refusal); the scores' check refuses them, in one line."""
+    import warnings
+
+    from cfir_jax.stores.integrity import CorruptStore, check_scores
+
+    rng = np.random.default_rng(0)
+    cache = (rng.standard_normal((3000, 32)) / 6).astype(np.float16)
+    compact = compact_in_memory(cache, dims=8)
+    damaged = cache.copy()
+    damaged.view(np.uint16)[5:40] = rng.integers(0, 65535, (35, 32), dtype=np.uint16)
+    query = np.full(32, 1 / np.sqrt(32), np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        scores, _ = SRScorer(damaged, compact, shortlist=shortlist, k=10, threads=2).score(query, np.arange(3000))
+    with pytest.raises(CorruptStore, match="^W/image_cache: an impossible score NaN: the store is damaged"):
+        check_scores(scores, 1.0, "W/image_cache")
