@@ -20,7 +20,7 @@ from cfir_jax.search import device_sr
 from cfir_jax.search.compact import CompactCache, build_compact
 from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.fused import FusedRows, fused_queries
-from cfir_jax.search.topk import exact_top_k, exact_topk
+from cfir_jax.search.topk import exact_top_k, exact_topk, span_topk
 from cfir_jax.stores.contract import manifest_digest
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
@@ -63,6 +63,18 @@ class SRFrontEnd:
             self._device = device_sr.DeviceCache(self.rows, k=rcfg.top_k, dtype=rcfg.sr_device_dtype, shard=shard,
                                        buckets=tuple(rcfg.sr_buckets), query_batch=rcfg.sr_query_batch)
         return self._device
+
+    def warm_up(self, max_batch: int) -> None:
+        """On the device backend: compiles SR for every union bucket at every query batch that a batch of up to
+        max_batch documents sends (powers of two up to retrieval.sr_query_batch), before the first query. The CPU's
+        scorers compile nothing."""
+        if self.backend() != "device":
+            return
+        cache, n = self.device_cache(), self.rows.shape[0]
+        for q in powers_of_two(min(cache.query_batch, max_batch)):
+            queries = np.zeros((q, self.rows.shape[1]), np.float32)
+            for bucket in cache.buckets:
+                cache.score_batch(queries, [np.arange(min(bucket, n), dtype=np.int32)] * q)
 
     def scorer(self):
         """The SR scorer of the configured backend; both have score_batch(queries [Q, D], unions) -> [(s, rows)]."""
@@ -111,17 +123,22 @@ class SRFrontEnd:
         _, exact_rows = exact_top_k(self.rows, self.query_rows(query[None])[0], union, self.rcfg.top_k)
         return len(np.intersect1d(ranked_rows, exact_rows)) / max(len(exact_rows), 1)
 
-    def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0)) -> Ranked:
+    def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0),
+                     span: tuple[int, int] | None = None) -> Ranked:
         """Exact top-k over the live rows of the whole cache, queries [Q, D] -> [Q, k'] each, k' = min(k, live
         rows): on the devices when SR runs there. Removed rows are never returned: k + (removed rows) are searched
         and the live ones kept (`cfir_jax.search.live_rows`).
 
         weights: (w_img, w_txt) of a fused retriever's search; the default scores the images alone.
+        span: rows [lo, hi) only (a shard's, `cfir_jax.cluster.shard`), searched on the host in the whole cache's
+        block shape, so that the shards' answers merge into this search's, scores bit-equal.
         """
         rows = self.embeddings
         if self.fused and (self.backend() == "device" or weights != (1.0, 0.0)):
             # The device holds the fused matrix only: an image-only search is the query [q, 0] against it.
             queries, rows = fused_queries(queries, *weights), self.rows
+        if span is not None:
+            return self.live.search(lambda fetch: span_topk(queries, rows, *span, fetch), k)
         if self.backend() == "device":
             return self.live.search(lambda fetch: self.device_cache().full_topk(queries, fetch), k)
         return self.live.search(lambda fetch: exact_topk(queries, rows, min(fetch, len(rows))), k)
@@ -130,3 +147,12 @@ class SRFrontEnd:
         """One query [D] over the whole cache, fused when SR is."""
         scores, rows = self.exact_search(query[None], k, self.fusion if self.fused else (1.0, 0.0))
         return scores[0], rows[0]
+
+
+def powers_of_two(most: int) -> list[int]:
+    """1, 2, 4, ... up to `most`, and `most` itself: the batch sizes a service sends (a warm-up runs each once)."""
+    sizes, n = [], 1
+    while n < most:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, max(1, int(most))]

@@ -20,7 +20,6 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
-import numpy as np
 
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
@@ -28,6 +27,7 @@ from cfir_jax.index.descriptor import store_names
 from cfir_jax.nlp.entity_pool import EntityPool
 from cfir_jax.retrieve.engine import Engine
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.retrieve.sr import powers_of_two
 from cfir_jax.serve.verifier import store_problems
 from cfir_jax.stores import versions
 from cfir_jax.stores.contract import manifest_digest
@@ -81,6 +81,16 @@ def check_complete(workdir: str | Path) -> None:
             raise CfirError(f"{store}: incomplete store (no manifest.json): let index.py finish it")
 
 
+def check_intact(workdir: str | Path) -> None:
+    """Refuses (one line) a workdir that is incomplete (`check_complete`) or whose bytes differ from their checksums,
+    naming the first damaged file and how many more there are."""
+    check_complete(workdir)
+    problems = store_problems(workdir)
+    if problems:
+        more = f" (and {len(problems) - 1} more: index.py --verify names them)" if len(problems) > 1 else ""
+        raise CfirError(f"damaged: {problems[0]}{more}")
+
+
 def _model_manifest(layout: Layout) -> dict:
     for directory in (layout.model, Path(json.loads(layout.index_json.read_text()).get("encoder") or layout.encoder)):
         path = directory / "manifest.json"
@@ -112,39 +122,25 @@ def index_fingerprint(workdir: str | Path) -> str:
 def warm_up(retriever: Retriever, max_batch: int) -> None:
     """Runs every shape the service will send before it says it is ready: a document with entities and one
     without (the whole-cache fallback) at each power-of-two batch size up to max_batch (the encoders pad to their
-    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket.
+    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket
+    (`cfir_jax.retrieve.sr.SRFrontEnd.warm_up`; on Ray the shards warm their own).
     spaCy compiles nothing: the document is parsed once, and the larger batches are given its entities."""
     text = WARM_TEXT_NO_ENTITY
     corpus = getattr(retriever, "corpus", None)
     if corpus is not None and len(corpus.doc_ids):
         text = corpus.document(0).text
-    sizes, n = [], 1
-    while n < max_batch:
-        sizes.append(n)
-        n *= 2
     entities = list(retriever.retrieve_many([DocumentInput(text, "warm-0")])[0].entities)
-    for size in [*sizes, max_batch][1:]:  # the first (1) was the parse
+    for size in powers_of_two(max_batch)[1:]:  # the first (1) was the parse
         retriever.retrieve_many([DocumentInput(text, f"warm-{i}", entities=entities) for i in range(size)])
     retriever.retrieve_many([DocumentInput(WARM_TEXT_NO_ENTITY, "warm-fallback")])
     retriever.retrieve_many([DocumentInput(WARM_TEXT_UNKNOWN, "warm-unknown")])  # entities searched at query time
-    backend = getattr(retriever, "sr_backend", None)
-    if backend is not None and backend() == "device":  # unions of every bucket size, each query batch
-        cache = retriever.device_cache()
-        q = 1
-        while True:
-            queries = np.zeros((q, retriever.sr_rows.shape[1]), np.float32)
-            for bucket in cache.buckets:
-                union = np.arange(min(bucket, retriever.sr_rows.shape[0]), dtype=np.int32)
-                cache.score_batch(queries, [union] * q)
-            if q >= min(cache.query_batch, max_batch):
-                break
-            q *= 2
+    retriever.sr.warm_up(max_batch)
 
 
 @dataclasses.dataclass
 class LoadedIndex:
     """One generation of the resident index: an engine per served method (`cfir_jax.retrieve.engine.Engine`: a
-    Retriever, or on Ray a ClusterRetriever), and what identifies them."""
+    Retriever, on a Ray front one whose unions the shards score), and what identifies them."""
 
     workdir: str
     retrievers: dict[str, Engine]
@@ -167,8 +163,8 @@ class LoadedIndex:
 def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequence[str], max_batch: int,
                make=Retriever, warm=warm_up) -> LoadedIndex:
     """Checks the workdir is complete, opens a Retriever per method and warms each (seconds; minutes at scale).
-    make(config, workdir, method): what opens a method's engine; warm(engine, max_batch): what warms it (the
-    cluster's front warms its own side: its shards load the version only once the front's checks passed)."""
+    make(config, workdir, method): what opens a method's engine (a Ray front's scores on its shards); warm(engine,
+    max_batch): what warms it."""
     t0 = time.perf_counter()
     with versions.reading(Layout.of(workdir)) as version:  # every Retriever opens the same version
         check_complete(workdir)
@@ -193,7 +189,6 @@ class IndexHolder:
         self.methods, self.max_batch = tuple(methods), max_batch
         config = config if config is not None else load_config(workdir, config_spec, overrides)
         self.current = self.load(workdir, config)
-        self.activate(self.current)
         self.current.entity_pool = entity_pool_for(config, self.current, None)
         self.last_reload: dict | None = None  # {"ok": bool, "at": ..., "error"/"fingerprint": ...}
         self._lock = threading.Lock()
@@ -202,9 +197,11 @@ class IndexHolder:
         """One generation of the index (the cluster's holder loads its shards and fronts here instead)."""
         return load_index(workdir, config, self.methods, self.max_batch)
 
-    def activate(self, fresh: LoadedIndex) -> None:
-        """Makes a loaded index that passed every check servable, just before it is swapped in (CfirError: refused).
-        One process has nothing to do; the cluster's shards load its version here."""
+    def verify(self, config: ml_collections.ConfigDict) -> None:
+        """Before a reload loads anything: every byte checked (serve.verify_on_reload; CfirError when damaged). A
+        cluster's front leaves it to the command's one check of the version it serves."""
+        if config.serve.verify_on_reload:
+            check_intact(self.workdir)
 
     def close(self) -> None:
         """Stops the entity workers (after the batcher has drained)."""
@@ -223,19 +220,13 @@ class IndexHolder:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
             config = load_config(self.workdir, self.config_spec, self.overrides)
-            if config.serve.verify_on_reload:  # every byte, before any of it is served
-                check_complete(self.workdir)
-                problems = store_problems(self.workdir)
-                if problems:
-                    more = f" (and {len(problems) - 1} more: index.py --verify names them)" if len(problems) > 1 else ""
-                    raise CfirError(f"damaged: {problems[0]}{more}")
+            self.verify(config)
             fresh = self.load(self.workdir, config)
             if fresh.family != self.current.family:
                 changed = ", ".join(f"{k} {self.current.family[k]} -> {fresh.family[k]}" for k in FAMILY_KEYS
                                     if fresh.family[k] != self.current.family[k])
                 raise CfirError(f"{self.workdir}: the new index's model is of another family ({changed}); restart "
                                 "the service to serve it")
-            self.activate(fresh)
             fresh.entity_pool = entity_pool_for(config, fresh, self.current.entity_pool)
             old, self.current = self.current, fresh  # one reference swap: the next batch reads the new index
             if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:
