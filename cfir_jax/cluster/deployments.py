@@ -14,7 +14,8 @@ What of Ray Serve they use (docs/serving.md says why, and why not the rest):
 
 - model multiplexing, with a version id as the model id: a shard replica loads a version on its first request for
   it (`IndexShard.index`), when the workdir holds it, and keeps the last SHARD_VERSIONS; Ray routes every call to a
-  replica that holds the version it asks for;
+  replica that holds the version it asks for. Every replica also loads the cluster's target on its own, so that each
+  holds the served version;
 - health checks: a front whose batches cannot run, or which failed to follow the cluster's version for long, fails
   `check_health`, and Ray replaces it;
 - one actor of the command's own, the `Relay` of the reload protocol (`cfir_jax.cluster.reload`), which every part
@@ -37,7 +38,7 @@ from cfir_jax.cluster.follow import ShardVersions
 from cfir_jax.cluster.front import describe, start_front
 from cfir_jax.cluster.gateway import GatewayService
 from cfir_jax.cluster.ray_shards import RayShards
-from cfir_jax.cluster.reload import Relay, first_line
+from cfir_jax.cluster.reload import Relay, VersionGone, first_line
 from cfir_jax.cluster.shard import ShardIndex, committed_id, shard_bounds
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.stores import cache_path
@@ -48,6 +49,7 @@ from cfir_jax.stores.layout import Layout
 
 log = logging.getLogger("cfir_jax.serve")
 SHARD_VERSIONS = 2  # versions a shard replica keeps: the served one and the one a reload brings
+FOLLOW_PERIOD_S = 1.0  # how often a shard replica loads the cluster's target on its own
 RELAY_TIMEOUT_S = 10.0  # a call to the relay (an actor of the command's)
 
 
@@ -74,12 +76,25 @@ class IndexShard:
         self.workdir, self.config_spec, self.overrides = workdir, config_spec, list(overrides)
         self.shard, self.shards = shard, shards
         self.versions = ShardVersions(lambda: committed_id(workdir), self._open, f"shard {shard}: ")
-        try:  # ready (loaded and warmed) before Ray sends it a request, when the workdir holds the target
-            target = await asyncio.wait_for(relay.target.remote(), RELAY_TIMEOUT_S)
-            if target is not None and target.vid == await asyncio.to_thread(committed_id, workdir):
-                await self.index(target.vid)
-        except Exception as e:  # noqa: BLE001 - no preload: the first request for a version loads it
-            log.warning("shard %d: no version loaded at start: %s", shard, first_line(e))
+        self.relay = relay
+        await self._follow()  # ready (loaded and warmed) before Ray sends it a request
+        self._follower = asyncio.get_running_loop().create_task(self._follow_forever())
+
+    async def _follow(self) -> None:
+        """Loads the cluster's target when the workdir holds it (kept most recently used when it does already)."""
+        try:
+            vid = self.versions.wanted(await asyncio.wait_for(self.relay.target.remote(), RELAY_TIMEOUT_S))
+            if vid is not None:
+                await self.index(vid)
+        except VersionGone:  # a replica started after a commit: a front asks for a reload past it
+            pass
+        except Exception as e:  # noqa: BLE001 - the relay restarting, a load that failed: the next period tries again
+            log.warning("shard %d: loading the cluster's version: %s", self.shard, first_line(e))
+
+    async def _follow_forever(self) -> None:
+        while True:
+            await asyncio.sleep(FOLLOW_PERIOD_S)
+            await self._follow()
 
     def _open(self, vid: str) -> ShardIndex:
         config = load_config(self.workdir, self.config_spec, self.overrides)

@@ -97,13 +97,23 @@ class Follower:
 class ShardVersions:
     """A shard replica's rule for loading a version: only the one the workdir holds now. current() -> the
     committed version's id; open_index(vid) -> the shard's index of the committed version (VersionGone when it moved
-    past vid while opening)."""
+    past vid while opening).
+
+    Besides the versions its calls ask for, a replica loads the cluster's target on its own (`wanted`, every
+    period): every replica of a shard then holds the served version, and a dead one costs no request."""
 
     def __init__(self, current: Callable[[], str], open_index: Callable[[str], object], where: str = ""):
         self.current, self.open_index, self.where = current, open_index, where
+        self.gone = ""  # the last version found gone: not loaded again on the replica's own initiative
 
     def load(self, vid: str):
         now = self.current()
         if now != vid:
+            self.gone = vid
             raise VersionGone(vid, now, self.where)
         return self.open_index(vid)
+
+    def wanted(self, target: Target | None) -> str | None:
+        """The target's version, which this replica loads (or keeps, its most recently used) on its own; None when
+        there is none yet or it was found gone."""
+        return target.vid if target is not None and target.vid != self.gone else None

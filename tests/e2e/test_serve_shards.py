@@ -97,6 +97,25 @@ def test_a_front_over_the_shards_holds_no_copy_of_the_cache(removed_copy, config
         assert [h.score for h in one.hits] == pytest.approx([h.score for h in many.hits], abs=1e-5)
 
 
+def test_a_shard_on_the_device_compiles_every_shape_before_it_answers(removed_copy, config):
+    """Its warm-up (what a replica runs before Ray sends it a request) compiles SR of every union bucket at every
+    query batch up to serve.max_batch, and the search of its rows: a batch of any such shape compiles nothing."""
+    w, _, _ = removed_copy
+    cfg = _config(config, **dict(EXACT, sr_backend="device", sr_buckets=[8, 32, 128], sr_query_batch=4))
+    part = ShardIndex(cfg, str(w), 1, 2)
+    part.warm_up(max_batch=4)
+    cache = part.sr[False].device_cache()
+    warmed = cache.traces
+    assert warmed >= 3 * 3  # 3 buckets x query batches 1, 2, 4
+    rng = np.random.default_rng(0)
+    for q in (1, 2, 3, 4):
+        unions = [np.sort(rng.choice(np.arange(part.lo, part.hi), size, replace=False)).astype(np.int32)
+                  for size in rng.integers(1, min(128, part.hi - part.lo), q)]
+        part.score(False, rng.standard_normal((q, cache.dim)).astype(np.float32), unions)
+        part.search(rng.standard_normal((q, cache.dim)).astype(np.float32), 10)
+    assert cache.traces == warmed
+
+
 def test_shard_bounds_cover_every_row_once_and_refuse_more_shards_than_rows():
     bounds = shard_bounds(10, 4)
     assert bounds == [(0, 2), (2, 5), (5, 7), (7, 10)]

@@ -106,12 +106,16 @@ class ShardReplica:
         self.models: collections.OrderedDict[str, Index] = collections.OrderedDict()
         self.load_s = 0.0  # the next load's time (a slow load)
         self.versions = ShardVersions(lambda: disk.current, self._open, f"shard {shard}: ")
-        self.alive = True
-        try:  # as IndexShard.__init__ preloads the target when the disk holds it
-            target = relay.target()
-            if target is not None and target.vid == disk.current:
-                self.index(target.vid)
-        except (TimeoutError, CfirError):  # the first request for a version loads it
+        self.alive, self.relay = True, relay
+        self.poll()  # as IndexShard.__init__ loads the target before it answers
+
+    def poll(self) -> None:
+        """As IndexShard._follow, every period: the target loaded when the disk holds it."""
+        try:
+            vid = self.versions.wanted(self.relay.target())
+            if vid is not None:
+                self.index(vid)
+        except (TimeoutError, CfirError):  # the relay restarting, the version gone
             pass
 
     def _open(self, vid: str) -> Index:
@@ -251,6 +255,7 @@ class World:
         self.fronts = [self._front() for _ in range(fronts)]
         self.answers: list[tuple[str, list[str], frozenset]] = []
         self.failed = 0
+        self.followed = False  # a tick since the last reload, the relay answering: each replica saw the target
         self.settle()
 
     def _front(self) -> Front:
@@ -258,10 +263,20 @@ class World:
         front.poll()
         return front
 
+    def holds_the_target(self) -> bool:
+        """Every live shard replica holds the target, once a tick passed since it was published and while the
+        workdir holds it (what makes a dead replica cost no request while its shard has another)."""
+        target = self.coordinator.target
+        if not self.followed or self.disk.current != target.vid:
+            return True
+        return all(target.vid in r.models or r.versions.gone == target.vid
+                   for replicas in self.shards.replicas for r in replicas if r.alive)
+
     def restart_front(self, n: int) -> None:
         self.fronts[n] = self._front()
 
     def run_reloads(self) -> None:
+        self.followed = self.followed and not self.jobs
         while self.jobs:
             self.jobs.pop(0)()  # Coordinator.reload never raises: a failed reload is a line
 
@@ -269,6 +284,9 @@ class World:
         """Time passes: the command's tick, every live front's report (and follow)."""
         self.clock.advance(seconds)
         self.reloader.tick(sighups)
+        for replica in (r for replicas in self.shards.replicas for r in replicas if r.alive):
+            replica.poll()
+        self.followed = not self.relays.down and not self.jobs  # every replica has seen the published target
         for front in self.fronts:
             if front.alive:
                 front.poll()

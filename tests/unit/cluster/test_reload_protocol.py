@@ -87,7 +87,7 @@ def test_the_command_keeps_checking_its_head_while_a_reload_runs():
 
     relay = Relay()
     coordinator = Coordinator(Disk(), Hanging(), relay, Target(1, "1:old"))
-    reloader = Reloader(coordinator, relay, lambda fn: threading.Thread(target=fn, daemon=True).start(), print)
+    reloader = Reloader(coordinator, relay, lambda fn: threading.Thread(target=fn, daemon=True).start(), [].append)
     dies_at = time.monotonic() + 1.0
 
     class Head:
@@ -198,7 +198,16 @@ class Cluster(RuleBasedStateMachine):
 
     @rule(shard=st.integers(0, 1), n=st.integers(0, 1))
     def shard_replica_dies_and_restarts(self, shard, n):
-        self.w.shards.restart(shard, n % len(self.w.shards.replicas[shard]))
+        """A replica killed: the searches of the fronts go on on the shard's other replica, if it has one, then Ray
+        starts a new one."""
+        w = self.w
+        replicas = w.shards.replicas[shard]
+        replicas[n % len(replicas)].alive = False
+        held = w.holds_the_target() and w.followed and w.disk.current == w.coordinator.target.vid
+        for i, front in enumerate(w.fronts):
+            if held and len(replicas) > 1 and front.target == w.coordinator.target:
+                assert w.search(i), f"front {i}: a dead replica cost a request"
+        w.shards.restart(shard, n % len(replicas))
 
     @rule(n=st.integers(0, 1))
     def front_dies_and_restarts(self, n):
@@ -207,10 +216,12 @@ class Cluster(RuleBasedStateMachine):
     @rule()
     def relay_restarts(self):
         self.w.relays.restart()
+        self.w.followed = False  # empty until the command's next tick publishes the target again
 
     @rule(down=st.booleans())
     def relay_slow(self, down):
         self.w.relays.down = down
+        self.w.followed = self.w.followed and not down
 
     @rule(rebuild=st.booleans())
     def version_goes_down(self, rebuild):
@@ -247,6 +258,10 @@ class Cluster(RuleBasedStateMachine):
             for vid, _, shown in self.w.answers:
                 if disk.content[vid].branch == branch and version_number(vid) >= at:
                     assert picture not in shown, (picture, removed_at, vid)
+
+    @invariant()
+    def every_live_shard_replica_holds_the_served_version(self):
+        assert self.w.holds_the_target(), [list(r.models) for rs in self.w.shards.replicas for r in rs]
 
     @invariant()
     def a_version_that_fails_its_checks_is_never_served(self):
