@@ -71,9 +71,13 @@ def main() -> None:
     deploy({"version": 2, "load_s": args.load_s})
     while {v for at, _, v in seen[-20:] if at > t0} != {2}:
         time.sleep(0.05)
-    print(f"1. a version that loads in {args.load_s:g} s: every replica answers with it {time.monotonic() - t0:.1f} "
-          f"s after serve.run; {failed[0]} requests failed; replicas {sorted(pids)} -> "
-          f"{sorted({pid for at, pid, _ in seen if at > t0})}; load {load_averages()}", flush=True)
+    answered = time.monotonic() - t0
+    time.sleep(args.load_s + 3.0)
+    now = {pid for at, pid, _ in seen[-20:]}
+    print(f"1. a version that loads in {args.load_s:g} s: every replica answers with it {answered:.1f} "
+          f"s after serve.run; {failed[0]} requests failed; replicas {sorted(pids)} -> {sorted(now)} (new "
+          f"processes: {sorted(now - pids) or 'none'}); load {load_averages()}", flush=True)
+    pids = now
     failed[0], t1 = 0, time.monotonic()
     deploy({"version": 3, "fail": True})
     time.sleep(15.0)

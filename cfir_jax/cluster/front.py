@@ -130,7 +130,7 @@ class FrontService(Service):
         from fastapi.responses import JSONResponse
 
         serving = self.holder.target
-        deadline = time.monotonic() + float(self.settings.deadline_ms) / 1e3
+        deadline = time.monotonic() + float(self.settings.ready_timeout_s)  # a reload loads, as a start does
         ticket = await asyncio.to_thread(self.relay.ask, "admin", serving.vid)
         outcome = None
         while outcome is None and time.monotonic() < deadline:
@@ -141,12 +141,13 @@ class FrontService(Service):
         if not outcome.ok:
             self.metrics.reloads.labels("refused").inc()
             return JSONResponse({"error": outcome.line}, status_code=409)
-        if outcome.target is not None and outcome.target.generation > self.holder.target.generation:
-            try:
-                await asyncio.to_thread(self.follow, outcome.target)
-            except CfirError as e:
-                return JSONResponse({"error": f"the cluster reloaded; this front did not follow yet: {e}"},
-                                    status_code=503)
+        target = outcome.target
+        while target is not None and self.holder.target.generation < target.generation:  # its follower loads it
+            if time.monotonic() > deadline:
+                why = self.follower.last_error or "still loading"
+                return JSONResponse({"error": f"the cluster reloaded to version {target.version}; this front does not "
+                                              f"serve it yet: {why}"}, status_code=503)
+            await asyncio.sleep(ASK_POLL_S)
         return JSONResponse({"reloaded": True, **self.holder.current.describe(), "line": outcome.line})
 
     async def shutdown(self) -> None:
