@@ -27,7 +27,6 @@ from cfir_jax.index.descriptor import store_names
 from cfir_jax.nlp.entity_pool import EntityPool
 from cfir_jax.retrieve.engine import Engine
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
-from cfir_jax.retrieve.sr import powers_of_two
 from cfir_jax.serve.verifier import store_problems
 from cfir_jax.stores import versions
 from cfir_jax.stores.contract import manifest_digest
@@ -122,19 +121,23 @@ def index_fingerprint(workdir: str | Path) -> str:
 def warm_up(retriever: Retriever, max_batch: int) -> None:
     """Runs every shape the service will send before it says it is ready: a document with entities and one
     without (the whole-cache fallback) at each power-of-two batch size up to max_batch (the encoders pad to their
-    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket
-    (`cfir_jax.retrieve.sr.SRFrontEnd.warm_up`; on Ray the shards warm their own).
+    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket at
+    every query batch (`cfir_jax.retrieve.sr.SRFrontEnd.warm_up`).
     spaCy compiles nothing: the document is parsed once, and the larger batches are given its entities."""
     text = WARM_TEXT_NO_ENTITY
     corpus = getattr(retriever, "corpus", None)
     if corpus is not None and len(corpus.doc_ids):
         text = corpus.document(0).text
+    sizes, n = [], 1
+    while n < max_batch:
+        sizes.append(n)
+        n *= 2
     entities = list(retriever.retrieve_many([DocumentInput(text, "warm-0")])[0].entities)
-    for size in powers_of_two(max_batch)[1:]:  # the first (1) was the parse
+    for size in [*sizes, max_batch][1:]:  # the first (1) was the parse
         retriever.retrieve_many([DocumentInput(text, f"warm-{i}", entities=entities) for i in range(size)])
     retriever.retrieve_many([DocumentInput(WARM_TEXT_NO_ENTITY, "warm-fallback")])
     retriever.retrieve_many([DocumentInput(WARM_TEXT_UNKNOWN, "warm-unknown")])  # entities searched at query time
-    retriever.sr.warm_up(max_batch)
+    retriever.sr.warm_up(max_batch)  # on the device backend: every SR bucket at each query batch
 
 
 @dataclasses.dataclass
