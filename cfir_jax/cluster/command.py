@@ -171,7 +171,7 @@ def _layout(s) -> str:
 
 def _reloader(deployments, workdir: str, config, config_spec: str, overrides: list[str]) -> Reloader:
     """The relay actor with the version served at start published, and the command's side of the protocol."""
-    relay = deployments.RemoteRelay(deployments.make_relay())
+    relay = deployments.RemoteRelay(deployments.make_relay(), timeout_s=2.0)  # a tick never waits long on it
     target = Target(1, committed_id(workdir))
     relay.publish(target)
     shards = int(config.serve.shards)
