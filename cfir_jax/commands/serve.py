@@ -5,7 +5,7 @@ One process loads the stores and models once, warms every shape it will send, th
 uvicorn) until SIGTERM or SIGINT (to it alone or to its process group), which stops accepting, answers every request
 already accepted and exits 0. SIGHUP reloads the workdir (`cfir_jax.serve.resident.IndexHolder.reload`, after
 verifying it). Settings: the config's `serve` section (`cfir_jax.core.config_serve`). With serve.engine="ray"
-(or --engine ray) the same API runs on Ray Serve, the index in shards (`cfir_jax.serve.cluster`).
+(or --engine ray) the same API runs on Ray Serve, the index in shards (`cfir_jax.cluster`).
 """
 
 from __future__ import annotations

@@ -32,7 +32,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 # function(workdir, config, config_spec, argv, method, host, port, address)). A new engine: its module, one line here.
 SERVE_ENGINES = {
     "local": "cfir_jax.commands.serve:serve_local",  # this one process (FastAPI on uvicorn)
-    "ray": "cfir_jax.serve.cluster:serve_cluster",  # Ray Serve: fronts and index shards
+    "ray": "cfir_jax.cluster.command:serve_cluster",  # Ray Serve: fronts and index shards
 }
 
 

@@ -31,7 +31,7 @@ def serve_config() -> ml_collections.ConfigDict:
             picture_queue_size=8,  # pictures waiting to be searched at most; past it a request is answered 503
             summary_cache=1024,  # query summaries kept by document hash (0: none); each costs a summary's text
             admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
-            # The cluster (serve.engine="ray": Ray Serve, cfir_jax.serve.cluster; pip install -e ".[cluster]").
+            # The cluster (serve.engine="ray": Ray Serve, cfir_jax.cluster; pip install -e ".[cluster]").
             engine="local",  # "local": this one process; "ray": fronts and index shards as Ray Serve deployments
             address="",  # a running Ray cluster to join ("auto", "HOST:6379"); "": start a local Ray (or --address)
             shards=1,  # index shards: shard s holds rows [s*N/S, (s+1)*N/S) of the image cache, memory-mapped

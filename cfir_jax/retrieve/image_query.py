@@ -10,8 +10,8 @@ The answer is the query's nearest live rows by dot product, searched as the enti
 appended since searched exactly, `cfir_jax.search.knn.search_with_tail`), 'exact' with the SR front end's exact
 whole-cache search (on the devices when SR runs there), 'auto' as the entity index was built. Without a stored
 searcher (or an entity index: the dense methods open none) the search is exact, and the result's note says which
-search answered. Removed rows never answer (`cfir_jax.search.live_rows`). A Retriever class may name another
-`picture_search` (a PictureSearch that searches elsewhere): the cluster's front embeds here and searches its shards.
+search answered. Removed rows never answer (`cfir_jax.search.live_rows`). A Ray front embeds here and searches its
+shards, through its Retriever's scoring (`cfir_jax.cluster.scoring.ShardedSR`).
 
 What a picture search reads is opened with the Retriever (`prepare`, called where the Retriever is opened, under
 the same version's reading: the library's `Index`, the service's load and reload): a later commit that replaces the
@@ -202,12 +202,10 @@ _SEARCHES_LOCK = threading.Lock()
 
 def prepare(retriever: Retriever) -> PictureSearch:
     """The retriever's picture search, opened now (call it where the Retriever is opened, under the same version's
-    reading): its class's `picture_search` (the cluster's front searches on the shards,
-    `cfir_jax.serve.merge.ShardedPictureSearch`), or PictureSearch. A Retriever never prepared gets one on its
-    first picture."""
+    reading). A Retriever never prepared gets one on its first picture."""
     with _SEARCHES_LOCK:
         if retriever not in _SEARCHES:
-            _SEARCHES[retriever] = getattr(type(retriever), "picture_search", PictureSearch)(retriever)
+            _SEARCHES[retriever] = PictureSearch(retriever)
         return _SEARCHES[retriever]
 
 

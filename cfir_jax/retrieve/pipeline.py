@@ -97,12 +97,13 @@ class Retriever:
 
     measure_agreement: with fast SR, also score each union exactly (untimed) and record the top-k overlap.
     rerank_features: compute the re-ranker's features of SR's top-N into each Result (fitting the re-ranker).
-    local_sr: False for a retriever whose unions are scored elsewhere (a Ray front's, on its shards): it builds no
-    device or compact copy of the cache, and its SR front end refuses to score (`cfir_jax.retrieve.sr.SRFrontEnd`).
+    scoring: what scores the unions and searches the cache (`cfir_jax.retrieve.engine.Scoring`), made as
+    scoring(retrieval config, stores, fusion, fused): this process's `SRFrontEnd` by default; a Ray front's
+    scores on its shards (`cfir_jax.cluster.scoring.ShardedSR`).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True,
-                 measure_agreement: bool = False, rerank_features: bool = False, local_sr: bool = True):
+                 measure_agreement: bool = False, rerank_features: bool = False, scoring=SRFrontEnd):
         config = upgrade(config)  # a no-op for a workdir config read by cli.workdir_config
         self.config, self.method, self.rcfg = config, method, config.retrieval
         self.methods = method_of(method, self.rcfg)
@@ -120,7 +121,7 @@ class Retriever:
         self.model_used += self.lexical.model_note(self.methods) if cfir and self.methods.uses_lexical else ""
         if self.fused:
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
-        self.sr = SRFrontEnd(self.rcfg, self.stores, self.fusion, self.fused, local=local_sr)
+        self.sr = scoring(self.rcfg, self.stores, self.fusion, self.fused)
         self.entities = EntityRanking(config, self.stores, self.sr.exact_search) if self.methods.uses_entities \
             else None
         # The largest score an intact store allows (unit queries; rows of the recorded norm), and where rows come from.

@@ -12,8 +12,8 @@ and a whole-cache search over-fetches by the number of removed rows and keeps th
 
 The device copy is one per process and per row matrix (`resident_cache`): every served method's front end, and the
 next generation of a service reloading the same cache, score on the one copy, which is freed with the last front end
-that holds it. A front end made with `local=False` (a front that sends its unions to others to score, as a Ray front
-sends them to its shards) builds no copy at all, and a call that would score here is refused.
+that holds it. A Ray front scores nothing here: its Retriever is given the cluster's scoring
+(`cfir_jax.cluster.scoring.ShardedSR`), so it builds no copy at all.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from cfir_jax.search import device_sr
 from cfir_jax.search.compact import CompactCache, build_compact
 from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.fused import FusedRows, fused_queries
-from cfir_jax.search.topk import exact_top_k, exact_topk
+from cfir_jax.search.topk import exact_top_k, exact_topk, span_topk
 from cfir_jax.stores.contract import manifest_digest
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
@@ -69,13 +69,11 @@ def resident_cache(rows, source: str, rcfg) -> device_sr.DeviceCache:
 class SRFrontEnd:
     """Scores unions and searches the whole cache for one retriever.
 
-    stores: the opened `Stores` (cache, image text when fused); fusion: (w_img, w_txt); fused: whether SR fuses;
-    local: False for a front end that never scores here (its unions are scored elsewhere: a Ray front's shards), which
-    builds neither the device copy nor the compact copy.
+    stores: the opened `Stores` (cache, image text when fused); fusion: (w_img, w_txt); fused: whether SR fuses.
     """
 
-    def __init__(self, rcfg, stores, fusion: tuple[float, float], fused: bool, local: bool = True):
-        self.rcfg, self.stores, self.fusion, self.fused, self.local = rcfg, stores, fusion, fused, local
+    def __init__(self, rcfg, stores, fusion: tuple[float, float], fused: bool):
+        self.rcfg, self.stores, self.fusion, self.fused = rcfg, stores, fusion, fused
         self.mode = rcfg.sr
         self.embeddings = stores.embeddings
         self.live = stores.live  # the rows a search may return: every one but the removed
@@ -114,8 +112,8 @@ class SRFrontEnd:
 
     def prepare(self) -> None:
         """Builds now what the first query would otherwise wait for (minutes at scale): the compact copy for fast
-        SR, or the device copy; nothing when this front end does not score here."""
-        if self.local and (self.mode == "fast" or self.backend() == "device"):
+        SR, or the device copy."""
+        if self.mode == "fast" or self.backend() == "device":
             self.scorer()
 
     def source(self) -> str:
@@ -129,42 +127,30 @@ class SRFrontEnd:
     def device_cache(self):
         """The image cache resident on the local devices: the process's one copy of these rows (`resident_cache`),
         which SR and the exact searches of every method share."""
-        self._require_local()
         if self._device is None:
             self._device = resident_cache(self.rows, self.source(), self.rcfg)
         return self._device
 
     def warm_up(self, max_batch: int) -> None:
-        """Compiles the device SR for every union bucket a union of this cache can fall in, at every query batch a
-        batch of up to max_batch documents sends (powers of two up to retrieval.sr_query_batch), before the first
-        query: nothing compiles while a request waits. Nothing to do on the CPU backend, or where nothing scores."""
-        if not self.local or self.backend() != "device":
+        """On the device backend: compiles SR for every union bucket a union of this cache can fall in, at every query
+        batch that a batch of up to max_batch documents sends (powers of two up to retrieval.sr_query_batch), before
+        the first query: nothing compiles while a request waits. The CPU's scorers compile nothing."""
+        if self.backend() != "device":
             return
-        cache = self.device_cache()
-        n = cache.n
+        cache, n = self.device_cache(), self.rows.shape[0]
         buckets = sorted({device_sr.bucket_size(min(b, n), cache.buckets) for b in cache.buckets})
-        q = 1
-        while True:
-            queries = np.zeros((q, cache.dim), np.float32)
+        for q in powers_of_two(min(cache.query_batch, max_batch)):
+            queries = np.zeros((q, self.rows.shape[1]), np.float32)
             for bucket in buckets:
                 cache.score_batch(queries, [np.arange(min(bucket, n), dtype=np.int32)] * q)
-            if q >= min(cache.query_batch, max_batch):
-                break
-            q *= 2
 
     def scorer(self):
         """The SR scorer of the configured backend; both have score_batch(queries [Q, D], unions) -> [(s, rows)]."""
-        self._require_local()
         if self.backend() == "device":
             return self.device_cache()
         if self._cpu is None:
             self._cpu = self._cpu_scorer()
         return self._cpu
-
-    def _require_local(self) -> None:
-        if not self.local:
-            raise CfirError("this retriever does not score here (made with local_sr=False: its unions are scored "
-                            "elsewhere, as a Ray front's are on its shards); it holds no device or compact copy")
 
     def _cpu_scorer(self):
         """The two-pass scorer over the compact copy, which is rebuilt when missing or made from another cache (or
@@ -203,17 +189,22 @@ class SRFrontEnd:
         _, exact_rows = exact_top_k(self.rows, self.query_rows(query[None])[0], union, self.rcfg.top_k)
         return len(np.intersect1d(ranked_rows, exact_rows)) / max(len(exact_rows), 1)
 
-    def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0)) -> Ranked:
+    def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0),
+                     span: tuple[int, int] | None = None) -> Ranked:
         """Exact top-k over the live rows of the whole cache, queries [Q, D] -> [Q, k'] each, k' = min(k, live
         rows): on the devices when SR runs there. Removed rows are never returned: k + (removed rows) are searched
         and the live ones kept (`cfir_jax.search.live_rows`).
 
         weights: (w_img, w_txt) of a fused retriever's search; the default scores the images alone.
+        span: rows [lo, hi) only (a shard's, `cfir_jax.cluster.shard`), searched on the host in the whole cache's
+        block shape, so that the shards' answers merge into this search's, scores bit-equal.
         """
         rows = self.embeddings
         if self.fused and (self.backend() == "device" or weights != (1.0, 0.0)):
             # The device holds the fused matrix only: an image-only search is the query [q, 0] against it.
             queries, rows = fused_queries(queries, *weights), self.rows
+        if span is not None:
+            return self.live.search(lambda fetch: span_topk(queries, rows, *span, fetch), k)
         if self.backend() == "device":
             return self.live.search(lambda fetch: self.device_cache().full_topk(queries, fetch), k)
         return self.live.search(lambda fetch: exact_topk(queries, rows, min(fetch, len(rows))), k)
@@ -222,3 +213,12 @@ class SRFrontEnd:
         """One query [D] over the whole cache, fused when SR is."""
         scores, rows = self.exact_search(query[None], k, self.fusion if self.fused else (1.0, 0.0))
         return scores[0], rows[0]
+
+
+def powers_of_two(most: int) -> list[int]:
+    """1, 2, 4, ... up to `most`, and `most` itself: the batch sizes a service sends (a warm-up runs each once)."""
+    sizes, n = [], 1
+    while n < most:
+        sizes.append(n)
+        n *= 2
+    return [*sizes, max(1, int(most))]

@@ -150,13 +150,19 @@ def _model_dir(layout: Layout, encoder_dir: Path | None, reads_document: bool, f
     return encoder_dir, False, True
 
 
+def cache_path(config, layout: Layout) -> Path:
+    """The image cache retrieval reads: retrieval.image_cache (an absolute name stays itself), else the own tower's
+    (the Full model's with retrieval.model="full")."""
+    own = layout.image_cache_full if config.retrieval.model == "full" else layout.image_cache
+    named = config.retrieval.image_cache
+    return layout.root / named if named else own
+
+
 def _open_cache(config, layout: Layout, model, model_dir: Path, model_manifest: dict, full: bool):
     """The image cache retrieval.image_cache names (default: the model's own tower's), refused in one line when
     another vision tower built it: both fingerprints and the command that builds the right cache. Imported
     embeddings carry no fingerprint: they stand for the frozen tower, never for a Full model's."""
-    own = layout.image_cache_full if full else layout.image_cache
-    named = config.retrieval.image_cache
-    path = layout.root / named if named else own  # an absolute name stays itself
+    own, path = layout.image_cache_full if full else layout.image_cache, cache_path(config, layout)
     if full and not (path / "manifest.json").is_file() and path == own:
         raise CfirError(f"{own}: no image cache of the Full model's vision tower; build it with python index.py "
                         f"--config CONFIG --workdir {layout.root} --stages image_cache_full")

@@ -210,3 +210,27 @@ def exact_topk(
         out_s[q0 : q0 + nq] = np.asarray(best_s)[:nq]
         out_i[q0 : q0 + nq] = np.asarray(best_i)[:nq]
     return out_s, out_i
+
+
+class RowRange:
+    """Rows [lo, hi) of a database [N, D] (a np.memmap or `FusedRows`) as a [hi - lo, D] array for `exact_topk`,
+    which reads it one slice at a time."""
+
+    def __init__(self, database, lo: int, hi: int):
+        self.database, self.lo, self.hi = database, lo, hi
+        self.shape, self.dtype, self.ndim = (hi - lo, database.shape[1]), database.dtype, 2
+
+    def __len__(self) -> int:
+        return self.hi - self.lo
+
+    def __getitem__(self, s: slice) -> np.ndarray:
+        start, stop, _ = s.indices(self.hi - self.lo)
+        return np.asarray(self.database[self.lo + start : self.lo + stop])
+
+
+def span_topk(queries: np.ndarray, database, lo: int, hi: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """`exact_topk` over rows [lo, hi) of database [N, D] (a shard's rows), in the whole database's block shape, so
+    every score is bit-equal to the whole search's: (scores [Q, k'], rows [Q, k'] numbered as in database)."""
+    scores, rows = exact_topk(queries, RowRange(database, lo, hi), min(int(k), hi - lo),
+                              block_size=min(DEFAULT_BLOCK_SIZE, database.shape[0]), fixed_block=True)
+    return scores, np.where(rows >= 0, rows + lo, -1).astype(np.int32)

@@ -218,7 +218,7 @@ class Service:
 
 class SearchService(Protocol):
     """What the HTTP app calls: the Service (over the resident index's engines) and, on Ray, the gateway's view of
-    the fronts (`cfir_jax.serve.gateway.GatewayService`)."""
+    the fronts (`cfir_jax.cluster.gateway.GatewayService`)."""
 
     settings: object  # the config's serve section
     metrics: Metrics

@@ -89,6 +89,12 @@ class MicroBatcher:
         self._thread.start()
 
     @property
+    def alive(self) -> bool:
+        """Whether the worker thread that runs the batches is running (a cluster's front reports itself unhealthy
+        when it is not)."""
+        return self._thread.is_alive()
+
+    @property
     def depth(self) -> int:
         """Documents waiting (not yet taken into a batch)."""
         return self._waiting_docs

@@ -14,7 +14,7 @@ the JSON of `retrieve.py --query-image ... --format json`. Searches go through a
 serve.picture_queue_size, 503 with Retry-After, as a text search's queue answers) to threads of their own, and a
 search stops at its next stage once serve.deadline_ms has passed (504). The single process searches its resident
 index; on Ray (`--engine ray`) the gateway hands the checked picture to a front, whose queue this is, which embeds it
-and asks every shard for its nearest live rows (`cfir_jax.serve.merge.ShardedPictureSearch`).
+and asks every shard for its nearest live rows (its Retriever's scoring, `cfir_jax.cluster.scoring.ShardedSR`).
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class PictureQueue:
     async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
                      version_header: str) -> tuple[str, dict]:
         """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
-        searched by the index `holder` serves (a ClusterRetriever's search runs on the shards)."""
+        searched by the index `holder` serves (a Ray front's search runs on its shards)."""
         current = holder.current
         retriever = next(iter(current.retrievers.values()))
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)

@@ -81,6 +81,16 @@ def check_complete(workdir: str | Path) -> None:
             raise CfirError(f"{store}: incomplete store (no manifest.json): let index.py finish it")
 
 
+def check_intact(workdir: str | Path) -> None:
+    """Refuses (one line) a workdir that is incomplete (`check_complete`) or whose bytes differ from their checksums,
+    naming the first damaged file and how many more there are."""
+    check_complete(workdir)
+    problems = store_problems(workdir)
+    if problems:
+        more = f" (and {len(problems) - 1} more: index.py --verify names them)" if len(problems) > 1 else ""
+        raise CfirError(f"damaged: {problems[0]}{more}")
+
+
 def _model_manifest(layout: Layout) -> dict:
     for directory in (layout.model, Path(json.loads(layout.index_json.read_text()).get("encoder") or layout.encoder)):
         path = directory / "manifest.json"
@@ -134,7 +144,7 @@ def warm_up(retriever: Retriever, max_batch: int) -> None:
 @dataclasses.dataclass
 class LoadedIndex:
     """One generation of the resident index: an engine per served method (`cfir_jax.retrieve.engine.Engine`: a
-    Retriever, or on Ray a ClusterRetriever), and what identifies them."""
+    Retriever, on a Ray front one whose unions the shards score), and what identifies them."""
 
     workdir: str
     retrievers: dict[str, Engine]
@@ -157,8 +167,8 @@ class LoadedIndex:
 def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequence[str], max_batch: int,
                make=Retriever, warm=warm_up) -> LoadedIndex:
     """Checks the workdir is complete, opens a Retriever per method and warms each (seconds; minutes at scale).
-    make(config, workdir, method): what opens a method's engine; warm(engine, max_batch): what warms it (the
-    cluster's front warms its own side: its shards load the version only once the front's checks passed)."""
+    make(config, workdir, method): what opens a method's engine (a Ray front's scores on its shards); warm(engine,
+    max_batch): what warms it."""
     t0 = time.perf_counter()
     with versions.reading(Layout.of(workdir)) as version:  # every Retriever opens the same version
         check_complete(workdir)
@@ -185,7 +195,6 @@ class IndexHolder:
         self.methods, self.max_batch = tuple(methods), max_batch
         config = config if config is not None else load_config(workdir, config_spec, overrides)
         self.current = self.load(workdir, config)
-        self.activate(self.current)
         self.current.entity_pool = entity_pool_for(config, self.current, None)
         self.last_reload: dict | None = None  # {"ok": bool, "at": ..., "error"/"fingerprint": ...}
         self._lock = threading.Lock()
@@ -194,9 +203,11 @@ class IndexHolder:
         """One generation of the index (the cluster's holder loads its shards and fronts here instead)."""
         return load_index(workdir, config, self.methods, self.max_batch)
 
-    def activate(self, fresh: LoadedIndex) -> None:
-        """Makes a loaded index that passed every check servable, just before it is swapped in (CfirError: refused).
-        One process has nothing to do; the cluster's shards load its version here."""
+    def verify(self, config: ml_collections.ConfigDict) -> None:
+        """Before a reload loads anything: every byte checked (serve.verify_on_reload; CfirError when damaged). A
+        cluster's front leaves it to the command's one check of the version it serves."""
+        if config.serve.verify_on_reload:
+            check_intact(self.workdir)
 
     def close(self) -> None:
         """Stops the entity workers (after the batcher has drained)."""
@@ -215,19 +226,13 @@ class IndexHolder:
         at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
         try:
             config = load_config(self.workdir, self.config_spec, self.overrides)
-            if config.serve.verify_on_reload:  # every byte, before any of it is served
-                check_complete(self.workdir)
-                problems = store_problems(self.workdir)
-                if problems:
-                    more = f" (and {len(problems) - 1} more: index.py --verify names them)" if len(problems) > 1 else ""
-                    raise CfirError(f"damaged: {problems[0]}{more}")
+            self.verify(config)
             fresh = self.load(self.workdir, config)
             if fresh.family != self.current.family:
                 changed = ", ".join(f"{k} {self.current.family[k]} -> {fresh.family[k]}" for k in FAMILY_KEYS
                                     if fresh.family[k] != self.current.family[k])
                 raise CfirError(f"{self.workdir}: the new index's model is of another family ({changed}); restart "
                                 "the service to serve it")
-            self.activate(fresh)
             fresh.entity_pool = entity_pool_for(config, fresh, self.current.entity_pool)
             old, self.current = self.current, fresh  # one reference swap: the next batch reads the new index
             if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:

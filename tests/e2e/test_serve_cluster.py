@@ -190,8 +190,8 @@ def test_the_clients_answers_equal_index_search(cluster, index, documents):
 @pytest.mark.slow
 @pytest.mark.parametrize("victim", ["IndexShard1", "Front"])
 def test_a_replica_killed_under_load_costs_no_request(cluster, documents, expected, victim):
-    """One replica at a time, under load; every original front dies in turn (the reload test then shows the fronts'
-    reload board outlived them all: it is the command's, not the front's that first asked for it)."""
+    """One replica at a time, under load; every original front dies in turn (the reload test then shows that the
+    cluster's version is the command's, not any front's: the fronts that replaced them serve it)."""
     original = _replica_pids(victim)
     assert len(original) == 2, original
     for pid in original if victim == "Front" else original[:1]:

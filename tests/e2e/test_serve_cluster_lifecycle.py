@@ -1,4 +1,4 @@
-"""Ray's lifetime is the command's (`retrieve.py --serve --engine ray`, `cfir_jax.serve.cluster`), run as an operator
+"""Ray's lifetime is the command's (`retrieve.py --serve --engine ray`, `cfir_jax.cluster.command`), run as an operator
 runs it on a fresh machine: HOME an empty folder, no RAY_* variable, the default `serve` settings. The command starts
 its own head with a token it makes; a head or a joined cluster too small is refused in one line; a start past its
 deadline ends in one line; a SIGTERM while the head starts or while deploying stops it leaving no process of its Ray;
@@ -171,8 +171,8 @@ def test_the_head_has_a_token_of_its_own_and_says_how_to_join_it(served):
 
 @pytest.mark.slow
 def test_joining_a_cluster_too_small_is_refused_in_one_line_and_leaves_it_serving(served, workdir, home):
-    """A second command joins the served head (its token, its address) asking for 3 fronts: 2 CPUs where 1.25 are free
-    (the served head of 2 CPUs holds 1 front, its ingress, and 1 shard replica: no gateway)."""
+    """A second command joins the served head (its token, its address) asking for 3 fronts: 1.75 CPUs where 1.5 are
+    free (the served head of 2 CPUs holds 1 front, its ingress and its shard: no gateway, no shard replica)."""
     join = served.wait_for("to add a host", 1)
     token_path, address = re.search(r"token in (\S+);.* --address=(\S+)$", join).groups()
     env = {**home(), "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": token_path}
@@ -182,9 +182,9 @@ def test_joining_a_cluster_too_small_is_refused_in_one_line_and_leaves_it_servin
     finally:
         cmd.kill()
     errors = [line for line in cmd.lines if line.startswith("error:")]
-    assert errors == [f"error: the application needs 2 CPUs (3 fronts x 0.5 + 1 shard replica x 0.25 + 1 gateway x "
-                      f"0.25), the cluster at {address} has 1.25 free: lower serve.*_num_cpus or the replicas, or add "
-                      "a host to the cluster"], cmd.log
+    assert errors == [f"error: the application needs 1.75 CPUs (3 fronts x 0.5 + 1 gateway x 0.25), the cluster at "
+                      f"{address} has 1.5 free: lower serve.*_num_cpus or the replicas, or add a host to the "
+                      "cluster"], cmd.log
     assert httpx.get(served.url + "/readyz", timeout=30).json()["ready"]
 
 

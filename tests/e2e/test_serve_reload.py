@@ -1,25 +1,23 @@
-"""The cluster's reload protocol over the session's tiny index, in one process (no Ray): a front (ClusterHolder) and
-the replicas of 2 shards (ShardReplica over ShardIndex) with the board. Two reloads the front itself refuses (a model
-of another family) never reach the shards, and the version it serves keeps answering; a good reload then moves every
-replica. Both engines, the Retriever and the front's ClusterRetriever, are the service's `Engine`. A shard opens all
-its methods at one version even when a commit lands between two of them."""
+"""The cluster's reload over the session's tiny index, in one process (no Ray): the command's Coordinator with its
+real checks (`DiskWorkdir`), two shards whose replicas load versions by the real rule (`ShardVersions` over
+`ShardIndex`, loading on a miss as Ray's multiplexing does), and a front (`FrontHolder`) whose Retrievers score on
+them. A reload its checks refuse (a model of another family) never reaches the shards, and the served version keeps
+answering; a good one is loaded by every shard before the front follows it, and the front then answers as one
+process does; a replica started after a commit refuses the version the workdir no longer holds."""
 
 import itertools
 import json
 import shutil
-import threading
-import time
 
 import pytest
 
-from cfir_jax.core.errors import CfirError
-from cfir_jax.retrieve.engine import Engine
+from cfir_jax.cluster import command
+from cfir_jax.cluster.follow import ShardVersions
+from cfir_jax.cluster.front import FrontHolder
+from cfir_jax.cluster.reload import Coordinator, Relay, Target, VersionGone
+from cfir_jax.cluster.shard import LocalShards, ShardIndex, checked, committed_id
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
-from cfir_jax.serve import reload as protocol
 from cfir_jax.serve import resident
-from cfir_jax.serve.deployments import ClusterHolder
-from cfir_jax.serve.reload import FrontReporter, ReloadBoard, ShardReplica
-from cfir_jax.serve.shard import ShardIndex
 from cfir_jax.stores import lock, versions
 
 OVERRIDES = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.max_batch=2"]
@@ -37,6 +35,35 @@ def _commit(w) -> int:
         return change.commit({"documents": 0})
 
 
+class Replicas(LocalShards):
+    """One replica per shard, in this process: the command's `Shards` (prepare) and the front's ShardClient, each
+    version loaded by the real rule on its first call, as Ray's multiplexing loads it."""
+
+    def __init__(self, w, shards: int = 2):
+        config = resident.load_config(str(w), "", OVERRIDES)
+        self.rules = [ShardVersions(lambda: committed_id(w),
+                                    lambda vid, s=s: ShardIndex(config, str(w), s, shards, vid), f"shard {s}: ")
+                      for s in range(shards)]
+        self.held: list[dict] = [{} for _ in range(shards)]
+        self.shards, self.prepared = shards, []
+
+    def _at(self, s: int, vid: str) -> ShardIndex:
+        if vid not in self.held[s]:
+            self.held[s][vid] = self.rules[s].load(vid)
+        return self.held[s][vid]
+
+    def prepare(self, vid, timeout_s):
+        self.prepared.append(vid)
+        for s in range(self.shards):
+            self._at(s, vid)
+
+    def score(self, vid, fused, queries, parts):
+        return {s: checked(s, vid, self._at(s, vid).score(fused, queries, p)) for s, p in parts.items()}
+
+    def search(self, vid, queries, k, weights):
+        return [checked(s, vid, self._at(s, vid).search(queries, k, weights)) for s in range(self.shards)]
+
+
 @pytest.fixture
 def copy(workdir, tmp_path):
     w = tmp_path / "W"
@@ -44,86 +71,43 @@ def copy(workdir, tmp_path):
     return w
 
 
-class Replicas:
-    """The front's client over in-process shard replicas: each call reaches one replica of each shard, in turn."""
-
-    def __init__(self, replicas: list[list[ShardReplica]]):
-        self.handles, self.turn = replicas, itertools.count()
-
-    def _each(self):
-        n = next(self.turn)
-        return [replicas[n % len(replicas)] for replicas in self.handles]
-
-    def score(self, version, method, docs, top_k):
-        return [r.at(version).score(method, docs, top_k) for r in self._each()]
-
-    def search(self, version, embeddings, k):
-        return [r.at(version).search(embeddings, k) for r in self._each()]
-
-
 def _hits(result):
     return [(h.image_id, h.score) for h in result.hits]
 
 
-@pytest.mark.slow
-def test_refused_reloads_never_reach_the_shards_and_the_served_version_keeps_answering(copy, monkeypatch):
-    monkeypatch.setattr(protocol, "REPLICA_REPORT_S", 0.02)
-    monkeypatch.setattr(protocol, "SETTLE_S", 0.0)
-    w, board = copy, ReloadBoard()
-    config = resident.load_config(str(w), "", OVERRIDES)
-    replicas = [[ShardReplica(board, s, lambda s=s: ShardIndex(resident.load_config(str(w), "", OVERRIDES), str(w),
-                                                               s, 2, ["cfir"]),
-                              lambda: versions.current_version(w)) for _ in range(2)] for s in range(2)]
-    holder = ClusterHolder(str(w), "", OVERRIDES, ["cfir"], 2, config, Replicas(replicas), board)
-    front = FrontReporter(board, lambda: holder.current.version, holder.reload, grace_s=0, start=False)
-    front.report()
-    v1 = holder.current.version
-    single = Retriever(config, str(w))
-    assert isinstance(single, Engine) and isinstance(holder.current.retrievers["cfir"], Engine)  # one interface
-    doc = DocumentInput(single.corpus.document(0).text, "d")
-    before = [_hits(holder.current.retrievers["cfir"].retrieve(doc)) for _ in range(4)]  # every replica answers
-    family = resident.model_family(w)
-    monkeypatch.setattr(resident, "model_family", lambda workdir: {**family, "num_layers": 99})
-    for _ in range(2):
-        _commit(w)
-        with pytest.raises(CfirError, match="another family"):
-            holder.reload()
-        front.report()
-        time.sleep(0.2)
-        assert [sorted(r.held) for rs in replicas for r in rs] == [[v1]] * 4  # the shards were never asked
-    after = [_hits(holder.current.retrievers["cfir"].retrieve(doc)) for _ in range(4)]
-    assert after == before and holder.current.version == v1
-    monkeypatch.setattr(resident, "model_family", lambda workdir: family)
-    fresh = holder.reload()
-    assert fresh.version == v1 + 2
-    assert all(fresh.version in r.held for rs in replicas for r in rs)  # every replica, before the swap
-    assert _hits(fresh.retrievers["cfir"].retrieve(doc)) == before[0]
-    front.report()
-    deadline = time.monotonic() + 10
-    while any(v1 in r.held for rs in replicas for r in rs):  # no front uses v1 any more: every replica drops it
-        assert time.monotonic() < deadline, [sorted(r.held) for rs in replicas for r in rs]
-        time.sleep(0.05)
-    for r in (r for rs in replicas for r in rs):
-        r.close()
-
-
-@pytest.mark.slow
-def test_a_shard_opens_every_method_at_one_version_when_a_commit_lands_between_them(copy, monkeypatch):
+def test_a_refused_reload_never_reaches_the_shards_and_a_good_one_loads_them_before_the_front(copy, monkeypatch):
     w = copy
     config = resident.load_config(str(w), "", OVERRIDES)
-    v = versions.current_version(w)
-    real_init, committing = Retriever.__init__, []
+    shards, relay = Replicas(w), Relay()
+    target = Target(1, committed_id(w))
+    front = FrontHolder(str(w), "", OVERRIDES, ["cfir"], 2, config, shards, target)
+    coordinator = Coordinator(command.DiskWorkdir(str(w), "", OVERRIDES), shards, relay, target)
+    doc = DocumentInput(Retriever(config, str(w)).corpus.document(0).text, "d")
+    before = _hits(front.current.retrievers["cfir"].retrieve(doc))
+    family = resident.model_family(w)
+    monkeypatch.setattr(command, "model_family", lambda workdir: {**family, "num_layers": 99})
+    for _ in range(2):
+        _commit(w)
+        outcome = coordinator.reload("SIGHUP")
+        assert not outcome.ok and "another family (num_layers 2 -> 99)" in outcome.line, outcome.line
+        assert shards.prepared == [] and [list(h) for h in shards.held] == [[target.vid]] * 2  # never asked
+        assert _hits(front.current.retrievers["cfir"].retrieve(doc)) == before and front.target == target
+    monkeypatch.setattr(command, "model_family", lambda workdir: family)
+    outcome = coordinator.reload("SIGHUP")
+    new = coordinator.target
+    assert outcome.ok and new.version == 3 and relay.target() == new
+    assert shards.prepared == [new.vid] and all(new.vid in h for h in shards.held)  # before the front follows
+    fresh = front.follow(new)
+    assert fresh.version == 3 and front.target == new
+    assert _hits(fresh.retrievers["cfir"].retrieve(doc)) == _hits(Retriever(config, str(w)).retrieve(doc))
+    assert coordinator.reload("SIGHUP").line == "reload: version 3 is served already (SIGHUP)"
 
-    def init(self, *args, **kwargs):
-        real_init(self, *args, **kwargs)
-        if not committing:  # after the first method's open: a commit, which has a second to land
-            committing.append(threading.Thread(target=_commit, args=(w,)))
-            committing[0].start()
-            time.sleep(1.0)
 
-    monkeypatch.setattr(Retriever, "__init__", init)
-    shard = ShardIndex(config, str(w), 0, 2, ["cfir", "dense_summary"])
-    committing[0].join(120)
-    assert versions.current_version(w) == v + 1  # the commit landed, after the shard had opened its stores
-    assert {m: r.stores.version for m, r in shard.retrievers.items()} == {"cfir": v, "dense_summary": v}
-    assert shard.version == v
+def test_a_replica_started_after_a_commit_refuses_the_version_gone_from_the_workdir(copy):
+    w = copy
+    served = committed_id(w)
+    _commit(w)
+    fresh = Replicas(w)
+    with pytest.raises(VersionGone, match="shard 0: version 1 .* no longer in the workdir, which holds version 2"):
+        fresh.search(served, [[0.0]], 1, (1.0, 0.0))
+    assert fresh.rules[1].load(committed_id(w)).vid == committed_id(w)

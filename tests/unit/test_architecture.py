@@ -19,7 +19,8 @@ RANKS = {
     "model": 2, "data": 2, "nlp": 2, "search": 2, "eval": 2,
     "index": 3, "train": 3, "retrieve": 3,  # the three stages: siblings, see WALLS
     "serve": 4, "aot": 4, "rerank": 4, "api": 4,  # api: the library's front door, with the package's own names
-    "commands": 5,
+    "cluster": 5,  # the service on Ray: the single process's service (serve/) over fronts and index shards
+    "commands": 6,
 }
 # Rooms of one rank that never import each other: the builders, training and retrieval only meet in the stores.
 WALLS = {frozenset(("index", "train")), frozenset(("index", "retrieve")), frozenset(("train", "retrieve"))}

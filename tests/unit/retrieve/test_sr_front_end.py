@@ -10,7 +10,6 @@ import numpy as np
 import pytest
 
 from cfir_jax.core.config import retrieval_config
-from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve import report, sr
 from cfir_jax.retrieve.pipeline import Result
 from cfir_jax.search.live_rows import LiveRows
@@ -72,13 +71,10 @@ def test_warm_up_stops_at_the_configured_query_batch_and_at_the_buckets_a_small_
     assert device.device_cache().traces == 3 * 2
 
 
-def test_warm_up_does_nothing_on_the_cpu_backend_or_where_nothing_scores():
+def test_warm_up_does_nothing_on_the_cpu_backend():
     cpu = _front(_rows(), "cpu")
     cpu.warm_up(8)
     assert cpu._device is None
-    front = sr.SRFrontEnd(_rcfg(), _stores(_rows(), "front-only"), (1.0, 0.0), False, local=False)
-    front.warm_up(8)
-    assert front._device is None
 
 
 class _ServedRetriever:
@@ -123,19 +119,6 @@ def test_every_method_of_a_process_scores_on_one_device_copy_of_a_cache():
     del fronts, bf16, other
     gc.collect()
     assert not [k for k in sr._RESIDENT if k[0] in ("shared", "another cache")], "a copy outlived its front ends"
-
-
-def test_a_front_end_that_scores_elsewhere_builds_no_copy_and_refuses_to_score():
-    rows = _rows(7)
-    front = sr.SRFrontEnd(_rcfg(), _stores(rows, "elsewhere"), (1.0, 0.0), False, local=False)
-    front.prepare()
-    assert front._device is None and not [k for k in sr._RESIDENT if k[0] == "elsewhere"]
-    with pytest.raises(CfirError, match="local_sr=False"):
-        front.score_unions(np.zeros((1, D), np.float32), _unions([5]))
-    fast = sr.SRFrontEnd(_rcfg(sr="fast", sr_backend="cpu"), _stores(rows, "elsewhere"), (1.0, 0.0), False,
-                         local=False)
-    fast.prepare()  # the compact copy is not built either (it would be written into a workdir: there is none here)
-    assert fast._cpu is None
 
 
 def _line(front: sr.SRFrontEnd, **agreement) -> str:

@@ -4,9 +4,9 @@ all order by it."""
 
 import numpy as np
 
+from cfir_jax.cluster.scoring import merge_ranked
 from cfir_jax.search.bm25 import top_k
 from cfir_jax.search.topk import best_first
-from cfir_jax.serve.merge import merge_ranked
 
 
 def _tied(rng, shape):
@@ -38,6 +38,7 @@ def test_bm25_and_the_cluster_merge_keep_the_rule():
     want = sorted(zip(-scores, rows))[:25]
     assert r.tolist() == [int(x) for _, x in want] and s.tolist() == [float(-x) for x, _ in want]
     parts = np.array_split(np.arange(300), 4)
-    pos, merged = merge_ranked([scores[p] for p in parts], [np.where(p % 50 == 0, -1, rows[p]) for p in parts], 25)
+    kept, merged = merge_ranked([scores[p] for p in parts], [np.where(p % 50 == 0, -1, rows[p]) for p in parts], 25)
     live = [(-scores[j], rows[j]) for j in range(300) if j % 50]
     assert merged.tolist() == [int(x) for _, x in sorted(live)[:25]] and (merged >= 0).all()
+    assert kept.tolist() == [float(-x) for x, _ in sorted(live)[:25]]

@@ -1,77 +1,41 @@
 """The service on Ray Serve: `retrieve.py --index W --serve --engine ray [--address HOST:6379]`.
 
-Starts a Ray of its own (`cfir_jax.serve.ray_head`: a head with a token it makes, sized for every replica it will
-place) or joins a running cluster (serve.address, --address) that has room for them, deploys the gateways, fronts
-and index shards (`cfir_jax.serve.deployments`), waits at most serve.ready_timeout_s for every replica, and serves.
+Starts a Ray of its own (`cfir_jax.cluster.ray_head`: a head with a token it makes, sized for every replica it will
+place, `cfir_jax.cluster.sizing`) or joins a running cluster (serve.address, --address) that has room for them,
+deploys the gateways, fronts and index shards (`cfir_jax.cluster.deployments`), waits at most serve.ready_timeout_s
+for every replica, and serves.
 
 Ray's lifetime is the command's. The stop signals are caught before anything starts: SIGTERM or SIGINT, to it alone
 or to its process group, at any moment (while the head starts, while deploying, while serving) deletes the
 application (gracefully once it serves: every replica answers what it accepted), stops the Ray it started, leaving
 no process of it, and exits 0. A Ray it started that dies under it (its raylet or GCS server gone) is named in one
-line and the command exits 2 within seconds, for a process manager to restart it. A cluster it joined is left
-running. SIGHUP reloads every shard and front.
+line and the command exits 2 within seconds, for a process manager to restart it, whatever else it is doing (a
+reload included). A cluster it joined is left running.
+
+This process decides which version the cluster serves (`cfir_jax.cluster.reload.Coordinator`): SIGHUP, POST
+/v1/admin/reload and a part that found the served version gone each ask it for a reload, which runs in a thread of
+its own. A reload that is refused, fails or times out is one line, and the served version stays.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import os
 import signal
-import socket
 import sys
+import threading
 import time
 from collections.abc import Sequence
 
+from cfir_jax.cluster.ray_head import RayHead, free_port
+from cfir_jax.cluster.reload import Coordinator, Outcome, Reloader, Target, first_line
+from cfir_jax.cluster.shard import committed_id
+from cfir_jax.cluster.sizing import Needs, check_reachable, check_room, head_cpus, needs
 from cfir_jax.core.errors import CfirError
-from cfir_jax.serve.merge import check_cluster_config
-from cfir_jax.serve.ray_head import RayHead, free_port
-from cfir_jax.serve.resident import config_overrides
+from cfir_jax.serve.resident import check_complete, check_intact, config_overrides, load_config, model_family
 
 APP = "cfir"
-_EPS = 1e-6  # Ray counts resources in 1e-4 units
-
-
-@dataclasses.dataclass(frozen=True)
-class Needs:
-    """What the application reserves in Ray: CPUs, GPUs, and the sum written out for a refusal."""
-    cpus: float
-    gpus: float
-    parts: str
-
-
-def needs(s) -> Needs:
-    """Every replica's reservation (serve.*_replicas x serve.*_num_cpus / front_num_gpus), the gateways included."""
-    fronts, shard_replicas = int(s.front_replicas), int(s.shards) * int(s.shard_replicas)
-    gateways = int(s.gateway_replicas) if fronts > 1 else 0  # one front is the ingress itself (deployments.build_app)
-    terms = [(fronts, "front", float(s.front_num_cpus)), (shard_replicas, "shard replica", float(s.shard_num_cpus)),
-             (gateways, "gateway", float(s.gateway_num_cpus))]
-    parts = " + ".join(f"{n} {name}{'s' if n > 1 else ''} x {cpus:g}" for n, name, cpus in terms if n)
-    return Needs(sum(n * cpus for n, _, cpus in terms), fronts * float(s.front_num_gpus), parts)
-
-
-def head_cpus(s, need: Needs, cores: int) -> int:
-    """The logical CPUs of a head this command starts: serve.head_num_cpus, or (0) enough for every replica and at
-    least the machine's cores. One line when serve.head_num_cpus is too few, before anything starts."""
-    if int(s.head_num_cpus) <= 0:
-        return max(cores, math.ceil(need.cpus - _EPS))
-    if need.cpus > int(s.head_num_cpus) + _EPS:
-        raise CfirError(f"the application needs {need.cpus:g} CPUs ({need.parts}), the head has "
-                        f"{int(s.head_num_cpus)} (serve.head_num_cpus): lower serve.*_num_cpus or the replicas, or "
-                        "raise serve.head_num_cpus (0: sized for the replicas)")
-    return int(s.head_num_cpus)
-
-
-def check_room(need: Needs, free: dict, where: str) -> None:
-    """One line when the Ray at `where` has fewer free CPUs or GPUs than the application reserves."""
-    cpus, gpus = float(free.get("CPU", 0.0)), float(free.get("GPU", 0.0))
-    if need.cpus > cpus + _EPS:
-        raise CfirError(f"the application needs {need.cpus:g} CPUs ({need.parts}), {where} has {cpus:g} free: lower "
-                        "serve.*_num_cpus or the replicas, or add a host to the cluster")
-    if need.gpus > gpus + _EPS:
-        raise CfirError(f"the application needs {need.gpus:g} GPUs (serve.front_replicas x serve.front_num_gpus), "
-                        f"{where} has {gpus:g} free: lower serve.front_num_gpus, or add a host with GPUs")
 
 
 class _Lost(Exception):
@@ -104,6 +68,11 @@ class _Signals:
     def _reload(self, signum, frame):
         self.reloads += 1
 
+    def take_reloads(self) -> int:
+        """The SIGHUPs since the last call."""
+        n, self.reloads = self.reloads, 0
+        return n
+
 
 @dataclasses.dataclass
 class _Run:
@@ -115,13 +84,38 @@ class _Run:
     serving: bool = False  # every replica was ready
 
 
+class DiskWorkdir:
+    """The command's view of the workdir (`cfir_jax.cluster.reload.Workdir`): the committed version's id, and the
+    checks a version passes before the cluster serves it: complete, every byte verified (serve.verify_on_reload),
+    the model of the family the service started with."""
+
+    def __init__(self, workdir: str, config_spec: str, overrides: Sequence[str]):
+        self.workdir, self.config_spec, self.overrides = workdir, config_spec, list(overrides)
+        self.family = model_family(workdir)
+
+    def current(self) -> str:
+        return committed_id(self.workdir)
+
+    def check(self, vid: str) -> None:
+        config = load_config(self.workdir, self.config_spec, self.overrides)
+        check_complete(self.workdir)
+        if config.serve.verify_on_reload:
+            check_intact(self.workdir)
+        family = model_family(self.workdir)
+        if family != self.family:
+            changed = ", ".join(f"{k} {self.family[k]} -> {family[k]}" for k in family if family[k] != self.family[k])
+            raise CfirError(f"{self.workdir}: the new index's model is of another family ({changed}); restart the "
+                            "service to serve it")
+        if committed_id(self.workdir) != vid:
+            raise CfirError("the workdir changed while the reload checked it; reload again when index.py is done")
+
+
 def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[str] = (), method: str = "cfir",
                   host: str | None = None, port: int | None = None, address: str | None = None) -> None:
     """Starts (or joins, serve.address / --address) Ray, deploys the app and serves until SIGTERM or SIGINT, which
-    drain it (every accepted request answered); SIGHUP reloads every shard and front."""
+    drain it (every accepted request answered); SIGHUP reloads."""
     s = config.serve
     methods = list(dict.fromkeys([method, *s.methods]))
-    check_cluster_config(config, methods)
     need = needs(s)
     host, port = host or s.host, s.port if port is None else port
     port = port or free_port(host)
@@ -135,23 +129,24 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
             run.head = RayHead(cpus, int(s.object_store_mb))
             os.environ.pop("RAY_AUTH_TOKEN", None)
             os.environ.update(run.head.driver_env())
-        run.ray, run.serve, build_app = _import_ray()  # Ray missing: said before a head starts
+        run.ray, run.serve, deployments = _import_ray()  # Ray missing: said before a head starts
         if run.head is not None:
             run.head.launch()
             address = run.head.address
         _connect(run, address, need, signals)
         run.serve.start(http_options={"host": host, "port": port})
-        app = build_app(workdir, config, config_spec, config_overrides(argv), methods)
+        reloader = _reloader(deployments, workdir, config, config_spec, config_overrides(argv))
+        app = deployments.build_app(workdir, config, config_spec, config_overrides(argv), methods,
+                                    reloader.relay.actor)
         run.submitted = True
         run.serve.run_many([run.serve.RunTarget(target=app, name=APP, route_prefix="/")],
                            wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
-        _wait_ready(run, float(s.ready_timeout_s))
-        handle = run.serve.get_app_handle(APP)
+        _wait_ready(run, float(s.ready_timeout_s), reloader)
         run.serving = True
-        print(f"serving {workdir} (methods {', '.join(methods)}; {s.shards} shards x {s.shard_replicas} replicas, "
-              f"{s.front_replicas} fronts, {s.gateway_replicas} gateways on Ray at {address}) at http://{host}:{port}: "
-              f"loaded and warmed in {time.perf_counter() - t0:.1f} s; ready", file=sys.stderr, flush=True)
-        _serve(handle, signals, run.head)
+        print(f"serving {workdir} (methods {', '.join(methods)}; version {reloader.coordinator.target.version}; "
+              f"{_layout(s)} on Ray at {address}) at http://{host}:{port}: loaded and warmed in "
+              f"{time.perf_counter() - t0:.1f} s; ready", file=sys.stderr, flush=True)
+        _serve(run, signals, reloader)
     except _Stopped:
         ended = True
     except _Lost as e:
@@ -167,6 +162,45 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
           file=sys.stderr, flush=True)
 
 
+def _layout(s) -> str:
+    shards = f"{s.shards} shards x {s.shard_replicas} replicas, " if int(s.shards) > 1 else \
+        "1 shard (each front's own), "
+    gateways = f", {s.gateway_replicas} gateways" if int(s.front_replicas) > 1 else ""
+    return f"{shards}{s.front_replicas} front{'s' if int(s.front_replicas) > 1 else ''}{gateways}"
+
+
+def _reloader(deployments, workdir: str, config, config_spec: str, overrides: list[str]) -> Reloader:
+    """The relay actor with the version served at start published, and the command's side of the protocol."""
+    relay = deployments.RemoteRelay(deployments.make_relay(), timeout_s=2.0)  # a tick never waits long on it
+    target = Target(1, committed_id(workdir))
+    relay.publish(target)
+    shards = int(config.serve.shards)
+    coordinator = Coordinator(DiskWorkdir(workdir, config_spec, overrides),
+                              deployments.ShardPreparer(APP, shards if shards > 1 else 0), relay, target,
+                              prepare_timeout_s=float(config.serve.ready_timeout_s))
+
+    def say(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    def after(outcome: Outcome) -> None:  # the reload's thread: until every live front serves the new version
+        deadline = time.monotonic() + float(config.serve.ready_timeout_s)
+        while time.monotonic() < deadline:
+            try:
+                behind = coordinator.lagging()
+            except Exception as e:  # noqa: BLE001 - the relay restarts; asked again
+                behind = {"?": first_line(e)}
+            if not behind:
+                return say(f"reload: every front serves version {outcome.target.version}")
+            time.sleep(0.5)
+        say(f"reload: version {outcome.target.version}: fronts still behind after "
+            f"{config.serve.ready_timeout_s:g} s: {'; '.join(f'{f[:8]} at {w}' for f, w in behind.items())}")
+
+    def spawn(fn) -> None:
+        threading.Thread(target=fn, name="cfir-reload", daemon=True).start()
+
+    return Reloader(coordinator, relay, spawn, say, after)
+
+
 def _import_ray():
     try:
         # why: Ray (an optional extra) reads RAY_AUTH_MODE when it is imported, after the head's was set
@@ -174,11 +208,12 @@ def _import_ray():
         from ray import serve
 
         # why: the deployments import Ray at their top
-        from cfir_jax.serve.deployments import build_app
+        from cfir_jax.cluster import deployments
     except ImportError as e:
         raise CfirError(f"serve.engine=ray needs Ray Serve ({e.name} is missing): pip install -e \".[cluster]\"") \
             from None
-    return ray, serve, build_app
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)  # this command's stderr: its own lines
+    return ray, serve, deployments
 
 
 def _connect(run: _Run, address: str, need: Needs, signals: _Signals) -> None:
@@ -206,23 +241,13 @@ def _connect(run: _Run, address: str, need: Needs, signals: _Signals) -> None:
     check_room(need, run.ray.available_resources(), where)
 
 
-def check_reachable(address: str, timeout_s: float = 10.0) -> None:
-    """One line when nothing listens at HOST:PORT (Ray's driver would retry for minutes without a word)."""
-    host, _, port = address.rpartition(":")
-    if not host or not port.isdigit():  # "auto", a ray:// address: Ray resolves it
-        return
-    try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s).close()
-    except OSError as e:
-        raise CfirError(f"cannot join the cluster at {address}: {e.strerror or type(e).__name__}; is its head "
-                        "running (ray start --head) and the address serve.address / --address right?") from None
-
-
-def _wait_ready(run: _Run, timeout_s: float) -> None:
+def _wait_ready(run: _Run, timeout_s: float, reloader: Reloader) -> None:
     """Until every replica runs: a line when the state changes, one line and CfirError when a deployment failed,
-    the head died or serve.ready_timeout_s passed (never a silent wait for a replica that cannot be placed)."""
+    the head died or serve.ready_timeout_s passed (never a silent wait for a replica that cannot be placed). A
+    front started after a commit asks for a reload meanwhile: answered here too."""
     start, said = time.monotonic(), ""
     while True:
+        reloader.tick()
         lost = run.head.lost() if run.head else None
         if lost:
             raise _Lost(f"{lost} while deploying")
@@ -269,19 +294,16 @@ def _gist(message: str) -> str:
     return (first[:160] + (f": {last[:240]}" if last else "")).strip()
 
 
-def _serve(handle, signals: _Signals, head: RayHead | None) -> None:
+def _serve(run: _Run, signals: _Signals, reloader: Reloader) -> None:
     """Serves until a stop signal (raises _Stopped) or, for a Ray of its own, until a vital process of it is gone
-    (raises _Lost naming it). SIGHUP reloads."""
+    (raises _Lost naming it), checked every half second whatever else runs; SIGHUPs and the parts' asks go to the
+    reloader, whose reloads run beside this loop."""
     while True:
         time.sleep(0.5)
-        lost = head.lost() if head else None
+        lost = run.head.lost() if run.head else None
         if lost:
             raise _Lost(f"{lost} while serving")
-        while signals.reloads:
-            signals.reloads -= 1
-            status = handle.reload.remote().result()
-            print(f"reload: {'done' if status == 200 else f'refused ({status}), see GET /readyz'}", file=sys.stderr,
-                  flush=True)
+        reloader.tick(signals.take_reloads())
 
 
 def _stop(run: _Run, lost: str | None, keep_logs: bool) -> None:

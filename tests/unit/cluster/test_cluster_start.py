@@ -1,4 +1,4 @@
-"""The start of the cluster service without Ray (cfir_jax/serve/cluster.py, ray_head.py): what the replicas reserve,
+"""The start of the cluster service without Ray (cfir_jax/cluster/sizing.py, ray_head.py): what the replicas reserve,
 gateways included; the head sized for them or refused in one line naming the shortfall; a cluster without room
 refused, and an address where nothing listens at once; the head's token a fresh 0600 file of its own temp dir; its
 stop ending every process of its session, those that left its process group too (as Ray's workers do); a vital
@@ -13,10 +13,10 @@ import time
 
 import pytest
 
+from cfir_jax.cluster.ray_head import RayHead, free_port, session_pids
+from cfir_jax.cluster.sizing import check_reachable, check_room, head_cpus, needs
 from cfir_jax.core.config_serve import serve_config
 from cfir_jax.core.errors import CfirError
-from cfir_jax.serve.cluster import check_reachable, check_room, head_cpus, needs
-from cfir_jax.serve.ray_head import RayHead, free_port, session_pids
 
 
 def _documented():
@@ -37,6 +37,12 @@ def test_one_front_is_the_ingress_and_no_gateway_is_counted():
     s.front_replicas = 1  # deployments.build_app serves HTTP from the front itself: no gateway is placed
     need = needs(s)
     assert need.cpus == pytest.approx(1.5) and need.parts == "1 front x 0.5 + 4 shard replicas x 0.25"
+
+
+def test_one_shard_is_each_fronts_own_and_no_shard_replica_is_counted():
+    s = serve_config()  # the defaults: one shard, one front
+    need = needs(s)
+    assert need.cpus == pytest.approx(0.5) and need.parts == "1 front x 0.5"
 
 
 def test_the_head_is_sized_for_every_replica_and_at_least_the_cores():

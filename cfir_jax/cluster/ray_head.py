@@ -1,4 +1,4 @@
-"""The Ray head that `retrieve.py --serve --engine ray` starts when it joins no cluster (`cfir_jax.serve.cluster`).
+"""The Ray head that `retrieve.py --serve --engine ray` starts when it joins no cluster (`cfir_jax.cluster.command`).
 
 It lives and dies with the command. `ray start --head` runs in a session of its own, in a temp dir of its own, with
 token authentication that the command sets up itself: a random 64-hex token in a 0600 file of that dir, named to the
