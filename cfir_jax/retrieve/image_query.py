@@ -202,10 +202,11 @@ _SEARCHES_LOCK = threading.Lock()
 
 def prepare(retriever: Retriever) -> PictureSearch:
     """The retriever's picture search, opened now (call it where the Retriever is opened, under the same version's
-    reading). A Retriever never prepared gets one on its first picture."""
+    reading): a PictureSearch, or what the retriever's class names as its `picture_search` (a stand-in's). A
+    Retriever never prepared gets one on its first picture."""
     with _SEARCHES_LOCK:
         if retriever not in _SEARCHES:
-            _SEARCHES[retriever] = PictureSearch(retriever)
+            _SEARCHES[retriever] = getattr(type(retriever), "picture_search", PictureSearch)(retriever)
         return _SEARCHES[retriever]
 
 
