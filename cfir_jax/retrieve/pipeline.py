@@ -97,9 +97,8 @@ class Retriever:
 
     measure_agreement: with fast SR, also score each union exactly (untimed) and record the top-k overlap.
     rerank_features: compute the re-ranker's features of SR's top-N into each Result (fitting the re-ranker).
-    scoring: what scores the unions and searches the cache (`cfir_jax.retrieve.engine.Scoring`), made as
-    scoring(retrieval config, stores, fusion, fused): this process's `SRFrontEnd` by default; a Ray front's
-    scores on its shards (`cfir_jax.cluster.scoring.ShardedSR`).
+    scoring: what scores unions and searches the cache (`cfir_jax.retrieve.engine.Scoring`), made as scoring(rcfg,
+    stores, fusion, fused): this process's `SRFrontEnd`, or a Ray front's shards (`cfir_jax.cluster.scoring.ShardedSR`).
     """
 
     def __init__(self, config: ml_collections.ConfigDict, workdir, method: str = "cfir", load_nlp: bool = True,
