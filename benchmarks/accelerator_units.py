@@ -68,9 +68,9 @@ def _train_row(size: str, sizes: Sizes, device: str) -> dict:
     import torch
     from common import interleaved, random_text_batch, random_unit_embeddings, torch_contrastive_loss, torch_model
 
-    from cfir_jax.train.data import TrainData
-    from cfir_jax.train.state import init_state, make_setup
-    from cfir_jax.train.step import global_batch_arrays, make_train_step
+    from cfir_jax.training.data import TrainData
+    from cfir_jax.training.state import init_state, make_setup
+    from cfir_jax.training.step import global_batch_arrays, make_train_step
 
     cfg = _model_config(size)
     cfg.train.global_batch = sizes.batch
@@ -120,8 +120,8 @@ def _encode_row(which: str, sizes: Sizes) -> dict:
     size, b = sizes.train[-1], sizes.encode_batch
     cfg = _model_config(size)
     if which == "text":
-        from cfir_jax.train.state import init_state, make_setup
-        from cfir_jax.train.step import make_encoder
+        from cfir_jax.training.state import init_state, make_setup
+        from cfir_jax.training.step import make_encoder
 
         cfg.train.global_batch = b
         setup = make_setup(cfg, 1000, None, 10)

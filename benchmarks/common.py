@@ -160,7 +160,7 @@ def torch_model(model_cfg, dropout: float = 0.0, full: bool = False):
 
 
 def torch_contrastive_loss(text, image, logit_scale):
-    """The symmetric InfoNCE of `cfir_jax.train.loss.contrastive_loss` (float32 logits), in torch, on the device
+    """The symmetric InfoNCE of `cfir_jax.training.loss.contrastive_loss` (float32 logits), in torch, on the device
     of its inputs (the labels are made there: a CPU tensor beside CUDA logits stops cross_entropy)."""
     import torch
     import torch.nn.functional as F

@@ -42,8 +42,8 @@ from flax import nnx
 
 from cfir_jax.core.config import LANGUAGE_EXPERT, model_config
 from cfir_jax.model.beit3 import create_model
-from cfir_jax.train.loss import contrastive_loss
-from cfir_jax.train.optim import trainable_filter
+from cfir_jax.training.loss import contrastive_loss
+from cfir_jax.training.optim import trainable_filter
 
 GOAL = 1.5  # the jax/torch speed ratio the project aims for at each precision
 

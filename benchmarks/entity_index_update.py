@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from common import hardware_description
 
-from cfir_jax.index.entity_index_build import build_entity_index
-from cfir_jax.index.entity_index_update import stage_images_added
+from cfir_jax.builders.entity_index_build import build_entity_index
+from cfir_jax.builders.entity_index_update import stage_images_added
 from cfir_jax.search.knn import ScannSearcher, search_with_tail, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
 from cfir_jax.stores.entity_index import EntityIndex

@@ -49,9 +49,9 @@ def build_atomic_fixture(root: Path) -> Path:
 
 
 def measure(workdir: Path, split: str) -> None:
+    from cfir_jax.builders.index_encoder import entity_encoder
     from cfir_jax.core.cli import workdir_config
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.index_encoder import entity_encoder
     from cfir_jax.nlp.entities import EntityExtractor, load_spacy
     from cfir_jax.search.topk import exact_topk
     from cfir_jax.stores.image_cache import ImageCache

@@ -109,10 +109,10 @@ def measure_image_cache(args) -> float:
     """images/s of the full cache build (decode on threads + encode) with BEiT-3 `--model` at 224 px, float32."""
     from index_throughput import synthetic_jpegs
 
+    from cfir_jax.builders.image_encoding import build_image_cache
     from cfir_jax.core.config import model_config
     from cfir_jax.data.corpus import Document, Image
     from cfir_jax.data.corpus_writer import write_corpus
-    from cfir_jax.index.image_encoding import build_image_cache
     from cfir_jax.model.beit3 import create_model
 
     model = create_model(model_config(args.model, image_size=224))

@@ -34,10 +34,10 @@ import numpy as np
 from common import hardware_description
 from PIL import Image as PILImage
 
+from cfir_jax.builders.image_encoding import build_image_cache
 from cfir_jax.core.config import model_config
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.index.image_encoding import build_image_cache
 from cfir_jax.model.beit3 import create_model
 from cfir_jax.model.image_tower import ImageEncoder
 from cfir_jax.model.preprocess import decode_image

@@ -29,8 +29,8 @@ from pathlib import Path
 import numpy as np
 from common import hardware_description
 
+from cfir_jax.builders.lexical import tokenize, write_store
 from cfir_jax.core.config import retrieval_config
-from cfir_jax.index.lexical import tokenize, write_store
 from cfir_jax.search.bm25 import BM25Search, Pruning
 from cfir_jax.stores.lexical import LexicalIndex
 
@@ -94,9 +94,9 @@ def _build_child(source: tuple, out: str, queue) -> None:
 
 
 def _workdir_texts(workdir: str) -> list[str]:
+    from cfir_jax.builders.image_text import FIELDS
+    from cfir_jax.builders.lexical import row_texts
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.image_text import FIELDS
-    from cfir_jax.index.lexical import row_texts
     from cfir_jax.stores.image_cache import ImageCache
 
     corpus, cache = Corpus.open(Path(workdir) / "corpus"), ImageCache.open(Path(workdir) / "image_cache")

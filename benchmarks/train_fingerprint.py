@@ -26,8 +26,8 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from train_fixtures import full_batch, full_config, planted_data, tiny_config  # noqa: E402
 
-from cfir_jax.train import loop  # noqa: E402
-from cfir_jax.train.tasks import FullTask, TextTask  # noqa: E402
+from cfir_jax.training import loop  # noqa: E402
+from cfir_jax.training.tasks import FullTask, TextTask  # noqa: E402
 
 
 def _hash(tree) -> str:

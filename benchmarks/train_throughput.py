@@ -56,7 +56,7 @@ def random_train_data(num_pairs: int, seq: int, vocab: int, dim: int, seed: int 
     import numpy as np
     from common import random_text_batch, random_unit_embeddings
 
-    from cfir_jax.train.data import TrainData
+    from cfir_jax.training.data import TrainData
 
     ids, mask = random_text_batch(num_pairs, seq, vocab, seed)
     images = random_unit_embeddings(num_pairs, dim, seed + 1)
@@ -67,8 +67,8 @@ def throughput(args) -> None:
     import jax
     from common import hardware_description, interleaved, torch_model, torch_train_step
 
-    from cfir_jax.train.state import init_state, make_setup
-    from cfir_jax.train.step import global_batch_arrays, make_train_step
+    from cfir_jax.training.state import init_state, make_setup
+    from cfir_jax.training.step import global_batch_arrays, make_train_step
 
     dtype = "bfloat16" if args.precision == "bf16" else "float32"
     cfg = _config(args.size, args.batch, args.seq, dtype, args.remat)
@@ -121,8 +121,8 @@ def full_throughput(args) -> None:
     import numpy as np
     from common import hardware_description, interleaved, random_text_batch, torch_full_step, torch_model
 
-    from cfir_jax.train.full_step import global_full_batch, make_full_step
-    from cfir_jax.train.state import init_state, make_setup
+    from cfir_jax.training.full_step import global_full_batch, make_full_step
+    from cfir_jax.training.state import init_state, make_setup
 
     dtype = "bfloat16" if args.precision == "bf16" else "float32"
     cfg = _config(args.size, args.batch, args.seq, dtype, args.remat, full=True)
@@ -175,9 +175,9 @@ def memory(args) -> None:
     """Per-device sizes of the AOT-compiled train step for each size at the memory batch, on this process' devices."""
     import jax
 
-    from cfir_jax.train import partition
-    from cfir_jax.train.state import make_setup
-    from cfir_jax.train.step import make_train_step
+    from cfir_jax.training import partition
+    from cfir_jax.training.state import make_setup
+    from cfir_jax.training.step import make_train_step
 
     print(f"compiled train step memory per device, global batch {args.memory_batch} x {args.seq} tokens, "
           f"{jax.device_count()} {jax.devices()[0].platform} devices (AOT from ShapeDtypeStructs, nothing allocated)")

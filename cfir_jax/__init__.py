@@ -4,7 +4,6 @@ import glob
 import importlib
 import importlib.util
 import os
-import types
 
 __version__ = "0.1.0"
 
@@ -38,16 +37,17 @@ if _platforms is not None:
 _API = {
     "open": ("cfir_jax.api.index", "open"),
     "Index": ("cfir_jax.api.index", "Index"),
-    "build": ("cfir_jax.api.workdir", "build"),
-    "verify": ("cfir_jax.api.workdir", "verify"),
-    "Verification": ("cfir_jax.api.workdir", "Verification"),
+    "build": ("cfir_jax.api.operations", "build"),
+    "train": ("cfir_jax.api.operations", "train"),
+    "verify": ("cfir_jax.api.operations", "verify"),
+    "Verification": ("cfir_jax.api.operations", "Verification"),
     "Client": ("cfir_jax.api.client", "Client"),
     "ServiceError": ("cfir_jax.api.client", "ServiceError"),
     "Result": ("cfir_jax.retrieve.results", "Result"),
     "Hit": ("cfir_jax.retrieve.results", "Hit"),
     "CfirError": ("cfir_jax.core.errors", "CfirError"),
 }
-# The names a user may import (every key of _API, and the callable training package): tests/unit/api holds them equal.
+# The names a user may import (every key of _API): tests/unit/api holds them equal.
 __all__ = ["CfirError", "Client", "Hit", "Index", "Result", "ServiceError", "Verification", "__version__", "build",
            "open", "train", "verify"]
 
@@ -63,25 +63,3 @@ def __getattr__(name: str):
 
 def __dir__() -> list[str]:
     return sorted([*globals(), *_API])
-
-
-class _TrainPackage(types.ModuleType):
-    """`cfir_jax.train` is the training package (`cfir_jax.train.loop`, ...) and, called, the library's
-    `train(config, W, **overrides)` (`cfir_jax.api.workdir.train`): one name for both, since a package's attribute
-    named like a subpackage is replaced by the subpackage whenever that is imported."""
-
-    def __call__(self, config, workdir, **overrides):
-        # why: training loads JAX, flax, optax and orbax on the call, not when the name is read
-        from cfir_jax.api import workdir as library
-
-        return library.train(config, workdir, **overrides)
-
-
-def _callable_train_package() -> None:
-    # why: the training package's __init__ is its docstring alone; its modules load when used
-    from cfir_jax import train as package
-
-    package.__class__ = _TrainPackage
-
-
-_callable_train_package()

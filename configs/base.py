@@ -56,7 +56,7 @@ project was measured in.
 
 `:full` is the paper's strongest baseline, D-BEiT-3-B-Full (Table 1's D-BEiT-3-B/L-Full rows; Table 2's
 D-BEiT-3-L full, 0.038 MRR@10 / 43.37 R@1000, with configs/large.py:full): the whole model fine-tuned, images
-encoded from pixels by the vision expert in every step (`train.images="pixels"`, cfir_jax/train/full_step.py). It
+encoded from pixels by the vision expert in every step (`train.images="pixels"`, cfir_jax/training/full_step.py). It
 changes, and only changes:
 
   - train.trainable: "full" (both experts, both heads, logit_scale, the patch and token embeddings)

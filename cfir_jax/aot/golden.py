@@ -14,7 +14,7 @@ import jax
 
 from cfir_jax.aot.topology import resolve
 from cfir_jax.core.cli import load_config_file
-from cfir_jax.train.state import make_setup
+from cfir_jax.training.state import make_setup
 
 
 def sharding_table(config, topology_name: str) -> dict:

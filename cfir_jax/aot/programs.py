@@ -22,10 +22,10 @@ from cfir_jax.aot.topology import Topology
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model.image_tower import encode_fn
 from cfir_jax.search import device_sr as dsr
-from cfir_jax.train import batch as batch_lib
-from cfir_jax.train.full_step import FULL_BATCH, make_full_step
-from cfir_jax.train.state import make_setup, tower_kind
-from cfir_jax.train.step import batch_schema, make_encoder, make_train_step
+from cfir_jax.training import batch as batch_lib
+from cfir_jax.training.full_step import FULL_BATCH, make_full_step
+from cfir_jax.training.state import make_setup, tower_kind
+from cfir_jax.training.step import batch_schema, make_encoder, make_train_step
 
 # AToMiC's image caches the device SR is sized for: base (every image the qrels judge, rounded up) and large (the
 # whole collection, 11,019,202 images); a document's entity-candidate union is about 60k rows (bucket 65,536).

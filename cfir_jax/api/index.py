@@ -20,7 +20,7 @@ from typing import Any
 
 import ml_collections
 
-from cfir_jax.api import workdir as ops
+from cfir_jax.api import operations as ops
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_text, check_top_k
 from cfir_jax.retrieve import image_query

@@ -28,7 +28,7 @@ def index_main():
         python index.py --verify --workdir W     # every store against the checksums recorded when it was built
         python index.py --config configs/base.py --compile-only --topology v5e:2x4   # image encoding, entity top-K
 
-    On several hosts, run the same command on every host (jax.distributed: see cfir_jax/index/runner.py).
+    On several hosts, run the same command on every host (jax.distributed: see cfir_jax/builders/runner.py).
     """
     if "--verify" in sys.argv[1:]:  # a reader: no config, no lock, no JAX
         # why: each command loads only its own stack (the verifier: numpy; a build: JAX, flax, spaCy)
@@ -45,9 +45,9 @@ def index_main():
         return compile_only.run("index", config, args.topology)
     cli.maybe_initialize_distributed()
     # why: the builders (JAX, flax, spaCy) load once the flags and the config are read
-    from cfir_jax.commands import index
+    from cfir_jax.commands import build
 
-    index.run(config, args.workdir, tuple(s for s in args.stages.split(",") if s), args.add_entities,
+    build.run(config, args.workdir, tuple(s for s in args.stages.split(",") if s), args.add_entities,
               {"add": args.add, "remove": args.remove, "compact": args.compact})
 
 

@@ -1,13 +1,13 @@
 """The train command's body (`train.py`, which only parses flags): `run` trains the text tower on (summary, image)
-pairs of the index (the default) or D-BEiT-3 Full (`train.images="pixels"`) through `cfir_jax.api.workdir.train`,
-which holds the workdir's writer lock and does the work (`cfir_jax.train.workdir`), and prints the final metrics."""
+pairs of the index (the default) or D-BEiT-3 Full (`train.images="pixels"`) through `cfir_jax.api.operations.train`,
+which holds the workdir's writer lock and does the work (`cfir_jax.training.runs`), and prints the final metrics."""
 
 from __future__ import annotations
 
 import ml_collections
 
-from cfir_jax.api import workdir as api
-from cfir_jax.train.loop import TrainResult
+from cfir_jax.api import operations as api
+from cfir_jax.training.loop import TrainResult
 
 
 def run(config: ml_collections.ConfigDict, workdir: str) -> TrainResult:

@@ -1,5 +1,5 @@
 """The verify command (`index.py --verify --workdir W`): every store of W re-read against the checksums recorded when
-it was built (`cfir_jax.api.workdir.verify`, over `cfir_jax.stores.integrity.verify_workdir`). A reader: no config,
+it was built (`cfir_jax.api.operations.verify`, over `cfir_jax.stores.integrity.verify_workdir`). A reader: no config,
 no lock, no JAX."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import sys
 
-from cfir_jax.api import workdir as api
+from cfir_jax.api import operations as api
 from cfir_jax.core.errors import CfirError
 
 

@@ -92,7 +92,7 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             text=_experiment(str),  # 'summary' (CFIR), 'document' (ablation) or 'caption' (image-text pretraining)
             # Where the image side comes from: 'cache' (CFIR: the frozen cache's embeddings, only the text tower on
             # the accelerators) or 'pixels' (D-BEiT-3 Full: the whole model, each batch's images encoded by the
-            # vision expert in the step; cfir_jax/train/full_step.py).
+            # vision expert in the step; cfir_jax/training/full_step.py).
             images="cache",
             # images='pixels': grain worker processes decoding and augmenting the pictures (0: in the training
             # process; the batches are the same for any count, cfir_jax/data/image_pipeline.py).

@@ -21,9 +21,9 @@ from pathlib import Path
 
 import ml_collections
 
+from cfir_jax.builders.descriptor import store_names
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
-from cfir_jax.index.descriptor import store_names
 from cfir_jax.nlp.entity_pool import EntityPool
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.engine import Engine

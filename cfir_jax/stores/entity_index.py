@@ -16,7 +16,7 @@ Rows are ragged because ScaNN can find fewer than K neighbours (the searched lea
 then has a shorter list, and no padding id is ever stored or returned. Format 1 (a padded [E, K] matrix that could
 hold -1) is refused with a one-line error asking for a rebuild.
 
-Built by `cfir_jax.index.entity_index_build` (later stages import this reader only, never the builder).
+Built by `cfir_jax.builders.entity_index_build` (later stages import this reader only, never the builder).
 """
 
 from __future__ import annotations

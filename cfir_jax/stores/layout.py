@@ -22,7 +22,7 @@
     W/model_full/      the Full model (both towers trained; its manifest says trained="full")
     W/image_cache_full/  the image cache re-encoded by W/model_full's vision tower (index.py --stages image_cache_full)
 
-Each store is declared once, by the module that builds it (`cfir_jax.index.descriptor`, which derives the list of
+Each store is declared once, by the module that builds it (`cfir_jax.builders.descriptor`, which derives the list of
 them); the layout names a store's directory W/<name> for any store name (`is_store_name`).
 """
 

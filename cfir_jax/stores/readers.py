@@ -1,6 +1,6 @@
 """The stores retrieval opens only when a method or an option asks for them, each by one `Reader`.
 
-A store's reader module declares it once, beside the reader class, and the store's declaration in `cfir_jax.index`
+A store's reader module declares it once, beside the reader class, and the store's declaration in `cfir_jax.builders`
 names the same object as its `reader=` (one declaration for both sides):
 
     LEXICAL = register(Reader("lexical", LexicalIndex.open, asked=lambda config, method: method.uses_lexical,
@@ -76,7 +76,7 @@ def registering(*extra: Reader) -> Iterator[None]:
 
 def import_modules(package: str) -> None:
     """Imports every module of `package` once, so each registers what it declares (its readers, its stores): the one
-    discovery by module, for this registry and the builders' (`cfir_jax.index.descriptor.discover`)."""
+    discovery by module, for this registry and the builders' (`cfir_jax.builders.descriptor.discover`)."""
     if package in _found:
         return
     _found.append(package)

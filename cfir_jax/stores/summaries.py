@@ -12,7 +12,7 @@ Store layout (kind "summaries", format `SUMMARY_FORMAT_VERSION`):
   manifest.json      summarizer name and settings, num_docs, num_empty
   doc_ids.txt        one document id per line, in input order      [num_docs]
   summaries.jsonl    one JSON string per line (a summary may hold line breaks)   [num_docs]
-Builds are resumable in chunks, like the entity store (`cfir_jax.index.chunks.iter_chunks`).
+Builds are resumable in chunks, like the entity store (`cfir_jax.builders.chunks.iter_chunks`).
 """
 
 from __future__ import annotations

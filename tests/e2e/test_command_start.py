@@ -13,11 +13,10 @@ from cfir_jax.core.cli import workdir_config
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.retrieve.queries import read_query
 
-# Modules (and their submodules) a query run never loads. The training package's own __init__ (a docstring) is the
-# library's callable `cfir_jax.train` (cfir_jax/__init__.py), so only its modules count: "cfir_jax.train.".
+# Modules (and their submodules) a query run never loads.
 NOT_ON_A_QUERY = ("torch", "spacy", "thinc", "pytrec_eval", "grain", "orbax", "sklearn", "matplotlib",
                   "cfir_jax.eval.metrics", "cfir_jax.commands.evaluate", "cfir_jax.commands.fit_reranker",
-                  "cfir_jax.rerank", "cfir_jax.index", "cfir_jax.train.")
+                  "cfir_jax.rerank", "cfir_jax.builders", "cfir_jax.training")
 
 
 def _query(workdir, tmp_path, cache, n: int):

@@ -24,8 +24,8 @@ def full_workdir(workdir, tmp_path_factory):
 def test_full_cache_is_the_full_towers_own_encoding_of_the_images(full_workdir):
     from flax import nnx
 
+    from cfir_jax.builders.image_encoding import _decode_row
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.image_encoding import _decode_row
     from cfir_jax.model import checkpoint
     from cfir_jax.stores.image_cache import ImageCache
 

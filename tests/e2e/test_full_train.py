@@ -88,7 +88,7 @@ def test_interrupted_full_run_resumes_to_the_uninterrupted_model(world, tmp_path
     """A run stopped before its step 3 (after the step-2 checkpoint) and rerun exports the uninterrupted run's
     model bit for bit (train state and image pipeline position restored)."""
     from cfir_jax.data.image_pipeline import PairBatches
-    from cfir_jax.train.workdir import run_full
+    from cfir_jax.training.runs import run_full
 
     cfg = _config()
     cfg.train.async_checkpoints = False  # the interruption lands right after the step-2 save

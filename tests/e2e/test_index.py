@@ -45,7 +45,7 @@ def get_config(arg=None):
 # with no race against a poller).
 SHARD_KILLER = '''
 import os, runpy, signal, sys
-import cfir_jax.index.image_encoding as ic
+import cfir_jax.builders.image_encoding as ic
 
 kill_after = int(os.environ.get("KILL_AFTER_SHARD", "-1"))
 write_shard = ic._write_shard
@@ -143,9 +143,9 @@ def test_atomic_corpus_has_the_judged_documents_and_images(atomic):
 
 
 def test_small_setting_takes_the_documents_and_images_of_the_chosen_split(atomic, tmp_path):
+    from cfir_jax.builders.corpus_update import write_corpus
     from cfir_jax.core.cli import load_config_file
     from cfir_jax.data.corpus import Corpus
-    from cfir_jax.index.corpus_update import write_corpus
     from cfir_jax.stores.layout import Layout
 
     fx = atomic["fx"]
@@ -423,7 +423,7 @@ def test_atomic_document_training_reads_the_configured_document_fields(atomic):
     from cfir_jax.core.cli import load_config_file
     from cfir_jax.data.corpus import Corpus, document_text
     from cfir_jax.model.tokenizer import resolve_tokenizer
-    from cfir_jax.train.data import load_train_data
+    from cfir_jax.training.data import load_train_data
 
     config = load_config_file(str(atomic["config"]))
     config.train.text = "document"

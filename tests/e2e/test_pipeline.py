@@ -354,8 +354,8 @@ def test_entity_text_match_adds_the_images_that_name_an_entity_to_its_list(workd
     """retrieval.entity_text_match: a known entity's list is its top-K followed by the images whose own text names
     it (whole words) and that the top-K missed. With the lists cut to K=2, that brings relevant images back into
     the train documents' unions (at the tiny world's K=20 the embedding search already finds nearly all)."""
-    from cfir_jax.index.entity_text_match import words
-    from cfir_jax.index.image_text import image_text
+    from cfir_jax.builders.entity_text_match import words
+    from cfir_jax.builders.image_text import image_text
     from cfir_jax.stores.entity_text_match import EntityTextMatch
 
     cfg = config.copy_and_resolve_references()

@@ -153,7 +153,7 @@ def test_the_third_stage_reorders_live_rows_only(removal, config):
 
 def test_training_never_targets_a_removed_image(removal, config):
     # why: the trainer's data loader, read here only
-    from cfir_jax.train.data import load_train_data
+    from cfir_jax.training.data import load_train_data
 
     w, _, _, removed, _ = removal
     data = load_train_data(config, w)

@@ -24,8 +24,8 @@ from train_fixtures import full_batch, full_config  # noqa: E402
 
 from cfir_jax.core.config import FSDP_RULES  # noqa: E402
 from cfir_jax.model.beit3 import param_path  # noqa: E402
-from cfir_jax.train.full_step import batch_shardings, make_full_step  # noqa: E402
-from cfir_jax.train.state import init_state, make_setup  # noqa: E402
+from cfir_jax.training.full_step import batch_shardings, make_full_step  # noqa: E402
+from cfir_jax.training.state import init_state, make_setup  # noqa: E402
 
 
 def run(cfg, devices, n=2):

@@ -46,7 +46,7 @@ def main() -> None:
     if nproc > 1:
         os.environ.update(JAX_COORDINATOR_ADDRESS=f"127.0.0.1:{port}", JAX_NUM_PROCESSES=str(nproc),
                           JAX_PROCESS_ID=str(pid))
-    from cfir_jax.index import chunks
+    from cfir_jax.builders import chunks
 
     write = chunks.write_json_atomic
     summaries_written = []
@@ -62,7 +62,7 @@ def main() -> None:
                 if len(summaries_written) == kill_after + 1:
                     os.kill(os.getpid(), signal.SIGKILL)
 
-    chunks.write_json_atomic = logged  # every chunk a build writes (cfir_jax.index.chunks)
+    chunks.write_json_atomic = logged  # every chunk a build writes (cfir_jax.builders.chunks)
     sys.argv = ["index.py", *sys.argv[6:]]
     os.chdir(ROOT)
     runpy.run_path(str(ROOT / "index.py"), run_name="__main__")

@@ -76,7 +76,7 @@ _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 _PATH = re.compile(r"^(?P<path>[\w.-]+(?:/[\w.-]+)*\.(?:py|md|json|toml|sh|txt|yaml|yml|cfg))(?::(?P<name>[\w,.=]+))?$")
 _FOLDER = re.compile(r"^(?P<path>(?:[\w.-]+/)+)$")
 _DOTTED = re.compile(r"^[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+$")
-# Where a written path may be relative to: the repository root, the package (rooms: `train/loop.py`), tests/.
+# Where a written path may be relative to: the repository root, the package (rooms: `training/loop.py`), tests/.
 _BASES = ("", "cfir_jax/", "tests/")
 
 
@@ -161,7 +161,7 @@ def _check_span(span: str, root: Path, package: str, rooms: tuple, config_keys, 
 
 
 def _check_path(path: str, name: str | None, root: Path, package: str, rooms) -> str | None:
-    """A path of the repository (or of a room, `train/loop.py`), and the definition after its colon."""
+    """A path of the repository (or of a room, `training/loop.py`), and the definition after its colon."""
     first = path.split("/")[0]
     ours = "/" in path and ((root / first).exists() or first in rooms)
     base = next((b for b in ("", package + "/") if (root / b / path).exists()), None)

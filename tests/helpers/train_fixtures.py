@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from cfir_jax.train.data import EvalData, TrainData
+from cfir_jax.training.data import EvalData, TrainData
 
 
 def tiny_config(**train):

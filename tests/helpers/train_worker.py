@@ -28,11 +28,11 @@ from train_fixtures import planted_data, tiny_config  # noqa: E402
 
 from cfir_jax.core.config import mesh_config  # noqa: E402
 from cfir_jax.model.beit3 import param_path  # noqa: E402
-from cfir_jax.train import loop  # noqa: E402
-from cfir_jax.train.data import TrainData  # noqa: E402
-from cfir_jax.train.state import init_state, make_setup  # noqa: E402
-from cfir_jax.train.step import global_batch_arrays, make_train_step  # noqa: E402
-from cfir_jax.train.tasks import TextTask  # noqa: E402
+from cfir_jax.training import loop  # noqa: E402
+from cfir_jax.training.data import TrainData  # noqa: E402
+from cfir_jax.training.state import init_state, make_setup  # noqa: E402
+from cfir_jax.training.step import global_batch_arrays, make_train_step  # noqa: E402
+from cfir_jax.training.tasks import TextTask  # noqa: E402
 
 
 def flat_numpy(tree) -> dict:

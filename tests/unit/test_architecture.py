@@ -17,13 +17,14 @@ RANKS = {
     "core": 0,  # errors, faults, progress, hosts, cli, config
     "stores": 1,  # the store contract, integrity, layout, lock, atomic writes; every store's reader
     "model": 2, "data": 2, "nlp": 2, "search": 2, "eval": 2,
-    "index": 3, "train": 3, "retrieve": 3,  # the three stages: siblings, see WALLS
+    "builders": 3, "training": 3, "retrieve": 3,  # the three stages: siblings, see WALLS
     "serve": 4, "aot": 4, "rerank": 4, "api": 4,  # api: the library's front door, with the package's own names
     "cluster": 5,  # the service on Ray: the single process's service (serve/) over fronts and index shards
     "commands": 6,
 }
 # Rooms of one rank that never import each other: the builders, training and retrieval only meet in the stores.
-WALLS = {frozenset(("index", "train")), frozenset(("index", "retrieve")), frozenset(("train", "retrieve"))}
+WALLS = {frozenset(("builders", "training")), frozenset(("builders", "retrieve")),
+         frozenset(("training", "retrieve"))}
 
 
 def _room(module: str) -> str:
@@ -76,7 +77,7 @@ def test_no_file_imports_a_higher_room():
     assert not upward, "imports against the layering:\n" + "\n".join(upward)
 
 
-def test_index_training_and_retrieval_do_not_import_each_other():
+def test_builders_training_and_retrieval_do_not_import_each_other():
     crossing = sorted(f"{m} -> {t}" for m, targets in GRAPH.items() for t in targets
                       if frozenset((_room(m), _room(t))) in WALLS)
     assert not crossing, "\n".join(crossing)
@@ -139,16 +140,16 @@ def test_the_search_layer_stands_on_the_floor_alone():
 
 def test_the_index_builder_and_retrieval_share_the_search_layer():
     """One exact top-k, one SR: the entity index's builder and retrieval both import the search layer, and neither
-    index/ nor retrieve/ keeps a scorer of its own (no jitted or numpy top-k outside search/)."""
-    builder = ("cfir_jax.index.entity_index_build", "cfir_jax.index.candidate_search")  # the build and its search
+    builders/ nor retrieve/ keeps a scorer of its own (no jitted or numpy top-k outside search/)."""
+    builder = ("cfir_jax.builders.entity_index_build", "cfir_jax.builders.candidate_search")  # the build and its search
     assert any(_room(t) == "search" for m in builder for t in GRAPH[m])
     assert any(_room(t) == "search" for m, targets in GRAPH.items() if _room(m) == "retrieve" for t in targets)
-    own = [m for m, p in MODULES.items() if _room(m) in ("index", "retrieve") and "jax.lax.top_k" in p.read_text()]
+    own = [m for m, p in MODULES.items() if _room(m) in ("builders", "retrieve") and "jax.lax.top_k" in p.read_text()]
     assert not own, f"exact top-k outside the search layer: {own}"
 
 
 def test_stores_hold_no_builder():
-    """The stores' readers open finished stores; what writes them in chunks over hosts lives in index/."""
+    """The stores' readers open finished stores; what writes them in chunks over hosts lives in builders/."""
     builders = sorted(m for m, p in MODULES.items() if _room(m) == "stores" and
                       any(isinstance(n, ast.FunctionDef) and n.name.startswith("build_")
                           for n in ast.parse(p.read_text()).body))

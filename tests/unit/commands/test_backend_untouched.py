@@ -8,8 +8,8 @@ import sys
 import pytest
 from repo import ROOT
 
-MODULES = ["cfir_jax.commands.flags", "cfir_jax.index.runner", "cfir_jax.index.collection_update",
-           "cfir_jax.commands.index", "cfir_jax.stores.lexical"]
+MODULES = ["cfir_jax.commands.flags", "cfir_jax.builders.runner", "cfir_jax.builders.collection_update",
+           "cfir_jax.commands.build", "cfir_jax.stores.lexical"]
 
 
 @pytest.mark.parametrize("module", MODULES)

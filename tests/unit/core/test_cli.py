@@ -11,8 +11,8 @@ import sys
 import pytest
 from repo import ROOT
 
+from cfir_jax.builders.descriptor import stages
 from cfir_jax.core import progress
-from cfir_jax.index.descriptor import stages
 
 
 @pytest.mark.parametrize("command", ["index.py", "train.py", "retrieve.py"])

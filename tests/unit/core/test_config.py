@@ -12,10 +12,10 @@ from train_fixtures import planted_data, tiny_config
 import configs.base
 import configs.large
 from cfir_jax.model import beit3 as model_lib
-from cfir_jax.train import loop
-from cfir_jax.train.optim import make_schedule, warmup_steps
-from cfir_jax.train.state import make_setup
-from cfir_jax.train.tasks import TextTask
+from cfir_jax.training import loop
+from cfir_jax.training.optim import make_schedule, warmup_steps
+from cfir_jax.training.state import make_setup
+from cfir_jax.training.tasks import TextTask
 
 RECIPE_ROW = re.compile(r"^\s+((?:model|train)\.\w+)\s+([0-9][-+0-9.e]*)\s+\S")
 

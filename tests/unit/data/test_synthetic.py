@@ -114,8 +114,8 @@ def test_vision_tower_encodes_the_synthetic_pixels(corpus, tmp_path):
     """The image cache's model path (decode -> DBeit3.encode_image) runs on every synthetic image, none skipped."""
     import jax.numpy as jnp
 
+    from cfir_jax.builders.image_encoding import build_image_cache
     from cfir_jax.core.config import model_config
-    from cfir_jax.index.image_encoding import build_image_cache
     from cfir_jax.model.beit3 import create_model
     from cfir_jax.model.preprocess import decode_image
 

@@ -10,7 +10,7 @@ from torch_reference import random_reference, state_dict_numpy
 from cfir_jax.core.config import model_config
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model.convert import load_torch_checkpoint
-from cfir_jax.train.state import make_setup
+from cfir_jax.training.state import make_setup
 
 SHAPES = [
     # embed_dim, heads, layers, ffn, image size, patch

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 from repo import ROOT
 
+from cfir_jax.builders import chunks
+from cfir_jax.builders.entities import build_entity_store
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.index import chunks
-from cfir_jax.index.entities import build_entity_store
 from cfir_jax.nlp import entities
 from cfir_jax.stores.entities import EntityStore, entity_key, normalize_entity
 

@@ -10,10 +10,10 @@ import ml_collections
 import numpy as np
 import pytest
 
+from cfir_jax.builders import entities, entity_index_update
+from cfir_jax.builders.entities import entity_key
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.synthetic import SyntheticConfig, generate
-from cfir_jax.index import entities, entity_index_update
-from cfir_jax.index.entities import entity_key
 from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, manifest_sources, merged
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.layout import Layout

@@ -13,8 +13,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 import numpy as np
 import pytest
 
+from cfir_jax.builders.summaries import build_summary_store
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.index.summaries import build_summary_store
 from cfir_jax.nlp import bart_summarizer
 from cfir_jax.nlp import summarizer as summarizer_lib
 from cfir_jax.stores.summaries import SummaryStore
@@ -437,8 +437,8 @@ def test_index_summarises_the_configured_fields_of_atomic_documents_and_rebuilds
     document text, 'authors' the text plus the lists; the manifest says which, and a change rebuilds the store."""
     from atomic_fixtures import write_atomic_fixture
 
+    from cfir_jax.builders import summaries as indexing
     from cfir_jax.data.atomic import build_atomic_corpus
-    from cfir_jax.index import summaries as indexing
     from cfir_jax.stores.layout import Layout
     from configs.base import experiment
 

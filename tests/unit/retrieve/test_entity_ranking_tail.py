@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import ml_collections
 import numpy as np
 
-from cfir_jax.index.entity_index_build import build_entity_index
-from cfir_jax.index.entity_index_update import stage_images_added
+from cfir_jax.builders.entity_index_build import build_entity_index
+from cfir_jax.builders.entity_index_update import stage_images_added
 from cfir_jax.retrieve.entity_ranking import EntityRanking
 from cfir_jax.search.knn import synthetic_embeddings
 from cfir_jax.search.live_rows import LiveRows

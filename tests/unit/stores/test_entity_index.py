@@ -7,9 +7,9 @@ import json
 import numpy as np
 import pytest
 
+from cfir_jax.builders.entity_index_build import build_entity_index
+from cfir_jax.builders.entity_index_update import stage_entities_added
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.index.entity_index_build import build_entity_index
-from cfir_jax.index.entity_index_update import stage_entities_added
 from cfir_jax.search.knn import ScannConfig, ScannSearcher, drop_padding, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
 from cfir_jax.stores.entity_index import EntityIndex
@@ -218,8 +218,8 @@ def test_auto_backend_is_exact_on_accelerators_scann_on_cpu_hosts_and_the_manife
     rerun on the same machine finds the index current."""
     import ml_collections
 
-    from cfir_jax.index import entity_index_update
-    from cfir_jax.index.candidate_search import resolve_backend
+    from cfir_jax.builders import entity_index_update
+    from cfir_jax.builders.candidate_search import resolve_backend
     from cfir_jax.search import device_sr
     from cfir_jax.stores.layout import Layout
 

@@ -5,10 +5,10 @@ import re
 import numpy as np
 import pytest
 
+from cfir_jax.builders.entity_text_match import build_entity_text_match, match_entities, words
 from cfir_jax.core.errors import StoreError
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.index.entity_text_match import build_entity_text_match, match_entities, words
 from cfir_jax.stores.entity_text_match import EntityTextMatch
 
 
@@ -92,7 +92,7 @@ def test_store_from_another_entity_index_is_refused_then_rebuilt(small, tmp_path
 
 
 def test_interrupted_build_resumes_without_redoing_finished_chunks(small, tmp_path, monkeypatch):
-    import cfir_jax.index.entity_text_match as etm
+    import cfir_jax.builders.entity_text_match as etm
 
     corpus, cache, index = small
     calls = []

@@ -21,11 +21,11 @@ from flax import nnx
 from PIL import Image as PILImage
 from repo import ROOT
 
+from cfir_jax.builders.image_encoding import build_image_cache
 from cfir_jax.core.config import model_config
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.data.corpus import Corpus, Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.index.image_encoding import build_image_cache
 from cfir_jax.model.beit3 import abstract_model, param_path
 from cfir_jax.model.checkpoint import fingerprint
 from cfir_jax.model.preprocess import ImageDecodeError, decode_image
@@ -398,7 +398,7 @@ def test_eight_devices_equal_one_device(tmp_path, corpus, cache):
         import jax, json, sys
         sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "unit" / "stores")!r}, {str(ROOT / "tests" / "helpers")!r}]
         from cfir_jax.data.corpus import Corpus
-        from cfir_jax.index.image_encoding import build_image_cache
+        from cfir_jax.builders.image_encoding import build_image_cache
         from test_image_cache import random_model
         model = random_model(0)
         c = build_image_cache({str(tmp_path / "c8")!r}, Corpus.open({str(corpus.path)!r}), model,

@@ -6,11 +6,11 @@ import json
 import numpy as np
 import pytest
 
+from cfir_jax.builders.image_text import build_image_text, image_text
 from cfir_jax.core.errors import StoreError
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
-from cfir_jax.index.image_text import build_image_text, image_text
 from cfir_jax.search.compact import build_compact
 from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.device_sr import DeviceCache

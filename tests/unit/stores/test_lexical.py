@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 from rank_bm25 import BM25Okapi
 
+from cfir_jax.builders.lexical import build_lexical, compact_lexical, extend_lexical, score, tokenize
 from cfir_jax.core.errors import StoreError
-from cfir_jax.index.lexical import build_lexical, compact_lexical, extend_lexical, score, tokenize
 from cfir_jax.search.bm25 import BM25Search, Pruning
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.lexical import LexicalIndex, terms
