@@ -1,8 +1,8 @@
 """The registry of accelerator programs: each entry builds the project's own jitted function(s) for a config and a
 topology, with abstract arguments that carry their shardings, ready to lower and compile.
 
-An entry is `(command, name) -> builder(config, topology, **options) -> [Program]`; a new program is one more
-`@register` function here. A builder returns no program where the config does not run it (the text step of a
+A unit is `(command, name) -> builder(config, topology, **options) -> [Program]` (`UNITS`); a new program is one
+more `@register` function here. A builder returns no program where the config does not run it (the text step of a
 Full config, the Full step of CFIR's).
 """
 
@@ -19,6 +19,7 @@ from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
 from cfir_jax.aot.topology import Topology
+from cfir_jax.core.registry import Registry
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model.image_tower import encode_fn
 from cfir_jax.search import device_sr as dsr
@@ -50,12 +51,23 @@ class Program:
     args: tuple = ()  # the abstract arguments (with their shardings) where the builder holds them
 
 
-REGISTRY: dict[str, dict[str, Callable[..., list[Program]]]] = {"train": {}, "index": {}, "retrieve": {}}
+@dataclasses.dataclass(frozen=True)
+class Unit:
+    """A compile-only unit of a command ('train', 'index' or 'retrieve'): `build(config, topology, **options)`
+    returns its programs."""
+
+    command: str
+    name: str
+    build: Callable[..., list[Program]]
+
+
+# Every unit, by "command/name" (`cfir_jax.core.registry`): each builder below registers itself.
+UNITS: Registry[Unit] = Registry("compile-only unit", "aot/programs", name_of=lambda u: f"{u.command}/{u.name}")
 
 
 def register(command: str, name: str):
     def wrap(builder):
-        REGISTRY[command][name] = builder
+        UNITS.register(Unit(command, name, builder))
         return builder
 
     return wrap
@@ -63,7 +75,7 @@ def register(command: str, name: str):
 
 def programs(command: str, config: ml_collections.ConfigDict, topology: Topology, **options) -> list[Program]:
     """Every program of `command` ('train', 'index' or 'retrieve') for `config` on `topology`."""
-    return [p for builder in REGISTRY[command].values() for p in builder(config, topology, **options)]
+    return [p for unit in UNITS.values() if unit.command == command for p in unit.build(config, topology, **options)]
 
 
 def _abstract(tree, shardings):

@@ -16,10 +16,7 @@ from typing import Any
 
 from cfir_jax.core import hosts, progress
 from cfir_jax.core.errors import CfirError, StoreError
-from cfir_jax.stores.atomic_write import (
-    atomic_file,
-    write_json_atomic,
-)
+from cfir_jax.stores.atomic_write import atomic_file, partial_dir, work_dir, write_json_atomic
 from cfir_jax.stores.contract import read_manifest
 
 log = logging.getLogger(__name__)
@@ -30,7 +27,7 @@ def shared_work_dir(out_dir: str | Path, key: dict) -> Path:
     shards, kept from an interrupted build of the same `key` and otherwise started over. Process 0 alone decides,
     before the others look (a barrier), so no process deletes shards another is writing."""
     out_dir = Path(out_dir)
-    work = out_dir.with_name(f".{out_dir.name}.building")
+    work = work_dir(out_dir)
     if hosts.is_main():
         key_path = work / "build.json"
         try:
@@ -43,12 +40,6 @@ def shared_work_dir(out_dir: str | Path, key: dict) -> Path:
             write_json_atomic(key_path, key)
     hosts.barrier(f"work_dir:{out_dir.name}")
     return work
-
-
-def partial_dir(out_dir: str | Path) -> Path:
-    """Where a build of `out_dir` keeps its finished chunks until the store is complete."""
-    out_dir = Path(out_dir)
-    return out_dir.with_name(f"{out_dir.name}.partial")
 
 
 def _settings_fingerprint(settings: dict[str, Any]) -> str:

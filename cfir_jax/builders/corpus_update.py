@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.builders.descriptor import EXTEND, MASK, Build, Changes, StageRun, Step, Store, declare
+from cfir_jax.builders.descriptor import EXTEND, MASK, Build, Changes, Stage, StageRun, Step, declare
 from cfir_jax.builders.index_encoder import encoder_tokenizer
 from cfir_jax.builders.store_update import ChangeRun
 from cfir_jax.core.errors import CfirError
@@ -312,8 +312,8 @@ def _open_corpus(run: StageRun) -> Corpus:
     return Corpus.open(run.layout.corpus)
 
 
-declare(Store(
-    "corpus", order=10, reader=Corpus.open, config="index.corpus",
+declare(Stage(
+    "corpus", reader=Corpus.open,
     build=Build(lambda run: write_corpus(run.config, run.layout),
                 lambda c: f"{c.num_documents:,} documents, {c.num_images:,} images", every_host=False,
                 open=_open_corpus, unselected=_open_corpus),

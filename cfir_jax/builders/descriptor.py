@@ -1,24 +1,23 @@
-"""One declaration per store of the workdir: what it is, what it is made from, how it is built, changed, linked,
-checked and opened. Every list of stores is derived from these declarations.
+"""How index.py builds each store of the workdir and how a change of the collection changes it: one `Stage` per
+store, declared once, at the bottom of the module that builds it, beside the code it names:
 
-A store's builder module declares it once, at import (`declare`), beside the code it names:
+    declare(Stage("lexical", reader=READER, build=Build(build_stage, stage_summary, wanted=...),
+                  changes=Changes(add=Step(EXTEND, lexical_after_add), compact=Step(REMAP, lexical_after_compaction))))
 
-    declare(Store("lexical", order=90, made_from=("corpus", "image_cache"), reader=READER,
-                  config="index.lexical", build=Build(build_stage, stage_summary, wanted=...),
-                  changes=Changes(add=Step(EXTEND, lexical_after_add),
-                                  compact=Step(REMAP, lexical_after_compaction))))
-
-`stores()` finds the declarations by module: it imports every module of `cfir_jax.builders` (as big_vision finds its
-models and evaluators by name), so a new store is one new module plus its reader, with no list to extend.
-`declaring(store)` adds a declaration made elsewhere (a test's toy store) for the length of a `with` block.
+What the store is and what it is made from is its `Directory` (`cfir_jax.stores.layout`), declared in
+`cfir_jax/builders/directories.py`, light, so that the layout and the service read it without loading a builder.
+`STAGES` finds the stages by module (`cfir_jax.core.registry`: every module of this room), as big_vision finds its
+models by name, so a new store is its reader, its builder and its directory, with no list to extend. `declaring(...)`
+adds directories and stages made elsewhere (a test's toy store) for the length of a `with` block.
 
 A store that retrieval opens only when a method or an option asks for it (the lexical store above) names as its
 `reader` the `cfir_jax.stores.readers.Reader` its reader module registers (`cfir_jax.stores.lexical.READER`): one
 object tells both the change loop and retrieval how to open it (retrieval may not import this package).
 
-What derives from them: index.py's stages and their order (`stages`), the stores a rebuild links (`linked`), the
-one dependency graph (`graph`) that the closing table's stale rows and the change loop's order both read, the
-stores other commands make and how to refresh them (`later`), and every store's directory (`store_names`).
+What derives from them (`stores()`: every directory of the workdir with its stage, in the layout's one order):
+index.py's stages and their order (`stages`), the stores a rebuild links (`linked`), the one dependency graph
+(`graph`) that the closing table's stale rows and the change loop's order both read, the stores other commands make
+and how to refresh them (`later`), and every directory's name (`store_names`).
 """
 
 from __future__ import annotations
@@ -29,7 +28,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cfir_jax.stores.readers import Reader, import_modules
+from cfir_jax.core.registry import Registry
+from cfir_jax.stores import layout as workdir_layout
+from cfir_jax.stores.layout import Directory
+from cfir_jax.stores.readers import Reader
 
 EXTEND, MASK, REMAP, REBUILD, DROP = "extend", "mask", "remap", "rebuild", "drop"
 OPS = ("add", "remove", "compact", "add_entities")
@@ -131,18 +133,24 @@ class Build:
 
 
 @dataclasses.dataclass(frozen=True)
-class Store:
-    """One store of the workdir (the directory W/<name>). `order`: where it stands in the pipeline (index.py runs
-    its stages, and the change loop its steps, in this order; a store stands after every store it is made from).
-    `made_from`: the stores it is derived from (the one dependency graph: rebuilding one makes it stale, and its
-    change steps read their new versions). `build`: its stage of index.py (None: another command makes it).
-    `changes`: its steps per change kind. `linked`: a rebuild links it into its staging directory (every stage's
-    store is). `reader(path)`: opens it (a `stores.readers.Reader` for a store retrieval opens on request, the same
-object retrieval opens it by). `config`: its config section. `refresh`: the command that refreshes it when
-    another command makes it (W stands for the workdir)."""
+class Stage:
+    """How the builders make and change the store W/<name> (its `Directory` says what it is and what it is made
+    from). `build`: its stage of index.py (None: index.py does not build it). `changes`: its steps per change kind.
+    `reader(path)`: opens it for the change steps (a `stores.readers.Reader` for a store retrieval opens on request,
+    the same object retrieval opens it by)."""
 
     name: str
-    order: int
+    build: Build | None = None
+    changes: Changes = Changes()
+    reader: Callable[[Path], Any] | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Store:
+    """A directory of the workdir with its stage: what `stores()` lists (the `Directory`'s fields and the `Stage`'s)."""
+
+    name: str
+    kind: str
     made_from: tuple[str, ...] = ()
     build: Build | None = None
     changes: Changes = Changes()
@@ -153,6 +161,7 @@ object retrieval opens it by). `config`: its config section. `refresh`: the comm
 
     @property
     def links(self) -> bool:
+        """A rebuild links it into its staging directory: every stage's store, and those a stage reads."""
         return self.linked or self.build is not None
 
     def path(self, root: str | Path) -> Path:
@@ -160,61 +169,51 @@ object retrieval opens it by). `config`: its config section. `refresh`: the comm
 
 
 # ---------------------------------------------------------------------------------------------- the declarations
-_DECLARED: dict[str, Store] = {}
-_PACKAGES = ("cfir_jax.builders",)
+STAGES: Registry[Stage] = Registry("stage of index.py", "builders/*")
 
 
-def declare(store: Store) -> Store:
-    """Declares a store (at its builder module's import; a second declaration of one name replaces the first)."""
-    if isinstance(store.reader, Reader) and store.reader.name != store.name:
-        raise ValueError(f"store {store.name!r} names the reader of {store.reader.name!r}")
-    _DECLARED[store.name] = store
-    return store
+def declare(stage: Stage) -> Stage:
+    """Declares a store's stage (at its builder module's import; a second declaration of one name replaces the
+    first)."""
+    if isinstance(stage.reader, Reader) and stage.reader.name != stage.name:
+        raise ValueError(f"store {stage.name!r} names the reader of {stage.reader.name!r}")
+    return STAGES.register(stage)
 
 
 @contextlib.contextmanager
-def declaring(*extra: Store) -> Iterator[None]:
-    """The stores `extra` declared as well for the length of the block (a store declared outside cfir_jax.builders:
-    a test's toy store)."""
-    discover()
-    before = dict(_DECLARED)
-    for store in extra:
-        declare(store)
-    try:
+def declaring(*extra: Directory | Stage) -> Iterator[None]:
+    """The directories and stages `extra` declared as well for the length of the block (a store declared outside
+    cfir_jax.builders: a test's toy store)."""
+    directories = [e for e in extra if isinstance(e, Directory)]
+    stages = [e for e in extra if isinstance(e, Stage)]
+    with workdir_layout.DIRECTORIES.extended(*directories), STAGES.extended(*stages):
         yield
-    finally:
-        _DECLARED.clear()
-        _DECLARED.update(before)
-
-
-def discover() -> None:
-    """Imports every module of the builder packages once, so each declares its stores."""
-    for package in _PACKAGES:
-        import_modules(package)
 
 
 def stores() -> list[Store]:
-    """Every declared store, in pipeline order; refused when a store stands before one it is made from."""
-    discover()
-    ordered = sorted(_DECLARED.values(), key=lambda s: (s.order, s.name))
-    seen: set[str] = set()
-    for store in ordered:
-        early = [d for d in store.made_from if d in _DECLARED and d not in seen]
-        if early:
-            raise ValueError(f"store {store.name!r} (order {store.order}) is made from {early}, which stand after it")
-        seen.add(store.name)
-    return ordered
+    """Every directory of the workdir with its stage, in the layout's order (each after what it is made from, ties
+    broken by name); a stage of an undeclared directory is refused."""
+    ordered = workdir_layout.ordered()
+    unknown = sorted(set(STAGES) - {d.name for d in ordered})
+    if unknown:
+        raise ValueError(f"stages of undeclared directories {unknown}: declare each in its room's `directories`")
+    out = []
+    for d in ordered:
+        stage = STAGES.get(d.name) or Stage(d.name)
+        out.append(Store(d.name, d.kind, d.made_from, stage.build, stage.changes, d.linked, stage.reader, d.config,
+                         d.refresh))
+    return out
 
 
 def get(name: str) -> Store:
-    discover()
-    if name not in _DECLARED:
+    found = [s for s in stores() if s.name == name]
+    if not found:
         raise KeyError(f"no store {name!r} is declared ({', '.join(store_names())})")
-    return _DECLARED[name]
+    return found[0]
 
 
 def store_names() -> tuple[str, ...]:
-    """The directory of every declared store."""
+    """The directory of every declared store and run."""
     return tuple(s.name for s in stores())
 
 

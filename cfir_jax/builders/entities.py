@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.builders.chunks import check_doc_id, commit_on_main, current, iter_chunks, write_lines
-from cfir_jax.builders.descriptor import Build, Changes, Store, declare
+from cfir_jax.builders.descriptor import Build, Changes, Stage, declare
 from cfir_jax.builders.document_stores import DocumentNLP, after_add, append_documents
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus
@@ -176,7 +176,7 @@ def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_ne
             "entities_added": 0 if manifest is None else int(manifest["num_entities"]) - len(store.vocab)}
 
 
-declare(Store("entities", order=40, made_from=("corpus",), reader=EntityStore.open, config="index.entities",
+declare(Stage("entities", reader=EntityStore.open,
               build=Build(lambda run: build_entities(run.config, run.layout, run.opened["corpus"]),
                           lambda s: "-" if s is None else f"{len(s.vocab):,} entities, {s.num_without_entities} docs "
                           "without", unselected=lambda run: None),

@@ -23,7 +23,7 @@ from cfir_jax.core import hosts
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.search.knn import ScannConfig
-from cfir_jax.stores.atomic_write import save_npy_atomic, write_json_atomic
+from cfir_jax.stores.atomic_write import save_npy_atomic, work_dir, write_json_atomic
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 from cfir_jax.stores.entities import entity_key
 from cfir_jax.stores.entity_index import KIND, VERSION
@@ -303,7 +303,7 @@ def build_entity_index(
     check_inputs(entity_texts, embeddings, image_embeddings)
     n, dim = image_embeddings.shape
     k, k_requested = _checked_k(k, n, backend)
-    work = out_dir.with_name(f".{out_dir.name}.building")
+    work = work_dir(out_dir)
     _open_work_dir(work, _fingerprint_inputs(
         entity_texts, embeddings, k=k, n=n, dim=dim, backend=backend, fp=model_fingerprint,
         scann=dataclasses.asdict(scann_config) if scann_config else None, scores=keep_scores, chunk=chunk_size,

@@ -34,7 +34,7 @@ import numpy as np
 from cfir_jax.builders import entity_index_build
 from cfir_jax.builders.candidate_search import resolve_backend
 from cfir_jax.builders.chunks import current
-from cfir_jax.builders.descriptor import EXTEND, MASK, REMAP, Build, Changes, Step, Store, declare
+from cfir_jax.builders.descriptor import EXTEND, MASK, REMAP, Build, Changes, Stage, Step, declare
 from cfir_jax.builders.entity_index_build import check_inputs, indexed_entities, texts_digest
 from cfir_jax.builders.entity_index_lists import (
     DEFAULT_CHUNK_SIZE,
@@ -356,9 +356,8 @@ def _stage(run) -> EntityIndex:
     return build_entity_index(run.config, run.layout, corpus, entities, run.opened["image_cache"])
 
 
-declare(Store(
-    "entity_index", order=60, made_from=("entities", "image_cache", "encoder", "corpus"), reader=EntityIndex.open,
-    config="index.entity_index",
+declare(Stage(
+    "entity_index", reader=EntityIndex.open,
     build=Build(_stage, lambda ix: f"{len(ix):,} entities x K={ix.k}, recall@K {ix.manifest.get('recall_at_k')}"),
     changes=Changes(add=Step(EXTEND, _after_add), remove=Step(MASK, _after_removal),
                     compact=Step(REMAP, _after_compaction), add_entities=Step(EXTEND, _entities_appended))))

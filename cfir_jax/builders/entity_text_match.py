@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cfir_jax.builders.chunks import shared_work_dir
-from cfir_jax.builders.descriptor import REBUILD, REMAP, Build, Changes, StageRun, Step, Store, declare
+from cfir_jax.builders.descriptor import REBUILD, REMAP, Build, Changes, Stage, StageRun, Step, declare
 from cfir_jax.builders.image_cache_update import row_map
 from cfir_jax.builders.image_text import FIELDS, image_text
 from cfir_jax.builders.store_update import ChangeRun
@@ -220,9 +220,8 @@ def _stage_summary(t: EntityTextMatch | None) -> str:
             f"{m['too_common']:,} too common")
 
 
-declare(Store(
-    "entity_text_match", order=80, made_from=("entity_index", "image_cache", "corpus"), reader=READER,
-    config="index.entity_text_match",
+declare(Stage(
+    "entity_text_match", reader=READER,
     build=Build(entity_text_match_stage, _stage_summary, wanted=entity_text_match_wanted),
     changes=Changes(add=Step(REBUILD, entity_text_match_again), remove=Step(REMAP, entity_text_match_rekeyed),
                     compact=Step(REMAP, entity_text_match_rekeyed),

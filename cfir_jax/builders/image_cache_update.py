@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.builders import index_encoder
-from cfir_jax.builders.descriptor import DROP, EXTEND, MASK, REMAP, Build, Changes, StageRun, Step, Store, declare
+from cfir_jax.builders.descriptor import DROP, EXTEND, MASK, REMAP, Build, Changes, Stage, StageRun, Step, declare
 from cfir_jax.builders.image_import import open_source
 from cfir_jax.builders.store_update import ChangeRun
 from cfir_jax.core.errors import CfirError, StoreError
@@ -263,16 +263,16 @@ def build_image_cache_full(config, layout: Layout, corpus: Corpus) -> ImageCache
                  shard_size=ic.shard_size, dtype=ic.dtype, compute_dtype=ic.compute_dtype)
 
 
-declare(Store(
-    "image_cache", order=20, made_from=("corpus",), reader=ImageCache.open, config="index.image_cache",
+declare(Stage(
+    "image_cache", reader=ImageCache.open,
     build=Build(lambda run: build_image_cache(run.config, run.layout, run.opened["corpus"]),
                 lambda c: f"{c.num_images:,} x {c.dim} {c.dtype}, "
                 f"{c.manifest.get('num_skipped', 0)} skipped", check=_check_dim,
                 unselected=lambda run: ImageCache.open(run.layout.image_cache)),
     changes=Changes(add=Step(EXTEND, _after_add), remove=Step(MASK, _masked("image_cache")),
                     compact=Step(REMAP, _compacted("image_cache")))))
-declare(Store(
-    "image_cache_full", order=25, made_from=("corpus",), reader=ImageCache.open,
+declare(Stage(
+    "image_cache_full", reader=ImageCache.open,
     build=Build(lambda run: build_image_cache_full(run.config, run.layout, run.opened["corpus"]),
                 lambda c: f"{c.num_images:,} x {c.dim} {c.dtype} by W/model_full's vision tower",
                 wanted=full_cache_wanted),

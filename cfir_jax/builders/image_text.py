@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from cfir_jax.builders.chunks import shared_work_dir
-from cfir_jax.builders.descriptor import EXTEND, REMAP, Build, Changes, StageRun, Step, Store, declare
+from cfir_jax.builders.descriptor import EXTEND, REMAP, Build, Changes, Stage, StageRun, Step, declare
 from cfir_jax.builders.image_cache_update import row_map
 from cfir_jax.builders.index_encoder import check_cache_encoder, load_encoder
 from cfir_jax.builders.store_update import ChangeRun
@@ -198,9 +198,8 @@ def image_text_stage(run: StageRun) -> ImageTextCache | None:
                             fields=tuple(it.fields), chunk_rows=it.chunk_rows, progress=shown())
 
 
-declare(Store(
-    "image_text", order=70, made_from=("image_cache", "encoder", "corpus"), reader=READER,
-    config="index.image_text",
+declare(Stage(
+    "image_text", reader=READER,
     build=Build(image_text_stage, lambda t: "skipped: the corpus' images have no text" if t is None else
                 f"{t.num_with_text:,} of {len(t.has_text):,} images with text", wanted=image_text_wanted),
     changes=Changes(add=Step(EXTEND, image_text_after_add), compact=Step(REMAP, image_text_after_compaction))))

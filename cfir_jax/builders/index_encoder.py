@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from cfir_jax.builders.descriptor import Build, StageRun, Store, declare
+from cfir_jax.builders.descriptor import Build, Stage, StageRun, declare
 from cfir_jax.core.config import INDEX_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import resolve_tokenizer
@@ -147,7 +147,6 @@ def encoder_stage(run: StageRun) -> str:
     return checkpoint.model_summary(checkpoint.read_model_manifest(layout.encoder))
 
 
-# Made from nothing the index rebuilds: a configured model, or W/encoder trained once (its stage keeps it).
-declare(Store("encoder", order=30, config="index.encoder",
-              build=Build(encoder_stage, str,
-                          path=lambda run: encoder_dir(run.config, run.layout) or run.layout.encoder)))
+# A configured model, or W/encoder trained once by the caption pretraining (its stage keeps it).
+declare(Stage("encoder", build=Build(encoder_stage, str,
+                                     path=lambda run: encoder_dir(run.config, run.layout) or run.layout.encoder)))

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from cfir_jax.builders.descriptor import EXTEND, REMAP, Build, Changes, StageRun, Step, Store, declare
+from cfir_jax.builders.descriptor import EXTEND, REMAP, Build, Changes, Stage, StageRun, Step, declare
 from cfir_jax.builders.image_cache_update import row_map
 from cfir_jax.builders.image_text import FIELDS, image_text
 from cfir_jax.builders.store_update import ChangeRun
@@ -235,7 +235,6 @@ def lexical_after_compaction(change: ChangeRun, out) -> dict:
     return {"rows": store.num_rows}
 
 
-declare(Store("lexical", order=90, made_from=("image_cache", "corpus"), reader=READER,
-              config="index.lexical", build=Build(build_stage, stage_summary, every_host=False, open=open_stage,
-                                                  wanted=lexical_wanted),
+declare(Stage("lexical", reader=READER,
+              build=Build(build_stage, stage_summary, every_host=False, open=open_stage, wanted=lexical_wanted),
               changes=Changes(add=Step(EXTEND, lexical_after_add), compact=Step(REMAP, lexical_after_compaction))))

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.builders.descriptor import DROP, EXTEND, REMAP, Changes, Step, Store, declare
+from cfir_jax.builders.descriptor import DROP, EXTEND, REMAP, Changes, Stage, Step, declare
 from cfir_jax.builders.image_cache_update import row_map
 from cfir_jax.builders.store_update import ChangeRun
 from cfir_jax.core.errors import StoreError
@@ -90,7 +90,6 @@ def _after_compaction(change: ChangeRun, out: Path) -> dict:
 
 # Both made by retrieval on first use (cfir_jax.retrieve.sr), from the image cache's rows (and the image text's).
 _REBUILT = "retrieval rebuilds it on first use"
-declare(Store("sr_compact", order=100, made_from=("image_cache",), reader=Path,
+declare(Stage("sr_compact", reader=Path,
               changes=Changes(add=Step(EXTEND, _after_add), compact=Step(REMAP, _after_compaction))))
-declare(Store("sr_compact_fused", order=101, made_from=("image_cache", "image_text"),
-              changes=Changes(add=Step(DROP, note=_REBUILT), compact=Step(DROP, note=_REBUILT))))
+declare(Stage("sr_compact_fused", changes=Changes(add=Step(DROP, note=_REBUILT), compact=Step(DROP, note=_REBUILT))))

@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cfir_jax.builders.chunks import check_doc_id, commit_on_main, current, iter_chunks, write_lines
-from cfir_jax.builders.descriptor import Build, Changes, Store, declare
+from cfir_jax.builders.descriptor import Build, Changes, Stage, declare
 from cfir_jax.builders.document_stores import DocumentNLP, after_add, append_documents
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus
@@ -117,7 +117,7 @@ def stage_summaries_addition(config, store: SummaryStore, corpus: Corpus, first_
     return {"documents_added": corpus.num_documents - first_new_doc}
 
 
-declare(Store("summaries", order=50, made_from=("corpus",), reader=SummaryStore.open, config="index.summaries",
+declare(Stage("summaries", reader=SummaryStore.open,
               build=Build(lambda run: build_summaries(run.config, run.layout, run.opened["corpus"]),
                           lambda s: f"{s.num_docs:,} summaries ({s.manifest.get('summarizer')})"),
               changes=Changes(add=after_add("summaries", stage_summaries_addition))))

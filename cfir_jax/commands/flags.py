@@ -59,7 +59,7 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     serving = p.add_argument_group("--serve")
     serving.add_argument("--host", default=None, help="address to listen on (default serve.host: 127.0.0.1)")
     serving.add_argument("--port", type=int, default=None, help="port (default serve.port: 8080; 0: any free one)")
-    serving.add_argument("--engine", default=None, choices=tuple(SERVE_ENGINES), help="one process, or Ray Serve with "
+    serving.add_argument("--engine", default=None, choices=sorted(SERVE_ENGINES), help="one process, or Ray Serve with "
                          "the index in shards and replicas (default serve.engine: local)")
     serving.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default "
                          "serve.address; none: start a local Ray)")

@@ -10,7 +10,6 @@ verifying it). Settings: the config's `serve` section (`cfir_jax.core.config_ser
 
 from __future__ import annotations
 
-import importlib
 import logging
 import signal
 import socket
@@ -20,7 +19,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from cfir_jax.core.config_check import SERVE_ENGINES
+from cfir_jax.core.config_check import SERVE_ENGINES, ServeEngine
 from cfir_jax.core.errors import CfirError
 
 
@@ -33,10 +32,7 @@ def run(config: ml_collections.ConfigDict, workdir: str, *, config_spec: str = "
     config: as parsed from the command line `argv`, whose `--config.*` overrides a reload applies again to the
     workdir's config (or to `config_spec`, the --config file)."""
     engine = engine or config.serve.engine
-    module, function = SERVE_ENGINES[engine].split(":")
-    # why: an engine's libraries (Ray Serve for "ray") load only when it is chosen
-    serve = getattr(importlib.import_module(module), function)
-    return serve(workdir, config, config_spec, argv, method, host, port, address)
+    return SERVE_ENGINES[engine].serve(workdir, config, config_spec, argv, method, host, port, address)
 
 
 def serve_local(workdir: str, config: ml_collections.ConfigDict, config_spec: str, argv: Sequence[str], method: str,
@@ -95,3 +91,6 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(2048)
     sock.set_inheritable(True)
     return sock
+
+
+SERVE_ENGINES.register(ServeEngine("local", serve_local))  # this one process (FastAPI on uvicorn)

@@ -9,11 +9,13 @@ An older workdir's config is upgraded first (`cfir_jax.core.config_upgrade`), so
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 
 import ml_collections
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.registry import Registry
 
 # train.text: what the language expert reads of a train document (or an image's caption, the demo's pretraining).
 TRAIN_TEXTS = ("summary", "document", "caption")
@@ -28,18 +30,28 @@ RETRIEVAL_MODELS = ("", "full")
 # retrieval.measures (retrieve.py --measures): trec_eval -c, trec_eval without -c, the authors' code, or both.
 MEASURE_SETS = ("trec_eval", "trec_eval_no_c", "authors", "both")
 DTYPES = ("float32", "bfloat16", "float16")
-# serve.engine -> what serves it ("module:function", imported only when chosen, called as
-# function(workdir, config, config_spec, argv, method, host, port, address)). A new engine: its module, one line here.
-SERVE_ENGINES = {
-    "local": "cfir_jax.commands.serve:serve_local",  # this one process (FastAPI on uvicorn)
-    "ray": "cfir_jax.cluster.command:serve_cluster",  # Ray Serve: fronts and index shards
-}
 
 
-def _one_of(section: str, node: ml_collections.ConfigDict, key: str, choices: Sequence) -> None:
+@dataclasses.dataclass(frozen=True)
+class ServeEngine:
+    """A choice of serve.engine: `serve(workdir, config, config_spec, argv, method, host, port, address)` runs the
+    service until it is stopped."""
+
+    name: str
+    serve: Callable[..., None]
+
+
+# serve.engine -> what serves it. Each engine is declared beside its code, in a module named `serve` of the room that
+# runs it (`cfir_jax/commands/serve.py`: "local", this one process; `cfir_jax/cluster/serve.py`: "ray", Ray Serve),
+# which stays light: the registry finds it by that name (`cfir_jax.core.registry`), so this floor names no engine.
+SERVE_ENGINES: Registry[ServeEngine] = Registry("serving engine", "*/serve")
+
+
+def _one_of(section: str, node: ml_collections.ConfigDict, key: str, choices: Sequence | Registry) -> None:
     value = node[key]
     if value is not None and value not in choices:
-        raise CfirError(f"{section}.{key}={value!r}: use one of {', '.join(repr(c) for c in choices)}")
+        names = sorted(choices) if isinstance(choices, Registry) else choices
+        raise CfirError(f"{section}.{key}={value!r}: use one of {', '.join(repr(c) for c in names)}")
 
 
 def check_model(m: ml_collections.ConfigDict) -> None:

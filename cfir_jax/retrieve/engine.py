@@ -12,8 +12,9 @@ scored, so that is the interface with two implementations:
 - `ShardedSR` (`cfir_jax.cluster.scoring`): each union's rows go to the index shard that holds them, each whole-cache
   search to every shard, and the shards' top-k merge into this process's answer (scores bit-equal with exact SR).
 
-A Retriever takes its Scoring as `Retriever(..., scoring=...)`. A new way to serve is one module and one line in
-`cfir_jax.core.config_check.SERVE_ENGINES` (serve.engine's table).
+A Retriever takes its Scoring as `Retriever(..., scoring=...)`. A new way to serve is one module and its
+`ServeEngine`, declared in its room's module `serve` (`cfir_jax.core.config_check.SERVE_ENGINES`, serve.engine's
+choices, finds it there).
 """
 
 from __future__ import annotations

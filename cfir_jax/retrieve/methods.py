@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.registry import Registry
 from cfir_jax.retrieve.lexical import label
 
 Ranked = tuple[np.ndarray, np.ndarray]
@@ -62,6 +63,10 @@ class Method:
         raise NotImplementedError
 
 
+# Every method, by name: each class below registers itself (`cfir_jax.core.registry`).
+METHODS: Registry[type[Method]] = Registry("method", "retrieve/methods")
+
+
 def model_kind(stores) -> str:
     """'untrained index encoder', 'summary-trained', 'document-trained', or the Full model over its own cache."""
     if stores.untrained:
@@ -71,6 +76,7 @@ def model_kind(stores) -> str:
     return f"{stores.trained_text}-trained"
 
 
+@METHODS.register
 class Cfir(Method):
     """Entities -> candidate union -> SR with the summary embedding (or the document's, retrieval.text)."""
 
@@ -85,6 +91,7 @@ class Cfir(Method):
         return retriever.sr.full_search(query, self.rcfg.top_k), NO_ENTITY_NOTE
 
 
+@METHODS.register
 class DenseDocument(Method):
     """Exact search of the whole cache with the full document's embedding."""
 
@@ -107,6 +114,7 @@ class DenseDocument(Method):
         return retriever.sr.full_search(query, self.rcfg.top_k), ""
 
 
+@METHODS.register
 class DenseSummary(Method):
     """Exact search of the whole cache with the summary's embedding."""
 
@@ -117,6 +125,7 @@ class DenseSummary(Method):
         return retriever.sr.full_search(query, self.rcfg.top_k), ""
 
 
+@METHODS.register
 class EntityOnly(Method):
     """The union ranked by each image's best entity score (the frozen index encoder's)."""
 
@@ -133,6 +142,7 @@ class EntityOnly(Method):
         return retriever.entities.entity_only_ranking(lists, used, self.rcfg.top_k), ""
 
 
+@METHODS.register
 class Bm25(Method):
     """BM25 of the document over the pictures' own text: its top retrieval.lexical.top_k, cut to retrieval.top_k (no
     model, no entities)."""
@@ -155,6 +165,7 @@ class Bm25(Method):
         return (lexical[0][:k], lexical[1][:k]), ""
 
 
+@METHODS.register
 class CfirBm25(Cfir):
     """CFIR with each document's top retrieval.lexical.candidates BM25 pictures in the union SR scores."""
 
@@ -163,15 +174,13 @@ class CfirBm25(Cfir):
     lexical_candidates = True
 
 
+@METHODS.register
 class CfirBm25Fused(Cfir):
     """CFIR's ranking fused with BM25's by reciprocal rank (retrieval.lexical.fuse_weight)."""
 
     name = "cfir_bm25_fused"
     uses_lexical = True
     lexical_fused = True
-
-
-METHODS = {m.name: m for m in (Cfir, DenseDocument, DenseSummary, EntityOnly, Bm25, CfirBm25, CfirBm25Fused)}
 
 
 def method_of(name: str, rcfg) -> Method:

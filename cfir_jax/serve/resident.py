@@ -21,7 +21,6 @@ from pathlib import Path
 
 import ml_collections
 
-from cfir_jax.builders.descriptor import store_names
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp.entity_pool import EntityPool
@@ -29,16 +28,14 @@ from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.engine import Engine
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve.verifier import store_problems
+from cfir_jax.stores import layout as workdir_layout
 from cfir_jax.stores import versions
+from cfir_jax.stores.atomic_write import builds_in_progress
 from cfir_jax.stores.contract import manifest_digest
 from cfir_jax.stores.layout import Layout
 
 log = logging.getLogger("cfir_jax.serve")
 
-# Training runs' directories: checkpoints, no manifest; a retriever reads their exported model instead.
-_RUN_DIRS = ("train", "pretrain", "train_document")
-# Derived copies the Retriever itself (re)builds when it opens the index: not part of what index.py wrote.
-_DERIVED = ("sr_compact", "sr_compact_fused")
 # What a model family is: the architecture fields of the model's manifest (weights may differ: a retrained model).
 FAMILY_KEYS = ("embed_dim", "num_layers", "num_heads", "ffn_dim", "vocab_size", "image_size", "patch_size")
 WARM_TEXT_NO_ENTITY = "nothing named here at all."
@@ -62,18 +59,16 @@ def config_overrides(argv: Sequence[str]) -> list[str]:
 
 def check_complete(workdir: str | Path) -> None:
     """Refuses (one line) a workdir that is not a complete index: no index.json, a store directory without its
-    manifest (written last), or a store build still in progress beside it (`.tmp`, `.partial`, `.building`)."""
+    manifest (written last), or a store build still in progress beside it (`atomic_write.builds_in_progress`). The
+    training runs' directories hold no manifest: a retriever reads the models they export."""
     layout = Layout.of(workdir)
     if not layout.root.is_dir():
         raise CfirError(f"{layout.root}: no index here (missing directory)")
     if not layout.index_json.is_file():
         raise CfirError(f"{layout.root}: incomplete index (no index.json): index.py has not finished")
-    for name in store_names():
-        if name in _RUN_DIRS:
-            continue
+    for name in workdir_layout.of_kind(workdir_layout.STORE, workdir_layout.DERIVED):
         store = layout.root / name
-        busy = [p.name for p in (layout.root / f"{name}.tmp", layout.root / f"{name}.partial",
-                                 layout.root / f".{name}.building") if p.exists()]
+        busy = [p.name for p in builds_in_progress(store)]
         if busy:
             raise CfirError(f"{store}: a build is in progress or was interrupted ({', '.join(busy)}): let index.py "
                             "finish it")
@@ -110,10 +105,8 @@ def index_fingerprint(workdir: str | Path) -> str:
     of them is rebuilt, and with every committed change."""
     layout = Layout.of(workdir)
     parts = [f"version={versions.current_version(layout)}"]
-    for name in store_names():
+    for name in workdir_layout.of_kind(workdir_layout.STORE):  # the derived copies follow from these
         path = layout.root / name / "manifest.json"
-        if name in _DERIVED:
-            continue
         if path.is_file():
             parts.append(f"{name}={manifest_digest(json.loads(path.read_text()))}")
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]

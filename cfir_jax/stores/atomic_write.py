@@ -34,13 +34,37 @@ from cfir_jax.core import faults
 _HOST = socket.gethostname().replace("-", "_") or "host"
 
 
+# The names a store has while it is being written, beside W/<name> (the one place they are spelled): the work
+# directory a build shares across its processes (`.NAME.building`), the chunks a resumable build has finished
+# (`NAME.partial`), and an atomic write's temporary (`NAME.tmp-HOST-PID-RANDOM`, `temp_name`; the old directory a
+# fallback swap keeps aside for a moment, `NAME.old.tmp-HOST-PID-RANDOM`).
+_WORK, _PARTIAL, _TEMP = ".{}.building", "{}.partial", "{}.tmp"
+
+
+def work_dir(out_dir: str | os.PathLike) -> Path:
+    """The work directory `.NAME.building` beside `out_dir` where a build keeps what it has done so far."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(_WORK.format(out_dir.name))
+
+
+def partial_dir(out_dir: str | os.PathLike) -> Path:
+    """Where a chunked build of `out_dir` keeps its finished chunks until the store is complete: `NAME.partial`."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(_PARTIAL.format(out_dir.name))
+
+
+def builds_in_progress(out_dir: str | os.PathLike) -> list[Path]:
+    """The work of a build of `out_dir` that is under way or was interrupted (`work_dir`, `partial_dir`)."""
+    return [p for p in (work_dir(out_dir), partial_dir(out_dir)) if p.exists()]
+
+
 def temp_name(path: str | os.PathLike, hidden: bool = False) -> Path:
     """A name beside `path` that no other process (on any host) will pick: NAME.tmp-HOST-PID-RANDOM (with a leading
     dot when `hidden`). A writer never deletes another process's temporary files (`sweep_temps` removes only those
     of dead processes of this host)."""
     path = Path(path)
     stem = f".{path.name}" if hidden else path.name
-    return path.with_name(f"{stem}.tmp-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
+    return path.with_name(f"{_TEMP.format(stem)}-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
 def sweep_temps(path: str | os.PathLike) -> None:
@@ -51,8 +75,8 @@ def sweep_temps(path: str | os.PathLike) -> None:
     if not path.parent.is_dir():
         return
     for stem in (path.name, f".{path.name}"):
-        for tmp in path.parent.glob(f"{glob_escape(stem)}.tmp*"):
-            owner = tmp.name[len(stem) + len(".tmp"):]
+        for tmp in path.parent.glob(f"{glob_escape(_TEMP.format(stem))}*"):
+            owner = tmp.name[len(_TEMP.format(stem)):]
             if owner:
                 parts = owner[1:].rsplit("-", 2)
                 host, pid = (parts[0], parts[1]) if len(parts) == 3 else (_HOST, parts[0])
@@ -171,17 +195,24 @@ def exchange(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     raise OSError(err, os.strerror(err), os.fspath(a), None, os.fspath(b))
 
 
+def old_name(final: str | os.PathLike) -> Path:
+    """FINAL.old: the stem of the names under which the fallback swap keeps the old `final` for a moment."""
+    final = Path(final)
+    return final.with_name(f"{final.name}.old")
+
+
 def _aside(final: Path) -> Path:
     """Where the fallback swap keeps the old `final` for a moment: FINAL.old.tmp-HOST-PID-RANDOM."""
-    return temp_name(final.with_name(f"{final.name}.old"))
+    return temp_name(old_name(final))
 
 
 def _asides(final: Path, dead: bool) -> list[Path]:
     """The old `final`s that fallback swaps renamed aside: those of dead processes of this host (`dead`), or else
     those of live processes and of other hosts."""
     out = []
-    for old in sorted(final.parent.glob(f"{glob_escape(final.name)}.old.tmp-*")):
-        owner = old.name[len(final.name) + len(".old.tmp-"):].rsplit("-", 2)
+    prefix = f"{_TEMP.format(old_name(final).name)}-"
+    for old in sorted(final.parent.glob(f"{glob_escape(prefix)}*")):
+        owner = old.name[len(prefix):].rsplit("-", 2)
         gone = len(owner) == 3 and owner[0] == _HOST and owner[1].isdigit() and not _alive(int(owner[1]))
         if gone == dead:
             out.append(old)

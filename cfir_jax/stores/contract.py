@@ -21,6 +21,7 @@ from typing import Any, ClassVar
 from cfir_jax.core import faults
 from cfir_jax.core.errors import StoreError
 from cfir_jax.stores.atomic_write import (
+    old_name,
     recover_swap,
     remove_path,
     replace_dir,
@@ -48,7 +49,7 @@ def atomic_dir(final: str | os.PathLike, linked_from: str | os.PathLike | None =
     final.parent.mkdir(parents=True, exist_ok=True)
     recover_swap(final)  # a dead writer's swap cut off between its two renames: the old store put back
     sweep_temps(final)
-    sweep_temps(final.with_name(f"{final.name}.old"))
+    sweep_temps(old_name(final))
     tmp = temp_name(final)
     tmp.mkdir()
     try:

@@ -189,12 +189,13 @@ def verify_store(directory: str | os.PathLike, throttle: Throttle | None = None)
 
 def verify_workdir(root: str | os.PathLike, stores: tuple[str, ...], throttle: Throttle | None = None
                    ) -> tuple[list[str], list[str]]:
-    """(the stores checked intact, one line per problem) over the `stores` of a workdir that exist."""
+    """(the stores checked intact, one line per problem) over the `stores` of a workdir that exist (its
+    `Layout.store_dirs()`: the training runs, which hold no manifest, are no stores)."""
     root = Path(root)
     intact, problems = [], []
     for name in stores:
         directory = root / name
-        if not directory.is_dir() or name in ("train", "train_document", "pretrain"):  # runs, not stores
+        if not directory.is_dir():
             continue
         found = verify_store(directory, throttle)
         problems += found

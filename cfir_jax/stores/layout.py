@@ -1,29 +1,14 @@
-"""The workdir layout: one directory holds every store, written by index.py and train.py, read by retrieve.py.
+"""The workdir layout: one directory W holds every store and every training run, written by index.py and train.py,
+read by retrieve.py; its index.json records what index.py built (the encoder used, the stages, the version).
 
-    W/corpus/          the corpus (documents, images, qrels; cfir_jax.data.corpus)
-    W/image_cache/     [N, D] image embeddings (cfir_jax.stores.image_cache)
-    W/encoder/         the frozen encoder model directory, when index.py made it (synthetic pretraining)
-    W/pretrain/        the caption pretraining run that produced W/encoder
-    W/entities/        named entities of every document (cfir_jax.nlp.entities)
-    W/summaries/       a summary of every document (cfir_jax.stores.summaries)
-    W/entity_index/    top-K images of every entity (cfir_jax.stores.entity_index)
-    W/image_text/      [N, D] embeddings of each cached image's own text, for fused SR (cfir_jax.stores.image_text)
-    W/entity_text_match/  per entity, the images whose own text names it (cfir_jax.stores.entity_text_match)
-    W/lexical/         BM25 over each cached image's own text (cfir_jax.stores.lexical)
-    W/sr_compact/      compact copy of the cache for summary re-ranking (cfir_jax.search.compact)
-    W/sr_compact_fused/  the same for fused SR: a compact copy of the rows [image, image text]
-    W/reranker/        the fitted re-ranker of SR's top-N, beyond the paper (cfir_jax.retrieve.reranker)
-    W/index.json       what index.py built: the encoder used, stage summaries
-    W/train/           training run: checkpoints, metrics.jsonl, config.json, tensorboard
-    W/model/           the trained model (vision tower of the encoder + trained language expert)
-    W/train_document/  training run of the document baseline (train.py --config.train.text=document)
-    W/model_document/  the document baseline's model (the paper's "document only" row, Table 3)
-    W/train_full/      training run of D-BEiT-3 Full (train.images="pixels"; cfir_jax/commands/train.py)
-    W/model_full/      the Full model (both towers trained; its manifest says trained="full")
-    W/image_cache_full/  the image cache re-encoded by W/model_full's vision tower (index.py --stages image_cache_full)
-
-Each store is declared once, by the module that builds it (`cfir_jax.builders.descriptor`, which derives the list of
-them); the layout names a store's directory W/<name> for any store name (`is_store_name`).
+Each directory W/<name> is declared once, as a `Directory`, by the room whose code makes it, in that room's module
+`directories` (`cfir_jax/builders/directories.py`: the stores index.py builds; `cfir_jax/training/directories.py`:
+the training runs and the models they export; `cfir_jax/rerank/directories.py`; `cfir_jax/retrieve/directories.py`:
+the copies the Retriever derives). `DIRECTORIES` finds them by that module's name (`cfir_jax.core.registry`), so this
+floor reads what higher rooms declare without naming them. Everything that lists directories derives the list from
+the declarations: `Layout`'s attributes (an undeclared name is an error, not a path), `Layout.store_dirs` (what
+`--verify` and the service check: no training run), the service's completeness check and fingerprint, and the one
+order of the pipeline (`ordered`: each directory after the ones it is made from, ties broken by name).
 """
 
 from __future__ import annotations
@@ -35,6 +20,68 @@ import re
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.registry import Registry
+
+# What a directory of the workdir is. STORE: a store with its manifest and checksums (`--verify` re-reads it, the
+# service needs it complete; the models train.py exports are stores). RUN: a training run (checkpoints, logs, its
+# config; no manifest): nothing reads it but the run that resumes it. DERIVED: a store the Retriever makes from
+# others when it opens the index (missing or stale, it is made again), so the index's fingerprint leaves it out.
+STORE, RUN, DERIVED = "store", "run", "derived"
+KINDS = (STORE, RUN, DERIVED)
+
+
+@dataclasses.dataclass(frozen=True)
+class Directory:
+    """One directory of the workdir, W/<name>, declared once by the room whose code makes it. `made_from`: the
+    directories it is derived from (the one dependency graph: the pipeline's order, a rebuild's stale rows, the
+    change loop's order). `linked`: a rebuild links it into its staging directory although no stage builds it (a
+    model a stage reads). `config`: its config section. `refresh`: the command that refreshes it when another command
+    makes it (W stands for the workdir). `about`: what it holds, in a line."""
+
+    name: str
+    kind: str = STORE
+    made_from: tuple[str, ...] = ()
+    linked: bool = False
+    config: str = ""
+    refresh: str = ""
+    about: str = ""
+
+    def __post_init__(self):
+        if not is_store_name(self.name):
+            raise ValueError(f"{self.name!r} cannot name a directory of the workdir (lower case, digits, underscores)")
+        if self.kind not in KINDS:
+            raise ValueError(f"directory {self.name!r}: kind {self.kind!r} is not one of {KINDS}")
+
+
+# Every directory of the workdir, found in the module `directories` of the rooms that make them.
+DIRECTORIES: Registry[Directory] = Registry("directory of the workdir", "*/directories")
+
+
+def declare(directory: Directory) -> Directory:
+    """Declares a directory of the workdir (at its `directories` module's import)."""
+    return DIRECTORIES.register(directory)
+
+
+def ordered() -> list[Directory]:
+    """Every declared directory, each after the directories it is made from, ties broken by name (the one order of
+    the pipeline: index.py's stages and the change loop run in it); a circle of `made_from` is refused."""
+    declared = {d.name: d for d in DIRECTORIES.values()}
+    waiting = {name: {s for s in d.made_from if s in declared} for name, d in declared.items()}
+    out: list[Directory] = []
+    while waiting:
+        ready = sorted(name for name, sources in waiting.items() if not sources)
+        if not ready:
+            raise ValueError(f"the directories {sorted(waiting)} are made from each other in a circle")
+        out.append(declared[ready[0]])
+        del waiting[ready[0]]
+        for sources in waiting.values():
+            sources.discard(ready[0])
+    return out
+
+
+def of_kind(*kinds: str) -> tuple[str, ...]:
+    """The names of the declared directories of these kinds, in pipeline order."""
+    return tuple(d.name for d in ordered() if d.kind in kinds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,16 +93,20 @@ class Layout:
         return cls(Path(workdir).absolute())
 
     def __getattr__(self, name: str) -> Path:
-        if is_store_name(name):
-            return self.root / name
-        raise AttributeError(name)
+        """W/<name> for a declared directory; any other name is an error (`layout.image_cahe` is a typo, not a path)."""
+        if name.startswith("_"):
+            raise AttributeError(name)
+        if name not in DIRECTORIES:
+            raise AttributeError(f"{name!r} is no directory of the workdir: declare it (cfir_jax/stores/layout.py, "
+                                 f"`Directory`) or use one of {', '.join(d.name for d in ordered())}")
+        return self.root / name
 
     def store_dirs(self) -> tuple[str, ...]:
-        """The directories of W that hold a store or a run (their names are store names), sorted: what `--verify`
-        and the service's verifier check, whichever module declared them."""
+        """The declared stores of W that are there (every directory but the training runs), sorted: what
+        `--verify` and the service's verifier check, whichever room declared them."""
         if not self.root.is_dir():
             return ()
-        return tuple(sorted(p.name for p in self.root.iterdir() if p.is_dir() and is_store_name(p.name)))
+        return tuple(sorted(name for name in of_kind(STORE, DERIVED) if (self.root / name).is_dir()))
 
     @property
     def index_json(self) -> Path:
@@ -131,12 +182,13 @@ def _recorded_root(info: dict) -> Path | None:
     return None
 
 
-# A store's name: its directory W/<name> (lower case, digits, underscores). Temporary and work directories beside
-# the stores carry a dot or a leading one, and `work` is a change's own scratch directory (cfir_jax.stores.versions).
+# A directory's name: W/<name> (lower case, digits, underscores). Temporary and work directories beside the stores
+# carry a dot or a leading one (`cfir_jax.stores.atomic_write`), and `work` is a change's own scratch directory
+# (cfir_jax.stores.versions).
 _STORE_NAME = re.compile(r"[a-z][a-z0-9_]*")
 NOT_STORES = ("work",)
 
 
 def is_store_name(name: str) -> bool:
-    """Whether `name` can name a store of the layout."""
+    """Whether `name` can name a directory of the layout (the staging of a change reads its directories by it)."""
     return bool(_STORE_NAME.fullmatch(name)) and name not in NOT_STORES

@@ -28,7 +28,6 @@ from cfir_jax.training.data import load_full_data, load_train_data
 from cfir_jax.training.loop import TrainResult
 from cfir_jax.training.tasks import FullTask, TextTask
 
-RUN_DIR, MODEL_DIR = "train_full", "model_full"
 log = logging.getLogger(__name__)
 
 
@@ -39,9 +38,9 @@ def run(config: ml_collections.ConfigDict, workdir) -> TrainResult:
 
 def checkpoints_of(config: ml_collections.ConfigDict, workdir) -> str:
     """Where `run` keeps the checkpoints of the run the config names (what an "already trained" line points to)."""
-    if config.train.images == "pixels":
-        return f"{workdir}/{RUN_DIR}/checkpoints"
-    return f"{_dirs(config, Layout.of(workdir))[0]}/checkpoints"
+    layout = Layout.of(workdir)
+    run_dir = layout.train_full if config.train.images == "pixels" else _dirs(config, layout)[0]
+    return f"{run_dir}/checkpoints"
 
 
 def _dirs(config: ml_collections.ConfigDict, layout: Layout) -> tuple[Path, Path]:
@@ -76,13 +75,13 @@ def run_full(config: ml_collections.ConfigDict, workdir, progress: bool | None =
     layout = Layout.of(workdir)
     data = load_full_data(config, layout.root)
     # The task exports the whole model to W/train_full/model when W/model_full is missing or this run trained.
-    task = FullTask(data.batches, data.ids, data.mask, data.batches.steps_per_epoch, publish_to=layout.root / MODEL_DIR)
+    task = FullTask(data.batches, data.ids, data.mask, data.batches.steps_per_epoch, publish_to=layout.model_full)
     try:
-        result = loop.run(config, layout.root / RUN_DIR, task, progress=progress)
+        result = loop.run(config, layout.train_full, task, progress=progress)
     finally:
         data.batches.close()
     if task.exported and jax.process_index() == 0:
-        replace_dir(layout.root / RUN_DIR / "model", layout.root / MODEL_DIR)
+        replace_dir(layout.train_full / "model", layout.model_full)
         if layout.full_cache_stale():
             log.warning("%s holds the previous Full model's image embeddings; re-encode them with: python "
                         "index.py --config CONFIG --workdir %s --stages image_cache_full",

@@ -3,6 +3,7 @@
 import re
 
 from repo import run_script
+from workdirs import full_trained
 
 from cfir_jax.commands import evaluate
 from cfir_jax.core.cli import workdir_config
@@ -22,3 +23,12 @@ def test_the_evaluate_body_in_process_prints_the_table_of_retrieve_py(workdir, c
     assert len(rows) == 1 and table.startswith("test split, ")
     script = run_script("retrieve.py", "--index", str(workdir), "--evaluate", "test")
     assert _without_timing(table) == _without_timing(script.stdout)
+
+
+def test_a_workdir_where_full_training_ran_passes_index_py_verify(tmp_path):
+    """W/train_full (checkpoints, no manifest) is a training run, not an incomplete store: `index.py --verify` checks
+    the stores beside it and exits 0."""
+    w = full_trained(tmp_path / "W")
+    proc = run_script("index.py", "--verify", "--workdir", str(w), check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "verify: 2 store(s) intact (corpus, model_full)" in proc.stdout

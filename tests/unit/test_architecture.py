@@ -3,6 +3,7 @@ counts, at module level or inside a function (a function-level import is still a
 imports itself round."""
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -177,3 +178,50 @@ def test_every_store_reader_opens_through_the_store_base():
                 readers.append((node.name, [ast.unparse(b) for b in node.bases], "open" in methods))
     assert len(readers) >= 6, readers
     assert all(bases == ["Store"] and not own_open for _, bases, own_open in readers), readers
+
+
+def _code_strings(path: Path) -> list[tuple[int, str]]:
+    """(line, text) of every string of a file's code that is one name (no blank: a module, a "module:function", a
+    pattern): its docstrings and its messages to the reader (prose, not a reference) left out."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    return [(node.lineno, node.value) for node in ast.walk(tree) if isinstance(node, ast.Constant)
+            and isinstance(node.value, str) and id(node) not in docstrings and not re.search(r"\s", node.value)]
+
+
+# A room named in a string: a module (`cfir_jax.cluster.command`, "cfir_jax/cluster/command.py") or a registry's
+# pattern of modules ("builders/*").
+_NAMED_ROOM = re.compile(r"\bcfir_jax[./](\w+)|^(\w+)/[\w*]+$")
+
+
+def _rooms_named_above(graph_modules: dict[str, Path]) -> list[str]:
+    out = []
+    for module, path in graph_modules.items():
+        for line, text in _code_strings(path):
+            for found in _NAMED_ROOM.finditer(text):
+                room = found.group(1) or found.group(2)
+                if room in RANKS and RANKS[room] > RANKS[_room(module)]:
+                    out.append(f"{path.name}:{line} {module} names {room}/ in {text!r}")
+    return sorted(out)
+
+
+def test_no_file_names_a_higher_room_by_string():
+    """A lower floor reaches what higher rooms declare only through a registry that finds it by a module's name in
+    any room (`cfir_jax.core.registry`: "*/directories", "*/serve"): no string of its code (an importlib target, a
+    registry's pattern) names a room above its own."""
+    found = _rooms_named_above(MODULES)
+    assert not found, "strings naming a higher room:\n" + "\n".join(found)
+
+
+def test_the_string_check_finds_a_table_of_higher_modules(tmp_path):
+    """Planted: floor 0 naming an engine's module (the serve.engine table it once held) and a registry's pattern over
+    a higher room; a docstring, a message and a wildcard pattern pass."""
+    path = tmp_path / "config_check.py"
+    path.write_text('"""Mentions cfir_jax.cluster.command in prose."""\n'
+                    'HELP = "see cfir_jax/serve/app.py"\n'
+                    'ENGINES = {"ray": "cfir_jax.cluster.command:serve_cluster"}\n'
+                    'R = Registry("stage", "builders/*")\nS = Registry("engine", "*/serve")\n')
+    found = _rooms_named_above({"cfir_jax.core.config_check": path})
+    assert [f.split(" names ")[1].split(" ")[0] for f in found] == ["cluster/", "builders/"]

@@ -9,17 +9,19 @@ import pytest
 
 from cfir_jax.builders import descriptor
 from cfir_jax.builders.stage_report import StageReport, stale_reports
-from cfir_jax.stores.layout import Layout
+from cfir_jax.stores.layout import Directory, Layout
 
 
-def _downstream(graph: dict, rebuilt: str) -> set[str]:
-    """Every store derived from `rebuilt`, directly or through other derived stores."""
+def _downstream(graph: dict, rebuilt: str, rows: set[str]) -> set[str]:
+    """Every store of the closing table's `rows` derived from `rebuilt`, directly or through other such stores. A
+    training run is no row: W/encoder, made from the caption pretraining's run (made from the image cache), is kept
+    by its stage once trained, so a rebuilt image cache does not make it stale."""
     out: set[str] = set()
     grown = True
     while grown:
         grown = False
         for name, sources in graph.items():
-            if name not in out and name != rebuilt and ({rebuilt} | out) & set(sources):
+            if name in rows and name not in out and name != rebuilt and ({rebuilt} | out) & set(sources):
                 out.add(name)
                 grown = True
     return out
@@ -43,7 +45,7 @@ def test_the_stale_rows_are_the_stores_the_graph_derives_from_a_rebuilt_one(buil
     reports = [StageReport(rebuilt, "-", 0.0, built.root / rebuilt)]
     stale = {r.name for r in stale_reports(built, reports, stages)}
     reported = set(stages) | set(descriptor.later())
-    assert stale == _downstream(graph, rebuilt) & reported, rebuilt
+    assert stale == _downstream(graph, rebuilt, reported), rebuilt
 
 
 def test_a_caption_change_marks_the_lexical_store_stale_when_the_image_cache_stands(built):
@@ -68,9 +70,26 @@ def test_the_change_loop_runs_each_store_after_the_stores_it_is_made_from():
                 assert order.index(source) < order.index(store.name), (source, store.name)
 
 
-def test_a_store_declared_before_what_it_is_made_from_is_refused():
-    early = descriptor.Store("early", order=1, made_from=("image_cache",))
-    with descriptor.declaring(early), pytest.raises(ValueError, match="early"):
+def test_the_order_is_derived_from_made_from_with_ties_broken_by_name():
+    """No order is kept by hand: each store stands after what it is made from, and of the stores ready at once the
+    first by name goes first."""
+    order = descriptor.store_names()
+    assert order[0] == "corpus" and order.index("entities") < order.index("image_cache")  # both from the corpus alone
+    assert order.index("pretrain") < order.index("encoder") < order.index("entity_index")
+    ahead = Directory("aaa", made_from=("summaries",))  # first by name, yet after what it is made from
+    with descriptor.declaring(ahead):
+        names = descriptor.store_names()
+        assert names.index("summaries") < names.index("aaa") and names[0] == "corpus"
+
+
+def test_a_circle_of_made_from_is_refused():
+    a, b = Directory("circle_a", made_from=("circle_b",)), Directory("circle_b", made_from=("circle_a",))
+    with descriptor.declaring(a, b), pytest.raises(ValueError, match=r"\['circle_a', 'circle_b'\].*circle"):
+        descriptor.stores()
+
+
+def test_a_stage_of_an_undeclared_directory_is_refused():
+    with descriptor.declaring(descriptor.Stage("nowhere")), pytest.raises(ValueError, match="nowhere"):
         descriptor.stores()
 
 
@@ -89,7 +108,7 @@ def test_each_store_retrieval_opens_on_request_is_declared_with_that_same_reader
     for reader in registered:
         assert descriptor.get(reader.name).reader is reader, reader.name
     with pytest.raises(ValueError, match="names the reader of 'lexical'"):
-        descriptor.declare(descriptor.Store("other", order=1, reader=readers.get("lexical")))
+        descriptor.declare(descriptor.Stage("other", reader=readers.get("lexical")))
 
 
 def test_each_declared_config_section_is_in_the_config():

@@ -1,5 +1,5 @@
-"""A new store is one declaration beside its builder and its reader: this module declares a toy store (the L2 norm
-of every image cache row) and nothing else in the repository names it. It follows the steps of docs/architecture.md
+"""A new store is its reader, its builder with its stage, and its directory: this module declares a toy store (the L2
+norm of every image cache row) and nothing else in the repository names it. It follows the steps of docs/architecture.md
 ("How to add a store"): index.py builds it after the image cache, the closing table marks it stale when the image
 cache is rebuilt, an add extends it, a compaction remaps it, a rebuild links it (and so reuses it), `--verify` checks
 it, its reader opens it, and retrieval opens it when its option asks for it (`retrieve.stores.open_asked`, the
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from cfir_jax.builders import collection_update, descriptor, runner
-from cfir_jax.builders.descriptor import EXTEND, REMAP, Build, Changes, Step, Store
+from cfir_jax.builders.descriptor import EXTEND, REMAP, Build, Changes, Stage, Step
 from cfir_jax.builders.image_cache_update import row_map
 from cfir_jax.builders.stage_report import report_table
 from cfir_jax.commands import verify
@@ -25,7 +25,7 @@ from cfir_jax.retrieve.methods import method_of
 from cfir_jax.retrieve.stores import open_asked
 from cfir_jax.stores import contract, readers
 from cfir_jax.stores.image_cache import ImageCache
-from cfir_jax.stores.layout import Layout
+from cfir_jax.stores.layout import Directory, Layout
 from configs.base import get_config
 
 DIM = 8
@@ -87,10 +87,13 @@ TOY_READER = readers.Reader("toy", ToyStore.open, asked=lambda config, method: b
                             expect=lambda opened: {"cache_fingerprint": opened.cache.content_fingerprint})
 
 
-# --------------------------------------------------------------------------------------- step 3: the declaration
-TOY = Store("toy", order=95, made_from=("image_cache",), reader=TOY_READER,
-            build=Build(build_toy, lambda t: f"{len(t.norms):,} norms"),
+# The stage, at the bottom of the builder's module.
+TOY = Stage("toy", reader=TOY_READER, build=Build(build_toy, lambda t: f"{len(t.norms):,} norms"),
             changes=Changes(add=Step(EXTEND, toy_after_add), compact=Step(REMAP, toy_after_compaction)))
+
+
+# ------------------------------------------------------------- step 3: the directory (in builders/directories.py)
+TOY_DIRECTORY = Directory("toy", made_from=("image_cache",), about="the L2 norm of every image cache row")
 
 
 # ------------------------------------------------------------------------------------------------------ the test
@@ -117,7 +120,7 @@ def _cache_norms(layout: Layout) -> np.ndarray:
 
 @pytest.fixture
 def declared():
-    with descriptor.declaring(TOY), readers.registering(TOY_READER):
+    with descriptor.declaring(TOY_DIRECTORY, TOY), readers.registering(TOY_READER):
         yield
 
 
@@ -126,10 +129,11 @@ def test_a_toy_store_declared_here_is_built_staled_changed_linked_verified_and_o
     write_corpus(layout.corpus, "toy", [Document("d0", "a text")], _images([f"i{k}" for k in range(6)], 0), {})
     assert "toy" in runner.stages() and "toy" in descriptor.linked()
 
-    # built: the toy store's stage runs after the image cache it reads
+    # built: the toy store's stage runs after the image cache it reads (the stages in the layout's order: each after
+    # what it is made from, ties broken by name)
     reports = runner.build_index(_config(), layout.root, ("image_cache", "toy"), log=lambda line: None)
     names = [r.name for r in reports]  # the corpus and the entities have a row in every run (opened, or "-")
-    assert names == ["corpus", "image_cache", "entities", "toy"] and reports[-1].count == "6 norms"
+    assert names == ["corpus", "entities", "image_cache", "toy"] and reports[-1].count == "6 norms"
     np.testing.assert_array_equal(_norms(layout), _cache_norms(layout))
 
     # linked on rebuild: a second build of the built workdir finds it in its staging directory, current

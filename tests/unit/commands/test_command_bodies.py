@@ -73,3 +73,16 @@ def test_a_taken_port_is_one_line_before_anything_loads():
     free = serve.bind("127.0.0.1", 0)
     assert free.getsockname()[1] > 0
     free.close()
+
+
+def test_the_method_flag_names_every_registered_method_and_the_engine_flag_every_engine():
+    """The flags stay light (no JAX: they cannot import the methods), so their help names the methods in words; the
+    registry is what they must agree with. The engines' choices are the registry's own."""
+    from cfir_jax.core.config_check import SERVE_ENGINES
+    from cfir_jax.retrieve.methods import METHODS
+
+    parser = argparse.ArgumentParser()
+    flags.retrieve_flags(parser)
+    actions = {a.dest: a for a in parser._actions}
+    assert actions["method"].help.split(" | ") == list(METHODS)
+    assert actions["engine"].choices == sorted(SERVE_ENGINES) == ["local", "ray"]
