@@ -72,16 +72,16 @@ def read_manifest(directory: str | os.PathLike, kind: str, version: int | None =
     """Reads the manifest of a complete store, or raises a one-line StoreError saying what is wrong."""
     directory = Path(directory)
     path = directory / MANIFEST
-    misses = 0
     for _ in range(100):  # the directory swapped for a new version meanwhile (replace_dir's fallback): read again
         if not wait_for_dir(directory):
             raise StoreError(f"{directory}: no {kind} store here (missing directory); build it with index.py")
+        opened = None
         try:
+            opened = directory.stat().st_ino  # which directory the read below finds, unless a swap comes between
             manifest = json.loads(path.read_text())
             break
         except FileNotFoundError:
-            misses += 1
-            if misses >= 2 and directory.is_dir():
+            if _same_directory(directory, opened) and not path.exists():  # no swap between: truly incomplete
                 raise StoreError(f"{directory}: incomplete {kind} store (no {MANIFEST}); rebuild it with index.py"
                                  ) from None
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
@@ -95,6 +95,14 @@ def read_manifest(directory: str | os.PathLike, kind: str, version: int | None =
             f"{path}: {kind} format version {manifest.get('format_version')} but this code reads {version}; rebuild it"
         )
     return manifest
+
+
+def _same_directory(directory: Path, inode: int | None) -> bool:
+    """Whether `directory` is still the directory whose inode was `inode` (False where it was swapped or is gone)."""
+    try:
+        return inode is not None and directory.stat().st_ino == inode
+    except FileNotFoundError:
+        return False
 
 
 def manifest_digest(manifest: dict) -> str:
