@@ -71,7 +71,13 @@ class RequestGuard:
         route = scope["path"] if scope["path"] in ENDPOINTS else "other"
         searching = route.startswith("/v1/search")
         body = _Body(scope, receive, svc.max_body, float(svc.settings.deadline_ms) / 1e3)
-        answer = _Answer(send, body)
+
+        def count(status: int) -> None:  # an answer's status, or 0 where none began
+            metrics.requests.labels(route, str(status or (499 if body.gone else 500))).inc()
+            if status:
+                metrics.latency.labels(route).observe(time.perf_counter() - t0)
+
+        answer = _Answer(send, body, count)
         if searching:
             metrics.in_flight.inc()
         try:
@@ -83,10 +89,8 @@ class RequestGuard:
         finally:
             if searching:
                 metrics.in_flight.dec()
-            status = answer.status or (499 if body.gone else 500)
-            metrics.requests.labels(route, str(status)).inc()
-            if answer.status:
-                metrics.latency.labels(route).observe(time.perf_counter() - t0)
+            if not answer.counted:  # no answer, or one cut short
+                count(answer.status)
 
 
 class _Body:
@@ -144,17 +148,21 @@ class _Body:
 
 
 class _Answer:
-    """The app's `send`: the status recorded, and an answer that ends before the body was read followed by the
-    body's drain, so that the client reads it."""
+    """The app's `send`: the status counted (with its latency) when the answer's last part leaves, which is what the
+    client sees, and an answer that ends before the body was read followed by the body's drain, so that the client
+    reads it."""
 
-    def __init__(self, send, body: _Body):
-        self._send, self.body = send, body
-        self.status = 0
+    def __init__(self, send, body: _Body, count):
+        self._send, self.body, self._count = send, body, count
+        self.status, self.counted = 0, False
 
     async def send(self, message) -> None:
         if message["type"] == "http.response.start":
             self.status = int(message["status"])
-        elif message["type"] == "http.response.body" and not message.get("more_body", False) and not self.body.done:
+        elif message["type"] == "http.response.body" and not message.get("more_body", False) and not self.counted:
+            self.counted = True
+            self._count(self.status)
+        if message["type"] == "http.response.body" and not message.get("more_body", False) and not self.body.done:
             await self._send({**message, "more_body": True})  # the whole answer, held open while the body drains
             await self.body.drain()
             message = {"type": "http.response.body", "body": b"", "more_body": False}

@@ -253,24 +253,29 @@ def test_health_readiness_metrics_and_openapi(server, documents):
 
 
 def test_a_client_that_disconnects_mid_request_is_dropped_and_the_server_keeps_serving(small_server, documents):
-    """Eight requests sent and abandoned at once on a one-document-per-batch server: those still queued when their
-    client has gone are dropped unanswered, and the next client is served."""
+    """Two requests sent and abandoned at once on a one-document-per-batch server: the one still queued when its
+    client has gone is dropped unanswered, and the next client is served. On a loaded machine the server may answer
+    both before they are abandoned, so the scene is played up to three times (a server that never drops fails)."""
     body = json.dumps({"text": documents[0][1]}).encode()
     host, port = small_server.url.removeprefix("http://").rsplit(":", 1)
     before = small_server.metric('cfir_dropped_requests_total{reason="disconnected"}')
-    socks = []
-    for _ in range(2):
-        s = socket.create_connection((host, int(port)))
-        s.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        socks.append(s)
-    time.sleep(0.01)
-    for s in socks:
-        s.close()
-    deadline = time.monotonic() + 20
-    while small_server.metric('cfir_dropped_requests_total{reason="disconnected"}') == before:
-        assert time.monotonic() < deadline, "no disconnected request was dropped"
-        time.sleep(0.1)
+    for _ in range(3):
+        socks = []
+        for _ in range(2):
+            s = socket.create_connection((host, int(port)))
+            s.sendall(b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
+            socks.append(s)
+        time.sleep(0.01)
+        for s in socks:
+            s.close()
+        deadline, dropped = time.monotonic() + 10, False
+        while not dropped and time.monotonic() < deadline:
+            time.sleep(0.1)
+            dropped = small_server.metric('cfir_dropped_requests_total{reason="disconnected"}') > before
+        if dropped:
+            break
+    assert dropped, "no disconnected request was dropped in three tries"
     assert small_server.search(documents[1][1]).status_code == 200
 
 
