@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import check_languages
 
 # train.text: what the language expert reads of a train document (or an image's caption, the demo's pretraining).
 TRAIN_TEXTS = ("summary", "document", "caption")
@@ -66,6 +67,8 @@ def check_train(t: ml_collections.ConfigDict) -> None:
 def check_index(i: ml_collections.ConfigDict) -> None:
     _one_of("index.corpus", i.corpus, "source", ("atomic", "synthetic", "files"))
     _one_of("index.image_cache", i.image_cache, "dtype", DTYPES)
+    if "languages" in i:
+        check_languages(i.languages)
 
 
 def check_retrieval(r: ml_collections.ConfigDict) -> None:
