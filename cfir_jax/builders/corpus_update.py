@@ -326,13 +326,21 @@ def _removed(change: ChangeRun, out: Path) -> dict:
     return {k: info[k] for k in ("images_removed", "documents_removed", "removed_images")}
 
 
+def corpus_summary(corpus: Corpus) -> str:
+    """The stage's line of index.py's closing table: with the documents and captions per language, when not all
+    English."""
+    langs = corpus.manifest.get("languages") or {}
+    counts = lambda of: ", ".join(f"{c} {n:,}" for c, n in of.items())  # noqa: E731
+    return f"{corpus.num_documents:,} documents, {corpus.num_images:,} images" + (
+        f"; documents {counts(langs['documents'])}; captions {counts(langs['images'])}" if langs else "")
+
+
 def _open_corpus(run: StageRun) -> Corpus:
     return Corpus.open(run.layout.corpus)
 
 
 declare(Store(
     "corpus", order=10, reader=Corpus.open, config="index.corpus",
-    build=Build(lambda run: write_corpus(run.config, run.layout),
-                lambda c: f"{c.num_documents:,} documents, {c.num_images:,} images", every_host=False,
+    build=Build(lambda run: write_corpus(run.config, run.layout), corpus_summary, every_host=False,
                 open=_open_corpus, unselected=_open_corpus),
     changes=Changes(add=Step(EXTEND, _added), remove=Step(MASK, _removed))))

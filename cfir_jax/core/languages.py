@@ -66,9 +66,9 @@ def languages_config() -> ml_collections.ConfigDict:
 
 @dataclasses.dataclass(frozen=True)
 class Setup:
-    """What one language gets. ner: a spaCy pipeline ('' for the index's English default), or None for the fallback
-    rule; stemmer: PyStemmer's name ('' for none); summarizer: 'bart' or 'extractive'; `stated`: whether the table
-    names the language (else every field is the fallback's)."""
+    """What one language gets. ner: a spaCy pipeline ('' for the index's English default), or None for capitalised
+    n-grams; `fallback`: it has no pipeline of its own (ner is the fallback rule's); stemmer: PyStemmer's name ('' for
+    none); summarizer: 'bart' or 'extractive'; `stated`: whether the table names the language."""
 
     code: str
     ner: str | None
@@ -77,6 +77,7 @@ class Setup:
     summarizer: str
     bart_model: str
     stated: bool
+    fallback: bool = False
 
 
 def section(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -89,21 +90,20 @@ def setup_of(config: ml_collections.ConfigDict, code: str) -> Setup:
     """What language `code` gets under `config` (module docstring)."""
     langs, index = section(config), config.index
     entry = langs.table.get(code)
+    english = (index.entities.spacy_model or "") if langs.fallback_ner == "english" else None
     if entry is None:
-        ner = "" if langs.fallback_ner == "english" else None
-        return Setup(code, ner, index.entities.labels if ner == "" else "all", SNOWBALL.get(code, ""), "extractive",
-                     "", stated=False)
+        return Setup(code, english, index.entities.labels if english is not None else "all", SNOWBALL.get(code, ""),
+                     "extractive", "", stated=False, fallback=True)
     ner = entry.get("ner", "")
-    ner = (index.entities.spacy_model or "") if ner == INDEX else (ner or None)
-    if ner is None and langs.fallback_ner == "english":
-        ner = index.entities.spacy_model or ""
+    fallback = not ner
+    ner = (index.entities.spacy_model or "") if ner == INDEX else (ner or english)
     labels = entry.get("labels", "all")
     stemmer = entry.get("stemmer", "")
     summarizer = entry.get("summarizer", "extractive")
     return Setup(code, ner, index.entities.labels if labels == INDEX else labels,
                  index.lexical.stemmer if stemmer == INDEX else stemmer,
                  index.summaries.summarizer if summarizer == INDEX else summarizer,
-                 entry.get("bart_model", "") or index.summaries.bart_model or "", stated=True)
+                 entry.get("bart_model", "") or index.summaries.bart_model or "", stated=True, fallback=fallback)
 
 
 def check_code(value, where: str) -> str:
@@ -130,3 +130,8 @@ def check_languages(langs: ml_collections.ConfigDict) -> None:
         if entry.get("summarizer", "extractive") not in SUMMARIZERS:
             raise CfirError(f"index.languages.table.{code}.summarizer={entry.summarizer!r}: use one of "
                             f"{', '.join(SUMMARIZERS)}")
+
+
+def by_language(counts: dict[str, int], rules: dict[str, str]) -> str:
+    """'en 1,700 (spaCy ...), fr 200 (...)': what each language's rows were read with (the closing table, --compare)."""
+    return ", ".join(f"{code} {int(n):,} ({rules.get(code, '?')})" for code, n in sorted(counts.items()))
