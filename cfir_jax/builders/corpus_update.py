@@ -23,7 +23,8 @@ from cfir_jax.builders.store_update import ChangeRun
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data import synthetic
 from cfir_jax.data.corpus import DOC_LANGS, FORMAT_VERSION, IMAGE_LANGS, KIND, Corpus, Image
-from cfir_jax.data.corpus_writer import write_corpus_part, write_languages, write_split_qrels
+from cfir_jax.data.corpus_languages import write_languages
+from cfir_jax.data.corpus_writer import write_corpus_part, write_split_qrels
 from cfir_jax.data.files import (
     ROW_FILE_SUFFIXES,
     build_files_corpus,

@@ -26,7 +26,8 @@ from cfir_jax.core.config import IMAGE_TEXT_FIELDS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
-from cfir_jax.data.corpus_writer import Detect, corpus_is_complete, write_corpus
+from cfir_jax.data.corpus_languages import Detect
+from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 
 CAPTION_FIELDS = IMAGE_TEXT_FIELDS  # the image text columns
 SETTINGS = ("small", "base", "large")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import hashlib
 import itertools
@@ -10,9 +9,9 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import numpy as np
 import tensorflow_datasets as tfds
@@ -20,9 +19,7 @@ import tensorflow_datasets as tfds
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE
 from cfir_jax.data.corpus import (
-    DOC_LANGS,
     FORMAT_VERSION,
-    IMAGE_LANGS,
     KIND,
     RECORD_SPLIT,
     RECORD_VERSION,
@@ -32,6 +29,7 @@ from cfir_jax.data.corpus import (
     Image,
     own_text,
 )
+from cfir_jax.data.corpus_languages import Detect, language_of, write_languages
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 
 
@@ -124,26 +122,6 @@ def _add_id(kind: str, value: Any, row: int, ids: list[str], seen: set[str]) -> 
     return value
 
 
-class Detect(Protocol):
-    """What finds a text's language (`cfir_jax.nlp.language_detect.LanguageDetector`, which the corpus stage passes):
-    a document's among every language, a caption's among its collection's documents' languages (`among`)."""
-
-    settings: dict
-
-    def document(self, text: str) -> str: ...
-
-    def caption(self, text: str, among: Collection[str]) -> str: ...
-
-
-def _language(stated: str, text: str, detect: Callable[[str], str] | None) -> str:
-    """The language of a row: stated, else detected from its text, else English; '' for a row without text."""
-    if stated:
-        return stated
-    if not text.strip():
-        return ""
-    return detect(text) if detect is not None else REFERENCE
-
-
 def _document_examples(documents: Iterable[Document], ids: list[str], digest, langs: list[str],
                        detect: Detect | None = None) -> Iterator[dict]:
     """Record dicts of the documents; `digest` (a hashlib object) absorbs every record, in order, and each language
@@ -156,7 +134,7 @@ def _document_examples(documents: Iterable[Document], ids: list[str], digest, la
                    "metadata": metadata}
         digest.update(json.dumps(example, sort_keys=True, ensure_ascii=False).encode())
         digest.update(b"\0")
-        langs.append(_language(doc.lang, doc.text, detect and detect.document) or REFERENCE)
+        langs.append(language_of(doc.lang, doc.text, detect and detect.document) or REFERENCE)
         if langs[-1] != REFERENCE:
             digest.update(f"lang={langs[-1]}\0".encode())
         yield example
@@ -173,7 +151,7 @@ def _image_examples(
     caption = (lambda text: detect.caption(text, among)) if detect is not None else None
     for row, img in enumerate(images):
         image_id = _add_id("image", img.image_id, row, ids, seen)
-        langs.append(_language(img.lang, own_text(img), caption))
+        langs.append(language_of(img.lang, own_text(img), caption))
         if any(t.strip() for v in img.texts.values() for t in v):
             with_text.append(row)
         example = {
@@ -307,20 +285,6 @@ def _write_items(
         np.save(tmp / "embeddings.npy", np.stack(embeddings).astype(np.float32))
     w.documents_sha = documents_sha.hexdigest()
     return w
-
-
-def write_languages(directory: Path, doc_langs: list[str], image_langs: list[str], detect: Detect | None = None
-                    ) -> dict:
-    """Writes the rows' languages beside the id lists (DOC_LANGS, IMAGE_LANGS) when any text is not English, and
-    returns the manifest's `languages` field (counts per language of the documents and of the images with text, the
-    detector's settings); an English corpus gets neither, and {} is returned."""
-    if all(lang in (REFERENCE, "") for lang in (*doc_langs, *image_langs)):
-        return {}
-    (directory / DOC_LANGS).write_text("".join(f"{x}\n" for x in doc_langs), encoding="utf-8")
-    (directory / IMAGE_LANGS).write_text("".join(f"{x}\n" for x in image_langs), encoding="utf-8")
-    count = lambda langs: dict(sorted(collections.Counter(x for x in langs if x).items()))  # noqa: E731
-    return {"languages": {"documents": count(doc_langs), "images": count(image_langs),
-                          **dict(getattr(detect, "settings", {}))}}
 
 
 def _write_all_qrels(

@@ -46,7 +46,8 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.jsonl import read_json_lines
 from cfir_jax.core.languages import check_code
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
-from cfir_jax.data.corpus_writer import Detect, corpus_is_complete, write_corpus
+from cfir_jax.data.corpus_languages import Detect
+from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 
 NAME = "files"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
