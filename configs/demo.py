@@ -14,6 +14,12 @@ W/model_full, never W/train or W/model:
 
   python train.py    --config configs/demo.py:full --workdir demo_work
 
+`configs/demo.py:multilingual` writes 15% of the world's documents and captions in French (spaCy's French pipeline,
+`pip install -e ".[lang-fr]"`) and 10% in Indonesian (no pipeline here: the fallback rule), which index.py detects;
+`--compare` then adds the rows per language (docs/languages.md):
+
+  python index.py    --config configs/demo.py:multilingual --workdir demo_ml
+
 `configs/demo.py:tiny` is the same on a 40-document world (tests). The world's images come with embeddings (the
 frozen image tower's output stands in for BEiT-3's), and no pretrained text weights exist for it, so index.py first
 trains the text tower on image captions (as BEiT-3's itc pretraining did) and freezes that as the entity encoder.
@@ -25,13 +31,14 @@ from configs.base import experiment
 
 
 def get_config(arg=None):
-    variant = parse_arg(arg, tiny=False, full=False)  # in any order: `:full,tiny` is `:tiny,full`
+    variant = parse_arg(arg, tiny=False, full=False, multilingual=False)  # in any order: `:full,tiny` is `:tiny,full`
     tiny, full = variant.tiny, variant.full
     cfg = experiment("base", "runlocal,full" if full else "runlocal")
     # The demo's own recipe, tuned for a 2-layer model on a synthetic world: no drop path, no layer-wise lr decay.
     cfg.model.update(embed_dim=64, num_layers=2, num_heads=4, ffn_dim=256, vocab_size=1024, max_text_positions=512,
                      dropout=0.0, drop_path_rate=0.0)
-    cfg.index.corpus.update(source="synthetic", synthetic_size="tiny" if tiny else "default")
+    cfg.index.corpus.update(source="synthetic", synthetic_size="tiny" if tiny else "default",
+                            synthetic_languages="fr:0.15,id:0.1" if variant.multilingual else "")
     cfg.index.encoder = "pretrain"
     cfg.index.image_cache.update(precomputed="corpus", dtype="float16")
     cfg.index.summaries.update(summarizer="extractive", extractive_tokens=48)

@@ -22,7 +22,8 @@ from cfir_jax.builders.index_encoder import encoder_tokenizer
 from cfir_jax.builders.store_update import ChangeRun
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data import synthetic
-from cfir_jax.data.corpus import FORMAT_VERSION, KIND, Corpus, Image
+from cfir_jax.data.corpus import DOC_LANGS, FORMAT_VERSION, IMAGE_LANGS, KIND, Corpus, Image
+from cfir_jax.data.corpus_languages import write_languages
 from cfir_jax.data.corpus_writer import write_corpus_part, write_split_qrels
 from cfir_jax.data.files import (
     ROW_FILE_SUFFIXES,
@@ -33,6 +34,8 @@ from cfir_jax.data.files import (
     read_qrels,
     row_paths,
 )
+from cfir_jax.data.synthetic_languages import parse_shares
+from cfir_jax.nlp.language_detect import LanguageDetector
 from cfir_jax.stores.atomic_write import link_tree
 from cfir_jax.stores.contract import manifest_digest, write_manifest
 from cfir_jax.stores.integrity import CHECKSUMS, MANIFEST
@@ -159,11 +162,12 @@ def _union_qrels(corpus: Corpus, added: dict, out_dir: Path, doc_ids: Sequence[s
     return splits, num_added
 
 
-def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: str | os.PathLike) -> dict:
+def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: str | os.PathLike,
+                          detect: LanguageDetector | None = None) -> dict:
     """The corpus with the rows of `addition` (an --add PATH, `resolve_addition`) appended as a new part, staged in
-    `out_dir`. Ids already in the collection are refused in one line naming file:line. Returns the counts:
-    documents_added, images_added, judgements_added, first_new_document, first_new_image (the union rows where the
-    added ones start) and part."""
+    `out_dir`, the languages of its texts found by `detect` where not stated. Ids already in the collection are
+    refused in one line naming file:line. Returns the counts: documents_added, images_added, judgements_added,
+    first_new_document, first_new_image (the union rows where the added ones start) and part."""
     out_dir, add = Path(out_dir), resolve_addition(addition)
     documents = read_documents(add.documents, existing=set(corpus.doc_ids)) if add.documents else iter(())
     files = list(add.image_files) if add.image_files else None
@@ -172,11 +176,16 @@ def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: 
     _check_embeddings(corpus, add.images or add.path, first_image)
     parts = list(corpus.manifest.get("parts") or [])
     name = f"parts/{len(parts) + 1:04d}"
-    link_tree(corpus.path, out_dir, skip=(MANIFEST, CHECKSUMS, "doc_ids.txt", "image_ids.txt", "qrels"))
-    part = write_corpus_part(out_dir / name, documents, images, corpus.embedding_dim, source=add.path)
-    new_docs = (out_dir / name / "doc_ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
-    new_images = (out_dir / name / "image_ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
+    link_tree(corpus.path, out_dir, skip=(MANIFEST, CHECKSUMS, "doc_ids.txt", "image_ids.txt", "qrels", DOC_LANGS,
+                                          IMAGE_LANGS))
+    part, written = write_corpus_part(out_dir / name, documents, images, corpus.embedding_dim, source=add.path,
+                                      detect=detect, among=corpus.languages)
+    new_docs, new_images = written.doc_ids, written.image_ids
     doc_ids, image_ids = corpus.doc_ids + new_docs, corpus.image_ids + new_images
+    languages = {}
+    if corpus.doc_langs or any(x not in ("en", "") for x in (*written.doc_langs, *written.image_langs)):
+        languages = write_languages(out_dir, _langs(corpus, "documents") + written.doc_langs,
+                                    _langs(corpus, "images") + written.image_langs, detect)
     _write_ids(out_dir / "doc_ids.txt", doc_ids)
     _write_ids(out_dir / "image_ids.txt", image_ids)
     splits, judgements = _union_qrels(corpus, read_qrels(add.qrels) if add.qrels else {}, out_dir, doc_ids,
@@ -186,12 +195,21 @@ def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: 
     if new_docs:
         sha = hashlib.sha256(f"{sha}\n{part['documents_sha']}".encode()).hexdigest()[:16]
     parts.append({"path": name, "num_documents": len(new_docs), "num_images": len(new_images)})
+    fields = {k: v for k, v in _fields(corpus.manifest).items() if k != "languages"}
     write_manifest(out_dir, KIND, FORMAT_VERSION, **{
-        **_fields(corpus.manifest), "num_documents": len(doc_ids), "num_images": len(image_ids),
+        **fields, "num_documents": len(doc_ids), "num_images": len(image_ids),
         "documents_sha": sha, "splits": splits, "parts": parts,
-        "images_with_text": int(corpus.manifest.get("images_with_text") or 0) + part["images_with_text"]})
+        "images_with_text": int(corpus.manifest.get("images_with_text") or 0) + part["images_with_text"], **languages})
     return {"documents_added": len(new_docs), "images_added": len(new_images), "judgements_added": judgements,
             "first_new_document": corpus.num_documents, "first_new_image": corpus.num_images, "part": name}
+
+
+def _langs(corpus: Corpus, what: str) -> list[str]:
+    """The languages of a corpus' documents or images, English where it recorded none (each image read once then:
+    '' for one without text), when an addition brings the first text in another language."""
+    if what == "documents":
+        return list(corpus.doc_langs) or ["en"] * corpus.num_documents
+    return list(corpus.image_langs) or [corpus.image(i).lang for i in range(corpus.num_images)]
 
 
 def resolve_removals(corpus: Corpus, ids_file: str | os.PathLike) -> tuple[list[str], list[str], list[str]]:
@@ -274,9 +292,10 @@ def documents_added(change: ChangeRun) -> int:
 def write_corpus(config, layout) -> None:
     """The corpus stage (process 0 alone: a format conversion, not model work; splitting it over hosts would buy
     little): AToMiC parquet files, a synthetic world, or plain files, as index.corpus.source says."""
-    c = config.index.corpus
+    c, detect = config.index.corpus, LanguageDetector.of(config)
     if c.source == "synthetic":
-        synthetic.generate(layout.corpus, synthetic.SyntheticConfig.named(c.synthetic_size, seed=c.seed))
+        languages = parse_shares(c.get("synthetic_languages", ""))
+        synthetic.generate(layout.corpus, synthetic.SyntheticConfig.named(c.synthetic_size, c.seed, languages), detect)
         return
     if c.source == "atomic":
         # why: pyarrow loads for an AToMiC build only
@@ -290,16 +309,16 @@ def write_corpus(config, layout) -> None:
         split = lambda s: [p for p in s.split(",") if p] if "," in s else s  # noqa: E731
         splits = tuple(p.strip() for p in c.splits.split(",") if p.strip())
         build_atomic_corpus(split(c.texts), split(c.images), c.qrels, layout.corpus, setting=c.setting,
-                            splits=splits)
+                            splits=splits, detect=detect)
     elif c.source == "files":
         build_files_corpus(c.documents, c.images, c.qrels or None, layout.corpus,
-                           tokenizer_spm=encoder_tokenizer(config))
+                           tokenizer_spm=encoder_tokenizer(config), detect=detect)
     else:
         raise CfirError(f"index.corpus.source={c.source!r}: use 'atomic', 'synthetic' or 'files'")
 
 
 def _added(change: ChangeRun, out: Path) -> dict:
-    info = stage_corpus_addition(change.old("corpus"), out, change.payload.path)
+    info = stage_corpus_addition(change.old("corpus"), out, change.payload.path, LanguageDetector.of(change.config))
     return {k: info[k] for k in ("documents_added", "images_added", "judgements_added")}
 
 
@@ -308,13 +327,21 @@ def _removed(change: ChangeRun, out: Path) -> dict:
     return {k: info[k] for k in ("images_removed", "documents_removed", "removed_images")}
 
 
+def corpus_summary(corpus: Corpus) -> str:
+    """The stage's line of index.py's closing table: with the documents and captions per language, when not all
+    English."""
+    langs = corpus.manifest.get("languages") or {}
+    counts = lambda of: ", ".join(f"{c} {n:,}" for c, n in of.items())  # noqa: E731
+    return f"{corpus.num_documents:,} documents, {corpus.num_images:,} images" + (
+        f"; documents {counts(langs['documents'])}; captions {counts(langs['images'])}" if langs else "")
+
+
 def _open_corpus(run: StageRun) -> Corpus:
     return Corpus.open(run.layout.corpus)
 
 
 declare(Stage(
     "corpus", reader=Corpus.open,
-    build=Build(lambda run: write_corpus(run.config, run.layout),
-                lambda c: f"{c.num_documents:,} documents, {c.num_images:,} images", every_host=False,
+    build=Build(lambda run: write_corpus(run.config, run.layout), corpus_summary, every_host=False,
                 open=_open_corpus, unselected=_open_corpus),
     changes=Changes(add=Step(EXTEND, _added), remove=Step(MASK, _removed))))

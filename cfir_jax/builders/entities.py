@@ -17,8 +17,10 @@ from cfir_jax.builders.chunks import check_doc_id, commit_on_main, current, iter
 from cfir_jax.builders.descriptor import Build, Changes, Stage, declare
 from cfir_jax.builders.document_stores import DocumentNLP, after_add, append_documents
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import REFERENCE, by_language
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+from cfir_jax.nlp.entity_languages import LanguageEntities
 from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, check_sources
 from cfir_jax.stores import contract
 from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, EntityStore, entity_key
@@ -119,6 +121,7 @@ def _write_entity_store(out_dir: Path, doc_ids: list[str], surfaces: list[str], 
             num_mentions=int(entity_ids.size),
             num_without_entities=num_without,
             corpus_fingerprint=corpus_fingerprint,
+            **getattr(extractor, "manifest_fields", {}),
         )
     log.info(
         "%s: %d documents, %d distinct entities, %d without entities",
@@ -129,30 +132,39 @@ def _write_entity_store(out_dir: Path, doc_ids: list[str], surfaces: list[str], 
     )
 
 
-def entity_extractor(config) -> SourcedExtractor:
-    """The NER index.entities configures (spaCy, its labels, the entity sources)."""
+def entity_extractor(config, languages: dict[str, int] | None = None) -> SourcedExtractor | LanguageEntities:
+    """The NER index.entities configures (spaCy, its labels, the entity sources); with `languages` (the documents
+    per language of a collection not all in English) each language's (index.languages)."""
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
     nlp = load_spacy(e.spacy_model or None)
-    return SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+    english = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+    return LanguageEntities.of(config, english, languages) if set(languages or ()) - {REFERENCE} else english
+
+
+def _item(extractor: SourcedExtractor | LanguageEntities, doc) -> str:
+    """What the store streams for a corpus Document."""
+    if isinstance(extractor, LanguageEntities):
+        return extractor.item(doc.text, categories_of(doc), doc.lang)
+    return extractor.item(doc.text, categories_of(doc))
 
 
 def build_entities(config, layout: Layout, corpus: Corpus) -> EntityStore:
     """The entities stage: spaCy NER (and the configured entity sources) over every document, unless current."""
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
-    extractor = entity_extractor(config)
+    extractor = entity_extractor(config, corpus.languages)
     # Current only when computed from these very documents (their content, not just their number) by this NER, from
-    # these sources (a plain spaCy store records none).
+    # these sources (a plain spaCy store records none), each language by its rule (an English store records none).
     if current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
-               labels=list(extractor.extractor.labels), sources=extractor.settings.get("sources")):
+               labels=list(extractor.extractor.labels), sources=extractor.settings.get("sources"),
+               languages=extractor.settings.get("languages")):
         return EntityStore.open(layout.entities)
     if sources != "spacy" and corpus.num_documents and not any(
             categories_of(corpus.document(i)) for i in range(min(corpus.num_documents, 1000))):
         raise CfirError(f"{corpus.path}: its documents carry no category names (index.entities.sources={sources!r}); "
                         "use --config.index.entities.sources=spacy or a corpus with AToMiC's category field")
-    docs = ((corpus.doc_ids[i], extractor.item(doc.text, categories_of(doc)))
-            for i in range(corpus.num_documents) for doc in (corpus.document(i),))
+    docs = ((corpus.doc_ids[i], _item(extractor, corpus.document(i))) for i in range(corpus.num_documents))
     build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents, chunk_size=e.chunk_size,
                        corpus_fingerprint=corpus.documents_fingerprint)
     return EntityStore.open(layout.entities)
@@ -164,9 +176,9 @@ def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_ne
     in `work_dir/entities` across a kill), staged in `out_dir`: equal to a store built over the union in one go,
     recorded with the union's documents fingerprint. Returns {documents_added, entities_added}."""
     def nlp() -> DocumentNLP:
-        extractor = entity_extractor(config)
+        extractor = entity_extractor(config, corpus.languages)
         return DocumentNLP(
-            extractor.settings, lambda i: extractor.item(corpus.document(i).text, categories_of(corpus.document(i))),
+            extractor.settings, lambda i: _item(extractor, corpus.document(i)),
             lambda texts: list(extractor.extract(texts)),
             lambda out, chunks: assemble_entity_store(out, chunks, extractor, corpus.documents_fingerprint, base=store))
 
@@ -176,8 +188,17 @@ def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_ne
             "entities_added": 0 if manifest is None else int(manifest["num_entities"]) - len(store.vocab)}
 
 
+def stage_summary(store: EntityStore | None) -> str:
+    """The stage's line of index.py's closing table: with the documents of each language and the rule that read them
+    when the collection is not all in English."""
+    if store is None:
+        return "-"
+    m = store.manifest
+    return f"{len(store.vocab):,} entities, {store.num_without_entities} docs without" + \
+        (f"; {by_language(m['language_documents'], m['languages'])}" if m.get("languages") else "")
+
+
 declare(Stage("entities", reader=EntityStore.open,
               build=Build(lambda run: build_entities(run.config, run.layout, run.opened["corpus"]),
-                          lambda s: "-" if s is None else f"{len(s.vocab):,} entities, {s.num_without_entities} docs "
-                          "without", unselected=lambda run: None),
+                          stage_summary, unselected=lambda run: None),
               changes=Changes(add=after_add("entities", stage_entities_addition))))

@@ -18,6 +18,7 @@ import hashlib
 import json
 import os
 import time
+from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -28,6 +29,7 @@ from cfir_jax.builders.image_cache_update import row_map
 from cfir_jax.builders.image_text import FIELDS, image_text
 from cfir_jax.builders.store_update import ChangeRun
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import REFERENCE, by_language, setup_of
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.core.progress import shown
 from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
@@ -61,13 +63,35 @@ def row_texts(corpus: Corpus, ids: Sequence[str], fields: Sequence[str]) -> list
     return [image_text(corpus.image(row_of[i]), fields) for i in ids]
 
 
-def tokenize(texts: Sequence[str], vocab: dict[str, int], stemmer: str, progress: bool | None = None
+def row_langs(corpus: Corpus, ids: Sequence[str]) -> list[str] | None:
+    """The language of each picture `ids` names ('' without text), or None when the corpus' are all English."""
+    if not corpus.image_langs:
+        return None
+    row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
+    return [corpus.image_langs[row_of[i]] for i in ids]
+
+
+def language_settings(config, langs: Sequence[str] | None) -> dict:
+    """The manifest fields of a store over captions not all in English: each caption language's stemmer
+    (index.languages: English's is index.lexical.stemmer) and its rows; {} for English ones."""
+    counts = Counter(x for x in langs or () if x)
+    if not set(counts) - {REFERENCE}:
+        return {}
+    return {"languages": {c: setup_of(config, c).stemmer for c in sorted(counts)},
+            "language_rows": dict(sorted(counts.items()))}
+
+
+def tokenize(texts: Sequence[str], vocab: dict[str, int], stemmer: str, progress: bool | None = None,
+             langs: Sequence[str] | None = None, stemmers: dict[str, str] | None = None
              ) -> tuple[np.ndarray, np.ndarray]:
-    """(offsets int64 [n + 1], term ids int32 [T]) of `texts`; unseen terms are added to `vocab` (in place)."""
+    """(offsets int64 [n + 1], term ids int32 [T]) of `texts`; unseen terms are added to `vocab` (in place). With
+    `langs` (each text's language) and `stemmers` (each language's), a text's terms are its language's."""
     lengths, ids = np.zeros(len(texts) + 1, np.int64), []
     with progress_bar(total=len(texts), desc="lexical terms", unit="img", show=progress) as bar:
         for i, text in enumerate(texts):
-            row = [vocab.setdefault(t, len(vocab)) for t in terms(text, stemmer)]
+            lang = langs[i] or REFERENCE if langs is not None and stemmers else REFERENCE
+            read = terms(text, stemmers[lang], lang) if lang != REFERENCE else terms(text, stemmer)
+            row = [vocab.setdefault(t, len(vocab)) for t in read]
             lengths[i + 1] = len(row)
             ids.extend(row)
             bar.update(1)
@@ -127,39 +151,52 @@ def write_store(out_dir: str | os.PathLike, vocab: dict[str, int], offsets: np.n
 
 def build_lexical(out_dir: str | os.PathLike, corpus: Corpus, cache: ImageCache, settings: dict,
                   progress: bool | None = None) -> LexicalIndex:
-    """The store for every row of `cache`; a current one (same cache build and settings) is reused."""
+    """The store for every row of `cache`; a current one (same cache build and settings, its captions' languages
+    read by the same stemmers: `settings["languages"]`, absent for English captions) is reused."""
     try:
-        return LexicalIndex.open(out_dir, cache_fingerprint=cache.content_fingerprint, num_rows=cache.num_images,
-                                 **settings)
+        store = LexicalIndex.open(out_dir, cache_fingerprint=cache.content_fingerprint, num_rows=cache.num_images,
+                                  **settings)
+        if store.manifest.get("languages") == settings.get("languages"):
+            return store
     except StoreError:
         pass
     start, vocab = time.time(), {}
     offsets, doc_terms = tokenize(row_texts(corpus, cache.ids, settings["fields"]), vocab, settings["stemmer"],
-                                  progress)
+                                  progress, row_langs(corpus, cache.ids), settings.get("languages"))
     return write_store(out_dir, vocab, offsets, doc_terms, settings, cache, start)
 
 
-def extend_lexical(out_dir: str | os.PathLike, store: LexicalIndex, corpus: Corpus, cache: ImageCache
-                   ) -> LexicalIndex:
+def extend_lexical(out_dir: str | os.PathLike, store: LexicalIndex, corpus: Corpus, cache: ImageCache,
+                   config=None) -> LexicalIndex:
     """After an add: `store` (the first store.num_rows rows of `cache`) with the new rows' terms, re-scored, into
-    `out_dir` (a new version's directory, or the store's own)."""
+    `out_dir` (a new version's directory, or the store's own); the new rows' terms in their languages (the stemmers
+    of `config`'s index.languages for a language the store had none of)."""
     start, settings = time.time(), _settings(store)
+    langs = row_langs(corpus, cache.ids)
+    grown = language_settings(config, langs) if config is not None else {}
+    if grown:  # the store's own stemmers stay those of its languages
+        settings.update(language_rows=grown["language_rows"],
+                        languages={**grown["languages"], **(store.manifest.get("languages") or {})})
     if cache.num_images < store.num_rows or list(cache.ids[: store.num_rows]) != _ids_prefix(store, cache):
         raise StoreError(f"{store.path}: the image cache does not extend the rows this store was built for; rebuild "
                          "it with index.py --stages lexical")
     vocab = {t: j for j, t in enumerate(store.vocab)}
     texts = row_texts(corpus, cache.ids[store.num_rows :], settings["fields"])
-    new_offsets, new_terms = tokenize(texts, vocab, settings["stemmer"], progress=False)
+    new_offsets, new_terms = tokenize(texts, vocab, settings["stemmer"], False, langs and langs[store.num_rows :],
+                                      settings.get("languages"))
     offsets = np.concatenate([store.doc_offsets, store.doc_offsets[-1] + new_offsets[1:]])
     doc_terms = np.concatenate([np.asarray(store.doc_terms), new_terms])
     return write_store(out_dir, vocab, offsets, doc_terms, settings, cache, start)
 
 
-def compact_lexical(out_dir: str | os.PathLike, store: LexicalIndex, keep: np.ndarray, cache: ImageCache
-                    ) -> LexicalIndex:
+def compact_lexical(out_dir: str | os.PathLike, store: LexicalIndex, keep: np.ndarray, cache: ImageCache,
+                    langs: Sequence[str] | None = None) -> LexicalIndex:
     """After a compact: the rows `keep` (ascending old rows, those the compacted `cache` holds, in its order) with
-    their terms, re-scored into `out_dir`. Terms no kept row has stay in the vocabulary, with no postings."""
+    their terms, re-scored into `out_dir`. Terms no kept row has stay in the vocabulary, with no postings. `langs`:
+    the kept rows' languages (a store over captions not all in English counts its rows per language)."""
     start, settings = time.time(), _settings(store)
+    if "language_rows" in settings and langs is not None:
+        settings["language_rows"] = dict(sorted(Counter(x for x in langs if x).items()))
     keep = np.asarray(keep, np.int64)
     if len(keep) != cache.num_images or (len(keep) and (keep.min() < 0 or keep.max() >= store.num_rows)):
         raise StoreError(f"{store.path}: compaction keeps {len(keep)} rows but the compacted cache has "
@@ -180,7 +217,8 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
 
 
 def _settings(store: LexicalIndex) -> dict:
-    return {k: store.manifest[k] for k in ("fields", "method", "k1", "b", "stemmer")}
+    return {k: store.manifest[k] for k in ("fields", "method", "k1", "b", "stemmer", "languages", "language_rows")
+            if k in store.manifest}
 
 
 def _ids_prefix(store: LexicalIndex, cache: ImageCache) -> list[str]:
@@ -197,10 +235,11 @@ def lexical_wanted(run: StageRun) -> bool:
 def build_stage(run: StageRun) -> None:
     """Stage lexical, on process 0 alone (minutes at millions of captions; the others wait, then open it): nothing
     when the corpus' images carry no text."""
-    corpus = run.opened["corpus"]
+    corpus, cache = run.opened["corpus"], run.opened["image_cache"]
     if corpus.manifest.get("images_with_text"):
-        build_lexical(run.layout.lexical, corpus, run.opened["image_cache"], settings_of(run.config.index.lexical),
-                      shown())
+        settings = {**settings_of(run.config.index.lexical),
+                    **language_settings(run.config, row_langs(corpus, cache.ids))}
+        build_lexical(run.layout.lexical, corpus, cache, settings, shown())
 
 
 def open_stage(run: StageRun) -> LexicalIndex | None:
@@ -216,22 +255,25 @@ def stage_summary(store: LexicalIndex | None) -> str:
     if store is None:
         return "skipped: the corpus' images have no text"
     m = store.manifest
+    stems = {c: f"{x or 'no'} stemmer" for c, x in (m.get("languages") or {}).items()}
     return (f"{m['num_with_text']:,} of {m['num_rows']:,} images with text, {m['vocab_size']:,} terms, "
-            f"{m['num_postings']:,} postings ({m['method']}, k1={m['k1']:g}, b={m['b']:g})")
+            f"{m['num_postings']:,} postings ({m['method']}, k1={m['k1']:g}, b={m['b']:g})") + \
+        (f"; {by_language(m['language_rows'], stems)}" if stems else "")
 
 
 def lexical_after_add(change: ChangeRun, out) -> dict:
     """W/lexical with the new cache rows' terms appended and every row re-scored (the corpus statistics moved)."""
     old, cache = change.old("lexical"), change.new("image_cache")
-    store = extend_lexical(out, old, change.new("corpus"), cache)
+    store = extend_lexical(out, old, change.new("corpus"), cache, change.config)
     return {"rows": store.num_rows, "added_images": store.num_rows - old.num_rows}
 
 
 def lexical_after_compaction(change: ChangeRun, out) -> dict:
     """W/lexical without the rows the compaction dropped (the image cache's row map), re-scored. A removal alone
     needs no step: the removed rows stay in the statistics and the search drops them (search.live_rows)."""
-    store = compact_lexical(out, change.old("lexical"), np.flatnonzero(row_map(change) >= 0),
-                            change.new("image_cache"))
+    cache = change.new("image_cache")
+    store = compact_lexical(out, change.old("lexical"), np.flatnonzero(row_map(change) >= 0), cache,
+                            row_langs(change.new("corpus"), cache.ids))
     return {"rows": store.num_rows}
 
 

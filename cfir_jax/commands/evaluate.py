@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import ml_collections
 
 from cfir_jax.commands.scoring import evaluation_sr, print_notes, write_and_score
-from cfir_jax.eval import metrics, plots
+from cfir_jax.eval import languages, metrics, plots
 from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows, single_row
 from cfir_jax.eval.train_time import train_time
 from cfir_jax.retrieve import report
@@ -64,7 +64,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
     row's rule did with them; returns its rows."""
     evaluation_sr(config)
-    table, all_results, curves, authors, rules, scorers = [], [], {}, [], {}, []
+    table, all_results, curves, authors, rules, scorers, per_query = [], [], {}, [], {}, [], []
     er_line = ""
     complete = metrics.complete_for(measures)
     for row in rows:
@@ -83,6 +83,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
         if plot:
             curves[row.label] = plots.recall_curve(run, qrels)
         res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES, complete=complete)
+        per_query.append((row.label, res.per_query))
         table.append(report.EvalRow(row.label, res.aggregate, results, retriever.model_used,
                                     train_time_of(retriever), unknown_rule=rule, no_hits=res.no_hits))
         if measures not in ("trec_eval", "trec_eval_no_c"):
@@ -98,9 +99,11 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     if authors:
         print(metrics.authors_table(authors))
     unknown_line = report.unknown_rules_line(rules) if rules else ""
+    langs = languages.topic_languages(retriever.corpus, [d.doc_id for d in docs])
     for line in (er_line, report.sr_line(scorers, all_results), report.rerank_line(table),
-                 report.lexical_line(table), unknown_line):
-        if line:  # how ER and SR searched, the third stage's cost, the unseen entities: each when it has something
+                 report.lexical_line(table), unknown_line, *languages.rules_lines(retriever.layout, langs),
+                 languages.language_table(per_query, langs, report.EVAL_MEASURES)):
+        if line:  # how ER and SR searched, the third stage's cost, the unseen entities, the languages: when any
             print(line)
     if plot:
         plots.plot_recall_curves(curves, plot, f"{split} split, {len(docs)} topics")

@@ -17,6 +17,7 @@ from ml_collections import config_dict
 
 from cfir_jax.core.config_serve import serve_config
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import languages_config
 
 # BEiT-3's sizes. Head dim is 64 for both; the text vocabulary has 64010 rows (64002 used, padded).
 MODEL_SIZES = {
@@ -178,6 +179,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 # images form the collection (AToMiC's small setting of one split: splits="test").
                 splits=_experiment(str),
                 synthetic_size="default",  # 'tiny' or 'default' (synthetic source)
+                synthetic_languages="",  # synthetic source: shares of other languages, 'fr:0.15,id:0.1' (English: '')
                 seed=0,
             ),
             # The frozen encoder: a model directory (python -m cfir_jax.model.convert on beit3_*_itc_patch16_224.pth),
@@ -266,6 +268,8 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 b=0.75,
                 stemmer="english",
             ),
+            # Each document's and caption's language and what it gets (NER, stemmer, summarizer): docs/languages.md.
+            languages=languages_config(),
         )
     )
 

@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import check_languages
 from cfir_jax.core.registry import Registry
 
 # train.text: what the language expert reads of a train document (or an image's caption, the demo's pretraining).
@@ -78,6 +79,8 @@ def check_train(t: ml_collections.ConfigDict) -> None:
 def check_index(i: ml_collections.ConfigDict) -> None:
     _one_of("index.corpus", i.corpus, "source", ("atomic", "synthetic", "files"))
     _one_of("index.image_cache", i.image_cache, "dtype", DTYPES)
+    if "languages" in i:
+        check_languages(i.languages)
 
 
 def check_retrieval(r: ml_collections.ConfigDict) -> None:

@@ -26,6 +26,7 @@ from cfir_jax.core.config import IMAGE_TEXT_FIELDS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
+from cfir_jax.data.corpus_languages import Detect
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 
 CAPTION_FIELDS = IMAGE_TEXT_FIELDS  # the image text columns
@@ -191,11 +192,13 @@ def build_atomic_corpus(
     out_dir: str | os.PathLike,
     setting: str = "base",
     splits: Sequence[str] = SPLITS,
+    detect: Detect | None = None,
 ) -> Corpus:
     """Writes the AToMiC corpus of `setting` ("small", "base", "large") for the qrels `splits` into `out_dir`.
 
     Documents are the topics of `splits`; images follow the setting (module docstring). Reuses `out_dir` when it
-    already holds the same setting and splits built from the same files.
+    already holds the same setting and splits built from the same files. `detect`: each text's language
+    (`cfir_jax.data.corpus_writer.write_corpus`).
     """
     if setting not in SETTINGS:
         raise CfirError(f"unknown AToMiC setting {setting!r}; use one of {', '.join(SETTINGS)}")
@@ -232,5 +235,6 @@ def build_atomic_corpus(
         _images(image_files, wanted_images),
         qrels,
         drop_unknown_qrels=True,
+        detect=detect,
         **fields,
     )

@@ -14,6 +14,9 @@ A corpus directory `C/` holds
                                  `parts` lists them ({path, num_documents, num_images}), and its counts, id lists,
                                  qrels and documents_sha are of the union: row r of the union is the base's rows, then
                                  each part's, in order
+    C/doc_langs.txt, image_langs.txt   the language of each row (line i = row i; '' for an image without text), only
+                                 when some text is not English (manifest `languages`: counts, the detector's settings);
+                                 without them every row is English (cfir_jax.core.languages)
     C/removed_images.txt, removed_documents.txt   ids removed by `index.py --remove` (one a line; manifest counts
                                  `removed_images` / `removed_documents`): rows never move, later stages mask them
 
@@ -46,6 +49,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import REFERENCE
 from cfir_jax.stores.contract import manifest_digest, read_manifest
 
 KIND = "corpus"
@@ -54,6 +58,7 @@ SPLITS = ("train", "validation", "test")
 RECORD_VERSION = "1.0.0"
 # tfds reserves "all" and friends; every record set is stored as its one split under this name.
 RECORD_SPLIT = "train"
+DOC_LANGS, IMAGE_LANGS = "doc_langs.txt", "image_langs.txt"
 
 Qrels = dict[str, dict[str, int]]
 
@@ -70,6 +75,9 @@ class Document:
     # stages that may read them (the summariser's input, `nlp.summarizer.summary_input`; the category names of
     # `index.entities.sources`); a synthetic world's documents hold their categories alone.
     metadata: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    # Its language (cfir_jax.core.languages): stated by the collection ('' when not: the corpus writer detects it);
+    # a corpus read back gives every document its own ("en" where the corpus recorded none).
+    lang: str = ""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,6 +94,14 @@ class Image:
     # The image's own text fields by column name (AToMiC: caption_reference_description, caption_alt_text_description,
     # caption_attribution_description, each a list of strings), embedded by the image-text stage (index.image_text).
     texts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    lang: str = ""  # the language of its own text, as Document.lang ('' for an image without text)
+
+
+def own_text(image: Image) -> str:
+    """What a picture says about itself, its language's evidence: its caption and every text field, each once."""
+    seen = dict.fromkeys(t.strip() for t in (image.caption, *(t for f in sorted(image.texts)
+                                                               for t in image.texts[f])) if t and t.strip())
+    return " ".join(seen)
 
 
 # AToMiC's text fields of a document, kept one string each in the document's metadata by the AToMiC reader; what
@@ -304,16 +320,39 @@ class Corpus:
         return self._image_source
 
     def document(self, i: int) -> Document:
-        """Document at row `i` (0 <= i < num_documents)."""
+        """Document at row `i` (0 <= i < num_documents), with its language."""
         if not 0 <= i < self.num_documents:
             raise CfirError(f"{self.path}: document row {i} out of range [0, {self.num_documents})")
-        return _to_document(self._doc_source[i])  # as `documents[i]`, without grain's import
+        doc = _to_document(self._doc_source[i])  # as `documents[i]`, without grain's import
+        return dataclasses.replace(doc, lang=self.doc_langs[i] if self.doc_langs else REFERENCE)
 
     def image(self, i: int) -> Image:
-        """Image at row `i` (0 <= i < num_images)."""
+        """Image at row `i` (0 <= i < num_images), with the language of its own text."""
         if not 0 <= i < self.num_images:
             raise CfirError(f"{self.path}: image row {i} out of range [0, {self.num_images})")
-        return _to_image(self._image_source[i])  # as `images[i]`, without grain's import
+        img = _to_image(self._image_source[i])  # as `images[i]`, without grain's import
+        return dataclasses.replace(img, lang=self.image_langs[i] if self.image_langs else
+                                   (REFERENCE if own_text(img) else ""))
+
+    @functools.cached_property
+    def doc_langs(self) -> list[str]:
+        """Each document's language (row order), or [] when the corpus recorded none: every document is English."""
+        return self._langs(DOC_LANGS, self.num_documents)
+
+    @functools.cached_property
+    def image_langs(self) -> list[str]:
+        """The language of each image's own text ('' without text), or [] when the corpus recorded none (English)."""
+        return self._langs(IMAGE_LANGS, self.num_images)
+
+    def _langs(self, name: str, expected: int) -> list[str]:
+        if not self.manifest.get("languages"):
+            return []
+        return _read_ids(self.path / name, expected)
+
+    @property
+    def languages(self) -> dict[str, int]:
+        """Documents per language ({"en": N} for a corpus that recorded none)."""
+        return dict(self.manifest.get("languages", {}).get("documents") or {REFERENCE: self.num_documents})
 
     def qrels(self, split: str) -> Qrels:
         """{doc_id: {image_id: rel}} of one split."""

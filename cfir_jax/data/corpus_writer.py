@@ -9,7 +9,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,19 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.data.corpus import FORMAT_VERSION, KIND, RECORD_SPLIT, RECORD_VERSION, SPLITS, Corpus, Document, Image
+from cfir_jax.core.languages import REFERENCE
+from cfir_jax.data.corpus import (
+    FORMAT_VERSION,
+    KIND,
+    RECORD_SPLIT,
+    RECORD_VERSION,
+    SPLITS,
+    Corpus,
+    Document,
+    Image,
+    own_text,
+)
+from cfir_jax.data.corpus_languages import Detect, language_of, write_languages
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 
 
@@ -110,8 +122,10 @@ def _add_id(kind: str, value: Any, row: int, ids: list[str], seen: set[str]) -> 
     return value
 
 
-def _document_examples(documents: Iterable[Document], ids: list[str], digest) -> Iterator[dict]:
-    """Record dicts of the documents; `digest` (a hashlib object) absorbs every record, in order."""
+def _document_examples(documents: Iterable[Document], ids: list[str], digest, langs: list[str],
+                       detect: Detect | None = None) -> Iterator[dict]:
+    """Record dicts of the documents; `digest` (a hashlib object) absorbs every record, in order, and each language
+    but English (so an English corpus keeps the digest it had before languages existed); `langs` collects them."""
     seen: set[str] = set()
     for row, doc in enumerate(documents):
         doc_id = _add_id("document", doc.doc_id, row, ids, seen)
@@ -120,17 +134,24 @@ def _document_examples(documents: Iterable[Document], ids: list[str], digest) ->
                    "metadata": metadata}
         digest.update(json.dumps(example, sort_keys=True, ensure_ascii=False).encode())
         digest.update(b"\0")
+        langs.append(language_of(doc.lang, doc.text, detect and detect.document) or REFERENCE)
+        if langs[-1] != REFERENCE:
+            digest.update(f"lang={langs[-1]}\0".encode())
         yield example
 
 
 def _image_examples(
     images: Iterable[Image], ids: list[str], embedding_dim: int | None, embeddings: list[np.ndarray],
-    with_text: list[int],
+    with_text: list[int], langs: list[str], detect: Detect | None = None, among: Collection[str] = (),
 ) -> Iterator[dict]:
-    """Record dicts of the images; `with_text` collects the rows that have any non-empty text field."""
+    """Record dicts of the images; `with_text` collects the rows that have any non-empty text field, `langs` the
+    language of each row's own text ('' without text), detected among the languages `among` (the documents')."""
     seen: set[str] = set()
+    among = frozenset(among)
+    caption = (lambda text: detect.caption(text, among)) if detect is not None else None
     for row, img in enumerate(images):
         image_id = _add_id("image", img.image_id, row, ids, seen)
+        langs.append(language_of(img.lang, own_text(img), caption))
         if any(t.strip() for v in img.texts.values() for t in v):
             with_text.append(row)
         example = {
@@ -241,25 +262,29 @@ class _Written:
     image_ids: list[str]
     with_text: list[int]
     documents_sha: str
+    doc_langs: list[str] = dataclasses.field(default_factory=list)
+    image_langs: list[str] = dataclasses.field(default_factory=list)
 
 
 def _write_items(
-    tmp: Path, doc_iter: Iterator[Document], image_iter: Iterator[Image], embedding_dim: int | None
+    tmp: Path, doc_iter: Iterator[Document], image_iter: Iterator[Image], embedding_dim: int | None,
+    detect: Detect | None = None,
 ) -> _Written:
     """Streams the documents and images into their records, then writes the id lists and embeddings.npy."""
-    doc_ids: list[str] = []
-    image_ids: list[str] = []
+    w = _Written([], [], [], "")
     embeddings: list[np.ndarray] = []
-    with_text: list[int] = []
     documents_sha = hashlib.sha256()
-    _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
-    examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
+    _write_records(tmp, "documents", _document_features(),
+                   _document_examples(doc_iter, w.doc_ids, documents_sha, w.doc_langs, detect))
+    examples = _image_examples(image_iter, w.image_ids, embedding_dim, embeddings, w.with_text, w.image_langs, detect,
+                               set(w.doc_langs))
     _write_records(tmp, "images", _image_features(embedding_dim), examples)
-    (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids), encoding="utf-8")
-    (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids), encoding="utf-8")
+    (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in w.doc_ids), encoding="utf-8")
+    (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in w.image_ids), encoding="utf-8")
     if embedding_dim is not None:
         np.save(tmp / "embeddings.npy", np.stack(embeddings).astype(np.float32))
-    return _Written(doc_ids, image_ids, with_text, documents_sha.hexdigest())
+    w.documents_sha = documents_sha.hexdigest()
+    return w
 
 
 def _write_all_qrels(
@@ -289,6 +314,7 @@ def write_corpus(
     *,
     drop_unknown_qrels: bool = False,
     qrels_files: Mapping[str, str] | None = None,
+    detect: Detect | None = None,
     **manifest_fields: Any,
 ) -> Corpus:
     """Writes a corpus directory atomically and opens it; does nothing when a complete one with the same
@@ -299,7 +325,8 @@ def write_corpus(
     that is not in the corpus raises CfirError, or is dropped and counted when `drop_unknown_qrels` (real
     collections miss a few items); `qrels_files` names each split's source file in that error. `manifest_fields`
     (JSON-able: the generator config, the source files) are stored in the manifest and decide whether an existing
-    corpus is reused.
+    corpus is reused. `detect` finds the language of each document and caption that states none
+    (`cfir_jax.nlp.language_detect`; None: English).
     """
     out_dir = Path(out_dir)
     _check_arguments(qrels, tokenizer_spm)
@@ -308,7 +335,8 @@ def write_corpus(
     doc_iter, image_iter, embedding_dim = _first_items(out_dir, documents, images)
 
     with atomic_dir(out_dir) as tmp:
-        written = _write_items(tmp, doc_iter, image_iter, embedding_dim)
+        written = _write_items(tmp, doc_iter, image_iter, embedding_dim, detect)
+        languages = write_languages(tmp, written.doc_langs, written.image_langs, detect)
         splits = _write_all_qrels(tmp, qrels, written, drop_unknown_qrels, qrels_files or {})
         if tokenizer_spm is not None:
             shutil.copyfile(tokenizer_spm, tmp / "tokenizer.spm")
@@ -325,6 +353,7 @@ def write_corpus(
             has_tokenizer=tokenizer_spm is not None,
             images_with_text=len(written.with_text),
             records="tfds array_record",
+            **languages,
             **{k: _jsonable(v) for k, v in manifest_fields.items()},
         )
     return Corpus.open(out_dir)
@@ -332,33 +361,37 @@ def write_corpus(
 
 def write_corpus_part(
     out_dir: str | os.PathLike, documents: Iterable[Document], images: Iterable[Image], embedding_dim: int | None,
-    source: str | os.PathLike = "",
-) -> dict:
+    source: str | os.PathLike = "", detect: Detect | None = None, among: Collection[str] = (),
+) -> tuple[dict, _Written]:
     """Writes the rows of an addition as a corpus part (`out_dir`, a new directory; see cfir_jax.data.corpus): its
     records, id lists, embeddings.npy and manifest; a side without rows has no records. `embedding_dim` is the
     corpus' (every image then carries one embedding of that dim, else none); `source` names the addition in an
-    error. Returns the part's manifest."""
+    error; `detect` finds the languages, as for `write_corpus` (`among`: the collection's documents' languages, where
+    a caption's is looked for). Returns the part's manifest and what it wrote (its
+    ids and languages, which the union's lists extend: the union alone records languages)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True)
-    doc_ids: list[str] = []
-    image_ids: list[str] = []
+    w = _Written([], [], [], "")
     embeddings: list[np.ndarray] = []
-    with_text: list[int] = []
     digest = hashlib.sha256()
     first_doc, doc_iter = _peek(documents)
     if first_doc is not None:
-        _write_records(out_dir, "documents", _document_features(), _document_examples(doc_iter, doc_ids, digest))
+        _write_records(out_dir, "documents", _document_features(),
+                       _document_examples(doc_iter, w.doc_ids, digest, w.doc_langs, detect))
     first_image, image_iter = _peek(images)
     if first_image is not None:
-        examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
+        examples = _image_examples(image_iter, w.image_ids, embedding_dim, embeddings, w.with_text, w.image_langs,
+                                   detect, set(w.doc_langs) | set(among))
         _write_records(out_dir, "images", _image_features(embedding_dim), examples)
-    if not doc_ids and not image_ids:
+    if not w.doc_ids and not w.image_ids:
         raise CfirError(f"{source or out_dir}: the addition holds no documents and no images")
-    (out_dir / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids), encoding="utf-8")
-    (out_dir / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids), encoding="utf-8")
-    if embedding_dim is not None and image_ids:
+    (out_dir / "doc_ids.txt").write_text("".join(f"{i}\n" for i in w.doc_ids), encoding="utf-8")
+    (out_dir / "image_ids.txt").write_text("".join(f"{i}\n" for i in w.image_ids), encoding="utf-8")
+    if embedding_dim is not None and w.image_ids:
         np.save(out_dir / "embeddings.npy", np.stack(embeddings).astype(np.float32))
-    return write_manifest(out_dir, KIND, FORMAT_VERSION, name="part", num_documents=len(doc_ids),
-                          num_images=len(image_ids), documents_sha=digest.hexdigest()[:16] if doc_ids else None,
-                          splits={}, embedding_dim=embedding_dim, has_tokenizer=False,
-                          images_with_text=len(with_text), records="tfds array_record")
+    w.documents_sha = digest.hexdigest()[:16] if w.doc_ids else ""
+    manifest = write_manifest(out_dir, KIND, FORMAT_VERSION, name="part", num_documents=len(w.doc_ids),
+                              num_images=len(w.image_ids), documents_sha=w.documents_sha or None,
+                              splits={}, embedding_dim=embedding_dim, has_tokenizer=False,
+                              images_with_text=len(w.with_text), records="tfds array_record")
+    return manifest, w

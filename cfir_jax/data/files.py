@@ -1,15 +1,17 @@
 """A collection from plain files (`index.corpus.source="files"`) into the corpus format: no AToMiC layout needed.
 
 - Documents (`index.corpus.documents`): a JSONL file (one JSON object a line) or a parquet file, rows with `id` and
-  `text`, optional `title`; any further string or list-of-strings field is kept as the document's metadata.
+  `text`, optional `title` and `lang` (the document's language, "fr"; detected when not stated: docs/languages.md);
+  any further string or list-of-strings field is kept as the document's metadata.
 - Images (`index.corpus.images`): either a directory tree of image files (IMAGE_SUFFIXES), the id being the path
   relative to the directory without its suffix (`cats/tom.png` -> `cats/tom`; whitespace, control characters and
   `%` percent-encoded, `people/Grace Hopper.jpg` -> `people/Grace%20Hopper`: `image_id_of_path`, reversed by
   `path_of_image_id`; the relative path itself is kept as the image's `url`), or a JSONL/parquet file of rows with
   `id` and then `path` (relative to that file's directory) or `bytes` (parquet: binary; JSONL: base64), optional
   caption fields (`caption`, kept as AToMiC's `caption_reference_description`, or any of IMAGE_TEXT_FIELDS, read by
-  the image-text stages) and an optional precomputed `embedding` (a list of floats; all rows or none). A row with an
-  embedding needs no `path` or `bytes` (the picture itself is then not kept).
+  the image-text stages), an optional `lang` (their language) and an optional precomputed `embedding` (a list of
+  floats; all rows or none). A row with an embedding needs no `path` or `bytes` (the picture itself is then not
+  kept).
 - Qrels (`index.corpus.qrels`, optional): a directory of TREC qrels `<split>.qrels` or `<split>.txt` for the splits
   train, validation and test, lines `doc_id 0 image_id rel`.
 
@@ -42,7 +44,9 @@ import numpy as np
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.jsonl import read_json_lines
+from cfir_jax.core.languages import check_code
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
+from cfir_jax.data.corpus_languages import Detect
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
 
 NAME = "files"
@@ -50,7 +54,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".ti
 QRELS_SUFFIXES = (".qrels", ".txt")
 ROW_FILE_SUFFIXES = (".jsonl", ".parquet")
 # Fields of an image row that are not caption text.
-IMAGE_ROW_FIELDS = ("id", "path", "bytes", "embedding", "url")
+IMAGE_ROW_FIELDS = ("id", "path", "bytes", "embedding", "url", "lang")
 
 Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "file: row n", the row's fields)
 
@@ -124,6 +128,12 @@ def _strings(where: str, field: str, value: Any) -> tuple[str, ...] | None:
     return None
 
 
+def _lang(where: str, row: dict) -> str:
+    """A row's stated language (`"lang": "fr"`), '' when it states none (the corpus writer detects it then)."""
+    value = row.get("lang")
+    return "" if value is None or value == "" else check_code(value, where)
+
+
 def read_documents(path: str | os.PathLike, existing: Container[str] = ()) -> Iterator[Document]:
     """The documents of a JSONL or parquet file, in file order (module docstring); an id in `existing` (the
     collection an addition joins) is refused like a duplicate."""
@@ -134,9 +144,9 @@ def read_documents(path: str | os.PathLike, existing: Container[str] = ()) -> It
         title = _string(where, row, "title", required=False)
         metadata = {}
         for field, value in row.items():
-            if field not in ("id", "text", "title") and (strings := _strings(where, field, value)) is not None:
+            if field not in ("id", "text", "title", "lang") and (strings := _strings(where, field, value)) is not None:
                 metadata[field] = strings
-        yield Document(doc_id=doc_id, text=text, title=title, metadata=metadata)
+        yield Document(doc_id=doc_id, text=text, title=title, metadata=metadata, lang=_lang(where, row))
 
 
 def _escaped(c: str) -> bool:
@@ -244,7 +254,8 @@ def _row_images(path: Path, existing: Container[str]) -> Iterator[Image]:
                 texts[field] = strings
         first = next((t for f in IMAGE_TEXT_FIELDS for t in texts.get(f, ()) if t.strip()), "")
         yield Image(image_id=image_id, caption=first, url=_string(where, row, "url", required=False),
-                    image=_image_bytes(where, row, path.parent, emb is not None), embedding=emb, texts=texts)
+                    image=_image_bytes(where, row, path.parent, emb is not None), embedding=emb, texts=texts,
+                    lang=_lang(where, row) if first else "")
 
 
 def read_images(path: str | os.PathLike, existing: Container[str] = (), files: list[Path] | None = None
@@ -317,10 +328,12 @@ def _stamp(path: Path) -> list:
 
 
 def build_files_corpus(documents: str | os.PathLike, images: str | os.PathLike, qrels: str | os.PathLike | None,
-                       out_dir: str | os.PathLike, tokenizer_spm: str | os.PathLike | None = None) -> Corpus:
+                       out_dir: str | os.PathLike, tokenizer_spm: str | os.PathLike | None = None,
+                       detect: Detect | None = None) -> Corpus:
     """Writes the collection of plain files into the corpus directory `out_dir` (reused when the same inputs,
     unchanged, made it). `tokenizer_spm`: a sentencepiece model the corpus ships (the tokenizer of a model trained
-    elsewhere on a synthetic world); None: the config's `tokenizer` is used."""
+    elsewhere on a synthetic world); None: the config's `tokenizer` is used. `detect`: the language of each row that
+    states none (`cfir_jax.data.corpus_writer.write_corpus`)."""
     if not documents or not images:
         raise CfirError("index.corpus.source='files': set --config.index.corpus.documents=FILE (.jsonl or .parquet) "
                         "and --config.index.corpus.images=DIR or FILE")
@@ -335,4 +348,4 @@ def build_files_corpus(documents: str | os.PathLike, images: str | os.PathLike, 
     judged = read_qrels(qrels) if qrels else {}
     files = {split: os.fspath(_qrels_file(Path(qrels), split)) for split in judged}
     return write_corpus(out_dir, NAME, read_documents(documents), read_images(images), judged, tokenizer_spm,
-                        qrels_files=files, **fields)
+                        qrels_files=files, detect=detect, **fields)

@@ -38,6 +38,11 @@ Generative story (every draw comes from one `numpy.random.Generator` seeded by `
    of its relevant images, at most two ("Lake Ashford landmarks", "Mary Walker family"). They are derived, not
    drawn, so the rest of the world is exactly what it was without them (`index.entities.sources` reads them).
 
+9. Languages (`SyntheticConfig.languages`, e.g. (("fr", 0.15), ("id", 0.1))): a share of the documents and of the
+   pictures' text is written in French or Indonesian (`cfir_jax.data.synthetic_languages`), each chosen from its own
+   stream and rendered from the very draws of the English text, so everything else is the English world's. The
+   languages are not stated: the corpus stage detects them (`World.doc_langs` and `image_langs` hold the truth).
+
 Ground truth: `Document.entities` lists the entities the text mentions (relevant ones first, then distractors);
 `Image.entities` lists the entities the image depicts.
 """
@@ -57,6 +62,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.spm import train_tokenizer
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
+from cfir_jax.data.synthetic_languages import AT, CREDIT, SCENE, caption, draw_languages, noun_forms, render
 from cfir_jax.data.synthetic_pictures import IMAGE_SIZE, render_image  # noqa: F401 (IMAGE_SIZE: the pictures' side)
 from cfir_jax.data.synthetic_words import (
     CAPTION_TEMPLATES,
@@ -110,19 +116,21 @@ class SyntheticConfig:
     noise: float = 0.2
     split_fractions: tuple[float, float, float] = (0.8, 0.1, 0.1)  # train, validation, test
     vocab_size: int = 4000
+    languages: tuple[tuple[str, float], ...] = ()  # (code, share) of documents and captions not in English
 
     @classmethod
-    def tiny(cls, seed: int = 0) -> SyntheticConfig:
+    def tiny(cls, seed: int = 0, languages: tuple = ()) -> SyntheticConfig:
         """A world small enough to generate in a second or two (tests)."""
-        return cls(seed=seed, num_entities=60, num_images=120, num_documents=40, num_topics=5, vocab_size=1000)
+        return cls(seed=seed, num_entities=60, num_images=120, num_documents=40, num_topics=5, vocab_size=1000,
+                   languages=languages)
 
     @classmethod
-    def named(cls, size: str, seed: int = 0) -> SyntheticConfig:
-        """'tiny' or 'default'."""
+    def named(cls, size: str, seed: int = 0, languages: tuple = ()) -> SyntheticConfig:
+        """'tiny' or 'default', with a share of other `languages` ((code, share), ...)."""
         if size == "tiny":
-            return cls.tiny(seed)
+            return cls.tiny(seed, languages)
         if size == "default":
-            return cls(seed=seed)
+            return cls(seed=seed, languages=languages)
         raise CfirError(f"unknown synthetic size {size!r}; use 'tiny' or 'default'")
 
 
@@ -143,6 +151,8 @@ class World:
     documents: list[Document]
     images: list[Image]
     qrels: dict[str, dict[str, dict[str, int]]]
+    doc_langs: list[str] = dataclasses.field(default_factory=list)  # each document's language (the truth)
+    image_langs: list[str] = dataclasses.field(default_factory=list)  # each picture's text's language
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:
@@ -182,23 +192,26 @@ def _make_entities(rng: np.random.Generator, config: SyntheticConfig) -> list[En
     return [Entity(str(picked[j][0]), picked[j][1], int(t)) for j, t in zip(order, topics)]
 
 
-def _mention_sentence(rng: np.random.Generator, entity: Entity, nouns: list[str]) -> str:
+def _mention_sentence(rng: np.random.Generator, entity: Entity, nouns: list[str], lang: str = "en"
+                      ) -> tuple[str, str]:
+    """(the English sentence, the sentence in `lang`) of one draw."""
     templates = {"person": PERSON_TEMPLATES, "place": PLACE_TEMPLATES, "org": ORG_TEMPLATES}[entity.kind]
-    template = templates[rng.integers(len(templates))]
+    k = int(rng.integers(len(templates)))
     n1, n2 = rng.choice(nouns, 2, replace=False)
     slots = {"person": "P", "place": "L", "org": "O"}
     year = int(rng.integers(1800, 2000))
-    return template.format(**{slots[entity.kind]: entity.name, "n1": n1, "n2": n2, "year": year})
+    fields = {slots[entity.kind]: entity.name, "n1": str(n1), "n2": str(n2), "year": year}
+    return templates[k].format(**fields), render(lang, templates, k, **fields)
 
 
-def _filler_sentence(rng: np.random.Generator, nouns: list[str]) -> str:
+def _filler_sentence(rng: np.random.Generator, nouns: list[str], lang: str = "en") -> tuple[str, str]:
     n1, n2 = rng.choice(nouns, 2, replace=False)
-    return FILLER_TEMPLATES[rng.integers(len(FILLER_TEMPLATES))].format(n1=n1, n2=n2)
+    k = int(rng.integers(len(FILLER_TEMPLATES)))
+    return FILLER_TEMPLATES[k].format(n1=n1, n2=n2), render(lang, FILLER_TEMPLATES, k, n1=str(n1), n2=str(n2))
 
 
-def _caption(rng: np.random.Generator, names: list[str]) -> str:
-    listed = names[0] if len(names) == 1 else ", ".join(names[:-1]) + " and " + names[-1]
-    return CAPTION_TEMPLATES[rng.integers(len(CAPTION_TEMPLATES))].format(listed)
+def _caption(rng: np.random.Generator, names: list[str], lang: str = "en") -> str:
+    return caption(lang, int(rng.integers(len(CAPTION_TEMPLATES))), names)
 
 
 def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
@@ -206,19 +219,21 @@ def build_world(config: SyntheticConfig = SyntheticConfig()) -> World:
     generator, in this order: entities, their vectors, topics, images, documents, the split."""
     _check_config(config)
     rng = np.random.default_rng(config.seed)
+    doc_langs, image_langs = draw_languages(config.languages, config.num_documents, config.num_images, config.seed)
     entities = _make_entities(rng, config)
     entity_vectors = _normalise(rng.standard_normal((len(entities), config.dim)))
     topic_vectors = _normalise(rng.standard_normal((config.num_topics, config.dim)))
     topic_nouns = [list(rng.choice(NOUNS, config.nouns_per_topic, replace=False)) for _ in range(config.num_topics)]
-    images, image_topic = _draw_images(rng, config, entities, entity_vectors, topic_vectors)
-    documents, relevant = _draw_documents(rng, config, entities, images, image_topic, topic_nouns)
-    images = _with_image_texts(images, entities, image_topic, topic_nouns, config.seed)
+    images, image_topic = _draw_images(rng, config, entities, entity_vectors, topic_vectors, image_langs)
+    documents, relevant = _draw_documents(rng, config, entities, images, image_topic, topic_nouns, doc_langs)
+    images = _with_image_texts(images, entities, image_topic, topic_nouns, config.seed, image_langs)
     qrels = _split_qrels(rng, config, documents, images, relevant)
-    return World(entities, entity_vectors, topic_vectors, documents, images, qrels)
+    return World(entities, entity_vectors, topic_vectors, documents, images, qrels, doc_langs, image_langs)
 
 
 def _draw_images(rng: np.random.Generator, config: SyntheticConfig, entities: list[Entity],
-                 entity_vectors: np.ndarray, topic_vectors: np.ndarray) -> tuple[list[Image], list[int]]:
+                 entity_vectors: np.ndarray, topic_vectors: np.ndarray, langs: list[str]
+                 ) -> tuple[list[Image], list[int]]:
     """The images (without their text fields) and each one's topic (module docstring, step 3)."""
     by_topic: list[list[int]] = [[] for _ in range(config.num_topics)]
     for e, ent in enumerate(entities):
@@ -237,7 +252,7 @@ def _draw_images(rng: np.random.Generator, config: SyntheticConfig, entities: li
             entity_vectors[members].sum(0) + config.topic_weight * topic_vectors[topic] + config.noise * noise
         )
         names = [entities[e].name for e in members]
-        caption = _caption(rng, names)
+        caption = _caption(rng, names, langs[i])
         images.append(Image(image_id=f"img{i:07d}", caption=caption, url="",
                             image=render_image(entities, members, topic, i, config.seed), embedding=emb,
                             entities=tuple(names)))
@@ -246,7 +261,8 @@ def _draw_images(rng: np.random.Generator, config: SyntheticConfig, entities: li
 
 
 def _draw_documents(rng: np.random.Generator, config: SyntheticConfig, entities: list[Entity], images: list[Image],
-                    image_topic: list[int], topic_nouns: list[list[str]]) -> tuple[list[Document], list[list[int]]]:
+                    image_topic: list[int], topic_nouns: list[list[str]], langs: list[str]
+                    ) -> tuple[list[Document], list[list[int]]]:
     """The documents and each one's relevant image indices (module docstring, step 4)."""
     images_of_topic: list[list[int]] = [[] for _ in range(config.num_topics)]
     for i, topic in enumerate(image_topic):
@@ -266,7 +282,7 @@ def _draw_documents(rng: np.random.Generator, config: SyntheticConfig, entities:
         distractors = [str(n) for n in rng.choice(candidates, n_distract, replace=False)] if n_distract else []
         mentions = [s for n in rel_names for s in [n] * int(rng.integers(2, 4))] + distractors
         nouns = topic_nouns[image_topic[rel[0]]]
-        text = _document_text(rng, config, [entities[entity_index[n]] for n in mentions], nouns)
+        text = _document_text(rng, config, [entities[entity_index[n]] for n in mentions], nouns, langs[d])
         title = rel_names[0]
         documents.append(Document(doc_id=f"doc{d:06d}", text=f"{title}. {text}", title=title,
                                   entities=tuple(rel_names + distractors),
@@ -293,17 +309,18 @@ def _draw_relevant(rng: np.random.Generator, config: SyntheticConfig, pool: list
 
 
 def _document_text(rng: np.random.Generator, config: SyntheticConfig, mentioned: list[Entity],
-                   nouns: list[str]) -> str:
-    """One sentence per mention, shuffled, with topic filler sentences inserted until the text is long enough."""
-    sentences = [_mention_sentence(rng, entity, nouns) for entity in mentioned]
+                   nouns: list[str], lang: str = "en") -> str:
+    """One sentence per mention, shuffled, with topic filler sentences inserted until the text is long enough (the
+    English words counted, so that every language takes the same draws); in `lang`."""
+    sentences = [_mention_sentence(rng, entity, nouns, lang) for entity in mentioned]
     rng.shuffle(sentences)
     target = int(rng.integers(config.min_words, config.max_words + 1))
-    words = sum(len(s.split()) for s in sentences)
+    words = sum(len(s.split()) for s, _ in sentences)
     while words < target:
-        filler = _filler_sentence(rng, nouns)
+        filler = _filler_sentence(rng, nouns, lang)
         sentences.insert(int(rng.integers(len(sentences) + 1)), filler)
-        words += len(filler.split())
-    return " ".join(sentences)
+        words += len(filler[0].split())
+    return " ".join(s for _, s in sentences)
 
 
 def _split_qrels(rng: np.random.Generator, config: SyntheticConfig, documents: list[Document], images: list[Image],
@@ -329,7 +346,7 @@ def _categories(rel_names: list[str], entities: list[Entity], entity_index: dict
 
 
 def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: list[int],
-                      topic_nouns: list[list[str]], seed: int) -> list[Image]:
+                      topic_nouns: list[list[str]], seed: int, langs: list[str]) -> list[Image]:
     """The images with their noisy, sometimes missing text fields (module docstring, step 5), from their own stream."""
     rng = np.random.default_rng([seed, IMAGE_TEXT_STREAM])
     by_topic: dict[int, list[str]] = {}
@@ -337,27 +354,29 @@ def _with_image_texts(images: list[Image], entities: list[Entity], image_topic: 
         by_topic.setdefault(ent.topic, []).append(ent.name)
     persons = [e.name for e in entities if e.kind == "person"] or [e.name for e in entities]
     out = []
-    for img, topic in zip(images, image_topic):
+    for img, topic, lang in zip(images, image_topic, langs):
         texts: dict[str, tuple[str, ...]] = {}
         if rng.random() < 0.85:  # some images carry no text at all
             names = [n for n in img.entities if rng.random() >= 0.25]
             wrong = [n for n in by_topic[topic] if n not in img.entities]
             if wrong and rng.random() < 0.2:
                 names.append(str(wrong[rng.integers(len(wrong))]))
-            noun = str(topic_nouns[topic][rng.integers(len(topic_nouns[topic]))])
+            noun = noun_forms(lang, str(topic_nouns[topic][rng.integers(len(topic_nouns[topic]))]))
             if names and rng.random() < 0.8:
-                texts[CAPTION_FIELDS[0]] = (_caption(rng, names).rstrip(".") + f" at the {noun}.",)
+                texts[CAPTION_FIELDS[0]] = (_caption(rng, names, lang).rstrip(".") + f" {AT[lang].format(**noun)}.",)
             if rng.random() < 0.5:
-                texts[CAPTION_FIELDS[1]] = (f"The {noun}",)
+                texts[CAPTION_FIELDS[1]] = (SCENE[lang].format(**noun),)
             if rng.random() < 0.3:
-                texts[CAPTION_FIELDS[2]] = (f"Photograph by {persons[rng.integers(len(persons))]}",)
+                texts[CAPTION_FIELDS[2]] = (CREDIT[lang].format(persons[rng.integers(len(persons))]),)
         out.append(dataclasses.replace(img, texts=texts))
     return out
 
 
-def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConfig()) -> Corpus:
-    """Generates the synthetic world into the corpus directory `out_dir` (reused when it holds this config)."""
-    fields = {"config": dataclasses.asdict(config), "source": "synthetic", "render_version": RENDER_VERSION,
+def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConfig(), detect=None) -> Corpus:
+    """Generates the synthetic world into the corpus directory `out_dir` (reused when it holds this config);
+    `detect`: each text's language (`cfir_jax.data.corpus_writer.write_corpus`)."""
+    recorded = {k: v for k, v in dataclasses.asdict(config).items() if k != "languages" or v}  # English: as before
+    fields = {"config": recorded, "source": "synthetic", "render_version": RENDER_VERSION,
               "image_text_version": IMAGE_TEXT_VERSION, "category_version": CATEGORY_VERSION}
     if corpus_is_complete(out_dir, NAME, fields):
         return Corpus.open(out_dir)
@@ -367,5 +386,5 @@ def generate(out_dir: str | os.PathLike, config: SyntheticConfig = SyntheticConf
         texts = [d.text for d in world.documents] + [i.caption for i in world.images]
         vocab = train_tokenizer(texts, spm_path, config.vocab_size, config.seed)
         return write_corpus(
-            out_dir, NAME, world.documents, world.images, world.qrels, spm_path, tokenizer_vocab_size=vocab, **fields
-        )
+            out_dir, NAME, world.documents, world.images, world.qrels, spm_path, tokenizer_vocab_size=vocab,
+            detect=detect, **fields)

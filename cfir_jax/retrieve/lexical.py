@@ -14,6 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import REFERENCE
 from cfir_jax.search.bm25 import BM25Search, Pruning, Ranked, top_k
 from cfir_jax.search.topk import unique_sorted
 from cfir_jax.stores.lexical import LexicalIndex
@@ -23,8 +24,10 @@ class LexicalSearch:
     """The search of the lexical store of a workdir (opened checked against its image cache: `cfir_jax.stores.lexical`
     `READER`) over the live rows."""
 
-    def __init__(self, rcfg, store: LexicalIndex, live):
+    def __init__(self, rcfg, store: LexicalIndex, live, languages=None):
         self.cfg, self.store = rcfg.lexical, store
+        # A query's terms also as each caption language reads them (index.languages.query_stemming; `languages`).
+        self.union = languages is None or languages.query_stemming == "union"
         if int(self.cfg.top_k) < 1 or int(self.cfg.candidates) < 0 or float(self.cfg.fuse_weight) < 0:
             raise CfirError(f"retrieval.lexical: top_k={self.cfg.top_k} must be >= 1, candidates="
                             f"{self.cfg.candidates} and fuse_weight={self.cfg.fuse_weight} >= 0")
@@ -32,10 +35,18 @@ class LexicalSearch:
         self.search = BM25Search(self.store.indptr, self.store.indices, self.store.data, self.store.num_rows,
                                  live=live, pruning=pruning)
 
-    def search_many(self, texts: Sequence[str], k: int | None = None) -> list[Ranked]:
-        """Each text's top k (default retrieval.lexical.top_k) live pictures: (scores, rows), best first."""
+    def search_many(self, texts: Sequence[str], k: int | None = None, langs: Sequence[str | None] = ()
+                    ) -> list[Ranked]:
+        """Each text's top k (default retrieval.lexical.top_k) live pictures: (scores, rows), best first; `langs`:
+        each text's language (English where not given)."""
         k = int(k or self.cfg.top_k)
-        return [self.search.search(*self.store.query_terms(t), k) for t in texts]
+        langs = list(langs) + [None] * (len(texts) - len(langs))
+        return [self.search.search(*self.store.query_terms(t, lang or REFERENCE, self.union), k)
+                for t, lang in zip(texts, langs)]
+
+    def search_docs(self, docs) -> list[Ranked]:
+        """`search_many` of documents (each with its `text` and `lang`, as retrieval's DocumentInput)."""
+        return self.search_many([d.text for d in docs], langs=[d.lang for d in docs])
 
     def model_note(self, methods) -> str:
         """What a CFIR row adds to its model column (the --compare table)."""

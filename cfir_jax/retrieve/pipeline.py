@@ -84,6 +84,7 @@ class DocumentInput:
     doc_id: str = "query"
     entities: list[str] | None = None
     summary: str | None = None
+    lang: str | None = None  # its language (cfir_jax.core.languages): the corpus', or stated; None: English
 
 
 class Retriever:
@@ -112,8 +113,8 @@ class Retriever:
         self.fusion = (float(self.rcfg.fusion.w_img), float(self.rcfg.fusion.w_txt))
         self.stores = open_stores(config, workdir, self.methods)  # with the stores the method and options ask for
         self.fused = "image_text" in self.stores.extra  # asked for by retrieval.fusion (stores.image_text.fusion_asked)
-        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live) \
-            if self.methods.uses_lexical else None  # BM25 over W/lexical
+        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live,
+                                     config.index.languages) if self.methods.uses_lexical else None  # BM25
         self.model_used = self.methods.model_label(self.stores)  # which model scored the queries (--compare)
         if "entity_text_match" in self.stores.extra:
             self.model_used += ", entities matched in image text"
@@ -255,7 +256,7 @@ class Retriever:
         if queries is not None:  # a damaged model is named here, before its NaN scores could blame the cache
             check_embeddings(queries, self.stores.model_dir or self.stores.layout.model)
         t3 = time.perf_counter()
-        lexical = self.lexical.search_many([d.text for d in docs]) if self.methods.uses_lexical else None
+        lexical = self.lexical.search_docs(docs) if self.methods.uses_lexical else None
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs),
                       **({"lexical": 1e3 * (time.perf_counter() - t3) / len(docs)} if lexical else {})}
@@ -372,10 +373,9 @@ class Retriever:
             if doc_id not in row_of:
                 continue
             i = row_of[doc_id]
-            docs.append(DocumentInput(
-                document_text(self.corpus.document(i), fields), doc_id,
-                entities=entities.entities_of(i) if entities is not None else None,
-                summary=summaries.summary(i) if summaries is not None else None))
+            doc = self.corpus.document(i)
+            docs.append(DocumentInput(document_text(doc, fields), doc_id, entities.entities_of(i) if entities else None,
+                                      summaries.summary(i) if summaries is not None else None, doc.lang))
         return docs
 
 

@@ -29,6 +29,13 @@ rows in the image cache's row order:
 
 A query is scored term by term over the postings of its terms (`cfir_jax.search.bm25`), each term weighted by its
 count in the query (as rank_bm25 and a bag-of-words Lucene query do), then cut to the live rows and its top k.
+
+Languages (`cfir_jax.core.languages`, docs/languages.md). A store over captions that are not all English records the
+stemmer of each caption language (`languages`, and `language_rows`): each caption's terms are its own language's,
+stop words and stems. A query's terms are its language's; with `union` (index.languages.query_stemming) also each
+caption language's, so a French query meets a French caption by its French stems and an English one by its English
+stems (a name stemmed in French, "Walker" -> "walk", would miss "walker"), a term read once at its highest count. An
+English store records neither, and its English queries read exactly the terms they read before.
 """
 
 from __future__ import annotations
@@ -43,6 +50,7 @@ import numpy as np
 import Stemmer
 
 from cfir_jax.core.errors import StoreError
+from cfir_jax.core.languages import REFERENCE, SNOWBALL
 from cfir_jax.stores.contract import Store
 from cfir_jax.stores.integrity import check_csr
 from cfir_jax.stores.readers import Reader, register
@@ -53,15 +61,25 @@ METHODS = ("robertson", "lucene", "atire")  # bm25s's variants without non-occur
 SPLIT = re.compile(r"(?u)\b\w\w+\b")  # bm25s's default splitter
 
 
-@functools.lru_cache(maxsize=1)
-def stopwords() -> frozenset[str]:
-    """bm25s's English stop words."""
+# bm25s's stop word list of each language that has one (ISO 639-1 code -> its name in bm25s.stopwords).
+STOPWORD_LISTS = {"en": "STOPWORDS_EN", "fr": "STOPWORDS_FRENCH", "de": "STOPWORDS_GERMAN", "nl": "STOPWORDS_DUTCH",
+                  "es": "STOPWORDS_SPANISH", "pt": "STOPWORDS_PORTUGUESE", "it": "STOPWORDS_ITALIAN",
+                  "ru": "STOPWORDS_RUSSIAN", "sv": "STOPWORDS_SWEDISH", "no": "STOPWORDS_NORWEGIAN",
+                  "da": "STOPWORDS_DANISH", "tr": "STOPWORDS_TURKISH", "ko": "STOPWORDS_KOREAN",
+                  "zh": "STOPWORDS_CHINESE"}
+
+
+@functools.lru_cache(maxsize=16)
+def stopwords(language: str = REFERENCE) -> frozenset[str]:
+    """bm25s's stop words of `language` (English's by default; none for a language bm25s has no list of)."""
+    if language not in STOPWORD_LISTS:
+        return frozenset()
     # Its import runs a JAX computation, which would start the XLA backend before a multi-host build's
     # jax.distributed.initialize.
     # why: bm25s loads on the first terms, not on this module's import
-    from bm25s.stopwords import STOPWORDS_EN
+    from bm25s import stopwords as lists
 
-    return frozenset(STOPWORDS_EN)
+    return frozenset(getattr(lists, STOPWORD_LISTS[language]))
 
 
 @functools.lru_cache(maxsize=4)
@@ -69,10 +87,10 @@ def _stemmer(language: str):
     return Stemmer.Stemmer(language) if language else None
 
 
-def terms(text: str, stemmer: str = "english") -> list[str]:
-    """The BM25 terms of `text`: NFC-normalised, lower-cased words of 2+ characters, English stop words dropped,
-    stemmed."""
-    stop = stopwords()
+def terms(text: str, stemmer: str = "english", language: str = REFERENCE, also_stop: str | None = None) -> list[str]:
+    """The BM25 terms of `text` in `language`: NFC-normalised, lower-cased words of 2+ characters, its stop words
+    (and `also_stop`'s: a query's own language's) dropped, stemmed by `stemmer`."""
+    stop = stopwords(language) if also_stop in (None, language) else stopwords(language) | stopwords(also_stop)
     words = [w for w in SPLIT.findall(unicodedata.normalize("NFC", text).lower()) if w not in stop]
     stem = _stemmer(stemmer)
     return stem.stemWords(words) if stem is not None and words else words
@@ -113,13 +131,21 @@ class LexicalIndex(Store):
     def num_rows(self) -> int:
         return int(self.manifest["num_rows"])
 
-    def query_terms(self, text: str) -> tuple[np.ndarray, np.ndarray]:
-        """(term columns [u] of the store's vocabulary, their counts in `text` [u]); unknown terms dropped."""
-        cols = [j for t in terms(text, self.manifest["stemmer"]) if (j := self.column.get(t)) is not None]
-        if not cols:
+    def query_terms(self, text: str, lang: str = REFERENCE, union: bool = True) -> tuple[np.ndarray, np.ndarray]:
+        """(term columns [u] of the store's vocabulary, their counts in `text` [u]) of a query in `lang`; unknown
+        terms dropped. `union`: also its terms as each caption language of the store reads them (module docstring)."""
+        stemmers = self.manifest.get("languages") or {REFERENCE: self.manifest["stemmer"]}
+        own = stemmers.get(lang, SNOWBALL.get(lang, ""))
+        readings = [(lang, own)] + ([(c, x) for c, x in stemmers.items() if c != lang] if union else [])
+        best: dict[int, float] = {}
+        for code, stemmer in readings:
+            cols = [j for t in terms(text, stemmer, code, also_stop=lang) if (j := self.column.get(t)) is not None]
+            for j, n in zip(*np.unique(np.asarray(cols, np.int64), return_counts=True)):
+                best[int(j)] = max(best.get(int(j), 0.0), float(n))
+        if not best:
             return np.zeros(0, np.int64), np.zeros(0, np.float32)
-        uniq, counts = np.unique(np.asarray(cols, np.int64), return_counts=True)
-        return uniq, counts.astype(np.float32)
+        uniq = np.asarray(sorted(best), np.int64)
+        return uniq, np.asarray([best[j] for j in uniq], np.float32)
 
 
 # Retrieval opens it for the BM25 methods, held to the image cache it was built from.

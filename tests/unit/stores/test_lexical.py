@@ -108,6 +108,7 @@ class FakeCorpus:
         self.image_ids = [f"img{i}" for i in range(len(texts))]
         self.texts = texts
         self.manifest = {"images_with_text": len(texts)}
+        self.image_langs = []  # an English corpus records none
 
     def image(self, row):
         class Image:
