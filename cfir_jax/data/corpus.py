@@ -162,6 +162,17 @@ def _to_image(record: Mapping[str, Any]) -> Image:
     )
 
 
+def _document_at(langs: Sequence[str], i: int, record: Mapping[str, Any]) -> Document:
+    """The document of row `i`, with its language (`langs`: the corpus's, empty when it recorded none: English)."""
+    return dataclasses.replace(_to_document(record), lang=langs[i] if langs else REFERENCE)
+
+
+def _image_at(langs: Sequence[str], i: int, record: Mapping[str, Any]) -> Image:
+    """The image of row `i`, with its own text's language ('' without text), as `_document_at`."""
+    img = _to_image(record)
+    return dataclasses.replace(img, lang=langs[i] if langs else (REFERENCE if own_text(img) else ""))
+
+
 def _open_records(path: Path, name: str, expected: int):
     version_dir = path / name / RECORD_VERSION
     if not (version_dir / "dataset_info.json").is_file():
@@ -252,7 +263,8 @@ class Corpus:
         # why: grain's import takes seconds; a query's start (retrieve.py, the service) never needs it
         import grain
 
-        return grain.MapDataset.source(self._doc_source).map(_to_document)
+        return grain.MapDataset.source(self._doc_source).map_with_index(
+            functools.partial(_document_at, tuple(self.doc_langs)))
 
     @functools.cached_property
     def images(self):
@@ -260,7 +272,8 @@ class Corpus:
         # why: as for `documents`
         import grain
 
-        return grain.MapDataset.source(self._image_source).map(_to_image)
+        return grain.MapDataset.source(self._image_source).map_with_index(
+            functools.partial(_image_at, tuple(self.image_langs)))
 
     @property
     def removed_image_ids(self) -> frozenset[str]:
@@ -323,16 +336,13 @@ class Corpus:
         """Document at row `i` (0 <= i < num_documents), with its language."""
         if not 0 <= i < self.num_documents:
             raise CfirError(f"{self.path}: document row {i} out of range [0, {self.num_documents})")
-        doc = _to_document(self._doc_source[i])  # as `documents[i]`, without grain's import
-        return dataclasses.replace(doc, lang=self.doc_langs[i] if self.doc_langs else REFERENCE)
+        return _document_at(self.doc_langs, i, self._doc_source[i])  # as `documents[i]`, without grain's import
 
     def image(self, i: int) -> Image:
         """Image at row `i` (0 <= i < num_images), with the language of its own text."""
         if not 0 <= i < self.num_images:
             raise CfirError(f"{self.path}: image row {i} out of range [0, {self.num_images})")
-        img = _to_image(self._image_source[i])  # as `images[i]`, without grain's import
-        return dataclasses.replace(img, lang=self.image_langs[i] if self.image_langs else
-                                   (REFERENCE if own_text(img) else ""))
+        return _image_at(self.image_langs, i, self._image_source[i])  # as `images[i]`, without grain's import
 
     @functools.cached_property
     def doc_langs(self) -> list[str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 import sys
@@ -38,7 +39,7 @@ def corpus(tmp_path):
 
 def test_records_round_trip_in_row_order(corpus):
     assert corpus.doc_ids == ["d0", "d1", "d2"] and corpus.image_ids == ["i0", "i1", "i2", "i3"]
-    assert [corpus.document(k) for k in range(3)] == _docs()
+    assert [corpus.document(k) for k in range(3)] == [dataclasses.replace(d, lang="en") for d in _docs()]  # read
     for k, want in enumerate(_images(dim=8)):
         got = corpus.image(k)
         assert (got.image_id, got.caption, got.url, got.image, got.entities) == (
