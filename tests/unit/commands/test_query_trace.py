@@ -10,9 +10,12 @@ How the trace is made (read from the source with `ast`, nothing is imported or r
   or a method of a variable whose class the function knows: made by calling the class (`index = Index(...)`,
   `with C(...) as c`), returned by a call annotated with the class (`-> Retriever`), or a parameter annotated with
   it. Calling a class is a call of its `__init__`; a class without one (a record) runs no code of its module.
-  Builtins, third-party calls and calls the source does not resolve are not followed.
-- Each call appends its callee's module to the trip, whether or not that function's body was walked before
-  (control goes there again); a body is walked once.
+  Builtins, third-party calls and calls the source does not resolve (a method of a call's value, a callback passed
+  as an argument) are not followed.
+- Each call into another module appends the callee's module to the trip, whether or not that function's body was
+  walked before (control goes there again); a body is walked once. A call inside the caller's own module is part
+  of its stay. Coming back from a call appends nothing: the trip lists where calls go, so a module that is called
+  again after the query has been elsewhere counts as a return.
 - Two kinds of callee are one stay each and not entered: the floors (rooms of rank 2 or lower: `core/`, `stores/`,
   `model/`, `data/`, `nlp/`, `search/`, `eval/`), which by the import rule cannot call back up, and the retrieval
   engine (`retrieve/pipeline.py`: ER, SR, the third stage), which calls only sideways and down. What the trace
@@ -126,6 +129,8 @@ class _Tracer:
             if f"{klass}.{attr}" in MODULES[owner].functions:
                 return owner, f"{klass}.{attr}"
             return None
+        if (klass := self.resolve_name(mod, base)) is not None and f"{klass[1]}.{attr}" in MODULES[klass[0]].functions:
+            return klass[0], f"{klass[1]}.{attr}"  # a class's own method (`Result.of`)
         target = self.module_of(mod, base)
         if target is not None:
             return _target(target, attr)
@@ -156,13 +161,14 @@ class _Tracer:
                 continue
             if (name := bound.get(id(call))) is not None and (klass := self.returned_class(target)) is not None:
                 types[name] = klass
-            self.enter(*target)
+            self.enter(*target, caller=module)
 
-    def enter(self, module: str, name: str) -> None:
+    def enter(self, module: str, name: str, caller: str) -> None:
         qualname = f"{name}.__init__" if name in MODULES[module].classes else name
         if qualname not in MODULES[module].functions:
             return  # a record: no code of its module runs
-        self.trip.append(module)
+        if module != caller:  # a call inside the module is part of its stay
+            self.trip.append(module)
         room = module.split(".")[1] if "." in module else "api"
         if room in FLOOR_ROOMS or module == ENGINE:
             return
