@@ -24,7 +24,7 @@ from cfir_jax.api import operations as ops
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_text, check_top_k
 from cfir_jax.retrieve import image_query
-from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval, Retriever
 from cfir_jax.retrieve.queries import read_documents
 from cfir_jax.retrieve.results import Result
 from cfir_jax.stores import versions
@@ -156,15 +156,17 @@ class Index:
 
     def _answer(self, docs: Sequence[DocumentInput], top: int, method: str | None, progress: bool,
                 described: int | None = None) -> list[Result]:
-        """The one place a checked query is retrieved and made records: every search of text ends here."""
+        """The one place a checked query is retrieved and made records: every search of text ends here, so an option
+        of the query (a filter, a language: keyword-only at each door) is passed down and applied here once."""
         retriever = self.retriever(method)
         results = retriever.retrieve_many(docs, progress=progress)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
                 for d, r in zip(docs, results)]
 
-    def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False) -> list:
-        """The pipeline's own results (`cfir_jax.retrieve.pipeline.Result`: rows, SR's agreement) of `docs`, for
-        the commands' reports and evaluation; `search_many` is this, made records."""
+    def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False
+                 ) -> list[Retrieval]:
+        """The pipeline's own answers (`cfir_jax.retrieve.pipeline.Retrieval`: rows, SR's agreement, no captions) of
+        `docs`, for evaluation (`retrieve.py --evaluate`), which scores every hit and shows none."""
         return self.retriever(method).retrieve_many(docs, progress=progress)
 
     def _top(self, top_k: int) -> int:
