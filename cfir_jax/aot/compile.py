@@ -15,7 +15,7 @@ GIB = 2**30
 
 
 @dataclasses.dataclass
-class Result:
+class Compiled:
     """Per-device bytes of one compiled program (XLA's memory analysis of the TPU executable) and its compile time."""
 
     program: str
@@ -53,7 +53,7 @@ HEADER = (f"{'program':<22} {'args':>7} {'out':>7} {'temps':>7} {'total':>7} {'H
           f"{'compile':>7}  (GiB per device, seconds)")
 
 
-def compile_program(program: programs_lib.Program, topology: Topology) -> Result:
+def compile_program(program: programs_lib.Program, topology: Topology) -> Compiled:
     """Lowers and compiles `program` with the TPU compiler; nothing runs and nothing is allocated."""
     start = time.perf_counter()
     lowered = program.lower()
@@ -61,17 +61,17 @@ def compile_program(program: programs_lib.Program, topology: Topology) -> Result
         compiled = lowered.compile()
     except jax.errors.JaxRuntimeError as e:
         # The TPU compiler itself refuses temporaries beyond the HBM ("... HLO temporaries (1.41T) exceeds
-        # available HBM (15.75G)"): a Result that does not fit, with the temporaries it reported.
+        # available HBM (15.75G)"): a record that does not fit, with the temporaries it reported.
         needed = _reported_bytes(str(e))
         if "RESOURCE_EXHAUSTED" not in str(e) or needed is None:
             raise
-        return Result(program.name, topology.name, program.shapes, 0, 0, 0, needed, topology.hbm_bytes,
+        return Compiled(program.name, topology.name, program.shapes, 0, 0, 0, needed, topology.hbm_bytes,
                       time.perf_counter() - start, program.knob("temporaries"), program.per_host)
     seconds = time.perf_counter() - start
     m = compiled.memory_analysis()
     args, temps = int(m.argument_size_in_bytes), int(m.temp_size_in_bytes)
     dominant = "arguments" if args >= temps else "temporaries"
-    return Result(program.name, topology.name, program.shapes, args, int(m.output_size_in_bytes),
+    return Compiled(program.name, topology.name, program.shapes, args, int(m.output_size_in_bytes),
                   int(m.alias_size_in_bytes), temps, topology.hbm_bytes, seconds, program.knob(dominant),
                   program.per_host)
 

@@ -24,11 +24,10 @@ from cfir_jax.api import operations as ops
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_text, check_top_k
 from cfir_jax.retrieve import image_query
-from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
-from cfir_jax.retrieve.queries import read_query
+from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval, Retriever
+from cfir_jax.retrieve.queries import read_documents
 from cfir_jax.retrieve.results import Result
 from cfir_jax.stores import versions
-from cfir_jax.stores.layout import Layout
 
 __all__ = ["Index", "open"]
 
@@ -37,22 +36,29 @@ def open(workdir: str | os.PathLike, method: str = "cfir", *, config: ops.Config
          **overrides: Any) -> Index:
     """Opens the index of `workdir` for `method`: with the config it was built with (or `config`, a ConfigDict or a
     config file), `overrides` set on it by name: `retrieval__top_k=100` (or `**{"retrieval.top_k": 100}`)."""
-    return Index(ops.config_of(config, workdir if config is None else None, overrides), workdir, method)
+    index = Index(ops.config_of(config, workdir if config is None else None, overrides), workdir, method)
+    index.retriever()  # a missing or damaged store is said here, not at the first search
+    return index
 
 
 class Index:
     """A workdir's index, opened for searching and changing; a context manager (`with cfir_jax.open(W) as index`).
 
-    config: a checked config (`open` reads it); method: the default method of `search`; measure_agreement: with
-    fast SR, also score each union exactly and record the agreement (`retrieve.py --qrels`)."""
+    It is the one query core: every door (the commands, the library, the services) reads, checks, retrieves and
+    makes the `Result` of a query here. config: a checked config (`open` reads it); method: the default method of
+    `search`; evaluation: score as evaluation does, with retrieval.eval_sr (exact unless asked otherwise), and with
+    fast SR also score each union exactly and record the agreement (`retrieve.py --qrels`, `--evaluate`). The
+    stores open at the first search (or `retriever()`; `cfir_jax.open` opens them at once)."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, method: str = "cfir", *,
-                 measure_agreement: bool = False):
+                 evaluation: bool = False):
+        if evaluation:
+            config.retrieval.sr = config.retrieval.eval_sr
         self.config, self.workdir, self.method = config, workdir, method
-        self._measure = measure_agreement
+        self._measure = evaluation
         self._retrievers: dict[str, Retriever] = {}
+        self._picture_rows: dict[str, int] | None = None  # the corpus' row of each image id (the HTML page)
         self._version = 0
-        self.retriever(method)  # a missing or damaged store is said here, not at the first search
 
     def __enter__(self) -> Index:
         return self
@@ -63,6 +69,7 @@ class Index:
     def close(self) -> None:
         """Lets go of the opened stores and models (a later search opens them again)."""
         self._retrievers.clear()
+        self._picture_rows = None
 
     def __repr__(self) -> str:
         return f"Index({os.fspath(self.workdir)!r}, method={self.method!r}, version={self.version})"
@@ -77,18 +84,40 @@ class Index:
         """The most hits a search returns: retrieval.top_k (open with retrieval__top_k=N for more)."""
         return int(self.config.retrieval.top_k)
 
+    @property
+    def notes(self) -> list[str]:
+        """What the retriever of the default method decided that the user should know (the commands print them)."""
+        return self.retriever().notes
+
+    @property
+    def scored_by(self):
+        """How SR scores the unions (`cfir_jax.retrieve.sr.ScoredBy`: its words, and whether fast)."""
+        return self.retriever().sr.scored_by()
+
     def retriever(self, method: str | None = None) -> Retriever:
         """The pipeline under the index for `method` (opened on first use), for what the records do not carry:
         evaluation, notes, the corpus (`cfir_jax.retrieve.pipeline.Retriever`)."""
         method = method or self.method
         if method not in self._retrievers:
-            with versions.reading(Layout.of(self.workdir)) as version:  # every store of one version
+            with versions.reading(self.workdir) as version:  # every store of one version
                 retriever = Retriever(self.config, self.workdir, method, measure_agreement=self._measure)
                 image_query.prepare(retriever)  # the picture search's stores, of this version too
             if self._retrievers and version != self._version:  # the workdir changed since: one version for all
-                self._retrievers.clear()
+                self.close()
             self._retrievers[method], self._version = retriever, version
         return self._retrievers[method]
+
+    def picture(self, image_id: str) -> bytes:
+        """The encoded bytes of an indexed picture (b"" when the corpus has none): the HTML page's images."""
+        corpus = self.retriever().corpus
+        if self._picture_rows is None:
+            self._picture_rows = {i: n for n, i in enumerate(corpus.image_ids)}
+        n = self._picture_rows.get(image_id)
+        return corpus.image(n).image if n is not None else b""
+
+    def corpus_documents(self, split: str, method: str | None = None) -> list[DocumentInput]:
+        """The documents of a qrels split, with the entities and summaries the index computed (`--evaluate`)."""
+        return self.retriever(method).corpus_documents(split)
 
     # ------------------------------------------------------------------------------------------------ searching
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
@@ -103,6 +132,15 @@ class Index:
             return self._search_image(image, image_id, self._top(top_k), method)
         return self.search_many([text], top_k=top_k, method=method, ids=[id])[0]
 
+    def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
+                    described: int | None = None, method: str | None = None, progress: bool = False) -> list[Result]:
+        """The images of the documents of a file (read before any store opens): one plain-text document, its stem
+        the id (`retrieve.py --query`), or JSON lines {"id", "text"} with `jsonl` (`--queries`). described: read
+        the caption and url of the first `described` hits only (the rest feed a run file: ids and scores)."""
+        docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl)
+        top = self._top(top_k)  # the texts, then top_k: the service's order
+        return self._answer(docs, top, method, progress and len(docs) > 1, described)
+
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, progress: bool = False) -> list[Result]:
         """The images of each document, retrieved in batches of retrieval.batch_size (entities, summaries, encoding
@@ -114,14 +152,21 @@ class Index:
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
         limit = int(self.config.serve.max_text_bytes)
         docs = [_document(t, i, limit) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
-        top = self._top(top_k)
+        return self._answer(docs, self._top(top_k), method, progress)
+
+    def _answer(self, docs: Sequence[DocumentInput], top: int, method: str | None, progress: bool,
+                described: int | None = None) -> list[Result]:
+        """The one place a checked query is retrieved and made records: every search of text ends here, so an option
+        of the query (a filter, a language: keyword-only at each door) is passed down and applied here once."""
         retriever = self.retriever(method)
         results = retriever.retrieve_many(docs, progress=progress)
-        return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version) for d, r in zip(docs, results)]
+        return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
+                for d, r in zip(docs, results)]
 
-    def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False) -> list:
-        """The pipeline's own results (`cfir_jax.retrieve.pipeline.Result`: rows, SR's agreement) of `docs`, for
-        the commands' reports and evaluation; `search_many` is this, made records."""
+    def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False
+                 ) -> list[Retrieval]:
+        """The pipeline's own answers (`cfir_jax.retrieve.pipeline.Retrieval`: rows, SR's agreement, no captions) of
+        `docs`, for evaluation (`retrieve.py --evaluate`), which scores every hit and shows none."""
         return self.retriever(method).retrieve_many(docs, progress=progress)
 
     def _top(self, top_k: int) -> int:
@@ -157,6 +202,13 @@ class Index:
         --remove`) as one new version: no method returns them again."""
         return self._changed(ops.remove(self.config, self.workdir, ids))
 
+    def add_entities(self, path: str | os.PathLike) -> int:
+        """Appends the entity texts of `path` (one a line; as `index.py --add-entities PATH`) to the entity index;
+        returns how many were new. The next search opens the index again, with them."""
+        added = ops.add_entities(self.config, self.workdir, path)
+        self.close()
+        return added
+
     def compact(self) -> dict[str, int]:
         """Rewrites the stores without the removed image rows (`index.py --compact`) as one new version."""
         return self._changed(ops.compact(self.config, self.workdir))
@@ -175,5 +227,5 @@ def _document(text: str | os.PathLike, doc_id: str, limit: int) -> DocumentInput
     """A query document from a string or a file (read as `retrieve.py --query` reads it), held to the one rule of a
     query's text (`cfir_jax.core.query_rule`, at most serve.max_text_bytes)."""
     if isinstance(text, os.PathLike):
-        return read_query(text, limit)
+        return read_documents(text, limit)[0]
     return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"))

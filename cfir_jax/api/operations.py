@@ -1,6 +1,7 @@
 """The operations the library runs on a workdir, and what the commands' bodies call: build its index
 (`build`), train (`train`), verify its stores (`verify`), change its collection (`add`, `remove`, `compact`), read
-its `version`, and read the config a call runs with (`config_of`).
+its `version`, add entity texts to its entity index (`add_entities`), and read the config a call runs with
+(`config_of`).
 
 Each writer holds the workdir's writer lock (`cfir_jax.stores.lock`) for its work, as `index.py` and `train.py` do;
 a second writer gets one `CfirError` line naming the holder. Nothing here prints: the builders' progress lines go to
@@ -27,7 +28,8 @@ from cfir_jax.stores import lock, versions
 from cfir_jax.stores.integrity import verify_workdir
 from cfir_jax.stores.layout import Layout
 
-__all__ = ["Verification", "add", "build", "compact", "config_of", "remove", "train", "verify", "version"]
+__all__ = ["Verification", "add", "add_entities", "build", "compact", "config_of", "remove", "train", "verify",
+           "version"]
 
 log = logging.getLogger("cfir_jax")
 Say = Callable[[str], None]
@@ -138,6 +140,16 @@ def remove(config: ml_collections.ConfigDict, workdir: str | os.PathLike, ids: s
             ids_file = Path(tmp) / "ids.txt"
             ids_file.write_text("".join(f"{i}\n" for i in ids))
             return collection_update.remove(config, workdir, ids_file, say=say or log.info)
+
+
+def add_entities(config: ml_collections.ConfigDict, workdir: str | os.PathLike, path: str | os.PathLike) -> int:
+    """Appends the entity texts of `path` (one a line) to the built entity index without rebuilding it (`index.py
+    --add-entities`); returns how many were new (0 on every process but 0, which waits for it)."""
+    # why: appending encodes the entities: flax and the index encoder
+    from cfir_jax.builders.add_entities import add_entities as append
+
+    with lock.hold(workdir):
+        return append(config, workdir, path)
 
 
 def compact(config: ml_collections.ConfigDict, workdir: str | os.PathLike, say: Say | None = None) -> dict[str, int]:

@@ -11,7 +11,6 @@ import os
 import ml_collections
 
 from cfir_jax.api import operations as api
-from cfir_jax.builders.add_entities import add_entities as append_entities
 from cfir_jax.builders.stage_report import StageReport, report_table
 from cfir_jax.core import faults
 from cfir_jax.core.hosts import is_main
@@ -31,8 +30,7 @@ def run(config: ml_collections.ConfigDict, workdir: str | os.PathLike, stages: t
         _change(config, workdir, change)
         return []
     if add_entities:
-        with lock.hold(workdir):
-            added = append_entities(config, workdir, add_entities)
+        added = api.add_entities(config, workdir, add_entities)
         if is_main():
             print(f"added {added} new entities to {workdir}/entity_index")
         return []

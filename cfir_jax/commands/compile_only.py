@@ -7,12 +7,12 @@ from __future__ import annotations
 import ml_collections
 
 from cfir_jax.aot import programs as programs_lib
-from cfir_jax.aot.compile import HEADER, Result, compile_program
+from cfir_jax.aot.compile import HEADER, Compiled, compile_program
 from cfir_jax.aot.topology import resolve
 from cfir_jax.core.errors import CfirError
 
 
-def run(command: str, config: ml_collections.ConfigDict, topology_name: str, out=print, **options) -> list[Result]:
+def run(command: str, config: ml_collections.ConfigDict, topology_name: str, out=print, **options) -> list[Compiled]:
     """`python <command>.py --compile-only --topology T`: compiles every program of the command, prints a table;
     a program that does not fit is a CfirError naming the knob (after the table)."""
     if not topology_name:

@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import ml_collections
 
-from cfir_jax.commands.scoring import evaluation_sr, print_notes, write_and_score
-from cfir_jax.eval import languages, metrics, plots
+from cfir_jax.api.index import Index
+from cfir_jax.eval import languages, metrics, plots, runs
 from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows, single_row
 from cfir_jax.eval.train_time import train_time
 from cfir_jax.retrieve import report
@@ -63,16 +63,16 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     """Runs every row over the split's topics and prints the evaluation table (trec_eval -c's unless `measures` says
     otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
     row's rule did with them; returns its rows."""
-    evaluation_sr(config)
     table, all_results, curves, authors, rules, scorers, per_query = [], [], {}, [], {}, [], []
     er_line = ""
     complete = metrics.complete_for(measures)
     for row in rows:
         row_config = row.config(config)
-        retriever = Retriever(row_config, workdir, row.method, measure_agreement=True)
-        print_notes(retriever)
-        docs = retriever.corpus_documents(split)
-        results = retriever.retrieve_many(docs, progress=True)
+        index = Index(row_config, workdir, row.method, evaluation=True)  # retrieval.eval_sr, agreement measured
+        retriever = index.retriever()
+        sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
+        docs = index.corpus_documents(split)
+        results = index.retrieve(docs, progress=True)  # the pipeline's records: rows, SR's agreement, no captions
         rule = row_config.retrieval.unknown_entities if retriever.methods.uses_entities else "-"
         if rule != "-":  # the same entities for every row: one count per rule, with the rows that used it
             rules.setdefault(rule, (results, []))[1].append(row.label)
@@ -91,7 +91,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
         if retriever.stores.entity_index is not None and not er_line:  # the index as built (a row may cut it)
             er_line = retriever.stores.entity_index.with_k(0).er_note()
         if len(rows) == 1:
-            write_and_score(run, output, "", tag, top)
+            runs.write_and_score(run, output, "", tag, top)
     print(f"{split} split, {len(docs)} topics")
     if measures != "authors":
         print(report.eval_table(table))

@@ -25,7 +25,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 
 from cfir_jax.retrieve.methods import Method
-from cfir_jax.retrieve.pipeline import DocumentInput, Result
+from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores, cache rows), best first
 
@@ -46,8 +46,8 @@ class Engine(Protocol):
     def entities(self):
         """The entity ranking when the method reads entities (the service's entity pool parses for it), else None."""
 
-    def retrieve_many(self, docs: Sequence[DocumentInput]) -> list[Result]:
-        """Each document's Result, in order (a batch runs its stages batched)."""
+    def retrieve_many(self, docs: Sequence[DocumentInput]) -> list[Retrieval]:
+        """Each document's Retrieval, in order (a batch runs its stages batched)."""
 
     def describe_image(self, image_id: str) -> tuple[str, str]:
         """(caption, url) of an image ('' when unknown)."""

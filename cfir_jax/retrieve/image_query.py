@@ -19,7 +19,8 @@ entity index cannot pair this cache with another version's ScaNN tree. The tower
 load: its one program, a batch of one picture padded to the local device count, compiles then) or on the first
 picture. A picture's pixels are counted from its header before it is decoded (`max_pixels`: serve.max_image_pixels),
 and it is decoded outside the lock that serialises the tower, so a slow decode holds no other search back; past its
-`deadline` a search stops before its next stage. The records are the pipeline's `Result` and `Hit`, with no entities.
+`deadline` a search stops before its next stage. The records are the pipeline's `Retrieval` and `RankedImage`,
+with no entities.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ import numpy as np
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import QueryRefused, check_top_k
-from cfir_jax.retrieve.pipeline import Hit, Result, Retriever
+from cfir_jax.retrieve.pipeline import RankedImage, Retrieval, Retriever
 from cfir_jax.retrieve.queries import read_bounded
 from cfir_jax.search.knn import ScannSearcher, search_with_tail
 from cfir_jax.stores.integrity import check_embeddings, check_scores, row_norm_bound
@@ -231,7 +232,7 @@ def warm(retriever: Retriever) -> float:
 
 
 def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: str | None = None, top_k: int,
-                 max_pixels: int | None = None, deadline: float | None = None) -> Result:
+                 max_pixels: int | None = None, deadline: float | None = None) -> Retrieval:
     """The top_k nearest live pictures of a picture: given as encoded bytes (`image`: JPEG, PNG, WebP, ...; embedded
     by the index's vision tower) or as the id of an indexed picture (`image_id`: its cached row). max_pixels: the
     most pixels a picture's header may announce (serve.max_image_pixels; None: PIL's own limit); deadline: a
@@ -264,9 +265,9 @@ def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: 
         t2 = time.perf_counter()
     check_scores(scores, query_norm * engine.norm, str(engine.cache.path))  # a damaged row: one line, never a hit
     ids = engine.cache.ids
-    hits = [Hit(n + 1, ids[int(r)], float(s), int(r)) for n, (s, r) in enumerate(zip(scores, rows))]
+    hits = [RankedImage(n + 1, ids[int(r)], float(s), int(r)) for n, (s, r) in enumerate(zip(scores, rows))]
     times.update(search=1e3 * (t2 - t1), hits=1e3 * (time.perf_counter() - t2))
-    return Result(hits, [], [], "", engine.note, engine.stores.live.num_live, times)
+    return Retrieval(hits, [], [], "", engine.note, engine.stores.live.num_live, times)
 
 
 def _in_time(deadline: float | None, before: str) -> None:

@@ -50,11 +50,13 @@ from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
 from cfir_jax.stores.summaries import SummaryStore
 
-__all__ = ["METHODS", "SR_MODES", "DocumentInput", "Hit", "Result", "Retriever", "run_of"]
+__all__ = ["METHODS", "SR_MODES", "DocumentInput", "RankedImage", "Retrieval", "Retriever", "run_of"]
 
 
 @dataclasses.dataclass
-class Hit:
+class RankedImage:
+    """One image of the ranking, with its cache row (internal: a search answers with `results.Hit`)."""
+
     rank: int
     image_id: str
     score: float
@@ -63,8 +65,10 @@ class Hit:
 
 
 @dataclasses.dataclass
-class Result:
-    hits: list[Hit]
+class Retrieval:
+    """One document's ranking by cache row (internal: `Index` alone makes the public `results.Result` of it)."""
+
+    hits: list[RankedImage]
     entities: list[str]  # entities found in the document (normalised)
     unknown_entities: list[str]  # of those, the ones the index had not seen
     summary: str
@@ -90,14 +94,12 @@ class DocumentInput:
 class Retriever:
     """Loads the stores of a workdir once; `retrieve(doc)` runs one query, `retrieve_many(docs)` a batch.
 
-    This is the public API a server (and every benchmark and --compare row) builds on; keep it stable:
-    `Retriever(config, workdir, method="cfir", load_nlp=True)`, `retrieve_many(docs: Sequence[DocumentInput]) ->
-    list[Result]`, `retrieve(doc: DocumentInput | str) -> Result`, `describe_image(image_id) -> (caption, url)`,
-    `corpus_documents(split)`, the attributes `config`, `method`, `notes`, `model_used`, `corpus`, `layout`, and the
-    `Hit` / `Result` / `DocumentInput` records and `run_of` of this module (`report.as_json` renders a Result).
+    The engine under the library's `Index` (the one query core, which makes its records public), every benchmark
+    and --compare row: `retrieve_many(docs) -> list[Retrieval]`, `describe_image(image_id) -> (caption, url)`,
+    `corpus_documents(split)`; the attributes `config`, `method`, `notes`, `model_used`, `corpus`, `layout`.
 
     measure_agreement: with fast SR, also score each union exactly (untimed) and record the top-k overlap.
-    rerank_features: compute the re-ranker's features of SR's top-N into each Result (fitting the re-ranker).
+    rerank_features: compute the re-ranker's features of SR's top-N into each Retrieval (fitting the re-ranker).
     scoring: what scores unions and searches the cache (`cfir_jax.retrieve.engine.Scoring`), made as scoring(rcfg,
     stores, fusion, fused): this process's `SRFrontEnd`, or a Ray front's shards (`cfir_jax.cluster.scoring.ShardedSR`).
     """
@@ -224,17 +226,17 @@ class Retriever:
         return self.entities.candidates(entities, with_scores)
 
     # ---------------------------------------------------------------------------------------------- retrieval
-    def retrieve(self, doc: DocumentInput | str) -> Result:
+    def retrieve(self, doc: DocumentInput | str) -> Retrieval:
         return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
 
-    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Result]:
+    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Retrieval]:
         """Runs the configured method for every document, retrieval.batch_size documents at a time (entities,
         summaries, encoding and SR batched); progress: a progress bar with documents/s (where bars are shown at all,
         see cfir_jax.core.progress)."""
         self._warm_up()
         size = max(1, int(self.rcfg.batch_size))
         entities = self.entities.stream(docs) if self.entities is not None else iter([[] for _ in docs])
-        results: list[Result] = []
+        results: list[Retrieval] = []
         with progress_bar(total=len(docs), unit="doc", desc=f"retrieve ({self.method})",
                           show=None if progress else False) as bar:
             for b0 in range(0, len(docs), size):
@@ -246,7 +248,7 @@ class Retriever:
         return results
 
     def _retrieve_batch(self, docs: Sequence[DocumentInput], entities: list[list[str]], entity_s: float
-                        ) -> list[Result]:
+                        ) -> list[Retrieval]:
         """One batch: summaries and encoding batched, each document ranked by its method (ER, fallbacks), then SR of
         every union of the batch at once, the third stage, and the results."""
         t1 = time.perf_counter()
@@ -311,14 +313,14 @@ class Retriever:
                 r.agreement = self.sr.agreement(queries[i], r.union, pair[1])
 
     def _result(self, r: _Ranking, entities: list[str], summary: str, times: dict[str, float],
-                rerank_ms: dict[str, float], features) -> Result:
+                rerank_ms: dict[str, float], features) -> Retrieval:
         t_hits = time.perf_counter()
         scores, rows = r.ranked
-        hits = [Hit(j + 1, self.image_ids[int(row)], float(s), int(row), by)
+        hits = [RankedImage(j + 1, self.image_ids[int(row)], float(s), int(row), by)
                 for j, (s, row, by) in enumerate(zip(scores, rows, brought_by(rows, r.lists, r.used)))]
         times = dict(times, hits=1e3 * (time.perf_counter() - t_hits), **rerank_ms)
         num = len(r.union) if r.union is not None else self.stores.live.num_live  # a whole-cache search's rows
-        return Result(hits, list(entities), r.unknown, summary, r.note, num + r.added * self.methods.lexical_fused,
+        return Retrieval(hits, list(entities), r.unknown, summary, r.note, num + r.added * self.methods.lexical_fused,
                       times, r.agreement, features, r.added)
 
     def _summaries(self, docs: Sequence[DocumentInput]) -> list[str]:
@@ -395,6 +397,6 @@ class _Ranking:
     times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
-def run_of(results: Sequence[Result], docs: Sequence[DocumentInput]) -> dict[str, list[tuple[str, float]]]:
+def run_of(results: Sequence[Retrieval], docs: Sequence[DocumentInput]) -> dict[str, list[tuple[str, float]]]:
     """A TREC run {doc_id: [(image_id, score), ...]} from the results."""
     return {d.doc_id: [(h.image_id, h.score) for h in r.hits] for d, r in zip(docs, results)}

@@ -49,19 +49,34 @@ def _read_text(path: str | Path, limit: int, what: str, over: str) -> str:
         raise CfirError(f"{path}: {what} is not UTF-8 text (bad byte at offset {e.start})") from None
 
 
+def read_documents(path: str | Path, limit: int, *, jsonl: bool = False) -> list[DocumentInput]:
+    """The documents of a file, each text held to the rule (at most `limit` bytes, serve.max_text_bytes): one
+    plain-text document, its id the file's stem (`--query doc.txt`), or, with `jsonl`, JSON lines {"id": ...,
+    "text": ...} whose ids are unique and free of whitespace, as TREC topic ids must be (`--queries docs.jsonl`)."""
+    if jsonl:
+        text = _read_text(path, MAX_QUERIES_BYTES, "queries file",
+                          f"over the {MAX_QUERIES_BYTES:,} a queries file holds")
+        records = _records(path, text)
+    else:
+        text = _read_text(path, limit, "query file", f"over serve.max_text_bytes={limit:,} (is it really a document?)")
+        records = [(f"{path}: query file", unicodedata.normalize("NFC", Path(path).stem) or "query", text)]
+    return [DocumentInput(check_text(text, where, limit), doc_id) for where, doc_id, text in records]
+
+
 def read_query(path: str | Path, limit: int) -> DocumentInput:
     """A plain-text document file of at most `limit` bytes (serve.max_text_bytes), its text held to the rule."""
-    doc_id = unicodedata.normalize("NFC", Path(path).stem) or "query"
-    text = _read_text(path, limit, "query file", f"over serve.max_text_bytes={limit:,} (is it really a document?)")
-    text = check_text(text, f"{path}: query file", limit)
-    return DocumentInput(text, doc_id=doc_id)
+    return read_documents(path, limit)[0]
 
 
 def read_queries(path: str | Path, limit: int) -> list[DocumentInput]:
     """JSON lines {"id": ..., "text": ...}; ids unique, no whitespace (they become TREC topic ids); each text held to
     the rule, at most `limit` bytes (serve.max_text_bytes)."""
-    text = _read_text(path, MAX_QUERIES_BYTES, "queries file", f"over the {MAX_QUERIES_BYTES:,} a queries file holds")
-    docs, seen = [], set()
+    return read_documents(path, limit, jsonl=True)
+
+
+def _records(path: str | Path, text: str) -> list[tuple[str, str, str]]:
+    """(where, id, text) of each JSON line of a queries file, its id checked; its text is checked by the caller."""
+    records, seen = [], set()
     for where, record in json_objects(path, text.split("\n")):
         if not isinstance(record.get("text"), str) or "id" not in record:
             raise CfirError(f'{where}: expected {{"id": ..., "text": "..."}}')
@@ -71,7 +86,7 @@ def read_queries(path: str | Path, limit: int) -> list[DocumentInput]:
         if doc_id in seen:
             raise CfirError(f"{where}: duplicate id {doc_id!r}")
         seen.add(doc_id)
-        docs.append(DocumentInput(check_text(record["text"], f"{where}: text of id {doc_id!r}", limit), doc_id))
-    if not docs:
+        records.append((f"{where}: text of id {doc_id!r}", doc_id, record["text"]))
+    if not records:
         raise CfirError(f"{path}: no queries")
-    return docs
+    return records

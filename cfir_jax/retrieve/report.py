@@ -12,8 +12,8 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cfir_jax.retrieve import results
-from cfir_jax.retrieve.pipeline import Result
+from cfir_jax.retrieve.pipeline import Retrieval
+from cfir_jax.retrieve.results import Result
 from cfir_jax.retrieve.sr import ScoredBy
 
 EVAL_MEASURES = ("mrr@10", "recall@10", "recall@100", "recall@1000", "success@1000")
@@ -49,7 +49,7 @@ def lexical_line(rows: Sequence[EvalRow]) -> str:
 class EvalRow:
     label: str
     metrics: dict[str, float]  # aggregate measures of EVAL_MEASURES
-    results: list[Result]
+    results: list[Retrieval]
     model: str  # which model encoded the queries (Retriever.model_used)
     train_time: str = "-"  # training time per epoch of that model, with its hardware (the paper's T-t)
     # What the row did with query entities the entity index never saw: 'ignore' (dropped, the paper), 'search'
@@ -89,7 +89,7 @@ def mean_line(complete: bool) -> str:
             "search = searched over the cache")
 
 
-def sr_line(scored: Sequence[ScoredBy], results: Sequence[Sequence[Result]]) -> str:
+def sr_line(scored: Sequence[ScoredBy], results: Sequence[Sequence[Result | Retrieval]]) -> str:
     """How SR scored the unions, as the rows' SR front ends say (`cfir_jax.retrieve.sr.SRFrontEnd.scored_by`:
     exactly on the CPU, the paper's; exactly on the device, with the dtype of its copy; or the CPU's fast scorer with
     its measured top-k agreement with exact scoring). Rows that scored alike say it once."""
@@ -109,7 +109,8 @@ def _clip(text: str, n: int) -> str:
     return text if len(text) <= n else text[: n - 1] + "…"
 
 
-def table(result: Result, describe: Callable[[str], tuple[str, str]], top: int) -> str:
+def table(result: Result, top: int) -> str:
+    """The terminal's view of one result: its entities, summary, note, times and first `top` hits."""
     lines = [f"entities: {', '.join(result.entities) or '(none)'}"]
     if result.unknown_entities:
         lines.append(f"not in the index: {', '.join(result.unknown_entities)}")
@@ -121,8 +122,7 @@ def table(result: Result, describe: Callable[[str], tuple[str, str]], top: int) 
                  ", ".join(f"{k} {v:.1f} ms" for k, v in result.times_ms.items()))
     rows = [("rank", "image", "score", "caption / url", "brought in by")]
     for h in result.hits[:top]:
-        caption, url = describe(h.image_id)
-        rows.append((str(h.rank), h.image_id, f"{h.score:.4f}", _clip(caption or url, 60), ", ".join(h.entities)))
+        rows.append((str(h.rank), h.id, f"{h.score:.4f}", _clip(h.caption or h.url, 60), ", ".join(h.entities)))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for j, r in enumerate(rows):
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -131,12 +131,20 @@ def table(result: Result, describe: Callable[[str], tuple[str, str]], top: int) 
     return "\n".join(lines)
 
 
-def as_json(doc_id: str, result: Result, describe: Callable[[str], tuple[str, str]], top: int) -> str:
-    """One result as a JSON line: the public record's JSON (`cfir_jax.retrieve.results.Result.to_json`)."""
-    return json.dumps(results.Result.of(doc_id, result, describe, top).to_json(), ensure_ascii=False)
+def shown(result: Result, fmt: str, top: int, tag: str = "cfir") -> str:
+    """One result as the command shows it on stdout (`--format`): a table, a JSON line or TREC lines (`tag`), its
+    first `top` hits."""
+    if fmt == "table":
+        return table(result, top)
+    return as_json(result, top) if fmt == "json" else trec_lines(result, tag, top)
 
 
-def unknown_summary(results: Sequence[Result], policy: str) -> str:
+def as_json(result: Result, top: int) -> str:
+    """One result as a JSON line, its first `top` hits: the record's JSON (`cfir_jax.retrieve.results.Result`)."""
+    return json.dumps(dataclasses.replace(result, hits=result.hits[:top]).to_json(), ensure_ascii=False)
+
+
+def unknown_summary(results: Sequence[Result | Retrieval], policy: str) -> str:
     """One line: how many query entities the entity index had never seen, over all results, and what became of them.
 
     With the paper's protocol (index built from the train documents) these are the test entities it drops
@@ -151,7 +159,7 @@ def unknown_summary(results: Sequence[Result], policy: str) -> str:
             f"{what} (retrieval.unknown_entities={policy})")
 
 
-def unknown_rules_line(rules: dict[str, tuple[Sequence[Result], Sequence[str]]]) -> str:
+def unknown_rules_line(rules: dict[str, tuple[Sequence[Retrieval], Sequence[str]]]) -> str:
     """One line: how many query entities the index never saw, and per rule ('ignore', 'search') how many of them it
     dropped or searched and in which rows. rules: rule -> (one row's results under it, the labels of its rows)."""
     results = next(iter(rules.values()))[0]
@@ -168,8 +176,9 @@ def unknown_rules_line(rules: dict[str, tuple[Sequence[Result], Sequence[str]]])
             + "; ".join(parts))
 
 
-def trec_lines(doc_id: str, result: Result, tag: str, top: int) -> str:
-    return "\n".join(f"{doc_id} Q0 {h.image_id} {h.rank} {h.score!r} {tag}" for h in result.hits[:top])
+def trec_lines(result: Result, tag: str, top: int) -> str:
+    """The first `top` hits as TREC run lines."""
+    return "\n".join(f"{result.id} Q0 {h.id} {h.rank} {h.score!r} {tag}" for h in result.hits[:top])
 
 
 # Magic numbers of the formats a corpus holds (AToMiC: WebP; synthetic worlds: PNG), for the data URI's type.
@@ -184,21 +193,21 @@ def image_mime(data: bytes) -> str:
     return "image/webp"
 
 
-def html_page(doc_id: str, result: Result, describe: Callable[[str], tuple[str, str]],
-              image_bytes: Callable[[str], bytes], top: int) -> str:
+def html_page(result: Result, image_bytes: Callable[[str], bytes], top: int) -> str:
     """A self-contained page: the images inline (data URIs) when the corpus has their bytes, else their URLs."""
     cards = []
+    doc_id = result.id
     for h in result.hits[:top]:
-        caption, url = describe(h.image_id)
-        data = image_bytes(h.image_id)
+        caption, url = h.caption, h.url
+        data = image_bytes(h.id)
         if data:
             src = f"data:{image_mime(data)};base64," + base64.b64encode(data).decode()
-            img = f'<img src="{src}" alt="{html.escape(h.image_id)}">'
+            img = f'<img src="{src}" alt="{html.escape(h.id)}">'
         elif url.startswith(("http://", "https://")):
-            img = f'<img src="{html.escape(url)}" alt="{html.escape(h.image_id)}" loading="lazy">'
+            img = f'<img src="{html.escape(url)}" alt="{html.escape(h.id)}" loading="lazy">'
         else:
             img = '<div class="noimg">no image</div>'
-        link = f'<a href="{html.escape(url)}">{html.escape(h.image_id)}</a>' if url else html.escape(h.image_id)
+        link = f'<a href="{html.escape(url)}">{html.escape(h.id)}</a>' if url else html.escape(h.id)
         cards.append(f'<figure>{img}<figcaption><b>#{h.rank}</b> {link} <code>{h.score:.4f}</code><br>'
                      f'{html.escape(_clip(caption, 160))}<br><i>{html.escape(", ".join(h.entities))}</i>'
                      '</figcaption></figure>')

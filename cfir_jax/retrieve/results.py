@@ -44,18 +44,23 @@ class Result:
     num_candidates: int = 0  # size of the candidate union SR scored
     times_ms: Mapping[str, float] = dataclasses.field(default_factory=dict, compare=False)  # per stage, this run
     version: int | None = dataclasses.field(default=None, compare=False)  # the index version that answered
+    # fast SR's top-k overlap with exact scoring, when measured (`retrieve.py --qrels`); not in the JSON
+    sr_agreement: float | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int,
-           version: int | None = None) -> Result:
-        """The record of the pipeline's result (`cfir_jax.retrieve.pipeline.Result`), its first `top` hits, with
-        each hit's (caption, url) from `describe(image_id)`; version: the index version that answered."""
+           version: int | None = None, described: int | None = None) -> Result:
+        """The record of the pipeline's answer (`cfir_jax.retrieve.pipeline.Retrieval`), its first `top` hits,
+        with each hit's (caption, url) from `describe(image_id)` for the first `described` hits (all when None; the
+        rest, kept for a run file, have none); version: the index version that answered. Only the library's
+        `Index` calls this: it is the one conversion of a result."""
+        described = top if described is None else described
         hits = []
-        for h in result.hits[:top]:
-            caption, url = describe(h.image_id)
+        for n, h in enumerate(result.hits[:top]):
+            caption, url = describe(h.image_id) if n < described else ("", "")
             hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities)))
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
-                   result.note, result.num_candidates, dict(result.times_ms), version)
+                   result.note, result.num_candidates, dict(result.times_ms), version, result.sr_agreement)
 
     def to_json(self) -> dict:
         """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order)."""

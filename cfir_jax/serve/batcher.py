@@ -24,6 +24,7 @@ from collections.abc import Callable
 
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.retrieve.results import Result
 from cfir_jax.stores.integrity import CorruptStore
 
 log = logging.getLogger("cfir_jax.serve")
@@ -179,7 +180,7 @@ class MicroBatcher:
                 if job.html:
                     job.settle(self._gallery(retriever, job.docs[0], mine[0], job.top_k))
                 else:
-                    job.settle([report.as_json(d.doc_id, r, retriever.describe_image, job.top_k)
+                    job.settle([report.as_json(Result.of(d.doc_id, r, retriever.describe_image, job.top_k), job.top_k)
                                 for d, r in zip(job.docs, mine)])
         except Exception as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none hangs
             if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so from now on
@@ -197,7 +198,7 @@ class MicroBatcher:
         def image_bytes(image_id: str) -> bytes:
             return corpus.image(rows[image_id]).image if image_id in rows else b""
 
-        return report.html_page(doc.doc_id, result, retriever.describe_image, image_bytes, top)
+        return report.html_page(Result.of(doc.doc_id, result, retriever.describe_image, top), image_bytes, top)
 
 
 def _with_entities(pool, retriever, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:

@@ -39,6 +39,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, search_image
+from cfir_jax.retrieve.results import Result
 from cfir_jax.serve.batcher import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
 
@@ -219,7 +220,7 @@ def _search(retriever, picture: bytes | None, image_id: str | None, top_k: int, 
     """One picture search and its JSON answer, in a queue's thread."""
     result = search_image(retriever, image=picture, image_id=image_id, top_k=top_k, max_pixels=max_pixels,
                           deadline=deadline)
-    return report.as_json(qid, result, retriever.describe_image, top_k)
+    return report.as_json(Result.of(qid, result, retriever.describe_image, top_k), top_k)
 
 
 def picture_routes(app: FastAPI) -> None:

@@ -196,3 +196,26 @@ def test_every_example_of_docs_python_md_runs(api_workdir, service, tmp_path):
     assert "no_such_work: no index here (missing directory); build it with index.py" in out
     assert "text is empty" in out and "'images_added': 3" in out and "'images_removed': 1" in out
     assert out.count("True") >= 4  # the service ready, a picture found first, two versions later, the stores intact
+
+
+def test_a_query_file_is_searched_as_search_many_with_captions_for_the_shown_hits(index, documents, tmp_path):
+    """`retrieve.py --queries` goes through `Index.search_file`: the same answers as `search_many`, the hits past
+    `described` (kept for a run file) carry no caption, so a run file reads no captions it does not show."""
+    queries = tmp_path / "q.jsonl"
+    queries.write_text("".join(json.dumps({"id": i, "text": t}) + "\n" for i, t in documents))
+    found = index.search_file(queries, jsonl=True, top_k=30, described=3)
+    expected = index.search_many([t for _, t in documents], ids=[i for i, _ in documents], top_k=30)
+    assert [r.ids for r in found] == [r.ids for r in expected] and found[0].hits
+    assert [r.hits[:3] for r in found] == [r.hits[:3] for r in expected]
+    assert all(h.caption == h.url == "" for r in found for h in r.hits[3:])
+
+
+def test_a_bad_query_file_is_refused_before_the_stores_open(api_workdir, tmp_path):
+    from cfir_jax.api import operations
+    from cfir_jax.api.index import Index
+
+    lazy = Index(operations.config_of(None, api_workdir, {}), api_workdir)
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(CfirError, match="query file is empty"):
+        lazy.search_file(tmp_path / "empty.txt")
+    assert not lazy._retrievers  # nothing was opened for a query that could not be read

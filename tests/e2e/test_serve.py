@@ -390,10 +390,10 @@ class _FakeRetriever:
         self.batches: list[list[str]] = []
 
     def retrieve_many(self, docs):
-        import types
+        from cfir_jax.retrieve.pipeline import Retrieval
 
         self.batches.append([d.doc_id for d in docs])
-        return [types.SimpleNamespace(times_ms={}) for _ in docs]
+        return [Retrieval([], [], [], "") for _ in docs]
 
     def describe_image(self, image_id):
         return {}
@@ -418,7 +418,7 @@ def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
     from cfir_jax.serve.batcher import MicroBatcher
     from cfir_jax.serve.metrics import Metrics
 
-    monkeypatch.setattr(report, "as_json", lambda doc_id, result, describe, top_k: doc_id)
+    monkeypatch.setattr(report, "as_json", lambda record, top_k: record.id)
     retriever = _FakeRetriever()
     index = types.SimpleNamespace(retrievers={"cfir": retriever}, entity_pool=None, version=1)
     batcher = MicroBatcher(lambda: index, max_batch=8, max_wait_ms=1500, queue_size=8, metrics=Metrics())

@@ -15,7 +15,7 @@ import uvicorn
 
 from cfir_jax.core.config_serve import serve_config
 from cfir_jax.retrieve import image_query
-from cfir_jax.retrieve.pipeline import Hit, Result
+from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
 from cfir_jax.serve.app import Service, create_app
 from cfir_jax.serve.middleware import http_protocol
 
@@ -74,7 +74,7 @@ class StandInRetriever:
 
     def retrieve_many(self, docs, progress=False):
         self.texts += [d.text for d in docs]
-        return [Result([Hit(1, IDS[0], 0.5, 0)], [], [], "a summary", "", 1, {"er": 0.1}) for _ in docs]
+        return [Retrieval([RankedImage(1, IDS[0], 0.5, 0)], [], [], "a summary", "", 1, {"er": 0.1}) for _ in docs]
 
     def describe_image(self, image_id):
         return f"the caption of {image_id}", ""

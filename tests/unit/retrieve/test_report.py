@@ -8,17 +8,18 @@ import numpy as np
 from repo import ROOT
 
 from cfir_jax.data.synthetic import IMAGE_SIZE, SyntheticConfig, build_world
-from cfir_jax.retrieve.pipeline import Hit, Result
 from cfir_jax.retrieve.report import html_page, image_mime
+from cfir_jax.retrieve.results import Hit, Result
 
 WORLD = build_world(SyntheticConfig.tiny())
 IMAGES = {i.image_id: i for i in WORLD.images}
 
 
 def _gallery(n: int = 6) -> str:
-    hits = [Hit(k + 1, i.image_id, 1.0 - k / 10, k, i.entities[:1]) for k, i in enumerate(WORLD.images[:n])]
-    result = Result(hits, ["x"], [], "a summary")
-    return html_page("doc0", result, lambda i: (IMAGES[i].caption, IMAGES[i].url), lambda i: IMAGES[i].image, n)
+    hits = tuple(Hit(k + 1, i.image_id, 1.0 - k / 10, i.caption, i.url, tuple(i.entities[:1]))
+                 for k, i in enumerate(WORLD.images[:n]))
+    result = Result("doc0", hits, ("x",), (), "a summary")
+    return html_page(result, lambda i: IMAGES[i].image, n)
 
 
 def test_image_mime_from_magic_bytes():
@@ -34,8 +35,8 @@ def test_html_embeds_the_corpus_pixels_as_data_uris():
 
 
 def test_html_without_bytes_or_url_says_no_image():
-    result = Result([Hit(1, "x", 0.5, 0)], [], [], "")
-    page = html_page("d", result, lambda i: ("cap", ""), lambda i: b"", 1)
+    result = Result("d", (Hit(1, "x", 0.5, "cap", ""),))
+    page = html_page(result, lambda i: b"", 1)
     assert "<img" not in page and "no image" in page
 
 

@@ -2,20 +2,20 @@
 JSON of `retrieve.py --format json` (the service's answer, key for key), read back equal, and compared by their
 answer, not by the times a run measured."""
 
+import dataclasses
 import json
 
 from cfir_jax.retrieve import report
-from cfir_jax.retrieve.pipeline import Hit as PipelineHit
-from cfir_jax.retrieve.pipeline import Result as PipelineResult
+from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
 from cfir_jax.retrieve.results import Hit, Result
 
 CAPTIONS = {"img1": ("a harbour", "http://x/1.png"), "img2": ("a bridge", "")}
 
 
-def _pipeline_result() -> PipelineResult:
-    hits = [PipelineHit(1, "img1", 0.8125, 4, ("harbour",)), PipelineHit(2, "img2", 0.5, 9, ()),
-            PipelineHit(3, "img3", 0.25, 1, ("bridge", "harbour"))]
-    return PipelineResult(hits, ["harbour", "bridge"], ["bridge"], "A harbour.", "a note", 12,
+def _pipeline_result() -> Retrieval:
+    hits = [RankedImage(1, "img1", 0.8125, 4, ("harbour",)), RankedImage(2, "img2", 0.5, 9, ()),
+            RankedImage(3, "img3", 0.25, 1, ("bridge", "harbour"))]
+    return Retrieval(hits, ["harbour", "bridge"], ["bridge"], "A harbour.", "a note", 12,
                           {"entities": 1.5, "er": 0.25})
 
 
@@ -33,7 +33,7 @@ def test_the_record_of_a_pipeline_result_holds_its_first_hits_with_captions():
 
 
 def test_as_json_is_the_records_json_in_the_documented_order():
-    line = report.as_json("doc", _pipeline_result(), _describe, 3)
+    line = report.as_json(Result.of("doc", _pipeline_result(), _describe, 3), 3)
     answer = json.loads(line)
     assert list(answer) == ["id", "entities", "unknown_entities", "num_unknown_entities", "summary", "note",
                             "num_candidates", "times_ms", "hits"]
@@ -55,3 +55,27 @@ def test_the_version_that_answered_is_carried_but_not_compared():
     assert record.version == 4 and "version" not in record.to_json()  # the service sends it as X-Index-Version
     again = Result.from_json(record.to_json(), version=5)
     assert again == record and again.version == 5 and Result.from_json(record.to_json()).version is None
+
+
+def test_captions_are_read_for_the_described_hits_only():
+    asked = []
+    record = Result.of("doc", _pipeline_result(), lambda i: asked.append(i) or _describe(i), 3, described=1)
+    assert asked == ["img1"] and [h.caption for h in record.hits] == ["a harbour", "", ""]
+    assert [h.id for h in record.hits] == ["img1", "img2", "img3"]  # the rest kept for a run file
+
+
+def test_the_package_has_one_result_class_and_one_hit_class():
+    """One record of an answer: the pipeline's ranking by cache row is its own (`Retrieval`), never a second
+    `Result` / `Hit` that each door converts (issue 52)."""
+    import ast
+    from pathlib import Path
+
+    import cfir_jax
+
+    found = {"Result": [], "Hit": []}
+    for path in Path(cfir_jax.__file__).parent.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and node.name in found:
+                found[node.name].append(path.name)
+    assert found == {"Result": ["results.py"], "Hit": ["results.py"]}
+    assert "row" not in {f.name for f in dataclasses.fields(Hit)}  # the cache row stays inside retrieval

@@ -11,7 +11,7 @@ import pytest
 
 from cfir_jax.core.config import retrieval_config
 from cfir_jax.retrieve import report, sr
-from cfir_jax.retrieve.pipeline import Result
+from cfir_jax.retrieve.pipeline import Retrieval
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.serve import resident
 
@@ -87,7 +87,7 @@ class _ServedRetriever:
 
     def retrieve_many(self, docs):
         self.batches.append(len(docs))
-        return [Result([], ["an entity"], [], "")]
+        return [Retrieval([], ["an entity"], [], "")]
 
     def sr_backend(self) -> str:
         return self.sr.backend()
@@ -123,7 +123,7 @@ def test_every_method_of_a_process_scores_on_one_device_copy_of_a_cache():
 
 def _line(front: sr.SRFrontEnd, **agreement) -> str:
     front.score_unions(np.ones((1, D), np.float32), _unions([20]))
-    return report.sr_line([front.scored_by()], [[Result([], [], [], "", **agreement)]])
+    return report.sr_line([front.scored_by()], [[Retrieval([], [], [], "", **agreement)]])
 
 
 def test_the_report_names_the_device_and_the_dtype_of_its_copy():

@@ -1,30 +1,26 @@
-"""What the query and evaluation commands share: the exact SR of evaluation, the Retriever's notes, and the run file
-with its measures against qrels (trec_eval's, the authors' or both). Apart from `evaluate` so that a query run
-(`retrieve.py --query`) loads none of the evaluation's tables."""
+"""Run files and their scores: a TREC run made of a search's results (`run_of`), written (`trec.write_run`) and
+measured against a qrels file (trec_eval's, the authors' or both). The commands call it (`retrieve.py --queries
+--output --qrels`, `--evaluate`); no command module shares another's code for it."""
 
 from __future__ import annotations
 
 import sys
-
-import ml_collections
+from collections.abc import Iterable, Sequence
 
 from cfir_jax.eval import trec
-from cfir_jax.retrieve.pipeline import Retriever
 
 
-def evaluation_sr(config: ml_collections.ConfigDict) -> None:
-    """Evaluation scores with retrieval.eval_sr (exact unless asked otherwise), whatever retrieval.sr says."""
-    config.retrieval.sr = config.retrieval.eval_sr
+def run_of(results: Iterable) -> dict[str, list[tuple[str, float]]]:
+    """A TREC run {query id: [(image id, score), ...]} of the library's records (`cfir_jax.retrieve.results.Result`,
+    read by their fields: eval stands below retrieval)."""
+    return {r.id: [(h.id, h.score) for h in r.hits] for r in results}
 
 
-def print_notes(retriever: Retriever) -> None:
-    for note in retriever.notes:
-        print(f"note: {note}", file=sys.stderr)
-
-
-def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, measures: str = "trec_eval") -> None:
+def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, measures: str = "trec_eval",
+                    after: Sequence[str] = ()) -> None:
     """Writes the run file (output) and prints its measures against a qrels file (qrels), each when given: trec_eval's
-    (-c over the queried topics the qrels judge, unless `measures` is 'trec_eval_no_c'), the authors' or both."""
+    (-c over the queried topics the qrels judge, unless `measures` is 'trec_eval_no_c'), the authors' or both; then
+    the lines `after` (what the caller says of the scored run: its unknown entities, how SR scored)."""
     if output:
         trec.write_run(output, run, tag=tag, max_hits=top)
         print(f"wrote {output}", file=sys.stderr)
@@ -40,6 +36,8 @@ def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, meas
             print(no_hits_line(res))
         if measures not in ("trec_eval", "trec_eval_no_c"):
             print(metrics.authors_table([(tag, metrics.authors_measures(run, judged))]))
+        for line in after:
+            print(line)
 
 
 def no_hits_line(res) -> str:

@@ -1,0 +1,219 @@
+"""The query's trip through the modules, traced statically: `retrieve.py --query` from `commands/retrieve.py`'s `run`
+has at most 12 module stays and at most 2 returns to a module already left (docs/architecture.md, "The one query
+core").
+
+How the trace is made (read from the source with `ast`, nothing is imported or run):
+- It starts in `cfir_jax/commands/retrieve.py` at `run` and walks each function's calls in source order, depth
+  first, every branch of the function included (a static trace cannot know the flags).
+- A call is followed when it resolves to a function of `cfir_jax`: a name the module defines or imports
+  (`from cfir_jax.x import f`), an attribute of an imported module (`report.table`), `self.method` inside a class,
+  or a method of a variable whose class the function knows: made by calling the class (`index = Index(...)`,
+  `with C(...) as c`), returned by a call annotated with the class (`-> Retriever`), or a parameter annotated with
+  it. Calling a class is a call of its `__init__`; a class without one (a record) runs no code of its module.
+  Builtins, third-party calls and calls the source does not resolve (a method of a call's value, a callback passed
+  as an argument) are not followed.
+- Each call into another module appends the callee's module to the trip, whether or not that function's body was
+  walked before (control goes there again); a body is walked once. A call inside the caller's own module is part
+  of its stay. Coming back from a call appends nothing: the trip lists where calls go, so a module that is called
+  again after the query has been elsewhere counts as a return.
+- Two kinds of callee are one stay each and not entered: the floors (rooms of rank 2 or lower: `core/`, `stores/`,
+  `model/`, `data/`, `nlp/`, `search/`, `eval/`), which by the import rule cannot call back up, and the retrieval
+  engine (`retrieve/pipeline.py`: ER, SR, the third stage), which calls only sideways and down. What the trace
+  measures is the doors around the engine: how often the query goes up, down and back between them.
+- A stay is a maximal run of one module in the trip; a return is a stay in a module the trip had already left.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import cfir_jax
+
+PACKAGE = Path(cfir_jax.__file__).resolve().parent
+FLOOR_ROOMS = {"core", "stores", "model", "data", "nlp", "search", "eval"}  # rank <= 2 (docs/architecture.md)
+ENGINE = "cfir_jax.retrieve.pipeline"
+MAX_STAYS, MAX_RETURNS = 12, 2
+
+
+@dataclasses.dataclass
+class _Module:
+    name: str
+    functions: dict[str, ast.FunctionDef]  # "f" and "Class.method"
+    classes: set[str]
+    imports: dict[str, tuple[str, str | None]]  # local name -> (module, attribute or None for the module itself)
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(p for p in parts if p != "__init__")
+
+
+def _parse(path: Path) -> _Module:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    name = _module_name(path)
+    functions, classes, imports = {}, set(), {}
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            functions[node.name] = node
+        elif isinstance(node, ast.ClassDef):
+            classes.add(node.name)
+            for item in node.body:
+                if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    functions[f"{node.name}.{item.name}"] = item
+    for node in ast.walk(tree):  # function-level imports too: they bind names where they stand
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cfir_jax"):
+            for alias in node.names:
+                imports[alias.asname or alias.name] = (node.module, alias.name)
+        elif isinstance(node, ast.Import):
+            for alias in node.names:
+                if alias.name.startswith("cfir_jax"):
+                    imports[alias.asname or alias.name.split(".")[0]] = (alias.name, None)
+    return _Module(name, functions, classes, imports)
+
+
+MODULES = {m.name: m for m in map(_parse, PACKAGE.rglob("*.py"))}
+
+
+def _target(module: str, name: str) -> tuple[str, str] | None:
+    """(module, "f" | "Class") of `name` imported from `module`, or of the submodule `module.name`'s module."""
+    if module in MODULES and (name in MODULES[module].functions or name in MODULES[module].classes):
+        return module, name
+    return None
+
+
+class _Tracer:
+    def __init__(self):
+        self.trip: list[str] = []
+        self.walked: set[tuple[str, str]] = set()
+
+    def resolve_name(self, mod: _Module, name: str) -> tuple[str, str] | None:
+        if name in mod.functions or name in mod.classes:
+            return mod.name, name
+        if name in mod.imports:
+            source, attr = mod.imports[name]
+            if attr is not None:
+                return _target(source, attr)
+        return None
+
+    def module_of(self, mod: _Module, name: str) -> str | None:
+        """The cfir_jax module a local name stands for (`from cfir_jax.retrieve import report` -> its module)."""
+        if name in mod.imports:
+            source, attr = mod.imports[name]
+            full = source if attr is None else f"{source}.{attr}"
+            return full if full in MODULES else None
+        return None
+
+    def class_of_annotation(self, mod: _Module, annotation: ast.expr | None) -> tuple[str, str] | None:
+        if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+            annotation = ast.parse(annotation.value, mode="eval").body
+        if isinstance(annotation, ast.Name):
+            found = self.resolve_name(mod, annotation.id)
+            if found and found[1] in MODULES[found[0]].classes:
+                return found
+        return None
+
+    def resolve(self, mod: _Module, cls: str | None, call: ast.Call, types: dict) -> tuple[str, str] | None:
+        """(module, qualified function or class) a call goes to, when the source says."""
+        f = call.func
+        if isinstance(f, ast.Name):
+            return self.resolve_name(mod, f.id)
+        if not isinstance(f, ast.Attribute) or not isinstance(f.value, ast.Name):
+            return None
+        base, attr = f.value.id, f.attr
+        if base == "self" and cls is not None and f"{cls}.{attr}" in mod.functions:
+            return mod.name, f"{cls}.{attr}"
+        if base in types:
+            owner, klass = types[base]
+            if f"{klass}.{attr}" in MODULES[owner].functions:
+                return owner, f"{klass}.{attr}"
+            return None
+        if (klass := self.resolve_name(mod, base)) is not None and f"{klass[1]}.{attr}" in MODULES[klass[0]].functions:
+            return klass[0], f"{klass[1]}.{attr}"  # a class's own method (`Result.of`)
+        target = self.module_of(mod, base)
+        if target is not None:
+            return _target(target, attr)
+        return None
+
+    def returned_class(self, target: tuple[str, str]) -> tuple[str, str] | None:
+        owner, name = target
+        if name in MODULES[owner].classes:
+            return target
+        fn = MODULES[owner].functions.get(name)
+        return self.class_of_annotation(MODULES[owner], fn.returns) if fn is not None else None
+
+    def walk(self, module: str, qualname: str) -> None:
+        if (module, qualname) in self.walked:
+            return
+        self.walked.add((module, qualname))
+        mod, fn = MODULES[module], MODULES[module].functions[qualname]
+        cls = qualname.split(".")[0] if "." in qualname else None
+        types = {}  # local name -> (module, class)
+        for arg in fn.args.args + fn.args.kwonlyargs:
+            if (found := self.class_of_annotation(mod, arg.annotation)) is not None:
+                types[arg.arg] = found
+        calls = sorted((n for n in ast.walk(fn) if isinstance(n, ast.Call)), key=lambda n: (n.lineno, n.col_offset))
+        bound = _bindings(fn)
+        for call in calls:
+            target = self.resolve(mod, cls, call, types)
+            if target is None:
+                continue
+            if (name := bound.get(id(call))) is not None and (klass := self.returned_class(target)) is not None:
+                types[name] = klass
+            self.enter(*target, caller=module)
+
+    def enter(self, module: str, name: str, caller: str) -> None:
+        qualname = f"{name}.__init__" if name in MODULES[module].classes else name
+        if qualname not in MODULES[module].functions:
+            return  # a record: no code of its module runs
+        if module != caller:  # a call inside the module is part of its stay
+            self.trip.append(module)
+        room = module.split(".")[1] if "." in module else "api"
+        if room in FLOOR_ROOMS or module == ENGINE:
+            return
+        self.walk(module, qualname)
+
+
+def _bindings(fn: ast.FunctionDef) -> dict[int, str]:
+    """id(call) -> the local name its value is bound to (`x = f(...)`, `with f(...) as x`)."""
+    out = {}
+    for node in ast.walk(fn):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call) and len(node.targets) == 1 \
+                and isinstance(node.targets[0], ast.Name):
+            out[id(node.value)] = node.targets[0].id
+        elif isinstance(node, ast.withitem) and isinstance(node.context_expr, ast.Call) \
+                and isinstance(node.optional_vars, ast.Name):
+            out[id(node.context_expr)] = node.optional_vars.id
+    return out
+
+
+def trace(module: str, function: str) -> list[str]:
+    """The stays of the trip from `module.function`: each a module, in the order the query passes through them."""
+    tracer = _Tracer()
+    tracer.trip.append(module)
+    tracer.walk(module, function)
+    stays = []
+    for m in tracer.trip:
+        if not stays or stays[-1] != m:
+            stays.append(m)
+    return stays
+
+
+def returns(stays: list[str]) -> list[str]:
+    """The stays in a module the trip had already left."""
+    return [m for n, m in enumerate(stays) if m in stays[:n]]
+
+
+def test_the_trace_follows_imports_methods_and_annotated_returns():
+    stays = trace("cfir_jax.commands.retrieve", "run")
+    assert stays[0] == "cfir_jax.commands.retrieve"
+    assert "cfir_jax.api.index" in stays  # Index(...) and its methods, through the local name's class
+    assert ENGINE in stays  # the engine is reached, and counted once per visit
+
+
+def test_a_query_passes_through_at_most_12_modules_and_returns_at_most_twice():
+    stays = trace("cfir_jax.commands.retrieve", "run")
+    trip = " -> ".join(m.removeprefix("cfir_jax.") for m in stays)
+    assert len(stays) <= MAX_STAYS, f"{len(stays)} module stays (at most {MAX_STAYS}): {trip}"
+    assert len(returns(stays)) <= MAX_RETURNS, f"returns to {returns(stays)} (at most {MAX_RETURNS}): {trip}"
