@@ -23,10 +23,11 @@ from cfir_jax.retrieve.queries import read_queries, read_query
 
 def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
            fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
-           tag: str = "cfir", measures: str = "trec_eval") -> None:
-    """Retrieves for the document in `query` or the documents of `queries` and prints / writes what was asked."""
+           tag: str = "cfir", measures: str = "trec_eval", lang: str | None = None) -> None:
+    """Retrieves for the document in `query` or the documents of `queries` (in `lang`, where they state none; None:
+    found) and prints / writes what was asked."""
     limit = int(config.serve.max_text_bytes)  # the one rule of a query's text, at every door
-    docs = [read_query(query, limit)] if query else read_queries(queries, limit)
+    docs = [read_query(query, limit, lang)] if query else read_queries(queries, limit, lang)
     if qrels:
         evaluation_sr(config)
     index = Index(config, workdir, method, measure_agreement=bool(qrels))  # the library's (cfir_jax.open's)

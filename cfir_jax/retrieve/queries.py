@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.jsonl import json_objects
-from cfir_jax.core.query_rule import check_text
+from cfir_jax.core.query_rule import check_lang, check_text
 from cfir_jax.retrieve.pipeline import DocumentInput
 
 # A document is a few KB (a Wikipedia section); a query's text is at most serve.max_text_bytes (64 KiB, ~10,000
@@ -49,17 +49,20 @@ def _read_text(path: str | Path, limit: int, what: str, over: str) -> str:
         raise CfirError(f"{path}: {what} is not UTF-8 text (bad byte at offset {e.start})") from None
 
 
-def read_query(path: str | Path, limit: int) -> DocumentInput:
-    """A plain-text document file of at most `limit` bytes (serve.max_text_bytes), its text held to the rule."""
+def read_query(path: str | Path, limit: int, lang: str | None = None) -> DocumentInput:
+    """A plain-text document file of at most `limit` bytes (serve.max_text_bytes), its text held to the rule; `lang`:
+    its language (`--lang`; None: found, docs/languages.md)."""
     doc_id = unicodedata.normalize("NFC", Path(path).stem) or "query"
     text = _read_text(path, limit, "query file", f"over serve.max_text_bytes={limit:,} (is it really a document?)")
     text = check_text(text, f"{path}: query file", limit)
-    return DocumentInput(text, doc_id=doc_id)
+    return DocumentInput(text, doc_id=doc_id, lang=check_lang(lang, "--lang"))
 
 
-def read_queries(path: str | Path, limit: int) -> list[DocumentInput]:
-    """JSON lines {"id": ..., "text": ...}; ids unique, no whitespace (they become TREC topic ids); each text held to
-    the rule, at most `limit` bytes (serve.max_text_bytes)."""
+def read_queries(path: str | Path, limit: int, lang: str | None = None) -> list[DocumentInput]:
+    """JSON lines {"id": ..., "text": ..., "lang": ...} ("lang" optional: `lang`, --lang, where a row states none);
+    ids unique, no whitespace (they become TREC topic ids); each text held to the rule, at most `limit` bytes
+    (serve.max_text_bytes)."""
+    lang = check_lang(lang, "--lang")
     text = _read_text(path, MAX_QUERIES_BYTES, "queries file", f"over the {MAX_QUERIES_BYTES:,} a queries file holds")
     docs, seen = [], set()
     for where, record in json_objects(path, text.split("\n")):
@@ -71,7 +74,9 @@ def read_queries(path: str | Path, limit: int) -> list[DocumentInput]:
         if doc_id in seen:
             raise CfirError(f"{where}: duplicate id {doc_id!r}")
         seen.add(doc_id)
-        docs.append(DocumentInput(check_text(record["text"], f"{where}: text of id {doc_id!r}", limit), doc_id))
+        stated = check_lang(record.get("lang"), f"{where}: id {doc_id!r}") or lang
+        docs.append(DocumentInput(check_text(record["text"], f"{where}: text of id {doc_id!r}", limit), doc_id,
+                                  lang=stated))
     if not docs:
         raise CfirError(f"{path}: no queries")
     return docs
