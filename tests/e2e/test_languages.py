@@ -51,14 +51,18 @@ def test_a_collection_in_english_french_and_indonesian_indexes(world, index):
 
 
 def test_a_french_query_finds_french_entities_and_says_its_language(world, index, tmp_path):
-    doc = tmp_path / "moulin.txt"
+    doc, rows = tmp_path / "moulin.txt", tmp_path / "q.jsonl"
     doc.write_text(FRENCH, encoding="utf-8")
-    printed = run_script("retrieve.py", "--index", str(world[0]), "--query", str(doc), "--format", "json").stdout
-    record = json.loads(printed.strip().splitlines()[-1])
-    assert record["lang"] == "fr"  # found: the collection is not all English
+    rows.write_text(json.dumps({"id": "moulin", "text": FRENCH}) + "\n" +
+                    json.dumps({"id": "pulau", "text": INDONESIAN, "lang": "id"}) + "\n", encoding="utf-8")
+    printed = run_script("retrieve.py", "--index", str(world[0]), "--queries", str(rows), "--lang", "fr",
+                         "--format", "json").stdout
+    record, other = (json.loads(line) for line in printed.splitlines() if line.startswith("{"))
+    assert (record["lang"], other["lang"]) == ("fr", "id")  # --lang, and a row's own "lang" over it
     assert {"Deborah Morgan", "Kingswood Institute", "New Westdale"} <= set(record["entities"])
     assert record["note"] == "" and record["hits"]  # the French pipeline read it: no fallback to state
-    found = index.search(doc)
+    assert other["note"].startswith(FALLBACK)
+    found = index.search(doc)  # unstated: found, the collection is not all English
     assert found.lang == "fr" and found == Result.from_json(record)
     stated = index.search(FRENCH, lang="fr-FR")
     assert stated.lang == "fr" and stated.entities == found.entities
