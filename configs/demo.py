@@ -35,8 +35,10 @@ def get_config(arg=None):
     tiny, full = variant.tiny, variant.full
     cfg = experiment("base", "runlocal,full" if full else "runlocal")
     # The demo's own recipe, tuned for a 2-layer model on a synthetic world: no drop path, no layer-wise lr decay.
-    cfg.model.update(embed_dim=64, num_layers=2, num_heads=4, ffn_dim=256, vocab_size=1024, max_text_positions=512,
-                     dropout=0.0, drop_path_rate=0.0)
+    # The world's sentencepiece holds ~700 pieces in English, ~1,150 with French and Indonesian words (multilingual).
+    cfg.model.update(embed_dim=64, num_layers=2, num_heads=4, ffn_dim=256,
+                     vocab_size=2048 if variant.multilingual else 1024, max_text_positions=512, dropout=0.0,
+                     drop_path_rate=0.0)
     cfg.index.corpus.update(source="synthetic", synthetic_size="tiny" if tiny else "default",
                             synthetic_languages="fr:0.15,id:0.1" if variant.multilingual else "")
     cfg.index.encoder = "pretrain"

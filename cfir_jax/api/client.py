@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_text, check_top_k
+from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k
 from cfir_jax.retrieve.results import Result
 
 __all__ = ["Client", "ServiceError"]
@@ -78,8 +78,9 @@ class Client:
 
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
-               id: str = "query", deadline_s: float | None = None) -> Result:  # noqa: A002
-        """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id), or
+               id: str = "query", deadline_s: float | None = None, lang: str | None = None) -> Result:  # noqa: A002
+        """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id; `lang`
+        its language, None: the service finds it), or
         of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
         `image_id` the id of an indexed picture, as `Index.search` takes them."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
@@ -89,7 +90,8 @@ class Client:
             answer, version = self._post("/v1/search/image", body, deadline_s)
             return _result(answer, version, f"{self.url}/v1/search/image")
         text, id = _text(text, id)
-        body = {"text": text, "top_k": check_top_k(top_k), "id": id, **({"method": method} if method else {})}
+        body = {"text": text, "top_k": check_top_k(top_k), "id": id, **({"method": method} if method else {}),
+                **({"lang": check_lang(lang)} if lang is not None else {})}
         answer, version = self._post("/v1/search", body, deadline_s)
         return _result(answer, version, f"{self.url}/v1/search")
 

@@ -22,7 +22,7 @@ import ml_collections
 
 from cfir_jax.api import operations as ops
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_text, check_top_k
+from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval, Retriever
 from cfir_jax.retrieve.queries import read_documents
@@ -122,36 +122,41 @@ class Index:
     # ------------------------------------------------------------------------------------------------ searching
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
-               id: str = "query") -> Result:  # noqa: A002
+               id: str = "query", lang: str | None = None) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
-        stem the id), or of one picture: `image` (its bytes, or a picture file: a path) or `image_id` (the id of an
-        indexed picture: never read as a file)."""
+        stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
+        a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file)."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
         if text is None:
             return self._search_image(image, image_id, self._top(top_k), method)
-        return self.search_many([text], top_k=top_k, method=method, ids=[id])[0]
+        return self.search_many([text], top_k=top_k, method=method, ids=[id], lang=lang)[0]
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
-                    described: int | None = None, method: str | None = None, progress: bool = False) -> list[Result]:
+                    described: int | None = None, method: str | None = None, progress: bool = False,
+                    lang: str | None = None) -> list[Result]:
         """The images of the documents of a file (read before any store opens): one plain-text document, its stem
-        the id (`retrieve.py --query`), or JSON lines {"id", "text"} with `jsonl` (`--queries`). described: read
-        the caption and url of the first `described` hits only (the rest feed a run file: ids and scores)."""
-        docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl)
+        the id (`retrieve.py --query`), or JSON lines {"id", "text", "lang"} with `jsonl` (`--queries`). described:
+        read the caption and url of the first `described` hits only (the rest feed a run file: ids and scores); lang:
+        the language of a document that states none (None: found, docs/languages.md)."""
+        docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
         top = self._top(top_k)  # the texts, then top_k: the service's order
         return self._answer(docs, top, method, progress and len(docs) > 1, described)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
-                    ids: Sequence[str] | None = None, progress: bool = False) -> list[Result]:
+                    ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None
+                    ) -> list[Result]:
         """The images of each document, retrieved in batches of retrieval.batch_size (entities, summaries, encoding
-        and SR batched); ids: the documents' ids (default "0", "1", ...; a path's stem for a path)."""
+        and SR batched); ids: the documents' ids (default "0", "1", ...; a path's stem for a path); lang: their
+        language (None: each found, docs/languages.md)."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
         if len(ids) != len(texts):
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
         limit = int(self.config.serve.max_text_bytes)
-        docs = [_document(t, i, limit) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
+        lang = check_lang(lang)
+        docs = [_document(t, i, limit, lang) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
         return self._answer(docs, self._top(top_k), method, progress)
 
     def _answer(self, docs: Sequence[DocumentInput], top: int, method: str | None, progress: bool,
@@ -223,9 +228,9 @@ class Index:
         return change
 
 
-def _document(text: str | os.PathLike, doc_id: str, limit: int) -> DocumentInput:
+def _document(text: str | os.PathLike, doc_id: str, limit: int, lang: str | None) -> DocumentInput:
     """A query document from a string or a file (read as `retrieve.py --query` reads it), held to the one rule of a
     query's text (`cfir_jax.core.query_rule`, at most serve.max_text_bytes)."""
     if isinstance(text, os.PathLike):
-        return read_documents(text, limit)[0]
-    return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"))
+        return read_documents(text, limit, lang=lang)[0]
+    return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"), lang=lang)

@@ -72,6 +72,9 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
                    help=f"hits to show and write, >= 1 (default: {SHOWN} on stdout in every --format; retrieval.top_k, "
                    "1000, in --output run files and --evaluate, which R@1000 needs)")
     p.add_argument("--format", default="table", help="table | json | trec (stdout)")
+    p.add_argument("--lang", default=None, metavar="CODE", help="with --query/--queries: the documents' language "
+                   "(ISO 639-1: en, fr, ...; a --queries row's own \"lang\" wins); default: found where the collection "
+                   "is not all English, else en (docs/languages.md)")
     p.add_argument("--html", default="", help="write an HTML page with the images")
     p.add_argument("--output", default="", help="write a TREC run file")
     p.add_argument("--qrels", default="", help="TREC qrels (or AToMiC parquet) to evaluate the run against")
@@ -119,7 +122,9 @@ def check_retrieve(args: argparse.Namespace) -> None:
 
 
 def _check_picture(args: argparse.Namespace) -> None:
-    """A picture's hits print on stdout: there is no run of documents to write or score."""
+    """A picture's hits print on stdout: there is no run of documents to write or score, nor a document's language."""
+    if args.lang is not None and not (args.query or args.queries):
+        raise CfirError("--lang states the language of --query or --queries documents; give one of them")
     if (args.query_image or args.query_image_id) and (args.output or args.qrels):
         raise CfirError("--output and --qrels write and score a run of documents; a picture's hits print on stdout "
                         "(--format trec for TREC lines)")

@@ -131,7 +131,7 @@ def retrieve_main():
 
         retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                      shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
-                     measures=measures)
+                     measures=measures, lang=args.lang)
 
 
 def _retrieve_by_picture(args, config) -> None:

@@ -14,11 +14,11 @@ every text is English stores nothing more than before (docs/languages.md).
 from __future__ import annotations
 
 import dataclasses
-import re
 
 import ml_collections
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import check_lang
 
 REFERENCE = "en"  # the language every store was read in before languages existed
 INDEX = "index"  # a table entry's value: the index section's own setting
@@ -32,7 +32,6 @@ SNOWBALL = {"ar": "arabic", "hy": "armenian", "eu": "basque", "ca": "catalan", "
             "it": "italian", "lt": "lithuanian", "ne": "nepali", "no": "norwegian", "fa": "persian", "pl": "polish",
             "pt": "portuguese", "ro": "romanian", "ru": "russian", "sr": "serbian", "st": "sesotho", "es": "spanish",
             "sv": "swedish", "ta": "tamil", "tr": "turkish", "yi": "yiddish"}
-_CODE = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*")
 
 
 def languages_config() -> ml_collections.ConfigDict:
@@ -107,10 +106,9 @@ def setup_of(config: ml_collections.ConfigDict, code: str) -> Setup:
 
 
 def check_code(value, where: str) -> str:
-    """A stated language as its primary subtag, lower case ("fr-CA" -> "fr"); one line naming `where` otherwise."""
-    if not isinstance(value, str) or not _CODE.fullmatch(value.strip()):
-        raise CfirError(f"{where}: lang {value!r} is not a language code (ISO 639-1 such as 'en', 'fr', 'id')")
-    return re.split(r"[-_]", value.strip())[0].lower()
+    """A stated language as its primary subtag, lower case ("fr-CA" -> "fr"); one line naming `where` otherwise (the
+    rule of a query's `lang`, `cfir_jax.core.query_rule.check_lang`)."""
+    return check_lang("" if value is None else value, where)  # None is no code here: refused
 
 
 def check_languages(langs: ml_collections.ConfigDict) -> None:

@@ -6,7 +6,8 @@ A text is a `str` of at most `limit` bytes of UTF-8 as given (`serve.max_text_by
 (no lone surrogate: JSON can carry one, UTF-8 cannot), with no control character but whitespace (tab, line feed,
 vertical tab, form feed, carriage return: NUL, the other C0 controls and DEL make it binary). It is used in its NFC
 form with the whitespace around it removed, and what is left must not be empty. `top_k` is an `int` (not a bool)
-from 1 to the index's `retrieval.top_k`. A query's `id`, echoed in its answer, is a `str` of valid Unicode. Every
+from 1 to the index's `retrieval.top_k`. A query's `id`, echoed in its answer, is a `str` of valid Unicode. Its `lang`,
+where stated, is a language code ("fr", "fr-CA": its primary subtag, lower case, is used; docs/languages.md). Every
 refusal is a `QueryRefused`: one line and the HTTP status the service answers with it.
 """
 
@@ -17,13 +18,14 @@ import unicodedata
 
 from cfir_jax.core.errors import CfirError
 
-__all__ = ["QUERY_KINDS", "QueryRefused", "check_id", "check_text", "check_top_k"]
+__all__ = ["QUERY_KINDS", "QueryRefused", "check_id", "check_lang", "check_text", "check_top_k"]
 
 # What a search takes, one of: the refusal of `Index.search` and `Client.search` given none or several.
 QUERY_KINDS = "give one of text= (a document), image= (a picture's bytes or file) or image_id= (an indexed picture)"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BINARY = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # C0 controls but \t \n \v \f \r, and DEL
+_LANG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*")  # BCP 47's shape: a primary subtag, then any
 
 
 class QueryRefused(CfirError):
@@ -61,6 +63,15 @@ def check_id(doc_id: object, what: str = "id") -> str:
         raise QueryRefused(f"{what} is {type(doc_id).__name__}, expected text (str)")
     _valid_unicode(doc_id, what)
     return doc_id
+
+
+def check_lang(lang: object, what: str = "lang") -> str | None:
+    """A stated language as its primary subtag, lower case ("fr-CA" -> "fr"); None where none is stated."""
+    if lang is None:
+        return None
+    if not isinstance(lang, str) or not _LANG.fullmatch(lang.strip()):
+        raise QueryRefused(f"{what}: lang {_short(lang)} is not a language code (ISO 639-1 such as 'en', 'fr', 'id')")
+    return re.split(r"[-_]", lang.strip())[0].lower()
 
 
 def _valid_unicode(text: str, what: str) -> None:

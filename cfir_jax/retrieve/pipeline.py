@@ -10,8 +10,7 @@ The parts: the stores, opened and checked once (`cfir_jax.retrieve.stores`); ER,
 no-entity fallback to the whole cache, which the result's note states; the SR front end (CPU or device, exact or
 fast, fused with the image text or not); the third stage; and one small class per method
 (`cfir_jax.retrieve.methods`: cfir, dense_document, dense_summary, entity_only; beyond the paper, BM25 over the
-pictures' own text, `cfir_jax.retrieve.lexical`: bm25, cfir_bm25, cfir_bm25_fused). Batched and one-at-a-time
-retrieval run the same path (`retrieve` is `retrieve_many` of one document).
+pictures' own text, `cfir_jax.retrieve.lexical`: bm25, cfir_bm25, cfir_bm25_fused). `retrieve` is `retrieve_many`.
 
 SR scores the union exactly, as the paper does (`retrieval.sr="exact"`), or through the compact int8 copy and an
 exact re-rank of a shortlist (`"fast"`, ~16x faster at 4M images, top-1000 agreement ~0.9998). Evaluation uses
@@ -43,6 +42,7 @@ from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
 from cfir_jax.retrieve.lexical import LexicalSearch
 from cfir_jax.retrieve.methods import METHODS, method_of
+from cfir_jax.retrieve.query_language import QueryLanguages
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
@@ -78,6 +78,7 @@ class Retrieval:
     sr_agreement: float | None = None  # fast SR's top-k overlap with exact scoring (when measured)
     rerank_features: np.ndarray | None = None  # [n, F] of SR's top-n, when the retriever collects them (fitting)
     lexical_added: int = 0  # candidates BM25 added beyond ER's union (cfir_bm25, cfir_bm25_fused)
+    lang: str = "en"  # the document's language (stated or found: cfir_jax.retrieve.query_language)
 
 
 @dataclasses.dataclass
@@ -88,7 +89,7 @@ class DocumentInput:
     doc_id: str = "query"
     entities: list[str] | None = None
     summary: str | None = None
-    lang: str | None = None  # its language (cfir_jax.core.languages): the corpus', or stated; None: English
+    lang: str | None = None  # its language: the corpus', or stated; None: found (cfir_jax.retrieve.query_language)
 
 
 class Retriever:
@@ -126,6 +127,7 @@ class Retriever:
         self.sr = scoring(self.rcfg, self.stores, self.fusion, self.fused)
         self.entities = EntityRanking(config, self.stores, self.sr.exact_search) if self.methods.uses_entities \
             else None
+        self.languages = QueryLanguages(config, self.stores.corpus)  # each query's language, and what reads it
         # The largest score an intact store allows (unit queries; rows of the recorded norm), and where rows come from.
         img_norm = row_norm_bound(self.stores.cache.manifest)
         self.score_bound = abs(self.fusion[0]) * img_norm + abs(self.fusion[1]) if self.fused else img_norm
@@ -221,8 +223,7 @@ class Retriever:
         lists, _, used, unknown = self.entities.candidates(entities, with_scores=False)
         return lists, used, unknown
 
-    def _scored_candidates(self, entities: list[str], with_scores: bool = True):
-        """As `_candidates`, with each list's entity-image scores: (lists, scores, used, unknown)."""
+    def _scored_candidates(self, entities: list[str], with_scores: bool = True):  # `_candidates`, with the scores
         return self.entities.candidates(entities, with_scores)
 
     # ---------------------------------------------------------------------------------------------- retrieval
@@ -230,10 +231,10 @@ class Retriever:
         return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
 
     def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Retrieval]:
-        """Runs the configured method for every document, retrieval.batch_size documents at a time (entities,
-        summaries, encoding and SR batched); progress: a progress bar with documents/s (where bars are shown at all,
-        see cfir_jax.core.progress)."""
+        """Runs the method for every document (its language read first), retrieval.batch_size at a time (entities,
+        summaries, encoding and SR batched); progress: a bar with documents/s (cfir_jax.core.progress)."""
         self._warm_up()
+        docs = self.languages.read(docs, self.entities is not None, self.methods.uses_summary())
         size = max(1, int(self.rcfg.batch_size))
         entities = self.entities.stream(docs) if self.entities is not None else iter([[] for _ in docs])
         results: list[Retrieval] = []
@@ -245,7 +246,7 @@ class Retriever:
                 batch_entities = [next(entities) for _ in batch]
                 results += self._retrieve_batch(batch, batch_entities, time.perf_counter() - t0)
                 bar.update(len(batch))
-        return results
+        return self.languages.annotate(docs, results, self.entities is not None)
 
     def _retrieve_batch(self, docs: Sequence[DocumentInput], entities: list[list[str]], entity_s: float
                         ) -> list[Retrieval]:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.jsonl import json_objects
-from cfir_jax.core.query_rule import check_text
+from cfir_jax.core.query_rule import check_lang, check_text
 from cfir_jax.retrieve.pipeline import DocumentInput
 
 # A document is a few KB (a Wikipedia section); a query's text is at most serve.max_text_bytes (64 KiB, ~10,000
@@ -49,33 +49,38 @@ def _read_text(path: str | Path, limit: int, what: str, over: str) -> str:
         raise CfirError(f"{path}: {what} is not UTF-8 text (bad byte at offset {e.start})") from None
 
 
-def read_documents(path: str | Path, limit: int, *, jsonl: bool = False) -> list[DocumentInput]:
+def read_documents(path: str | Path, limit: int, *, jsonl: bool = False, lang: str | None = None
+                   ) -> list[DocumentInput]:
     """The documents of a file, each text held to the rule (at most `limit` bytes, serve.max_text_bytes): one
     plain-text document, its id the file's stem (`--query doc.txt`), or, with `jsonl`, JSON lines {"id": ...,
-    "text": ...} whose ids are unique and free of whitespace, as TREC topic ids must be (`--queries docs.jsonl`)."""
+    "text": ..., "lang": ...} whose ids are unique and free of whitespace, as TREC topic ids must be (`--queries
+    docs.jsonl`); `lang`: the language of a document that states none (`--lang`; None: found, docs/languages.md)."""
+    lang = check_lang(lang, "--lang")
     if jsonl:
         text = _read_text(path, MAX_QUERIES_BYTES, "queries file",
                           f"over the {MAX_QUERIES_BYTES:,} a queries file holds")
         records = _records(path, text)
     else:
         text = _read_text(path, limit, "query file", f"over serve.max_text_bytes={limit:,} (is it really a document?)")
-        records = [(f"{path}: query file", unicodedata.normalize("NFC", Path(path).stem) or "query", text)]
-    return [DocumentInput(check_text(text, where, limit), doc_id) for where, doc_id, text in records]
+        records = [(f"{path}: query file", unicodedata.normalize("NFC", Path(path).stem) or "query", text, None)]
+    return [DocumentInput(check_text(text, where, limit), doc_id, lang=stated or lang)
+            for where, doc_id, text, stated in records]
 
 
-def read_query(path: str | Path, limit: int) -> DocumentInput:
+def read_query(path: str | Path, limit: int, lang: str | None = None) -> DocumentInput:
     """A plain-text document file of at most `limit` bytes (serve.max_text_bytes), its text held to the rule."""
-    return read_documents(path, limit)[0]
+    return read_documents(path, limit, lang=lang)[0]
 
 
-def read_queries(path: str | Path, limit: int) -> list[DocumentInput]:
-    """JSON lines {"id": ..., "text": ...}; ids unique, no whitespace (they become TREC topic ids); each text held to
-    the rule, at most `limit` bytes (serve.max_text_bytes)."""
-    return read_documents(path, limit, jsonl=True)
+def read_queries(path: str | Path, limit: int, lang: str | None = None) -> list[DocumentInput]:
+    """JSON lines {"id": ..., "text": ..., "lang": ...}; ids unique, no whitespace (they become TREC topic ids); each
+    text held to the rule, at most `limit` bytes (serve.max_text_bytes)."""
+    return read_documents(path, limit, jsonl=True, lang=lang)
 
 
-def _records(path: str | Path, text: str) -> list[tuple[str, str, str]]:
-    """(where, id, text) of each JSON line of a queries file, its id checked; its text is checked by the caller."""
+def _records(path: str | Path, text: str) -> list[tuple[str, str, str, str | None]]:
+    """(where, id, text, stated language) of each JSON line of a queries file, its id and language checked; its text
+    is checked by the caller."""
     records, seen = [], set()
     for where, record in json_objects(path, text.split("\n")):
         if not isinstance(record.get("text"), str) or "id" not in record:
@@ -86,7 +91,8 @@ def _records(path: str | Path, text: str) -> list[tuple[str, str, str]]:
         if doc_id in seen:
             raise CfirError(f"{where}: duplicate id {doc_id!r}")
         seen.add(doc_id)
-        records.append((f"{where}: text of id {doc_id!r}", doc_id, record["text"]))
+        records.append((f"{where}: text of id {doc_id!r}", doc_id, record["text"],
+                        check_lang(record.get("lang"), f"{where}: id {doc_id!r}")))
     if not records:
         raise CfirError(f"{path}: no queries")
     return records

@@ -46,6 +46,7 @@ class Result:
     version: int | None = dataclasses.field(default=None, compare=False)  # the index version that answered
     # fast SR's top-k overlap with exact scoring, when measured (`retrieve.py --qrels`); not in the JSON
     sr_agreement: float | None = dataclasses.field(default=None, compare=False)
+    lang: str = "en"  # the document's language, stated or found (docs/languages.md)
 
     @classmethod
     def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int,
@@ -60,12 +61,14 @@ class Result:
             caption, url = describe(h.image_id) if n < described else ("", "")
             hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities)))
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
-                   result.note, result.num_candidates, dict(result.times_ms), version, result.sr_agreement)
+                   result.note, result.num_candidates, dict(result.times_ms), version, result.sr_agreement,
+                   getattr(result, "lang", "en"))
 
     def to_json(self) -> dict:
         """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order)."""
         return {
-            "id": self.id, "entities": list(self.entities), "unknown_entities": list(self.unknown_entities),
+            "id": self.id, "lang": self.lang, "entities": list(self.entities),
+            "unknown_entities": list(self.unknown_entities),
             "num_unknown_entities": len(self.unknown_entities),
             "summary": self.summary, "note": self.note, "num_candidates": self.num_candidates,
             "times_ms": dict(self.times_ms),
@@ -81,7 +84,8 @@ class Result:
         return cls(str(answer["id"]), hits, tuple(answer.get("entities", ())),
                    tuple(answer.get("unknown_entities", ())), str(answer.get("summary", "")),
                    str(answer.get("note", "")), int(answer.get("num_candidates", 0)),
-                   {str(k): float(v) for k, v in answer.get("times_ms", {}).items()}, version)
+                   {str(k): float(v) for k, v in answer.get("times_ms", {}).items()}, version,
+                   str(answer.get("lang", "en")))
 
     @property
     def ids(self) -> list[str]:

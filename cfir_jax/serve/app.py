@@ -30,7 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QueryRefused, check_id, check_top_k
+from cfir_jax.core.query_rule import QueryRefused, check_id, check_lang, check_top_k
 from cfir_jax.core.query_rule import check_text as rule_text
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable
@@ -48,6 +48,8 @@ VERSION_HEADER = "X-Index-Version"  # on every answer: the version of the index 
 # A text and top_k are checked by the one rule (its words at every door), not by their models' types.
 TEXT = Field(description="the document (plain UTF-8 text)", json_schema_extra={"type": "string"})
 TOP_K = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k", json_schema_extra={"type": "integer"})
+LANG = Field(None, description="the document's language (ISO 639-1: en, fr, ...); default: found (docs/languages.md)",
+             json_schema_extra={"type": "string"})
 
 
 class SearchRequest(BaseModel):
@@ -58,12 +60,14 @@ class SearchRequest(BaseModel):
                                      "| bm25 | cfir_bm25 | cfir_bm25_fused (those the service loaded; default: "
                                      "the first)")
     id: StrictStr = Field("query", description="the document's id, echoed in the answer")
+    lang: Any = LANG
 
 
 class BatchDocument(BaseModel):
     model_config = ConfigDict(extra="forbid")
     id: StrictStr
     text: Any = TEXT
+    lang: Any = LANG
 
 
 class BatchRequest(BaseModel):
@@ -360,7 +364,7 @@ def _search_routes(app: FastAPI) -> None:
     async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"))
+        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang))
         answer, headers = await svc.run(request, [doc], method, body.top_k)
         return Response(answer[0], media_type="application/json", headers=headers)
 
@@ -375,16 +379,17 @@ def _search_routes(app: FastAPI) -> None:
         if len(set(ids)) != len(ids):
             raise HTTPException(422, f"duplicate document id {next(i for i in ids if ids.count(i) > 1)!r}")
         texts = [svc.check_text(d.text, f"documents.{n}.text") for n, d in enumerate(body.documents)]
+        langs = [check_lang(d.lang, f"documents.{n}") for n, d in enumerate(body.documents)]
         method = svc.check_options(body.top_k, body.method)
-        answer, headers = await svc.run(request, [DocumentInput(t, d.id) for t, d in zip(texts, body.documents)],
-                                        method, body.top_k)
+        docs = [DocumentInput(t, d.id, lang=x) for t, d, x in zip(texts, body.documents, langs)]
+        answer, headers = await svc.run(request, docs, method, body.top_k)
         return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json", headers=headers)
 
     @app.post("/v1/search/html", response_class=HTMLResponse, summary="the HTML gallery of one document's images")
     async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"))
+        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang))
         page, headers = await svc.run(request, [doc], method, body.top_k, html=True)
         return HTMLResponse(page, headers=headers)
 

@@ -202,11 +202,14 @@ class MicroBatcher:
 
 
 def _with_entities(pool, retriever, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:
-    """The documents with their entities parsed by the pool (in parallel) when there is one, the method reads
-    entities and at least two documents need them; else unchanged (the Retriever parses them in this thread).
-    Also the pool's wall time per document in ms (0 when unused)."""
+    """The documents with their language and their entities, parsed by the pool (in parallel; the English ones, the
+    pool's pipeline) when there is one, the method reads entities and at least two documents need them; else
+    unchanged (the Retriever parses them in this thread). Also the pool's wall time per document in ms (0 unused)."""
+    if pool is None or pool.degraded or retriever.entities is None:
+        return docs, 0.0
+    docs = retriever.languages.read(docs, True, False)  # another language's entities: its own NER's, not the pool's
     missing = [i for i, d in enumerate(docs) if d.entities is None]
-    if pool is None or pool.degraded or retriever.entities is None or len(missing) < 2:
+    if len(missing) < 2:
         return docs, 0.0
     t0 = time.perf_counter()
     found = pool.entities([docs[i].text for i in missing])

@@ -87,7 +87,9 @@ def check_intact(workdir: str | Path) -> None:
 
 
 def _model_manifest(layout: Layout) -> dict:
-    for directory in (layout.model, Path(json.loads(layout.index_json.read_text()).get("encoder") or layout.encoder)):
+    # index.json names the index encoder relative to the workdir ("encoder"), not to where the service runs
+    for directory in (layout.model, layout.root / (json.loads(layout.index_json.read_text()).get("encoder") or
+                                                   layout.encoder)):
         path = directory / "manifest.json"
         if path.is_file():
             return json.loads(path.read_text())

