@@ -55,7 +55,6 @@ def read_documents(path: str | Path, limit: int, *, jsonl: bool = False, lang: s
     plain-text document, its id the file's stem (`--query doc.txt`), or, with `jsonl`, JSON lines {"id": ...,
     "text": ..., "lang": ...} whose ids are unique and free of whitespace, as TREC topic ids must be (`--queries
     docs.jsonl`); `lang`: the language of a document that states none (`--lang`; None: found, docs/languages.md)."""
-    lang = check_lang(lang, "--lang")
     if jsonl:
         text = _read_text(path, MAX_QUERIES_BYTES, "queries file",
                           f"over the {MAX_QUERIES_BYTES:,} a queries file holds")
@@ -63,6 +62,7 @@ def read_documents(path: str | Path, limit: int, *, jsonl: bool = False, lang: s
     else:
         text = _read_text(path, limit, "query file", f"over serve.max_text_bytes={limit:,} (is it really a document?)")
         records = [(f"{path}: query file", unicodedata.normalize("NFC", Path(path).stem) or "query", text, None)]
+    lang = check_lang(lang, "--lang")
     return [DocumentInput(check_text(text, where, limit), doc_id, lang=stated or lang)
             for where, doc_id, text, stated in records]
 
