@@ -61,8 +61,8 @@ class Result:
             caption, url = describe(h.image_id) if n < described else ("", "")
             hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities)))
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
-                   result.note, result.num_candidates, dict(result.times_ms), version, result.sr_agreement,
-                   getattr(result, "lang", "en"))
+                   result.note, result.num_candidates, dict(result.times_ms), version,
+                   sr_agreement=result.sr_agreement, lang=getattr(result, "lang", "en"))
 
     def to_json(self) -> dict:
         """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order)."""
@@ -85,7 +85,7 @@ class Result:
                    tuple(answer.get("unknown_entities", ())), str(answer.get("summary", "")),
                    str(answer.get("note", "")), int(answer.get("num_candidates", 0)),
                    {str(k): float(v) for k, v in answer.get("times_ms", {}).items()}, version,
-                   str(answer.get("lang", "en")))
+                   lang=str(answer.get("lang", "en")))
 
     @property
     def ids(self) -> list[str]:
