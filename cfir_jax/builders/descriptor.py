@@ -222,6 +222,25 @@ def stages() -> tuple[str, ...]:
     return tuple(s.name for s in stores() if s.build is not None)
 
 
+def stages_unimported() -> tuple[str, ...]:
+    """`stages()` read from the builder modules' source, none imported (they load JAX): what `index.py --help` lists.
+    A declaration `declare(Stage("name", ..., build=...))` with its name a literal counts; tests/unit/core/test_cli.py
+    checks the list against `stages()`."""
+    import ast
+
+    from cfir_jax.core.registry import modules_matching
+
+    built = set()
+    for module in modules_matching(STAGES.where):
+        path = Path(__file__).resolve().parent.parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Stage" \
+                    and node.args and isinstance(node.args[0], ast.Constant) \
+                    and any(k.arg == "build" for k in node.keywords):
+                built.add(node.args[0].value)
+    return tuple(d.name for d in workdir_layout.ordered() if d.name in built)
+
+
 def linked() -> tuple[str, ...]:
     """The stores a rebuild links into its staging directory: every stage's, and those a stage reads."""
     return tuple(s.name for s in stores() if s.links)

@@ -14,7 +14,7 @@ from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.retrieve.queries import read_query
 
 # Modules (and their submodules) a query run never loads.
-NOT_ON_A_QUERY = ("torch", "spacy", "thinc", "pytrec_eval", "grain", "orbax", "sklearn", "matplotlib",
+NOT_ON_A_QUERY = ("torch", "spacy", "thinc", "tensorflow_datasets", "pytrec_eval", "grain", "orbax", "sklearn", "matplotlib",
                   "cfir_jax.eval.metrics", "cfir_jax.commands.evaluate", "cfir_jax.commands.fit_reranker",
                   "cfir_jax.rerank", "cfir_jax.builders", "cfir_jax.training")
 # What a query may read of those rooms: their directory declarations (the layout and --verify read every room's), and
