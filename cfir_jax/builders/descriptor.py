@@ -22,13 +22,14 @@ and how to refresh them (`later`), and every directory's name (`store_names`).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cfir_jax.core.registry import Registry
+from cfir_jax.core.registry import Registry, modules_matching
 from cfir_jax.stores import layout as workdir_layout
 from cfir_jax.stores.layout import Directory
 from cfir_jax.stores.readers import Reader
@@ -226,10 +227,6 @@ def stages_unimported() -> tuple[str, ...]:
     """`stages()` read from the builder modules' source, none imported (they load JAX): what `index.py --help` lists.
     A declaration `declare(Stage("name", ..., build=...))` with its name a literal counts; tests/unit/core/test_cli.py
     checks the list against `stages()`."""
-    import ast
-
-    from cfir_jax.core.registry import modules_matching
-
     built = set()
     for module in modules_matching(STAGES.where):
         path = Path(__file__).resolve().parent.parent.joinpath(*module.split(".")[1:]).with_suffix(".py")

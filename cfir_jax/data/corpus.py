@@ -23,9 +23,8 @@ A corpus directory `C/` holds
 Records are written by a tensorflow-datasets `GeneratorBasedBuilder` with `file_format="array_record"` and read back
 by `cfir_jax.data.records.RecordSource` (array_record's reader and the few feature kinds, decoded as tfds'
 `as_data_source()` would, without importing tfds: a query does not pay its import) wrapped in a `grain.MapDataset`,
-so a stage gets random access by row index. TensorFlow is never imported. Row order is kept
-(`disable_shuffling=True`) because the id lists, the embedding matrix and every downstream store index rows by
-position.
+so a stage gets random access by row index (TensorFlow is never imported). Row order is kept (no shuffling): the
+id lists, the embedding matrix and every downstream store index rows by position.
 
 `embeddings.npy` duplicates the `embedding` field of the image records: downstream stages want the whole
 [num_images, D] matrix memory-mapped, which decoding millions of records one by one cannot give them (with parts,

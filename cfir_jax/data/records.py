@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from array_record.python.array_record_module import ArrayRecordReader
 
 # tfds' shard names: {DATASET}-{SPLIT}.{FILEFORMAT}-{SHARD_X_OF_Y}.
 _SHARD = "{name}-{split}.array_record-{i:05d}-of-{n:05d}"
@@ -190,7 +191,6 @@ class RecordSource:
         if self._readers is None:
             self._readers = [None] * len(self.paths)
         if self._readers[k] is None:
-            from array_record.python.array_record_module import ArrayRecordReader
             self._readers[k] = ArrayRecordReader(self.paths[k], "readahead_buffer_size:0")
         return self._readers[k]
 
