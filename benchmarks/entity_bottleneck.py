@@ -5,9 +5,10 @@
 Prints, with `uptime`:
 - the service (`retrieve.py --serve`, one process, its serve.entity_workers spaCy workers) answering every document
   once, `--concurrency` requests at a time: documents/s;
-- spaCy's own `nlp.pipe` over the same documents (the index's pipeline and labels, the same `EntityExtractor`), with
-  as many processes as the service has workers (n_process; one when it has fewer than two): documents/s;
-- their ratio (issue 52's goal: at least 0.8).
+- spaCy's own `nlp.pipe` over the same documents (the index's pipeline and labels, the same `EntityExtractor`), in
+  one process and with as many processes as the service has workers (n_process, its workers' start included):
+  documents/s;
+- the service's rate over spaCy's faster one (issue 52's goal: at least 0.8).
 The documents are the corpus's, each made distinct (a number appended) so that no cache of the service answers one.
 """
 
@@ -65,13 +66,15 @@ def main() -> None:
         served = asyncio.run(load(server.url, bodies, args.concurrency))
     finally:
         server.stop()
-    pipe = spacy_rate(args.workdir, texts, max(1, workers))
+    rates = {n: spacy_rate(args.workdir, texts, n) for n in sorted({1, max(1, workers)})}
+    pipe = max(rates.values())
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     print(f"cores: {os.cpu_count()}, service spaCy workers: {workers}, documents: {len(texts)}")
     print(f"service, concurrency {args.concurrency}: {served['rate']:.1f} documents/s "
           f"({served['ok']}/{served['n']} ok, p50 {served['p50']:.0f} ms)")
-    print(f"spaCy nlp.pipe, n_process={max(1, workers)}: {pipe:.1f} documents/s")
-    print(f"ratio service/spaCy: {served['rate'] / pipe:.2f} (goal >= 0.8)")
+    for n, rate in rates.items():  # n_process > 1 counts its workers' start (spaCy's own forkserver pool)
+        print(f"spaCy nlp.pipe, n_process={n}: {rate:.1f} documents/s")
+    print(f"ratio service/spaCy (its faster): {served['rate'] / pipe:.2f} (goal >= 0.8)")
 
 
 if __name__ == "__main__":
