@@ -22,13 +22,14 @@ and how to refresh them (`later`), and every directory's name (`store_names`).
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import dataclasses
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from cfir_jax.core.registry import Registry
+from cfir_jax.core.registry import Registry, modules_matching
 from cfir_jax.stores import layout as workdir_layout
 from cfir_jax.stores.layout import Directory
 from cfir_jax.stores.readers import Reader
@@ -220,6 +221,21 @@ def store_names() -> tuple[str, ...]:
 def stages() -> tuple[str, ...]:
     """index.py's stages, in the order it runs them."""
     return tuple(s.name for s in stores() if s.build is not None)
+
+
+def stages_unimported() -> tuple[str, ...]:
+    """`stages()` read from the builder modules' source, none imported (they load JAX): what `index.py --help` lists.
+    A declaration `declare(Stage("name", ..., build=...))` with its name a literal counts; tests/unit/core/test_cli.py
+    checks the list against `stages()`."""
+    built = set()
+    for module in modules_matching(STAGES.where):
+        path = Path(__file__).resolve().parent.parent.joinpath(*module.split(".")[1:]).with_suffix(".py")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", getattr(node.func, "attr", "")) == "Stage" \
+                    and node.args and isinstance(node.args[0], ast.Constant) \
+                    and any(k.arg == "build" for k in node.keywords):
+                built.add(node.args[0].value)
+    return tuple(d.name for d in workdir_layout.ordered() if d.name in built)
 
 
 def linked() -> tuple[str, ...]:

@@ -25,8 +25,8 @@ def verify_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def index_flags(parser: argparse.ArgumentParser) -> None:
-    # why: the index runner loads the builders (JAX, flax); only index.py's build needs its stage names
-    from cfir_jax.builders.runner import stages
+    # why: the stage names are read from the builders' source, none imported (--help loads no JAX)
+    from cfir_jax.builders.descriptor import stages_unimported as stages
 
     parser.add_argument("--stages", default="", help="comma-separated subset of the stages to (re)build, of (in "
                         f"order): {', '.join(stages())}; default: all")

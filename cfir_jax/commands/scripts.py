@@ -123,7 +123,7 @@ def retrieve_main():
         evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
                      plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures)
     else:
-        if args.query:  # spaCy loads in a helper process beside JAX, the models and the programs
+        if args.query and _reads_entities(args.method):  # spaCy loads in a helper beside JAX, models, programs
             e = config.index.entities
             entity_process.start(e.spacy_model, e.labels, float(config.retrieval.entity_deadline_ms) / 1e3)
         # why: a query run loads the Retriever's stack, not the evaluation's or the fit's
@@ -132,6 +132,15 @@ def retrieve_main():
         retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                      shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
                      measures=measures, lang=args.lang)
+
+
+def _reads_entities(method: str) -> bool:
+    """Whether retrieval's `method` parses the query's entities (an unknown name: no, its error comes later); the
+    methods' table loads no JAX, so this is read before JAX loads."""
+    # why: the methods' table (numpy) loads only for a query
+    from cfir_jax.retrieve.methods import METHODS
+
+    return method in METHODS and bool(METHODS[method].uses_entities)
 
 
 def _retrieve_by_picture(args, config) -> None:

@@ -21,8 +21,9 @@ A corpus directory `C/` holds
                                  `removed_images` / `removed_documents`): rows never move, later stages mask them
 
 Records are written by a tensorflow-datasets `GeneratorBasedBuilder` with `file_format="array_record"` and read back
-through `builder.as_data_source()` (tfds' TF-free example parser) wrapped in a `grain.MapDataset`, so a stage gets
-random access by row index. TensorFlow is never imported. Row order is kept (`disable_shuffling=True`) because the
+by `cfir_jax.data.records.RecordSource` (array_record's reader and the few feature kinds, decoded as tfds'
+`as_data_source()` would, without importing tfds: a query does not pay its import) wrapped in a `grain.MapDataset`,
+so a stage gets random access by row index (TensorFlow is never imported). Row order is kept (no shuffling): the
 id lists, the embedding matrix and every downstream store index rows by position.
 
 `embeddings.npy` duplicates the `embedding` field of the image records: downstream stages want the whole
@@ -46,10 +47,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE
+from cfir_jax.data.records import RecordSource
 from cfir_jax.stores.contract import manifest_digest, read_manifest
 
 KIND = "corpus"
@@ -178,8 +179,8 @@ def _open_records(path: Path, name: str, expected: int):
     if not (version_dir / "dataset_info.json").is_file():
         raise CfirError(f"{path}: incomplete corpus ({name} records missing); rebuild the corpus")
     try:
-        source = tfds.builder_from_directory(os.fspath(version_dir)).as_data_source(split=RECORD_SPLIT)
-    except Exception as e:  # tfds raises a zoo of types for a damaged dataset_info/shard; all mean "rebuild"
+        source = RecordSource(version_dir, RECORD_SPLIT)
+    except Exception as e:  # a damaged dataset_info/features/shard (array_record raises its own types): "rebuild"
         raise CfirError(f"{version_dir}: unreadable {name} records ({e.__class__.__name__}); rebuild the corpus"
                         ) from None
     if len(source) != expected:

@@ -32,6 +32,7 @@ from multiprocessing.connection import wait
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+from cfir_jax.nlp.entity_process import label_spec
 
 log = logging.getLogger("cfir_jax.entities")
 
@@ -128,7 +129,7 @@ class EntityPool:
 
     def __init__(self, spacy_model: str, labels, workers: int, *, deadline_s: float = 60.0,
                  start_timeout_s: float = 120.0, max_restarts: int = 5, restart_window_s: float = 60.0):
-        self.key = (spacy_model, tuple(labels) if isinstance(labels, (list, tuple)) else labels)
+        self.key = (spacy_model, label_spec(labels))
         self.workers = int(workers)
         self.deadline_s, self.start_timeout_s = float(deadline_s), float(start_timeout_s)
         self.max_restarts, self.restart_window_s = int(max_restarts), float(restart_window_s)

@@ -41,8 +41,16 @@ _PROGRAM = ("import importlib.util, sys; p = sys.argv[1]; s = importlib.util.spe
 _STARTED: dict[str, EntityHelper] = {}
 
 
+def label_spec(labels) -> str | tuple[str, ...] | None:
+    """index.entities.labels as one hashable value (a config's list is a tuple; a name such as "picturable" or "all",
+    or None, stays): the one label normalisation of the processes' keys (here: this module loads before the helper
+    starts, stdlib only)."""
+    return tuple(labels) if isinstance(labels, (list, tuple)) else labels
+
+
 def _key(spacy_model: str | None, labels) -> str:
-    return json.dumps([spacy_model or "", labels if labels is None or isinstance(labels, str) else list(labels)])
+    spec = label_spec(labels)
+    return json.dumps([spacy_model or "", list(spec) if isinstance(spec, tuple) else spec])
 
 
 def start(spacy_model: str | None, labels: str | Sequence[str] | None, deadline_s: float = 60.0) -> None:

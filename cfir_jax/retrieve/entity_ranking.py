@@ -17,6 +17,7 @@ import numpy as np
 from cfir_jax.nlp import entity_process
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_pool import EntityPool
+from cfir_jax.nlp.entity_process import label_spec
 from cfir_jax.search.knn import ScannSearcher, drop_padding, search_with_tail
 from cfir_jax.search.topk import best_first, unique_sorted
 from cfir_jax.stores.integrity import check_embeddings
@@ -72,8 +73,7 @@ class EntityRanking:
         kept for the Retriever's life: a later batch pays no start-up)."""
         if self._pool is None:
             e = self.config.index.entities
-            labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
-            self._pool = EntityPool(e.spacy_model, labels, int(self.rcfg.entity_workers),
+            self._pool = EntityPool(e.spacy_model, label_spec(e.labels), int(self.rcfg.entity_workers),
                                     deadline_s=float(self.rcfg.entity_deadline_ms) / 1e3)
         return self._pool
 

@@ -17,7 +17,6 @@ import numpy as np
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.registry import Registry
-from cfir_jax.retrieve.lexical import label
 
 Ranked = tuple[np.ndarray, np.ndarray]
 NO_ENTITY_NOTE = "no usable entity: searched the whole cache with the summary embedding"
@@ -158,6 +157,9 @@ class Bm25(Method):
         pass
 
     def model_label(self, stores) -> str:
+        # why: the methods' table loads no JAX (a query reads `uses_entities` before JAX loads); bm25's own stack does
+        from cfir_jax.retrieve.lexical import label
+
         return label(stores.extra["lexical"], self.rcfg.lexical)
 
     def rank(self, retriever, query, lists, used, lexical=None):

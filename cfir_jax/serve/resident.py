@@ -24,6 +24,7 @@ import ml_collections
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp.entity_pool import EntityPool
+from cfir_jax.nlp.entity_process import label_spec
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.engine import Engine
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
@@ -256,7 +257,7 @@ def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
     if workers < 2 or all(r.entities is None for r in index.retrievers.values()):
         return None
     e, s = config.index.entities, config.serve
-    labels = tuple(e.labels) if isinstance(e.labels, (list, tuple)) else e.labels
+    labels = label_spec(e.labels)
     if old is not None and old.key == (e.spacy_model, labels) and old.workers == workers and not old.degraded:
         return old
     return EntityPool(e.spacy_model, labels, workers, deadline_s=float(s.entity_deadline_ms) / 1e3,

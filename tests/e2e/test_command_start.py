@@ -4,6 +4,7 @@ the command's own process), loads neither the evaluation's tables (pytrec_eval) 
 scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache; a module that
 shadows the standard library in the folder it runs in is never run, by the command or by its helper."""
 
+import json
 import os
 
 import command_server
@@ -14,7 +15,8 @@ from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.retrieve.queries import read_query
 
 # Modules (and their submodules) a query run never loads.
-NOT_ON_A_QUERY = ("torch", "spacy", "thinc", "pytrec_eval", "grain", "orbax", "sklearn", "matplotlib",
+NOT_ON_A_QUERY = ("torch", "spacy", "thinc", "tensorflow_datasets", "pytrec_eval", "grain", "orbax", "sklearn",
+                  "matplotlib",
                   "cfir_jax.eval.metrics", "cfir_jax.commands.evaluate", "cfir_jax.commands.fit_reranker",
                   "cfir_jax.rerank", "cfir_jax.builders", "cfir_jax.training",
                   # an English collection's query reads no other language (docs/languages.md)
@@ -66,3 +68,17 @@ def test_a_module_in_the_working_folder_is_never_run_by_a_query(workdir, tmp_pat
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert not marker.exists(), marker.read_text()
     assert any(line.startswith("entities: ") for line in proc.stdout.splitlines()), proc.stdout
+
+
+def test_a_query_of_a_method_without_entities_starts_no_spacy_process(workdir, tmp_path):
+    """The helper is started for a method that reads the query's entities (cfir above), and for no other."""
+    out = tmp_path / "modules.txt"
+    proc = run_script("tests/helpers/modules_at_exit.py", str(out), "retrieve.py", "--index", str(workdir),
+                      "--query", "examples/doc.txt", "--method", "dense_summary",
+                      env={"CFIR_CACHE_DIR": str(tmp_path / "cache")})
+    assert not [line for line in proc.stdout.splitlines()
+                if line.startswith("entities: ") and line != "entities: (none)"], proc.stdout
+    started = [json.loads(line) for line in (tmp_path / "modules.txt.processes").read_text().splitlines()]
+    assert not [argv for argv in started if "entity_process" in " ".join(argv)], started
+    loaded = set(out.read_text().split())
+    assert "jax" in loaded and not {"spacy", "thinc"} & loaded

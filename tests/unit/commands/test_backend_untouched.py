@@ -26,7 +26,7 @@ def test_importing_leaves_the_backend_unstarted(module):
 HEAVY = ("jax", "flax", "orbax", "optax", "spacy", "torch", "sklearn", "matplotlib", "tensorflow_datasets", "grain")
 
 
-@pytest.mark.parametrize("start", ["import cfir_jax", "retrieve.py --help", "train.py --help"])
+@pytest.mark.parametrize("start", ["import cfir_jax", "retrieve.py --help", "train.py --help", "index.py --help"])
 def test_a_light_start_loads_no_heavy_library(start, tmp_path):
     """`import cfir_jax` (a library caller's first line) and a command's --help load none of the libraries a
     computation needs (JAX and flax, spaCy, torch, ...): those load where a command first uses them."""

@@ -1,0 +1,81 @@
+"""The single-process service against its bottleneck, spaCy, on the same distinct documents and cores, in one run.
+
+    python benchmarks/entity_bottleneck.py --workdir demo_work [--docs 400] [--concurrency 16]
+
+Prints, with `uptime`:
+- the service (`retrieve.py --serve`, one process, its serve.entity_workers spaCy workers) answering every document
+  once, `--concurrency` requests at a time: documents/s;
+- spaCy's own `nlp.pipe` over the same documents (the index's pipeline and labels, the same `EntityExtractor`), in
+  one process and with as many processes as the service has workers (n_process, its workers' start included):
+  documents/s;
+- the service's rate over spaCy's faster one (issue 52's goal: at least 0.8).
+The documents are the corpus's, each made distinct (a number appended) so that no cache of the service answers one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from serve_load import Server, load  # also puts the repository root on sys.path
+
+from cfir_jax.core.cli import workdir_config
+from cfir_jax.data.corpus import Corpus
+
+
+def documents(workdir: str, n: int) -> list[str]:
+    corpus = Corpus.open(Path(workdir) / "corpus")
+    return [f"{corpus.document(i % corpus.num_documents).text} ({i})" for i in range(n)]
+
+
+def spacy_rate(workdir: str, texts: list[str], n_process: int) -> float:
+    """Documents/s of spaCy's own nlp.pipe (through EntityExtractor, the index's pipeline and labels)."""
+    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+
+    e = workdir_config(workdir).index.entities
+    extractor = EntityExtractor(load_spacy(e.spacy_model or None), e.labels, n_process=n_process)
+    list(extractor.extract(texts[:8]))  # warm
+    t0 = time.perf_counter()
+    found = list(extractor.extract(texts))
+    assert len(found) == len(texts)
+    return len(texts) / (time.perf_counter() - t0)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workdir", required=True)
+    p.add_argument("--docs", type=int, default=400)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("overrides", nargs="*", help="--config.serve.* overrides for the server")
+    args = p.parse_args()
+    texts = documents(args.workdir, args.docs)
+    workers = int(workdir_config(args.workdir).serve.entity_workers)
+    for o in args.overrides:
+        if o.startswith("--config.serve.entity_workers="):
+            workers = int(o.split("=", 1)[1])
+    server = Server(args.workdir, "--config.serve.verify_mb_per_s=0", *args.overrides)
+    try:
+        warm = [json.dumps({"text": t + " warm", "id": f"w{i}"}).encode() for i, t in enumerate(texts[:16])]
+        asyncio.run(load(server.url, warm, args.concurrency))
+        bodies = [json.dumps({"text": t, "id": f"d{i}"}).encode() for i, t in enumerate(texts)]
+        served = asyncio.run(load(server.url, bodies, args.concurrency))
+    finally:
+        server.stop()
+    rates = {n: spacy_rate(args.workdir, texts, n) for n in sorted({1, max(1, workers)})}
+    pipe = max(rates.values())
+    print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
+    print(f"cores: {os.cpu_count()}, service spaCy workers: {workers}, documents: {len(texts)}")
+    print(f"service, concurrency {args.concurrency}: {served['rate']:.1f} documents/s "
+          f"({served['ok']}/{served['n']} ok, p50 {served['p50']:.0f} ms)")
+    for n, rate in rates.items():  # n_process > 1 counts its workers' start (spaCy's own forkserver pool)
+        print(f"spaCy nlp.pipe, n_process={n}: {rate:.1f} documents/s")
+    print(f"ratio service/spaCy (its faster): {served['rate'] / pipe:.2f} (goal >= 0.8)")
+
+
+if __name__ == "__main__":
+    main()
