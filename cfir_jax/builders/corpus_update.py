@@ -167,13 +167,15 @@ def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: 
     out_dir, add = Path(out_dir), resolve_addition(addition)
     documents = read_documents(add.documents, existing=set(corpus.doc_ids)) if add.documents else iter(())
     files = list(add.image_files) if add.image_files else None
-    first_image, images = _peek(read_images(add.images, existing=set(corpus.image_ids), files=files)
-                                if add.images else ())
+    known = corpus.manifest.get("image_fields") or {}
+    first_image, images = _peek(read_images(add.images, existing=set(corpus.image_ids), files=files,
+                                            known_fields=known) if add.images else ())
     _check_embeddings(corpus, add.images or add.path, first_image)
     parts = list(corpus.manifest.get("parts") or [])
     name = f"parts/{len(parts) + 1:04d}"
     link_tree(corpus.path, out_dir, skip=(MANIFEST, CHECKSUMS, "doc_ids.txt", "image_ids.txt", "qrels"))
-    part = write_corpus_part(out_dir / name, documents, images, corpus.embedding_dim, source=add.path)
+    part = write_corpus_part(out_dir / name, documents, images, corpus.embedding_dim, source=add.path,
+                             known_fields=known)
     new_docs = (out_dir / name / "doc_ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
     new_images = (out_dir / name / "image_ids.txt").read_text(encoding="utf-8").split("\n")[:-1]
     doc_ids, image_ids = corpus.doc_ids + new_docs, corpus.image_ids + new_images
@@ -189,7 +191,8 @@ def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: 
     write_manifest(out_dir, KIND, FORMAT_VERSION, **{
         **_fields(corpus.manifest), "num_documents": len(doc_ids), "num_images": len(image_ids),
         "documents_sha": sha, "splits": splits, "parts": parts,
-        "images_with_text": int(corpus.manifest.get("images_with_text") or 0) + part["images_with_text"]})
+        "images_with_text": int(corpus.manifest.get("images_with_text") or 0) + part["images_with_text"],
+        **({"image_fields": part["image_fields"]} if part.get("image_fields") else {})})
     return {"documents_added": len(new_docs), "images_added": len(new_images), "judgements_added": judgements,
             "first_new_document": corpus.num_documents, "first_new_image": corpus.num_images, "part": name}
 

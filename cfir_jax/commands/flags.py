@@ -9,6 +9,7 @@ from cfir_jax.core.config_check import MEASURE_SETS, SERVE_ENGINES
 from cfir_jax.core.errors import CfirError
 from cfir_jax.eval.comparison import parse_ks, parse_weights
 from cfir_jax.eval.plots import check_png_name
+from cfir_jax.retrieve.filters import parse_all
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
 # retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.
@@ -71,6 +72,9 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None,
                    help=f"hits to show and write, >= 1 (default: {SHOWN} on stdout in every --format; retrieval.top_k, "
                    "1000, in --output run files and --evaluate, which R@1000 needs)")
+    p.add_argument("--where", action="append", default=None, metavar="EXPR", help="only pictures whose own fields "
+                   "pass EXPR: 'date<=2020-06-30', 'source=reuters', 'license in cc-by,cc0' (ops = != < <= > >= in); "
+                   "repeat to AND them; with --query, --queries, --query-image(-id) and --evaluate (docs/filters.md)")
     p.add_argument("--format", default="table", help="table | json | trec (stdout)")
     p.add_argument("--html", default="", help="write an HTML page with the images")
     p.add_argument("--output", default="", help="write a TREC run file")
@@ -99,6 +103,7 @@ def check_retrieve(args: argparse.Namespace) -> None:
         raise CfirError("--plot draws the recall curves of --evaluate SPLIT; add --evaluate")
     if args.plot:
         check_png_name(args.plot)
+    parse_all(args.where)  # a malformed filter: one line before minutes of loading (a field is checked at its query)
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     if args.measures and args.measures not in MEASURE_SETS:

@@ -23,8 +23,9 @@ from cfir_jax.retrieve.queries import read_queries, read_query
 
 def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
            fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
-           tag: str = "cfir", measures: str = "trec_eval") -> None:
-    """Retrieves for the document in `query` or the documents of `queries` and prints / writes what was asked."""
+           tag: str = "cfir", measures: str = "trec_eval", where: list[str] | None = None) -> None:
+    """Retrieves for the document in `query` or the documents of `queries` and prints / writes what was asked; only
+    pictures passing the filters `where` (docs/filters.md) are ranked."""
     limit = int(config.serve.max_text_bytes)  # the one rule of a query's text, at every door
     docs = [read_query(query, limit)] if query else read_queries(queries, limit)
     if qrels:
@@ -32,7 +33,7 @@ def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str =
     index = Index(config, workdir, method, measure_agreement=bool(qrels))  # the library's (cfir_jax.open's)
     retriever = index.retriever()
     print_notes(retriever)
-    results = index.retrieve(docs, progress=len(docs) > 1)
+    results = index.retrieve(docs, progress=len(docs) > 1, where=where)
     describe = retriever.describe_image
     for doc, result in zip(docs, results):
         if fmt == "table":

@@ -16,7 +16,8 @@ from cfir_jax.stores.layout import Layout
 
 
 def run(config: ml_collections.ConfigDict, workdir, method: str, *, image: str = "", image_id: str = "",
-        fmt: str = "table", shown: int = 20, html: str = "", tag: str = "cfir") -> None:
+        fmt: str = "table", shown: int = 20, html: str = "", tag: str = "cfir", where: list[str] | None = None
+        ) -> None:
     """Searches by the picture file `image` or the indexed picture `image_id` and prints `shown` hits in `fmt`."""
     data = read_picture(image, int(config.serve.max_image_bytes)) if image else None  # before minutes of loading
     with versions.reading(Layout.of(workdir)):  # the Retriever's stores and the picture search's, one version
@@ -25,7 +26,7 @@ def run(config: ml_collections.ConfigDict, workdir, method: str, *, image: str =
     for note in retriever.notes:  # as --query prints them
         print(f"note: {note}", file=sys.stderr)
     result = search_image(retriever, image=data, image_id=image_id or None, top_k=shown,
-                          max_pixels=int(config.serve.max_image_pixels))
+                          max_pixels=int(config.serve.max_image_pixels), where=where)
     query_id = image_id or Path(image).stem or "picture"
     describe = retriever.describe_image
     if fmt == "table":

@@ -121,7 +121,7 @@ def retrieve_main():
         from cfir_jax.commands import evaluate
 
         evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
-                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures)
+                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures, where=args.where)
     else:
         if args.query:  # spaCy loads in a helper process beside JAX, the models and the programs
             e = config.index.entities
@@ -131,7 +131,7 @@ def retrieve_main():
 
         retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                      shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
-                     measures=measures)
+                     measures=measures, where=args.where)
 
 
 def _retrieve_by_picture(args, config) -> None:
@@ -142,4 +142,4 @@ def _retrieve_by_picture(args, config) -> None:
     faults.on_sigterm()
     retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
                        image_id=args.query_image_id or "", fmt=args.format,
-                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag)
+                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag, where=args.where)

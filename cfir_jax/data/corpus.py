@@ -86,6 +86,9 @@ class Image:
     # The image's own text fields by column name (AToMiC: caption_reference_description, caption_alt_text_description,
     # caption_attribution_description, each a list of strings), embedded by the image-text stage (index.image_text).
     texts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
+    # The picture's own flat fields (date, source, license, ...: cfir_jax.core.picture_fields), raw as given; the
+    # image_fields stage keeps them as typed columns for the filters.
+    fields: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
 
 # AToMiC's text fields of a document, kept one string each in the document's metadata by the AToMiC reader; what
@@ -143,6 +146,8 @@ def _to_image(record: Mapping[str, Any]) -> Image:
         entities=tuple(_text(e) for e in record["entities"]),
         # Corpora written before images kept their text fields have no such field.
         texts={k: tuple(v) for k, v in json.loads(_text(record.get("texts") or "{}")).items()},
+        # Corpora written before images kept their own fields have no such field.
+        fields=json.loads(_text(record.get("fields") or "{}")),
     )
 
 

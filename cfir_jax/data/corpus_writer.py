@@ -17,6 +17,7 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.picture_fields import FieldTypes
 from cfir_jax.data.corpus import FORMAT_VERSION, KIND, RECORD_SPLIT, RECORD_VERSION, SPLITS, Corpus, Document, Image
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 
@@ -42,6 +43,7 @@ def _image_features(embedding_dim: int | None) -> tfds.features.FeaturesDict:
         "image": tfds.features.Tensor(shape=(), dtype=np.object_),
         "entities": tfds.features.Sequence(tfds.features.Text()),
         "texts": tfds.features.Text(),  # JSON {column: [strings]}
+        "fields": tfds.features.Text(),  # JSON {field: value}: the picture's own flat fields
     }
     if embedding_dim is not None:
         spec["embedding"] = tfds.features.Tensor(shape=(embedding_dim,), dtype=np.float32)
@@ -125,12 +127,15 @@ def _document_examples(documents: Iterable[Document], ids: list[str], digest) ->
 
 def _image_examples(
     images: Iterable[Image], ids: list[str], embedding_dim: int | None, embeddings: list[np.ndarray],
-    with_text: list[int],
+    with_text: list[int], types: FieldTypes | None = None,
 ) -> Iterator[dict]:
-    """Record dicts of the images; `with_text` collects the rows that have any non-empty text field."""
+    """Record dicts of the images; `with_text` collects the rows that have any non-empty text field, `types` the
+    type of each of the pictures' own fields (a conflicting one is refused, naming the image)."""
     seen: set[str] = set()
+    types = types if types is not None else FieldTypes()
     for row, img in enumerate(images):
         image_id = _add_id("image", img.image_id, row, ids, seen)
+        fields = types.check(f"image {image_id!r}", img.fields)
         if any(t.strip() for v in img.texts.values() for t in v):
             with_text.append(row)
         example = {
@@ -140,6 +145,7 @@ def _image_examples(
             "image": bytes(img.image or b""),
             "entities": list(img.entities),
             "texts": json.dumps({k: list(v) for k, v in img.texts.items()}, ensure_ascii=False, sort_keys=True),
+            "fields": json.dumps(fields, ensure_ascii=False, sort_keys=True),
         }
         if embedding_dim is not None:
             if img.embedding is None:
@@ -241,6 +247,7 @@ class _Written:
     image_ids: list[str]
     with_text: list[int]
     documents_sha: str
+    field_types: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _write_items(
@@ -253,13 +260,14 @@ def _write_items(
     with_text: list[int] = []
     documents_sha = hashlib.sha256()
     _write_records(tmp, "documents", _document_features(), _document_examples(doc_iter, doc_ids, documents_sha))
-    examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
+    types = FieldTypes()
+    examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text, types)
     _write_records(tmp, "images", _image_features(embedding_dim), examples)
     (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in doc_ids), encoding="utf-8")
     (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in image_ids), encoding="utf-8")
     if embedding_dim is not None:
         np.save(tmp / "embeddings.npy", np.stack(embeddings).astype(np.float32))
-    return _Written(doc_ids, image_ids, with_text, documents_sha.hexdigest())
+    return _Written(doc_ids, image_ids, with_text, documents_sha.hexdigest(), types.kinds)
 
 
 def _write_all_qrels(
@@ -324,6 +332,7 @@ def write_corpus(
             embedding_dim=embedding_dim,
             has_tokenizer=tokenizer_spm is not None,
             images_with_text=len(written.with_text),
+            **({"image_fields": written.field_types} if written.field_types else {}),
             records="tfds array_record",
             **{k: _jsonable(v) for k, v in manifest_fields.items()},
         )
@@ -332,25 +341,27 @@ def write_corpus(
 
 def write_corpus_part(
     out_dir: str | os.PathLike, documents: Iterable[Document], images: Iterable[Image], embedding_dim: int | None,
-    source: str | os.PathLike = "",
+    source: str | os.PathLike = "", known_fields: Mapping[str, str] | None = None,
 ) -> dict:
     """Writes the rows of an addition as a corpus part (`out_dir`, a new directory; see cfir_jax.data.corpus): its
     records, id lists, embeddings.npy and manifest; a side without rows has no records. `embedding_dim` is the
     corpus' (every image then carries one embedding of that dim, else none); `source` names the addition in an
-    error. Returns the part's manifest."""
+    error; `known_fields` the collection's field types, which the new images' fields must keep. Returns the part's
+    manifest (with `image_fields`, the union's field types, when any image has fields)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True)
     doc_ids: list[str] = []
     image_ids: list[str] = []
     embeddings: list[np.ndarray] = []
     with_text: list[int] = []
+    types = FieldTypes(known_fields)
     digest = hashlib.sha256()
     first_doc, doc_iter = _peek(documents)
     if first_doc is not None:
         _write_records(out_dir, "documents", _document_features(), _document_examples(doc_iter, doc_ids, digest))
     first_image, image_iter = _peek(images)
     if first_image is not None:
-        examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text)
+        examples = _image_examples(image_iter, image_ids, embedding_dim, embeddings, with_text, types)
         _write_records(out_dir, "images", _image_features(embedding_dim), examples)
     if not doc_ids and not image_ids:
         raise CfirError(f"{source or out_dir}: the addition holds no documents and no images")
@@ -361,4 +372,5 @@ def write_corpus_part(
     return write_manifest(out_dir, KIND, FORMAT_VERSION, name="part", num_documents=len(doc_ids),
                           num_images=len(image_ids), documents_sha=digest.hexdigest()[:16] if doc_ids else None,
                           splits={}, embedding_dim=embedding_dim, has_tokenizer=False,
-                          images_with_text=len(with_text), records="tfds array_record")
+                          images_with_text=len(with_text), records="tfds array_record",
+                          **({"image_fields": types.kinds} if types.kinds else {}))

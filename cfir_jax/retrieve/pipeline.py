@@ -41,8 +41,10 @@ from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
 from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
+from cfir_jax.retrieve.filters import RowFilter
 from cfir_jax.retrieve.lexical import LexicalSearch
 from cfir_jax.retrieve.methods import METHODS, method_of
+from cfir_jax.retrieve.ranking import Ranking
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
@@ -121,6 +123,7 @@ class Retriever:
         if self.fused:
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
         self.sr = scoring(self.rcfg, self.stores, self.fusion, self.fused)
+        self.filters = RowFilter(self.stores)  # where=[...]: the rows a filtered call may return
         self.entities = EntityRanking(config, self.stores, self.sr.exact_search) if self.methods.uses_entities \
             else None
         # The largest score an intact store allows (unit queries; rows of the recorded norm), and where rows come from.
@@ -226,11 +229,16 @@ class Retriever:
     def retrieve(self, doc: DocumentInput | str) -> Result:
         return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
 
-    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Result]:
+    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False, where=None) -> list[Result]:
         """Runs the configured method for every document, retrieval.batch_size documents at a time (entities,
         summaries, encoding and SR batched); progress: a progress bar with documents/s (where bars are shown at all,
-        see cfir_jax.core.progress)."""
+        see cfir_jax.core.progress); where: filters on the pictures' fields, applied before ranking (module
+        `cfir_jax.retrieve.filters`: only pictures that pass are ranked and counted in top_k)."""
         self._warm_up()
+        return self.filters.run(where, lambda: self._retrieve_all(docs, progress),
+                                lambda note: [Result([], [], [], "", note) for _ in docs])
+
+    def _retrieve_all(self, docs: Sequence[DocumentInput], progress: bool) -> list[Result]:
         size = max(1, int(self.rcfg.batch_size))
         entities = self.entities.stream(docs) if self.entities is not None else iter([[] for _ in docs])
         results: list[Result] = []
@@ -275,10 +283,10 @@ class Retriever:
         return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i])
                 for i, r in enumerate(ranked)]
 
-    def _rank_one(self, entities: list[str], query: np.ndarray | None, lexical=None) -> _Ranking:
+    def _rank_one(self, entities: list[str], query: np.ndarray | None, lexical=None) -> Ranking:
         """ER (entity methods; with BM25's `lexical` ranking's top M) and the method's ranking; SR left to the batch."""
         t_start = time.perf_counter()
-        r = _Ranking()
+        r = Ranking()
         if self.entities is not None:
             r.lists, r.scores, r.used, r.unknown = self.entities.candidates(entities, self.third is not None)
             r.union = union_of(r.lists)
@@ -293,7 +301,7 @@ class Retriever:
         r.times_ms = {"er": 1e3 * (t_er - t_start), "score": 1e3 * (time.perf_counter() - t_er)}
         return r
 
-    def _score_unions(self, queries: np.ndarray, ranked: list[_Ranking]) -> None:
+    def _score_unions(self, queries: np.ndarray, ranked: list[Ranking]) -> None:
         """SR of every union of the batch at once (the device scorer pads them into one jitted call); its time is
         shared among them. With measure_agreement, each SR list's overlap with exact scoring, untimed."""
         sr = [r for r in ranked if r.ranked is None]
@@ -309,7 +317,7 @@ class Retriever:
             if self.measure_agreement:
                 r.agreement = self.sr.agreement(queries[i], r.union, pair[1])
 
-    def _result(self, r: _Ranking, entities: list[str], summary: str, times: dict[str, float],
+    def _result(self, r: Ranking, entities: list[str], summary: str, times: dict[str, float],
                 rerank_ms: dict[str, float], features) -> Result:
         t_hits = time.perf_counter()
         scores, rows = r.ranked
@@ -377,22 +385,6 @@ class Retriever:
                 entities=entities.entities_of(i) if entities is not None else None,
                 summary=summaries.summary(i) if summaries is not None else None))
         return docs
-
-
-@dataclasses.dataclass
-class _Ranking:
-    """One document's way through a batch: its candidate lists (ER), union, ranking and times so far."""
-
-    lists: list = dataclasses.field(default_factory=list)
-    scores: list | None = None
-    used: list[str] = dataclasses.field(default_factory=list)
-    unknown: list[str] = dataclasses.field(default_factory=list)
-    union: np.ndarray | None = None
-    ranked: tuple[np.ndarray, np.ndarray] | None = None
-    note: str = ""
-    agreement: float | None = None
-    added: int = 0  # candidates BM25 added to ER's union
-    times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def run_of(results: Sequence[Result], docs: Sequence[DocumentInput]) -> dict[str, list[tuple[str, float]]]:
