@@ -180,6 +180,9 @@ def brought_by(rows: np.ndarray, lists: list[np.ndarray], used: list[str]) -> li
     members = []
     for lst in lists:
         ordered = np.sort(np.asarray(lst, np.int64))
+        if not len(ordered):  # a list a filter (or removals) emptied brings nothing in
+            members.append(np.zeros(len(rows), bool))
+            continue
         at = np.minimum(np.searchsorted(ordered, rows), len(ordered) - 1)
         members.append(ordered[at] == rows)
     return [tuple(e for e, m in zip(used, members) if m[i]) for i in range(len(rows))]
