@@ -41,6 +41,7 @@ from cfir_jax.cluster.ray_shards import RayShards
 from cfir_jax.cluster.reload import Relay, VersionGone, first_line
 from cfir_jax.cluster.shard import ShardIndex, committed_id, shard_bounds
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import QueryRefused
 from cfir_jax.retrieve.stores import cache_path
 from cfir_jax.serve.app import create_app
 from cfir_jax.serve.resident import load_config
@@ -171,6 +172,8 @@ async def _status(call) -> tuple[int, object, dict]:
         return 200, answer, headers
     except HTTPException as e:
         return e.status_code, str(e.detail), dict(e.headers or {})
+    except QueryRefused as e:  # a filter the index cannot apply (an unknown field), found when the batch ran
+        return e.status, str(e), {}
 
 
 @serve.ingress()

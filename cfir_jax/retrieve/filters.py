@@ -9,7 +9,7 @@ ever hold pictures that pass, and `top_k` counts only those.
 Values take their field's type: a date field compares ISO dates (a date alone covers its whole day, so
 `date<=2020-06-30` keeps a picture taken that evening), a number field numbers, a string field strings (exactly).
 A picture without the field fails every condition on it, `!=` included. An unknown field, an operator a line does
-not hold, or a value of the wrong type is one line (`FilterError`, a CfirError: exit 2 on the command line, 400 on
+not hold, or a value of the wrong type is one line (`FilterError`, a CfirError: exit 2 on the command line, 422 on
 the service).
 """
 
@@ -24,8 +24,8 @@ from typing import Any
 
 import numpy as np
 
-from cfir_jax.core.errors import CfirError
 from cfir_jax.core.picture_fields import DATE, NUMBER, date_span
+from cfir_jax.core.query_rule import QueryRefused
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.image_fields import ImageFields
 
@@ -35,8 +35,9 @@ _COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operato
 _LINE = re.compile(r"^\s*([^\s=<>!,]+)\s*(?:(<=|>=|!=|=|<|>)|\s(in)\s)\s*(.*?)\s*$", re.S)
 
 
-class FilterError(CfirError):
-    """A filter that cannot be read or applied: malformed, an unknown field, a value of the wrong type."""
+class FilterError(QueryRefused):
+    """A filter that cannot be read or applied: malformed, an unknown field, a value of the wrong type (a service
+    answers 422; a command exits 2)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,6 +96,13 @@ def parse_all(where: Sequence[Any] | str | None) -> list[Condition]:
     if isinstance(where, (str, Condition)):
         where = [where]
     return [parse(w) for w in where]
+
+
+def check_where(where: Sequence[str] | None) -> tuple[str, ...]:
+    """A request's filters as given, each read first (a malformed one: FilterError); their fields are checked
+    against the index when the query runs."""
+    parse_all(where)
+    return tuple(where or ())
 
 
 def _number(cond: Condition, text: str) -> float:
@@ -200,12 +208,20 @@ class RowFilter:
         with self.stores.live.only(rows):
             yield rows, note
 
-    def run(self, where, retrieve: Callable[[], list], empty: Callable[[str], list]) -> list:
-        """`retrieve()`'s results with `where` applied (their notes say so), or `empty(note)` when nothing passes."""
-        with self.applied(where) as (rows, note):
-            if rows is not None and not rows.num_live:
-                return empty(note)
-            results = retrieve()
-        for r in results if note else ():
-            r.note = "; ".join(n for n in (r.note, note) if n)
-        return results
+    def run(self, docs: Sequence[Any], where, retrieve: Callable[[list], list], empty: Callable[[str, int], list]
+            ) -> list:
+        """`retrieve(docs)`'s results, each document searched under its own filters (`doc.where`, a service's
+        request) or `where`, documents of one filter together (their notes say it); `empty(note, n)` for the n
+        documents of a filter nothing passes."""
+        keys = [tuple(parse_all(getattr(d, "where", None) or where)) for d in docs]
+        out: list = [None] * len(docs)
+        for key in dict.fromkeys(keys):
+            at = [i for i, k in enumerate(keys) if k == key]
+            part = [docs[i] for i in at] if len(at) < len(docs) else list(docs)
+            with self.applied(list(key)) as (rows, note):
+                results = empty(note, len(part)) if rows is not None and not rows.num_live else retrieve(part)
+            for i, r in zip(at, results):
+                if note and rows.num_live:
+                    r.note = "; ".join(n for n in (r.note, note) if n)
+                out[i] = r
+        return out

@@ -86,6 +86,7 @@ class DocumentInput:
     doc_id: str = "query"
     entities: list[str] | None = None
     summary: str | None = None
+    where: tuple = ()  # this document's own filters (a service's request), else retrieve_many's `where`
 
 
 class Retriever:
@@ -235,8 +236,8 @@ class Retriever:
         see cfir_jax.core.progress); where: filters on the pictures' fields, applied before ranking (module
         `cfir_jax.retrieve.filters`: only pictures that pass are ranked and counted in top_k)."""
         self._warm_up()
-        return self.filters.run(where, lambda: self._retrieve_all(docs, progress),
-                                lambda note: [Result([], [], [], "", note) for _ in docs])
+        return self.filters.run(docs, where, lambda part: self._retrieve_all(part, progress),
+                                lambda note, n: [Result([], [], [], "", note) for _ in range(n)])
 
     def _retrieve_all(self, docs: Sequence[DocumentInput], progress: bool) -> list[Result]:
         size = max(1, int(self.rcfg.batch_size))

@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import QueryRefused, check_id, check_top_k
 from cfir_jax.core.query_rule import check_text as rule_text
+from cfir_jax.retrieve.filters import check_where
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable
 from cfir_jax.serve.metrics import Metrics
@@ -48,6 +49,8 @@ VERSION_HEADER = "X-Index-Version"  # on every answer: the version of the index 
 # A text and top_k are checked by the one rule (its words at every door), not by their models' types.
 TEXT = Field(description="the document (plain UTF-8 text)", json_schema_extra={"type": "string"})
 TOP_K = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k", json_schema_extra={"type": "integer"})
+WHERE = Field(None, description="filters on the pictures' own fields, joined by AND: 'date<=2020-06-30', "
+              "'source=reuters', 'license in cc-by,cc0' (docs/filters.md)")
 
 
 class SearchRequest(BaseModel):
@@ -58,6 +61,7 @@ class SearchRequest(BaseModel):
                                      "| bm25 | cfir_bm25 | cfir_bm25_fused (those the service loaded; default: "
                                      "the first)")
     id: StrictStr = Field("query", description="the document's id, echoed in the answer")
+    where: list[StrictStr] | None = WHERE
 
 
 class BatchDocument(BaseModel):
@@ -71,6 +75,7 @@ class BatchRequest(BaseModel):
     documents: list[BatchDocument] = Field(description="the documents, ids unique")
     top_k: Any = TOP_K
     method: StrictStr | None = None
+    where: list[StrictStr] | None = WHERE
 
 
 def check_text(settings, text: object, what: str) -> str:
@@ -360,7 +365,7 @@ def _search_routes(app: FastAPI) -> None:
     async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"))
+        doc = DocumentInput(text, check_id(body.id, "id"), where=check_where(body.where))
         answer, headers = await svc.run(request, [doc], method, body.top_k)
         return Response(answer[0], media_type="application/json", headers=headers)
 
@@ -376,15 +381,16 @@ def _search_routes(app: FastAPI) -> None:
             raise HTTPException(422, f"duplicate document id {next(i for i in ids if ids.count(i) > 1)!r}")
         texts = [svc.check_text(d.text, f"documents.{n}.text") for n, d in enumerate(body.documents)]
         method = svc.check_options(body.top_k, body.method)
-        answer, headers = await svc.run(request, [DocumentInput(t, d.id) for t, d in zip(texts, body.documents)],
-                                        method, body.top_k)
+        where = check_where(body.where)
+        answer, headers = await svc.run(request, [DocumentInput(t, d.id, where=where)
+                                                  for t, d in zip(texts, body.documents)], method, body.top_k)
         return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json", headers=headers)
 
     @app.post("/v1/search/html", response_class=HTMLResponse, summary="the HTML gallery of one document's images")
     async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"))
+        doc = DocumentInput(text, check_id(body.id, "id"), where=check_where(body.where))
         page, headers = await svc.run(request, [doc], method, body.top_k, html=True)
         return HTMLResponse(page, headers=headers)
 
