@@ -55,6 +55,8 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
                       "(retrieval.rerank) on the train split into W/reranker; enable it with "
                       "--config.retrieval.rerank.enabled=true")
+    what.add_argument("--fit-fusion", action="store_true", help="fit the convex fusion's weight of SR and BM25 "
+                      "(method cfir_bm25_convex) on the train split into W/fusion; --compare then adds its row")
     what.add_argument("--serve", action="store_true", help="serve the index over HTTP until stopped (POST "
                       "/v1/search, GET / a page; settings: --config.serve.*)")
     serving = p.add_argument_group("--serve")
@@ -91,11 +93,11 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
 
 def check_retrieve(args: argparse.Namespace) -> None:
     """retrieve.py's flags together, in one line each, before minutes of retrieval; --compare-k parsed to ints."""
-    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.serve, args.compile_only,
-              args.query_image or args.query_image_id]
+    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.fit_fusion, args.serve,
+              args.compile_only, args.query_image or args.query_image_id]
     if sum(bool(c) for c in chosen) != 1:
-        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --serve, --compile-only, "
-                        "--query-image, --query-image-id")
+        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --fit-fusion, --serve, "
+                        "--compile-only, --query-image, --query-image-id")
     _check_picture(args)
     if args.format not in FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")

@@ -86,6 +86,7 @@ def retrieve_main():
                                                                         # + the re-ranked row when W/reranker does)
         python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
         python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
+        python retrieve.py --index W --fit-fusion                       # fit the convex fusion of SR and BM25
         python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
         python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
 
@@ -116,6 +117,11 @@ def retrieve_main():
         from cfir_jax.commands import fit_reranker
 
         fit_reranker.run(config, args.index)
+    elif args.fit_fusion:
+        # why: the fit loads the Retriever's stack once the flags and config are read
+        from cfir_jax.commands import fit_fusion
+
+        fit_fusion.run(config, args.index)
     elif args.evaluate:
         # why: the evaluation's stack (metrics, plots, its tables) loads only for --evaluate
         from cfir_jax.commands import evaluate

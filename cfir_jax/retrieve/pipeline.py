@@ -115,8 +115,8 @@ class Retriever:
         self.fusion = (float(self.rcfg.fusion.w_img), float(self.rcfg.fusion.w_txt))
         self.stores = open_stores(config, workdir, self.methods)  # with the stores the method and options ask for
         self.fused = "image_text" in self.stores.extra  # asked for by retrieval.fusion (stores.image_text.fusion_asked)
-        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live) \
-            if self.methods.uses_lexical else None  # BM25 over W/lexical
+        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live,
+                                     self.stores.extra.get("fusion")) if self.methods.uses_lexical else None
         self.model_used = self.methods.model_label(self.stores)  # which model scored the queries (--compare)
         if "entity_text_match" in self.stores.extra:
             self.model_used += ", entities matched in image text"
@@ -280,7 +280,8 @@ class Retriever:
                                                  [r.scores for r in ranked], ordered)
             for r, order in zip(ranked, ordered):
                 r.ranked = order
-        self.lexical.fuse_all(ranked, lexical, self.rcfg.top_k) if self.methods.lexical_fused else None
+        self.lexical.fuse_all(ranked, lexical, self.rcfg.top_k, self.methods.convex) \
+            if self.methods.lexical_fused else None
         return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i])
                 for i, r in enumerate(ranked)]
 
