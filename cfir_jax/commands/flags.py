@@ -56,7 +56,7 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
                       "(retrieval.rerank) on the train split into W/reranker; enable it with "
                       "--config.retrieval.rerank.enabled=true")
     what.add_argument("--fit-fusion", action="store_true", help="fit the convex fusion's weight of SR and BM25 "
-                      "(method cfir_bm25_convex) on the train split into W/fusion; --compare then adds its row")
+                      "(method cfir_bm25_convex) on the train split into W/convex_fusion; --compare then adds its row")
     what.add_argument("--serve", action="store_true", help="serve the index over HTTP until stopped (POST "
                       "/v1/search, GET / a page; settings: --config.serve.*)")
     serving = p.add_argument_group("--serve")
@@ -67,7 +67,7 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     serving.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default "
                          "serve.address; none: start a local Ray)")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only | bm25 | "
-                   "cfir_bm25 | cfir_bm25_fused")
+                   "cfir_bm25 | cfir_bm25_fused | cfir_bm25_convex")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
                    "method(s) into a PNG")

@@ -112,16 +112,11 @@ def retrieve_main():
     faults.on_sigterm()  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
     top, shown = flags.hit_budget(config, args.top_k)
     measures = args.measures or config.retrieval.measures
-    if args.fit_reranker:
+    if args.fit_reranker or args.fit_fusion:
         # why: each body loads its own stack (JAX, flax, spaCy; optax for a fit) once the flags and config are read
-        from cfir_jax.commands import fit_reranker
+        from cfir_jax.commands import fit_fusion, fit_reranker
 
-        fit_reranker.run(config, args.index)
-    elif args.fit_fusion:
-        # why: the fit loads the Retriever's stack once the flags and config are read
-        from cfir_jax.commands import fit_fusion
-
-        fit_fusion.run(config, args.index)
+        (fit_reranker if args.fit_reranker else fit_fusion).run(config, args.index)
     elif args.evaluate:
         # why: the evaluation's stack (metrics, plots, its tables) loads only for --evaluate
         from cfir_jax.commands import evaluate

@@ -333,7 +333,7 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # chosen on the validation split, docs/retrieval.md). max_terms / max_postings: the query's rarest terms
             # read, and the postings read before no more terms are (0: all, exact BM25; cfir_jax.search.bm25).
             # alpha: SR's weight in the convex fusion alpha * minmax(SR) + (1 - alpha) * minmax(BM25) (method
-            # cfir_bm25_convex); -1: the weight retrieve.py --fit-fusion fitted on the train split into W/fusion.
+            # cfir_bm25_convex); -1: the weight retrieve.py --fit-fusion fitted on the train split into W/convex_fusion.
             lexical=dict(top_k=1000, candidates=100, fuse_weight=1.0, rrf_k=60, max_terms=32, max_postings=2000000,
                          alpha=-1.0),
             # Beyond the paper: a third stage re-scores SR's top_n with a small list-wise head over features SR

@@ -25,7 +25,7 @@ class LexicalSearch:
 
     def __init__(self, rcfg, store: LexicalIndex, live, fitted=None):
         self.cfg, self.store = rcfg.lexical, store
-        # SR's weight in the convex fusion: the config's, else the fitted store's (cfir_jax.stores.fusion)
+        # SR's weight in the convex fusion: the config's, else the fitted store's (cfir_jax.stores.convex_fusion)
         self.alpha = float(self.cfg.alpha) if float(self.cfg.alpha) >= 0 else fitted.alpha if fitted else None
         self.fitted = fitted
         if not (float(self.cfg.alpha) == -1 or 0 <= float(self.cfg.alpha) <= 1):

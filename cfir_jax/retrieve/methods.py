@@ -187,7 +187,7 @@ class CfirBm25Fused(Cfir):
 @METHODS.register
 class CfirBm25Convex(CfirBm25Fused):
     """CFIR's ranking fused with BM25's by the convex combination of their min-max normalised scores, SR's weight
-    alpha (retrieval.lexical.alpha, or the one `retrieve.py --fit-fusion` fitted into W/fusion)."""
+    alpha (retrieval.lexical.alpha, or the one `retrieve.py --fit-fusion` fitted into W/convex_fusion)."""
 
     name = "cfir_bm25_convex"
     convex = True

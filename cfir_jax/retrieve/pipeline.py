@@ -48,6 +48,7 @@ from cfir_jax.retrieve.ranking import Ranking
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
+from cfir_jax.stores.convex_fusion import fitted
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
 from cfir_jax.stores.summaries import SummaryStore
@@ -115,8 +116,9 @@ class Retriever:
         self.fusion = (float(self.rcfg.fusion.w_img), float(self.rcfg.fusion.w_txt))
         self.stores = open_stores(config, workdir, self.methods)  # with the stores the method and options ask for
         self.fused = "image_text" in self.stores.extra  # asked for by retrieval.fusion (stores.image_text.fusion_asked)
-        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live,
-                                     self.stores.extra.get("fusion")) if self.methods.uses_lexical else None
+        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live,  # BM25, fused or not
+                                     fitted(self.stores.layout, self.methods, self.rcfg)) \
+            if self.methods.uses_lexical else None
         self.model_used = self.methods.model_label(self.stores)  # which model scored the queries (--compare)
         if "entity_text_match" in self.stores.extra:
             self.model_used += ", entities matched in image text"

@@ -1,5 +1,5 @@
 """The convex fusion of SR and BM25 as a user runs it: `retrieve.py --fit-fusion` fits alpha on the train split into
-W/fusion and says so, the method cfir_bm25_convex reads it (or retrieval.lexical.alpha), --compare gains its row
+W/convex_fusion and says so, the method cfir_bm25_convex reads it (or retrieval.lexical.alpha), --compare gains its row
 with alpha and where it was fitted, and the existing rows stay as they were."""
 
 import json
@@ -20,7 +20,7 @@ def fitted(workdir, tmp_path_factory):
 
 def test_the_fit_writes_alpha_and_says_where(fitted):
     w, _, said = fitted
-    manifest = json.loads((w / "fusion" / "manifest.json").read_text())
+    manifest = json.loads((w / "convex_fusion" / "manifest.json").read_text())
     assert 0 <= manifest["alpha"] <= 1 and manifest["split"] == "train" and len(manifest["mrr10"]) == 21
     best = manifest["mrr10"][f"{manifest['alpha']:g}"]
     assert best == max(manifest["mrr10"].values())
@@ -33,7 +33,7 @@ def _rows(table: str) -> dict[str, str]:
 
 def test_compare_gains_the_convex_row_and_keeps_the_others(fitted):
     w, before, _ = fitted
-    alpha = json.loads((w / "fusion" / "manifest.json").read_text())["alpha"]
+    alpha = json.loads((w / "convex_fusion" / "manifest.json").read_text())["alpha"]
     after = run_script("retrieve.py", "--index", str(w), "--evaluate", "test", "--compare").stdout
     rows_before, rows_after = _rows(before), _rows(after)
     assert f"fused with BM25 (convex, alpha={alpha:g}, fitted on train)" in rows_after["CFIR + BM25 convex"]
