@@ -83,14 +83,12 @@ class Client:
         """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id), or
         of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
         `image_id` the id of an indexed picture, as `Index.search` takes them. where: filters on the pictures'
-        fields, as `Index.search` takes them (text search)."""
+        fields, as `Index.search` takes them."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
         if text is None:
-            if where:
-                raise CfirError("where: the service filters text searches; filter a picture search with "
-                                "Index.search or retrieve.py --query-image --where")
-            body = {**_picture(image, image_id), "top_k": check_top_k(top_k)}
+            body = {**_picture(image, image_id), "top_k": check_top_k(top_k),
+                    **({"where": _where(where)} if where else {})}
             answer, version = self._post("/v1/search/image", body, deadline_s)
             return _result(answer, version, f"{self.url}/v1/search/image")
         text, id = _text(text, id)

@@ -147,9 +147,10 @@ class Front:
         """(200, the answer, its headers) or (status, the one-line error, headers), as the app would answer."""
         return await _status(self.service.answer(docs, method, top_k, html))
 
-    async def picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str):
+    async def picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str,
+                      where: tuple = ()):
         """A picture request the gateway checked, as `answer` answers."""
-        return await _status(self.service.search_picture(picture, image_id, top_k, qid))
+        return await _status(self.service.search_picture(picture, image_id, top_k, qid, where))
 
     def readiness(self) -> tuple[bool, dict]:
         return self.service.readiness()

@@ -183,10 +183,12 @@ class Service:
         raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed "
                                  "(serve.deadline_ms)")
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str):
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
+                             where: tuple = ()):
         """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index,
-        through the bounded picture queue."""
-        return await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER)
+        through the bounded picture queue; only pictures passing `where` answer."""
+        return await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER,
+                                          where)
 
     def refresh_metrics(self) -> None:
         """The gauges /metrics reads at scrape time."""
@@ -238,7 +240,7 @@ class SearchService(Protocol):
                   html: bool = False) -> tuple[object, dict]: ...
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object,
-                             qid: str) -> tuple[str, dict]: ...
+                             qid: str, where: tuple = ()) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
 

@@ -6,6 +6,8 @@ add, a remove and a compact keep the filters right."""
 import json
 import os
 import shutil
+import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -126,6 +128,11 @@ def test_the_library_the_service_and_the_client_agree(built, collection):
             assert index.search(text, top_k=5, where=typed) == expected == client.search(text, top_k=5, where=typed)
             assert client.search_many([text, text], ids=["a", "b"], top_k=5, where=where) == \
                 index.search_many([text, text], ids=["a", "b"], top_k=5, where=where)
+            picture = expected.ids[0]
+            alike = index.search(image_id=picture, top_k=5, where=["source=reuters"])
+            assert alike.hits and client.search(image_id=picture, top_k=5, where=["source=reuters"]) == alike
+            query_string = client_get_json(service.url, picture)
+            assert [h["image_id"] for h in query_string["hits"]] == alike.ids[:3]
             # Unfiltered and filtered requests answered side by side each keep their own rows.
             assert client.search(text, top_k=5) == index.search(text, top_k=5) != expected
         with pytest.raises(cfir_jax.CfirError, match="^filter 'colour=red': unknown field 'colour'"):
@@ -133,6 +140,15 @@ def test_the_library_the_service_and_the_client_agree(built, collection):
     finally:
         log = service.stop()
     assert "Traceback" not in log, log[-3000:]
+
+
+def client_get_json(url: str, image_id: str) -> dict:
+    """A picture search as a form with repeated fields (curl -d image_id=ID -d where=...)."""
+    data = urllib.parse.urlencode([("image_id", image_id), ("top_k", "3"), ("where", "source=reuters")]).encode()
+    request = urllib.request.Request(f"{url}/v1/search/image", data=data,
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.loads(answer.read())
 
 
 def test_add_remove_and_compact_keep_the_filters_right(built, collection, tmp_path):
