@@ -177,6 +177,10 @@ def test_filtered_answers_equal_one_process(cluster, index, documents):
                                                           "where": where})
     assert [[h["image_id"] for h in a["hits"]] for a in batch.json()["results"]] == \
         [index.search(t, id=i, top_k=20, where=where).ids for i, t in documents]
+    picture = index.search(documents[0][1], top_k=1).ids[0]
+    alike = cluster.client.post("/v1/search/image", json={"image_id": picture, "top_k": 5, "where": ["n>=2"]})
+    assert alike.status_code == 200, alike.text
+    assert [h["image_id"] for h in alike.json()["hits"]] == index.search(image_id=picture, top_k=5, where=["n>=2"]).ids
     refused = cluster.search(documents[0][1], where=["colour=red"])
     assert refused.status_code == 422 and refused.json()["error"].startswith("filter 'colour=red': unknown field")
 
