@@ -78,28 +78,32 @@ class Client:
 
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
-               id: str = "query", deadline_s: float | None = None, lang: str | None = None) -> Result:  # noqa: A002
+               id: str = "query", deadline_s: float | None = None, lang: str | None = None,
+               where: Sequence | None = None) -> Result:  # noqa: A002
         """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id; `lang`
-        its language, None: the service finds it), or
+        its language, None: the service finds it; `where`: filters on the pictures' fields, docs/filters.md), or
         of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
-        `image_id` the id of an indexed picture, as `Index.search` takes them."""
+        `image_id` the id of an indexed picture, as `Index.search` takes them. where: filters on the pictures'
+        fields, as `Index.search` takes them."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
         if text is None:
-            body = {**_picture(image, image_id), "top_k": check_top_k(top_k)}
+            body = {**_picture(image, image_id), "top_k": check_top_k(top_k),
+                    **({"where": _where(where)} if where else {})}
             answer, version = self._post("/v1/search/image", body, deadline_s)
             return _result(answer, version, f"{self.url}/v1/search/image")
         text, id = _text(text, id)
         body = {"text": text, "top_k": check_top_k(top_k), "id": id, **({"method": method} if method else {}),
-                **({"lang": check_lang(lang)} if lang is not None else {})}
+                **({"lang": check_lang(lang)} if lang is not None else {}),
+                **({"where": _where(where)} if where else {})}
         answer, version = self._post("/v1/search", body, deadline_s)
         return _result(answer, version, f"{self.url}/v1/search")
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
-                    ids: Sequence[str] | None = None, batch: int = 64, deadline_s: float | None = None
-                    ) -> list[Result]:
+                    ids: Sequence[str] | None = None, batch: int = 64, deadline_s: float | None = None,
+                    where: Sequence | None = None) -> list[Result]:
         """The images of each document, in order (`POST /v1/search/batch`, `batch` documents a request: at most the
-        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s."""
+        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s; where: as `search`'s."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
@@ -110,7 +114,8 @@ class Client:
         out: list[Result] = []
         for at in range(0, len(docs), max(1, batch)):
             chunk = docs[at : at + batch]
-            body = {"documents": chunk, "top_k": top_k, **({"method": method} if method else {})}
+            body = {"documents": chunk, "top_k": top_k, **({"method": method} if method else {}),
+                    **({"where": _where(where)} if where else {})}
             answer, version = self._post("/v1/search/batch", body, deadline_s)
             results = answer.get("results") if isinstance(answer, dict) else None
             if not isinstance(results, list) or len(results) != len(chunk):
@@ -356,3 +361,19 @@ def _picture(image: bytes | str | os.PathLike | None, image_id: str | None) -> d
         except (OSError, ValueError) as e:  # missing, a folder, a name too long or with a NUL
             raise CfirError(f"{str(path)[:200]}: cannot read the picture ({_reason(e)})") from None
     raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
+
+
+def _where(where: Sequence) -> list[str]:
+    """Filters as the service reads them: strings as given, `(field, op, value)` triples written as their line."""
+    if isinstance(where, str):
+        where = [where]
+    out = []
+    for w in where:
+        if isinstance(w, (tuple, list)) and len(w) == 3:
+            field, op, value = w
+            value = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+            w = f"{field} in {value}" if op == "in" else f"{field}{op}{value}"
+        if not isinstance(w, str):
+            raise CfirError(f"where: {w!r} is not a filter; give strings such as 'date<=2020-06-30'")
+        out.append(w)
+    return out

@@ -122,33 +122,36 @@ class Index:
     # ------------------------------------------------------------------------------------------------ searching
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
-               id: str = "query", lang: str | None = None) -> Result:  # noqa: A002
+               id: str = "query", lang: str | None = None, where: Sequence[Any] | None = None
+               ) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
-        a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file)."""
+        a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file). where: filters on
+        the pictures' fields, joined by AND (`["date<=2020-06-30", "license in cc-by,cc0"]` or `(field, op, value)`
+        triples; docs/filters.md)."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
         if text is None:
-            return self._search_image(image, image_id, self._top(top_k), method)
-        return self.search_many([text], top_k=top_k, method=method, ids=[id], lang=lang)[0]
+            return self._search_image(image, image_id, self._top(top_k), method, where)
+        return self.search_many([text], top_k=top_k, method=method, ids=[id], lang=lang, where=where)[0]
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
                     described: int | None = None, method: str | None = None, progress: bool = False,
-                    lang: str | None = None) -> list[Result]:
+                    lang: str | None = None, where: Sequence[Any] | None = None) -> list[Result]:
         """The images of the documents of a file (read before any store opens): one plain-text document, its stem
         the id (`retrieve.py --query`), or JSON lines {"id", "text", "lang"} with `jsonl` (`--queries`). described:
         read the caption and url of the first `described` hits only (the rest feed a run file: ids and scores); lang:
-        the language of a document that states none (None: found, docs/languages.md)."""
+        the language of a document that states none (None: found, docs/languages.md); where: as `search`'s."""
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
         top = self._top(top_k)  # the texts, then top_k: the service's order
-        return self._answer(docs, top, method, progress and len(docs) > 1, described)
+        return self._answer(docs, top, method, progress and len(docs) > 1, described, where)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
-                    ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None
-                    ) -> list[Result]:
+                    ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None,
+                    where: Sequence[Any] | None = None) -> list[Result]:
         """The images of each document, retrieved in batches of retrieval.batch_size (entities, summaries, encoding
         and SR batched); ids: the documents' ids (default "0", "1", ...; a path's stem for a path); lang: their
-        language (None: each found, docs/languages.md)."""
+        language (None: each found, docs/languages.md); where: as `search`'s."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
@@ -157,28 +160,29 @@ class Index:
         limit = int(self.config.serve.max_text_bytes)
         lang = check_lang(lang)
         docs = [_document(t, i, limit, lang) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
-        return self._answer(docs, self._top(top_k), method, progress)
+        return self._answer(docs, self._top(top_k), method, progress, where=where)
 
     def _answer(self, docs: Sequence[DocumentInput], top: int, method: str | None, progress: bool,
-                described: int | None = None) -> list[Result]:
+                described: int | None = None, where: Sequence[Any] | None = None) -> list[Result]:
         """The one place a checked query is retrieved and made records: every search of text ends here, so an option
         of the query (a filter, a language: keyword-only at each door) is passed down and applied here once."""
         retriever = self.retriever(method)
-        results = retriever.retrieve_many(docs, progress=progress)
+        results = retriever.retrieve_many(docs, progress=progress, where=where)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
                 for d, r in zip(docs, results)]
 
-    def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False
-                 ) -> list[Retrieval]:
+    def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False,
+                 where: Sequence[Any] | None = None) -> list[Retrieval]:
         """The pipeline's own answers (`cfir_jax.retrieve.pipeline.Retrieval`: rows, SR's agreement, no captions) of
-        `docs`, for evaluation (`retrieve.py --evaluate`), which scores every hit and shows none."""
-        return self.retriever(method).retrieve_many(docs, progress=progress)
+        `docs`, for evaluation (`retrieve.py --evaluate`), which scores every hit and shows none; where: as
+        `search`'s."""
+        return self.retriever(method).retrieve_many(docs, progress=progress, where=where)
 
     def _top(self, top_k: int) -> int:
         return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
 
     def _search_image(self, image: bytes | str | os.PathLike | None, image_id: str | None, top: int,
-                      method: str | None) -> Result:
+                      method: str | None, where: Sequence[Any] | None = None) -> Result:
         """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows: `image` is a picture's
         bytes or a picture file (within serve.max_image_bytes), `image_id` the id of an indexed picture."""
         serve = self.config.serve
@@ -194,7 +198,8 @@ class Index:
         else:
             raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
         retriever = self.retriever(method)
-        found = image_query.search_image(retriever, **query, top_k=top, max_pixels=int(serve.max_image_pixels))
+        found = image_query.search_image(retriever, **query, top_k=top, max_pixels=int(serve.max_image_pixels),
+                                         where=where)
         return Result.of(what, found, retriever.describe_image, top, self._version)
 
     # -------------------------------------------------------------------------------------- changing, checking

@@ -171,15 +171,17 @@ def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: 
     out_dir, add = Path(out_dir), resolve_addition(addition)
     documents = read_documents(add.documents, existing=set(corpus.doc_ids)) if add.documents else iter(())
     files = list(add.image_files) if add.image_files else None
-    first_image, images = _peek(read_images(add.images, existing=set(corpus.image_ids), files=files)
-                                if add.images else ())
+    known = corpus.manifest.get("image_fields") or {}
+    first_image, images = _peek(read_images(add.images, existing=set(corpus.image_ids), files=files,
+                                            known_fields=known) if add.images else ())
     _check_embeddings(corpus, add.images or add.path, first_image)
     parts = list(corpus.manifest.get("parts") or [])
     name = f"parts/{len(parts) + 1:04d}"
     link_tree(corpus.path, out_dir, skip=(MANIFEST, CHECKSUMS, "doc_ids.txt", "image_ids.txt", "qrels", DOC_LANGS,
                                           IMAGE_LANGS))
     part, written = write_corpus_part(out_dir / name, documents, images, corpus.embedding_dim, source=add.path,
-                                      detect=detect, among=corpus.languages)
+                                      detect=detect, among=corpus.languages,
+                                      known_fields=known)
     new_docs, new_images = written.doc_ids, written.image_ids
     doc_ids, image_ids = corpus.doc_ids + new_docs, corpus.image_ids + new_images
     languages = {}
@@ -199,7 +201,8 @@ def stage_corpus_addition(corpus: Corpus, out_dir: str | os.PathLike, addition: 
     write_manifest(out_dir, KIND, FORMAT_VERSION, **{
         **fields, "num_documents": len(doc_ids), "num_images": len(image_ids),
         "documents_sha": sha, "splits": splits, "parts": parts,
-        "images_with_text": int(corpus.manifest.get("images_with_text") or 0) + part["images_with_text"], **languages})
+        "images_with_text": int(corpus.manifest.get("images_with_text") or 0) + part["images_with_text"], **languages,
+        **({"image_fields": part["image_fields"]} if part.get("image_fields") else {})})
     return {"documents_added": len(new_docs), "images_added": len(new_images), "judgements_added": judgements,
             "first_new_document": corpus.num_documents, "first_new_image": corpus.num_images, "part": name}
 

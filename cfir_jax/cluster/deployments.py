@@ -41,6 +41,7 @@ from cfir_jax.cluster.ray_shards import RayShards
 from cfir_jax.cluster.reload import Relay, VersionGone, first_line
 from cfir_jax.cluster.shard import ShardIndex, committed_id, shard_bounds
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import QueryRefused
 from cfir_jax.retrieve.stores import cache_path
 from cfir_jax.serve.app import create_app
 from cfir_jax.serve.resident import load_config
@@ -146,9 +147,10 @@ class Front:
         """(200, the answer, its headers) or (status, the one-line error, headers), as the app would answer."""
         return await _status(self.service.answer(docs, method, top_k, html))
 
-    async def picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str):
+    async def picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str,
+                      where: tuple = ()):
         """A picture request the gateway checked, as `answer` answers."""
-        return await _status(self.service.search_picture(picture, image_id, top_k, qid))
+        return await _status(self.service.search_picture(picture, image_id, top_k, qid, where))
 
     def readiness(self) -> tuple[bool, dict]:
         return self.service.readiness()
@@ -171,6 +173,8 @@ async def _status(call) -> tuple[int, object, dict]:
         return 200, answer, headers
     except HTTPException as e:
         return e.status_code, str(e.detail), dict(e.headers or {})
+    except QueryRefused as e:  # a filter the index cannot apply (an unknown field), found when the batch ran
+        return e.status, str(e), {}
 
 
 @serve.ingress()

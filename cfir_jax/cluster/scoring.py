@@ -76,7 +76,13 @@ class ShardedSR:
 
     def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = IMAGES_ONLY) -> Ranked:
         """Every shard's exact top-k over its live rows, merged: (scores, rows) [Q, k'], k' = min(k, the most any
-        query got), shorter queries padded (row -1, score -inf) as one process's are."""
+        query got), shorter queries padded (row -1, score -inf) as one process's are. Within a filtered call (the
+        front's rows narrowed, `cfir_jax.retrieve.filters`) the shards are asked past k and the passing rows kept."""
+        if getattr(self.live, "scoped", False):
+            return self.live.search(lambda fetch: self._merged(queries, fetch, weights), k)
+        return self._merged(queries, k, weights)
+
+    def _merged(self, queries: np.ndarray, k: int, weights: tuple[float, float]) -> Ranked:
         answers = self.client.search(self.vid, np.asarray(queries, np.float32), k, tuple(weights))
         merged = [merge_ranked([a[0][q] for a in answers], [a[1][q] for a in answers], k) for q in range(len(queries))]
         width = max((len(r) for _, r in merged), default=0)

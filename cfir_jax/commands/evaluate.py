@@ -25,16 +25,18 @@ from cfir_jax.stores.layout import Layout
 
 def run(config: ml_collections.ConfigDict, workdir, split: str, method: str = "cfir", *, compare: bool = False,
         compare_k: Sequence[int] = (), plot: str = "", output: str = "", tag: str = "cfir", top: int = 1000,
-        measures: str = "trec_eval") -> list[report.EvalRow]:
+        measures: str = "trec_eval", where: list[str] | None = None) -> list[report.EvalRow]:
     """The evaluate command (`retrieve.py --evaluate SPLIT`): the configured `method` alone, the paper's Table 3
-    (`compare`) or full CFIR at each K of `compare_k` (Table 4), over the split's topics; prints the table."""
+    (`compare`) or full CFIR at each K of `compare_k` (Table 4), over the split's topics; prints the table. where:
+    only pictures passing these filters are ranked (docs/filters.md)."""
     if compare_k:
         rows = check_k_rows(workdir, k_rows(compare_k, method))
     else:
         rows = comparison_rows(config, workdir) if compare else (single_row(method),)
         if compare and (note := full_row_note(workdir)):
             print(f"note: {note}", file=sys.stderr)
-    return evaluate(config, workdir, split, rows, plot=plot, output=output, tag=tag, top=top, measures=measures)
+    return evaluate(config, workdir, split, rows, plot=plot, output=output, tag=tag, top=top, measures=measures,
+                    where=where)
 
 
 def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
@@ -58,8 +60,8 @@ def train_time_of(retriever: Retriever) -> str:
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
-             output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval"
-             ) -> list[report.EvalRow]:
+             output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval",
+             where: list[str] | None = None) -> list[report.EvalRow]:
     """Runs every row over the split's topics and prints the evaluation table (trec_eval -c's unless `measures` says
     otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
     row's rule did with them; returns its rows."""
@@ -72,7 +74,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
         retriever = index.retriever()
         sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
         docs = index.corpus_documents(split)
-        results = index.retrieve(docs, progress=True)  # the pipeline's records: rows, SR's agreement, no captions
+        results = index.retrieve(docs, progress=True, where=where)  # the pipeline's records: rows, agreement
         rule = row_config.retrieval.unknown_entities if retriever.methods.uses_entities else "-"
         if rule != "-":  # the same entities for every row: one count per rule, with the rows that used it
             rules.setdefault(rule, (results, []))[1].append(row.label)
@@ -92,7 +94,8 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
             er_line = retriever.stores.entity_index.with_k(0).er_note()
         if len(rows) == 1:
             runs.write_and_score(run, output, "", tag, top)
-    print(f"{split} split, {len(docs)} topics")
+    print(f"{split} split, {len(docs)} topics" + (f", {all_results[0][0].note.split('; ')[-1]}" if where and docs
+                                                  else ""))
     if measures != "authors":
         print(report.eval_table(table))
         print(report.mean_line(complete))

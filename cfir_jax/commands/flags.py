@@ -9,6 +9,7 @@ from cfir_jax.core.config_check import MEASURE_SETS, SERVE_ENGINES
 from cfir_jax.core.errors import CfirError
 from cfir_jax.eval.comparison import parse_ks, parse_weights
 from cfir_jax.eval.plots import check_png_name
+from cfir_jax.retrieve.filters import parse_all
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
 # retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.
@@ -54,6 +55,8 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
                       "(retrieval.rerank) on the train split into W/reranker; enable it with "
                       "--config.retrieval.rerank.enabled=true")
+    what.add_argument("--fit-fusion", action="store_true", help="fit the convex fusion's weight of SR and BM25 "
+                      "(method cfir_bm25_convex) on the train split into W/convex_fusion; --compare then adds its row")
     what.add_argument("--serve", action="store_true", help="serve the index over HTTP until stopped (POST "
                       "/v1/search, GET / a page; settings: --config.serve.*)")
     serving = p.add_argument_group("--serve")
@@ -64,13 +67,16 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     serving.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default "
                          "serve.address; none: start a local Ray)")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only | bm25 | "
-                   "cfir_bm25 | cfir_bm25_fused")
+                   "cfir_bm25 | cfir_bm25_fused | cfir_bm25_convex")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
                    "method(s) into a PNG")
     p.add_argument("--top-k", type=int, default=None,
                    help=f"hits to show and write, >= 1 (default: {SHOWN} on stdout in every --format; retrieval.top_k, "
                    "1000, in --output run files and --evaluate, which R@1000 needs)")
+    p.add_argument("--where", action="append", default=None, metavar="EXPR", help="only pictures whose own fields "
+                   "pass EXPR: 'date<=2020-06-30', 'source=reuters', 'license in cc-by,cc0' (ops = != < <= > >= in); "
+                   "repeat to AND them; with --query, --queries, --query-image(-id) and --evaluate (docs/filters.md)")
     p.add_argument("--format", default="table", help="table | json | trec (stdout)")
     p.add_argument("--lang", default=None, metavar="CODE", help="with --query/--queries: the documents' language "
                    "(ISO 639-1: en, fr, ...; a --queries row's own \"lang\" wins); default: found where the collection "
@@ -90,11 +96,11 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
 
 def check_retrieve(args: argparse.Namespace) -> None:
     """retrieve.py's flags together, in one line each, before minutes of retrieval; --compare-k parsed to ints."""
-    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.serve, args.compile_only,
-              args.query_image or args.query_image_id]
+    chosen = [args.query, args.queries, args.evaluate, args.fit_reranker, args.fit_fusion, args.serve,
+              args.compile_only, args.query_image or args.query_image_id]
     if sum(bool(c) for c in chosen) != 1:
-        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --serve, --compile-only, "
-                        "--query-image, --query-image-id")
+        raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --fit-fusion, --serve, "
+                        "--compile-only, --query-image, --query-image-id")
     _check_picture(args)
     if args.format not in FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
@@ -102,6 +108,7 @@ def check_retrieve(args: argparse.Namespace) -> None:
         raise CfirError("--plot draws the recall curves of --evaluate SPLIT; add --evaluate")
     if args.plot:
         check_png_name(args.plot)
+    parse_all(args.where)  # a malformed filter: one line before minutes of loading (a field is checked at its query)
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     if args.measures and args.measures not in MEASURE_SETS:

@@ -86,6 +86,7 @@ def retrieve_main():
                                                                         # + the re-ranked row when W/reranker does)
         python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
         python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
+        python retrieve.py --index W --fit-fusion                       # fit the convex fusion of SR and BM25
         python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
         python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
 
@@ -111,17 +112,17 @@ def retrieve_main():
     faults.on_sigterm()  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
     top, shown = flags.hit_budget(config, args.top_k)
     measures = args.measures or config.retrieval.measures
-    if args.fit_reranker:
+    if args.fit_reranker or args.fit_fusion:
         # why: each body loads its own stack (JAX, flax, spaCy; optax for a fit) once the flags and config are read
-        from cfir_jax.commands import fit_reranker
+        from cfir_jax.commands import fit_fusion, fit_reranker
 
-        fit_reranker.run(config, args.index)
+        (fit_reranker if args.fit_reranker else fit_fusion).run(config, args.index)
     elif args.evaluate:
         # why: the evaluation's stack (metrics, plots, its tables) loads only for --evaluate
         from cfir_jax.commands import evaluate
 
         evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
-                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures)
+                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures, where=args.where)
     else:
         if args.query and _reads_entities(args.method):  # spaCy loads in a helper beside JAX, models, programs
             e = config.index.entities
@@ -131,7 +132,7 @@ def retrieve_main():
 
         retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                      shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
-                     measures=measures, lang=args.lang)
+                     measures=measures, lang=args.lang, where=args.where)
 
 
 def _reads_entities(method: str) -> bool:
@@ -151,4 +152,4 @@ def _retrieve_by_picture(args, config) -> None:
     faults.on_sigterm()
     retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
                        image_id=args.query_image_id or "", fmt=args.format,
-                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag)
+                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag, where=args.where)

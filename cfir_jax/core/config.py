@@ -336,7 +336,10 @@ def retrieval_config() -> ml_collections.ConfigDict:
             # w_sr / (rrf_k + rank_sr) + fuse_weight / (rrf_k + rank_bm25) (method cfir_bm25_fused; SR's weight is 1;
             # chosen on the validation split, docs/retrieval.md). max_terms / max_postings: the query's rarest terms
             # read, and the postings read before no more terms are (0: all, exact BM25; cfir_jax.search.bm25).
-            lexical=dict(top_k=1000, candidates=100, fuse_weight=1.0, rrf_k=60, max_terms=32, max_postings=2000000),
+            # alpha: SR's weight in the convex fusion alpha * minmax(SR) + (1 - alpha) * minmax(BM25) (method
+            # cfir_bm25_convex); -1: the weight retrieve.py --fit-fusion fitted on the train split into W/convex_fusion.
+            lexical=dict(top_k=1000, candidates=100, fuse_weight=1.0, rrf_k=60, max_terms=32, max_postings=2000000,
+                         alpha=-1.0),
             # Beyond the paper: a third stage re-scores SR's top_n with a small list-wise head over features SR
             # throws away (cfir_jax.retrieve.reranker; fitted by retrieve.py --fit-reranker into W/reranker). Off by
             # default: the paper's SR order stands. top_n, max_text_len (the document's tokens for its embedding and

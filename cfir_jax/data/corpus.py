@@ -96,6 +96,9 @@ class Image:
     # caption_attribution_description, each a list of strings), embedded by the image-text stage (index.image_text).
     texts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
     lang: str = ""  # the language of its own text, as Document.lang ('' for an image without text)
+    # The picture's own flat fields (date, source, license, ...: cfir_jax.core.picture_fields), raw as given; the
+    # image_fields stage keeps them as typed columns for the filters.
+    fields: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
 
 def own_text(image: Image) -> str:
@@ -160,6 +163,8 @@ def _to_image(record: Mapping[str, Any]) -> Image:
         entities=tuple(_text(e) for e in record["entities"]),
         # Corpora written before images kept their text fields have no such field.
         texts={k: tuple(v) for k, v in json.loads(_text(record.get("texts") or "{}")).items()},
+        # Corpora written before images kept their own fields have no such field.
+        fields=json.loads(_text(record.get("fields") or "{}")),
     )
 
 

@@ -18,6 +18,7 @@ import tensorflow_datasets as tfds
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE
+from cfir_jax.core.picture_fields import FieldTypes
 from cfir_jax.data.corpus import (
     FORMAT_VERSION,
     KIND,
@@ -54,6 +55,7 @@ def _image_features(embedding_dim: int | None) -> tfds.features.FeaturesDict:
         "image": tfds.features.Tensor(shape=(), dtype=np.object_),
         "entities": tfds.features.Sequence(tfds.features.Text()),
         "texts": tfds.features.Text(),  # JSON {column: [strings]}
+        "fields": tfds.features.Text(),  # JSON {field: value}: the picture's own flat fields
     }
     if embedding_dim is not None:
         spec["embedding"] = tfds.features.Tensor(shape=(embedding_dim,), dtype=np.float32)
@@ -143,15 +145,19 @@ def _document_examples(documents: Iterable[Document], ids: list[str], digest, la
 def _image_examples(
     images: Iterable[Image], ids: list[str], embedding_dim: int | None, embeddings: list[np.ndarray],
     with_text: list[int], langs: list[str], detect: Detect | None = None, among: Collection[str] = (),
+    types: FieldTypes | None = None,
 ) -> Iterator[dict]:
     """Record dicts of the images; `with_text` collects the rows that have any non-empty text field, `langs` the
-    language of each row's own text ('' without text), detected among the languages `among` (the documents')."""
+    language of each row's own text ('' without text), detected among the languages `among` (the documents'), `types`
+    the type of each of the pictures' own fields (a conflicting one is refused, naming the image)."""
     seen: set[str] = set()
     among = frozenset(among)
+    types = types if types is not None else FieldTypes()
     caption = (lambda text: detect.caption(text, among)) if detect is not None else None
     for row, img in enumerate(images):
         image_id = _add_id("image", img.image_id, row, ids, seen)
         langs.append(language_of(img.lang, own_text(img), caption))
+        fields = types.check(f"image {image_id!r}", img.fields)
         if any(t.strip() for v in img.texts.values() for t in v):
             with_text.append(row)
         example = {
@@ -161,6 +167,7 @@ def _image_examples(
             "image": bytes(img.image or b""),
             "entities": list(img.entities),
             "texts": json.dumps({k: list(v) for k, v in img.texts.items()}, ensure_ascii=False, sort_keys=True),
+            "fields": json.dumps(fields, ensure_ascii=False, sort_keys=True),
         }
         if embedding_dim is not None:
             if img.embedding is None:
@@ -264,6 +271,7 @@ class _Written:
     documents_sha: str
     doc_langs: list[str] = dataclasses.field(default_factory=list)
     image_langs: list[str] = dataclasses.field(default_factory=list)
+    field_types: dict[str, str] = dataclasses.field(default_factory=dict)
 
 
 def _write_items(
@@ -276,14 +284,15 @@ def _write_items(
     documents_sha = hashlib.sha256()
     _write_records(tmp, "documents", _document_features(),
                    _document_examples(doc_iter, w.doc_ids, documents_sha, w.doc_langs, detect))
+    types = FieldTypes()
     examples = _image_examples(image_iter, w.image_ids, embedding_dim, embeddings, w.with_text, w.image_langs, detect,
-                               set(w.doc_langs))
+                               set(w.doc_langs), types)
     _write_records(tmp, "images", _image_features(embedding_dim), examples)
     (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in w.doc_ids), encoding="utf-8")
     (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in w.image_ids), encoding="utf-8")
     if embedding_dim is not None:
         np.save(tmp / "embeddings.npy", np.stack(embeddings).astype(np.float32))
-    w.documents_sha = documents_sha.hexdigest()
+    w.documents_sha, w.field_types = documents_sha.hexdigest(), types.kinds
     return w
 
 
@@ -352,6 +361,7 @@ def write_corpus(
             embedding_dim=embedding_dim,
             has_tokenizer=tokenizer_spm is not None,
             images_with_text=len(written.with_text),
+            **({"image_fields": written.field_types} if written.field_types else {}),
             records="tfds array_record",
             **languages,
             **{k: _jsonable(v) for k, v in manifest_fields.items()},
@@ -362,17 +372,20 @@ def write_corpus(
 def write_corpus_part(
     out_dir: str | os.PathLike, documents: Iterable[Document], images: Iterable[Image], embedding_dim: int | None,
     source: str | os.PathLike = "", detect: Detect | None = None, among: Collection[str] = (),
+    known_fields: Mapping[str, str] | None = None,
 ) -> tuple[dict, _Written]:
     """Writes the rows of an addition as a corpus part (`out_dir`, a new directory; see cfir_jax.data.corpus): its
     records, id lists, embeddings.npy and manifest; a side without rows has no records. `embedding_dim` is the
     corpus' (every image then carries one embedding of that dim, else none); `source` names the addition in an
     error; `detect` finds the languages, as for `write_corpus` (`among`: the collection's documents' languages, where
-    a caption's is looked for). Returns the part's manifest and what it wrote (its
-    ids and languages, which the union's lists extend: the union alone records languages)."""
+    a caption's is looked for); `known_fields` the collection's field types, which the new images' fields must keep.
+    Returns the part's manifest (with `image_fields`, the union's field types, when any image has fields) and what
+    it wrote (its ids and languages, which the union's lists extend: the union alone records languages)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True)
     w = _Written([], [], [], "")
     embeddings: list[np.ndarray] = []
+    types = FieldTypes(known_fields)
     digest = hashlib.sha256()
     first_doc, doc_iter = _peek(documents)
     if first_doc is not None:
@@ -381,7 +394,7 @@ def write_corpus_part(
     first_image, image_iter = _peek(images)
     if first_image is not None:
         examples = _image_examples(image_iter, w.image_ids, embedding_dim, embeddings, w.with_text, w.image_langs,
-                                   detect, set(w.doc_langs) | set(among))
+                                   detect, set(w.doc_langs) | set(among), types)
         _write_records(out_dir, "images", _image_features(embedding_dim), examples)
     if not w.doc_ids and not w.image_ids:
         raise CfirError(f"{source or out_dir}: the addition holds no documents and no images")
@@ -393,5 +406,6 @@ def write_corpus_part(
     manifest = write_manifest(out_dir, KIND, FORMAT_VERSION, name="part", num_documents=len(w.doc_ids),
                               num_images=len(w.image_ids), documents_sha=w.documents_sha or None,
                               splits={}, embedding_dim=embedding_dim, has_tokenizer=False,
-                              images_with_text=len(w.with_text), records="tfds array_record")
+                              images_with_text=len(w.with_text), records="tfds array_record",
+                              **({"image_fields": types.kinds} if types.kinds else {}))
     return manifest, w

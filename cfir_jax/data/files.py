@@ -12,6 +12,9 @@
   the image-text stages), an optional `lang` (their language) and an optional precomputed `embedding` (a list of
   floats; all rows or none). A row with an embedding needs no `path` or `bytes` (the picture itself is then not
   kept).
+  Any other field of an image row is one of the picture's own flat fields (`date`, `source`, `license`, ...), typed on
+  first sight (ISO date, number or string, `cfir_jax.core.picture_fields`) and filtered on at query time
+  (docs/filters.md); a value of another type than the field's first is one line naming the field and the row.
 - Qrels (`index.corpus.qrels`, optional): a directory of TREC qrels `<split>.qrels` or `<split>.txt` for the splits
   train, validation and test, lines `doc_id 0 image_id rel`.
 
@@ -34,7 +37,7 @@ import binascii
 import hashlib
 import os
 import unicodedata
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterator, Mapping
 from pathlib import Path, PurePosixPath
 from typing import Any
 from urllib.parse import unquote
@@ -45,6 +48,7 @@ from cfir_jax.core.config import IMAGE_TEXT_FIELDS
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.jsonl import read_json_lines
 from cfir_jax.core.languages import check_code
+from cfir_jax.core.picture_fields import FieldTypes
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_languages import Detect
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
@@ -55,6 +59,8 @@ QRELS_SUFFIXES = (".qrels", ".txt")
 ROW_FILE_SUFFIXES = (".jsonl", ".parquet")
 # Fields of an image row that are not caption text.
 IMAGE_ROW_FIELDS = ("id", "path", "bytes", "embedding", "url", "lang")
+# Every other field of an image row is one of the picture's own fields (date, source, ...: core.picture_fields).
+_NOT_FIELDS = frozenset((*IMAGE_ROW_FIELDS, "caption", *IMAGE_TEXT_FIELDS))
 
 Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "file: row n", the row's fields)
 
@@ -234,8 +240,10 @@ def _image_embedding(where: str, row: dict, want: list[bool | None]) -> np.ndarr
     return emb
 
 
-def _row_images(path: Path, existing: Container[str]) -> Iterator[Image]:
+def _row_images(path: Path, existing: Container[str], known_fields: Mapping[str, str] | None = None
+                ) -> Iterator[Image]:
     seen: dict[str, str] = {}
+    types = FieldTypes(known_fields)
     want: list[bool | None] = [None]
     dim: list[int] = []
     for where, row in _rows(path, "images"):
@@ -253,19 +261,20 @@ def _row_images(path: Path, existing: Container[str]) -> Iterator[Image]:
             if field in row and (strings := _strings(where, field, row[field])) is not None:
                 texts[field] = strings
         first = next((t for f in IMAGE_TEXT_FIELDS for t in texts.get(f, ()) if t.strip()), "")
+        fields = types.check(where, {k: v for k, v in row.items() if k not in _NOT_FIELDS})
         yield Image(image_id=image_id, caption=first, url=_string(where, row, "url", required=False),
                     image=_image_bytes(where, row, path.parent, emb is not None), embedding=emb, texts=texts,
-                    lang=_lang(where, row) if first else "")
+                    lang=_lang(where, row) if first else "", fields=fields)
 
 
-def read_images(path: str | os.PathLike, existing: Container[str] = (), files: list[Path] | None = None
-                ) -> Iterator[Image]:
+def read_images(path: str | os.PathLike, existing: Container[str] = (), files: list[Path] | None = None,
+                known_fields: Mapping[str, str] | None = None) -> Iterator[Image]:
     """The images of a directory tree of image files (or of the picture `files` under it) or of a JSONL/parquet file
     of rows (module docstring); an id in `existing` is refused like a duplicate."""
     path = Path(path)
     if path.is_dir():
         return _directory_images(path, existing, files)
-    return _row_images(path, existing)
+    return _row_images(path, existing, known_fields)
 
 
 def row_paths(path: str | os.PathLike) -> set[Path]:

@@ -75,6 +75,9 @@ FUSED_RERANK = Row("image_text_rerank", "cfir", {**NO_TEXT_MATCH, "retrieval.rer
 LEXICAL = (Row("bm25", "bm25", PAPER_SETTINGS, "BM25 (image text)"),
            Row("bm25_candidates", "cfir_bm25", PAPER_SETTINGS, "CFIR + BM25 candidates"),
            Row("bm25_fused", "cfir_bm25_fused", PAPER_SETTINGS, "CFIR + BM25 fused"))
+# Beyond the paper, when retrieve.py --fit-fusion fitted its weight (W/convex_fusion): the convex fusion of SR and BM25.
+CONVEX = Row("bm25_convex", "cfir_bm25_convex", {**PAPER_SETTINGS, "retrieval.lexical.alpha": -1.0},
+             "CFIR + BM25 convex")
 
 # Beside document only (the frozen vision tower) and CFIR: both towers trained, the document at its training length.
 FULL = Row("full", "dense_document", {**PAPER_SETTINGS, "retrieval.model": "full", "retrieval.image_cache": ""},
@@ -139,6 +142,7 @@ def comparison_rows(config: ml_collections.ConfigDict, workdir) -> tuple[Row, ..
         rows += (TEXT_MATCH,)
     if (layout.lexical / "manifest.json").is_file():
         rows += LEXICAL
+        rows += (CONVEX,) if (layout.convex_fusion / "manifest.json").is_file() else ()
     if (layout.reranker / "manifest.json").is_file() or rcfg.rerank.enabled:
         rows += (RERANK,)
         if fusion != (1.0, 0.0):

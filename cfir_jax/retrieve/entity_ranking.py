@@ -45,8 +45,6 @@ class EntityRanking:
         # searched exactly, and removed rows are never returned (`search_with_tail`).
         self._searcher = ScannSearcher.load(self.index.searcher_dir()) \
             if self.rcfg.unknown_entities == "search" and self.index.manifest.get("has_searcher") else None
-        removed = getattr(getattr(stores, "cache", None), "removed", None)
-        self._removed = removed if removed is not None and np.any(removed) else None
 
     @property
     def searcher(self) -> ScannSearcher | None:
@@ -151,7 +149,7 @@ class EntityRanking:
         emb = self.encoder.encode(unknown)
         check_embeddings(emb, self.encoder_dir, "entity")  # a damaged encoder, named as such
         if self._searcher is not None:
-            return search_with_tail(self._searcher, self.embeddings, emb, self.index.k, self._removed)
+            return search_with_tail(self._searcher, self.embeddings, emb, self.index.k, self.live.removed)
         return self._exact_search(emb, self.index.k)
 
     def entity_only_ranking(self, lists: list[np.ndarray], used: list[str], k: int) -> Ranked:
@@ -182,6 +180,9 @@ def brought_by(rows: np.ndarray, lists: list[np.ndarray], used: list[str]) -> li
     members = []
     for lst in lists:
         ordered = np.sort(np.asarray(lst, np.int64))
+        if not len(ordered):  # a list a filter (or removals) emptied brings nothing in
+            members.append(np.zeros(len(rows), bool))
+            continue
         at = np.minimum(np.searchsorted(ordered, rows), len(ordered) - 1)
         members.append(ordered[at] == rows)
     return [tuple(e for e, m in zip(used, members) if m[i]) for i in range(len(rows))]

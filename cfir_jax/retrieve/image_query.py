@@ -25,6 +25,7 @@ with no entities.
 
 from __future__ import annotations
 
+import contextlib
 import io
 import threading
 import time
@@ -232,13 +233,14 @@ def warm(retriever: Retriever) -> float:
 
 
 def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: str | None = None, top_k: int,
-                 max_pixels: int | None = None, deadline: float | None = None) -> Retrieval:
+                 max_pixels: int | None = None, deadline: float | None = None, where=None) -> Retrieval:
     """The top_k nearest live pictures of a picture: given as encoded bytes (`image`: JPEG, PNG, WebP, ...; embedded
     by the index's vision tower) or as the id of an indexed picture (`image_id`: its cached row). max_pixels: the
     most pixels a picture's header may announce (serve.max_image_pixels; None: PIL's own limit); deadline: a
     time.monotonic() past which the search stops before its next stage. Raises UnusablePicture (bad bytes, no
     tower; PictureTooLarge past max_pixels), UnknownPicture (no live picture of that id), Expired, or CfirError
-    (arguments).
+    (arguments). where: filters on the pictures' fields (`cfir_jax.retrieve.filters`): only pictures that pass
+    answer (the query picture itself need not pass).
 
     times_ms: decode, tower (and tower_load on the query that made it) or lookup; search; hits."""
     if (image is None) == (image_id is None):
@@ -261,13 +263,15 @@ def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: 
             query = engine.cache.gather([engine.row_of(image_id)])
             times["lookup"], query_norm = 1e3 * (time.perf_counter() - t0), engine.norm
         t1 = time.perf_counter()
-        scores, rows = engine.nearest(query, top_k)
+        with retriever.filters.applied(where) if where else contextlib.nullcontext((None, "")) as (_, note):
+            scores, rows = engine.nearest(query, top_k)
+            searched = engine.stores.live.num_live
         t2 = time.perf_counter()
     check_scores(scores, query_norm * engine.norm, str(engine.cache.path))  # a damaged row: one line, never a hit
     ids = engine.cache.ids
     hits = [RankedImage(n + 1, ids[int(r)], float(s), int(r)) for n, (s, r) in enumerate(zip(scores, rows))]
     times.update(search=1e3 * (t2 - t1), hits=1e3 * (time.perf_counter() - t2))
-    return Retrieval(hits, [], [], "", engine.note, engine.stores.live.num_live, times)
+    return Retrieval(hits, [], [], "", "; ".join(n for n in (engine.note, note) if n), searched, times)
 
 
 def _in_time(deadline: float | None, before: str) -> None:

@@ -24,10 +24,16 @@ class LexicalSearch:
     """The search of the lexical store of a workdir (opened checked against its image cache: `cfir_jax.stores.lexical`
     `READER`) over the live rows."""
 
-    def __init__(self, rcfg, store: LexicalIndex, live, languages=None):
+    def __init__(self, rcfg, store: LexicalIndex, live, languages=None, fitted=None):
         self.cfg, self.store = rcfg.lexical, store
         # A query's terms also as each caption language reads them (index.languages.query_stemming; `languages`).
         self.union = languages is None or languages.query_stemming == "union"
+        # SR's weight in the convex fusion: the config's, else the fitted store's (cfir_jax.stores.convex_fusion)
+        self.alpha = float(self.cfg.alpha) if float(self.cfg.alpha) >= 0 else fitted.alpha if fitted else None
+        self.fitted = fitted
+        if not (float(self.cfg.alpha) == -1 or 0 <= float(self.cfg.alpha) <= 1):
+            raise CfirError(f"retrieval.lexical.alpha={self.cfg.alpha}: SR's weight in the convex fusion, in [0, 1] "
+                            "(-1: the one retrieve.py --fit-fusion fitted)")
         if int(self.cfg.top_k) < 1 or int(self.cfg.candidates) < 0 or float(self.cfg.fuse_weight) < 0:
             raise CfirError(f"retrieval.lexical: top_k={self.cfg.top_k} must be >= 1, candidates="
                             f"{self.cfg.candidates} and fuse_weight={self.cfg.fuse_weight} >= 0")
@@ -52,6 +58,10 @@ class LexicalSearch:
         """What a CFIR row adds to its model column (the --compare table)."""
         if methods.lexical_candidates:
             return f", BM25 top {self.cfg.candidates} in the union"
+        if methods.convex:
+            where = f"fitted on {self.fitted.manifest['split']}" if self.alpha == getattr(self.fitted, "alpha", None) \
+                else "retrieval.lexical.alpha"
+            return f", fused with BM25 (convex, alpha={self.alpha:g}, {where})"
         return f", fused with BM25 (RRF, weight {float(self.cfg.fuse_weight):g})"
 
     def grow(self, union: np.ndarray, ranked: Ranked) -> tuple[int, np.ndarray]:
@@ -59,12 +69,15 @@ class LexicalSearch:
         grown = unique_sorted(np.concatenate([union, ranked[1][: int(self.cfg.candidates)]]))
         return len(grown) - len(union), grown
 
-    def fuse_all(self, ranked: list, lexical: list[Ranked], k: int) -> None:
+    def fuse_all(self, ranked: list, lexical: list[Ranked], k: int, convexly: bool = False) -> None:
         """Each document's SR ranking (`ranked[i].ranked`) fused with its BM25 ranking (reciprocal rank, module
-        docstring), top k, in place; `added`: BM25's rows the union had not held."""
+        docstring; `convexly`: their convex combination with SR's weight `alpha`, `convex`), top k, in place;
+        `added`: BM25's rows the union had not held."""
+        alpha = self.alpha if convexly else None
         for r, bm25 in zip(ranked, lexical):
             held = r.union if r.union is not None else r.ranked[1]
-            r.ranked = rrf(r.ranked, bm25, float(self.cfg.fuse_weight), int(self.cfg.rrf_k), k)
+            r.ranked = rrf(r.ranked, bm25, float(self.cfg.fuse_weight), int(self.cfg.rrf_k), k) if alpha is None \
+                else convex(r.ranked, bm25, alpha, k)
             r.added = len(np.setdiff1d(bm25[1], held))
 
 
@@ -74,6 +87,24 @@ def label(store: LexicalIndex, cfg) -> str:
     pruned = f"rarest {cfg.max_terms} terms, {cfg.max_postings:,} postings" if cfg.max_terms or cfg.max_postings \
         else "every term"
     return f"BM25 {m['method']} k1={m['k1']:g} b={m['b']:g} over image text ({pruned})"
+
+
+def minmax(scores: np.ndarray) -> np.ndarray:
+    """Scores scaled to [0, 1] over their list (all 1 when they are equal)."""
+    scores = np.asarray(scores, np.float64)
+    lo, hi = (scores.min(), scores.max()) if len(scores) else (0.0, 0.0)
+    return (scores - lo) / (hi - lo) if hi > lo else np.ones(len(scores))
+
+
+def convex(first: Ranked, second: Ranked, alpha: float, k: int) -> Ranked:
+    """alpha * minmax(first) + (1 - alpha) * minmax(second) over the rows of both; a row one list lacks scores 0
+    there (Bruch et al., TOIS 2023: the convex combination of normalised scores)."""
+    scores = np.concatenate([alpha * minmax(first[0][first[1] >= 0]) if len(first[1]) else np.zeros(0),
+                             (1 - alpha) * minmax(second[0][second[1] >= 0]) if len(second[1]) else np.zeros(0)])
+    rows = np.concatenate([first[1][first[1] >= 0], second[1][second[1] >= 0]]).astype(np.int64)
+    uniq, inverse = np.unique(rows, return_inverse=True)
+    fused = np.bincount(inverse, weights=scores, minlength=len(uniq))
+    return top_k(fused.astype(np.float32), uniq.astype(np.int32), k)
 
 
 def rrf(first: Ranked, second: Ranked, weight: float, rrf_k: int, k: int) -> Ranked:

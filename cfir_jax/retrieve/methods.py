@@ -32,6 +32,7 @@ class Method:
     uses_lexical = False  # searches W/lexical with the document (BM25)
     lexical_candidates = False  # BM25's top M join the union SR scores
     lexical_fused = False  # the answer is SR's ranking fused with BM25's
+    convex = False  # fused by the convex combination of normalised scores (else reciprocal rank)
     dot_scores = True  # its scores are dot products of unit vectors (checked against the stores' bound)
 
     def __init__(self, rcfg):
@@ -183,6 +184,15 @@ class CfirBm25Fused(Cfir):
     name = "cfir_bm25_fused"
     uses_lexical = True
     lexical_fused = True
+
+
+@METHODS.register
+class CfirBm25Convex(CfirBm25Fused):
+    """CFIR's ranking fused with BM25's by the convex combination of their min-max normalised scores, SR's weight
+    alpha (retrieval.lexical.alpha, or the one `retrieve.py --fit-fusion` fitted into W/convex_fusion)."""
+
+    name = "cfir_bm25_convex"
+    convex = True
 
 
 def method_of(name: str, rcfg) -> Method:

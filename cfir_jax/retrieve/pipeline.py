@@ -40,12 +40,15 @@ from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import document_text
 from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
+from cfir_jax.retrieve.filters import RowFilter
 from cfir_jax.retrieve.lexical import LexicalSearch
 from cfir_jax.retrieve.methods import METHODS, method_of
 from cfir_jax.retrieve.query_language import QueryLanguages
+from cfir_jax.retrieve.ranking import Ranking
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
+from cfir_jax.stores.convex_fusion import fitted
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
 from cfir_jax.stores.summaries import SummaryStore
@@ -90,6 +93,7 @@ class DocumentInput:
     entities: list[str] | None = None
     summary: str | None = None
     lang: str | None = None  # its language: the corpus', or stated; None: found (cfir_jax.retrieve.query_language)
+    where: tuple = ()  # this document's own filters (a service's request), else retrieve_many's `where`
 
 
 class Retriever:
@@ -116,8 +120,9 @@ class Retriever:
         self.fusion = (float(self.rcfg.fusion.w_img), float(self.rcfg.fusion.w_txt))
         self.stores = open_stores(config, workdir, self.methods)  # with the stores the method and options ask for
         self.fused = "image_text" in self.stores.extra  # asked for by retrieval.fusion (stores.image_text.fusion_asked)
-        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live,
-                                     config.index.languages) if self.methods.uses_lexical else None  # BM25
+        self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live,  # BM25, fused or not
+                                     config.index.languages, fitted(self.stores.layout, self.methods, self.rcfg)) \
+            if self.methods.uses_lexical else None
         self.model_used = self.methods.model_label(self.stores)  # which model scored the queries (--compare)
         if "entity_text_match" in self.stores.extra:
             self.model_used += ", entities matched in image text"
@@ -125,6 +130,7 @@ class Retriever:
         if self.fused:
             self.model_used += f", fused with image text (w_img={self.fusion[0]:g}, w_txt={self.fusion[1]:g})"
         self.sr = scoring(self.rcfg, self.stores, self.fusion, self.fused)
+        self.filters = RowFilter(self.stores)  # where=[...]: the rows a filtered call may return
         self.entities = EntityRanking(config, self.stores, self.sr.exact_search) if self.methods.uses_entities \
             else None
         self.languages = QueryLanguages(config, self.stores.corpus)  # each query's language, and what reads it
@@ -230,10 +236,15 @@ class Retriever:
     def retrieve(self, doc: DocumentInput | str) -> Retrieval:
         return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
 
-    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Retrieval]:
+    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False, where=None) -> list[Retrieval]:
         """Runs the method for every document (its language read first), retrieval.batch_size at a time (entities,
-        summaries, encoding and SR batched); progress: a bar with documents/s (cfir_jax.core.progress)."""
+        summaries, encoding and SR batched); progress: a bar with documents/s (cfir_jax.core.progress); where: filters
+        on the pictures' fields, applied before ranking (`cfir_jax.retrieve.filters`: only passing pictures ranked)."""
         self._warm_up()
+        return self.filters.run(docs, where, lambda part: self._retrieve_all(part, progress),
+                                lambda note, n: [Retrieval([], [], [], "", note) for _ in range(n)])
+
+    def _retrieve_all(self, docs: Sequence[DocumentInput], progress: bool) -> list[Retrieval]:
         docs = self.languages.read(docs, self.entities is not None, self.methods.uses_summary())
         size = max(1, int(self.rcfg.batch_size))
         entities = self.entities.stream(docs) if self.entities is not None else iter([[] for _ in docs])
@@ -275,14 +286,15 @@ class Retriever:
                                                  [r.scores for r in ranked], ordered)
             for r, order in zip(ranked, ordered):
                 r.ranked = order
-        self.lexical.fuse_all(ranked, lexical, self.rcfg.top_k) if self.methods.lexical_fused else None
+        self.lexical.fuse_all(ranked, lexical, self.rcfg.top_k, self.methods.convex) \
+            if self.methods.lexical_fused else None
         return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i])
                 for i, r in enumerate(ranked)]
 
-    def _rank_one(self, entities: list[str], query: np.ndarray | None, lexical=None) -> _Ranking:
+    def _rank_one(self, entities: list[str], query: np.ndarray | None, lexical=None) -> Ranking:
         """ER (entity methods; with BM25's `lexical` ranking's top M) and the method's ranking; SR left to the batch."""
         t_start = time.perf_counter()
-        r = _Ranking()
+        r = Ranking()
         if self.entities is not None:
             r.lists, r.scores, r.used, r.unknown = self.entities.candidates(entities, self.third is not None)
             r.union = union_of(r.lists)
@@ -297,7 +309,7 @@ class Retriever:
         r.times_ms = {"er": 1e3 * (t_er - t_start), "score": 1e3 * (time.perf_counter() - t_er)}
         return r
 
-    def _score_unions(self, queries: np.ndarray, ranked: list[_Ranking]) -> None:
+    def _score_unions(self, queries: np.ndarray, ranked: list[Ranking]) -> None:
         """SR of every union of the batch at once (the device scorer pads them into one jitted call); its time is
         shared among them. With measure_agreement, each SR list's overlap with exact scoring, untimed."""
         sr = [r for r in ranked if r.ranked is None]
@@ -313,7 +325,7 @@ class Retriever:
             if self.measure_agreement:
                 r.agreement = self.sr.agreement(queries[i], r.union, pair[1])
 
-    def _result(self, r: _Ranking, entities: list[str], summary: str, times: dict[str, float],
+    def _result(self, r: Ranking, entities: list[str], summary: str, times: dict[str, float],
                 rerank_ms: dict[str, float], features) -> Retrieval:
         t_hits = time.perf_counter()
         scores, rows = r.ranked
@@ -380,22 +392,6 @@ class Retriever:
             docs.append(DocumentInput(document_text(doc, fields), doc_id, entities.entities_of(i) if entities else None,
                                       summaries.summary(i) if summaries is not None else None, doc.lang))
         return docs
-
-
-@dataclasses.dataclass
-class _Ranking:
-    """One document's way through a batch: its candidate lists (ER), union, ranking and times so far."""
-
-    lists: list = dataclasses.field(default_factory=list)
-    scores: list | None = None
-    used: list[str] = dataclasses.field(default_factory=list)
-    unknown: list[str] = dataclasses.field(default_factory=list)
-    union: np.ndarray | None = None
-    ranked: tuple[np.ndarray, np.ndarray] | None = None
-    note: str = ""
-    agreement: float | None = None
-    added: int = 0  # candidates BM25 added to ER's union
-    times_ms: dict[str, float] = dataclasses.field(default_factory=dict)
 
 
 def run_of(results: Sequence[Retrieval], docs: Sequence[DocumentInput]) -> dict[str, list[tuple[str, float]]]:

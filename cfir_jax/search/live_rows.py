@@ -11,11 +11,17 @@ object, built once when the stores open:
   search programs stay as they are (no mask travels to the device).
 
 With nothing removed every method is the identity (no copy, no extra rows fetched).
+
+A filter on the pictures' fields (`cfir_jax.retrieve.filters`) narrows the rows for one call: `ScopedRows`, what the
+stores hand every part, answers as the rows `only(...)` set for the length of a block (in this context: a thread or
+task of its own sees its own), else as the live rows; the rows a filter fails count as removed there.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import contextvars
+from collections.abc import Callable, Iterator
 
 import numpy as np
 
@@ -81,3 +87,41 @@ class LiveRows:
     def search(self, search: Callable[[int], Ranked], k: int) -> Ranked:
         """search(k') -> (scores, rows) [Q, k'] over the whole cache, asked for k + R and cut to k live rows."""
         return self.top(*search(self.fetch(k)), k)
+
+
+# {id(base rows): the rows of this context's call}: a filtered call's rows, seen by its own thread or task only.
+_CALL_ROWS: contextvars.ContextVar[dict[int, LiveRows] | None] = contextvars.ContextVar("cfir_call_rows",
+                                                                                        default=None)
+
+
+class ScopedRows:
+    """The live rows `base`, or within `only(rows)` the rows given (a filtered call), as one LiveRows to its users."""
+
+    def __init__(self, base: LiveRows):
+        self.base = base
+
+    def now(self) -> LiveRows:
+        return (_CALL_ROWS.get() or {}).get(id(self.base), self.base)
+
+    @property
+    def scoped(self) -> bool:
+        """Whether a call narrowed the rows (a filter) in this context."""
+        return id(self.base) in (_CALL_ROWS.get() or {})
+
+    def __getattr__(self, name: str):
+        return getattr(self.now(), name)
+
+    def __repr__(self) -> str:
+        return f"ScopedRows({self.now()!r})"
+
+    @contextlib.contextmanager
+    def only(self, rows: LiveRows | None) -> Iterator[None]:
+        """The rows `rows` for the length of the block in this context (None: the live rows)."""
+        if rows is None:
+            yield
+            return
+        token = _CALL_ROWS.set({**(_CALL_ROWS.get() or {}), id(self.base): rows})
+        try:
+            yield
+        finally:
+            _CALL_ROWS.reset(token)

@@ -32,6 +32,7 @@ from starlette.requests import ClientDisconnect
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import QueryRefused, check_id, check_lang, check_top_k
 from cfir_jax.core.query_rule import check_text as rule_text
+from cfir_jax.retrieve.filters import check_where
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable
 from cfir_jax.serve.metrics import Metrics
@@ -50,6 +51,8 @@ TEXT = Field(description="the document (plain UTF-8 text)", json_schema_extra={"
 TOP_K = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k", json_schema_extra={"type": "integer"})
 LANG = Field(None, description="the document's language (ISO 639-1: en, fr, ...); default: found (docs/languages.md)",
              json_schema_extra={"type": "string"})
+WHERE = Field(None, description="filters on the pictures' own fields, joined by AND: 'date<=2020-06-30', "
+              "'source=reuters', 'license in cc-by,cc0' (docs/filters.md)")
 
 
 class SearchRequest(BaseModel):
@@ -61,6 +64,7 @@ class SearchRequest(BaseModel):
                                      "the first)")
     id: StrictStr = Field("query", description="the document's id, echoed in the answer")
     lang: Any = LANG
+    where: list[StrictStr] | None = WHERE
 
 
 class BatchDocument(BaseModel):
@@ -75,6 +79,7 @@ class BatchRequest(BaseModel):
     documents: list[BatchDocument] = Field(description="the documents, ids unique")
     top_k: Any = TOP_K
     method: StrictStr | None = None
+    where: list[StrictStr] | None = WHERE
 
 
 def check_text(settings, text: object, what: str) -> str:
@@ -182,10 +187,12 @@ class Service:
         raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed "
                                  "(serve.deadline_ms)")
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str):
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
+                             where: tuple = ()):
         """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index,
-        through the bounded picture queue."""
-        return await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER)
+        through the bounded picture queue; only pictures passing `where` answer."""
+        return await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER,
+                                          where)
 
     def refresh_metrics(self) -> None:
         """The gauges /metrics reads at scrape time."""
@@ -237,7 +244,7 @@ class SearchService(Protocol):
                   html: bool = False) -> tuple[object, dict]: ...
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object,
-                             qid: str) -> tuple[str, dict]: ...
+                             qid: str, where: tuple = ()) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
 
@@ -364,7 +371,7 @@ def _search_routes(app: FastAPI) -> None:
     async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang))
+        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang), where=check_where(body.where))
         answer, headers = await svc.run(request, [doc], method, body.top_k)
         return Response(answer[0], media_type="application/json", headers=headers)
 
@@ -381,7 +388,8 @@ def _search_routes(app: FastAPI) -> None:
         texts = [svc.check_text(d.text, f"documents.{n}.text") for n, d in enumerate(body.documents)]
         langs = [check_lang(d.lang, f"documents.{n}") for n, d in enumerate(body.documents)]
         method = svc.check_options(body.top_k, body.method)
-        docs = [DocumentInput(t, d.id, lang=x) for t, d, x in zip(texts, body.documents, langs)]
+        where = check_where(body.where)
+        docs = [DocumentInput(t, d.id, lang=x, where=where) for t, d, x in zip(texts, body.documents, langs)]
         answer, headers = await svc.run(request, docs, method, body.top_k)
         return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json", headers=headers)
 
@@ -389,7 +397,7 @@ def _search_routes(app: FastAPI) -> None:
     async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang))
+        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang), where=check_where(body.where))
         page, headers = await svc.run(request, [doc], method, body.top_k, html=True)
         return HTMLResponse(page, headers=headers)
 

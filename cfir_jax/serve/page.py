@@ -1,6 +1,7 @@
 """The page at `GET /`: paste a document, see the gallery `retrieve.py --html` draws (POST /v1/search/html).
 
-`/#q=TEXT` (URL-encoded) fills the box and searches at once: a link to a query, and how the screenshot test drives it.
+`/#q=TEXT` (URL-encoded) fills the box and searches at once: a link to a query, and how the screenshot test drives it;
+`&where=F1;F2` fills the filters on the pictures' fields (docs/filters.md) first.
 """
 
 PAGE = """<!doctype html>
@@ -22,6 +23,8 @@ images and ranks them with the document's summary. API: <code>POST /v1/search</c
 <form id="form">
 <textarea id="text" placeholder="Paste a document here" required></textarea>
 <div class="row"><label>hits <input id="top_k" type="number" min="1" value="20" style="width:5em"></label>
+<label>only pictures with <input id="where" placeholder="date<=2020-06-30; source=reuters; license in cc-by,cc0"
+ style="width:28em" title="filters on the pictures' own fields, separated by ';' and joined by AND"></label>
 <button type="submit">Search</button><span id="status"></span></div>
 </form>
 <iframe id="gallery" title="the images" hidden></iframe>
@@ -33,7 +36,8 @@ async function search() {
   const t0 = performance.now();
   try {
     const r = await fetch("/v1/search/html", {method: "POST", headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({text: box.value, top_k: parseInt(document.getElementById("top_k").value || "20")})});
+      body: JSON.stringify({text: box.value, top_k: parseInt(document.getElementById("top_k").value || "20"),
+        where: document.getElementById("where").value.split(";").map((w) => w.trim()).filter(Boolean)})});
     if (!r.ok) {
       const e = await r.json().catch(() => ({error: r.statusText}));
       status.className = "error"; status.textContent = `${r.status}: ${e.error}`; return;
@@ -43,7 +47,8 @@ async function search() {
   } catch (err) { status.className = "error"; status.textContent = String(err); }
 }
 form.addEventListener("submit", (e) => { e.preventDefault(); search(); });
-const q = new URLSearchParams(location.hash.slice(1)).get("q");
+const hash = new URLSearchParams(location.hash.slice(1)), q = hash.get("q");
+if (hash.get("where")) { document.getElementById("where").value = hash.get("where"); }
 if (q) { box.value = q; search(); }
 </script>
 </body></html>

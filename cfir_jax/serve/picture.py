@@ -6,6 +6,8 @@ The picture comes in one of three forms, each within serve.max_image_bytes:
   form parsers (python-multipart, FastAPI's own);
 - JSON `{"image": BASE64, "top_k": 20, "id": "..."}`, or `{"image_id": ID}` for an indexed picture;
 - the request body itself with a `Content-Type: image/...` header (`?top_k=&id=` in the query string).
+Each form may add filters on the pictures' own fields (`where`: a JSON list, or repeated form / query-string fields;
+docs/filters.md): only pictures that pass answer.
 
 The body is read no further than its limit (413 past it, whatever Content-Length said); a picture over
 serve.max_image_bytes, or whose header announces more than serve.max_image_pixels, is 413 (refused before it is
@@ -38,13 +40,14 @@ from starlette.exceptions import HTTPException
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import check_id, check_top_k
 from cfir_jax.retrieve import report
+from cfir_jax.retrieve.filters import FilterError, check_where
 from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, search_image
 from cfir_jax.retrieve.results import Result
 from cfir_jax.serve.batcher import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
 
 SHOWN = 20  # hits a request gets by default (at most retrieval.top_k)
-FORM_FIELDS = ("image", "image_id", "top_k", "id")  # what a multipart upload may hold
+FORM_FIELDS = ("image", "image_id", "top_k", "id", "where")  # what a multipart upload may hold
 FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")  # read as a form (an upload, or an id's)
 
 
@@ -55,6 +58,8 @@ class ImageSearchRequest(BaseModel):
     top_k: Any = Field(None, description="hits to return, 1 .. retrieval.top_k (default: 20, or retrieval.top_k "
                        "when smaller)", json_schema_extra={"type": "integer"})  # the rule checks it
     id: StrictStr = Field("picture", description="the query's id, echoed in the answer")
+    where: list[StrictStr] | None = Field(None, description="filters on the pictures' own fields, joined by AND "
+                                          "(docs/filters.md); a form or a query string repeats `where`")
 
 
 def body_limit(max_image_bytes: int) -> int:
@@ -98,7 +103,8 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
     """(picture bytes or None, the request's fields) from a JSON body or a raw image/* body."""
     if _kind(request).startswith("image/"):
         fields = ImageSearchRequest(top_k=_top_k(request.query_params.get("top_k")),
-                                    id=request.query_params.get("id", "picture"))
+                                    id=request.query_params.get("id", "picture"),
+                                    where=request.query_params.getlist("where") or None)
         return _checked(body, fields, max_bytes)
     try:
         fields = ImageSearchRequest.model_validate_json(body)
@@ -142,7 +148,8 @@ async def _form(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | 
                                  f"plain fields{f', not {plain[0]}' if plain else ''}")
     if (upload is None) == (image_id is None):
         raise HTTPException(422, "give the picture (the file field image) or an indexed picture's id (image_id), one")
-    fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "picture"))
+    fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "picture"),
+                                where=[str(w) for w in form.getlist("where")] or None)
     picture = await upload.read() if upload is not None else None
     await form.close()
     return _checked(picture, fields, max_bytes)
@@ -181,13 +188,14 @@ class PictureQueue:
             self.pending -= 1
 
     async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     version_header: str) -> tuple[str, dict]:
+                     version_header: str, where: tuple = ()) -> tuple[str, dict]:
         """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
         searched by the index `holder` serves (a Ray front's search runs on its shards)."""
         current = holder.current
         retriever = next(iter(current.retrievers.values()))
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
         check_id(qid, "id")
+        where = check_where(where)  # a malformed filter: 422 before the queue
         with self._lock:
             if self._stopping or self.pending >= self.size:
                 self.metrics.rejected.inc()
@@ -197,7 +205,7 @@ class PictureQueue:
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
         future = self._pool.submit(_search, retriever, picture, image_id, top_k, qid,
-                                   int(settings.max_image_pixels), deadline)
+                                   int(settings.max_image_pixels), deadline, where)
         future.add_done_callback(self._release)
         try:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
@@ -210,16 +218,18 @@ class PictureQueue:
             raise HTTPException(413, str(e).splitlines()[0]) from None
         except UnknownPicture as e:
             raise HTTPException(404, str(e).splitlines()[0]) from None
+        except FilterError as e:  # an unknown field, a value of the wrong type
+            raise HTTPException(422, str(e)) from None
         except CfirError as e:
             raise HTTPException(422, str(e).splitlines()[0]) from None
         return answer, {version_header: str(current.version)}
 
 
 def _search(retriever, picture: bytes | None, image_id: str | None, top_k: int, qid: str, max_pixels: int,
-            deadline: float) -> str:
+            deadline: float, where: tuple = ()) -> str:
     """One picture search and its JSON answer, in a queue's thread."""
     result = search_image(retriever, image=picture, image_id=image_id, top_k=top_k, max_pixels=max_pixels,
-                          deadline=deadline)
+                          deadline=deadline, where=where or None)
     return report.as_json(Result.of(qid, result, retriever.describe_image, top_k), top_k)
 
 
@@ -232,5 +242,6 @@ def picture_routes(app: FastAPI) -> None:
     async def search_by_picture(request: Request) -> Response:
         svc = request.app.state.service
         picture, fields = await read_request(request, int(svc.settings.max_image_bytes))
-        answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id)
+        answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id,
+                                                   tuple(fields.where or ()))
         return Response(answer, media_type="application/json", headers=headers)

@@ -9,44 +9,17 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
-import command_server
 import pytest
 from repo import ROOT, TINY_CONFIG, run_script
-from serving import wait_ready
+from serving import Service
 
 import cfir_jax
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.results import Result
-
-
-class Service:
-    """`retrieve.py --index W --serve --port 0 ...` leading a process group of its own; `url` once it is ready."""
-
-    def __init__(self, workdir, *flags, env=None, ready_s=400):
-        self.proc = command_server.popen(["retrieve.py", "--index", str(workdir), "--serve", "--port", "0", *flags],
-                                         {**os.environ, **(env or {})}, ROOT, stdout=subprocess.PIPE,
-                                         stderr=subprocess.PIPE, text=True, start_new_session=True)
-        self.log: list[str] = []
-        try:
-            self.url = wait_ready(self.proc, self.log, ready_s)
-        except AssertionError:
-            self.stop()
-            raise
-
-    def stop(self, timeout=120) -> str:
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)  # the server and its workers (a Ray it started: its head too)
-        try:
-            _, err = self.proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            _, err = self.proc.communicate()
-        return "".join(self.log) + err
 
 
 @pytest.fixture(scope="module")

@@ -24,6 +24,9 @@ from ray_processes import clean_env, session_processes
 from repo import ROOT, run_script
 from serving import wait_ready
 
+from cfir_jax.builders.image_fields import columns_of, write_store
+from cfir_jax.stores.image_cache import ImageCache
+
 pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
 
 TOKEN = "cluster-token"
@@ -98,6 +101,9 @@ class Load:
 def cluster_workdir(workdir, tmp_path_factory):
     w = tmp_path_factory.mktemp("cluster") / "W"
     shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train", "pretrain"))
+    # Every picture carries a field of its own (the tiny world's have none), so a filter has something to pass.
+    cache = ImageCache.open(w / "image_cache")
+    write_store(w / "image_fields", columns_of([{"n": r % 4} for r in range(cache.num_images)], {}), cache, 0.0)
     return w
 
 
@@ -153,6 +159,30 @@ def index(cluster_workdir):
 
     with cfir_jax.open(cluster_workdir, retrieval__sr="exact") as opened:
         yield opened
+
+
+@pytest.mark.slow
+def test_filtered_answers_equal_one_process(cluster, index, documents):
+    """A filter travels with its documents through a gateway and a front to the shards' searches: the answers are
+    the library's, only passing pictures, and an unknown field is the same one line (422)."""
+    where = ["n<=1"]
+    for doc_id, text in documents:
+        r = cluster.search(text, id=doc_id, where=where)
+        assert r.status_code == 200, r.text
+        found = index.search(text, id=doc_id, top_k=20, where=where)
+        assert [(h["image_id"], h["score"]) for h in r.json()["hits"]] == [(h.id, h.score) for h in found.hits]
+        cache = index.retriever().cache
+        assert found.hits and all(cache.row(h.id) % 4 <= 1 for h in found.hits) and r.json()["note"] == found.note
+    batch = cluster.client.post("/v1/search/batch", json={"documents": [{"id": i, "text": t} for i, t in documents],
+                                                          "where": where})
+    assert [[h["image_id"] for h in a["hits"]] for a in batch.json()["results"]] == \
+        [index.search(t, id=i, top_k=20, where=where).ids for i, t in documents]
+    picture = index.search(documents[0][1], top_k=1).ids[0]
+    alike = cluster.client.post("/v1/search/image", json={"image_id": picture, "top_k": 5, "where": ["n>=2"]})
+    assert alike.status_code == 200, alike.text
+    assert [h["image_id"] for h in alike.json()["hits"]] == index.search(image_id=picture, top_k=5, where=["n>=2"]).ids
+    refused = cluster.search(documents[0][1], where=["colour=red"])
+    assert refused.status_code == 422 and refused.json()["error"].startswith("filter 'colour=red': unknown field")
 
 
 @pytest.mark.slow

@@ -1,0 +1,227 @@
+"""Filters on the pictures' own fields (docs/filters.md): `date<=2020-06-30`, `source=reuters`, `license in cc-by,cc0`.
+
+A filter is a list of conditions joined by AND, each `FIELD OP VALUE` with OP one of `= != < <= > >=`, or
+`FIELD in V1,V2,...`. It becomes one boolean mask over the image cache's rows (`Filter.mask`, from the image_fields
+store, `cfir_jax.stores.image_fields`), which retrieval applies before ranking: the rows that fail it are treated
+as removed (`cfir_jax.search.live_rows`), so ER's union, BM25, SR's whole-cache searches and search by picture only
+ever hold pictures that pass, and `top_k` counts only those.
+
+Values take their field's type: a date field compares ISO dates (a date alone covers its whole day, so
+`date<=2020-06-30` keeps a picture taken that evening), a number field numbers, a string field strings (exactly).
+A picture without the field fails every condition on it, `!=` included. An unknown field, an operator a line does
+not hold, or a value of the wrong type is one line (`FilterError`, a CfirError: exit 2 on the command line, 422 on
+the service).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import operator
+import re
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+import numpy as np
+
+from cfir_jax.core.picture_fields import DATE, NUMBER, date_span
+from cfir_jax.core.query_rule import QueryRefused
+from cfir_jax.search.live_rows import LiveRows
+from cfir_jax.stores.image_fields import ImageFields
+
+OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
+_COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+            ">=": operator.ge}
+_LINE = re.compile(r"^\s*([^\s=<>!,]+)\s*(?:(<=|>=|!=|=|<|>)|\s(in)\s)\s*(.*?)\s*$", re.S)
+
+
+class FilterError(QueryRefused):
+    """A filter that cannot be read or applied: malformed, an unknown field, a value of the wrong type (a service
+    answers 422; a command exits 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """One condition: `field op values` (one value, or several for `in`), as strings."""
+
+    field: str
+    op: str
+    values: tuple[str, ...]
+
+    def __str__(self) -> str:
+        if self.op == "in":
+            return f"{self.field} in {','.join(self.values)}"
+        return f"{self.field}{self.op}{self.values[0]}"
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+
+
+def parse(expr: Any) -> Condition:
+    """A condition from its line (`date<=2020-06-30`), a `(field, op, value)` triple, or a Condition."""
+    if isinstance(expr, Condition):
+        return expr
+    if isinstance(expr, (tuple, list)) and len(expr) == 3:
+        field, op, value = expr
+        values = tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else (str(value),)
+        return _checked(str(field), str(op), values, repr(tuple(expr)))
+    if not isinstance(expr, str):
+        raise FilterError(f"filter {expr!r}: give a string such as 'date<=2020-06-30' or a (field, op, value) triple")
+    found = _LINE.match(expr)
+    if found is None:
+        raise FilterError(f"filter {expr!r}: expected FIELD OP VALUE with OP one of {' '.join(OPS)} "
+                          "(e.g. 'date<=2020-06-30', 'license in cc-by,cc0')")
+    field, op, is_in, rest = found.groups()
+    values = tuple(_unquote(v) for v in rest.split(",")) if is_in else (_unquote(rest),)
+    return _checked(field, op or "in", values, repr(expr))
+
+
+def _checked(field: str, op: str, values: tuple[str, ...], said: str) -> Condition:
+    if op not in OPS:
+        raise FilterError(f"filter {said}: unknown operator {op!r}; use one of {' '.join(OPS)}")
+    if not field or any(c.isspace() for c in field):
+        raise FilterError(f"filter {said}: no field name")
+    if not values or any(v == "" for v in values) or (op != "in" and len(values) != 1):
+        raise FilterError(f"filter {said}: no value" if op != "in" or not values or "" in values else
+                          f"filter {said}: one value for {op}")
+    return Condition(field, op, values)
+
+
+def parse_all(where: Sequence[Any] | str | None) -> list[Condition]:
+    """The conditions of `where` (None or [] -> none; one string is one condition)."""
+    if where is None:
+        return []
+    if isinstance(where, (str, Condition)):
+        where = [where]
+    return [parse(w) for w in where]
+
+
+def check_where(where: Sequence[str] | None) -> tuple[str, ...]:
+    """A request's filters as given, each read first (a malformed one: FilterError); their fields are checked
+    against the index when the query runs."""
+    parse_all(where)
+    return tuple(where or ())
+
+
+def _number(cond: Condition, text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise FilterError(f"filter '{cond}': {cond.field} is a number, {text!r} is not") from None
+    if value != value:
+        raise FilterError(f"filter '{cond}': {cond.field} is a number, {text!r} is not")
+    return value
+
+
+def _date_mask(cond: Condition, values: np.ndarray, present: np.ndarray, text: str) -> np.ndarray:
+    try:
+        lo, hi = date_span(text)
+    except ValueError as e:
+        raise FilterError(f"filter '{cond}': {cond.field} is a date; {e}") from None
+    inside = (values >= lo) & (values < hi)
+    out = {"=": inside, "in": inside, "!=": ~inside, "<": values < lo, "<=": values < hi, ">": values >= hi,
+           ">=": values >= lo}[cond.op]
+    return out & present
+
+
+def condition_mask(cond: Condition, column) -> np.ndarray:
+    """bool [N]: the rows of `column` (a stores.image_fields.Column) that pass `cond`."""
+    present = column.present()
+    values = column.values
+    passed = np.zeros(len(values), bool)
+    for text in cond.values:
+        if column.kind == DATE:
+            passed |= _date_mask(cond, values, present, text)
+            continue
+        compare = _COMPARE["=" if cond.op == "in" else cond.op]
+        if column.kind == NUMBER:
+            with np.errstate(invalid="ignore"):
+                passed |= compare(values, _number(cond, text)) & present
+        else:  # a string: each distinct value compared once, then looked up by code
+            ok = np.array([bool(compare(v, text)) for v in column.vocab] + [False], bool)
+            passed |= ok[np.where(values >= 0, values, len(column.vocab))]
+    return passed
+
+
+class Filter:
+    """Conditions joined by AND; `mask(store)` -> bool [N] over the image cache's rows."""
+
+    def __init__(self, where: Sequence[Any] | str | None):
+        self.conditions = parse_all(where)
+
+    def __bool__(self) -> bool:
+        return bool(self.conditions)
+
+    def __str__(self) -> str:
+        return " AND ".join(str(c) for c in self.conditions)
+
+    def mask(self, store) -> np.ndarray:
+        """bool [store.num_rows]: the rows passing every condition; an unknown field is one line naming the known."""
+        passed = np.ones(store.num_rows, bool)
+        for cond in self.conditions:
+            column = store.columns.get(cond.field)
+            if column is None:
+                known = ", ".join(sorted(store.columns)) or "none: no picture of this index carries fields"
+                raise FilterError(f"filter '{cond}': unknown field {cond.field!r} (the pictures' fields: {known})")
+            passed &= condition_mask(cond, column)
+        return passed
+
+
+class RowFilter:
+    """A Retriever's filters: the image_fields store of its workdir (opened on the first filter, held to its image
+    cache) and, per call, the rows a filter lets a query return (`applied`)."""
+
+    def __init__(self, stores):
+        self.stores = stores
+        self._fields = None
+
+    def fields(self):
+        if self._fields is None:
+            path = self.stores.layout.image_fields
+            if not (path / "manifest.json").is_file():
+                raise FilterError(f"{path}: no fields store, so no filter applies; run index.py on this workdir "
+                                  "(its image_fields stage)")
+            self._fields = ImageFields.open(path, cache_fingerprint=self.stores.cache.content_fingerprint,
+                                            num_rows=self.stores.cache.num_images)
+        return self._fields
+
+    def rows(self, where) -> tuple[LiveRows | None, str]:
+        """(the live rows that pass `where`, a note saying how many) or (None, "") without a filter."""
+        f = Filter(where)
+        if not f:
+            return None, ""
+        live = self.stores.live.base
+        removed = ~f.mask(self.fields())
+        if live.removed is not None:
+            removed |= live.removed
+        rows = LiveRows(removed, live.num_rows)
+        if rows.num_live == 0:
+            return rows, f"no picture passes the filter {f}: nothing to rank"
+        return rows, f"filtered by {f}: {rows.num_live:,} of {live.num_live:,} pictures pass"
+
+    @contextlib.contextmanager
+    def applied(self, where) -> Iterator[tuple[LiveRows | None, str]]:
+        """(rows, note) of `where` (`rows`), every part answering from those rows for the length of the block."""
+        rows, note = self.rows(where)
+        with self.stores.live.only(rows):
+            yield rows, note
+
+    def run(self, docs: Sequence[Any], where, retrieve: Callable[[list], list], empty: Callable[[str, int], list]
+            ) -> list:
+        """`retrieve(docs)`'s results, each document searched under its own filters (`doc.where`, a service's
+        request) or `where`, documents of one filter together (their notes say it); `empty(note, n)` for the n
+        documents of a filter nothing passes."""
+        keys = [tuple(parse_all(getattr(d, "where", None) or where)) for d in docs]
+        out: list = [None] * len(docs)
+        for key in dict.fromkeys(keys):
+            at = [i for i, k in enumerate(keys) if k == key]
+            part = [docs[i] for i in at] if len(at) < len(docs) else list(docs)
+            with self.applied(list(key)) as (rows, note):
+                results = empty(note, len(part)) if rows is not None and not rows.num_live else retrieve(part)
+            for i, r in zip(at, results):
+                if note and rows.num_live:
+                    r.note = "; ".join(n for n in (r.note, note) if n)
+                out[i] = r
+        return out

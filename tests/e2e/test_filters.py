@@ -1,0 +1,195 @@
+"""Filters on the pictures' own fields, run as a new user would (docs/filters.md): a collection whose pictures carry
+dates, sources and licences indexes; `retrieve.py --where` gives only pictures that pass, top_k of them where that
+many pass; the library, the service and the client give the same answers; an unknown field is one line, exit 2; an
+add, a remove and a compact keep the filters right."""
+
+import json
+import os
+import shutil
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+from repo import run_script
+from serving import Service
+
+import cfir_jax
+
+CONFIG = "configs/collection.py"
+SOURCES, LICENCES = ("reuters", "ap", "afp"), ("cc-by", "cc0", "all-rights")
+
+
+def _fields(n: int) -> dict:
+    return {"date": f"2020-{1 + n % 12:02d}-{1 + n % 28:02d}", "source": SOURCES[n % 3],
+            "license": LICENCES[(n // 3) % 3]}
+
+
+def _with_fields(path: Path, fields) -> dict[str, dict]:
+    """Gives every row of the images file `path` the fields `fields(n)`; returns them by image id."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    out = {}
+    for n, row in enumerate(rows):
+        row.update(fields(n))
+        out[row["id"]] = fields(n)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return out
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
+    """The example collection with a date, a source and a licence on every picture (its next batch, more/, with
+    dates of 2021, source reuters, licence cc0 and a field of its own, credit)."""
+    source = tmp_path_factory.mktemp("filters") / "collection"
+    run_script("examples/collection/make.py", "--size", "tiny", "--documents", "3", "--out", str(source))
+    fields = _with_fields(source / "images.jsonl", _fields)
+    fields.update(_with_fields(source / "more" / "images.jsonl", lambda n: {
+        "date": f"2021-03-{1 + n:02d}", "source": "reuters", "license": "cc0", "credit": "desk"}))
+    return source, fields
+
+
+@pytest.fixture(scope="module")
+def built(workdir, collection, tmp_path_factory) -> Path:
+    source, _ = collection
+    w = tmp_path_factory.mktemp("filtered") / "W"
+    run_script("index.py", "--config", CONFIG, "--workdir", str(w), f"--config.index.encoder={workdir}",
+               f"--config.index.corpus.documents={source / 'documents.jsonl'}",
+               f"--config.index.corpus.images={source / 'images.jsonl'}",
+               f"--config.index.corpus.qrels={source / 'qrels'}")
+    return w
+
+
+def _retrieve(w: Path, query: Path, *flags: str, check: bool = True):
+    proc = run_script("retrieve.py", "--index", str(w), "--query", str(query), "--format", "json", *flags,
+                      check=check)
+    return json.loads(proc.stdout.strip().splitlines()[-1]) if check else proc
+
+
+def _passes(fields: dict, where: str) -> bool:
+    """The filters of these tests, written out by hand."""
+    return {"date<=2020-06-30": lambda f: f["date"] <= "2020-06-30",
+            "source=reuters": lambda f: f["source"] == "reuters",
+            "license in cc-by,cc0": lambda f: f["license"] in ("cc-by", "cc0"),
+            "date>=2021-01-01": lambda f: f["date"] >= "2021-01-01",
+            "credit=desk": lambda f: f.get("credit") == "desk"}[where](fields)
+
+
+WHERE = ("date<=2020-06-30", "source=reuters", "license in cc-by,cc0")
+
+
+@pytest.mark.parametrize("where", WHERE)
+def test_where_gives_only_passing_pictures_top_k_of_them(built, collection, where):
+    source, fields = collection
+    query = source / "query.txt"
+    base = [i for i in (built / "image_cache" / "ids.txt").read_text().split()]
+    passing = [i for i in base if _passes(fields[i], where)]
+    assert 0 < len(passing) < len(base)
+    for method in ("cfir", "dense_summary"):
+        got = _retrieve(built, query, "--method", method, "--where", where, "--top-k", "5")
+        ids = [h["image_id"] for h in got["hits"]]
+        assert ids and all(_passes(fields[i], where) for i in ids), (method, ids)
+        assert f"filtered by {where}: {len(passing)} of {len(base)} pictures pass" in got["note"]
+    # The whole-cache search: the unfiltered ranking's passing pictures, in its order, top_k of them.
+    everything = _retrieve(built, query, "--method", "dense_summary", "--top-k", str(len(base)))
+    expected = [h["image_id"] for h in everything["hits"] if _passes(fields[h["image_id"]], where)][:5]
+    assert ids == expected and len(ids) == min(5, len(passing))
+
+
+def test_filters_join_by_and_and_none_passing_is_an_empty_answer_with_a_note(built, collection):
+    source, fields = collection
+    flags = [f for w in WHERE for f in ("--where", w)]
+    got = _retrieve(built, source / "query.txt", "--method", "dense_summary", *flags, "--top-k", "40")
+    assert got["hits"] and all(all(_passes(fields[h["image_id"]], w) for w in WHERE) for h in got["hits"])
+    empty = _retrieve(built, source / "query.txt", "--where", "date<1999-01-01")
+    assert empty["hits"] == [] and "no picture passes the filter date<1999-01-01" in empty["note"]
+
+
+@pytest.mark.parametrize("where, says", [
+    ("colour=red", "unknown field 'colour' (the pictures' fields: date, license, source)"),
+    ("date<=yesterday", "'yesterday' is not an ISO 8601 date"),
+    ("source~reuters", "expected FIELD OP VALUE"),
+])
+def test_an_unknown_field_or_a_bad_filter_is_one_line_exit_2(built, collection, where, says):
+    proc = _retrieve(built, collection[0] / "query.txt", "--where", where, check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1 and says in lines[0], proc.stderr
+
+
+def test_the_library_the_service_and_the_client_agree(built, collection):
+    text = (collection[0] / "query.txt").read_text()
+    where = ["date<=2020-06-30", "license in cc-by,cc0"]
+    service = Service(built, "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0")
+    try:
+        client = cfir_jax.Client(service.url)
+        with cfir_jax.open(built) as index:
+            expected = index.search(text, top_k=5, where=where)
+            assert expected.hits and client.search(text, top_k=5, where=where) == expected
+            typed = [("date", "<=", "2020-06-30"), ("license", "in", ["cc-by", "cc0"])]
+            assert index.search(text, top_k=5, where=typed) == expected == client.search(text, top_k=5, where=typed)
+            assert client.search_many([text, text], ids=["a", "b"], top_k=5, where=where) == \
+                index.search_many([text, text], ids=["a", "b"], top_k=5, where=where)
+            picture = expected.ids[0]
+            alike = index.search(image_id=picture, top_k=5, where=["source=reuters"])
+            assert alike.hits and client.search(image_id=picture, top_k=5, where=["source=reuters"]) == alike
+            query_string = client_get_json(service.url, picture)
+            assert [h["image_id"] for h in query_string["hits"]] == alike.ids[:3]
+            # Unfiltered and filtered requests answered side by side each keep their own rows.
+            assert client.search(text, top_k=5) == index.search(text, top_k=5) != expected
+        with pytest.raises(cfir_jax.CfirError, match="^filter 'colour=red': unknown field 'colour'"):
+            client.search(text, top_k=5, where=["colour=red"])
+    finally:
+        log = service.stop()
+    assert "Traceback" not in log, log[-3000:]
+
+
+def client_get_json(url: str, image_id: str) -> dict:
+    """A picture search as a form with repeated fields (curl -d image_id=ID -d where=...)."""
+    data = urllib.parse.urlencode([("image_id", image_id), ("top_k", "3"), ("where", "source=reuters")]).encode()
+    request = urllib.request.Request(f"{url}/v1/search/image", data=data,
+                                     headers={"Content-Type": "application/x-www-form-urlencoded"})
+    with urllib.request.urlopen(request, timeout=120) as answer:
+        return json.loads(answer.read())
+
+
+def test_add_remove_and_compact_keep_the_filters_right(built, collection, tmp_path):
+    source, fields = collection
+    w = tmp_path / "W"
+    shutil.copytree(built, w)
+    query = source / "query.txt"
+    run_script("index.py", "--workdir", str(w), "--add", str(source / "more"))
+    added = (source / "more" / "images.jsonl").read_text().splitlines()
+    new = [json.loads(line)["id"] for line in added]
+    for where in ("date>=2021-01-01", "credit=desk"):
+        got = [h["image_id"] for h in _retrieve(w, query, "--method", "dense_summary", "--where", where,
+                                                 "--top-k", "40")["hits"]]
+        assert sorted(got) == sorted(new), where  # exactly the added pictures: the only ones of 2021, with credit
+    gone = new[:2] + [i for i in fields if i not in new][:1]
+    ids = tmp_path / "ids.txt"
+    ids.write_text("".join(f"{i}\n" for i in gone))
+    run_script("index.py", "--workdir", str(w), "--remove", str(ids))
+    before = {}
+    for where in ("credit=desk", "source=reuters"):
+        before[where] = [h["image_id"] for h in _retrieve(w, query, "--method", "dense_summary", "--where", where,
+                                                           "--top-k", "40")["hits"]]
+        assert before[where] and not set(before[where]) & set(gone)
+        assert all(_passes(fields[i], where) for i in before[where])
+    assert sorted(before["credit=desk"]) == sorted(new[2:])
+    run_script("index.py", "--workdir", str(w), "--compact")
+    for where, hits in before.items():
+        after = [h["image_id"] for h in _retrieve(w, query, "--method", "dense_summary", "--where", where,
+                                                  "--top-k", "40")["hits"]]
+        assert after == hits, where
+    verified = run_script("index.py", "--workdir", str(w), "--verify")
+    assert "image_fields" in verified.stdout + verified.stderr
+
+
+def test_a_field_of_another_type_is_refused_naming_the_field_and_the_row(built, collection, tmp_path):
+    source, _ = collection
+    bad = tmp_path / "bad.jsonl"
+    row = json.loads((source / "more" / "images.jsonl").read_text().splitlines()[0])
+    row.update(id="new-picture", path=os.fspath((source / "more" / row["path"]).absolute()), date=2021)
+    bad.write_text(json.dumps(row) + "\n")
+    proc = run_script("index.py", "--workdir", str(built), "--add", str(bad), check=False)
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert proc.returncode == 2 and len(lines) == 1, proc.stderr
+    assert f"{bad}:1: field 'date' is a number (2021) but earlier rows made it a date" in lines[0]

@@ -1,0 +1,123 @@
+"""Filters on the pictures' own fields: each line parsed or refused in one line, and its mask over a column store
+equal to the same condition written out by hand (hypothesis over columns and conditions); the call's rows narrowed
+for the length of a block, in that thread alone."""
+
+import datetime as dt
+import operator
+import threading
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from cfir_jax.builders.image_fields import columns_of, concat
+from cfir_jax.core.picture_fields import FieldTypes
+from cfir_jax.retrieve.filters import Condition, Filter, FilterError, parse
+from cfir_jax.search.live_rows import LiveRows, ScopedRows
+
+QUICK = settings(max_examples=150, deadline=None, database=None)
+OPS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
+       ">=": operator.ge}
+
+
+@pytest.mark.parametrize("line, cond", [
+    ("date<=2020-06-30", Condition("date", "<=", ("2020-06-30",))),
+    (" source = reuters ", Condition("source", "=", ("reuters",))),
+    ("license in cc-by, cc0", Condition("license", "in", ("cc-by", "cc0"))),
+    ("n!=3", Condition("n", "!=", ("3",))),
+    ("title='a b'", Condition("title", "=", ("a b",))),
+    (("license", "in", ["cc-by", "cc0"]), Condition("license", "in", ("cc-by", "cc0"))),
+    (("width", ">", 100), Condition("width", ">", ("100",))),
+])
+def test_a_filter_line_or_triple_is_parsed(line, cond):
+    assert parse(line) == cond
+    assert parse(str(cond)) == cond  # its line reads back as itself
+
+
+@pytest.mark.parametrize("line, says", [
+    ("source~reuters", "expected FIELD OP VALUE"), ("date<=", "no value"), ("=x", "expected FIELD OP VALUE"),
+    ("license in a,,b", "no value"), (42, "give a string"), (("a", "like", "b"), "unknown operator 'like'"),
+])
+def test_a_malformed_filter_is_one_line(line, says):
+    with pytest.raises(FilterError, match=says) as e:
+        parse(line)
+    assert "\n" not in str(e.value)
+
+
+class Store:
+    def __init__(self, rows, kinds=None):
+        self.columns, self.num_rows = columns_of(rows, FieldTypes(kinds).kinds), len(rows)
+
+
+def _day(n: int) -> str:
+    return (dt.date(2020, 1, 1) + dt.timedelta(days=n)).isoformat()
+
+
+ROWS = st.lists(st.fixed_dictionaries({}, optional={
+    "date": st.integers(0, 30).map(_day), "n": st.integers(-5, 5), "s": st.sampled_from(["a", "b", "c"])}),
+    min_size=1, max_size=30)
+
+
+def _by_hand(row: dict, field: str, op: str, values: list) -> bool:
+    """The condition written out: ISO dates compare as strings; a picture without the field fails."""
+    if field not in row:
+        return False
+    if op == "in":
+        return any(row[field] == v for v in values)
+    return OPS[op](row[field], values[0])
+
+
+@QUICK
+@given(rows=ROWS, field=st.sampled_from(["date", "n", "s"]), op=st.sampled_from([*OPS, "in"]),
+       picks=st.lists(st.integers(0, 30), min_size=1, max_size=3))
+def test_a_mask_equals_the_condition_written_out(rows, field, op, picks):
+    value_of = {"date": _day, "n": lambda p: p % 11 - 5, "s": lambda p: "abcd"[p % 4]}[field]
+    values = [value_of(p) for p in picks] if op == "in" else [value_of(picks[0])]
+    store = Store(rows, {"date": "date", "n": "number", "s": "string"})
+    line = f"{field} in {','.join(map(str, values))}" if op == "in" else f"{field}{op}{values[0]}"
+    mask = Filter([line]).mask(store)
+    assert mask.tolist() == [_by_hand(r, field, op, values) for r in rows], line
+
+
+def test_a_date_alone_covers_its_day_and_filters_join_by_and():
+    rows = [{"date": "2020-06-30T18:00:00Z", "s": "ap"}, {"date": "2020-07-01", "s": "ap"},
+            {"date": "2020-06-29", "s": "afp"}, {"s": "ap"}]
+    store = Store(rows)
+    assert Filter(["date<=2020-06-30"]).mask(store).tolist() == [True, False, True, False]
+    assert Filter(["date=2020-06-30"]).mask(store).tolist() == [True, False, False, False]
+    assert Filter(["date>2020-06-30"]).mask(store).tolist() == [False, True, False, False]
+    assert Filter(["date<=2020-06-30", "s=ap"]).mask(store).tolist() == [True, False, False, False]
+    assert Filter(["s!=afp"]).mask(store).tolist() == [True, True, False, True]
+    with pytest.raises(FilterError, match=r"^filter 'x=1': unknown field 'x' \(the pictures' fields: date, s\)$"):
+        Filter(["x=1"]).mask(store)
+    with pytest.raises(FilterError, match="date is a date; 'soon' is not an ISO 8601 date"):
+        Filter(["date<soon"]).mask(store)
+
+
+def test_an_addition_keeps_the_columns_right():
+    old, new = [{"s": "ap", "n": 1}, {"s": "afp"}], [{"s": "reuters", "credit": "desk"}, {"s": "ap", "n": 2}]
+    joined = concat(Store(old).columns, Store(new).columns, 2, 2)
+    whole = Store(old + new)
+    assert sorted(joined) == sorted(whole.columns)
+    for name in ("s", "n", "credit"):
+        s = Store.__new__(Store)
+        s.columns, s.num_rows = joined, 4
+        for line in {"s": ["s=ap", "s in afp,reuters"], "n": ["n>=1"], "credit": ["credit=desk"]}[name]:
+            assert Filter([line]).mask(s).tolist() == Filter([line]).mask(whole).tolist(), line
+
+
+def test_a_calls_rows_are_its_own_thread_s_and_end_with_the_block():
+    rows = ScopedRows(LiveRows(np.array([False, True, False, False]), 4))
+    narrowed = LiveRows(np.array([True, True, False, False]), 4)
+    seen = {}
+
+    def other():
+        seen["other"] = rows.num_live
+
+    with rows.only(narrowed):
+        t = threading.Thread(target=other)
+        t.start()
+        t.join()
+        assert rows.num_live == 2 and rows.scoped and rows.keep(np.arange(4)).tolist() == [2, 3]
+    assert seen["other"] == 3 and rows.num_live == 3 and not rows.scoped
