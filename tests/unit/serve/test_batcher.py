@@ -38,7 +38,9 @@ class StandIn:
 
 @pytest.fixture
 def answers_as_text(monkeypatch):
-    monkeypatch.setattr(batcher_lib.report, "as_json", lambda doc_id, result, describe, top: f"{doc_id}={result.text}")
+    made = lambda doc_id, result, describe, top, *rest: SimpleNamespace(id=doc_id, text=result.text)  # noqa: E731
+    monkeypatch.setattr(batcher_lib.Result, "of", made)  # the stand-in's answers are no pipeline Retrievals
+    monkeypatch.setattr(batcher_lib.report, "as_json", lambda result, top: f"{result.id}={result.text}")
 
 
 def _job(loop, ids, deadline_s=5.0, method="cfir"):
