@@ -20,20 +20,15 @@ A corpus directory `C/` holds
     C/removed_images.txt, removed_documents.txt   ids removed by `index.py --remove` (one a line; manifest counts
                                  `removed_images` / `removed_documents`): rows never move, later stages mask them
 
-Records are written by a tensorflow-datasets `GeneratorBasedBuilder` with `file_format="array_record"` and read back
-by `cfir_jax.data.records.RecordSource` (array_record's reader and the few feature kinds, decoded as tfds'
-`as_data_source()` would, without importing tfds: a query does not pay its import) wrapped in a `grain.MapDataset`,
-so a stage gets random access by row index (TensorFlow is never imported). Row order is kept (no shuffling): the
-id lists, the embedding matrix and every downstream store index rows by position.
+Records are written by tensorflow-datasets (`cfir_jax.data.record_writer`, array_record) and read back without it
+(`cfir_jax.data.records.RecordSource`, as tfds' `as_data_source()` would) in a `grain.MapDataset`: random access by
+row, in row order, which the id lists, the embedding matrix and every downstream store index by position.
 
-`embeddings.npy` duplicates the `embedding` field of the image records: downstream stages want the whole
-[num_images, D] matrix memory-mapped, which decoding millions of records one by one cannot give them (with parts,
-`embeddings()` concatenates the base's and the parts' matrices into memory).
+`embeddings.npy` duplicates the records' `embedding`: stages want the whole [num_images, D] matrix memory-mapped
+(with parts, `embeddings()` concatenates the base's and the parts' matrices into memory).
 
-`documents_sha` digests the documents in order. A corpus written in one go digests every record; an addition chains
-the digests (sha256 of the previous digest and the part's), so a grown corpus has another fingerprint than a corpus
-written from scratch with the same documents (whose stores are then rebuilt once), and an addition of images only
-keeps it (entities and summaries stay current).
+`documents_sha` digests the documents in order; an addition chains the digests (sha256 of the previous and the
+part's), so a grown corpus differs from one written at once (its stores rebuilt once); images alone keep it.
 """
 
 from __future__ import annotations

@@ -8,13 +8,11 @@ import itertools
 import json
 import os
 import shutil
-import tempfile
 from collections.abc import Collection, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import tensorflow_datasets as tfds
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE
@@ -22,8 +20,6 @@ from cfir_jax.core.picture_fields import FieldTypes
 from cfir_jax.data.corpus import (
     FORMAT_VERSION,
     KIND,
-    RECORD_SPLIT,
-    RECORD_VERSION,
     SPLITS,
     Corpus,
     Document,
@@ -31,84 +27,8 @@ from cfir_jax.data.corpus import (
     own_text,
 )
 from cfir_jax.data.corpus_languages import Detect, language_of, write_languages
+from cfir_jax.data.record_writer import document_features, image_features, write_records
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
-
-
-def _document_features() -> tfds.features.FeaturesDict:
-    return tfds.features.FeaturesDict(
-        {
-            "doc_id": tfds.features.Text(),
-            "text": tfds.features.Text(),
-            "title": tfds.features.Text(),
-            "entities": tfds.features.Sequence(tfds.features.Text()),
-            "metadata": tfds.features.Text(),  # JSON {column: [strings]}
-        }
-    )
-
-
-def _image_features(embedding_dim: int | None) -> tfds.features.FeaturesDict:
-    spec: dict[str, Any] = {
-        "image_id": tfds.features.Text(),
-        "caption": tfds.features.Text(),
-        "url": tfds.features.Text(),
-        # Raw bytes, not tfds.features.Image: decoding is the image-cache stage's job, and corrupt bytes must survive.
-        "image": tfds.features.Tensor(shape=(), dtype=np.object_),
-        "entities": tfds.features.Sequence(tfds.features.Text()),
-        "texts": tfds.features.Text(),  # JSON {column: [strings]}
-        "fields": tfds.features.Text(),  # JSON {field: value}: the picture's own flat fields
-    }
-    if embedding_dim is not None:
-        spec["embedding"] = tfds.features.Tensor(shape=(embedding_dim,), dtype=np.float32)
-    return tfds.features.FeaturesDict(spec)
-
-
-class _RecordBuilder(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-    """Writes one iterable of example dicts as a single array_record split, in the order given."""
-
-    VERSION = tfds.core.Version(RECORD_VERSION)
-    # tfds looks for checksum files next to a builder's source, through `importlib_resources` (not installed);
-    # this builder downloads nothing, so there is no source directory to look in.
-    code_path = None
-
-    def __init__(self, *, name: str, features: tfds.features.FeaturesDict, examples: Iterable[dict], **kwargs):
-        self.name = name
-        self._features = features
-        self._examples = examples
-        super().__init__(**kwargs)
-
-    def _info(self) -> tfds.core.DatasetInfo:
-        return tfds.core.DatasetInfo(builder=self, features=self._features, disable_shuffling=True)
-
-    def _split_generators(self, dl_manager):
-        del dl_manager
-        return {RECORD_SPLIT: self._generate_examples()}
-
-    def _generate_examples(self):
-        yield from enumerate(self._examples)
-
-    # tfds prints these two lines to stdout unconditionally; a library must stay quiet.
-    def _log_download_bytes(self) -> None:
-        pass
-
-    def _log_download_done(self) -> None:
-        pass
-
-
-def _write_records(root: Path, name: str, features: tfds.features.FeaturesDict, examples: Iterable[dict]) -> None:
-    scratch = root / ".tfds_scratch"
-    scratch.mkdir()
-    # A fresh builder makes an (unused) temporary directory for dataset infos it would fetch from GCS and never
-    # removes it; pointing `tempfile` at our scratch directory keeps /tmp clean.
-    saved_tempdir, tempfile.tempdir = tempfile.tempdir, os.fspath(scratch)
-    try:
-        builder = _RecordBuilder(
-            name=name, features=features, examples=examples, data_dir=os.fspath(root), file_format="array_record"
-        )
-    finally:
-        tempfile.tempdir = saved_tempdir
-    tfds.display_progress_bar(False)
-    builder.download_and_prepare(download_dir=os.fspath(scratch / "downloads"))
-    shutil.rmtree(scratch, ignore_errors=True)
 
 
 def _add_id(kind: str, value: Any, row: int, ids: list[str], seen: set[str]) -> str:
@@ -282,12 +202,12 @@ def _write_items(
     w = _Written([], [], [], "")
     embeddings: list[np.ndarray] = []
     documents_sha = hashlib.sha256()
-    _write_records(tmp, "documents", _document_features(),
+    write_records(tmp, "documents", document_features(),
                    _document_examples(doc_iter, w.doc_ids, documents_sha, w.doc_langs, detect))
     types = FieldTypes()
     examples = _image_examples(image_iter, w.image_ids, embedding_dim, embeddings, w.with_text, w.image_langs, detect,
                                set(w.doc_langs), types)
-    _write_records(tmp, "images", _image_features(embedding_dim), examples)
+    write_records(tmp, "images", image_features(embedding_dim), examples)
     (tmp / "doc_ids.txt").write_text("".join(f"{i}\n" for i in w.doc_ids), encoding="utf-8")
     (tmp / "image_ids.txt").write_text("".join(f"{i}\n" for i in w.image_ids), encoding="utf-8")
     if embedding_dim is not None:
@@ -389,13 +309,13 @@ def write_corpus_part(
     digest = hashlib.sha256()
     first_doc, doc_iter = _peek(documents)
     if first_doc is not None:
-        _write_records(out_dir, "documents", _document_features(),
+        write_records(out_dir, "documents", document_features(),
                        _document_examples(doc_iter, w.doc_ids, digest, w.doc_langs, detect))
     first_image, image_iter = _peek(images)
     if first_image is not None:
         examples = _image_examples(image_iter, w.image_ids, embedding_dim, embeddings, w.with_text, w.image_langs,
                                    detect, set(w.doc_langs) | set(among), types)
-        _write_records(out_dir, "images", _image_features(embedding_dim), examples)
+        write_records(out_dir, "images", image_features(embedding_dim), examples)
     if not w.doc_ids and not w.image_ids:
         raise CfirError(f"{source or out_dir}: the addition holds no documents and no images")
     (out_dir / "doc_ids.txt").write_text("".join(f"{i}\n" for i in w.doc_ids), encoding="utf-8")

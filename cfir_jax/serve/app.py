@@ -3,8 +3,8 @@
 Every error is a one-line JSON `{"error": ...}` with a 4xx status naming the problem (malformed JSON 400, unknown or
 missing fields and bad values 422, text over serve.max_text_bytes or a body too large 413, a body that stopped
 arriving 408, a full queue 503 with Retry-After, a passed deadline 504); a query's text and top_k are held to the one
-rule every door applies (`cfir_jax.core.query_rule`). An internal error is logged with its traceback and answered 500
-with an id to find it in the log. Every request passes `cfir_jax.serve.middleware.RequestGuard` first.
+rule every door applies (`cfir_jax.core.query_rule`). An internal error is logged with its traceback, answered 500 with
+an id to find it there. Every request passes `cfir_jax.serve.middleware.RequestGuard` first.
 """
 
 from __future__ import annotations
@@ -49,10 +49,8 @@ VERSION_HEADER = "X-Index-Version"  # on every answer: the version of the index 
 # A text and top_k are checked by the one rule (its words at every door), not by their models' types.
 TEXT = Field(description="the document (plain UTF-8 text)", json_schema_extra={"type": "string"})
 TOP_K = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k", json_schema_extra={"type": "integer"})
-LANG = Field(None, description="the document's language (ISO 639-1: en, fr, ...); default: found (docs/languages.md)",
-             json_schema_extra={"type": "string"})
-WHERE = Field(None, description="filters on the pictures' own fields, joined by AND: 'date<=2020-06-30', "
-              "'source=reuters', 'license in cc-by,cc0' (docs/filters.md)")
+LANG = Field(None, description="its language (ISO 639-1); default: found", json_schema_extra={"type": "string"})
+WHERE = Field(None, description="filters on the pictures' fields, AND: 'date<=2020-06-30', 'license in cc-by,cc0'")
 
 
 class SearchRequest(BaseModel):
@@ -83,8 +81,7 @@ class BatchRequest(BaseModel):
 
 
 def check_text(settings, text: object, what: str) -> str:
-    """The text a query is searched with, held to the one rule (`cfir_jax.core.query_rule`); its refusal
-    (QueryRefused) is answered with the status it names: 413 over serve.max_text_bytes, else 422."""
+    """A query's text held to the one rule (`core.query_rule`); a refusal is answered 413 (too long), else 422."""
     return rule_text(text, what, int(settings.max_text_bytes))
 
 
