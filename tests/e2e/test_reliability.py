@@ -26,6 +26,8 @@ CONFIG = "configs/demo.py:tiny"
 # The stores a demo:tiny build writes, each with its own checksums.
 STORE_KINDS = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
                "entity_text_match", "lexical")
+# With the pictures' fields (issue 53; none in this world, its own tests damage it): what --verify counts.
+VERIFIED = len(STORE_KINDS) + 1
 
 
 def _run(*args, check=True, env=None, cwd=ROOT, timeout=900):
@@ -155,12 +157,12 @@ def test_a_damaged_byte_in_any_store_is_named_by_verify(built, tmp_path, kind):
     assert proc.returncode == 2, proc.stdout + proc.stderr
     assert str(victim) in proc.stderr and "damaged" in proc.stderr, proc.stderr
     assert proc.stderr.count("\n") == 1, proc.stderr  # only that file
-    assert f"{len(STORE_KINDS) - 1} store(s) intact" in proc.stdout
+    assert f"{VERIFIED - 1} store(s) intact" in proc.stdout
 
 
 def test_verify_of_an_intact_build_passes(built):
     proc = _run("index.py", "--verify", "--workdir", built)
-    assert proc.stdout.startswith(f"verify: {len(STORE_KINDS)} store(s) intact") and not proc.stderr
+    assert proc.stdout.startswith(f"verify: {VERIFIED} store(s) intact") and not proc.stderr
 
 
 # ------------------------------------------------------------------------------- what opening and serving refuse
