@@ -13,6 +13,8 @@ echo; echo "== retrieve.py --query examples/doc.txt"
 python retrieve.py --index "$WORK" --query examples/doc.txt --top-k 10 --html "$WORK/doc.html"
 echo; echo "== beyond the paper: fit the re-ranker of SR's top 100 on the train split"
 python retrieve.py --index "$WORK" --fit-reranker
+echo; echo "== beyond the paper: fit the convex fusion's weight of SR and BM25 on the train split"
+python retrieve.py --index "$WORK" --fit-fusion
 echo; echo "== evaluation on the synthetic test split"
 python retrieve.py --index "$WORK" --evaluate test --compare --plot "$WORK/recall.png"
 # The paper's Figure 7 entities (issue 29): SOURCES="spacy+categories categories" bash scripts/demo.sh also rebuilds
