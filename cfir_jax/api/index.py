@@ -14,7 +14,7 @@ Every refusal is the one-line `CfirError` the commands print.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -45,17 +45,26 @@ class Index:
     """A workdir's index, opened for searching and changing; a context manager (`with cfir_jax.open(W) as index`).
 
     It is the one query core: every door (the commands, the library, the services) reads, checks, retrieves and
-    makes the `Result` of a query here. config: a checked config (`open` reads it); method: the default method of
-    `search`; evaluation: score as evaluation does, with retrieval.eval_sr (exact unless asked otherwise), and with
-    fast SR also score each union exactly and record the agreement (`retrieve.py --qrels`, `--evaluate`). The
-    stores open at the first search (or `retriever()`; `cfir_jax.open` opens them at once)."""
+    makes the `Result` of a query here, and only here is a `Retriever` made. config: a checked config (`open` reads
+    it); method: the default method of `search`; evaluation: score as evaluation does, with retrieval.eval_sr (exact
+    unless asked otherwise), and with fast SR also score each union exactly and record the agreement
+    (`retrieve.py --qrels`, `--evaluate`). The stores open at the first search (or `retriever()`; `cfir_jax.open`
+    opens them at once; a service opens its methods together, `open_methods`).
+
+    What the other doors need of the engine: scoring, what scores the unions (a Ray front's shards,
+    `cfir_jax.cluster.scoring.ShardedSR.factory`; None: this process's SR); rerank_features, the re-ranker's
+    features of SR's top-N in each `retrieve` answer (fitting it); make(config, workdir, method, **options), what
+    opens a method's engine (None: the `Retriever`; a test's stand-in)."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, method: str = "cfir", *,
-                 evaluation: bool = False):
+                 evaluation: bool = False, scoring: Callable | None = None, rerank_features: bool = False,
+                 make: Callable[..., Retriever] | None = None):
         if evaluation:
             config.retrieval.sr = config.retrieval.eval_sr
         self.config, self.workdir, self.method = config, workdir, method
-        self._measure = evaluation
+        self._options = {"measure_agreement": evaluation, "rerank_features": rerank_features,
+                         **({"scoring": scoring} if scoring is not None else {})}
+        self._make = make or Retriever
         self._retrievers: dict[str, Retriever] = {}
         self._picture_rows: dict[str, int] | None = None  # the corpus' row of each image id (the HTML page)
         self._version = 0
@@ -100,12 +109,42 @@ class Index:
         method = method or self.method
         if method not in self._retrievers:
             with versions.reading(self.workdir) as version:  # every store of one version
-                retriever = Retriever(self.config, self.workdir, method, measure_agreement=self._measure)
+                retriever = self._open(method)
                 image_query.prepare(retriever)  # the picture search's stores, of this version too
             if self._retrievers and version != self._version:  # the workdir changed since: one version for all
                 self.close()
             self._retrievers[method], self._version = retriever, version
         return self._retrievers[method]
+
+    def _open(self, method: str) -> Retriever:
+        """A method's engine over the workdir's stores (the caller holds the version's reading)."""
+        return self._make(self.config, self.workdir, method, **self._options)
+
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The methods whose engines are open (a service's: those it serves, the default first)."""
+        return tuple(self._retrievers)
+
+    def open_methods(self, methods: Sequence[str]) -> int:
+        """Opens the engines of `methods` together, all of one version of the workdir, with the picture search's
+        stores of the first, which becomes the default method (a service's served methods); returns the version."""
+        with versions.reading(self.workdir) as version:  # nests inside a caller's reading of the same workdir
+            opened = {method: self._open(method) for method in methods}
+            image_query.prepare(opened[methods[0]])
+        self.close()
+        self._retrievers, self._version, self.method = opened, version, methods[0]
+        return version
+
+    def warm_up(self, warm: Callable[[Retriever], object] | None = None, summary_cache: int = 0) -> None:
+        """Readies every open engine before a service says it is ready: `warm(engine)` runs the shapes it will send
+        (`cfir_jax.serve.resident.warm_up`), then the methods that summarise keep up to `summary_cache` summaries
+        by document hash, then the default method's vision tower is made and run once (no request makes it)."""
+        for retriever in self._retrievers.values():
+            if warm is not None:
+                warm(retriever)  # before the summary cache, so each batch size's rows are generated
+            if retriever.methods.uses_summary():
+                retriever.cache_summaries(summary_cache)
+        image_query.warm(self.retriever())
 
     def picture(self, image_id: str) -> bytes:
         """The encoded bytes of an indexed picture (b"" when the corpus has none): the HTML page's images."""
@@ -122,18 +161,19 @@ class Index:
     # ------------------------------------------------------------------------------------------------ searching
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
-               id: str = "query", lang: str | None = None, where: Sequence[Any] | None = None
-               ) -> Result:  # noqa: A002
+               id: str | None = None, lang: str | None = None, where: Sequence[Any] | None = None,
+               deadline: float | None = None) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
         a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file). where: filters on
         the pictures' fields, joined by AND (`["date<=2020-06-30", "license in cc-by,cc0"]` or `(field, op, value)`
-        triples; docs/filters.md)."""
+        triples; docs/filters.md). id: the query's id in the answer (default: a path's stem, else "query");
+        deadline: a time.monotonic() past which a picture search stops before its next stage (a service's)."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
         if text is None:
-            return self._search_image(image, image_id, self._top(top_k), method, where)
-        return self.search_many([text], top_k=top_k, method=method, ids=[id], lang=lang, where=where)[0]
+            return self._search_image(image, image_id, self._top(top_k), method, where, id, deadline)
+        return self.search_many([text], top_k=top_k, method=method, ids=[id or "query"], lang=lang, where=where)[0]
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
                     described: int | None = None, method: str | None = None, progress: bool = False,
@@ -144,7 +184,7 @@ class Index:
         the language of a document that states none (None: found, docs/languages.md); where: as `search`'s."""
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
         top = self._top(top_k)  # the texts, then top_k: the service's order
-        return self._answer(docs, top, method, progress and len(docs) > 1, described, where)
+        return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described, where)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None,
@@ -160,16 +200,28 @@ class Index:
         limit = int(self.config.serve.max_text_bytes)
         lang = check_lang(lang)
         docs = [_document(t, i, limit, lang) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
-        return self._answer(docs, self._top(top_k), method, progress, where=where)
+        return self._answer(docs, [self._top(top_k)] * len(docs), method, progress, where=where)
 
-    def _answer(self, docs: Sequence[DocumentInput], top: int, method: str | None, progress: bool,
+    def search_documents(self, docs: Sequence[DocumentInput], top_k: int | Sequence[int], method: str | None = None
+                         ) -> list[Result]:
+        """The images of documents a service's door read and checked (`DocumentInput`s, each with its own `lang`
+        and `where`), retrieved as one batch (entities, summaries, encoding and SR batched: the micro-batcher's
+        requests together); top_k: the hits of every document, or of each (its request's)."""
+        tops = [top_k] * len(docs) if isinstance(top_k, int) else list(top_k)
+        if len(tops) != len(docs):
+            raise CfirError(f"{len(tops)} top_k for {len(docs)} documents")
+        return self._answer(docs, [self._top(t) for t in tops], method, False)
+
+    def _answer(self, docs: Sequence[DocumentInput], tops: Sequence[int], method: str | None, progress: bool,
                 described: int | None = None, where: Sequence[Any] | None = None) -> list[Result]:
-        """The one place a checked query is retrieved and made records: every search of text ends here, so an option
-        of the query (a filter, a language: keyword-only at each door) is passed down and applied here once."""
+        """The one place a checked query is retrieved and made records: every search of text ends here (the
+        commands', the library's, the services' batches), so an option of the query (a filter, a language:
+        keyword-only at each door, or a document's own) is passed down and applied here once. tops: each
+        document's hits."""
         retriever = self.retriever(method)
         results = retriever.retrieve_many(docs, progress=progress, where=where)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
-                for d, r in zip(docs, results)]
+                for d, r, top in zip(docs, results, tops)]
 
     def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False,
                  where: Sequence[Any] | None = None) -> list[Retrieval]:
@@ -182,9 +234,11 @@ class Index:
         return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
 
     def _search_image(self, image: bytes | str | os.PathLike | None, image_id: str | None, top: int,
-                      method: str | None, where: Sequence[Any] | None = None) -> Result:
+                      method: str | None, where: Sequence[Any] | None = None, qid: str | None = None,
+                      deadline: float | None = None) -> Result:
         """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows: `image` is a picture's
-        bytes or a picture file (within serve.max_image_bytes), `image_id` the id of an indexed picture."""
+        bytes or a picture file (within serve.max_image_bytes), `image_id` the id of an indexed picture; qid: the
+        answer's id (default: the indexed picture's id, the file's stem, or "query")."""
         serve = self.config.serve
         if image_id is not None:
             if not isinstance(image_id, str):
@@ -199,8 +253,8 @@ class Index:
             raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
         retriever = self.retriever(method)
         found = image_query.search_image(retriever, **query, top_k=top, max_pixels=int(serve.max_image_pixels),
-                                         where=where)
-        return Result.of(what, found, retriever.describe_image, top, self._version)
+                                         deadline=deadline, where=where)
+        return Result.of(qid or what, found, retriever.describe_image, top, self._version)
 
     # -------------------------------------------------------------------------------------- changing, checking
     def add(self, path: str | os.PathLike) -> dict[str, int]:

@@ -1,6 +1,7 @@
 """A front of the cluster: the single process's Service (micro-batcher, queue bound, deadlines, 503s) over the
-single process's Retrievers, each scoring on the shards (`cfir_jax.cluster.scoring.ShardedSR`) or, with one shard,
-here (one hop fewer), at the version the cluster's target names (`cfir_jax.cluster.reload`).
+single process's resident `Index` (the library's one query core), whose served methods score their unions on the
+shards (`cfir_jax.cluster.scoring.ShardedSR`, the `Index`'s scoring) or, with one shard, here (one hop fewer), at the
+version the cluster's target names (`cfir_jax.cluster.reload`).
 
 - It starts at the target: the workdir's committed version when it is the target; a front started after a commit
   that no reload checked asks the command for a reload and waits for the target that follows (never serving a version
@@ -29,7 +30,6 @@ from cfir_jax.cluster.reload import Target, VersionGone, first_line, version_id
 from cfir_jax.cluster.scoring import ShardedSR
 from cfir_jax.cluster.shard import ShardClient, committed_id
 from cfir_jax.core.errors import CfirError
-from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.serve.app import Service
 from cfir_jax.serve.resident import IndexHolder, LoadedIndex, load_index
 
@@ -46,15 +46,13 @@ class FrontHolder(IndexHolder):
         super().__init__(workdir, config_spec, overrides, methods, max_batch, config)
 
     def load(self, workdir: str, config: ml_collections.ConfigDict) -> LoadedIndex:
-        """The version `aiming` names, its Retrievers warmed (through the shards, which hold it already);
-        VersionGone when the workdir holds another."""
+        """The version `aiming` names, its methods warmed (through the shards, which hold it already); VersionGone
+        when the workdir holds another."""
         vid = self.aiming.vid
         if committed_id(workdir) != vid:
             raise VersionGone(vid, committed_id(workdir), "front: ")
         scoring = ShardedSR.factory(self.client, vid) if self.client is not None else None
-        fresh = load_index(workdir, config, self.methods, self.max_batch,
-                           make=lambda config, workdir, method: Retriever(config, workdir, method=method,
-                                                                          **({"scoring": scoring} if scoring else {})))
+        fresh = load_index(workdir, config, self.methods, self.max_batch, scoring=scoring)
         if version_id(fresh.version, fresh.fingerprint) != vid:
             raise VersionGone(vid, version_id(fresh.version, fresh.fingerprint), "front: ")
         return fresh
@@ -196,4 +194,4 @@ def start_front(workdir: str, config_spec: str, overrides: Sequence[str], method
 def describe(service: FrontService) -> tuple[list[str], int]:
     """What the gateway checks requests against: the served methods and the most hits."""
     current = service.holder.current
-    return list(current.retrievers), current.max_top_k
+    return list(current.methods), current.max_top_k

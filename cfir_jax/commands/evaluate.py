@@ -18,7 +18,7 @@ from cfir_jax.eval import languages, metrics, plots, runs
 from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows, single_row
 from cfir_jax.eval.train_time import train_time
 from cfir_jax.retrieve import report
-from cfir_jax.retrieve.pipeline import Retriever, run_of
+from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.layout import Layout
 
@@ -80,7 +80,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
             rules.setdefault(rule, (results, []))[1].append(row.label)
         all_results.append(results)
         scorers.append(retriever.sr.scored_by())  # what scored the row (its words), not the row's stores
-        run = run_of(results, docs)
+        run = runs.run_of(results, [d.doc_id for d in docs])
         qrels = retriever.corpus.qrels(split)
         if plot:
             curves[row.label] = plots.recall_curve(run, qrels)

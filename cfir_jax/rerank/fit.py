@@ -27,11 +27,11 @@ import numpy as np
 import optax
 from flax import nnx
 
+from cfir_jax.api.index import Index
 from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar
 from cfir_jax.model.rerank_head import RerankHead, Standardisation, listwise_loss
-from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.retrieve.reranker import FORMAT_VERSION, KIND
 from cfir_jax.stores.contract import atomic_dir, write_manifest
 
@@ -137,7 +137,7 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
     # SR exactly (the paper's), as evaluation scores it; the lists stop at N; the stage itself stays off.
     cfg.retrieval.update(sr=cfg.retrieval.eval_sr, top_k=top_n)
     rerank.enabled = False
-    retriever = Retriever(cfg, workdir, "cfir", rerank_features=True)
+    retriever = Index(cfg, workdir, "cfir", rerank_features=True).retriever()  # the features in each answer
     corpus = retriever.corpus
     if "train" not in corpus.splits:
         raise CfirError(f"{retriever.layout.corpus}: no train split to fit the re-ranker on")

@@ -14,12 +14,12 @@ import time
 import ml_collections
 import numpy as np
 
+from cfir_jax.api.index import Index
 from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError
 from cfir_jax.eval import metrics
 from cfir_jax.eval.comparison import CONVEX
 from cfir_jax.retrieve.lexical import LexicalSearch, convex
-from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.stores import lexical
 from cfir_jax.stores.contract import atomic_dir, write_manifest
 from cfir_jax.stores.convex_fusion import FORMAT_VERSION, KIND
@@ -32,7 +32,7 @@ def fit_fusion(config: ml_collections.ConfigDict, workdir, progress: bool = True
     start = time.time()
     cfg = CONVEX.config(upgrade(config.copy_and_resolve_references()))
     cfg.retrieval.sr = cfg.retrieval.eval_sr
-    retriever = Retriever(cfg, workdir, "cfir")
+    retriever = Index(cfg, workdir, "cfir").retriever()
     if split not in retriever.corpus.splits:
         raise CfirError(f"{retriever.layout.corpus}: no {split} split to fit the fusion on")
     docs = retriever.corpus_documents(split)

@@ -53,7 +53,7 @@ from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
 from cfir_jax.stores.summaries import SummaryStore
 
-__all__ = ["METHODS", "SR_MODES", "DocumentInput", "RankedImage", "Retrieval", "Retriever", "run_of"]
+__all__ = ["METHODS", "SR_MODES", "DocumentInput", "RankedImage", "Retrieval", "Retriever"]
 
 
 @dataclasses.dataclass
@@ -65,6 +65,11 @@ class RankedImage:
     score: float
     row: int  # row of the image cache
     entities: tuple[str, ...] = ()  # the document entities whose candidate lists brought this image in
+
+    @property
+    def id(self) -> str:
+        """The image's id, as `results.Hit` names it (what a run file reads: `cfir_jax.eval.runs.run_of`)."""
+        return self.image_id
 
 
 @dataclasses.dataclass
@@ -393,7 +398,3 @@ class Retriever:
                                       summaries.summary(i) if summaries is not None else None, doc.lang))
         return docs
 
-
-def run_of(results: Sequence[Retrieval], docs: Sequence[DocumentInput]) -> dict[str, list[tuple[str, float]]]:
-    """A TREC run {doc_id: [(image_id, score), ...]} from the results."""
-    return {d.doc_id: [(h.image_id, h.score) for h in r.hits] for d, r in zip(docs, results)}

@@ -145,7 +145,7 @@ class Service:
         return check_text(self.settings, text, what)
 
     def check_options(self, top_k: int, method: str | None) -> str:
-        return check_options(list(self.holder.current.retrievers), self.holder.current.max_top_k, top_k, method)
+        return check_options(list(self.holder.current.methods), self.holder.current.max_top_k, top_k, method)
 
     async def run(self, request: Request, docs: list[DocumentInput], method: str, top_k: int, html: bool = False):
         """Queues the documents, then waits for their answer, the deadline or the client's going away. Returns the

@@ -1,5 +1,7 @@
-"""The micro-batcher: requests that arrive together run as one batch through `Retriever.retrieve_many`, in one
-worker thread that alone drives the Retrievers (JAX and spaCy are not meant to be driven from many threads at once).
+"""The micro-batcher: requests that arrive together run as one batch through the library's `Index`
+(`search_documents`: one batched `retrieve_many` per method, each request's documents with their own top_k, language
+and filters), in one worker thread that alone drives the engines (JAX and spaCy are not meant to be driven from many
+threads at once).
 
 A batch takes every request that queued while the previous one ran, up to `max_batch` documents. When the previous
 batch had company (more than one document: requests are arriving together), the first request also waits up to
@@ -19,12 +21,10 @@ import dataclasses
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable
 
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
-from cfir_jax.retrieve.results import Result
 from cfir_jax.stores.integrity import CorruptStore
 
 log = logging.getLogger("cfir_jax.serve")
@@ -83,7 +83,6 @@ class MicroBatcher:
         self._waiting_docs = 0
         self._cv = threading.Condition()
         self._stopping = False
-        self._image_rows: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # per Retriever: image id -> row
         self.damage = ""  # the last impossible value a batch met (a damaged store or model): /readyz is 503
         self._last_size = 0  # documents in the previous batch: > 1 means requests arrive together, worth waiting for
         self._thread = threading.Thread(target=self._run, name="cfir-retrieval", daemon=True)
@@ -160,15 +159,17 @@ class MicroBatcher:
             for method in dict.fromkeys(j.method for j in live):
                 self._run_method(index, method, [j for j in live if j.method == method])
 
-    def _run_method(self, index, method: str, jobs: list[Job]) -> None:
-        retriever = index.retrievers[method]
+    def _run_method(self, loaded, method: str, jobs: list[Job]) -> None:
+        """One method's jobs of a batch: their documents parsed by the entity pool when it helps, then answered by
+        the index as one batch, each job's with its top_k (`Index.search_documents`)."""
+        index = loaded.index
         for job in jobs:
-            job.version = index.version
+            job.version = loaded.version
         docs = [d for j in jobs for d in j.docs]
         self.metrics.batch_docs.observe(len(docs))
         try:
-            docs, entity_ms = _with_entities(index.entity_pool, retriever, docs)
-            results = retriever.retrieve_many(docs)
+            docs, entity_ms = _with_entities(loaded.entity_pool, index.retriever(method), docs)
+            results = index.search_documents(docs, [j.top_k for j in jobs for _ in j.docs], method)
             at = 0
             for job in jobs:
                 mine = results[at : at + len(job.docs)]
@@ -177,28 +178,15 @@ class MicroBatcher:
                     if entity_ms:  # parsed by the pool: its wall time per document, as retrieve_many reports its own
                         result.times_ms["entities"] = result.times_ms.get("entities", 0.0) + entity_ms
                     self.metrics.observe_stages(result.times_ms)
-                if job.html:
-                    job.settle(self._gallery(retriever, job.docs[0], mine[0], job.top_k))
+                if job.html:  # the HTML report's gallery (`retrieve.py --html`), the images inline from the corpus
+                    job.settle(report.html_page(mine[0], index.picture, job.top_k))
                 else:
-                    job.settle([report.as_json(Result.of(d.doc_id, r, retriever.describe_image, job.top_k), job.top_k)
-                                for d, r in zip(job.docs, mine)])
+                    job.settle([report.as_json(result, job.top_k) for result in mine])
         except Exception as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none hangs
             if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so from now on
                 self.damage = str(e).splitlines()[0]
             for job in jobs:
                 job.settle(error=e)
-
-    def _gallery(self, retriever, doc: DocumentInput, result, top: int) -> str:
-        """The HTML report's gallery (`retrieve.py --html`) of one result, the images inline from the corpus."""
-        corpus = retriever.corpus
-        if retriever not in self._image_rows:
-            self._image_rows[retriever] = {i: n for n, i in enumerate(corpus.image_ids)}
-        rows = self._image_rows[retriever]
-
-        def image_bytes(image_id: str) -> bytes:
-            return corpus.image(rows[image_id]).image if image_id in rows else b""
-
-        return report.html_page(Result.of(doc.doc_id, result, retriever.describe_image, top), image_bytes, top)
 
 
 def _with_entities(pool, retriever, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:

@@ -41,4 +41,4 @@ class Metrics:
 
     def set_index(self, loaded) -> None:
         self.index.info({"version": str(loaded.version), "fingerprint": loaded.fingerprint, "workdir": loaded.workdir,
-                         "methods": ",".join(loaded.retrievers), "loaded_at": loaded.describe()["loaded_at"]})
+                         "methods": ",".join(loaded.methods), "loaded_at": loaded.describe()["loaded_at"]})

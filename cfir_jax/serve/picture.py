@@ -12,7 +12,8 @@ docs/filters.md): only pictures that pass answer.
 The body is read no further than its limit (413 past it, whatever Content-Length said); a picture over
 serve.max_image_bytes, or whose header announces more than serve.max_image_pixels, is 413 (refused before it is
 decoded), an undecodable one or a malformed upload 422, an unknown or removed id 404, each one line; the answer is
-the JSON of `retrieve.py --query-image ... --format json`. Searches go through a bounded queue (`PictureQueue`: past
+the JSON of `retrieve.py --query-image ... --format json`, made by the library's `Index` (`search(image=...)`, the
+one query core) of the resident index. Searches go through a bounded queue (`PictureQueue`: past
 serve.picture_queue_size, 503 with Retry-After, as a text search's queue answers) to threads of their own, and a
 search stops at its next stage once serve.deadline_ms has passed (504). The single process searches its resident
 index; on Ray (`--engine ray`) the gateway hands the checked picture to a front, whose queue this is, which embeds it
@@ -41,8 +42,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.filters import FilterError, check_where
-from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, search_image
-from cfir_jax.retrieve.results import Result
+from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture
 from cfir_jax.serve.batcher import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
 
@@ -192,7 +192,6 @@ class PictureQueue:
         """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
         searched by the index `holder` serves (a Ray front's search runs on its shards)."""
         current = holder.current
-        retriever = next(iter(current.retrievers.values()))
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
         check_id(qid, "id")
         where = check_where(where)  # a malformed filter: 422 before the queue
@@ -204,8 +203,7 @@ class PictureQueue:
                 raise HTTPException(503, f"busy: {why}; retry after 1 s", headers={"Retry-After": "1"})
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
-        future = self._pool.submit(_search, retriever, picture, image_id, top_k, qid,
-                                   int(settings.max_image_pixels), deadline, where)
+        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where)
         future.add_done_callback(self._release)
         try:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
@@ -225,12 +223,13 @@ class PictureQueue:
         return answer, {version_header: str(current.version)}
 
 
-def _search(retriever, picture: bytes | None, image_id: str | None, top_k: int, qid: str, max_pixels: int,
-            deadline: float, where: tuple = ()) -> str:
-    """One picture search and its JSON answer, in a queue's thread."""
-    result = search_image(retriever, image=picture, image_id=image_id, top_k=top_k, max_pixels=max_pixels,
-                          deadline=deadline, where=where or None)
-    return report.as_json(Result.of(qid, result, retriever.describe_image, top_k), top_k)
+def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
+            where: tuple = ()) -> str:
+    """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
+    thread; its pixels held to the index config's serve.max_image_pixels."""
+    result = index.search(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where or None,
+                          deadline=deadline)
+    return report.as_json(result, top_k)
 
 
 def picture_routes(app: FastAPI) -> None:

@@ -1,10 +1,11 @@
-"""The resident index: a workdir's Retrievers loaded and warmed once, and swapped whole when the workdir is reloaded.
+"""The resident index: a workdir's served methods opened in the library's `Index` (the one query core) and warmed
+once, and swapped whole when the workdir is reloaded.
 
-A reload (SIGHUP, POST /v1/admin/reload) builds the new Retrievers off to the side while the old ones keep serving.
-They replace the old ones only when the workdir is complete (index.json present, no store half-written, every store
+A reload (SIGHUP, POST /v1/admin/reload) opens a new `Index` off to the side while the old one keeps serving.
+It replaces the old one only when the workdir is complete (index.json present, no store half-written, every store
 the Retriever opens valid) and its model is of the same family (the same architecture: a new index of another
 model size or embedding width would change what the service's clients get without a restart telling them). A
-batch already running finishes on the Retrievers it started with; a refused reload keeps the old index and records
+batch already running finishes on the index it started with; a refused reload keeps the old index and records
 why (the log, GET /readyz).
 """
 
@@ -21,13 +22,13 @@ from pathlib import Path
 
 import ml_collections
 
+from cfir_jax.api.index import Index
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp.entity_pool import EntityPool
 from cfir_jax.nlp.entity_process import label_spec
-from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.engine import Engine
-from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.verifier import store_problems
 from cfir_jax.stores import layout as workdir_layout
 from cfir_jax.stores import versions
@@ -115,7 +116,7 @@ def index_fingerprint(workdir: str | Path) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def warm_up(retriever: Retriever, max_batch: int) -> None:
+def warm_up(retriever: Engine, max_batch: int) -> None:
     """Runs every shape the service will send before it says it is ready: a document with entities and one
     without (the whole-cache fallback) at each power-of-two batch size up to max_batch (the encoders pad to their
     own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket at
@@ -139,46 +140,47 @@ def warm_up(retriever: Retriever, max_batch: int) -> None:
 
 @dataclasses.dataclass
 class LoadedIndex:
-    """One generation of the resident index: an engine per served method (`cfir_jax.retrieve.engine.Engine`: a
-    Retriever, on a Ray front one whose unions the shards score), and what identifies them."""
+    """One generation of the resident index: the library's `Index` with the served methods open (the first the
+    default; on a Ray front, their unions scored by the shards), and what identifies it."""
 
     workdir: str
-    retrievers: dict[str, Engine]
+    index: Index
     fingerprint: str
     family: dict
     loaded_at: float  # time.time()
     load_seconds: float
-    max_top_k: int  # retrieval.top_k: the most hits a Retriever keeps
+    max_top_k: int  # retrieval.top_k: the most hits a search keeps
     entity_pool: object | None = None  # EntityPool parsing batches on every core (serve.entity_workers), or None
     version: int = 0  # the workdir's version (index.json) its stores were opened at
 
+    @property
+    def methods(self) -> tuple[str, ...]:
+        """The served methods, the default first."""
+        return self.index.methods
+
     def describe(self) -> dict:
         return {"workdir": self.workdir, "version": self.version, "fingerprint": self.fingerprint,
-                "methods": list(self.retrievers),
+                "methods": list(self.methods),
                 "loaded_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.loaded_at)),
                 "load_seconds": round(self.load_seconds, 2), "max_top_k": self.max_top_k,
                 "model_family": self.family}
 
 
 def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequence[str], max_batch: int,
-               make=Retriever, warm=warm_up) -> LoadedIndex:
-    """Checks the workdir is complete, opens a Retriever per method and warms each (seconds; minutes at scale).
-    make(config, workdir, method): what opens a method's engine (a Ray front's scores on its shards); warm(engine,
-    max_batch): what warms it."""
+               scoring=None, warm=warm_up, make=None) -> LoadedIndex:
+    """Checks the workdir is complete, opens an `Index` with every served method and warms each (seconds; minutes at
+    scale). scoring: what scores the unions (`Index`'s: a Ray front's shards; None: this process); warm(engine,
+    max_batch): what warms a method's engine; make: `Index`'s (a test's stand-in engine)."""
     t0 = time.perf_counter()
-    with versions.reading(Layout.of(workdir)) as version:  # every Retriever opens the same version
+    index = Index(config, workdir, methods[0], scoring=scoring, make=make)
+    with versions.reading(Layout.of(workdir)):  # the checks and every method of the same version
         check_complete(workdir)
         fingerprint, family = index_fingerprint(workdir), model_family(workdir)
-        retrievers = {method: make(config, workdir, method=method) for method in methods}
-        image_query.prepare(retrievers[methods[0]])  # what a picture search reads (the first method's), this version
-    for method in methods:
-        warm(retrievers[method], max_batch)  # before the cache, so each batch size's rows are generated
-        if retrievers[method].methods.uses_summary():
-            retrievers[method].cache_summaries(int(config.serve.summary_cache))
-    image_query.warm(retrievers[methods[0]])  # its vision tower made and run once: no request makes it
+        version = index.open_methods(methods)
+    index.warm_up(lambda engine: warm(engine, max_batch), int(config.serve.summary_cache))
     if index_fingerprint(workdir) != fingerprint:  # rebuilt while it was loading: what was read may be mixed
         raise CfirError(f"{workdir}: the index changed while it was loading; reload again when index.py is done")
-    return LoadedIndex(workdir, retrievers, fingerprint, family, time.time(), time.perf_counter() - t0,
+    return LoadedIndex(workdir, index, fingerprint, family, time.time(), time.perf_counter() - t0,
                        int(config.retrieval.top_k), version=version)
 
 
@@ -254,7 +256,7 @@ def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
     """The EntityPool an index's batches use: `old` when it parses the same way (spaCy model, labels), a new one of
     serve.entity_workers processes otherwise; None when workers < 2 or no served method reads entities."""
     workers = int(config.serve.entity_workers)
-    if workers < 2 or all(r.entities is None for r in index.retrievers.values()):
+    if workers < 2 or all(index.index.retriever(m).entities is None for m in index.methods):
         return None
     e, s = config.index.entities, config.serve
     labels = label_spec(e.labels)

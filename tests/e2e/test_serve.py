@@ -21,6 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from repo import ROOT, run_script
 from serving import wait_ready
+from standin_service import NoPictures, standin_index
 
 from cfir_jax.core.query_rule import QueryRefused, check_text, check_top_k
 
@@ -385,11 +386,12 @@ class _FakeRetriever:
     """Answers instantly; records the documents of each batch (the batcher's own behaviour under test)."""
 
     entities = None
+    picture_search = NoPictures
 
     def __init__(self):
         self.batches: list[list[str]] = []
 
-    def retrieve_many(self, docs):
+    def retrieve_many(self, docs, progress=False, where=None):
         from cfir_jax.retrieve.pipeline import Retrieval
 
         self.batches.append([d.doc_id for d in docs])
@@ -420,7 +422,7 @@ def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
 
     monkeypatch.setattr(report, "as_json", lambda record, top_k: record.id)
     retriever = _FakeRetriever()
-    index = types.SimpleNamespace(retrievers={"cfir": retriever}, entity_pool=None, version=1)
+    index = types.SimpleNamespace(index=standin_index(retriever), entity_pool=None, version=1)
     batcher = MicroBatcher(lambda: index, max_batch=8, max_wait_ms=1500, queue_size=8, metrics=Metrics())
 
     async def scenario():

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 import numpy as np
 import uvicorn
 
+from cfir_jax.api.index import Index
 from cfir_jax.core.config_serve import serve_config
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
@@ -72,7 +73,7 @@ class StandInRetriever:
         self.config = SimpleNamespace(retrieval=SimpleNamespace(top_k=max_top_k))
         self.texts: list[str] = []
 
-    def retrieve_many(self, docs, progress=False):
+    def retrieve_many(self, docs, progress=False, where=None):
         self.texts += [d.text for d in docs]
         return [Retrieval([RankedImage(1, IDS[0], 0.5, 0)], [], [], "a summary", "", 1, {"er": 0.1}) for _ in docs]
 
@@ -80,14 +81,32 @@ class StandInRetriever:
         return f"the caption of {image_id}", ""
 
 
+class NoPictures:
+    """A stand-in engine's picture search (`image_query.prepare` makes it): none; its text path is under test."""
+
+    def __init__(self, retriever):
+        pass
+
+
+def standin_index(engine, max_top_k: int = 50, serve=None) -> Index:
+    """The library's `Index` over a stand-in engine, opened as a service opens its methods (one: "cfir"), over a
+    workdir that is not there (version 0); its config: retrieval.top_k and the serve section (`settings()`)."""
+    serve = serve if serve is not None else settings()
+    config = SimpleNamespace(retrieval=SimpleNamespace(top_k=max_top_k), serve=serve)
+    index = Index(config, "W", "cfir", make=lambda *args, **options: engine)
+    index.open_methods(["cfir"])
+    return index
+
+
 class StandInHolder:
     """The IndexHolder's surface: one loaded stand-in index, never reloaded."""
 
     reloading, last_reload = False, None
 
-    def __init__(self, retriever: StandInRetriever, max_top_k: int):
+    def __init__(self, retriever: StandInRetriever, max_top_k: int, serve=None):
         self.current = SimpleNamespace(
-            retrievers={"cfir": retriever}, version=3, entity_pool=None, max_top_k=max_top_k, workdir="W",
+            index=standin_index(retriever, max_top_k, serve), methods=("cfir",), version=3, entity_pool=None,
+            max_top_k=max_top_k, workdir="W",
             fingerprint="standin", loaded_at=0.0,
             describe=lambda: {"workdir": "W", "version": 3, "methods": ["cfir"], "max_top_k": max_top_k,
                               "loaded_at": "1970-01-01T00:00:00Z"})
@@ -108,8 +127,8 @@ def serving(tower_delay_s: float = 0.0, max_top_k: int = 50, **overrides):
     """Serves the app over the stand-in index on 127.0.0.1: yields (url, service, retriever); stops it after. The
     log records the service writes (an internal error, a traceback) are in `service.log_records`."""
     retriever = StandInRetriever(StandInTower(tower_delay_s), max_top_k)
-    image_query.prepare(retriever)
-    svc = Service(StandInHolder(retriever, max_top_k), settings(**overrides))
+    serve = settings(**overrides)
+    svc = Service(StandInHolder(retriever, max_top_k, serve), serve)
     records: list[logging.LogRecord] = []
     catcher = logging.Handler(logging.WARNING)
     catcher.emit = records.append

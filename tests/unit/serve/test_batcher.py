@@ -9,8 +9,10 @@ import time
 from types import SimpleNamespace
 
 import pytest
+from standin_service import NoPictures, standin_index
 
 from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.retrieve.results import Result
 from cfir_jax.serve import batcher as batcher_lib
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.resident import config_overrides
@@ -20,11 +22,12 @@ class StandIn:
     """A Retriever's batched path: each document's 'result' is its text upper-cased; batches are recorded."""
 
     entities = None
+    picture_search = NoPictures
 
     def __init__(self, gate: threading.Event | None = None, fail: bool = False):
         self.batches, self.gate, self.fail = [], gate, fail
 
-    def retrieve_many(self, docs):
+    def retrieve_many(self, docs, progress=False, where=None):
         self.batches.append([d.doc_id for d in docs])
         if self.gate is not None:
             self.gate.wait(5)
@@ -38,8 +41,9 @@ class StandIn:
 
 @pytest.fixture
 def answers_as_text(monkeypatch):
-    made = lambda doc_id, result, describe, top, *rest: SimpleNamespace(id=doc_id, text=result.text)  # noqa: E731
-    monkeypatch.setattr(batcher_lib.Result, "of", made)  # the stand-in's answers are no pipeline Retrievals
+    made = lambda doc_id, result, describe, top, *rest: SimpleNamespace(id=doc_id, text=result.text,  # noqa: E731
+                                                                         times_ms=result.times_ms)
+    monkeypatch.setattr(Result, "of", made)  # the stand-in's answers are no pipeline Retrievals
     monkeypatch.setattr(batcher_lib.report, "as_json", lambda result, top: f"{result.id}={result.text}")
 
 
@@ -49,7 +53,7 @@ def _job(loop, ids, deadline_s=5.0, method="cfir"):
 
 
 def _batcher(retriever, max_batch=8, queue_size=64):
-    index = SimpleNamespace(retrievers={"cfir": retriever}, version=3, entity_pool=None)
+    index = SimpleNamespace(index=standin_index(retriever), version=3, entity_pool=None)
     return batcher_lib.MicroBatcher(lambda: index, max_batch, 0.0, queue_size, Metrics())
 
 
