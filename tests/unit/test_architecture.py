@@ -225,3 +225,68 @@ def test_the_string_check_finds_a_table_of_higher_modules(tmp_path):
                     'R = Registry("stage", "builders/*")\nS = Registry("engine", "*/serve")\n')
     found = _rooms_named_above({"cfir_jax.core.config_check": path})
     assert [f.split(" names ")[1].split(" ")[0] for f in found] == ["cluster/", "builders/"]
+
+
+# The one query core (docs/architecture.md): only the library's `Index` makes a Retriever and a `Result` of one.
+CORE = "cfir_jax.api.index"
+MADE_ONLY_BY_THE_CORE = {("cfir_jax.retrieve.pipeline", "Retriever"): "makes a Retriever",
+                         ("cfir_jax.retrieve.results", "Result.of"): "makes a Result (Result.of)"}
+
+
+def _core_bypasses(module: str, path: Path) -> list[str]:
+    """Where a file reaches past the query core: each use of the Retriever class (called, or handed on as a value: a
+    `make=Retriever` default is a constructor too; an annotation only names the type) and each `Result.of`, reached
+    by any import (`from cfir_jax.retrieve.pipeline import Retriever as R`, `from cfir_jax.retrieve import results`,
+    `import cfir_jax.retrieve.results`)."""
+    tree = ast.parse(path.read_text())
+    names = {}  # local name -> the dotted cfir_jax name it stands for
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cfir_jax"):
+            names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
+        elif isinstance(node, ast.Import):
+            names.update({a.asname: a.name for a in node.names if a.asname and a.name.startswith("cfir_jax")})
+            names.update({"cfir_jax": "cfir_jax" for a in node.names if not a.asname and a.name.startswith("cfir_jax")})
+    annotations = {id(n) for node in ast.walk(tree) for ann in _annotations(node) for n in ast.walk(ann)}
+
+    def dotted(node: ast.expr) -> str | None:
+        if isinstance(node, ast.Name):
+            return names.get(node.id)
+        if isinstance(node, ast.Attribute) and (base := dotted(node.value)) is not None:
+            return f"{base}.{node.attr}"
+        return None
+
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Name, ast.Attribute)) and id(node) not in annotations:
+            for (owner, name), what in MADE_ONLY_BY_THE_CORE.items():
+                if dotted(node) == f"{owner}.{name}" and module not in (CORE, owner):
+                    found.append(f"{path.name}:{node.lineno} {module} {what}")
+    return found
+
+
+def _annotations(node: ast.AST) -> list[ast.expr]:
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        args = node.args
+        every = args.posonlyargs + args.args + args.kwonlyargs + [a for a in (args.vararg, args.kwarg) if a]
+        return [a.annotation for a in every if a.annotation is not None] + ([node.returns] if node.returns else [])
+    return [node.annotation] if isinstance(node, ast.AnnAssign) else []
+
+
+def test_only_the_query_core_makes_a_retriever_or_a_result():
+    """The commands, the services (the batcher, the picture queue, the resident index, the Ray front) and the fits
+    reach retrieval through `cfir_jax.api.index.Index`: no other file constructs a Retriever or calls Result.of."""
+    found = [line for module, path in MODULES.items() for line in _core_bypasses(module, path)]
+    assert not found, "past the one query core:\n" + "\n".join(found)
+
+
+def test_the_core_check_finds_a_service_that_builds_its_own_retrievers(tmp_path):
+    """Planted: the old resident index (`make=Retriever`), a front's own Retriever, the batcher's Result.of under
+    each way of importing; an annotation and the core itself pass."""
+    path = tmp_path / "resident.py"
+    path.write_text("from cfir_jax.retrieve.pipeline import Retriever\nfrom cfir_jax.retrieve import pipeline as p\n"
+                    "import cfir_jax.retrieve.results\nfrom cfir_jax.retrieve.results import Result as R\n"
+                    "def load(make=Retriever, r: Retriever = None) -> Retriever:\n"
+                    "    return p.Retriever(1), R.of(1), cfir_jax.retrieve.results.Result.of(2)\n")
+    found = _core_bypasses("cfir_jax.serve.resident", path)
+    assert [f.split(" ", 1)[0] for f in found] == ["resident.py:5", "resident.py:6", "resident.py:6", "resident.py:6"]
+    assert _core_bypasses(CORE, path) == []
