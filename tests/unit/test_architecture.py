@@ -243,9 +243,9 @@ def _core_bypasses(module: str, path: Path) -> list[str]:
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("cfir_jax"):
             names.update({a.asname or a.name: f"{node.module}.{a.name}" for a in node.names})
-        elif isinstance(node, ast.Import):
-            names.update({a.asname: a.name for a in node.names if a.asname and a.name.startswith("cfir_jax")})
-            names.update({"cfir_jax": "cfir_jax" for a in node.names if not a.asname and a.name.startswith("cfir_jax")})
+        elif isinstance(node, ast.Import):  # `import cfir_jax.x.y` binds cfir_jax; `import cfir_jax.x.y as m`, m
+            names.update({a.asname or "cfir_jax": a.name if a.asname else "cfir_jax" for a in node.names
+                          if a.name.startswith("cfir_jax")})
     annotations = {id(n) for node in ast.walk(tree) for ann in _annotations(node) for n in ast.walk(ann)}
 
     def dotted(node: ast.expr) -> str | None:
