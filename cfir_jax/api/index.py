@@ -64,7 +64,7 @@ class Index:
         self.config, self.workdir, self.method = config, workdir, method
         self._options = {"measure_agreement": evaluation, "rerank_features": rerank_features,
                          **({"scoring": scoring} if scoring is not None else {})}
-        self._make = make or Retriever
+        self._make = make
         self._retrievers: dict[str, Retriever] = {}
         self._picture_rows: dict[str, int] | None = None  # the corpus' row of each image id (the HTML page)
         self._version = 0
@@ -118,7 +118,9 @@ class Index:
 
     def _open(self, method: str) -> Retriever:
         """A method's engine over the workdir's stores (the caller holds the version's reading)."""
-        return self._make(self.config, self.workdir, method, **self._options)
+        if self._make is not None:  # another engine (a test's stand-in)
+            return self._make(self.config, self.workdir, method, **self._options)
+        return Retriever(self.config, self.workdir, method, **self._options)
 
     @property
     def methods(self) -> tuple[str, ...]:
