@@ -159,3 +159,52 @@ def test_a_batch_stops_at_max_batch_documents(answers_as_text):
 def test_config_overrides_are_the_config_arguments_of_a_command_line():
     argv = ["--index", "W", "--serve", "--config.serve.max_batch=4", "--config.retrieval.top_k", "50", "--port", "0"]
     assert config_overrides(argv) == ["--config.serve.max_batch=4", "--config.retrieval.top_k=50"]
+
+
+class Hits:
+    """A Retriever's batched path answering five ranked images per document (the real records, no monkeypatching)."""
+
+    entities = None
+    picture_search = NoPictures
+
+    def __init__(self, gate: threading.Event):
+        self.batches, self.gate = [], gate
+
+    def retrieve_many(self, docs, progress=False, where=None):
+        from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
+
+        self.batches.append([(d.doc_id, d.where) for d in docs])
+        self.gate.wait(5)
+        return [Retrieval([RankedImage(n + 1, f"img-{n}", 1.0, n) for n in range(5)], [], [], "") for _ in docs]
+
+    def describe_image(self, image_id):
+        return f"caption of {image_id}", ""
+
+
+def test_jobs_of_one_batch_get_their_own_top_k_and_filters_through_the_index():
+    """The batcher answers through `Index.search_documents`: one retrieval for the batch, each request's top_k."""
+    import json
+
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = Hits(gate)
+        mb = _batcher(retriever)
+        mb.submit(_job(loop, ["running"]))
+        while not retriever.batches:  # the worker holds the first batch: the next two queue behind it
+            await asyncio.sleep(0.01)
+        few = batcher_lib.Job([DocumentInput("t", "a", where=(("license", "=", "cc0"),))], "cfir", 1,
+                              time.monotonic() + 5, loop.create_future(), loop)
+        many = batcher_lib.Job([DocumentInput("t", "b"), DocumentInput("t", "c")], "cfir", 4, time.monotonic() + 5,
+                               loop.create_future(), loop)
+        mb.submit(few)
+        mb.submit(many)
+        gate.set()
+        answers = [await few.future, await many.future]
+        mb.stop(5)
+        return retriever.batches[1:], answers
+
+    batches, answers = asyncio.run(run())
+    assert batches == [[("a", (("license", "=", "cc0"),)), ("b", ()), ("c", ())]]
+    shown = [[(json.loads(a)["id"], len(json.loads(a)["hits"])) for a in job] for job in answers]
+    assert shown == [[("a", 1)], [("b", 4), ("c", 4)]]
+    assert json.loads(answers[0][0])["hits"][0]["caption"] == "caption of img-0"
