@@ -234,3 +234,13 @@ def span_topk(queries: np.ndarray, database, lo: int, hi: int, k: int) -> tuple[
     scores, rows = exact_topk(queries, RowRange(database, lo, hi), min(int(k), hi - lo),
                               block_size=min(DEFAULT_BLOCK_SIZE, database.shape[0]), fixed_block=True)
     return scores, np.where(rows >= 0, rows + lo, -1).astype(np.int32)
+
+
+def subset_topk(queries: np.ndarray, database, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """`exact_topk` over the rows ids [V] (ascending) of database [N, D] only, in the whole database's block shape,
+    so every score is bit-equal to the whole search's and ties still go to the lower row: (scores [Q, k'], rows
+    [Q, k'] numbered as in database). A filter's search scores the rows it passes, never the N."""
+    ids = np.asarray(ids, np.int64)
+    scores, pos = exact_topk(queries, RowSubset(database, ids), min(int(k), len(ids)),
+                             block_size=min(DEFAULT_BLOCK_SIZE, database.shape[0]), fixed_block=True)
+    return scores, np.where(pos >= 0, ids[np.maximum(pos, 0)], -1).astype(np.int32)
