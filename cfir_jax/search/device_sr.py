@@ -185,6 +185,12 @@ def subset_top_k(cache: jax.Array, queries: jax.Array, ids: jax.Array, *, k: int
     return _merge_shards(shard_s, shard_i, k)
 
 
+def subset_width(most: int, block: int) -> int:
+    """The rows per shard `subset_top_k` scans for a shard list of at most `most` rows: `block` times a power of two
+    (a few shapes, few compilations; at most twice the rows)."""
+    return block * (1 << max(0, math.ceil(math.log2(max(1, -(-most // block))))))
+
+
 # The jitted programs (static: sizes and the mesh); lower them with ShapeDtypeStruct arguments to compile ahead.
 device_sr = jax.jit(sr_top_k, static_argnames=("k", "rows_per_shard", "mesh"))
 device_full_topk = jax.jit(full_top_k, static_argnames=("k", "n", "rows_per_shard", "block", "mesh"))
@@ -338,9 +344,7 @@ class DeviceCache:
         `block` times a power of two, so the rows of any filter fall in a few shapes (few compilations)."""
         rows = np.asarray(rows, np.int64)
         cuts = np.searchsorted(rows, np.arange(self.shards + 1) * self.rows_per_shard)
-        most = int(np.diff(cuts).max(initial=0))
-        width = self.block * (1 << max(0, math.ceil(math.log2(max(1, -(-most // self.block))))))
-        ids = np.full((self.shards, width), -1, np.int32)
+        ids = np.full((self.shards, subset_width(int(np.diff(cuts).max(initial=0)), self.block)), -1, np.int32)
         for s in range(self.shards):
             own = rows[cuts[s] : cuts[s + 1]] - s * self.rows_per_shard
             ids[s, : len(own)] = own
