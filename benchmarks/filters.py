@@ -1,12 +1,16 @@
 """What a filter on the pictures' own fields costs a query (docs/filters.md): p50 per document of the unfiltered
 query and of the same query under a filter passing ~10% of the pictures, interleaved, in one run; and the size of
-the candidate union under each (a filter must not grow it beyond what ER gives).
+the candidate union under each (a filter must not grow it beyond what ER gives: `union_grew` counts the documents
+whose filtered union is larger than their unfiltered one, and must be 0).
 
     flock /tmp/cfir-bench.lock python benchmarks/filters.py --demo demo_work
+    flock /tmp/cfir-bench.lock python benchmarks/filters.py --demo demo_work --million /tmp/w1m --docs 100
 
 The demo world's pictures carry no fields, so the copy of W this runs on gets a column `n` = row mod 10 (written
 with the builder's own `write_store`), and the filter is `n=0`. Methods: cfir (ER's union, then SR) and
-dense_summary (a whole-cache search). The 1M synthetic index is not measured here.
+dense_summary (a whole-cache search, which under a filter scores only the passing rows). With --million, the same
+on the synthetic 1M-image index that `serve_load.make_million` makes from the demo (made or reused at that path,
+then given the column). --sr-backend device runs SR and the whole-cache search on the JAX device (the CPU here).
 """
 
 from __future__ import annotations
@@ -14,11 +18,14 @@ from __future__ import annotations
 import argparse
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 from common import hardware_description
+from serve_load import make_million
 
 from cfir_jax.builders.image_fields import columns_of, write_store
 from cfir_jax.core.cli import workdir_config
@@ -26,40 +33,65 @@ from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.stores.image_cache import ImageCache
 
 
-def measure(w: Path, method: str, where: list[str], rounds: int) -> dict:
-    retriever = Retriever(workdir_config(w), w, method)
-    docs = retriever.corpus_documents("test")
-    retriever.retrieve_many(docs[:4])
-    retriever.retrieve_many(docs[:4], where=where)
+def measure(w: Path, method: str, where: list[str], rounds: int, docs: int, backend: str) -> dict:
+    config = workdir_config(w)
+    if backend:
+        config.retrieval.sr_backend = backend
+    retriever = Retriever(config, w, method)
+    chosen = retriever.corpus_documents("test")[:docs]
+    retriever.retrieve_many(chosen[:4])
+    retriever.retrieve_many(chosen[:4], where=where)
     times = {"all": [], "filtered": []}
     unions = {"all": [], "filtered": []}
     for _ in range(rounds):
-        for doc in docs:  # interleaved: a load spike hits both sides alike
+        for doc in chosen:  # interleaved: a load spike hits both sides alike
             for side, wh in (("all", None), ("filtered", where)):
                 t0 = time.perf_counter()
                 r = retriever.retrieve_many([doc], where=wh)[0]
                 times[side].append(1e3 * (time.perf_counter() - t0))
                 unions[side].append(r.num_candidates)
     p50 = {s: statistics.median(t) for s, t in times.items()}
-    return {"method": method, "docs": len(docs), "p50_all_ms": round(p50["all"], 3),
-            "p50_filtered_ms": round(p50["filtered"], 3), "ratio": round(p50["filtered"] / p50["all"], 3),
-            "union_all": round(statistics.mean(unions["all"]), 1),
-            "union_filtered": round(statistics.mean(unions["filtered"]), 1)}
+    grew = int((np.asarray(unions["filtered"]) > np.asarray(unions["all"])).sum())
+    return {"method": method, "backend": retriever.sr.backend(), "docs": len(chosen),
+            "p50_all_ms": round(p50["all"], 3), "p50_filtered_ms": round(p50["filtered"], 3),
+            "ratio": round(p50["filtered"] / p50["all"], 3), "union_all": round(statistics.mean(unions["all"]), 1),
+            "union_filtered": round(statistics.mean(unions["filtered"]), 1), "union_grew": grew}
+
+
+def with_column(w: Path) -> int:
+    """Writes W/image_fields with the column n = row mod 10 (the filter n=0 passes 10%); returns the rows."""
+    cache = ImageCache.open(w / "image_cache")
+    n = cache.num_images
+    write_store(w / "image_fields", columns_of([{"n": r % 10} for r in range(n)], {}), cache, 0.0)
+    return n
+
+
+def run(w: Path, args, label: str) -> None:
+    rows = with_column(w)
+    load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
+    print(f"== {label}: {rows:,} pictures, filter n=0 (10%); {load}", flush=True)
+    for method in ("cfir", "dense_summary"):
+        print(measure(w, method, ["n=0"], args.rounds, args.docs, args.sr_backend), flush=True)
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--demo", required=True, help="a built demo workdir (copied; left untouched)")
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--docs", type=int, default=10**9, help="test documents measured (all by default)")
+    p.add_argument("--million", default="", help="where to make (or reuse) the synthetic 1M-image index")
+    p.add_argument("--n-images", type=int, default=1_000_000)
+    p.add_argument("--k", type=int, default=10_000, help="candidates per entity in the synthetic index")
+    p.add_argument("--sr-backend", default="", choices=("", "cpu", "device"), help="retrieval.sr_backend")
     args = p.parse_args()
     print(hardware_description())
     with tempfile.TemporaryDirectory() as tmp:
         w = Path(tmp) / "W"
         shutil.copytree(args.demo, w)
-        cache = ImageCache.open(w / "image_cache")
-        write_store(w / "image_fields", columns_of([{"n": r % 10} for r in range(cache.num_images)], {}), cache, 0.0)
-        for method in ("cfir", "dense_summary"):
-            print(measure(w, method, ["n=0"], args.rounds))
+        run(w, args, "the demo")
+    if args.million:
+        make_million(args.demo, args.million, args.n_images, args.k)
+        run(Path(args.million), args, "the synthetic index")
 
 
 if __name__ == "__main__":

@@ -9,6 +9,7 @@ Full config, the Full step of CFIR's).
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable
 
 import jax
@@ -251,6 +252,23 @@ def device_sr(config, topology: Topology, cache_rows: int | None = None, cache_d
     return [Program(f"device_sr_q{q}", f"{q} queries x union {UNION_BUCKET:,}, {cache.describe()}",
                     (lambda q=q: lower(q)), lambda d: _cache_knob(cache, d), per_host=True)
             for q in query_batches]
+
+
+@register("retrieve", "filtered_search")
+def filtered_search(config, topology: Topology, cache_rows: int | None = None, cache_dtype: str | None = None,
+                    passing: float = 0.1) -> list[Program]:
+    """The whole-cache search under a filter passing `passing` of the rows (the dense methods, CFIR's fallback),
+    which scores only those rows: each shard's passing rows [S, L] gathered block by block, per host."""
+    cache = _device_cache(config, topology, cache_rows, cache_dtype)
+    r = dsr.rows_per_shard(cache.n, cache.shards)
+    block = min(dsr.FULL_SEARCH_BLOCK, r)
+    width = dsr.subset_width(math.ceil(passing * r), block)
+    ids = jax.ShapeDtypeStruct((cache.shards, width), jnp.int32, sharding=NamedSharding(cache.mesh, P(dsr.AXIS, None)))
+    queries = cache.replicated((1, cache.dim), jnp.float32)
+    lower = lambda: dsr.device_subset_topk.lower(cache.abstract, queries, ids, k=int(config.retrieval.top_k),  # noqa
+                                                 block=block, mesh=cache.mesh)
+    return [Program("filtered_search", f"1 query, {passing:.0%} of the rows passing, {cache.describe()}", lower,
+                    lambda d: _cache_knob(cache, d), per_host=True)]
 
 
 # BART's generation (index.summaries): the query batches of a service and the paper's 1,024 input tokens.

@@ -1,5 +1,6 @@
-"""The fit-fusion command (`retrieve.py --index W --fit-fusion`): fits the convex fusion's weight of SR and BM25 on
-the train split into W/convex_fusion (`cfir_jax.rerank.fusion_fit`) and says what the fit found in one line."""
+"""The fit-fusion command (`retrieve.py --index W --fit-fusion`): fits the convex fusions' weights (SR and BM25; the
+image and its own text) on the train split into W/convex_fusion (`cfir_jax.rerank.fusion_fit`) and says what the fit
+found, one line per pair."""
 
 from __future__ import annotations
 

@@ -55,8 +55,9 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
                       "(retrieval.rerank) on the train split into W/reranker; enable it with "
                       "--config.retrieval.rerank.enabled=true")
-    what.add_argument("--fit-fusion", action="store_true", help="fit the convex fusion's weight of SR and BM25 "
-                      "(method cfir_bm25_convex) on the train split into W/convex_fusion; --compare then adds its row")
+    what.add_argument("--fit-fusion", action="store_true", help="fit the convex fusions' weights on the train split "
+                      "into W/convex_fusion: SR and BM25 (method cfir_bm25_convex), the image and its own text "
+                      "(cfir_text_convex), each when its store exists; --compare then adds their rows")
     what.add_argument("--serve", action="store_true", help="serve the index over HTTP until stopped (POST "
                       "/v1/search, GET / a page; settings: --config.serve.*)")
     serving = p.add_argument_group("--serve")
@@ -67,7 +68,7 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     serving.add_argument("--address", default=None, help="with --engine ray: the Ray cluster to join (default "
                          "serve.address; none: start a local Ray)")
     p.add_argument("--method", default="cfir", help="cfir | dense_document | dense_summary | entity_only | bm25 | "
-                   "cfir_bm25 | cfir_bm25_fused | cfir_bm25_convex")
+                   "cfir_bm25 | cfir_bm25_fused | cfir_bm25_convex | cfir_text_convex")
     p.add_argument("--compare", action="store_true", help="with --evaluate: the rows of the paper's Table 3")
     p.add_argument("--plot", default="", metavar="FILE.png", help="with --evaluate: draw recall@k curves of the "
                    "method(s) into a PNG")

@@ -86,7 +86,7 @@ def retrieve_main():
                                                                         # + the re-ranked row when W/reranker does)
         python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
         python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
-        python retrieve.py --index W --fit-fusion                       # fit the convex fusion of SR and BM25
+        python retrieve.py --index W --fit-fusion                       # fit the convex fusions (BM25, image text)
         python retrieve.py --index W --serve [--host 127.0.0.1] [--port 8080]   # resident HTTP service (cfir_jax.serve)
         python retrieve.py --config configs/large.py --compile-only --topology v6e-8   # device SR, no TPU needed
 

@@ -325,8 +325,10 @@ def retrieval_config() -> ml_collections.ConfigDict:
             caption_cache=10000,  # (caption, url) pairs Retriever.describe_image keeps, least recently used out
             # Beyond the paper: SR scores a candidate by w_img * <q, image> + w_txt * <q, image text>
             # (W/image_text; images without text add 0). The default (1, 0) is the paper's SR. compare_w_txt: the
-            # text weight of the fused row of --compare when w_txt is 0.
-            fusion=dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.5),
+            # text weight of the fused row of --compare when w_txt is 0. alpha: the image's weight in the convex
+            # fusion alpha * minmax(<q, image>) + (1 - alpha) * minmax(<q, image text>) over ER's union (method
+            # cfir_text_convex); -1: the weight retrieve.py --fit-fusion fitted on the train split into W/convex_fusion.
+            fusion=dict(w_img=1.0, w_txt=0.0, compare_w_txt=0.5, alpha=-1.0),
             # Beyond the paper: each known entity's candidates also include the images whose own text names it
             # (W/entity_text_match, cfir_jax.stores.entity_text_match).
             entity_text_match=False,

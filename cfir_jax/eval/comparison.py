@@ -19,6 +19,8 @@ from typing import Any
 
 import ml_collections
 
+from cfir_jax.core.errors import CfirError
+from cfir_jax.stores.convex_fusion import FusionWeight
 from cfir_jax.stores.layout import Layout
 
 
@@ -79,6 +81,13 @@ LEXICAL = (Row("bm25", "bm25", PAPER_SETTINGS, "BM25 (image text)"),
 CONVEX = Row("bm25_convex", "cfir_bm25_convex", {**PAPER_SETTINGS, "retrieval.lexical.alpha": -1.0},
              "CFIR + BM25 convex")
 
+# Beyond the paper, when retrieve.py --fit-fusion fitted its weight (W/convex_fusion, pair image_text): ER's union
+# ranked by the convex fusion of the image's and its own text's scores; the settings of the linear fused row
+# beside it, which stays.
+TEXT_CONVEX = Row("image_text_convex", "cfir_text_convex",
+                  {**NO_FUSION, **NO_RERANK, **NO_TEXT_MATCH, "retrieval.fusion.alpha": -1.0},
+                  "CFIR + image text convex")
+
 # Beside document only (the frozen vision tower) and CFIR: both towers trained, the document at its training length.
 FULL = Row("full", "dense_document", {**PAPER_SETTINGS, "retrieval.model": "full", "retrieval.image_cache": ""},
            "D-BEiT-3 Full")
@@ -138,11 +147,12 @@ def comparison_rows(config: ml_collections.ConfigDict, workdir) -> tuple[Row, ..
     if (layout.image_text / "manifest.json").is_file():
         w_txt = fusion[1] if fusion[1] != 0.0 else float(rcfg.fusion.compare_w_txt)
         rows += (FUSED.with_overrides(retrieval__fusion__w_txt=w_txt),)
+        rows += (TEXT_CONVEX,) if fitted_pair(layout, "image_text") else ()
     if (layout.entity_text_match / "manifest.json").is_file():
         rows += (TEXT_MATCH,)
     if (layout.lexical / "manifest.json").is_file():
         rows += LEXICAL
-        rows += (CONVEX,) if (layout.convex_fusion / "manifest.json").is_file() else ()
+        rows += (CONVEX,) if fitted_pair(layout, "bm25") else ()
     if (layout.reranker / "manifest.json").is_file() or rcfg.rerank.enabled:
         rows += (RERANK,)
         if fusion != (1.0, 0.0):
@@ -150,6 +160,16 @@ def comparison_rows(config: ml_collections.ConfigDict, workdir) -> tuple[Row, ..
     if not full_row_note(workdir):
         rows += (FULL,)
     return rows
+
+
+def fitted_pair(layout: Layout, pair: str) -> bool:
+    """Whether W/convex_fusion holds a weight for `pair` (a store that cannot be read: no row; its method says why)."""
+    if not (layout.convex_fusion / "manifest.json").is_file():
+        return False
+    try:
+        return FusionWeight.open(layout.convex_fusion).pair(pair) is not None
+    except CfirError:
+        return pair == "bm25"  # the row's method then names the damage in one line, as before
 
 
 def full_row_note(workdir) -> str:

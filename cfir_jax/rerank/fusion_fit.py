@@ -1,15 +1,23 @@
-"""Fitting the convex fusion's weight (`python retrieve.py --index W --fit-fusion`) on the train split, and writing the
-store W/convex_fusion that `cfir_jax.stores.convex_fusion` reads (beyond the paper).
+"""Fitting the convex fusions' weights (`python retrieve.py --index W --fit-fusion`) on the train split, and writing the
+store W/convex_fusion that `cfir_jax.stores.convex_fusion` reads (beyond the paper). Each pair whose store the
+workdir holds is fitted:
 
-For every train document, full CFIR's SR list and BM25's list (exact SR, the settings of the --compare row
-`CFIR + BM25 convex`, `cfir_jax.eval.comparison.CONVEX`) are computed once; then each weight alpha of a grid over
-[0, 1] fuses them (`cfir_jax.retrieve.lexical.convex`) and the train MRR@10 of the fused lists is measured. The best
-alpha is kept (ties: the one nearest 0.5). Bruch, Gai & Ingber (TOIS 2023) find a few labelled queries enough to fit it.
+- `bm25` (W/lexical): for every train document, full CFIR's SR list and BM25's list (exact SR, the settings of the
+  --compare row `CFIR + BM25 convex`, `cfir_jax.eval.comparison.CONVEX`) are computed once; then each weight alpha
+  of a grid over [0, 1] fuses them (`cfir_jax.retrieve.lexical.convex`);
+- `image_text` (W/image_text): for every train document, the image and image-text scores of ER's whole union (the
+  row `CFIR + image text convex`, `cfir_jax.eval.comparison.TEXT_CONVEX`) are computed once; then each alpha ranks
+  the union by their convex fusion (`cfir_jax.retrieve.text_fusion`); a document without a usable entity keeps
+  CFIR's fallback, whatever alpha.
+
+For each alpha the train MRR@10 of the fused lists is measured, and the best alpha is kept (ties: the one nearest
+0.5). Bruch, Gai & Ingber (TOIS 2023) find a few labelled queries enough to fit it.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import ml_collections
 import numpy as np
@@ -18,47 +26,94 @@ from cfir_jax.api.index import Index
 from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError
 from cfir_jax.eval import metrics
-from cfir_jax.eval.comparison import CONVEX
+from cfir_jax.eval.comparison import CONVEX, TEXT_CONVEX
 from cfir_jax.retrieve.lexical import LexicalSearch, convex
+from cfir_jax.retrieve.pipeline import Retriever
+from cfir_jax.retrieve.text_fusion import fuse
 from cfir_jax.stores import lexical
 from cfir_jax.stores.contract import atomic_dir, write_manifest
 from cfir_jax.stores.convex_fusion import FORMAT_VERSION, KIND
+from cfir_jax.stores.image_cache import ImageCache
+from cfir_jax.stores.layout import Layout
 
 GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 21))
+Ranked = tuple[np.ndarray, np.ndarray]
+
+
+def _retriever(config: ml_collections.ConfigDict, workdir, row, method: str, split: str
+               ) -> tuple[Retriever, list]:
+    """A Retriever of `method` under the settings of --compare's `row` (exact SR), and the documents of `split`."""
+    cfg = row.config(upgrade(config.copy_and_resolve_references()))
+    cfg.retrieval.sr = cfg.retrieval.eval_sr
+    retriever = Index(cfg, workdir, method).retriever()
+    if split not in retriever.corpus.splits:
+        raise CfirError(f"{retriever.layout.corpus}: no {split} split to fit the fusion on")
+    return retriever, retriever.corpus_documents(split)
+
+
+def _ranked(result) -> Ranked:
+    return (np.array([h.score for h in result.hits], np.float32), np.array([h.row for h in result.hits], np.int32))
+
+
+def _sweep(retriever: Retriever, docs: list, split: str, fused: Callable[[int, float], Ranked]) -> dict:
+    """The fit of one pair: fused(i, alpha) is document i's list at weight alpha; MRR@10 on `split` at each."""
+    qrels, ids = retriever.corpus.qrels(split), retriever.image_ids
+    mrr = {}
+    for alpha in GRID:
+        run = {d.doc_id: [(ids[int(row)], float(s)) for s, row in zip(*fused(i, alpha))] for i, d in enumerate(docs)}
+        mrr[alpha] = round(metrics.evaluate(run, qrels, measures=("mrr@10",), complete=True).aggregate["mrr@10"], 4)
+    best = max(GRID, key=lambda a: (mrr[a], -abs(a - 0.5)))
+    return {"alpha": float(best), "split": split, "documents": len(docs), "mrr10": {f"{a:g}": mrr[a] for a in GRID}}
+
+
+def fit_bm25(config: ml_collections.ConfigDict, workdir, progress: bool, split: str) -> dict:
+    """SR's weight against BM25's."""
+    retriever, docs = _retriever(config, workdir, CONVEX, "cfir", split)  # SR's own list, fused below
+    sr = [_ranked(r) for r in retriever.retrieve_many(docs, progress=progress)]
+    search = LexicalSearch(retriever.rcfg, lexical.READER.open_for(retriever.stores), retriever.stores.live)
+    bm25 = search.search_many([d.text for d in docs])
+    k = int(retriever.rcfg.top_k)
+    return _sweep(retriever, docs, split, lambda i, alpha: convex(sr[i], bm25[i], alpha, k))
+
+
+def fit_image_text(config: ml_collections.ConfigDict, workdir, progress: bool, split: str) -> dict:
+    """The image's weight against its own text's, over ER's union."""
+    row = TEXT_CONVEX.with_overrides(retrieval__fusion__alpha=0.5)  # any weight: the sweep re-fuses what is kept
+    retriever, docs = _retriever(config, workdir, row, row.method, split)
+    scorer = retriever.methods.scorer(retriever.stores)
+    scorer.kept = []  # each document's union and its two scores, in the documents' order (None: no entity)
+    results = retriever.retrieve_many(docs, progress=progress)
+    kept, k = scorer.kept, int(retriever.rcfg.top_k)
+    return _sweep(retriever, docs, split,
+                  lambda i, alpha: _ranked(results[i]) if kept[i] is None else fuse(*kept[i], alpha, k))
+
+
+# The pairs, each fitted when its store is there: (pair, the store it needs, its fit).
+FITS = (("bm25", "lexical", fit_bm25), ("image_text", "image_text", fit_image_text))
 
 
 def fit_fusion(config: ml_collections.ConfigDict, workdir, progress: bool = True, split: str = "train") -> dict:
-    """Fits alpha on `split` of `workdir` and writes W/convex_fusion; returns its manifest."""
-    start = time.time()
-    cfg = CONVEX.config(upgrade(config.copy_and_resolve_references()))
-    cfg.retrieval.sr = cfg.retrieval.eval_sr
-    retriever = Index(cfg, workdir, "cfir").retriever()
-    if split not in retriever.corpus.splits:
-        raise CfirError(f"{retriever.layout.corpus}: no {split} split to fit the fusion on")
-    docs = retriever.corpus_documents(split)
-    results = retriever.retrieve_many(docs, progress=progress)
-    sr = [(np.array([h.score for h in r.hits], np.float32), np.array([h.row for h in r.hits], np.int32))
-          for r in results]
-    search = LexicalSearch(cfg.retrieval, lexical.READER.open_for(retriever.stores), retriever.stores.live)
-    bm25 = search.search_many([d.text for d in docs])
-    qrels, ids, k = retriever.corpus.qrels(split), retriever.image_ids, int(cfg.retrieval.top_k)
-    mrr = {}
-    for alpha in GRID:
-        run = {d.doc_id: [(ids[int(row)], float(s)) for s, row in zip(*convex(a, b, alpha, k))]
-               for d, a, b in zip(docs, sr, bm25)}
-        mrr[alpha] = round(metrics.evaluate(run, qrels, measures=("mrr@10",), complete=True).aggregate["mrr@10"], 4)
-    best = max(GRID, key=lambda a: (mrr[a], -abs(a - 0.5)))
-    with atomic_dir(retriever.layout.convex_fusion) as tmp:
-        manifest = write_manifest(tmp, KIND, FORMAT_VERSION, alpha=float(best), split=split, documents=len(docs),
-                                  mrr10={f"{a:g}": mrr[a] for a in GRID},
-                                  cache_fingerprint=retriever.cache.content_fingerprint,
-                                  fit_seconds=round(time.time() - start, 1))
+    """Fits each pair's alpha on `split` of `workdir` and writes W/convex_fusion; returns its manifest."""
+    start, layout = time.time(), Layout.of(workdir)
+    pairs = {name: fit(config, workdir, progress, split) for name, store, fit in FITS
+             if (getattr(layout, store) / "manifest.json").is_file()}
+    if not pairs:
+        raise CfirError(f"{layout.root}: nothing to fuse convexly: no W/lexical (BM25) and no W/image_text; build "
+                        "either with index.py (index.lexical.enabled, index.image_text.enabled)")
+    cache = ImageCache.open(layout.image_cache).content_fingerprint
+    with atomic_dir(layout.convex_fusion) as tmp:  # bm25's fit also at the top level, as older stores held it
+        manifest = write_manifest(tmp, KIND, FORMAT_VERSION, **pairs.get("bm25", {}), pairs=pairs,
+                                  cache_fingerprint=cache, fit_seconds=round(time.time() - start, 1))
     return manifest
 
 
 def summary(m: dict, workdir) -> str:
-    """What the fit did, in one line."""
-    grid, best = m["mrr10"], f"{m['alpha']:g}"
-    return (f"fusion: alpha={best} (SR's weight) fitted on {m['documents']:,} {m['split']} documents, MRR@10 "
-            f"{grid[best]:.4f} (alpha=0: {grid['0']:.4f}, 1: {grid['1']:.4f}); wrote {workdir}/convex_fusion; "
-            "its row: retrieve.py --evaluate test --compare, or --method cfir_bm25_convex")
+    """What the fit did: one line per pair fitted, then where it went."""
+    whose = {"bm25": "SR's weight", "image_text": "the image's weight, against its own text's"}
+    lines = []
+    for name, fit in (m.get("pairs") or {"bm25": m}).items():
+        grid, best = fit["mrr10"], f"{fit['alpha']:g}"
+        lines.append(f"fusion: alpha={best} ({whose[name]}) fitted on {fit['documents']:,} {fit['split']} documents, "
+                     f"MRR@10 {grid[best]:.4f} (alpha=0: {grid['0']:.4f}, 1: {grid['1']:.4f})")
+    return "\n".join([*lines, f"wrote {workdir}/convex_fusion; its rows: retrieve.py --evaluate test --compare, or "
+                                "--method cfir_bm25_convex / cfir_text_convex"])

@@ -59,7 +59,7 @@ class LexicalSearch:
         if methods.lexical_candidates:
             return f", BM25 top {self.cfg.candidates} in the union"
         if methods.convex:
-            where = f"fitted on {self.fitted.manifest['split']}" if self.alpha == getattr(self.fitted, "alpha", None) \
+            where = f"fitted on {self.fitted.split}" if self.alpha == getattr(self.fitted, "alpha", None) \
                 else "retrieval.lexical.alpha"
             return f", fused with BM25 (convex, alpha={self.alpha:g}, {where})"
         return f", fused with BM25 (RRF, weight {float(self.cfg.fuse_weight):g})"

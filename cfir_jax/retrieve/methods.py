@@ -33,6 +33,7 @@ class Method:
     lexical_candidates = False  # BM25's top M join the union SR scores
     lexical_fused = False  # the answer is SR's ranking fused with BM25's
     convex = False  # fused by the convex combination of normalised scores (else reciprocal rank)
+    text_convex = False  # ER's union ranked by the convex fusion of the image's and its own text's scores
     dot_scores = True  # its scores are dot products of unit vectors (checked against the stores' bound)
 
     def __init__(self, rcfg):
@@ -193,6 +194,49 @@ class CfirBm25Convex(CfirBm25Fused):
 
     name = "cfir_bm25_convex"
     convex = True
+
+
+@METHODS.register
+class CfirTextConvex(Cfir):
+    """CFIR with ER's union ranked by alpha * minmax(image) + (1 - alpha) * minmax(image text) over the union, alpha
+    the image's weight (retrieval.fusion.alpha, or the one `retrieve.py --fit-fusion` fitted into W/convex_fusion):
+    `cfir_jax.retrieve.text_fusion`."""
+
+    name = "cfir_text_convex"
+    text_convex = True
+
+    def __init__(self, rcfg):
+        super().__init__(rcfg)
+        self.fusion = None  # the TextConvex of the stores, made with the first query's
+        self.fitted = None
+
+    def scorer(self, stores):
+        """The union's ranker over these stores (made once)."""
+        if self.fusion is None:
+            # why: the methods' table loads no JAX; the fusion's scorer and the fitted store's reader do
+            from cfir_jax.retrieve.text_fusion import TextConvex
+            from cfir_jax.stores.convex_fusion import fitted
+
+            if not (float(self.rcfg.fusion.alpha) == -1 or 0 <= float(self.rcfg.fusion.alpha) <= 1):
+                raise CfirError(f"retrieval.fusion.alpha={self.rcfg.fusion.alpha}: the image's weight in the convex "
+                                "fusion, in [0, 1] (-1: the one retrieve.py --fit-fusion fitted)")
+            self.fitted = fitted(stores.layout, self, self.rcfg)
+            alpha = float(self.rcfg.fusion.alpha) if self.fitted is None else self.fitted.alpha
+            self.fusion = TextConvex(stores.embeddings, stores.extra["image_text"].embeddings, alpha)
+        return self.fusion
+
+    def model_label(self, stores) -> str:
+        fusion = self.scorer(stores)
+        where = f"fitted on {self.fitted.split}" if self.fitted is not None else "retrieval.fusion.alpha"
+        return f"{super().model_label(stores)}, fused with image text (convex, alpha={fusion.alpha:g}, {where})"
+
+    def rank(self, retriever, query, lists, used, lexical=None):
+        fusion = self.scorer(retriever.stores)
+        if lists:
+            return fusion.rank(query, lists, int(self.rcfg.top_k)), ""
+        if fusion.kept is not None:  # a fit's documents stay in step with what it keeps
+            fusion.kept.append(None)
+        return super().rank(retriever, query, lists, used, lexical)
 
 
 def method_of(name: str, rcfg) -> Method:

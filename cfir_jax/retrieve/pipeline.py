@@ -124,7 +124,7 @@ class Retriever:
         cfir = self.methods.cfir  # CFIR, alone or with BM25
         self.fusion = (float(self.rcfg.fusion.w_img), float(self.rcfg.fusion.w_txt))
         self.stores = open_stores(config, workdir, self.methods)  # with the stores the method and options ask for
-        self.fused = "image_text" in self.stores.extra  # asked for by retrieval.fusion (stores.image_text.fusion_asked)
+        self.fused = "image_text" in self.stores.extra and not self.methods.text_convex  # retrieval.fusion asked it
         self.lexical = LexicalSearch(self.rcfg, self.stores.extra["lexical"], self.stores.live,  # BM25, fused or not
                                      config.index.languages, fitted(self.stores.layout, self.methods, self.rcfg)) \
             if self.methods.uses_lexical else None

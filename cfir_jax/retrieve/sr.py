@@ -29,7 +29,7 @@ from cfir_jax.search import device_sr
 from cfir_jax.search.compact import CompactCache, build_compact
 from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.fused import FusedRows, fused_queries
-from cfir_jax.search.topk import exact_top_k, exact_topk, span_topk
+from cfir_jax.search.topk import exact_top_k, exact_topk, span_topk, subset_topk
 from cfir_jax.stores.contract import manifest_digest
 
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
@@ -192,8 +192,9 @@ class SRFrontEnd:
     def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0),
                      span: tuple[int, int] | None = None) -> Ranked:
         """Exact top-k over the live rows of the whole cache, queries [Q, D] -> [Q, k'] each, k' = min(k, live
-        rows): on the devices when SR runs there. Removed rows are never returned: k + (removed rows) are searched
-        and the live ones kept (`cfir_jax.search.live_rows`).
+        rows): on the devices when SR runs there. Removed rows (and a filter's failing ones) are never returned:
+        with few of them, k + (removed rows) are searched and the live ones kept, else the live rows alone are
+        scored (`cfir_jax.search.live_rows`).
 
         weights: (w_img, w_txt) of a fused retriever's search; the default scores the images alone.
         span: rows [lo, hi) only (a shard's, `cfir_jax.cluster.shard`), searched on the host in the whole cache's
@@ -206,8 +207,11 @@ class SRFrontEnd:
         if span is not None:
             return self.live.search(lambda fetch: span_topk(queries, rows, *span, fetch), k)
         if self.backend() == "device":
-            return self.live.search(lambda fetch: self.device_cache().full_topk(queries, fetch), k)
-        return self.live.search(lambda fetch: exact_topk(queries, rows, min(fetch, len(rows))), k)
+            cache = self.device_cache()
+            return self.live.search(lambda fetch: cache.full_topk(queries, fetch), k,
+                                    lambda ids, kk: cache.subset_topk(queries, ids, kk))
+        return self.live.search(lambda fetch: exact_topk(queries, rows, min(fetch, len(rows))), k,
+                                lambda ids, kk: subset_topk(queries, rows, ids, kk))
 
     def full_search(self, query: np.ndarray, k: int) -> Ranked:
         """One query [D] over the whole cache, fused when SR is."""

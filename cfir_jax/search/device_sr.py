@@ -152,9 +152,49 @@ def full_top_k(cache: jax.Array, queries: jax.Array, *, k: int, n: int, rows_per
     return _merge_shards(shard_s, shard_i, k)
 
 
+def subset_top_k(cache: jax.Array, queries: jax.Array, ids: jax.Array, *, k: int, block: int, mesh: Mesh
+                 ) -> tuple[jax.Array, jax.Array]:
+    """Exact top-k of queries [Q, D] over some rows of cache [S * r, D] only (a filter's passing rows): ids [S, L]
+    holds each shard's own rows, numbered within the shard, ascending, -1 after them (L a multiple of `block`,
+    sharded over the mesh). Each step gathers `block` of them and scores them in `full_top_k`'s block shape, so
+    scores are bit-equal to the whole search's and ties go to the lower row: (scores, cache rows) [Q, k]."""
+    blk = block
+    kb = min(k, blk)
+
+    def local(cache, q, ids):
+        ids = ids[0]
+        base = jax.lax.axis_index(AXIS) * cache.shape[0]
+        init = (jnp.full((q.shape[0], k), -jnp.inf, jnp.float32), jnp.full((q.shape[0], k), -1, jnp.int32))
+        init = jax.lax.pcast(init, (AXIS,), to="varying")
+
+        def step(best, i):
+            local_rows = jax.lax.dynamic_slice_in_dim(ids, i * blk, blk)
+            valid = local_rows >= 0
+            block = jnp.take(cache, jnp.where(valid, local_rows, 0), axis=0)
+            s = jnp.dot(q, block.astype(jnp.float32).T, precision=jax.lax.Precision.HIGHEST)
+            s = jnp.where(valid[None], s, -jnp.inf)
+            rows = jnp.where(valid, base + local_rows, -1)
+            bs, bp = jax.lax.top_k(s, kb)
+            return merge_top_k(best[0], best[1], bs, rows[bp], k), None
+
+        (s, i), _ = jax.lax.scan(step, init, jnp.arange(ids.shape[0] // blk, dtype=jnp.int32))
+        return s[None], i[None]
+
+    shard_s, shard_i = jax.shard_map(local, mesh=mesh, in_specs=(P(AXIS, None), P(), P(AXIS, None)),
+                                     out_specs=(P(AXIS), P(AXIS)))(cache, queries, ids)
+    return _merge_shards(shard_s, shard_i, k)
+
+
+def subset_width(most: int, block: int) -> int:
+    """The rows per shard `subset_top_k` scans for a shard list of at most `most` rows: `block` times a power of two
+    (a few shapes, few compilations; at most twice the rows)."""
+    return block * (1 << max(0, math.ceil(math.log2(max(1, -(-most // block))))))
+
+
 # The jitted programs (static: sizes and the mesh); lower them with ShapeDtypeStruct arguments to compile ahead.
 device_sr = jax.jit(sr_top_k, static_argnames=("k", "rows_per_shard", "mesh"))
 device_full_topk = jax.jit(full_top_k, static_argnames=("k", "n", "rows_per_shard", "block", "mesh"))
+device_subset_topk = jax.jit(subset_top_k, static_argnames=("k", "block", "mesh"))
 
 
 class DeviceCache:
@@ -200,6 +240,7 @@ class DeviceCache:
         # `device_full_topk`.
         self._sr = jax.jit(self._sr_impl)
         self._full = jax.jit(self._full_impl, static_argnames="k")
+        self._subset = jax.jit(self._subset_impl, static_argnames="k")
 
     def _put(self, embeddings: np.ndarray, jdtype) -> jax.Array:
         """Each device receives only its row range (never the whole cache on one device first)."""
@@ -271,12 +312,15 @@ class DeviceCache:
 
     def full_topk(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact top-k over the whole cache: queries [Q, D] -> (scores [Q, k'], rows [Q, k'] int32), k' = min(k, N)."""
+        return self._chunked(queries, min(int(k), self.n), "full search", lambda q, k: self._full(self.cache, q, k=k))
+
+    def _chunked(self, queries: np.ndarray, k: int, what: str, call) -> tuple[np.ndarray, np.ndarray]:
+        """call(q [qb, D] on the devices, k) over queries [Q, D] in chunks of a few fixed sizes -> [Q, k] each."""
         queries = np.asarray(queries, np.float32)
         if queries.ndim != 2 or queries.shape[1] != self.dim:
-            raise CfirError(f"full search: queries must be [Q, {self.dim}], got {queries.shape}")
-        k = min(int(k), self.n)
+            raise CfirError(f"{what}: queries must be [Q, {self.dim}], got {queries.shape}")
         if k < 1:
-            raise CfirError(f"k={k} must be >= 1")
+            raise CfirError(f"{what}: k={k} must be >= 1")
         qb = query_rows(len(queries))
         out_s = np.empty((len(queries), k), np.float32)
         out_i = np.empty((len(queries), k), np.int32)
@@ -285,7 +329,30 @@ class DeviceCache:
             q = np.zeros((qb, self.dim), np.float32)
             part = queries[q0 : q0 + qb]
             q[: len(part)] = part
-            s, i = self._full(self.cache, jax.device_put(q, replicated), k=k)
+            s, i = call(jax.device_put(q, replicated), k)
             out_s[q0 : q0 + len(part)] = np.asarray(s)[: len(part)]
             out_i[q0 : q0 + len(part)] = np.asarray(i)[: len(part)]
         return out_s, out_i
+
+    def _subset_impl(self, cache: jax.Array, queries: jax.Array, ids: jax.Array, *, k: int
+                     ) -> tuple[jax.Array, jax.Array]:
+        """`subset_top_k` over this cache: queries [Q, D], ids [S, L] -> (scores, rows) [Q, k]."""
+        return subset_top_k(cache, queries, ids, k=k, block=self.block, mesh=self.mesh)
+
+    def shard_ids(self, rows: np.ndarray) -> np.ndarray:
+        """Cache rows [V] (ascending) -> [S, L] int32: each shard's own, numbered within it, -1 after them. L is
+        `block` times a power of two, so the rows of any filter fall in a few shapes (few compilations)."""
+        rows = np.asarray(rows, np.int64)
+        cuts = np.searchsorted(rows, np.arange(self.shards + 1) * self.rows_per_shard)
+        ids = np.full((self.shards, subset_width(int(np.diff(cuts).max(initial=0)), self.block)), -1, np.int32)
+        for s in range(self.shards):
+            own = rows[cuts[s] : cuts[s + 1]] - s * self.rows_per_shard
+            ids[s, : len(own)] = own
+        return ids
+
+    def subset_topk(self, queries: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact top-k over the rows [V] (ascending) only: queries [Q, D] -> (scores [Q, k'], rows [Q, k'] int32),
+        k' = min(k, V); each score bit-equal to `full_topk`'s."""
+        ids = jax.device_put(self.shard_ids(rows), NamedSharding(self.mesh, P(AXIS, None)))
+        return self._chunked(queries, min(int(k), len(rows)), "subset search",
+                             lambda q, k: self._subset(self.cache, q, ids, k=k))

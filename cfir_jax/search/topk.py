@@ -90,6 +90,14 @@ def exact_top_k(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int,
     """The paper's SR: float32 dot products of every cache row ids [M] with query [D]; (scores [k'], ids [k'] int32),
     best first, k' = min(k, M). Gathered in chunks so a 55k-candidate union never holds 170 MB of float32 at once."""
     ids = np.asarray(ids)
+    scores = exact_scores(cache, query, ids, chunk_rows)
+    best = top_k_positions(scores, k)
+    return scores[best], ids[best].astype(np.int32)
+
+
+def exact_scores(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, chunk_rows: int = 8192) -> np.ndarray:
+    """float32 [M]: the dot product of each cache row ids [M] with query [D], as `exact_top_k` scores it."""
+    ids = np.asarray(ids)
     query = np.asarray(query, np.float32)
     scores = np.empty(ids.size, np.float32)
     for a in range(0, ids.size, chunk_rows):
@@ -99,8 +107,7 @@ def exact_top_k(cache: np.ndarray, query: np.ndarray, ids: np.ndarray, k: int,
             cast_f16(rows, wide)
             rows = wide
         scores[a : a + chunk_rows] = _row_scores(np.asarray(rows, np.float32), query)
-    best = top_k_positions(scores, k)
-    return scores[best], ids[best].astype(np.int32)
+    return scores
 
 
 def _row_scores(rows: np.ndarray, query: np.ndarray) -> np.ndarray:
@@ -234,3 +241,13 @@ def span_topk(queries: np.ndarray, database, lo: int, hi: int, k: int) -> tuple[
     scores, rows = exact_topk(queries, RowRange(database, lo, hi), min(int(k), hi - lo),
                               block_size=min(DEFAULT_BLOCK_SIZE, database.shape[0]), fixed_block=True)
     return scores, np.where(rows >= 0, rows + lo, -1).astype(np.int32)
+
+
+def subset_topk(queries: np.ndarray, database, ids: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """`exact_topk` over the rows ids [V] (ascending) of database [N, D] only, in the whole database's block shape,
+    so every score is bit-equal to the whole search's and ties still go to the lower row: (scores [Q, k'], rows
+    [Q, k'] numbered as in database). A filter's search scores the rows it passes, never the N."""
+    ids = np.asarray(ids, np.int64)
+    scores, pos = exact_topk(queries, RowSubset(database, ids), min(int(k), len(ids)),
+                             block_size=min(DEFAULT_BLOCK_SIZE, database.shape[0]), fixed_block=True)
+    return scores, np.where(pos >= 0, ids[np.maximum(pos, 0)], -1).astype(np.int32)

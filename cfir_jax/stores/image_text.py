@@ -71,9 +71,9 @@ class ImageTextCache(Store):
 
 def fusion_asked(config, method) -> bool:
     """SR fuses the image and image-text scores: a CFIR method with retrieval.fusion other than (w_img, w_txt) =
-    (1, 0)."""
+    (1, 0); or the method fuses them itself (cfir_text_convex)."""
     fusion = config.retrieval.fusion
-    return method.cfir and (float(fusion.w_img), float(fusion.w_txt)) != (1.0, 0.0)
+    return method.cfir and (float(fusion.w_img), float(fusion.w_txt)) != (1.0, 0.0) or method.text_convex
 
 
 # Retrieval opens it for fused SR, held to the index encoder's text tower and the image cache it was made from.

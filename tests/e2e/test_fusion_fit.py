@@ -1,6 +1,7 @@
-"""The convex fusion of SR and BM25 as a user runs it: `retrieve.py --fit-fusion` fits alpha on the train split into
-W/convex_fusion and says so, the method cfir_bm25_convex reads it (or retrieval.lexical.alpha), --compare gains its row
-with alpha and where it was fitted, and the existing rows stay as they were."""
+"""The convex fusions as a user runs them: `retrieve.py --fit-fusion` fits alpha on the train split into
+W/convex_fusion for each pair (SR and BM25; the image and its own text) and says so, the methods cfir_bm25_convex and
+cfir_text_convex read it (or retrieval.lexical.alpha), --compare gains their rows with alpha and where it was fitted,
+and the existing rows stay as they were."""
 
 import json
 import shutil
@@ -31,10 +32,27 @@ def _rows(table: str) -> dict[str, str]:
     return {line[:26].strip(): line for line in table.splitlines() if line[:26].strip()}
 
 
-def test_compare_gains_the_convex_row_and_keeps_the_others(fitted):
+@pytest.fixture(scope="module")
+def compared(fitted):
+    return run_script("retrieve.py", "--index", str(fitted[0]), "--evaluate", "test", "--compare").stdout
+
+
+def test_the_fit_also_fits_the_image_and_its_text_and_compare_gains_that_row(fitted, compared):
+    w, _, said = fitted
+    manifest = json.loads((w / "convex_fusion" / "manifest.json").read_text())
+    assert set(manifest["pairs"]) == {"bm25", "image_text"} and manifest["pairs"]["bm25"]["alpha"] == manifest["alpha"]
+    text = manifest["pairs"]["image_text"]
+    assert text["split"] == "train" and len(text["mrr10"]) == 21
+    assert text["mrr10"][f"{text['alpha']:g}"] == max(text["mrr10"].values())
+    assert f"fusion: alpha={text['alpha']:g} (the image's weight, against its own text's) fitted on" in said
+    row = _rows(compared)["CFIR + image text convex"]
+    assert f"fused with image text (convex, alpha={text['alpha']:g}, fitted on train)" in row
+
+
+def test_compare_gains_the_convex_row_and_keeps_the_others(fitted, compared):
     w, before, _ = fitted
     alpha = json.loads((w / "convex_fusion" / "manifest.json").read_text())["alpha"]
-    after = run_script("retrieve.py", "--index", str(w), "--evaluate", "test", "--compare").stdout
+    after = compared
     rows_before, rows_after = _rows(before), _rows(after)
     assert f"fused with BM25 (convex, alpha={alpha:g}, fitted on train)" in rows_after["CFIR + BM25 convex"]
     measured = [label for label in rows_before if label in rows_after and label not in ("row", "")

@@ -68,7 +68,8 @@ def test_every_method_is_served_on_the_shards_and_equals_one_process(removed_cop
     w, docs, removed = removed_copy
     for method in METHODS:
         cfg = _config(config, **(FUSED if METHODS[method].cfir else EXACT))
-        cfg.retrieval.lexical.alpha = 0.5  # the convex fusion's weight, given (no fitted store in this world)
+        cfg.retrieval.lexical.alpha = 0.5  # the convex fusions' weights, given (no fitted store in this world)
+        cfg.retrieval.fusion.alpha = 0.5
         expected = Retriever(cfg, w, method).retrieve_many(docs)
         for shards in (1, 2, 4) if method == "cfir" else (2,):
             front = _front(cfg, w, method, shards)

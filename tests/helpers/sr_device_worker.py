@@ -155,6 +155,50 @@ def check_full_topk_with_a_partial_last_block():
         np.testing.assert_array_equal(si, want_s)
 
 
+def check_subset_topk_equals_the_full_search_minus_the_other_rows_over_shards():
+    """A filter's search over 8 shards (each with its own count of passing rows, one shard with none, blocks of
+    100 rows so a shard's list spans several) equals the whole search minus the failing rows, scores bit-equal."""
+    cache = grid_cache(n=997)
+    dc = DeviceCache(cache, k=10, shard=True)
+    dc.block = 100
+    rng = np.random.default_rng(4)
+    passing = rng.random(len(cache)) < 0.3
+    passing[dc.rows_per_shard * 2 : dc.rows_per_shard * 3] = False  # shard 2 holds no passing row
+    rows = np.flatnonzero(passing)
+    queries = int_queries(5)
+    s, r = dc.subset_topk(queries, rows, 40)
+    all_s, all_r = dc.full_topk(queries, len(cache))
+    for q in range(len(queries)):
+        keep = passing[all_r[q]]
+        np.testing.assert_array_equal(r[q], all_r[q][keep][:40])
+        np.testing.assert_array_equal(s[q], all_s[q][keep][:40])
+    assert dc.subset_topk(queries[:1], rows[:3], 40)[1].tolist() == [sorted(rows[:3], key=lambda x: (
+        -float(np.asarray(cache[x], np.float32) @ queries[0]), x))]
+
+
+def check_the_subset_program_compiles_from_shapes_alone_and_equals_the_cache():
+    """The filtered search's program lowers from ShapeDtypeStructs (the sharded cache, each shard's rows [S, L]
+    sharded over the mesh) and, compiled, answers as the resident cache's `subset_topk`."""
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from cfir_jax.search import device_sr
+
+    cache = grid_cache()
+    dc = DeviceCache(cache, k=20, shard=True)
+    rows = np.flatnonzero(np.random.default_rng(5).random(N) < 0.2)
+    ids = dc.shard_ids(rows)
+    on_rows = NamedSharding(dc.mesh, P(device_sr.AXIS, None))
+    program = device_sr.device_subset_topk.lower(
+        device_sr.abstract_cache(N, D, "float16", dc.mesh), jax.ShapeDtypeStruct((4, D), np.float32),
+        jax.ShapeDtypeStruct(ids.shape, np.int32, sharding=on_rows), k=9, block=dc.block, mesh=dc.mesh).compile()
+    queries = int_queries(4)
+    s, r = program(dc.cache, jax.numpy.asarray(queries), jax.device_put(ids, on_rows))
+    want_s, want_r = dc.subset_topk(queries, rows, 9)
+    np.testing.assert_array_equal(np.asarray(r), want_r)
+    np.testing.assert_array_equal(np.asarray(s), want_s)
+
+
 def check_programs_compile_from_shapes_alone_and_equal_the_cache():
     """The module-level SR and full search lower from ShapeDtypeStructs (the sharded cache as `abstract_cache`, no
     array on any device) and, compiled, give the resident cache's own answers."""

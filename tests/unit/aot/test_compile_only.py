@@ -89,6 +89,19 @@ def test_device_sr_is_row_sharded_and_its_temporaries_do_not_grow_with_the_cache
     assert memory[400_000].temp_size_in_bytes == memory[200_000].temp_size_in_bytes
 
 
+def test_the_filtered_search_is_row_sharded_and_reads_only_its_shards_passing_rows():
+    """A filter's whole-cache search (10% passing) on v5e 2x2: each chip holds its quarter of the cache and the ids
+    of its own passing rows, never the whole cache nor every shard's ids."""
+    config = load_config_file("configs/base.py:runlocal")
+    config.unlock()
+    config.model.embed_dim = 128
+    n = 400_000
+    program = programs_lib.filtered_search(config, resolve("v5e:2x2"), n, "bfloat16")[0]
+    m = program.lower().compile().memory_analysis()
+    shard, ids = n // 4 * 128 * 2, 32768 * 4  # a quarter of the rows; its 10,000 passing rows: one 32,768 block
+    assert shard + ids <= m.argument_size_in_bytes <= shard + ids + 65536
+
+
 def test_train_cli_compile_only_reads_no_workdir():
     env = dict(os.environ, PYTHONPATH=str(ROOT), JAX_PLATFORMS="cpu")
     out = subprocess.run([sys.executable, "train.py", "--config", "configs/base.py:runlocal", "--compile-only",

@@ -83,7 +83,7 @@ def test_methods_by_name_say_what_they_read():
         text = "summary"
 
     assert set(METHODS) == {"cfir", "dense_document", "dense_summary", "entity_only", "bm25", "cfir_bm25",
-                            "cfir_bm25_fused", "cfir_bm25_convex"}
+                            "cfir_bm25_fused", "cfir_bm25_convex", "cfir_text_convex"}
     assert method_of("cfir", Settings).uses_entities and method_of("cfir", Settings).uses_summary()
     assert method_of("dense_document", Settings).reads_document() and not method_of("dense_document", Settings)\
         .uses_entities
