@@ -12,6 +12,7 @@ reopened after a change) traces and compiles nothing: a reload of the demo's fro
 from __future__ import annotations
 
 import functools
+import re
 import threading
 from collections.abc import Callable, Sequence
 
@@ -21,6 +22,7 @@ import numpy as np
 from flax import nnx
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.program_cache import DiskProgram
 from cfir_jax.model.beit3 import DBeit3, TextTower
 from cfir_jax.model.tokenizer import Beit3Tokenizer
 
@@ -121,4 +123,14 @@ def _compile(graphdef: nnx.GraphDef) -> tuple[Callable, Callable]:
         top_mean = jnp.where(among, best, 0.0).sum(axis=-1) / jnp.maximum(m[..., 0], 1)
         return tokens[:, 0], jnp.where(m[..., 0] > 0, best[..., 0], 0.0), top_mean
 
-    return encode, encode_against
+    identity = _structure(graphdef)
+    return (DiskProgram(encode, "text-encode", identity, _CODE),
+            DiskProgram(encode_against, "text-encode-against", identity, _CODE))
+
+
+_CODE = ("cfir_jax.model",)  # the source that defines the programs: the tower's layers and these functions
+
+
+def _structure(graphdef: nnx.GraphDef) -> str:
+    """The tower's structure as text, the same in every process (the functions it names without their addresses)."""
+    return re.sub(r" at 0x[0-9a-f]+", "", repr(graphdef))

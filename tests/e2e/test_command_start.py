@@ -1,7 +1,8 @@
 """A query's start loads what the query uses, and its second run compiles nothing: `retrieve.py --query` parses
 entities with spaCy in a helper process started before JAX loads (`cfir_jax.nlp.entity_process`: spaCy never loads in
 the command's own process), loads neither the evaluation's tables (pytrec_eval) nor the re-ranker's fit, grain, orbax,
-scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache; a module that
+scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache, its text
+encoders' whole (`cfir_jax.core.program_cache`: a later query neither traces nor lowers them); a module that
 shadows the standard library in the folder it runs in is never run, by the command or by its helper."""
 
 import json
@@ -27,11 +28,12 @@ DECLARATIONS = {name for room in ("cfir_jax.rerank", "cfir_jax.builders", "cfir_
                 for name in (room, f"{room}.directories")}
 
 
-def _query(workdir, tmp_path, cache, n: int):
-    """retrieve.py --query in a fresh process; (its output, the modules it loaded)."""
+def _query(workdir, tmp_path, cache, n: int, fresh: bool = False, env: dict | None = None):
+    """retrieve.py --query in a process of its own (`fresh`: a new interpreter); (its output, the modules it
+    loaded)."""
     out = tmp_path / f"modules{n}.txt"
     proc = run_script("tests/helpers/modules_at_exit.py", str(out), "retrieve.py", "--index", str(workdir),
-                      "--query", "examples/doc.txt", env={"CFIR_CACHE_DIR": str(cache)})
+                      "--query", "examples/doc.txt", env={"CFIR_CACHE_DIR": str(cache), **(env or {})}, fresh=fresh)
     return proc, set(out.read_text().split())
 
 
@@ -44,9 +46,19 @@ def test_a_query_loads_only_what_it_uses_and_its_second_run_compiles_nothing(wor
     first, loaded = _query(workdir, tmp_path, cache, 1)
     entries = sorted(p.name for p in (cache / "jax").glob("*-cache"))
     assert entries, "the first run wrote no program to the compilation cache"
+    kept = {p.name: p.stat().st_mtime_ns for p in (cache / "programs").iterdir()}
+    assert any(name.startswith("program-text-encode-") for name in kept), kept  # cfir_jax.core.program_cache
     second, loaded_again = _query(workdir, tmp_path, cache, 2)
     assert sorted(p.name for p in (cache / "jax").glob("*-cache")) == entries  # every program found, none new
+    assert {p.name: p.stat().st_mtime_ns for p in (cache / "programs").iterdir()} == kept  # each one loaded
     assert _without_times(second.stdout) == _without_times(first.stdout)
+    # A new interpreter, as a user's second query: its programs are loaded whole, neither traced nor lowered.
+    third, _ = _query(workdir, tmp_path, cache, 3, fresh=True, env={"JAX_LOG_COMPILES": "1"})
+    assert _without_times(third.stdout) == _without_times(first.stdout)
+    traced = [line for line in third.stderr.splitlines() if line.startswith("Finished tracing ")]
+    # what is left are the small placement programs (a few ms in all): not the encoders, nor the model's shape
+    big = [line for line in traced if "encode" in line or "<lambda>" in line]
+    assert not big, "the second query traced its encoders or its model's abstract shape:\n" + "\n".join(big)
     e = workdir_config(workdir).index.entities
     extractor = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
     (own,) = extractor.extract([read_query(ROOT / "examples" / "doc.txt", 65536).text])

@@ -25,9 +25,9 @@ def test_towers_of_one_structure_share_the_program_and_keep_their_own_weights(sy
     first, again = _model(0), _model(1)  # the same architecture, other weights (a retrained model)
     a, b = TextEncoder(first, tokenizer, 16, 4), TextEncoder(again, tokenizer, 16, 4)
     got_a = a.encode(TEXTS)
-    traced = a._encode._cache_size()
+    traced = a._encode.cache_size()
     got_b = b.encode(TEXTS)
-    assert b._encode is a._encode and a._encode._cache_size() == traced  # the second tower traced nothing
+    assert b._encode is a._encode and a._encode.cache_size() == traced  # the second tower traced nothing
     ids, mask = tokenizer(TEXTS, 16)
     for model, got in ((first, got_a), (again, got_b)):
         want = model.encode_text(jnp.asarray(ids), jnp.asarray(mask))
