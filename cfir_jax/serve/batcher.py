@@ -22,7 +22,7 @@ import time
 import weakref
 from collections.abc import Callable
 
-from cfir_jax.retrieve import report
+from cfir_jax.retrieve import duplicates, report
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.retrieve.results import Result
 from cfir_jax.stores.integrity import CorruptStore
@@ -168,7 +168,8 @@ class MicroBatcher:
         self.metrics.batch_docs.observe(len(docs))
         try:
             docs, entity_ms = _with_entities(index.entity_pool, retriever, docs)
-            results = retriever.retrieve_many(docs)
+            results = [duplicates.folded(retriever, [r], d.fold)[0]  # near-duplicates: as each request asked
+                       for d, r in zip(docs, retriever.retrieve_many(docs))]
             at = 0
             for job in jobs:
                 mine = results[at : at + len(job.docs)]

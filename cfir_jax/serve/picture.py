@@ -39,7 +39,7 @@ from starlette.exceptions import HTTPException
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import check_id, check_top_k
-from cfir_jax.retrieve import report
+from cfir_jax.retrieve import duplicates, report
 from cfir_jax.retrieve.filters import FilterError, check_where
 from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, search_image
 from cfir_jax.retrieve.results import Result
@@ -227,9 +227,11 @@ class PictureQueue:
 
 def _search(retriever, picture: bytes | None, image_id: str | None, top_k: int, qid: str, max_pixels: int,
             deadline: float, where: tuple = ()) -> str:
-    """One picture search and its JSON answer, in a queue's thread."""
-    result = search_image(retriever, image=picture, image_id=image_id, top_k=top_k, max_pixels=max_pixels,
-                          deadline=deadline, where=where or None)
+    """One picture search and its JSON answer, in a queue's thread; near-duplicates folded (fetching retrieval.top_k
+    to fill top_k after folding, as the library's `Index` does)."""
+    result = search_image(retriever, image=picture, image_id=image_id, top_k=int(retriever.rcfg.top_k),
+                          max_pixels=max_pixels, deadline=deadline, where=where or None)
+    result = duplicates.folded(retriever, [result], True)[0]
     return report.as_json(Result.of(qid, result, retriever.describe_image, top_k), top_k)
 
 
