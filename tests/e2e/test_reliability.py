@@ -25,7 +25,7 @@ from cfir_jax.stores.layout import Layout
 CONFIG = "configs/demo.py:tiny"
 # The stores a demo:tiny build writes, each with its own checksums.
 STORE_KINDS = ("corpus", "image_cache", "encoder", "entities", "summaries", "entity_index", "image_text",
-               "entity_text_match", "lexical")
+               "entity_text_match", "lexical", "duplicates")
 # With the pictures' fields (issue 53; none in this world, its own tests damage it): what --verify counts.
 VERIFIED = len(STORE_KINDS) + 1
 
