@@ -169,7 +169,8 @@ class Index:
         of the query (a filter, a language, folding: keyword-only at each door) is passed down and applied here
         once. Near-duplicates fold over the whole ranking the pipeline returned, before the cut to `top`."""
         retriever = self.retriever(method)
-        results = duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold)
+        results = duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold,
+                                    docs, top, where)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
                 for d, r in zip(docs, results)]
 

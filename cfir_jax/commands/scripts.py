@@ -82,7 +82,7 @@ def retrieve_main():
         python retrieve.py --index W --query-image photo.jpg [--top-k 20] [--format table|json|trec]   # by picture
         python retrieve.py --index W --query-image-id IMAGE_ID          # the nearest pictures of an indexed picture
         python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows (+ the
-                                                                        # fused, re-ranked rows: W/image_text, W/reranker)
+                                                                        # fused, re-ranked rows: W/image_text, reranker)
         python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
         python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
         python retrieve.py --index W --fit-fusion                       # fit the convex fusion of SR and BM25

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.duplicates import Duplicates
 
 log = logging.getLogger(__name__)
@@ -68,8 +69,43 @@ def store_of(stores) -> Duplicates | None:
     return None if stores.duplicates is _ABSENT else stores.duplicates
 
 
-def folded(retriever, retrievals: list, fold_them: bool) -> list:
+def folded(retriever, retrievals: list, fold_them: bool, docs: Sequence | None = None, top: int = 0,
+           where=None) -> list:
     """What every door calls: `retrievals` folded by the retriever's duplicates store when `fold_them` (and the
-    workdir has one), else as they are."""
+    workdir has one), else as they are. With `docs` (the documents retrieved) and `top` (the hits to show), a ranking
+    that folding left shorter than `top`, and that the pipeline had cut at retrieval.top_k, is retrieved again with
+    the folded pictures set aside, as a filter sets rows aside (`refilled`), so `top` hits show where that many groups
+    exist."""
     store = store_of(retriever.stores) if fold_them else None
-    return [fold(r, store.group) for r in retrievals] if store is not None else list(retrievals)
+    if store is None:
+        return list(retrievals)
+    out = [fold(r, store.group) for r in retrievals]
+    for i, (raw, shown) in enumerate(zip(retrievals, out)):
+        if docs is not None and len(shown.hits) < top and len(raw.hits) >= int(retriever.rcfg.top_k):
+            out[i] = refilled(retriever, store.group, docs[i], shown, top, where)
+    return out
+
+
+def refilled(retriever, group: np.ndarray, doc, shown, top: int, where, rounds: int = 4):
+    """`shown` (a folded ranking of `doc` short of `top` hits) filled up: the document retrieved again with the
+    pictures folded so far counted as removed for the call (`search.live_rows.ScopedRows`: this call's own rows,
+    composed with its filter), its new ranking folded, each shown hit keeping the duplicates folded under it before.
+    At most `rounds` more retrievals; it stops when a ranking brings nothing new."""
+    live = retriever.stores.live
+    hidden = {d for h in shown.hits for d in h.duplicates}
+    for _ in range(rounds):
+        removed = np.zeros(live.num_rows, bool) if live.removed is None else live.removed.copy()
+        removed[[retriever.stores.cache.index_of(i) for i in hidden]] = True
+        with live.only(LiveRows(removed, live.num_rows)):
+            raw = retriever.retrieve_many([doc], where=where)[0]
+        before = {h.image_id: h.duplicates for h in shown.hits}
+        again = fold(raw, group)
+        hits = [dataclasses.replace(h, duplicates=before.get(h.image_id, ()) + h.duplicates) for h in again.hits]
+        new = {d for h in again.hits for d in h.duplicates}
+        if len(hits) <= len(shown.hits) and not new - hidden:
+            break
+        shown, hidden = dataclasses.replace(again, hits=hits, note=shown.note), hidden | new  # the first note:
+        # a filter's count of passing pictures, not of those left beside the folded ones
+        if len(shown.hits) >= top or len(raw.hits) < int(retriever.rcfg.top_k):
+            break
+    return shown

@@ -168,8 +168,9 @@ class MicroBatcher:
         self.metrics.batch_docs.observe(len(docs))
         try:
             docs, entity_ms = _with_entities(index.entity_pool, retriever, docs)
-            results = [duplicates.folded(retriever, [r], d.fold)[0]  # near-duplicates: as each request asked
-                       for d, r in zip(docs, retriever.retrieve_many(docs))]
+            tops = [j.top_k for j in jobs for _ in j.docs]  # near-duplicates folded as each request asked
+            results = [duplicates.folded(retriever, [r], d.fold, [d], top)[0]
+                       for d, r, top in zip(docs, retriever.retrieve_many(docs), tops)]
             at = 0
             for job in jobs:
                 mine = results[at : at + len(job.docs)]
