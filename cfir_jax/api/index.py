@@ -169,8 +169,7 @@ class Index:
         of the query (a filter, a language, folding: keyword-only at each door) is passed down and applied here
         once. Near-duplicates fold over the whole ranking the pipeline returned, before the cut to `top`."""
         retriever = self.retriever(method)
-        results = duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold,
-                                    docs, top, where)
+        results = duplicates.retrieve_folded(retriever, docs, fold, top, where, progress)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
                 for d, r in zip(docs, results)]
 

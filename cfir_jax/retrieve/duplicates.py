@@ -18,7 +18,6 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
-from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.duplicates import Duplicates
 
 log = logging.getLogger(__name__)
@@ -69,6 +68,12 @@ def store_of(stores) -> Duplicates | None:
     return None if stores.duplicates is _ABSENT else stores.duplicates
 
 
+def retrieve_folded(retriever, docs: Sequence, fold_them: bool, top: int, where=None, progress: bool = False) -> list:
+    """The retriever's rankings of `docs` (`Retriever.retrieve_many`), folded when `fold_them`, filled up to `top`
+    shown hits (`folded`): what the library's `Index` answers with."""
+    return folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold_them, docs, top, where)
+
+
 def folded(retriever, retrievals: list, fold_them: bool, docs: Sequence | None = None, top: int = 0,
            where=None) -> list:
     """What every door calls: `retrievals` folded by the retriever's duplicates store when `fold_them` (and the
@@ -76,7 +81,8 @@ def folded(retriever, retrievals: list, fold_them: bool, docs: Sequence | None =
     that folding left shorter than `top`, and that the pipeline had cut at retrieval.top_k, is retrieved again with
     the folded pictures set aside, as a filter sets rows aside (`refilled`), so `top` hits show where that many groups
     exist."""
-    store = store_of(retriever.stores) if fold_them else None
+    stores = getattr(retriever, "stores", None)  # a stand-in engine without stores (tests) folds nothing
+    store = store_of(stores) if fold_them and stores is not None else None
     if store is None:
         return list(retrievals)
     out = [fold(r, store.group) for r in retrievals]
@@ -94,9 +100,7 @@ def refilled(retriever, group: np.ndarray, doc, shown, top: int, where, rounds: 
     live = retriever.stores.live
     hidden = {d for h in shown.hits for d in h.duplicates}
     for _ in range(rounds):
-        removed = np.zeros(live.num_rows, bool) if live.removed is None else live.removed.copy()
-        removed[[retriever.stores.cache.index_of(i) for i in hidden]] = True
-        with live.only(LiveRows(removed, live.num_rows)):
+        with live.only(live.without([retriever.stores.cache.index_of(i) for i in hidden])):
             raw = retriever.retrieve_many([doc], where=where)[0]
         before = {h.image_id: h.duplicates for h in shown.hits}
         again = fold(raw, group)

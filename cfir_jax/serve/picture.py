@@ -205,7 +205,7 @@ class PictureQueue:
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
         future = self._pool.submit(_search, retriever, picture, image_id, top_k, qid,
-                                   int(settings.max_image_pixels), deadline, where)
+                                   int(settings.max_image_pixels), deadline, where, current.max_top_k)
         future.add_done_callback(self._release)
         try:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
@@ -226,10 +226,10 @@ class PictureQueue:
 
 
 def _search(retriever, picture: bytes | None, image_id: str | None, top_k: int, qid: str, max_pixels: int,
-            deadline: float, where: tuple = ()) -> str:
-    """One picture search and its JSON answer, in a queue's thread; near-duplicates folded (fetching retrieval.top_k
-    to fill top_k after folding, as the library's `Index` does)."""
-    result = search_image(retriever, image=picture, image_id=image_id, top_k=int(retriever.rcfg.top_k),
+            deadline: float, where: tuple = (), fetch: int = 0) -> str:
+    """One picture search and its JSON answer, in a queue's thread; near-duplicates folded (`fetch` pictures searched,
+    retrieval.top_k, to fill top_k after folding, as the library's `Index` does)."""
+    result = search_image(retriever, image=picture, image_id=image_id, top_k=max(top_k, fetch),
                           max_pixels=max_pixels, deadline=deadline, where=where or None)
     result = duplicates.folded(retriever, [result], True)[0]
     return report.as_json(Result.of(qid, result, retriever.describe_image, top_k), top_k)
