@@ -2,11 +2,13 @@
 search folds with (docs/duplicates.md).
 
 A group is a connected component of the threshold graph: pictures are joined when the cosine of their (L2-normalised)
-image cache rows is at least `index.duplicates.threshold`. The edges come from a nearest-neighbour search of every
-row for its `neighbours` nearest (ScaNN, or exact), never from an [N, N] matmul; a row whose last neighbour is still
-within the threshold is searched again with four times as many, up to `max_neighbours`, so every edge is found as
-long as no picture has more near-duplicates than that (and the search finds them). Union-find over the edges is
-scipy's connected components: O(N + E).
+image cache rows is at least `index.duplicates.threshold`. The edges are never found by an [N, N] matmul:
+- 'partition' (a CPU's default): rows put into sqrt(N) leaves by their 3 nearest k-means centres, each leaf's pairs
+  scored exactly (`partition_pairs`);
+- 'exact' (a GPU's or TPU's) and 'scann': every row searched for its `neighbours` nearest; a row whose last
+  neighbour is still within the threshold is searched again with four times as many, up to `max_neighbours`, so
+  every edge is found as long as no picture has more near-duplicates than that (and the search finds them).
+Union-find over the edges is scipy's connected components: O(N + E).
 
 - build: every row searched against every row.
 - after an add: the new rows searched against the whole cache (exactly), their edges added, groups made again.
@@ -18,6 +20,7 @@ scipy's connected components: O(N + E).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -40,6 +43,9 @@ from cfir_jax.stores.duplicates import FORMAT_VERSION, KIND, Duplicates
 # search(rows [Q] int, k) -> (scores [Q, k] float32, ids [Q, k] int32), best first, padded -inf / -1.
 Search = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 QUERY_CHUNK = 16384  # rows searched per call (bounds the [Q, k] answers and exact search's memory)
+# backend 'partition': each row goes into the leaves of its 3 nearest centres (2 lost 0.5% of the near pairs on the
+# benchmark's mix at 50,000 pictures, 3 none; benchmarks/duplicates.py)
+SPILL = 3
 
 
 def _ids_sha(ids: Sequence[str]) -> str:
@@ -98,6 +104,54 @@ def searcher(embeddings: np.ndarray, backend: str, neighbours: int) -> Search:
     return lambda q, k: scann.search(np.asarray(embeddings[q], np.float32), k)
 
 
+def _leaves(x: np.ndarray, leaves: int, seed: int = 0, iters: int = 6) -> np.ndarray:
+    """[leaves, D] unit centroids: spherical k-means on a sample of x's rows (64 per leaf, at most 200,000)."""
+    rng = np.random.default_rng(seed)
+    sample = np.asarray(x[np.sort(rng.choice(len(x), min(len(x), 64 * leaves, 200_000), replace=False))], np.float32)
+    centres = sample[rng.choice(len(sample), leaves, replace=False)].copy()
+    for _ in range(iters):
+        sums = np.zeros_like(centres)
+        np.add.at(sums, np.argmax(sample @ centres.T, axis=1), sample)
+        norm = np.linalg.norm(sums, axis=1, keepdims=True)
+        centres = np.where(norm > 0, sums / np.maximum(norm, 1e-12), centres)  # an empty leaf keeps its centre
+    return centres
+
+
+def partition_pairs(x: np.ndarray, threshold: float, max_neighbours: int, spill: int = SPILL,
+                    progress: bool = False) -> np.ndarray:
+    """int32 [E, 2] (i < j, unique): the near pairs of x [N, D] found leaf by leaf: sqrt(N) leaves (`_leaves`), each
+    row put in the leaves of its `spill` nearest centres, every pair of a leaf scored exactly (one matmul per block
+    of rows). Two near rows are found when their nearest centres share a leaf, which near rows' almost always do. A
+    row with more than max_neighbours near rows in a leaf keeps its max_neighbours nearest (a burst of thousands of
+    copies stays O(N) edges and one group)."""
+    n = len(x)
+    leaves = max(1, int(math.sqrt(n)))
+    centres, spill = _leaves(x, leaves), min(spill, leaves)
+    nearest = np.empty((n, spill), np.int32)
+    for start in range(0, n, QUERY_CHUNK):
+        scores = np.asarray(x[start : start + QUERY_CHUNK], np.float32) @ centres.T
+        nearest[start : start + QUERY_CHUNK] = np.argpartition(-scores, spill - 1, axis=1)[:, :spill]
+    order = np.argsort(nearest.ravel(), kind="stable")
+    bounds = np.searchsorted(nearest.ravel()[order], np.arange(leaves + 1))
+    found = [np.zeros((0, 2), np.int64)]
+    with bar(total=leaves, unit="leaf", desc="duplicates", show=None if progress else False) as shown:
+        for leaf in range(leaves):
+            rows = np.sort(order[bounds[leaf] : bounds[leaf + 1]] // spill)
+            block = np.asarray(x[rows], np.float32)
+            for start in range(0, len(rows), 4096):
+                sims = block[start : start + 4096] @ block.T
+                sims[np.arange(len(sims)), start + np.arange(len(sims))] = -np.inf  # itself
+                crowded = np.flatnonzero((sims >= threshold).sum(axis=1) > max_neighbours)
+                for r in crowded:  # keep its max_neighbours nearest
+                    sims[r, sims[r] < np.partition(sims[r], -max_neighbours)[-max_neighbours]] = -np.inf
+                a, b = np.nonzero(sims >= threshold)
+                a, b = rows[start + a], rows[b]
+                found.append(np.stack([np.minimum(a, b), np.maximum(a, b)], axis=1))
+            shown.update(1)
+    pairs = np.concatenate(found)
+    return np.unique(pairs, axis=0).astype(np.int32) if len(pairs) else np.zeros((0, 2), np.int32)
+
+
 def write_store(out_dir: str | os.PathLike, edges: np.ndarray, cache, settings: dict, start: float) -> Duplicates:
     """Writes a complete store for the rows of `cache` from its edges (groups made over its live rows)."""
     n = cache.num_images
@@ -117,7 +171,16 @@ def write_store(out_dir: str | os.PathLike, edges: np.ndarray, cache, settings: 
 def _settings(config) -> dict:
     d = config.index.duplicates
     return {"threshold": float(d.threshold), "neighbours": int(d.neighbours), "max_neighbours": int(d.max_neighbours),
-            "backend": resolve_backend(str(d.backend))}
+            "backend": backend_of(str(d.backend))}
+
+
+def backend_of(setting: str) -> str:
+    """index.duplicates.backend: 'auto' is exact top-k where a GPU or TPU is present, else 'partition' (a leaf
+    self-join: faster and finding more near pairs than ScaNN on a CPU, benchmarks/duplicates.py); 'exact',
+    'scann' and 'partition' are themselves."""
+    if setting == "partition":
+        return setting
+    return "partition" if setting == "auto" and resolve_backend("auto") == "scann" else resolve_backend(setting)
 
 
 def build_duplicates(out_dir: str | os.PathLike, cache, settings: dict, progress: bool = False) -> Duplicates:
@@ -129,7 +192,9 @@ def build_duplicates(out_dir: str | os.PathLike, cache, settings: dict, progress
         pass
     start, n = time.time(), cache.num_images
     edges = np.zeros((0, 2), np.int32)
-    if n > 1:
+    if n > 1 and settings["backend"] == "partition":
+        edges = partition_pairs(cache.embeddings, settings["threshold"], settings["max_neighbours"], progress=progress)
+    elif n > 1:
         search = searcher(cache.embeddings, settings["backend"], settings["neighbours"])
         edges = near_pairs(np.arange(n), n, search, settings["threshold"], settings["neighbours"],
                            settings["max_neighbours"], progress)

@@ -88,7 +88,7 @@ def check_index(i: ml_collections.ConfigDict) -> None:
         raise CfirError(f"index.duplicates.neighbours={d.neighbours}: at least 1 and at most max_neighbours="
                         f"{d.max_neighbours}")
     if d is not None:
-        _one_of("index.duplicates", d, "backend", ("auto", "exact", "scann"))
+        _one_of("index.duplicates", d, "backend", ("auto", "exact", "scann", "partition"))
 
 
 def check_retrieval(r: ml_collections.ConfigDict) -> None:
