@@ -9,8 +9,8 @@ time to embed the entities is left out: the ratio is larger than index.py's). A 
 clustered unit rows (`search.knn.synthetic_embeddings`, the demo's dim) of which 1% are planted copies of another row
 with tiny noise (cosine ~0.999); entities: N x the demo's entities per picture, clustered unit rows too, K = the
 demo's K; each on its `auto` backend's CPU choice (the entity index: ScaNN; the grouping: 'partition'). Printed per
-size: both times, the ratio (goal: at most 2), the groups found, the planted pairs grouped together and, up to 60,000 pictures, the share of all near pairs
-(exact search, untimed) that the neighbour search found.
+size: both times, the ratio (goal: at most 2), the groups found, the planted pairs grouped together and, up to
+60,000 pictures, the share of all near pairs (exact search, untimed) that the grouping found.
 """
 
 from __future__ import annotations

@@ -122,3 +122,28 @@ def test_removing_a_groups_smallest_row_makes_the_next_member_its_label(tmp_path
     after = dup.write_store(tmp_path / "b", store.edges, _cache(x, removed), SETTINGS, 0.0)
     assert after.group[first] == -1 and list(after.group[rows[1:]]) == [rows[1]] * 2
     assert not after.follows(_cache(x)) and after.follows(_cache(x, removed))
+
+
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 40), groups=st.integers(0, 4), size=st.integers(2, 6))
+def test_the_leaf_self_join_with_every_row_in_every_leaf_is_brute_force(seed, n, groups, size):
+    """`partition_pairs` with each row spilled into every leaf scores every pair: exactly the threshold graph."""
+    x = _planted(seed, n, groups, size)
+    if not _no_ties(x, 0.9):
+        return
+    edges = dup.partition_pairs(x, 0.9, max_neighbours=n, spill=n)
+    assert np.array_equal(dup.groups(edges, n), _brute_groups(x, 0.9))
+
+
+def test_the_leaf_self_join_finds_the_planted_copies_and_caps_a_burst():
+    x = _planted(3, 4000, 30, 3, dim=64)
+    edges = dup.partition_pairs(x, 0.98, max_neighbours=256)
+    assert np.array_equal(dup.groups(edges, 4000), _brute_groups(x, 0.98))
+    burst = np.repeat(x[:1], 600, axis=0) + 1e-4 * np.random.default_rng(0).standard_normal((600, 64))
+    burst /= np.linalg.norm(burst, axis=1, keepdims=True)
+    capped = dup.partition_pairs(burst.astype(np.float32), 0.98, max_neighbours=8)
+    assert len(capped) <= 600 * 8 * dup.SPILL and len(set(dup.groups(capped, 600).tolist())) == 1  # O(N) edges
+
+
+def test_auto_is_the_leaf_self_join_on_a_cpu_host():
+    assert dup.backend_of("auto") == "partition" and dup.backend_of("exact") == "exact"
