@@ -79,14 +79,18 @@ class Client:
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
                id: str = "query", deadline_s: float | None = None, lang: str | None = None,
-               where: Sequence | None = None) -> Result:  # noqa: A002
+               where: Sequence | None = None, fold: bool = True) -> Result:  # noqa: A002
         """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id; `lang`
         its language, None: the service finds it; `where`: filters on the pictures' fields, docs/filters.md), or
         of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
         `image_id` the id of an indexed picture, as `Index.search` takes them. where: filters on the pictures'
-        fields, as `Index.search` takes them."""
+        fields, as `Index.search` takes them. fold: near-duplicates folded under each hit shown (`Hit.duplicates`,
+        docs/duplicates.md); the service always folds a picture's."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
+        if text is None and not fold:
+            raise CfirError("fold=False: the service folds the near-duplicates of a picture search always; "
+                            "cfir_jax.open(W).search(image=..., fold=False) does not")
         if text is None:
             body = {**_picture(image, image_id), "top_k": check_top_k(top_k),
                     **({"where": _where(where)} if where else {})}
@@ -95,15 +99,16 @@ class Client:
         text, id = _text(text, id)
         body = {"text": text, "top_k": check_top_k(top_k), "id": id, **({"method": method} if method else {}),
                 **({"lang": check_lang(lang)} if lang is not None else {}),
-                **({"where": _where(where)} if where else {})}
+                **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False})}
         answer, version = self._post("/v1/search", body, deadline_s)
         return _result(answer, version, f"{self.url}/v1/search")
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, batch: int = 64, deadline_s: float | None = None,
-                    where: Sequence | None = None) -> list[Result]:
+                    where: Sequence | None = None, fold: bool = True) -> list[Result]:
         """The images of each document, in order (`POST /v1/search/batch`, `batch` documents a request: at most the
-        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s; where: as `search`'s."""
+        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s; where, fold: as
+        `search`'s."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
@@ -115,7 +120,7 @@ class Client:
         for at in range(0, len(docs), max(1, batch)):
             chunk = docs[at : at + batch]
             body = {"documents": chunk, "top_k": top_k, **({"method": method} if method else {}),
-                    **({"where": _where(where)} if where else {})}
+                    **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False})}
             answer, version = self._post("/v1/search/batch", body, deadline_s)
             results = answer.get("results") if isinstance(answer, dict) else None
             if not isinstance(results, list) or len(results) != len(chunk):

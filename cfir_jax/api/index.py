@@ -23,7 +23,7 @@ import ml_collections
 from cfir_jax.api import operations as ops
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k
-from cfir_jax.retrieve import image_query
+from cfir_jax.retrieve import duplicates, image_query
 from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval, Retriever
 from cfir_jax.retrieve.queries import read_documents
 from cfir_jax.retrieve.results import Result
@@ -164,36 +164,39 @@ class Index:
     def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
                id: str | None = None, lang: str | None = None, where: Sequence[Any] | None = None,
-               deadline: float | None = None) -> Result:  # noqa: A002
+               deadline: float | None = None, fold: bool = True) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
         a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file). where: filters on
         the pictures' fields, joined by AND (`["date<=2020-06-30", "license in cc-by,cc0"]` or `(field, op, value)`
         triples; docs/filters.md). id: the query's id in the answer (default: a path's stem, else "query");
-        deadline: a time.monotonic() past which a picture search stops before its next stage (a service's)."""
+        deadline: a time.monotonic() past which a picture search stops before its next stage (a service's); fold:
+        each group of near-duplicates shows its best-ranked picture, the others listed under it (`Hit.duplicates`;
+        docs/duplicates.md); top_k counts the shown hits."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
         if text is None:
-            return self._search_image(image, image_id, self._top(top_k), method, where, id, deadline)
-        return self.search_many([text], top_k=top_k, method=method, ids=[id or "query"], lang=lang, where=where)[0]
+            return self._search_image(image, image_id, self._top(top_k), method, where, id, deadline, fold)
+        return self.search_many([text], top_k=top_k, method=method, ids=[id or "query"], lang=lang, where=where,
+                                fold=fold)[0]
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
                     described: int | None = None, method: str | None = None, progress: bool = False,
-                    lang: str | None = None, where: Sequence[Any] | None = None) -> list[Result]:
+                    lang: str | None = None, where: Sequence[Any] | None = None, fold: bool = True) -> list[Result]:
         """The images of the documents of a file (read before any store opens): one plain-text document, its stem
         the id (`retrieve.py --query`), or JSON lines {"id", "text", "lang"} with `jsonl` (`--queries`). described:
         read the caption and url of the first `described` hits only (the rest feed a run file: ids and scores); lang:
-        the language of a document that states none (None: found, docs/languages.md); where: as `search`'s."""
+        the language of a document that states none (None: found, docs/languages.md); where, fold: as `search`'s."""
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
         top = self._top(top_k)  # the texts, then top_k: the service's order
-        return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described, where)
+        return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described, where, fold)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None,
-                    where: Sequence[Any] | None = None) -> list[Result]:
+                    where: Sequence[Any] | None = None, fold: bool = True) -> list[Result]:
         """The images of each document, retrieved in batches of retrieval.batch_size (entities, summaries, encoding
         and SR batched); ids: the documents' ids (default "0", "1", ...; a path's stem for a path); lang: their
-        language (None: each found, docs/languages.md); where: as `search`'s."""
+        language (None: each found, docs/languages.md); where, fold: as `search`'s."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
@@ -202,42 +205,46 @@ class Index:
         limit = int(self.config.serve.max_text_bytes)
         lang = check_lang(lang)
         docs = [_document(t, i, limit, lang) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
-        return self._answer(docs, [self._top(top_k)] * len(docs), method, progress, where=where)
+        return self._answer(docs, [self._top(top_k)] * len(docs), method, progress, where=where, fold=fold)
 
     def search_documents(self, docs: Sequence[DocumentInput], top_k: int | Sequence[int], method: str | None = None
                          ) -> list[Result]:
-        """The images of documents a service's door read and checked (`DocumentInput`s, each with its own `lang`
-        and `where`), retrieved as one batch (entities, summaries, encoding and SR batched: the micro-batcher's
-        requests together); top_k: the hits of every document, or of each (its request's)."""
+        """The images of documents a service's door read and checked (`DocumentInput`s, each with its own `lang`,
+        `where` and `fold`), retrieved as one batch (entities, summaries, encoding and SR batched: the
+        micro-batcher's requests together); top_k: the hits of every document, or of each (its request's)."""
         tops = [top_k] * len(docs) if isinstance(top_k, int) else list(top_k)
         if len(tops) != len(docs):
             raise CfirError(f"{len(tops)} top_k for {len(docs)} documents")
-        return self._answer(docs, [self._top(t) for t in tops], method, False)
+        return self._answer(docs, [self._top(t) for t in tops], method, False, fold=None)
 
     def _answer(self, docs: Sequence[DocumentInput], tops: Sequence[int], method: str | None, progress: bool,
-                described: int | None = None, where: Sequence[Any] | None = None) -> list[Result]:
+                described: int | None = None, where: Sequence[Any] | None = None, fold: bool | None = False
+                ) -> list[Result]:
         """The one place a checked query is retrieved and made records: every search of text ends here (the
-        commands', the library's, the services' batches), so an option of the query (a filter, a language:
-        keyword-only at each door, or a document's own) is passed down and applied here once. tops: each
-        document's hits."""
+        commands', the library's, the services' batches), so an option of the query (a filter, a language,
+        folding: keyword-only at each door, or a document's own) is passed down and applied here once. tops: each
+        document's hits; fold: near-duplicates folded (None: as each document asks, `DocumentInput.fold`), over
+        the whole ranking the pipeline returned, before the cut to its top."""
         retriever = self.retriever(method)
-        results = retriever.retrieve_many(docs, progress=progress, where=where)
+        folds = [d.fold for d in docs] if fold is None else [fold] * len(docs)
+        results = duplicates.retrieve_folded(retriever, docs, folds, tops, where, progress)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
                 for d, r, top in zip(docs, results, tops)]
 
     def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False,
-                 where: Sequence[Any] | None = None) -> list[Retrieval]:
+                 where: Sequence[Any] | None = None, fold: bool = False) -> list[Retrieval]:
         """The pipeline's own answers (`cfir_jax.retrieve.pipeline.Retrieval`: rows, SR's agreement, no captions) of
         `docs`, for evaluation (`retrieve.py --evaluate`), which scores every hit and shows none; where: as
-        `search`'s."""
-        return self.retriever(method).retrieve_many(docs, progress=progress, where=where)
+        `search`'s; fold: near-duplicates folded (off: evaluation counts every picture, as the paper does)."""
+        retriever = self.retriever(method)
+        return duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold)
 
     def _top(self, top_k: int) -> int:
         return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
 
     def _search_image(self, image: bytes | str | os.PathLike | None, image_id: str | None, top: int,
                       method: str | None, where: Sequence[Any] | None = None, qid: str | None = None,
-                      deadline: float | None = None) -> Result:
+                      deadline: float | None = None, fold: bool = False) -> Result:
         """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows: `image` is a picture's
         bytes or a picture file (within serve.max_image_bytes), `image_id` the id of an indexed picture; qid: the
         answer's id (default: the indexed picture's id, the file's stem, or "query")."""
@@ -254,8 +261,10 @@ class Index:
         else:
             raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
         retriever = self.retriever(method)
-        found = image_query.search_image(retriever, **query, top_k=top, max_pixels=int(serve.max_image_pixels),
+        fetched = self.max_top_k if fold else top  # folding shows fewer: fetch enough to fill top after it
+        found = image_query.search_image(retriever, **query, top_k=fetched, max_pixels=int(serve.max_image_pixels),
                                          deadline=deadline, where=where)
+        found = duplicates.folded(retriever, [found], fold)[0]
         return Result.of(qid or what, found, retriever.describe_image, top, self._version)
 
     # -------------------------------------------------------------------------------------- changing, checking

@@ -33,3 +33,5 @@ declare(Directory("image_cache_full", made_from=("corpus", "model_full"),
 declare(Directory("image_fields", made_from=("image_cache", "corpus"),
                   about="the pictures' own fields (date, source, ...) as typed columns, for filters "
                         "(cfir_jax.stores.image_fields)"))
+declare(Directory("duplicates", made_from=("image_cache",), config="index.duplicates",
+                  about="near-duplicate pictures as groups, folded at query time (cfir_jax.stores.duplicates)"))

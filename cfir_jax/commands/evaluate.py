@@ -25,10 +25,11 @@ from cfir_jax.stores.layout import Layout
 
 def run(config: ml_collections.ConfigDict, workdir, split: str, method: str = "cfir", *, compare: bool = False,
         compare_k: Sequence[int] = (), plot: str = "", output: str = "", tag: str = "cfir", top: int = 1000,
-        measures: str = "trec_eval", where: list[str] | None = None) -> list[report.EvalRow]:
+        measures: str = "trec_eval", where: list[str] | None = None, fold: bool = False) -> list[report.EvalRow]:
     """The evaluate command (`retrieve.py --evaluate SPLIT`): the configured `method` alone, the paper's Table 3
     (`compare`) or full CFIR at each K of `compare_k` (Table 4), over the split's topics; prints the table. where:
-    only pictures passing these filters are ranked (docs/filters.md)."""
+    only pictures passing these filters are ranked (docs/filters.md); fold: near-duplicates folded before scoring
+    (off by default: the paper's measures count every picture; docs/duplicates.md)."""
     if compare_k:
         rows = check_k_rows(workdir, k_rows(compare_k, method))
     else:
@@ -36,7 +37,7 @@ def run(config: ml_collections.ConfigDict, workdir, split: str, method: str = "c
         if compare and (note := full_row_note(workdir)):
             print(f"note: {note}", file=sys.stderr)
     return evaluate(config, workdir, split, rows, plot=plot, output=output, tag=tag, top=top, measures=measures,
-                    where=where)
+                    where=where, fold=fold)
 
 
 def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
@@ -61,7 +62,7 @@ def train_time_of(retriever: Retriever) -> str:
 
 def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
              output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval",
-             where: list[str] | None = None) -> list[report.EvalRow]:
+             where: list[str] | None = None, fold: bool = False) -> list[report.EvalRow]:
     """Runs every row over the split's topics and prints the evaluation table (trec_eval -c's unless `measures` says
     otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
     row's rule did with them; returns its rows."""
@@ -74,7 +75,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
         retriever = index.retriever()
         sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
         docs = index.corpus_documents(split)
-        results = index.retrieve(docs, progress=True, where=where)  # the pipeline's records: rows, agreement
+        results = index.retrieve(docs, progress=True, where=where, fold=fold)  # the pipeline's records: rows
         rule = row_config.retrieval.unknown_entities if retriever.methods.uses_entities else "-"
         if rule != "-":  # the same entities for every row: one count per rule, with the rows that used it
             rules.setdefault(rule, (results, []))[1].append(row.label)

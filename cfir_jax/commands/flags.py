@@ -78,6 +78,10 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--where", action="append", default=None, metavar="EXPR", help="only pictures whose own fields "
                    "pass EXPR: 'date<=2020-06-30', 'source=reuters', 'license in cc-by,cc0' (ops = != < <= > >= in); "
                    "repeat to AND them; with --query, --queries, --query-image(-id) and --evaluate (docs/filters.md)")
+    p.add_argument("--fold-duplicates", action=argparse.BooleanOptionalAction, default=None, help="show each group "
+                   "of near-duplicate pictures as its best-ranked one, the others listed under it (default: on for "
+                   "--query/--queries shown on stdout and --query-image(-id); off with --output/--qrels and "
+                   "--evaluate, so the measures count every picture; docs/duplicates.md)")
     p.add_argument("--format", default="table", help="table | json | trec (stdout)")
     p.add_argument("--lang", default=None, metavar="CODE", help="with --query/--queries: the documents' language "
                    "(ISO 639-1: en, fr, ...; a --queries row's own \"lang\" wins); default: found where the collection "

@@ -81,9 +81,8 @@ def retrieve_main():
         python retrieve.py --index W --queries docs.jsonl --output run.trec [--qrels qrels.txt]
         python retrieve.py --index W --query-image photo.jpg [--top-k 20] [--format table|json|trec]   # by picture
         python retrieve.py --index W --query-image-id IMAGE_ID          # the nearest pictures of an indexed picture
-        python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows
-                                                                        # (+ the fused row when W/image_text exists,
-                                                                        # + the re-ranked row when W/reranker does)
+        python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows (+ the
+                                                                        # fused, re-ranked rows: W/image_text, reranker)
         python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
         python retrieve.py --index W --fit-reranker                     # fit the third stage on the train split
         python retrieve.py --index W --fit-fusion                       # fit the convex fusions (BM25, image text)
@@ -122,7 +121,8 @@ def retrieve_main():
         from cfir_jax.commands import evaluate
 
         evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
-                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures, where=args.where)
+                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures, where=args.where,
+                     fold=bool(args.fold_duplicates))
     else:
         if args.query and _reads_entities(args.method):  # spaCy loads in a helper beside JAX, models, programs
             e = config.index.entities
@@ -132,7 +132,7 @@ def retrieve_main():
 
         retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                      shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
-                     measures=measures, lang=args.lang, where=args.where)
+                     measures=measures, lang=args.lang, where=args.where, fold=args.fold_duplicates)
 
 
 def _reads_entities(method: str) -> bool:
@@ -152,4 +152,5 @@ def _retrieve_by_picture(args, config) -> None:
     faults.on_sigterm()
     retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
                        image_id=args.query_image_id or "", fmt=args.format,
-                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag, where=args.where)
+                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag, where=args.where,
+                       fold=args.fold_duplicates is not False)

@@ -81,6 +81,14 @@ def check_index(i: ml_collections.ConfigDict) -> None:
     _one_of("index.image_cache", i.image_cache, "dtype", DTYPES)
     if "languages" in i:
         check_languages(i.languages)
+    d = i.get("duplicates")
+    if d is not None and not 0.0 < float(d.threshold) <= 1.0:
+        raise CfirError(f"index.duplicates.threshold={d.threshold}: a cosine in (0, 1] (0.98: near-identical pictures)")
+    if d is not None and not 1 <= int(d.neighbours) <= int(d.max_neighbours):
+        raise CfirError(f"index.duplicates.neighbours={d.neighbours}: at least 1 and at most max_neighbours="
+                        f"{d.max_neighbours}")
+    if d is not None:
+        _one_of("index.duplicates", d, "backend", ("auto", "exact", "scann", "partition"))
 
 
 def check_retrieval(r: ml_collections.ConfigDict) -> None:

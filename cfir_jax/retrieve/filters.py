@@ -192,7 +192,7 @@ class RowFilter:
         f = Filter(where)
         if not f:
             return None, ""
-        live = self.stores.live.base
+        live = self.stores.live.now()  # the live rows, or those a caller set for this call (folding's refill)
         removed = ~f.mask(self.fields())
         if live.removed is not None:
             removed |= live.removed

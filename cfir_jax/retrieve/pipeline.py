@@ -22,8 +22,7 @@ built when the Retriever is constructed, so per-query times measure queries: `en
 
 Images removed from the collection (`index.py --remove`) are never returned by any method: the stores carry the
 live rows (`Stores.live`, `cfir_jax.search.live_rows`), which ER applies where the candidate lists are formed and SR's
-whole-cache search where its answers come back; the third stage re-orders SR's live list.
-"""
+whole-cache search where its answers come back; the third stage re-orders SR's live list."""
 from __future__ import annotations
 
 import dataclasses
@@ -65,6 +64,7 @@ class RankedImage:
     score: float
     row: int  # row of the image cache
     entities: tuple[str, ...] = ()  # the document entities whose candidate lists brought this image in
+    duplicates: tuple[str, ...] = ()  # its near-duplicates folded under it (cfir_jax.retrieve.duplicates.fold)
 
     @property
     def id(self) -> str:
@@ -99,6 +99,7 @@ class DocumentInput:
     summary: str | None = None
     lang: str | None = None  # its language: the corpus', or stated; None: found (cfir_jax.retrieve.query_language)
     where: tuple = ()  # this document's own filters (a service's request), else retrieve_many's `where`
+    fold: bool = True  # a service's request: its near-duplicates folded (cfir_jax.retrieve.duplicates)
 
 
 class Retriever:
@@ -156,8 +157,7 @@ class Retriever:
         self._load_nlp = load_nlp
         # (caption, url) of the images last shown, least recently used out: the corpus holds millions of images and
         # a service runs for months, so this stays at retrieval.caption_cache entries.
-        self._caption = functools.lru_cache(maxsize=max(0, int(self.rcfg.caption_cache)))(
-            self._read_caption)
+        self._caption = functools.lru_cache(maxsize=max(0, int(self.rcfg.caption_cache)))(self._read_caption)
         self._warm = False
         if cfir:
             self.sr.prepare()  # the compact copy (or the device copy) now (minutes at scale), not in a query's time

@@ -122,7 +122,9 @@ def table(result: Result, top: int) -> str:
                  ", ".join(f"{k} {v:.1f} ms" for k, v in result.times_ms.items()))
     rows = [("rank", "image", "score", "caption / url", "brought in by")]
     for h in result.hits[:top]:
-        rows.append((str(h.rank), h.id, f"{h.score:.4f}", _clip(h.caption or h.url, 60), ", ".join(h.entities)))
+        folded = f" (+{len(h.duplicates)} near-duplicate{'s' * (len(h.duplicates) > 1)})" if h.duplicates else ""
+        rows.append((str(h.rank), h.id + folded, f"{h.score:.4f}", _clip(h.caption or h.url, 60),
+                     ", ".join(h.entities)))
     widths = [max(len(r[i]) for r in rows) for i in range(5)]
     for j, r in enumerate(rows):
         lines.append("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
@@ -193,6 +195,21 @@ def image_mime(data: bytes) -> str:
     return "image/webp"
 
 
+def _folded(ids: Sequence[str], image_bytes: Callable[[str], bytes], thumbs: int = 4) -> str:
+    """The near-duplicates folded under a hit (docs/duplicates.md): "+N near-duplicates", the first few as small
+    thumbnails (their ids as titles), the rest named."""
+    if not ids:
+        return ""
+    small = []
+    for i in ids[:thumbs]:
+        data = image_bytes(i)
+        small.append(f'<img src="data:{image_mime(data)};base64,{base64.b64encode(data).decode()}" '
+                     f'alt="{html.escape(i)}" title="{html.escape(i)}">' if data else f"<code>{html.escape(i)}</code> ")
+    rest = f' and {html.escape(", ".join(ids[thumbs:]))}' if len(ids) > thumbs else ""
+    word = "near-duplicate" if len(ids) == 1 else "near-duplicates"
+    return f'<div class="dups">+{len(ids)} {word}: {"".join(small)}{rest}</div>'
+
+
 def html_page(result: Result, image_bytes: Callable[[str], bytes], top: int) -> str:
     """A self-contained page: the images inline (data URIs) when the corpus has their bytes, else their URLs."""
     cards = []
@@ -210,10 +227,12 @@ def html_page(result: Result, image_bytes: Callable[[str], bytes], top: int) -> 
         link = f'<a href="{html.escape(url)}">{html.escape(h.id)}</a>' if url else html.escape(h.id)
         cards.append(f'<figure>{img}<figcaption><b>#{h.rank}</b> {link} <code>{h.score:.4f}</code><br>'
                      f'{html.escape(_clip(caption, 160))}<br><i>{html.escape(", ".join(h.entities))}</i>'
-                     '</figcaption></figure>')
+                     f'{_folded(h.duplicates, image_bytes)}</figcaption></figure>')
     style = ("body{font-family:sans-serif;margin:2em}figure{display:inline-block;width:220px;margin:8px;"
              "vertical-align:top}img{max-width:220px;max-height:220px}.noimg{width:220px;height:120px;"
-             "background:#eee;text-align:center;line-height:120px;color:#888}figcaption{font-size:12px}")
+             "background:#eee;text-align:center;line-height:120px;color:#888}figcaption{font-size:12px}"
+             ".dups{margin-top:4px;color:#555}.dups img{width:40px;height:40px;object-fit:cover;margin:2px 2px 0 0;"
+             "border:1px solid #ccc}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>CFIR: {html.escape(doc_id)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(doc_id)}</h1>"
             f"<p><b>Entities:</b> {html.escape(', '.join(result.entities) or '(none)')}</p>"

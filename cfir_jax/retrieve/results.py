@@ -29,6 +29,7 @@ class Hit:
     caption: str  # the image's caption in the corpus ('' when it has none)
     url: str  # where the image comes from ('' when unknown)
     entities: tuple[str, ...] = ()  # the document's entities whose candidate lists brought this image in
+    duplicates: tuple[str, ...] = ()  # the ids of its near-duplicates folded under it, best first (docs/duplicates.md)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,7 +60,8 @@ class Result:
         hits = []
         for n, h in enumerate(result.hits[:top]):
             caption, url = describe(h.image_id) if n < described else ("", "")
-            hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities)))
+            hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities),
+                            tuple(getattr(h, "duplicates", ()))))
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
                    result.note, result.num_candidates, dict(result.times_ms), version,
                    sr_agreement=result.sr_agreement, lang=getattr(result, "lang", "en"))
@@ -73,14 +75,15 @@ class Result:
             "summary": self.summary, "note": self.note, "num_candidates": self.num_candidates,
             "times_ms": dict(self.times_ms),
             "hits": [{"rank": h.rank, "image_id": h.id, "score": h.score, "entities": list(h.entities),
-                      "caption": h.caption, "url": h.url} for h in self.hits],
+                      "caption": h.caption, "url": h.url, "duplicates": list(h.duplicates)} for h in self.hits],
         }
 
     @classmethod
     def from_json(cls, answer: Mapping[str, Any], version: int | None = None) -> Result:
         """The record of one answer of the service (`to_json`'s shape); version: its X-Index-Version header."""
         hits = tuple(Hit(int(h["rank"]), str(h["image_id"]), float(h["score"]), str(h.get("caption", "")),
-                         str(h.get("url", "")), tuple(h.get("entities", ()))) for h in answer["hits"])
+                         str(h.get("url", "")), tuple(h.get("entities", ())), tuple(h.get("duplicates", ())))
+                     for h in answer["hits"])
         return cls(str(answer["id"]), hits, tuple(answer.get("entities", ())),
                    tuple(answer.get("unknown_entities", ())), str(answer.get("summary", "")),
                    str(answer.get("note", "")), int(answer.get("num_candidates", 0)),

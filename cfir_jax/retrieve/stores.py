@@ -54,6 +54,7 @@ class Stores:
     encoder_dir: Path | None = None  # the index encoder that encodes unseen entities
     version: int = 0  # the workdir's version the stores were opened at (index.json; cfir_jax.stores.versions)
     live: LiveRows = dataclasses.field(default_factory=LiveRows)  # the rows a query may return (not removed)
+    duplicates: Any = None  # W/duplicates, opened by the first folded search (cfir_jax.retrieve.duplicates)
 
     @property
     def embeddings(self):

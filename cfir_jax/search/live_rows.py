@@ -134,6 +134,13 @@ class ScopedRows:
     def __repr__(self) -> str:
         return f"ScopedRows({self.now()!r})"
 
+    def without(self, rows: np.ndarray) -> LiveRows:
+        """The rows now, with `rows` counted as removed as well (the pictures a folded search set aside)."""
+        now = self.now()
+        removed = np.zeros(now.num_rows, bool) if now.removed is None else now.removed.copy()
+        removed[np.asarray(rows, np.int64)] = True
+        return LiveRows(removed, now.num_rows)
+
     @contextlib.contextmanager
     def only(self, rows: LiveRows | None) -> Iterator[None]:
         """The rows `rows` for the length of the block in this context (None: the live rows)."""

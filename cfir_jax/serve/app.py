@@ -25,7 +25,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
@@ -57,12 +57,12 @@ class SearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
     text: Any = TEXT
     top_k: Any = TOP_K
-    method: StrictStr | None = Field(None, description="cfir | dense_document | dense_summary | entity_only "
-                                     "| bm25 | cfir_bm25 | cfir_bm25_fused (those the service loaded; default: "
-                                     "the first)")
+    method: StrictStr | None = Field(None, description="cfir | dense_document | dense_summary | entity_only | bm25 "
+                                     "| cfir_bm25 | cfir_bm25_fused (those the service loaded; default: the first)")
     id: StrictStr = Field("query", description="the document's id, echoed in the answer")
     lang: Any = LANG
     where: list[StrictStr] | None = WHERE
+    fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md)")
 
 
 class BatchDocument(BaseModel):
@@ -78,6 +78,7 @@ class BatchRequest(BaseModel):
     top_k: Any = TOP_K
     method: StrictStr | None = None
     where: list[StrictStr] | None = WHERE
+    fold: StrictBool = True  # near-duplicates folded under each one shown (docs/duplicates.md)
 
 
 def check_text(settings, text: object, what: str) -> str:
@@ -112,8 +113,7 @@ class Service:
         self.admin_token = os.environ.get("CFIR_ADMIN_TOKEN") or settings.admin_token
         self.stopping = False
         self.watch_pool(holder.current)
-        self.verifier = BackgroundVerifier(lambda: self.holder.current.workdir,
-                                           float(settings.verify_mb_per_s),
+        self.verifier = BackgroundVerifier(lambda: self.holder.current.workdir, float(settings.verify_mb_per_s),
                                            float(settings.verify_interval_s))
         self.max_body = max_body(settings)
         self.pictures = PictureQueue(int(settings.picture_queue_size), self.metrics)
@@ -181,8 +181,7 @@ class Service:
         if gone in done:
             self.metrics.dropped.labels("disconnected").inc()
             raise HTTPException(499, "client closed the request")
-        raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed "
-                                 "(serve.deadline_ms)")
+        raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed (serve.deadline_ms)")
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
                              where: tuple = ()):
@@ -267,8 +266,7 @@ ServiceDep = Annotated[SearchService, Depends(service)]
 
 def _error(status: int, message: str, headers: dict | None = None) -> Response:
     """The one-line JSON refusal; ASCII, so that any character a request sent (a lone surrogate) can be named."""
-    return Response(json.dumps({"error": message}), status_code=status, headers=headers,
-                    media_type="application/json")
+    return Response(json.dumps({"error": message}), status_code=status, headers=headers, media_type="application/json")
 
 
 def _validation_message(exc: RequestValidationError) -> tuple[int, str]:
@@ -321,8 +319,7 @@ def create_app(svc: SearchService) -> FastAPI:
     @app.post("/v1/admin/reload", summary="reload the workdir (needs serve.admin_token / CFIR_ADMIN_TOKEN)")
     async def admin_reload(request: Request, svc: ServiceDep) -> JSONResponse:
         if not svc.admin_token:
-            raise HTTPException(404, "not found: the admin endpoint is off (set serve.admin_token or "
-                                     "CFIR_ADMIN_TOKEN)")
+            raise HTTPException(404, "not found: the admin endpoint is off (set serve.admin_token or CFIR_ADMIN_TOKEN)")
         given = request.headers.get("authorization", "")
         if not hmac.compare_digest(given.encode(), f"Bearer {svc.admin_token}".encode()):
             raise HTTPException(401, "missing or wrong token (Authorization: Bearer TOKEN)")
@@ -368,7 +365,8 @@ def _search_routes(app: FastAPI) -> None:
     async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang), where=check_where(body.where))
+        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang), where=check_where(body.where),
+                            fold=body.fold)
         answer, headers = await svc.run(request, [doc], method, body.top_k)
         return Response(answer[0], media_type="application/json", headers=headers)
 
@@ -386,7 +384,8 @@ def _search_routes(app: FastAPI) -> None:
         langs = [check_lang(d.lang, f"documents.{n}") for n, d in enumerate(body.documents)]
         method = svc.check_options(body.top_k, body.method)
         where = check_where(body.where)
-        docs = [DocumentInput(t, d.id, lang=x, where=where) for t, d, x in zip(texts, body.documents, langs)]
+        docs = [DocumentInput(t, d.id, lang=x, where=where, fold=body.fold)
+                for t, d, x in zip(texts, body.documents, langs)]
         answer, headers = await svc.run(request, docs, method, body.top_k)
         return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json", headers=headers)
 
@@ -394,7 +393,8 @@ def _search_routes(app: FastAPI) -> None:
     async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang), where=check_where(body.where))
+        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang), where=check_where(body.where),
+                            fold=body.fold)
         page, headers = await svc.run(request, [doc], method, body.top_k, html=True)
         return HTMLResponse(page, headers=headers)
 

@@ -1,7 +1,8 @@
 """The page at `GET /`: paste a document, see the gallery `retrieve.py --html` draws (POST /v1/search/html).
 
 `/#q=TEXT` (URL-encoded) fills the box and searches at once: a link to a query, and how the screenshot test drives it;
-`&where=F1;F2` fills the filters on the pictures' fields (docs/filters.md) first.
+`&where=F1;F2` fills the filters on the pictures' fields (docs/filters.md) first; `&fold=0` shows near-duplicates
+in a row instead of folded under the best-ranked of each group (docs/duplicates.md).
 """
 
 PAGE = """<!doctype html>
@@ -25,6 +26,8 @@ images and ranks them with the document's summary. API: <code>POST /v1/search</c
 <div class="row"><label>hits <input id="top_k" type="number" min="1" value="20" style="width:5em"></label>
 <label>only pictures with <input id="where" placeholder="date<=2020-06-30; source=reuters; license in cc-by,cc0"
  style="width:28em" title="filters on the pictures' own fields, separated by ';' and joined by AND"></label>
+<label title="show each group of near-identical pictures once, the others under it"><input id="fold"
+ type="checkbox" checked> fold near-duplicates</label>
 <button type="submit">Search</button><span id="status"></span></div>
 </form>
 <iframe id="gallery" title="the images" hidden></iframe>
@@ -37,7 +40,8 @@ async function search() {
   try {
     const r = await fetch("/v1/search/html", {method: "POST", headers: {"Content-Type": "application/json"},
       body: JSON.stringify({text: box.value, top_k: parseInt(document.getElementById("top_k").value || "20"),
-        where: document.getElementById("where").value.split(";").map((w) => w.trim()).filter(Boolean)})});
+        where: document.getElementById("where").value.split(";").map((w) => w.trim()).filter(Boolean),
+        fold: document.getElementById("fold").checked})});
     if (!r.ok) {
       const e = await r.json().catch(() => ({error: r.statusText}));
       status.className = "error"; status.textContent = `${r.status}: ${e.error}`; return;
@@ -49,6 +53,7 @@ async function search() {
 form.addEventListener("submit", (e) => { e.preventDefault(); search(); });
 const hash = new URLSearchParams(location.hash.slice(1)), q = hash.get("q");
 if (hash.get("where")) { document.getElementById("where").value = hash.get("where"); }
+if (hash.get("fold") === "0") { document.getElementById("fold").checked = false; }
 if (q) { box.value = q; search(); }
 </script>
 </body></html>

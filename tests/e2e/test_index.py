@@ -239,7 +239,8 @@ def test_atomic_build_prints_the_closing_table(atomic):
     assert lines[header].split() == ["stage", "contents", "on", "disk", "time"]
     rows = [line.split()[0] for line in lines[header + 2 :]]
     # the stages' one order: each after what it is made from, ties broken by name
-    assert rows == ["corpus", "entities", "image_cache", "image_fields", "encoder", "entity_index", "summaries"]
+    assert rows == ["corpus", "entities", "image_cache", "duplicates", "image_fields", "encoder", "entity_index",
+                    "summaries"]
     times = {line.split()[0]: line.rstrip() for line in lines[header + 2 :]}
     assert times.pop("encoder").endswith("reused")  # the converted model named by the config: nothing to build
     assert all(line.endswith(" s") for line in times.values())

@@ -37,7 +37,7 @@ def test_as_json_is_the_records_json_in_the_documented_order():
     answer = json.loads(line)
     assert list(answer) == ["id", "lang", "entities", "unknown_entities", "num_unknown_entities", "summary", "note",
                             "num_candidates", "times_ms", "hits"]
-    assert list(answer["hits"][0]) == ["rank", "image_id", "score", "entities", "caption", "url"]
+    assert list(answer["hits"][0]) == ["rank", "image_id", "score", "entities", "caption", "url", "duplicates"]
     assert answer["num_unknown_entities"] == 1 and answer["hits"][2]["entities"] == ["bridge", "harbour"]
     assert Result.from_json(answer) == Result.of("doc", _pipeline_result(), _describe, 3)
 

@@ -1,0 +1,119 @@
+"""Near-duplicates folded at query time: each group of near-identical pictures (W/duplicates,
+`cfir_jax.stores.duplicates`) shows its best-ranked member, the others of the ranking listed under it
+(docs/duplicates.md).
+
+`fold_positions` is the one rule, a pure function over a ranking's cache rows; `fold` applies it to the pipeline's
+`Retrieval` (ranks renumbered over the shown hits, each hit's folded duplicates' ids in `RankedImage.duplicates`);
+`folded` is what every door calls (the library's `Index`, the service's batcher and picture search) with the
+retriever's stores. Folding happens after ranking, over the whole list the pipeline returned (retrieval.top_k), and
+the caller then cuts to its top_k: top_k counts the shown hits.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from cfir_jax.core.errors import StoreError
+from cfir_jax.stores.duplicates import Duplicates
+
+log = logging.getLogger(__name__)
+_ABSENT = "absent"  # Stores.duplicates when the workdir has no usable store: searches are not folded
+
+
+def fold_positions(rows: Sequence[int], group: np.ndarray) -> list[tuple[int, list[int]]]:
+    """rows [M]: a ranking's cache rows, best first; group [N]: each row's group label (-1: none, as a row outside
+    it). Returns, best first, (position of each group's best-ranked row, [positions of its other rows, best
+    first])."""
+    shown: dict[int, tuple[int, list[int]]] = {}
+    out: list[tuple[int, list[int]]] = []
+    n = len(group)
+    for pos, row in enumerate(rows):
+        label = int(group[row]) if 0 <= row < n else -1
+        key = label if label >= 0 else -1 - pos  # a row without a group is a group of its own
+        if key in shown:
+            shown[key][1].append(pos)
+        else:
+            shown[key] = (pos, [])
+            out.append(shown[key])
+    return out
+
+
+def fold(retrieval, group: np.ndarray):
+    """The `Retrieval` with each group's best-ranked hit shown (ranks 1, 2, ... over the shown hits) and its other
+    hits' image ids in its `duplicates`, best first."""
+    hits = retrieval.hits
+    kept = fold_positions([h.row for h in hits], group)
+    shown = [dataclasses.replace(hits[p], rank=n + 1, duplicates=tuple(hits[q].image_id for q in others))
+             for n, (p, others) in enumerate(kept)]
+    return dataclasses.replace(retrieval, hits=shown)
+
+
+def store_of(stores) -> Duplicates | None:
+    """The duplicates store of the retriever's `stores` (opened once, held to its image cache), None when the workdir
+    has none that follows its cache (an older workdir: said once in the log, searches are not folded)."""
+    if stores.duplicates is None:
+        try:
+            store = Duplicates.open(stores.layout.duplicates)
+            if not store.follows(stores.cache):
+                raise StoreError(f"{stores.layout.duplicates}: made for another image cache or other removals")
+            stores.duplicates = store
+        except StoreError as e:
+            log.warning("near-duplicates not folded: %s (index.py --stages duplicates makes it)",
+                        str(e).splitlines()[0])
+            stores.duplicates = _ABSENT
+    return None if stores.duplicates is _ABSENT else stores.duplicates
+
+
+def retrieve_folded(retriever, docs: Sequence, fold_them, top, where=None, progress: bool = False) -> list:
+    """The retriever's rankings of `docs` (`Retriever.retrieve_many`), folded when `fold_them`, filled up to `top`
+    shown hits (`folded`): what the library's `Index` answers with."""
+    return folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold_them, docs, top, where)
+
+
+def folded(retriever, retrievals: list, fold_them: bool | Sequence[bool], docs: Sequence | None = None,
+           top: int | Sequence[int] = 0, where=None) -> list:
+    """What every door calls: `retrievals` folded by the retriever's duplicates store when `fold_them` (one for all,
+    or each ranking's own: a service's batch of requests) and the workdir has one, else as they are. With `docs`
+    (the documents retrieved) and `top` (the hits to show: one for all, or each's), a ranking that folding left
+    shorter than its top, and that the pipeline had cut at retrieval.top_k, is retrieved again with the folded
+    pictures set aside, as a filter sets rows aside (`refilled`), so that many hits show where that many groups
+    exist."""
+    n = len(retrievals)
+    folds = [bool(fold_them)] * n if isinstance(fold_them, bool) else [bool(f) for f in fold_them]
+    tops = [int(top)] * n if isinstance(top, int) else [int(t) for t in top]
+    stores = getattr(retriever, "stores", None)  # a stand-in engine without stores (tests) folds nothing
+    store = store_of(stores) if any(folds) and stores is not None else None
+    if store is None:
+        return list(retrievals)
+    out = [fold(r, store.group) if f else r for r, f in zip(retrievals, folds)]
+    for i, (raw, shown) in enumerate(zip(retrievals, out)):
+        if folds[i] and docs is not None and len(shown.hits) < tops[i] and len(raw.hits) >= int(retriever.rcfg.top_k):
+            out[i] = refilled(retriever, store.group, docs[i], shown, tops[i], where)
+    return out
+
+
+def refilled(retriever, group: np.ndarray, doc, shown, top: int, where, rounds: int = 4):
+    """`shown` (a folded ranking of `doc` short of `top` hits) filled up: the document retrieved again with the
+    pictures folded so far counted as removed for the call (`search.live_rows.ScopedRows`: this call's own rows,
+    composed with its filter), its new ranking folded, each shown hit keeping the duplicates folded under it before.
+    At most `rounds` more retrievals; it stops when a ranking brings nothing new."""
+    live = retriever.stores.live
+    hidden = {d for h in shown.hits for d in h.duplicates}
+    for _ in range(rounds):
+        with live.only(live.without([retriever.stores.cache.index_of(i) for i in hidden])):
+            raw = retriever.retrieve_many([doc], where=where)[0]
+        before = {h.image_id: h.duplicates for h in shown.hits}
+        again = fold(raw, group)
+        hits = [dataclasses.replace(h, duplicates=before.get(h.image_id, ()) + h.duplicates) for h in again.hits]
+        new = {d for h in again.hits for d in h.duplicates}
+        if len(hits) <= len(shown.hits) and not new - hidden:
+            break
+        shown, hidden = dataclasses.replace(again, hits=hits, note=shown.note), hidden | new  # the first note:
+        # a filter's count of passing pictures, not of those left beside the folded ones
+        if len(shown.hits) >= top or len(raw.hits) < int(retriever.rcfg.top_k):
+            break
+    return shown
