@@ -261,7 +261,8 @@ class Index:
         else:
             raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
         retriever = self.retriever(method)
-        fetched = self.max_top_k if fold else top  # folding shows fewer: fetch enough to fill top after it
+        stores = getattr(retriever, "stores", None)  # folding shows fewer: fetch enough to fill top after it
+        fetched = self.max_top_k if fold and stores is not None and duplicates.store_of(stores) else top
         found = image_query.search_image(retriever, **query, top_k=fetched, max_pixels=int(serve.max_image_pixels),
                                          deadline=deadline, where=where)
         found = duplicates.folded(retriever, [found], fold)[0]

@@ -268,8 +268,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 b=0.75,
                 stemmer="english",
             ),
-            # Beyond the paper: pictures at cosine >= threshold grouped into W/duplicates, folded at query time
-            # (docs/duplicates.md); each picture's nearest `neighbours` searched (max_neighbours when all are near)
+            # Beyond the paper: pictures at cosine >= threshold grouped into W/duplicates (docs/duplicates.md)
             duplicates=dict(threshold=0.98, neighbours=8, max_neighbours=256, backend="auto"),
             # Each document's and caption's language and what it gets (NER, stemmer, summarizer): docs/languages.md.
             languages=languages_config(),
