@@ -20,7 +20,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE, by_language
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-from cfir_jax.nlp.entity_languages import LanguageEntities
+from cfir_jax.nlp.entity_languages import LanguageEntities, index_workers
 from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, check_sources
 from cfir_jax.stores import contract
 from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, EntityStore, entity_key
@@ -138,7 +138,8 @@ def entity_extractor(config, languages: dict[str, int] | None = None) -> Sourced
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
     nlp = load_spacy(e.spacy_model or None)
-    english = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+    workers = index_workers(config, e.spacy_model, e.labels)
+    english = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, workers), sources)
     return LanguageEntities.of(config, english, languages) if set(languages or ()) - {REFERENCE} else english
 
 
