@@ -79,9 +79,8 @@ class Settings:
         """The config's `entity_workers` section for one use: "serve", "bulk", "index" (their worker counts), or
         "query" (one worker); the service's deadline is serve_deadline_ms, the others' deadline_ms."""
         w = config.entity_workers
-        deadline_ms = w.serve_deadline_ms if use == "serve" else w.deadline_ms
-        return cls(1 if use == "query" else int(w[use]), float(deadline_ms) / 1e3, int(w.max_restarts),
-                   float(w.restart_window_s))
+        deadline_s = float(w.serve_deadline_ms if use == "serve" else w.deadline_ms) / 1e3
+        return cls(1 if use == "query" else int(w[use]), deadline_s, int(w.max_restarts), float(w.restart_window_s))
 
 
 def worker_main() -> None:
