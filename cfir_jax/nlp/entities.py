@@ -183,6 +183,7 @@ class EntityExtractor:
         nlp,
         labels: str | Sequence[str] | None = "all",
         batch_size: int = 64,
+        *,
         workers=None,
     ):
         if batch_size < 1:

@@ -28,9 +28,9 @@ log = logging.getLogger(__name__)
 
 def index_workers(config, spacy_model: str | None, labels) -> EntityWorkers | None:
     """The worker processes index.py's entity stage parses a pipeline's documents with (entity_workers.index of
-    them), or None when fewer than 2: this process parses."""
+    them; loading while the stage reads its corpus), or None when fewer than 2: this process parses."""
     settings = Settings.of(config, "index")
-    return EntityWorkers(spacy_model, labels, settings) if settings.workers > 1 else None
+    return EntityWorkers(spacy_model, labels, settings, wait=False) if settings.workers > 1 else None
 
 
 def language_ner(config, setup: Setup, loaded: dict) -> tuple[Any, str]:
@@ -48,7 +48,8 @@ def language_ner(config, setup: Setup, loaded: dict) -> tuple[Any, str]:
                         "docs/languages.md)", setup.code, setup.ner)
             return CapitalisedNames(), f"{setup.ner} not installed: capitalised n-grams"
         nlp = loaded[setup.ner]
-        extractor = EntityExtractor(nlp, setup.labels, e.batch_size, index_workers(config, setup.ner, setup.labels))
+        workers = index_workers(config, setup.ner, setup.labels)
+        extractor = EntityExtractor(nlp, setup.labels, e.batch_size, workers=workers)
         own = "" if not setup.fallback else "no pipeline: "
         return extractor, f"{own}spaCy {spacy_model_name(nlp)}"
     return CapitalisedNames(), "no pipeline: capitalised n-grams"
