@@ -29,11 +29,13 @@ def load_averages() -> str:
     return "/".join(f"{x:.2f}" for x in os.getloadavg())
 
 
-def _retriever(config, workdir: str, **retrieval):
+def _retriever(config, workdir: str, entity_workers: int | None = None, **retrieval):
     from cfir_jax.retrieve.pipeline import Retriever
 
     cfg = copy.deepcopy(config)
     cfg.retrieval.update(retrieval)
+    if entity_workers is not None:
+        cfg.entity_workers.bulk = entity_workers
     return Retriever(cfg, workdir, "cfir")
 
 
@@ -68,23 +70,16 @@ def end_to_end(config, args) -> list:
 
 def worker_start(bulk, fresh, reference) -> None:
     """Bulk documents/s with spaCy's workers forked from this JAX process by nlp.pipe afresh per call (the old way:
-    Python warns it may deadlock) against the persistent forkserver pool (now: `EntityPool`), alternating, two runs
-    each; the pool's first run includes its start (workers started, pipelines loaded), its second does not."""
-    import copy
-
-    from cfir_jax.nlp import entities
-
+    Python warns it may deadlock) against the persistent pool (now: `cfir_jax.nlp.entity_workers`), alternating, two
+    runs each; the pool's first run includes its start (workers started, pipelines loaded), its second does not."""
     ranking = bulk.entities
 
-    class Forked:  # the old way, as `EntityRanking.stream` did it before the pool
+    class Forked:  # the old way, as `EntityRanking.stream` did it before the pool: spaCy's own n_process, forked
         def stream(self, texts, chunk):
-            extractor = copy.copy(ranking.extractor())
-            extractor.n_process = int(bulk.rcfg.entity_workers)
-            entities.WORKER_START = "fork"
-            try:
-                yield from extractor.extract(texts)
-            finally:
-                entities.WORKER_START = "forkserver"
+            extractor = ranking.extractor()
+            for doc in extractor.nlp.pipe(texts, batch_size=extractor.batch_size,
+                                          n_process=int(bulk.config.entity_workers.bulk)):
+                yield extractor.entities_of_doc(doc)
 
     if ranking._pool is not None:  # the pool's first run below starts it afresh
         ranking._pool.close()
@@ -103,7 +98,7 @@ def worker_start(bulk, fresh, reference) -> None:
             same &= all([h.row for h in a.hits] == [h.row for h in b.hits] for a, b in zip(out, reference))
     fork, pool = max(rates["fork"]), rates["pool"]
     print(f"  spaCy workers, bulk documents/s (alternating): forked per call (best of 2) {fork:.2f}; persistent "
-          f"forkserver pool {pool[0]:.2f} with its start, {pool[1]:.2f} started -> pool / fork = {pool[0] / fork:.3f} "
+          f"pool {pool[0]:.2f} with its start, {pool[1]:.2f} started -> pool / fork = {pool[0] / fork:.3f} "
           f"with its start, {pool[1] / fork:.3f} started; same hits: {same}")
 
 

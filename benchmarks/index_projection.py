@@ -132,11 +132,14 @@ def measure_image_cache(args) -> float:
 
 
 def measure_entities(args) -> float:
-    """documents/s of spaCy NER as index.py runs it (nlp.pipe, `--spacy-processes` workers)."""
+    """documents/s of spaCy NER as index.py runs it (nlp.pipe, or `--spacy-processes` entity workers: the
+    entity_workers.index pool, `cfir_jax.nlp.entity_workers`)."""
     from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+    from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 
     docs = _documents(args.spacy_docs)
-    extractor = EntityExtractor(load_spacy(None), "all", batch_size=64, n_process=args.spacy_processes)
+    workers = EntityWorkers("", "all", Settings(workers=args.spacy_processes)) if args.spacy_processes > 1 else None
+    extractor = EntityExtractor(load_spacy(None), "all", batch_size=64, workers=workers)
     list(extractor.extract(docs[:16]))  # loads the pipeline's lazy parts
     found, seconds = _timed(lambda: list(extractor.extract(docs)))
     words = np.mean([len(d.split()) for d in docs])

@@ -39,7 +39,7 @@ from cfir_jax.core.cli import cli_main
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
 ROOT = Path(__file__).resolve().parents[1]
-SETTINGS = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0",
+SETTINGS = ["--config.retrieval.sr=exact", "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0",
             "--config.serve.shard_num_cpus=0.1", "--config.serve.front_num_cpus=0.1",
             "--config.serve.object_store_mb=400", "--config.serve.deadline_ms=60000",
             "--config.serve.shard_timeout_s=20", "--config.serve.queue_size=256"]

@@ -20,7 +20,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE, by_language
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-from cfir_jax.nlp.entity_languages import LanguageEntities
+from cfir_jax.nlp.entity_languages import LanguageEntities, index_workers
 from cfir_jax.nlp.entity_sources import SourcedExtractor, categories_of, check_sources
 from cfir_jax.stores import contract
 from cfir_jax.stores.entities import ENTITY_FORMAT_VERSION, ENTITY_KIND, EntityStore, entity_key
@@ -138,8 +138,17 @@ def entity_extractor(config, languages: dict[str, int] | None = None) -> Sourced
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
     nlp = load_spacy(e.spacy_model or None)
-    english = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, e.n_process), sources)
+    workers = index_workers(config, e.spacy_model, e.labels)
+    english = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, workers=workers), sources)
     return LanguageEntities.of(config, english, languages) if set(languages or ()) - {REFERENCE} else english
+
+
+def stop_workers(extractor: SourcedExtractor | LanguageEntities) -> None:
+    """Stops the spaCy worker processes (entity_workers.index) of each language's extractor: the stage is done."""
+    for sourced in [extractor, *getattr(extractor, "by_language", {}).values()]:
+        workers = getattr(sourced.extractor, "workers", None)
+        if workers is not None:
+            workers.close()
 
 
 def _item(extractor: SourcedExtractor | LanguageEntities, doc) -> str:
@@ -159,14 +168,18 @@ def build_entities(config, layout: Layout, corpus: Corpus) -> EntityStore:
     if current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
                labels=list(extractor.extractor.labels), sources=extractor.settings.get("sources"),
                languages=extractor.settings.get("languages")):
+        stop_workers(extractor)
         return EntityStore.open(layout.entities)
     if sources != "spacy" and corpus.num_documents and not any(
             categories_of(corpus.document(i)) for i in range(min(corpus.num_documents, 1000))):
         raise CfirError(f"{corpus.path}: its documents carry no category names (index.entities.sources={sources!r}); "
                         "use --config.index.entities.sources=spacy or a corpus with AToMiC's category field")
     docs = ((corpus.doc_ids[i], _item(extractor, corpus.document(i))) for i in range(corpus.num_documents))
-    build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents, chunk_size=e.chunk_size,
-                       corpus_fingerprint=corpus.documents_fingerprint)
+    try:
+        build_entity_store(layout.entities, docs, extractor, num_docs=corpus.num_documents, chunk_size=e.chunk_size,
+                           corpus_fingerprint=corpus.documents_fingerprint)
+    finally:
+        stop_workers(extractor)
     return EntityStore.open(layout.entities)
 
 
@@ -175,15 +188,22 @@ def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_ne
     """The entity store with the NER of the documents [first_new_doc, N) of the union `corpus` appended (chunks kept
     in `work_dir/entities` across a kill), staged in `out_dir`: equal to a store built over the union in one go,
     recorded with the union's documents fingerprint. Returns {documents_added, entities_added}."""
+    made = []
+
     def nlp() -> DocumentNLP:
         extractor = entity_extractor(config, corpus.languages)
+        made.append(extractor)
         return DocumentNLP(
             extractor.settings, lambda i: _item(extractor, corpus.document(i)),
             lambda texts: list(extractor.extract(texts)),
             lambda out, chunks: assemble_entity_store(out, chunks, extractor, corpus.documents_fingerprint, base=store))
 
-    manifest = append_documents(store, corpus, first_new_doc, out_dir, work_dir, "entities", "entity",
-                                config.index.entities.chunk_size, nlp)
+    try:
+        manifest = append_documents(store, corpus, first_new_doc, out_dir, work_dir, "entities", "entity",
+                                    config.index.entities.chunk_size, nlp)
+    finally:
+        for extractor in made:
+            stop_workers(extractor)
     return {"documents_added": corpus.num_documents - first_new_doc,
             "entities_added": 0 if manifest is None else int(manifest["num_entities"]) - len(store.vocab)}
 

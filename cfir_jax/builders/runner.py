@@ -30,8 +30,8 @@ together (`hosts.barrier`), so all agree whether it is current. The corpus is co
 the others wait (a format conversion, not model work); the image cache is split in contiguous shard ranges, the
 entities, summaries, entity index and image text in chunks owned round-robin (`hosts.owns`); each process writes
 its own shards or chunks into the shared work directory, and process 0 alone assembles and commits the store once
-all exist, then every process opens it. spaCy also fans out over `index.entities.n_process` worker processes on
-each host. Logs and the closing table come from process 0. When a host dies the others stop at their next barrier
+all exist, then every process opens it. spaCy also fans out over `entity_workers.index` worker processes on each
+host. Logs and the closing table come from process 0. When a host dies the others stop at their next barrier
 (or by the runtime's heartbeat): restart the whole job; finished shards and chunks are reused, by whichever process
 owns them now (another process count included).
 """

@@ -9,7 +9,7 @@ import sys
 from cfir_jax.commands import flags
 from cfir_jax.core import cli, faults
 from cfir_jax.core.cli import cli_main
-from cfir_jax.nlp import entity_process
+from cfir_jax.nlp import entity_workers
 
 
 @cli_main
@@ -124,9 +124,9 @@ def retrieve_main():
                      plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures, where=args.where,
                      fold=bool(args.fold_duplicates))
     else:
-        if args.query and _reads_entities(args.method):  # spaCy loads in a helper beside JAX, models, programs
+        if args.query and _reads_entities(args.method):  # spaCy loads in a worker beside JAX, models, programs
             e = config.index.entities
-            entity_process.start(e.spacy_model, e.labels, float(config.retrieval.entity_deadline_ms) / 1e3)
+            entity_workers.start(e.spacy_model, e.labels, entity_workers.Settings.of(config, "query"))
         # why: a query run loads the Retriever's stack, not the evaluation's or the fit's
         from cfir_jax.commands import retrieve
 

@@ -1,9 +1,11 @@
 """The config tree under every experiment in `configs/*.py`: model sizes, sections and their non-experiment defaults.
 
-Every config is an `ml_collections.ConfigDict` with sections `model`, `mesh`, `index`, `train`, `retrieval`, `serve`.
+Every config is an `ml_collections.ConfigDict` with sections `model`, `mesh`, `index`, `train`, `retrieval`, `serve`,
+`entity_workers`.
 `defaults()` fills in what is not a choice of the experiment (architecture facts, engineering knobs) and leaves each
 experiment choice a typed placeholder; `configs/base.py` sets them (the paper's CFIR), `configs/large.py` and
-`configs/demo.py` start from it. The `serve` section is `cfir_jax.core.config_serve`.
+`configs/demo.py` start from it. The `serve` section is `cfir_jax.core.config_serve`'s, `entity_workers`
+`cfir_jax.core.config_workers`'s.
 `cfir_jax.core.variants.parse_arg` reads the variant after the colon (`configs/base.py:384,runlocal`);
 `cfir_jax.core.config_check.check` checks each section once, where a config is loaded.
 """
@@ -16,6 +18,7 @@ import ml_collections
 from ml_collections import config_dict
 
 from cfir_jax.core.config_serve import serve_config
+from cfir_jax.core.config_workers import entity_workers_config
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import languages_config
 
@@ -193,12 +196,11 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 batch_size=64 if runlocal else 256,
                 shard_size=65536,
             ),
-            # labels: "all", "picturable" or a tuple (entities.resolve_labels); n_process: spaCy worker processes on
-            # each host; chunk_size: documents per resumable chunk (the unit split over the hosts of a jax.distributed
-            # run)
+            # labels: "all", "picturable" or a tuple (entities.resolve_labels); chunk_size: documents per resumable
+            # chunk (the unit split over the hosts of a jax.distributed run); its processes: entity_workers.index
             # sources: "spacy" (the named entities of the text, the paper's), "spacy+categories" (plus the section's
             # category names, as the paper's Figure 7 shows) or "categories" (cfir_jax.nlp.entity_sources)
-            entities=dict(spacy_model="", batch_size=64, n_process=1, labels=_experiment(object), chunk_size=10_000,
+            entities=dict(spacy_model="", batch_size=64, labels=_experiment(object), chunk_size=10_000,
                           sources=_experiment(str)),
             summaries=dict(
                 summarizer=_experiment(str),  # 'bart' (facebook/bart-large-cnn, CFIR) or 'extractive'
@@ -322,8 +324,6 @@ def retrieval_config() -> ml_collections.ConfigDict:
             sr_buckets=(4096, 16384, 65536, 262144),  # union sizes compiled for (a union is padded to the next one)
             sr_query_batch=8,  # queries per device SR call
             batch_size=256,  # documents per batch in bulk retrieval (retrieve.py --queries / --evaluate)
-            entity_workers=2,  # spaCy processes for the entities of a bulk batch (cfir_jax.nlp.entity_pool)
-            entity_deadline_ms=60000.0,  # a worker holding a chunk longer is killed and replaced
             caption_cache=10000,  # (caption, url) pairs Retriever.describe_image keeps, least recently used out
             # Beyond the paper: SR scores a candidate by w_img * <q, image> + w_txt * <q, image text>
             # (W/image_text; images without text add 0). The default (1, 0) is the paper's SR. compare_w_txt: the
@@ -397,4 +397,5 @@ def defaults(size: str, image_size: int = 224, runlocal: bool = False) -> ml_col
     cfg.index = index_config(runlocal)
     cfg.retrieval = retrieval_config()
     cfg.serve = serve_config()
+    cfg.entity_workers = entity_workers_config()
     return cfg

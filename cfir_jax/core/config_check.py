@@ -124,9 +124,18 @@ def check_serve(s: ml_collections.ConfigDict) -> None:
         raise CfirError(f"serve.ready_timeout_s={s.ready_timeout_s}: a positive number of seconds")
 
 
+def check_entity_workers(w: ml_collections.ConfigDict) -> None:
+    for key in ("serve", "bulk", "index", "max_restarts"):
+        if int(w[key]) < 0:
+            raise CfirError(f"entity_workers.{key}={w[key]}: at least 0")
+    for key in ("serve_deadline_ms", "deadline_ms", "restart_window_s"):
+        if float(w[key]) <= 0:
+            raise CfirError(f"entity_workers.{key}={w[key]}: a positive number")
+
+
 SECTIONS: dict[str, Callable[[ml_collections.ConfigDict], None]] = {
     "model": check_model, "mesh": check_mesh, "train": check_train, "index": check_index,
-    "retrieval": check_retrieval, "serve": check_serve}
+    "retrieval": check_retrieval, "serve": check_serve, "entity_workers": check_entity_workers}
 
 
 def check(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

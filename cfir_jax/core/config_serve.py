@@ -15,10 +15,6 @@ def serve_config() -> ml_collections.ConfigDict:
             methods=("cfir",),  # the methods answered (one Retriever each); the first is a request's default
             max_batch=16,  # documents per micro-batch (1: micro-batching off)
             max_wait_ms=5.0,  # how long a batch's first request waits for others (only while requests arrive together)
-            entity_workers=2,  # spaCy processes parsing a batch's documents in parallel (< 2: in the retrieval thread)
-            entity_deadline_ms=5000.0,  # a worker holding a batch's chunk longer is killed and replaced
-            entity_max_restarts=5,  # more worker restarts than this within entity_restart_window_s: parse in-thread
-            entity_restart_window_s=60.0,
             verify_mb_per_s=32.0,  # the background re-read of every store against checksums.json (0: off)
             verify_interval_s=3600.0,  # pause between two background passes
             verify_on_reload=True,  # a reload verifies the new workdir's stores before swapping it in

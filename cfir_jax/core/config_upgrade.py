@@ -12,6 +12,7 @@ import ml_collections
 
 from cfir_jax.core.config import index_config, model_config, retrieval_config, train_config
 from cfir_jax.core.config_serve import serve_config
+from cfir_jax.core.config_workers import entity_workers_config
 
 # What a workdir recorded before a field existed meant, for the experiment fields that have no default
 # (placeholders): SR was the fast scorer, evaluation always scored exactly, documents were embedded whole, entities
@@ -19,6 +20,16 @@ from cfir_jax.core.config_serve import serve_config
 _LEGACY_VALUES = {"train": {"document_fields": "all"},
                   "retrieval": {"sr": "fast", "eval_sr": "exact", "document_fields": "all"},
                   "index": {"entities": {"sources": "spacy"}}}
+# Fields that moved (old -> new): a workdir that recorded the old one keeps its value under the new name, and an
+# override of the old one is refused in one line naming the new (`cfir_jax.core.cli`). The spaCy processes' three
+# homes became one section (issue 52).
+MOVED = {"serve.entity_workers": "entity_workers.serve",
+         "serve.entity_deadline_ms": "entity_workers.serve_deadline_ms",
+         "serve.entity_max_restarts": "entity_workers.max_restarts",
+         "serve.entity_restart_window_s": "entity_workers.restart_window_s",
+         "retrieval.entity_workers": "entity_workers.bulk",
+         "retrieval.entity_deadline_ms": "entity_workers.deadline_ms",
+         "index.entities.n_process": "entity_workers.index"}
 
 
 def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
@@ -29,15 +40,33 @@ def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     # model: the switches added since (remat_policy, ...); a recorded config always has its sizes, which stay.
     sections = {"model": model_config(), "train": train_config(runlocal), "index": index_config(runlocal),
                 "retrieval": retrieval_config(),
-                "serve": serve_config()}
+                "serve": serve_config(), "entity_workers": entity_workers_config()}
     with config.unlocked():
         if "tokenizer" not in config:
             config.tokenizer = ""  # the corpus' own
+        _move(config)
         for name, current in sections.items():
             if name not in config:
                 config[name] = ml_collections.ConfigDict()
             _fill(config[name], current, _LEGACY_VALUES.get(name, {}))
     return config
+
+
+def _move(config: ml_collections.ConfigDict) -> None:
+    """Each MOVED field the config recorded, under its new name (its value kept) and gone from its old place."""
+    for old, new in MOVED.items():
+        *parents, leaf = old.split(".")
+        node = config
+        for part in parents:
+            node = node.get(part) if isinstance(node, ml_collections.ConfigDict) else None
+        if not isinstance(node, ml_collections.ConfigDict) or leaf not in node:
+            continue
+        value = node[leaf]
+        del node[leaf]
+        section, field = new.split(".")
+        if section not in config:
+            config[section] = ml_collections.ConfigDict()
+        config[section][field] = value
 
 
 def _fill(node: ml_collections.ConfigDict, current: ml_collections.ConfigDict, legacy: dict) -> None:

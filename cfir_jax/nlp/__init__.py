@@ -1,3 +1,3 @@
-"""The language processing that runs both offline (index stages) and at query time (retrieval): spaCy entities with
-their worker pool (`entities`, `entity_pool`) and a query's helper process (`entity_process`), and the summarizers,
-BART and extractive (`summarizer`)."""
+"""The language processing that runs both offline (index stages) and at query time (retrieval): spaCy entities
+(`entities`) and the one module that runs spaCy in other processes (`entity_workers`: the service's, bulk retrieval's,
+index.py's and a query's worker pools), and the summarizers, BART and extractive (`summarizer`)."""

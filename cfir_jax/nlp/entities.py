@@ -4,10 +4,8 @@ case-folded."""
 from __future__ import annotations
 
 import configparser
-import contextlib
 import importlib.util
 import json
-import multiprocessing
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -170,16 +168,12 @@ def spacy_model_name(nlp) -> str:
     return f"{meta.get('lang', 'xx')}_{meta.get('name', 'unknown')}-{meta.get('version', '0')}"
 
 
-# How spaCy's worker processes start (see `_workers_without_fork`); benchmarks/bulk_retrieval.py sets "fork" to
-# measure the old way against it.
-WORKER_START = "forkserver"
-
-
 class EntityExtractor:
     """Finds, normalises and de-duplicates the entities of documents with a spaCy pipeline.
 
-    `batch_size` is nlp.pipe's batch; `n_process` > 1 starts worker processes from a forkserver, never by forking
-    this (possibly multithreaded JAX) process (worth it for millions of documents, not for tests). Texts longer
+    `batch_size` is nlp.pipe's batch; `workers`, a pool of spaCy worker processes of the same pipeline and labels
+    (`cfir_jax.nlp.entity_workers.EntityWorkers`, worth it for millions of documents), parses for it in chunks of
+    `batch_size` texts (None: this process, one nlp.pipe). Texts longer
     than the pipeline's `max_length` are cut there rather than refused: a section of a million characters is an
     extraction error upstream, and its first million characters hold plenty of entities.
     """
@@ -189,15 +183,16 @@ class EntityExtractor:
         nlp,
         labels: str | Sequence[str] | None = "all",
         batch_size: int = 64,
-        n_process: int = 1,
+        *,
+        workers=None,
     ):
-        if batch_size < 1 or n_process < 1:
-            raise CfirError(f"EntityExtractor: batch_size={batch_size} and n_process={n_process} must be >= 1")
+        if batch_size < 1:
+            raise CfirError(f"EntityExtractor: batch_size={batch_size} must be >= 1")
         self.nlp = nlp
         self.labels = resolve_labels(labels, nlp.get_pipe("ner").labels)
         self._label_set = frozenset(self.labels)
         self.batch_size = batch_size
-        self.n_process = n_process
+        self.workers = workers
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -223,6 +218,9 @@ class EntityExtractor:
 
     def extract(self, texts: Iterable[str]) -> Iterator[list[str]]:
         """Yields, per text, its unique entity surface forms in order of first mention."""
+        if self.workers is not None:  # the workers' EntityExtractor is this one's: the same entities
+            yield from self.workers.stream(list(texts), self.batch_size)
+            return
         max_chars = self.nlp.max_length
 
         def checked(texts: Iterable[str]) -> Iterator[str]:
@@ -234,13 +232,11 @@ class EntityExtractor:
 
         pieces = ((segment, i) for i, text in enumerate(checked(texts)) for segment in segments(text, SEGMENT_CHARS))
         current, parsed = 0, []
-        with _workers_without_fork(self.n_process):
-            for doc, i in self.nlp.pipe(pieces, as_tuples=True, batch_size=self.batch_size,
-                                        n_process=self.n_process):
-                while i != current:  # every segment of text `current` is parsed
-                    yield self._entities_of_docs(parsed)
-                    current, parsed = current + 1, []
-                parsed.append(doc)
+        for doc, i in self.nlp.pipe(pieces, as_tuples=True, batch_size=self.batch_size):
+            while i != current:  # every segment of text `current` is parsed
+                yield self._entities_of_docs(parsed)
+                current, parsed = current + 1, []
+            parsed.append(doc)
         if parsed:
             yield self._entities_of_docs(parsed)
 
@@ -265,27 +261,3 @@ def segments(text: str, size: int = SEGMENT_CHARS) -> list[str]:
         text = text[cut:]
     pieces.append(text)
     return pieces
-
-
-@contextlib.contextmanager
-def _workers_without_fork(n_process: int) -> Iterator[None]:
-    """spaCy starts its `n_process` workers from the `multiprocessing` module's default context: on Linux a fork
-    of this process, which after JAX started its threads can deadlock (Python warns so). Inside this block its
-    workers start from a forkserver instead (a clean single-threaded server process forks them); they unpickle the
-    pipeline they are given, so their output is the same. As with any spawn or forkserver start, a script that
-    reaches this needs the `if __name__ == "__main__":` guard (the commands and benchmarks have it)."""
-    if n_process <= 1:
-        yield
-        return
-    # why: spaCy (seconds, hundreds of MB) loads only when a model is opened
-    import spacy.language
-
-    default = spacy.language.mp
-    spacy.language.mp = multiprocessing.get_context(WORKER_START)
-    try:
-        yield
-    finally:
-        spacy.language.mp = default
-
-
-# The persistent, supervised worker processes of bulk retrieval and the service: `cfir_jax.nlp.entity_pool`.

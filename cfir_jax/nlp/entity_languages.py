@@ -21,8 +21,16 @@ from cfir_jax.core.languages import REFERENCE, Setup, setup_of
 from cfir_jax.nlp.capitalised import CapitalisedNames
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy, spacy_model_name
 from cfir_jax.nlp.entity_sources import SourcedExtractor
+from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 
 log = logging.getLogger(__name__)
+
+
+def index_workers(config, spacy_model: str | None, labels) -> EntityWorkers | None:
+    """The worker processes index.py's entity stage parses a pipeline's documents with (entity_workers.index of
+    them; loading while the stage reads its corpus), or None when fewer than 2: this process parses."""
+    settings = Settings.of(config, "index")
+    return EntityWorkers(spacy_model, labels, settings, wait=False) if settings.workers > 1 else None
 
 
 def language_ner(config, setup: Setup, loaded: dict) -> tuple[Any, str]:
@@ -40,7 +48,8 @@ def language_ner(config, setup: Setup, loaded: dict) -> tuple[Any, str]:
                         "docs/languages.md)", setup.code, setup.ner)
             return CapitalisedNames(), f"{setup.ner} not installed: capitalised n-grams"
         nlp = loaded[setup.ner]
-        extractor = EntityExtractor(nlp, setup.labels, e.batch_size, e.n_process)
+        workers = index_workers(config, setup.ner, setup.labels)
+        extractor = EntityExtractor(nlp, setup.labels, e.batch_size, workers=workers)
         own = "" if not setup.fallback else "no pipeline: "
         return extractor, f"{own}spaCy {spacy_model_name(nlp)}"
     return CapitalisedNames(), "no pipeline: capitalised n-grams"

@@ -14,10 +14,9 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from cfir_jax.nlp import entity_process
+from cfir_jax.nlp import entity_workers
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-from cfir_jax.nlp.entity_pool import EntityPool
-from cfir_jax.nlp.entity_process import label_spec
+from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 from cfir_jax.search.knn import ScannSearcher, drop_padding, search_with_tail
 from cfir_jax.search.topk import best_first, unique_sorted
 from cfir_jax.stores.integrity import check_embeddings
@@ -52,37 +51,36 @@ class EntityRanking:
         return self._searcher
 
     def extractor(self):
-        """The spaCy entity extractor (loaded on first use), or the helper process a command started to load it
-        beside the models (`cfir_jax.nlp.entity_process`: the same pipeline, the same entities)."""
+        """The spaCy entity extractor (loaded on first use), or the pool of one worker a command started to load it
+        beside the models (`cfir_jax.nlp.entity_workers.start`: the same pipeline, the same entities)."""
         if self._nlp is None:
             e = self.config.index.entities
-            self._nlp = entity_process.claim(e.spacy_model, e.labels) or \
+            self._nlp = entity_workers.claim(e.spacy_model, e.labels) or \
                 EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
         return self._nlp
 
     def warm_up(self) -> None:
         self.encoder.encode(["warm up"])
         extractor = self.extractor()
-        if isinstance(extractor, entity_process.EntityHelper):
-            extractor.ready()  # its load ran beside the encoders'; a query's time is then the query's
+        if isinstance(extractor, EntityWorkers):
+            extractor.wait_ready()  # its load ran beside the encoders'; a query's time is then the query's
 
     def workers(self):
-        """The persistent spaCy worker processes of bulk retrieval (retrieval.entity_workers; started on first use,
-        kept for the Retriever's life: a later batch pays no start-up)."""
+        """The persistent spaCy worker processes of bulk retrieval (entity_workers.bulk; started on first use, kept
+        for the Retriever's life: a later batch pays no start-up)."""
         if self._pool is None:
             e = self.config.index.entities
-            self._pool = EntityPool(e.spacy_model, label_spec(e.labels), int(self.rcfg.entity_workers),
-                                    deadline_s=float(self.rcfg.entity_deadline_ms) / 1e3)
+            self._pool = EntityWorkers(e.spacy_model, e.labels, Settings.of(self.config, "bulk"))
         return self._pool
 
     def stream(self, docs: Sequence) -> Iterator[list[str]]:
         """The entities of each document in order, lazily. When many need them (at least two retrieval batches) and
-        retrieval.entity_workers > 1, the worker processes parse them ahead of encoding and SR; else this thread
-        parses them with one spaCy nlp.pipe."""
+        entity_workers.bulk > 1, the worker processes parse them ahead of encoding and SR; else this thread parses
+        them with one spaCy nlp.pipe."""
         missing = [d.text for d in docs if d.entities is None]
         found: Iterator[list[str]] = iter(())
         if missing:
-            workers = int(self.rcfg.entity_workers)
+            workers = int(self.config.entity_workers.bulk)
             if len(missing) >= 2 * self.rcfg.batch_size and workers > 1:
                 found = self.workers().stream(missing, max(1, self.rcfg.batch_size // workers))
             else:

@@ -356,7 +356,7 @@ class Retriever:
         self.methods.warm_up(self.stores)
         if self.methods.uses_summary():
             self.summarizer()
-        if self.entities is not None:  # last: spaCy may be loading beside them (cfir_jax.nlp.entity_process)
+        if self.entities is not None:  # last: spaCy may be loading beside them (cfir_jax.nlp.entity_workers)
             self.entities.warm_up()
         if self.third is not None:
             self.third.warm_up()

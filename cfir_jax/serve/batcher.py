@@ -6,7 +6,7 @@ threads at once).
 A batch takes every request that queued while the previous one ran, up to `max_batch` documents. When the previous
 batch had company (more than one document: requests are arriving together), the first request also waits up to
 `max_wait_ms` for others to join it; a lone request (concurrency 1) runs at once, so batching costs it nothing. A
-batch's documents are parsed for entities by the index's `EntityPool` (every core) when it has one, then run as
+batch's documents are parsed for entities by the index's `EntityWorkers` (every core) when it has one, then run as
 one batch through the Retriever (batched encoding, batched SR). The queue is bounded in documents: a request
 that would overflow it is refused at once (the service answers 503 with Retry-After) rather than waiting without
 bound. A request past its deadline, or whose client went away, is dropped before its batch runs. Each answer is the

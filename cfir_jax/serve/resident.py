@@ -25,8 +25,7 @@ import ml_collections
 from cfir_jax.api.index import Index
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError
-from cfir_jax.nlp.entity_pool import EntityPool
-from cfir_jax.nlp.entity_process import label_spec
+from cfir_jax.nlp.entity_workers import EntityWorkers, Settings, label_spec
 from cfir_jax.retrieve.engine import Engine
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.verifier import store_problems
@@ -150,7 +149,7 @@ class LoadedIndex:
     loaded_at: float  # time.time()
     load_seconds: float
     max_top_k: int  # retrieval.top_k: the most hits a search keeps
-    entity_pool: object | None = None  # EntityPool parsing batches on every core (serve.entity_workers), or None
+    entity_pool: object | None = None  # EntityWorkers parsing batches on every core (entity_workers.serve), or None
     version: int = 0  # the workdir's version (index.json) its stores were opened at
 
     @property
@@ -253,14 +252,14 @@ class IndexHolder:
 
 
 def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
-    """The EntityPool an index's batches use: `old` when it parses the same way (spaCy model, labels), a new one of
-    serve.entity_workers processes otherwise; None when workers < 2 or no served method reads entities."""
-    workers = int(config.serve.entity_workers)
-    if workers < 2 or all(index.index.retriever(m).entities is None for m in index.methods):
+    """The worker pool an index's batches use (`cfir_jax.nlp.entity_workers`): `old` when it parses the same way
+    (spaCy model, labels, settings), a new one of entity_workers.serve processes otherwise; None when fewer than 2
+    or no served method reads entities."""
+    settings = Settings.of(config, "serve")
+    if settings.workers < 2 or all(index.index.retriever(m).entities is None for m in index.methods):
         return None
-    e, s = config.index.entities, config.serve
-    labels = label_spec(e.labels)
-    if old is not None and old.key == (e.spacy_model, labels) and old.workers == workers and not old.degraded:
+    e = config.index.entities
+    if old is not None and old.key == (e.spacy_model or "", label_spec(e.labels)) and old.settings == settings \
+            and not old.degraded:
         return old
-    return EntityPool(e.spacy_model, labels, workers, deadline_s=float(s.entity_deadline_ms) / 1e3,
-                      max_restarts=int(s.entity_max_restarts), restart_window_s=float(s.entity_restart_window_s))
+    return EntityWorkers(e.spacy_model, e.labels, settings)

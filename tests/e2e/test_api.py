@@ -38,7 +38,7 @@ def index(api_workdir):
 
 @pytest.fixture(scope="module")
 def service(api_workdir):
-    s = Service(api_workdir, "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0")
+    s = Service(api_workdir, "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0")
     yield s
     log = s.stop()
     assert "Traceback" not in log, log[-3000:]

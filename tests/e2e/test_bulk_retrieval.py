@@ -11,9 +11,11 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
 
-def _with(config, **retrieval):  # noqa: F811
+def _with(config, entity_workers: int | None = None, **retrieval):  # noqa: F811
     cfg = copy.deepcopy(config)
     cfg.retrieval.update(retrieval)
+    if entity_workers is not None:
+        cfg.entity_workers.bulk = entity_workers
     return cfg
 
 

@@ -1,5 +1,5 @@
 """A query's start loads what the query uses, and its second run compiles nothing: `retrieve.py --query` parses
-entities with spaCy in a helper process started before JAX loads (`cfir_jax.nlp.entity_process`: spaCy never loads in
+entities with spaCy in a helper process started before JAX loads (`cfir_jax.nlp.entity_workers`: spaCy never loads in
 the command's own process), loads neither the evaluation's tables (pytrec_eval) nor the re-ranker's fit, grain, orbax,
 scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache, its text
 encoders' whole (`cfir_jax.core.program_cache`: a later query neither traces nor lowers them); a module that
@@ -64,7 +64,7 @@ def test_a_query_loads_only_what_it_uses_and_its_second_run_compiles_nothing(wor
     (own,) = extractor.extract([read_query(ROOT / "examples" / "doc.txt", 65536).text])
     assert own and f"entities: {', '.join(own)}" in first.stdout.splitlines()  # the helper's are spaCy's own
     for modules in (loaded, loaded_again):
-        assert {"cfir_jax.nlp.entity_process", "jax", "cfir_jax.retrieve.pipeline"} <= modules  # it searched
+        assert {"cfir_jax.nlp.entity_workers", "jax", "cfir_jax.retrieve.pipeline"} <= modules  # it searched
         found = sorted(m for m in modules if any(m == name or m.startswith(name + ".") for name in NOT_ON_A_QUERY)
                        and m not in DECLARATIONS)
         assert not found, f"a query loaded {found}"
@@ -91,6 +91,6 @@ def test_a_query_of_a_method_without_entities_starts_no_spacy_process(workdir, t
     assert not [line for line in proc.stdout.splitlines()
                 if line.startswith("entities: ") and line != "entities: (none)"], proc.stdout
     started = [json.loads(line) for line in (tmp_path / "modules.txt.processes").read_text().splitlines()]
-    assert not [argv for argv in started if "entity_process" in " ".join(argv)], started
+    assert not [argv for argv in started if "entity_workers" in " ".join(argv)], started
     loaded = set(out.read_text().split())
     assert "jax" in loaded and not {"spacy", "thinc"} & loaded

@@ -118,7 +118,7 @@ def test_an_unknown_field_or_a_bad_filter_is_one_line_exit_2(built, collection, 
 def test_the_library_the_service_and_the_client_agree(built, collection):
     text = (collection[0] / "query.txt").read_text()
     where = ["date<=2020-06-30", "license in cc-by,cc0"]
-    service = Service(built, "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0")
+    service = Service(built, "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0")
     try:
         client = cfir_jax.Client(service.url)
         with cfir_jax.open(built) as index:

@@ -184,7 +184,7 @@ def test_atomic_entities_are_spacy_ner_of_each_document(atomic):
     corpus = Corpus.open(atomic["work"] / "corpus")
     store = EntityStore.open(atomic["work"] / "entities")
     assert store.doc_ids == list(corpus.doc_ids)
-    extractor = EntityExtractor(load_spacy(None), "all", 64, 1)
+    extractor = EntityExtractor(load_spacy(None), "all", 64)
     want = list(extractor.extract(corpus.document(i).text for i in range(corpus.num_documents)))
     assert [store.entities_of(i) for i in range(store.num_docs)] == want
     assert sum(map(len, want)) > 0

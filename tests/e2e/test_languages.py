@@ -97,7 +97,7 @@ def test_an_indonesian_document_is_answered_by_the_fallback_with_a_note(index):
 
 
 def test_the_service_and_the_client_take_and_report_the_language(world, index):
-    service = Service(world[0], "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0")
+    service = Service(world[0], "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0")
     try:
         client = cfir_jax.Client(service.url)
         assert client.search(FRENCH, lang="fr") == index.search(FRENCH, lang="fr")

@@ -451,13 +451,13 @@ def test_a_lone_request_does_not_wait_for_company_but_a_crowd_does(monkeypatch):
 
 
 def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
-    """serve.entity_workers: the documents of a batch parsed by worker processes, the same entities in order."""
+    """entity_workers.serve: the documents of a batch parsed by worker processes, the same entities in order."""
     from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-    from cfir_jax.nlp.entity_pool import EntityPool
+    from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 
     texts = [t for _, t in documents] + ["The Kingsham Museum and Brian Gray.", "nothing here"]
     expected = list(EntityExtractor(load_spacy(None), "all").extract(texts))
-    pool = EntityPool("", "all", workers=2)
+    pool = EntityWorkers("", "all", Settings(workers=2))
     try:
         assert pool.entities(texts) == expected  # 6 texts over 2 workers
         assert pool.entities(texts[:1]) == expected[:1]

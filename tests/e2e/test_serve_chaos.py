@@ -77,7 +77,7 @@ def test_a_killed_worker_is_replaced_and_every_request_answered(workdir, texts):
 
 @pytest.mark.slow
 def test_a_stopped_worker_passes_its_deadline_and_is_replaced(workdir, texts):
-    server = Server(workdir, "--config.serve.entity_deadline_ms=1500")
+    server = Server(workdir, "--config.entity_workers.serve_deadline_ms=1500")
     try:
         pids = _ready(server)["entity_pool"]["pids"]
         os.kill(pids[1], signal.SIGSTOP)

@@ -30,7 +30,7 @@ from cfir_jax.stores.image_cache import ImageCache
 pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
 
 TOKEN = "cluster-token"
-LIGHT = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0",
+LIGHT = ["--config.retrieval.sr=exact", "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0",
          "--config.serve.object_store_mb=300",
          "--config.serve.deadline_ms=30000", "--config.serve.shard_timeout_s=10",
          f"--config.serve.admin_token={TOKEN}"]

@@ -21,7 +21,7 @@ from repo import ROOT
 
 pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
 
-QUIET = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0"]
+QUIET = ["--config.retrieval.sr=exact", "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0"]
 
 
 class Command:

@@ -27,7 +27,7 @@ import cfir_jax
 
 pytest.importorskip("ray.serve", reason="the cluster service needs Ray Serve: pip install -e '.[cluster]'")
 
-SETTINGS = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0",
+SETTINGS = ["--config.retrieval.sr=exact", "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0",
             "--config.serve.shard_num_cpus=0.1", "--config.serve.front_num_cpus=0.1",
             "--config.serve.object_store_mb=300", "--config.serve.deadline_ms=60000",
             "--config.serve.shard_timeout_s=10", "--config.serve.shards=2", "--config.serve.shard_replicas=2",

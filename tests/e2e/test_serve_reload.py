@@ -20,7 +20,7 @@ from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve import resident
 from cfir_jax.stores import lock, versions
 
-OVERRIDES = ["--config.retrieval.sr=exact", "--config.serve.entity_workers=0", "--config.serve.max_batch=2"]
+OVERRIDES = ["--config.retrieval.sr=exact", "--config.entity_workers.serve=0", "--config.serve.max_batch=2"]
 _changes = itertools.count()
 
 

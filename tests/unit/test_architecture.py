@@ -290,3 +290,52 @@ def test_the_core_check_finds_a_service_that_builds_its_own_retrievers(tmp_path)
     found = _core_bypasses("cfir_jax.serve.resident", path)
     assert [f.split(" ", 1)[0] for f in found] == ["resident.py:5", "resident.py:6", "resident.py:6", "resident.py:6"]
     assert _core_bypasses(CORE, path) == []
+
+
+# What starts an operating-system process from Python: the modules that do it, os's calls that do it, and spaCy's own
+# multiprocessing (nlp.pipe's `n_process`).
+PROCESS_MODULES = ("subprocess", "multiprocessing", "concurrent.futures", "pty")
+PROCESS_CALLS = ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system", "popen", "spawn", "exec")
+PROCESS_WORDS = ("n_process", "ProcessPoolExecutor", "Popen")
+
+
+def _starts_processes(path: Path) -> list[str]:
+    """How a file starts processes (`line: what`): an import of a process module, a call of os's process calls, or
+    the name of a process-starting argument or class, anywhere in its code."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        names = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        hits = [n for n in names if n.split(".")[0] in PROCESS_MODULES or n in PROCESS_MODULES]
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "os" and \
+                node.attr.startswith(PROCESS_CALLS):
+            hits.append(f"os.{node.attr}")
+        word = node.arg if isinstance(node, (ast.keyword, ast.arg)) else node.attr if isinstance(node, ast.Attribute) \
+            else node.id if isinstance(node, ast.Name) else None
+        if word in PROCESS_WORDS:
+            hits.append(word)
+        found += [f"{node.lineno if hasattr(node, 'lineno') else '?'}: {h}" for h in hits]
+    return found
+
+
+def test_exactly_one_module_of_nlp_starts_processes():
+    """spaCy runs in another process one way (`cfir_jax/nlp/entity_workers.py`, docs/architecture.md): the service's,
+    bulk retrieval's, index.py's and a query's workers are all its pools, and no other module of nlp/ starts one."""
+    starters = {path.name: hits for path in sorted((PACKAGE / "nlp").glob("*.py")) if (hits := _starts_processes(path))}
+    assert list(starters) == ["entity_workers.py"], starters
+
+
+def test_the_process_check_finds_each_way_to_start_one(tmp_path):
+    """Planted: spaCy's own workers, a pool, a Popen, a fork; a file that only runs threads passes."""
+    ways = {"spacy": "docs = nlp.pipe(texts, n_process=2)\n", "pool": "import multiprocessing\n",
+            "futures": "from concurrent.futures import ProcessPoolExecutor\n",
+            "popen": "from subprocess import Popen\n", "fork": "import os\npid = os.fork()\n",
+            "threads": "import threading\nthreading.Thread(target=print).start()\n"}
+    found = {}
+    for name, code in ways.items():
+        (tmp_path / f"{name}.py").write_text(code)
+        found[name] = bool(_starts_processes(tmp_path / f"{name}.py"))
+    assert found == {**{name: True for name in ways}, "threads": False}

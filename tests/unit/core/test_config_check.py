@@ -42,6 +42,9 @@ def test_every_shipped_config_passes_its_checks(spec):
     ("model.dtype=float8", "model.dtype='float8'"),
     ("mesh.data=0", "mesh.data=0"),
     ("index.corpus.source=web", "index.corpus.source='web'"),
+    ("entity_workers.serve=-1", "entity_workers.serve=-1: at least 0"),
+    ("entity_workers.serve_deadline_ms=0", "entity_workers.serve_deadline_ms=0.0: a positive number"),
+    ("entity_workers.restart_window_s=-1", "entity_workers.restart_window_s=-1.0: a positive number"),
 ])
 def test_each_section_refuses_what_the_code_cannot_run_in_one_line(override, refusal):
     config = cli.apply_overrides(cli.load_config_file(str(ROOT / "configs/demo.py:tiny")), [f"--config.{override}"])

@@ -1,0 +1,400 @@
+"""The one way spaCy runs in another process: a supervised pool of entity workers.
+
+A worker is a fresh interpreter as hardened as the command (`python -E -P`: neither the working folder nor
+PYTHONPATH on its path; this process's own `cfir_jax` loaded by its path). It loads the pipeline once (`load_spacy`,
+`EntityExtractor`: the entities this process would find), says so in a first JSON line (`"ready"`, or `{"error":
+...}`: the one-line error of this process's own load), then answers each line `[task, [texts]]` with `[task,
+[entities per text]]`. It ignores SIGINT and SIGTERM (the process group's signals are the parent's, which drains and
+then stops it) and ends when its stdin closes: when the pool closes it, or when this process is gone.
+
+Its users each hold a pool of `Settings.of(config, use)` (the config's `entity_workers` section): the service
+(`serve`, a short deadline), bulk retrieval (`bulk`) and index.py's entity stage (`index`), and a query's pool of one
+(`start`, before JAX loads, so that spaCy loads beside the models; `claim`, by the query's entity ranking). The pool
+supervises its workers:
+- a worker that dies (SIGKILL, the OOM killer), answers nonsense or holds a chunk past its deadline (stopped, stuck)
+  is killed and replaced, in one log line, and counted (`restarts`, `on_restart`); the chunks it held are parsed
+  again by another (one that took `MAX_ATTEMPTS` workers down is parsed in the calling thread);
+- more than `max_restarts` replacements within `restart_window_s` is a crash loop: the pool stops its workers and
+  the calling thread parses from then on (`state == "degraded"`), rather than failing.
+A pool is driven from one thread; `state` and `describe` may be read from any. This module loads the standard
+library only: the query command imports it before JAX.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import dataclasses
+import json
+import logging
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from pathlib import Path
+
+from cfir_jax.core.errors import CfirError
+
+log = logging.getLogger("cfir_jax.entities")
+
+READY = "ready"
+PIPELINE_DEPTH = 2  # chunks queued per worker: it starts the next while the parent reads the last
+MAX_ATTEMPTS = 3  # workers a chunk may take down with it before the calling thread parses it
+_POLL_S = 0.5  # the supervisor's longest wait between two looks at its workers' deadlines
+# The worker's program: this process's `cfir_jax` loaded from its folder (argv[1]) by path, so that nothing else is
+# put on the worker's path (-P keeps the working folder off it, -E ignores PYTHONPATH).
+_PROGRAM = ("import importlib.util, sys; p = sys.argv[1]; s = importlib.util.spec_from_file_location("
+            "'cfir_jax', p + '/__init__.py', submodule_search_locations=[p]); "
+            "m = sys.modules['cfir_jax'] = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
+            "from cfir_jax.nlp.entity_workers import worker_main; worker_main()")
+
+
+def label_spec(labels) -> str | tuple[str, ...] | None:
+    """index.entities.labels as one hashable value (a config's list is a tuple; a name such as "picturable" or "all",
+    or None, stays): the one label normalisation of the pools' keys."""
+    return tuple(labels) if isinstance(labels, (list, tuple)) else labels
+
+
+def _key(spacy_model: str | None, labels) -> str:  # the worker's argv; '' and None: the default pipelines
+    spec = label_spec(labels)
+    return json.dumps([spacy_model or "", list(spec) if isinstance(spec, tuple) else spec])
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    """How a pool runs: its workers, a chunk's and a load's deadlines, its crash loop (> max_restarts a window)."""
+
+    workers: int = 1
+    deadline_s: float = 60.0
+    max_restarts: int = 5
+    restart_window_s: float = 60.0
+    start_timeout_s: float = 120.0
+
+    @classmethod
+    def of(cls, config, use: str) -> Settings:
+        """The config's `entity_workers` section for one use: "serve", "bulk", "index" (their worker counts), or
+        "query" (one worker); the service's deadline is serve_deadline_ms, the others' deadline_ms."""
+        w = config.entity_workers
+        deadline_s = float(w.serve_deadline_ms if use == "serve" else w.deadline_ms) / 1e3
+        return cls(1 if use == "query" else int(w[use]), deadline_s, int(w.max_restarts), float(w.restart_window_s))
+
+
+def worker_main() -> None:
+    """A worker's main: load the pipeline, say so, then answer each `[task, [texts]]` line with its entities."""
+    # why: spaCy loads here, in the worker, never in the process that started it
+    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process group's signals are the parent's to act on
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    spacy_model, labels = json.loads(sys.argv[2])
+    try:
+        extractor = EntityExtractor(load_spacy(spacy_model or None), labels)
+        list(extractor.extract(["warm up"]))
+    except Exception as e:  # noqa: BLE001 - said to the parent in one line, which raises it as its own
+        return _say({"error": _line_of(e)})
+    _say(READY)
+    for line in sys.stdin:  # its end: the pool closed it, or the parent is gone
+        task, texts = json.loads(line)
+        try:
+            _say([task, list(extractor.extract(texts))])
+        except Exception as e:  # noqa: BLE001 - the chunk's own error, raised in the caller
+            _say([task, {"error": _line_of(e)}])
+
+
+def _say(message) -> None:  # a worker's line
+    try:
+        print(json.dumps(message), flush=True)
+    except (BrokenPipeError, OSError, ValueError):  # the parent closed its end: nobody will read it
+        sys.exit(0)
+
+
+def _parsed(line: str):
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
+def _line_of(e: BaseException) -> str:
+    return str(e).splitlines()[0] if str(e) else type(e).__name__
+
+
+class _Worker:
+    """One worker process, with a thread that puts each of its lines (then None, at its end) in the pool's inbox."""
+
+    def __init__(self, slot: int, key: str, inbox: queue.Queue):
+        self.slot, self.started = slot, time.monotonic()
+        package = str(Path(__file__).resolve().parents[1])
+        # Its stderr is this process's (spaCy's warnings show as they would here); its answers come on stdout.
+        self.proc = subprocess.Popen([sys.executable, "-E", "-P", "-c", _PROGRAM, package, key],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, encoding="utf-8")
+        self.loaded = threading.Event()  # set by the reader thread: readable while nobody pumps (GET /readyz)
+        self.ready = False  # set by the pool's thread once it has read the "ready" line
+        self.inflight: collections.deque[int] = collections.deque()
+        self.progress = self.started  # when it last received work while idle, or answered
+        threading.Thread(target=self._read, args=(inbox,), name=f"cfir-entities-{slot}", daemon=True).start()
+
+    def _read(self, inbox: queue.Queue) -> None:
+        try:
+            for line in self.proc.stdout:
+                if line.strip() == json.dumps(READY):
+                    self.loaded.set()
+                inbox.put((self, line))
+        except (OSError, ValueError):  # closed by kill()
+            pass
+        inbox.put((self, None))
+
+    def send(self, task: int, texts: list[str]) -> bool:
+        try:
+            self.proc.stdin.write(json.dumps([task, texts]) + "\n")
+            self.proc.stdin.flush()
+            return True
+        except (OSError, ValueError):  # it ended: its end is on its way through the inbox
+            return False
+
+    def kill(self) -> None:
+        # SIGKILL: a worker ignores SIGTERM, and a stopped (SIGSTOP) process acts on nothing else; it holds nothing
+        # but its pipes (its own exit, spaCy's teardown, took a fifth of a second that a command's end waited for).
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        for pipe in (self.proc.stdin, self.proc.stdout):
+            with contextlib.suppress(OSError):
+                pipe.close()
+
+
+def _kill_all(workers: list) -> None:
+    """At exit (or when the pool is collected) without close(): no worker outlives this process's end."""
+    for w in list(workers):
+        if w.proc.poll() is None:
+            w.proc.kill()
+
+
+class EntityWorkers:
+    """Entity extraction in `settings.workers` supervised worker processes, the pipeline (`spacy_model`, '': the
+    default ones) and `labels` as `EntityExtractor` takes them: the same entities as in this process. With `wait`,
+    every worker has loaded the pipeline when this returns (else `wait_ready` waits); a pipeline that cannot load is
+    one CfirError line. on_restart(reason) is called once per replaced worker ("died", "deadline", "start",
+    "answer")."""
+
+    def __init__(self, spacy_model: str | None, labels, settings: Settings = Settings(), *, wait: bool = True):
+        self.key = (spacy_model or "", label_spec(labels))
+        self.settings, self.workers = settings, max(1, int(settings.workers))
+        self.restarts: collections.Counter[str] = collections.Counter()
+        self.on_restart: Callable[[str], None] | None = None
+        self.degraded_reason = ""
+        self._recent: collections.deque[float] = collections.deque()  # times of recent restarts
+        self._inbox: queue.Queue = queue.Queue()
+        self._next_id, self._started = 0, False  # _started: a worker loaded; a load failing from then is a restart
+        self._texts: dict[int, list[str]] = {}  # the current call's chunks not yet parsed
+        self._pending: collections.deque[int] = collections.deque()  # of those, not given to a worker
+        self._done: dict[int, list[list[str]] | BaseException] = {}
+        self._attempts: collections.Counter[int] = collections.Counter()
+        self._local = None  # this process's EntityExtractor, once the calling thread had to parse
+        self._workers: list[_Worker] = []
+        self._finalizer = weakref.finalize(self, _kill_all, self._workers)
+        self._workers += [_Worker(i, _key(*self.key), self._inbox) for i in range(self.workers)]
+        if wait:
+            self.wait_ready()
+
+    def wait_ready(self) -> None:
+        """Waits until every worker has loaded the pipeline (or the pool degraded); CfirError when it cannot."""
+        try:
+            while not self.degraded and not all(w.ready for w in self._workers):
+                self._pump(_POLL_S)
+        except BaseException:
+            self.close()
+            raise
+
+    @property
+    def degraded(self) -> bool:
+        return bool(self.degraded_reason)
+
+    @property
+    def state(self) -> str:
+        """"healthy" (every worker loaded), "restarting" (one is loading), or "degraded" (a crash loop: the calling
+        thread parses)."""
+        if self.degraded:
+            return "degraded"
+        return "healthy" if all(w.loaded.is_set() for w in list(self._workers)) else "restarting"
+
+    def describe(self) -> dict:
+        return {"state": self.state, "workers": self.workers, "restarts": sum(self.restarts.values()),
+                "pids": [w.proc.pid for w in list(self._workers)],
+                **({"reason": self.degraded_reason} if self.degraded else {})}
+
+    def entities(self, texts: Sequence[str]) -> list[list[str]]:
+        """Each text's entities, the texts split in `workers` contiguous slices parsed at once."""
+        n = max(1, min(self.workers, len(texts)))
+        bounds = [len(texts) * i // n for i in range(n + 1)]
+        return list(self._gather(texts, list(zip(bounds, bounds[1:]))))
+
+    def stream(self, texts: Sequence[str], chunk: int) -> Iterator[list[str]]:
+        """Each text's entities in order, lazily: the workers parse ahead (two chunks each) while the caller
+        encodes and scores the documents already yielded."""
+        chunk = max(1, chunk)
+        return self._gather(texts, [(a, min(a + chunk, len(texts))) for a in range(0, len(texts), chunk)])
+
+    def extract(self, texts: Iterable[str]) -> Iterator[list[str]]:
+        """As `EntityExtractor.extract`: per text, its unique entity surface forms in order of first mention."""
+        texts = list(texts)
+        return self.stream(texts, -(-len(texts) // (self.workers * PIPELINE_DEPTH)))
+
+    def _gather(self, texts: Sequence[str], spans: list[tuple[int, int]]) -> Iterator[list[str]]:
+        for i, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise CfirError(f"document #{i}: text is {type(text).__name__}, expected str; fix the corpus reader")
+        ids = []
+        for a, b in spans:
+            if b > a:
+                ids.append(self._next_id)
+                self._texts[self._next_id] = list(texts[a:b])
+                self._pending.append(self._next_id)
+                self._next_id += 1
+        return self._answers(ids)
+
+    def _answers(self, ids: list[int]) -> Iterator[list[str]]:
+        try:
+            for task_id in ids:
+                while task_id not in self._done:
+                    if self.degraded or self._attempts[task_id] >= MAX_ATTEMPTS:
+                        self._parse_here(task_id)
+                        break
+                    self._assign()
+                    self._pump(_POLL_S)
+                result = self._done.pop(task_id)
+                del self._texts[task_id]
+                if isinstance(result, BaseException):
+                    raise result
+                yield from result
+        finally:  # an abandoned stream: its chunks still with workers are dropped when they come back
+            for task_id in ids:
+                self._texts.pop(task_id, None)
+                self._done.pop(task_id, None)
+                self._attempts.pop(task_id, None)
+            self._pending = collections.deque(t for t in self._pending if t in self._texts)
+
+    def _parse_here(self, task_id: int) -> None:
+        if task_id in self._pending:
+            self._pending.remove(task_id)
+        if self._local is None:
+            # why: spaCy loads in this process only when its workers could not parse
+            from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+
+            self._local = EntityExtractor(load_spacy(self.key[0] or None), self.key[1])
+        self._done[task_id] = list(self._local.extract(self._texts[task_id]))
+
+    def _assign(self) -> None:
+        now = time.monotonic()
+        for depth in range(1, PIPELINE_DEPTH + 1):  # one chunk to every worker before a second to any
+            for w in list(self._workers):
+                if self._pending and w.ready and len(w.inflight) < depth:
+                    task_id = self._pending.popleft()
+                    if not w.inflight:
+                        w.progress = now
+                    w.inflight.append(task_id)
+                    w.send(task_id, self._texts[task_id])
+
+    def _pump(self, timeout: float) -> None:
+        """Reads the workers' lines for up to `timeout`; replaces the dead and those past their deadline."""
+        lines: list = []
+        try:
+            lines.append(self._inbox.get(timeout=timeout))
+            while True:
+                lines.append(self._inbox.get_nowait())
+        except queue.Empty:
+            pass
+        for w, line in lines:
+            if w not in self._workers:  # replaced already: what it still said is dropped
+                continue
+            if line is None:
+                self._replace(w, "died", f"exited with {_exit_text(w.proc.wait())}")
+            else:
+                self._receive(w, line)
+        now = time.monotonic()
+        for w in list(self._workers):
+            if w.ready and w.inflight and now - w.progress > self.settings.deadline_s:
+                self._replace(w, "deadline", f"held a chunk past its deadline of {self.settings.deadline_s:g} s")
+            elif not w.ready and now - w.started > self.settings.start_timeout_s:
+                self._replace(w, "start", f"did not load the pipeline in {self.settings.start_timeout_s:g} s")
+
+    def _receive(self, w: _Worker, line: str) -> None:
+        message = _parsed(line)
+        if not w.ready:
+            if message == READY:
+                w.ready, w.progress, self._started = True, time.monotonic(), True
+            elif isinstance(message, dict) and not self._started:  # spaCy or its pipeline missing: one line
+                raise CfirError(str(message.get("error")))
+            else:
+                self._replace(w, "start", f"could not load the pipeline ({line.strip()[:80]})")
+            return
+        if not (isinstance(message, list) and len(message) == 2 and message[0] in w.inflight
+                and isinstance(message[1], (list, dict))):
+            return self._replace(w, "answer", f"answered {line.strip()[:60]!r}, not a chunk's entities")
+        task_id, value = message
+        w.inflight.remove(task_id)
+        w.progress = time.monotonic()
+        if task_id in self._texts and task_id not in self._done:
+            self._done[task_id] = value if isinstance(value, list) else CfirError(str(value.get("error")))
+            self._attempts.pop(task_id, None)
+
+    def _replace(self, w: _Worker, reason: str, what: str) -> None:
+        pid = w.proc.pid
+        w.kill()
+        lost = [t for t in w.inflight if t in self._texts and t not in self._done]
+        for task_id in lost:
+            self._attempts[task_id] += 1
+        self._pending.extendleft(reversed(lost))  # first in line again, in order
+        self._workers.remove(w)
+        self.restarts[reason] += 1
+        now = time.monotonic()
+        self._recent.append(now)
+        while self._recent and now - self._recent[0] > self.settings.restart_window_s:
+            self._recent.popleft()
+        if self.on_restart is not None:
+            self.on_restart(reason)
+        if len(self._recent) > self.settings.max_restarts:
+            self.degraded_reason = (f"{len(self._recent)} worker restarts within {self.settings.restart_window_s:g}"
+                                    " s: parsing in the calling thread")
+            log.error("entity worker %d (pid %s) %s; %s", w.slot, pid, what, self.degraded_reason)
+            for other in self._workers:
+                other.kill()
+            self._workers.clear()
+            return
+        fresh = _Worker(w.slot, _key(*self.key), self._inbox)
+        self._workers.insert(min(w.slot, len(self._workers)), fresh)
+        log.warning("entity worker %d (pid %s) %s; replaced by pid %s (restart %d), %d chunk(s) to parse again",
+                    w.slot, pid, what, fresh.proc.pid, sum(self.restarts.values()), len(lost))
+
+    def close(self) -> None:
+        """Stops the workers at once (they hold nothing but their pipes)."""
+        for w in self._workers:
+            w.kill()
+        self._workers.clear()
+        self._finalizer.detach()
+
+
+def _exit_text(code: int | None) -> str:
+    signals = {-int(s): s.name for s in signal.Signals}
+    return signals.get(code, f"status {code}") if code is not None else "status None"
+
+
+# --------------------------------------------------------------------------------------- a query's pool of one
+_STARTED: dict[str, EntityWorkers] = {}
+
+
+def start(spacy_model: str | None, labels, settings: Settings = Settings()) -> None:
+    """Starts a pool of one worker for the pipeline and labels, unless one was started already; it loads spaCy
+    beside what this process loads meanwhile, and is handed out once by `claim`."""
+    key = _key(spacy_model, labels)
+    if key not in _STARTED:
+        _STARTED[key] = EntityWorkers(spacy_model, labels, dataclasses.replace(settings, workers=1), wait=False)
+
+
+def claim(spacy_model: str | None, labels) -> EntityWorkers | None:
+    """The pool started for this pipeline and these labels (handed out once), or None when none was."""
+    return _STARTED.pop(_key(spacy_model, labels), None)

