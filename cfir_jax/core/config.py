@@ -4,8 +4,7 @@ Every config is an `ml_collections.ConfigDict` with sections `model`, `mesh`, `i
 `entity_workers`.
 `defaults()` fills in what is not a choice of the experiment (architecture facts, engineering knobs) and leaves each
 experiment choice a typed placeholder; `configs/base.py` sets them (the paper's CFIR), `configs/large.py` and
-`configs/demo.py` start from it. The `serve` section is `cfir_jax.core.config_serve`'s, `entity_workers`
-`cfir_jax.core.config_workers`'s.
+`configs/demo.py` start from it. `serve` is `cfir_jax.core.config_serve`'s, `entity_workers` `config_workers`'s.
 `cfir_jax.core.variants.parse_arg` reads the variant after the colon (`configs/base.py:384,runlocal`);
 `cfir_jax.core.config_check.check` checks each section once, where a config is loaded.
 """
