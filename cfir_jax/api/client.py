@@ -85,15 +85,12 @@ class Client:
         of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
         `image_id` the id of an indexed picture, as `Index.search` takes them. where: filters on the pictures'
         fields, as `Index.search` takes them. fold: near-duplicates folded under each hit shown (`Hit.duplicates`,
-        docs/duplicates.md); the service always folds a picture's."""
+        docs/duplicates.md)."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
-        if text is None and not fold:
-            raise CfirError("fold=False: the service folds the near-duplicates of a picture search always; "
-                            "cfir_jax.open(W).search(image=..., fold=False) does not")
         if text is None:
             body = {**_picture(image, image_id), "top_k": check_top_k(top_k),
-                    **({"where": _where(where)} if where else {})}
+                    **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False})}
             answer, version = self._post("/v1/search/image", body, deadline_s)
             return _result(answer, version, f"{self.url}/v1/search/image")
         text, id = _text(text, id)

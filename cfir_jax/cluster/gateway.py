@@ -77,9 +77,9 @@ class GatewayService:
         return await self._answered("answer", docs, method, top_k, html)
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str,
-                             where: tuple = ()):
+                             where: tuple = (), fold: bool = True):
         """A checked picture request, searched by a front (which embeds it and asks every shard)."""
-        return await self._answered("picture", picture, image_id, top_k, qid, where)
+        return await self._answered("picture", picture, image_id, top_k, qid, where, fold)
 
     async def _answered(self, op: str, *args):
         """A front's (200, answer, headers) as (answer, headers); its refusal raised as the app's one line."""

@@ -184,11 +184,11 @@ class Service:
         raise HTTPException(504, f"deadline of {self.settings.deadline_ms:g} ms passed (serve.deadline_ms)")
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                             where: tuple = ()):
+                             where: tuple = (), fold: bool = True):
         """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index,
-        through the bounded picture queue; only pictures passing `where` answer."""
+        through the bounded picture queue; only pictures passing `where` answer, folded unless not `fold`."""
         return await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER,
-                                          where)
+                                          where, fold)
 
     def refresh_metrics(self) -> None:
         """The gauges /metrics reads at scrape time."""
@@ -240,7 +240,7 @@ class SearchService(Protocol):
                   html: bool = False) -> tuple[object, dict]: ...
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object,
-                             qid: str, where: tuple = ()) -> tuple[str, dict]: ...
+                             qid: str, where: tuple = (), fold: bool = True) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
 

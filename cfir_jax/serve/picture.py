@@ -34,7 +34,7 @@ import pydantic
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, Field, StrictStr
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
@@ -47,7 +47,7 @@ from cfir_jax.serve.batcher import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
 
 SHOWN = 20  # hits a request gets by default (at most retrieval.top_k)
-FORM_FIELDS = ("image", "image_id", "top_k", "id", "where")  # what a multipart upload may hold
+FORM_FIELDS = ("image", "image_id", "top_k", "id", "where", "fold")  # what a multipart upload may hold
 FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")  # read as a form (an upload, or an id's)
 
 
@@ -60,6 +60,8 @@ class ImageSearchRequest(BaseModel):
     id: StrictStr = Field("picture", description="the query's id, echoed in the answer")
     where: list[StrictStr] | None = Field(None, description="filters on the pictures' own fields, joined by AND "
                                           "(docs/filters.md); a form or a query string repeats `where`")
+    fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md); "
+                             "a form or a query string says fold=0 to list them")
 
 
 def body_limit(max_image_bytes: int) -> int:
@@ -91,6 +93,15 @@ def _top_k(given: str | None) -> int | str | None:
         return given
 
 
+def _fold(given: str | None) -> bool:
+    """A form's or a query string's fold: 1/true (the default) or 0/false; anything else is one 422."""
+    if given is None or given.lower() in ("1", "true"):
+        return True
+    if given.lower() in ("0", "false"):
+        return False
+    raise HTTPException(422, f"fold: expected 1 or 0 (true or false), got {given[:40]!r}")
+
+
 def _checked(picture: bytes | None, fields: ImageSearchRequest, max_bytes: int):
     if picture is not None and len(picture) > max_bytes:
         raise HTTPException(413, f"the picture is {len(picture):,} bytes, over serve.max_image_bytes={max_bytes:,}")
@@ -104,7 +115,8 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
     if _kind(request).startswith("image/"):
         fields = ImageSearchRequest(top_k=_top_k(request.query_params.get("top_k")),
                                     id=request.query_params.get("id", "picture"),
-                                    where=request.query_params.getlist("where") or None)
+                                    where=request.query_params.getlist("where") or None,
+                                    fold=_fold(request.query_params.get("fold")))
         return _checked(body, fields, max_bytes)
     try:
         fields = ImageSearchRequest.model_validate_json(body)
@@ -149,7 +161,7 @@ async def _form(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | 
     if (upload is None) == (image_id is None):
         raise HTTPException(422, "give the picture (the file field image) or an indexed picture's id (image_id), one")
     fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "picture"),
-                                where=[str(w) for w in form.getlist("where")] or None)
+                                where=[str(w) for w in form.getlist("where")] or None, fold=_fold(form.get("fold")))
     picture = await upload.read() if upload is not None else None
     await form.close()
     return _checked(picture, fields, max_bytes)
@@ -188,7 +200,7 @@ class PictureQueue:
             self.pending -= 1
 
     async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     version_header: str, where: tuple = ()) -> tuple[str, dict]:
+                     version_header: str, where: tuple = (), fold: bool = True) -> tuple[str, dict]:
         """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
         searched by the index `holder` serves (a Ray front's search runs on its shards)."""
         current = holder.current
@@ -203,7 +215,7 @@ class PictureQueue:
                 raise HTTPException(503, f"busy: {why}; retry after 1 s", headers={"Retry-After": "1"})
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
-        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where)
+        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, fold)
         future.add_done_callback(self._release)
         try:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
@@ -224,11 +236,11 @@ class PictureQueue:
 
 
 def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
-            where: tuple = ()) -> str:
+            where: tuple = (), fold: bool = True) -> str:
     """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
-    thread; its pixels held to the index config's serve.max_image_pixels."""
+    thread; its pixels held to the index config's serve.max_image_pixels; near-duplicates folded unless not `fold`."""
     result = index.search(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where or None,
-                          deadline=deadline)
+                          deadline=deadline, fold=fold)
     return report.as_json(result, top_k)
 
 
@@ -242,5 +254,5 @@ def picture_routes(app: FastAPI) -> None:
         svc = request.app.state.service
         picture, fields = await read_request(request, int(svc.settings.max_image_bytes))
         answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id,
-                                                   tuple(fields.where or ()))
+                                                   tuple(fields.where or ()), fields.fold)
         return Response(answer, media_type="application/json", headers=headers)

@@ -5,6 +5,8 @@ not; an add, a remove (the group's next member shows) and a compact keep the gro
 
 import json
 import shutil
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -137,7 +139,7 @@ def test_evaluate_counts_every_picture_unless_asked(built, tmp_path):
 
 def test_the_library_the_service_its_page_and_the_client_fold_alike(built, collection):
     text = (collection / "query.txt").read_text()
-    service = Service(built, "--config.serve.entity_workers=0", "--config.serve.verify_mb_per_s=0")
+    service = Service(built, "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0")
     try:
         client = cfir_jax.Client(service.url)
         with cfir_jax.open(built) as index:
@@ -149,6 +151,19 @@ def test_the_library_the_service_its_page_and_the_client_fold_alike(built, colle
             alike = index.search(image_id=picture, top_k=3)
             assert client.search(image_id=picture, top_k=3) == alike
             assert len({h.id.removesuffix("-copy") for h in alike.hits}) == len(alike.hits)  # one of each pair
+            side_by_side = index.search(image_id=picture, top_k=3, fold=False)
+            pair = {picture.removesuffix("-copy"), picture.removesuffix("-copy") + "-copy"}
+            assert set(side_by_side.ids[:2]) == pair  # the picture and its copy side by side
+            assert client.search(image_id=picture, top_k=3, fold=False) == side_by_side
+            url = service.url + "/v1/search/image"
+            for body in (json.dumps({"image_id": picture, "top_k": 3, "fold": False}).encode(),
+                         f"image_id={picture}&top_k=3&fold=0".encode()):
+                kind = "application/json" if body.startswith(b"{") else "application/x-www-form-urlencoded"
+                answer = json.loads(_post(url, body, kind))
+                assert [h["image_id"] for h in answer["hits"]] == side_by_side.ids
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                _post(url, f"image_id={picture}&fold=maybe".encode(), "application/x-www-form-urlencoded")
+            assert refused.value.code == 422 and "fold: expected 1 or 0" in refused.value.read().decode()
         page = _post(service.url + "/v1/search/html", {"text": text, "top_k": 5})
         shown = next(h for h in folded.hits if h.duplicates)
         assert "near-duplicate" in page and shown.duplicates[0] in page
@@ -159,10 +174,9 @@ def test_the_library_the_service_its_page_and_the_client_fold_alike(built, colle
     assert "Traceback" not in log, log[-3000:]
 
 
-def _post(url: str, body: dict) -> str:
-    import urllib.request
-
-    request = urllib.request.Request(url, data=json.dumps(body).encode(), headers={"Content-Type": "application/json"})
+def _post(url: str, body: dict | bytes, kind: str = "application/json") -> str:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": kind})
     with urllib.request.urlopen(request, timeout=120) as answer:
         return answer.read().decode()
 
