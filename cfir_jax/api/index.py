@@ -111,6 +111,7 @@ class Index:
             with versions.reading(self.workdir) as version:  # every store of one version
                 retriever = self._open(method)
                 image_query.prepare(retriever)  # the picture search's stores, of this version too
+                duplicates.prepare(retriever)  # and the near-duplicates' groups
             if self._retrievers and version != self._version:  # the workdir changed since: one version for all
                 self.close()
             self._retrievers[method], self._version = retriever, version
@@ -133,6 +134,8 @@ class Index:
         with versions.reading(self.workdir) as version:  # nests inside a caller's reading of the same workdir
             opened = {method: self._open(method) for method in methods}
             image_query.prepare(opened[methods[0]])
+            for retriever in opened.values():
+                duplicates.prepare(retriever)
         self.close()
         self._retrievers, self._version, self.method = opened, version, methods[0]
         return version

@@ -23,11 +23,10 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from cfir_jax.core import program_cache
 from cfir_jax.core.config import model_config
 from cfir_jax.core.errors import StoreError, abandoned_restore
 from cfir_jax.model import beit3 as model_lib
-from cfir_jax.model import params_files
+from cfir_jax.model import params_files, program_cache
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
 
 FORMAT_VERSION = 1
@@ -148,7 +147,7 @@ def _abstract(config: ml_collections.ConfigDict) -> tuple[Any, Any]:
     """The graph and a fresh abstract state (`jax.ShapeDtypeStruct` leaves, its own copy: a restore fills it in) of
     a model of `config`."""
     key = json.dumps(config.to_dict(), sort_keys=True, default=str)
-    if key not in _ABSTRACT:  # kept on disk too: a later process skips the trace (`cfir_jax.core.program_cache`)
+    if key not in _ABSTRACT:  # kept on disk too: a later process skips the trace (`cfir_jax.model.program_cache`)
         _ABSTRACT[key] = program_cache.kept("abstract-model", [key, program_cache.code_digest("cfir_jax.model")],
                                             lambda: nnx.split(model_lib.abstract_model(config)))
     graphdef, state = _ABSTRACT[key]

@@ -22,8 +22,8 @@ import numpy as np
 from flax import nnx
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.program_cache import DiskProgram
 from cfir_jax.model.beit3 import DBeit3, TextTower
+from cfir_jax.model.program_cache import DiskProgram
 from cfir_jax.model.tokenizer import Beit3Tokenizer
 
 

@@ -52,6 +52,14 @@ def fold(retrieval, group: np.ndarray):
     return dataclasses.replace(retrieval, hits=shown)
 
 
+def prepare(retriever) -> None:
+    """Opens the retriever's near-duplicate groups now, where the workdir has them, so that they are of the version
+    its other stores were opened at (the caller holds that version's reading), not of one committed later."""
+    stores = getattr(retriever, "stores", None)  # a stand-in engine without stores (tests) folds nothing
+    if stores is not None and (stores.layout.duplicates / "manifest.json").is_file():
+        store_of(stores)
+
+
 def store_of(stores) -> Duplicates | None:
     """The duplicates store of the retriever's `stores` (opened once, held to its image cache), None when the workdir
     has none that follows its cache (an older workdir: said once in the log, searches are not folded)."""

@@ -2,7 +2,7 @@
 entities with spaCy in a helper process started before JAX loads (`cfir_jax.nlp.entity_workers`: spaCy never loads in
 the command's own process), loads neither the evaluation's tables (pytrec_eval) nor the re-ranker's fit, grain, orbax,
 scikit-learn or matplotlib, and finds every program it compiled in the persistent compilation cache, its text
-encoders' whole (`cfir_jax.core.program_cache`: a later query neither traces nor lowers them); a module that
+encoders' whole (`cfir_jax.model.program_cache`: a later query neither traces nor lowers them); a module that
 shadows the standard library in the folder it runs in is never run, by the command or by its helper."""
 
 import json
@@ -47,7 +47,7 @@ def test_a_query_loads_only_what_it_uses_and_its_second_run_compiles_nothing(wor
     entries = sorted(p.name for p in (cache / "jax").glob("*-cache"))
     assert entries, "the first run wrote no program to the compilation cache"
     kept = {p.name: p.stat().st_mtime_ns for p in (cache / "programs").iterdir()}
-    assert any(name.startswith("program-text-encode-") for name in kept), kept  # cfir_jax.core.program_cache
+    assert any(name.startswith("program-text-encode-") for name in kept), kept  # cfir_jax.model.program_cache
     second, loaded_again = _query(workdir, tmp_path, cache, 2)
     assert sorted(p.name for p in (cache / "jax").glob("*-cache")) == entries  # every program found, none new
     assert {p.name: p.stat().st_mtime_ns for p in (cache / "programs").iterdir()} == kept  # each one loaded

@@ -28,7 +28,6 @@ import importlib
 import logging
 import os
 import pickle
-import tempfile
 import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -42,6 +41,7 @@ from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
 from cfir_jax.core import compile_cache
+from cfir_jax.stores.atomic_write import atomic_file
 
 log = logging.getLogger("cfir_jax.programs")
 _DIGEST = 32  # bytes of sha256 before the payload
@@ -101,13 +101,12 @@ def _read(path: Path) -> bytes | None:
 
 
 def _write(path: Path, payload: bytes) -> None:
-    """Writes an entry whole (temp name, then rename); a directory that cannot be written keeps nothing."""
+    """Writes an entry whole (`atomic_file`: a temporary name, then a rename); a directory that cannot be written
+    keeps nothing."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "wb") as f:
+        with atomic_file(path) as f:
             f.write(hashlib.sha256(payload).digest() + payload)
-        os.replace(tmp, path)
     except OSError as e:
         log.info("program cache %s not written: %s", path, e)
 

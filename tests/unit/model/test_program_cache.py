@@ -1,4 +1,4 @@
-"""Programs kept whole on disk (cfir_jax.core.program_cache): a program compiled once is loaded, not traced, by a
+"""Programs kept whole on disk (cfir_jax.model.program_cache): a program compiled once is loaded, not traced, by a
 later process (here: a new `DiskProgram` of a new function object, as a new process makes); its answers are the
 compiled program's; a damaged entry is made again; a change of the code, of what the program closes over, or of
 an argument's shape is a new entry; a program over several devices, or with no cache directory, is plain `jax.jit`."""
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 from repo import ROOT
 
-from cfir_jax.core import program_cache
-from cfir_jax.core.program_cache import DiskProgram
+from cfir_jax.model import program_cache
+from cfir_jax.model.program_cache import DiskProgram
 
-CODE = ("cfir_jax.core.program_cache",)
+CODE = ("cfir_jax.model.program_cache",)
 
 
 @pytest.fixture()
@@ -109,10 +109,10 @@ ON_ANOTHER_DEVICE = """
 import sys
 from pathlib import Path
 import jax, jax.numpy as jnp, numpy as np
-from cfir_jax.core import program_cache
+from cfir_jax.model import program_cache
 where = Path(sys.argv[1])
 program_cache.directory = lambda: where
-program = program_cache.DiskProgram(jax.jit(lambda a, b: a @ b), "two", "w", ("cfir_jax.core.program_cache",))
+program = program_cache.DiskProgram(jax.jit(lambda a, b: a @ b), "two", "w", ("cfir_jax.model.program_cache",))
 x = np.ones((4, 4), np.float32)
 first, second = jax.local_devices()[:2]
 program(jax.device_put(x, second), jax.device_put(x, second)).block_until_ready()
