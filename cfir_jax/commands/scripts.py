@@ -4,6 +4,7 @@
 flags and calling one `run` of its body. Each function's docstring is the command's usage (its first line the
 --help description)."""
 
+import gc
 import sys
 
 from cfir_jax.commands import flags
@@ -92,9 +93,14 @@ def retrieve_main():
     Evaluation (--evaluate, --qrels) scores the candidate union exactly, as the paper does (retrieval.eval_sr="exact");
     --config.retrieval.eval_sr=fast uses the fast scorer and prints its measured agreement with exact scoring.
     """
+    # One document, then the process ends: Python's cyclic collector would only scan the start's objects (JAX's, the
+    # model's, a million of them) again and again, a tenth of a second of a second query. Every other use collects.
+    gc.disable()
     args, config = cli.parse(retrieve_main.__doc__.splitlines()[0], flags.retrieve_flags, workdir_flag="--index",
                              config_from_workdir=True, check_args=flags.check_retrieve,
                              example="--config.retrieval.top_k=100")
+    if not args.query:
+        gc.enable()
     if args.compile_only:
         # why: libtpu's compiler loads only for --compile-only
         from cfir_jax.commands import compile_only
