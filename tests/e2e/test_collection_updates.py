@@ -13,6 +13,7 @@ import command_server
 import numpy as np
 import pytest
 from repo import ROOT, run_script
+from workdirs import index_collection
 
 CONFIG = "configs/collection.py"
 EXACT = "--config.index.entity_index.backend=exact"
@@ -47,10 +48,7 @@ def _count(path: Path) -> int:
 
 
 def _build(w: Path, model_workdir: Path, collection: Path) -> None:
-    run_script("index.py", "--config", CONFIG, "--workdir", str(w), f"--config.index.encoder={model_workdir}",
-               f"--config.index.corpus.documents={collection / 'documents.jsonl'}",
-               f"--config.index.corpus.images={collection / 'images.jsonl'}",
-               f"--config.index.corpus.qrels={collection / 'qrels'}", EXACT)
+    index_collection(w, CONFIG, model_workdir, collection, EXACT)
 
 
 def _arrays(w: Path) -> dict[str, np.ndarray | list]:

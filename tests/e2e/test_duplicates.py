@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 from repo import run_script
 from serving import Service
+from workdirs import index_collection
 
 import cfir_jax
 from cfir_jax.stores.duplicates import Duplicates
@@ -69,10 +70,7 @@ def collection(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def built(workdir, collection, tmp_path_factory) -> Path:
     w = tmp_path_factory.mktemp("dups") / "W"
-    run_script("index.py", "--config", CONFIG, "--workdir", str(w), f"--config.index.encoder={workdir}",
-               f"--config.index.corpus.documents={collection / 'documents.jsonl'}",
-               f"--config.index.corpus.images={collection / 'images.jsonl'}",
-               f"--config.index.corpus.qrels={collection / 'qrels'}")
+    index_collection(w, CONFIG, workdir, collection)
     return w
 
 

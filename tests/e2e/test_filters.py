@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from repo import run_script
 from serving import Service
+from workdirs import index_collection
 
 import cfir_jax
 
@@ -52,10 +53,7 @@ def collection(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
 def built(workdir, collection, tmp_path_factory) -> Path:
     source, _ = collection
     w = tmp_path_factory.mktemp("filtered") / "W"
-    run_script("index.py", "--config", CONFIG, "--workdir", str(w), f"--config.index.encoder={workdir}",
-               f"--config.index.corpus.documents={source / 'documents.jsonl'}",
-               f"--config.index.corpus.images={source / 'images.jsonl'}",
-               f"--config.index.corpus.qrels={source / 'qrels'}")
+    index_collection(w, CONFIG, workdir, source)
     return w
 
 

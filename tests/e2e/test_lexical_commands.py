@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from repo import ROOT, run_script
+from workdirs import index_collection
 
 pytestmark = pytest.mark.slow  # index, add, remove and retrieve commands: minutes on 2 cores
 
@@ -36,10 +37,7 @@ def collection(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def built(workdir, collection, tmp_path_factory) -> tuple[Path, str]:
     w = tmp_path_factory.mktemp("lexical") / "w"
-    proc = run_script("index.py", "--config", CONFIG, "--workdir", str(w), f"--config.index.encoder={workdir}",
-                      f"--config.index.corpus.documents={collection / 'documents.jsonl'}",
-                      f"--config.index.corpus.images={collection / 'images.jsonl'}",
-                      f"--config.index.corpus.qrels={collection / 'qrels'}", LEXICAL)
+    proc = index_collection(w, CONFIG, workdir, collection, LEXICAL)
     assert "lexical" in proc.stdout and "postings" in proc.stdout, proc.stdout
     named = json.loads((collection / "images.jsonl").read_text().splitlines()[5])["id"]
     return w, named

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from repo import run_script
+
 from cfir_jax.stores import contract
 
 
@@ -30,3 +32,12 @@ def full_trained(root: Path) -> Path:
     (run / "metrics.jsonl").write_text('{"step": 4, "loss": 1.0}\n')
     (run / "config.json").write_text("{}")
     return root
+
+
+def index_collection(w: Path, config: str, model_workdir: Path, collection: Path, *flags: str):
+    """`index.py` over a collection folder (documents.jsonl, images.jsonl, qrels: `examples/collection/make.py`'s)
+    into `w`, with the models of `model_workdir` (index.encoder) and `flags` (more `--config.x=y`); its process."""
+    return run_script("index.py", "--config", config, "--workdir", str(w), f"--config.index.encoder={model_workdir}",
+                      f"--config.index.corpus.documents={collection / 'documents.jsonl'}",
+                      f"--config.index.corpus.images={collection / 'images.jsonl'}",
+                      f"--config.index.corpus.qrels={collection / 'qrels'}", *flags)
