@@ -101,17 +101,8 @@ def retrieve_main():
                              example="--config.retrieval.top_k=100")
     if not args.query:
         gc.enable()
-    if args.compile_only:
-        # why: libtpu's compiler loads only for --compile-only
-        from cfir_jax.commands import compile_only
-
-        return compile_only.run("retrieve", config, args.topology)
-    if args.serve:  # the service stops on SIGTERM by itself, answering what it accepted
-        # why: FastAPI and uvicorn load only for --serve
-        from cfir_jax.commands import serve
-
-        return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
-                         host=args.host, port=args.port, engine=args.engine, address=args.address)
+    if args.compile_only or args.serve:
+        return _compile_only_or_serve(args, config)
     if args.query_image or args.query_image_id:
         return _retrieve_by_picture(args, config)
     faults.on_sigterm()  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
@@ -139,6 +130,21 @@ def retrieve_main():
         retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                      shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
                      measures=measures, lang=args.lang, where=args.where, fold=args.fold_duplicates)
+
+
+def _compile_only_or_serve(args, config):
+    """retrieve.py --compile-only (device SR for a TPU topology) or --serve (the resident service, which stops on
+    SIGTERM by itself, answering what it accepted)."""
+    if args.compile_only:
+        # why: libtpu's compiler loads only for --compile-only
+        from cfir_jax.commands import compile_only
+
+        return compile_only.run("retrieve", config, args.topology)
+    # why: FastAPI and uvicorn load only for --serve
+    from cfir_jax.commands import serve
+
+    return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
+                     host=args.host, port=args.port, engine=args.engine, address=args.address)
 
 
 def _reads_entities(method: str) -> bool:
