@@ -17,6 +17,13 @@ payload, then the payload (a pickle). An entry is written to a temp name and ren
 that this JAX cannot load, is made again and rewritten; no entry is ever needed (no cache directory: the plain
 path, as before). The directory is trusted as JAX's own cache beside it is: both hold machine code this process runs.
 Only single-device programs are kept (a sharded or multi-process program takes the plain `jax.jit` path).
+
+The directory is bounded as JAX's cache beside it is, by the same setting (`jax_compilation_cache_max_size`, 2 GiB
+as `cfir_jax.core.compile_cache` sets it; -1: unbounded): every write removes the least recently used entries (a
+load marks its entry used) until the directory fits, and the temporaries of writes that never finished (a killed
+process, on any host) once they are an hour old. On the CPU the key holds the processor's features, since XLA
+compiles for the host's instruction set: a directory shared by hosts of different CPUs (an NFS home) gives each its
+own entries.
 """
 
 from __future__ import annotations
@@ -28,7 +35,9 @@ import importlib
 import logging
 import os
 import pickle
+import platform
 import threading
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -45,6 +54,7 @@ from cfir_jax.stores.atomic_write import atomic_file
 
 log = logging.getLogger("cfir_jax.programs")
 _DIGEST = 32  # bytes of sha256 before the payload
+_STALE_TEMP_S = 3600  # a temporary this old is a write that will never finish (its process died, on any host)
 
 
 def directory() -> Path | None:
@@ -74,9 +84,27 @@ def code_digest(*modules: str) -> str:
 @functools.cache
 def _environment() -> str:
     device = jax.local_devices()[0]
+    cpu = cpu_features() if device.platform == "cpu" else ""
     return repr((jax.__version__, jaxlib.__version__, flax.__version__, device.platform, device.device_kind,
                  os.environ.get("XLA_FLAGS", ""), bool(jax.config.jax_enable_x64),
-                 str(jax.config.jax_default_matmul_precision)))
+                 str(jax.config.jax_default_matmul_precision), cpu))
+
+
+def cpu_features(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The processor's instruction-set features, sorted (x86's `flags`, Arm's `Features` line of the first
+    processor in `cpuinfo`), after the machine's name; the machine's name and processor alone where the file is
+    missing (another OS)."""
+    found = ""
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                name, _, value = line.partition(":")
+                if name.strip().lower() in ("flags", "features"):
+                    found = " ".join(sorted(value.split()))
+                    break
+    except OSError:
+        pass
+    return f"{platform.machine()} {found or platform.processor()}"
 
 
 def _key(parts: Iterable[Any]) -> str:
@@ -97,6 +125,8 @@ def _read(path: Path) -> bytes | None:
     if len(data) <= _DIGEST or hashlib.sha256(payload).digest() != data[:_DIGEST]:
         log.info("%s: damaged program cache entry, made again", path)
         return None
+    with contextlib.suppress(OSError):  # used now: the last entry the size bound removes
+        os.utime(path)
     return payload
 
 
@@ -109,6 +139,38 @@ def _write(path: Path, payload: bytes) -> None:
             f.write(hashlib.sha256(payload).digest() + payload)
     except OSError as e:
         log.info("program cache %s not written: %s", path, e)
+        return
+    shrink(path.parent, int(jax.config.jax_compilation_cache_max_size), keep=path)
+
+
+def shrink(where: Path, max_bytes: int, keep: Path | None = None) -> None:
+    """Holds the directory `where` to `max_bytes` (< 0: unbounded) by removing its least recently used entries
+    (oldest modification time first; a load touches its entry), never `keep` (the entry just written); and removes
+    the temporaries of unfinished writes older than an hour, whichever host left them. Another process may be
+    removing the same files: a file already gone is skipped."""
+    now, entries = time.time(), []
+    for f in where.iterdir():
+        try:
+            st = f.stat()
+        except OSError:
+            continue
+        if ".tmp-" in f.name:  # atomic_file's temporary: NAME.tmp-HOST-PID-RANDOM, hidden
+            if now - st.st_mtime > _STALE_TEMP_S:
+                with contextlib.suppress(OSError):
+                    f.unlink()
+        elif f.is_file():
+            entries.append((st.st_mtime, st.st_size, f))
+    total = sum(size for _, size, _ in entries)
+    if max_bytes < 0 or total <= max_bytes:
+        return
+    for _, size, f in sorted(entries, key=lambda e: e[0]):
+        if f == keep:
+            continue
+        with contextlib.suppress(OSError):
+            f.unlink()
+        total -= size
+        if total <= max_bytes:
+            return
 
 
 def kept(name: str, parts: Iterable[Any], make: Callable[[], Any]) -> Any:

@@ -158,3 +158,55 @@ def test_the_directory_is_the_compilation_caches_sibling_only_when_this_project_
         assert program_cache.directory() is None  # a JAX cache the user chose: nothing kept beside it
     finally:
         jax.config.update("jax_compilation_cache_dir", before)
+
+
+@pytest.fixture()
+def max_size():
+    """Sets JAX's `jax_compilation_cache_max_size`, which bounds this directory too, and restores it."""
+    before = jax.config.jax_compilation_cache_max_size
+    yield lambda n: jax.config.update("jax_compilation_cache_max_size", n)
+    jax.config.update("jax_compilation_cache_max_size", before)
+
+
+def test_the_directory_keeps_to_the_size_bound_removing_the_least_recently_used(kept_in, max_size):
+    value = {"graph": "x" * 4000}
+    program_cache.kept("a", ["1"], lambda: value)
+    (a,) = kept_in.iterdir()
+    max_size(2 * a.stat().st_size + 100)  # room for two entries
+    program_cache.kept("b", ["1"], lambda: value)
+    os.utime(a, (1, 1)), os.utime(next(kept_in.glob("b-*")), (2, 2))  # a then b, long ago
+    made = []
+    assert program_cache.kept("a", ["1"], lambda: made.append(1) or value) == value and not made  # a load: used now
+    program_cache.kept("c", ["1"], lambda: value)  # over the bound: b, the least recently used, goes
+    assert sorted(p.name[0] for p in kept_in.iterdir()) == ["a", "c"]
+    max_size(-1)  # unbounded: nothing removed
+    program_cache.kept("d", ["1"], lambda: value)
+    assert sorted(p.name[0] for p in kept_in.iterdir()) == ["a", "c", "d"]
+
+
+def test_an_unfinished_write_is_swept_after_an_hour_whichever_host_left_it(kept_in):
+    old, fresh = kept_in / ".program-f-1.tmp-otherhost-99-ab12", kept_in / ".program-f-2.tmp-otherhost-98-cd34"
+    for f in (old, fresh):
+        f.write_bytes(b"half")
+    os.utime(old, (0, 0))
+    program_cache.kept("v", ["k"], lambda: 1)
+    assert not old.exists() and fresh.exists()
+
+
+def test_on_the_cpu_the_processors_features_are_in_the_key(kept_in, monkeypatch, tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nflags\t\t: sse2 avx2 fma\n\nprocessor\t: 1\nflags\t\t: sse2\n")
+    assert program_cache.cpu_features(str(info)).endswith("avx2 fma sse2")  # the first processor's, sorted
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd sve\n")
+    assert program_cache.cpu_features(str(info)).endswith("asimd fp sve")
+    assert program_cache.cpu_features(str(tmp_path / "none"))  # another OS: the machine's name
+    params, x = _args()
+    _program([])(params, x)
+    monkeypatch.setattr(program_cache, "cpu_features", lambda: "x86_64 sse2")  # a host of another CPU
+    program_cache._environment.cache_clear()
+    try:
+        traces = []
+        _program(traces)(params, x)
+        assert traces == [1] and len(list(kept_in.glob("program-*"))) == 2  # its own entry, not the first host's
+    finally:
+        program_cache._environment.cache_clear()
