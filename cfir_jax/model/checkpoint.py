@@ -138,19 +138,15 @@ def _restore(directory: Path, target: Any) -> Any:
                          f"check its files (index.py --verify --workdir W for a workdir's models)") from None
 
 
-# (graphdef, abstract state) by model config, built once per process: building one traces the model's initialisers
-# (a fifth of a second on a CPU), and a query opens two models of one config (the trained one, the index encoder).
-_ABSTRACT: dict[str, tuple[Any, Any]] = {}
-
-
 def _abstract(config: ml_collections.ConfigDict) -> tuple[Any, Any]:
     """The graph and a fresh abstract state (`jax.ShapeDtypeStruct` leaves, its own copy: a restore fills it in) of
-    a model of `config`."""
+    a model of `config`, made once per process (`program_cache.memo`: a query opens two models of one config, the
+    trained one and the index encoder) and kept on disk (`program_cache.kept`: a later process skips the trace of
+    the model's initialisers, a fifth of a second on a CPU)."""
     key = json.dumps(config.to_dict(), sort_keys=True, default=str)
-    if key not in _ABSTRACT:  # kept on disk too: a later process skips the trace (`cfir_jax.model.program_cache`)
-        _ABSTRACT[key] = program_cache.kept("abstract-model", [key, program_cache.code_digest("cfir_jax.model")],
-                                            lambda: nnx.split(model_lib.abstract_model(config)))
-    graphdef, state = _ABSTRACT[key]
+    graphdef, state = program_cache.memo("abstract-model", key, lambda: program_cache.kept(
+        "abstract-model", [key, program_cache.code_digest("cfir_jax.model")],
+        lambda: nnx.split(model_lib.abstract_model(config))))
     return graphdef, jax.tree.map(lambda leaf: leaf, state)
 
 

@@ -15,13 +15,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from cfir_jax.model import beit3 as model_lib
+from cfir_jax.model import program_cache
 from cfir_jax.model.beit3 import DBeit3
-
-# One jitted encode function per model structure (config incl. compute dtype), shared by every build in a process:
-# jit caches its compilations per function object, so a second build (another corpus, a resumed run, the fp32/bf16
-# pair of the benchmark) does not compile again. The GraphDef holds the ConfigDict (unhashable), so it cannot be a
-# static argument; it is closed over instead.
-_ENCODE_FNS: dict[str, tuple[object, Callable]] = {}
 
 
 def encoder_batch(batch_size: int) -> int:
@@ -31,9 +26,13 @@ def encoder_batch(batch_size: int) -> int:
 
 
 def encode_fn(config) -> tuple[object, Callable]:
-    """(graphdef, jitted fn(state, pixels [B, S, S, 3]) -> [B, D]) of the model structure described by `config`."""
-    key = json.dumps(config.to_dict(), sort_keys=True, default=str)
-    if key not in _ENCODE_FNS:
+    """(graphdef, jitted fn(state, pixels [B, S, S, 3]) -> [B, D]) of the model structure described by `config`
+    (config incl. compute dtype). Made once per structure in a process (`program_cache.memo`): jit caches its
+    compilations per function object, so a second build (another corpus, a resumed run, the fp32/bf16 pair of the
+    benchmark) does not compile again. The GraphDef holds the ConfigDict (unhashable), so it cannot be a static
+    argument; it is closed over instead."""
+
+    def make():
         graphdef, _ = nnx.split(model_lib.abstract_model(config))
 
         # The batch sharding of `pixels` propagates to the output: each device encodes its slice with replicated
@@ -42,8 +41,9 @@ def encode_fn(config) -> tuple[object, Callable]:
         def encode(state, pixels):
             return nnx.merge(graphdef, state).encode_image(pixels)
 
-        _ENCODE_FNS[key] = (graphdef, encode)
-    return _ENCODE_FNS[key]
+        return graphdef, encode
+
+    return program_cache.memo("image-encode", json.dumps(config.to_dict(), sort_keys=True, default=str), make)
 
 
 class ImageEncoder:

@@ -1,5 +1,7 @@
-"""Programs and model skeletons kept whole on disk, so that a process that ran them once neither traces nor lowers
-them again: the second `retrieve.py --query` loads its two text-tower programs in milliseconds.
+"""The one keeper of compiled programs and model skeletons beside JAX's cache: in this process (`memo`) and whole on
+disk (`DiskProgram`, `kept`), so that a process that ran them once neither traces nor lowers them again: the second
+`retrieve.py --query` loads its two text-tower programs in milliseconds, and a model opened again in one process
+(a service's reload, a second build, the two models of one query) makes nothing again.
 
 JAX's persistent compilation cache (`cfir_jax.core.compile_cache`) saves the compile, but each process still traces
 the function and lowers it to MLIR before it finds the entry. On the demo's query that was a third of a second (a
@@ -8,6 +10,9 @@ tenth of it importing MLIR), plus a tenth tracing the model's initialisers for i
   executable with its argument and result structures), keyed by all that decides it (below). A later process
   loads and calls it; nothing is traced.
 - `kept(name, parts, make)` keeps any picklable value made by `make` (a model's graph and abstract state).
+- `memo(name, key, make)` keeps a value for the life of the process: the jitted functions of a model structure (jit
+  caches its compiles per function object) and its abstract model. `forget()` lets them go (a test that counts
+  traces makes its own).
 
 A key is the sha256 of: the entry's name and what its caller says it closes over (a model's config); the source of
 the modules that define it (`code`: a change of the model's code is a new key); the versions of jax, jaxlib and flax;
@@ -38,6 +43,7 @@ import pickle
 import platform
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -55,6 +61,30 @@ from cfir_jax.stores.atomic_write import atomic_file
 log = logging.getLogger("cfir_jax.programs")
 _DIGEST = 32  # bytes of sha256 before the payload
 _STALE_TEMP_S = 3600  # a temporary this old is a write that will never finish (its process died, on any host)
+_MEMO: OrderedDict[tuple[str, str], Any] = OrderedDict()  # (name, key) -> value, most recently used last
+_MEMO_KEPT = 16  # model structures' values kept (a process holds a few: one or two towers, their abstract models)
+_MEMO_LOCK = threading.Lock()
+
+
+def memo(name: str, key: str, make: Callable[[], Any]) -> Any:
+    """The value `make()` made once in this process for (`name`, `key`: all that decides it, e.g. the model's
+    config as JSON), the least recently used let go past a few. Made under a lock: two threads opening one model
+    share one value."""
+    with _MEMO_LOCK:
+        if (name, key) in _MEMO:
+            _MEMO.move_to_end((name, key))
+            return _MEMO[name, key]
+        value = _MEMO[name, key] = make()
+        while len(_MEMO) > _MEMO_KEPT:
+            _MEMO.popitem(last=False)
+        return value
+
+
+def forget() -> None:
+    """Lets go of every value `memo` keeps (the next model opened makes its programs again, e.g. inside a test's
+    `jax.jit` that counts traces)."""
+    with _MEMO_LOCK:
+        _MEMO.clear()
 
 
 def directory() -> Path | None:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import functools
 import re
-import threading
 from collections.abc import Callable, Sequence
 
 import jax
@@ -22,6 +21,7 @@ import numpy as np
 from flax import nnx
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.model import program_cache
 from cfir_jax.model.beit3 import DBeit3, TextTower
 from cfir_jax.model.program_cache import DiskProgram
 from cfir_jax.model.tokenizer import Beit3Tokenizer
@@ -88,26 +88,14 @@ class TextEncoder:
         return self.encode_tokens(ids, mask)
 
 
-_PROGRAMS: list[tuple[Callable, nnx.GraphDef, tuple[Callable, Callable]]] = []  # (jax.jit, graphdef, programs)
-_PROGRAMS_KEPT = 8  # towers of distinct structure whose programs are kept (a process holds one or two)
-_PROGRAMS_LOCK = threading.Lock()
-
-
 def _programs(graphdef: nnx.GraphDef) -> tuple[Callable, Callable]:
-    """The jitted (encode, encode_against) of a tower of this structure, made once per structure (and per `jax.jit`:
-    a test that wraps it gets its own); equal graphdefs merge any tower's weights alike. A GraphDef holds the model's
-    ConfigDict and is not hashable, so the few kept are compared in turn."""
-    with _PROGRAMS_LOCK:
-        for jit, known, programs in _PROGRAMS:
-            if jit is jax.jit and known == graphdef:
-                return programs
-        programs = _compile(graphdef)
-        _PROGRAMS.insert(0, (jax.jit, graphdef, programs))
-        del _PROGRAMS[_PROGRAMS_KEPT:]
-        return programs
+    """The jitted (encode, encode_against) of a tower of this structure, made once per structure in a process
+    (`program_cache.memo`); equal structures merge any tower's weights alike."""
+    identity = _structure(graphdef)
+    return program_cache.memo("text-programs", identity, lambda: _compile(graphdef, identity))
 
 
-def _compile(graphdef: nnx.GraphDef) -> tuple[Callable, Callable]:
+def _compile(graphdef: nnx.GraphDef, identity: str) -> tuple[Callable, Callable]:
     @jax.jit
     def encode(state, ids, mask):
         return nnx.merge(graphdef, state).encode_text(ids, mask)
@@ -123,7 +111,6 @@ def _compile(graphdef: nnx.GraphDef) -> tuple[Callable, Callable]:
         top_mean = jnp.where(among, best, 0.0).sum(axis=-1) / jnp.maximum(m[..., 0], 1)
         return tokens[:, 0], jnp.where(m[..., 0] > 0, best[..., 0], 0.0), top_mean
 
-    identity = _structure(graphdef)
     return (DiskProgram(encode, "text-encode", identity, _CODE),
             DiskProgram(encode_against, "text-encode-against", identity, _CODE))
 

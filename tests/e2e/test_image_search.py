@@ -77,16 +77,13 @@ def test_a_picture_finds_itself_first_by_its_file_and_by_its_id_with_scann_and_e
     assert "ScaNN" in by_file.note and "exact search over 40 live pictures" in exactly.note
 
 
-def test_the_tower_loads_on_the_first_picture_and_compiles_once(pictures, monkeypatch):
+def test_the_tower_loads_on_the_first_picture_and_compiles_once(pictures):
     from compile_checks import traced_at_most
-
-    from cfir_jax.model import image_tower
 
     retriever = _retriever(pictures)
     search_image(retriever, image_id=ASKED[0], top_k=3)  # an id needs no tower
     assert image_query._SEARCHES[retriever]._encoder is None
-    monkeypatch.setattr(image_tower, "_ENCODE_FNS", {})  # its program made afresh, inside the trace count
-    with traced_at_most(1):
+    with traced_at_most(1):  # the tower's program made afresh (the process's kept ones let go), inside the count
         times = [search_image(retriever, image=_file(i), top_k=3).times_ms for i in ASKED]
     assert "tower_load" in times[0] and not any("tower_load" in t for t in times[1:])
 

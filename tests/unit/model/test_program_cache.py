@@ -210,3 +210,18 @@ def test_on_the_cpu_the_processors_features_are_in_the_key(kept_in, monkeypatch,
         assert traces == [1] and len(list(kept_in.glob("program-*"))) == 2  # its own entry, not the first host's
     finally:
         program_cache._environment.cache_clear()
+
+
+def test_a_process_makes_a_value_once_per_key_and_forget_lets_it_go():
+    program_cache.forget()
+    made = []
+    make = lambda: made.append(1) or object()  # noqa: E731
+    first = program_cache.memo("m", "k", make)
+    assert program_cache.memo("m", "k", make) is first and made == [1]
+    assert program_cache.memo("m", "other", make) is not first and made == [1, 1]
+    for n in range(program_cache._MEMO_KEPT):  # past the bound the least recently used goes: "k" was used last
+        program_cache.memo("fill", str(n), make)
+    assert program_cache.memo("m", "k", make) is not first
+    program_cache.forget()
+    assert program_cache.memo("m", "other", make) is not None and len(made) == 3 + program_cache._MEMO_KEPT + 1
+
