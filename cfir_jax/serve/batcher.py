@@ -38,10 +38,6 @@ class Dropped(Exception):
     """The request's deadline passed or its client went away before its batch ran."""
 
 
-class Unavailable(Exception):
-    """A part of a distributed index that the batch needs cannot answer now (the service answers 503 naming it)."""
-
-
 @dataclasses.dataclass(eq=False)
 class Job:
     """One request: its documents, the method and hits wanted, when it expires, and the future its handler awaits

@@ -17,8 +17,9 @@ from cfir_jax.api.index import Index
 from cfir_jax.core.config_serve import serve_config
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
-from cfir_jax.serve.app import Service, create_app
+from cfir_jax.serve.app import create_app
 from cfir_jax.serve.middleware import http_protocol
+from cfir_jax.serve.service import Service
 
 IDS = ["img-a", "img-b", "img-c", "img-d"]
 SIDE = 8  # the stand-in tower's image size
