@@ -18,6 +18,7 @@ from cfir_jax.eval import languages, metrics, plots, runs
 from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows, single_row
 from cfir_jax.eval.train_time import train_time
 from cfir_jax.retrieve import report
+from cfir_jax.retrieve.filters import Filter
 from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.layout import Layout
@@ -60,6 +61,14 @@ def train_time_of(retriever: Retriever) -> str:
     return t.label() if t is not None else "not logged"
 
 
+def _filtered(where: list[str], first) -> str:
+    """The topics line's filter part: how many pictures pass `where` (every topic's filter is the same)."""
+    if first.passed is None:
+        return ""
+    passed, live = first.passed
+    return f", filtered by {Filter(where)}: {passed:,} of {live:,} pictures pass"
+
+
 def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
              output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval",
              where: list[str] | None = None, fold: bool = False) -> list[report.EvalRow]:
@@ -95,8 +104,7 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
             er_line = retriever.stores.entity_index.with_k(0).er_note()
         if len(rows) == 1:
             runs.write_and_score(run, output, "", tag, top)
-    print(f"{split} split, {len(docs)} topics" + (f", {all_results[0][0].note.split('; ')[-1]}" if where and docs
-                                                  else ""))
+    print(f"{split} split, {len(docs)} topics" + (_filtered(where, all_results[0][0]) if where and docs else ""))
     if measures != "authors":
         print(report.eval_table(table))
         print(report.mean_line(complete))

@@ -214,6 +214,7 @@ class RowFilter:
         request) or `where`, documents of one filter together (their notes say it); `empty(note, n)` for the n
         documents of a filter nothing passes."""
         keys = [tuple(parse_all(getattr(d, "where", None) or where)) for d in docs]
+        live = self.stores.live.now().num_live  # the pictures a filter cuts (the block below narrows them)
         out: list = [None] * len(docs)
         for key in dict.fromkeys(keys):
             at = [i for i, k in enumerate(keys) if k == key]
@@ -223,5 +224,7 @@ class RowFilter:
             for i, r in zip(at, results):
                 if note and rows.num_live:
                     r.note = "; ".join(n for n in (r.note, note) if n)
+                if rows is not None:  # the note's count, as a field (`Retrieval.passed`)
+                    r.passed = (rows.num_live, live)
                 out[i] = r
         return out

@@ -87,6 +87,7 @@ class Retrieval:
     rerank_features: np.ndarray | None = None  # [n, F] of SR's top-n, when the retriever collects them (fitting)
     lexical_added: int = 0  # candidates BM25 added beyond ER's union (cfir_bm25, cfir_bm25_fused)
     lang: str = "en"  # the document's language (stated or found: cfir_jax.retrieve.query_language)
+    passed: tuple[int, int] | None = None  # a filter's count: (pictures that pass it, of the live); None: no filter
 
 
 @dataclasses.dataclass
@@ -237,7 +238,6 @@ class Retriever:
     def _scored_candidates(self, entities: list[str], with_scores: bool = True):  # `_candidates`, with the scores
         return self.entities.candidates(entities, with_scores)
 
-    # ---------------------------------------------------------------------------------------------- retrieval
     def retrieve(self, doc: DocumentInput | str) -> Retrieval:
         return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
 
