@@ -321,8 +321,7 @@ def _stop(run: _Run, lost: str | None, keep_logs: bool) -> None:
         if run.ray is not None:
             run.ray.shutdown()
     except Exception as e:  # noqa: BLE001 - the stop goes on; the head is ended below whatever Ray said
-        print(f"stopping: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr,
-              flush=True)
+        print(f"stopping: {type(e).__name__}: {first_line(e) if str(e).strip() else ''}", file=sys.stderr, flush=True)
     finally:
         if run.head is not None:
             run.head.stop(keep_logs=keep_logs)

@@ -106,13 +106,13 @@ class DocumentInput:
 class Retriever:
     """Loads the stores of a workdir once; `retrieve(doc)` runs one query, `retrieve_many(docs)` a batch.
 
-    The engine under the library's `Index` (the one query core, which makes its records public), every benchmark
+    The pipeline under the library's `Index` (the one query core, which makes its records public), every benchmark
     and --compare row: `retrieve_many(docs) -> list[Retrieval]`, `describe_image(image_id) -> (caption, url)`,
     `corpus_documents(split)`; the attributes `config`, `method`, `notes`, `model_used`, `corpus`, `layout`.
 
     measure_agreement: with fast SR, also score each union exactly (untimed) and record the top-k overlap.
     rerank_features: compute the re-ranker's features of SR's top-N into each Retrieval (fitting the re-ranker).
-    scoring: what scores unions and searches the cache (`cfir_jax.retrieve.engine.Scoring`), made as scoring(rcfg,
+    scoring: what scores unions and searches the cache (`cfir_jax.retrieve.scoring.Scoring`), made as scoring(rcfg,
     stores, fusion, fused): this process's `SRFrontEnd`, or a Ray front's shards (`cfir_jax.cluster.scoring.ShardedSR`).
     """
 

@@ -164,7 +164,7 @@ class MicroBatcher:
         docs = [d for j in jobs for d in j.docs]
         self.metrics.batch_docs.observe(len(docs))
         try:
-            docs, entity_ms = _with_entities(loaded.entity_pool, index.retriever(method), docs)
+            docs, entity_ms = _with_entities(loaded.entity_pool, index, method, docs)
             results = index.search_documents(docs, [j.top_k for j in jobs for _ in j.docs], method)
             at = 0
             for job in jobs:
@@ -185,13 +185,13 @@ class MicroBatcher:
                 job.settle(error=e)
 
 
-def _with_entities(pool, retriever, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:
+def _with_entities(pool, index, method: str, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:
     """The documents with their language and their entities, parsed by the pool (in parallel; the English ones, the
     pool's pipeline) when there is one, the method reads entities and at least two documents need them; else
     unchanged (the Retriever parses them in this thread). Also the pool's wall time per document in ms (0 unused)."""
-    if pool is None or pool.degraded or retriever.entities is None:
+    if pool is None or pool.degraded or not index.reads_entities(method):
         return docs, 0.0
-    docs = retriever.languages.read(docs, True, False)  # another language's entities: its own NER's, not the pool's
+    docs = index.read_languages(docs, method)  # another language's entities: its own NER's, not the pool's
     missing = [i for i, d in enumerate(docs) if d.entities is None]
     if len(missing) < 2:
         return docs, 0.0

@@ -52,7 +52,7 @@ def check_options(methods: list[str], max_top_k: int, top_k: object, method: str
 
 
 class SearchService(Protocol):
-    """What the HTTP app calls: the Service (over the resident index's engines) and, on Ray, the gateway's view of
+    """What the HTTP app calls: the Service (over the resident index) and, on Ray, the gateway's view of
     the fronts (`cfir_jax.cluster.gateway.GatewayService`). Each refusal is an error of `cfir_jax.serve.errors`."""
 
     settings: object  # the config's serve section

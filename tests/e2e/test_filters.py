@@ -191,3 +191,14 @@ def test_a_field_of_another_type_is_refused_naming_the_field_and_the_row(built, 
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"{bad}:1: field 'date' is a number (2021) but earlier rows made it a date" in lines[0]
+
+
+def test_evaluate_says_how_many_pictures_pass_from_the_answers_count(built, collection):
+    """`--evaluate --where` names how many pictures pass: the answers' count (`Retrieval.passed`), not their note."""
+    _, fields = collection
+    base = (built / "image_cache" / "ids.txt").read_text().split()
+    passing = [i for i in base if _passes(fields[i], "source=reuters")]
+    proc = run_script("retrieve.py", "--index", str(built), "--evaluate", "test", "--where", "source=reuters")
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("test split, ") and \
+        first.endswith(f", filtered by source=reuters: {len(passing)} of {len(base)} pictures pass"), first

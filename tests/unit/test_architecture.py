@@ -377,3 +377,29 @@ def test_the_http_check_finds_each_way_to_name_one(tmp_path):
         found[name] = bool(_names_http_exceptions(tmp_path / f"{name}.py"))
     assert found == {**{name: True for name in ways}, "ours": False}
 
+
+
+# The core's door (docs/architecture.md): only api/ (the `Index` that holds the Retrievers) and retrieve/ (the
+# pipeline itself) reach a Retriever; everyone else asks `Index` with its own verbs.
+DOOR_ROOMS = ("api", "retrieve")
+
+
+def _reaches_the_retriever(path: Path) -> list[str]:
+    """Each call of a `.retriever(...)` (or `._retriever(...)`) method in a file."""
+    return [f"{path.name}:{node.lineno} .{node.func.attr}(" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("retriever", "_retriever")]
+
+
+def test_no_retriever_is_reached_outside_api_and_retrieve():
+    """The services, the fits and evaluation use `Index`'s verbs (warm up, scoring, notes, the corpus's documents, the
+    re-ranker's features), never the Retriever under it."""
+    found = [hit for module, path in MODULES.items() if _room(module) not in DOOR_ROOMS
+             for hit in _reaches_the_retriever(path)]
+    assert not found, "past the core's door:\n" + "\n".join(found)
+
+
+def test_the_door_check_finds_a_reach_through_index(tmp_path):
+    path = tmp_path / "evaluate.py"
+    path.write_text("r = index.retriever()\ns = Index(c, w)._retriever('bm25').sr\nretriever = index.notes\n")
+    assert [f.split(" ")[0] for f in _reaches_the_retriever(path)] == ["evaluate.py:1", "evaluate.py:2"]

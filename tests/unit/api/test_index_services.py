@@ -62,14 +62,14 @@ def test_the_served_methods_open_together_and_the_first_is_the_default(tmp_path)
     (tmp_path / "index.json").write_text('{"version": 7}')
     index, version, made = _served(tmp_path)
     assert version == 7 and index.methods == ("cfir", "bm25") and index.method == "cfir"
-    assert index.retriever() is made["cfir"] and index.retriever("bm25") is made["bm25"]
+    assert index._retriever() is made["cfir"] and index._retriever("bm25") is made["bm25"]
 
 
 def test_warm_up_runs_the_hook_per_method_then_keeps_summaries(tmp_path):
     index, _, made = _served(tmp_path, summarises=True)
     warmed = []
     index.warm_up(warmed.append, summary_cache=32)
-    assert warmed == [made["cfir"], made["bm25"]]
+    assert warmed == ["cfir", "bm25"]
     assert made["cfir"].summary_cache == made["bm25"].summary_cache == 32
     assert isinstance(image_query.prepare(made["cfir"]), Pictures)  # prepared when opened, warmed (no tower)
 
