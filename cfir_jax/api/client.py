@@ -40,8 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query import conditions
-from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k
+from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k, conditions
 from cfir_jax.retrieve.results import Result
 
 __all__ = ["Client", "ServiceError"]
@@ -367,6 +366,6 @@ def _picture(image: bytes | str | os.PathLike | None, image_id: str | None) -> d
 
 
 def _where(where: Sequence) -> list[list]:
-    """Filters as they cross the wire: each condition a JSON triple (`cfir_jax.core.query.Condition.to_json`), a
+    """Filters as they cross the wire: each condition a JSON triple (`cfir_jax.core.query_rule.Condition.to_json`), a
     line parsed here, once, a triple's values sent verbatim (the service never parses them again)."""
     return [c.to_json() for c in conditions(where)]

@@ -23,8 +23,16 @@ import ml_collections
 
 from cfir_jax.api import operations as ops
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query import Condition, FilterLimits, Query, conditions
-from cfir_jax.core.query_rule import check_id, check_lang, check_text, check_top_k
+from cfir_jax.core.query_rule import (
+    Condition,
+    FilterLimits,
+    Query,
+    check_id,
+    check_lang,
+    check_text,
+    check_top_k,
+    conditions,
+)
 from cfir_jax.retrieve import duplicates, image_query
 from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval, Retriever
 from cfir_jax.retrieve.queries import read_documents
@@ -173,7 +181,7 @@ class Index:
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
         a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file); or of a `Query`
-        (`cfir_jax.core.query`) given alone. where: filters on the pictures' fields, joined by AND: lines
+        (`cfir_jax.core.query_rule`) given alone. where: filters on the pictures' fields, joined by AND: lines
         (`["date<=2020-06-30", "license in cc-by,cc0"]`, parsed) or `(field, op, value | [values])` triples (taken
         as they are: a value's commas, spaces and quotes are its own; docs/filters.md). id: the query's id in the
         answer (default: a path's stem, else "query"); deadline: a time.monotonic() past which a picture search
@@ -192,7 +200,8 @@ class Index:
         self.check(query)
         if query.text is None:
             return self._search_image(query, deadline)
-        doc = DocumentInput(query.text, check_id(query.id or "query", "id"), lang=query.lang, where=query.where,
+        text = check_text(query.text, "text", int(self.config.serve.max_text_bytes))  # a Query made by hand too
+        doc = DocumentInput(text, check_id(query.id or "query", "id"), lang=query.lang, where=query.where,
                             fold=query.fold)
         return self._answer([doc], [query.top_k], query.method, False)[0]
 
@@ -226,10 +235,10 @@ class Index:
         the id (`retrieve.py --query`), or JSON lines {"id", "text", "lang"} with `jsonl` (`--queries`). described:
         read the caption and url of the first `described` hits only (the rest feed a run file: ids and scores); lang:
         the language of a document that states none (None: found, docs/languages.md); where, fold: as `search`'s."""
-        conds = conditions(where)
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
+        top = self._top(top_k)  # the texts, then top_k and the filter: the service's order
+        conds = conditions(where)
         docs = [dataclasses.replace(d, where=conds, fold=fold) for d in docs]
-        top = self._top(top_k)  # the texts, then top_k: the service's order
         self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
         return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described)
 

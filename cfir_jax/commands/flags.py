@@ -7,7 +7,7 @@ import argparse
 
 from cfir_jax.core.config_check import MEASURE_SETS, SERVE_ENGINES
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query import conditions
+from cfir_jax.core.query_rule import conditions
 from cfir_jax.eval.comparison import parse_ks, parse_weights
 from cfir_jax.eval.plots import check_png_name
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import ml_collections
 
 from cfir_jax.api.index import Index
-from cfir_jax.core.query import Condition
+from cfir_jax.core.query_rule import Condition
 from cfir_jax.eval import runs
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.methods import METHODS

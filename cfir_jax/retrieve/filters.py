@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterator, Sequence
 import numpy as np
 
 from cfir_jax.core.picture_fields import DATE, NUMBER, date_span
-from cfir_jax.core.query import OPS, Condition, FilterError, conditions, parse
+from cfir_jax.core.query_rule import OPS, Condition, FilterError, conditions, parse
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.image_fields import ImageFields
 
@@ -82,8 +82,8 @@ def condition_mask(cond: Condition, column) -> np.ndarray:
 
 
 class Filter:
-    """Conditions joined by AND (`cfir_jax.core.query.Condition`s; lines and triples are parsed by
-    `cfir_jax.core.query.conditions`); `mask(store)` -> bool [N] over the image cache's rows."""
+    """Conditions joined by AND (`cfir_jax.core.query_rule.Condition`s; lines and triples are parsed by
+    `cfir_jax.core.query_rule.conditions`); `mask(store)` -> bool [N] over the image cache's rows."""
 
     def __init__(self, where: Sequence[Condition] | Sequence[str] | str | None):
         self.conditions = conditions(where)

@@ -36,7 +36,7 @@ import numpy as np
 from cfir_jax.core.config_check import SR_MODES
 from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.progress import bar as progress_bar
-from cfir_jax.core.query import Condition
+from cfir_jax.core.query_rule import Condition
 from cfir_jax.data.corpus import document_text
 from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of

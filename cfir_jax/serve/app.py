@@ -30,8 +30,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query import FilterLimits
-from cfir_jax.core.query_rule import QueryRefused, check_id, check_lang, check_top_k
+from cfir_jax.core.query_rule import FilterLimits, QueryRefused, check_id, check_lang, check_top_k
 from cfir_jax.core.query_rule import check_text as rule_text
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull, Unavailable

@@ -39,8 +39,7 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query import Condition, FilterLimits
-from cfir_jax.core.query_rule import QueryRefused, check_id, check_top_k
+from cfir_jax.core.query_rule import Condition, FilterLimits, QueryRefused, check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture
 from cfir_jax.serve.batcher import Unavailable

@@ -10,8 +10,7 @@ from standin_service import settings
 
 from cfir_jax.api.index import Index
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query import Condition
-from cfir_jax.core.query_rule import QueryRefused
+from cfir_jax.core.query_rule import Condition, QueryRefused
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import DocumentInput, RankedImage, Retrieval
 

@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 from standin_service import NoPictures, standin_index
 
-from cfir_jax.core.query import Condition
+from cfir_jax.core.query_rule import Condition
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.retrieve.results import Result
 from cfir_jax.serve import batcher as batcher_lib

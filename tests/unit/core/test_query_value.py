@@ -1,6 +1,7 @@
-"""The one `Query` value and its typed conditions (cfir_jax/core/query.py): a line parsed once, a triple taken as it
-is (its values verbatim: commas, spaces, quotes, any Unicode), the JSON triple a condition crosses the wire as read
-back as the same condition, and a filter past the config's limits refused in one line (413) before it is parsed."""
+"""The one `Query` value and its typed conditions (cfir_jax/core/query_rule.py): a line parsed once, a triple taken
+as it is (its values verbatim: commas, spaces, quotes, any Unicode), the JSON triple a condition crosses the wire
+as read back as the same condition, and a filter past the config's limits refused in one line (413) before it is
+parsed."""
 
 import json
 import time
@@ -10,8 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cfir_jax.core.config_serve import serve_config
-from cfir_jax.core.query import Condition, FilterError, FilterLimits, Query, conditions, parse
-from cfir_jax.core.query_rule import QueryRefused
+from cfir_jax.core.query_rule import Condition, FilterError, FilterLimits, Query, QueryRefused, conditions, parse
 
 VALUES = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=12)
 TRIPLES = st.one_of(
