@@ -13,6 +13,7 @@ Every refusal is the one-line `CfirError` the commands print.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -23,7 +24,16 @@ import numpy as np
 
 from cfir_jax.api import operations as ops
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k
+from cfir_jax.core.query_rule import (
+    Condition,
+    FilterLimits,
+    Query,
+    check_id,
+    check_lang,
+    check_text,
+    check_top_k,
+    conditions,
+)
 from cfir_jax.eval import languages
 from cfir_jax.retrieve import duplicates, image_query
 from cfir_jax.retrieve.lexical import LexicalSearch
@@ -169,24 +179,59 @@ class Index:
         return self._retriever(method).corpus_documents(split)
 
     # ------------------------------------------------------------------------------------------------ searching
-    def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
+    def search(self, text: str | os.PathLike | Query | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
                id: str | None = None, lang: str | None = None, where: Sequence[Any] | None = None,
                deadline: float | None = None, fold: bool = True) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
-        a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file). where: filters on
-        the pictures' fields, joined by AND (`["date<=2020-06-30", "license in cc-by,cc0"]` or `(field, op, value)`
-        triples; docs/filters.md). id: the query's id in the answer (default: a path's stem, else "query");
-        deadline: a time.monotonic() past which a picture search stops before its next stage (a service's); fold:
-        each group of near-duplicates shows its best-ranked picture, the others listed under it (`Hit.duplicates`;
-        docs/duplicates.md); top_k counts the shown hits."""
-        if sum(x is not None for x in (text, image, image_id)) != 1:
-            raise CfirError(QUERY_KINDS)
-        if text is None:
-            return self._search_image(image, image_id, self._top(top_k), method, where, id, deadline, fold)
-        return self.search_many([text], top_k=top_k, method=method, ids=[id or "query"], lang=lang, where=where,
-                                fold=fold)[0]
+        a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file); or of a `Query`
+        (`cfir_jax.core.query_rule`) given alone. where: filters on the pictures' fields, joined by AND: lines
+        (`["date<=2020-06-30", "license in cc-by,cc0"]`, parsed) or `(field, op, value | [values])` triples (taken
+        as they are: a value's commas, spaces and quotes are its own; docs/filters.md). id: the query's id in the
+        answer (default: a path's stem, else "query"); deadline: a time.monotonic() past which a picture search
+        stops before its next stage (a service's); fold: each group of near-duplicates shows its best-ranked
+        picture, the others listed under it (`Hit.duplicates`; docs/duplicates.md); top_k counts the shown hits."""
+        if isinstance(text, Query):
+            query = text
+        elif isinstance(text, os.PathLike):  # read at this door: its text, its stem the id, its language
+            doc = read_documents(text, int(self.config.serve.max_text_bytes), lang=lang)[0]
+            query = Query.of(doc.text, id=id or doc.doc_id, top_k=top_k, method=method, lang=doc.lang, where=where,
+                             fold=fold)
+        else:  # the text, then the rest: the service's order
+            text = check_text(text, "text", int(self.config.serve.max_text_bytes)) if text is not None else None
+            query = Query.of(text, image=image, image_id=image_id, id=id, top_k=top_k, method=method, lang=lang,
+                             where=where, fold=fold)
+        self.check(query)
+        if query.text is None:
+            return self._search_image(query, deadline)
+        text = check_text(query.text, "text", int(self.config.serve.max_text_bytes))  # a Query made by hand too
+        doc = DocumentInput(text, check_id(query.id or "query", "id"), lang=query.lang, where=query.where,
+                            fold=query.fold)
+        return self._answer([doc], [query.top_k], query.method, False)[0]
+
+    def check(self, query: Query) -> None:
+        """Every refusal `search(query)` can meet before it runs, against the version this index answers from:
+        top_k's range (retrieval.top_k), the method, the language, the filter's size (serve.max_filter_*), its
+        fields and their values' types (its mask is kept: the search applies it without reading it again). One
+        line, a `QueryRefused` (its HTTP status), never a traceback."""
+        self._check(query.method, query.top_k, query.lang, query.where)
+
+    def admit(self, docs: Sequence[DocumentInput], top_k: int, method: str | None = None) -> None:
+        """`check` for the documents of one request of `search_documents` (one top_k and method; each document its
+        own language and conditions): what a service's batcher asks before the request joins a batch, so that a
+        refusal answers that request alone."""
+        for doc in docs:
+            self._check(method, top_k, doc.lang, doc.where)
+
+    def _check(self, method: str | None, top_k: int, lang: str | None, where: tuple[Condition, ...]) -> None:
+        self._top(top_k)
+        check_lang(lang)
+        if where:
+            FilterLimits.of(self.config.serve).check(where)
+        engine = self._retriever(method)  # an unknown method: one line (retrieve.methods)
+        if where:
+            engine.filters.check(where)
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
                     described: int | None = None, method: str | None = None, progress: bool = False,
@@ -196,8 +241,11 @@ class Index:
         read the caption and url of the first `described` hits only (the rest feed a run file: ids and scores); lang:
         the language of a document that states none (None: found, docs/languages.md); where, fold: as `search`'s."""
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
-        top = self._top(top_k)  # the texts, then top_k: the service's order
-        return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described, where, fold)
+        top = self._top(top_k)  # the texts, then top_k and the filter: the service's order
+        conds = conditions(where)
+        docs = [dataclasses.replace(d, where=conds, fold=fold) for d in docs]
+        self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
+        return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None,
@@ -210,32 +258,31 @@ class Index:
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
         if len(ids) != len(texts):
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
-        limit = int(self.config.serve.max_text_bytes)
-        lang = check_lang(lang)
-        docs = [_document(t, i, limit, lang) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
-        return self._answer(docs, [self._top(top_k)] * len(docs), method, progress, where=where, fold=fold)
+        limit, lang, conds = int(self.config.serve.max_text_bytes), check_lang(lang), conditions(where)
+        docs = [_document(t, i, limit, lang, conds, fold) for t, i in zip(texts, ids)]  # the texts, then top_k:
+        top = self._top(top_k)  # the service's order
+        self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
+        return self._answer(docs, [top] * len(docs), method, progress)
 
     def search_documents(self, docs: Sequence[DocumentInput], top_k: int | Sequence[int], method: str | None = None
                          ) -> list[Result]:
         """The images of documents a service's door read and checked (`DocumentInput`s, each with its own `lang`,
-        `where` and `fold`), retrieved as one batch (entities, summaries, encoding and SR batched: the
-        micro-batcher's requests together); top_k: the hits of every document, or of each (its request's)."""
+        `where` and `fold`; `admit` said their refusals), retrieved as one batch (entities, summaries, encoding and
+        SR batched: the micro-batcher's requests together); top_k: the hits of every document, or of each (its
+        request's)."""
         tops = [top_k] * len(docs) if isinstance(top_k, int) else list(top_k)
         if len(tops) != len(docs):
             raise CfirError(f"{len(tops)} top_k for {len(docs)} documents")
-        return self._answer(docs, [self._top(t) for t in tops], method, False, fold=None)
+        return self._answer(docs, [self._top(t) for t in tops], method, False)
 
     def _answer(self, docs: Sequence[DocumentInput], tops: Sequence[int], method: str | None, progress: bool,
-                described: int | None = None, where: Sequence[Any] | None = None, fold: bool | None = False
-                ) -> list[Result]:
-        """The one place a checked query is retrieved and made records: every search of text ends here (the
-        commands', the library's, the services' batches), so an option of the query (a filter, a language,
-        folding: keyword-only at each door, or a document's own) is passed down and applied here once. tops: each
-        document's hits; fold: near-duplicates folded (None: as each document asks, `DocumentInput.fold`), over
-        the whole ranking the pipeline returned, before the cut to its top."""
+                described: int | None = None) -> list[Result]:
+        """The one place a checked query of text is retrieved and made records: every search of text ends here (the
+        commands', the library's, the services' batches). Each document carries its query's options (language,
+        conditions, folding: `DocumentInput`), applied once, down the pipeline. tops: each document's hits; near-
+        duplicates are folded over the whole ranking the pipeline returned, before the cut to its top."""
         retriever = self._retriever(method)
-        folds = [d.fold for d in docs] if fold is None else [fold] * len(docs)
-        results = duplicates.retrieve_folded(retriever, docs, folds, tops, where, progress)
+        results = duplicates.retrieve_folded(retriever, docs, [d.fold for d in docs], tops, progress)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
                 for d, r, top in zip(docs, results, tops)]
 
@@ -243,38 +290,39 @@ class Index:
                  where: Sequence[Any] | None = None, fold: bool = False) -> list[Retrieval]:
         """The pipeline's own answers (`cfir_jax.retrieve.pipeline.Retrieval`: rows, SR's agreement, no captions) of
         `docs`, for evaluation (`retrieve.py --evaluate`), which scores every hit and shows none; where: as
-        `search`'s; fold: near-duplicates folded (off: evaluation counts every picture, as the paper does)."""
+        `search`'s, for every document; fold: near-duplicates folded (off: evaluation counts every picture, as the
+        paper does)."""
         retriever = self._retriever(method)
-        return duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold)
+        conds = conditions(where)
+        if conds:
+            self.admit(docs[:1], 1, method)
+            docs = [dataclasses.replace(d, where=conds) for d in docs]
+        return duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress), fold)
 
     def _top(self, top_k: int) -> int:
         return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
 
-    def _search_image(self, image: bytes | str | os.PathLike | None, image_id: str | None, top: int,
-                      method: str | None, where: Sequence[Any] | None = None, qid: str | None = None,
-                      deadline: float | None = None, fold: bool = False) -> Result:
-        """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows: `image` is a picture's
-        bytes or a picture file (within serve.max_image_bytes), `image_id` the id of an indexed picture; qid: the
-        answer's id (default: the indexed picture's id, the file's stem, or "query")."""
+    def _search_image(self, query: Query, deadline: float | None = None) -> Result:
+        """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows passing the query's
+        conditions: `query.image` is a picture's bytes or a picture file (within serve.max_image_bytes),
+        `query.image_id` the id of an indexed picture; the answer's id: the query's, else the indexed picture's id,
+        the file's stem, or "query"."""
         serve = self.config.serve
-        if image_id is not None:
-            if not isinstance(image_id, str):
-                raise CfirError(f"image_id: expected an indexed picture's id (str), got {type(image_id).__name__}")
-            query, what = {"image_id": image_id}, image_id
-        elif isinstance(image, (bytes, bytearray, memoryview)):
-            query, what = {"image": bytes(image)}, "query"
-        elif isinstance(image, (str, os.PathLike)):
-            path = Path(image)
-            query, what = {"image": image_query.read_picture(path, int(serve.max_image_bytes))}, path.stem or "query"
+        if query.image_id is not None:
+            asked, what = {"image_id": query.image_id}, query.image_id
+        elif isinstance(query.image, Path):
+            asked = {"image": image_query.read_picture(query.image, int(serve.max_image_bytes))}
+            what = query.image.stem or "query"
         else:
-            raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
-        retriever = self._retriever(method)
+            asked, what = {"image": query.image}, "query"
+        retriever = self._retriever(query.method)
+        top, fold = query.top_k, query.fold
         stores = getattr(retriever, "stores", None)  # folding shows fewer: fetch enough to fill top after it
         fetched = self.max_top_k if fold and stores is not None and duplicates.store_of(stores) else top
-        found = image_query.search_image(retriever, **query, top_k=fetched, max_pixels=int(serve.max_image_pixels),
-                                         deadline=deadline, where=where)
+        found = image_query.search_image(retriever, **asked, top_k=fetched, max_pixels=int(serve.max_image_pixels),
+                                         deadline=deadline, where=query.where)
         found = duplicates.folded(retriever, [found], fold)[0]
-        return Result.of(qid or what, found, retriever.describe_image, top, self._version)
+        return Result.of(query.id or what, found, retriever.describe_image, top, self._version)
 
     # -------------------------------------------------------------------------------------- changing, checking
     def add(self, path: str | os.PathLike) -> dict[str, int]:
@@ -381,9 +429,11 @@ class Index:
         return results, scorer.kept
 
 
-def _document(text: str | os.PathLike, doc_id: str, limit: int, lang: str | None) -> DocumentInput:
+def _document(text: str | os.PathLike, doc_id: str, limit: int, lang: str | None, where: tuple[Condition, ...],
+              fold: bool) -> DocumentInput:
     """A query document from a string or a file (read as `retrieve.py --query` reads it), held to the one rule of a
-    query's text (`cfir_jax.core.query_rule`, at most serve.max_text_bytes)."""
+    query's text (`cfir_jax.core.query_rule`, at most serve.max_text_bytes), with its query's language, conditions
+    and folding."""
     if isinstance(text, os.PathLike):
-        return read_documents(text, limit, lang=lang)[0]
-    return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"), lang=lang)
+        return dataclasses.replace(read_documents(text, limit, lang=lang)[0], where=where, fold=fold)
+    return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"), lang=lang, where=where, fold=fold)

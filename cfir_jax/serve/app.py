@@ -29,8 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from cfir_jax.core.errors import CfirError, first_line
-from cfir_jax.core.query_rule import check_id, check_lang
-from cfir_jax.retrieve.filters import check_where
+from cfir_jax.core.query_rule import FilterLimits, check_id, check_lang
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.errors import ClientGone, Refused, ServiceError, http_answer
 from cfir_jax.serve.middleware import RequestGuard
@@ -44,7 +43,7 @@ SHOWN = 20  # hits a request gets by default, as retrieve.py shows on stdout
 TEXT = Field(description="the document (plain UTF-8 text)", json_schema_extra={"type": "string"})
 TOP_K = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k", json_schema_extra={"type": "integer"})
 LANG = Field(None, description="its language (ISO 639-1); default: found", json_schema_extra={"type": "string"})
-WHERE = Field(None, description="filters on the pictures' fields, AND: 'date<=2020-06-30', 'license in cc-by,cc0'")
+WHERE = Field(None, description="the pictures' filters, AND: lines ('source=ap') or [field, op, value(s)] triples")
 
 
 class SearchRequest(BaseModel):
@@ -55,7 +54,7 @@ class SearchRequest(BaseModel):
                                      "| cfir_bm25 | cfir_bm25_fused (those the service loaded; default: the first)")
     id: StrictStr = Field("query", description="the document's id, echoed in the answer")
     lang: Any = LANG
-    where: list[StrictStr] | None = WHERE
+    where: list[StrictStr | list] | None = WHERE
     fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md)")
 
 
@@ -71,7 +70,7 @@ class BatchRequest(BaseModel):
     documents: list[BatchDocument] = Field(description="the documents, ids unique")
     top_k: Any = TOP_K
     method: StrictStr | None = None
-    where: list[StrictStr] | None = WHERE
+    where: list[StrictStr | list] | None = WHERE
     fold: StrictBool = True  # near-duplicates folded under each one shown (docs/duplicates.md)
 
 
@@ -205,8 +204,8 @@ def _search_routes(app: FastAPI) -> None:
     async def search(body: SearchRequest, request: Request, svc: ServiceDep) -> Response:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang), where=check_where(body.where),
-                            fold=body.fold)
+        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang),
+                            where=FilterLimits.of(svc.settings).read(body.where), fold=body.fold)
         answer, headers = await svc.answer([doc], method, body.top_k, gone_when=lambda: _disconnected(request))
         return Response(answer[0], media_type="application/json", headers=headers)
 
@@ -223,7 +222,7 @@ def _search_routes(app: FastAPI) -> None:
         texts = [svc.check_text(d.text, f"documents.{n}.text") for n, d in enumerate(body.documents)]
         langs = [check_lang(d.lang, f"documents.{n}") for n, d in enumerate(body.documents)]
         method = svc.check_options(body.top_k, body.method)
-        where = check_where(body.where)
+        where = FilterLimits.of(svc.settings).read(body.where)
         docs = [DocumentInput(t, d.id, lang=x, where=where, fold=body.fold)
                 for t, d, x in zip(texts, body.documents, langs)]
         answer, headers = await svc.answer(docs, method, body.top_k, gone_when=lambda: _disconnected(request))
@@ -233,8 +232,8 @@ def _search_routes(app: FastAPI) -> None:
     async def search_html(body: SearchRequest, request: Request, svc: ServiceDep) -> HTMLResponse:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
-        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang), where=check_where(body.where),
-                            fold=body.fold)
+        doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang),
+                            where=FilterLimits.of(svc.settings).read(body.where), fold=body.fold)
         page, headers = await svc.answer([doc], method, body.top_k, html=True, gone_when=lambda: _disconnected(request))
         return HTMLResponse(page, headers=headers)
 

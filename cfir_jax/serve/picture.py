@@ -37,9 +37,8 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
 
-from cfir_jax.core.query_rule import check_id, check_top_k
+from cfir_jax.core.query_rule import Condition, FilterLimits, check_id, check_top_k
 from cfir_jax.retrieve import report
-from cfir_jax.retrieve.filters import check_where
 from cfir_jax.retrieve.image_query import Expired
 from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused
 
@@ -55,8 +54,9 @@ class ImageSearchRequest(BaseModel):
     top_k: Any = Field(None, description="hits to return, 1 .. retrieval.top_k (default: 20, or retrieval.top_k "
                        "when smaller)", json_schema_extra={"type": "integer"})  # the rule checks it
     id: StrictStr = Field("picture", description="the query's id, echoed in the answer")
-    where: list[StrictStr] | None = Field(None, description="filters on the pictures' own fields, joined by AND "
-                                          "(docs/filters.md); a form or a query string repeats `where`")
+    where: list[StrictStr | list] | None = Field(None, description="filters on the pictures' own fields, joined by "
+                                                 "AND: lines, or [field, op, value] triples (docs/filters.md); a "
+                                                 "form or a query string repeats `where` (lines)")
     fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md); "
                              "a form or a query string says fold=0 to list them")
 
@@ -197,13 +197,13 @@ class PictureQueue:
             self.pending -= 1
 
     async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     version_header: str, where: tuple = (), fold: bool = True) -> tuple[str, dict]:
+                     version_header: str, where: tuple[Condition, ...] = (), fold: bool = True) -> tuple[str, dict]:
         """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
         searched by the index `holder` serves (a Ray front's search runs on its shards)."""
         current = holder.current
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
         check_id(qid, "id")
-        where = check_where(where)  # a malformed filter: 422 before the queue
+        where = FilterLimits.of(settings).read(where)  # read at the door: a filter past its limits 413 before the queue
         with self._lock:
             if self._stopping or self.pending >= self.size:
                 self.metrics.rejected.inc()
@@ -225,7 +225,7 @@ class PictureQueue:
 
 
 def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
-            where: tuple = (), fold: bool = True) -> str:
+            where: tuple[Condition, ...] = (), fold: bool = True) -> str:
     """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
     thread; its pixels held to the index config's serve.max_image_pixels; near-duplicates folded unless not `fold`."""
     result = index.search(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where or None,
@@ -242,6 +242,7 @@ def picture_routes(app: FastAPI) -> None:
     async def search_by_picture(request: Request) -> Response:
         svc = request.app.state.service
         picture, fields = await read_request(request, int(svc.settings.max_image_bytes))
-        answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id,
-                                                   tuple(fields.where or ()), fields.fold)
+        where = FilterLimits.of(svc.settings).read(fields.where)  # parsed once, here; carried as conditions
+        answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id, where,
+                                                   fields.fold)
         return Response(answer, media_type="application/json", headers=headers)

@@ -131,6 +131,14 @@ def test_the_library_the_service_and_the_client_agree(built, collection):
             assert alike.hits and client.search(image_id=picture, top_k=5, where=["source=reuters"]) == alike
             query_string = client_get_json(service.url, picture)
             assert [h["image_id"] for h in query_string["hits"]] == alike.ids[:3]
+            # A triple's values are its own at every door: a comma, the spaces around a value, its quotes.
+            for own in ([("license", "in", ["cc-by,cc0"])], [("source", "=", " reuters ")],
+                        [("source", "in", ['"reuters"', "ap,afp"])]):
+                alone = index.search(text, top_k=5, where=own)
+                assert alone.hits == [] and client.search(text, top_k=5, where=own) == alone, own
+            line = _retrieve(built, collection[0] / "query.txt", "--where", "date<=2020-06-30", "--where",
+                             "license in 'cc-by', cc0", "--top-k", "5")
+            assert [h["image_id"] for h in line["hits"]] == expected.ids  # the line, parsed once: the same two values
             # Unfiltered and filtered requests answered side by side each keep their own rows.
             assert client.search(text, top_k=5) == index.search(text, top_k=5) != expected
         with pytest.raises(cfir_jax.CfirError, match="^filter 'colour=red': unknown field 'colour'"):
