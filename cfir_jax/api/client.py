@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k
+from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k, conditions
 from cfir_jax.retrieve.results import Result
 
 __all__ = ["Client", "ServiceError"]
@@ -365,17 +365,7 @@ def _picture(image: bytes | str | os.PathLike | None, image_id: str | None) -> d
     raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
 
 
-def _where(where: Sequence) -> list[str]:
-    """Filters as the service reads them: strings as given, `(field, op, value)` triples written as their line."""
-    if isinstance(where, str):
-        where = [where]
-    out = []
-    for w in where:
-        if isinstance(w, (tuple, list)) and len(w) == 3:
-            field, op, value = w
-            value = ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
-            w = f"{field} in {value}" if op == "in" else f"{field}{op}{value}"
-        if not isinstance(w, str):
-            raise CfirError(f"where: {w!r} is not a filter; give strings such as 'date<=2020-06-30'")
-        out.append(w)
-    return out
+def _where(where: Sequence) -> list[list]:
+    """Filters as they cross the wire: each condition a JSON triple (`cfir_jax.core.query_rule.Condition.to_json`), a
+    line parsed here, once, a triple's values sent verbatim (the service never parses them again)."""
+    return [c.to_json() for c in conditions(where)]

@@ -13,21 +13,34 @@ Every refusal is the one-line `CfirError` the commands print.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import ml_collections
+import numpy as np
 
 from cfir_jax.api import operations as ops
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k
+from cfir_jax.core.query_rule import (
+    Condition,
+    FilterLimits,
+    Query,
+    check_id,
+    check_lang,
+    check_text,
+    check_top_k,
+    conditions,
+)
+from cfir_jax.eval import languages
 from cfir_jax.retrieve import duplicates, image_query
+from cfir_jax.retrieve.lexical import LexicalSearch
 from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval, Retriever
 from cfir_jax.retrieve.queries import read_documents
 from cfir_jax.retrieve.results import Result
-from cfir_jax.stores import versions
+from cfir_jax.stores import lexical, versions
 
 __all__ = ["Index", "open"]
 
@@ -37,7 +50,7 @@ def open(workdir: str | os.PathLike, method: str = "cfir", *, config: ops.Config
     """Opens the index of `workdir` for `method`: with the config it was built with (or `config`, a ConfigDict or a
     config file), `overrides` set on it by name: `retrieval__top_k=100` (or `**{"retrieval.top_k": 100}`)."""
     index = Index(ops.config_of(config, workdir if config is None else None, overrides), workdir, method)
-    index.retriever()  # a missing or damaged store is said here, not at the first search
+    index._retriever()  # a missing or damaged store is said here, not at the first search
     return index
 
 
@@ -45,16 +58,17 @@ class Index:
     """A workdir's index, opened for searching and changing; a context manager (`with cfir_jax.open(W) as index`).
 
     It is the one query core: every door (the commands, the library, the services) reads, checks, retrieves and
-    makes the `Result` of a query here, and only here is a `Retriever` made. config: a checked config (`open` reads
-    it); method: the default method of `search`; evaluation: score as evaluation does, with retrieval.eval_sr (exact
-    unless asked otherwise), and with fast SR also score each union exactly and record the agreement
-    (`retrieve.py --qrels`, `--evaluate`). The stores open at the first search (or `retriever()`; `cfir_jax.open`
-    opens them at once; a service opens its methods together, `open_methods`).
+    makes the `Result` of a query here, and only here is a `Retriever` made, and held: the other doors (the services,
+    the fits, evaluation) ask with its verbs (the last group of methods), never for the Retriever. config: a checked
+    config (`open` reads it); method: the default method of `search`; evaluation: score as evaluation does, with
+    retrieval.eval_sr (exact unless asked otherwise), and with fast SR also score each union exactly and record the
+    agreement (`retrieve.py --qrels`, `--evaluate`). The stores open at the first search (`cfir_jax.open` opens them
+    at once; a service opens its methods together, `open_methods`).
 
-    What the other doors need of the engine: scoring, what scores the unions (a Ray front's shards,
+    What the other doors need of the pipeline: scoring, what scores the unions (a Ray front's shards,
     `cfir_jax.cluster.scoring.ShardedSR.factory`; None: this process's SR); rerank_features, the re-ranker's
     features of SR's top-N in each `retrieve` answer (fitting it); make(config, workdir, method, **options), what
-    opens a method's engine (None: the `Retriever`; a test's stand-in)."""
+    opens a method's Retriever (None: the `Retriever`; a test's stand-in)."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str | os.PathLike, method: str = "cfir", *,
                  evaluation: bool = False, scoring: Callable | None = None, rerank_features: bool = False,
@@ -96,16 +110,16 @@ class Index:
     @property
     def notes(self) -> list[str]:
         """What the retriever of the default method decided that the user should know (the commands print them)."""
-        return self.retriever().notes
+        return self._retriever().notes
 
     @property
     def scored_by(self):
         """How SR scores the unions (`cfir_jax.retrieve.sr.ScoredBy`: its words, and whether fast)."""
-        return self.retriever().sr.scored_by()
+        return self._retriever().sr.scored_by()
 
-    def retriever(self, method: str | None = None) -> Retriever:
-        """The pipeline under the index for `method` (opened on first use), for what the records do not carry:
-        evaluation, notes, the corpus (`cfir_jax.retrieve.pipeline.Retriever`)."""
+    def _retriever(self, method: str | None = None) -> Retriever:
+        """The pipeline under the index for `method` (opened on first use): `cfir_jax.retrieve.pipeline.Retriever`,
+        held here alone."""
         method = method or self.method
         if method not in self._retrievers:
             with versions.reading(self.workdir) as version:  # every store of one version
@@ -118,18 +132,18 @@ class Index:
         return self._retrievers[method]
 
     def _open(self, method: str) -> Retriever:
-        """A method's engine over the workdir's stores (the caller holds the version's reading)."""
-        if self._make is not None:  # another engine (a test's stand-in)
+        """A method's Retriever over the workdir's stores (the caller holds the version's reading)."""
+        if self._make is not None:  # a test's stand-in
             return self._make(self.config, self.workdir, method, **self._options)
         return Retriever(self.config, self.workdir, method, **self._options)
 
     @property
     def methods(self) -> tuple[str, ...]:
-        """The methods whose engines are open (a service's: those it serves, the default first)."""
+        """The methods open (a service's: those it serves, the default first)."""
         return tuple(self._retrievers)
 
     def open_methods(self, methods: Sequence[str]) -> int:
-        """Opens the engines of `methods` together, all of one version of the workdir, with the picture search's
+        """Opens `methods` together, all of one version of the workdir, with the picture search's
         stores of the first, which becomes the default method (a service's served methods); returns the version."""
         with versions.reading(self.workdir) as version:  # nests inside a caller's reading of the same workdir
             opened = {method: self._open(method) for method in methods}
@@ -140,20 +154,21 @@ class Index:
         self._retrievers, self._version, self.method = opened, version, methods[0]
         return version
 
-    def warm_up(self, warm: Callable[[Retriever], object] | None = None, summary_cache: int = 0) -> None:
-        """Readies every open engine before a service says it is ready: `warm(engine)` runs the shapes it will send
-        (`cfir_jax.serve.resident.warm_up`), then the methods that summarise keep up to `summary_cache` summaries
-        by document hash, then the default method's vision tower is made and run once (no request makes it)."""
-        for retriever in self._retrievers.values():
+    def warm_up(self, warm: Callable[[str], object] | None = None, summary_cache: int = 0) -> None:
+        """Readies every open method before a service says it is ready: `warm(method)` runs the shapes it will send
+        (`cfir_jax.serve.resident.warm_up`, through this index's verbs), then the methods that summarise keep up to
+        `summary_cache` summaries by document hash, then the default method's vision tower is made and run once (no
+        request makes it)."""
+        for method, retriever in self._retrievers.items():
             if warm is not None:
-                warm(retriever)  # before the summary cache, so each batch size's rows are generated
+                warm(method)  # before the summary cache, so each batch size's rows are generated
             if retriever.methods.uses_summary():
                 retriever.cache_summaries(summary_cache)
-        image_query.warm(self.retriever())
+        image_query.warm(self._retriever())
 
     def picture(self, image_id: str) -> bytes:
         """The encoded bytes of an indexed picture (b"" when the corpus has none): the HTML page's images."""
-        corpus = self.retriever().corpus
+        corpus = self._retriever().corpus
         if self._picture_rows is None:
             self._picture_rows = {i: n for n, i in enumerate(corpus.image_ids)}
         n = self._picture_rows.get(image_id)
@@ -161,27 +176,62 @@ class Index:
 
     def corpus_documents(self, split: str, method: str | None = None) -> list[DocumentInput]:
         """The documents of a qrels split, with the entities and summaries the index computed (`--evaluate`)."""
-        return self.retriever(method).corpus_documents(split)
+        return self._retriever(method).corpus_documents(split)
 
     # ------------------------------------------------------------------------------------------------ searching
-    def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
+    def search(self, text: str | os.PathLike | Query | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
                id: str | None = None, lang: str | None = None, where: Sequence[Any] | None = None,
                deadline: float | None = None, fold: bool = True) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
-        a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file). where: filters on
-        the pictures' fields, joined by AND (`["date<=2020-06-30", "license in cc-by,cc0"]` or `(field, op, value)`
-        triples; docs/filters.md). id: the query's id in the answer (default: a path's stem, else "query");
-        deadline: a time.monotonic() past which a picture search stops before its next stage (a service's); fold:
-        each group of near-duplicates shows its best-ranked picture, the others listed under it (`Hit.duplicates`;
-        docs/duplicates.md); top_k counts the shown hits."""
-        if sum(x is not None for x in (text, image, image_id)) != 1:
-            raise CfirError(QUERY_KINDS)
-        if text is None:
-            return self._search_image(image, image_id, self._top(top_k), method, where, id, deadline, fold)
-        return self.search_many([text], top_k=top_k, method=method, ids=[id or "query"], lang=lang, where=where,
-                                fold=fold)[0]
+        a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file); or of a `Query`
+        (`cfir_jax.core.query_rule`) given alone. where: filters on the pictures' fields, joined by AND: lines
+        (`["date<=2020-06-30", "license in cc-by,cc0"]`, parsed) or `(field, op, value | [values])` triples (taken
+        as they are: a value's commas, spaces and quotes are its own; docs/filters.md). id: the query's id in the
+        answer (default: a path's stem, else "query"); deadline: a time.monotonic() past which a picture search
+        stops before its next stage (a service's); fold: each group of near-duplicates shows its best-ranked
+        picture, the others listed under it (`Hit.duplicates`; docs/duplicates.md); top_k counts the shown hits."""
+        if isinstance(text, Query):
+            query = text
+        elif isinstance(text, os.PathLike):  # read at this door: its text, its stem the id, its language
+            doc = read_documents(text, int(self.config.serve.max_text_bytes), lang=lang)[0]
+            query = Query.of(doc.text, id=id or doc.doc_id, top_k=top_k, method=method, lang=doc.lang, where=where,
+                             fold=fold)
+        else:  # the text, then the rest: the service's order
+            text = check_text(text, "text", int(self.config.serve.max_text_bytes)) if text is not None else None
+            query = Query.of(text, image=image, image_id=image_id, id=id, top_k=top_k, method=method, lang=lang,
+                             where=where, fold=fold)
+        self.check(query)
+        if query.text is None:
+            return self._search_image(query, deadline)
+        text = check_text(query.text, "text", int(self.config.serve.max_text_bytes))  # a Query made by hand too
+        doc = DocumentInput(text, check_id(query.id or "query", "id"), lang=query.lang, where=query.where,
+                            fold=query.fold)
+        return self._answer([doc], [query.top_k], query.method, False)[0]
+
+    def check(self, query: Query) -> None:
+        """Every refusal `search(query)` can meet before it runs, against the version this index answers from:
+        top_k's range (retrieval.top_k), the method, the language, the filter's size (serve.max_filter_*), its
+        fields and their values' types (its mask is kept: the search applies it without reading it again). One
+        line, a `QueryRefused` (its HTTP status), never a traceback."""
+        self._check(query.method, query.top_k, query.lang, query.where)
+
+    def admit(self, docs: Sequence[DocumentInput], top_k: int, method: str | None = None) -> None:
+        """`check` for the documents of one request of `search_documents` (one top_k and method; each document its
+        own language and conditions): what a service's batcher asks before the request joins a batch, so that a
+        refusal answers that request alone."""
+        for doc in docs:
+            self._check(method, top_k, doc.lang, doc.where)
+
+    def _check(self, method: str | None, top_k: int, lang: str | None, where: tuple[Condition, ...]) -> None:
+        self._top(top_k)
+        check_lang(lang)
+        if where:
+            FilterLimits.of(self.config.serve).check(where)
+        engine = self._retriever(method)  # an unknown method: one line (retrieve.methods)
+        if where:
+            engine.filters.check(where)
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
                     described: int | None = None, method: str | None = None, progress: bool = False,
@@ -191,8 +241,11 @@ class Index:
         read the caption and url of the first `described` hits only (the rest feed a run file: ids and scores); lang:
         the language of a document that states none (None: found, docs/languages.md); where, fold: as `search`'s."""
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
-        top = self._top(top_k)  # the texts, then top_k: the service's order
-        return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described, where, fold)
+        top = self._top(top_k)  # the texts, then top_k and the filter: the service's order
+        conds = conditions(where)
+        docs = [dataclasses.replace(d, where=conds, fold=fold) for d in docs]
+        self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
+        return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None,
@@ -205,32 +258,31 @@ class Index:
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
         if len(ids) != len(texts):
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
-        limit = int(self.config.serve.max_text_bytes)
-        lang = check_lang(lang)
-        docs = [_document(t, i, limit, lang) for t, i in zip(texts, ids)]  # the texts, then top_k: the service's order
-        return self._answer(docs, [self._top(top_k)] * len(docs), method, progress, where=where, fold=fold)
+        limit, lang, conds = int(self.config.serve.max_text_bytes), check_lang(lang), conditions(where)
+        docs = [_document(t, i, limit, lang, conds, fold) for t, i in zip(texts, ids)]  # the texts, then top_k:
+        top = self._top(top_k)  # the service's order
+        self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
+        return self._answer(docs, [top] * len(docs), method, progress)
 
     def search_documents(self, docs: Sequence[DocumentInput], top_k: int | Sequence[int], method: str | None = None
                          ) -> list[Result]:
         """The images of documents a service's door read and checked (`DocumentInput`s, each with its own `lang`,
-        `where` and `fold`), retrieved as one batch (entities, summaries, encoding and SR batched: the
-        micro-batcher's requests together); top_k: the hits of every document, or of each (its request's)."""
+        `where` and `fold`; `admit` said their refusals), retrieved as one batch (entities, summaries, encoding and
+        SR batched: the micro-batcher's requests together); top_k: the hits of every document, or of each (its
+        request's)."""
         tops = [top_k] * len(docs) if isinstance(top_k, int) else list(top_k)
         if len(tops) != len(docs):
             raise CfirError(f"{len(tops)} top_k for {len(docs)} documents")
-        return self._answer(docs, [self._top(t) for t in tops], method, False, fold=None)
+        return self._answer(docs, [self._top(t) for t in tops], method, False)
 
     def _answer(self, docs: Sequence[DocumentInput], tops: Sequence[int], method: str | None, progress: bool,
-                described: int | None = None, where: Sequence[Any] | None = None, fold: bool | None = False
-                ) -> list[Result]:
-        """The one place a checked query is retrieved and made records: every search of text ends here (the
-        commands', the library's, the services' batches), so an option of the query (a filter, a language,
-        folding: keyword-only at each door, or a document's own) is passed down and applied here once. tops: each
-        document's hits; fold: near-duplicates folded (None: as each document asks, `DocumentInput.fold`), over
-        the whole ranking the pipeline returned, before the cut to its top."""
-        retriever = self.retriever(method)
-        folds = [d.fold for d in docs] if fold is None else [fold] * len(docs)
-        results = duplicates.retrieve_folded(retriever, docs, folds, tops, where, progress)
+                described: int | None = None) -> list[Result]:
+        """The one place a checked query of text is retrieved and made records: every search of text ends here (the
+        commands', the library's, the services' batches). Each document carries its query's options (language,
+        conditions, folding: `DocumentInput`), applied once, down the pipeline. tops: each document's hits; near-
+        duplicates are folded over the whole ranking the pipeline returned, before the cut to its top."""
+        retriever = self._retriever(method)
+        results = duplicates.retrieve_folded(retriever, docs, [d.fold for d in docs], tops, progress)
         return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
                 for d, r, top in zip(docs, results, tops)]
 
@@ -238,38 +290,39 @@ class Index:
                  where: Sequence[Any] | None = None, fold: bool = False) -> list[Retrieval]:
         """The pipeline's own answers (`cfir_jax.retrieve.pipeline.Retrieval`: rows, SR's agreement, no captions) of
         `docs`, for evaluation (`retrieve.py --evaluate`), which scores every hit and shows none; where: as
-        `search`'s; fold: near-duplicates folded (off: evaluation counts every picture, as the paper does)."""
-        retriever = self.retriever(method)
-        return duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold)
+        `search`'s, for every document; fold: near-duplicates folded (off: evaluation counts every picture, as the
+        paper does)."""
+        retriever = self._retriever(method)
+        conds = conditions(where)
+        if conds:
+            self.admit(docs[:1], 1, method)
+            docs = [dataclasses.replace(d, where=conds) for d in docs]
+        return duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress), fold)
 
     def _top(self, top_k: int) -> int:
         return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
 
-    def _search_image(self, image: bytes | str | os.PathLike | None, image_id: str | None, top: int,
-                      method: str | None, where: Sequence[Any] | None = None, qid: str | None = None,
-                      deadline: float | None = None, fold: bool = False) -> Result:
-        """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows: `image` is a picture's
-        bytes or a picture file (within serve.max_image_bytes), `image_id` the id of an indexed picture; qid: the
-        answer's id (default: the indexed picture's id, the file's stem, or "query")."""
+    def _search_image(self, query: Query, deadline: float | None = None) -> Result:
+        """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows passing the query's
+        conditions: `query.image` is a picture's bytes or a picture file (within serve.max_image_bytes),
+        `query.image_id` the id of an indexed picture; the answer's id: the query's, else the indexed picture's id,
+        the file's stem, or "query"."""
         serve = self.config.serve
-        if image_id is not None:
-            if not isinstance(image_id, str):
-                raise CfirError(f"image_id: expected an indexed picture's id (str), got {type(image_id).__name__}")
-            query, what = {"image_id": image_id}, image_id
-        elif isinstance(image, (bytes, bytearray, memoryview)):
-            query, what = {"image": bytes(image)}, "query"
-        elif isinstance(image, (str, os.PathLike)):
-            path = Path(image)
-            query, what = {"image": image_query.read_picture(path, int(serve.max_image_bytes))}, path.stem or "query"
+        if query.image_id is not None:
+            asked, what = {"image_id": query.image_id}, query.image_id
+        elif isinstance(query.image, Path):
+            asked = {"image": image_query.read_picture(query.image, int(serve.max_image_bytes))}
+            what = query.image.stem or "query"
         else:
-            raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
-        retriever = self.retriever(method)
+            asked, what = {"image": query.image}, "query"
+        retriever = self._retriever(query.method)
+        top, fold = query.top_k, query.fold
         stores = getattr(retriever, "stores", None)  # folding shows fewer: fetch enough to fill top after it
         fetched = self.max_top_k if fold and stores is not None and duplicates.store_of(stores) else top
-        found = image_query.search_image(retriever, **query, top_k=fetched, max_pixels=int(serve.max_image_pixels),
-                                         deadline=deadline, where=where)
+        found = image_query.search_image(retriever, **asked, top_k=fetched, max_pixels=int(serve.max_image_pixels),
+                                         deadline=deadline, where=query.where)
         found = duplicates.folded(retriever, [found], fold)[0]
-        return Result.of(qid or what, found, retriever.describe_image, top, self._version)
+        return Result.of(query.id or what, found, retriever.describe_image, top, self._version)
 
     # -------------------------------------------------------------------------------------- changing, checking
     def add(self, path: str | os.PathLike) -> dict[str, int]:
@@ -301,10 +354,86 @@ class Index:
             self.close()
         return change
 
+    # ------------------------------------------------ what the services, the fits and evaluation ask of the pipeline
+    def reads_entities(self, method: str | None = None) -> bool:
+        """Whether `method` reads a document's entities (a service's entity pool may parse them ahead for it)."""
+        return self._retriever(method).entities is not None
 
-def _document(text: str | os.PathLike, doc_id: str, limit: int, lang: str | None) -> DocumentInput:
+    def read_languages(self, docs: Sequence[DocumentInput], method: str | None = None) -> list[DocumentInput]:
+        """`docs` with their language (stated, or found) and, in a language other than English, their entities by
+        its own NER: what `method` reads that a service's (English) entity pool does not parse."""
+        return self._retriever(method).languages.read(docs, True, False)
+
+    def sample_text(self) -> str | None:
+        """The text of the corpus' first document (a warm-up's query that finds entities), None without one."""
+        corpus = getattr(self._retriever(), "corpus", None)
+        return corpus.document(0).text if corpus is not None and len(corpus.doc_ids) else None
+
+    def warm_scoring(self, max_batch: int, method: str | None = None) -> None:
+        """Compiles what SR runs for batches of up to max_batch documents (on the device backend: every bucket)."""
+        self._retriever(method).sr.warm_up(max_batch)
+
+    @property
+    def model_used(self) -> str:
+        """The model that scores the default method's queries, in the evaluation table's words."""
+        return self._retriever().model_used
+
+    def trained_by(self) -> Path | None:
+        """The training run whose model embeds the default method's queries (its timing log is evaluation's train
+        time); None where no trained model does (entity_only, bm25, an untrained index's encoder)."""
+        retriever = self._retriever()
+        stores, layout = retriever.stores, retriever.layout
+        if retriever.method in ("entity_only", "bm25") or stores.untrained:
+            return None
+        return layout.train_full if stores.full else layout.train_document if stores.document_model else layout.train
+
+    def entity_index_note(self) -> str:
+        """How ER searches the entity index as built (exact, or ScaNN with its measured recall); '' without one."""
+        entity_index = self._retriever().stores.entity_index
+        return entity_index.with_k(0).er_note() if entity_index is not None else ""
+
+    def qrels(self, split: str) -> dict[str, dict[str, int]]:
+        """The corpus' relevance judgements of `split` ({document id: {image id: grade}}; one line when it has none)."""
+        return self._retriever().corpus.qrels(split)
+
+    def topic_languages(self, topics: Sequence[str]) -> dict[str, str]:
+        """Each topic's (a corpus document's) language (`cfir_jax.eval.languages.topic_languages`)."""
+        return languages.topic_languages(self._retriever().corpus, topics)
+
+    @property
+    def image_ids(self) -> Sequence[str]:
+        """The image id of each cache row (a ranking's rows, named)."""
+        return self._retriever().image_ids
+
+    def reranker_inputs(self) -> dict[str, Any]:
+        """What a fitted re-ranker records of the default method: its feature names (`features`), what they are
+        computed from (`sources`), and SR's fusion weights (`sr_fusion`)."""
+        retriever = self._retriever()
+        return {"features": retriever.rerank_feature_names, "sources": retriever.rerank_sources(),
+                "sr_fusion": list(retriever.fusion if retriever.fused else (1.0, 0.0))}
+
+    def bm25_lists(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
+        """BM25's ranking (scores, cache rows) of each text over the live pictures' own text (W/lexical): what the
+        convex fusion of SR and BM25 is fitted against."""
+        retriever = self._retriever()
+        search = LexicalSearch(retriever.rcfg, lexical.READER.open_for(retriever.stores), retriever.stores.live)
+        return search.search_many(list(texts))
+
+    def retrieve_with_unions(self, docs: Sequence[DocumentInput], progress: bool = False) -> tuple[list, list]:
+        """The default method's answers of `docs` (`retrieve`'s) and what its scorer kept of each document's union:
+        (rows, image scores, text scores), None without a usable entity; the image-text fusion's fit re-fuses it."""
+        retriever = self._retriever()
+        scorer = retriever.methods.scorer(retriever.stores)
+        scorer.kept = []
+        results = retriever.retrieve_many(docs, progress=progress)
+        return results, scorer.kept
+
+
+def _document(text: str | os.PathLike, doc_id: str, limit: int, lang: str | None, where: tuple[Condition, ...],
+              fold: bool) -> DocumentInput:
     """A query document from a string or a file (read as `retrieve.py --query` reads it), held to the one rule of a
-    query's text (`cfir_jax.core.query_rule`, at most serve.max_text_bytes)."""
+    query's text (`cfir_jax.core.query_rule`, at most serve.max_text_bytes), with its query's language, conditions
+    and folding."""
     if isinstance(text, os.PathLike):
-        return read_documents(text, limit, lang=lang)[0]
-    return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"), lang=lang)
+        return dataclasses.replace(read_documents(text, limit, lang=lang)[0], where=where, fold=fold)
+    return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"), lang=lang, where=where, fold=fold)

@@ -29,10 +29,10 @@ import time
 from collections.abc import Sequence
 
 from cfir_jax.cluster.ray_head import RayHead, free_port
-from cfir_jax.cluster.reload import Coordinator, Outcome, Reloader, Target, first_line
+from cfir_jax.cluster.reload import Coordinator, Outcome, Reloader, Target
 from cfir_jax.cluster.shard import committed_id
 from cfir_jax.cluster.sizing import Needs, check_reachable, check_room, head_cpus, needs
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.serve.resident import check_complete, check_intact, config_overrides, load_config, model_family
 
 APP = "cfir"
@@ -321,8 +321,7 @@ def _stop(run: _Run, lost: str | None, keep_logs: bool) -> None:
         if run.ray is not None:
             run.ray.shutdown()
     except Exception as e:  # noqa: BLE001 - the stop goes on; the head is ended below whatever Ray said
-        print(f"stopping: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}", file=sys.stderr,
-              flush=True)
+        print(f"stopping: {type(e).__name__}: {first_line(e) if str(e).strip() else ''}", file=sys.stderr, flush=True)
     finally:
         if run.head is not None:
             run.head.stop(keep_logs=keep_logs)

@@ -32,18 +32,17 @@ from collections.abc import Sequence
 import ml_collections
 import ray
 from ray import serve
-from starlette.exceptions import HTTPException
 
 from cfir_jax.cluster.follow import ShardVersions
 from cfir_jax.cluster.front import describe, start_front
 from cfir_jax.cluster.gateway import GatewayService
 from cfir_jax.cluster.ray_shards import RayShards
-from cfir_jax.cluster.reload import Relay, VersionGone, first_line
+from cfir_jax.cluster.reload import Relay, VersionGone
 from cfir_jax.cluster.shard import ShardIndex, committed_id, shard_bounds
-from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QueryRefused
+from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.retrieve.stores import cache_path
 from cfir_jax.serve.app import create_app
+from cfir_jax.serve.errors import http_answer
 from cfir_jax.serve.resident import load_config
 from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
@@ -155,9 +154,12 @@ class Front:
     def readiness(self) -> tuple[bool, dict]:
         return self.service.readiness()
 
-    async def reload(self) -> tuple[int, dict]:
-        answer = await self.service.reload()
-        return answer.status_code, json.loads(answer.body)
+    async def reload(self) -> tuple[int, object, dict]:
+        """(200, what serves now, {}) or (status, the refusal's one line, headers), as `answer` answers."""
+        return await _status(self._reloaded())
+
+    async def _reloaded(self) -> tuple[dict, dict]:
+        return await self.service.reload(), {}
 
     def check_health(self) -> None:
         self.service.health()
@@ -167,14 +169,16 @@ class Front:
 
 
 async def _status(call) -> tuple[int, object, dict]:
-    """(200, answer, headers) of a service call, or (status, its one-line refusal, headers)."""
+    """(200, answer, headers) of a service call, or its refusal as `cfir_jax.serve.errors.http_answer` makes it
+    (status, one line, headers), which crosses Ray and the gateway raises again; any other error is raised."""
     try:
         answer, headers = await call
         return 200, answer, headers
-    except HTTPException as e:
-        return e.status_code, str(e.detail), dict(e.headers or {})
-    except QueryRefused as e:  # a filter the index cannot apply (an unknown field), found when the batch ran
-        return e.status, str(e), {}
+    except Exception as e:
+        refusal = http_answer(e)
+        if refusal is None:
+            raise
+        return refusal
 
 
 @serve.ingress()

@@ -19,9 +19,9 @@ from cfir_jax.cluster.reload import (
     STUCK_S,
     Target,
     VersionGone,
-    first_line,
     version_number,
 )
+from cfir_jax.core.errors import first_line
 
 log = logging.getLogger("cfir_jax.serve")
 

@@ -26,12 +26,13 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from cfir_jax.cluster.follow import Follower
-from cfir_jax.cluster.reload import Target, VersionGone, first_line, version_id
+from cfir_jax.cluster.reload import Target, VersionGone, version_id
 from cfir_jax.cluster.scoring import ShardedSR
 from cfir_jax.cluster.shard import ShardClient, committed_id
-from cfir_jax.core.errors import CfirError
-from cfir_jax.serve.app import Service
+from cfir_jax.core.errors import CfirError, first_line
+from cfir_jax.serve.errors import Refused, Unavailable
 from cfir_jax.serve.resident import IndexHolder, LoadedIndex, load_index
+from cfir_jax.serve.service import Service
 
 log = logging.getLogger("cfir_jax.serve")
 ASK_POLL_S = 0.2  # how often an admin reload reads its outcome
@@ -122,11 +123,9 @@ class FrontService(Service):
         if stuck:
             raise RuntimeError(stuck)
 
-    async def reload(self):
-        """POST /v1/admin/reload: the command's reload of the whole cluster, answered once this front serves it."""
-        # why: FastAPI's responses load with the app
-        from fastapi.responses import JSONResponse
-
+    async def reload(self) -> dict:
+        """POST /v1/admin/reload: the command's reload of the whole cluster, answered once this front serves it
+        (Refused 409 when the command refused it, Unavailable while it runs or this front is not there yet)."""
         serving = self.holder.target
         deadline = time.monotonic() + float(self.settings.ready_timeout_s)  # a reload loads, as a start does
         ticket = await asyncio.to_thread(self.relay.ask, "admin", serving.vid)
@@ -135,18 +134,18 @@ class FrontService(Service):
             await asyncio.sleep(ASK_POLL_S)
             outcome = await asyncio.to_thread(self.relay.outcome, ticket)
         if outcome is None:
-            return JSONResponse({"error": "the reload is still running: see GET /readyz"}, status_code=503)
+            raise Unavailable("the reload is still running: see GET /readyz")
         if not outcome.ok:
             self.metrics.reloads.labels("refused").inc()
-            return JSONResponse({"error": outcome.line}, status_code=409)
+            raise Refused(outcome.line, 409)
         target = outcome.target
         while target is not None and self.holder.target.generation < target.generation:  # its follower loads it
             if time.monotonic() > deadline:
                 why = self.follower.last_error or "still loading"
-                return JSONResponse({"error": f"the cluster reloaded to version {target.version}; this front does not "
-                                              f"serve it yet: {why}"}, status_code=503)
+                raise Unavailable(f"the cluster reloaded to version {target.version}; this front does not serve it "
+                                  f"yet: {why}")
             await asyncio.sleep(ASK_POLL_S)
-        return JSONResponse({"reloaded": True, **self.holder.current.describe(), "line": outcome.line})
+        return {"reloaded": True, **self.holder.current.describe(), "line": outcome.line}
 
     async def shutdown(self) -> None:
         if self.stopping and self._stop.is_set():  # the ingress's lifespan and the replica's stop both end it

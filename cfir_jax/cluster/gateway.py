@@ -15,12 +15,12 @@ import logging
 import os
 import time
 
-from fastapi.responses import JSONResponse
 from ray.exceptions import ActorUnavailableError, RayActorError
-from starlette.exceptions import HTTPException
 
-from cfir_jax.serve.app import check_options, check_text, max_body
+from cfir_jax.core.errors import first_line
+from cfir_jax.serve.errors import Refused, Unavailable
 from cfir_jax.serve.metrics import Metrics
+from cfir_jax.serve.service import check_options, check_text, max_body
 
 log = logging.getLogger("cfir_jax.serve")
 POLL_S = 1.0  # how often /readyz's answer is refreshed from a front
@@ -54,8 +54,7 @@ class GatewayService:
                 return await getattr(self.front, op).remote(*args)
             except _GONE as e:
                 if time.monotonic() > deadline:
-                    reason = str(e).splitlines()[0] if str(e) else type(e).__name__
-                    raise HTTPException(503, f"front unavailable: {reason[:200]}") from None
+                    raise Unavailable(f"front unavailable: {first_line(e, 200)}") from None
                 log.warning("a front replica is gone (%s); sending %s again", type(e).__name__, op)
                 await asyncio.sleep(0.05)
 
@@ -73,7 +72,9 @@ class GatewayService:
     def check_options(self, top_k: int, method: str | None) -> str:
         return check_options(self.methods, self.max_top_k, top_k, method)
 
-    async def run(self, request, docs, method: str, top_k: int, html: bool = False):
+    async def answer(self, docs, method: str, top_k: int, html: bool = False, gone_when=None):
+        """A front's answer (sent again to another front when one dies; gone_when is not watched here: the front
+        drops a request at its deadline)."""
         return await self._answered("answer", docs, method, top_k, html)
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str,
@@ -82,10 +83,11 @@ class GatewayService:
         return await self._answered("picture", picture, image_id, top_k, qid, where, fold)
 
     async def _answered(self, op: str, *args):
-        """A front's (200, answer, headers) as (answer, headers); its refusal raised as the app's one line."""
+        """A front's (200, answer, headers) as (answer, headers); its refusal (status, one line, headers: the table of
+        `cfir_jax.serve.errors`) raised again, which the app answers as the front did."""
         status, body, headers = await self._call(op, *args)
         if status != 200:
-            raise HTTPException(status, body, headers=headers or None)
+            raise Refused(body, status, headers)
         return body, headers
 
     def readiness(self) -> tuple[bool, dict]:
@@ -97,9 +99,9 @@ class GatewayService:
     def refresh_metrics(self) -> None:
         """This ingress's request counts and latencies (the stages' times are the fronts')."""
 
-    async def reload(self) -> JSONResponse:
-        status, body = await self._call("reload")
-        return JSONResponse(body, status_code=status)
+    async def reload(self) -> dict:
+        """The fronts' reload (the command's, of the whole cluster): what serves now, or its refusal raised."""
+        return (await self._answered("reload"))[0]
 
     async def shutdown(self) -> None:
         self.stopping = True

@@ -21,9 +21,10 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent import futures
 
-from cfir_jax.cluster.reload import VersionGone, first_line
+from cfir_jax.cluster.reload import VersionGone
 from cfir_jax.cluster.shard import checked
-from cfir_jax.serve.batcher import Unavailable
+from cfir_jax.core.errors import first_line
+from cfir_jax.serve.errors import Unavailable
 
 RETRY_S, RETRY_MAX_S = 0.01, 0.25  # a failed call is sent again this much later, doubling up to the most
 

@@ -37,7 +37,7 @@ import uuid
 from collections.abc import Callable
 from typing import Protocol
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 
 FRONT_PERIOD_S = 1.0  # a front reports and reads the target this often
 FRONT_EXPIRY_S = 10.0  # a front silent this long is gone: a reload no longer waits for it
@@ -55,12 +55,6 @@ def version_id(version: int, fingerprint: str) -> str:
 def version_number(vid: str) -> int:
     """The index.json number of a version id ('7:3f2a...' -> 7; 0 for none)."""
     return int(vid.split(":", 1)[0]) if vid else 0
-
-
-def first_line(e: BaseException) -> str:
-    """An error in one line: its own message (a remote error's cause, not Ray's traceback around it)."""
-    e = getattr(e, "cause", None) or e
-    return (str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__)[:300]
 
 
 class VersionGone(CfirError):

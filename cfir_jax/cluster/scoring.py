@@ -1,4 +1,4 @@
-"""A Ray front's scoring: the Retriever's `Scoring` (`cfir_jax.retrieve.engine`) over the index shards.
+"""A Ray front's scoring: the Retriever's `Scoring` (`cfir_jax.retrieve.scoring`) over the index shards.
 
 The front runs the Retriever itself, every stage of every method: entities, summaries, query embeddings, ER (the
 candidate lists and their union, read from the memory-mapped entity index), the method's ranking, BM25, the third

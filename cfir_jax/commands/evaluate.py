@@ -18,7 +18,7 @@ from cfir_jax.eval import languages, metrics, plots, runs
 from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows, single_row
 from cfir_jax.eval.train_time import train_time
 from cfir_jax.retrieve import report
-from cfir_jax.retrieve.pipeline import Retriever
+from cfir_jax.retrieve.filters import Filter
 from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.layout import Layout
 
@@ -48,16 +48,22 @@ def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
     return rows
 
 
-def train_time_of(retriever: Retriever) -> str:
+def train_time_of(index: Index) -> str:
     """Training time per epoch of the model that scored the row's queries, with its hardware (from the run's timing
     log); '-' for the frozen index encoder, 'not logged' for a run trained before the log existed."""
-    stores = retriever.stores
-    if retriever.method in ("entity_only", "bm25") or stores.untrained:
+    run = index.trained_by()
+    if run is None:
         return "-"
-    layout = retriever.layout
-    t = train_time(layout.train_full if stores.full else layout.train_document if stores.document_model
-                   else layout.train)
+    t = train_time(run)
     return t.label() if t is not None else "not logged"
+
+
+def _filtered(where: list[str], first) -> str:
+    """The topics line's filter part: how many pictures pass `where` (every topic's filter is the same)."""
+    if first.passed is None:
+        return ""
+    passed, live = first.passed
+    return f", filtered by {Filter(where)}: {passed:,} of {live:,} pictures pass"
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
@@ -72,40 +78,38 @@ def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Seque
     for row in rows:
         row_config = row.config(config)
         index = Index(row_config, workdir, row.method, evaluation=True)  # retrieval.eval_sr, agreement measured
-        retriever = index.retriever()
         sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
         docs = index.corpus_documents(split)
         results = index.retrieve(docs, progress=True, where=where, fold=fold)  # the pipeline's records: rows
-        rule = row_config.retrieval.unknown_entities if retriever.methods.uses_entities else "-"
+        rule = row_config.retrieval.unknown_entities if index.reads_entities() else "-"
         if rule != "-":  # the same entities for every row: one count per rule, with the rows that used it
             rules.setdefault(rule, (results, []))[1].append(row.label)
         all_results.append(results)
-        scorers.append(retriever.sr.scored_by())  # what scored the row (its words), not the row's stores
+        scorers.append(index.scored_by)  # what scored the row (its words), not the row's stores
         run = runs.run_of(results, [d.doc_id for d in docs])
-        qrels = retriever.corpus.qrels(split)
+        qrels = index.qrels(split)
         if plot:
             curves[row.label] = plots.recall_curve(run, qrels)
         res = metrics.evaluate(run, qrels, measures=report.EVAL_MEASURES, complete=complete)
         per_query.append((row.label, res.per_query))
-        table.append(report.EvalRow(row.label, res.aggregate, results, retriever.model_used,
-                                    train_time_of(retriever), unknown_rule=rule, no_hits=res.no_hits))
+        table.append(report.EvalRow(row.label, res.aggregate, results, index.model_used, train_time_of(index),
+                                    unknown_rule=rule, no_hits=res.no_hits))
         if measures not in ("trec_eval", "trec_eval_no_c"):
             authors.append((row.label, metrics.authors_measures(run, qrels)))
-        if retriever.stores.entity_index is not None and not er_line:  # the index as built (a row may cut it)
-            er_line = retriever.stores.entity_index.with_k(0).er_note()
+        if not er_line:  # the entity index as built (a row may cut it)
+            er_line = index.entity_index_note()
         if len(rows) == 1:
             runs.write_and_score(run, output, "", tag, top)
-    print(f"{split} split, {len(docs)} topics" + (f", {all_results[0][0].note.split('; ')[-1]}" if where and docs
-                                                  else ""))
+    print(f"{split} split, {len(docs)} topics" + (_filtered(where, all_results[0][0]) if where and docs else ""))
     if measures != "authors":
         print(report.eval_table(table))
         print(report.mean_line(complete))
     if authors:
         print(metrics.authors_table(authors))
     unknown_line = report.unknown_rules_line(rules) if rules else ""
-    langs = languages.topic_languages(retriever.corpus, [d.doc_id for d in docs])
+    langs = index.topic_languages([d.doc_id for d in docs])
     for line in (er_line, report.sr_line(scorers, all_results), report.rerank_line(table),
-                 report.lexical_line(table), unknown_line, *languages.rules_lines(retriever.layout, langs),
+                 report.lexical_line(table), unknown_line, *languages.rules_lines(Layout.of(workdir), langs),
                  languages.language_table(per_query, langs, report.EVAL_MEASURES)):
         if line:  # how ER and SR searched, the third stage's cost, the unseen entities, the languages: when any
             print(line)

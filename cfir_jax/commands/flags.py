@@ -7,9 +7,9 @@ import argparse
 
 from cfir_jax.core.config_check import MEASURE_SETS, SERVE_ENGINES
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.query_rule import conditions
 from cfir_jax.eval.comparison import parse_ks, parse_weights
 from cfir_jax.eval.plots import check_png_name
-from cfir_jax.retrieve.filters import parse_all
 
 # Hits shown on stdout (every --format alike): a screenful. Run files (--output) and --evaluate keep
 # retrieval.top_k (1000) hits, since R@1000 and success@1000 need them.
@@ -113,7 +113,9 @@ def check_retrieve(args: argparse.Namespace) -> None:
         raise CfirError("--plot draws the recall curves of --evaluate SPLIT; add --evaluate")
     if args.plot:
         check_png_name(args.plot)
-    parse_all(args.where)  # a malformed filter: one line before minutes of loading (a field is checked at its query)
+    # The filter lines parsed here, once: a malformed one is one line before minutes of loading; the commands carry
+    # the Conditions (a field and a value's type are checked by the index, before its query runs).
+    args.where = list(conditions(args.where)) or None
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     if args.measures and args.measures not in MEASURE_SETS:

@@ -10,11 +10,13 @@ SR, like --evaluate, with the unknown entities and SR's agreement stated).
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 
 import ml_collections
 
 from cfir_jax.api.index import Index
+from cfir_jax.core.query_rule import Condition
 from cfir_jax.eval import runs
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.methods import METHODS
@@ -23,11 +25,12 @@ from cfir_jax.retrieve.methods import METHODS
 def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
            fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
            tag: str = "cfir", measures: str = "trec_eval", lang: str | None = None,
-           where: list[str] | None = None, fold: bool | None = None) -> None:
+           where: Sequence[Condition] | None = None, fold: bool | None = None) -> None:
     """Retrieves for the document in `query` or the documents of `queries` (in `lang`, where they state none; None:
-    found) and prints / writes what was asked; only pictures passing the filters `where` (docs/filters.md) are
-    ranked; near-duplicates are folded under their best-ranked one when `fold` (None: when the hits are only shown,
-    not written to a run file nor scored, so the measures count every picture)."""
+    found) and prints / writes what was asked; only pictures passing the conditions `where` (parsed from --where by
+    `commands.flags`; docs/filters.md) are ranked; near-duplicates are folded under their best-ranked one when `fold`
+    (None: when the hits are only shown, not written to a run file nor scored, so the measures count every
+    picture)."""
     fold = not (output or qrels) if fold is None else fold
     index = Index(config, workdir, method, evaluation=bool(qrels))  # the library's (cfir_jax.open's)
     kept = top if output or qrels else shown  # a run file keeps `top` hits; captions are read for the shown ones

@@ -52,9 +52,10 @@ def serve_http(config: ml_collections.ConfigDict, workdir: str, sock: socket.soc
     # why: FastAPI, uvicorn and the Retriever (JAX, flax) load when serving starts
     import uvicorn
 
-    from cfir_jax.serve.app import Service, create_app
+    from cfir_jax.serve.app import create_app
     from cfir_jax.serve.middleware import http_protocol
     from cfir_jax.serve.resident import IndexHolder, config_overrides
+    from cfir_jax.serve.service import Service
 
     logging.basicConfig(format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("cfir_jax.serve").setLevel(logging.INFO)

@@ -112,7 +112,8 @@ def check_serve(s: ml_collections.ConfigDict) -> None:
                         "batch request could never be queued")
     _one_of("serve", s, "engine", SERVE_ENGINES)
     for key in ("shards", "shard_replicas", "front_replicas", "gateway_replicas", "max_image_bytes", "max_text_bytes",
-                "max_image_pixels", "picture_queue_size"):
+                "max_image_pixels", "picture_queue_size", "max_filter_conditions", "max_filter_values",
+                "max_filter_bytes"):
         if s[key] < 1:
             raise CfirError(f"serve.{key}={s[key]}: at least 1")
     if s.shard_timeout_s <= 0:

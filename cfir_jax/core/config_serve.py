@@ -22,6 +22,11 @@ def serve_config() -> ml_collections.ConfigDict:
             deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
             max_text_bytes=65536,  # UTF-8 bytes of a query's text at every door (commands, library, service): 413
             max_batch_docs=64,  # documents in one POST /v1/search/batch
+            # A query's filter (`where`, docs/filters.md) at every door (commands: exit 2; library; service: 413):
+            # its conditions, the values of one condition (an `in` list), the UTF-8 bytes of all its fields and values.
+            max_filter_conditions=16,
+            max_filter_values=1024,
+            max_filter_bytes=16384,
             max_image_bytes=20 << 20,  # bytes of one query picture (POST /v1/search/image, --query-image); past it 413
             max_image_pixels=50_000_000,  # a query picture's pixels, read from its header before decoding; past it 413
             picture_queue_size=8,  # pictures waiting to be searched at most; past it a request is answered 503

@@ -1,5 +1,6 @@
-"""User-facing errors: `CfirError` (one line naming the fix) and the quieting of what an abandoned orbax restore leaves
-behind. `cfir_jax.core.cli.cli_main` turns them into a one-line message and an exit code."""
+"""User-facing errors: `CfirError` (one line naming the fix), `first_line` (any error in one line), and the quieting
+of what an abandoned orbax restore leaves behind. `cfir_jax.core.cli.cli_main` turns them into a one-line message and
+an exit code."""
 
 from __future__ import annotations
 
@@ -15,6 +16,15 @@ class CfirError(Exception):
 
 class StoreError(CfirError):
     """A store is missing, incomplete, or was built for something else."""
+
+
+def first_line(e: BaseException, limit: int | None = None) -> str:
+    """An error in one line: the first line of its message (a remote error's cause's, as Ray's errors carry it in
+    `cause`, not the traceback around it), at most `limit` characters; its type's name when it says nothing."""
+    e = getattr(e, "cause", None) or e
+    text = str(e).strip()
+    line = text.splitlines()[0].strip() if text else type(e).__name__
+    return line if limit is None else line[:limit]
 
 
 def os_error_line(e: OSError) -> str:

@@ -9,16 +9,41 @@ form with the whitespace around it removed, and what is left must not be empty. 
 from 1 to the index's `retrieval.top_k`. A query's `id`, echoed in its answer, is a `str` of valid Unicode. Its `lang`,
 where stated, is a language code ("fr", "fr-CA": its primary subtag, lower case, is used; docs/languages.md). Every
 refusal is a `QueryRefused`: one line and the HTTP status the service answers with it.
+
+The value a query travels as: the `Query` record and its filter's typed `Condition`s. Each door makes one `Query`
+where the user's words arrive (the command's flags, the library's arguments, the HTTP body, the client's call, the
+page's form) and carries it unchanged to `cfir_jax.api.index.Index`. Its filter is a tuple of `Condition`s (field,
+op, values), joined by AND (docs/filters.md):
+
+- a LINE a person typed (`--where 'license in cc-by,cc0'`, the page's box, a string in HTTP's or the library's
+  `where`) is parsed once, at its door, by `parse_line`: `FIELD OP VALUE` with OP one of `= != < <= > >=`, or
+  `FIELD in V1,V2,...`; a value may be quoted ('a b'), and the spaces around each value are dropped;
+- a triple `(field, op, value)` or `(field, "in", [values])` is taken as it is: its values verbatim (commas, spaces,
+  quotes, any Unicode kept), never written out as a line and read again;
+- between processes a condition is JSON, `["license", "in", ["a,b", "c"]]` (`Condition.to_json`), which the service
+  reads back as the same triple. So `Index.search`, `Client.search`, HTTP and `retrieve.py --where` give one meaning.
+
+A filter's size is bounded (`FilterLimits`: conditions, values per condition, UTF-8 bytes of all its fields and
+values: the config's serve.max_filter_*), refused in one line (413). Whether its fields exist and its values have
+their field's type is the index's to say (`Index.check`), before the query joins a batch. The rule and the record
+are one module: a query's trip through the floor is one stay (tests/unit/commands/test_query_trace.py). No JAX, no
+numpy: the client imports this module.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import re
 import unicodedata
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from cfir_jax.core.errors import CfirError
 
-__all__ = ["QUERY_KINDS", "QueryRefused", "check_id", "check_lang", "check_text", "check_top_k"]
+__all__ = ["OPS", "QUERY_KINDS", "Condition", "FilterError", "FilterLimits", "Query", "QueryRefused", "check_id",
+           "check_lang", "check_text", "check_top_k", "conditions", "parse", "parse_line"]
 
 # What a search takes, one of: the refusal of `Index.search` and `Client.search` given none or several.
 QUERY_KINDS = "give one of text= (a document), image= (a picture's bytes or file) or image_id= (an indexed picture)"
@@ -97,3 +122,201 @@ def _short(value: object) -> str:
         return f"a number of about {int(value.bit_length() * 0.30103) + 1:,} digits"
     shown = repr(value)
     return shown if len(shown) <= 40 else shown[:37] + "..."
+
+
+OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
+_LINE = re.compile(r"^\s*([^\s=<>!,]+)\s*(?:(<=|>=|!=|=|<|>)|\s(in)\s)\s*(.*?)\s*$", re.S)
+
+
+class FilterError(QueryRefused):
+    """A filter that cannot be read or applied: malformed, an unknown field, a value of the wrong type (a service
+    answers 422, 413 for one over its size limits; a command exits 2)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Condition:
+    """One condition: `field op values` (one value, or one or more for `in`), each value a string as given."""
+
+    field: str
+    op: str
+    values: tuple[str, ...]
+
+    def __str__(self) -> str:
+        """The condition as a note or a refusal names it (shown to people; never parsed again)."""
+        if self.op == "in":
+            return f"{self.field} in {','.join(self.values)}"
+        return f"{self.field}{self.op}{self.values[0]}"
+
+    def to_json(self) -> list:
+        """The JSON triple it crosses the wire as: `[field, op, value]`, `[field, "in", [values]]`."""
+        return [self.field, self.op, list(self.values) if self.op == "in" else self.values[0]]
+
+
+@dataclasses.dataclass(frozen=True)
+class FilterLimits:
+    """The most a filter may hold (the config's serve.max_filter_conditions, max_filter_values, max_filter_bytes)."""
+
+    conditions: int
+    values: int  # per condition
+    bytes: int  # UTF-8 bytes of every field and value together
+
+    @classmethod
+    def of(cls, serve) -> FilterLimits:
+        """The limits of a config's serve section."""
+        return cls(int(serve.max_filter_conditions), int(serve.max_filter_values), int(serve.max_filter_bytes))
+
+    def read(self, where: Any) -> tuple[Condition, ...]:
+        """The conditions of `where` as a door reads them (`conditions`), held to the limits: the count of
+        conditions, a line's length and a triple's count of values are held before anything is parsed, so that a
+        filter far past them costs no more than its refusal."""
+        items = [where] if isinstance(where, (str, Condition)) else where
+        if isinstance(items, (list, tuple)):
+            if len(items) > self.conditions:
+                raise FilterError(f"where: {len(items):,} conditions, over serve.max_filter_conditions="
+                                  f"{self.conditions:,}", 413)
+            for item in items:
+                if isinstance(item, str) and len(item) > self.bytes:  # more characters than bytes allowed
+                    raise FilterError(f"where: a filter of {len(item):,} characters, over serve.max_filter_bytes="
+                                      f"{self.bytes:,}", 413)
+                if isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[2], (list, tuple)) \
+                        and len(item[2]) > self.values:
+                    raise FilterError(f"where: {str(item[0])[:40]} {str(item[1])[:8]} has {len(item[2]):,} values, "
+                                      f"over serve.max_filter_values={self.values:,}", 413)
+        out = conditions(items)
+        self.check(out)
+        return out
+
+    def check(self, where: Sequence[Condition]) -> None:
+        """Nothing, or FilterError (413) naming the limit the filter passes."""
+        if len(where) > self.conditions:
+            raise FilterError(f"where: {len(where):,} conditions, over serve.max_filter_conditions="
+                              f"{self.conditions:,}", 413)
+        size = 0
+        for cond in where:
+            if len(cond.values) > self.values:
+                raise FilterError(f"where: {cond.field} {cond.op} has {len(cond.values):,} values, over "
+                                  f"serve.max_filter_values={self.values:,}", 413)
+            size += sum(len(v.encode("utf-8")) for v in (cond.field, *cond.values))
+        if size > self.bytes:
+            raise FilterError(f"where: {size:,} bytes of fields and values, over serve.max_filter_bytes="
+                              f"{self.bytes:,}", 413)
+
+
+def _unquote(text: str) -> str:
+    text = text.strip()
+    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
+
+
+def _said(expr: object) -> str:
+    """A filter as a refusal names it: repr, cut to 80 characters (a 10,000-value line is named, not echoed)."""
+    shown = repr(expr)
+    return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def parse_line(line: str) -> Condition:
+    """The condition of a filter line a person typed (`date<=2020-06-30`, `license in cc-by, cc0`)."""
+    found = _LINE.match(line)
+    if found is None:
+        raise FilterError(f"filter {_said(line)}: expected FIELD OP VALUE with OP one of {' '.join(OPS)} "
+                          "(e.g. 'date<=2020-06-30', 'license in cc-by,cc0')")
+    field, op, is_in, rest = found.groups()
+    values = tuple(_unquote(v) for v in rest.split(",")) if is_in else (_unquote(rest),)
+    return _checked(field, op or "in", values, _said(line))
+
+
+def parse(expr: Any) -> Condition:
+    """A condition from a line (parsed), a `(field, op, value | [values])` triple (taken as it is: a value that is
+    not a str is written with str(), 100 -> "100"), or a Condition."""
+    if isinstance(expr, Condition):
+        return expr
+    if isinstance(expr, str):
+        return parse_line(expr)
+    if isinstance(expr, (tuple, list)) and len(expr) == 3:
+        field, op, value = expr
+        if not isinstance(field, str) or not isinstance(op, str):
+            raise FilterError(f"filter {_said(expr)}: a triple (field, op, value) of a field name and an operator")
+        values = tuple(_value(v, expr) for v in value) if isinstance(value, (list, tuple)) else (_value(value, expr),)
+        return _checked(field, op, values, _said(tuple(expr)))
+    raise FilterError(f"filter {_said(expr)}: give a string such as 'date<=2020-06-30' or a (field, op, value) "
+                      "triple")
+
+
+def _value(value: object, expr: object) -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return str(value)
+    raise FilterError(f"filter {_said(expr)}: a value is a string or a number, not {type(value).__name__}")
+
+
+def _checked(field: str, op: str, values: tuple[str, ...], said: str) -> Condition:
+    if op not in OPS:
+        raise FilterError(f"filter {said}: unknown operator {op!r}; use one of {' '.join(OPS)}")
+    if not field.strip():
+        raise FilterError(f"filter {said}: no field name")
+    if not values or any(v == "" for v in values):
+        raise FilterError(f"filter {said}: no value")
+    if op != "in" and len(values) != 1:
+        raise FilterError(f"filter {said}: one value for {op} (several are `in`'s)")
+    for text in (field, *values):
+        if _SURROGATE.search(text):
+            raise FilterError(f"filter {said}: not valid Unicode (a lone surrogate)")
+    return Condition(field, op, values)
+
+
+def conditions(where: Sequence[Any] | str | Condition | None) -> tuple[Condition, ...]:
+    """The conditions of `where`: None or [] -> none; one line or Condition -> one; else a list of lines, triples
+    and Conditions (docs/filters.md)."""
+    if where is None:
+        return ()
+    if isinstance(where, (str, Condition)):
+        where = [where]
+    if not isinstance(where, (list, tuple)):
+        raise FilterError(f"where: {_said(where)} is not a list of filters")
+    return tuple(parse(w) for w in where)
+
+
+@dataclasses.dataclass(frozen=True)
+class Query:
+    """One query, made once at its door and carried unchanged to the index: a document's `text`, or a picture:
+    `image` (its bytes, or a picture file's path) or `image_id` (an indexed picture's id); `id`, echoed in the
+    answer (None: the door's default); `method` (None: the index's); `top_k`; `lang` (a text's language, its primary
+    subtag; None: found); `where`, the typed conditions; `fold`, near-duplicates folded under each hit shown.
+
+    `Query.of` makes one from a door's loose values and holds them to the rules every door applies without the
+    index (`cfir_jax.core.query_rule`); the index's own refusals (top_k's range, a field, a value's type) are
+    `Index.check`'s."""
+
+    text: str | None = None
+    image: bytes | Path | None = None
+    image_id: str | None = None
+    id: str | None = None
+    method: str | None = None
+    top_k: int = 20
+    lang: str | None = None
+    where: tuple[Condition, ...] = ()
+    fold: bool = True
+
+    @classmethod
+    def of(cls, text: str | None = None, *, image: bytes | str | os.PathLike | None = None,
+           image_id: str | None = None, id: str | None = None, method: str | None = None,  # noqa: A002
+           top_k: int = 20, lang: str | None = None, where: Any = None, fold: bool = True) -> Query:
+        """A query of one door's values: exactly one of text, image and image_id; `where` lines, triples or
+        Conditions (parsed here, once); `lang` a language code; `top_k` an int."""
+        if sum(x is not None for x in (text, image, image_id)) != 1:
+            raise QueryRefused(QUERY_KINDS)
+        if image is not None and not isinstance(image, bytes):
+            image = bytes(image) if isinstance(image, (bytearray, memoryview)) else image
+            if isinstance(image, (str, os.PathLike)):
+                image = Path(image)
+            else:
+                raise QueryRefused(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
+        if image_id is not None and not isinstance(image_id, str):
+            raise QueryRefused(f"image_id: expected an indexed picture's id (str), got {type(image_id).__name__}")
+        if not isinstance(fold, bool):
+            raise QueryRefused(f"fold: expected true or false, got {type(fold).__name__}")
+        return cls(text, image, image_id, id, method, check_top_k(top_k), check_lang(lang), conditions(where), fold)
+
+    def where_json(self) -> list[list]:
+        """The conditions as they cross the wire: a JSON array of triples."""
+        return [c.to_json() for c in self.where]

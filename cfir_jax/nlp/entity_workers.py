@@ -37,7 +37,7 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 
 log = logging.getLogger("cfir_jax.entities")
 
@@ -95,14 +95,14 @@ def worker_main() -> None:
         extractor = EntityExtractor(load_spacy(spacy_model or None), labels)
         list(extractor.extract(["warm up"]))
     except Exception as e:  # noqa: BLE001 - said to the parent in one line, which raises it as its own
-        return _say({"error": _line_of(e)})
+        return _say({"error": first_line(e)})
     _say(READY)
     for line in sys.stdin:  # its end: the pool closed it, or the parent is gone
         task, texts = json.loads(line)
         try:
             _say([task, list(extractor.extract(texts))])
         except Exception as e:  # noqa: BLE001 - the chunk's own error, raised in the caller
-            _say([task, {"error": _line_of(e)}])
+            _say([task, {"error": first_line(e)}])
 
 
 def _say(message) -> None:  # a worker's line
@@ -117,10 +117,6 @@ def _parsed(line: str):
         return json.loads(line)
     except json.JSONDecodeError:
         return None
-
-
-def _line_of(e: BaseException) -> str:
-    return str(e).splitlines()[0] if str(e) else type(e).__name__
 
 
 class _Worker:

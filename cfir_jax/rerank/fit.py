@@ -34,6 +34,7 @@ from cfir_jax.core.progress import bar
 from cfir_jax.model.rerank_head import RerankHead, Standardisation, listwise_loss
 from cfir_jax.retrieve.reranker import FORMAT_VERSION, KIND
 from cfir_jax.stores.contract import atomic_dir, write_manifest
+from cfir_jax.stores.layout import Layout
 
 
 @dataclasses.dataclass
@@ -137,17 +138,15 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
     # SR exactly (the paper's), as evaluation scores it; the lists stop at N; the stage itself stays off.
     cfg.retrieval.update(sr=cfg.retrieval.eval_sr, top_k=top_n)
     rerank.enabled = False
-    retriever = Index(cfg, workdir, "cfir", rerank_features=True).retriever()  # the features in each answer
-    corpus = retriever.corpus
-    if "train" not in corpus.splits:
-        raise CfirError(f"{retriever.layout.corpus}: no train split to fit the re-ranker on")
-    docs = retriever.corpus_documents("train")
+    index = Index(cfg, workdir, "cfir", rerank_features=True)  # the features in each answer
+    qrels = index.qrels("train")  # one line when the corpus has no train split to fit on
+    docs = index.corpus_documents("train")
     rng = np.random.default_rng(int(rerank.seed))
     if 0 < int(rerank.max_train_docs) < len(docs):
         docs = [docs[i] for i in np.sort(rng.choice(len(docs), int(rerank.max_train_docs), replace=False))]
-    results = retriever.retrieve_many(docs, progress=progress)
-    qrels = corpus.qrels("train")
-    num_features = len(retriever.rerank_feature_names)
+    results = index.retrieve(docs, progress=progress)
+    inputs = index.reranker_inputs()
+    num_features = len(inputs["features"])
     features = np.zeros((len(docs), top_n, num_features), np.float32)
     valid = np.zeros((len(docs), top_n), bool)
     labels = np.zeros((len(docs), top_n), bool)
@@ -161,11 +160,10 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
     num_heldout = max(1, round(float(rerank.heldout) * len(kept))) if len(kept) > 1 else 0
     fit = fit_head(features, valid, labels, np.sort(kept[num_heldout:]), np.sort(kept[:num_heldout]),
                    FitSettings.of(rerank), progress=None if progress else False)
-    fusion = retriever.fusion if retriever.fused else (1.0, 0.0)
     return save_reranker(
-        retriever.layout.reranker, fit.head, retriever.rerank_feature_names,
+        Layout.of(workdir).reranker, fit.head, inputs["features"],
         **{key: int(rerank[key]) for key in ("top_n", "max_text_len", "li_top")},
-        sources=retriever.rerank_sources(), sr_fusion=list(fusion), seed=int(rerank.seed),
+        sources=inputs["sources"], sr_fusion=inputs["sr_fusion"], seed=int(rerank.seed),
         train_documents=len(docs), lists_kept=int(len(kept)), lists_skipped=int(len(docs) - len(kept)),
         heldout_lists=int(num_heldout), heldout_mrr10=round(fit.heldout_mrr, 4),
         heldout_sr_mrr10=round(fit.heldout_sr_mrr, 4), best_epoch=fit.best_epoch, epochs_run=fit.epochs,

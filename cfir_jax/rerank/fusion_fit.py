@@ -27,10 +27,8 @@ from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.errors import CfirError
 from cfir_jax.eval import metrics
 from cfir_jax.eval.comparison import CONVEX, TEXT_CONVEX
-from cfir_jax.retrieve.lexical import LexicalSearch, convex
-from cfir_jax.retrieve.pipeline import Retriever
+from cfir_jax.retrieve.lexical import convex
 from cfir_jax.retrieve.text_fusion import fuse
-from cfir_jax.stores import lexical
 from cfir_jax.stores.contract import atomic_dir, write_manifest
 from cfir_jax.stores.convex_fusion import FORMAT_VERSION, KIND
 from cfir_jax.stores.image_cache import ImageCache
@@ -40,24 +38,22 @@ GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 21))
 Ranked = tuple[np.ndarray, np.ndarray]
 
 
-def _retriever(config: ml_collections.ConfigDict, workdir, row, method: str, split: str
-               ) -> tuple[Retriever, list]:
-    """A Retriever of `method` under the settings of --compare's `row` (exact SR), and the documents of `split`."""
+def _index(config: ml_collections.ConfigDict, workdir, row, method: str, split: str) -> tuple[Index, list]:
+    """The index of `method` under the settings of --compare's `row` (exact SR), and the documents of `split`."""
     cfg = row.config(upgrade(config.copy_and_resolve_references()))
     cfg.retrieval.sr = cfg.retrieval.eval_sr
-    retriever = Index(cfg, workdir, method).retriever()
-    if split not in retriever.corpus.splits:
-        raise CfirError(f"{retriever.layout.corpus}: no {split} split to fit the fusion on")
-    return retriever, retriever.corpus_documents(split)
+    index = Index(cfg, workdir, method)
+    index.qrels(split)  # one line when the corpus has no such split to fit on
+    return index, index.corpus_documents(split)
 
 
 def _ranked(result) -> Ranked:
     return (np.array([h.score for h in result.hits], np.float32), np.array([h.row for h in result.hits], np.int32))
 
 
-def _sweep(retriever: Retriever, docs: list, split: str, fused: Callable[[int, float], Ranked]) -> dict:
+def _sweep(index: Index, docs: list, split: str, fused: Callable[[int, float], Ranked]) -> dict:
     """The fit of one pair: fused(i, alpha) is document i's list at weight alpha; MRR@10 on `split` at each."""
-    qrels, ids = retriever.corpus.qrels(split), retriever.image_ids
+    qrels, ids = index.qrels(split), index.image_ids
     mrr = {}
     for alpha in GRID:
         run = {d.doc_id: [(ids[int(row)], float(s)) for s, row in zip(*fused(i, alpha))] for i, d in enumerate(docs)}
@@ -68,23 +64,20 @@ def _sweep(retriever: Retriever, docs: list, split: str, fused: Callable[[int, f
 
 def fit_bm25(config: ml_collections.ConfigDict, workdir, progress: bool, split: str) -> dict:
     """SR's weight against BM25's."""
-    retriever, docs = _retriever(config, workdir, CONVEX, "cfir", split)  # SR's own list, fused below
-    sr = [_ranked(r) for r in retriever.retrieve_many(docs, progress=progress)]
-    search = LexicalSearch(retriever.rcfg, lexical.READER.open_for(retriever.stores), retriever.stores.live)
-    bm25 = search.search_many([d.text for d in docs])
-    k = int(retriever.rcfg.top_k)
-    return _sweep(retriever, docs, split, lambda i, alpha: convex(sr[i], bm25[i], alpha, k))
+    index, docs = _index(config, workdir, CONVEX, "cfir", split)  # SR's own list, fused below
+    sr = [_ranked(r) for r in index.retrieve(docs, progress=progress)]
+    bm25 = index.bm25_lists([d.text for d in docs])
+    k = index.max_top_k
+    return _sweep(index, docs, split, lambda i, alpha: convex(sr[i], bm25[i], alpha, k))
 
 
 def fit_image_text(config: ml_collections.ConfigDict, workdir, progress: bool, split: str) -> dict:
     """The image's weight against its own text's, over ER's union."""
     row = TEXT_CONVEX.with_overrides(retrieval__fusion__alpha=0.5)  # any weight: the sweep re-fuses what is kept
-    retriever, docs = _retriever(config, workdir, row, row.method, split)
-    scorer = retriever.methods.scorer(retriever.stores)
-    scorer.kept = []  # each document's union and its two scores, in the documents' order (None: no entity)
-    results = retriever.retrieve_many(docs, progress=progress)
-    kept, k = scorer.kept, int(retriever.rcfg.top_k)
-    return _sweep(retriever, docs, split,
+    index, docs = _index(config, workdir, row, row.method, split)
+    results, kept = index.retrieve_with_unions(docs, progress)  # each union and its two scores (None: no entity)
+    k = index.max_top_k
+    return _sweep(index, docs, split,
                   lambda i, alpha: _ranked(results[i]) if kept[i] is None else fuse(*kept[i], alpha, k))
 
 

@@ -76,14 +76,14 @@ def store_of(stores) -> Duplicates | None:
     return None if stores.duplicates is _ABSENT else stores.duplicates
 
 
-def retrieve_folded(retriever, docs: Sequence, fold_them, top, where=None, progress: bool = False) -> list:
-    """The retriever's rankings of `docs` (`Retriever.retrieve_many`), folded when `fold_them`, filled up to `top`
-    shown hits (`folded`): what the library's `Index` answers with."""
-    return folded(retriever, retriever.retrieve_many(docs, progress=progress, where=where), fold_them, docs, top, where)
+def retrieve_folded(retriever, docs: Sequence, fold_them, top, progress: bool = False) -> list:
+    """The retriever's rankings of `docs` (`Retriever.retrieve_many`, each under its own conditions), folded when
+    `fold_them`, filled up to `top` shown hits (`folded`): what the library's `Index` answers with."""
+    return folded(retriever, retriever.retrieve_many(docs, progress=progress), fold_them, docs, top)
 
 
 def folded(retriever, retrievals: list, fold_them: bool | Sequence[bool], docs: Sequence | None = None,
-           top: int | Sequence[int] = 0, where=None) -> list:
+           top: int | Sequence[int] = 0) -> list:
     """What every door calls: `retrievals` folded by the retriever's duplicates store when `fold_them` (one for all,
     or each ranking's own: a service's batch of requests) and the workdir has one, else as they are. With `docs`
     (the documents retrieved) and `top` (the hits to show: one for all, or each's), a ranking that folding left
@@ -100,20 +100,20 @@ def folded(retriever, retrievals: list, fold_them: bool | Sequence[bool], docs: 
     out = [fold(r, store.group) if f else r for r, f in zip(retrievals, folds)]
     for i, (raw, shown) in enumerate(zip(retrievals, out)):
         if folds[i] and docs is not None and len(shown.hits) < tops[i] and len(raw.hits) >= int(retriever.rcfg.top_k):
-            out[i] = refilled(retriever, store.group, docs[i], shown, tops[i], where)
+            out[i] = refilled(retriever, store.group, docs[i], shown, tops[i])
     return out
 
 
-def refilled(retriever, group: np.ndarray, doc, shown, top: int, where, rounds: int = 4):
+def refilled(retriever, group: np.ndarray, doc, shown, top: int, rounds: int = 4):
     """`shown` (a folded ranking of `doc` short of `top` hits) filled up: the document retrieved again with the
     pictures folded so far counted as removed for the call (`search.live_rows.ScopedRows`: this call's own rows,
-    composed with its filter), its new ranking folded, each shown hit keeping the duplicates folded under it before.
-    At most `rounds` more retrievals; it stops when a ranking brings nothing new."""
+    composed with the document's own filter), its new ranking folded, each shown hit keeping the duplicates folded
+    under it before. At most `rounds` more retrievals; it stops when a ranking brings nothing new."""
     live = retriever.stores.live
     hidden = {d for h in shown.hits for d in h.duplicates}
     for _ in range(rounds):
         with live.only(live.without([retriever.stores.cache.index_of(i) for i in hidden])):
-            raw = retriever.retrieve_many([doc], where=where)[0]
+            raw = retriever.retrieve_many([doc])[0]
         before = {h.image_id: h.duplicates for h in shown.hits}
         again = fold(raw, group)
         hits = [dataclasses.replace(h, duplicates=before.get(h.image_id, ()) + h.duplicates) for h in again.hits]

@@ -15,94 +15,24 @@ the service).
 
 from __future__ import annotations
 
+import collections
 import contextlib
-import dataclasses
 import operator
-import re
+import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
 
 import numpy as np
 
 from cfir_jax.core.picture_fields import DATE, NUMBER, date_span
-from cfir_jax.core.query_rule import QueryRefused
+from cfir_jax.core.query_rule import OPS, Condition, FilterError, conditions, parse
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.image_fields import ImageFields
 
-OPS = ("=", "!=", "<", "<=", ">", ">=", "in")
+__all__ = ["OPS", "Condition", "Filter", "FilterError", "RowFilter", "condition_mask", "parse"]
+
 _COMPARE = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
             ">=": operator.ge}
-_LINE = re.compile(r"^\s*([^\s=<>!,]+)\s*(?:(<=|>=|!=|=|<|>)|\s(in)\s)\s*(.*?)\s*$", re.S)
-
-
-class FilterError(QueryRefused):
-    """A filter that cannot be read or applied: malformed, an unknown field, a value of the wrong type (a service
-    answers 422; a command exits 2)."""
-
-
-@dataclasses.dataclass(frozen=True)
-class Condition:
-    """One condition: `field op values` (one value, or several for `in`), as strings."""
-
-    field: str
-    op: str
-    values: tuple[str, ...]
-
-    def __str__(self) -> str:
-        if self.op == "in":
-            return f"{self.field} in {','.join(self.values)}"
-        return f"{self.field}{self.op}{self.values[0]}"
-
-
-def _unquote(text: str) -> str:
-    text = text.strip()
-    return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
-
-
-def parse(expr: Any) -> Condition:
-    """A condition from its line (`date<=2020-06-30`), a `(field, op, value)` triple, or a Condition."""
-    if isinstance(expr, Condition):
-        return expr
-    if isinstance(expr, (tuple, list)) and len(expr) == 3:
-        field, op, value = expr
-        values = tuple(str(v) for v in value) if isinstance(value, (list, tuple)) else (str(value),)
-        return _checked(str(field), str(op), values, repr(tuple(expr)))
-    if not isinstance(expr, str):
-        raise FilterError(f"filter {expr!r}: give a string such as 'date<=2020-06-30' or a (field, op, value) triple")
-    found = _LINE.match(expr)
-    if found is None:
-        raise FilterError(f"filter {expr!r}: expected FIELD OP VALUE with OP one of {' '.join(OPS)} "
-                          "(e.g. 'date<=2020-06-30', 'license in cc-by,cc0')")
-    field, op, is_in, rest = found.groups()
-    values = tuple(_unquote(v) for v in rest.split(",")) if is_in else (_unquote(rest),)
-    return _checked(field, op or "in", values, repr(expr))
-
-
-def _checked(field: str, op: str, values: tuple[str, ...], said: str) -> Condition:
-    if op not in OPS:
-        raise FilterError(f"filter {said}: unknown operator {op!r}; use one of {' '.join(OPS)}")
-    if not field or any(c.isspace() for c in field):
-        raise FilterError(f"filter {said}: no field name")
-    if not values or any(v == "" for v in values) or (op != "in" and len(values) != 1):
-        raise FilterError(f"filter {said}: no value" if op != "in" or not values or "" in values else
-                          f"filter {said}: one value for {op}")
-    return Condition(field, op, values)
-
-
-def parse_all(where: Sequence[Any] | str | None) -> list[Condition]:
-    """The conditions of `where` (None or [] -> none; one string is one condition)."""
-    if where is None:
-        return []
-    if isinstance(where, (str, Condition)):
-        where = [where]
-    return [parse(w) for w in where]
-
-
-def check_where(where: Sequence[str] | None) -> tuple[str, ...]:
-    """A request's filters as given, each read first (a malformed one: FilterError); their fields are checked
-    against the index when the query runs."""
-    parse_all(where)
-    return tuple(where or ())
+MASKS_KEPT = 16  # the masks of the last filters a RowFilter checked or applied (a batch's: checked, then applied)
 
 
 def _number(cond: Condition, text: str) -> float:
@@ -127,10 +57,16 @@ def _date_mask(cond: Condition, values: np.ndarray, present: np.ndarray, text: s
 
 
 def condition_mask(cond: Condition, column) -> np.ndarray:
-    """bool [N]: the rows of `column` (a stores.image_fields.Column) that pass `cond`."""
+    """bool [N]: the rows of `column` (a stores.image_fields.Column) that pass `cond`. A string field's `=` and `in`
+    look each distinct value up once in the set of the condition's values (cost: the vocabulary plus the values,
+    never their product)."""
     present = column.present()
     values = column.values
     passed = np.zeros(len(values), bool)
+    if column.kind not in (DATE, NUMBER) and cond.op in ("=", "in"):
+        wanted = set(cond.values)
+        ok = np.fromiter((v in wanted for v in column.vocab), bool, len(column.vocab))
+        return np.append(ok, False)[np.where(values >= 0, values, len(column.vocab))]
     for text in cond.values:
         if column.kind == DATE:
             passed |= _date_mask(cond, values, present, text)
@@ -146,10 +82,11 @@ def condition_mask(cond: Condition, column) -> np.ndarray:
 
 
 class Filter:
-    """Conditions joined by AND; `mask(store)` -> bool [N] over the image cache's rows."""
+    """Conditions joined by AND (`cfir_jax.core.query_rule.Condition`s; lines and triples are parsed by
+    `cfir_jax.core.query_rule.conditions`); `mask(store)` -> bool [N] over the image cache's rows."""
 
-    def __init__(self, where: Sequence[Any] | str | None):
-        self.conditions = parse_all(where)
+    def __init__(self, where: Sequence[Condition] | Sequence[str] | str | None):
+        self.conditions = conditions(where)
 
     def __bool__(self) -> bool:
         return bool(self.conditions)
@@ -171,11 +108,14 @@ class Filter:
 
 class RowFilter:
     """A Retriever's filters: the image_fields store of its workdir (opened on the first filter, held to its image
-    cache) and, per call, the rows a filter lets a query return (`applied`)."""
+    cache), the masks of the last MASKS_KEPT filters (`check` made them: applying one is a look-up) and, per call,
+    the rows a filter lets a query return (`applied`)."""
 
     def __init__(self, stores):
         self.stores = stores
         self._fields = None
+        self._masks: collections.OrderedDict[tuple[Condition, ...], np.ndarray] = collections.OrderedDict()
+        self._lock = threading.Lock()  # the batcher's thread and the picture queue's threads share the masks
 
     def fields(self):
         if self._fields is None:
@@ -187,41 +127,57 @@ class RowFilter:
                                             num_rows=self.stores.cache.num_images)
         return self._fields
 
-    def rows(self, where) -> tuple[LiveRows | None, str]:
+    def check(self, where: tuple[Condition, ...]) -> np.ndarray:
+        """bool [N]: the rows passing `where`, or the FilterError it meets (an unknown field, a value of the wrong
+        type) before any retrieval runs; kept, so that its retrieval applies it without reading it again."""
+        with self._lock:
+            if where in self._masks:
+                self._masks.move_to_end(where)
+                return self._masks[where]
+        mask = Filter(where).mask(self.fields())
+        with self._lock:
+            self._masks[where] = mask
+            while len(self._masks) > MASKS_KEPT:
+                self._masks.popitem(last=False)
+        return mask
+
+    def rows(self, where: tuple[Condition, ...]) -> tuple[LiveRows | None, str]:
         """(the live rows that pass `where`, a note saying how many) or (None, "") without a filter."""
-        f = Filter(where)
-        if not f:
+        if not where:
             return None, ""
+        shown = Filter(where)
         live = self.stores.live.now()  # the live rows, or those a caller set for this call (folding's refill)
-        removed = ~f.mask(self.fields())
+        removed = ~self.check(where)
         if live.removed is not None:
             removed |= live.removed
         rows = LiveRows(removed, live.num_rows)
         if rows.num_live == 0:
-            return rows, f"no picture passes the filter {f}: nothing to rank"
-        return rows, f"filtered by {f}: {rows.num_live:,} of {live.num_live:,} pictures pass"
+            return rows, f"no picture passes the filter {shown}: nothing to rank"
+        return rows, f"filtered by {shown}: {rows.num_live:,} of {live.num_live:,} pictures pass"
 
     @contextlib.contextmanager
-    def applied(self, where) -> Iterator[tuple[LiveRows | None, str]]:
+    def applied(self, where: tuple[Condition, ...]) -> Iterator[tuple[LiveRows | None, str]]:
         """(rows, note) of `where` (`rows`), every part answering from those rows for the length of the block."""
         rows, note = self.rows(where)
         with self.stores.live.only(rows):
             yield rows, note
 
-    def run(self, docs: Sequence[Any], where, retrieve: Callable[[list], list], empty: Callable[[str, int], list]
-            ) -> list:
-        """`retrieve(docs)`'s results, each document searched under its own filters (`doc.where`, a service's
-        request) or `where`, documents of one filter together (their notes say it); `empty(note, n)` for the n
-        documents of a filter nothing passes."""
-        keys = [tuple(parse_all(getattr(d, "where", None) or where)) for d in docs]
+    def run(self, docs: Sequence, retrieve: Callable[[list], list], empty: Callable[[str, int], list]) -> list:
+        """`retrieve(docs)`'s results, each document (a `DocumentInput`) searched under its own conditions
+        (`doc.where`), documents of one filter together (their notes say it); `empty(note, n)` for the n documents
+        of a filter nothing passes."""
+        keys = [d.where for d in docs]
+        live = self.stores.live.now().num_live  # the pictures a filter cuts (the block below narrows them)
         out: list = [None] * len(docs)
         for key in dict.fromkeys(keys):
             at = [i for i, k in enumerate(keys) if k == key]
             part = [docs[i] for i in at] if len(at) < len(docs) else list(docs)
-            with self.applied(list(key)) as (rows, note):
+            with self.applied(key) as (rows, note):
                 results = empty(note, len(part)) if rows is not None and not rows.num_live else retrieve(part)
             for i, r in zip(at, results):
                 if note and rows.num_live:
                     r.note = "; ".join(n for n in (r.note, note) if n)
+                if rows is not None:  # the note's count, as a field (`Retrieval.passed`)
+                    r.passed = (rows.num_live, live)
                 out[i] = r
         return out

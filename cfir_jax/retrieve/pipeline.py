@@ -36,6 +36,7 @@ import numpy as np
 from cfir_jax.core.config_check import SR_MODES
 from cfir_jax.core.config_upgrade import upgrade
 from cfir_jax.core.progress import bar as progress_bar
+from cfir_jax.core.query_rule import Condition
 from cfir_jax.data.corpus import document_text
 from cfir_jax.nlp.summarizer import CachedSummarizer, make_summarizer
 from cfir_jax.retrieve.entity_ranking import EntityRanking, brought_by, union_of
@@ -87,6 +88,7 @@ class Retrieval:
     rerank_features: np.ndarray | None = None  # [n, F] of SR's top-n, when the retriever collects them (fitting)
     lexical_added: int = 0  # candidates BM25 added beyond ER's union (cfir_bm25, cfir_bm25_fused)
     lang: str = "en"  # the document's language (stated or found: cfir_jax.retrieve.query_language)
+    passed: tuple[int, int] | None = None  # a filter's count: (pictures that pass it, of the live); None: no filter
 
 
 @dataclasses.dataclass
@@ -98,20 +100,20 @@ class DocumentInput:
     entities: list[str] | None = None
     summary: str | None = None
     lang: str | None = None  # its language: the corpus', or stated; None: found (cfir_jax.retrieve.query_language)
-    where: tuple = ()  # this document's own filters (a service's request), else retrieve_many's `where`
-    fold: bool = True  # a service's request: its near-duplicates folded (cfir_jax.retrieve.duplicates)
+    where: tuple[Condition, ...] = ()  # only pictures passing these conditions are ranked (its query's `where`)
+    fold: bool = True  # its query's: near-duplicates folded under each one shown (cfir_jax.retrieve.duplicates)
 
 
 class Retriever:
     """Loads the stores of a workdir once; `retrieve(doc)` runs one query, `retrieve_many(docs)` a batch.
 
-    The engine under the library's `Index` (the one query core, which makes its records public), every benchmark
+    The pipeline under the library's `Index` (the one query core, which makes its records public), every benchmark
     and --compare row: `retrieve_many(docs) -> list[Retrieval]`, `describe_image(image_id) -> (caption, url)`,
     `corpus_documents(split)`; the attributes `config`, `method`, `notes`, `model_used`, `corpus`, `layout`.
 
     measure_agreement: with fast SR, also score each union exactly (untimed) and record the top-k overlap.
     rerank_features: compute the re-ranker's features of SR's top-N into each Retrieval (fitting the re-ranker).
-    scoring: what scores unions and searches the cache (`cfir_jax.retrieve.engine.Scoring`), made as scoring(rcfg,
+    scoring: what scores unions and searches the cache (`cfir_jax.retrieve.scoring.Scoring`), made as scoring(rcfg,
     stores, fusion, fused): this process's `SRFrontEnd`, or a Ray front's shards (`cfir_jax.cluster.scoring.ShardedSR`).
     """
 
@@ -237,16 +239,14 @@ class Retriever:
     def _scored_candidates(self, entities: list[str], with_scores: bool = True):  # `_candidates`, with the scores
         return self.entities.candidates(entities, with_scores)
 
-    # ---------------------------------------------------------------------------------------------- retrieval
     def retrieve(self, doc: DocumentInput | str) -> Retrieval:
         return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
 
-    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False, where=None) -> list[Retrieval]:
-        """Runs the method for every document (its language read first), retrieval.batch_size at a time (entities,
-        summaries, encoding and SR batched); progress: a bar with documents/s (cfir_jax.core.progress); where: filters
-        on the pictures' fields, applied before ranking (`cfir_jax.retrieve.filters`: only passing pictures ranked)."""
+    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Retrieval]:
+        """Runs the method for every document (its language read, its `where` applied first: `retrieve.filters`),
+        retrieval.batch_size at a time (stages batched); progress: a bar with documents/s (`core.progress`)."""
         self._warm_up()
-        return self.filters.run(docs, where, lambda part: self._retrieve_all(part, progress),
+        return self.filters.run(docs, lambda part: self._retrieve_all(part, progress),
                                 lambda note, n: [Retrieval([], [], [], "", note) for _ in range(n)])
 
     def _retrieve_all(self, docs: Sequence[DocumentInput], progress: bool) -> list[Retrieval]:

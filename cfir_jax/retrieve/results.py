@@ -48,6 +48,10 @@ class Result:
     # fast SR's top-k overlap with exact scoring, when measured (`retrieve.py --qrels`); not in the JSON
     sr_agreement: float | None = dataclasses.field(default=None, compare=False)
     lang: str = "en"  # the document's language, stated or found (docs/languages.md)
+    # a filter's count: the pictures that pass the query's filters, of the live pictures (None: no filter); the note
+    # says it in words, the JSON carries the note only
+    passed: int | None = dataclasses.field(default=None, compare=False)
+    live: int | None = dataclasses.field(default=None, compare=False)
 
     @classmethod
     def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int,
@@ -57,6 +61,7 @@ class Result:
         rest, kept for a run file, have none); version: the index version that answered. Only the library's
         `Index` calls this: it is the one conversion of a result."""
         described = top if described is None else described
+        passed = getattr(result, "passed", None)  # (pass, of the live) where a filter applied
         hits = []
         for n, h in enumerate(result.hits[:top]):
             caption, url = describe(h.image_id) if n < described else ("", "")
@@ -64,7 +69,8 @@ class Result:
                             tuple(getattr(h, "duplicates", ()))))
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
                    result.note, result.num_candidates, dict(result.times_ms), version,
-                   sr_agreement=result.sr_agreement, lang=getattr(result, "lang", "en"))
+                   sr_agreement=result.sr_agreement, lang=getattr(result, "lang", "en"),
+                   passed=passed[0] if passed else None, live=passed[1] if passed else None)
 
     def to_json(self) -> dict:
         """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order)."""

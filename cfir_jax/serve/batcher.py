@@ -9,8 +9,14 @@ batch had company (more than one document: requests are arriving together), the 
 batch's documents are parsed for entities by the index's `EntityWorkers` (every core) when it has one, then run as
 one batch through the Retriever (batched encoding, batched SR). The queue is bounded in documents: a request
 that would overflow it is refused at once (the service answers 503 with Retry-After) rather than waiting without
-bound. A request past its deadline, or whose client went away, is dropped before its batch runs. Each answer is the
-JSON `retrieve.py --format json` prints, rendered in the worker thread (captions are read from the corpus there).
+bound. A request past its deadline, or whose client went away, is dropped before its batch runs.
+
+A request fails alone. Before it joins its batch, the index version the batch runs on says every refusal its query
+can meet (`Index.admit`: top_k, language, its filter's size, fields and values' types), answered to that request
+only; a batch that raises while it runs is run again one request at a time, so that only the request that fails gets
+the error (damage on disk and a shard down are every request's, answered to all). The Ray engine's fronts run this
+batcher (`cfir_jax.cluster.front`). Each answer is the JSON `retrieve.py --format json` prints, rendered in the
+worker thread (captions are read from the corpus there).
 """
 
 from __future__ import annotations
@@ -23,8 +29,10 @@ import threading
 import time
 from collections.abc import Callable
 
+from cfir_jax.core.errors import first_line
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.serve.errors import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
 
 log = logging.getLogger("cfir_jax.serve")
@@ -36,10 +44,6 @@ class QueueFull(Exception):
 
 class Dropped(Exception):
     """The request's deadline passed or its client went away before its batch ran."""
-
-
-class Unavailable(Exception):
-    """A part of a distributed index that the batch needs cannot answer now (the service answers 503 naming it)."""
 
 
 @dataclasses.dataclass(eq=False)
@@ -156,46 +160,80 @@ class MicroBatcher:
             if not live:
                 continue
             index = self._current()  # a reload between batches: this batch runs wholly on one index
+            live = [job for job in live if self._admitted(index, job)]
             for method in dict.fromkeys(j.method for j in live):
                 self._run_method(index, method, [j for j in live if j.method == method])
 
+    @staticmethod
+    def _admitted(loaded, job: Job) -> bool:
+        """Whether the job may join the batch: every refusal its query can meet (top_k, language, its filter's size,
+        fields and values' types) asked of the index version the batch runs on (`Index.admit`); a refused job is
+        answered its one line alone, and its neighbours run without it."""
+        try:
+            loaded.index.admit(job.docs, job.top_k, job.method)
+        except Exception as e:  # noqa: BLE001 - a refusal (one line), or a failure: this request's alone
+            job.version = loaded.version
+            job.settle(error=e)
+            return False
+        return True
+
     def _run_method(self, loaded, method: str, jobs: list[Job]) -> None:
-        """One method's jobs of a batch: their documents parsed by the entity pool when it helps, then answered by
-        the index as one batch, each job's with its top_k (`Index.search_documents`)."""
-        index = loaded.index
+        """One method's jobs of a batch, answered together (`_answer`). When the batch raises, each job runs again
+        alone, so that only the request that fails gets its error; damage on disk and a shard down fail every
+        request alike, and are answered to all at once."""
         for job in jobs:
             job.version = loaded.version
+        try:
+            self._answer(loaded, method, jobs)
+        except Exception as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none hangs
+            if len(jobs) == 1 or self._shared(e):
+                for job in jobs:
+                    job.settle(error=e)
+                return
+            for job in jobs:
+                try:
+                    self._answer(loaded, method, [job])
+                except Exception as alone:  # noqa: BLE001 - this request's own failure, answered to it alone
+                    self._shared(alone)
+                    job.settle(error=alone)
+
+    def _shared(self, e: BaseException) -> bool:
+        """Whether a failure is every request's (damage on disk, recorded for /readyz; a shard down), not one's."""
+        if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so from now on
+            self.damage = first_line(e)
+        return isinstance(e, (CorruptStore, Unavailable))
+
+    def _answer(self, loaded, method: str, jobs: list[Job]) -> None:
+        """The jobs' documents parsed by the entity pool when it helps, then answered by the index as one batch,
+        each job's with its top_k (`Index.search_documents`); every answer is made before any is settled."""
+        index = loaded.index
         docs = [d for j in jobs for d in j.docs]
         self.metrics.batch_docs.observe(len(docs))
-        try:
-            docs, entity_ms = _with_entities(loaded.entity_pool, index.retriever(method), docs)
-            results = index.search_documents(docs, [j.top_k for j in jobs for _ in j.docs], method)
-            at = 0
-            for job in jobs:
-                mine = results[at : at + len(job.docs)]
-                at += len(job.docs)
-                for result in mine:
-                    if entity_ms:  # parsed by the pool: its wall time per document, as retrieve_many reports its own
-                        result.times_ms["entities"] = result.times_ms.get("entities", 0.0) + entity_ms
-                    self.metrics.observe_stages(result.times_ms)
-                if job.html:  # the HTML report's gallery (`retrieve.py --html`), the images inline from the corpus
-                    job.settle(report.html_page(mine[0], index.picture, job.top_k))
-                else:
-                    job.settle([report.as_json(result, job.top_k) for result in mine])
-        except Exception as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none hangs
-            if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so from now on
-                self.damage = str(e).splitlines()[0]
-            for job in jobs:
-                job.settle(error=e)
+        docs, entity_ms = _with_entities(loaded.entity_pool, index, method, docs)
+        results = index.search_documents(docs, [j.top_k for j in jobs for _ in j.docs], method)
+        answers, at = [], 0
+        for job in jobs:
+            mine = results[at : at + len(job.docs)]
+            at += len(job.docs)
+            for result in mine:
+                if entity_ms:  # parsed by the pool: its wall time per document, as retrieve_many reports its own
+                    result.times_ms["entities"] = result.times_ms.get("entities", 0.0) + entity_ms
+                self.metrics.observe_stages(result.times_ms)
+            if job.html:  # the HTML report's gallery (`retrieve.py --html`), the images inline from the corpus
+                answers.append(report.html_page(mine[0], index.picture, job.top_k))
+            else:
+                answers.append([report.as_json(result, job.top_k) for result in mine])
+        for job, answer in zip(jobs, answers):
+            job.settle(answer)
 
 
-def _with_entities(pool, retriever, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:
+def _with_entities(pool, index, method: str, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:
     """The documents with their language and their entities, parsed by the pool (in parallel; the English ones, the
     pool's pipeline) when there is one, the method reads entities and at least two documents need them; else
     unchanged (the Retriever parses them in this thread). Also the pool's wall time per document in ms (0 unused)."""
-    if pool is None or pool.degraded or retriever.entities is None:
+    if pool is None or pool.degraded or not index.reads_entities(method):
         return docs, 0.0
-    docs = retriever.languages.read(docs, True, False)  # another language's entities: its own NER's, not the pool's
+    docs = index.read_languages(docs, method)  # another language's entities: its own NER's, not the pool's
     missing = [i for i, d in enumerate(docs) if d.entities is None]
     if len(missing) < 2:
         return docs, 0.0

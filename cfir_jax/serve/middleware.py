@@ -25,8 +25,7 @@ import importlib.util
 import json
 import time
 
-from starlette.exceptions import HTTPException
-
+from cfir_jax.serve.errors import Refused
 from cfir_jax.serve.metrics import Metrics
 
 DRAIN_S = 10.0  # how long an early answer's connection reads the rest of the body, so the client reads the answer
@@ -107,16 +106,16 @@ class _Body:
         self.read = 0
 
     async def receive(self):
-        """The next ASGI message: HTTPException 413 past the bound, 408 when the body stalls; after the body, the
-        messages as they come (the handler's wait for a disconnect)."""
+        """The next ASGI message: Refused 413 past the bound, 408 when the body stalls (the app answers each through
+        `cfir_jax.serve.errors`); after the body, the messages as they come (the handler's wait for a disconnect)."""
         if self.done:
             return await self._receive()
         try:
             message = await asyncio.wait_for(self._receive(), timeout=self.stall_s)
         except TimeoutError:
             self.done = True  # a stalled client sends nothing to drain
-            raise HTTPException(408, f"the request body stopped arriving ({self.read:,} bytes in, none for "
-                                     f"{self.stall_s:g} s: serve.deadline_ms)") from None
+            raise Refused(f"the request body stopped arriving ({self.read:,} bytes in, none for {self.stall_s:g} s: "
+                          "serve.deadline_ms)", 408) from None
         if message["type"] == "http.disconnect":
             self.done = self.gone = True
         elif message["type"] == "http.request":
@@ -124,7 +123,7 @@ class _Body:
             if not message.get("more_body", False):
                 self.done = True
             if self.read > self.limit:
-                raise HTTPException(413, f"body over the {self.limit:,} bytes this service reads")
+                raise Refused(f"body over the {self.limit:,} bytes this service reads", 413)
         return message
 
     async def drain(self) -> None:

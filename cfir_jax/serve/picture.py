@@ -36,15 +36,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
-from starlette.exceptions import HTTPException
 
-from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import check_id, check_top_k
+from cfir_jax.core.query_rule import Condition, FilterLimits, check_id, check_top_k
 from cfir_jax.retrieve import report
-from cfir_jax.retrieve.filters import FilterError, check_where
-from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture
-from cfir_jax.serve.batcher import Unavailable
-from cfir_jax.stores.integrity import CorruptStore
+from cfir_jax.retrieve.image_query import Expired
+from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused
 
 SHOWN = 20  # hits a request gets by default (at most retrieval.top_k)
 FORM_FIELDS = ("image", "image_id", "top_k", "id", "where", "fold")  # what a multipart upload may hold
@@ -58,8 +54,9 @@ class ImageSearchRequest(BaseModel):
     top_k: Any = Field(None, description="hits to return, 1 .. retrieval.top_k (default: 20, or retrieval.top_k "
                        "when smaller)", json_schema_extra={"type": "integer"})  # the rule checks it
     id: StrictStr = Field("picture", description="the query's id, echoed in the answer")
-    where: list[StrictStr] | None = Field(None, description="filters on the pictures' own fields, joined by AND "
-                                          "(docs/filters.md); a form or a query string repeats `where`")
+    where: list[StrictStr | list] | None = Field(None, description="filters on the pictures' own fields, joined by "
+                                                 "AND: lines, or [field, op, value] triples (docs/filters.md); a "
+                                                 "form or a query string repeats `where` (lines)")
     fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md); "
                              "a form or a query string says fold=0 to list them")
 
@@ -76,7 +73,7 @@ async def _body(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise HTTPException(413, f"body over the {limit:,} bytes a picture of serve.max_image_bytes takes")
+            raise Refused(f"body over the {limit:,} bytes a picture of serve.max_image_bytes takes", 413)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -99,14 +96,14 @@ def _fold(given: str | None) -> bool:
         return True
     if given.lower() in ("0", "false"):
         return False
-    raise HTTPException(422, f"fold: expected 1 or 0 (true or false), got {given[:40]!r}")
+    raise Refused(f"fold: expected 1 or 0 (true or false), got {given[:40]!r}", 422)
 
 
 def _checked(picture: bytes | None, fields: ImageSearchRequest, max_bytes: int):
     if picture is not None and len(picture) > max_bytes:
-        raise HTTPException(413, f"the picture is {len(picture):,} bytes, over serve.max_image_bytes={max_bytes:,}")
+        raise Refused(f"the picture is {len(picture):,} bytes, over serve.max_image_bytes={max_bytes:,}", 413)
     if picture is not None and not picture:
-        raise HTTPException(422, "the picture is empty")
+        raise Refused("the picture is empty", 422)
     return picture, fields
 
 
@@ -123,11 +120,11 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
     except pydantic.ValidationError as e:
         raise RequestValidationError(e.errors()) from None  # the app's one-line 400 / 422
     if (fields.image is None) == (fields.image_id is None):
-        raise HTTPException(422, "give the picture (image: base64) or an indexed picture's id (image_id), one")
+        raise Refused("give the picture (image: base64) or an indexed picture's id (image_id), one", 422)
     try:
         picture = base64.b64decode(fields.image, validate=True) if fields.image is not None else None
     except (binascii.Error, ValueError):
-        raise HTTPException(422, "image is not base64") from None
+        raise Refused("image is not base64", 422) from None
     return _checked(picture, fields, max_bytes)
 
 
@@ -148,18 +145,18 @@ async def _form(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | 
         else:  # a form without a file (curl -d image_id=ID)
             form = await FormParser(request.headers, stream()).parse()
     except MultiPartException as e:
-        raise HTTPException(422, f"malformed multipart upload: {e.message}") from None
+        raise Refused(f"malformed multipart upload: {e.message}", 422) from None
     unknown = [name for name in form if name not in FORM_FIELDS]
     if unknown:
-        raise HTTPException(422, f"unknown form field {unknown[0]!r}: an upload holds the file image (or image_id), "
-                                 "top_k and id")
+        raise Refused(f"unknown form field {unknown[0]!r}: an upload holds the file image (or image_id), top_k and "
+                      "id", 422)
     upload, image_id = form.get("image"), form.get("image_id")
     plain = [name for name in FORM_FIELDS[1:] if isinstance(form.get(name), UploadFile)]
     if plain or (upload is not None and not isinstance(upload, UploadFile)):
-        raise HTTPException(422, "image is a file field (curl -F image=@photo.jpg); image_id, top_k and id are "
-                                 f"plain fields{f', not {plain[0]}' if plain else ''}")
+        raise Refused("image is a file field (curl -F image=@photo.jpg); image_id, top_k and id are plain fields"
+                      f"{f', not {plain[0]}' if plain else ''}", 422)
     if (upload is None) == (image_id is None):
-        raise HTTPException(422, "give the picture (the file field image) or an indexed picture's id (image_id), one")
+        raise Refused("give the picture (the file field image) or an indexed picture's id (image_id), one", 422)
     fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "picture"),
                                 where=[str(w) for w in form.getlist("where")] or None, fold=_fold(form.get("fold")))
     picture = await upload.read() if upload is not None else None
@@ -200,19 +197,19 @@ class PictureQueue:
             self.pending -= 1
 
     async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     version_header: str, where: tuple = (), fold: bool = True) -> tuple[str, dict]:
+                     version_header: str, where: tuple[Condition, ...] = (), fold: bool = True) -> tuple[str, dict]:
         """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
         searched by the index `holder` serves (a Ray front's search runs on its shards)."""
         current = holder.current
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
         check_id(qid, "id")
-        where = check_where(where)  # a malformed filter: 422 before the queue
+        where = FilterLimits.of(settings).read(where)  # read at the door: a filter past its limits 413 before the queue
         with self._lock:
             if self._stopping or self.pending >= self.size:
                 self.metrics.rejected.inc()
                 why = "stopping" if self._stopping else f"{self.pending} pictures are being searched or waiting " \
                     f"(serve.picture_queue_size={self.size})"
-                raise HTTPException(503, f"busy: {why}; retry after 1 s", headers={"Retry-After": "1"})
+                raise Busy(why, 1)
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
         future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, fold)
@@ -221,22 +218,14 @@ class PictureQueue:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
         except (TimeoutError, Expired):  # a queued search is cancelled; a running one stops at its next stage
             self.metrics.dropped.labels("deadline").inc()
-            raise HTTPException(504, f"deadline of {settings.deadline_ms:g} ms passed (serve.deadline_ms)") from None
-        except (CorruptStore, Unavailable) as e:  # damage on disk, a shard down: one line, as a search's
-            raise HTTPException(503, str(e).splitlines()[0]) from None
-        except PictureTooLarge as e:
-            raise HTTPException(413, str(e).splitlines()[0]) from None
-        except UnknownPicture as e:
-            raise HTTPException(404, str(e).splitlines()[0]) from None
-        except FilterError as e:  # an unknown field, a value of the wrong type
-            raise HTTPException(422, str(e)) from None
-        except CfirError as e:
-            raise HTTPException(422, str(e).splitlines()[0]) from None
+            raise DeadlinePassed(f"deadline of {settings.deadline_ms:g} ms passed (serve.deadline_ms)") from None
+        # any other refusal (damage on disk, a shard down, a picture too large or unknown, an unknown filter field)
+        # is answered by `cfir_jax.serve.errors`' table, as a text search's
         return answer, {version_header: str(current.version)}
 
 
 def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
-            where: tuple = (), fold: bool = True) -> str:
+            where: tuple[Condition, ...] = (), fold: bool = True) -> str:
     """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
     thread; its pixels held to the index config's serve.max_image_pixels; near-duplicates folded unless not `fold`."""
     result = index.search(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where or None,
@@ -253,6 +242,7 @@ def picture_routes(app: FastAPI) -> None:
     async def search_by_picture(request: Request) -> Response:
         svc = request.app.state.service
         picture, fields = await read_request(request, int(svc.settings.max_image_bytes))
-        answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id,
-                                                   tuple(fields.where or ()), fields.fold)
+        where = FilterLimits.of(svc.settings).read(fields.where)  # parsed once, here; carried as conditions
+        answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id, where,
+                                                   fields.fold)
         return Response(answer, media_type="application/json", headers=headers)

@@ -24,9 +24,8 @@ import ml_collections
 
 from cfir_jax.api.index import Index
 from cfir_jax.core import cli
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings, label_spec
-from cfir_jax.retrieve.engine import Engine
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.verifier import store_problems
 from cfir_jax.stores import layout as workdir_layout
@@ -115,26 +114,23 @@ def index_fingerprint(workdir: str | Path) -> str:
     return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
 
 
-def warm_up(retriever: Engine, max_batch: int) -> None:
-    """Runs every shape the service will send before it says it is ready: a document with entities and one
-    without (the whole-cache fallback) at each power-of-two batch size up to max_batch (the encoders pad to their
-    own batch; the device SR pads query batches to powers of two), and on the device backend every SR bucket at
-    every query batch (`cfir_jax.retrieve.sr.SRFrontEnd.warm_up`).
+def warm_up(index: Index, method: str, max_batch: int) -> None:
+    """Runs every shape the service will send to `method` of `index` before it says it is ready: a document with
+    entities and one without (the whole-cache fallback) at each power-of-two batch size up to max_batch (the encoders
+    pad to their own batch; the device SR pads query batches to powers of two), and on the device backend every SR
+    bucket at every query batch (`Index.warm_scoring`).
     spaCy compiles nothing: the document is parsed once, and the larger batches are given its entities."""
-    text = WARM_TEXT_NO_ENTITY
-    corpus = getattr(retriever, "corpus", None)
-    if corpus is not None and len(corpus.doc_ids):
-        text = corpus.document(0).text
+    text = index.sample_text() or WARM_TEXT_NO_ENTITY
     sizes, n = [], 1
     while n < max_batch:
         sizes.append(n)
         n *= 2
-    entities = list(retriever.retrieve_many([DocumentInput(text, "warm-0")])[0].entities)
+    entities = list(index.retrieve([DocumentInput(text, "warm-0")], method)[0].entities)
     for size in [*sizes, max_batch][1:]:  # the first (1) was the parse
-        retriever.retrieve_many([DocumentInput(text, f"warm-{i}", entities=entities) for i in range(size)])
-    retriever.retrieve_many([DocumentInput(WARM_TEXT_NO_ENTITY, "warm-fallback")])
-    retriever.retrieve_many([DocumentInput(WARM_TEXT_UNKNOWN, "warm-unknown")])  # entities searched at query time
-    retriever.sr.warm_up(max_batch)  # on the device backend: every SR bucket at each query batch
+        index.retrieve([DocumentInput(text, f"warm-{i}", entities=entities) for i in range(size)], method)
+    index.retrieve([DocumentInput(WARM_TEXT_NO_ENTITY, "warm-fallback")], method)
+    index.retrieve([DocumentInput(WARM_TEXT_UNKNOWN, "warm-unknown")], method)  # entities searched at query time
+    index.warm_scoring(max_batch, method)  # on the device backend: every SR bucket at each query batch
 
 
 @dataclasses.dataclass
@@ -168,15 +164,15 @@ class LoadedIndex:
 def load_index(workdir: str, config: ml_collections.ConfigDict, methods: Sequence[str], max_batch: int,
                scoring=None, warm=warm_up, make=None) -> LoadedIndex:
     """Checks the workdir is complete, opens an `Index` with every served method and warms each (seconds; minutes at
-    scale). scoring: what scores the unions (`Index`'s: a Ray front's shards; None: this process); warm(engine,
-    max_batch): what warms a method's engine; make: `Index`'s (a test's stand-in engine)."""
+    scale). scoring: what scores the unions (`Index`'s: a Ray front's shards; None: this process); warm(index, method,
+    max_batch): what warms a method; make: `Index`'s (a test's stand-in pipeline)."""
     t0 = time.perf_counter()
     index = Index(config, workdir, methods[0], scoring=scoring, make=make)
     with versions.reading(Layout.of(workdir)):  # the checks and every method of the same version
         check_complete(workdir)
         fingerprint, family = index_fingerprint(workdir), model_family(workdir)
         version = index.open_methods(methods)
-    index.warm_up(lambda engine: warm(engine, max_batch), int(config.serve.summary_cache))
+    index.warm_up(lambda method: warm(index, method, max_batch), int(config.serve.summary_cache))
     if index_fingerprint(workdir) != fingerprint:  # rebuilt while it was loading: what was read may be mixed
         raise CfirError(f"{workdir}: the index changed while it was loading; reload again when index.py is done")
     return LoadedIndex(workdir, index, fingerprint, family, time.time(), time.perf_counter() - t0,
@@ -235,7 +231,7 @@ class IndexHolder:
             if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:
                 old.entity_pool.close()  # after the batch in flight on the old index has its entities
         except Exception as e:  # noqa: BLE001 - whatever failed, the old index keeps serving
-            reason = str(e).splitlines()[0] if isinstance(e, CfirError) else f"{type(e).__name__}: {e}"
+            reason = first_line(e) if isinstance(e, CfirError) else f"{type(e).__name__}: {e}"
             self.last_reload = {"ok": False, "at": at, "error": reason}
             serving = f"version {self.current.version} ({self.current.fingerprint})"
             if isinstance(e, CfirError):
@@ -256,7 +252,7 @@ def entity_pool_for(config: ml_collections.ConfigDict, index: LoadedIndex, old):
     (spaCy model, labels, settings), a new one of entity_workers.serve processes otherwise; None when fewer than 2
     or no served method reads entities."""
     settings = Settings.of(config, "serve")
-    if settings.workers < 2 or all(index.index.retriever(m).entities is None for m in index.methods):
+    if settings.workers < 2 or not any(index.index.reads_entities(m) for m in index.methods):
         return None
     e = config.index.entities
     if old is not None and old.key == (e.spacy_model or "", label_spec(e.labels)) and old.settings == settings \

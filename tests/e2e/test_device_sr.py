@@ -89,7 +89,7 @@ def test_every_door_with_sr_on_the_device_answers_as_the_cpu_backend(workdir, do
     # cfir_jax.open(W)
     with cfir_jax.open(workdir, retrieval__sr_backend="device") as on_device, \
             cfir_jax.open(workdir, retrieval__sr_backend="cpu") as on_cpu:
-        assert on_device.retriever().sr.backend() == "device" and on_cpu.retriever().sr.backend() == "cpu"
+        assert on_device._retriever().sr.backend() == "device" and on_cpu._retriever().sr.backend() == "cpu"
         for doc_id, text in documents:
             got, want = on_device.search(text, id=doc_id), on_cpu.search(text, id=doc_id)
             assert [h.id for h in got.hits] == [h.id for h in want.hits] == \

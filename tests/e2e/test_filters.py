@@ -131,6 +131,14 @@ def test_the_library_the_service_and_the_client_agree(built, collection):
             assert alike.hits and client.search(image_id=picture, top_k=5, where=["source=reuters"]) == alike
             query_string = client_get_json(service.url, picture)
             assert [h["image_id"] for h in query_string["hits"]] == alike.ids[:3]
+            # A triple's values are its own at every door: a comma, the spaces around a value, its quotes.
+            for own in ([("license", "in", ["cc-by,cc0"])], [("source", "=", " reuters ")],
+                        [("source", "in", ['"reuters"', "ap,afp"])]):
+                alone = index.search(text, top_k=5, where=own)
+                assert alone.hits == [] and client.search(text, top_k=5, where=own) == alone, own
+            line = _retrieve(built, collection[0] / "query.txt", "--where", "date<=2020-06-30", "--where",
+                             "license in 'cc-by', cc0", "--top-k", "5")
+            assert [h["image_id"] for h in line["hits"]] == expected.ids  # the line, parsed once: the same two values
             # Unfiltered and filtered requests answered side by side each keep their own rows.
             assert client.search(text, top_k=5) == index.search(text, top_k=5) != expected
         with pytest.raises(cfir_jax.CfirError, match="^filter 'colour=red': unknown field 'colour'"):
@@ -191,3 +199,14 @@ def test_a_field_of_another_type_is_refused_naming_the_field_and_the_row(built, 
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert proc.returncode == 2 and len(lines) == 1, proc.stderr
     assert f"{bad}:1: field 'date' is a number (2021) but earlier rows made it a date" in lines[0]
+
+
+def test_evaluate_says_how_many_pictures_pass_from_the_answers_count(built, collection):
+    """`--evaluate --where` names how many pictures pass: the answers' count (`Retrieval.passed`), not their note."""
+    _, fields = collection
+    base = (built / "image_cache" / "ids.txt").read_text().split()
+    passing = [i for i in base if _passes(fields[i], "source=reuters")]
+    proc = run_script("retrieve.py", "--index", str(built), "--evaluate", "test", "--where", "source=reuters")
+    first = proc.stdout.splitlines()[0]
+    assert first.startswith("test split, ") and \
+        first.endswith(f", filtered by source=reuters: {len(passing)} of {len(base)} pictures pass"), first

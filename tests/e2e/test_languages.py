@@ -42,7 +42,7 @@ def index(world):
 
 
 def test_a_collection_in_english_french_and_indonesian_indexes(world, index):
-    corpus = index.retriever().corpus
+    corpus = index._retriever().corpus
     assert set(corpus.languages) == {"en", "fr", "id"} and corpus.languages["fr"] >= 1
     assert {"en", "fr", "id"} <= set(corpus.image_langs)  # captions too
     out = world[1]
@@ -66,14 +66,14 @@ def test_a_french_query_finds_french_entities_and_says_its_language(world, index
     assert found.lang == "fr" and found == Result.from_json(record)
     stated = index.search(FRENCH, lang="fr-FR")
     assert stated.lang == "fr" and stated.entities == found.entities
-    assert index.retriever().languages.ner("fr")[1].startswith("spaCy fr_core_news_sm")
+    assert index._retriever().languages.ner("fr")[1].startswith("spaCy fr_core_news_sm")
     # Stated otherwise, it is read otherwise: the capitalised-words rule would keep "Le" nowhere, spaCy's English
     # pipeline reads French as it can; either way the stated language is the one reported.
     assert index.search(FRENCH, lang="id").lang == "id"
 
 
 def test_bm25_matches_a_french_inflection_to_its_caption(index):
-    retriever = index.retriever("bm25")
+    retriever = index._retriever("bm25")
     store = retriever.lexical.store
     query = "Vieilles photographies."  # the captions say "Une vieille photographie de ..."
     assert len(store.query_terms(query, "fr", union=False)[0]) == 2  # vieil, photograph: French stems

@@ -391,7 +391,7 @@ class _FakeRetriever:
     def __init__(self):
         self.batches: list[list[str]] = []
 
-    def retrieve_many(self, docs, progress=False, where=None):
+    def retrieve_many(self, docs, progress=False):
         from cfir_jax.retrieve.pipeline import Retrieval
 
         self.batches.append([d.doc_id for d in docs])

@@ -171,7 +171,7 @@ def test_filtered_answers_equal_one_process(cluster, index, documents):
         assert r.status_code == 200, r.text
         found = index.search(text, id=doc_id, top_k=20, where=where)
         assert [(h["image_id"], h["score"]) for h in r.json()["hits"]] == [(h.id, h.score) for h in found.hits]
-        cache = index.retriever().cache
+        cache = index._retriever().cache
         assert found.hits and all(cache.row(h.id) % 4 <= 1 for h in found.hits) and r.json()["note"] == found.note
     batch = cluster.client.post("/v1/search/batch", json={"documents": [{"id": i, "text": t} for i, t in documents],
                                                           "where": where})
@@ -191,7 +191,7 @@ def test_a_picture_through_the_gateway_equals_one_process(cluster, index):
     imported, so a picture's bytes are refused in one line and an id is the query)."""
     from cfir_jax.retrieve.results import Result
 
-    image_id = index.retriever().image_ids[7]
+    image_id = index.image_ids[7]
     want = index.search(image_id=image_id, top_k=10)
     r = cluster.client.post("/v1/search/image", data={"image_id": image_id, "top_k": "10", "id": image_id})
     assert r.status_code == 200 and r.headers["x-index-version"] == "1", r.text

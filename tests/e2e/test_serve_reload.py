@@ -83,7 +83,7 @@ def test_a_refused_reload_never_reaches_the_shards_and_a_good_one_loads_them_bef
     front = FrontHolder(str(w), "", OVERRIDES, ["cfir"], 2, config, shards, target)
     coordinator = Coordinator(command.DiskWorkdir(str(w), "", OVERRIDES), shards, relay, target)
     doc = DocumentInput(Retriever(config, str(w)).corpus.document(0).text, "d")
-    before = _hits(front.current.index.retriever("cfir").retrieve(doc))
+    before = _hits(front.current.index.retrieve([doc], "cfir")[0])
     family = resident.model_family(w)
     monkeypatch.setattr(command, "model_family", lambda workdir: {**family, "num_layers": 99})
     for _ in range(2):
@@ -91,7 +91,7 @@ def test_a_refused_reload_never_reaches_the_shards_and_a_good_one_loads_them_bef
         outcome = coordinator.reload("SIGHUP")
         assert not outcome.ok and "another family (num_layers 2 -> 99)" in outcome.line, outcome.line
         assert shards.prepared == [] and [list(h) for h in shards.held] == [[target.vid]] * 2  # never asked
-        assert _hits(front.current.index.retriever("cfir").retrieve(doc)) == before and front.target == target
+        assert _hits(front.current.index.retrieve([doc], "cfir")[0]) == before and front.target == target
     monkeypatch.setattr(command, "model_family", lambda workdir: family)
     outcome = coordinator.reload("SIGHUP")
     new = coordinator.target
@@ -99,7 +99,7 @@ def test_a_refused_reload_never_reaches_the_shards_and_a_good_one_loads_them_bef
     assert shards.prepared == [new.vid] and all(new.vid in h for h in shards.held)  # before the front follows
     fresh = front.follow(new)
     assert fresh.version == 3 and front.target == new
-    assert _hits(fresh.index.retriever("cfir").retrieve(doc)) == _hits(Retriever(config, str(w)).retrieve(doc))
+    assert _hits(fresh.index.retrieve([doc], "cfir")[0]) == _hits(Retriever(config, str(w)).retrieve(doc))
     assert coordinator.reload("SIGHUP").line == "reload: version 3 is served already (SIGHUP)"
 
 

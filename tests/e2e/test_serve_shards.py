@@ -17,10 +17,10 @@ from cfir_jax.cluster.reload import VersionGone
 from cfir_jax.cluster.scoring import ShardedSR, merge_ranked, split_union
 from cfir_jax.cluster.shard import LocalShards, ShardClient, ShardIndex, shard_bounds
 from cfir_jax.core.errors import CfirError
-from cfir_jax.retrieve.engine import Engine, Scoring
 from cfir_jax.retrieve.image_query import UnknownPicture, search_image
 from cfir_jax.retrieve.methods import METHODS
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
+from cfir_jax.retrieve.scoring import Scoring
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.stores.image_cache import ImageCache
 
@@ -73,7 +73,7 @@ def test_every_method_is_served_on_the_shards_and_equals_one_process(removed_cop
         expected = Retriever(cfg, w, method).retrieve_many(docs)
         for shards in (1, 2, 4) if method == "cfir" else (2,):
             front = _front(cfg, w, method, shards)
-            assert isinstance(front, Engine) and isinstance(front.sr, Scoring) and front.sr.backend() == "shards"
+            assert isinstance(front.sr, Scoring) and front.sr.backend() == "shards"
             for one, many in zip(expected, front.retrieve_many(docs)):
                 _same(one, many)
                 assert not removed & {h.row for h in many.hits}

@@ -17,8 +17,9 @@ from cfir_jax.api.index import Index
 from cfir_jax.core.config_serve import serve_config
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
-from cfir_jax.serve.app import Service, create_app
+from cfir_jax.serve.app import create_app
 from cfir_jax.serve.middleware import http_protocol
+from cfir_jax.serve.service import Service
 
 IDS = ["img-a", "img-b", "img-c", "img-d"]
 SIDE = 8  # the stand-in tower's image size
@@ -73,7 +74,7 @@ class StandInRetriever:
         self.config = SimpleNamespace(retrieval=SimpleNamespace(top_k=max_top_k))
         self.texts: list[str] = []
 
-    def retrieve_many(self, docs, progress=False, where=None):
+    def retrieve_many(self, docs, progress=False):
         self.texts += [d.text for d in docs]
         return [Retrieval([RankedImage(1, IDS[0], 0.5, 0)], [], [], "a summary", "", 1, {"er": 0.1}) for _ in docs]
 
@@ -123,10 +124,11 @@ def settings(**overrides):
 
 
 @contextlib.contextmanager
-def serving(tower_delay_s: float = 0.0, max_top_k: int = 50, **overrides):
+def serving(tower_delay_s: float = 0.0, max_top_k: int = 50, retriever=None, **overrides):
     """Serves the app over the stand-in index on 127.0.0.1: yields (url, service, retriever); stops it after. The
-    log records the service writes (an internal error, a traceback) are in `service.log_records`."""
-    retriever = StandInRetriever(StandInTower(tower_delay_s), max_top_k)
+    log records the service writes (an internal error, a traceback) are in `service.log_records`. retriever: the
+    engine (default: a StandInRetriever)."""
+    retriever = retriever if retriever is not None else StandInRetriever(StandInTower(tower_delay_s), max_top_k)
     serve = settings(**overrides)
     svc = Service(StandInHolder(retriever, max_top_k, serve), serve)
     records: list[logging.LogRecord] = []

@@ -339,3 +339,67 @@ def test_the_process_check_finds_each_way_to_start_one(tmp_path):
         (tmp_path / f"{name}.py").write_text(code)
         found[name] = bool(_starts_processes(tmp_path / f"{name}.py"))
     assert found == {**{name: True for name in ways}, "threads": False}
+
+
+# HTTP once (docs/architecture.md): the service raises the project's errors (`cfir_jax.serve.errors`), and one module
+# of serve/, the app, answers them over HTTP; no other module of serve/ names an HTTP exception.
+HTTP_EXCEPTIONS = ("HTTPException",)
+
+
+def _names_http_exceptions(path: Path) -> list[str]:
+    """Each place a file names an HTTP exception class: imported, raised, caught or referred to by attribute."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) \
+            else node.name if isinstance(node, ast.alias) else None
+        if name in HTTP_EXCEPTIONS:
+            found.append(f"{getattr(node, 'lineno', '?')}: {name}")
+    return found
+
+
+def test_at_most_one_module_of_serve_names_http_exceptions():
+    """The Service, the picture queue and the request guard raise `cfir_jax.serve.errors`' errors; the app answers
+    them through that module's one table, as the Ray gateway does."""
+    naming = {path.name: hits for path in sorted((PACKAGE / "serve").glob("*.py"))
+              if (hits := _names_http_exceptions(path))}
+    assert len(naming) <= 1, f"serve/ modules naming an HTTP exception (at most one may): {naming}"
+
+
+def test_the_http_check_finds_each_way_to_name_one(tmp_path):
+    """Planted: an import, a raise through a module's attribute, a catch; a file that raises the project's passes."""
+    ways = {"imported": "from starlette.exceptions import HTTPException\n",
+            "attribute": "import starlette.exceptions as x\nraise x.HTTPException(503)\n",
+            "caught": "try:\n    pass\nexcept HTTPException:\n    pass\n",
+            "ours": "from cfir_jax.serve.errors import Refused\nraise Refused('no', 422)\n"}
+    found = {}
+    for name, code in ways.items():
+        (tmp_path / f"{name}.py").write_text(code)
+        found[name] = bool(_names_http_exceptions(tmp_path / f"{name}.py"))
+    assert found == {**{name: True for name in ways}, "ours": False}
+
+
+
+# The core's door (docs/architecture.md): only api/ (the `Index` that holds the Retrievers) and retrieve/ (the
+# pipeline itself) reach a Retriever; everyone else asks `Index` with its own verbs.
+DOOR_ROOMS = ("api", "retrieve")
+
+
+def _reaches_the_retriever(path: Path) -> list[str]:
+    """Each call of a `.retriever(...)` (or `._retriever(...)`) method in a file."""
+    return [f"{path.name}:{node.lineno} .{node.func.attr}(" for node in ast.walk(ast.parse(path.read_text()))
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            and node.func.attr in ("retriever", "_retriever")]
+
+
+def test_no_retriever_is_reached_outside_api_and_retrieve():
+    """The services, the fits and evaluation use `Index`'s verbs (warm up, scoring, notes, the corpus's documents, the
+    re-ranker's features), never the Retriever under it."""
+    found = [hit for module, path in MODULES.items() if _room(module) not in DOOR_ROOMS
+             for hit in _reaches_the_retriever(path)]
+    assert not found, "past the core's door:\n" + "\n".join(found)
+
+
+def test_the_door_check_finds_a_reach_through_index(tmp_path):
+    path = tmp_path / "evaluate.py"
+    path.write_text("r = index.retriever()\ns = Index(c, w)._retriever('bm25').sr\nretriever = index.notes\n")
+    assert [f.split(" ")[0] for f in _reaches_the_retriever(path)] == ["evaluate.py:1", "evaluate.py:2"]

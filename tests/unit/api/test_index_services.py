@@ -10,7 +10,7 @@ from standin_service import settings
 
 from cfir_jax.api.index import Index
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QueryRefused
+from cfir_jax.core.query_rule import Condition, QueryRefused
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import DocumentInput, RankedImage, Retrieval
 
@@ -29,12 +29,13 @@ class Engine:
 
     entities = None
     picture_search = Pictures
+    filters = SimpleNamespace(check=lambda where: None)  # every field known
 
     def __init__(self, method: str, summarises: bool = False):
         self.method, self.batches, self.summary_cache = method, [], None
         self.methods = SimpleNamespace(uses_summary=lambda: summarises)
 
-    def retrieve_many(self, docs, progress=False, where=None):
+    def retrieve_many(self, docs, progress=False):
         self.batches.append(list(docs))
         hits = [RankedImage(n + 1, f"img-{n}", 1.0 - n / 10, n) for n in range(5)]
         return [Retrieval(hits, [], [], "", times_ms={"er": 0.1}, lang=d.lang or "en") for d in docs]
@@ -62,22 +63,23 @@ def test_the_served_methods_open_together_and_the_first_is_the_default(tmp_path)
     (tmp_path / "index.json").write_text('{"version": 7}')
     index, version, made = _served(tmp_path)
     assert version == 7 and index.methods == ("cfir", "bm25") and index.method == "cfir"
-    assert index.retriever() is made["cfir"] and index.retriever("bm25") is made["bm25"]
+    assert index._retriever() is made["cfir"] and index._retriever("bm25") is made["bm25"]
 
 
 def test_warm_up_runs_the_hook_per_method_then_keeps_summaries(tmp_path):
     index, _, made = _served(tmp_path, summarises=True)
     warmed = []
     index.warm_up(warmed.append, summary_cache=32)
-    assert warmed == [made["cfir"], made["bm25"]]
+    assert warmed == ["cfir", "bm25"]
     assert made["cfir"].summary_cache == made["bm25"].summary_cache == 32
     assert isinstance(image_query.prepare(made["cfir"]), Pictures)  # prepared when opened, warmed (no tower)
 
 
 def test_a_batch_of_requests_is_one_retrieval_with_each_documents_top_k_language_and_filters(tmp_path):
     index, _, made = _served(tmp_path)
-    docs = [DocumentInput("first text", "a", lang="de", where=(("license", "=", "cc0"),)),
-            DocumentInput("second text", "b"), DocumentInput("third text", "c", where=(("date", "<=", "2020"),))]
+    docs = [DocumentInput("first text", "a", lang="de", where=(Condition("license", "=", ("cc0",)),)),
+            DocumentInput("second text", "b"),
+            DocumentInput("third text", "c", where=(Condition("date", "<=", ("2020",)),))]
     results = index.search_documents(docs, [1, 5, 3], "bm25")
     assert made["cfir"].batches == [] and made["bm25"].batches == [docs]  # one batch, the documents untouched
     assert [(r.id, len(r.hits), r.lang) for r in results] == [("a", 1, "de"), ("b", 5, "en"), ("c", 3, "en")]

@@ -15,7 +15,7 @@ from cfir_jax.cluster.ray_shards import RayShards
 from cfir_jax.cluster.reload import VersionGone
 from cfir_jax.cluster.shard import Answer, ShardClient
 from cfir_jax.core.errors import CfirError
-from cfir_jax.serve.batcher import Unavailable
+from cfir_jax.serve.errors import Unavailable
 
 
 class FakeHandle:

@@ -77,30 +77,29 @@ def test_warm_up_does_nothing_on_the_cpu_backend():
     assert cpu._device is None
 
 
-class _ServedRetriever:
-    """What resident.warm_up drives: a Retriever's batches (recorded here) and its SR front end, on the device."""
-
-    corpus = None
+class _ServedIndex:
+    """What resident.warm_up drives, through `Index`'s verbs: a method's batches (recorded here) and its SR front
+    end, on the device."""
 
     def __init__(self, front: sr.SRFrontEnd):
         self.sr, self.batches = front, []
 
-    def retrieve_many(self, docs):
+    def sample_text(self) -> None:
+        return None  # no corpus
+
+    def retrieve(self, docs, method):
         self.batches.append(len(docs))
         return [Retrieval([], ["an entity"], [], "")]
 
-    def sr_backend(self) -> str:
-        return self.sr.backend()
-
-    def device_cache(self):
-        return self.sr.device_cache()
+    def warm_scoring(self, max_batch: int, method: str) -> None:
+        self.sr.warm_up(max_batch)
 
 
 def test_the_service_warm_up_compiles_the_device_sr_of_a_device_retriever():
     """`retrieve.py --serve` with sr_backend=device died here (AttributeError: 'Retriever' object has no attribute
     'sr_rows')."""
-    retriever = _ServedRetriever(_front(_rows(4), fingerprint="served"))
-    resident.warm_up(retriever, max_batch=4)
+    retriever = _ServedIndex(_front(_rows(4), fingerprint="served"))
+    resident.warm_up(retriever, "cfir", max_batch=4)
     assert retriever.batches == [1, 2, 4, 1, 1]  # the parse, batches of 2 and 4, the fallback, the unknown entities
     assert retriever.sr.device_cache().traces == 2 * 3  # buckets 32 and 128 at query batches 1, 2 and 4
 

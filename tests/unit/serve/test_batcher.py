@@ -11,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 from standin_service import NoPictures, standin_index
 
+from cfir_jax.core.query_rule import Condition
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.retrieve.results import Result
 from cfir_jax.serve import batcher as batcher_lib
@@ -27,7 +28,7 @@ class StandIn:
     def __init__(self, gate: threading.Event | None = None, fail: bool = False):
         self.batches, self.gate, self.fail = [], gate, fail
 
-    def retrieve_many(self, docs, progress=False, where=None):
+    def retrieve_many(self, docs, progress=False):
         self.batches.append([d.doc_id for d in docs])
         if self.gate is not None:
             self.gate.wait(5)
@@ -37,6 +38,9 @@ class StandIn:
 
     def describe_image(self, image_id):
         return "", ""
+
+
+CC0 = Condition("license", "=", ("cc0",))
 
 
 @pytest.fixture
@@ -170,7 +174,9 @@ class Hits:
     def __init__(self, gate: threading.Event):
         self.batches, self.gate = [], gate
 
-    def retrieve_many(self, docs, progress=False, where=None):
+    filters = SimpleNamespace(check=lambda where: None)  # every field known
+
+    def retrieve_many(self, docs, progress=False):
         from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
 
         self.batches.append([(d.doc_id, d.where) for d in docs])
@@ -192,7 +198,7 @@ def test_jobs_of_one_batch_get_their_own_top_k_and_filters_through_the_index():
         mb.submit(_job(loop, ["running"]))
         while not retriever.batches:  # the worker holds the first batch: the next two queue behind it
             await asyncio.sleep(0.01)
-        few = batcher_lib.Job([DocumentInput("t", "a", where=(("license", "=", "cc0"),))], "cfir", 1,
+        few = batcher_lib.Job([DocumentInput("t", "a", where=(CC0,))], "cfir", 1,
                               time.monotonic() + 5, loop.create_future(), loop)
         many = batcher_lib.Job([DocumentInput("t", "b"), DocumentInput("t", "c")], "cfir", 4, time.monotonic() + 5,
                                loop.create_future(), loop)
@@ -204,7 +210,7 @@ def test_jobs_of_one_batch_get_their_own_top_k_and_filters_through_the_index():
         return retriever.batches[1:], answers
 
     batches, answers = asyncio.run(run())
-    assert batches == [[("a", (("license", "=", "cc0"),)), ("b", ()), ("c", ())]]
+    assert batches == [[("a", (CC0,)), ("b", ()), ("c", ())]]
     shown = [[(json.loads(a)["id"], len(json.loads(a)["hits"])) for a in job] for job in answers]
     assert shown == [[("a", 1)], [("b", 4), ("c", 4)]]
     assert json.loads(answers[0][0])["hits"][0]["caption"] == "caption of img-0"
