@@ -137,7 +137,7 @@ def test_the_library_the_service_and_the_client_agree(built, collection):
             for own in ([("license", "in", ["cc-by,cc0"])], [("source", "=", " reuters ")],
                         [("source", "in", ['"reuters"', "ap,afp"])]):
                 alone = index.search(text, top_k=5, where=own)
-                assert alone.hits == [] and client.search(text, top_k=5, where=own) == alone, own
+                assert not alone.hits and client.search(text, top_k=5, where=own) == alone, own
             line = _retrieve(built, collection[0] / "query.txt", "--where", "date<=2020-06-30", "--where",
                              "license in 'cc-by', cc0", "--top-k", "5")
             assert [h["image_id"] for h in line["hits"]] == expected.ids  # the line, parsed once: the same two values
