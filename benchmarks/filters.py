@@ -16,6 +16,7 @@ then given the column). --sr-backend device runs SR and the whole-cache search o
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import shutil
 import statistics
 import subprocess
@@ -29,6 +30,7 @@ from serve_load import make_million
 
 from cfir_jax.builders.image_fields import columns_of, write_store
 from cfir_jax.core.cli import workdir_config
+from cfir_jax.core.query_rule import conditions
 from cfir_jax.retrieve.pipeline import Retriever
 from cfir_jax.stores.image_cache import ImageCache
 
@@ -39,15 +41,16 @@ def measure(w: Path, method: str, where: list[str], rounds: int, docs: int, back
         config.retrieval.sr_backend = backend
     retriever = Retriever(config, w, method)
     chosen = retriever.corpus_documents("test")[:docs]
+    filtered = [dataclasses.replace(d, where=conditions(where)) for d in chosen]  # each document carries its filter
     retriever.retrieve_many(chosen[:4])
-    retriever.retrieve_many(chosen[:4], where=where)
+    retriever.retrieve_many(filtered[:4])
     times = {"all": [], "filtered": []}
     unions = {"all": [], "filtered": []}
     for _ in range(rounds):
-        for doc in chosen:  # interleaved: a load spike hits both sides alike
-            for side, wh in (("all", None), ("filtered", where)):
+        for doc, under in zip(chosen, filtered):  # interleaved: a load spike hits both sides alike
+            for side, d in (("all", doc), ("filtered", under)):
                 t0 = time.perf_counter()
-                r = retriever.retrieve_many([doc], where=wh)[0]
+                r = retriever.retrieve_many([d])[0]
                 times[side].append(1e3 * (time.perf_counter() - t0))
                 unions[side].append(r.num_candidates)
     p50 = {s: statistics.median(t) for s, t in times.items()}

@@ -225,8 +225,8 @@ def parse_line(line: str) -> Condition:
 
 
 def parse(expr: Any) -> Condition:
-    """A condition from a line (parsed), a `(field, op, value | [values])` triple (taken as it is: a value that is
-    not a str is written with str(), 100 -> "100"), or a Condition."""
+    """A condition from a line (parsed), a `(field, op, value | [values])` triple (taken as it is: a number is
+    written with str(), 100 -> "100", a bool as JSON spells it), or a Condition."""
     if isinstance(expr, Condition):
         return expr
     if isinstance(expr, str):
@@ -242,11 +242,15 @@ def parse(expr: Any) -> Condition:
 
 
 def _value(value: object, expr: object) -> str:
+    """A triple's value as the string its field's type reads: a str as it is, a number with str(), a bool as JSON
+    spells it ("true", "false")."""
     if isinstance(value, str):
         return value
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
         return str(value)
-    raise FilterError(f"filter {_said(expr)}: a value is a string or a number, not {type(value).__name__}")
+    raise FilterError(f"filter {_said(expr)}: a value is a string, a number or a bool, not {type(value).__name__}")
 
 
 def _checked(field: str, op: str, values: tuple[str, ...], said: str) -> Condition:

@@ -49,7 +49,7 @@ def test_a_line_is_parsed_once_and_a_condition_passes_as_itself():
 
 @pytest.mark.parametrize("where, says", [
     ([("a", "like", "b")], "unknown operator 'like'"), ([("a", "=", ["b", "c"])], "one value for ="),
-    ([("a", "in", [])], "no value"), ([("a", "=", None)], "a value is a string or a number"),
+    ([("a", "in", [])], "no value"), ([("a", "=", None)], "a value is a string, a number or a bool"),
     ([(1, "=", "b")], "a triple"), ("x", "expected FIELD OP VALUE"), ([("a", "=", "\ud800")], "not valid Unicode"),
 ])
 def test_a_malformed_condition_is_one_line(where, says):
