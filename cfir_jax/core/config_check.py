@@ -112,9 +112,11 @@ def check_serve(s: ml_collections.ConfigDict) -> None:
                         "batch request could never be queued")
     _one_of("serve", s, "engine", SERVE_ENGINES)
     for key in ("shards", "shard_replicas", "front_replicas", "gateway_replicas", "max_image_bytes", "max_text_bytes",
-                "max_image_pixels", "picture_queue_size"):
+                "max_image_pixels", "picture_queue_size", "max_conditions"):
         if s[key] < 1:
             raise CfirError(f"serve.{key}={s[key]}: at least 1")
+    if s.body_deadline_ms <= 0:
+        raise CfirError(f"serve.body_deadline_ms={s.body_deadline_ms}: a positive number of milliseconds")
     if s.shard_timeout_s <= 0:
         raise CfirError(f"serve.shard_timeout_s={s.shard_timeout_s}: a positive number of seconds")
     for key in ("front_num_cpus", "shard_num_cpus", "gateway_num_cpus", "front_num_gpus", "head_num_cpus"):

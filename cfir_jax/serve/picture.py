@@ -7,11 +7,12 @@ The picture comes in one of three forms, each within serve.max_image_bytes:
 - JSON `{"image": BASE64, "top_k": 20, "id": "..."}`, or `{"image_id": ID}` for an indexed picture;
 - the request body itself with a `Content-Type: image/...` header (`?top_k=&id=` in the query string).
 Each form may add filters on the pictures' own fields (`where`: a JSON list, or repeated form / query-string fields;
-docs/filters.md): only pictures that pass answer.
+docs/filters.md), up to serve.max_conditions of them in every form (422 past it): only pictures that pass answer.
 
 The body is read no further than its limit (413 past it, whatever Content-Length said); a picture over
 serve.max_image_bytes, or whose header announces more than serve.max_image_pixels, is 413 (refused before it is
-decoded), an undecodable one or a malformed upload 422, an unknown or removed id 404, each one line; the answer is
+decoded), one in a format outside JPEG, PNG, WebP, GIF, BMP and TIFF 415 (refused unread), an undecodable one or a
+malformed upload 422, an unknown or removed id 404, each one line; the answer is
 the JSON of `retrieve.py --query-image ... --format json`, made by the library's `Index` (`search(image=...)`, the
 one query core) of the resident index. Searches go through a bounded queue (`PictureQueue`: past
 serve.picture_queue_size, 503 with Retry-After, as a text search's queue answers) to threads of their own, and a
@@ -42,7 +43,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.filters import FilterError, check_where
-from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture
+from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, UnsupportedPicture
 from cfir_jax.serve.batcher import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
 
@@ -131,19 +132,23 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
     return _checked(picture, fields, max_bytes)
 
 
-async def _form(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
+async def _form(request: Request, body: bytes, max_bytes: int, max_conditions: int
+                ) -> tuple[bytes | None, ImageSearchRequest]:
     """(picture bytes or None, the fields) of a multipart/form-data upload already read (`body`): the file field
-    `image` (or a field `image_id`), the fields `top_k` and `id`; a malformed upload is one 422. A urlencoded form
-    (no file) may name an indexed picture."""
+    `image` (or a field `image_id`), the fields `top_k` and `id`, `where` repeated; a malformed upload is one 422. A
+    urlencoded form (no file) may name an indexed picture."""
     # why: Starlette's form parsers import python-multipart, needed only when a form arrives
     from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
 
     async def stream():
         yield body
 
+    # The plain fields once each, `where` up to max_conditions times and one more: a request over the limit gets
+    # the limit's own line (read_request), not the parser's "Too many fields".
+    fields = len(FORM_FIELDS) - 2 + max_conditions + 1
     try:
         if _kind(request) == "multipart/form-data":
-            form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=len(FORM_FIELDS),
+            form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=fields,
                                          max_part_size=65536).parse()
         else:  # a form without a file (curl -d image_id=ID)
             form = await FormParser(request.headers, stream()).parse()
@@ -167,12 +172,18 @@ async def _form(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | 
     return _checked(picture, fields, max_bytes)
 
 
-async def read_request(request: Request, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
-    """The picture (or None for an id) and the fields of a POST /v1/search/image, checked, in any of its forms."""
+async def read_request(request: Request, max_bytes: int, max_conditions: int
+                       ) -> tuple[bytes | None, ImageSearchRequest]:
+    """The picture (or None for an id) and the fields of a POST /v1/search/image, checked, in any of its forms; at
+    most `max_conditions` filters (serve.max_conditions) in every form."""
     body = await _body(request, body_limit(max_bytes))
     if _kind(request) in FORMS:
-        return await _form(request, body, max_bytes)
-    return _parse(request, body, max_bytes)
+        picture, fields = await _form(request, body, max_bytes, max_conditions)
+    else:
+        picture, fields = _parse(request, body, max_bytes)
+    if fields.where is not None and len(fields.where) > max_conditions:
+        raise HTTPException(422, f"where: {len(fields.where)} filters, over serve.max_conditions={max_conditions}")
+    return picture, fields
 
 
 class PictureQueue:
@@ -226,6 +237,8 @@ class PictureQueue:
             raise HTTPException(503, str(e).splitlines()[0]) from None
         except PictureTooLarge as e:
             raise HTTPException(413, str(e).splitlines()[0]) from None
+        except UnsupportedPicture as e:
+            raise HTTPException(415, str(e).splitlines()[0]) from None
         except UnknownPicture as e:
             raise HTTPException(404, str(e).splitlines()[0]) from None
         except FilterError as e:  # an unknown field, a value of the wrong type
@@ -252,7 +265,8 @@ def picture_routes(app: FastAPI) -> None:
               "image, JSON {image: base64} or {image_id}, or the picture as the body with Content-Type image/*)")
     async def search_by_picture(request: Request) -> Response:
         svc = request.app.state.service
-        picture, fields = await read_request(request, int(svc.settings.max_image_bytes))
+        picture, fields = await read_request(request, int(svc.settings.max_image_bytes),
+                                             int(svc.settings.max_conditions))
         answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id,
                                                    tuple(fields.where or ()), fields.fold)
         return Response(answer, media_type="application/json", headers=headers)
