@@ -21,7 +21,9 @@ The token goes to the service's own origin only: a redirect to another scheme, h
 included) is refused in one line, never followed. A query is held to the rule every door applies
 (`cfir_jax.core.query_rule`) before it is sent, as far as the client can hold it without the service's settings
 (the size and top_k's range are the service's to check). The standard library's HTTP alone: no JAX, no extra
-dependency; no proxy from the environment is used.
+dependency; no proxy from the environment is used. The transport (`cfir_jax.api.transport`) holds a call to its one
+deadline, connection, TLS handshake, sends and every read included, and speaks https (TLS 1.2 and 1.3) against the
+environment's trust store and a CA the caller gives (`ca=`).
 """
 
 from __future__ import annotations
