@@ -1,5 +1,6 @@
 """The picture door refuses a format outside the allow-list (issue 59) in one line, 415, in each of its forms, and the
-client raises it as the service's reason; a picture in an allowed format is answered beside it. On the real app over
+client raises it as the service's reason, and the library's `Index.search` in the same line; a picture in an allowed
+format is answered beside it. On the real app over
 a stand-in index (tests/helpers/standin_service.py), whose picture search decodes for real."""
 
 import base64
@@ -8,9 +9,10 @@ import io
 import httpx
 import pytest
 from PIL import Image as PILImage
-from standin_service import serving
+from standin_service import StandInRetriever, StandInTower, serving, standin_index
 
 from cfir_jax.api.client import Client, ServiceError
+from cfir_jax.retrieve.image_query import UnsupportedPicture
 
 REASON = "cannot be used: a EPS image: pictures are read from JPEG, PNG, WebP, GIF, BMP or TIFF only"
 
@@ -43,3 +45,10 @@ def test_an_eps_picture_is_415_in_one_line_in_every_form(door):
     for fmt in ("JPEG", "WEBP", "GIF", "BMP", "TIFF"):
         assert Client(url, deadline_s=10).search(image=_encoded(fmt), top_k=2).ids == ["img-a", "img-b"]
     assert not [r for r in svc.log_records if r.levelname in ("ERROR", "CRITICAL") or r.exc_info]
+
+
+def test_the_library_refuses_it_in_the_same_line():
+    eps = _encoded("EPS")
+    with pytest.raises(UnsupportedPicture) as e:
+        standin_index(StandInRetriever(StandInTower(), 50)).search(image=eps)
+    assert str(e.value) == f"the picture ({len(eps):,} bytes) {REASON}"
