@@ -134,7 +134,8 @@ def _forms(where: list[str]) -> dict:
     """One picture request in each form, with `where` repeated (a form's fields, the query string) or a JSON list."""
     query = "&".join(f"where={w}" for w in where).replace(" ", "+").replace(",", "%2C")
     return {
-        "multipart": _upload(files={"image": ("p.png", PNG)}, data={"where": where, "top_k": "2"}),
+        "multipart": _upload(files={"image": ("p.png", PNG)}, data={"where": where, "top_k": "2", "id": "me",
+                                                                  "fold": "1"}),
         "urlencoded": _request("application/x-www-form-urlencoded", chunks=[httpx.Request(
             "POST", "http://x", data={"image_id": "img-a", "where": where}).read()]),
         "json": _request("application/json", chunks=[json.dumps({"image_id": "img-a", "where": where}).encode()]),
