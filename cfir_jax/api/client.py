@@ -21,7 +21,9 @@ The token goes to the service's own origin only: a redirect to another scheme, h
 included) is refused in one line, never followed. A query is held to the rule every door applies
 (`cfir_jax.core.query_rule`) before it is sent, as far as the client can hold it without the service's settings
 (the size and top_k's range are the service's to check). The standard library's HTTP alone: no JAX, no extra
-dependency; no proxy from the environment is used.
+dependency; no proxy from the environment is used. The transport (`cfir_jax.api.transport`) holds a call to its one
+deadline, connection, TLS handshake, sends and every read included, and speaks https (TLS 1.2 and 1.3) against the
+environment's trust store and a CA the caller gives (`ca=`).
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ import json
 import logging
 import math
 import os
-import select
+import ssl
 import time
 import urllib.parse
 from collections.abc import Sequence
 from pathlib import Path
 
+from cfir_jax.api.transport import Unanswered as _Unanswered
+from cfir_jax.api.transport import bad_target, exchange, tls_context
+from cfir_jax.api.transport import reason as _reason
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k, conditions
 from cfir_jax.retrieve.results import Result
@@ -50,7 +55,6 @@ RESEND_WAIT_S = (0.05, 1.0)  # the first wait before a search the service never 
 RETRY_AFTER_MIN_S = 0.5  # the shortest wait a 503's Retry-After gets (0 would ask again in a tight loop)
 PROXY_5XX = (500, 502, 503, 504)  # statuses a proxy answers for a request that its upstream lost
 MAX_REDIRECTS = 5  # redirects followed within the service's own origin
-SEND_CHUNK = 1 << 16  # a body is sent in chunks, and an answer that arrives before its end is read at once
 
 
 class ServiceError(CfirError):
@@ -62,14 +66,18 @@ class ServiceError(CfirError):
 
 
 class Client:
-    """A client of one service at `url` ("http://host:port"); token: sent as `Authorization: Bearer TOKEN` to that
-    origin only (a proxy's, or the admin token); deadline_s: how long a call may take, waits for a busy service
-    included."""
+    """A client of one service at `url` ("http://host:port", or "https://..."); token: sent as `Authorization:
+    Bearer TOKEN` to that origin only (a proxy's, or the admin token); deadline_s: how long a call may take, all of
+    it (connecting, sending, every read, the waits for a busy service and the tries again); ca: for https, a CA file
+    (PEM) trusted beside the environment's trust store (a service with a self-signed certificate), or the
+    `ssl.SSLContext` to use as it stands."""
 
-    def __init__(self, url: str, token: str | None = None, *, deadline_s: float = 60.0):
+    def __init__(self, url: str, token: str | None = None, *, deadline_s: float = 60.0,
+                 ca: str | os.PathLike | ssl.SSLContext | None = None):
         if not isinstance(url, str) or not url.startswith(("http://", "https://")) or not _host(url):
             raise CfirError(f"{url!r}: the service's URL starts with http:// or https:// and names a host")
         self.url, self.token, self.deadline_s = url.rstrip("/"), token, float(deadline_s)
+        self._tls = tls_context(ca) if url.startswith("https://") or ca is not None else None
         self._origin = _origin(self.url)
         self._reached = False  # whether the service ever answered this client (a refusal after it is a restart)
 
@@ -190,6 +198,9 @@ class Client:
         """Where a redirect from `url` leads, refused in one line off the service's origin (scheme, host, port):
         the token is for it alone. A search (a POST) follows only a redirect that keeps it one (307, 308)."""
         target = urllib.parse.urljoin(url, location.strip())
+        why = bad_target(target)
+        if why is not None:
+            raise CfirError(f"{url}: the service redirected to {target[:200]!r}, not a URL ({why}); not followed")
         if _origin(target) != self._origin:
             shown = urllib.parse.urlunsplit(urllib.parse.urlsplit(target)[:3] + ("", ""))[:200]
             raise CfirError(f"{url}: the service redirected to {shown}, another origin than {self.url}; not followed "
@@ -201,73 +212,11 @@ class Client:
 
     def _exchange(self, method: str, url: str, data: bytes | None, deadline: float
                   ) -> tuple[int, str, http.client.HTTPMessage, bytes]:
-        """One HTTP exchange: (status, reason, headers, body). An answer that arrives while the body is being sent
-        is read at once, and so is one the service sent before a send failed (the body is not sent on)."""
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise CfirError(f"{url}: no answer within the deadline")
-        parts = urllib.parse.urlsplit(url)
-        kind = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
-        conn = kind(parts.hostname, parts.port, timeout=left)
-        try:
-            self._connect(conn)
-            failed = _send(conn, method, urllib.parse.urlunsplit(("", "", parts.path or "/", parts.query, "")),
-                           self._headers(url), data)
-            try:
-                response = conn.getresponse()
-                raw = response.read()
-            except TimeoutError:
-                raise CfirError(f"{url}: no answer within the deadline") from None
-            except (ConnectionError, http.client.IncompleteRead, http.client.RemoteDisconnected) as e:
-                if failed is not None:  # the send failed and nothing was answered
-                    raise _Unanswered(f"the connection failed ({_reason(failed)})") from None
-                raise _Unanswered(f"the connection was closed before the answer ({type(e).__name__})") from None
-            except http.client.HTTPException as e:
-                raise CfirError(f"{url}: not an HTTP answer ({type(e).__name__})") from None
-            self._reached = True
-            return response.status, response.reason, response.headers, raw
-        except TimeoutError:
-            raise CfirError(f"{url}: no answer within the deadline") from None
-        finally:
-            conn.close()
-
-    def _connect(self, conn: http.client.HTTPConnection) -> None:
-        try:
-            conn.connect()
-        except ConnectionError as e:
-            if self._reached or not isinstance(e, ConnectionRefusedError):
-                raise _Unanswered(f"the connection failed ({_reason(e)})") from None
-            raise CfirError(f"{self.url}: cannot reach the service ({_reason(e)})") from None
-        except TimeoutError:
-            raise CfirError(f"{self.url}: cannot reach the service (no connection within the deadline)") from None
-        except OSError as e:  # a name that does not resolve, a certificate refused, no route
-            raise CfirError(f"{self.url}: cannot reach the service ({_reason(e)})") from None
-
-
-class _Unanswered(CfirError):
-    """A request that the service never answered: its connection failed, or a proxy answered a 5xx for it."""
-
-
-def _send(conn: http.client.HTTPConnection, method: str, target: str, headers: dict, data: bytes | None
-          ) -> OSError | None:
-    """Sends the request; stops sending its body when the service answers before its end. Returns the error that
-    ended a failed send (a reset, a closed pipe: the service may still have answered first), else None."""
-    try:
-        conn.putrequest(method, target, skip_accept_encoding=True)
-        for key, value in {**headers, **({"content-type": "application/json"} if data is not None else {})}.items():
-            conn.putheader(key, value)
-        if data is not None:
-            conn.putheader("content-length", str(len(data)))
-        conn.endheaders()
-        for at in range(0, len(data or b""), SEND_CHUNK):
-            if select.select([conn.sock], [], [], 0)[0]:  # an answer (a refusal) before the body's end: read it
-                break
-            conn.send(data[at : at + SEND_CHUNK])
-    except TimeoutError:
-        raise
-    except (ConnectionError, OSError) as e:
-        return e
-    return None
+        """One HTTP exchange within the deadline (`cfir_jax.api.transport`): (status, reason, headers, body)."""
+        answer = exchange(method, url, self._headers(url), data, deadline, tls=self._tls, service=self.url,
+                          reached=self._reached)
+        self._reached = True
+        return answer
 
 
 def _refusal(status: int, reason: str, headers: http.client.HTTPMessage, raw: bytes) -> CfirError:
@@ -309,10 +258,6 @@ def _result(answer: object, version: int | None, where: str) -> Result:
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0][:120] or type(e).__name__
         raise CfirError(f"{where}: the answer is not a search result ({what}); is this a cfir-jax service?") from None
-
-
-def _reason(reason) -> str:
-    return getattr(reason, "strerror", None) or str(reason) or type(reason).__name__
 
 
 def _host(url: str) -> str | None:

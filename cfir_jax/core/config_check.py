@@ -116,6 +116,8 @@ def check_serve(s: ml_collections.ConfigDict) -> None:
                 "max_filter_bytes"):
         if s[key] < 1:
             raise CfirError(f"serve.{key}={s[key]}: at least 1")
+    if s.body_deadline_ms <= 0:
+        raise CfirError(f"serve.body_deadline_ms={s.body_deadline_ms}: a positive number of milliseconds")
     if s.shard_timeout_s <= 0:
         raise CfirError(f"serve.shard_timeout_s={s.shard_timeout_s}: a positive number of seconds")
     for key in ("front_num_cpus", "shard_num_cpus", "gateway_num_cpus", "front_num_gpus", "head_num_cpus"):

@@ -20,6 +20,10 @@ def serve_config() -> ml_collections.ConfigDict:
             verify_on_reload=True,  # a reload verifies the new workdir's stores before swapping it in
             queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
             deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
+            # A request's whole body must arrive by then, from its start, whatever its pace; past it 408 and the
+            # connection closed (a body dripped a byte at a time holds nothing longer). Raise it for large pictures
+            # over slow links: serve.max_image_bytes at the clients' rate.
+            body_deadline_ms=5000.0,
             max_text_bytes=65536,  # UTF-8 bytes of a query's text at every door (commands, library, service): 413
             max_batch_docs=64,  # documents in one POST /v1/search/batch
             # A query's filter (`where`, docs/filters.md) at every door (commands: exit 2; library; service: 413):

@@ -12,18 +12,24 @@ from __future__ import annotations
 
 import numpy as np
 
-from cfir_jax.data.image_decode import ImageDecodeError, ImageTooLarge, decode_rgb, resize_pixels
+from cfir_jax.data.image_decode import (
+    ImageDecodeError,
+    ImageTooLarge,
+    UnsupportedImageFormat,
+    decode_rgb,
+    resize_pixels,
+)
 
-__all__ = ["ImageDecodeError", "ImageTooLarge", "decode_image"]
+__all__ = ["ImageDecodeError", "ImageTooLarge", "UnsupportedImageFormat", "decode_image"]
 
 
 def decode_image(data: bytes, size: int, max_pixels: int | None = None) -> np.ndarray:
-    """Encoded image bytes (WebP, JPEG, PNG, ...) -> pixels [size, size, 3] float32 in [-1, 1].
+    """Encoded image bytes (JPEG, PNG, WebP, GIF, BMP, TIFF) -> pixels [size, size, 3] float32 in [-1, 1].
 
     Exactly the reference evaluation preprocessing: RGB conversion (alpha dropped, palettes expanded), a bicubic
     resize to (size, size) without crop or aspect preservation, /255, then (x - 0.5) / 0.5. Raises ImageDecodeError
-    with a short reason for empty or undecodable bytes, ImageTooLarge past `max_pixels` (read from the header,
-    before decoding) or PIL's decompression-bomb limit.
+    with a short reason for empty or undecodable bytes, UnsupportedImageFormat for another format (unread),
+    ImageTooLarge past `max_pixels` (read from the header, before decoding) or PIL's decompression-bomb limit.
     """
     if size <= 0:
         raise ValueError(f"image size must be positive, got {size}")

@@ -41,8 +41,8 @@ from cfir_jax.retrieve.queries import read_bounded
 from cfir_jax.search.knn import ScannSearcher, search_with_tail
 from cfir_jax.stores.integrity import check_embeddings, check_scores, row_norm_bound
 
-__all__ = ["Expired", "PictureSearch", "PictureTooLarge", "UnknownPicture", "UnusablePicture", "prepare",
-           "read_picture", "search_image", "warm"]
+__all__ = ["Expired", "PictureSearch", "PictureTooLarge", "UnknownPicture", "UnsupportedPicture", "UnusablePicture",
+           "prepare", "read_picture", "search_image", "warm"]
 
 
 class UnusablePicture(CfirError):
@@ -51,6 +51,10 @@ class UnusablePicture(CfirError):
 
 class PictureTooLarge(UnusablePicture):
     """The picture announces more pixels than serve.max_image_pixels (or PIL's bomb limit): refused undecoded."""
+
+
+class UnsupportedPicture(UnusablePicture):
+    """The picture is in a format outside JPEG, PNG, WebP, GIF, BMP and TIFF: refused unread (a service's 415)."""
 
 
 class UnknownPicture(CfirError):
@@ -143,7 +147,7 @@ class PictureSearch:
         """Encoded picture bytes -> its pixels [S, S, 3] float32 (the cache's preprocessing), the ms into `times`;
         refused undecoded past `max_pixels` (PictureTooLarge) and when this index has no tower to embed them."""
         # why: PIL loads only when a picture is decoded
-        from cfir_jax.model.preprocess import ImageDecodeError, ImageTooLarge, decode_image
+        from cfir_jax.model.preprocess import ImageDecodeError, ImageTooLarge, UnsupportedImageFormat, decode_image
 
         self.check_tower()
         t0 = time.perf_counter()
@@ -151,6 +155,8 @@ class PictureSearch:
             pixels = decode_image(image, int(self.image_size), max_pixels)
         except ImageTooLarge as e:
             raise PictureTooLarge(f"the picture ({len(image):,} bytes) is too large: {e}") from None
+        except UnsupportedImageFormat as e:
+            raise UnsupportedPicture(f"the picture ({len(image):,} bytes) cannot be used: {e}") from None
         except ImageDecodeError as e:
             raise UnusablePicture(f"the picture ({len(image):,} bytes) cannot be used: {e}") from None
         times["decode"] = 1e3 * (time.perf_counter() - t0)

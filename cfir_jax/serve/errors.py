@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from cfir_jax.core.errors import CfirError, StoreError, first_line
 from cfir_jax.core.query_rule import QueryRefused
-from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture
+from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, UnsupportedPicture
 
 __all__ = ["STATUSES", "Busy", "ClientGone", "DeadlinePassed", "Refused", "ServiceError", "Unavailable",
            "http_answer"]
@@ -78,6 +78,7 @@ STATUSES: tuple[tuple[type[BaseException], int | None], ...] = (
     (Unavailable, 503),
     (StoreError, 503),  # damage on disk met by a query (CorruptStore), a store gone: /readyz says so too
     (PictureTooLarge, 413),
+    (UnsupportedPicture, 415),  # a format outside the allow-list (cfir_jax.data.image_decode.FORMATS), unread
     (UnknownPicture, 404),
     (CfirError, 422),  # any other refusal of what the request gave (a picture that does not decode)
 )

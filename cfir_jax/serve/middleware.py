@@ -4,7 +4,10 @@ answer made readable, and its count, status and latency in /metrics.
 - A body whose Content-Length is over the service's `max_body` is answered 413 at once, without calling the app.
 - A body that grows past `max_body` as it arrives (chunked, or a Content-Length that lied) is refused 413 where it
   passes the bound, and a body that stops arriving for serve.deadline_ms is refused 408: a client that sends half a
-  body and waits holds no handler.
+  body and waits holds no handler. A body must also arrive whole within serve.body_deadline_ms of its request's
+  start, whatever its pace: a body dripped a byte at a time, each byte in time for the stall's bound, is refused 408
+  there too, and its connection closed. A search takes a slot (the batcher's queue, the picture queue) only once
+  its body is read, so dripping connections hold none.
 - An answer sent before the body was read whole (those two, a 404, a refused picture) is followed by reading the
   rest of the body and dropping it, for up to `DRAIN_S`, before the answer ends. A server that closes a connection
   with unread data in it makes its TCP reset the connection, and a client still sending then loses the answer: it
@@ -56,7 +59,7 @@ def http_protocol(kind: str = "auto"):
 
 class RequestGuard:
     """The ASGI middleware above: `service` gives `max_body` (bytes), `settings.deadline_ms` (how long a body may
-    stall) and `metrics`."""
+    stall), `settings.body_deadline_ms` (how long it may take, all of it) and `metrics`."""
 
     def __init__(self, app, service):
         self.app, self.service = app, service
@@ -69,7 +72,8 @@ class RequestGuard:
         metrics: Metrics = svc.metrics
         route = scope["path"] if scope["path"] in ENDPOINTS else "other"
         searching = route.startswith("/v1/search")
-        body = _Body(scope, receive, svc.max_body, float(svc.settings.deadline_ms) / 1e3)
+        body = _Body(scope, receive, svc.max_body, float(svc.settings.deadline_ms) / 1e3,
+                     float(svc.settings.body_deadline_ms) / 1e3)
 
         def count(status: int) -> None:  # an answer's status, or 0 where none began
             metrics.requests.labels(route, str(status or (499 if body.gone else 500))).inc()
@@ -95,8 +99,9 @@ class RequestGuard:
 class _Body:
     """The request body as the app receives it: bounded, timed, and the rest of it drained after an early answer."""
 
-    def __init__(self, scope, receive, limit: int, stall_s: float):
-        self._receive, self.limit, self.stall_s = receive, limit, stall_s
+    def __init__(self, scope, receive, limit: int, stall_s: float, whole_s: float):
+        self._receive, self.limit, self.stall_s, self.whole_s = receive, limit, stall_s, whole_s
+        self.ends = time.monotonic() + whole_s  # the whole body by then, whatever its pace
         headers = dict(scope.get("headers") or ())
         declared = headers.get(b"content-length", b"").strip()
         self.declared = int(declared) if declared.isdigit() else None
@@ -106,14 +111,21 @@ class _Body:
         self.read = 0
 
     async def receive(self):
-        """The next ASGI message: Refused 413 past the bound, 408 when the body stalls (the app answers each through
-        `cfir_jax.serve.errors`); after the body, the messages as they come (the handler's wait for a disconnect)."""
+        """The next ASGI message: Refused 413 past the bound, 408 when the body stalls or is not whole by its deadline
+        (the app answers each through `cfir_jax.serve.errors`); after the body, the messages as they come (the
+        handler's wait for a disconnect)."""
         if self.done:
             return await self._receive()
+        left = self.ends - time.monotonic()
         try:
-            message = await asyncio.wait_for(self._receive(), timeout=self.stall_s)
+            if left <= 0:
+                raise TimeoutError
+            message = await asyncio.wait_for(self._receive(), timeout=min(self.stall_s, left))
         except TimeoutError:
-            self.done = True  # a stalled client sends nothing to drain
+            self.done = True  # nothing is drained: a stalled client sends nothing, a dripping one is cut off
+            if left < self.stall_s:
+                raise Refused(f"the request body did not arrive whole within {self.whole_s:g} s ({self.read:,} bytes "
+                              "in: serve.body_deadline_ms)", 408, {"connection": "close"}) from None
             raise Refused(f"the request body stopped arriving ({self.read:,} bytes in, none for {self.stall_s:g} s: "
                           "serve.deadline_ms)", 408) from None
         if message["type"] == "http.disconnect":

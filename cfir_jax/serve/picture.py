@@ -7,11 +7,12 @@ The picture comes in one of three forms, each within serve.max_image_bytes:
 - JSON `{"image": BASE64, "top_k": 20, "id": "..."}`, or `{"image_id": ID}` for an indexed picture;
 - the request body itself with a `Content-Type: image/...` header (`?top_k=&id=` in the query string).
 Each form may add filters on the pictures' own fields (`where`: a JSON list, or repeated form / query-string fields;
-docs/filters.md): only pictures that pass answer.
+docs/filters.md), up to serve.max_filter_conditions of them in every form (413 past it): only pictures that pass answer.
 
 The body is read no further than its limit (413 past it, whatever Content-Length said); a picture over
 serve.max_image_bytes, or whose header announces more than serve.max_image_pixels, is 413 (refused before it is
-decoded), an undecodable one or a malformed upload 422, an unknown or removed id 404, each one line; the answer is
+decoded), one in a format outside JPEG, PNG, WebP, GIF, BMP and TIFF 415 (refused unread), an undecodable one or a
+malformed upload 422, an unknown or removed id 404, each one line; the answer is
 the JSON of `retrieve.py --query-image ... --format json`, made by the library's `Index` (`search(image=...)`, the
 one query core) of the resident index. Searches go through a bounded queue (`PictureQueue`: past
 serve.picture_queue_size, 503 with Retry-After, as a text search's queue answers) to threads of their own, and a
@@ -128,19 +129,23 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
     return _checked(picture, fields, max_bytes)
 
 
-async def _form(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
+async def _form(request: Request, body: bytes, max_bytes: int, max_conditions: int
+                ) -> tuple[bytes | None, ImageSearchRequest]:
     """(picture bytes or None, the fields) of a multipart/form-data upload already read (`body`): the file field
-    `image` (or a field `image_id`), the fields `top_k` and `id`; a malformed upload is one 422. A urlencoded form
-    (no file) may name an indexed picture."""
+    `image` (or a field `image_id`), the fields `top_k` and `id`, `where` repeated; a malformed upload is one 422. A
+    urlencoded form (no file) may name an indexed picture."""
     # why: Starlette's form parsers import python-multipart, needed only when a form arrives
     from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
 
     async def stream():
         yield body
 
+    # The plain fields once each, `where` up to max_conditions times and one more: a request over the limit gets
+    # the limit's own line (read_request), not the parser's "Too many fields".
+    fields = len(FORM_FIELDS) - 2 + max_conditions + 1
     try:
         if _kind(request) == "multipart/form-data":
-            form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=len(FORM_FIELDS),
+            form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=fields,
                                          max_part_size=65536).parse()
         else:  # a form without a file (curl -d image_id=ID)
             form = await FormParser(request.headers, stream()).parse()
@@ -164,12 +169,17 @@ async def _form(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | 
     return _checked(picture, fields, max_bytes)
 
 
-async def read_request(request: Request, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
-    """The picture (or None for an id) and the fields of a POST /v1/search/image, checked, in any of its forms."""
+async def read_request(request: Request, max_bytes: int, max_conditions: int
+                       ) -> tuple[bytes | None, ImageSearchRequest]:
+    """The picture (or None for an id) and the fields of a POST /v1/search/image, checked, in any of its forms; at
+    `where` repeated up to `max_conditions` times and one more (serve.max_filter_conditions) in every form, so a
+    request over the limit meets the limit's own refusal (`FilterLimits.read`, 413), not the form parser's."""
     body = await _body(request, body_limit(max_bytes))
     if _kind(request) in FORMS:
-        return await _form(request, body, max_bytes)
-    return _parse(request, body, max_bytes)
+        picture, fields = await _form(request, body, max_bytes, max_conditions)
+    else:
+        picture, fields = _parse(request, body, max_bytes)
+    return picture, fields
 
 
 class PictureQueue:
@@ -241,7 +251,8 @@ def picture_routes(app: FastAPI) -> None:
               "image, JSON {image: base64} or {image_id}, or the picture as the body with Content-Type image/*)")
     async def search_by_picture(request: Request) -> Response:
         svc = request.app.state.service
-        picture, fields = await read_request(request, int(svc.settings.max_image_bytes))
+        picture, fields = await read_request(request, int(svc.settings.max_image_bytes),
+                                             int(svc.settings.max_filter_conditions))
         where = FilterLimits.of(svc.settings).read(fields.where)  # parsed once, here; carried as conditions
         answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id, where,
                                                    fields.fold)

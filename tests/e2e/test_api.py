@@ -1,6 +1,7 @@
 """The library over the session's tiny world: `Index.search` answers what `retrieve.py --format json` prints, the
-client's answers equal `Index.search`'s (the real service in a subprocess, one process; on Ray Serve the same check
-is tests/e2e/test_serve_cluster.py's, over its cluster), for documents and for a picture by its id, their refusals
+client's answers equal `Index.search`'s (the real service in a subprocess, one process, over HTTP and through a TLS
+proxy; on Ray Serve the same check is tests/e2e/test_serve_cluster.py's, over its cluster), for documents and for a
+picture by its id, their refusals
 are the same lines, a
 removed image is never returned again, and every `python` block of docs/python.md runs as written (on the tiny
 world: configs/demo.py is its tiny variant, the service's URL the one started here)."""
@@ -9,6 +10,7 @@ import json
 import os
 import re
 import shutil
+import ssl
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +18,7 @@ from pathlib import Path
 import pytest
 from repo import ROOT, TINY_CONFIG, run_script
 from serving import Service
+from tls_proxy import self_signed, tls_proxy
 
 import cfir_jax
 from cfir_jax.core.errors import CfirError
@@ -69,6 +72,23 @@ def test_the_clients_answers_equal_index_search(service, index, documents):
     picture = index.search(documents[0][1], top_k=1).ids[0]
     alike = client.search(image_id=picture, top_k=5)
     assert alike == index.search(image_id=picture, top_k=5) and alike.ids[0] == picture
+
+
+@pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2], ids=["tls1.3", "tls1.2"])
+def test_the_client_through_a_tls_proxy_answers_as_index_search(service, index, documents, tmp_path, version):
+    """The service behind a TLS-terminating proxy with a self-signed certificate (issue 59: over TLS 1.3 the client
+    never sent a body)."""
+    cert, key = self_signed(tmp_path)
+    with tls_proxy(service.url, cert, key, version=version) as url:
+        client = cfir_jax.Client(url, ca=cert)
+        assert client.ready()
+        doc_id, text = documents[0]
+        assert client.search(text, id=doc_id, top_k=10) == index.search(text, id=doc_id, top_k=10)
+        ids = [i for i, _ in documents[:3]]
+        assert client.search_many([t for _, t in documents[:3]], ids=ids) == \
+            index.search_many([t for _, t in documents[:3]], ids=ids)
+        picture = index.search(text, top_k=1).ids[0]
+        assert client.search(image_id=picture, top_k=5) == index.search(image_id=picture, top_k=5)
 
 
 def test_a_picture_the_index_cannot_embed_is_refused_in_the_same_line_by_both(service, index):

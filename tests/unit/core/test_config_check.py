@@ -36,6 +36,7 @@ def test_every_shipped_config_passes_its_checks(spec):
     ("retrieval.rerank.heldout=1.0", "retrieval.rerank.heldout=1.0: a fraction"),
     ("serve.max_batch_docs=100", "serve.max_batch_docs=100 exceeds serve.queue_size=64"),
     ("serve.max_batch=0", "serve.max_batch=0"),
+    ("serve.body_deadline_ms=0", "serve.body_deadline_ms=0.0: a positive number of milliseconds"),
     ("train.images=video", "train.images='video'"),
     ("train.text=captions", "train.text='captions'"),
     ("model.patch_size=15", "model.image_size=224 is not a multiple of model.patch_size=15"),

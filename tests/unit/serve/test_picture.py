@@ -12,6 +12,7 @@ import pytest
 from fastapi.exceptions import RequestValidationError
 from starlette.requests import Request
 
+from cfir_jax.core.query_rule import FilterError, FilterLimits
 from cfir_jax.serve.errors import Refused
 from cfir_jax.serve.picture import _body, _parse, read_request
 
@@ -80,8 +81,8 @@ def _upload(files=None, data=None, split=7) -> Request:
     return _request(encoded.headers["content-type"], chunks=[body[i : i + split] for i in range(0, len(body), split)])
 
 
-def _read(request: Request, max_bytes: int = 1000):
-    return asyncio.run(read_request(request, max_bytes))
+def _read(request: Request, max_bytes: int = 1000, max_conditions: int = 32):
+    return asyncio.run(read_request(request, max_bytes, max_conditions))
 
 
 def test_an_upload_takes_the_file_image_and_the_fields_top_k_and_id():
@@ -125,3 +126,31 @@ def test_an_upload_is_read_no_further_than_its_limit():
     with pytest.raises(Refused) as e:
         _read(big, max_bytes=1000)  # read to the base64 of 1,000 bytes and 64 KiB around it, then refused
     assert e.value.status == 413 and "body over the" in str(e.value)
+
+
+WHERE = ["date<=2020-06-30", "source=reuters", "license in cc-by,cc0", "width>100"]
+
+
+def _forms(where: list[str]) -> dict:
+    """One picture request in each form, with `where` repeated (a form's fields, the query string) or a JSON list."""
+    query = "&".join(f"where={w}" for w in where).replace(" ", "+").replace(",", "%2C")
+    return {
+        "multipart": _upload(files={"image": ("p.png", PNG)}, data={"where": where, "top_k": "2", "id": "me",
+                                                                  "fold": "1"}),
+        "urlencoded": _request("application/x-www-form-urlencoded", chunks=[httpx.Request(
+            "POST", "http://x", data={"image_id": "img-a", "where": where}).read()]),
+        "json": _request("application/json", chunks=[json.dumps({"image_id": "img-a", "where": where}).encode()]),
+        "raw": _request("image/png", query=query, chunks=[PNG]),
+    }
+
+
+@pytest.mark.parametrize("form", ["multipart", "urlencoded", "json", "raw"])
+def test_where_repeats_up_to_the_configs_limit_in_every_form(form):
+    _, fields = _read(_forms(WHERE)[form], max_conditions=4)
+    assert fields.where == WHERE  # four filters in a multipart upload: no "Too many fields"
+    many = [f"n{i}>{i}" for i in range(32)]
+    assert _read(_forms(many)[form], max_conditions=32)[1].where == many
+    over = _read(_forms(WHERE + ["height<9"])[form], max_conditions=4)[1].where  # read whole: the limit's own line
+    with pytest.raises(FilterError) as e:
+        FilterLimits(4, 1024, 16384).read(over)
+    assert e.value.status == 413 and str(e.value) == "where: 5 conditions, over serve.max_filter_conditions=4"
