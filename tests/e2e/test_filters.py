@@ -154,6 +154,13 @@ def test_the_library_the_service_and_the_client_agree(built, collection):
             assert alike.hits and client.search(image_id=picture, top_k=5, where=["source=reuters"]) == alike
             query_string = client_get_json(service.url, picture)
             assert [h["image_id"] for h in query_string["hits"]] == alike.ids[:3]
+            # A list and a boolean, as lines and as typed triples (their note spells the triple's False as given).
+            tagged = index.search(text, top_k=5, where=["tags in sport,weather", "featured=false"])
+            assert tagged.hits and client.search(text, top_k=5, where=["tags in sport,weather", "featured=false"]) \
+                == tagged
+            triples = [("tags", "in", ["sport", "weather"]), ("featured", "=", False)]
+            assert client.search(text, top_k=5, where=triples).hits == tagged.hits == \
+                index.search(text, top_k=5, where=triples).hits
             # Unfiltered and filtered requests answered side by side each keep their own rows.
             assert client.search(text, top_k=5) == index.search(text, top_k=5) != expected
         with pytest.raises(cfir_jax.CfirError, match="^filter 'colour=red': unknown field 'colour'"):
