@@ -115,6 +115,21 @@ def test_lists_booleans_and_times_filter_as_archives_mean_them(built, collection
     assert {h["image_id"] for h in got["hits"]} == passing, where
 
 
+def test_a_date_without_an_offset_is_read_in_index_fields_timezone(workdir, built, collection, tmp_path):
+    """With America/New_York, `taken<=2020-06-30T10:05` is New York's 10:05 (14:05 UTC), which the pictures taken
+    at 10:05:xx-04:00 pass; in UTC (the default) none does. index.py rebuilds W/image_fields when the key changes."""
+    source, fields = collection
+    w = tmp_path / "W"
+    shutil.copytree(built, w)
+    base = (w / "image_cache" / "ids.txt").read_text().split()
+    where = "taken<=2020-06-30T10:05"
+    assert _retrieve(w, source / "query.txt", "--method", "dense_summary", "--where", where)["hits"] == []
+    index_collection(w, CONFIG, workdir, source, "--config.index.fields.timezone=America/New_York")  # the rest reused
+    got = _retrieve(w, source / "query.txt", "--method", "dense_summary", "--where", where, "--top-k", str(len(base)))
+    passing = {i for i in base if fields[i]["taken"].startswith("2020-06-30T10:")}
+    assert passing and {h["image_id"] for h in got["hits"]} == passing
+
+
 def test_filters_join_by_and_and_none_passing_is_an_empty_answer_with_a_note(built, collection):
     source, fields = collection
     flags = [f for w in WHERE for f in ("--where", w)]
