@@ -152,7 +152,7 @@ def _list_mask(cond: Condition, column) -> np.ndarray:
     """`tags=sport`: the list holds "sport"; `tags!=sport`: it does not; `tags in a,b`: it holds either."""
     _unordered(cond, column)
     holds = np.zeros(len(column.values), bool)
-    holds[column.item_rows()[np.isin(column.items, _codes(cond, column))]] = True
+    holds[column.rows_of(np.flatnonzero(np.isin(column.items, _codes(cond, column))))] = True
     return _held(cond, holds, column)
 
 

@@ -48,6 +48,7 @@ class Column:
         self.name, self.kind, self.values, self.vocab, self.zone = name, kind, values, vocab or [], zone
         self.items = items if items is not None else np.zeros(0, np.int32)
         self._code_of: dict[str, int] | None = None
+        self._ends: np.ndarray | None = None
 
     def present(self) -> np.ndarray:
         """bool [N]: the rows that have a value (an empty list is a value)."""
@@ -61,9 +62,12 @@ class Column:
             self._code_of = {v: j for j, v in enumerate(self.vocab)}
         return self._code_of
 
-    def item_rows(self) -> np.ndarray:
-        """int [len(items)]: the row each item of a list field belongs to."""
-        return np.repeat(np.arange(len(self.values)), np.maximum(self.values, 0))
+    def rows_of(self, at: np.ndarray) -> np.ndarray:
+        """int [len(at)]: the row each item at positions `at` of a list field's `items` belongs to (a binary search
+        over the rows' ends, made once: a filter's few hits cost little, whatever the number of items)."""
+        if self._ends is None:
+            self._ends = np.cumsum(np.maximum(self.values, 0))
+        return np.searchsorted(self._ends, at, side="right")
 
     def take(self, rows: np.ndarray) -> Column:
         """The column of `rows` (indices, in their order)."""
