@@ -23,9 +23,18 @@ import numpy as np
 from cfir_jax.builders.descriptor import EXTEND, REMAP, Build, Changes, Stage, StageRun, Step, declare
 from cfir_jax.builders.image_cache_update import row_map
 from cfir_jax.builders.store_update import ChangeRun
-from cfir_jax.core.picture_fields import STRING, FieldTypes, value_of
+from cfir_jax.core.picture_fields import LIST, STRING, FieldTypes, value_of
 from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
-from cfir_jax.stores.image_fields import DTYPES, FORMAT_VERSION, KIND, MISSING, Column, ImageFields, column_file
+from cfir_jax.stores.image_fields import (
+    DTYPES,
+    FORMAT_VERSION,
+    KIND,
+    MISSING,
+    WITH_VOCAB,
+    Column,
+    ImageFields,
+    column_file,
+)
 
 if TYPE_CHECKING:
     from cfir_jax.data.corpus import Corpus
@@ -44,8 +53,9 @@ def row_fields(corpus: Corpus, ids: Sequence[str]) -> list[dict[str, Any]]:
     return [dict(corpus.image(row_of[i]).fields) for i in ids]
 
 
-def columns_of(rows: list[Mapping[str, Any]], kinds: Mapping[str, str]) -> dict[str, Column]:
-    """The typed columns of `rows` (each held to `kinds`, the collection's types; one line naming the row else)."""
+def columns_of(rows: list[Mapping[str, Any]], kinds: Mapping[str, str], zone: str = "UTC") -> dict[str, Column]:
+    """The typed columns of `rows` (each held to `kinds`, the collection's types; one line naming the row else), their
+    dates without an offset read in `zone`."""
     types = FieldTypes(kinds)
     for n, row in enumerate(rows):
         types.check(f"image row {n}", row)
@@ -53,56 +63,74 @@ def columns_of(rows: list[Mapping[str, Any]], kinds: Mapping[str, str]) -> dict[
     for name, kind in sorted(types.kinds.items()):
         values = np.full(len(rows), MISSING[kind], DTYPES[kind])
         vocab: dict[str, int] = {}
+        items: list[int] = []
         for n, row in enumerate(rows):
-            if name in row:
-                v = value_of(kind, row[name])
+            if row.get(name) is None:
+                continue
+            v = value_of(kind, row[name], zone)
+            if kind == LIST:
+                items += [vocab.setdefault(t, len(vocab)) for t in v]
+                values[n] = len(v)
+            else:
                 values[n] = vocab.setdefault(v, len(vocab)) if kind == STRING else v
-        out[name] = Column(name, kind, values, list(vocab) if kind == STRING else None)
+        out[name] = Column(name, kind, values, list(vocab) if kind in WITH_VOCAB else None,
+                           np.array(items, np.int32), zone)
     return out
+
+
+def _missing(name: str, kind: str, n: int, zone: str) -> Column:
+    return Column(name, kind, np.full(n, MISSING[kind], DTYPES[kind]), [], None, zone)
 
 
 def concat(old: dict[str, Column], new: dict[str, Column], n_old: int, n_new: int) -> dict[str, Column]:
-    """Old rows then new rows, per field; a field one side lacks is MISSING there; string codes re-mapped."""
+    """Old rows then new rows, per field; a field one side lacks is MISSING there; string and list codes re-mapped."""
     out = {}
     for name in sorted(set(old) | set(new)):
-        kind = (old.get(name) or new[name]).kind
-        a = old[name] if name in old else Column(name, kind, np.full(n_old, MISSING[kind], DTYPES[kind]), [])
-        b = new[name] if name in new else Column(name, kind, np.full(n_new, MISSING[kind], DTYPES[kind]), [])
-        if kind != STRING:
-            out[name] = Column(name, kind, np.concatenate([a.values, b.values]))
+        kind, zone = (old.get(name) or new[name]).kind, (old.get(name) or new[name]).zone
+        a = old[name] if name in old else _missing(name, kind, n_old, zone)
+        b = new[name] if name in new else _missing(name, kind, n_new, zone)
+        if kind not in WITH_VOCAB:
+            out[name] = Column(name, kind, np.concatenate([a.values, b.values]), zone=zone)
             continue
         vocab = {v: j for j, v in enumerate(a.vocab)}
-        codes = np.array([vocab.setdefault(v, len(vocab)) for v in b.vocab], np.int32)
-        remapped = np.where(b.values >= 0, codes[np.maximum(b.values, 0)] if len(codes) else -1, -1).astype(np.int32)
-        out[name] = Column(name, kind, np.concatenate([a.values, remapped]), list(vocab))
+        codes = np.array([vocab.setdefault(v, len(vocab)) for v in b.vocab] + [-1], np.int32)  # -1: MISSING
+        values, items = b.values, codes[b.items]
+        if kind == STRING:
+            values = codes[np.where(b.values >= 0, b.values, -1)]
+        out[name] = Column(name, kind, np.concatenate([a.values, values]), list(vocab),
+                           np.concatenate([a.items, items]).astype(np.int32), zone)
     return out
 
 
-def write_store(out_dir: str | os.PathLike, columns: dict[str, Column], cache: ImageCache, start: float
-                ) -> ImageFields:
-    """Writes a complete store for the rows of `cache`."""
+def write_store(out_dir: str | os.PathLike, columns: dict[str, Column], cache: ImageCache, start: float,
+                zone: str = "UTC") -> ImageFields:
+    """Writes a complete store for the rows of `cache`, its dates without an offset read in `zone`."""
     with atomic_dir(out_dir) as tmp:
         for j, c in enumerate(columns.values()):
             if len(c.values) != cache.num_images:
                 raise StoreError(f"{out_dir}: {len(c.values)} rows of {c.name!r} for a cache of {cache.num_images}")
             np.save(tmp / f"{column_file(j)}.npy", c.values)
-            if c.kind == STRING:
+            if c.kind == LIST:
+                np.save(tmp / f"{column_file(j)}.items.npy", c.items.astype(np.int32))
+            if c.kind in WITH_VOCAB:
                 (tmp / f"{column_file(j)}.json").write_text(json.dumps(c.vocab, ensure_ascii=False), encoding="utf-8")
         write_manifest(tmp, KIND, FORMAT_VERSION, columns=[{"name": c.name, "kind": c.kind} for c in columns.values()],
-                       num_rows=cache.num_images, cache_fingerprint=cache.content_fingerprint,
+                       num_rows=cache.num_images, timezone=zone, cache_fingerprint=cache.content_fingerprint,
                        ids_sha=_ids_sha(cache.ids), build_seconds=round(time.time() - start, 3))
     return ImageFields.open(out_dir)
 
 
-def build_image_fields(out_dir: str | os.PathLike, corpus: Corpus, cache: ImageCache) -> ImageFields:
-    """The store for every row of `cache`; a current one (same cache build) is reused."""
+def build_image_fields(out_dir: str | os.PathLike, corpus: Corpus, cache: ImageCache, zone: str) -> ImageFields:
+    """The store for every row of `cache`, dates without an offset read in `zone`; a current one (same cache build,
+    same zone) is reused."""
     try:
-        return ImageFields.open(out_dir, cache_fingerprint=cache.content_fingerprint, num_rows=cache.num_images)
+        return ImageFields.open(out_dir, cache_fingerprint=cache.content_fingerprint, num_rows=cache.num_images,
+                                timezone=zone)
     except StoreError:
         pass
     start = time.time()
     kinds = corpus.manifest.get("image_fields") or {}
-    return write_store(out_dir, columns_of(row_fields(corpus, cache.ids), kinds), cache, start)
+    return write_store(out_dir, columns_of(row_fields(corpus, cache.ids), kinds, zone), cache, start, zone)
 
 
 def image_fields_after_add(change: ChangeRun, out: Path) -> dict:
@@ -112,9 +140,11 @@ def image_fields_after_add(change: ChangeRun, out: Path) -> dict:
         raise StoreError(f"{old.path}: the image cache does not extend the rows this store was built for; rebuild "
                          "it with index.py --stages image_fields")
     kinds = {**old.kinds, **(corpus.manifest.get("image_fields") or {})}
-    new = columns_of(row_fields(corpus, cache.ids[old.num_rows :]), kinds)
+    # The new rows' dates are read in the store's zone, so its rows agree (a changed index.fields.timezone
+    # rebuilds the whole store at the next index.py).
+    new = columns_of(row_fields(corpus, cache.ids[old.num_rows :]), kinds, old.zone)
     store = write_store(out, concat(old.columns, new, old.num_rows, cache.num_images - old.num_rows), cache,
-                        time.time())
+                        time.time(), old.zone)
     return {"rows": store.num_rows, "fields": len(store.columns)}
 
 
@@ -122,14 +152,15 @@ def image_fields_after_compaction(change: ChangeRun, out: Path) -> dict:
     """W/image_fields without the rows the compaction dropped (the image cache's row map)."""
     old = change.old("image_fields")
     keep = np.flatnonzero(row_map(change) >= 0)
-    columns = {n: Column(n, c.kind, c.values[keep], c.vocab) for n, c in old.columns.items()}
-    store = write_store(out, columns, change.new("image_cache"), time.time())
+    columns = {n: c.take(keep) for n, c in old.columns.items()}
+    store = write_store(out, columns, change.new("image_cache"), time.time(), old.zone)
     return {"rows": store.num_rows}
 
 
 def build_stage(run: StageRun) -> ImageFields:
     """Stage image_fields, on process 0 alone (the others wait, then open it)."""
-    return build_image_fields(run.layout.image_fields, run.opened["corpus"], run.opened["image_cache"])
+    return build_image_fields(run.layout.image_fields, run.opened["corpus"], run.opened["image_cache"],
+                              run.config.index.fields.timezone)
 
 
 def open_stage(run: StageRun) -> ImageFields:

@@ -240,13 +240,8 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             # Beyond the paper: every cached image's own text (AToMiC's caption fields) embedded by the
             # frozen text tower into W/image_text, for retrieval.fusion. Built when enabled or when
             # retrieval.fusion.w_txt != 0; skipped (and said) when the corpus' images have no text.
-            image_text=dict(
-                enabled=False,
-                fields=IMAGE_TEXT_FIELDS,
-                max_text_len=64,
-                encode_batch=256,
-                chunk_rows=65536,
-            ),
+            image_text=dict(enabled=False, fields=IMAGE_TEXT_FIELDS, max_text_len=64, encode_batch=256,
+                            chunk_rows=65536),
             # Beyond the paper: for every entity of the entity index, the images whose own text names it (whole
             # words, case-folded) into W/entity_text_match. Built when enabled or when retrieval.entity_text_match;
             # a name in more than max_matches images' text is left out (it says little about any one of them).
@@ -269,6 +264,9 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 b=0.75,
                 stemmer="english",
             ),
+            # The pictures' own fields (W/image_fields, docs/filters.md): the IANA zone ('UTC', 'America/New_York') a
+            # date without an offset is read in, in the rows and the filters; a change rebuilds W/image_fields.
+            fields=dict(timezone="UTC"),
             # Beyond the paper: pictures at cosine >= threshold grouped into W/duplicates (docs/duplicates.md)
             duplicates=dict(threshold=0.98, neighbours=8, max_neighbours=256, backend="auto"),
             # Each document's and caption's language and what it gets (NER, stemmer, summarizer): docs/languages.md.

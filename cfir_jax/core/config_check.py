@@ -16,6 +16,7 @@ import ml_collections
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import check_languages
+from cfir_jax.core.picture_fields import zone_of
 from cfir_jax.core.registry import Registry
 
 # train.text: what the language expert reads of a train document (or an image's caption, the demo's pretraining).
@@ -81,6 +82,11 @@ def check_index(i: ml_collections.ConfigDict) -> None:
     _one_of("index.image_cache", i.image_cache, "dtype", DTYPES)
     if "languages" in i:
         check_languages(i.languages)
+    if "fields" in i:
+        try:
+            zone_of(i.fields.timezone)
+        except ValueError as e:
+            raise CfirError(f"index.fields.timezone: {e}") from None
     d = i.get("duplicates")
     if d is not None and not 0.0 < float(d.threshold) <= 1.0:
         raise CfirError(f"index.duplicates.threshold={d.threshold}: a cosine in (0, 1] (0.98: near-identical pictures)")

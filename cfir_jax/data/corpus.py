@@ -91,7 +91,7 @@ class Image:
     # caption_attribution_description, each a list of strings), embedded by the image-text stage (index.image_text).
     texts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
     lang: str = ""  # the language of its own text, as Document.lang ('' for an image without text)
-    # The picture's own flat fields (date, source, license, ...: cfir_jax.core.picture_fields), raw as given; the
+    # The picture's own fields (date, source, tags, ...: cfir_jax.core.picture_fields), raw as given; the
     # image_fields stage keeps them as typed columns for the filters.
     fields: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 

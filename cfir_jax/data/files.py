@@ -12,9 +12,10 @@
   the image-text stages), an optional `lang` (their language) and an optional precomputed `embedding` (a list of
   floats; all rows or none). A row with an embedding needs no `path` or `bytes` (the picture itself is then not
   kept).
-  Any other field of an image row is one of the picture's own flat fields (`date`, `source`, `license`, ...), typed on
-  first sight (ISO date, number or string, `cfir_jax.core.picture_fields`) and filtered on at query time
-  (docs/filters.md); a value of another type than the field's first is one line naming the field and the row.
+  Any other field of an image row is one of the picture's own fields (`date`, `source`, `tags`, ...), typed on first
+  sight (ISO date, number, string, boolean or list of strings; null is no value: `cfir_jax.core.picture_fields`) and
+  filtered on at query time (docs/filters.md); a value of another type than the field's first, a nested object or a
+  list of non-strings is one line naming the field and the row.
 - Qrels (`index.corpus.qrels`, optional): a directory of TREC qrels `<split>.qrels` or `<split>.txt` for the splits
   train, validation and test, lines `doc_id 0 image_id rel`.
 

@@ -6,8 +6,10 @@ store, `cfir_jax.stores.image_fields`), which retrieval applies before ranking: 
 as removed (`cfir_jax.search.live_rows`), so ER's union, BM25, SR's whole-cache searches and search by picture only
 ever hold pictures that pass, and `top_k` counts only those.
 
-Values take their field's type: a date field compares ISO dates (a date alone covers its whole day, so
-`date<=2020-06-30` keeps a picture taken that evening), a number field numbers, a string field strings (exactly).
+Values take their field's type: a date field compares ISO dates, each covering its span at its own precision (a
+year, a month, a day, a minute, a second: `date<=2020-06-30T14:05` keeps 14:05:30), read in the index's zone unless
+it carries an offset; a number field numbers; a string field strings (exactly); a list field holds a value or not
+(`tags=sport`, `tags!=sport`, `tags in a,b`); a boolean is `true` or `false`.
 A picture without the field fails every condition on it, `!=` included. An unknown field, an operator a line does
 not hold, or a value of the wrong type is one line (`FilterError`, a CfirError: exit 2 on the command line, 422 on
 the service).
@@ -23,7 +25,7 @@ from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
-from cfir_jax.core.picture_fields import DATE, NUMBER, date_span
+from cfir_jax.core.picture_fields import BOOLEAN, DATE, LIST, NUMBER, date_span
 from cfir_jax.core.query_rule import OPS, Condition, FilterError, conditions, parse
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.image_fields import ImageFields
@@ -45,40 +47,83 @@ def _number(cond: Condition, text: str) -> float:
     return value
 
 
-def _date_mask(cond: Condition, values: np.ndarray, present: np.ndarray, text: str) -> np.ndarray:
+def _date_mask(cond: Condition, column, text: str) -> np.ndarray:
+    """A date at its own precision covers its span ([lo, hi): a year ... a second), read in the store's zone unless
+    it carries an offset: `date<=2020-06-30T14:05` keeps 14:05:30, `date>2020-06-30T14:05` does not."""
     try:
-        lo, hi = date_span(text)
+        lo, hi = date_span(text, column.zone)
     except ValueError as e:
         raise FilterError(f"filter '{cond}': {cond.field} is a date; {e}") from None
+    values = column.values
     inside = (values >= lo) & (values < hi)
     out = {"=": inside, "in": inside, "!=": ~inside, "<": values < lo, "<=": values < hi, ">": values >= hi,
            ">=": values >= lo}[cond.op]
-    return out & present
+    return out & column.present()
+
+
+def _unordered(cond: Condition, column) -> None:
+    if cond.op not in ("=", "!=", "in"):
+        what = "a list of strings (a list holds a value or not)" if column.kind == LIST else "true or false"
+        raise FilterError(f"filter '{cond}': {cond.field} is {what}; use =, != or in, not {cond.op}")
+
+
+def _codes(cond: Condition, column) -> np.ndarray:
+    """The codes of `cond`'s values in the column's vocabulary, each looked up once (a value it lacks has none)."""
+    code = column.code_of()
+    return np.array([code[v] for v in cond.values if v in code], np.int32)
+
+
+def _held(cond: Condition, holds: np.ndarray, column) -> np.ndarray:
+    """The rows that pass `cond` from those holding one of its values: `!=` the present rows that do not."""
+    return column.present() & ~holds if cond.op == "!=" else holds
+
+
+def _list_mask(cond: Condition, column) -> np.ndarray:
+    """`tags=sport`: the list holds "sport"; `tags!=sport`: it does not; `tags in a,b`: it holds either."""
+    _unordered(cond, column)
+    holds = np.zeros(len(column.values), bool)
+    holds[column.rows_of(np.flatnonzero(np.isin(column.items, _codes(cond, column))))] = True
+    return _held(cond, holds, column)
+
+
+def _boolean_mask(cond: Condition, column) -> np.ndarray:
+    _unordered(cond, column)
+    wanted = []
+    for text in cond.values:
+        if text.lower() not in ("true", "false"):
+            raise FilterError(f"filter '{cond}': {cond.field} is true or false, {text!r} is neither")
+        wanted.append(int(text.lower() == "true"))
+    return _held(cond, np.isin(column.values, wanted), column)
+
+
+def _string_mask(cond: Condition, column) -> np.ndarray:
+    if cond.op in ("=", "!=", "in"):
+        return _held(cond, np.isin(column.values, _codes(cond, column)), column)
+    compare = _COMPARE[cond.op]  # an order: each distinct value compared once, then looked up by code
+    ok = np.array([bool(compare(v, cond.values[0])) for v in column.vocab] + [False], bool)
+    return ok[np.where(column.values >= 0, column.values, len(column.vocab))]
+
+
+def _number_mask(cond: Condition, column) -> np.ndarray:
+    compare = _COMPARE["=" if cond.op == "in" else cond.op]
+    passed = np.zeros(len(column.values), bool)
+    with np.errstate(invalid="ignore"):
+        for text in cond.values:
+            passed |= compare(column.values, _number(cond, text))
+    return passed & column.present()
 
 
 def condition_mask(cond: Condition, column) -> np.ndarray:
-    """bool [N]: the rows of `column` (a stores.image_fields.Column) that pass `cond`. A string field's `=` and `in`
-    look each distinct value up once in the set of the condition's values (cost: the vocabulary plus the values,
-    never their product)."""
-    present = column.present()
-    values = column.values
-    passed = np.zeros(len(values), bool)
-    if column.kind not in (DATE, NUMBER) and cond.op in ("=", "in"):
-        wanted = set(cond.values)
-        ok = np.fromiter((v in wanted for v in column.vocab), bool, len(column.vocab))
-        return np.append(ok, False)[np.where(values >= 0, values, len(column.vocab))]
-    for text in cond.values:
-        if column.kind == DATE:
-            passed |= _date_mask(cond, values, present, text)
-            continue
-        compare = _COMPARE["=" if cond.op == "in" else cond.op]
-        if column.kind == NUMBER:
-            with np.errstate(invalid="ignore"):
-                passed |= compare(values, _number(cond, text)) & present
-        else:  # a string: each distinct value compared once, then looked up by code
-            ok = np.array([bool(compare(v, text)) for v in column.vocab] + [False], bool)
-            passed |= ok[np.where(values >= 0, values, len(column.vocab))]
-    return passed
+    """bool [N]: the rows of `column` (a stores.image_fields.Column) that pass `cond`; a picture without the field
+    fails every condition on it, `!=` included. `=`, `!=` and `in` look each of the condition's values up once in
+    the field's vocabulary (cost: the values plus the rows, never values x vocabulary)."""
+    if column.kind == DATE:
+        passed = np.zeros(len(column.values), bool)
+        for text in cond.values:
+            passed |= _date_mask(cond, column, text)
+        return passed
+    return {LIST: _list_mask, BOOLEAN: _boolean_mask, NUMBER: _number_mask}.get(column.kind, _string_mask)(
+        cond, column)
 
 
 class Filter:

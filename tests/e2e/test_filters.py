@@ -1,7 +1,8 @@
 """Filters on the pictures' own fields, run as a new user would (docs/filters.md): a collection whose pictures carry
-dates, sources and licences indexes; `retrieve.py --where` gives only pictures that pass, top_k of them where that
-many pass; the library, the service and the client give the same answers (four filters in a multipart upload too);
-an unknown field is one line, exit 2; an add, a remove and a compact keep the filters right."""
+dates, sources, licences, tags (lists), a flag (a boolean) and times with offsets indexes; `retrieve.py --where` gives
+only pictures that pass, top_k of them where that many pass; the library, the service and the client give the same
+answers (four filters in a multipart upload too); an unknown field is one line, exit 2; an add, a remove and a
+compact keep the filters right."""
 
 import json
 import os
@@ -23,8 +24,12 @@ SOURCES, LICENCES = ("reuters", "ap", "afp"), ("cc-by", "cc0", "all-rights")
 
 
 def _fields(n: int) -> dict:
+    """A picture's fields as archives write them: a list (a lone string or null in some rows), a boolean, a time
+    with seconds and an offset."""
+    tags = [["news", "sport"], "sport", ["weather"], None, []][n % 5]
     return {"date": f"2020-{1 + n % 12:02d}-{1 + n % 28:02d}", "source": SOURCES[n % 3],
-            "license": LICENCES[(n // 3) % 3]}
+            "license": LICENCES[(n // 3) % 3], "tags": tags, "featured": n % 4 == 0,
+            "taken": f"2020-06-30T{10 + n % 2}:05:{n % 60:02d}-04:00"}
 
 
 def _with_fields(path: Path, fields) -> dict[str, dict]:
@@ -46,7 +51,7 @@ def collection(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
     run_script("examples/collection/make.py", "--size", "tiny", "--documents", "3", "--out", str(source))
     fields = _with_fields(source / "images.jsonl", _fields)
     fields.update(_with_fields(source / "more" / "images.jsonl", lambda n: {
-        "date": f"2021-03-{1 + n:02d}", "source": "reuters", "license": "cc0", "credit": "desk"}))
+        "date": f"2021-03-{1 + n:02d}", "source": "reuters", "license": "cc0", "credit": "desk", "tags": "weather"}))
     return source, fields
 
 
@@ -67,6 +72,11 @@ def _retrieve(w: Path, query: Path, *flags: str, check: bool = True):
 def _passes(fields: dict, where: str) -> bool:
     """The filters of these tests, written out by hand."""
     return {"date<=2020-06-30": lambda f: f["date"] <= "2020-06-30",
+            "tags=sport": lambda f: "sport" in (f["tags"] or ()),
+            "tags!=sport": lambda f: f["tags"] is not None and "sport" not in f["tags"],
+            "featured=true": lambda f: f["featured"],
+            "taken<=2020-06-30T14:05": lambda f: f["taken"].startswith("2020-06-30T10:"),
+            "tags=weather": lambda f: "weather" in (f.get("tags") or ()),
             "source=reuters": lambda f: f["source"] == "reuters",
             "license in cc-by,cc0": lambda f: f["license"] in ("cc-by", "cc0"),
             "date>=2021-01-01": lambda f: f["date"] >= "2021-01-01",
@@ -94,6 +104,34 @@ def test_where_gives_only_passing_pictures_top_k_of_them(built, collection, wher
     assert ids == expected and len(ids) == min(5, len(passing))
 
 
+@pytest.mark.parametrize("where", ["tags=sport", "tags!=sport", "featured=true", "taken<=2020-06-30T14:05"])
+def test_lists_booleans_and_times_filter_as_archives_mean_them(built, collection, where):
+    """A list holds a value or not, a boolean is true or false, a time covers its minute (10:05:30-04:00 is
+    14:05:30 UTC: it passes <=14:05); every passing picture is returned where top_k reaches them all."""
+    source, fields = collection
+    base = (built / "image_cache" / "ids.txt").read_text().split()
+    passing = {i for i in base if _passes(fields[i], where)}
+    assert 0 < len(passing) < len(base)
+    got = _retrieve(built, source / "query.txt", "--method", "dense_summary", "--where", where,
+                    "--top-k", str(len(base)))
+    assert {h["image_id"] for h in got["hits"]} == passing, where
+
+
+def test_a_date_without_an_offset_is_read_in_index_fields_timezone(workdir, built, collection, tmp_path):
+    """With America/New_York, `taken<=2020-06-30T10:05` is New York's 10:05 (14:05 UTC), which the pictures taken
+    at 10:05:xx-04:00 pass; in UTC (the default) none does. index.py rebuilds W/image_fields when the key changes."""
+    source, fields = collection
+    w = tmp_path / "W"
+    shutil.copytree(built, w)
+    base = (w / "image_cache" / "ids.txt").read_text().split()
+    where = "taken<=2020-06-30T10:05"
+    assert _retrieve(w, source / "query.txt", "--method", "dense_summary", "--where", where)["hits"] == []
+    index_collection(w, CONFIG, workdir, source, "--config.index.fields.timezone=America/New_York")  # the rest reused
+    got = _retrieve(w, source / "query.txt", "--method", "dense_summary", "--where", where, "--top-k", str(len(base)))
+    passing = {i for i in base if fields[i]["taken"].startswith("2020-06-30T10:")}
+    assert passing and {h["image_id"] for h in got["hits"]} == passing
+
+
 def test_filters_join_by_and_and_none_passing_is_an_empty_answer_with_a_note(built, collection):
     source, fields = collection
     flags = [f for w in WHERE for f in ("--where", w)]
@@ -104,7 +142,8 @@ def test_filters_join_by_and_and_none_passing_is_an_empty_answer_with_a_note(bui
 
 
 @pytest.mark.parametrize("where, says", [
-    ("colour=red", "unknown field 'colour' (the pictures' fields: date, license, source)"),
+    ("colour=red", "unknown field 'colour' (the pictures' fields: date, featured, license, source, tags, taken)"),
+    ("tags<sport", "tags is a list of strings (a list holds a value or not); use =, != or in, not <"),
     ("date<=yesterday", "'yesterday' is not an ISO 8601 date"),
     ("source~reuters", "expected FIELD OP VALUE"),
     pytest.param("license in " + ",".join(f"v{n}" for n in range(2000)),
@@ -142,6 +181,13 @@ def test_the_library_the_service_and_the_client_agree(built, collection):
             line = _retrieve(built, collection[0] / "query.txt", "--where", "date<=2020-06-30", "--where",
                              "license in 'cc-by', cc0", "--top-k", "5")
             assert [h["image_id"] for h in line["hits"]] == expected.ids  # the line, parsed once: the same two values
+            # A list and a boolean, as lines and as typed triples (their note spells the triple's False as given).
+            tagged = index.search(text, top_k=5, where=["tags in sport,weather", "featured=false"])
+            assert tagged.hits and client.search(text, top_k=5, where=["tags in sport,weather", "featured=false"]) \
+                == tagged
+            triples = [("tags", "in", ["sport", "weather"]), ("featured", "=", False)]
+            assert client.search(text, top_k=5, where=triples).hits == tagged.hits == \
+                index.search(text, top_k=5, where=triples).hits
             # Unfiltered and filtered requests answered side by side each keep their own rows.
             assert client.search(text, top_k=5) == index.search(text, top_k=5) != expected
         with pytest.raises(cfir_jax.CfirError, match="^filter 'colour=red': unknown field 'colour'"):
@@ -191,6 +237,9 @@ def test_add_remove_and_compact_keep_the_filters_right(built, collection, tmp_pa
         got = [h["image_id"] for h in _retrieve(w, query, "--method", "dense_summary", "--where", where,
                                                  "--top-k", "40")["hits"]]
         assert sorted(got) == sorted(new), where  # exactly the added pictures: the only ones of 2021, with credit
+    weather = {i for i, f in fields.items() if _passes(f, "tags=weather")}
+    got = _retrieve(w, query, "--method", "dense_summary", "--where", "tags=weather", "--top-k", "80")["hits"]
+    assert {h["image_id"] for h in got} == weather and set(new) < weather  # a lone string added to a list field
     gone = new[:2] + [i for i in fields if i not in new][:1]
     ids = tmp_path / "ids.txt"
     ids.write_text("".join(f"{i}\n" for i in gone))

@@ -43,6 +43,7 @@ def test_every_shipped_config_passes_its_checks(spec):
     ("model.dtype=float8", "model.dtype='float8'"),
     ("mesh.data=0", "mesh.data=0"),
     ("index.corpus.source=web", "index.corpus.source='web'"),
+    ("index.fields.timezone=Mars/Olympus", "index.fields.timezone: 'Mars/Olympus' is not a known IANA time zone"),
     ("entity_workers.serve=-1", "entity_workers.serve=-1: at least 0"),
     ("entity_workers.serve_deadline_ms=0", "entity_workers.serve_deadline_ms=0.0: a positive number"),
     ("entity_workers.restart_window_s=-1", "entity_workers.restart_window_s=-1.0: a positive number"),

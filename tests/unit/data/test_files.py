@@ -209,3 +209,16 @@ def test_pictures_named_as_people_name_them_get_reversible_ids_and_keep_their_pa
     # Reversible: a name that looks encoded stays apart from the name it would decode to.
     assert image_id_of_path("a%20b") == "a%2520b" != image_id_of_path("a b") == "a%20b"
     assert image_id_of_path("plain/name-1_x.y") == "plain/name-1_x.y"
+
+
+def test_a_pictures_lists_booleans_and_nulls_read_alike_from_jsonl_and_parquet(tmp_path):
+    """Fields as archives export them (issue 61): a list of strings, a boolean, a date with an offset, a null; a
+    parquet file's list and bool columns (null where a row has none) read as the JSONL's."""
+    rows = [{"id": "a", "bytes": "", "tags": ["news", "sport"], "featured": True, "date": "2020-06-30T21:00-04:00"},
+            {"id": "b", "bytes": "", "tags": None, "featured": False, "date": None}]
+    from_jsonl = [img.fields for img in read_images(_jsonl(tmp_path / "images.jsonl", rows))]
+    assert from_jsonl == [{"tags": ["news", "sport"], "featured": True, "date": "2020-06-30T21:00-04:00"},
+                          {"featured": False}]
+    parquet_rows = [{**r, "bytes": b""} for r in rows]
+    pq.write_table(pa.Table.from_pylist(parquet_rows), tmp_path / "images.parquet")
+    assert [img.fields for img in read_images(tmp_path / "images.parquet")] == from_jsonl

@@ -4,6 +4,7 @@ for the length of a block, in that thread alone."""
 
 import datetime as dt
 import operator
+import re
 import threading
 
 import numpy as np
@@ -46,36 +47,47 @@ def test_a_malformed_filter_is_one_line(line, says):
 
 
 class Store:
-    def __init__(self, rows, kinds=None):
-        self.columns, self.num_rows = columns_of(rows, FieldTypes(kinds).kinds), len(rows)
+    def __init__(self, rows, kinds=None, zone="UTC"):
+        self.columns, self.num_rows = columns_of(rows, FieldTypes(kinds).kinds, zone), len(rows)
 
 
 def _day(n: int) -> str:
     return (dt.date(2020, 1, 1) + dt.timedelta(days=n)).isoformat()
 
 
+TAGS = ["a", "b", "c", "d"]
 ROWS = st.lists(st.fixed_dictionaries({}, optional={
-    "date": st.integers(0, 30).map(_day), "n": st.integers(-5, 5), "s": st.sampled_from(["a", "b", "c"])}),
-    min_size=1, max_size=30)
+    "date": st.integers(0, 30).map(_day), "n": st.integers(-5, 5), "s": st.sampled_from(["a", "b", "c"]),
+    "tags": st.one_of(st.lists(st.sampled_from(TAGS[:3]), max_size=3), st.sampled_from(TAGS[:3])),
+    "flag": st.booleans()}), min_size=1, max_size=30)
+KINDS = {"date": "date", "n": "number", "s": "string", "tags": "list", "flag": "boolean"}
 
 
 def _by_hand(row: dict, field: str, op: str, values: list) -> bool:
-    """The condition written out: ISO dates compare as strings; a picture without the field fails."""
+    """The condition written out: ISO dates compare as strings; a list holds a value or not (a lone string is a list
+    of one); a picture without the field fails."""
     if field not in row:
         return False
+    if field == "tags":
+        held = {row["tags"]} if isinstance(row["tags"], str) else set(row["tags"])
+        return (values[0] not in held) if op == "!=" else bool(held & set(values))
     if op == "in":
         return any(row[field] == v for v in values)
     return OPS[op](row[field], values[0])
 
 
 @QUICK
-@given(rows=ROWS, field=st.sampled_from(["date", "n", "s"]), op=st.sampled_from([*OPS, "in"]),
+@given(rows=ROWS, field=st.sampled_from(sorted(KINDS)), op=st.sampled_from([*OPS, "in"]),
        picks=st.lists(st.integers(0, 30), min_size=1, max_size=3))
 def test_a_mask_equals_the_condition_written_out(rows, field, op, picks):
-    value_of = {"date": _day, "n": lambda p: p % 11 - 5, "s": lambda p: "abcd"[p % 4]}[field]
+    if field in ("tags", "flag") and op not in ("=", "!=", "in"):
+        op = "="  # an order on a list or a boolean is refused (below)
+    value_of = {"date": _day, "n": lambda p: p % 11 - 5, "s": lambda p: "abcd"[p % 4], "tags": lambda p: TAGS[p % 4],
+                "flag": lambda p: p % 2 == 0}[field]
     values = [value_of(p) for p in picks] if op == "in" else [value_of(picks[0])]
-    store = Store(rows, {"date": "date", "n": "number", "s": "string"})
-    line = f"{field} in {','.join(map(str, values))}" if op == "in" else f"{field}{op}{values[0]}"
+    store = Store(rows, KINDS)
+    said = [str(v).lower() if field == "flag" else str(v) for v in values]
+    line = f"{field} in {','.join(said)}" if op == "in" else f"{field}{op}{said[0]}"
     mask = Filter([line]).mask(store)
     assert mask.tolist() == [_by_hand(r, field, op, values) for r in rows], line
 
@@ -95,15 +107,53 @@ def test_a_date_alone_covers_its_day_and_filters_join_by_and():
         Filter(["date<soon"]).mask(store)
 
 
+def test_a_date_covers_its_span_at_its_own_precision_in_the_index_zone():
+    rows = [{"date": "2020-06-30T14:05:30Z"}, {"date": "2020-06-30T21:00-04:00"}, {"date": "2020-07-01"}]
+    store = Store(rows)
+    for line, passing in [
+        ("date=2020-06-30T14:05", [True, False, False]), ("date<=2020-06-30T14:05", [True, False, False]),
+        ("date>2020-06-30T14:05", [False, True, True]), ("date=2020-06", [True, False, False]),
+        ("date=2020", [True, True, True]), ("date<2020-07", [True, False, False]),
+        ("date=2020-06-30T14:05:30", [True, False, False]), ("date>=2020-07-01T01", [False, True, False]),
+    ]:
+        assert Filter([line]).mask(store).tolist() == passing, line
+    # In New York the evening of June 30 is June 30, and so is a date without a time read there.
+    ny = Store(rows, zone="America/New_York")
+    assert Filter(["date<=2020-06-30"]).mask(ny).tolist() == [True, True, False]
+    assert Filter(["date=2020-06-30"]).mask(ny).tolist() == [True, True, False]
+    assert Filter(["date=2020-07-01"]).mask(ny).tolist() == [False, False, True]
+    assert Filter(["date<=2020-06-30"]).mask(store).tolist() == [True, False, False]  # in UTC it is July 1
+
+
+def test_lists_and_booleans_filter_as_archives_mean_them():
+    rows = [{"tags": ["news", "sport"], "featured": True}, {"tags": "sport", "featured": False}, {"tags": []},
+            {"featured": True}]
+    store = Store(rows)
+    for line, passing in [
+        ("tags=sport", [True, True, False, False]), ("tags!=sport", [False, False, True, False]),
+        ("tags in news,weather", [True, False, False, False]), ("tags=weather", [False] * 4),
+        ("featured=true", [True, False, False, True]), ("featured=False", [False, True, False, False]),
+        ("featured!=true", [False, True, False, False]), ("featured in true,false", [True, True, False, True]),
+    ]:
+        assert Filter([line]).mask(store).tolist() == passing, line
+    for line, says in [("tags<=b", "tags is a list of strings (a list holds a value or not); use =, != or in, not <="),
+                       ("featured>false", "featured is true or false; use =, != or in, not >"),
+                       ("featured=yes", "featured is true or false, 'yes' is neither")]:
+        with pytest.raises(FilterError, match=f"^filter '{line}': {re.escape(says)}$"):
+            Filter([line]).mask(store)
+
+
 def test_an_addition_keeps_the_columns_right():
-    old, new = [{"s": "ap", "n": 1}, {"s": "afp"}], [{"s": "reuters", "credit": "desk"}, {"s": "ap", "n": 2}]
-    joined = concat(Store(old).columns, Store(new).columns, 2, 2)
+    old = [{"s": "ap", "n": 1, "tags": ["x", "y"]}, {"s": "afp", "on": False}]
+    new = [{"s": "reuters", "credit": "desk", "tags": "z"}, {"s": "ap", "n": 2, "tags": ["y"], "on": True}]
+    joined = concat(Store(old).columns, Store(new, {"tags": "list"}).columns, 2, 2)  # the collection's types
     whole = Store(old + new)
     assert sorted(joined) == sorted(whole.columns)
-    for name in ("s", "n", "credit"):
+    for name in ("s", "n", "credit", "tags", "on"):
         s = Store.__new__(Store)
         s.columns, s.num_rows = joined, 4
-        for line in {"s": ["s=ap", "s in afp,reuters"], "n": ["n>=1"], "credit": ["credit=desk"]}[name]:
+        for line in {"s": ["s=ap", "s in afp,reuters"], "n": ["n>=1"], "credit": ["credit=desk"],
+                     "tags": ["tags=y", "tags in x,z", "tags!=x"], "on": ["on=true", "on!=true"]}[name]:
             assert Filter([line]).mask(s).tolist() == Filter([line]).mask(whole).tolist(), line
 
 
