@@ -9,6 +9,10 @@ The stores and models are opened once, when the index is opened (the method name
 other method), so a search costs what the pipeline's stages cost. The collection's changes (`add`, `remove`,
 `compact`) hold the workdir's writer lock, commit a new version and reopen the stores at it on the next search.
 Every refusal is the one-line `CfirError` the commands print.
+
+The module is over 400 lines because `Index` is the one query core and the only holder of a Retriever: every door's
+verbs (search, check and admit a query, the services' warm-up, evaluation's and the fits' reads) are its methods, so
+that no caller reaches through it; a second module would split that one door in two.
 """
 
 from __future__ import annotations
