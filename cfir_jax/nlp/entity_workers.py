@@ -2,8 +2,7 @@
 
 A worker (`cfir_jax.nlp.entity_worker_main`, its own side) is a fresh interpreter as hardened as the command
 (`python -E -P`: neither the working folder nor PYTHONPATH on its path; this process's own `cfir_jax` loaded by its
-path) that loads the pipeline once, says so, then answers each chunk of texts with their entities, JSON lines on its
-pipes; it ends when its stdin closes.
+path) that loads the pipeline once, then answers chunks of texts with their entities; it ends when its stdin closes.
 
 Its users each hold a pool of `Settings.of(config, use)` (the config's `entity_workers` section): the service
 (`serve`, a short deadline), bulk retrieval (`bulk`) and index.py's entity stage (`index`), and a query's pool of one
@@ -161,6 +160,7 @@ def _kill_all(workers: list) -> None:
     for w in list(workers):
         if w.proc.poll() is None:
             w.proc.kill()
+        w._outbox.put(None)  # its writer thread ends too
 
 
 class EntityWorkers:
