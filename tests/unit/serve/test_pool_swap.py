@@ -12,6 +12,7 @@ from types import SimpleNamespace
 import ml_collections
 
 from cfir_jax.core.config_workers import entity_workers_config
+from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve import batcher, resident
@@ -77,6 +78,47 @@ def test_a_reload_that_changes_entity_settings_swaps_the_pool_under_a_batch(monk
     finally:
         old.close()
         holder.close()
+
+
+def test_batches_run_without_pause_through_reloads_that_change_the_entity_settings(monkeypatch):
+    """Under load: the batch thread parses batch after batch with whatever pool is current while two reloads swap it;
+    every batch returns, parsed by a pool or handed back unparsed, and only the last pool's workers are left."""
+    current = _loaded(1)
+    current.entity_pool = EntityWorkers("", "all", Settings.of(_config("all"), "serve"))
+    holder = Holder(current)
+    docs = [DocumentInput(f"Marie Curie worked in Paris, letter {i}.") for i in range(6)]
+    outcomes: list = []
+    stop = threading.Event()
+
+    def batches():
+        while not stop.is_set():
+            try:
+                found, _ = batcher._with_entities(holder.current.entity_pool, RETRIEVER, docs)
+                outcomes.append([d.entities for d in found])
+            except Exception as e:  # noqa: BLE001 - the test reads what a batch raised
+                outcomes.append(e)
+
+    thread = threading.Thread(target=batches, daemon=True)
+    thread.start()
+    pools = [current.entity_pool]
+    try:
+        for labels in ("picturable", "all"):
+            monkeypatch.setattr(resident, "load_config", lambda *_, labels=labels: _config(labels))
+            time.sleep(0.5)
+            pools.append(holder.reload().entity_pool)
+        time.sleep(0.5)
+        stop.set()
+        thread.join(10)
+        assert not thread.is_alive(), "a batch still waits on a pool a reload closed"
+    finally:
+        stop.set()
+        for pool in pools:
+            pool.close()
+    assert len(outcomes) >= 3 and not [o for o in outcomes if isinstance(o, Exception)], outcomes
+    texts = [d.text for d in docs]
+    parsed = [list(EntityExtractor(load_spacy(None), labels).extract(texts)) for labels in ("all", "picturable")]
+    assert all(o in (*parsed, [None] * len(docs)) for o in outcomes), outcomes  # a pool's, or the batch thread's to do
+    assert len({id(pool) for pool in pools}) == 3 and _children() == []
 
 
 def _gone(pid: int) -> bool:
