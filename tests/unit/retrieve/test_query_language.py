@@ -132,3 +132,11 @@ def test_a_short_query_score_below_min_score_is_refused_in_one_line():
     with pytest.raises(CfirError, match=r"^index.languages: short_query_words=4 must be >= 0 and "
                                         r"short_query_min_score=0.3 in \[min_score, 1\]$"):
         check_languages(config.index.languages)
+
+
+def test_a_querys_ner_parses_in_the_calling_thread_whatever_entity_workers_index_says():
+    config = get_config("tiny,multilingual")
+    config.index.languages.fallback_ner = "english"  # "id" gets the English pipeline: a spaCy NER, like "fr"'s
+    config.entity_workers.index = 0  # index.py's stage: every usable core; a query starts no process
+    ner, rule = QueryLanguages(config, _corpus({"documents": {"en": 3, "id": 1}})).ner("id")
+    assert rule.startswith("no pipeline: spaCy") and ner.workers is None
