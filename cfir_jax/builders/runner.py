@@ -31,9 +31,9 @@ the others wait (a format conversion, not model work); the image cache is split 
 entities, summaries, entity index and image text in chunks owned round-robin (`hosts.owns`); each process writes
 its own shards or chunks into the shared work directory, and process 0 alone assembles and commits the store once
 all exist, then every process opens it. spaCy also fans out over `entity_workers.index` worker processes on each
-host. Logs and the closing table come from process 0. When a host dies the others stop at their next barrier
-(or by the runtime's heartbeat): restart the whole job; finished shards and chunks are reused, by whichever process
-owns them now (another process count included).
+host (every usable core by default). Logs and the closing table come from process 0. When a host dies the others
+stop at their next barrier (or by the runtime's heartbeat): restart the whole job; finished shards and chunks are
+reused, by whichever process owns them now (another process count included).
 """
 
 from __future__ import annotations

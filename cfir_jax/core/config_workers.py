@@ -19,7 +19,9 @@ def entity_workers_config() -> ml_collections.ConfigDict:
         dict(
             serve=2,  # the service: processes parsing a batch's documents in parallel (< 2: the retrieval thread)
             bulk=2,  # retrieve.py --queries / --evaluate: processes parsing batches ahead of SR (< 2: the main thread)
-            index=1,  # index.py's entity stage: processes on each host (< 2: the main thread)
+            # index.py's entity stage: processes on each host; 0: one per core the host lets it use
+            # (os.sched_getaffinity, resolved by entity_workers.Settings.of), 1: the main thread parses
+            index=0,
             serve_deadline_ms=5000.0,  # a service's worker holding a batch's chunk longer is killed and replaced
             deadline_ms=60000.0,  # the same for bulk retrieval, index.py and a query's helper
             max_restarts=5,  # more worker restarts than this within restart_window_s: the calling thread parses

@@ -44,6 +44,11 @@ def languages_config() -> ml_collections.ConfigDict:
             detect_chars=500,  # the first characters read (p50 about 0.07 ms a document; the detector's own cut is 80)
             min_score=0.5,  # a text whose best language scores lower (a short caption, names alone) is `undetected`
             undetected="en",  # the language of a text detection cannot tell
+            # A query of at most short_query_words words (a few words, mostly names: "COVID-19 vaccine" reads as German
+            # at 0.55) is in its collection's main language (most documents) unless stated, or detected at
+            # short_query_min_score or more ("vaccin contre la grippe": French at 0.98); 0: no query is short.
+            short_query_words=4,
+            short_query_min_score=0.8,
             # NER of a language with no pipeline: 'capitalised' (runs of capitalised words, cfir_jax.nlp.capitalised)
             # or 'english' (the English pipeline, index.entities.spacy_model).
             fallback_ner="capitalised",
@@ -121,6 +126,9 @@ def check_languages(langs: ml_collections.ConfigDict) -> None:
     if int(langs.detect_chars) < 1 or not 0.0 <= float(langs.min_score) <= 1.0:
         raise CfirError(f"index.languages: detect_chars={langs.detect_chars} must be >= 1 and min_score="
                         f"{langs.min_score} in [0, 1]")
+    if int(langs.short_query_words) < 0 or not float(langs.min_score) <= float(langs.short_query_min_score) <= 1.0:
+        raise CfirError(f"index.languages: short_query_words={langs.short_query_words} must be >= 0 and "
+                        f"short_query_min_score={langs.short_query_min_score} in [min_score, 1]")
     check_code(langs.undetected, "index.languages.undetected")
     for code, entry in langs.table.items():
         if check_code(code, f"index.languages.table.{code}") != code:

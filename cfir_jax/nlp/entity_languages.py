@@ -33,9 +33,10 @@ def index_workers(config, spacy_model: str | None, labels) -> EntityWorkers | No
     return EntityWorkers(spacy_model, labels, settings, wait=False) if settings.workers > 1 else None
 
 
-def language_ner(config, setup: Setup, loaded: dict) -> tuple[Any, str]:
+def language_ner(config, setup: Setup, loaded: dict, pooled: bool) -> tuple[Any, str]:
     """(the NER of one language, its rule as the tables say it). `loaded`: the spaCy pipelines loaded so far by name
-    (a pipeline several languages fall back to loads once)."""
+    (a pipeline several languages fall back to loads once); `pooled`: index.py's entity stage, whose pipelines parse
+    over entity_workers.index processes (a query's parse in the calling thread)."""
     e = config.index.entities
     if setup.ner is not None:
         try:
@@ -48,7 +49,7 @@ def language_ner(config, setup: Setup, loaded: dict) -> tuple[Any, str]:
                         "docs/languages.md)", setup.code, setup.ner)
             return CapitalisedNames(), f"{setup.ner} not installed: capitalised n-grams"
         nlp = loaded[setup.ner]
-        workers = index_workers(config, setup.ner, setup.labels)
+        workers = index_workers(config, setup.ner, setup.labels) if pooled else None
         extractor = EntityExtractor(nlp, setup.labels, e.batch_size, workers=workers)
         own = "" if not setup.fallback else "no pipeline: "
         return extractor, f"{own}spaCy {spacy_model_name(nlp)}"
@@ -76,7 +77,7 @@ class LanguageEntities:
             if code == REFERENCE:
                 ner, rule = reference.extractor, f"spaCy {reference.settings['spacy_model']}"
             else:
-                ner, rule = language_ner(config, setup_of(config, code), loaded)
+                ner, rule = language_ner(config, setup_of(config, code), loaded, pooled=True)
             by_language[code], rules[code] = SourcedExtractor(ner, reference.sources), rule
         return cls(reference, by_language, rules, counts)
 

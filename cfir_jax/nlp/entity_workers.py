@@ -1,11 +1,8 @@
 """The one way spaCy runs in another process: a supervised pool of entity workers.
 
-A worker is a fresh interpreter as hardened as the command (`python -E -P`: neither the working folder nor
-PYTHONPATH on its path; this process's own `cfir_jax` loaded by its path). It loads the pipeline once (`load_spacy`,
-`EntityExtractor`: the entities this process would find), says so in a first JSON line (`"ready"`, or `{"error":
-...}`: the one-line error of this process's own load), then answers each line `[task, [texts]]` with `[task,
-[entities per text]]`. It ignores SIGINT and SIGTERM (the process group's signals are the parent's, which drains and
-then stops it) and ends when its stdin closes: when the pool closes it, or when this process is gone.
+A worker (`cfir_jax.nlp.entity_worker_main`, its own side) is a fresh interpreter as hardened as the command
+(`python -E -P`: neither the working folder nor PYTHONPATH on its path; this process's own `cfir_jax` loaded by its
+path) that loads the pipeline once, then answers chunks of texts with their entities; it ends when its stdin closes.
 
 Its users each hold a pool of `Settings.of(config, use)` (the config's `entity_workers` section): the service
 (`serve`, a short deadline), bulk retrieval (`bulk`) and index.py's entity stage (`index`), and a query's pool of one
@@ -16,8 +13,10 @@ supervises its workers:
   again by another (one that took `MAX_ATTEMPTS` workers down is parsed in the calling thread);
 - more than `max_restarts` replacements within `restart_window_s` is a crash loop: the pool stops its workers and
   the calling thread parses from then on (`state == "degraded"`), rather than failing.
-A pool is driven from one thread; `state` and `describe` may be read from any. This module loads the standard
-library only: the query command imports it before JAX.
+A pool is driven from one thread; `state` and `describe` may be read from any, and `close` called from any: a call in
+flight then raises `PoolClosed` at once and no worker starts again. Its thread never writes to a worker's pipe (a
+writer thread per worker does): a stopped worker holds at most the pipe's 64 KB, so a write could block for ever where
+only a deadline can end it. This module loads the standard library only: the query command imports it before JAX.
 """
 
 from __future__ import annotations
@@ -27,6 +26,7 @@ import contextlib
 import dataclasses
 import json
 import logging
+import os
 import queue
 import signal
 import subprocess
@@ -37,11 +37,11 @@ import weakref
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 
-from cfir_jax.core.errors import CfirError, first_line
+from cfir_jax.core.errors import CfirError
+from cfir_jax.nlp.entity_worker_main import READY
 
 log = logging.getLogger("cfir_jax.entities")
 
-READY = "ready"
 PIPELINE_DEPTH = 2  # chunks queued per worker: it starts the next while the parent reads the last
 MAX_ATTEMPTS = 3  # workers a chunk may take down with it before the calling thread parses it
 _POLL_S = 0.5  # the supervisor's longest wait between two looks at its workers' deadlines
@@ -50,7 +50,7 @@ _POLL_S = 0.5  # the supervisor's longest wait between two looks at its workers'
 _PROGRAM = ("import importlib.util, sys; p = sys.argv[1]; s = importlib.util.spec_from_file_location("
             "'cfir_jax', p + '/__init__.py', submodule_search_locations=[p]); "
             "m = sys.modules['cfir_jax'] = importlib.util.module_from_spec(s); s.loader.exec_module(m); "
-            "from cfir_jax.nlp.entity_workers import worker_main; worker_main()")
+            "from cfir_jax.nlp.entity_worker_main import worker_main; worker_main()")
 
 
 def label_spec(labels) -> str | tuple[str, ...] | None:
@@ -76,40 +76,20 @@ class Settings:
 
     @classmethod
     def of(cls, config, use: str) -> Settings:
-        """The config's `entity_workers` section for one use: "serve", "bulk", "index" (their worker counts), or
-        "query" (one worker); the service's deadline is serve_deadline_ms, the others' deadline_ms."""
+        """The config's `entity_workers` section for one use: "serve", "bulk", "index" (their worker counts; index's
+        0: `usable_cores()`, the one place it is resolved), or "query" (one worker); the service's deadline is
+        serve_deadline_ms, the others' deadline_ms."""
         w = config.entity_workers
+        workers = 1 if use == "query" else int(w[use])
+        workers = usable_cores() if use == "index" and workers == 0 else workers
         deadline_s = float(w.serve_deadline_ms if use == "serve" else w.deadline_ms) / 1e3
-        return cls(1 if use == "query" else int(w[use]), deadline_s, int(w.max_restarts), float(w.restart_window_s))
+        return cls(workers, deadline_s, int(w.max_restarts), float(w.restart_window_s))
 
 
-def worker_main() -> None:
-    """A worker's main: load the pipeline, say so, then answer each `[task, [texts]]` line with its entities."""
-    # why: spaCy loads here, in the worker, never in the process that started it
-    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the process group's signals are the parent's to act on
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    spacy_model, labels = json.loads(sys.argv[2])
-    try:
-        extractor = EntityExtractor(load_spacy(spacy_model or None), labels)
-        list(extractor.extract(["warm up"]))
-    except Exception as e:  # noqa: BLE001 - said to the parent in one line, which raises it as its own
-        return _say({"error": first_line(e)})
-    _say(READY)
-    for line in sys.stdin:  # its end: the pool closed it, or the parent is gone
-        task, texts = json.loads(line)
-        try:
-            _say([task, list(extractor.extract(texts))])
-        except Exception as e:  # noqa: BLE001 - the chunk's own error, raised in the caller
-            _say([task, {"error": first_line(e)}])
-
-
-def _say(message) -> None:  # a worker's line
-    try:
-        print(json.dumps(message), flush=True)
-    except (BrokenPipeError, OSError, ValueError):  # the parent closed its end: nobody will read it
-        sys.exit(0)
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity: a container's, cgroup cpuset's or taskset's limit, not the
+    host's count), on whichever host it runs."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 def _parsed(line: str):
@@ -119,8 +99,13 @@ def _parsed(line: str):
         return None
 
 
+class PoolClosed(CfirError):
+    """A pool closed (from another thread) while a call was using it: the caller parses without it."""
+
+
 class _Worker:
-    """One worker process, with a thread that puts each of its lines (then None, at its end) in the pool's inbox."""
+    """One worker process, with a thread that puts each of its lines (then None, at its end) in the pool's inbox, and
+    one that writes the chunks sent to it (only it touches the worker's stdin)."""
 
     def __init__(self, slot: int, key: str, inbox: queue.Queue):
         self.slot, self.started = slot, time.monotonic()
@@ -132,7 +117,9 @@ class _Worker:
         self.ready = False  # set by the pool's thread once it has read the "ready" line
         self.inflight: collections.deque[int] = collections.deque()
         self.progress = self.started  # when it last received work while idle, or answered
+        self._outbox: queue.SimpleQueue = queue.SimpleQueue()  # lines for its stdin; None: close it
         threading.Thread(target=self._read, args=(inbox,), name=f"cfir-entities-{slot}", daemon=True).start()
+        threading.Thread(target=self._write, name=f"cfir-entities-{slot}-in", daemon=True).start()
 
     def _read(self, inbox: queue.Queue) -> None:
         try:
@@ -144,13 +131,18 @@ class _Worker:
             pass
         inbox.put((self, None))
 
-    def send(self, task: int, texts: list[str]) -> bool:
-        try:
-            self.proc.stdin.write(json.dumps([task, texts]) + "\n")
-            self.proc.stdin.flush()
-            return True
-        except (OSError, ValueError):  # it ended: its end is on its way through the inbox
-            return False
+    def _write(self) -> None:
+        # A write past the pipe's buffer waits for the worker to read: a stopped one never does, and then only its
+        # kill (SIGKILL at its deadline, or close) ends the write, with EPIPE.
+        with contextlib.suppress(OSError, ValueError):  # it ended: its end is on its way through the inbox
+            while (line := self._outbox.get()) is not None:
+                self.proc.stdin.write(line)
+                self.proc.stdin.flush()
+        with contextlib.suppress(OSError, ValueError):
+            self.proc.stdin.close()
+
+    def send(self, task: int, texts: list[str]) -> None:
+        self._outbox.put(json.dumps([task, texts]) + "\n")
 
     def kill(self) -> None:
         # SIGKILL: a worker ignores SIGTERM, and a stopped (SIGSTOP) process acts on nothing else; it holds nothing
@@ -158,9 +150,9 @@ class _Worker:
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            with contextlib.suppress(OSError):
-                pipe.close()
+        self._outbox.put(None)  # its writer closes stdin: a write it was blocked in has ended with the process
+        with contextlib.suppress(OSError):
+            self.proc.stdout.close()
 
 
 def _kill_all(workers: list) -> None:
@@ -168,6 +160,7 @@ def _kill_all(workers: list) -> None:
     for w in list(workers):
         if w.proc.poll() is None:
             w.proc.kill()
+        w._outbox.put(None)  # its writer thread ends too
 
 
 class EntityWorkers:
@@ -192,6 +185,7 @@ class EntityWorkers:
         self._attempts: collections.Counter[int] = collections.Counter()
         self._local = None  # this process's EntityExtractor, once the calling thread had to parse
         self._workers: list[_Worker] = []
+        self._lock, self._closed = threading.Lock(), False  # close() (any thread) against a replacement's start
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
         self._workers += [_Worker(i, _key(*self.key), self._inbox) for i in range(self.workers)]
         if wait:
@@ -257,6 +251,8 @@ class EntityWorkers:
         try:
             for task_id in ids:
                 while task_id not in self._done:
+                    if self._closed:
+                        raise PoolClosed("the entity workers were closed while parsing (stopped, none restarted)")
                     if self.degraded or self._attempts[task_id] >= MAX_ATTEMPTS:
                         self._parse_here(task_id)
                         break
@@ -341,37 +337,45 @@ class EntityWorkers:
     def _replace(self, w: _Worker, reason: str, what: str) -> None:
         pid = w.proc.pid
         w.kill()
-        lost = [t for t in w.inflight if t in self._texts and t not in self._done]
-        for task_id in lost:
-            self._attempts[task_id] += 1
-        self._pending.extendleft(reversed(lost))  # first in line again, in order
-        self._workers.remove(w)
-        self.restarts[reason] += 1
-        now = time.monotonic()
-        self._recent.append(now)
-        while self._recent and now - self._recent[0] > self.settings.restart_window_s:
-            self._recent.popleft()
-        if self.on_restart is not None:
-            self.on_restart(reason)
-        if len(self._recent) > self.settings.max_restarts:
-            self.degraded_reason = (f"{len(self._recent)} worker restarts within {self.settings.restart_window_s:g}"
-                                    " s: parsing in the calling thread")
-            log.error("entity worker %d (pid %s) %s; %s", w.slot, pid, what, self.degraded_reason)
-            for other in self._workers:
-                other.kill()
-            self._workers.clear()
-            return
-        fresh = _Worker(w.slot, _key(*self.key), self._inbox)
-        self._workers.insert(min(w.slot, len(self._workers)), fresh)
-        log.warning("entity worker %d (pid %s) %s; replaced by pid %s (restart %d), %d chunk(s) to parse again",
-                    w.slot, pid, what, fresh.proc.pid, sum(self.restarts.values()), len(lost))
+        with self._lock:  # no worker starts once close() has stopped them
+            if self._closed:
+                return
+            lost = [t for t in w.inflight if t in self._texts and t not in self._done]
+            for task_id in lost:
+                self._attempts[task_id] += 1
+            self._pending.extendleft(reversed(lost))  # first in line again, in order
+            self._workers.remove(w)
+            self.restarts[reason] += 1
+            now = time.monotonic()
+            self._recent.append(now)
+            while self._recent and now - self._recent[0] > self.settings.restart_window_s:
+                self._recent.popleft()
+            if self.on_restart is not None:
+                self.on_restart(reason)
+            if len(self._recent) > self.settings.max_restarts:
+                self.degraded_reason = (f"{len(self._recent)} worker restarts within {self.settings.restart_window_s:g}"
+                                        " s: parsing in the calling thread")
+                log.error("entity worker %d (pid %s) %s; %s", w.slot, pid, what, self.degraded_reason)
+                for other in self._workers:
+                    other.kill()
+                self._workers.clear()
+                return
+            fresh = _Worker(w.slot, _key(*self.key), self._inbox)
+            self._workers.insert(min(w.slot, len(self._workers)), fresh)
+            log.warning("entity worker %d (pid %s) %s; replaced by pid %s (restart %d), %d chunk(s) to parse again",
+                        w.slot, pid, what, fresh.proc.pid, sum(self.restarts.values()), len(lost))
 
     def close(self) -> None:
-        """Stops the workers at once (they hold nothing but their pipes)."""
-        for w in self._workers:
-            w.kill()
-        self._workers.clear()
+        """Stops the workers at once (they hold nothing but their pipes), from any thread: a call in flight raises
+        PoolClosed in its own thread, and no worker starts from then on."""
+        with self._lock:
+            self._closed = True
+            workers = list(self._workers)
+            self._workers.clear()
         self._finalizer.detach()
+        for w in workers:
+            w.kill()
+        self._inbox.put((None, None))  # wakes a call waiting for its workers' lines
 
 
 def _exit_text(code: int | None) -> str:

