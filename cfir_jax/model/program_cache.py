@@ -56,7 +56,7 @@ from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
 from cfir_jax.core import compile_cache
-from cfir_jax.stores.atomic_write import atomic_file
+from cfir_jax.stores.atomic_write import atomic_file, is_temp_name
 
 log = logging.getLogger("cfir_jax.programs")
 _DIGEST = 32  # bytes of sha256 before the payload
@@ -184,7 +184,7 @@ def shrink(where: Path, max_bytes: int, keep: Path | None = None) -> None:
             st = f.stat()
         except OSError:
             continue
-        if ".tmp-" in f.name:  # atomic_file's temporary: NAME.tmp-HOST-PID-RANDOM, hidden
+        if is_temp_name(f.name):  # atomic_file's temporary
             if now - st.st_mtime > _STALE_TEMP_S:
                 with contextlib.suppress(OSError):
                     f.unlink()

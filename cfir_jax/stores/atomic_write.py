@@ -67,6 +67,12 @@ def temp_name(path: str | os.PathLike, hidden: bool = False) -> Path:
     return path.with_name(f"{_TEMP.format(stem)}-{_HOST}-{os.getpid()}-{secrets.token_hex(4)}")
 
 
+def is_temp_name(name: str) -> bool:
+    """Whether a file name is an atomic write's temporary (`temp_name`'s NAME.tmp-HOST-PID-RANDOM, hidden or not):
+    a write under way, or one a killed process never finished."""
+    return f"{_TEMP.format('')}-" in name
+
+
 def sweep_temps(path: str | os.PathLike) -> None:
     """Removes the temporary files and directories of `path` (`temp_name`'s, hidden or not, and the fixed
     `NAME.tmp` / `NAME.tmp-PID` of older versions) left by processes of this host that no longer run; those of live
