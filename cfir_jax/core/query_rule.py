@@ -180,7 +180,7 @@ class FilterLimits:
                                       f"{self.bytes:,}", 413)
                 if isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[2], (list, tuple)) \
                         and len(item[2]) > self.values:
-                    raise FilterError(f"where: {str(item[0])[:40]} {str(item[1])[:8]} has {len(item[2]):,} values, "
+                    raise FilterError(f"where: {_name(item[0], 40)} {_name(item[1], 8)} has {len(item[2]):,} values, "
                                       f"over serve.max_filter_values={self.values:,}", 413)
         out = conditions(items)
         self.check(out)
@@ -208,9 +208,18 @@ def _unquote(text: str) -> str:
 
 
 def _said(expr: object) -> str:
-    """A filter as a refusal names it: repr, cut to 80 characters (a 10,000-value line is named, not echoed)."""
-    shown = repr(expr)
+    """A filter as a refusal names it: repr, cut to 80 characters (a 10,000-value line is named, not echoed; one
+    holding an int Python does not write, over 4,300 digits, by what it holds)."""
+    try:
+        shown = repr(expr)
+    except ValueError:
+        return "holding a number too long to write"
     return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _name(part: object, cut: int) -> str:
+    """A triple's field or operator as a refusal names it: a str cut to `cut` characters, anything else `_short`."""
+    return part[:cut] if isinstance(part, str) else _short(part)
 
 
 def parse_line(line: str) -> Condition:
@@ -249,7 +258,10 @@ def _value(value: object, expr: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return str(value)
+        try:
+            return str(value)
+        except ValueError:  # an int of over 4,300 digits, which Python does not write: named by its size
+            raise FilterError(f"filter {_said(expr)}: a value is {_short(value)}, too long for a number") from None
     raise FilterError(f"filter {_said(expr)}: a value is a string, a number or a bool, not {type(value).__name__}")
 
 
