@@ -213,7 +213,7 @@ def _said(expr: object) -> str:
     try:
         shown = repr(expr)
     except ValueError:
-        return "holding a number too long to write"
+        return "(a triple with a number too long to write)"
     return shown if len(shown) <= 80 else shown[:77] + "..."
 
 
