@@ -299,8 +299,8 @@ class Index:
         retriever = self._retriever(method)
         conds = conditions(where)
         if conds:
-            self.admit(docs[:1], 1, method)
             docs = [dataclasses.replace(d, where=conds) for d in docs]
+            self.admit(docs[:1], 1, method)  # one filter for all: the first document's check is theirs
         return duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress), fold)
 
     def _top(self, top_k: int) -> int:
