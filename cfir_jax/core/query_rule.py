@@ -333,6 +333,12 @@ class Query:
             raise QueryRefused(f"fold: expected true or false, got {type(fold).__name__}")
         return cls(text, image, image_id, id, method, check_top_k(top_k), check_lang(lang), conditions(where), fold)
 
+    def checked(self) -> Query:
+        """This query held to `Query.of`'s rules: one made by hand (`Query(where=["tags=a"])`, a fold that is not a
+        bool) is refused or read as `Query.of` would (its lines and triples parsed), never met half-made."""
+        return Query.of(self.text, image=self.image, image_id=self.image_id, id=self.id, method=self.method,
+                        top_k=self.top_k, lang=self.lang, where=self.where, fold=self.fold)
+
     def where_json(self) -> list[list]:
         """The conditions as they cross the wire: a JSON array of triples."""
         return [c.to_json() for c in self.where]
