@@ -113,3 +113,43 @@ def test_a_batch_of_typed_filters_answers_each_as_alone(batched, names):
             assert "\n" not in outcome[2] and len(outcome[2]) < 300, outcome
         else:
             assert outcome[0] == "500", outcome
+
+
+def test_typed_filters_in_one_batch_on_the_ray_front_answer_each_its_own_status():
+    """The Ray engine's front (`cluster.front.FrontService`, as the gateway calls it through `cluster.deployments`):
+    a list filter, an order on a list, a True triple, a filter past serve.max_filter_conditions and a month, sent
+    together, answer 200, 422, 200, 413, 200, the valid ones the rows that pass."""
+    from standin_service import StandInHolder
+
+    from cfir_jax.cluster.deployments import _status
+    from cfir_jax.cluster.front import FrontService
+
+    engine = FieldsEngine(ROWS, KINDS, MAX_TOP_K)
+    holder = StandInHolder(engine, MAX_TOP_K)
+    holder.client, holder.target = None, SimpleNamespace(generation=1)
+    follower = SimpleNamespace(period_s=3600.0, poll=lambda: None, stuck=lambda: "", last_error="")
+    front = FrontService(holder, holder.current.index.config.serve, None, follower)
+    names = ["list", "list-order", "bool-true", "conditions", "date-month"]
+
+    async def run():
+        held = asyncio.ensure_future(_status(front.answer([DocumentInput(HOLD, "hold")], "cfir", 5)))
+        while not engine.batches:
+            await asyncio.sleep(0.005)
+        calls = [_status(front.answer([DocumentInput("t", name, where=conditions((VALID.get(name) or
+                                                                                   REFUSED[name])[0]))],
+                                      "cfir", MAX_TOP_K)) for name in names]
+        answers = asyncio.gather(*calls)
+        await asyncio.sleep(0.05)
+        engine.gate.set()
+        await held
+        return await answers
+
+    try:
+        answers = asyncio.run(run())
+    finally:
+        asyncio.run(front.shutdown())
+    assert [status for status, _, _ in answers] == [200, 422, 200, 413, 200], answers
+    for name, (status, answer, _) in zip(names, answers):
+        if status == 200:
+            hits = json.loads(answer[0] if isinstance(answer, list) else answer)["hits"]
+            assert [h["image_id"] for h in hits] == [f"img-{r}" for r in VALID[name][1]], name
