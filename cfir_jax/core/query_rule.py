@@ -50,6 +50,7 @@ QUERY_KINDS = "give one of text= (a document), image= (a picture's bytes or file
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BINARY = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # C0 controls but \t \n \v \f \r, and DEL
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")  # what may break a line that names a condition
 _LANG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*")  # BCP 47's shape: a primary subtag, then any
 
 
@@ -142,10 +143,11 @@ class Condition:
     values: tuple[str, ...]
 
     def __str__(self) -> str:
-        """The condition as a note or a refusal names it (shown to people; never parsed again)."""
+        """The condition as a note or a refusal names it (shown to people; never parsed again): its control
+        characters escaped (`a\\nb`), so that a refusal naming a value with a line break stays one line."""
         if self.op == "in":
-            return f"{self.field} in {','.join(self.values)}"
-        return f"{self.field}{self.op}{self.values[0]}"
+            return _escaped(f"{self.field} in {','.join(self.values)}")
+        return _escaped(f"{self.field}{self.op}{self.values[0]}")
 
     def to_json(self) -> list:
         """The JSON triple it crosses the wire as: `[field, op, value]`, `[field, "in", [values]]`."""
@@ -200,6 +202,11 @@ class FilterLimits:
         if size > self.bytes:
             raise FilterError(f"where: {size:,} bytes of fields and values, over serve.max_filter_bytes="
                               f"{self.bytes:,}", 413)
+
+
+def _escaped(text: str) -> str:
+    """`text` with its control characters (line breaks, NUL, DEL) written as Python escapes them."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
 
 
 def _unquote(text: str) -> str:

@@ -141,3 +141,18 @@ def test_a_query_made_by_hand_is_held_to_the_rule_of_one_made_by_query_of(doors,
         index.search(Query.of("a text", top_k=50, where=where)).ids
     with pytest.raises(QueryRefused, match="^fold: expected true or false, got str$"):
         index.search(Query(text="a text", top_k=50, fold="no"))
+
+
+@pytest.mark.parametrize("where", [[("colour", "=", "a\nb")], [("tags", "<", "x\r\ny")], [("date\n", "=", "2020")],
+                                   [("editorial", "in", ["yes\x00", "no"])]])
+def test_a_refusal_naming_a_value_with_a_line_break_is_still_one_line_and_the_same_at_the_client(doors, where):
+    """A triple's value is its own, line breaks and control characters included; the refusal that names it shows
+    them escaped, so it stays one line at the library and the client reads the same line (before, the library's
+    refusal held the line break and the client read its first half)."""
+    index, _, client, _ = doors
+    with pytest.raises(FilterError) as alone:
+        index.search("a text", top_k=50, where=where)
+    assert "\n" not in str(alone.value) and "\r" not in str(alone.value), str(alone.value)
+    with pytest.raises(ServiceError) as e:
+        client.search("a text", top_k=50, where=where)
+    assert (e.value.status, str(e.value)) == (422, str(alone.value))
