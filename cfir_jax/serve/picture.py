@@ -160,7 +160,7 @@ async def _form(request: Request, body: bytes, max_bytes: int, max_conditions: i
         raise Refused(f"unknown form field {unknown[0]!r}: an upload holds the file image (or image_id), top_k and "
                       "id", 422)
     upload, image_id = form.get("image"), form.get("image_id")
-    plain = [name for name in FORM_FIELDS[1:] if isinstance(form.get(name), UploadFile)]
+    plain = [name for name in FORM_FIELDS[1:] if any(isinstance(v, UploadFile) for v in form.getlist(name))]
     if plain or (upload is not None and not isinstance(upload, UploadFile)):
         raise Refused("image is a file field (curl -F image=@photo.jpg); image_id, top_k and id are plain fields"
                       f"{f', not {plain[0]}' if plain else ''}", 422)
