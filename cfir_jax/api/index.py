@@ -197,7 +197,7 @@ class Index:
         stops before its next stage (a service's); fold: each group of near-duplicates shows its best-ranked
         picture, the others listed under it (`Hit.duplicates`; docs/duplicates.md); top_k counts the shown hits."""
         if isinstance(text, Query):
-            query = text
+            query = text.checked()  # one made by hand too: its where parsed, its kinds held
         elif isinstance(text, os.PathLike):  # read at this door: its text, its stem the id, its language
             doc = read_documents(text, int(self.config.serve.max_text_bytes), lang=lang)[0]
             query = Query.of(doc.text, id=id or doc.doc_id, top_k=top_k, method=method, lang=doc.lang, where=where,
@@ -219,6 +219,7 @@ class Index:
         top_k's range (retrieval.top_k), the method, the language, the filter's size (serve.max_filter_*), its
         fields and their values' types (its mask is kept: the search applies it without reading it again). One
         line, a `QueryRefused` (its HTTP status), never a traceback."""
+        query = query.checked()
         self._check(query.method, query.top_k, query.lang, query.where)
 
     def admit(self, docs: Sequence[DocumentInput], top_k: int, method: str | None = None) -> None:
@@ -299,8 +300,8 @@ class Index:
         retriever = self._retriever(method)
         conds = conditions(where)
         if conds:
-            self.admit(docs[:1], 1, method)
             docs = [dataclasses.replace(d, where=conds) for d in docs]
+            self.admit(docs[:1], 1, method)  # one filter for all: the first document's check is theirs
         return duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress), fold)
 
     def _top(self, top_k: int) -> int:

@@ -50,6 +50,7 @@ QUERY_KINDS = "give one of text= (a document), image= (a picture's bytes or file
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BINARY = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # C0 controls but \t \n \v \f \r, and DEL
+_CONTROL = re.compile("[\x00-\x1f\x7f\x85\u2028\u2029]")  # what may break a line that names a condition
 _LANG = re.compile(r"[A-Za-z]{2,3}(?:[-_][A-Za-z0-9]{1,8})*")  # BCP 47's shape: a primary subtag, then any
 
 
@@ -142,10 +143,11 @@ class Condition:
     values: tuple[str, ...]
 
     def __str__(self) -> str:
-        """The condition as a note or a refusal names it (shown to people; never parsed again)."""
+        """The condition as a note or a refusal names it (shown to people; never parsed again): its control
+        characters escaped (`a\\nb`), so that a refusal naming a value with a line break stays one line."""
         if self.op == "in":
-            return f"{self.field} in {','.join(self.values)}"
-        return f"{self.field}{self.op}{self.values[0]}"
+            return _escaped(f"{self.field} in {','.join(self.values)}")
+        return _escaped(f"{self.field}{self.op}{self.values[0]}")
 
     def to_json(self) -> list:
         """The JSON triple it crosses the wire as: `[field, op, value]`, `[field, "in", [values]]`."""
@@ -180,7 +182,7 @@ class FilterLimits:
                                       f"{self.bytes:,}", 413)
                 if isinstance(item, (list, tuple)) and len(item) == 3 and isinstance(item[2], (list, tuple)) \
                         and len(item[2]) > self.values:
-                    raise FilterError(f"where: {str(item[0])[:40]} {str(item[1])[:8]} has {len(item[2]):,} values, "
+                    raise FilterError(f"where: {_name(item[0], 40)} {_name(item[1], 8)} has {len(item[2]):,} values, "
                                       f"over serve.max_filter_values={self.values:,}", 413)
         out = conditions(items)
         self.check(out)
@@ -202,15 +204,29 @@ class FilterLimits:
                               f"{self.bytes:,}", 413)
 
 
+def _escaped(text: str) -> str:
+    """`text` with its control characters (line breaks, NUL, DEL) written as Python escapes them."""
+    return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
 def _unquote(text: str) -> str:
     text = text.strip()
     return text[1:-1] if len(text) >= 2 and text[0] == text[-1] and text[0] in "'\"" else text
 
 
 def _said(expr: object) -> str:
-    """A filter as a refusal names it: repr, cut to 80 characters (a 10,000-value line is named, not echoed)."""
-    shown = repr(expr)
+    """A filter as a refusal names it: repr, cut to 80 characters (a 10,000-value line is named, not echoed; one
+    holding an int Python does not write, over 4,300 digits, by what it holds)."""
+    try:
+        shown = repr(expr)
+    except ValueError:
+        return "(a triple with a number too long to write)"
     return shown if len(shown) <= 80 else shown[:77] + "..."
+
+
+def _name(part: object, cut: int) -> str:
+    """A triple's field or operator as a refusal names it: a str cut to `cut` characters, anything else `_short`."""
+    return part[:cut] if isinstance(part, str) else _short(part)
 
 
 def parse_line(line: str) -> Condition:
@@ -249,7 +265,10 @@ def _value(value: object, expr: object) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, (int, float)):
-        return str(value)
+        try:
+            return str(value)
+        except ValueError:  # an int of over 4,300 digits, which Python does not write: named by its size
+            raise FilterError(f"filter {_said(expr)}: a value is {_short(value)}, too long for a number") from None
     raise FilterError(f"filter {_said(expr)}: a value is a string, a number or a bool, not {type(value).__name__}")
 
 
@@ -320,6 +339,12 @@ class Query:
         if not isinstance(fold, bool):
             raise QueryRefused(f"fold: expected true or false, got {type(fold).__name__}")
         return cls(text, image, image_id, id, method, check_top_k(top_k), check_lang(lang), conditions(where), fold)
+
+    def checked(self) -> Query:
+        """This query held to `Query.of`'s rules: one made by hand (`Query(where=["tags=a"])`, a fold that is not a
+        bool) is refused or read as `Query.of` would (its lines and triples parsed), never met half-made."""
+        return Query.of(self.text, image=self.image, image_id=self.image_id, id=self.id, method=self.method,
+                        top_k=self.top_k, lang=self.lang, where=self.where, fold=self.fold)
 
     def where_json(self) -> list[list]:
         """The conditions as they cross the wire: a JSON array of triples."""

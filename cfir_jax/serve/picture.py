@@ -38,7 +38,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
 
-from cfir_jax.core.query_rule import Condition, FilterLimits, check_id, check_top_k
+from cfir_jax.core.query_rule import Condition, FilterError, FilterLimits, check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import Expired
 from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused
@@ -141,22 +141,26 @@ async def _form(request: Request, body: bytes, max_bytes: int, max_conditions: i
         yield body
 
     # The plain fields once each, `where` up to max_conditions times and one more: a request over the limit gets
-    # the limit's own line (read_request), not the parser's "Too many fields".
+    # the limit's own line (read_request), and one far over it, past the fields a form may hold, the limit's 413 too,
+    # never the parser's "Too many fields" (a 422 that says nothing of the limit).
     fields = len(FORM_FIELDS) - 2 + max_conditions + 1
     try:
         if _kind(request) == "multipart/form-data":
             form = await MultiPartParser(request.headers, stream(), max_files=1, max_fields=fields,
                                          max_part_size=65536).parse()
         else:  # a form without a file (curl -d image_id=ID)
-            form = await FormParser(request.headers, stream()).parse()
+            form = await FormParser(request.headers, stream(), max_fields=fields).parse()
     except MultiPartException as e:
+        if e.message.startswith("Too many fields"):
+            raise FilterError(f"where: an upload of over {fields:,} fields, over serve.max_filter_conditions="
+                              f"{max_conditions:,} conditions beside image, image_id, top_k, id, fold", 413) from None
         raise Refused(f"malformed multipart upload: {e.message}", 422) from None
     unknown = [name for name in form if name not in FORM_FIELDS]
     if unknown:
         raise Refused(f"unknown form field {unknown[0]!r}: an upload holds the file image (or image_id), top_k and "
                       "id", 422)
     upload, image_id = form.get("image"), form.get("image_id")
-    plain = [name for name in FORM_FIELDS[1:] if isinstance(form.get(name), UploadFile)]
+    plain = [name for name in FORM_FIELDS[1:] if any(isinstance(v, UploadFile) for v in form.getlist(name))]
     if plain or (upload is not None and not isinstance(upload, UploadFile)):
         raise Refused("image is a file field (curl -F image=@photo.jpg); image_id, top_k and id are plain fields"
                       f"{f', not {plain[0]}' if plain else ''}", 422)

@@ -110,3 +110,19 @@ def test_a_picture_is_answered_with_the_requests_id_by_the_default_method(tmp_pa
     assert asked["retriever"] is made["cfir"] and asked["deadline"] == 12.5 and asked["top_k"] == 2
     assert index.search(image=b"\x89PNG", top_k=1).id == "query"  # no id given: the door's default
 
+
+
+def test_evaluation_s_filter_is_held_to_its_limits_and_checked_before_it_runs(tmp_path):
+    """`Index.retrieve(where=...)` (`retrieve.py --evaluate --where`) checks the filter it was given, as every other
+    search: past serve.max_filter_conditions it is 413 before any retrieval, and the engine's check sees the
+    conditions (before, the first document's own, empty, conditions were checked instead)."""
+    index, _, made = _served(tmp_path)
+    docs = [DocumentInput("text", "a"), DocumentInput("text", "b")]
+    with pytest.raises(QueryRefused, match=r"^where: 17 conditions, over serve.max_filter_conditions=16$") as e:
+        index.retrieve(docs, where=["n>1"] * 17)
+    assert e.value.status == 413 and made["cfir"].batches == []
+    checked = []
+    made["cfir"].filters = SimpleNamespace(check=checked.append)
+    index.retrieve(docs, where=["license=cc0"])
+    assert checked == [(Condition("license", "=", ("cc0",)),)]
+    assert [d.where for d in made["cfir"].batches[-1]] == [(Condition("license", "=", ("cc0",)),)] * 2

@@ -83,3 +83,17 @@ def test_a_query_is_made_once_from_a_doors_values():
         Query.of("text", top_k=True)
     with pytest.raises(AttributeError):
         q.top_k = 3  # frozen: carried unchanged to the core
+
+
+@pytest.mark.parametrize("where", [
+    [("n", "=", 10**5000)], [("n", "in", [1, 10**5000])], [(10**5000, "=", "b")], [("n", "=", [10**5000] * 2)],
+])
+def test_a_number_too_long_to_write_is_one_line_not_a_traceback(where):
+    """Python writes no int of over 4,300 digits (`str()` raises ValueError): a triple holding one is refused in one
+    line naming its size, at parsing and past the limits (before, a ValueError: a traceback at the library and the
+    client)."""
+    for read in (conditions, FilterLimits.of(serve_config()).read,
+                 lambda w: FilterLimits(16, 1, 16_384).read(w)):  # past max_filter_values: its refusal names it too
+        with pytest.raises(FilterError) as e:
+            read(where)
+        assert "\n" not in str(e.value) and len(str(e.value)) < 300, str(e.value)

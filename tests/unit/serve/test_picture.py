@@ -154,3 +154,24 @@ def test_where_repeats_up_to_the_configs_limit_in_every_form(form):
     with pytest.raises(FilterError) as e:
         FilterLimits(4, 1024, 16384).read(over)
     assert e.value.status == 413 and str(e.value) == "where: 5 conditions, over serve.max_filter_conditions=4"
+
+
+@pytest.mark.parametrize("form", ["multipart", "urlencoded", "json", "raw"])
+def test_where_far_past_the_limit_is_the_limit_s_413_in_every_form(form):
+    """40 filters where 4 may be (and 2,000 in a urlencoded form, past the form parser's own 1,000 fields): the
+    limit's 413 in every form, as in the JSON and the query string (before, a multipart upload past its fields was
+    "malformed multipart upload: Too many fields", 422, and so was a urlencoded form past 1,000)."""
+    for count in (40, 2_000):
+        where = [f"n{i}>{i}" for i in range(count)]
+        with pytest.raises(FilterError) as e:
+            FilterLimits(4, 1024, 1 << 20).read(_read(_forms(where)[form], 100_000, 4)[1].where)
+        assert e.value.status == 413 and "over serve.max_filter_conditions=4" in str(e.value), str(e.value)
+
+
+def test_a_where_sent_as_a_file_beside_a_plain_one_is_refused_not_read_as_a_filter():
+    """`where` is a plain field wherever it repeats: a file part among them is the upload's one-line 422 (before, a
+    file part before a plain `where` was written out as `UploadFile(filename=...)` and parsed as a filter)."""
+    with pytest.raises(Refused) as e:
+        _read(_upload(files=[("where", ("w.txt", b"tags=a")), ("where", (None, "n>1")),
+                             ("image_id", (None, "img-a"))]))
+    assert e.value.status == 422 and str(e.value).endswith("are plain fields, not where")

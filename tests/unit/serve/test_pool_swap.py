@@ -17,7 +17,9 @@ from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve import batcher, resident
 
-RETRIEVER = SimpleNamespace(entities=object(), languages=SimpleNamespace(read=lambda docs, *_: docs))
+# The index's verbs the batcher and entity_pool_for ask (`Index.reads_entities`, `Index.read_languages`): every
+# document English, read by the pool.
+INDEX = SimpleNamespace(reads_entities=lambda method=None: True, read_languages=lambda docs, method=None: list(docs))
 
 
 def _config(labels: str) -> ml_collections.ConfigDict:
@@ -28,7 +30,7 @@ def _config(labels: str) -> ml_collections.ConfigDict:
 
 
 def _loaded(version: int) -> SimpleNamespace:  # a LoadedIndex as the holder and entity_pool_for read it
-    return SimpleNamespace(index=SimpleNamespace(retriever=lambda method: RETRIEVER), methods=("cfir",),
+    return SimpleNamespace(index=INDEX, methods=("cfir",),
                            family={"embed_dim": 64}, version=version, fingerprint=f"v{version}", load_seconds=0.0)
 
 
@@ -58,7 +60,7 @@ def test_a_reload_that_changes_entity_settings_swaps_the_pool_under_a_batch(monk
     outcome: dict = {}
 
     def batch():
-        outcome["docs"], _ = batcher._with_entities(old, RETRIEVER, docs)
+        outcome["docs"], _ = batcher._with_entities(old, INDEX, "cfir", docs)
         outcome["at"] = time.monotonic()
 
     thread = threading.Thread(target=batch, daemon=True)
@@ -93,7 +95,7 @@ def test_batches_run_without_pause_through_reloads_that_change_the_entity_settin
     def batches():
         while not stop.is_set():
             try:
-                found, _ = batcher._with_entities(holder.current.entity_pool, RETRIEVER, docs)
+                found, _ = batcher._with_entities(holder.current.entity_pool, INDEX, "cfir", docs)
                 outcomes.append([d.entities for d in found])
             except Exception as e:  # noqa: BLE001 - the test reads what a batch raised
                 outcomes.append(e)
