@@ -117,9 +117,10 @@ def retrieve_main():
         # why: the evaluation's stack (metrics, plots, its tables) loads only for --evaluate
         from cfir_jax.commands import evaluate
 
-        evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
-                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures, where=args.where,
-                     fold=bool(args.fold_duplicates))
+        topics = evaluate.Topics(args.evaluate, args.where, bool(args.fold_duplicates))
+        reporting = evaluate.Reporting(measures, args.plot, args.output, args.tag, top)
+        evaluate.run(config, args.index, topics, args.method, compare=args.compare, compare_k=args.compare_k,
+                     reporting=reporting)
     else:
         if args.query and _reads_entities(args.method):  # spaCy loads in a worker beside JAX, models, programs
             e = config.index.entities
@@ -144,7 +145,7 @@ def _compile_only_or_serve(args, config):
     from cfir_jax.commands import serve
 
     return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
-                     host=args.host, port=args.port, engine=args.engine, address=args.address)
+                     placement=serve.Placement(args.engine, args.host, args.port, args.address))
 
 
 def _reads_entities(method: str) -> bool:

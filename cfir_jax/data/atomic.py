@@ -27,7 +27,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_languages import Detect
-from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
+from cfir_jax.data.corpus_writer import Qrels, corpus_is_complete, write_corpus
 
 CAPTION_FIELDS = IMAGE_TEXT_FIELDS  # the image text columns
 SETTINGS = ("small", "base", "large")
@@ -233,8 +233,7 @@ def build_atomic_corpus(
         name,
         _documents(text_files, topics),
         _images(image_files, wanted_images),
-        qrels,
-        drop_unknown_qrels=True,
+        Qrels(qrels, drop_unknown=True),
         detect=detect,
         **fields,
     )
