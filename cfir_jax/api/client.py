@@ -44,7 +44,7 @@ from pathlib import Path
 from cfir_jax.api.transport import Unanswered as _Unanswered
 from cfir_jax.api.transport import bad_target, exchange, tls_context
 from cfir_jax.api.transport import reason as _reason
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k, conditions
 from cfir_jax.retrieve.results import Result
 
@@ -230,7 +230,7 @@ def _refusal(status: int, reason: str, headers: http.client.HTTPMessage, raw: by
     retry_after = _retry_after(headers.get("Retry-After"))
     if found is None and retry_after is None and status in PROXY_5XX:
         return _Unanswered(f"HTTP {status} {reason}, not the service's own answer")
-    line = str(found).splitlines()[0][:2000] if found is not None and str(found).strip() else f"HTTP {status} {reason}"
+    line = first_line(str(found), 2000) if found is not None and str(found).strip() else f"HTTP {status} {reason}"
     return ServiceError(line, status, retry_after)
 
 
@@ -256,7 +256,7 @@ def _result(answer: object, version: int | None, where: str) -> Result:
             raise TypeError(f"a JSON {type(answer).__name__}, not an object")
         return Result.from_json(answer, version)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0][:120] or type(e).__name__
+        what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else first_line(e, 120)
         raise CfirError(f"{where}: the answer is not a search result ({what}); is this a cfir-jax service?") from None
 
 

@@ -23,7 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_languages import Detect
@@ -72,7 +72,7 @@ def _open(path: Path, columns: Sequence[str]) -> pq.ParquetFile:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
-        raise CfirError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        raise CfirError(f"{path}: not a readable parquet file ({first_line(e)})") from None
     names = set(pf.schema_arrow.names)
     for column in columns:
         if column not in names:

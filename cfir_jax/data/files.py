@@ -46,7 +46,7 @@ from urllib.parse import unquote
 import numpy as np
 
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.core.jsonl import read_json_lines
 from cfir_jax.core.languages import check_code
 from cfir_jax.core.picture_fields import FieldTypes
@@ -74,7 +74,7 @@ def _parquet_rows(path: Path) -> Iterator[Row]:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
-        raise CfirError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        raise CfirError(f"{path}: not a readable parquet file ({first_line(e)})") from None
     n = 0
     try:
         for batch in pf.iter_batches(batch_size=1024):

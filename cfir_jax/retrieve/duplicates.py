@@ -17,7 +17,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cfir_jax.core.errors import StoreError
+from cfir_jax.core.errors import StoreError, first_line
 from cfir_jax.stores.duplicates import Duplicates
 
 log = logging.getLogger(__name__)
@@ -71,7 +71,7 @@ def store_of(stores) -> Duplicates | None:
             stores.duplicates = store
         except StoreError as e:
             log.warning("near-duplicates not folded: %s (index.py --stages duplicates makes it)",
-                        str(e).splitlines()[0])
+                        first_line(e))
             stores.duplicates = _ABSENT
     return None if stores.duplicates is _ABSENT else stores.duplicates
 

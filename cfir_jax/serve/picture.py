@@ -207,9 +207,9 @@ class PictureQueue:
             self.pending -= 1
 
     async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     version_header: str, where: tuple[Condition, ...] = (), fold: bool = True) -> tuple[str, dict]:
-        """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
-        searched by the index `holder` serves (a Ray front's search runs on its shards)."""
+                     where: tuple[Condition, ...] = (), fold: bool = True) -> tuple[str, int]:
+        """The answer's JSON of a checked picture request, searched by the index `holder` serves (a Ray front's
+        search runs on its shards), with the version of the index that answered it."""
         current = holder.current
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
         check_id(qid, "id")
@@ -231,7 +231,7 @@ class PictureQueue:
             raise DeadlinePassed(f"deadline of {settings.deadline_ms:g} ms passed (serve.deadline_ms)") from None
         # any other refusal (damage on disk, a shard down, a picture too large or unknown, an unknown filter field)
         # is answered by `cfir_jax.serve.errors`' table, as a text search's
-        return answer, {version_header: str(current.version)}
+        return answer, current.version
 
 
 def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
