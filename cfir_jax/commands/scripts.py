@@ -128,9 +128,9 @@ def retrieve_main():
         # why: a query run loads the Retriever's stack, not the evaluation's or the fit's
         from cfir_jax.commands import retrieve
 
-        retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
-                     shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
-                     measures=measures, lang=args.lang, where=args.where, fold=args.fold_duplicates)
+        asked = retrieve.Asked(args.query, args.queries, args.lang, args.where, args.fold_duplicates)
+        retrieve.run(config, args.index, args.method, asked, retrieve.Shown(args.format, shown, args.html, args.tag),
+                     retrieve.RunFile(args.output, args.qrels, top, measures))
 
 
 def _compile_only_or_serve(args, config):
@@ -161,9 +161,11 @@ def _retrieve_by_picture(args, config) -> None:
     """`--query-image FILE` / `--query-image-id ID`: the picture's nearest pictures, shown as `--query`'s hits."""
     # why: the Retriever's stack and the vision tower load once the flags and the config are read
     from cfir_jax.commands import retrieve_image
+    from cfir_jax.commands.retrieve import Shown
+    from cfir_jax.core.query_rule import Query
 
     faults.on_sigterm()
-    retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
-                       image_id=args.query_image_id or "", fmt=args.format,
-                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag, where=args.where,
-                       fold=args.fold_duplicates is not False)
+    shown = flags.hit_budget(config, args.top_k)[1]
+    query = Query(image=args.query_image or None, image_id=args.query_image_id or None,
+                  method=args.method, top_k=shown, where=args.where, fold=args.fold_duplicates is not False)
+    retrieve_image.run(config, args.index, query, Shown(args.format, shown, args.html, args.tag))

@@ -38,7 +38,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
 
-from cfir_jax.core.query_rule import Condition, FilterLimits, check_id, check_top_k
+from cfir_jax.core.query_rule import Condition, FilterLimits, Query, check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import Expired
 from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused
@@ -238,8 +238,8 @@ def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid:
             where: tuple[Condition, ...] = (), fold: bool = True) -> str:
     """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
     thread; its pixels held to the index config's serve.max_image_pixels; near-duplicates folded unless not `fold`."""
-    result = index.search(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where or None,
-                          deadline=deadline, fold=fold)
+    query = Query(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where, fold=fold)
+    result = index.search(query, deadline=deadline)
     return report.as_json(result, top_k)
 
 
