@@ -28,7 +28,7 @@ from common import hardware_description
 
 from cfir_jax.builders.candidate_search import resolve_backend
 from cfir_jax.builders.duplicates import backend_of, build_duplicates, near_pairs, searcher
-from cfir_jax.builders.entity_index_build import build_entity_index
+from cfir_jax.builders.entity_index_build import EntityIndexSettings, build_entity_index
 from cfir_jax.core.cli import workdir_config
 from cfir_jax.search.knn import synthetic_embeddings
 from cfir_jax.stores.image_cache import ImageCache
@@ -68,8 +68,8 @@ def timed(what, *args, **kwargs) -> tuple[float, object]:
 def one_size(images: np.ndarray, entities: np.ndarray, k: int, backend: str, settings: dict, tmp: Path,
              planted: np.ndarray | None) -> dict:
     texts = [f"entity {i}" for i in range(len(entities))]
-    base_s, _ = timed(build_entity_index, tmp / "entity_index", texts, entities, images, k, model_fingerprint="bench",
-                      backend=backend, recall_sample=0)
+    base_s, _ = timed(build_entity_index, tmp / "entity_index", texts, entities, images,
+                      EntityIndexSettings(k, backend=backend, recall_sample=0), model_fingerprint="bench")
     group_s, store = timed(build_duplicates, tmp / "duplicates", Cache(images), settings, progress=True)
     found = float(np.mean(store.group[planted[:, 0]] == store.group[planted[:, 1]])) if planted is not None else None
     recall = None

@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 from common import hardware_description
 
-from cfir_jax.builders.entity_index_build import build_entity_index
-from cfir_jax.builders.entity_index_update import stage_images_added
+from cfir_jax.builders.entity_index_build import EntityIndexSettings, build_entity_index
+from cfir_jax.builders.entity_index_update import StageSettings, stage_images_added
 from cfir_jax.search.knn import ScannSearcher, search_with_tail, synthetic_embeddings
 from cfir_jax.search.topk import exact_topk
 from cfir_jax.stores.entity_index import EntityIndex
@@ -67,14 +67,16 @@ def update_part(args) -> None:
     texts = [f"e{i}" for i in range(args.entities)]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        build_entity_index(tmp / "old", texts, ents, images[:n], args.k, model_fingerprint="b", backend="exact")
+        build_entity_index(tmp / "old", texts, ents, images[:n], EntityIndexSettings(args.k, backend="exact"),
+                           model_fingerprint="b")
         old = EntityIndex.open(tmp / "old")
         (tmp / "stage").mkdir()
         t = time.perf_counter()
-        stage_images_added(old, tmp / "stage", images, n, cache_fingerprint="b")
+        stage_images_added(old, tmp / "stage", images, n, settings=StageSettings(cache_fingerprint="b"))
         update = time.perf_counter() - t
         t = time.perf_counter()
-        build_entity_index(tmp / "scratch", texts, ents, images, args.k, model_fingerprint="b", backend="exact")
+        build_entity_index(tmp / "scratch", texts, ents, images, EntityIndexSettings(args.k, backend="exact"),
+                           model_fingerprint="b")
         scratch = time.perf_counter() - t
     print(f"{added:,} rows added to {n:,} x {args.dim}, {args.entities:,} entities, K={args.k}: "
           f"update {update:.1f} s, scratch build {scratch:.1f} s")

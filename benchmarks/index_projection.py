@@ -109,7 +109,7 @@ def measure_image_cache(args) -> float:
     """images/s of the full cache build (decode on threads + encode) with BEiT-3 `--model` at 224 px, float32."""
     from index_throughput import synthetic_jpegs
 
-    from cfir_jax.builders.image_encoding import build_image_cache
+    from cfir_jax.builders.image_encoding import EncodeSettings, build_image_cache
     from cfir_jax.core.config import model_config
     from cfir_jax.data.corpus import Document, Image
     from cfir_jax.data.corpus_writer import write_corpus
@@ -122,10 +122,12 @@ def measure_image_cache(args) -> float:
         tmp = Path(tmp)
         warm = write_corpus(tmp / "warm", "w", [Document("d0", "x")], (Image(f"w{k}", image=b)
                                                                          for k, b in enumerate(data[:batch])), {})
-        _, compile_s = _timed(build_image_cache, tmp / "cache-warm", warm, model, batch_size=batch, progress=False)
+        _, compile_s = _timed(build_image_cache, tmp / "cache-warm", warm, model,
+                              encoding=EncodeSettings(batch_size=batch), progress=False)
         corpus = write_corpus(tmp / "corpus", "b", [Document("d0", "x")], (Image(f"i{k}", image=b)
                                                                            for k, b in enumerate(data[batch:])), {})
-        _, seconds = _timed(build_image_cache, tmp / "cache", corpus, model, batch_size=batch, progress=False)
+        _, seconds = _timed(build_image_cache, tmp / "cache", corpus, model, encoding=EncodeSettings(batch_size=batch),
+                            progress=False)
     print(f"  image_cache: BEiT-3 {args.model} at 224 px, {n} images (500x375 JPEG), batch {batch}: {seconds:.1f} s "
           f"(the first, compiling build of one batch took {compile_s:.1f} s)")
     return n / seconds

@@ -34,7 +34,7 @@ import numpy as np
 from common import hardware_description
 from PIL import Image as PILImage
 
-from cfir_jax.builders.image_encoding import build_image_cache
+from cfir_jax.builders.image_encoding import EncodeSettings, build_image_cache
 from cfir_jax.core.config import model_config
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
@@ -92,8 +92,9 @@ def cache_throughput(size: str, args: argparse.Namespace, data: list[bytes]) -> 
             jax.block_until_ready([enc(b) for b in batches])
             encode_s = time.perf_counter() - t
             t = time.perf_counter()
-            build_image_cache(tmp / f"cache-{compute}", corpus, model, batch_size=args.batch_size,
-                              compute_dtype=compute, num_workers=args.workers, progress=False)
+            build_image_cache(tmp / f"cache-{compute}", corpus, model,
+                              encoding=EncodeSettings(batch_size=args.batch_size, compute_dtype=compute,
+                                                      num_workers=args.workers), progress=False)
             build_s = time.perf_counter() - t
             rates[compute] = (len(data) / encode_s, len(data) / build_s)
             # On a CPU-only host decoding and encoding share the cores, so the build time approaches their sum;

@@ -41,6 +41,7 @@ _API = {
     "train": ("cfir_jax.api.operations", "train"),
     "verify": ("cfir_jax.api.operations", "verify"),
     "Verification": ("cfir_jax.api.operations", "Verification"),
+    "Query": ("cfir_jax.core.query_rule", "Query"),
     "Client": ("cfir_jax.api.client", "Client"),
     "ServiceError": ("cfir_jax.api.client", "ServiceError"),
     "Result": ("cfir_jax.retrieve.results", "Result"),
@@ -48,8 +49,8 @@ _API = {
     "CfirError": ("cfir_jax.core.errors", "CfirError"),
 }
 # The names a user may import (every key of _API): tests/unit/api holds them equal.
-__all__ = ["CfirError", "Client", "Hit", "Index", "Result", "ServiceError", "Verification", "__version__", "build",
-           "open", "train", "verify"]
+__all__ = ["CfirError", "Client", "Hit", "Index", "Query", "Result", "ServiceError", "Verification", "__version__",
+           "build", "open", "train", "verify"]
 
 
 def __getattr__(name: str):

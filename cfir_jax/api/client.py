@@ -44,8 +44,8 @@ from pathlib import Path
 from cfir_jax.api.transport import Unanswered as _Unanswered
 from cfir_jax.api.transport import bad_target, exchange, tls_context
 from cfir_jax.api.transport import reason as _reason
-from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import QUERY_KINDS, check_id, check_lang, check_text, check_top_k, conditions
+from cfir_jax.core.errors import CfirError, first_line
+from cfir_jax.core.query_rule import QUERY_KINDS, Query, check_id, check_lang, check_text, check_top_k, conditions
 from cfir_jax.retrieve.results import Result
 
 __all__ = ["Client", "ServiceError"]
@@ -84,16 +84,21 @@ class Client:
     def __repr__(self) -> str:
         return f"Client({self.url!r})"
 
-    def search(self, text: str | os.PathLike | None = None, *, image: bytes | str | os.PathLike | None = None,
-               image_id: str | None = None, top_k: int = 20, method: str | None = None,
+    def search(self, text: str | os.PathLike | Query | None = None, *,
+               image: bytes | str | os.PathLike | None = None, image_id: str | None = None, top_k: int = 20,
                id: str = "query", deadline_s: float | None = None, lang: str | None = None,
-               where: Sequence | None = None, fold: bool = True) -> Result:  # noqa: A002
+               where: Sequence | None = None) -> Result:  # noqa: A002
         """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id; `lang`
         its language, None: the service finds it; `where`: filters on the pictures' fields, docs/filters.md), or
         of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
-        `image_id` the id of an indexed picture, as `Index.search` takes them. where: filters on the pictures'
-        fields, as `Index.search` takes them. fold: near-duplicates folded under each hit shown (`Hit.duplicates`,
-        docs/duplicates.md)."""
+        `image_id` the id of an indexed picture, as `Index.search` takes them; or of a `Query`
+        (`cfir_jax.core.query_rule`), which also says the method and whether near-duplicates are folded (`fold`,
+        on here: each hit shown with its near-duplicates under it, `Hit.duplicates`, docs/duplicates.md)."""
+        method, fold = None, True
+        if isinstance(text, Query):
+            q = text
+            text, image, image_id, top_k, lang, where = q.text, q.image, q.image_id, q.top_k, q.lang, q.where
+            id, method, fold = q.id or id, q.method, q.fold  # noqa: A001
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
         if text is None:
@@ -230,7 +235,7 @@ def _refusal(status: int, reason: str, headers: http.client.HTTPMessage, raw: by
     retry_after = _retry_after(headers.get("Retry-After"))
     if found is None and retry_after is None and status in PROXY_5XX:
         return _Unanswered(f"HTTP {status} {reason}, not the service's own answer")
-    line = str(found).splitlines()[0][:2000] if found is not None and str(found).strip() else f"HTTP {status} {reason}"
+    line = first_line(str(found), 2000) if found is not None and str(found).strip() else f"HTTP {status} {reason}"
     return ServiceError(line, status, retry_after)
 
 
@@ -256,7 +261,7 @@ def _result(answer: object, version: int | None, where: str) -> Result:
             raise TypeError(f"a JSON {type(answer).__name__}, not an object")
         return Result.from_json(answer, version)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
-        what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e).splitlines()[0][:120] or type(e).__name__
+        what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else first_line(e, 120)
         raise CfirError(f"{where}: the answer is not a search result ({what}); is this a cfir-jax service?") from None
 
 

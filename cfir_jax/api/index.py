@@ -184,28 +184,26 @@ class Index:
 
     # ------------------------------------------------------------------------------------------------ searching
     def search(self, text: str | os.PathLike | Query | None = None, *, image: bytes | str | os.PathLike | None = None,
-               image_id: str | None = None, top_k: int = 20, method: str | None = None,
-               id: str | None = None, lang: str | None = None, where: Sequence[Any] | None = None,
-               deadline: float | None = None, fold: bool = True) -> Result:  # noqa: A002
+               image_id: str | None = None, top_k: int = 20, id: str | None = None, lang: str | None = None,
+               where: Sequence[Any] | None = None, deadline: float | None = None) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
         a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file); or of a `Query`
-        (`cfir_jax.core.query_rule`) given alone. where: filters on the pictures' fields, joined by AND: lines
+        (`cfir_jax.core.query_rule`), which also says the method and whether near-duplicates are folded (`fold`,
+        on here: each group shows its best-ranked picture, the others listed under it, `Hit.duplicates`;
+        docs/duplicates.md). where: filters on the pictures' fields, joined by AND: lines
         (`["date<=2020-06-30", "license in cc-by,cc0"]`, parsed) or `(field, op, value | [values])` triples (taken
         as they are: a value's commas, spaces and quotes are its own; docs/filters.md). id: the query's id in the
         answer (default: a path's stem, else "query"); deadline: a time.monotonic() past which a picture search
-        stops before its next stage (a service's); fold: each group of near-duplicates shows its best-ranked
-        picture, the others listed under it (`Hit.duplicates`; docs/duplicates.md); top_k counts the shown hits."""
+        stops before its next stage (a service's); top_k counts the shown hits."""
         if isinstance(text, Query):
-            query = text.checked()  # one made by hand too: its where parsed, its kinds held
+            query = text  # checked when it was made, whoever made it
         elif isinstance(text, os.PathLike):  # read at this door: its text, its stem the id, its language
             doc = read_documents(text, int(self.config.serve.max_text_bytes), lang=lang)[0]
-            query = Query.of(doc.text, id=id or doc.doc_id, top_k=top_k, method=method, lang=doc.lang, where=where,
-                             fold=fold)
+            query = Query(doc.text, id=id or doc.doc_id, top_k=top_k, lang=doc.lang, where=where)
         else:  # the text, then the rest: the service's order
             text = check_text(text, "text", int(self.config.serve.max_text_bytes)) if text is not None else None
-            query = Query.of(text, image=image, image_id=image_id, id=id, top_k=top_k, method=method, lang=lang,
-                             where=where, fold=fold)
+            query = Query(text, image=image, image_id=image_id, id=id, top_k=top_k, lang=lang, where=where)
         self.check(query)
         if query.text is None:
             return self._search_image(query, deadline)
@@ -219,7 +217,6 @@ class Index:
         top_k's range (retrieval.top_k), the method, the language, the filter's size (serve.max_filter_*), its
         fields and their values' types (its mask is kept: the search applies it without reading it again). One
         line, a `QueryRefused` (its HTTP status), never a traceback."""
-        query = query.checked()
         self._check(query.method, query.top_k, query.lang, query.where)
 
     def admit(self, docs: Sequence[DocumentInput], top_k: int, method: str | None = None) -> None:
@@ -239,18 +236,19 @@ class Index:
             engine.filters.check(where)
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
-                    described: int | None = None, method: str | None = None, progress: bool = False,
-                    lang: str | None = None, where: Sequence[Any] | None = None, fold: bool = True) -> list[Result]:
-        """The images of the documents of a file (read before any store opens): one plain-text document, its stem
-        the id (`retrieve.py --query`), or JSON lines {"id", "text", "lang"} with `jsonl` (`--queries`). described:
-        read the caption and url of the first `described` hits only (the rest feed a run file: ids and scores); lang:
-        the language of a document that states none (None: found, docs/languages.md); where, fold: as `search`'s."""
+                    described: int | None = None, progress: bool = False, lang: str | None = None,
+                    where: Sequence[Any] | None = None, fold: bool = True) -> list[Result]:
+        """The images of the documents of a file (read before any store opens), by the index's method: one
+        plain-text document, its stem the id (`retrieve.py --query`), or JSON lines {"id", "text", "lang"} with
+        `jsonl` (`--queries`). described: read the caption and url of the first `described` hits only (the rest feed
+        a run file: ids and scores); lang: the language of a document that states none (None: found,
+        docs/languages.md); where: as `search`'s; fold: near-duplicates folded (`Query.fold`)."""
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
         top = self._top(top_k)  # the texts, then top_k and the filter: the service's order
         conds = conditions(where)
         docs = [dataclasses.replace(d, where=conds, fold=fold) for d in docs]
-        self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
-        return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described)
+        self.admit(docs[:1], top)  # one filter for all: the first document's check is theirs
+        return self._answer(docs, [top] * len(docs), None, progress and len(docs) > 1, described)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None,

@@ -41,13 +41,24 @@ def check_base(store, corpus: Corpus, first_new_doc: int, what: str) -> None:
                          f"{corpus.path}; rebuild them with index.py")
 
 
+@dataclasses.dataclass(frozen=True)
+class PerDocumentStore:
+    """Which per-document store an add extends: `what` names it (its directory, its chunks' work directory and its
+    progress bar), `label` says what its settings are of ("entity", "summary"), `chunk_size` documents a chunk."""
+
+    what: str
+    label: str
+    chunk_size: int
+
+
 def append_documents(store, corpus: Corpus, first_new_doc: int, out_dir: str | os.PathLike,
-                     work_dir: str | os.PathLike, what: str, label: str, chunk_size: int,
+                     work_dir: str | os.PathLike, kind: PerDocumentStore,
                      nlp: Callable[[], DocumentNLP]) -> dict | None:
-    """The store `what` with the NLP output of the documents [first_new_doc, N) of the union `corpus` appended
+    """The store `kind.what` with the NLP output of the documents [first_new_doc, N) of the union `corpus` appended
     (chunks kept in `work_dir/what` across a kill), staged in `out_dir`; returns its manifest. Images alone added:
     the store linked as it is, and None. `nlp()` is made only when there are documents (spaCy and BART load then);
-    a store made with other settings is refused in one line (`label`: what the settings are of)."""
+    a store made with other settings is refused in one line (`kind.label`: what the settings are of)."""
+    what, label, chunk_size = kind.what, kind.label, kind.chunk_size
     out_dir, work_dir = Path(out_dir), Path(work_dir)
     check_base(store, corpus, first_new_doc, what)
     if first_new_doc == corpus.num_documents:  # images alone were added: the store is current as it is

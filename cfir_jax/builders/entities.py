@@ -15,7 +15,7 @@ import numpy as np
 
 from cfir_jax.builders.chunks import check_doc_id, commit_on_main, current, iter_chunks, write_lines
 from cfir_jax.builders.descriptor import Build, Changes, Stage, declare
-from cfir_jax.builders.document_stores import DocumentNLP, after_add, append_documents
+from cfir_jax.builders.document_stores import DocumentNLP, PerDocumentStore, after_add, append_documents
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE, by_language
 from cfir_jax.data.corpus import Corpus
@@ -199,8 +199,8 @@ def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_ne
             lambda out, chunks: assemble_entity_store(out, chunks, extractor, corpus.documents_fingerprint, base=store))
 
     try:
-        manifest = append_documents(store, corpus, first_new_doc, out_dir, work_dir, "entities", "entity",
-                                    config.index.entities.chunk_size, nlp)
+        kind = PerDocumentStore("entities", "entity", config.index.entities.chunk_size)
+        manifest = append_documents(store, corpus, first_new_doc, out_dir, work_dir, kind, nlp)
     finally:
         for extractor in made:
             stop_workers(extractor)

@@ -265,29 +265,39 @@ def _commit(
     shutil.rmtree(work)
 
 
+@dataclasses.dataclass(frozen=True)
+class EntityIndexSettings:
+    """How an entity index is built (index.entity_index's keys, resolved): each entity's `k` best images, by the
+    `backend` ("exact" or "scann", with `scann_config`); whether the store keeps the candidates' scores and the ScaNN
+    tree; how many entities measure recall@K; entities per chunk (the unit of resumption and of a host's share); and
+    whether a progress bar is shown."""
+
+    k: int
+    backend: str = "scann"
+    scann_config: ScannConfig | None = None
+    keep_scores: bool = True
+    keep_searcher: bool = True
+    recall_sample: int = 256
+    chunk_size: int = 4096
+    progress: bool = False
+
+
 def build_entity_index(
     out_dir: str | os.PathLike,
     entity_texts: Sequence[str],
     entity_embeddings: np.ndarray | Callable[[Sequence[str]], np.ndarray],
     image_embeddings: np.ndarray,
-    k: int,
+    settings: EntityIndexSettings,
     *,
     model_fingerprint: str,
-    backend: str = "scann",
-    scann_config: ScannConfig | None = None,
-    keep_scores: bool = True,
-    keep_searcher: bool = True,
-    recall_sample: int = 256,
-    chunk_size: int = 4096,
     on_chunk: Callable[[int], None] | None = None,
-    progress: bool = False,
     sources: dict | None = None,
 ) -> float | None:
     """Builds the entity index into out_dir; resumes an interrupted build of the same inputs.
 
     entity_texts [E] unique; entity_embeddings [E, D] f32, or a function texts [r] -> [r, D] f32 (the frozen text
     tower: then each chunk's texts are encoded where the chunk is searched); image_embeddings [N, D] f16/f32 (memmap
-    fine). k > N is clamped to N.
+    fine). `settings` says how (its k > N is clamped to N).
 
     Across the processes of a jax.distributed run (`hosts`), chunk c of `chunk_size` entities is encoded and
     searched by process c % P against the whole cache; process 0 builds the ScaNN searcher once (every process loads
@@ -298,6 +308,9 @@ def build_entity_index(
     Returns the recall@K of the stored candidates against exact search on `recall_sample` entities (1.0 for
     backend="exact"; None if not measured).
     """
+    k, backend, scann_config, keep_scores, keep_searcher, recall_sample, chunk_size, progress = (
+        settings.k, settings.backend, settings.scann_config, settings.keep_scores, settings.keep_searcher,
+        settings.recall_sample, settings.chunk_size, settings.progress)
     out_dir = Path(out_dir)
     embeddings = None if callable(entity_embeddings) else entity_embeddings
     check_inputs(entity_texts, embeddings, image_embeddings)

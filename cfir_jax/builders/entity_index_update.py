@@ -27,6 +27,7 @@ import json
 import os
 import shutil
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -35,7 +36,7 @@ from cfir_jax.builders import entity_index_build
 from cfir_jax.builders.candidate_search import resolve_backend
 from cfir_jax.builders.chunks import current
 from cfir_jax.builders.descriptor import EXTEND, MASK, REMAP, Build, Changes, Stage, Step, declare
-from cfir_jax.builders.entity_index_build import check_inputs, indexed_entities, texts_digest
+from cfir_jax.builders.entity_index_build import EntityIndexSettings, check_inputs, indexed_entities, texts_digest
 from cfir_jax.builders.entity_index_lists import (
     DEFAULT_CHUNK_SIZE,
     Encode,
@@ -64,29 +65,40 @@ from cfir_jax.stores.layout import Layout
 
 
 # ------------------------------------------------------------------------------------------------------- the stages
+@dataclass(frozen=True)
+class StageSettings:
+    """What each `stage_*` takes beside its change, as a scratch build would record it.
+
+    entity_embeddings [E, D] (the old index's rows) or encode(texts) are needed only when the index did not keep its
+    embeddings (and encode for entities a removal's refill searches again). cache_fingerprint and sources
+    (entities_sha, ...) go into the manifest. chunk_size: the build's (index.entity_index.chunk_size; None: the
+    manifest's)."""
+
+    entity_embeddings: np.ndarray | None = None
+    encode: Encode | None = None
+    cache_fingerprint: str | None = None
+    sources: dict | None = None
+    chunk_size: int | None = None
+
+
+DEFAULTS = StageSettings()
+
+
 def stage_images_added(
     index: EntityIndex,
     out_dir: str | os.PathLike,
     images: np.ndarray,
     n_old: int,
     *,
-    entity_embeddings: np.ndarray | None = None,
-    encode: Encode | None = None,
     removed: np.ndarray | None = None,
-    cache_fingerprint: str,
-    sources: dict | None = None,
-    chunk_size: int | None = None,
-    scann_config: ScannConfig | None = None,
+    settings: StageSettings = DEFAULTS,
 ) -> dict:
     """Image rows [n_old, N) appended to the cache: every entity's list gains the new rows that beat its K-th.
 
     images [N, D] f16/f32 (memmap fine): the whole new cache; removed bool [N] or None: rows never listed.
-    entity_embeddings [E, D] or encode(texts) are needed only when the index did not keep its embeddings.
-    cache_fingerprint and sources (entities_sha, ...) go into the manifest as a scratch build records them.
-    chunk_size: the build's (index.entity_index.chunk_size; default the manifest's). scann_config is unused: the
-    stored tree is kept over its rows, the appended ones searched exactly (rebuild it with a full build).
+    The stored ScaNN tree is kept over its rows, the appended ones searched exactly (rebuild it with a full build).
     Returns the new manifest, with `added_images` (a count of this change, not written)."""
-    del scann_config
+    entity_embeddings, encode, chunk_size = settings.entity_embeddings, settings.encode, settings.chunk_size
     out_dir, live = checked(index, out_dir, images, removed)
     n = images.shape[0]
     if not 0 <= n_old <= n or n_old != index.manifest["n_images"]:
@@ -102,7 +114,7 @@ def stage_images_added(
                  extra[live[n_old:]], live, list_k(index, n_live), chunk_size or int(index.manifest.get(
                      "chunk_size", DEFAULT_CHUNK_SIZE)))
     manifest = write_store(plan, out_dir, images, index.vocab, searcher="link", scann=stored_scann(index),
-                            fields=source_fields(cache_fingerprint, sources))
+                            fields=source_fields(settings.cache_fingerprint, settings.sources))
     return manifest | {"added_images": n - n_old}
 
 
@@ -114,14 +126,12 @@ def stage_entities_added(
     images: np.ndarray,
     removed: np.ndarray | None = None,
     *,
-    entity_embeddings: np.ndarray | None = None,
-    encode: Encode | None = None,
-    sources: dict | None = None,
-    chunk_size: int | None = None,
+    settings: StageSettings = DEFAULTS,
 ) -> dict:
     """Entities appended to the index (texts already indexed are skipped): each searched over the whole cache
     (removed rows excluded; ScaNN: the tree plus the appended tail), embeddings [E', D] f32 rows of texts.
     Returns the new manifest, with `added_entities` (not written): how many were new (0: out_dir holds a copy)."""
+    entity_embeddings, encode, chunk_size = settings.entity_embeddings, settings.encode, settings.chunk_size
     out_dir, live = checked(index, out_dir, images, removed)
     if images.shape[0] != index.manifest["n_images"]:
         raise CfirError(f"{index.directory} indexes {index.manifest['n_images']} images but the cache has "
@@ -139,7 +149,7 @@ def stage_entities_added(
     all_texts = list(index.vocab) + [texts[i] for i in fresh]
     appended = int(index.manifest.get("appended", 0)) + e_new
     manifest = write_store(plan, out_dir, images, all_texts, searcher="link", scann=stored_scann(index),
-                            fields=dict(sources or {}) | {"appended": appended})
+                            fields=source_fields(settings.cache_fingerprint, settings.sources) | {"appended": appended})
     return manifest | {"added_entities": e_new}
 
 
@@ -149,12 +159,8 @@ def stage_images_removed(
     removed: np.ndarray,
     images: np.ndarray,
     *,
-    entity_embeddings: np.ndarray | None = None,
-    encode: Encode | None = None,
     keep_entities: np.ndarray | None = None,
-    cache_fingerprint: str | None = None,
-    sources: dict | None = None,
-    chunk_size: int | None = None,
+    settings: StageSettings = DEFAULTS,
 ) -> dict:
     """Removed image rows taken out of every list, each list refilled to K from the next best.
 
@@ -163,6 +169,7 @@ def stage_images_removed(
     the removed rows; ScaNN: the tree over-fetched and filtered, plus the appended tail). keep_entities bool [E] or
     None: entity rows kept (documents removed: their entities no remaining document names). Returns the new
     manifest, with `removed_images`, `removed_entities` and `refilled_lists` (counts of this change, not written)."""
+    entity_embeddings, encode, chunk_size = settings.entity_embeddings, settings.encode, settings.chunk_size
     out_dir, live = checked(index, out_dir, images, removed)
     if images.shape[0] != index.manifest["n_images"]:
         raise CfirError(f"{index.directory} indexes {index.manifest['n_images']} images but the cache has "
@@ -186,7 +193,8 @@ def stage_images_removed(
     plan = Plan(index, emb, kept, (hit | short)[kept], np.zeros(0, np.int64), live, list_k(index, n_live),
                  chunk_size or int(index.manifest.get("chunk_size", DEFAULT_CHUNK_SIZE)))
     manifest = write_store(plan, out_dir, images, [index.vocab[r] for r in kept], searcher="link",
-                            scann=stored_scann(index), fields=source_fields(cache_fingerprint, sources))
+                           scann=stored_scann(index),
+                           fields=source_fields(settings.cache_fingerprint, settings.sources))
     return manifest | {"removed_images": int(dead.sum()), "removed_entities": int(e - len(kept)),
                        "refilled_lists": int(hit[kept].sum())}
 
@@ -281,13 +289,15 @@ def _after_add(change: ChangeRun, out: Path) -> dict:
     if fresh:
         shutil.rmtree(images_out, ignore_errors=True)
         images_out.mkdir(parents=True)
-    counts = _counts(stage_images_added(
-        index, images_out, cache.embeddings, change.old("image_cache").num_images, encode=encode, removed=removed,
-        cache_fingerprint=cache.content_fingerprint, sources=sources, chunk_size=chunk), images_out)
+    settings = StageSettings(encode=encode, cache_fingerprint=cache.content_fingerprint, sources=sources,
+                             chunk_size=chunk)
+    counts = _counts(stage_images_added(index, images_out, cache.embeddings, change.old("image_cache").num_images,
+                                        removed=removed, settings=settings), images_out)
     if fresh:
         sources["cache_fingerprint"] = cache.content_fingerprint
         counts |= _counts(stage_entities_added(EntityIndex.open(images_out), out, fresh, encode(fresh),
-                                               cache.embeddings, removed=removed, sources=sources, chunk_size=chunk),
+                                               cache.embeddings, removed=removed,
+                                               settings=StageSettings(sources=sources, chunk_size=chunk)),
                           out)
         shutil.rmtree(images_out, ignore_errors=True)
     return counts
@@ -302,10 +312,10 @@ def _after_removal(change: ChangeRun, out: Path) -> dict:
     gone = set(indexed_entities(config, change.old("corpus"), store)) - set(texts)
     keep = np.array([t not in gone for t in index.vocab], bool)
     sources = {"documents": config.index.entity_index.documents, "entities_sha": texts_digest(texts)}
-    return _counts(stage_images_removed(
-        index, out, cache.removed, cache.embeddings, encode=_encoder(change),
-        keep_entities=None if keep.all() else keep, cache_fingerprint=cache.content_fingerprint, sources=sources,
-        chunk_size=int(config.index.entity_index.chunk_size)), out)
+    settings = StageSettings(encode=_encoder(change), cache_fingerprint=cache.content_fingerprint, sources=sources,
+                             chunk_size=int(config.index.entity_index.chunk_size))
+    return _counts(stage_images_removed(index, out, cache.removed, cache.embeddings,
+                                        keep_entities=None if keep.all() else keep, settings=settings), out)
 
 
 def _after_compaction(change: ChangeRun, out: Path) -> dict:
@@ -319,10 +329,10 @@ def _entities_appended(change: ChangeRun, out: Path) -> dict:
     """--add-entities: the texts of the change's payload (those not indexed yet) searched over the whole cache."""
     cache, texts = change.old("image_cache"), list(change.payload.texts)
     encode = _encoder(change)
+    settings = StageSettings(encode=encode, chunk_size=int(change.config.index.entity_index.chunk_size))
     return _counts(stage_entities_added(
         change.old("entity_index"), out, texts, encode(texts), cache.embeddings,
-        removed=cache.removed if cache.num_live < cache.num_images else None, encode=encode,
-        chunk_size=int(change.config.index.entity_index.chunk_size)), out)
+        removed=cache.removed if cache.num_live < cache.num_images else None, settings=settings), out)
 
 
 def build_entity_index(config, layout: Layout, corpus, entities, cache) -> EntityIndex:
@@ -342,10 +352,11 @@ def build_entity_index(config, layout: Layout, corpus, entities, cache) -> Entit
                backend=backend, **sources):
         return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
     # Each process encodes only the entity texts of the chunks it searches.
-    entity_index_build.build_entity_index(
-        layout.entity_index, texts, encoder.encode, cache.embeddings, ei.k, model_fingerprint=fingerprint,
-        backend=backend, scann_config=scann_config(config), recall_sample=ei.recall_sample,
-        chunk_size=ei.chunk_size, progress=shown(), sources={**sources, "backend_setting": ei.backend})
+    settings = EntityIndexSettings(ei.k, backend=backend, scann_config=scann_config(config),
+                                   recall_sample=ei.recall_sample, chunk_size=ei.chunk_size, progress=shown())
+    entity_index_build.build_entity_index(layout.entity_index, texts, encoder.encode, cache.embeddings, settings,
+                                          model_fingerprint=fingerprint,
+                                          sources={**sources, "backend_setting": ei.backend})
     return EntityIndex.open(layout.entity_index, expect_fingerprint=fingerprint)
 
 

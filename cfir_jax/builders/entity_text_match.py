@@ -11,6 +11,7 @@ import re
 import shutil
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -66,20 +67,36 @@ def match_entities(names: Sequence[str], texts: Sequence[str], max_words: int = 
     return found
 
 
+@dataclass(frozen=True)
+class MatchSettings:
+    """How entities are matched against the images' texts (index.entity_text_match's keys): the image text
+    `fields`, at most `max_matches` images an entity, names of at most `max_words` words, `chunk_rows` images a chunk
+    of the build."""
+
+    fields: tuple[str, ...] = tuple(FIELDS)
+    max_matches: int = 1000
+    max_words: int = 8
+    chunk_rows: int = 65536
+
+    @classmethod
+    def of(cls, section) -> MatchSettings:
+        """The settings of the config section index.entity_text_match."""
+        return cls(tuple(section.fields), section.max_matches, section.max_words, section.chunk_rows)
+
+
 def build_entity_text_match(
     out_dir: str | os.PathLike,
     corpus: Corpus,
     cache: ImageCache,
     entity_index: EntityIndex,
+    settings: MatchSettings = MatchSettings(),
     *,
-    fields: Sequence[str] = FIELDS,
-    max_matches: int = 1000,
-    max_words: int = 8,
-    chunk_rows: int = 65536,
     progress: bool | None = None,
 ) -> EntityTextMatch:
     """Matches every entity of `entity_index` against the text of every image of `cache` (module docstring);
     reuses a current store."""
+    fields, max_matches, max_words, chunk_rows = (settings.fields, settings.max_matches, settings.max_words,
+                                                  settings.chunk_rows)
     out_dir = Path(out_dir)
     fields = list(fields)
     unknown = [f for f in fields if f not in FIELDS]
@@ -155,9 +172,7 @@ def entity_text_match_again(change: ChangeRun, out: Path) -> dict:
     corpus, cache, index = change.new("corpus"), change.new("image_cache"), change.new("entity_index")
     m = change.config.index.entity_text_match
     build = out.parent / f"{out.name}.match"  # the builder commits into a directory of its own
-    store = build_entity_text_match(build, corpus, cache, index, fields=tuple(m.fields),
-                                                      max_matches=m.max_matches, max_words=m.max_words,
-                                                      chunk_rows=m.chunk_rows)
+    store = build_entity_text_match(build, corpus, cache, index, MatchSettings.of(m))
     for child in build.iterdir():
         os.replace(child, out / child.name)
     build.rmdir()
@@ -208,8 +223,7 @@ def entity_text_match_stage(run: StageRun) -> EntityTextMatch | None:
     m = run.config.index.entity_text_match
     return build_entity_text_match(
         layout.entity_text_match, corpus, run.opened["image_cache"], EntityIndex.open(layout.entity_index),
-        fields=tuple(m.fields), max_matches=m.max_matches, max_words=m.max_words, chunk_rows=m.chunk_rows,
-        progress=shown())
+        MatchSettings.of(m), progress=shown())
 
 
 def _stage_summary(t: EntityTextMatch | None) -> str:

@@ -142,11 +142,11 @@ def stage_cache_addition(config, layout: Layout, cache: ImageCache, corpus: Corp
         return _write_appended(out_dir, cache, emb, ids, skipped, corpus, fingerprint=fingerprint,
                                max_row_norm=round(max(norm, float(cache.manifest.get("max_row_norm") or 0.0)), 6))
     # why: flax loads when images are encoded, not when the orchestrator imports this module
-    from cfir_jax.builders.image_encoding import build_image_cache
+    from cfir_jax.builders.image_encoding import EncodeSettings, build_image_cache
 
     model = index_encoder.load_encoder(config, layout)
-    part = build_image_cache(work_dir / "image_cache", _NewImages(corpus, first), model, batch_size=ic.batch_size,
-                             shard_size=ic.shard_size, dtype=ic.dtype, compute_dtype=ic.compute_dtype)
+    part = build_image_cache(work_dir / "image_cache", _NewImages(corpus, first), model,
+                             encoding=EncodeSettings.of(ic), dtype=ic.dtype)
     for key in ("fingerprint", "dim", "dtype", "compute_dtype", "image_size"):
         if part.manifest.get(key) != cache.manifest.get(key):
             raise StoreError(f"{cache.path}: built with {key}={cache.manifest.get(key)!r} but this run encodes with "
@@ -221,14 +221,14 @@ def _masked(store: str):
 def build_image_cache(config, layout: Layout, corpus: Corpus) -> ImageCache:
     """The image cache stage: every image encoded once by the frozen vision tower, or precomputed ones imported."""
     # why: flax loads when a stage encodes, not when index.py reads its stage names to parse flags
+    from cfir_jax.builders.image_encoding import EncodeSettings, Precomputed
     from cfir_jax.builders.image_encoding import build_image_cache as build
 
     ic = config.index.image_cache
     if ic.precomputed:
-        return build(layout.image_cache, corpus, precomputed=ic.precomputed, dtype=ic.dtype)
+        return build(layout.image_cache, corpus, precomputed=Precomputed(ic.precomputed), dtype=ic.dtype)
     model = index_encoder.load_encoder(config, layout)
-    return build(layout.image_cache, corpus, model, batch_size=ic.batch_size, shard_size=ic.shard_size,
-                 dtype=ic.dtype, compute_dtype=ic.compute_dtype)
+    return build(layout.image_cache, corpus, model, encoding=EncodeSettings.of(ic), dtype=ic.dtype)
 
 
 def _check_dim(run: StageRun, cache: ImageCache) -> None:
@@ -254,13 +254,13 @@ def build_image_cache_full(config, layout: Layout, corpus: Corpus) -> ImageCache
     checks; its manifest records that tower's vision fingerprint). The model keeps its own sizes (a :full config may
     train at another image size than the index config's)."""
     # why: flax loads when a stage encodes, not when index.py reads its stage names to parse flags
+    from cfir_jax.builders.image_encoding import EncodeSettings
     from cfir_jax.builders.image_encoding import build_image_cache as build
     from cfir_jax.model import checkpoint
 
     ic = config.index.image_cache
     model = checkpoint.load_model(layout.model_full)
-    return build(layout.image_cache_full, corpus, model, batch_size=ic.batch_size,
-                 shard_size=ic.shard_size, dtype=ic.dtype, compute_dtype=ic.compute_dtype)
+    return build(layout.image_cache_full, corpus, model, encoding=EncodeSettings.of(ic), dtype=ic.dtype)
 
 
 declare(Stage(

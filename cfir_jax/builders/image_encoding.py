@@ -260,39 +260,65 @@ def _commit_shards(
     log.info("%s: %d images encoded, %d skipped in %.1fs", out_dir, encoded, skipped, time.time() - start)
 
 
+@dataclasses.dataclass(frozen=True)
+class EncodeSettings:
+    """How a model encodes the images (index.image_cache's keys): `batch_size` images a call (rounded up to a
+    multiple of the local device count), `shard_size` images a shard (the unit of resumption), activations in
+    `compute_dtype`, `num_workers` decoding threads (None: the cores, at most 32)."""
+
+    batch_size: int = 64
+    shard_size: int = 65536
+    compute_dtype: str = "float32"
+    num_workers: int | None = None
+
+    @classmethod
+    def of(cls, section) -> EncodeSettings:
+        """The settings of the config section index.image_cache (its decoding threads: the default)."""
+        return cls(section.batch_size, section.shard_size, section.compute_dtype)
+
+
+@dataclasses.dataclass(frozen=True)
+class Precomputed:
+    """Embeddings imported instead of encoded: `source` is "corpus" (the corpus' own embeddings.npy), a .npy file
+    [N, D] with its ids in `ids` (default: `<stem>.ids.txt` or `ids.txt` beside it), or a parquet file (or a
+    directory of them) with columns image_id and embedding. Every corpus image must have a row unless
+    `allow_missing` (then it is listed as skipped)."""
+
+    source: str | os.PathLike
+    ids: str | os.PathLike | None = None
+    allow_missing: bool = False
+
+
+ENCODE_DEFAULTS = EncodeSettings()
+
+
 def build_image_cache(
     out_dir: str | os.PathLike,
     corpus: Corpus,
     model: DBeit3 | None = None,
     *,
-    batch_size: int = 64,
-    shard_size: int = 65536,
+    encoding: EncodeSettings = ENCODE_DEFAULTS,
+    precomputed: Precomputed | None = None,
     dtype: str = "float16",
-    compute_dtype: str = "float32",
-    precomputed: str | os.PathLike | None = None,
-    precomputed_ids: str | os.PathLike | None = None,
-    allow_missing: bool = False,
-    num_workers: int | None = None,
     progress: bool | None = None,
     on_shard: Callable[[int], None] | None = None,
 ) -> ImageCache:
     """Builds the image cache of `corpus` into `out_dir` and opens it; reuses a complete, current one.
 
     With `model` (a DBeit3), every image is decoded with the reference preprocessing and encoded by
-    `model.encode_image` in batches of `batch_size` (rounded up to a multiple of the local device count) with
-    activations in `compute_dtype`; corrupt or empty images are skipped and listed in skipped.tsv. With
-    `precomputed`, embeddings are imported instead: "corpus" (the corpus' own embeddings.npy), a .npy file [N, D]
-    with its ids in `precomputed_ids` (default: `<stem>.ids.txt` or `ids.txt` beside it), or a parquet file (or a
-    directory of them) with columns image_id and embedding; every id must be a corpus image, and every corpus image
-    must have a row unless `allow_missing` (then it is listed as skipped). `on_shard(shard)` is called after each
-    shard is written (progress hooks; tests inject interruptions through it). `progress` defaults to stderr being a
-    terminal.
+    `model.encode_image` as `encoding` says; corrupt or empty images are skipped and listed in skipped.tsv. With
+    `precomputed`, embeddings are imported instead (`Precomputed`); every id must be a corpus image. Rows are stored
+    in `dtype`. `on_shard(shard)` is called after each shard is written (progress hooks; tests inject interruptions
+    through it). `progress` defaults to stderr being a terminal.
     """
+    batch_size, shard_size, compute_dtype, num_workers = (encoding.batch_size, encoding.shard_size,
+                                                          encoding.compute_dtype, encoding.num_workers)
     out_dir = Path(out_dir)
     check_choice("dtype", dtype, STORAGE_DTYPES)
     progress = _show_progress(progress)
     if precomputed is not None:
-        return _import_cache(out_dir, corpus, model, precomputed, precomputed_ids, dtype, allow_missing)
+        return _import_cache(out_dir, corpus, model, precomputed.source, precomputed.ids, dtype,
+                             precomputed.allow_missing)
     _check_encode_args(model, compute_dtype, batch_size, shard_size)
 
     key = _cache_key(model, corpus, dtype, compute_dtype, shard_size)

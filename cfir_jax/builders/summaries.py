@@ -14,7 +14,7 @@ from pathlib import Path
 
 from cfir_jax.builders.chunks import check_doc_id, commit_on_main, current, iter_chunks, write_lines
 from cfir_jax.builders.descriptor import Build, Changes, Stage, declare
-from cfir_jax.builders.document_stores import DocumentNLP, after_add, append_documents
+from cfir_jax.builders.document_stores import DocumentNLP, PerDocumentStore, after_add, append_documents
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE, by_language
 from cfir_jax.data.corpus import Corpus
@@ -132,7 +132,8 @@ def stage_summaries_addition(config, store: SummaryStore, corpus: Corpus, first_
                                out, chunks, settings, corpus.documents_fingerprint, base=store,
                                extra=getattr(summarizer, "manifest_fields", None)))
 
-    append_documents(store, corpus, first_new_doc, out_dir, work_dir, "summaries", "summary", s.chunk_size, nlp)
+    append_documents(store, corpus, first_new_doc, out_dir, work_dir, PerDocumentStore("summaries", "summary",
+                                                                                        s.chunk_size), nlp)
     return {"documents_added": corpus.num_documents - first_new_doc}
 
 

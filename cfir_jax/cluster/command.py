@@ -228,10 +228,10 @@ def _connect(run: _Run, address: str, need: Needs, signals: _Signals) -> None:
     try:
         run.ray.init(address=address, include_dashboard=False, log_to_driver=False, logging_level=logging.WARNING)
     except Exception as e:  # noqa: BLE001 - Ray's refusals (authentication, no cluster there) are many types
-        lines = [line.strip() for line in str(e).splitlines() if line.strip()]
         hint = "" if run.head else ("; a cluster with token authentication needs RAY_AUTH_MODE=token and its token "
                                     "(RAY_AUTH_TOKEN or RAY_AUTH_TOKEN_PATH)")
-        raise CfirError(f"cannot join {where}: {type(e).__name__}: {lines[0] if lines else ''}"[:400] + hint) \
+        said = first_line(e) if str(e).strip() else ""
+        raise CfirError(f"cannot join {where}: {type(e).__name__}: {said}"[:400] + hint) \
             from None
     finally:
         signals.install()

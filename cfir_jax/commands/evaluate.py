@@ -8,6 +8,7 @@ third stage's cost and the unknown entities; optionally writes the recall@k curv
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 
@@ -23,21 +24,40 @@ from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.layout import Layout
 
 
-def run(config: ml_collections.ConfigDict, workdir, split: str, method: str = "cfir", *, compare: bool = False,
-        compare_k: Sequence[int] = (), plot: str = "", output: str = "", tag: str = "cfir", top: int = 1000,
-        measures: str = "trec_eval", where: list[str] | None = None, fold: bool = False) -> list[report.EvalRow]:
+@dataclasses.dataclass(frozen=True)
+class Topics:
+    """The queries an evaluation asks: the topics of the qrels `split`, each ranking only the pictures that pass
+    `where` (docs/filters.md), with `fold` near-duplicates folded before scoring (off by default: the paper's
+    measures count every picture; docs/duplicates.md)."""
+
+    split: str
+    where: list[str] | None = None
+    fold: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Reporting:
+    """What an evaluation prints and writes: its `measures` (trec_eval -c's, the authors' or both), the recall@k
+    curves to `plot`, and (one row) the run file `output`, its lines tagged `tag` and cut to `top` hits a topic."""
+
+    measures: str = "trec_eval"
+    plot: str = ""
+    output: str = ""
+    tag: str = "cfir"
+    top: int = 1000
+
+
+def run(config: ml_collections.ConfigDict, workdir, topics: Topics, method: str = "cfir", *, compare: bool = False,
+        compare_k: Sequence[int] = (), reporting: Reporting = Reporting()) -> list[report.EvalRow]:
     """The evaluate command (`retrieve.py --evaluate SPLIT`): the configured `method` alone, the paper's Table 3
-    (`compare`) or full CFIR at each K of `compare_k` (Table 4), over the split's topics; prints the table. where:
-    only pictures passing these filters are ranked (docs/filters.md); fold: near-duplicates folded before scoring
-    (off by default: the paper's measures count every picture; docs/duplicates.md)."""
+    (`compare`) or full CFIR at each K of `compare_k` (Table 4), over the `topics`; prints the table."""
     if compare_k:
         rows = check_k_rows(workdir, k_rows(compare_k, method))
     else:
         rows = comparison_rows(config, workdir) if compare else (single_row(method),)
         if compare and (note := full_row_note(workdir)):
             print(f"note: {note}", file=sys.stderr)
-    return evaluate(config, workdir, split, rows, plot=plot, output=output, tag=tag, top=top, measures=measures,
-                    where=where, fold=fold)
+    return evaluate(config, workdir, topics, rows, reporting)
 
 
 def check_k_rows(workdir, rows: Sequence[Row]) -> Sequence[Row]:
@@ -66,12 +86,14 @@ def _filtered(where: list[str], first) -> str:
     return f", filtered by {Filter(where)}: {passed:,} of {live:,} pictures pass"
 
 
-def evaluate(config: ml_collections.ConfigDict, workdir, split: str, rows: Sequence[Row], *, plot: str = "",
-             output: str = "", tag: str = "cfir", top: int = 1000, measures: str = "trec_eval",
-             where: list[str] | None = None, fold: bool = False) -> list[report.EvalRow]:
-    """Runs every row over the split's topics and prints the evaluation table (trec_eval -c's unless `measures` says
-    otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what each
-    row's rule did with them; returns its rows."""
+def evaluate(config: ml_collections.ConfigDict, workdir, topics: Topics, rows: Sequence[Row],
+             reporting: Reporting = Reporting()) -> list[report.EvalRow]:
+    """Runs every row over the `topics` and prints the evaluation table (trec_eval -c's unless `reporting.measures`
+    says otherwise, the authors' metric or both), how ER and SR searched, and the unseen query entities with what
+    each row's rule did with them; returns its rows."""
+    split, where, fold = topics.split, topics.where, topics.fold
+    plot, output, tag, top, measures = (reporting.plot, reporting.output, reporting.tag, reporting.top,
+                                        reporting.measures)
     table, all_results, curves, authors, rules, scorers, per_query = [], [], {}, [], {}, [], []
     er_line = ""
     complete = metrics.complete_for(measures)

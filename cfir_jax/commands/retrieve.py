@@ -9,6 +9,7 @@ SR, like --evaluate, with the unknown entities and SR's agreement stated).
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -22,15 +23,49 @@ from cfir_jax.retrieve import report
 from cfir_jax.retrieve.methods import METHODS
 
 
-def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
-           fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
-           tag: str = "cfir", measures: str = "trec_eval", lang: str | None = None,
-           where: Sequence[Condition] | None = None, fold: bool | None = None) -> None:
-    """Retrieves for the document in `query` or the documents of `queries` (in `lang`, where they state none; None:
-    found) and prints / writes what was asked; only pictures passing the conditions `where` (parsed from --where by
+@dataclasses.dataclass(frozen=True)
+class Asked:
+    """The documents a run asks for, and how: the document in the file `query` or the JSON lines of `queries`, in
+    `lang` where they state none (None: found); only pictures passing the conditions `where` (parsed from --where by
     `commands.flags`; docs/filters.md) are ranked; near-duplicates are folded under their best-ranked one when `fold`
     (None: when the hits are only shown, not written to a run file nor scored, so the measures count every
     picture)."""
+
+    query: str = ""
+    queries: str = ""
+    lang: str | None = None
+    where: Sequence[Condition] | None = None
+    fold: bool | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Shown:
+    """What stdout shows of each answer: `shown` hits in `fmt` (a table, JSON lines or TREC lines tagged `tag`), and
+    the HTML page `html` of them when asked."""
+
+    fmt: str = "table"
+    shown: int = 20
+    html: str = ""
+    tag: str = "cfir"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunFile:
+    """The run written to `output` (`top` hits a document, tagged as shown) and scored against `qrels` by
+    `measures`, when asked."""
+
+    output: str = ""
+    qrels: str = ""
+    top: int = 1000
+    measures: str = "trec_eval"
+
+
+def run(config: ml_collections.ConfigDict, workdir, method: str, asked: Asked, display: Shown = Shown(),
+        run_file: RunFile = RunFile()) -> None:
+    """Retrieves what was `asked` by `method` and prints / writes it: the hits as `display` says, the run file."""
+    query, queries, lang, where, fold = asked.query, asked.queries, asked.lang, asked.where, asked.fold
+    fmt, html, tag, shown = display.fmt, display.html, display.tag, display.shown
+    output, qrels, top, measures = run_file.output, run_file.qrels, run_file.top, run_file.measures
     fold = not (output or qrels) if fold is None else fold
     index = Index(config, workdir, method, evaluation=bool(qrels))  # the library's (cfir_jax.open's)
     kept = top if output or qrels else shown  # a run file keeps `top` hits; captions are read for the shown ones

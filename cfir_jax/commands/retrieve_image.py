@@ -10,19 +10,19 @@ from pathlib import Path
 import ml_collections
 
 from cfir_jax.api.index import Index
+from cfir_jax.commands.retrieve import Shown
+from cfir_jax.core.query_rule import Query
 from cfir_jax.retrieve import report
 
 
-def run(config: ml_collections.ConfigDict, workdir, method: str, *, image: str = "", image_id: str = "",
-        fmt: str = "table", shown: int = 20, html: str = "", tag: str = "cfir", where: list[str] | None = None,
-        fold: bool = True) -> None:
-    """Searches by the picture file `image` or the indexed picture `image_id` and prints `shown` hits in `fmt`,
-    near-duplicates folded under their best-ranked one (`fold`)."""
-    index = Index(config, workdir, method)  # the picture is read before minutes of loading, then the stores open
-    result = index.search(image=Path(image) if image else None, image_id=image_id or None, top_k=shown,
-                          where=where, fold=fold)
+def run(config: ml_collections.ConfigDict, workdir, query: Query, shown: Shown) -> None:
+    """Searches by the picture of `query` (its file or an indexed picture's id; the flags' Query, `query.top_k` the
+    hits shown) by `query.method` and prints its hits as `shown` says, near-duplicates folded under their
+    best-ranked one unless not `query.fold`."""
+    index = Index(config, workdir, query.method)  # the picture is read before minutes of loading, then the stores open
+    result = index.search(query)
     sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
-    print(report.shown(result, fmt, shown, tag))
-    if html:
-        Path(html).write_text(report.html_page(result, index.picture, shown), encoding="utf-8")
-        print(f"wrote {html}", file=sys.stderr)
+    print(report.shown(result, shown.fmt, query.top_k, shown.tag))
+    if shown.html:
+        Path(shown.html).write_text(report.html_page(result, index.picture, query.top_k), encoding="utf-8")
+        print(f"wrote {shown.html}", file=sys.stderr)

@@ -117,9 +117,10 @@ def retrieve_main():
         # why: the evaluation's stack (metrics, plots, its tables) loads only for --evaluate
         from cfir_jax.commands import evaluate
 
-        evaluate.run(config, args.index, args.evaluate, args.method, compare=args.compare, compare_k=args.compare_k,
-                     plot=args.plot, output=args.output, tag=args.tag, top=top, measures=measures, where=args.where,
-                     fold=bool(args.fold_duplicates))
+        topics = evaluate.Topics(args.evaluate, args.where, bool(args.fold_duplicates))
+        reporting = evaluate.Reporting(measures, args.plot, args.output, args.tag, top)
+        evaluate.run(config, args.index, topics, args.method, compare=args.compare, compare_k=args.compare_k,
+                     reporting=reporting)
     else:
         if args.query and _reads_entities(args.method):  # spaCy loads in a worker beside JAX, models, programs
             e = config.index.entities
@@ -127,9 +128,9 @@ def retrieve_main():
         # why: a query run loads the Retriever's stack, not the evaluation's or the fit's
         from cfir_jax.commands import retrieve
 
-        retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
-                     shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
-                     measures=measures, lang=args.lang, where=args.where, fold=args.fold_duplicates)
+        asked = retrieve.Asked(args.query, args.queries, args.lang, args.where, args.fold_duplicates)
+        retrieve.run(config, args.index, args.method, asked, retrieve.Shown(args.format, shown, args.html, args.tag),
+                     retrieve.RunFile(args.output, args.qrels, top, measures))
 
 
 def _compile_only_or_serve(args, config):
@@ -144,7 +145,7 @@ def _compile_only_or_serve(args, config):
     from cfir_jax.commands import serve
 
     return serve.run(config, args.index, config_spec=args.config, argv=sys.argv[1:], method=args.method,
-                     host=args.host, port=args.port, engine=args.engine, address=args.address)
+                     placement=serve.Placement(args.engine, args.host, args.port, args.address))
 
 
 def _reads_entities(method: str) -> bool:
@@ -160,9 +161,11 @@ def _retrieve_by_picture(args, config) -> None:
     """`--query-image FILE` / `--query-image-id ID`: the picture's nearest pictures, shown as `--query`'s hits."""
     # why: the Retriever's stack and the vision tower load once the flags and the config are read
     from cfir_jax.commands import retrieve_image
+    from cfir_jax.commands.retrieve import Shown
+    from cfir_jax.core.query_rule import Query
 
     faults.on_sigterm()
-    retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
-                       image_id=args.query_image_id or "", fmt=args.format,
-                       shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag, where=args.where,
-                       fold=args.fold_duplicates is not False)
+    shown = flags.hit_budget(config, args.top_k)[1]
+    query = Query(image=args.query_image or None, image_id=args.query_image_id or None,
+                  method=args.method, top_k=shown, where=args.where, fold=args.fold_duplicates is not False)
+    retrieve_image.run(config, args.index, query, Shown(args.format, shown, args.html, args.tag))

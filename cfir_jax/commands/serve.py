@@ -10,6 +10,7 @@ verifying it). Settings: the config's `serve` section (`cfir_jax.core.config_ser
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import signal
 import socket
@@ -23,16 +24,26 @@ from cfir_jax.core.config_check import SERVE_ENGINES, ServeEngine
 from cfir_jax.core.errors import CfirError
 
 
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """Where the service runs (the flags; None: the config's serve section): the `engine` ("local": this process;
+    "ray": Ray Serve, joining the cluster at `address` or starting a local one), bound to `host`:`port`."""
+
+    engine: str | None = None
+    host: str | None = None
+    port: int | None = None
+    address: str | None = None
+
+
 def run(config: ml_collections.ConfigDict, workdir: str, *, config_spec: str = "", argv: Sequence[str] = (),
-        method: str = "cfir", host: str | None = None, port: int | None = None, engine: str | None = None,
-        address: str | None = None) -> None:
-    """Loads the index of `workdir`, binds host:port and serves until SIGTERM: in this process, or on Ray Serve
-    (engine "ray", joining the cluster at `address` or starting a local one).
+        method: str = "cfir", placement: Placement = Placement()) -> None:
+    """Loads the index of `workdir`, binds host:port and serves until SIGTERM, where `placement` says.
 
     config: as parsed from the command line `argv`, whose `--config.*` overrides a reload applies again to the
     workdir's config (or to `config_spec`, the --config file)."""
-    engine = engine or config.serve.engine
-    return SERVE_ENGINES[engine].serve(workdir, config, config_spec, argv, method, host, port, address)
+    engine = placement.engine or config.serve.engine
+    return SERVE_ENGINES[engine].serve(workdir, config, config_spec, argv, method, placement.host, placement.port,
+                                       placement.address)
 
 
 def serve_local(workdir: str, config: ml_collections.ConfigDict, config_spec: str, argv: Sequence[str], method: str,

@@ -18,9 +18,10 @@ class StoreError(CfirError):
     """A store is missing, incomplete, or was built for something else."""
 
 
-def first_line(e: BaseException, limit: int | None = None) -> str:
+def first_line(e: BaseException | str, limit: int | None = None) -> str:
     """An error in one line: the first line of its message (a remote error's cause's, as Ray's errors carry it in
-    `cause`, not the traceback around it), at most `limit` characters; its type's name when it says nothing."""
+    `cause`, not the traceback around it; or of a message given as text, a service's error line), at most `limit`
+    characters; its type's name when it says nothing. The one place a message is cut to a line."""
     e = getattr(e, "cause", None) or e
     text = str(e).strip()
     line = text.splitlines()[0].strip() if text else type(e).__name__

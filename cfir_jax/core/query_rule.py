@@ -306,11 +306,13 @@ class Query:
     answer (None: the door's default); `method` (None: the index's); `top_k`; `lang` (a text's language, its primary
     subtag; None: found); `where`, the typed conditions; `fold`, near-duplicates folded under each hit shown.
 
-    `Query.of` makes one from a door's loose values and holds them to the rules every door applies without the
-    index (`cfir_jax.core.query_rule`); the index's own refusals (top_k's range, a field, a value's type) are
-    `Index.check`'s."""
+    Made from a door's loose values (exactly one of text, image and image_id, then keywords: `where` lines, triples
+    or Conditions, parsed here, once; `lang` a language code; `image` a path as str too) and held to the rules every
+    door applies without the index (`cfir_jax.core.query_rule`): a Query is checked when it is made, whoever makes
+    it. The index's own refusals (top_k's range, a field, a value's type) are `Index.check`'s."""
 
     text: str | None = None
+    _: dataclasses.KW_ONLY
     image: bytes | Path | None = None
     image_id: str | None = None
     id: str | None = None
@@ -320,31 +322,25 @@ class Query:
     where: tuple[Condition, ...] = ()
     fold: bool = True
 
-    @classmethod
-    def of(cls, text: str | None = None, *, image: bytes | str | os.PathLike | None = None,
-           image_id: str | None = None, id: str | None = None, method: str | None = None,  # noqa: A002
-           top_k: int = 20, lang: str | None = None, where: Any = None, fold: bool = True) -> Query:
-        """A query of one door's values: exactly one of text, image and image_id; `where` lines, triples or
-        Conditions (parsed here, once); `lang` a language code; `top_k` an int."""
-        if sum(x is not None for x in (text, image, image_id)) != 1:
+    def __post_init__(self) -> None:
+        if sum(x is not None for x in (self.text, self.image, self.image_id)) != 1:
             raise QueryRefused(QUERY_KINDS)
+        image = self.image
         if image is not None and not isinstance(image, bytes):
-            image = bytes(image) if isinstance(image, (bytearray, memoryview)) else image
-            if isinstance(image, (str, os.PathLike)):
+            if isinstance(image, (bytearray, memoryview)):
+                image = bytes(image)
+            elif isinstance(image, (str, os.PathLike)):
                 image = Path(image)
             else:
                 raise QueryRefused(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
-        if image_id is not None and not isinstance(image_id, str):
-            raise QueryRefused(f"image_id: expected an indexed picture's id (str), got {type(image_id).__name__}")
-        if not isinstance(fold, bool):
-            raise QueryRefused(f"fold: expected true or false, got {type(fold).__name__}")
-        return cls(text, image, image_id, id, method, check_top_k(top_k), check_lang(lang), conditions(where), fold)
-
-    def checked(self) -> Query:
-        """This query held to `Query.of`'s rules: one made by hand (`Query(where=["tags=a"])`, a fold that is not a
-        bool) is refused or read as `Query.of` would (its lines and triples parsed), never met half-made."""
-        return Query.of(self.text, image=self.image, image_id=self.image_id, id=self.id, method=self.method,
-                        top_k=self.top_k, lang=self.lang, where=self.where, fold=self.fold)
+        if self.image_id is not None and not isinstance(self.image_id, str):
+            raise QueryRefused(f"image_id: expected an indexed picture's id (str), got {type(self.image_id).__name__}")
+        if not isinstance(self.fold, bool):
+            raise QueryRefused(f"fold: expected true or false, got {type(self.fold).__name__}")
+        # frozen: the checked forms are set once, here (a replace() checks them again, unchanged)
+        for name, value in (("image", image), ("top_k", check_top_k(self.top_k)), ("lang", check_lang(self.lang)),
+                            ("where", conditions(self.where))):
+            object.__setattr__(self, name, value)
 
     def where_json(self) -> list[list]:
         """The conditions as they cross the wire: a JSON array of triples."""

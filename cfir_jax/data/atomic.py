@@ -23,11 +23,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.core.progress import bar as progress_bar
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_languages import Detect
-from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
+from cfir_jax.data.corpus_writer import Qrels, corpus_is_complete, write_corpus
 
 CAPTION_FIELDS = IMAGE_TEXT_FIELDS  # the image text columns
 SETTINGS = ("small", "base", "large")
@@ -72,7 +72,7 @@ def _open(path: Path, columns: Sequence[str]) -> pq.ParquetFile:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
-        raise CfirError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        raise CfirError(f"{path}: not a readable parquet file ({first_line(e)})") from None
     names = set(pf.schema_arrow.names)
     for column in columns:
         if column not in names:
@@ -233,8 +233,7 @@ def build_atomic_corpus(
         name,
         _documents(text_files, topics),
         _images(image_files, wanted_images),
-        qrels,
-        drop_unknown_qrels=True,
+        Qrels(qrels, drop_unknown=True),
         detect=detect,
         **fields,
     )

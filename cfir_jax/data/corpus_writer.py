@@ -233,16 +233,26 @@ def _write_all_qrels(
     return splits
 
 
+@dataclasses.dataclass(frozen=True)
+class Qrels:
+    """A collection's judgements as it gives them: `judged` maps a split ("train", "validation", "test") to
+    {doc_id: {image_id: rel}}; a judgement naming an id that is not in the corpus raises CfirError, or is dropped
+    and counted when `drop_unknown` (real collections miss a few items); `files` names each split's source file in
+    that error."""
+
+    judged: Mapping[str, Mapping[str, Mapping[str, int]]]
+    drop_unknown: bool = False
+    files: Mapping[str, str] | None = None
+
+
 def write_corpus(
     out_dir: str | os.PathLike,
     name: str,
     documents: Iterable[Document],
     images: Iterable[Image],
-    qrels: Mapping[str, Mapping[str, Mapping[str, int]]],
+    qrels: Qrels | Mapping[str, Mapping[str, Mapping[str, int]]],
     tokenizer_spm: str | os.PathLike | None = None,
     *,
-    drop_unknown_qrels: bool = False,
-    qrels_files: Mapping[str, str] | None = None,
     detect: Detect | None = None,
     **manifest_fields: Any,
 ) -> Corpus:
@@ -250,15 +260,14 @@ def write_corpus(
     `name` and `manifest_fields` is already there.
 
     `documents` and `images` are streamed once (they may be generators over files far larger than memory).
-    `qrels` maps a split ("train", "validation", "test") to {doc_id: {image_id: rel}}. A judgement naming an id
-    that is not in the corpus raises CfirError, or is dropped and counted when `drop_unknown_qrels` (real
-    collections miss a few items); `qrels_files` names each split's source file in that error. `manifest_fields`
+    `qrels`: the judgements (`Qrels`, or its `judged` mapping alone: an unknown id refused). `manifest_fields`
     (JSON-able: the generator config, the source files) are stored in the manifest and decide whether an existing
     corpus is reused. `detect` finds the language of each document and caption that states none
     (`cfir_jax.nlp.language_detect`; None: English).
     """
     out_dir = Path(out_dir)
-    _check_arguments(qrels, tokenizer_spm)
+    qrels = qrels if isinstance(qrels, Qrels) else Qrels(qrels)
+    _check_arguments(qrels.judged, tokenizer_spm)
     if corpus_is_complete(out_dir, name, manifest_fields):
         return Corpus.open(out_dir)
     doc_iter, image_iter, embedding_dim = _first_items(out_dir, documents, images)
@@ -266,7 +275,7 @@ def write_corpus(
     with atomic_dir(out_dir) as tmp:
         written = _write_items(tmp, doc_iter, image_iter, embedding_dim, detect)
         languages = write_languages(tmp, written.doc_langs, written.image_langs, detect)
-        splits = _write_all_qrels(tmp, qrels, written, drop_unknown_qrels, qrels_files or {})
+        splits = _write_all_qrels(tmp, qrels.judged, written, qrels.drop_unknown, qrels.files or {})
         if tokenizer_spm is not None:
             shutil.copyfile(tokenizer_spm, tmp / "tokenizer.spm")
         write_manifest(

@@ -46,13 +46,13 @@ from urllib.parse import unquote
 import numpy as np
 
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.core.jsonl import read_json_lines
 from cfir_jax.core.languages import check_code
 from cfir_jax.core.picture_fields import FieldTypes
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_languages import Detect
-from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
+from cfir_jax.data.corpus_writer import Qrels, corpus_is_complete, write_corpus
 
 NAME = "files"
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".webp", ".gif", ".bmp", ".tif", ".tiff")
@@ -74,7 +74,7 @@ def _parquet_rows(path: Path) -> Iterator[Row]:
     try:
         pf = pq.ParquetFile(path)
     except (pa.ArrowInvalid, OSError) as e:
-        raise CfirError(f"{path}: not a readable parquet file ({str(e).splitlines()[0]})") from None
+        raise CfirError(f"{path}: not a readable parquet file ({first_line(e)})") from None
     n = 0
     try:
         for batch in pf.iter_batches(batch_size=1024):
@@ -357,5 +357,5 @@ def build_files_corpus(documents: str | os.PathLike, images: str | os.PathLike, 
         return Corpus.open(out_dir)
     judged = read_qrels(qrels) if qrels else {}
     files = {split: os.fspath(_qrels_file(Path(qrels), split)) for split in judged}
-    return write_corpus(out_dir, NAME, read_documents(documents), read_images(images), judged, tokenizer_spm,
-                        qrels_files=files, detect=detect, **fields)
+    return write_corpus(out_dir, NAME, read_documents(documents), read_images(images), Qrels(judged, files=files),
+                        tokenizer_spm, detect=detect, **fields)

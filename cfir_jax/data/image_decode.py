@@ -19,7 +19,7 @@ import warnings
 import numpy as np
 from PIL import Image as PILImage
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 
 
 class ImageDecodeError(CfirError):
@@ -91,8 +91,8 @@ def decode_rgb(data: bytes, max_pixels: int | None = None) -> PILImage.Image:
         # Past the header, PIL signals bad data with OSError("image file is truncated"), and its format plugins
         # let ValueError, SyntaxError, struct.error, IndexError, ... escape on malformed headers or EXIF/ICC
         # blocks; to a caller they all mean "these bytes are not a usable image".
-        first = str(e).splitlines()[0] if str(e) else ""
-        raise ImageDecodeError(f"cannot decode image ({e.__class__.__name__}: {first[:80]})") from None
+        said = first_line(e, 80) if str(e).strip() else ""
+        raise ImageDecodeError(f"cannot decode image ({e.__class__.__name__}: {said})") from None
 
 
 def resize_pixels(rgb: PILImage.Image, size: int) -> np.ndarray:

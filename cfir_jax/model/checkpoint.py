@@ -24,7 +24,7 @@ import numpy as np
 from flax import nnx
 
 from cfir_jax.core.config import model_config
-from cfir_jax.core.errors import StoreError, abandoned_restore
+from cfir_jax.core.errors import StoreError, abandoned_restore, first_line
 from cfir_jax.model import beit3 as model_lib
 from cfir_jax.model import params_files, program_cache
 from cfir_jax.stores.contract import atomic_dir, read_manifest, write_manifest
@@ -170,5 +170,4 @@ def _read_error(exc: BaseException, where: Path) -> str:
         if isinstance(exc, OSError):
             return f"{exc.filename or where}: {exc.strerror or exc}"
         exc = exc.__cause__ or exc.__context__
-    text = (str(chain[-1]) or chain[-1].__class__.__name__).strip().splitlines()[0]
-    return text[:300]
+    return first_line(chain[-1], 300)

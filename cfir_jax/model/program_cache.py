@@ -56,6 +56,7 @@ from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
 from cfir_jax.core import compile_cache
+from cfir_jax.core.errors import first_line
 from cfir_jax.stores.atomic_write import atomic_file, is_temp_name
 
 log = logging.getLogger("cfir_jax.programs")
@@ -271,7 +272,7 @@ class DiskProgram:
                 loaded = serialize_executable.deserialize_and_load(*pickle.loads(payload), execution_devices=here)
                 return loaded, jax.block_until_ready(loaded(*args))
             except Exception as e:  # noqa: BLE001 - an entry this runtime cannot load or run: made again
-                log.info("%s: kept program not usable here (%s); compiling it", path, str(e).splitlines()[0][:200])
+                log.info("%s: kept program not usable here (%s); compiling it", path, first_line(e, 200))
         with _jax_cache_off():
             compiled = self.jitted.lower(*args, **static).compile()
         entry = serialize_executable.serialize(compiled)
@@ -279,7 +280,7 @@ class DiskProgram:
             loaded = serialize_executable.deserialize_and_load(*entry, execution_devices=here)
             out = jax.block_until_ready(loaded(*args))
         except Exception as e:  # noqa: BLE001 - not kept (JAX's cache answered the compile): compiled as usual
-            log.info("program %s not kept: its executable does not load (%s)", self.name, str(e).splitlines()[0][:200])
+            log.info("program %s not kept: its executable does not load (%s)", self.name, first_line(e, 200))
             return plain, None
         _write(path, pickle.dumps(entry, protocol=pickle.HIGHEST_PROTOCOL))
         return loaded, out

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cfir_jax.core.errors import CfirError
+from cfir_jax.core.errors import CfirError, first_line
 
 BOS, PAD, EOS, UNK = 0, 1, 2, 3
 _FAIRSEQ_OFFSET = 1
@@ -37,7 +37,7 @@ class Beit3Tokenizer:
         try:
             self.sp.Load(str(path))
         except (OSError, RuntimeError) as e:
-            raise CfirError(f"{path}: not a sentencepiece model ({str(e).splitlines()[0]})") from None
+            raise CfirError(f"{path}: not a sentencepiece model ({first_line(e)})") from None
         self.path = path
         self.mask_id = self.sp.GetPieceSize() + _FAIRSEQ_OFFSET
         self.vocab_size = self.sp.GetPieceSize() + 2  # pieces + <mask> + the <s>/<pad> shift

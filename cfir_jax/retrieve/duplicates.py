@@ -70,8 +70,8 @@ def store_of(stores) -> Duplicates | None:
                 raise StoreError(f"{stores.layout.duplicates}: made for another image cache or other removals")
             stores.duplicates = store
         except StoreError as e:
-            log.warning("near-duplicates not folded: %s (index.py --stages duplicates makes it)",
-                        str(e).splitlines()[0])
+            # a StoreError's message is one line (its fix named): logged whole
+            log.warning("near-duplicates not folded: %s (index.py --stages duplicates makes it)", e)
             stores.duplicates = _ABSENT
     return None if stores.duplicates is _ABSENT else stores.duplicates
 

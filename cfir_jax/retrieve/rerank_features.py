@@ -78,20 +78,30 @@ def entity_features(rows: np.ndarray, evidence: EntityEvidence) -> np.ndarray:
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class TextEvidence:
+    """The image-text side of one document's candidates, when used: `query` [D], its summary embedding; `texts`
+    [n, D], the candidates' image-text rows; `has_text` [n], whether each candidate has a text."""
+
+    query: np.ndarray
+    texts: np.ndarray
+    has_text: np.ndarray
+
+
 def candidate_features(rows: np.ndarray, sr_scores: np.ndarray, images: np.ndarray, document: np.ndarray,
-                       late: np.ndarray, evidence: EntityEvidence | None, query: np.ndarray | None = None,
-                       texts: np.ndarray | None = None, has_text: np.ndarray | None = None) -> np.ndarray:
-    """The feature matrix [n, F] of one document's top-n candidates (columns: `feature_names(texts is not None)`).
+                       late: np.ndarray, evidence: EntityEvidence | None, text: TextEvidence | None = None
+                       ) -> np.ndarray:
+    """The feature matrix [n, F] of one document's top-n candidates (columns: `feature_names(text is not None)`).
 
     rows [n]: their cache rows (unique); sr_scores [n]: SR's scores; images [n, D]: their image embeddings;
     document [D]: the document's embedding; late [n, 2]: late interaction's best and top-mean token similarities
     (`TextEncoder.encode_against`); evidence: its ER lists (None: no usable entity, the whole cache was searched);
-    query [D], texts [n, D], has_text [n]: the summary embedding and the candidates' image-text rows, when used.
+    text: the image-text side (None: not used).
     """
     images = np.asarray(images, np.float32)
     parts = [np.asarray(sr_scores, np.float32)[:, None], (images @ np.asarray(document, np.float32))[:, None],
              np.asarray(late, np.float32), entity_features(rows, evidence or EntityEvidence([], [], 1))]
-    if texts is not None:
-        parts += [(np.asarray(texts, np.float32) @ np.asarray(query, np.float32))[:, None],
-                  np.asarray(has_text, np.float32)[:, None]]
+    if text is not None:
+        parts += [(np.asarray(text.texts, np.float32) @ np.asarray(text.query, np.float32))[:, None],
+                  np.asarray(text.has_text, np.float32)[:, None]]
     return np.concatenate(parts, axis=1)

@@ -16,7 +16,7 @@ import numpy as np
 
 from cfir_jax.core.config import check_text_lengths
 from cfir_jax.core.errors import CfirError
-from cfir_jax.retrieve.rerank_features import EntityEvidence, candidate_features, feature_names
+from cfir_jax.retrieve.rerank_features import EntityEvidence, TextEvidence, candidate_features, feature_names
 from cfir_jax.retrieve.stores import opened
 from cfir_jax.stores.contract import manifest_digest
 
@@ -118,11 +118,11 @@ class ThirdStage:
         n = min(self.settings["top_n"], len(rows))
         top = np.asarray(rows[:n], np.int64)
         evidence = EntityEvidence(lists, scores, self.stores.entity_index.k) if lists else None
-        text = {}
+        text = None
         if self.text is not None:
-            text = dict(query=query, texts=self.text.embeddings[top], has_text=self.text.has_text[top])
+            text = TextEvidence(query, self.text.embeddings[top], self.text.has_text[top])
         late = np.stack([best[i, :n], top_mean[i, :n]], axis=1)
-        return candidate_features(top, sr_scores[:n], images[:n], doc_emb, late, evidence, **text)
+        return candidate_features(top, sr_scores[:n], images[:n], doc_emb, late, evidence, text)
 
 
 def _rerank_order(ranked: Ranked, logits: np.ndarray) -> Ranked:

@@ -38,7 +38,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
 
-from cfir_jax.core.query_rule import Condition, FilterError, FilterLimits, check_id, check_top_k
+from cfir_jax.core.query_rule import Condition, FilterError, FilterLimits, Query, check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import Expired
 from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused
@@ -211,9 +211,9 @@ class PictureQueue:
             self.pending -= 1
 
     async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     version_header: str, where: tuple[Condition, ...] = (), fold: bool = True) -> tuple[str, dict]:
-        """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
-        searched by the index `holder` serves (a Ray front's search runs on its shards)."""
+                     where: tuple[Condition, ...] = (), fold: bool = True) -> tuple[str, int]:
+        """The answer's JSON of a checked picture request, searched by the index `holder` serves (a Ray front's
+        search runs on its shards), with the version of the index that answered it."""
         current = holder.current
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
         check_id(qid, "id")
@@ -235,15 +235,15 @@ class PictureQueue:
             raise DeadlinePassed(f"deadline of {settings.deadline_ms:g} ms passed (serve.deadline_ms)") from None
         # any other refusal (damage on disk, a shard down, a picture too large or unknown, an unknown filter field)
         # is answered by `cfir_jax.serve.errors`' table, as a text search's
-        return answer, {version_header: str(current.version)}
+        return answer, current.version
 
 
 def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
             where: tuple[Condition, ...] = (), fold: bool = True) -> str:
     """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
     thread; its pixels held to the index config's serve.max_image_pixels; near-duplicates folded unless not `fold`."""
-    result = index.search(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where or None,
-                          deadline=deadline, fold=fold)
+    query = Query(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where, fold=fold)
+    result = index.search(query, deadline=deadline)
     return report.as_json(result, top_k)
 
 

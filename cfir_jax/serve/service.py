@@ -161,8 +161,9 @@ class Service:
                              where: tuple = (), fold: bool = True):
         """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index,
         through the bounded picture queue; only pictures passing `where` answer, folded unless not `fold`."""
-        return await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER,
-                                          where, fold)
+        answer, version = await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid,
+                                                     where, fold)
+        return answer, {VERSION_HEADER: str(version)}
 
     def refresh_metrics(self) -> None:
         """The gauges /metrics reads at scrape time."""

@@ -16,9 +16,9 @@ def _without_timing(text: str) -> list[list[str]]:
 
 
 def test_the_evaluate_body_in_process_prints_the_table_of_retrieve_py(workdir, capsys):
-    """`commands.evaluate.run(config, workdir, split)` is `retrieve.py --index W --evaluate split`, without the flags:
-    the same evaluation table, to the digit (but for the measured ms/query)."""
-    rows = evaluate.run(workdir_config(workdir), str(workdir), "test")
+    """`commands.evaluate.run(config, workdir, Topics(split))` is `retrieve.py --index W --evaluate split`, without
+    the flags: the same evaluation table, to the digit (but for the measured ms/query)."""
+    rows = evaluate.run(workdir_config(workdir), str(workdir), evaluate.Topics("test"))
     table = capsys.readouterr().out
     assert len(rows) == 1 and table.startswith("test split, ")
     script = run_script("retrieve.py", "--index", str(workdir), "--evaluate", "test")

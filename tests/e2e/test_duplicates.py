@@ -141,18 +141,19 @@ def test_the_library_the_service_its_page_and_the_client_fold_alike(built, colle
     try:
         client = cfir_jax.Client(service.url)
         with cfir_jax.open(built) as index:
-            folded, every = index.search(text, top_k=5), index.search(text, top_k=5, fold=False)
+            unfolded = cfir_jax.Query(text, top_k=5, fold=False)
+            folded, every = index.search(text, top_k=5), index.search(unfolded)
             assert any(h.duplicates for h in folded.hits) and not any(h.duplicates for h in every.hits)
-            assert client.search(text, top_k=5) == folded and client.search(text, top_k=5, fold=False) == every
+            assert client.search(text, top_k=5) == folded and client.search(unfolded) == every
             assert client.search_many([text], ids=["query"], top_k=5) == [folded]
             picture = folded.hits[0].id
             alike = index.search(image_id=picture, top_k=3)
             assert client.search(image_id=picture, top_k=3) == alike
             assert len({h.id.removesuffix("-copy") for h in alike.hits}) == len(alike.hits)  # one of each pair
-            side_by_side = index.search(image_id=picture, top_k=3, fold=False)
+            side_by_side = index.search(cfir_jax.Query(image_id=picture, top_k=3, fold=False))
             pair = {picture.removesuffix("-copy"), picture.removesuffix("-copy") + "-copy"}
             assert set(side_by_side.ids[:2]) == pair  # the picture and its copy side by side
-            assert client.search(image_id=picture, top_k=3, fold=False) == side_by_side
+            assert client.search(cfir_jax.Query(image_id=picture, top_k=3, fold=False)) == side_by_side
             url = service.url + "/v1/search/image"
             for body in (json.dumps({"image_id": picture, "top_k": 3, "fold": False}).encode(),
                          f"image_id={picture}&top_k=3&fold=0".encode()):

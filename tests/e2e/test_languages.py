@@ -78,7 +78,7 @@ def test_bm25_matches_a_french_inflection_to_its_caption(index):
     query = "Vieilles photographies."  # the captions say "Une vieille photographie de ..."
     assert len(store.query_terms(query, "fr", union=False)[0]) == 2  # vieil, photograph: French stems
     assert len(store.query_terms(query, "en", union=False)[0]) == 0  # English stems miss them
-    answer = index.search(query, method="bm25", lang="fr", top_k=5)
+    answer = index.search(cfir_jax.Query(query, method="bm25", lang="fr", top_k=5))
     assert answer.lang == "fr" and answer.hits
     corpus = retriever.corpus
     lang_of = dict(zip(corpus.image_ids, corpus.image_langs))

@@ -85,6 +85,51 @@ def module_length(path: Path, root: Path) -> list[str]:
     return [f"{path.relative_to(root)} has {n} lines: {why}"]
 
 
+MAX_PARAMETERS = 8
+
+
+def long_parameter_lists(path: Path, root: Path) -> list[str]:
+    """Public functions and methods over MAX_PARAMETERS parameters (self and cls not counted; *args and **kwargs one
+    each): a long list is a value that wants its name (a settings dataclass, the `Query`)."""
+    out = []
+
+    def visit(node: ast.AST, private: bool, in_class: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.ClassDef):
+                visit(child, private or child.name.startswith("_"), True)
+            elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = child.args
+                names = [x.arg for x in (*a.posonlyargs, *a.args, *a.kwonlyargs)]
+                static = any(isinstance(d, ast.Name) and d.id == "staticmethod" for d in child.decorator_list)
+                if in_class and not static and names[:1] in (["self"], ["cls"]):
+                    names = names[1:]
+                n = len(names) + (a.vararg is not None) + (a.kwarg is not None)
+                if n > MAX_PARAMETERS and not private and not child.name.startswith("_"):
+                    out.append(f"{path.relative_to(root)}:{child.lineno} {child.name} takes {n} parameters")
+                visit(child, True, False)  # a nested function is no one's API
+            else:
+                visit(child, private, in_class)
+
+    visit(ast.parse(path.read_text()), False, False)
+    return out
+
+
+def hand_cut_messages(path: Path, root: Path) -> list[str]:
+    """`str(...).splitlines()[0]` written by hand (through any `.strip()`, `or` or parentheses): an error's message
+    is cut to one line by `cfir_jax.core.errors.first_line` alone, which also says something when it is empty."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if not (isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) and node.slice.value == 0
+                and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Attribute)
+                and node.value.func.attr == "splitlines"):
+            continue
+        receiver = node.value.func.value
+        if any(isinstance(n, ast.Call) and isinstance(n.func, ast.Name) and n.func.id == "str"
+               for n in ast.walk(receiver)):
+            out.append((node.lineno, f"{path.relative_to(root)}:{node.lineno} {ast.unparse(node)}"))
+    return [line for _, line in sorted(out)]
+
+
 _FENCE = re.compile(r"^(```|~~~).*?^\1[^\n]*$", re.M | re.S)
 _CODE_SPAN = re.compile(r"`([^`\n]+)`")
 # A repository path: folders and a file with a known extension, optionally `:name` (a definition in it) or

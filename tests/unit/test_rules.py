@@ -120,6 +120,45 @@ def test_the_code_checkers_find_what_they_hold(tmp_path):
     assert rules.module_length(path, tmp_path) == []
 
 
+def test_no_public_function_takes_more_than_8_parameters():
+    """Long parameter lists become the values they are (issue 58): the `Query` at the search doors, a small frozen
+    settings dataclass for a builder or a command's options."""
+    found = [f for path in sorted(PACKAGE.rglob("*.py")) for f in rules.long_parameter_lists(path, ROOT)]
+    assert not found, _fail_message("public functions over 8 parameters", found)
+
+
+def test_the_parameter_check_counts_what_a_caller_passes(tmp_path):
+    """Planted: 9 parameters (a *args and a **kwargs among them) fail, in a function and a method; self, a private
+    function, a private class's method and a nested function do not count."""
+    nine = "a, b, c, d, e, f, g, *args, **kwargs"
+    path = tmp_path / "m.py"
+    path.write_text(f"def wide({nine}):\n    def inner({nine}):\n        pass\n\n\n"
+                    f"def _private({nine}):\n    pass\n\n\n"
+                    f"class A:\n    def method(self, a, b, c, d, e, f, g, h):\n        pass\n\n"
+                    f"    def wider(self, {nine}):\n        pass\n\n\n"
+                    f"class _B:\n    def method(self, {nine}):\n        pass\n")
+    assert rules.long_parameter_lists(path, tmp_path) == ["m.py:1 wide takes 9 parameters",
+                                                          "m.py:14 wider takes 9 parameters"]
+
+
+def test_no_module_cuts_a_message_to_its_first_line_by_hand():
+    """One helper says an error in one line, `cfir_jax.core.errors.first_line` (limit included): it also answers
+    for an empty message, where a hand-written `str(e).splitlines()[0]` raises IndexError."""
+    found = [f for path in sorted(PACKAGE.rglob("*.py")) for f in rules.hand_cut_messages(path, ROOT)]
+    assert not found, _fail_message("hand-written `str(...).splitlines()[0]` (use core.errors.first_line)", found)
+
+
+def test_the_message_check_finds_a_hand_cut_line(tmp_path):
+    """Planted: str(e)'s first line, through .strip() and `or`, is found; a docstring's or a text's first line is
+    not an error's message."""
+    path = tmp_path / "m.py"
+    path.write_text("def f(e, text):\n    a = str(e).splitlines()[0][:80]\n"
+                    "    b = (str(e) or type(e).__name__).strip().splitlines()[0]\n"
+                    "    return a, b, f.__doc__.splitlines()[0], text.splitlines()[0]\n")
+    assert rules.hand_cut_messages(path, tmp_path) == ["m.py:2 str(e).splitlines()[0]",
+                                                       "m.py:3 (str(e) or type(e).__name__).strip().splitlines()[0]"]
+
+
 def _rooms_with_logic() -> list[str]:
     return sorted(p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()
                   and any(m.name != "__init__.py" for m in p.glob("*.py")))

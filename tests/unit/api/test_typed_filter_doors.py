@@ -130,15 +130,15 @@ def test_a_typed_refusal_is_one_line_with_its_status_at_every_door(doors, where,
 
 
 @pytest.mark.parametrize("where", [("tags=a",), "tags=a", (("tags", "=", "a"),), [("tags", "in", ["a,b", "a"])]])
-def test_a_query_made_by_hand_is_held_to_the_rule_of_one_made_by_query_of(doors, where):
-    """`Index.search(Query(...))` with `where` as lines, a line or triples (as `Query.of` takes them) answers what
-    `Query.of` answers (before, an AttributeError or 'unhashable type': a traceback), and a fold that is no bool is
-    refused in one line as `Query.of` refuses it."""
-    from cfir_jax.core.query_rule import Query, QueryRefused
+def test_a_query_made_by_hand_is_held_to_the_rule(doors, where):
+    """`Index.search(Query(...))` with `where` as lines, a line or triples answers what its parsed conditions answer
+    (before, an AttributeError or 'unhashable type': a traceback), and a fold that is no bool is refused in one
+    line."""
+    from cfir_jax.core.query_rule import Query, QueryRefused, conditions
 
     index = doors[0]
     assert index.search(Query(text="a text", top_k=50, where=where)).ids == \
-        index.search(Query.of("a text", top_k=50, where=where)).ids
+        index.search(Query("a text", top_k=50, where=conditions(where))).ids
     with pytest.raises(QueryRefused, match="^fold: expected true or false, got str$"):
         index.search(Query(text="a text", top_k=50, fold="no"))
 

@@ -17,7 +17,7 @@ from PIL import Image as PILImage
 from cfir_jax.builders import index_encoder
 from cfir_jax.builders.corpus_update import stage_corpus_addition, stage_corpus_removal
 from cfir_jax.builders.image_cache_update import stage_cache_addition, stage_cache_compaction, stage_cache_removal
-from cfir_jax.builders.image_encoding import build_image_cache
+from cfir_jax.builders.image_encoding import EncodeSettings, Precomputed, build_image_cache
 from cfir_jax.builders.sr_compact_update import stage_compact_addition, stage_compact_selection
 from cfir_jax.core.config import model_config
 from cfir_jax.core.errors import CfirError
@@ -47,7 +47,7 @@ def emb_world(tmp_path):
     """A corpus with precomputed embeddings, its imported cache, and the corpus grown by an addition."""
     ids = [f"e{k}" for k in range(7)]
     base = write_corpus(tmp_path / "base", "emb", [Document("d0", "x")], _emb_images(ids)[:5], {})
-    cache = build_image_cache(tmp_path / "cache", base, precomputed="corpus", dtype="float16")
+    cache = build_image_cache(tmp_path / "cache", base, precomputed=Precomputed("corpus"), dtype="float16")
     add = tmp_path / "add.jsonl"
     add.write_text("".join(json.dumps({"id": img.image_id, "bytes": "", "embedding": img.embedding.tolist()}) + "\n"
                            for img in _emb_images(ids)[5:]))
@@ -70,7 +70,7 @@ def test_precomputed_addition_equals_an_import_of_the_union(tmp_path, emb_world)
     out.mkdir()
     info = stage_cache_addition(_config("corpus"), Layout.of(tmp_path), cache, grown, out, tmp_path / "work")
     assert info == {"images_encoded": 2, "images_skipped": 0}
-    whole = build_image_cache(tmp_path / "whole", grown, precomputed="corpus", dtype="float16")
+    whole = build_image_cache(tmp_path / "whole", grown, precomputed=Precomputed("corpus"), dtype="float16")
     _same_cache(ImageCache.open(out), whole, keys=("fingerprint", "dim", "dtype", "corpus_images", "corpus_ids_sha",
                                                    "num_encoded", "num_skipped", "max_row_norm", "allow_missing"))
 
@@ -92,7 +92,7 @@ def test_addition_of_documents_alone_keeps_the_cache(tmp_path, emb_world):
 def test_addition_refuses_a_cache_of_other_images(tmp_path, emb_world):
     base, _, grown = emb_world
     other = write_corpus(tmp_path / "other", "emb", [Document("d0", "x")], _emb_images(["z0", "z1"]), {})
-    cache = build_image_cache(tmp_path / "c", other, precomputed="corpus", dtype="float16")
+    cache = build_image_cache(tmp_path / "c", other, precomputed=Precomputed("corpus"), dtype="float16")
     with pytest.raises(CfirError, match="built from other images"):
         stage_cache_addition(_config("corpus"), Layout.of(tmp_path), cache, grown, tmp_path / "s", tmp_path / "w")
 
@@ -124,8 +124,8 @@ def test_compaction_drops_removed_rows_and_maps_old_rows(tmp_path, emb_world):
     assert compact.num_live == 3 and not compact.removed.any()
     # A cache built from scratch over the corpus with those images removed is the same cache.
     stage_corpus_removal(base, tmp_path / "corpus_removed", ["e1", "e3"], [])
-    whole = build_image_cache(tmp_path / "whole", Corpus.open(tmp_path / "corpus_removed"), precomputed="corpus",
-                              dtype="float16")
+    whole = build_image_cache(tmp_path / "whole", Corpus.open(tmp_path / "corpus_removed"),
+                              precomputed=Precomputed("corpus"), dtype="float16")
     _same_cache(compact, whole)
     assert {s.image_id: s.reason for s in whole.skipped()} == {"e1": "removed", "e3": "removed"}
 
@@ -156,7 +156,8 @@ def test_model_addition_equals_a_cache_built_over_the_union(tmp_path, monkeypatc
     monkeypatch.setattr(index_encoder, "load_encoder", lambda config, layout: model)
     images = [Image(f"p{k}", image=_png(k)) for k in range(5)]
     base = write_corpus(tmp_path / "base", "pics", [Document("d0", "x")], images, {})
-    cache = build_image_cache(tmp_path / "cache", base, model, batch_size=BATCH, shard_size=SHARD)
+    cache = build_image_cache(tmp_path / "cache", base, model, encoding=EncodeSettings(batch_size=BATCH,
+                              shard_size=SHARD))
     add = tmp_path / "add"
     add.mkdir()
     for k in (5, 6):
@@ -176,13 +177,14 @@ def test_model_addition_equals_a_cache_built_over_the_union(tmp_path, monkeypatc
     assert not (tmp_path / "work" / "image_cache").exists()
     # From scratch over the union without the removal (a from-scratch build would skip p2).
     stage_corpus_addition(base, tmp_path / "grown_all", add)
-    whole = build_image_cache(tmp_path / "whole", Corpus.open(tmp_path / "grown_all"), model, batch_size=BATCH,
-                              shard_size=SHARD)
+    whole = build_image_cache(tmp_path / "whole", Corpus.open(tmp_path / "grown_all"), model,
+                              encoding=EncodeSettings(batch_size=BATCH, shard_size=SHARD))
     assert staged.ids == whole.ids and staged.manifest["corpus_ids_sha"] == whole.manifest["corpus_ids_sha"]
     np.testing.assert_array_equal(np.asarray(staged.embeddings), np.asarray(whole.embeddings))
     assert [s.image_id for s in staged.skipped()] == ["p7"]
     # A cache built from scratch over the grown corpus skips the removed image, and lists it.
-    fresh = build_image_cache(tmp_path / "fresh", grown, model, batch_size=BATCH, shard_size=SHARD)
+    fresh = build_image_cache(tmp_path / "fresh", grown, model, encoding=EncodeSettings(batch_size=BATCH,
+                              shard_size=SHARD))
     assert {s.image_id: s.reason for s in fresh.skipped()}["p2"] == "removed" and "p2" not in fresh.ids
 
 

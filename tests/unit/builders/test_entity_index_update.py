@@ -7,8 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from cfir_jax.builders.entity_index_build import build_entity_index
+from cfir_jax.builders.entity_index_build import EntityIndexSettings, build_entity_index
 from cfir_jax.builders.entity_index_update import (
+    StageSettings,
     stage_compacted,
     stage_entities_added,
     stage_images_added,
@@ -24,8 +25,8 @@ SOURCES = dict(documents="all", entities_sha="e1")
 
 
 def _build(path, texts, ents, images, k, backend="exact", chunk_size=16, cache="c1", **kw) -> EntityIndex:
-    build_entity_index(path, texts, ents, images, k, model_fingerprint=FP, backend=backend, chunk_size=chunk_size,
-                       sources=SOURCES | {"cache_fingerprint": cache}, **kw)
+    build_entity_index(path, texts, ents, images, EntityIndexSettings(k, backend=backend, chunk_size=chunk_size, **kw),
+                       model_fingerprint=FP, sources=SOURCES | {"cache_fingerprint": cache})
     return EntityIndex.open(path)
 
 
@@ -62,7 +63,8 @@ def test_images_added_on_exact_equals_a_scratch_build_bit_for_bit(tmp_path, n_ol
     texts = [f"e{i}" for i in range(e)]
     old = _build(tmp_path / "old", texts, ents, images[:n_old], k)
     out = _stage(tmp_path)
-    manifest = stage_images_added(old, out, images, n_old, cache_fingerprint="c2", sources=SOURCES)
+    manifest = stage_images_added(old, out, images, n_old, settings=StageSettings(cache_fingerprint="c2",
+                                  sources=SOURCES))
     scratch = _build(tmp_path / "scratch", texts, ents, images, k, cache="c2")
     staged = EntityIndex.open(out)
     _assert_same_lists(staged, scratch)
@@ -83,8 +85,8 @@ def test_add_and_remove_across_the_32768_row_block_equal_scratch_builds(tmp_path
     ents = synthetic_embeddings(e, 8, seed=6)
     texts = [f"e{i}" for i in range(e)]
     old = _build(tmp_path / "old", texts, ents, images[:n_old], k)
-    added = stage_images_added(old, _stage(tmp_path, "added"), images, n_old, cache_fingerprint="c2",
-                               sources=SOURCES)
+    added = stage_images_added(old, _stage(tmp_path, "added"), images, n_old,
+                               settings=StageSettings(cache_fingerprint="c2", sources=SOURCES))
     _assert_same_lists(EntityIndex.open(tmp_path / "added"), _build(tmp_path / "s1", texts, ents, images, k))
     assert added["n_images"] == n_new
 
@@ -92,8 +94,8 @@ def test_add_and_remove_across_the_32768_row_block_equal_scratch_builds(tmp_path
     removed = np.zeros(n_new, bool)
     removed[np.unique(np.asarray(grown.candidates([0, 1, 2])).ravel()[::3])] = True  # three lists lose rows
     removed[rng.choice(n_new, 200, replace=False)] = True
-    stage_images_removed(grown, _stage(tmp_path, "removed"), removed, images, cache_fingerprint="c2",
-                         sources=SOURCES)
+    stage_images_removed(grown, _stage(tmp_path, "removed"), removed, images,
+                         settings=StageSettings(cache_fingerprint="c2", sources=SOURCES))
     live = np.flatnonzero(~removed)
     scratch = _build(tmp_path / "s2", texts, ents, images[live], k)
     staged = EntityIndex.open(tmp_path / "removed")
@@ -151,9 +153,9 @@ def test_an_index_without_stored_embeddings_is_encoded_again(tmp_path):
     (tmp_path / "old" / "entity_embeddings.npy").unlink()
     old = EntityIndex.open(tmp_path / "old")
     with pytest.raises(CfirError, match="built without entity_embeddings.npy; pass the index encoder"):
-        stage_images_added(old, _stage(tmp_path, "a"), images, 200, cache_fingerprint="c2")
-    stage_images_added(old, _stage(tmp_path, "b"), images, 200, cache_fingerprint="c2",
-                       encode=lambda batch: ents[[texts.index(t) for t in batch]])
+        stage_images_added(old, _stage(tmp_path, "a"), images, 200, settings=StageSettings(cache_fingerprint="c2"))
+    stage_images_added(old, _stage(tmp_path, "b"), images, 200, settings=StageSettings(cache_fingerprint="c2",
+                       encode=lambda batch: ents[[texts.index(t) for t in batch]]))
     _assert_same_lists(EntityIndex.open(tmp_path / "b"), _build(tmp_path / "scratch", texts, ents, images, 10))
     assert EntityIndex.open(tmp_path / "b").has_embeddings
 
@@ -177,7 +179,7 @@ def test_scann_add_keeps_recall_and_the_tail_is_searched_exactly(tmp_path, scann
     images, ents, texts, unseen, n_old = scann_world
     old = _build(tmp_path / "old", texts, ents, images[:n_old], 20, backend="scann", recall_sample=60)
     assert old.searcher_rows == n_old
-    manifest = stage_images_added(old, _stage(tmp_path), images, n_old, cache_fingerprint="c2")
+    manifest = stage_images_added(old, _stage(tmp_path), images, n_old, settings=StageSettings(cache_fingerprint="c2"))
     staged = EntityIndex.open(tmp_path / "stage")
     assert manifest["searcher_rows"] == n_old and manifest["has_searcher"] and manifest["n_images"] == len(images)
     assert manifest["recall_at_k"] >= old.manifest["recall_at_k"]
@@ -197,7 +199,8 @@ def test_scann_add_keeps_recall_and_the_tail_is_searched_exactly(tmp_path, scann
 def test_scann_entities_added_and_images_removed(tmp_path, scann_world):
     images, ents, texts, unseen, n_old = scann_world
     old = _build(tmp_path / "old", texts[:40], ents[:40], images[:n_old], 20, backend="scann")
-    grown = stage_images_added(old, _stage(tmp_path, "grown"), images, n_old, cache_fingerprint="c2")
+    grown = stage_images_added(old, _stage(tmp_path, "grown"), images, n_old,
+                               settings=StageSettings(cache_fingerprint="c2"))
     assert grown["searcher_rows"] == n_old
     grown = EntityIndex.open(tmp_path / "grown")
     added = stage_entities_added(grown, _stage(tmp_path, "ents"), texts[30:] + ["unseen"],
@@ -223,6 +226,6 @@ def test_staging_needs_an_empty_directory_and_the_old_row_count(tmp_path):
     out = _stage(tmp_path)
     (out / "x").write_text("")
     with pytest.raises(CfirError, match="must exist and be empty"):
-        stage_images_added(old, out, images, 50, cache_fingerprint="c")
+        stage_images_added(old, out, images, 50, settings=StageSettings(cache_fingerprint="c"))
     with pytest.raises(CfirError, match="n_old=40 but .* indexes 50 rows"):
-        stage_images_added(old, _stage(tmp_path, "b"), images, 40, cache_fingerprint="c")
+        stage_images_added(old, _stage(tmp_path, "b"), images, 40, settings=StageSettings(cache_fingerprint="c"))

@@ -3,6 +3,7 @@ as it is (its values verbatim: commas, spaces, quotes, any Unicode), the JSON tr
 as read back as the same condition, and a filter past the config's limits refused in one line (413) before it is
 parsed."""
 
+import dataclasses
 import json
 import time
 
@@ -74,15 +75,18 @@ def test_a_filter_past_its_limits_is_413_before_it_is_parsed():
 
 
 def test_a_query_is_made_once_from_a_doors_values():
-    q = Query.of("some text", top_k=5, lang="fr-CA", where=["n>=3", ("s", "in", ["a,b"])], id="q1")
+    q = Query("some text", top_k=5, lang="fr-CA", where=["n>=3", ("s", "in", ["a,b"])], id="q1")
     assert (q.text, q.top_k, q.lang, q.id, q.fold) == ("some text", 5, "fr", "q1", True)
     assert q.where_json() == [["n", ">=", "3"], ["s", "in", ["a,b"]]]
     with pytest.raises(QueryRefused, match="give one of"):
-        Query.of("text", image_id="img-1")
+        Query("text", image_id="img-1")
     with pytest.raises(QueryRefused, match="top_k=True: an integer"):
-        Query.of("text", top_k=True)
+        Query("text", top_k=True)
     with pytest.raises(AttributeError):
         q.top_k = 3  # frozen: carried unchanged to the core
+    assert dataclasses.replace(q, top_k=3).where == q.where  # checked again when changed, its checked forms kept
+    with pytest.raises(QueryRefused, match="an integer"):
+        dataclasses.replace(q, top_k="3")  # no Query escapes the rule, made by hand or changed
 
 
 @pytest.mark.parametrize("where", [

@@ -13,7 +13,7 @@ import pytest
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.data.corpus import Corpus, Document, Image
-from cfir_jax.data.corpus_writer import write_corpus
+from cfir_jax.data.corpus_writer import Qrels, write_corpus
 
 
 def _docs(n=3):
@@ -107,7 +107,7 @@ def test_qrels_naming_an_unknown_image_is_rejected_or_dropped(tmp_path):
     bad = {"train": {"d0": {"nope": 1, "i0": 1}}}
     with pytest.raises(CfirError, match="image_id 'nope'"):
         write_corpus(tmp_path / "c", "toy", _docs(), _images(), bad)
-    c = write_corpus(tmp_path / "d", "toy", _docs(), _images(), bad, drop_unknown_qrels=True)
+    c = write_corpus(tmp_path / "d", "toy", _docs(), _images(), Qrels(bad, drop_unknown=True))
     assert c.qrels("train") == {"d0": {"i0": 1}} and c.manifest["splits"]["train"]["dropped"] == 1
 
 

@@ -114,13 +114,14 @@ def test_vision_tower_encodes_the_synthetic_pixels(corpus, tmp_path):
     """The image cache's model path (decode -> DBeit3.encode_image) runs on every synthetic image, none skipped."""
     import jax.numpy as jnp
 
-    from cfir_jax.builders.image_encoding import build_image_cache
+    from cfir_jax.builders.image_encoding import EncodeSettings, build_image_cache
     from cfir_jax.core.config import model_config
     from cfir_jax.model.beit3 import create_model
     from cfir_jax.model.preprocess import decode_image
 
     model = create_model(model_config("tiny", image_size=32, vocab_size=300, max_text_positions=40), seed=0)
-    cache = build_image_cache(tmp_path / "cache", corpus, model, batch_size=32, shard_size=64, dtype="float32")
+    cache = build_image_cache(tmp_path / "cache", corpus, model, encoding=EncodeSettings(batch_size=32, shard_size=64),
+                              dtype="float32")
     assert cache.num_images == corpus.num_images and cache.manifest["num_skipped"] == 0
     rows = [0, 57, corpus.num_images - 1]
     pixels = np.stack([decode_image(corpus.image(r).image, 32) for r in rows])

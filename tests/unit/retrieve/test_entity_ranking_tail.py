@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import ml_collections
 import numpy as np
 
-from cfir_jax.builders.entity_index_build import build_entity_index
-from cfir_jax.builders.entity_index_update import stage_images_added
+from cfir_jax.builders.entity_index_build import EntityIndexSettings, build_entity_index
+from cfir_jax.builders.entity_index_update import StageSettings, stage_images_added
 from cfir_jax.retrieve.entity_ranking import EntityRanking
 from cfir_jax.search.knn import synthetic_embeddings
 from cfir_jax.search.live_rows import LiveRows
@@ -27,10 +27,11 @@ def test_unseen_entities_search_the_tree_and_the_appended_tail_without_removed_r
     images[n_old + 12] = unseen  # its twin, removed
     images = images.astype(np.float16)
     ents = synthetic_embeddings(30, 32, seed=3)
-    build_entity_index(tmp_path / "old", [f"e{i}" for i in range(30)], ents, images[:n_old], 10,
-                       model_fingerprint="fp", backend="scann")
+    build_entity_index(tmp_path / "old", [f"e{i}" for i in range(30)], ents, images[:n_old], EntityIndexSettings(10,
+                       backend="scann"), model_fingerprint="fp")
     (tmp_path / "new").mkdir()
-    stage_images_added(EntityIndex.open(tmp_path / "old"), tmp_path / "new", images, n_old, cache_fingerprint="c")
+    stage_images_added(EntityIndex.open(tmp_path / "old"), tmp_path / "new", images, n_old,
+                       settings=StageSettings(cache_fingerprint="c"))
     removed = np.zeros(n, bool)
     removed[n_old + 12] = True
     encoder = SimpleNamespace(encode=lambda texts: np.stack([unseen for _ in texts]))

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from cfir_jax.builders.entity_index_build import build_entity_index
+from cfir_jax.builders.entity_index_build import EntityIndexSettings, build_entity_index
 from cfir_jax.builders.entity_index_update import stage_entities_added
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.search.knn import ScannConfig, ScannSearcher, drop_padding, synthetic_embeddings
@@ -27,8 +27,8 @@ def data():
 
 def test_exact_index_candidates_equal_exact_search(tmp_path, data):
     images, ents, texts = data
-    recall = build_entity_index(tmp_path / "idx", texts, ents, images, 40, model_fingerprint=FP, backend="exact",
-                                chunk_size=16)
+    recall = build_entity_index(tmp_path / "idx", texts, ents, images, EntityIndexSettings(40, backend="exact",
+                                chunk_size=16), model_fingerprint=FP)
     index = EntityIndex.open(tmp_path / "idx", expect_fingerprint=FP, expect_dim=32)
     scores, ref = exact_topk(ents, images, 40)
     assert recall == 1.0 and index.k == 40 and len(index) == 50
@@ -47,7 +47,8 @@ def test_exact_index_uses_the_device_cache_on_accelerators(tmp_path, data, monke
     monkeypatch.setattr(sr_device, "has_accelerator", lambda: True)
     monkeypatch.setattr(sr_device.DeviceCache, "full_topk",
                         lambda self, q, k: calls.append(len(q)) or full_topk(self, q, k))
-    build_entity_index(tmp_path / "idx", texts, ents, images, 40, model_fingerprint=FP, backend="exact", chunk_size=16)
+    build_entity_index(tmp_path / "idx", texts, ents, images, EntityIndexSettings(40, backend="exact", chunk_size=16),
+                       model_fingerprint=FP)
     assert sum(calls) == len(ents)
     np.testing.assert_array_equal(EntityIndex.open(tmp_path / "idx").candidates(np.arange(50)),
                                   exact_topk(ents, images, 40)[1])
@@ -55,7 +56,8 @@ def test_exact_index_uses_the_device_cache_on_accelerators(tmp_path, data, monke
 
 def test_scann_index_records_recall_and_stores_a_searcher(tmp_path, data):
     images, ents, texts = data
-    recall = build_entity_index(tmp_path / "idx", texts, ents, images, 20, model_fingerprint=FP, recall_sample=32)
+    recall = build_entity_index(tmp_path / "idx", texts, ents, images, EntityIndexSettings(20, recall_sample=32),
+                                model_fingerprint=FP)
     index = EntityIndex.open(tmp_path / "idx")
     assert index.manifest["recall_at_k"] == recall and recall >= 0.9
     _, found = ScannSearcher.load(index.searcher_dir()).search(ents[:4], 20)
@@ -73,14 +75,15 @@ def test_interrupted_build_resumes_to_the_same_index(tmp_path, data):
             raise KeyboardInterrupt("simulated crash")
 
     with pytest.raises(KeyboardInterrupt):
-        build_entity_index(tmp_path / "a", texts, ents, images, 30, model_fingerprint=FP, backend="exact",
-                           chunk_size=10, on_chunk=crash)
+        build_entity_index(tmp_path / "a", texts, ents, images, EntityIndexSettings(30, backend="exact",
+                           chunk_size=10), model_fingerprint=FP, on_chunk=crash)
     assert not (tmp_path / "a").exists()
     resumed = []
-    build_entity_index(tmp_path / "a", texts, ents, images, 30, model_fingerprint=FP, backend="exact",
-                       chunk_size=10, on_chunk=resumed.append)
+    build_entity_index(tmp_path / "a", texts, ents, images, EntityIndexSettings(30, backend="exact", chunk_size=10),
+                       model_fingerprint=FP, on_chunk=resumed.append)
     assert resumed == [2, 3, 4]  # chunks 0 and 1 were on disk before the crash
-    build_entity_index(tmp_path / "b", texts, ents, images, 30, model_fingerprint=FP, backend="exact", chunk_size=10)
+    build_entity_index(tmp_path / "b", texts, ents, images, EntityIndexSettings(30, backend="exact", chunk_size=10),
+                       model_fingerprint=FP)
     a, b = EntityIndex.open(tmp_path / "a"), EntityIndex.open(tmp_path / "b")
     _assert_same_index(a, b)
 
@@ -93,7 +96,8 @@ def _assert_same_index(a: EntityIndex, b: EntityIndex) -> None:
 
 def test_fingerprint_mismatch_is_refused_in_one_line(tmp_path, data):
     images, ents, texts = data
-    build_entity_index(tmp_path / "idx", texts, ents, images, 5, model_fingerprint=FP, backend="exact")
+    build_entity_index(tmp_path / "idx", texts, ents, images, EntityIndexSettings(5, backend="exact"),
+                       model_fingerprint=FP)
     with pytest.raises(StoreError, match="model_fingerprint") as e:
         EntityIndex.open(tmp_path / "idx", expect_fingerprint="other-model")
     assert "\n" not in str(e.value)
@@ -101,7 +105,8 @@ def test_fingerprint_mismatch_is_refused_in_one_line(tmp_path, data):
 
 def test_dim_mismatch_is_refused(tmp_path, data):
     images, ents, texts = data
-    build_entity_index(tmp_path / "idx", texts, ents, images, 5, model_fingerprint=FP, backend="exact")
+    build_entity_index(tmp_path / "idx", texts, ents, images, EntityIndexSettings(5, backend="exact"),
+                       model_fingerprint=FP)
     with pytest.raises(StoreError, match="dim"):
         EntityIndex.open(tmp_path / "idx", expect_dim=64)
 
@@ -115,25 +120,28 @@ def test_incomplete_store_is_refused(tmp_path):
 def test_duplicate_entity_texts_are_an_error(tmp_path, data):
     images, ents, _ = data
     with pytest.raises(CfirError, match="duplicate entity text 'x'"):
-        build_entity_index(tmp_path / "idx", ["x", "y", "x"], ents[:3], images, 5, model_fingerprint=FP)
+        build_entity_index(tmp_path / "idx", ["x", "y", "x"], ents[:3], images, EntityIndexSettings(5),
+                           model_fingerprint=FP)
 
 
 def test_k_above_image_count_is_clamped(tmp_path, data):
     images, ents, texts = data
-    build_entity_index(tmp_path / "idx", texts[:3], ents[:3], images[:25], 100, model_fingerprint=FP,
-                       backend="exact")
+    build_entity_index(tmp_path / "idx", texts[:3], ents[:3], images[:25], EntityIndexSettings(100, backend="exact"),
+                       model_fingerprint=FP)
     index = EntityIndex.open(tmp_path / "idx")
     assert index.k == 25 and index.manifest["k_requested"] == 100
 
 
 def test_append_equals_building_everything_at_once(tmp_path, data):
     images, ents, texts = data
-    build_entity_index(tmp_path / "inc", texts[:30], ents[:30], images, 15, model_fingerprint=FP, backend="exact")
+    build_entity_index(tmp_path / "inc", texts[:30], ents[:30], images, EntityIndexSettings(15, backend="exact"),
+                       model_fingerprint=FP)
     # Rows 20..29 are already indexed: append must skip them and add only 30..49.
     (tmp_path / "staged").mkdir()
     added = stage_entities_added(EntityIndex.open(tmp_path / "inc", expect_fingerprint=FP), tmp_path / "staged",
                                  texts[20:], ents[20:], images)["added_entities"]
-    build_entity_index(tmp_path / "all", texts, ents, images, 15, model_fingerprint=FP, backend="exact")
+    build_entity_index(tmp_path / "all", texts, ents, images, EntityIndexSettings(15, backend="exact"),
+                       model_fingerprint=FP)
     inc, full = EntityIndex.open(tmp_path / "staged"), EntityIndex.open(tmp_path / "all")
     assert added == 20 and inc.vocab == full.vocab
     _assert_same_index(inc, full)
@@ -142,7 +150,8 @@ def test_append_equals_building_everything_at_once(tmp_path, data):
 
 def test_candidates_of_unknown_row_is_an_error(tmp_path, data):
     images, ents, texts = data
-    build_entity_index(tmp_path / "idx", texts[:5], ents[:5], images, 5, model_fingerprint=FP, backend="exact")
+    build_entity_index(tmp_path / "idx", texts[:5], ents[:5], images, EntityIndexSettings(5, backend="exact"),
+                       model_fingerprint=FP)
     with pytest.raises(CfirError, match="entity rows"):
         EntityIndex.open(tmp_path / "idx").candidates([7])
 
@@ -155,7 +164,8 @@ def _starved_scann(k: int) -> ScannConfig:
 def test_scann_short_answers_are_stored_ragged_without_padding(tmp_path, data):
     images, ents, texts = data
     k = 500
-    build_entity_index(tmp_path / "idx", texts, ents, images, k, model_fingerprint=FP, scann_config=_starved_scann(k))
+    build_entity_index(tmp_path / "idx", texts, ents, images, EntityIndexSettings(k, scann_config=_starved_scann(k)),
+                       model_fingerprint=FP)
     index = EntityIndex.open(tmp_path / "idx")
     lists, scores = index.candidates(np.arange(len(texts))), index.scores(np.arange(len(texts)))
     assert index.lengths.min() < k, "the test needs ScaNN to return fewer than K for some entity"
@@ -171,7 +181,8 @@ def test_scann_short_answers_are_stored_ragged_without_padding(tmp_path, data):
 
 def test_index_of_the_padded_format_is_refused_in_one_line(tmp_path, data):
     images, ents, texts = data
-    build_entity_index(tmp_path / "idx", texts[:5], ents[:5], images, 5, model_fingerprint=FP, backend="exact")
+    build_entity_index(tmp_path / "idx", texts[:5], ents[:5], images, EntityIndexSettings(5, backend="exact"),
+                       model_fingerprint=FP)
     manifest = json.loads((tmp_path / "idx" / "manifest.json").read_text())
     (tmp_path / "idx" / "manifest.json").write_text(json.dumps(manifest | {"format_version": 1}))
     with pytest.raises(StoreError, match="format version 1 .* rebuild") as e:
@@ -183,8 +194,10 @@ def test_a_cut_exact_index_equals_an_index_built_at_that_k(tmp_path, data):
     """Table 4 from one index: on the exact backend, the K=40 index read at K=10 (retrieval.k) is the K=10 index,
     candidates and scores; a cut above the built K is refused in one line."""
     images, ents, texts = data
-    build_entity_index(tmp_path / "k40", texts, ents, images, 40, model_fingerprint=FP, backend="exact")
-    build_entity_index(tmp_path / "k10", texts, ents, images, 10, model_fingerprint=FP, backend="exact")
+    build_entity_index(tmp_path / "k40", texts, ents, images, EntityIndexSettings(40, backend="exact"),
+                       model_fingerprint=FP)
+    build_entity_index(tmp_path / "k10", texts, ents, images, EntityIndexSettings(10, backend="exact"),
+                       model_fingerprint=FP)
     big, small = EntityIndex.open(tmp_path / "k40"), EntityIndex.open(tmp_path / "k10")
     cut = big.with_k(10)
     rows = np.arange(len(texts))
@@ -203,7 +216,8 @@ def test_a_cut_exact_index_equals_an_index_built_at_that_k(tmp_path, data):
 
 def test_er_note_states_scann_recall_and_the_exact_rebuild(tmp_path, data):
     images, ents, texts = data
-    recall = build_entity_index(tmp_path / "idx", texts, ents, images, 20, model_fingerprint=FP, recall_sample=32)
+    recall = build_entity_index(tmp_path / "idx", texts, ents, images, EntityIndexSettings(20, recall_sample=32),
+                                model_fingerprint=FP)
     note = EntityIndex.open(tmp_path / "idx").er_note()
     assert note == (f"ER: ScaNN top-20 per entity, recall@20 {recall:.4f} against exact search on 32 sampled "
                     "entities; the paper's ER is exact: rebuild with index.py "
@@ -256,8 +270,8 @@ def test_the_build_keeps_the_encoded_entities(tmp_path, data):
     a file of another shape is refused in one line."""
     images, ents, texts = data
     encode = lambda batch: ents[[texts.index(t) for t in batch]]  # noqa: E731
-    build_entity_index(tmp_path / "idx", texts, encode, images, 5, model_fingerprint=FP, backend="exact",
-                       chunk_size=16)
+    build_entity_index(tmp_path / "idx", texts, encode, images, EntityIndexSettings(5, backend="exact", chunk_size=16),
+                       model_fingerprint=FP)
     index = EntityIndex.open(tmp_path / "idx")
     assert index.has_embeddings and index.manifest["chunk_size"] == 16 and index.searcher_rows == 0
     np.testing.assert_array_equal(index.entity_embeddings(), ents)

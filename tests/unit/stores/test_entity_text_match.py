@@ -5,7 +5,7 @@ import re
 import numpy as np
 import pytest
 
-from cfir_jax.builders.entity_text_match import build_entity_text_match, match_entities, words
+from cfir_jax.builders.entity_text_match import MatchSettings, build_entity_text_match, match_entities, words
 from cfir_jax.core.errors import StoreError
 from cfir_jax.data.corpus import Document, Image
 from cfir_jax.data.corpus_writer import write_corpus
@@ -70,12 +70,12 @@ def small(tmp_path):
 
 def test_store_lists_cache_rows_and_leaves_out_too_common_names(small, tmp_path):
     corpus, cache, index = small
-    store = build_entity_text_match(tmp_path / "m", corpus, cache, index, max_matches=2, chunk_rows=4)
+    store = build_entity_text_match(tmp_path / "m", corpus, cache, index, MatchSettings(max_matches=2, chunk_rows=4))
     anna, london, paris = store.rows_of([0, 1, 2])
     assert anna.tolist() == [4, 5]  # cache rows of i1 and i0, ascending, across two chunks
     assert london.tolist() == [] and paris.tolist() == []  # London is in 3 > 2 images' text
     assert store.manifest["too_common"] == 1 and store.manifest["num_pairs"] == 2
-    wide = build_entity_text_match(tmp_path / "w", corpus, cache, index, max_matches=3)
+    wide = build_entity_text_match(tmp_path / "w", corpus, cache, index, MatchSettings(max_matches=3))
     assert wide.rows_of([1])[0].tolist() == [0, 1, 2]
 
 
@@ -106,11 +106,11 @@ def test_interrupted_build_resumes_without_redoing_finished_chunks(small, tmp_pa
 
     monkeypatch.setattr(etm, "match_entities", failing_second)
     with pytest.raises(KeyboardInterrupt):
-        build_entity_text_match(tmp_path / "m", corpus, cache, index, max_matches=2, chunk_rows=4)
+        build_entity_text_match(tmp_path / "m", corpus, cache, index, MatchSettings(max_matches=2, chunk_rows=4))
     assert not (tmp_path / "m").exists()  # nothing half-written is published
     calls.clear()
     monkeypatch.setattr(etm, "match_entities", lambda *a, **k: (calls.append(len(a[1])), real(*a, **k))[1])
-    store = build_entity_text_match(tmp_path / "m", corpus, cache, index, max_matches=2, chunk_rows=4)
+    store = build_entity_text_match(tmp_path / "m", corpus, cache, index, MatchSettings(max_matches=2, chunk_rows=4))
     assert calls == [2]  # only the second chunk (rows 4-5) was matched again
     assert store.rows_of([0])[0].tolist() == [4, 5]
     assert not (tmp_path / ".m.building").exists()

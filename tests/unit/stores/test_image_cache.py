@@ -21,7 +21,7 @@ from flax import nnx
 from PIL import Image as PILImage
 from repo import ROOT
 
-from cfir_jax.builders.image_encoding import build_image_cache
+from cfir_jax.builders.image_encoding import EncodeSettings, Precomputed, build_image_cache
 from cfir_jax.core.config import model_config
 from cfir_jax.core.errors import CfirError, StoreError
 from cfir_jax.data.corpus import Corpus, Document, Image
@@ -92,7 +92,7 @@ def model():
 @pytest.fixture(scope="module")
 def cache(tmp_path_factory, corpus, model) -> ImageCache:
     out = tmp_path_factory.mktemp("cache") / "images"
-    return build_image_cache(out, corpus, model, batch_size=BATCH, shard_size=SHARD)
+    return build_image_cache(out, corpus, model, encoding=EncodeSettings(batch_size=BATCH, shard_size=SHARD))
 
 
 # ---------------------------------------------------------------------------------------------------- decoding
@@ -181,7 +181,8 @@ def test_a_folder_name_in_another_unicode_form_is_named_in_skipped_tsv(tmp_path,
     (tmp_path / "imgs" / "tom.JPG").write_bytes(encoded(pixels, "JPEG"))
     (tmp_path / "docs.jsonl").write_text(json.dumps({"id": "d0", "text": "Zürich"}) + "\n")
     corpus = build_files_corpus(tmp_path / "docs.jsonl", tmp_path / "imgs", None, tmp_path / "c")
-    cache = build_image_cache(tmp_path / "cache", corpus, model, batch_size=BATCH, shard_size=SHARD)
+    cache = build_image_cache(tmp_path / "cache", corpus, model, encoding=EncodeSettings(batch_size=BATCH,
+                              shard_size=SHARD))
     assert cache.ids == [nfc, "tom", "tom.png"]
     assert [(s.image_id, s.reason) for s in cache.skipped()] == [("Z%C3%BCrich.png", "empty image bytes")]
     assert (tmp_path / "cache" / "ids.txt").read_bytes().decode("utf-8").split("\n")[0] == nfc
@@ -211,15 +212,16 @@ def test_iter_blocks_covers_every_row_once(cache):
 
 
 def test_float32_storage_keeps_full_precision(tmp_path, corpus, model, cache):
-    c32 = build_image_cache(tmp_path / "c32", corpus, model, batch_size=BATCH, shard_size=SHARD, dtype="float32")
+    c32 = build_image_cache(tmp_path / "c32", corpus, model, encoding=EncodeSettings(batch_size=BATCH,
+                            shard_size=SHARD), dtype="float32")
     assert c32.embeddings.dtype == np.float32
     np.testing.assert_allclose(c32.embeddings, cache.embeddings.astype(np.float32), **F16)
     np.testing.assert_allclose(np.linalg.norm(c32.embeddings, axis=1), 1.0, atol=1e-5)
 
 
 def test_bfloat16_compute_stays_close_to_float32(tmp_path, corpus, model, cache):
-    bf = build_image_cache(tmp_path / "bf", corpus, model, batch_size=BATCH, shard_size=SHARD,
-                           compute_dtype="bfloat16")
+    bf = build_image_cache(tmp_path / "bf", corpus, model, encoding=EncodeSettings(batch_size=BATCH, shard_size=SHARD,
+                           compute_dtype="bfloat16"))
     assert bf.manifest["compute_dtype"] == "bfloat16"
     cos = np.sum(bf.gather(range(bf.num_images)) * cache.gather(range(cache.num_images)), axis=1)
     assert cos.min() > 0.98
@@ -233,11 +235,13 @@ def test_resume_after_interruption_equals_uninterrupted_build(tmp_path, corpus, 
         raise KeyboardInterrupt(f"simulated crash after shard {shard}")
 
     with pytest.raises(KeyboardInterrupt):
-        build_image_cache(out, corpus, model, batch_size=BATCH, shard_size=SHARD, on_shard=crash_after_first)
+        build_image_cache(out, corpus, model, encoding=EncodeSettings(batch_size=BATCH, shard_size=SHARD),
+                          on_shard=crash_after_first)
     assert not out.exists()
     assert (tmp_path / ".images.building" / "shard-00000.json").is_file()
     done = []
-    resumed = build_image_cache(out, corpus, model, batch_size=BATCH, shard_size=SHARD, on_shard=done.append)
+    resumed = build_image_cache(out, corpus, model, encoding=EncodeSettings(batch_size=BATCH, shard_size=SHARD),
+                                on_shard=done.append)
     assert done == [1, 2]  # shard 0 came from the interrupted run
     assert resumed.ids == cache.ids
     np.testing.assert_array_equal(resumed.embeddings, cache.embeddings)
@@ -252,16 +256,19 @@ def test_resume_with_another_dtype_starts_over(tmp_path, corpus, model):
         raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):
-        build_image_cache(out, corpus, model, batch_size=BATCH, shard_size=SHARD, on_shard=crash)
+        build_image_cache(out, corpus, model, encoding=EncodeSettings(batch_size=BATCH, shard_size=SHARD),
+                          on_shard=crash)
     done = []
-    c = build_image_cache(out, corpus, model, batch_size=BATCH, shard_size=SHARD, dtype="float32", on_shard=done.append)
+    c = build_image_cache(out, corpus, model, encoding=EncodeSettings(batch_size=BATCH, shard_size=SHARD),
+                          dtype="float32", on_shard=done.append)
     assert done == [0, 1, 2] and c.dtype == np.float32
 
 
 def test_complete_current_cache_is_not_rebuilt(cache, corpus, model):
     before = (cache.path / "manifest.json").read_text()
     calls = []
-    again = build_image_cache(cache.path, corpus, model, batch_size=BATCH, shard_size=SHARD, on_shard=calls.append)
+    again = build_image_cache(cache.path, corpus, model, encoding=EncodeSettings(batch_size=BATCH, shard_size=SHARD),
+                              on_shard=calls.append)
     assert calls == [] and (cache.path / "manifest.json").read_text() == before
     assert again.ids == cache.ids
 
@@ -320,7 +327,7 @@ def emb_corpus(tmp_path_factory) -> Corpus:
 
 
 def test_import_corpus_embeddings(tmp_path, emb_corpus):
-    c = build_image_cache(tmp_path / "c", emb_corpus, precomputed="corpus", dtype="float32")
+    c = build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed("corpus"), dtype="float32")
     assert c.ids == emb_corpus.image_ids and c.fingerprint.startswith("precomputed:")
     np.testing.assert_array_equal(c.embeddings, emb_corpus.embeddings())
 
@@ -330,7 +337,7 @@ def test_import_npy_matches_rows_to_corpus_ids(tmp_path, emb_corpus):
     order = np.random.default_rng(4).permutation(10)
     np.save(tmp_path / "vecs.npy", emb[order])
     (tmp_path / "vecs.ids.txt").write_text("".join(f"{emb_corpus.image_ids[r]}\n" for r in order))
-    c = build_image_cache(tmp_path / "c", emb_corpus, precomputed=tmp_path / "vecs.npy")
+    c = build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed(tmp_path / "vecs.npy"))
     assert c.ids == emb_corpus.image_ids
     np.testing.assert_allclose(c.gather(range(10)), emb, rtol=1e-3)
 
@@ -338,7 +345,7 @@ def test_import_npy_matches_rows_to_corpus_ids(tmp_path, emb_corpus):
 def test_import_npy_without_ids_file_is_refused(tmp_path, emb_corpus):
     np.save(tmp_path / "vecs.npy", np.zeros((10, 16), np.float32))
     with pytest.raises(CfirError, match="vecs.ids.txt"):
-        build_image_cache(tmp_path / "c", emb_corpus, precomputed=tmp_path / "vecs.npy")
+        build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed(tmp_path / "vecs.npy"))
 
 
 def write_parquet(path: Path, ids: list[str], emb: np.ndarray) -> Path:
@@ -350,7 +357,7 @@ def test_import_parquet_matches_rows_to_corpus_ids(tmp_path, emb_corpus):
     emb = np.asarray(emb_corpus.embeddings())
     ids = emb_corpus.image_ids
     src = write_parquet(tmp_path / "e.parquet", ids[::-1], emb[::-1])
-    c = build_image_cache(tmp_path / "c", emb_corpus, precomputed=src, dtype="float32")
+    c = build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed(src), dtype="float32")
     np.testing.assert_array_equal(c.embeddings, emb)
     assert c.manifest["num_skipped"] == 0
 
@@ -359,7 +366,7 @@ def test_import_names_unknown_ids(tmp_path, emb_corpus):
     ids = emb_corpus.image_ids[:9] + ["stranger"]
     src = write_parquet(tmp_path / "e.parquet", ids, np.ones((10, 16)))
     with pytest.raises(CfirError, match="1 image ids are not in corpus .*'stranger'"):
-        build_image_cache(tmp_path / "c", emb_corpus, precomputed=src)
+        build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed(src))
     assert not (tmp_path / "c").exists()
 
 
@@ -367,8 +374,8 @@ def test_import_names_missing_ids_unless_allowed(tmp_path, emb_corpus):
     emb = np.asarray(emb_corpus.embeddings())
     src = write_parquet(tmp_path / "e.parquet", emb_corpus.image_ids[2:], emb[2:])
     with pytest.raises(CfirError, match="2 corpus images have no embedding .*'e0', 'e1'"):
-        build_image_cache(tmp_path / "c", emb_corpus, precomputed=src)
-    c = build_image_cache(tmp_path / "c", emb_corpus, precomputed=src, allow_missing=True, dtype="float32")
+        build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed(src))
+    c = build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed(src, allow_missing=True), dtype="float32")
     assert c.ids == emb_corpus.image_ids[2:]
     assert [s.image_id for s in c.skipped()] == ["e0", "e1"]
     np.testing.assert_array_equal(c.embeddings, emb[2:])
@@ -378,15 +385,15 @@ def test_import_refuses_duplicate_ids_and_wrong_columns(tmp_path, emb_corpus):
     ids = emb_corpus.image_ids + ["e3"]
     src = write_parquet(tmp_path / "dup.parquet", ids, np.ones((11, 16)))
     with pytest.raises(CfirError, match="'e3' has more than one embedding row"):
-        build_image_cache(tmp_path / "c", emb_corpus, precomputed=src)
+        build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed(src))
     pq.write_table(pa.table({"id": ["e0"], "vec": [[1.0]]}), tmp_path / "cols.parquet")
     with pytest.raises(CfirError, match="needs columns 'image_id' and 'embedding'"):
-        build_image_cache(tmp_path / "c", emb_corpus, precomputed=tmp_path / "cols.parquet")
+        build_image_cache(tmp_path / "c", emb_corpus, precomputed=Precomputed(tmp_path / "cols.parquet"))
 
 
 def test_import_of_corpus_without_embeddings_is_refused(tmp_path, corpus):
     with pytest.raises(CfirError, match="no precomputed embeddings"):
-        build_image_cache(tmp_path / "c", corpus, precomputed="corpus")
+        build_image_cache(tmp_path / "c", corpus, precomputed=Precomputed("corpus"))
 
 
 # ---------------------------------------------------------------------------------------------------- devices
@@ -398,11 +405,11 @@ def test_eight_devices_equal_one_device(tmp_path, corpus, cache):
         import jax, json, sys
         sys.path[:0] = [{str(ROOT)!r}, {str(ROOT / "tests" / "unit" / "stores")!r}, {str(ROOT / "tests" / "helpers")!r}]
         from cfir_jax.data.corpus import Corpus
-        from cfir_jax.builders.image_encoding import build_image_cache
+        from cfir_jax.builders.image_encoding import EncodeSettings, build_image_cache
         from test_image_cache import random_model
         model = random_model(0)
         c = build_image_cache({str(tmp_path / "c8")!r}, Corpus.open({str(corpus.path)!r}), model,
-                              batch_size=5, shard_size={SHARD})
+                              encoding=EncodeSettings(batch_size=5, shard_size={SHARD}))
         print(json.dumps({{"devices": jax.local_device_count(), "batch": c.manifest["batch_size"]}}))
         """
     )
