@@ -32,6 +32,7 @@ from cfir_jax.core.query_rule import (
     Condition,
     FilterLimits,
     Query,
+    check_facets,
     check_id,
     check_lang,
     check_text,
@@ -186,7 +187,8 @@ class Index:
     def search(self, text: str | os.PathLike | Query | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, method: str | None = None,
                id: str | None = None, lang: str | None = None, where: Sequence[Any] | None = None,
-               deadline: float | None = None, fold: bool = True) -> Result:  # noqa: A002
+               deadline: float | None = None, fold: bool = True, facets: Sequence[str] | None = None
+               ) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
         a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file); or of a `Query`
@@ -195,40 +197,43 @@ class Index:
         as they are: a value's commas, spaces and quotes are its own; docs/filters.md). id: the query's id in the
         answer (default: a path's stem, else "query"); deadline: a time.monotonic() past which a picture search
         stops before its next stage (a service's); fold: each group of near-duplicates shows its best-ranked
-        picture, the others listed under it (`Hit.duplicates`; docs/duplicates.md); top_k counts the shown hits."""
+        picture, the others listed under it (`Hit.duplicates`; docs/duplicates.md); top_k counts the shown hits;
+        facets: fields whose values are counted over every picture the query ranked (`Result.facets`, `.ranked`;
+        docs/filters.md)."""
         if isinstance(text, Query):
             query = text
         elif isinstance(text, os.PathLike):  # read at this door: its text, its stem the id, its language
             doc = read_documents(text, int(self.config.serve.max_text_bytes), lang=lang)[0]
             query = Query.of(doc.text, id=id or doc.doc_id, top_k=top_k, method=method, lang=doc.lang, where=where,
-                             fold=fold)
+                             fold=fold, facets=facets)
         else:  # the text, then the rest: the service's order
             text = check_text(text, "text", int(self.config.serve.max_text_bytes)) if text is not None else None
             query = Query.of(text, image=image, image_id=image_id, id=id, top_k=top_k, method=method, lang=lang,
-                             where=where, fold=fold)
+                             where=where, fold=fold, facets=facets)
         self.check(query)
         if query.text is None:
             return self._search_image(query, deadline)
         text = check_text(query.text, "text", int(self.config.serve.max_text_bytes))  # a Query made by hand too
         doc = DocumentInput(text, check_id(query.id or "query", "id"), lang=query.lang, where=query.where,
-                            fold=query.fold)
+                            fold=query.fold, facets=query.facets)
         return self._answer([doc], [query.top_k], query.method, False)[0]
 
     def check(self, query: Query) -> None:
         """Every refusal `search(query)` can meet before it runs, against the version this index answers from:
         top_k's range (retrieval.top_k), the method, the language, the filter's size (serve.max_filter_*), its
-        fields and their values' types (its mask is kept: the search applies it without reading it again). One
-        line, a `QueryRefused` (its HTTP status), never a traceback."""
-        self._check(query.method, query.top_k, query.lang, query.where)
+        fields and their values' types (its mask is kept: the search applies it without reading it again), the
+        facets' fields. One line, a `QueryRefused` (its HTTP status), never a traceback."""
+        self._check(query.method, query.top_k, query.lang, query.where, query.facets)
 
     def admit(self, docs: Sequence[DocumentInput], top_k: int, method: str | None = None) -> None:
         """`check` for the documents of one request of `search_documents` (one top_k and method; each document its
-        own language and conditions): what a service's batcher asks before the request joins a batch, so that a
-        refusal answers that request alone."""
+        own language, conditions and facets): what a service's batcher asks before the request joins a batch, so
+        that a refusal answers that request alone."""
         for doc in docs:
-            self._check(method, top_k, doc.lang, doc.where)
+            self._check(method, top_k, doc.lang, doc.where, doc.facets)
 
-    def _check(self, method: str | None, top_k: int, lang: str | None, where: tuple[Condition, ...]) -> None:
+    def _check(self, method: str | None, top_k: int, lang: str | None, where: tuple[Condition, ...],
+               facets: tuple[str, ...] = ()) -> None:
         self._top(top_k)
         check_lang(lang)
         if where:
@@ -236,18 +241,22 @@ class Index:
         engine = self._retriever(method)  # an unknown method: one line (retrieve.methods)
         if where:
             engine.filters.check(where)
+        if facets:
+            engine.filters.facets().check(facets)
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
                     described: int | None = None, method: str | None = None, progress: bool = False,
-                    lang: str | None = None, where: Sequence[Any] | None = None, fold: bool = True) -> list[Result]:
+                    lang: str | None = None, where: Sequence[Any] | None = None, fold: bool = True,
+                    facets: Sequence[str] | None = None) -> list[Result]:
         """The images of the documents of a file (read before any store opens): one plain-text document, its stem
         the id (`retrieve.py --query`), or JSON lines {"id", "text", "lang"} with `jsonl` (`--queries`). described:
         read the caption and url of the first `described` hits only (the rest feed a run file: ids and scores); lang:
-        the language of a document that states none (None: found, docs/languages.md); where, fold: as `search`'s."""
+        the language of a document that states none (None: found, docs/languages.md); where, fold, facets: as
+        `search`'s."""
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
         top = self._top(top_k)  # the texts, then top_k and the filter: the service's order
-        conds = conditions(where)
-        docs = [dataclasses.replace(d, where=conds, fold=fold) for d in docs]
+        conds, counted = conditions(where), check_facets(facets)
+        docs = [dataclasses.replace(d, where=conds, fold=fold, facets=counted) for d in docs]
         self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
         return self._answer(docs, [top] * len(docs), method, progress and len(docs) > 1, described)
 
@@ -322,9 +331,11 @@ class Index:
         retriever = self._retriever(query.method)
         top, fold = query.top_k, query.fold
         stores = getattr(retriever, "stores", None)  # folding shows fewer: fetch enough to fill top after it
-        fetched = self.max_top_k if fold and stores is not None and duplicates.store_of(stores) else top
+        fetched = self.max_top_k if query.facets or (fold and stores is not None and duplicates.store_of(stores)) \
+            else top  # facets count what it ranked up to retrieval.top_k
         found = image_query.search_image(retriever, **asked, top_k=fetched, max_pixels=int(serve.max_image_pixels),
                                          deadline=deadline, where=query.where)
+        duplicates.faceted(retriever, [found], [query.facets], fold)
         found = duplicates.folded(retriever, [found], fold)[0]
         return Result.of(query.id or what, found, retriever.describe_image, top, self._version)
 

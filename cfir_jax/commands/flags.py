@@ -7,7 +7,7 @@ import argparse
 
 from cfir_jax.core.config_check import MEASURE_SETS, SERVE_ENGINES
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import conditions
+from cfir_jax.core.query_rule import check_facets, conditions
 from cfir_jax.eval.comparison import parse_ks, parse_weights
 from cfir_jax.eval.plots import check_png_name
 
@@ -78,6 +78,9 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--where", action="append", default=None, metavar="EXPR", help="only pictures whose own fields "
                    "pass EXPR: 'date<=2020-06-30', 'source=reuters', 'license in cc-by,cc0' (ops = != < <= > >= in); "
                    "repeat to AND them; with --query, --queries, --query-image(-id) and --evaluate (docs/filters.md)")
+    p.add_argument("--facets", default=None, metavar="F1,F2", help="with --query, --queries and --query-image(-id): "
+                   "count the values of these fields over every picture the query ranked, the 20 largest of each "
+                   "(a date by month; docs/filters.md)")
     p.add_argument("--fold-duplicates", action=argparse.BooleanOptionalAction, default=None, help="show each group "
                    "of near-duplicate pictures as its best-ranked one, the others listed under it (default: on for "
                    "--query/--queries shown on stdout and --query-image(-id); off with --output/--qrels and "
@@ -116,6 +119,7 @@ def check_retrieve(args: argparse.Namespace) -> None:
     # The filter lines parsed here, once: a malformed one is one line before minutes of loading; the commands carry
     # the Conditions (a field and a value's type are checked by the index, before its query runs).
     args.where = list(conditions(args.where)) or None
+    args.facets = list(check_facets(args.facets)) or None
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     if args.measures and args.measures not in MEASURE_SETS:

@@ -25,17 +25,18 @@ from cfir_jax.retrieve.methods import METHODS
 def run(config: ml_collections.ConfigDict, workdir, method: str, *, query: str = "", queries: str = "",
            fmt: str = "table", shown: int = 20, top: int = 1000, html: str = "", output: str = "", qrels: str = "",
            tag: str = "cfir", measures: str = "trec_eval", lang: str | None = None,
-           where: Sequence[Condition] | None = None, fold: bool | None = None) -> None:
+           where: Sequence[Condition] | None = None, fold: bool | None = None,
+           facets: Sequence[str] | None = None) -> None:
     """Retrieves for the document in `query` or the documents of `queries` (in `lang`, where they state none; None:
     found) and prints / writes what was asked; only pictures passing the conditions `where` (parsed from --where by
     `commands.flags`; docs/filters.md) are ranked; near-duplicates are folded under their best-ranked one when `fold`
     (None: when the hits are only shown, not written to a run file nor scored, so the measures count every
-    picture)."""
+    picture); `facets`: the fields counted over what each query ranked (docs/filters.md)."""
     fold = not (output or qrels) if fold is None else fold
     index = Index(config, workdir, method, evaluation=bool(qrels))  # the library's (cfir_jax.open's)
     kept = top if output or qrels else shown  # a run file keeps `top` hits; captions are read for the shown ones
     results = index.search_file(query or queries, jsonl=not query, top_k=kept, described=shown, progress=True,
-                                lang=lang, where=where, fold=fold)
+                                lang=lang, where=where, fold=fold, facets=facets)
     sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
     page = "".join(report.html_page(r, index.picture, shown) for r in results) if html else ""
     said = []  # what a scored run's lines add after its measures

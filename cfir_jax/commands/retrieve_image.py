@@ -15,12 +15,12 @@ from cfir_jax.retrieve import report
 
 def run(config: ml_collections.ConfigDict, workdir, method: str, *, image: str = "", image_id: str = "",
         fmt: str = "table", shown: int = 20, html: str = "", tag: str = "cfir", where: list[str] | None = None,
-        fold: bool = True) -> None:
+        fold: bool = True, facets: list[str] | None = None) -> None:
     """Searches by the picture file `image` or the indexed picture `image_id` and prints `shown` hits in `fmt`,
-    near-duplicates folded under their best-ranked one (`fold`)."""
+    near-duplicates folded under their best-ranked one (`fold`), `facets` counted over what it ranked."""
     index = Index(config, workdir, method)  # the picture is read before minutes of loading, then the stores open
     result = index.search(image=Path(image) if image else None, image_id=image_id or None, top_k=shown,
-                          where=where, fold=fold)
+                          where=where, fold=fold, facets=facets)
     sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
     print(report.shown(result, fmt, shown, tag))
     if html:

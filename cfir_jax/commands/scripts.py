@@ -129,7 +129,8 @@ def retrieve_main():
 
         retrieve.run(config, args.index, args.method, query=args.query, queries=args.queries, fmt=args.format,
                      shown=shown, top=top, html=args.html, output=args.output, qrels=args.qrels, tag=args.tag,
-                     measures=measures, lang=args.lang, where=args.where, fold=args.fold_duplicates)
+                     measures=measures, lang=args.lang, where=args.where, fold=args.fold_duplicates,
+                     facets=args.facets)
 
 
 def _compile_only_or_serve(args, config):
@@ -165,4 +166,4 @@ def _retrieve_by_picture(args, config) -> None:
     retrieve_image.run(config, args.index, args.method, image=args.query_image or "",
                        image_id=args.query_image_id or "", fmt=args.format,
                        shown=flags.hit_budget(config, args.top_k)[1], html=args.html, tag=args.tag, where=args.where,
-                       fold=args.fold_duplicates is not False)
+                       fold=args.fold_duplicates is not False, facets=args.facets)

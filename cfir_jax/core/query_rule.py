@@ -43,7 +43,7 @@ from typing import Any
 from cfir_jax.core.errors import CfirError
 
 __all__ = ["OPS", "QUERY_KINDS", "Condition", "FilterError", "FilterLimits", "Query", "QueryRefused", "check_id",
-           "check_lang", "check_text", "check_top_k", "conditions", "parse", "parse_line"]
+           "check_facets", "check_lang", "check_text", "check_top_k", "conditions", "parse", "parse_line"]
 
 # What a search takes, one of: the refusal of `Index.search` and `Client.search` given none or several.
 QUERY_KINDS = "give one of text= (a document), image= (a picture's bytes or file) or image_id= (an indexed picture)"
@@ -268,6 +268,21 @@ def _checked(field: str, op: str, values: tuple[str, ...], said: str) -> Conditi
     return Condition(field, op, values)
 
 
+def check_facets(facets: object) -> tuple[str, ...]:
+    """The fields a query counts its ranked pictures' values of (`facets`: docs/filters.md), each named once, in
+    the order given: None or [] -> none; a line "source,tags" or a list of names. Whether each is a field of the
+    index, and of a kind it counts, is the index's to say (`Index.check`)."""
+    if facets is None:
+        return ()
+    names = facets.split(",") if isinstance(facets, str) else facets
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise QueryRefused(f"facets: {_short(facets)} is not a list of field names")
+    names = [n.strip() for n in names]
+    if any(not n or _SURROGATE.search(n) for n in names):
+        raise QueryRefused(f"facets: {_short(facets)} holds an empty or invalid field name")
+    return tuple(dict.fromkeys(names))
+
+
 def conditions(where: Sequence[Any] | str | Condition | None) -> tuple[Condition, ...]:
     """The conditions of `where`: None or [] -> none; one line or Condition -> one; else a list of lines, triples
     and Conditions (docs/filters.md)."""
@@ -285,7 +300,8 @@ class Query:
     """One query, made once at its door and carried unchanged to the index: a document's `text`, or a picture:
     `image` (its bytes, or a picture file's path) or `image_id` (an indexed picture's id); `id`, echoed in the
     answer (None: the door's default); `method` (None: the index's); `top_k`; `lang` (a text's language, its primary
-    subtag; None: found); `where`, the typed conditions; `fold`, near-duplicates folded under each hit shown.
+    subtag; None: found); `where`, the typed conditions; `fold`, near-duplicates folded under each hit shown;
+    `facets`, the fields whose values are counted over the pictures it ranked (docs/filters.md).
 
     `Query.of` makes one from a door's loose values and holds them to the rules every door applies without the
     index (`cfir_jax.core.query_rule`); the index's own refusals (top_k's range, a field, a value's type) are
@@ -300,11 +316,13 @@ class Query:
     lang: str | None = None
     where: tuple[Condition, ...] = ()
     fold: bool = True
+    facets: tuple[str, ...] = ()
 
     @classmethod
     def of(cls, text: str | None = None, *, image: bytes | str | os.PathLike | None = None,
            image_id: str | None = None, id: str | None = None, method: str | None = None,  # noqa: A002
-           top_k: int = 20, lang: str | None = None, where: Any = None, fold: bool = True) -> Query:
+           top_k: int = 20, lang: str | None = None, where: Any = None, fold: bool = True,
+           facets: Any = None) -> Query:
         """A query of one door's values: exactly one of text, image and image_id; `where` lines, triples or
         Conditions (parsed here, once); `lang` a language code; `top_k` an int."""
         if sum(x is not None for x in (text, image, image_id)) != 1:
@@ -319,7 +337,8 @@ class Query:
             raise QueryRefused(f"image_id: expected an indexed picture's id (str), got {type(image_id).__name__}")
         if not isinstance(fold, bool):
             raise QueryRefused(f"fold: expected true or false, got {type(fold).__name__}")
-        return cls(text, image, image_id, id, method, check_top_k(top_k), check_lang(lang), conditions(where), fold)
+        return cls(text, image, image_id, id, method, check_top_k(top_k), check_lang(lang), conditions(where), fold,
+                   check_facets(facets))
 
     def where_json(self) -> list[list]:
         """The conditions as they cross the wire: a JSON array of triples."""
