@@ -119,7 +119,6 @@ def check_retrieve(args: argparse.Namespace) -> None:
     # The filter lines parsed here, once: a malformed one is one line before minutes of loading; the commands carry
     # the Conditions (a field and a value's type are checked by the index, before its query runs).
     args.where = list(conditions(args.where)) or None
-    args.facets = list(check_facets(args.facets)) or None
     if args.top_k is not None and args.top_k < 1:
         raise CfirError(f"--top-k must be at least 1, got {args.top_k}")
     if args.measures and args.measures not in MEASURE_SETS:
@@ -140,7 +139,11 @@ def check_retrieve(args: argparse.Namespace) -> None:
 
 
 def _check_picture(args: argparse.Namespace) -> None:
-    """A picture's hits print on stdout: there is no run of documents to write or score, nor a document's language."""
+    """A picture's hits print on stdout: there is no run of documents to write or score, nor a document's language.
+    --facets (parsed here) counts what a query ranked: a document's or a picture's, not an evaluation's."""
+    args.facets = list(check_facets(args.facets)) or None
+    if args.facets and not (args.query or args.queries or args.query_image or args.query_image_id):
+        raise CfirError("--facets counts what a query ranked: use it with --query, --queries or --query-image(-id)")
     if args.lang is not None and not (args.query or args.queries):
         raise CfirError("--lang states the language of --query or --queries documents; give one of them")
     if (args.query_image or args.query_image_id) and (args.output or args.qrels):

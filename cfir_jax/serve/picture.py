@@ -38,13 +38,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
 
-from cfir_jax.core.query_rule import Condition, FilterLimits, check_id, check_top_k
+from cfir_jax.core.query_rule import Condition, FilterLimits, check_facets, check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import Expired
 from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused
 
 SHOWN = 20  # hits a request gets by default (at most retrieval.top_k)
-FORM_FIELDS = ("image", "image_id", "top_k", "id", "where", "fold")  # what a multipart upload may hold
+FORM_FIELDS = ("image", "image_id", "top_k", "id", "where", "fold", "facets")  # what a multipart upload may hold
 FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")  # read as a form (an upload, or an id's)
 
 
@@ -60,6 +60,8 @@ class ImageSearchRequest(BaseModel):
                                                  "form or a query string repeats `where` (lines)")
     fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md); "
                              "a form or a query string says fold=0 to list them")
+    facets: list[StrictStr] | None = Field(None, description="fields whose values are counted over the pictures "
+                                           "ranked (docs/filters.md); a form or a query string says facets=F1,F2")
 
 
 def body_limit(max_image_bytes: int) -> int:
@@ -114,7 +116,8 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
         fields = ImageSearchRequest(top_k=_top_k(request.query_params.get("top_k")),
                                     id=request.query_params.get("id", "picture"),
                                     where=request.query_params.getlist("where") or None,
-                                    fold=_fold(request.query_params.get("fold")))
+                                    fold=_fold(request.query_params.get("fold")),
+                                    facets=list(check_facets(request.query_params.get("facets"))) or None)
         return _checked(body, fields, max_bytes)
     try:
         fields = ImageSearchRequest.model_validate_json(body)
@@ -163,7 +166,8 @@ async def _form(request: Request, body: bytes, max_bytes: int, max_conditions: i
     if (upload is None) == (image_id is None):
         raise Refused("give the picture (the file field image) or an indexed picture's id (image_id), one", 422)
     fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "picture"),
-                                where=[str(w) for w in form.getlist("where")] or None, fold=_fold(form.get("fold")))
+                                where=[str(w) for w in form.getlist("where")] or None, fold=_fold(form.get("fold")),
+                                facets=list(check_facets(form.get("facets"))) or None)
     picture = await upload.read() if upload is not None else None
     await form.close()
     return _checked(picture, fields, max_bytes)
@@ -207,7 +211,8 @@ class PictureQueue:
             self.pending -= 1
 
     async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     version_header: str, where: tuple[Condition, ...] = (), fold: bool = True) -> tuple[str, dict]:
+                     version_header: str, where: tuple[Condition, ...] = (), fold: bool = True,
+                     facets: tuple[str, ...] = ()) -> tuple[str, dict]:
         """The answer's JSON and headers (`version_header`: the index version) of a checked picture request,
         searched by the index `holder` serves (a Ray front's search runs on its shards)."""
         current = holder.current
@@ -222,7 +227,8 @@ class PictureQueue:
                 raise Busy(why, 1)
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
-        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, fold)
+        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, fold,
+                                   facets)
         future.add_done_callback(self._release)
         try:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
@@ -235,11 +241,11 @@ class PictureQueue:
 
 
 def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
-            where: tuple[Condition, ...] = (), fold: bool = True) -> str:
+            where: tuple[Condition, ...] = (), fold: bool = True, facets: tuple[str, ...] = ()) -> str:
     """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
     thread; its pixels held to the index config's serve.max_image_pixels; near-duplicates folded unless not `fold`."""
     result = index.search(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where or None,
-                          deadline=deadline, fold=fold)
+                          deadline=deadline, fold=fold, facets=facets)
     return report.as_json(result, top_k)
 
 
@@ -255,5 +261,5 @@ def picture_routes(app: FastAPI) -> None:
                                              int(svc.settings.max_filter_conditions))
         where = FilterLimits.of(svc.settings).read(fields.where)  # parsed once, here; carried as conditions
         answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id, where,
-                                                   fields.fold)
+                                                   fields.fold, check_facets(fields.facets))
         return Response(answer, media_type="application/json", headers=headers)

@@ -67,8 +67,8 @@ class SearchService(Protocol):
     async def answer(self, docs: list[DocumentInput], method: str, top_k: int, html: bool = False,
                      gone_when: Callable[[], Awaitable] | None = None) -> tuple[object, dict]: ...
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object,
-                             qid: str, where: tuple = (), fold: bool = True) -> tuple[str, dict]: ...
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
+                             where: tuple = (), fold: bool = True, facets: tuple = ()) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
 
@@ -158,11 +158,12 @@ class Service:
         raise DeadlinePassed(f"deadline of {self.settings.deadline_ms:g} ms passed (serve.deadline_ms)")
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                             where: tuple = (), fold: bool = True):
+                             where: tuple = (), fold: bool = True, facets: tuple = ()):
         """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index,
-        through the bounded picture queue; only pictures passing `where` answer, folded unless not `fold`."""
+        through the bounded picture queue; only pictures passing `where` answer, folded unless not `fold`, with the
+        `facets` asked."""
         return await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid, VERSION_HEADER,
-                                          where, fold)
+                                          where, fold, facets)
 
     def refresh_metrics(self) -> None:
         """The gauges /metrics reads at scrape time."""
