@@ -62,14 +62,25 @@ def _months(column) -> _Codes:
     return _Codes(codes, months)
 
 
+def _distinct_items(column) -> _Codes:
+    """A list field with each row's values once (a list may repeat one): sorted once, here, so that a query's count
+    is a gather and a bincount."""
+    counts = np.maximum(column.values, 0)
+    size = max(1, len(column.vocab))
+    keys = np.sort(np.repeat(np.arange(len(counts), dtype=np.int64), counts) * size + column.items)
+    keys = keys[np.concatenate([[True], keys[1:] != keys[:-1]])] if len(keys) else keys
+    held = np.bincount(keys // size, minlength=len(counts))
+    codes = np.where(column.values < 0, -1, held).astype(np.int64)
+    return _Codes(codes, column.vocab, (keys % size).astype(np.int32), np.concatenate([[0], np.cumsum(held)]))
+
+
 def _codes_of(column) -> _Codes:
     if column.kind == DATE:
         return _months(column)
     if column.kind == BOOLEAN:
         return _Codes(column.values.astype(np.int32), ["false", "true"])
     if column.kind == LIST:
-        counts = np.maximum(column.values, 0)
-        return _Codes(column.values, column.vocab, column.items, np.concatenate([[0], np.cumsum(counts)]))
+        return _distinct_items(column)
     return _Codes(column.values, column.vocab)  # a string: its codes
 
 
@@ -118,11 +129,10 @@ class Facets:
         if field.items is None:
             codes = field.codes[rows]
             return np.bincount(codes[codes >= 0], minlength=size)
-        take = np.maximum(field.codes[rows], 0)  # a list: each value it holds, once per picture
+        take = np.maximum(field.codes[rows], 0)  # a list: each value it holds (once: `_distinct_items`)
         at = np.repeat(field.starts[rows] - np.concatenate([[0], np.cumsum(take)[:-1]]), take) + \
             np.arange(int(take.sum()))
-        pairs = np.unique(np.repeat(np.arange(len(rows), dtype=np.int64), take) * size + field.items[at])
-        return np.bincount(pairs % size, minlength=size)
+        return np.bincount(field.items[at], minlength=size)
 
 
 def _largest(counts: np.ndarray, vocab: list[str]) -> dict[str, int]:
@@ -137,11 +147,12 @@ def _largest(counts: np.ndarray, vocab: list[str]) -> dict[str, int]:
 
 def ranked_rows(retrieval, group: np.ndarray | None) -> np.ndarray:
     """The cache rows a query ranked: its hits' rows, then the rest of what it ranked (`Retrieval.ranked_rows`, CFIR's
-    union) in row order; with `group` (near-duplicates' labels), each group once, as its first (best-ranked) row."""
+    union) in its order; with `group` (near-duplicates' labels), each group once, as its first (best-ranked) row."""
     rows = np.array([h.row for h in retrieval.hits], np.int64)
     union = getattr(retrieval, "ranked_rows", None)
     if union is not None and len(union):
-        rows = np.concatenate([rows, np.setdiff1d(np.asarray(union, np.int64), rows)])
+        union = np.asarray(union, np.int64)
+        rows = np.concatenate([rows, union[~np.isin(union, rows)]])  # the union's order: its rows, ascending
     if group is None or not len(rows):
         return rows
     labels = np.where(rows < len(group), group[np.minimum(rows, len(group) - 1)], -1)

@@ -50,7 +50,8 @@ def _retrieve(w: Path, *flags: str, check: bool = True):
 def test_facets_count_what_the_query_ranked_equal_at_every_door(built):
     w, source, fields = built
     text = (source / "query.txt").read_text()
-    service = Service(w, "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0")
+    service = Service(w, "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0",
+                      "--config.serve.methods=cfir,dense_summary")
     try:
         client = cfir_jax.Client(service.url)
         with cfir_jax.open(w) as index:
