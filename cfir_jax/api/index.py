@@ -262,17 +262,20 @@ class Index:
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None,
-                    where: Sequence[Any] | None = None, fold: bool = True) -> list[Result]:
+                    where: Sequence[Any] | None = None, fold: bool = True, facets: Sequence[str] | None = None
+                    ) -> list[Result]:
         """The images of each document, retrieved in batches of retrieval.batch_size (entities, summaries, encoding
         and SR batched); ids: the documents' ids (default "0", "1", ...; a path's stem for a path); lang: their
-        language (None: each found, docs/languages.md); where, fold: as `search`'s."""
+        language (None: each found, docs/languages.md); where, fold, facets: as `search`'s."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
         if len(ids) != len(texts):
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
         limit, lang, conds = int(self.config.serve.max_text_bytes), check_lang(lang), conditions(where)
-        docs = [_document(t, i, limit, lang, conds, fold) for t, i in zip(texts, ids)]  # the texts, then top_k:
+        counted = check_facets(facets)
+        docs = [dataclasses.replace(_document(t, i, limit, lang, conds, fold), facets=counted)  # the texts, then top_k:
+                for t, i in zip(texts, ids)]
         top = self._top(top_k)  # the service's order
         self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
         return self._answer(docs, [top] * len(docs), method, progress)

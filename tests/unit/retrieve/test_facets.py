@@ -97,6 +97,7 @@ def test_the_library_the_service_and_the_client_give_equal_facets(served):
     assert got.to_json()["facets"]["tags"] == {"sport": 16, "news": 8}
     many = client.search_many(["a", "b"], top_k=2, facets=["featured"])
     assert [r.facets for r in many] == [{"featured": {"false": 24, "true": 6}}] * 2
+    assert many == index.search_many(["a", "b"], top_k=2, facets=["featured"])
 
 
 def test_facets_under_a_filter_count_only_the_passing_pictures(served):
