@@ -179,3 +179,30 @@ def test_a_batch_of_a_facet_request_a_bad_facet_and_a_plain_one_answers_each_as_
     assert kinds["filtered"][1][0]["facets"] == {"tags": {"sport": 6, "news": 3}} and \
         kinds["filtered"][1][0]["ranked"] == 10
     assert "facets" not in kinds["plain"][1][0]
+
+
+def test_the_ray_front_answers_facets_and_refuses_a_bad_field_as_the_service_does():
+    """The Ray engine's front (`cluster.front.FrontService`, which the gateway calls through `cluster.deployments`)
+    carries a document's facets to the same Index: counts with 200, an unknown field 422 beside them."""
+    from standin_service import StandInHolder
+
+    from cfir_jax.cluster.deployments import _status
+    from cfir_jax.cluster.front import FrontService
+
+    engine = FieldsEngine(ROWS, KINDS, 10)
+    holder = StandInHolder(engine, 10)
+    holder.client, holder.target = None, SimpleNamespace(generation=1)
+    follower = SimpleNamespace(period_s=3600.0, poll=lambda: None, stuck=lambda: "", last_error="")
+    front = FrontService(holder, holder.current.index.config.serve, None, follower)
+
+    async def run():
+        return [await _status(front.answer([DocumentInput("t", f"q{n}", facets=names)], "cfir", 5))
+                for n, names in enumerate([("source",), ("colour",), ()])]
+
+    try:
+        answers = asyncio.run(run())
+    finally:
+        asyncio.run(front.shutdown())
+    assert [status for status, _, _ in answers] == [200, 422, 200]
+    assert json.loads(answers[0][1][0])["facets"] == {"source": {"afp": 10, "ap": 10, "reuters": 10}}
+    assert answers[1][1].startswith("facets: unknown field 'colour'") and "facets" not in json.loads(answers[2][1][0])
