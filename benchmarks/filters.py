@@ -5,6 +5,7 @@ whose filtered union is larger than their unfiltered one, and must be 0).
 
     flock /tmp/cfir-bench.lock python benchmarks/filters.py --demo demo_work
     flock /tmp/cfir-bench.lock python benchmarks/filters.py --demo demo_work --million /tmp/w1m --docs 100
+    flock /tmp/cfir-bench.lock python benchmarks/filters.py --demo demo_work --million /tmp/w1m --docs 100 --facets
 
 The demo world's pictures carry no fields, so the copy of W this runs on gets a column `n` = row mod 10 (written
 with the builder's own `write_store`), and the filter is `n=0`. Methods: cfir (ER's union, then SR) and
