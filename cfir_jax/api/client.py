@@ -45,7 +45,16 @@ from cfir_jax.api.transport import Unanswered as _Unanswered
 from cfir_jax.api.transport import bad_target, exchange, tls_context
 from cfir_jax.api.transport import reason as _reason
 from cfir_jax.core.errors import CfirError, first_line
-from cfir_jax.core.query_rule import QUERY_KINDS, Query, check_id, check_lang, check_text, check_top_k, conditions
+from cfir_jax.core.query_rule import (
+    QUERY_KINDS,
+    Query,
+    check_facets,
+    check_id,
+    check_lang,
+    check_text,
+    check_top_k,
+    conditions,
+)
 from cfir_jax.retrieve.results import Result
 
 __all__ = ["Client", "ServiceError"]
@@ -93,32 +102,35 @@ class Client:
         of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
         `image_id` the id of an indexed picture, as `Index.search` takes them; or of a `Query`
         (`cfir_jax.core.query_rule`), which also says the method and whether near-duplicates are folded (`fold`,
-        on here: each hit shown with its near-duplicates under it, `Hit.duplicates`, docs/duplicates.md)."""
-        method, fold = None, True
+        on here: each hit shown with its near-duplicates under it, `Hit.duplicates`, docs/duplicates.md) and the
+        fields whose values are counted over every picture ranked (`facets`: `Result.facets`, docs/filters.md)."""
+        method, fold, facets = None, True, ()
         if isinstance(text, Query):
             q = text
             text, image, image_id, top_k, lang, where = q.text, q.image, q.image_id, q.top_k, q.lang, q.where
-            id, method, fold = q.id or id, q.method, q.fold  # noqa: A001
+            id, method, fold, facets = q.id or id, q.method, q.fold, q.facets  # noqa: A001
         if sum(x is not None for x in (text, image, image_id)) != 1:
             raise CfirError(QUERY_KINDS)
+        counted = {"facets": list(check_facets(facets))} if facets else {}
         if text is None:
             body = {**_picture(image, image_id), "top_k": check_top_k(top_k),
-                    **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False})}
+                    **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False}), **counted}
             answer, version = self._post("/v1/search/image", body, deadline_s)
             return _result(answer, version, f"{self.url}/v1/search/image")
         text, id = _text(text, id)
         body = {"text": text, "top_k": check_top_k(top_k), "id": id, **({"method": method} if method else {}),
                 **({"lang": check_lang(lang)} if lang is not None else {}),
-                **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False})}
+                **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False}), **counted}
         answer, version = self._post("/v1/search", body, deadline_s)
         return _result(answer, version, f"{self.url}/v1/search")
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, batch: int = 64, deadline_s: float | None = None,
-                    where: Sequence | None = None, fold: bool = True) -> list[Result]:
+                    where: Sequence | None = None, fold: bool = True, facets: Sequence[str] | None = None
+                    ) -> list[Result]:
         """The images of each document, in order (`POST /v1/search/batch`, `batch` documents a request: at most the
-        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s; where, fold: as
-        `search`'s."""
+        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s; where, fold, facets:
+        as `search`'s."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
@@ -126,11 +138,12 @@ class Client:
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
         docs = [dict(zip(("text", "id"), _text(t, i))) for t, i in zip(texts, ids)]
         check_top_k(top_k)
+        counted = {"facets": list(check_facets(facets))} if facets else {}
         out: list[Result] = []
         for at in range(0, len(docs), max(1, batch)):
             chunk = docs[at : at + batch]
             body = {"documents": chunk, "top_k": top_k, **({"method": method} if method else {}),
-                    **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False})}
+                    **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False}), **counted}
             answer, version = self._post("/v1/search/batch", body, deadline_s)
             results = answer.get("results") if isinstance(answer, dict) else None
             if not isinstance(results, list) or len(results) != len(chunk):

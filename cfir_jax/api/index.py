@@ -32,6 +32,7 @@ from cfir_jax.core.query_rule import (
     Condition,
     FilterLimits,
     Query,
+    check_facets,
     check_id,
     check_lang,
     check_text,
@@ -185,7 +186,7 @@ class Index:
     # ------------------------------------------------------------------------------------------------ searching
     def search(self, text: str | os.PathLike | Query | None = None, *, image: bytes | str | os.PathLike | None = None,
                image_id: str | None = None, top_k: int = 20, id: str | None = None, lang: str | None = None,
-               where: Sequence[Any] | None = None, deadline: float | None = None) -> Result:  # noqa: A002
+               where: Sequence[Any] | None = None, facets: Sequence[str] | None = None) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
         stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
         a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file); or of a `Query`
@@ -194,39 +195,42 @@ class Index:
         docs/duplicates.md). where: filters on the pictures' fields, joined by AND: lines
         (`["date<=2020-06-30", "license in cc-by,cc0"]`, parsed) or `(field, op, value | [values])` triples (taken
         as they are: a value's commas, spaces and quotes are its own; docs/filters.md). id: the query's id in the
-        answer (default: a path's stem, else "query"); deadline: a time.monotonic() past which a picture search
-        stops before its next stage (a service's); top_k counts the shown hits."""
+        answer (default: a path's stem, else "query"); top_k counts the shown hits; facets: fields whose values are
+        counted over every picture the query ranked (`Result.facets`, `.ranked`; docs/filters.md). A picture search
+        with a deadline (a service's) is `search_picture`."""
         if isinstance(text, Query):
             query = text  # checked when it was made, whoever made it
         elif isinstance(text, os.PathLike):  # read at this door: its text, its stem the id, its language
             doc = read_documents(text, int(self.config.serve.max_text_bytes), lang=lang)[0]
-            query = Query(doc.text, id=id or doc.doc_id, top_k=top_k, lang=doc.lang, where=where)
+            query = Query(doc.text, id=id or doc.doc_id, top_k=top_k, lang=doc.lang, where=where, facets=facets)
         else:  # the text, then the rest: the service's order
             text = check_text(text, "text", int(self.config.serve.max_text_bytes)) if text is not None else None
-            query = Query(text, image=image, image_id=image_id, id=id, top_k=top_k, lang=lang, where=where)
+            query = Query(text, image=image, image_id=image_id, id=id, top_k=top_k, lang=lang, where=where,
+                          facets=facets)
         self.check(query)
         if query.text is None:
-            return self._search_image(query, deadline)
+            return self.search_picture(query)
         text = check_text(query.text, "text", int(self.config.serve.max_text_bytes))  # a Query made by hand too
         doc = DocumentInput(text, check_id(query.id or "query", "id"), lang=query.lang, where=query.where,
-                            fold=query.fold)
+                            fold=query.fold, facets=query.facets)
         return self._answer([doc], [query.top_k], query.method, False)[0]
 
     def check(self, query: Query) -> None:
         """Every refusal `search(query)` can meet before it runs, against the version this index answers from:
         top_k's range (retrieval.top_k), the method, the language, the filter's size (serve.max_filter_*), its
-        fields and their values' types (its mask is kept: the search applies it without reading it again). One
-        line, a `QueryRefused` (its HTTP status), never a traceback."""
-        self._check(query.method, query.top_k, query.lang, query.where)
+        fields and their values' types (its mask is kept: the search applies it without reading it again), the
+        facets' fields. One line, a `QueryRefused` (its HTTP status), never a traceback."""
+        self._check(query.method, query.top_k, query.lang, query.where, query.facets)
 
     def admit(self, docs: Sequence[DocumentInput], top_k: int, method: str | None = None) -> None:
         """`check` for the documents of one request of `search_documents` (one top_k and method; each document its
-        own language and conditions): what a service's batcher asks before the request joins a batch, so that a
-        refusal answers that request alone."""
+        own language, conditions and facets): what a service's batcher asks before the request joins a batch, so
+        that a refusal answers that request alone."""
         for doc in docs:
-            self._check(method, top_k, doc.lang, doc.where)
+            self._check(method, top_k, doc.lang, doc.where, doc.facets)
 
-    def _check(self, method: str | None, top_k: int, lang: str | None, where: tuple[Condition, ...]) -> None:
+    def _check(self, method: str | None, top_k: int, lang: str | None, where: tuple[Condition, ...],
+               facets: tuple[str, ...] = ()) -> None:
         self._top(top_k)
         check_lang(lang)
         if where:
@@ -234,38 +238,44 @@ class Index:
         engine = self._retriever(method)  # an unknown method: one line (retrieve.methods)
         if where:
             engine.filters.check(where)
+        if facets:
+            engine.filters.facets().check(facets)
 
     def search_file(self, path: str | os.PathLike, *, jsonl: bool = False, top_k: int = 20,
-                    described: int | None = None, progress: bool = False, lang: str | None = None,
-                    where: Sequence[Any] | None = None, fold: bool = True) -> list[Result]:
+                    described: int | None = None, lang: str | None = None, where: Sequence[Any] | None = None,
+                    fold: bool = True, facets: Sequence[str] | None = None) -> list[Result]:
         """The images of the documents of a file (read before any store opens), by the index's method: one
         plain-text document, its stem the id (`retrieve.py --query`), or JSON lines {"id", "text", "lang"} with
         `jsonl` (`--queries`). described: read the caption and url of the first `described` hits only (the rest feed
         a run file: ids and scores); lang: the language of a document that states none (None: found,
-        docs/languages.md); where: as `search`'s; fold: near-duplicates folded (`Query.fold`)."""
+        docs/languages.md); where, facets: as `search`'s; fold: near-duplicates folded (`Query.fold`). A file of
+        several documents shows its progress (a bar on a terminal, `cfir_jax.core.progress`)."""
         docs = read_documents(path, int(self.config.serve.max_text_bytes), jsonl=jsonl, lang=lang)
         top = self._top(top_k)  # the texts, then top_k and the filter: the service's order
-        conds = conditions(where)
-        docs = [dataclasses.replace(d, where=conds, fold=fold) for d in docs]
+        conds, counted = conditions(where), check_facets(facets)
+        docs = [dataclasses.replace(d, where=conds, fold=fold, facets=counted) for d in docs]
         self.admit(docs[:1], top)  # one filter for all: the first document's check is theirs
-        return self._answer(docs, [top] * len(docs), None, progress and len(docs) > 1, described)
+        return self._answer(docs, [top] * len(docs), None, len(docs) > 1, described)
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
-                    ids: Sequence[str] | None = None, progress: bool = False, lang: str | None = None,
-                    where: Sequence[Any] | None = None, fold: bool = True) -> list[Result]:
+                    ids: Sequence[str] | None = None, lang: str | None = None, where: Sequence[Any] | None = None,
+                    fold: bool = True, facets: Sequence[str] | None = None) -> list[Result]:
         """The images of each document, retrieved in batches of retrieval.batch_size (entities, summaries, encoding
-        and SR batched); ids: the documents' ids (default "0", "1", ...; a path's stem for a path); lang: their
-        language (None: each found, docs/languages.md); where, fold: as `search`'s."""
+        and SR batched; several show their progress, a bar on a terminal); ids: the documents' ids (default "0",
+        "1", ...; a path's stem for a path); lang: their language (None: each found, docs/languages.md); where,
+        fold, facets: as `search`'s."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
         if len(ids) != len(texts):
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
         limit, lang, conds = int(self.config.serve.max_text_bytes), check_lang(lang), conditions(where)
-        docs = [_document(t, i, limit, lang, conds, fold) for t, i in zip(texts, ids)]  # the texts, then top_k:
+        counted = check_facets(facets)
+        docs = [dataclasses.replace(_document(t, i, limit, lang, conds, fold), facets=counted)  # the texts, then top_k:
+                for t, i in zip(texts, ids)]
         top = self._top(top_k)  # the service's order
         self.admit(docs[:1], top, method)  # one filter and method for all: the first document's check is theirs
-        return self._answer(docs, [top] * len(docs), method, progress)
+        return self._answer(docs, [top] * len(docs), method, len(docs) > 1)
 
     def search_documents(self, docs: Sequence[DocumentInput], top_k: int | Sequence[int], method: str | None = None
                          ) -> list[Result]:
@@ -305,11 +315,12 @@ class Index:
     def _top(self, top_k: int) -> int:
         return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
 
-    def _search_image(self, query: Query, deadline: float | None = None) -> Result:
+    def search_picture(self, query: Query, deadline: float | None = None) -> Result:
         """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows passing the query's
         conditions: `query.image` is a picture's bytes or a picture file (within serve.max_image_bytes),
         `query.image_id` the id of an indexed picture; the answer's id: the query's, else the indexed picture's id,
-        the file's stem, or "query"."""
+        the file's stem, or "query". deadline: a time.monotonic() past which the search stops before its next stage
+        (a service's). `search` checks the query first; a caller of this checks it with `check`."""
         serve = self.config.serve
         if query.image_id is not None:
             asked, what = {"image_id": query.image_id}, query.image_id
@@ -321,9 +332,11 @@ class Index:
         retriever = self._retriever(query.method)
         top, fold = query.top_k, query.fold
         stores = getattr(retriever, "stores", None)  # folding shows fewer: fetch enough to fill top after it
-        fetched = self.max_top_k if fold and stores is not None and duplicates.store_of(stores) else top
+        fetched = self.max_top_k if query.facets or (fold and stores is not None and duplicates.store_of(stores)) \
+            else top  # facets count what it ranked up to retrieval.top_k
         found = image_query.search_image(retriever, **asked, top_k=fetched, max_pixels=int(serve.max_image_pixels),
                                          deadline=deadline, where=query.where)
+        duplicates.faceted(retriever, [found], [query.facets], fold)
         found = duplicates.folded(retriever, [found], fold)[0]
         return Result.of(query.id or what, found, retriever.describe_image, top, self._version)
 

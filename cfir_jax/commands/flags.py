@@ -7,7 +7,7 @@ import argparse
 
 from cfir_jax.core.config_check import MEASURE_SETS, SERVE_ENGINES
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import conditions
+from cfir_jax.core.query_rule import check_facets, conditions
 from cfir_jax.eval.comparison import parse_ks, parse_weights
 from cfir_jax.eval.plots import check_png_name
 
@@ -78,6 +78,9 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--where", action="append", default=None, metavar="EXPR", help="only pictures whose own fields "
                    "pass EXPR: 'date<=2020-06-30', 'source=reuters', 'license in cc-by,cc0' (ops = != < <= > >= in); "
                    "repeat to AND them; with --query, --queries, --query-image(-id) and --evaluate (docs/filters.md)")
+    p.add_argument("--facets", default=None, metavar="F1,F2", help="with --query, --queries and --query-image(-id): "
+                   "count the values of these fields over every picture the query ranked, the 20 largest of each "
+                   "(a date by month; docs/filters.md)")
     p.add_argument("--fold-duplicates", action=argparse.BooleanOptionalAction, default=None, help="show each group "
                    "of near-duplicate pictures as its best-ranked one, the others listed under it (default: on for "
                    "--query/--queries shown on stdout and --query-image(-id); off with --output/--qrels and "
@@ -136,7 +139,11 @@ def check_retrieve(args: argparse.Namespace) -> None:
 
 
 def _check_picture(args: argparse.Namespace) -> None:
-    """A picture's hits print on stdout: there is no run of documents to write or score, nor a document's language."""
+    """A picture's hits print on stdout: there is no run of documents to write or score, nor a document's language.
+    --facets (parsed here) counts what a query ranked: a document's or a picture's, not an evaluation's."""
+    args.facets = list(check_facets(args.facets)) or None
+    if args.facets and not (args.query or args.queries or args.query_image or args.query_image_id):
+        raise CfirError("--facets counts what a query ranked: use it with --query, --queries or --query-image(-id)")
     if args.lang is not None and not (args.query or args.queries):
         raise CfirError("--lang states the language of --query or --queries documents; give one of them")
     if (args.query_image or args.query_image_id) and (args.output or args.qrels):

@@ -29,13 +29,14 @@ class Asked:
     `lang` where they state none (None: found); only pictures passing the conditions `where` (parsed from --where by
     `commands.flags`; docs/filters.md) are ranked; near-duplicates are folded under their best-ranked one when `fold`
     (None: when the hits are only shown, not written to a run file nor scored, so the measures count every
-    picture)."""
+    picture); `facets`: the fields counted over what each query ranked (docs/filters.md)."""
 
     query: str = ""
     queries: str = ""
     lang: str | None = None
     where: Sequence[Condition] | None = None
     fold: bool | None = None
+    facets: Sequence[str] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -64,13 +65,14 @@ def run(config: ml_collections.ConfigDict, workdir, method: str, asked: Asked, d
         run_file: RunFile = RunFile()) -> None:
     """Retrieves what was `asked` by `method` and prints / writes it: the hits as `display` says, the run file."""
     query, queries, lang, where, fold = asked.query, asked.queries, asked.lang, asked.where, asked.fold
+    facets = asked.facets
     fmt, html, tag, shown = display.fmt, display.html, display.tag, display.shown
     output, qrels, top, measures = run_file.output, run_file.qrels, run_file.top, run_file.measures
     fold = not (output or qrels) if fold is None else fold
     index = Index(config, workdir, method, evaluation=bool(qrels))  # the library's (cfir_jax.open's)
     kept = top if output or qrels else shown  # a run file keeps `top` hits; captions are read for the shown ones
-    results = index.search_file(query or queries, jsonl=not query, top_k=kept, described=shown, progress=True,
-                                lang=lang, where=where, fold=fold)
+    results = index.search_file(query or queries, jsonl=not query, top_k=kept, described=shown, lang=lang,
+                                where=where, fold=fold, facets=facets)
     sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
     page = "".join(report.html_page(r, index.picture, shown) for r in results) if html else ""
     said = []  # what a scored run's lines add after its measures

@@ -18,7 +18,7 @@ from cfir_jax.retrieve import report
 def run(config: ml_collections.ConfigDict, workdir, query: Query, shown: Shown) -> None:
     """Searches by the picture of `query` (its file or an indexed picture's id; the flags' Query, `query.top_k` the
     hits shown) by `query.method` and prints its hits as `shown` says, near-duplicates folded under their
-    best-ranked one unless not `query.fold`."""
+    best-ranked one unless not `query.fold`, `query.facets` counted over what it ranked."""
     index = Index(config, workdir, query.method)  # the picture is read before minutes of loading, then the stores open
     result = index.search(query)
     sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided

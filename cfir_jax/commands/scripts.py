@@ -128,7 +128,8 @@ def retrieve_main():
         # why: a query run loads the Retriever's stack, not the evaluation's or the fit's
         from cfir_jax.commands import retrieve
 
-        asked = retrieve.Asked(args.query, args.queries, args.lang, args.where, args.fold_duplicates)
+        asked = retrieve.Asked(args.query, args.queries, args.lang, args.where, args.fold_duplicates,
+                               args.facets)
         retrieve.run(config, args.index, args.method, asked, retrieve.Shown(args.format, shown, args.html, args.tag),
                      retrieve.RunFile(args.output, args.qrels, top, measures))
 
@@ -167,5 +168,6 @@ def _retrieve_by_picture(args, config) -> None:
     faults.on_sigterm()
     shown = flags.hit_budget(config, args.top_k)[1]
     query = Query(image=args.query_image or None, image_id=args.query_image_id or None,
-                  method=args.method, top_k=shown, where=args.where, fold=args.fold_duplicates is not False)
+                  method=args.method, top_k=shown, where=args.where, fold=args.fold_duplicates is not False,
+                  facets=args.facets)
     retrieve_image.run(config, args.index, query, Shown(args.format, shown, args.html, args.tag))

@@ -43,7 +43,7 @@ from typing import Any
 from cfir_jax.core.errors import CfirError
 
 __all__ = ["OPS", "QUERY_KINDS", "Condition", "FilterError", "FilterLimits", "Query", "QueryRefused", "check_id",
-           "check_lang", "check_text", "check_top_k", "conditions", "parse", "parse_line"]
+           "check_facets", "check_lang", "check_text", "check_top_k", "conditions", "parse", "parse_line"]
 
 # What a search takes, one of: the refusal of `Index.search` and `Client.search` given none or several.
 QUERY_KINDS = "give one of text= (a document), image= (a picture's bytes or file) or image_id= (an indexed picture)"
@@ -287,6 +287,21 @@ def _checked(field: str, op: str, values: tuple[str, ...], said: str) -> Conditi
     return Condition(field, op, values)
 
 
+def check_facets(facets: object) -> tuple[str, ...]:
+    """The fields a query counts its ranked pictures' values of (`facets`: docs/filters.md), each named once, in
+    the order given: None or [] -> none; a line "source,tags" or a list of names. Whether each is a field of the
+    index, and of a kind it counts, is the index's to say (`Index.check`)."""
+    if facets is None:
+        return ()
+    names = facets.split(",") if isinstance(facets, str) else facets
+    if not isinstance(names, (list, tuple)) or not all(isinstance(n, str) for n in names):
+        raise QueryRefused(f"facets: {_short(facets)} is not a list of field names")
+    names = [n.strip() for n in names]
+    if any(not n or _SURROGATE.search(n) for n in names):
+        raise QueryRefused(f"facets: {_short(facets)} holds an empty or invalid field name")
+    return tuple(dict.fromkeys(names))
+
+
 def conditions(where: Sequence[Any] | str | Condition | None) -> tuple[Condition, ...]:
     """The conditions of `where`: None or [] -> none; one line or Condition -> one; else a list of lines, triples
     and Conditions (docs/filters.md)."""
@@ -304,7 +319,8 @@ class Query:
     """One query, made once at its door and carried unchanged to the index: a document's `text`, or a picture:
     `image` (its bytes, or a picture file's path) or `image_id` (an indexed picture's id); `id`, echoed in the
     answer (None: the door's default); `method` (None: the index's); `top_k`; `lang` (a text's language, its primary
-    subtag; None: found); `where`, the typed conditions; `fold`, near-duplicates folded under each hit shown.
+    subtag; None: found); `where`, the typed conditions; `fold`, near-duplicates folded under each hit shown;
+    `facets`, the fields whose values are counted over the pictures it ranked (docs/filters.md).
 
     Made from a door's loose values (exactly one of text, image and image_id, then keywords: `where` lines, triples
     or Conditions, parsed here, once; `lang` a language code; `image` a path as str too) and held to the rules every
@@ -321,6 +337,7 @@ class Query:
     lang: str | None = None
     where: tuple[Condition, ...] = ()
     fold: bool = True
+    facets: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if sum(x is not None for x in (self.text, self.image, self.image_id)) != 1:
@@ -339,7 +356,7 @@ class Query:
             raise QueryRefused(f"fold: expected true or false, got {type(self.fold).__name__}")
         # frozen: the checked forms are set once, here (a replace() checks them again, unchanged)
         for name, value in (("image", image), ("top_k", check_top_k(self.top_k)), ("lang", check_lang(self.lang)),
-                            ("where", conditions(self.where))):
+                            ("where", conditions(self.where)), ("facets", check_facets(self.facets))):
             object.__setattr__(self, name, value)
 
     def where_json(self) -> list[list]:

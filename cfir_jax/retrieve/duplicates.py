@@ -78,8 +78,24 @@ def store_of(stores) -> Duplicates | None:
 
 def retrieve_folded(retriever, docs: Sequence, fold_them, top, progress: bool = False) -> list:
     """The retriever's rankings of `docs` (`Retriever.retrieve_many`, each under its own conditions), folded when
-    `fold_them`, filled up to `top` shown hits (`folded`): what the library's `Index` answers with."""
-    return folded(retriever, retriever.retrieve_many(docs, progress=progress), fold_them, docs, top)
+    `fold_them`, filled up to `top` shown hits (`folded`): what the library's `Index` answers with. A document that
+    asks for facets has them counted over its whole ranking first, each group of near-duplicates once where folded
+    (`cfir_jax.retrieve.facets`)."""
+    raw = retriever.retrieve_many(docs, progress=progress)
+    faceted(retriever, raw, [d.facets for d in docs], fold_them)
+    return folded(retriever, raw, fold_them, docs, top)
+
+
+def faceted(retriever, retrievals: list, names: Sequence[Sequence[str]], fold_them: bool | Sequence[bool]) -> None:
+    """Counts each retrieval's facets where its query asks (`names`, each its own), each group of near-duplicates once
+    where it is folded (`fold_them`: one for all, or each's) and the workdir has the groups."""
+    if not any(names):
+        return
+    folds = [bool(fold_them)] * len(retrievals) if isinstance(fold_them, bool) else [bool(f) for f in fold_them]
+    stores = getattr(retriever, "stores", None)
+    store = store_of(stores) if any(folds) and stores is not None else None
+    groups = [store.group if f and store is not None else None for f in folds]
+    retriever.filters.facets().count_retrievals(names, retrievals, groups)  # cfir_jax.retrieve.facets
 
 
 def folded(retriever, retrievals: list, fold_them: bool | Sequence[bool], docs: Sequence | None = None,
@@ -120,8 +136,8 @@ def refilled(retriever, group: np.ndarray, doc, shown, top: int, rounds: int = 4
         new = {d for h in again.hits for d in h.duplicates}
         if len(hits) <= len(shown.hits) and not new - hidden:
             break
-        shown, hidden = dataclasses.replace(again, hits=hits, note=shown.note), hidden | new  # the first note:
-        # a filter's count of passing pictures, not of those left beside the folded ones
+        shown, hidden = dataclasses.replace(again, hits=hits, note=shown.note, facets=shown.facets), hidden | new
+        # the first note and facets: a filter's count of passing pictures, not of those left beside the folded ones
         if len(shown.hits) >= top or len(raw.hits) < int(retriever.rcfg.top_k):
             break
     return shown

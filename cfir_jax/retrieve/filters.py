@@ -27,6 +27,7 @@ import numpy as np
 
 from cfir_jax.core.picture_fields import BOOLEAN, DATE, LIST, NUMBER, date_span
 from cfir_jax.core.query_rule import OPS, Condition, FilterError, conditions, parse
+from cfir_jax.retrieve.facets import Facets
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.image_fields import ImageFields
 
@@ -159,6 +160,7 @@ class RowFilter:
     def __init__(self, stores):
         self.stores = stores
         self._fields = None
+        self._facets: Facets | None = None
         self._masks: collections.OrderedDict[tuple[Condition, ...], np.ndarray] = collections.OrderedDict()
         self._lock = threading.Lock()  # the batcher's thread and the picture queue's threads share the masks
 
@@ -171,6 +173,13 @@ class RowFilter:
             self._fields = ImageFields.open(path, cache_fingerprint=self.stores.cache.content_fingerprint,
                                             num_rows=self.stores.cache.num_images)
         return self._fields
+
+    def facets(self) -> Facets:
+        """The facets of its fields store (`cfir_jax.retrieve.facets`), made at the first facet asked."""
+        store = self.fields()
+        if self._facets is None or self._facets.store is not store:
+            self._facets = Facets(store)
+        return self._facets
 
     def check(self, where: tuple[Condition, ...]) -> np.ndarray:
         """bool [N]: the rows passing `where`, or the FilterError it meets (an unknown field, a value of the wrong

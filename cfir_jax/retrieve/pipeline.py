@@ -89,6 +89,8 @@ class Retrieval:
     lexical_added: int = 0  # candidates BM25 added beyond ER's union (cfir_bm25, cfir_bm25_fused)
     lang: str = "en"  # the document's language (stated or found: cfir_jax.retrieve.query_language)
     passed: tuple[int, int] | None = None  # a filter's count: (pictures that pass it, of the live); None: no filter
+    ranked_rows: np.ndarray | None = None  # the union SR scored, kept where the document asks for facets
+    facets: tuple[dict, int] | None = None  # (counts, pictures counted) where asked (cfir_jax.retrieve.facets)
 
 
 @dataclasses.dataclass
@@ -102,6 +104,7 @@ class DocumentInput:
     lang: str | None = None  # its language: the corpus', or stated; None: found (cfir_jax.retrieve.query_language)
     where: tuple[Condition, ...] = ()  # only pictures passing these conditions are ranked (its query's `where`)
     fold: bool = True  # its query's: near-duplicates folded under each one shown (cfir_jax.retrieve.duplicates)
+    facets: tuple[str, ...] = ()  # its query's: the fields counted over what it ranked (cfir_jax.retrieve.facets)
 
 
 class Retriever:
@@ -293,8 +296,8 @@ class Retriever:
                 r.ranked = order
         self.lexical.fuse_all(ranked, lexical, self.rcfg.top_k, self.methods.convex) \
             if self.methods.lexical_fused else None
-        return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i])
-                for i, r in enumerate(ranked)]
+        return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i],
+                             bool(docs[i].facets)) for i, r in enumerate(ranked)]
 
     def _rank_one(self, entities: list[str], query: np.ndarray | None, lexical=None) -> Ranking:
         """ER (entity methods; with BM25's `lexical` ranking's top M) and the method's ranking; SR left to the batch."""
@@ -331,7 +334,7 @@ class Retriever:
                 r.agreement = self.sr.agreement(queries[i], r.union, pair[1])
 
     def _result(self, r: Ranking, entities: list[str], summary: str, times: dict[str, float],
-                rerank_ms: dict[str, float], features) -> Retrieval:
+                rerank_ms: dict[str, float], features, faceted: bool = False) -> Retrieval:
         t_hits = time.perf_counter()
         scores, rows = r.ranked
         hits = [RankedImage(j + 1, self.image_ids[int(row)], float(s), int(row), by)
@@ -339,15 +342,12 @@ class Retriever:
         times = dict(times, hits=1e3 * (time.perf_counter() - t_hits), **rerank_ms)
         num = len(r.union) if r.union is not None else self.stores.live.num_live  # a whole-cache search's rows
         return Retrieval(hits, list(entities), r.unknown, summary, r.note, num + r.added * self.methods.lexical_fused,
-                      times, r.agreement, features, r.added)
+                         times, r.agreement, features, r.added, ranked_rows=r.union if faceted else None)
 
     def _summaries(self, docs: Sequence[DocumentInput]) -> list[str]:
         missing = [i for i, d in enumerate(docs) if d.summary is None]
-        made = self.summarizer().summarize([docs[i].text for i in missing]) if missing else []
-        out = [d.summary for d in docs]
-        for i, s in zip(missing, made):
-            out[i] = s
-        return out
+        made = iter(self.summarizer().summarize([docs[i].text for i in missing]) if missing else [])
+        return [next(made) if d.summary is None else d.summary for d in docs]  # the missing, in their order
 
     def _warm_up(self) -> None:
         """Loads the models and compiles the encoders once, so per-query times measure queries."""

@@ -120,6 +120,9 @@ def table(result: Result, top: int) -> str:
         lines.append(f"note: {result.note}")
     lines.append(f"candidates: {result.num_candidates:,}; " +
                  ", ".join(f"{k} {v:.1f} ms" for k, v in result.times_ms.items()))
+    for field, counts in (result.facets or {}).items():  # the facets asked, over the pictures the query ranked
+        lines.append(f"facet {field} (of {result.ranked:,} ranked): " +
+                     (", ".join(f"{v} {n:,}" for v, n in counts.items()) or "(no picture has it)"))
     rows = [("rank", "image", "score", "caption / url", "brought in by")]
     for h in result.hits[:top]:
         folded = f" (+{len(h.duplicates)} near-duplicate{'s' * (len(h.duplicates) > 1)})" if h.duplicates else ""

@@ -52,6 +52,10 @@ class Result:
     # says it in words, the JSON carries the note only
     passed: int | None = dataclasses.field(default=None, compare=False)
     live: int | None = dataclasses.field(default=None, compare=False)
+    # the facets asked (docs/filters.md): {field: {value: pictures}}, the 20 largest values of each, over the `ranked`
+    # pictures the query ranked (near-duplicates folded count once); None: none asked (the JSON then has neither)
+    facets: Mapping[str, Mapping[str, int]] | None = None
+    ranked: int | None = None
 
     @classmethod
     def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int,
@@ -62,6 +66,7 @@ class Result:
         `Index` calls this: it is the one conversion of a result."""
         described = top if described is None else described
         passed = getattr(result, "passed", None)  # (pass, of the live) where a filter applied
+        counted = getattr(result, "facets", None)  # (facets, ranked) where facets were asked
         hits = []
         for n, h in enumerate(result.hits[:top]):
             caption, url = describe(h.image_id) if n < described else ("", "")
@@ -70,10 +75,14 @@ class Result:
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
                    result.note, result.num_candidates, dict(result.times_ms), version,
                    sr_agreement=result.sr_agreement, lang=getattr(result, "lang", "en"),
-                   passed=passed[0] if passed else None, live=passed[1] if passed else None)
+                   passed=passed[0] if passed else None, live=passed[1] if passed else None,
+                   facets=counted[0] if counted else None, ranked=counted[1] if counted else None)
 
     def to_json(self) -> dict:
-        """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order)."""
+        """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order; "facets"
+        and "ranked" last, only where facets were asked)."""
+        counted = {} if self.facets is None else {
+            "facets": {f: dict(c) for f, c in self.facets.items()}, "ranked": self.ranked}
         return {
             "id": self.id, "lang": self.lang, "entities": list(self.entities),
             "unknown_entities": list(self.unknown_entities),
@@ -82,6 +91,7 @@ class Result:
             "times_ms": dict(self.times_ms),
             "hits": [{"rank": h.rank, "image_id": h.id, "score": h.score, "entities": list(h.entities),
                       "caption": h.caption, "url": h.url, "duplicates": list(h.duplicates)} for h in self.hits],
+            **counted,
         }
 
     @classmethod
@@ -90,11 +100,15 @@ class Result:
         hits = tuple(Hit(int(h["rank"]), str(h["image_id"]), float(h["score"]), str(h.get("caption", "")),
                          str(h.get("url", "")), tuple(h.get("entities", ())), tuple(h.get("duplicates", ())))
                      for h in answer["hits"])
+        facets = answer.get("facets")
         return cls(str(answer["id"]), hits, tuple(answer.get("entities", ())),
                    tuple(answer.get("unknown_entities", ())), str(answer.get("summary", "")),
                    str(answer.get("note", "")), int(answer.get("num_candidates", 0)),
                    {str(k): float(v) for k, v in answer.get("times_ms", {}).items()}, version,
-                   lang=str(answer.get("lang", "en")))
+                   lang=str(answer.get("lang", "en")),
+                   facets=None if facets is None else {str(f): {str(v): int(n) for v, n in c.items()}
+                                                       for f, c in facets.items()},
+                   ranked=None if facets is None else int(answer.get("ranked", 0)))
 
     @property
     def ids(self) -> list[str]:

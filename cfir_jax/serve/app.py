@@ -29,7 +29,7 @@ from starlette.exceptions import HTTPException
 from starlette.requests import ClientDisconnect
 
 from cfir_jax.core.errors import CfirError, first_line
-from cfir_jax.core.query_rule import FilterLimits, check_id, check_lang
+from cfir_jax.core.query_rule import FilterLimits, check_facets, check_id, check_lang
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.errors import ClientGone, Refused, ServiceError, http_answer
 from cfir_jax.serve.middleware import RequestGuard
@@ -44,6 +44,7 @@ TEXT = Field(description="the document (plain UTF-8 text)", json_schema_extra={"
 TOP_K = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k", json_schema_extra={"type": "integer"})
 LANG = Field(None, description="its language (ISO 639-1); default: found", json_schema_extra={"type": "string"})
 WHERE = Field(None, description="the pictures' filters, AND: lines ('source=ap') or [field, op, value(s)] triples")
+FACETS = Field(None, description="fields whose values are counted over the pictures ranked ('source', 'tags')")
 
 
 class SearchRequest(BaseModel):
@@ -56,6 +57,7 @@ class SearchRequest(BaseModel):
     lang: Any = LANG
     where: list[StrictStr | list] | None = WHERE
     fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md)")
+    facets: list[StrictStr] | None = FACETS
 
 
 class BatchDocument(BaseModel):
@@ -72,6 +74,7 @@ class BatchRequest(BaseModel):
     method: StrictStr | None = None
     where: list[StrictStr | list] | None = WHERE
     fold: StrictBool = True  # near-duplicates folded under each one shown (docs/duplicates.md)
+    facets: list[StrictStr] | None = FACETS
 
 
 async def _disconnected(request: Request) -> None:
@@ -205,7 +208,8 @@ def _search_routes(app: FastAPI) -> None:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
         doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang),
-                            where=FilterLimits.of(svc.settings).read(body.where), fold=body.fold)
+                            where=FilterLimits.of(svc.settings).read(body.where), fold=body.fold,
+                            facets=check_facets(body.facets))
         answer, headers = await svc.answer([doc], method, body.top_k, gone_when=lambda: _disconnected(request))
         return Response(answer[0], media_type="application/json", headers=headers)
 
@@ -223,7 +227,8 @@ def _search_routes(app: FastAPI) -> None:
         langs = [check_lang(d.lang, f"documents.{n}") for n, d in enumerate(body.documents)]
         method = svc.check_options(body.top_k, body.method)
         where = FilterLimits.of(svc.settings).read(body.where)
-        docs = [DocumentInput(t, d.id, lang=x, where=where, fold=body.fold)
+        facets = check_facets(body.facets)
+        docs = [DocumentInput(t, d.id, lang=x, where=where, fold=body.fold, facets=facets)
                 for t, d, x in zip(texts, body.documents, langs)]
         answer, headers = await svc.answer(docs, method, body.top_k, gone_when=lambda: _disconnected(request))
         return Response('{"results": [' + ", ".join(answer) + "]}", media_type="application/json", headers=headers)

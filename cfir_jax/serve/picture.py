@@ -38,13 +38,13 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
 
-from cfir_jax.core.query_rule import Condition, FilterError, FilterLimits, Query, check_id, check_top_k
+from cfir_jax.core.query_rule import Condition, FilterError, FilterLimits, Query, check_facets, check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import Expired
 from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused
 
 SHOWN = 20  # hits a request gets by default (at most retrieval.top_k)
-FORM_FIELDS = ("image", "image_id", "top_k", "id", "where", "fold")  # what a multipart upload may hold
+FORM_FIELDS = ("image", "image_id", "top_k", "id", "where", "fold", "facets")  # what a multipart upload may hold
 FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")  # read as a form (an upload, or an id's)
 
 
@@ -60,6 +60,8 @@ class ImageSearchRequest(BaseModel):
                                                  "form or a query string repeats `where` (lines)")
     fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md); "
                              "a form or a query string says fold=0 to list them")
+    facets: list[StrictStr] | None = Field(None, description="fields whose values are counted over the pictures "
+                                           "ranked (docs/filters.md); a form or a query string says facets=F1,F2")
 
 
 def body_limit(max_image_bytes: int) -> int:
@@ -114,7 +116,8 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
         fields = ImageSearchRequest(top_k=_top_k(request.query_params.get("top_k")),
                                     id=request.query_params.get("id", "picture"),
                                     where=request.query_params.getlist("where") or None,
-                                    fold=_fold(request.query_params.get("fold")))
+                                    fold=_fold(request.query_params.get("fold")),
+                                    facets=list(check_facets(request.query_params.get("facets"))) or None)
         return _checked(body, fields, max_bytes)
     try:
         fields = ImageSearchRequest.model_validate_json(body)
@@ -167,7 +170,8 @@ async def _form(request: Request, body: bytes, max_bytes: int, max_conditions: i
     if (upload is None) == (image_id is None):
         raise Refused("give the picture (the file field image) or an indexed picture's id (image_id), one", 422)
     fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "picture"),
-                                where=[str(w) for w in form.getlist("where")] or None, fold=_fold(form.get("fold")))
+                                where=[str(w) for w in form.getlist("where")] or None, fold=_fold(form.get("fold")),
+                                facets=list(check_facets(form.get("facets"))) or None)
     picture = await upload.read() if upload is not None else None
     await form.close()
     return _checked(picture, fields, max_bytes)
@@ -194,8 +198,8 @@ class PictureQueue:
 
     WORKERS = 2
 
-    def __init__(self, size: int, metrics):
-        self.size, self.metrics = int(size), metrics
+    def __init__(self, settings, metrics):
+        self.settings, self.size, self.metrics = settings, int(settings.picture_queue_size), metrics
         self._pool = concurrent.futures.ThreadPoolExecutor(self.WORKERS, thread_name_prefix="cfir-picture")
         self._lock = threading.Lock()
         self.pending = 0
@@ -210,10 +214,13 @@ class PictureQueue:
         with self._lock:
             self.pending -= 1
 
-    async def answer(self, holder, settings, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     where: tuple[Condition, ...] = (), fold: bool = True) -> tuple[str, int]:
+    async def answer(self, holder, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
+                     where: tuple[Condition, ...] = (), fold: bool = True, facets: tuple[str, ...] = ()
+                     ) -> tuple[str, int]:
         """The answer's JSON of a checked picture request, searched by the index `holder` serves (a Ray front's
-        search runs on its shards), with the version of the index that answered it."""
+        search runs on its shards), with the version of the index that answered it; the queue's own serve
+        settings (its deadline, the filter's limits)."""
+        settings = self.settings
         current = holder.current
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
         check_id(qid, "id")
@@ -226,7 +233,8 @@ class PictureQueue:
                 raise Busy(why, 1)
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
-        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, fold)
+        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, fold,
+                                   facets)
         future.add_done_callback(self._release)
         try:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
@@ -239,11 +247,12 @@ class PictureQueue:
 
 
 def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
-            where: tuple[Condition, ...] = (), fold: bool = True) -> str:
+            where: tuple[Condition, ...] = (), fold: bool = True, facets: tuple[str, ...] = ()) -> str:
     """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
     thread; its pixels held to the index config's serve.max_image_pixels; near-duplicates folded unless not `fold`."""
-    query = Query(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where, fold=fold)
-    result = index.search(query, deadline=deadline)
+    query = Query(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where, fold=fold, facets=facets)
+    index.check(query)
+    result = index.search_picture(query, deadline)
     return report.as_json(result, top_k)
 
 
@@ -259,5 +268,5 @@ def picture_routes(app: FastAPI) -> None:
                                              int(svc.settings.max_filter_conditions))
         where = FilterLimits.of(svc.settings).read(fields.where)  # parsed once, here; carried as conditions
         answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id, where,
-                                                   fields.fold)
+                                                   fields.fold, check_facets(fields.facets))
         return Response(answer, media_type="application/json", headers=headers)

@@ -67,8 +67,8 @@ class SearchService(Protocol):
     async def answer(self, docs: list[DocumentInput], method: str, top_k: int, html: bool = False,
                      gone_when: Callable[[], Awaitable] | None = None) -> tuple[object, dict]: ...
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object,
-                             qid: str, where: tuple = (), fold: bool = True) -> tuple[str, dict]: ...
+    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
+                             where: tuple = (), fold: bool = True, facets: tuple = ()) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
 
@@ -94,7 +94,7 @@ class Service:
         self.verifier = BackgroundVerifier(lambda: self.holder.current.workdir, float(settings.verify_mb_per_s),
                                            float(settings.verify_interval_s))
         self.max_body = max_body(settings)
-        self.pictures = PictureQueue(int(settings.picture_queue_size), self.metrics)
+        self.pictures = PictureQueue(settings, self.metrics)
 
     def watch_pool(self, index) -> None:
         """Counts the entity pool's worker restarts in /metrics (each is also logged in one line by the pool)."""
@@ -158,11 +158,12 @@ class Service:
         raise DeadlinePassed(f"deadline of {self.settings.deadline_ms:g} ms passed (serve.deadline_ms)")
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                             where: tuple = (), fold: bool = True):
+                             where: tuple = (), fold: bool = True, facets: tuple = ()):
         """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index,
-        through the bounded picture queue; only pictures passing `where` answer, folded unless not `fold`."""
-        answer, version = await self.pictures.answer(self.holder, self.settings, picture, image_id, top_k, qid,
-                                                     where, fold)
+        through the bounded picture queue; only pictures passing `where` answer, folded unless not `fold`, with the
+        `facets` asked."""
+        answer, version = await self.pictures.answer(self.holder, picture, image_id, top_k, qid, where, fold,
+                                                     facets)
         return answer, {VERSION_HEADER: str(version)}
 
     def refresh_metrics(self) -> None:
