@@ -296,7 +296,8 @@ class Index:
         duplicates are folded over the whole ranking the pipeline returned, before the cut to its top."""
         retriever = self._retriever(method)
         results = duplicates.retrieve_folded(retriever, docs, [d.fold for d in docs], tops, progress)
-        return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described)
+        own = _own_fields(retriever)
+        return [Result.of(d.doc_id, r, retriever.describe_image, top, self._version, described, own)
                 for d, r, top in zip(docs, results, tops)]
 
     def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False,
@@ -338,7 +339,8 @@ class Index:
                                          deadline=deadline, where=query.where)
         duplicates.faceted(retriever, [found], [query.facets], fold)
         found = duplicates.folded(retriever, [found], fold)[0]
-        return Result.of(query.id or what, found, retriever.describe_image, top, self._version)
+        return Result.of(query.id or what, found, retriever.describe_image, top, self._version,
+                         fields=_own_fields(retriever))
 
     # -------------------------------------------------------------------------------------- changing, checking
     def add(self, path: str | os.PathLike) -> dict[str, int]:
@@ -453,3 +455,8 @@ def _document(text: str | os.PathLike, doc_id: str, limit: int, lang: str | None
     if isinstance(text, os.PathLike):
         return dataclasses.replace(read_documents(text, limit, lang=lang)[0], where=where, fold=fold)
     return DocumentInput(check_text(text, "text", limit), check_id(doc_id, "id"), lang=lang, where=where, fold=fold)
+
+
+def _own_fields(retriever) -> Callable[[str], dict[str, Any]] | None:
+    """A picture's own fields by id (`Hit.fields`), where the engine reads them (the Retriever's `shown`)."""
+    return (lambda image_id: retriever.shown(image_id)[2]) if hasattr(retriever, "shown") else None

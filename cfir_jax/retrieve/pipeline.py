@@ -45,6 +45,7 @@ from cfir_jax.retrieve.lexical import LexicalSearch
 from cfir_jax.retrieve.methods import METHODS, method_of
 from cfir_jax.retrieve.query_language import QueryLanguages
 from cfir_jax.retrieve.ranking import Ranking
+from cfir_jax.retrieve.results import shown
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
@@ -160,9 +161,9 @@ class Retriever:
             self.model_used += self.third.model_note
         self._summarizer = None
         self._load_nlp = load_nlp
-        # (caption, url) of the images last shown, least recently used out: the corpus holds millions of images and
-        # a service runs for months, so this stays at retrieval.caption_cache entries.
-        self._caption = functools.lru_cache(maxsize=max(0, int(self.rcfg.caption_cache)))(self._read_caption)
+        # what is shown of the images last shown, least recently used out (a service runs for months)
+        self._caption = functools.lru_cache(maxsize=max(0, int(self.rcfg.caption_cache)))(
+            lambda n: shown(self.corpus.image(n)))
         self._warm = False
         if cfir:
             self.sr.prepare()  # the compact copy (or the device copy) now (minutes at scale), not in a query's time
@@ -364,16 +365,14 @@ class Retriever:
 
     def describe_image(self, image_id: str) -> tuple[str, str]:
         """(caption, url) of an image of the corpus ('' when unknown)."""
+        return self.shown(image_id)[:2]
+
+    def shown(self, image_id: str) -> tuple[str, str, dict]:
+        """(caption, url, own fields) of an image of the corpus, as a hit shows it (`results.shown`; unknown: '')."""
         if not hasattr(self, "_corpus_row"):
             self._corpus_row = {i: n for n, i in enumerate(self.corpus.image_ids)}
         n = self._corpus_row.get(image_id)
-        if n is None:
-            return "", ""
-        return self._caption(n)
-
-    def _read_caption(self, n: int) -> tuple[str, str]:
-        image = self.corpus.image(n)
-        return image.caption, image.url
+        return ("", "", {}) if n is None else self._caption(n)
 
     def corpus_documents(self, split: str) -> list[DocumentInput]:
         """The documents of a qrels split with the entities and summaries the index computed for them."""

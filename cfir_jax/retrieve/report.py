@@ -213,8 +213,34 @@ def _folded(ids: Sequence[str], image_bytes: Callable[[str], bytes], thumbs: int
     return f'<div class="dups">+{len(ids)} {word}: {"".join(small)}{rest}</div>'
 
 
+def _own_fields(fields) -> str:
+    """A hit's own fields (date, source, license, tags, ...), each a span the service's page reads: its field
+    (data-field) and whether it can be counted (data-facet: every kind but a number's, docs/filters.md)."""
+    spans = []
+    for name, value in fields.items():
+        shown = ", ".join(map(str, value)) if isinstance(value, list) else str(value).lower() \
+            if isinstance(value, bool) else str(value)
+        facet = "0" if isinstance(value, (int, float)) and not isinstance(value, bool) else "1"
+        spans.append(f'<span class="own" data-field="{html.escape(name)}" data-facet="{facet}">'
+                     f'{html.escape(name)}: {html.escape(shown)}</span>')
+    return f'<div class="fields">{"; ".join(spans)}</div>' if spans else ""
+
+
+def _facets(result: Result) -> str:
+    """The counts of the facets asked (over the pictures ranked), each value a link the page turns into a filter."""
+    if not result.facets:
+        return ""
+    rows = []
+    for name, counts in result.facets.items():
+        values = " ".join(f'<a href="#" class="facet" data-field="{html.escape(name)}" data-value="{html.escape(v)}">'
+                          f'{html.escape(v)}</a>&nbsp;({n:,})' for v, n in counts.items())
+        rows.append(f"<p><b>{html.escape(name)}</b>: {values or '(no picture has it)'}</p>")
+    return f'<div class="facets"><p>Counts over the {result.ranked or 0:,} pictures ranked:</p>{"".join(rows)}</div>'
+
+
 def html_page(result: Result, image_bytes: Callable[[str], bytes], top: int) -> str:
-    """A self-contained page: the images inline (data URIs) when the corpus has their bytes, else their URLs."""
+    """A self-contained page: the images inline (data URIs) when the corpus has their bytes, else their URLs; each
+    hit's own fields and the facets asked, when there are."""
     cards = []
     doc_id = result.id
     for h in result.hits[:top]:
@@ -222,23 +248,24 @@ def html_page(result: Result, image_bytes: Callable[[str], bytes], top: int) -> 
         data = image_bytes(h.id)
         if data:
             src = f"data:{image_mime(data)};base64," + base64.b64encode(data).decode()
-            img = f'<img src="{src}" alt="{html.escape(h.id)}">'
+            img = f'<img src="{src}" alt="{html.escape(h.id)}" data-image-id="{html.escape(h.id)}">'
         elif url.startswith(("http://", "https://")):
-            img = f'<img src="{html.escape(url)}" alt="{html.escape(h.id)}" loading="lazy">'
+            img = f'<img src="{html.escape(url)}" alt="{html.escape(h.id)}" data-image-id="{html.escape(h.id)}" ' \
+                  'loading="lazy">'
         else:
             img = '<div class="noimg">no image</div>'
         link = f'<a href="{html.escape(url)}">{html.escape(h.id)}</a>' if url else html.escape(h.id)
         cards.append(f'<figure>{img}<figcaption><b>#{h.rank}</b> {link} <code>{h.score:.4f}</code><br>'
                      f'{html.escape(_clip(caption, 160))}<br><i>{html.escape(", ".join(h.entities))}</i>'
-                     f'{_folded(h.duplicates, image_bytes)}</figcaption></figure>')
+                     f'{_own_fields(h.fields)}{_folded(h.duplicates, image_bytes)}</figcaption></figure>')
     style = ("body{font-family:sans-serif;margin:2em}figure{display:inline-block;width:220px;margin:8px;"
              "vertical-align:top}img{max-width:220px;max-height:220px}.noimg{width:220px;height:120px;"
              "background:#eee;text-align:center;line-height:120px;color:#888}figcaption{font-size:12px}"
              ".dups{margin-top:4px;color:#555}.dups img{width:40px;height:40px;object-fit:cover;margin:2px 2px 0 0;"
-             "border:1px solid #ccc}")
+             "border:1px solid #ccc}.fields{margin-top:4px;color:#333}.facets{font-size:13px}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>CFIR: {html.escape(doc_id)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(doc_id)}</h1>"
             f"<p><b>Entities:</b> {html.escape(', '.join(result.entities) or '(none)')}</p>"
             f"<p><b>Summary:</b> {html.escape(result.summary)}</p>"
             f"{'<p><b>Note:</b> ' + html.escape(result.note) + '</p>' if result.note else ''}"
-            + "".join(cards) + "</body></html>")
+            + _facets(result) + "".join(cards) + "</body></html>")

@@ -16,7 +16,13 @@ import dataclasses
 from collections.abc import Callable, Mapping
 from typing import Any
 
-__all__ = ["Hit", "Result"]
+__all__ = ["Hit", "Result", "shown"]
+
+
+def shown(image: Any) -> tuple[str, str, dict[str, Any]]:
+    """What a hit shows of a picture of the corpus (`cfir_jax.data.corpus.Image`): its caption, url and own fields,
+    their nulls left out (a null is no value, docs/filters.md)."""
+    return image.caption, image.url, {k: v for k, v in image.fields.items() if v is not None}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,6 +36,9 @@ class Hit:
     url: str  # where the image comes from ('' when unknown)
     entities: tuple[str, ...] = ()  # the document's entities whose candidate lists brought this image in
     duplicates: tuple[str, ...] = ()  # the ids of its near-duplicates folded under it, best first (docs/duplicates.md)
+    # the picture's own fields as its images row gave them (date, source, license, tags, ...: docs/filters.md), its
+    # nulls left out; empty for a collection without fields (the JSON then has no "fields", as before)
+    fields: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -59,19 +68,22 @@ class Result:
 
     @classmethod
     def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int,
-           version: int | None = None, described: int | None = None) -> Result:
+           version: int | None = None, described: int | None = None,
+           fields: Callable[[str], Mapping[str, Any]] | None = None) -> Result:
         """The record of the pipeline's answer (`cfir_jax.retrieve.pipeline.Retrieval`), its first `top` hits,
-        with each hit's (caption, url) from `describe(image_id)` for the first `described` hits (all when None; the
-        rest, kept for a run file, have none); version: the index version that answered. Only the library's
-        `Index` calls this: it is the one conversion of a result."""
+        with each hit's (caption, url) from `describe(image_id)` and its own fields from `fields(image_id)` (none
+        when None) for the first `described` hits (all when None; the rest, kept for a run file, have none);
+        version: the index version that answered. Only the library's `Index` calls this: it is the one conversion
+        of a result."""
         described = top if described is None else described
         passed = getattr(result, "passed", None)  # (pass, of the live) where a filter applied
         counted = getattr(result, "facets", None)  # (facets, ranked) where facets were asked
         hits = []
         for n, h in enumerate(result.hits[:top]):
             caption, url = describe(h.image_id) if n < described else ("", "")
+            own = dict(fields(h.image_id)) if fields is not None and n < described else {}
             hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities),
-                            tuple(getattr(h, "duplicates", ()))))
+                            tuple(getattr(h, "duplicates", ())), own))
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
                    result.note, result.num_candidates, dict(result.times_ms), version,
                    sr_agreement=result.sr_agreement, lang=getattr(result, "lang", "en"),
@@ -80,7 +92,7 @@ class Result:
 
     def to_json(self) -> dict:
         """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order; "facets"
-        and "ranked" last, only where facets were asked)."""
+        and "ranked" last, only where facets were asked; a hit's "fields" last, only where its picture has any)."""
         counted = {} if self.facets is None else {
             "facets": {f: dict(c) for f, c in self.facets.items()}, "ranked": self.ranked}
         return {
@@ -90,7 +102,8 @@ class Result:
             "summary": self.summary, "note": self.note, "num_candidates": self.num_candidates,
             "times_ms": dict(self.times_ms),
             "hits": [{"rank": h.rank, "image_id": h.id, "score": h.score, "entities": list(h.entities),
-                      "caption": h.caption, "url": h.url, "duplicates": list(h.duplicates)} for h in self.hits],
+                      "caption": h.caption, "url": h.url, "duplicates": list(h.duplicates),
+                      **({"fields": dict(h.fields)} if h.fields else {})} for h in self.hits],
             **counted,
         }
 
@@ -98,7 +111,8 @@ class Result:
     def from_json(cls, answer: Mapping[str, Any], version: int | None = None) -> Result:
         """The record of one answer of the service (`to_json`'s shape); version: its X-Index-Version header."""
         hits = tuple(Hit(int(h["rank"]), str(h["image_id"]), float(h["score"]), str(h.get("caption", "")),
-                         str(h.get("url", "")), tuple(h.get("entities", ())), tuple(h.get("duplicates", ())))
+                         str(h.get("url", "")), tuple(h.get("entities", ())), tuple(h.get("duplicates", ())),
+                         dict(h.get("fields") or {}))
                      for h in answer["hits"])
         facets = answer.get("facets")
         return cls(str(answer["id"]), hits, tuple(answer.get("entities", ())),

@@ -238,7 +238,8 @@ def _search_routes(app: FastAPI) -> None:
         text = svc.check_text(body.text, "text")
         method = svc.check_options(body.top_k, body.method)
         doc = DocumentInput(text, check_id(body.id, "id"), lang=check_lang(body.lang),
-                            where=FilterLimits.of(svc.settings).read(body.where), fold=body.fold)
+                            where=FilterLimits.of(svc.settings).read(body.where), fold=body.fold,
+                            facets=check_facets(body.facets))  # the page's counts beside its hits
         page, headers = await svc.answer([doc], method, body.top_k, html=True, gone_when=lambda: _disconnected(request))
         return HTMLResponse(page, headers=headers)
 

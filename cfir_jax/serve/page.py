@@ -3,6 +3,14 @@
 `/#q=TEXT` (URL-encoded) fills the box and searches at once: a link to a query, and how the screenshot test drives it;
 `&where=F1;F2` fills the filters on the pictures' fields (docs/filters.md) first; `&fold=0` shows near-duplicates
 in a row instead of folded under the best-ranked of each group (docs/duplicates.md).
+
+As a picture desk uses it (docs/filters.md): the gallery shows each hit's own fields (date, source, license, tags);
+the page asks the counts (facets) of the fields it has seen on hits, every kind but a number's, and shows them above
+the hits; a click on a value adds `field=value` to the filters and searches again (a date's month, `date=2020-06`,
+which a filter reads at month precision); a click on a hit's picture searches by that picture (POST
+/v1/search/image with its id and the filters). Which fields to count is learned from the hits rather than asked of
+the index: it needs no door of its own on either engine, and a collection without fields asks none and shows what it
+showed before. Every value drawn from an answer is escaped (`esc`).
 """
 
 PAGE = """<!doctype html>
@@ -34,22 +42,76 @@ images and ranks them with the document's summary. API: <code>POST /v1/search</c
 <script>
 const form = document.getElementById("form"), status = document.getElementById("status");
 const gallery = document.getElementById("gallery"), box = document.getElementById("text");
-async function search() {
+const whereBox = document.getElementById("where");
+let counted = [];  // the fields whose values the page counts: those seen on hits, every kind but a number's
+let last = null;   // the last search (text or picture), run again when a filter or a counted field is added
+const pictures = new Map();  // image id -> the picture's src in a gallery shown, for a search by picture's hits
+const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;",
+  "'": "&#39;"})[c]);
+const filters = () => whereBox.value.split(";").map((w) => w.trim()).filter(Boolean);
+const options = () => ({top_k: parseInt(document.getElementById("top_k").value || "20"), where: filters(),
+  fold: document.getElementById("fold").checked, ...(counted.length ? {facets: counted} : {})});
+async function ask(url, body) {
   status.className = ""; status.textContent = "searching...";
   const t0 = performance.now();
   try {
-    const r = await fetch("/v1/search/html", {method: "POST", headers: {"Content-Type": "application/json"},
-      body: JSON.stringify({text: box.value, top_k: parseInt(document.getElementById("top_k").value || "20"),
-        where: document.getElementById("where").value.split(";").map((w) => w.trim()).filter(Boolean),
-        fold: document.getElementById("fold").checked})});
+    const r = await fetch(url, {method: "POST", headers: {"Content-Type": "application/json"},
+      body: JSON.stringify(body)});
     if (!r.ok) {
       const e = await r.json().catch(() => ({error: r.statusText}));
-      status.className = "error"; status.textContent = `${r.status}: ${e.error}`; return;
+      status.className = "error"; status.textContent = `${r.status}: ${e.error}`; return null;
     }
-    gallery.srcdoc = await r.text(); gallery.hidden = false;
     status.textContent = `answered in ${Math.round(performance.now() - t0)} ms`;
-  } catch (err) { status.className = "error"; status.textContent = String(err); }
+    return r;
+  } catch (err) { status.className = "error"; status.textContent = String(err); return null; }
 }
+async function search() {
+  last = search;
+  const r = await ask("/v1/search/html", {text: box.value, ...options()});
+  if (r) { gallery.srcdoc = await r.text(); gallery.hidden = false; }
+}
+function ownFields(fields) {  // as the gallery shows them (cfir_jax.retrieve.report._own_fields)
+  return Object.entries(fields || {}).map(([k, v]) => `<span class="own" data-field="${esc(k)}" data-facet="${
+    typeof v === "number" ? 0 : 1}">${esc(k)}: ${esc(Array.isArray(v) ? v.join(", ") : v)}</span>`).join("; ");
+}
+function drawn(a, title) {  // a search by picture's JSON answer as a gallery, the pictures from those shown
+  const facets = Object.entries(a.facets || {}).map(([f, c]) => `<p><b>${esc(f)}</b>: ${Object.entries(c).map(
+    ([v, n]) => `<a href="#" class="facet" data-field="${esc(f)}" data-value="${esc(v)}">${esc(v)}</a>&nbsp;(${n})`
+  ).join(" ") || "(no picture has it)"}</p>`).join("");
+  const hits = a.hits.map((h) => `<figure>${pictures.has(h.image_id) ? `<img src="${esc(pictures.get(h.image_id))
+    }" alt="${esc(h.image_id)}" data-image-id="${esc(h.image_id)}">` : `<div class="noimg">${esc(h.image_id)}</div>`
+    }<figcaption><b>#${h.rank}</b> ${esc(h.image_id)} <code>${h.score.toFixed(4)}</code><br>${esc(h.caption)
+    }<div class="fields">${ownFields(h.fields)}</div></figcaption></figure>`).join("");
+  return `<!doctype html><html><head><meta charset="utf-8"><style>body{font-family:sans-serif;margin:2em}
+figure{display:inline-block;width:220px;margin:8px;vertical-align:top}img{max-width:220px;max-height:220px}
+.noimg{width:220px;height:120px;background:#eee;text-align:center;line-height:120px;color:#888}
+figcaption{font-size:12px}.fields{margin-top:4px;color:#333}.facets{font-size:13px}</style></head><body>
+<h1>${esc(title)}</h1>${a.note ? `<p><b>Note:</b> ${esc(a.note)}</p>` : ""}${a.facets ? `<div class="facets"><p>Counts
+ over the ${a.ranked} pictures ranked:</p>${facets}</div>` : ""}${hits}</body></html>`;
+}
+async function byPicture(id) {
+  last = () => byPicture(id);
+  const r = await ask("/v1/search/image", {image_id: id, ...options()});
+  if (r) { gallery.srcdoc = drawn(await r.json(), `pictures like ${id}`); gallery.hidden = false; }
+}
+function addFilter(field, value) {
+  const line = `${field}=${value}`;
+  if (!filters().includes(line)) { whereBox.value = filters().concat([line]).join("; "); }
+  if (last) { last(); }
+}
+gallery.addEventListener("load", () => {  // wires the gallery's values and pictures; learns the fields to count
+  const d = gallery.contentDocument;
+  if (!d) { return; }
+  d.querySelectorAll("img[alt]").forEach((img) => pictures.set(img.alt, img.getAttribute("src")));
+  d.querySelectorAll("a.facet").forEach((a) => a.addEventListener("click", (e) => {
+    e.preventDefault(); addFilter(a.dataset.field, a.dataset.value); }));
+  d.querySelectorAll("img[data-image-id]").forEach((img) => {
+    img.style.cursor = "pointer"; img.title = "search by this picture";
+    img.addEventListener("click", () => byPicture(img.dataset.imageId)); });
+  const seen = [...d.querySelectorAll("span.own[data-facet='1']")].map((s) => s.dataset.field);
+  const fresh = [...new Set(seen)].filter((f) => !counted.includes(f));
+  if (fresh.length && last) { counted = counted.concat(fresh); last(); }  // once per new field: then counted
+});
 form.addEventListener("submit", (e) => { e.preventDefault(); search(); });
 const hash = new URLSearchParams(location.hash.slice(1)), q = hash.get("q");
 if (hash.get("where")) { document.getElementById("where").value = hash.get("where"); }
