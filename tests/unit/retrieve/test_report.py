@@ -59,3 +59,22 @@ def test_gallery_screenshot_in_headless_chromium_shows_the_pictures(tmp_path):
         # the page shows images at their own size (96 px <= 220 px max), so flat colours survive unscaled
         assert pixels.shape[:2] == (IMAGE_SIZE, IMAGE_SIZE)
         assert background in screen and shape in screen, image.image_id
+
+
+def test_the_gallery_shows_each_hits_own_fields_and_the_facets_as_links_escaped():
+    """A hit's fields under its caption (a number's marked not countable), the facets asked above the hits, each
+    value a link that names its field and value for the page; every value escaped."""
+    fields = {"date": "2020-06-12", "source": "<b>reuters</b>", "tags": ["news", "sport"], "featured": True,
+              "width": 640}
+    hits = (Hit(1, "img1", 0.5, "cap", "", (), (), fields), Hit(2, "img2", 0.25, "cap", ""))
+    result = Result("d", hits, facets={"source": {"<b>reuters</b>": 3, "ap": 1}, "date": {"2020-06": 4}}, ranked=4)
+    page = html_page(result, lambda i: WORLD.images[0].image if i == "img1" else b"", 2)
+    assert "<b>reuters</b>" not in page and "&lt;b&gt;reuters&lt;/b&gt;" in page
+    assert '<span class="own" data-field="tags" data-facet="1">tags: news, sport</span>' in page
+    assert 'data-field="featured" data-facet="1">featured: true<' in page
+    assert 'data-field="width" data-facet="0">width: 640<' in page
+    assert 'class="facet" data-field="date" data-value="2020-06">2020-06</a>&nbsp;(4)' in page
+    assert 'data-value="&lt;b&gt;reuters&lt;/b&gt;"' in page and "Counts over the 4 pictures ranked" in page
+    assert 'data-image-id="img1"' in page and page.count('class="fields"') == 1  # img2 has none: nothing drawn
+    plain = html_page(Result("d", hits[1:]), lambda i: b"", 1)
+    assert 'class="facets"' not in plain and 'class="fields"' not in plain

@@ -79,3 +79,21 @@ def test_the_package_has_one_result_class_and_one_hit_class():
                 found[node.name].append(path.name)
     assert found == {"Result": ["results.py"], "Hit": ["results.py"]}
     assert "row" not in {f.name for f in dataclasses.fields(Hit)}  # the cache row stays inside retrieval
+
+
+def test_a_hit_carries_its_pictures_own_fields_in_the_json_only_where_it_has_any():
+    """`Hit.fields` (date, source, license, tags: docs/filters.md) from the retriever's rows, in a hit's JSON last and
+    only where the picture has fields, so that an answer of a collection without fields is unchanged."""
+    own = {"img1": {"date": "2020-06-12T14:05:30-04:00", "source": "reuters", "tags": ["news", "sport"],
+                    "featured": True}}
+    record = Result.of("doc", _pipeline_result(), _describe, 3, fields=lambda i: own.get(i, {}))
+    assert [h.fields for h in record.hits] == [own["img1"], {}, {}]
+    answer = json.loads(report.as_json(record, 3))
+    assert list(answer["hits"][0]) == ["rank", "image_id", "score", "entities", "caption", "url", "duplicates",
+                                       "fields"]
+    assert answer["hits"][0]["fields"] == own["img1"] and "fields" not in answer["hits"][1]
+    assert Result.from_json(answer) == record and Result.from_json(answer).hits[0].fields == own["img1"]
+    bare = Result.of("doc", _pipeline_result(), _describe, 3)
+    assert report.as_json(bare, 3) == report.as_json(dataclasses.replace(record, hits=tuple(
+        dataclasses.replace(h, fields={}) for h in record.hits)), 3)
+    assert record != bare  # the fields are part of the answer
