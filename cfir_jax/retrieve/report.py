@@ -218,7 +218,7 @@ def _own_fields(fields) -> str:
     (data-field) and whether it can be counted (data-facet: every kind but a number's, docs/filters.md)."""
     spans = []
     for name, value in fields.items():
-        shown = ", ".join(map(str, value)) if isinstance(value, list) else str(value).lower() \
+        shown = (", ".join(map(str, value)) or "(none)") if isinstance(value, list) else str(value).lower() \
             if isinstance(value, bool) else str(value)
         facet = "0" if isinstance(value, (int, float)) and not isinstance(value, bool) else "1"
         spans.append(f'<span class="own" data-field="{html.escape(name)}" data-facet="{facet}">'

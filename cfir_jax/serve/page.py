@@ -1,16 +1,18 @@
 """The page at `GET /`: paste a document, see the gallery `retrieve.py --html` draws (POST /v1/search/html).
 
 `/#q=TEXT` (URL-encoded) fills the box and searches at once: a link to a query, and how the screenshot test drives it;
-`&where=F1;F2` fills the filters on the pictures' fields (docs/filters.md) first; `&fold=0` shows near-duplicates
-in a row instead of folded under the best-ranked of each group (docs/duplicates.md).
+`&where=F1;F2` fills the filters on the pictures' fields (docs/filters.md) first, `&top_k=N` the hits; `&fold=0`
+shows near-duplicates in a row instead of folded under the best-ranked of each group (docs/duplicates.md);
+`/#image_id=ID` searches by that indexed picture instead.
 
 As a picture desk uses it (docs/filters.md): the gallery shows each hit's own fields (date, source, license, tags);
 the page asks the counts (facets) of the fields it has seen on hits, every kind but a number's, and shows them above
 the hits; a click on a value adds `field=value` to the filters and searches again (a date's month, `date=2020-06`,
 which a filter reads at month precision); a click on a hit's picture searches by that picture (POST
-/v1/search/image with its id and the filters). Which fields to count is learned from the hits rather than asked of
-the index: it needs no door of its own on either engine, and a collection without fields asks none and shows what it
-showed before. Every value drawn from an answer is escaped (`esc`).
+/v1/search/image with its id and the filters; that door answers JSON, so its hits show the pixels of the pictures
+a gallery of this page showed, else their http(s) url, else their id). Which fields to count is learned from the
+hits rather than asked of the index: it needs no door of its own on either engine, and a collection without fields
+asks none and shows what it showed before. Every value drawn from an answer is escaped (`esc`).
 """
 
 PAGE = """<!doctype html>
@@ -72,15 +74,17 @@ async function search() {
 }
 function ownFields(fields) {  // as the gallery shows them (cfir_jax.retrieve.report._own_fields)
   return Object.entries(fields || {}).map(([k, v]) => `<span class="own" data-field="${esc(k)}" data-facet="${
-    typeof v === "number" ? 0 : 1}">${esc(k)}: ${esc(Array.isArray(v) ? v.join(", ") : v)}</span>`).join("; ");
+    typeof v === "number" ? 0 : 1}">${esc(k)}: ${esc(Array.isArray(v) ? v.join(", ") || "(none)" : v)}</span>`
+  ).join("; ");
 }
 function drawn(a, title) {  // a search by picture's JSON answer as a gallery, the pictures from those shown
   const facets = Object.entries(a.facets || {}).map(([f, c]) => `<p><b>${esc(f)}</b>: ${Object.entries(c).map(
     ([v, n]) => `<a href="#" class="facet" data-field="${esc(f)}" data-value="${esc(v)}">${esc(v)}</a>&nbsp;(${n})`
   ).join(" ") || "(no picture has it)"}</p>`).join("");
-  const hits = a.hits.map((h) => `<figure>${pictures.has(h.image_id) ? `<img src="${esc(pictures.get(h.image_id))
-    }" alt="${esc(h.image_id)}" data-image-id="${esc(h.image_id)}">` : `<div class="noimg">${esc(h.image_id)}</div>`
-    }<figcaption><b>#${h.rank}</b> ${esc(h.image_id)} <code>${h.score.toFixed(4)}</code><br>${esc(h.caption)
+  const src = (h) => pictures.get(h.image_id) || (/^https?:[/][/]/.test(h.url) ? h.url : "");
+  const hits = a.hits.map((h) => `<figure>${src(h) ? `<img src="${esc(src(h))}" alt="${esc(h.image_id)
+    }" data-image-id="${esc(h.image_id)}">` : `<div class="noimg">${esc(h.image_id)}</div>`}<figcaption><b>#${
+    h.rank}</b> ${esc(h.image_id)} <code>${h.score.toFixed(4)}</code><br>${esc(h.caption)
     }<div class="fields">${ownFields(h.fields)}</div></figcaption></figure>`).join("");
   return `<!doctype html><html><head><meta charset="utf-8"><style>body{font-family:sans-serif;margin:2em}
 figure{display:inline-block;width:220px;margin:8px;vertical-align:top}img{max-width:220px;max-height:220px}
@@ -115,8 +119,9 @@ gallery.addEventListener("load", () => {  // wires the gallery's values and pict
 form.addEventListener("submit", (e) => { e.preventDefault(); search(); });
 const hash = new URLSearchParams(location.hash.slice(1)), q = hash.get("q");
 if (hash.get("where")) { document.getElementById("where").value = hash.get("where"); }
+if (hash.get("top_k")) { document.getElementById("top_k").value = hash.get("top_k"); }
 if (hash.get("fold") === "0") { document.getElementById("fold").checked = false; }
-if (q) { box.value = q; search(); }
+if (hash.get("image_id")) { byPicture(hash.get("image_id")); } else if (q) { box.value = q; search(); }
 </script>
 </body></html>
 """

@@ -4,14 +4,18 @@ only pictures that pass, top_k of them where that many pass; the library, the se
 answers (four filters in a multipart upload too); an unknown field is one line, exit 2; an add, a remove and a
 compact keep the filters right."""
 
+import html
+import io
 import json
 import os
 import shutil
+import subprocess
 import urllib.parse
 import urllib.request
 from pathlib import Path
 
 import httpx
+import numpy as np
 import pytest
 from repo import run_script
 from serving import Service
@@ -281,3 +285,60 @@ def test_evaluate_says_how_many_pictures_pass_from_the_answers_count(built, coll
     first = proc.stdout.splitlines()[0]
     assert first.startswith("test split, ") and \
         first.endswith(f", filtered by source=reuters: {len(passing)} of {len(base)} pictures pass"), first
+
+
+def _own(fields: dict) -> dict:
+    return {k: v for k, v in fields.items() if v is not None}  # a null is no value: the picture lacks the field
+
+
+def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headless_chromium(built, collection,
+                                                                                            tmp_path):
+    """Each hit carries its picture's own fields (nulls left out) at the library and every door of the service; in
+    Chromium, the page learns the countable fields from its hits, asks their counts and shows them, value by value,
+    above the hits, each hit with its fields (its screenshot: docs/images/facets.png)."""
+    from urllib.parse import quote
+
+    from PIL import Image as PILImage
+
+    source, fields = collection
+    text = (source / "query.txt").read_text()
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    assert browser, "chromium is part of the test set (scripts/setup.sh test installs it)"
+    service = Service(built, "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0")
+    try:
+        with cfir_jax.open(built) as index:
+            result = index.search(text, top_k=5)
+            assert result.hits and all(h.fields == _own(fields[h.id]) for h in result.hits)
+            top = index.picture(result.ids[0])
+        assert cfir_jax.Client(service.url).search(text, top_k=5) == result  # the fields read back equal
+        answer = httpx.post(f"{service.url}/v1/search", json={"text": text, "top_k": 5}, timeout=120).json()
+        assert [h["fields"] for h in answer["hits"]] == [_own(fields[h.id]) for h in result.hits]
+        alike = httpx.post(f"{service.url}/v1/search/image", json={"image_id": result.ids[0], "top_k": 3,
+                                                                   "facets": ["source"]}, timeout=120).json()
+        assert all(h["fields"] == _own(fields[h["image_id"]]) for h in alike["hits"]) and alike["facets"]["source"]
+        run = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+               "--virtual-time-budget=20000", "--window-size=1200,1400", f"{service.url}/#q={quote(text)}&top_k=8"]
+        dom = html.unescape(subprocess.run([*run, "--dump-dom"], check=True, timeout=120, capture_output=True,
+                                           text=True).stdout)  # the gallery is the iframe's srcdoc, escaped
+        shot = tmp_path / "facets.png"
+        subprocess.run([*run, f"--screenshot={shot}"], check=True, timeout=120, capture_output=True)
+        run[-1] = f"{service.url}/#image_id={quote(result.ids[0])}&top_k=3&where=source!=afp"  # what a click runs
+        by_picture = html.unescape(subprocess.run([*run, "--dump-dom"], check=True, timeout=120, capture_output=True,
+                                                  text=True).stdout)
+    finally:
+        log = service.stop()
+    assert "Traceback" not in log, log[-3000:]
+    for field in ("source", "license", "tags", "date", "featured"):  # asked once seen on a hit, then counted
+        assert f'class="facet" data-field="{field}"' in dom, field
+    assert "Counts over the" in dom and f'data-value="{fields[result.ids[0]]["source"]}"' in dom
+    first = result.hits[0].fields
+    assert f'data-field="source" data-facet="1">source: {first["source"]}</span>' in dom
+    assert f'data-field="date" data-facet="1">date: {first["date"]}</span>' in dom
+    assert f"pictures like {result.ids[0]}" in by_picture and 'class="facet" data-field="tags"' in by_picture
+    drawn = by_picture.split(f"pictures like {result.ids[0]}")[1].split("</body>")[0].split("<figure>")[1:]
+    assert len(drawn) == 3 and all('data-field="source" data-facet="1">source: ' in f for f in drawn)
+    assert "source: afp" not in by_picture and 'data-value="afp"' not in by_picture  # the filter applied
+    screen = {tuple(c) for c in np.asarray(PILImage.open(shot).convert("RGB")).reshape(-1, 3)}
+    pixels = np.asarray(PILImage.open(io.BytesIO(top)).convert("RGB")).reshape(-1, 3)
+    colours, counts = np.unique(pixels, axis=0, return_counts=True)
+    assert all(tuple(c) in screen for c in colours[np.argsort(-counts)[:2]])  # the top hit's picture is painted
