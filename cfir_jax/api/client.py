@@ -126,11 +126,10 @@ class Client:
 
     def search_many(self, texts: Sequence[str | os.PathLike], *, top_k: int = 20, method: str | None = None,
                     ids: Sequence[str] | None = None, batch: int = 64, deadline_s: float | None = None,
-                    where: Sequence | None = None, fold: bool = True, facets: Sequence[str] | None = None
-                    ) -> list[Result]:
+                    where: Sequence | None = None, fold: bool = True) -> list[Result]:
         """The images of each document, in order (`POST /v1/search/batch`, `batch` documents a request: at most the
-        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s; where, fold, facets:
-        as `search`'s."""
+        service's serve.max_batch_docs); ids default to "0", "1", ... as `Index.search_many`'s; where, fold: as
+        `search`'s (facets: a `Query` each through `search`, or `"facets"` in POST /v1/search/batch)."""
         if isinstance(texts, (str, os.PathLike)):
             raise CfirError("search_many takes a list of documents; search takes one")
         ids = [str(n) for n in range(len(texts))] if ids is None else list(ids)
@@ -138,12 +137,11 @@ class Client:
             raise CfirError(f"{len(ids)} ids for {len(texts)} documents")
         docs = [dict(zip(("text", "id"), _text(t, i))) for t, i in zip(texts, ids)]
         check_top_k(top_k)
-        counted = {"facets": list(check_facets(facets))} if facets else {}
         out: list[Result] = []
         for at in range(0, len(docs), max(1, batch)):
             chunk = docs[at : at + batch]
             body = {"documents": chunk, "top_k": top_k, **({"method": method} if method else {}),
-                    **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False}), **counted}
+                    **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False})}
             answer, version = self._post("/v1/search/batch", body, deadline_s)
             results = answer.get("results") if isinstance(answer, dict) else None
             if not isinstance(results, list) or len(results) != len(chunk):

@@ -126,9 +126,9 @@ def check_languages(langs: ml_collections.ConfigDict) -> None:
     if int(langs.detect_chars) < 1 or not 0.0 <= float(langs.min_score) <= 1.0:
         raise CfirError(f"index.languages: detect_chars={langs.detect_chars} must be >= 1 and min_score="
                         f"{langs.min_score} in [0, 1]")
-    if int(langs.short_query_words) < 0 or not float(langs.min_score) <= float(langs.short_query_min_score) <= 1.0:
+    if int(langs.short_query_words) < 0 or not 0.0 <= float(langs.short_query_min_score) <= 1.0:
         raise CfirError(f"index.languages: short_query_words={langs.short_query_words} must be >= 0 and "
-                        f"short_query_min_score={langs.short_query_min_score} in [min_score, 1]")
+                        f"short_query_min_score={langs.short_query_min_score} in [0, 1]")
     check_code(langs.undetected, "index.languages.undetected")
     for code, entry in langs.table.items():
         if check_code(code, f"index.languages.table.{code}") != code:

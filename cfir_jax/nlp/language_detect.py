@@ -41,8 +41,9 @@ class LanguageDetector:
     def of(cls, config) -> LanguageDetector | None:
         """The detector `index.languages` configures, or None when detection is off."""
         langs = section(config)
+        short_min = max(float(langs.min_score), float(langs.short_query_min_score))  # never below a document's
         return cls(langs.detect_chars, langs.min_score, langs.undetected, tuple(langs.table),
-                   langs.short_query_words, langs.short_query_min_score) if langs.detect else None
+                   langs.short_query_words, short_min) if langs.detect else None
 
     @property
     def settings(self) -> dict[str, Any]:

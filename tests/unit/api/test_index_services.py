@@ -10,7 +10,7 @@ from standin_service import settings
 
 from cfir_jax.api.index import Index
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.query_rule import Condition, QueryRefused
+from cfir_jax.core.query_rule import Condition, Query, QueryRefused
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import DocumentInput, RankedImage, Retrieval
 
@@ -105,7 +105,9 @@ def test_a_picture_is_answered_with_the_requests_id_by_the_default_method(tmp_pa
         return Retrieval([RankedImage(1, "img-3", 0.5, 3)], [], [], "")
 
     monkeypatch.setattr(image_query, "search_image", search_image)
-    result = index.search(image_id="img-3", top_k=2, id="picture-7", deadline=12.5, where=[("license", "=", "cc0")])
+    query = Query(image_id="img-3", top_k=2, id="picture-7", where=[("license", "=", "cc0")])
+    index.check(query)
+    result = index.search_picture(query, 12.5)  # a service's picture search, with its deadline
     assert (result.id, [h.id for h in result.hits]) == ("picture-7", ["img-3"])
     assert asked["retriever"] is made["cfir"] and asked["deadline"] == 12.5 and asked["top_k"] == 2
     assert index.search(image=b"\x89PNG", top_k=1).id == "query"  # no id given: the door's default

@@ -11,6 +11,7 @@ import pytest
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import check_languages
 from cfir_jax.core.query_rule import QueryRefused, check_lang
+from cfir_jax.nlp.language_detect import LanguageDetector
 from cfir_jax.retrieve import queries
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.retrieve.query_language import QueryLanguages
@@ -126,12 +127,15 @@ def test_short_query_words_0_reads_every_query_as_a_document():
                                        False)] == ["de", "fr"]
 
 
-def test_a_short_query_score_below_min_score_is_refused_in_one_line():
+def test_a_short_query_score_outside_0_1_is_refused_in_one_line_and_never_below_a_documents():
     config = get_config("tiny,multilingual")
-    config.index.languages.short_query_min_score = 0.3
+    config.index.languages.short_query_min_score = 1.5
     with pytest.raises(CfirError, match=r"^index.languages: short_query_words=4 must be >= 0 and "
-                                        r"short_query_min_score=0.3 in \[min_score, 1\]$"):
+                                        r"short_query_min_score=1.5 in \[0, 1\]$"):
         check_languages(config.index.languages)
+    config.index.languages.short_query_min_score, config.index.languages.min_score = 0.3, 0.9
+    check_languages(config.index.languages)  # a stricter document threshold (test_languages_english's 0.9) holds
+    assert LanguageDetector.of(config).short_min_score == 0.9
 
 
 def test_a_querys_ner_parses_in_the_calling_thread_whatever_entity_workers_index_says():

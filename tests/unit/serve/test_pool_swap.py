@@ -49,6 +49,7 @@ class Holder(resident.IndexHolder):
 
 
 def test_a_reload_that_changes_entity_settings_swaps_the_pool_under_a_batch(monkeypatch):
+    others = set(_children())  # this process's children not the test's (a suite's command server, a service)
     old_config = _config("all")
     current = _loaded(1)
     current.entity_pool = old = EntityWorkers("", "all", Settings.of(old_config, "serve"))
@@ -76,7 +77,7 @@ def test_a_reload_that_changes_entity_settings_swaps_the_pool_under_a_batch(monk
         assert fresh.entity_pool is not old and fresh.entity_pool.key == ("", "picturable")
         assert old.describe()["pids"] == [] and all(_gone(pid) for pid in old_pids)
         assert fresh.entity_pool.entities(["Marie Curie worked in Paris."]) == [["Marie Curie", "Paris"]]
-        assert set(_children()) == set(fresh.entity_pool.describe()["pids"])
+        assert set(_children()) - others == set(fresh.entity_pool.describe()["pids"])
     finally:
         old.close()
         holder.close()
@@ -85,6 +86,7 @@ def test_a_reload_that_changes_entity_settings_swaps_the_pool_under_a_batch(monk
 def test_batches_run_without_pause_through_reloads_that_change_the_entity_settings(monkeypatch):
     """Under load: the batch thread parses batch after batch with whatever pool is current while two reloads swap it;
     every batch returns, parsed by a pool or handed back unparsed, and only the last pool's workers are left."""
+    others = set(_children())  # this process's children not the test's (a suite's command server, a service)
     current = _loaded(1)
     current.entity_pool = EntityWorkers("", "all", Settings.of(_config("all"), "serve"))
     holder = Holder(current)
@@ -120,7 +122,7 @@ def test_batches_run_without_pause_through_reloads_that_change_the_entity_settin
     texts = [d.text for d in docs]
     parsed = [list(EntityExtractor(load_spacy(None), labels).extract(texts)) for labels in ("all", "picturable")]
     assert all(o in (*parsed, [None] * len(docs)) for o in outcomes), outcomes  # a pool's, or the batch thread's to do
-    assert len({id(pool) for pool in pools}) == 3 and _children() == []
+    assert len({id(pool) for pool in pools}) == 3 and set(_children()) <= others
 
 
 def _gone(pid: int) -> bool:
