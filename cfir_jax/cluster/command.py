@@ -171,9 +171,15 @@ def _layout(s) -> str:
 
 def _reloader(deployments, workdir: str, config, config_spec: str, overrides: list[str]) -> Reloader:
     """The relay actor with the version served at start published, and the command's side of the protocol."""
-    relay = deployments.RemoteRelay(deployments.make_relay(), timeout_s=2.0)  # a tick never waits long on it
+    actor = deployments.make_relay()
     target = Target(1, committed_id(workdir))
-    relay.publish(target)
+    started = float(config.serve.ready_timeout_s)  # the first call waits for the actor's process to start
+    try:
+        deployments.RemoteRelay(actor, timeout_s=started).publish(target)
+    except Exception as e:  # noqa: BLE001 - Ray's GetTimeoutError or the actor's death, types of Ray's
+        raise CfirError(f"the relay actor did not start in {started:g} s (serve.ready_timeout_s): "
+                        f"{type(e).__name__}: {first_line(e)}") from None
+    relay = deployments.RemoteRelay(actor, timeout_s=2.0)  # once started, a tick never waits long on it
     shards = int(config.serve.shards)
     coordinator = Coordinator(DiskWorkdir(workdir, config_spec, overrides),
                               deployments.ShardPreparer(APP, shards if shards > 1 else 0), relay, target,
