@@ -242,3 +242,23 @@ def ratio_line(label: str, jax_t: Timings, torch_t: Timings, items: int, unit: s
     j, t = items / jax_t.median, items / torch_t.median
     return (f"{label:<34} jax {j:8.1f} {unit}/s [{jax_t.spread()}]   torch {t:8.1f} {unit}/s "
             f"[{torch_t.spread()}]   jax/torch {j / t:5.2f}x")
+
+
+def spacy_pipe_rate(entities_config, texts: list[str], n_process: int, start: str) -> tuple[float, list]:
+    """Documents/s of spaCy's own `nlp.pipe` over `texts` with the index's pipeline and labels (`entities_config`:
+    a config's index.entities), and the entities EntityExtractor reads from each document. With n_process > 1,
+    spaCy's own worker processes, started by `start` ("fork": after the model loaded here; "forkserver": each
+    loads it again, as a process that has started JAX must)."""
+    import multiprocessing
+
+    import spacy.language
+
+    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+
+    extractor = EntityExtractor(load_spacy(entities_config.spacy_model or None), entities_config.labels)
+    list(extractor.extract(texts[:8]))  # warm
+    spacy.language.mp = multiprocessing.get_context(start)
+    t0 = time.perf_counter()
+    found = [extractor.entities_of_doc(d) for d in extractor.nlp.pipe(texts, batch_size=extractor.batch_size,
+                                                                       n_process=n_process)]
+    return len(texts) / (time.perf_counter() - t0), found

@@ -19,9 +19,9 @@ import asyncio
 import json
 import os
 import subprocess
-import time
 from pathlib import Path
 
+from common import spacy_pipe_rate
 from serve_load import Server, load  # also puts the repository root on sys.path
 
 from cfir_jax.core.cli import workdir_config
@@ -31,26 +31,6 @@ from cfir_jax.data.corpus import Corpus
 def documents(workdir: str, n: int) -> list[str]:
     corpus = Corpus.open(Path(workdir) / "corpus")
     return [f"{corpus.document(i % corpus.num_documents).text} ({i})" for i in range(n)]
-
-
-def spacy_rate(workdir: str, texts: list[str], n_process: int) -> float:
-    """Documents/s of spaCy's own nlp.pipe (the index's pipeline and labels, EntityExtractor's entities of each doc);
-    n_process > 1: spaCy's own worker processes, from a forkserver (this process has started no JAX)."""
-    import multiprocessing
-
-    import spacy.language
-
-    from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-
-    e = workdir_config(workdir).index.entities
-    extractor = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
-    list(extractor.extract(texts[:8]))  # warm
-    spacy.language.mp = multiprocessing.get_context("forkserver")
-    t0 = time.perf_counter()
-    found = [extractor.entities_of_doc(d) for d in extractor.nlp.pipe(texts, batch_size=extractor.batch_size,
-                                                                       n_process=n_process)]
-    assert len(found) == len(texts)
-    return len(texts) / (time.perf_counter() - t0)
 
 
 def main() -> None:
@@ -73,7 +53,8 @@ def main() -> None:
         served = asyncio.run(load(server.url, bodies, args.concurrency))
     finally:
         server.stop()
-    rates = {n: spacy_rate(args.workdir, texts, n) for n in sorted({1, max(1, workers)})}
+    found_in = workdir_config(args.workdir).index.entities
+    rates = {n: spacy_pipe_rate(found_in, texts, n, "forkserver")[0] for n in sorted({1, max(1, workers)})}
     pipe = max(rates.values())
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     print(f"cores: {os.cpu_count()}, service spaCy workers: {workers}, documents: {len(texts)}")

@@ -17,19 +17,17 @@ words each, as configs/demo.py's).
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from common import REPO  # also puts the repository root on sys.path
+from common import REPO, spacy_pipe_rate  # also puts the repository root on sys.path
 
 from cfir_jax.builders import entities
 from cfir_jax.data.corpus import Corpus
 from cfir_jax.data.synthetic import SyntheticConfig, generate
-from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_workers import Settings
 from cfir_jax.stores.entities import entity_key
 from cfir_jax.stores.layout import Layout
@@ -43,20 +41,6 @@ def stage_rate(config, corpus: Corpus) -> tuple[float, list]:
         store = entities.build_entities(config, Layout.of(tmp), corpus)
         seconds = time.perf_counter() - t0
         return corpus.num_documents / seconds, [store.entities_of(i) for i in range(store.num_docs)]
-
-
-def spacy_rate(config, texts: list[str], n_process: int) -> tuple[float, list]:
-    """Documents/s of spaCy's own nlp.pipe (n_process > 1: its processes forked after the model loaded here)."""
-    import spacy.language
-
-    e = config.index.entities
-    extractor = EntityExtractor(load_spacy(e.spacy_model or None), e.labels)
-    list(extractor.extract(texts[:8]))  # warm
-    spacy.language.mp = multiprocessing.get_context("fork")
-    t0 = time.perf_counter()
-    found = [extractor.entities_of_doc(d) for d in extractor.nlp.pipe(texts, batch_size=extractor.batch_size,
-                                                                       n_process=n_process)]
-    return len(texts) / (time.perf_counter() - t0), found
 
 
 def main() -> None:
@@ -75,8 +59,8 @@ def main() -> None:
               f"entity_workers.index {config.entity_workers.index} -> {workers} workers")
         print("load before:", os.getloadavg())
         stage, stage_found = stage_rate(config, corpus)
-        pooled, pooled_found = spacy_rate(config, texts, workers)
-        alone, _ = spacy_rate(config, texts, 1)
+        pooled, pooled_found = spacy_pipe_rate(config.index.entities, texts, workers, "fork")
+        alone, _ = spacy_pipe_rate(config.index.entities, texts, 1, "fork")
         print("load after:", os.getloadavg())
     same = [[entity_key(n) for n in d] for d in stage_found] == [[entity_key(n) for n in d] for d in pooled_found]
     print(f"the same entities (the store names an entity by its first surface form): {same}")

@@ -6,6 +6,7 @@ whose text is HOLD waits for the engine's `gate` (the requests sent meanwhile qu
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from types import SimpleNamespace
 
@@ -70,3 +71,28 @@ class FieldsEngine:
 
     def describe_image(self, image_id):
         return "", ""
+
+
+async def together_and_alone(mb, engine: FieldsEngine, make_job, names, outcome) -> tuple[list, list]:
+    """What each of `names`'s jobs gets in one micro-batch, and what each gets alone. The jobs (`make_job(loop, name,
+    n)`) queue behind a HOLD job the engine's worker holds at its gate, so that they run as one batch; then each is
+    submitted alone. `outcome(job)` awaits a job's answer as the test compares it."""
+    loop = asyncio.get_running_loop()
+    engine.gate.clear()
+    holder = make_job(loop, "hold", 0)
+    mb.submit(holder)
+    held = [d.doc_id for d in holder.docs]
+    while not engine.batches or engine.batches[-1] != held:  # the worker holds it: the rest queue behind
+        await asyncio.sleep(0.005)
+    jobs = [make_job(loop, name, n) for n, name in enumerate(names)]
+    for job in jobs:
+        mb.submit(job)
+    engine.gate.set()
+    await holder.future
+    together = [await outcome(job) for job in jobs]
+    alone = []
+    for n, name in enumerate(names):
+        job = make_job(loop, name, n)
+        mb.submit(job)
+        alone.append(await outcome(job))
+    return together, alone

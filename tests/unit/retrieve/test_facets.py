@@ -13,7 +13,7 @@ from types import SimpleNamespace
 import httpx
 import numpy as np
 import pytest
-from fields_engine import HOLD, Fields, FieldsEngine
+from fields_engine import HOLD, Fields, FieldsEngine, together_and_alone
 from standin_service import serving, standin_index
 
 import cfir_jax
@@ -136,7 +136,7 @@ def test_a_batch_of_a_facet_request_a_bad_facet_and_a_plain_one_answers_each_as_
     mb = batcher_lib.MicroBatcher(lambda: loaded, 64, 0.0, 256, Metrics())
     asked = {"facets": ("source", "tags"), "bad": ("colour",), "plain": (), "filtered": ("tags",)}
 
-    def job(loop, name):
+    def job(loop, name, n):
         where = (Condition("source", "=", ("ap",)),) if name == "filtered" else ()
         doc = DocumentInput(HOLD if name == "hold" else f"text {name}", name, where=where,
                             facets=asked.get(name, ()))
@@ -148,27 +148,8 @@ def test_a_batch_of_a_facet_request_a_bad_facet_and_a_plain_one_answers_each_as_
         except Exception as e:  # noqa: BLE001 - the outcome compared: its kind and its line
             return type(e).__name__, str(e)
 
-    async def run():
-        loop = asyncio.get_running_loop()
-        holder = job(loop, "hold")
-        mb.submit(holder)
-        while not engine.batches:
-            await asyncio.sleep(0.005)
-        jobs = [job(loop, name) for name in asked]
-        for j in jobs:
-            mb.submit(j)
-        engine.gate.set()
-        await holder.future
-        together = [await outcome(j) for j in jobs]
-        alone = []
-        for name in asked:
-            j = job(loop, name)
-            mb.submit(j)
-            alone.append(await outcome(j))
-        return together, alone
-
     try:
-        together, alone = asyncio.run(run())
+        together, alone = asyncio.run(together_and_alone(mb, engine, job, list(asked), outcome))
     finally:
         mb.stop(5)
     assert together == alone

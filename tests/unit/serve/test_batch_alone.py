@@ -12,7 +12,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from fields_engine import BOOM, HOLD, FieldsEngine
+from fields_engine import BOOM, HOLD, FieldsEngine, together_and_alone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from standin_service import StandInHolder, serving, standin_index
@@ -71,27 +71,7 @@ def batched():
 def test_each_request_of_a_batch_gets_what_it_gets_alone(batched, names):
     mb, engine = batched
 
-    async def run():
-        loop = asyncio.get_running_loop()
-        engine.gate.clear()
-        holder = _job(loop, "hold", 0)
-        mb.submit(holder)
-        while not engine.batches or engine.batches[-1] != ["hold-0"]:  # the worker holds it: the rest queue behind
-            await asyncio.sleep(0.005)
-        jobs = [_job(loop, name, n) for n, name in enumerate(names)]
-        for job in jobs:
-            mb.submit(job)
-        engine.gate.set()
-        await holder.future
-        together = [await _outcome(job) for job in jobs]
-        alone = []
-        for n, name in enumerate(names):
-            job = _job(loop, name, n)
-            mb.submit(job)
-            alone.append(await _outcome(job))
-        return together, alone
-
-    together, alone = asyncio.run(run())
+    together, alone = asyncio.run(together_and_alone(mb, engine, _job, names, _outcome))
     assert together == alone, names
     for name, (kind, _) in zip(names, together):
         assert (kind == "ok") == name.startswith("valid"), (name, kind)
