@@ -132,13 +132,16 @@ def _write_entity_store(out_dir: Path, doc_ids: list[str], surfaces: list[str], 
     )
 
 
-def entity_extractor(config, languages: dict[str, int] | None = None) -> SourcedExtractor | LanguageEntities:
-    """The NER index.entities configures (spaCy, its labels, the entity sources); with `languages` (the documents
-    per language of a collection not all in English) each language's (index.languages)."""
+def entity_extractor(config, documents: int, languages: dict[str, int] | None = None) \
+        -> SourcedExtractor | LanguageEntities:
+    """The NER index.entities configures (spaCy, its labels, the entity sources) for parsing `documents` documents
+    (the worker pool's size: entity_workers.index); with `languages` (the documents per language of a collection
+    not all in English) each language's (index.languages)."""
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
     nlp = load_spacy(e.spacy_model or None)
-    workers = index_workers(config, e.spacy_model, e.labels)
+    in_english = documents if not languages else min(documents, int(languages.get(REFERENCE, 0)))
+    workers = index_workers(config, e.spacy_model, e.labels, in_english)
     english = SourcedExtractor(EntityExtractor(nlp, e.labels, e.batch_size, workers=workers), sources)
     return LanguageEntities.of(config, english, languages) if set(languages or ()) - {REFERENCE} else english
 
@@ -162,7 +165,7 @@ def build_entities(config, layout: Layout, corpus: Corpus) -> EntityStore:
     """The entities stage: spaCy NER (and the configured entity sources) over every document, unless current."""
     e = config.index.entities
     sources = check_sources(e.get("sources") or "spacy")
-    extractor = entity_extractor(config, corpus.languages)
+    extractor = entity_extractor(config, corpus.num_documents, corpus.languages)
     # Current only when computed from these very documents (their content, not just their number) by this NER, from
     # these sources (a plain spaCy store records none), each language by its rule (an English store records none).
     if current(layout.entities, "entities", ENTITY_FORMAT_VERSION, corpus_fingerprint=corpus.documents_fingerprint,
@@ -191,7 +194,7 @@ def stage_entities_addition(config, store: EntityStore, corpus: Corpus, first_ne
     made = []
 
     def nlp() -> DocumentNLP:
-        extractor = entity_extractor(config, corpus.languages)
+        extractor = entity_extractor(config, corpus.num_documents - first_new_doc, corpus.languages)
         made.append(extractor)
         return DocumentNLP(
             extractor.settings, lambda i: _item(extractor, corpus.document(i)),

@@ -20,7 +20,8 @@ def entity_workers_config() -> ml_collections.ConfigDict:
             serve=2,  # the service: processes parsing a batch's documents in parallel (< 2: the retrieval thread)
             bulk=2,  # retrieve.py --queries / --evaluate: processes parsing batches ahead of SR (< 2: the main thread)
             # index.py's entity stage: processes on each host; 0: one per core the host lets it use
-            # (os.sched_getaffinity, resolved by entity_workers.Settings.of), 1: the main thread parses
+            # (os.sched_getaffinity), no more than one per 100 documents to parse (a worker's start must pay:
+            # entity_workers.DOCUMENTS_PER_WORKER; resolved by entity_workers.Settings.of), 1: the main thread parses
             index=0,
             serve_deadline_ms=5000.0,  # a service's worker holding a batch's chunk longer is killed and replaced
             deadline_ms=60000.0,  # the same for bulk retrieval, index.py and a query's helper

@@ -26,17 +26,18 @@ from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 log = logging.getLogger(__name__)
 
 
-def index_workers(config, spacy_model: str | None, labels) -> EntityWorkers | None:
-    """The worker processes index.py's entity stage parses a pipeline's documents with (entity_workers.index of
-    them; loading while the stage reads its corpus), or None when fewer than 2: this process parses."""
-    settings = Settings.of(config, "index")
+def index_workers(config, spacy_model: str | None, labels, documents: int) -> EntityWorkers | None:
+    """The worker processes index.py's entity stage parses `documents` documents of a pipeline with
+    (`Settings.of(config, "index", documents)`; loading while the stage reads its corpus), or None when fewer than
+    2: this process parses."""
+    settings = Settings.of(config, "index", documents)
     return EntityWorkers(spacy_model, labels, settings, wait=False) if settings.workers > 1 else None
 
 
-def language_ner(config, setup: Setup, loaded: dict, pooled: bool) -> tuple[Any, str]:
+def language_ner(config, setup: Setup, loaded: dict, pooled: int) -> tuple[Any, str]:
     """(the NER of one language, its rule as the tables say it). `loaded`: the spaCy pipelines loaded so far by name
-    (a pipeline several languages fall back to loads once); `pooled`: index.py's entity stage, whose pipelines parse
-    over entity_workers.index processes (a query's parse in the calling thread)."""
+    (a pipeline several languages fall back to loads once); `pooled`: in index.py's entity stage, the documents this
+    pipeline parses there, over entity_workers.index processes (0: a query's parse, in the calling thread)."""
     e = config.index.entities
     if setup.ner is not None:
         try:
@@ -49,7 +50,7 @@ def language_ner(config, setup: Setup, loaded: dict, pooled: bool) -> tuple[Any,
                         "docs/languages.md)", setup.code, setup.ner)
             return CapitalisedNames(), f"{setup.ner} not installed: capitalised n-grams"
         nlp = loaded[setup.ner]
-        workers = index_workers(config, setup.ner, setup.labels) if pooled else None
+        workers = index_workers(config, setup.ner, setup.labels, pooled) if pooled else None
         extractor = EntityExtractor(nlp, setup.labels, e.batch_size, workers=workers)
         own = "" if not setup.fallback else "no pipeline: "
         return extractor, f"{own}spaCy {spacy_model_name(nlp)}"
@@ -77,7 +78,7 @@ class LanguageEntities:
             if code == REFERENCE:
                 ner, rule = reference.extractor, f"spaCy {reference.settings['spacy_model']}"
             else:
-                ner, rule = language_ner(config, setup_of(config, code), loaded, pooled=True)
+                ner, rule = language_ner(config, setup_of(config, code), loaded, pooled=counts[code])
             by_language[code], rules[code] = SourcedExtractor(ner, reference.sources), rule
         return cls(reference, by_language, rules, counts)
 

@@ -17,6 +17,7 @@ A pool is driven from one thread; `state` and `describe` may be read from any, a
 flight then raises `PoolClosed` at once and no worker starts again. Its thread never writes to a worker's pipe (a
 writer thread per worker does): a stopped worker holds at most the pipe's 64 KB, so a write could block for ever where
 only a deadline can end it. This module loads the standard library only: the query command imports it before JAX.
+It is over 400 lines because the pool is one protocol (start, supervise, replace, close) its threads share.
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ log = logging.getLogger("cfir_jax.entities")
 
 PIPELINE_DEPTH = 2  # chunks queued per worker: it starts the next while the parent reads the last
 MAX_ATTEMPTS = 3  # workers a chunk may take down with it before the calling thread parses it
+# index.py's default pool: a worker per this many documents to parse (a pool's start, about 1.7 s here, costs the
+# parse of about 45 documents in one process: 2 workers overtake the main thread from about 110; RESULTS.md)
+DOCUMENTS_PER_WORKER = 100
 _POLL_S = 0.5  # the supervisor's longest wait between two looks at its workers' deadlines
 # The worker's program: this process's `cfir_jax` loaded from its folder (argv[1]) by path, so that nothing else is
 # put on the worker's path (-P keeps the working folder off it, -E ignores PYTHONPATH).
@@ -75,13 +79,16 @@ class Settings:
     start_timeout_s: float = 120.0
 
     @classmethod
-    def of(cls, config, use: str) -> Settings:
+    def of(cls, config, use: str, documents: int | None = None) -> Settings:
         """The config's `entity_workers` section for one use: "serve", "bulk", "index" (their worker counts; index's
-        0: `usable_cores()`, the one place it is resolved), or "query" (one worker); the service's deadline is
-        serve_deadline_ms, the others' deadline_ms."""
+        0: `usable_cores()`, no more than the `documents` it will parse fill at DOCUMENTS_PER_WORKER each: the one
+        place it is resolved), or "query" (one worker); the service's deadline is serve_deadline_ms, the others'
+        deadline_ms."""
         w = config.entity_workers
         workers = 1 if use == "query" else int(w[use])
-        workers = usable_cores() if use == "index" and workers == 0 else workers
+        if use == "index" and workers == 0:
+            fill = usable_cores() if documents is None else documents // DOCUMENTS_PER_WORKER
+            workers = max(1, min(usable_cores(), fill))
         deadline_s = float(w.serve_deadline_ms if use == "serve" else w.deadline_ms) / 1e3
         return cls(workers, deadline_s, int(w.max_restarts), float(w.restart_window_s))
 

@@ -58,7 +58,7 @@ class QueryLanguages:
             # why: a language's pipelines (and the fallback rule) load only for a query in that language
             from cfir_jax.nlp.entity_languages import language_ner
 
-            self._ner[code] = language_ner(self.config, setup_of(self.config, code), self._loaded, pooled=False)
+            self._ner[code] = language_ner(self.config, setup_of(self.config, code), self._loaded, pooled=0)
         return self._ner[code]
 
     def summarizer(self, code: str):

@@ -11,7 +11,7 @@ import pytest
 
 from cfir_jax.builders import entities
 from cfir_jax.data.synthetic import SyntheticConfig, generate
-from cfir_jax.nlp.entity_workers import EntityWorkers
+from cfir_jax.nlp.entity_workers import DOCUMENTS_PER_WORKER, EntityWorkers
 from cfir_jax.stores.layout import Layout
 
 
@@ -45,7 +45,7 @@ def _config(workers: int | None):
 
 def test_the_entity_stage_with_workers_writes_the_store_the_process_alone_writes(corpus, tmp_path):
     alone = entities.build_entities(_config(1), Layout.of(tmp_path / "alone"), corpus)
-    extractor = entities.entity_extractor(_config(2)).extractor
+    extractor = entities.entity_extractor(_config(2), corpus.num_documents).extractor
     assert isinstance(extractor.workers, EntityWorkers) and extractor.workers.workers == 2
     extractor.workers.close()
     before = _children()
@@ -54,14 +54,25 @@ def test_the_entity_stage_with_workers_writes_the_store_the_process_alone_writes
     assert [pooled.entities_of(i) for i in range(pooled.num_docs)] == \
         [alone.entities_of(i) for i in range(alone.num_docs)]
     assert any(alone.entities_of(i) for i in range(alone.num_docs))
-    assert pooled.manifest["labels"] == alone.manifest["labels"] and entities.entity_extractor(_config(1)).extractor \
-        .workers is None
+    assert pooled.manifest["labels"] == alone.manifest["labels"]
+    assert entities.entity_extractor(_config(1), 10_000).extractor.workers is None
 
 
 def test_the_entity_stage_runs_a_worker_per_usable_core_by_default(monkeypatch):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 3})  # the cores this process may use
-    pool = entities.entity_extractor(_config(None)).extractor.workers
+    pool = entities.entity_extractor(_config(None), 3 * DOCUMENTS_PER_WORKER).extractor.workers
     try:
         assert isinstance(pool, EntityWorkers) and pool.workers == 3 and len(pool.describe()["pids"]) == 3
     finally:
         pool.close()
+
+
+def test_a_default_pool_starts_no_worker_that_its_documents_do_not_pay_for(monkeypatch, corpus):
+    """A worker per DOCUMENTS_PER_WORKER documents to parse, up to the usable cores: the tiny world's 40 parse in the
+    command's own process, and so does an addition of a few documents to a large collection."""
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 3})
+    before = _children()
+    assert entities.entity_extractor(_config(None), corpus.num_documents).extractor.workers is None
+    assert entities.entity_extractor(_config(None), 2 * DOCUMENTS_PER_WORKER - 1, {"en": 10_000}).extractor \
+        .workers is None  # one worker's worth: the main thread
+    assert _children() == before

@@ -24,7 +24,7 @@ from cfir_jax.core.config_workers import entity_workers_config
 from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp import entity_workers
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
-from cfir_jax.nlp.entity_workers import EntityWorkers, PoolClosed, Settings
+from cfir_jax.nlp.entity_workers import DOCUMENTS_PER_WORKER, EntityWorkers, PoolClosed, Settings
 
 TEXTS = [f"Ada Lovelace wrote to Charles Babbage from London about the Analytical Engine, letter {i}."
          for i in range(24)] + ["Nothing named here.", "Marie Curie worked in Paris and Warsaw."]
@@ -163,6 +163,9 @@ def test_index_workers_default_to_the_usable_cores_and_a_number_wins(monkeypatch
     assert config.entity_workers.index == 0  # the default: every usable core
     config.entity_workers.index = index
     assert Settings.of(config, "index").workers == workers
+    assert Settings.of(config, "index", 10 * DOCUMENTS_PER_WORKER).workers == workers  # documents that fill them
+    assert Settings.of(config, "index", 2 * DOCUMENTS_PER_WORKER).workers == (2 if index == 0 else workers)
+    assert Settings.of(config, "index", DOCUMENTS_PER_WORKER - 1).workers == (1 if index == 0 else workers)
     assert Settings.of(config, "serve").workers == config.entity_workers.serve  # the others keep their number
 
 
