@@ -22,11 +22,11 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from startup import timed  # the script's folder is on sys.path
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -55,16 +55,6 @@ VARIANTS = {  # name -> the layers switched off
 }
 
 
-def timed(cmd: list[str], env: dict) -> float:
-    """Wall seconds of one whole process; a failure stops the benchmark with its output."""
-    t0 = time.monotonic()
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
-    wall = time.monotonic() - t0
-    if proc.returncode != 0:
-        sys.exit(f"{' '.join(cmd[:3])} failed:\n{proc.stderr[-3000:]}")
-    return wall
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--index", required=True, help="a built workdir (demo_work)")
@@ -79,12 +69,12 @@ def main() -> None:
     commands = {name: [sys.executable, "-c", RUN, off, "--index", index, "--query", query]
                 for name, off in VARIANTS.items()}
     for name in VARIANTS:  # the first run writes the variant's cache
-        timed(commands[name], envs[name])
+        timed(commands[name], REPO, envs[name])
     walls: dict[str, list[float]] = {name: [] for name in ["floor", *VARIANTS]}
     for _ in range(args.runs):
-        walls["floor"].append(timed([sys.executable, "-c", "import jax, flax.nnx"], envs["all"]))
+        walls["floor"].append(timed([sys.executable, "-c", "import jax, flax.nnx"], REPO, envs["all"]))
         for name in VARIANTS:
-            walls[name].append(timed(commands[name], envs[name]))
+            walls[name].append(timed(commands[name], REPO, envs[name]))
     print_table(walls, args.runs)
 
 
