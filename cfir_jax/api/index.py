@@ -301,17 +301,24 @@ class Index:
                 for d, r, top in zip(docs, results, tops)]
 
     def retrieve(self, docs: Sequence[DocumentInput], method: str | None = None, progress: bool = False,
-                 where: Sequence[Any] | None = None, fold: bool = False) -> list[Retrieval]:
-        """The pipeline's own answers (`cfir_jax.retrieve.pipeline.Retrieval`: rows, SR's agreement, no captions) of
-        `docs`, for evaluation (`retrieve.py --evaluate`), which scores every hit and shows none; where: as
-        `search`'s, for every document; fold: near-duplicates folded (off: evaluation counts every picture, as the
-        paper does)."""
+                 where: Sequence[Any] | None = None, fold: bool = False) -> list[Result]:
+        """The records of `docs` with every hit the pipeline ranked (ids, scores, `Result.rows`; SR's agreement, the
+        re-ranker's features where collected; no captions read), for evaluation (`retrieve.py --evaluate`), which
+        scores every hit and shows none, the fits and a service's warm-up; where: as `search`'s, for every
+        document; fold: near-duplicates folded (off: evaluation counts every picture, as the paper does)."""
         retriever = self._retriever(method)
         conds = conditions(where)
         if conds:
             docs = [dataclasses.replace(d, where=conds) for d in docs]
             self.admit(docs[:1], 1, method)  # one filter for all: the first document's check is theirs
-        return duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress), fold)
+        found = duplicates.folded(retriever, retriever.retrieve_many(docs, progress=progress), fold)
+        return self._records(docs, found, retriever)
+
+    def _records(self, docs: Sequence[DocumentInput], found: Sequence[Retrieval], retriever: Retriever
+                 ) -> list[Result]:
+        """Every hit of each answer as a record, no caption read (what is measured, not shown)."""
+        return [Result.of(d.doc_id, r, retriever.describe_image, len(r.hits), self._version, described=0)
+                for d, r in zip(docs, found)]
 
     def _top(self, top_k: int) -> int:
         return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
@@ -437,14 +444,16 @@ class Index:
         search = LexicalSearch(retriever.rcfg, lexical.READER.open_for(retriever.stores), retriever.stores.live)
         return search.search_many(list(texts))
 
-    def retrieve_with_unions(self, docs: Sequence[DocumentInput], progress: bool = False) -> tuple[list, list]:
-        """The default method's answers of `docs` (`retrieve`'s) and what its scorer kept of each document's union:
-        (rows, image scores, text scores), None without a usable entity; the image-text fusion's fit re-fuses it."""
+    def retrieve_with_unions(self, docs: Sequence[DocumentInput], progress: bool = False
+                             ) -> tuple[list[Result], list]:
+        """The default method's answers of `docs` (`retrieve`'s records) and what its scorer kept of each document's
+        union: (rows, image scores, text scores), None without a usable entity; the image-text fusion's fit re-fuses
+        it."""
         retriever = self._retriever()
         scorer = retriever.methods.scorer(retriever.stores)
         scorer.kept = []
         results = retriever.retrieve_many(docs, progress=progress)
-        return results, scorer.kept
+        return self._records(docs, results, retriever), scorer.kept
 
 
 def _document(text: str | os.PathLike, doc_id: str, limit: int, lang: str | None, where: tuple[Condition, ...],

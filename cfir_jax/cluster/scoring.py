@@ -24,6 +24,7 @@ import numpy as np
 
 from cfir_jax.cluster.shard import IMAGES_ONLY, Ranked, ShardClient, shard_bounds
 from cfir_jax.core.errors import CfirError
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.search.topk import best_first
 
 
@@ -74,12 +75,14 @@ class ShardedSR:
         return [merge_ranked([answers[s][i][0] for s in answers], [answers[s][i][1] for s in answers], self.top_k)
                 for i in range(len(unions))]
 
-    def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = IMAGES_ONLY) -> Ranked:
+    def exact_search(self, queries: np.ndarray, k: int, live: LiveRows, weights: tuple[float, float] = IMAGES_ONLY
+                     ) -> Ranked:
         """Every shard's exact top-k over its live rows, merged: (scores, rows) [Q, k'], k' = min(k, the most any
-        query got), shorter queries padded (row -1, score -inf) as one process's are. Within a filtered call (the
-        front's rows narrowed, `cfir_jax.retrieve.filters`) the shards are asked past k and the passing rows kept."""
-        if getattr(self.live, "scoped", False):
-            return self.live.search(lambda fetch: self._merged(queries, fetch, weights), k)
+        query got), shorter queries padded (row -1, score -inf) as one process's are. For a call of fewer rows than
+        the version's live ones (`live`: a filter's, `cfir_jax.retrieve.filters`, or folding's refill) the shards
+        are asked past k and the rows of `live` kept."""
+        if live is not self.live:
+            return live.search(lambda fetch: self._merged(queries, fetch, weights), k)
         return self._merged(queries, k, weights)
 
     def _merged(self, queries: np.ndarray, k: int, weights: tuple[float, float]) -> Ranked:
@@ -92,8 +95,8 @@ class ShardedSR:
             scores[q, : len(s)], rows[q, : len(r)] = s, r
         return scores, rows
 
-    def full_search(self, query: np.ndarray, k: int) -> Ranked:
-        scores, rows = self.exact_search(query[None], k, self.fusion if self.fused else IMAGES_ONLY)
+    def full_search(self, query: np.ndarray, k: int, live: LiveRows) -> Ranked:
+        scores, rows = self.exact_search(query[None], k, live, self.fusion if self.fused else IMAGES_ONLY)
         return scores[0], rows[0]
 
     def agreement(self, query: np.ndarray, union: np.ndarray, ranked_rows: np.ndarray) -> float:

@@ -136,8 +136,8 @@ class ShardIndex:
         """Exact top-k over this shard's live rows, queries [Q, D] -> (scores, rows) [Q, k'], weights (w_img, w_txt)
         of a fused search (the default scores the images alone)."""
         sr = self._sr(tuple(weights) != IMAGES_ONLY)
-        return Answer(self.vid, sr.exact_search(np.asarray(queries, np.float32), k, tuple(weights), span=(self.lo,
-                                                                                                          self.hi)))
+        found = sr.exact_search(np.asarray(queries, np.float32), k, self.live, tuple(weights), span=(self.lo, self.hi))
+        return Answer(self.vid, found)
 
     def warm_up(self, max_batch: int) -> None:
         """Compiles what a front's batch of up to max_batch documents sends, before this version answers: the

@@ -20,6 +20,7 @@ from cfir_jax.eval.comparison import Row, comparison_rows, full_row_note, k_rows
 from cfir_jax.eval.train_time import train_time
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.filters import Filter
+from cfir_jax.retrieve.results import Result
 from cfir_jax.stores.entity_index import EntityIndex
 from cfir_jax.stores.layout import Layout
 
@@ -78,12 +79,11 @@ def train_time_of(index: Index) -> str:
     return t.label() if t is not None else "not logged"
 
 
-def _filtered(where: list[str], first) -> str:
+def _filtered(where: list[str], first: Result) -> str:
     """The topics line's filter part: how many pictures pass `where` (every topic's filter is the same)."""
     if first.passed is None:
         return ""
-    passed, live = first.passed
-    return f", filtered by {Filter(where)}: {passed:,} of {live:,} pictures pass"
+    return f", filtered by {Filter(where)}: {first.passed:,} of {first.live:,} pictures pass"
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir, topics: Topics, rows: Sequence[Row],
@@ -102,13 +102,13 @@ def evaluate(config: ml_collections.ConfigDict, workdir, topics: Topics, rows: S
         index = Index(row_config, workdir, row.method, evaluation=True)  # retrieval.eval_sr, agreement measured
         sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
         docs = index.corpus_documents(split)
-        results = index.retrieve(docs, progress=True, where=where, fold=fold)  # the pipeline's records: rows
+        results = index.retrieve(docs, progress=True, where=where, fold=fold)  # every hit, no caption read
         rule = row_config.retrieval.unknown_entities if index.reads_entities() else "-"
         if rule != "-":  # the same entities for every row: one count per rule, with the rows that used it
             rules.setdefault(rule, (results, []))[1].append(row.label)
         all_results.append(results)
         scorers.append(index.scored_by)  # what scored the row (its words), not the row's stores
-        run = runs.run_of(results, [d.doc_id for d in docs])
+        run = runs.run_of(results)
         qrels = index.qrels(split)
         if plot:
             curves[row.label] = plots.recall_curve(run, qrels)

@@ -10,14 +10,11 @@ from collections.abc import Iterable, Sequence
 from cfir_jax.eval import trec
 
 
-def run_of(results: Iterable, ids: Iterable[str] | None = None) -> dict[str, list[tuple[str, float]]]:
+def run_of(results: Iterable) -> dict[str, list[tuple[str, float]]]:
     """A TREC run {query id: [(image id, score), ...]}: the one maker of a run, of the library's records
-    (`cfir_jax.retrieve.results.Result`, each its id) or of the pipeline's rankings that evaluation scores
-    (`cfir_jax.retrieve.pipeline.Retrieval`, with their documents' `ids`); both read by their fields (a hit's `id`,
-    its `score`): eval stands below retrieval."""
-    results = list(results)
-    ids = [r.id for r in results] if ids is None else list(ids)
-    return {i: [(h.id, h.score) for h in r.hits] for i, r in zip(ids, results)}
+    (`cfir_jax.retrieve.results.Result`: its `id`, each hit's `id` and `score`), which every door and evaluation
+    read alike; named by their fields, not imported: eval stands below retrieval."""
+    return {r.id: [(h.id, h.score) for h in r.hits] for r in results}
 
 
 def write_and_score(run: dict, output: str, qrels: str, tag: str, top: int, measures: str = "trec_eval",

@@ -154,7 +154,7 @@ def fit_reranker(config: ml_collections.ConfigDict, workdir, progress: bool = Tr
         n = len(result.rerank_features)
         features[q, :n], valid[q, :n] = result.rerank_features, True
         relevant = qrels.get(doc.doc_id, {})
-        labels[q, :n] = [relevant.get(h.image_id, 0) > 0 for h in result.hits[:n]]
+        labels[q, :n] = [relevant.get(h.id, 0) > 0 for h in result.hits[:n]]
     kept = np.flatnonzero(labels.any(axis=1))
     kept = rng.permutation(kept)
     num_heldout = max(1, round(float(rerank.heldout) * len(kept))) if len(kept) > 1 else 0

@@ -28,6 +28,7 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.eval import metrics
 from cfir_jax.eval.comparison import CONVEX, TEXT_CONVEX
 from cfir_jax.retrieve.lexical import convex
+from cfir_jax.retrieve.results import Result
 from cfir_jax.retrieve.text_fusion import fuse
 from cfir_jax.stores.contract import atomic_dir, write_manifest
 from cfir_jax.stores.convex_fusion import FORMAT_VERSION, KIND
@@ -47,8 +48,8 @@ def _index(config: ml_collections.ConfigDict, workdir, row, method: str, split: 
     return index, index.corpus_documents(split)
 
 
-def _ranked(result) -> Ranked:
-    return (np.array([h.score for h in result.hits], np.float32), np.array([h.row for h in result.hits], np.int32))
+def _ranked(result: Result) -> Ranked:
+    return np.array([h.score for h in result.hits], np.float32), np.array(result.rows, np.int32)
 
 
 def _sweep(index: Index, docs: list, split: str, fused: Callable[[int, float], Ranked]) -> dict:

@@ -18,6 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
+from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval, Retriever
 from cfir_jax.stores.duplicates import Duplicates
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ def fold(retrieval, group: np.ndarray):
     return dataclasses.replace(retrieval, hits=shown)
 
 
-def prepare(retriever) -> None:
+def prepare(retriever: Retriever) -> None:
     """Opens the retriever's near-duplicate groups now, where the workdir has them, so that they are of the version
     its other stores were opened at (the caller holds that version's reading), not of one committed later."""
     stores = getattr(retriever, "stores", None)  # a stand-in engine without stores (tests) folds nothing
@@ -76,7 +77,8 @@ def store_of(stores) -> Duplicates | None:
     return None if stores.duplicates is _ABSENT else stores.duplicates
 
 
-def retrieve_folded(retriever, docs: Sequence, fold_them, top, progress: bool = False) -> list:
+def retrieve_folded(retriever: Retriever, docs: Sequence[DocumentInput], fold_them, top, progress: bool = False
+                    ) -> list[Retrieval]:
     """The retriever's rankings of `docs` (`Retriever.retrieve_many`, each under its own conditions), folded when
     `fold_them`, filled up to `top` shown hits (`folded`): what the library's `Index` answers with. A document that
     asks for facets has them counted over its whole ranking first, each group of near-duplicates once where folded
@@ -86,7 +88,8 @@ def retrieve_folded(retriever, docs: Sequence, fold_them, top, progress: bool = 
     return folded(retriever, raw, fold_them, docs, top)
 
 
-def faceted(retriever, retrievals: list, names: Sequence[Sequence[str]], fold_them: bool | Sequence[bool]) -> None:
+def faceted(retriever: Retriever, retrievals: list[Retrieval], names: Sequence[Sequence[str]],
+            fold_them: bool | Sequence[bool]) -> None:
     """Counts each retrieval's facets where its query asks (`names`, each its own), each group of near-duplicates once
     where it is folded (`fold_them`: one for all, or each's) and the workdir has the groups."""
     if not any(names):
@@ -98,8 +101,8 @@ def faceted(retriever, retrievals: list, names: Sequence[Sequence[str]], fold_th
     retriever.filters.facets().count_retrievals(names, retrievals, groups)  # cfir_jax.retrieve.facets
 
 
-def folded(retriever, retrievals: list, fold_them: bool | Sequence[bool], docs: Sequence | None = None,
-           top: int | Sequence[int] = 0) -> list:
+def folded(retriever: Retriever, retrievals: list[Retrieval], fold_them: bool | Sequence[bool],
+           docs: Sequence[DocumentInput] | None = None, top: int | Sequence[int] = 0) -> list[Retrieval]:
     """What every door calls: `retrievals` folded by the retriever's duplicates store when `fold_them` (one for all,
     or each ranking's own: a service's batch of requests) and the workdir has one, else as they are. With `docs`
     (the documents retrieved) and `top` (the hits to show: one for all, or each's), a ranking that folding left
@@ -120,16 +123,17 @@ def folded(retriever, retrievals: list, fold_them: bool | Sequence[bool], docs: 
     return out
 
 
-def refilled(retriever, group: np.ndarray, doc, shown, top: int, rounds: int = 4):
+def refilled(retriever: Retriever, group: np.ndarray, doc: DocumentInput, shown: Retrieval, top: int,
+             rounds: int = 4) -> Retrieval:
     """`shown` (a folded ranking of `doc` short of `top` hits) filled up: the document retrieved again with the
-    pictures folded so far counted as removed for the call (`search.live_rows.ScopedRows`: this call's own rows,
-    composed with the document's own filter), its new ranking folded, each shown hit keeping the duplicates folded
+    pictures folded so far counted as removed for the call (the call's rows, `retrieve_many(..., live=...)`,
+    narrowed by the document's own filter), its new ranking folded, each shown hit keeping the duplicates folded
     under it before. At most `rounds` more retrievals; it stops when a ranking brings nothing new."""
     live = retriever.stores.live
     hidden = {d for h in shown.hits for d in h.duplicates}
     for _ in range(rounds):
-        with live.only(live.without([retriever.stores.cache.index_of(i) for i in hidden])):
-            raw = retriever.retrieve_many([doc])[0]
+        rows = live.without([retriever.stores.cache.index_of(i) for i in hidden])
+        raw = retriever.retrieve_many([doc], live=rows)[0]
         before = {h.image_id: h.duplicates for h in shown.hits}
         again = fold(raw, group)
         hits = [dataclasses.replace(h, duplicates=before.get(h.image_id, ()) + h.duplicates) for h in again.hits]

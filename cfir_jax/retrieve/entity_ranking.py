@@ -18,6 +18,7 @@ from cfir_jax.nlp import entity_workers
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 from cfir_jax.search.knn import ScannSearcher, drop_padding, search_with_tail
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.search.topk import best_first, unique_sorted
 from cfir_jax.stores.integrity import check_embeddings
 
@@ -26,15 +27,14 @@ Ranked = tuple[np.ndarray, np.ndarray]  # (scores [k'], cache rows [k'])
 
 class EntityRanking:
     """Candidate lists of entities. stores: the opened `Stores` (entity index, encoder, text matches);
-    exact_search(queries [Q, D], k) -> (scores, rows) [Q, k']: the whole-cache search for unseen entities when the
-    index kept no ScaNN searcher."""
+    exact_search(queries [Q, D], k, live) -> (scores, rows) [Q, k']: the whole-cache search of the rows `live` for
+    unseen entities when the index kept no ScaNN searcher (`Scoring.exact_search`)."""
 
-    def __init__(self, config, stores, exact_search: Callable[[np.ndarray, int], Ranked]):
+    def __init__(self, config, stores, exact_search: Callable[[np.ndarray, int, LiveRows], Ranked]):
         self.config, self.rcfg = config, config.retrieval
         self.index, self.encoder, self.text_match = stores.entity_index, stores.entity_encoder, \
             stores.extra.get("entity_text_match")
         self.embeddings = stores.embeddings
-        self.live = stores.live  # removed images never enter a list (cfir_jax.search.live_rows)
         self.encoder_dir = stores.encoder_dir or stores.layout.encoder
         self._exact_search = exact_search
         self._nlp = None
@@ -87,10 +87,11 @@ class EntityRanking:
                 found = self.extractor().extract(missing)
         return (d.entities if d.entities is not None else next(found) for d in docs)
 
-    def candidates(self, entities: list[str], with_scores: bool = True
+    def candidates(self, entities: list[str], live: LiveRows, with_scores: bool = True
                    ) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[str], list[str]]:
         """Candidate lists per usable entity, with each list's entity-image scores [k_j] (stored by the index; the
-        query-time search's for unseen entities) when with_scores, else None: (lists, scores, used, unknown)."""
+        query-time search's for unseen entities) when with_scores, else None: (lists, scores, used, unknown). Only
+        rows of `live` enter a list (the call's rows: removed images and a filter's failing ones never do)."""
         known_rows, known, unknown = [], [], []
         for e in entities:
             r = self.index.row(e)
@@ -100,25 +101,25 @@ class EntityRanking:
                 known_rows.append(r)
                 known.append(e)
         rows_known = np.asarray(known_rows, np.int64)
-        lists, scores = self._stored_lists(rows_known, with_scores) if known_rows else \
+        lists, scores = self._stored_lists(rows_known, with_scores, live) if known_rows else \
             ([], [] if with_scores else None)
         if self.text_match is not None and known_rows:
-            lists, scores = self._with_text_matches(rows_known, lists, scores)
+            lists, scores = self._with_text_matches(rows_known, lists, scores, live)
         searched: list[str] = []
         if unknown and self.rcfg.unknown_entities == "search":
-            found, rows = self._search(unknown)
+            found, rows = self._search(unknown, live)
             lists += drop_padding(rows)  # ScaNN may find fewer than K: its padding never reaches the union
             if with_scores:
                 scores += [np.asarray(s[r >= 0], np.float32) for s, r in zip(found, np.asarray(rows))]
             searched = unknown
         return lists, scores, known + searched, unknown
 
-    def _stored_lists(self, rows_known: np.ndarray, with_scores: bool
+    def _stored_lists(self, rows_known: np.ndarray, with_scores: bool, live: LiveRows
                       ) -> tuple[list[np.ndarray], list[np.ndarray] | None]:
         """The index's lists of rows_known (best first) and their scores when with_scores, of live rows only. With
         rows removed, a list is read past the cut (retrieval.k) to its first k live candidates, so that the union
         still holds k per entity where the stored list has them."""
-        removed = self.live.num_removed > 0
+        removed = live.num_removed > 0
         index = self.index.with_k(0) if removed else self.index
         lists = index.candidates(rows_known)
         scores = index.scores(rows_known) if with_scores else None
@@ -126,29 +127,29 @@ class EntityRanking:
             return lists, scores
         k = self.index.k
         if scores is None:
-            return [self.live.keep(c)[:k] for c in lists], None
-        pairs = [self.live.keep(c, s) for c, s in zip(lists, scores)]
+            return [live.keep(c)[:k] for c in lists], None
+        pairs = [live.keep(c, s) for c, s in zip(lists, scores)]
         return [c[:k] for c, _ in pairs], [s[:k] for _, s in pairs]
 
-    def _with_text_matches(self, rows_known, lists, scores):
+    def _with_text_matches(self, rows_known, lists, scores, live: LiveRows):
         """Matched images the embedding search missed go after the entity's own top-K (its order is kept); their
         entity-image score, which the index never computed, is taken as the list's lowest."""
-        extra = [self.live.keep(np.setdiff1d(m, c).astype(np.int32))
+        extra = [live.keep(np.setdiff1d(m, c).astype(np.int32))
                  for c, m in zip(lists, self.text_match.rows_of(rows_known))]
         if scores is not None:
             scores = [np.concatenate([s, np.full(len(x), s.min() if len(s) else 0.0, np.float32)])
                       for s, x in zip(scores, extra)]
         return [np.concatenate([c, x]) for c, x in zip(lists, extra)], scores
 
-    def _search(self, unknown: list[str]) -> Ranked:
+    def _search(self, unknown: list[str], live: LiveRows) -> Ranked:
         """Unseen entities' top-K live rows over the cache: the index's ScaNN searcher when it kept one (with exact
         search over the rows appended since it was built, removed rows filtered), else exact (which keeps the live
         ones itself)."""
         emb = self.encoder.encode(unknown)
         check_embeddings(emb, self.encoder_dir, "entity")  # a damaged encoder, named as such
         if self._searcher is not None:
-            return search_with_tail(self._searcher, self.embeddings, emb, self.index.k, self.live.removed)
-        return self._exact_search(emb, self.index.k)
+            return search_with_tail(self._searcher, self.embeddings, emb, self.index.k, live.removed)
+        return self._exact_search(emb, self.index.k, live)
 
     def entity_only_ranking(self, lists: list[np.ndarray], used: list[str], k: int) -> Ranked:
         """Entity-only baseline: each candidate scored by its best entity-candidate similarity."""

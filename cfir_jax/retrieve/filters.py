@@ -18,10 +18,9 @@ the service).
 from __future__ import annotations
 
 import collections
-import contextlib
 import operator
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -195,12 +194,12 @@ class RowFilter:
                 self._masks.popitem(last=False)
         return mask
 
-    def rows(self, where: tuple[Condition, ...]) -> tuple[LiveRows | None, str]:
-        """(the live rows that pass `where`, a note saying how many) or (None, "") without a filter."""
+    def rows(self, where: tuple[Condition, ...], live: LiveRows) -> tuple[LiveRows, str]:
+        """(the rows of `live` that pass `where`, a note saying how many) or (`live`, "") without a filter. live: the
+        rows the call may return before its filter (the version's live rows, or fewer: folding's refill)."""
         if not where:
-            return None, ""
+            return live, ""
         shown = Filter(where)
-        live = self.stores.live.now()  # the live rows, or those a caller set for this call (folding's refill)
         removed = ~self.check(where)
         if live.removed is not None:
             removed |= live.removed
@@ -209,29 +208,23 @@ class RowFilter:
             return rows, f"no picture passes the filter {shown}: nothing to rank"
         return rows, f"filtered by {shown}: {rows.num_live:,} of {live.num_live:,} pictures pass"
 
-    @contextlib.contextmanager
-    def applied(self, where: tuple[Condition, ...]) -> Iterator[tuple[LiveRows | None, str]]:
-        """(rows, note) of `where` (`rows`), every part answering from those rows for the length of the block."""
-        rows, note = self.rows(where)
-        with self.stores.live.only(rows):
-            yield rows, note
-
-    def run(self, docs: Sequence, retrieve: Callable[[list], list], empty: Callable[[str, int], list]) -> list:
-        """`retrieve(docs)`'s results, each document (a `DocumentInput`) searched under its own conditions
-        (`doc.where`), documents of one filter together (their notes say it); `empty(note, n)` for the n documents
-        of a filter nothing passes."""
+    def run(self, docs: Sequence, live: LiveRows, retrieve: Callable[[list, LiveRows], list],
+            empty: Callable[[str, int], list]) -> list:
+        """`retrieve(docs, rows)`'s results, each document (a `DocumentInput`) searched under its own conditions
+        (`doc.where`) over the rows of `live` that pass them (`rows`, the argument every part of the call scores
+        with), documents of one filter together (their notes say it); `empty(note, n)` for the n documents of a
+        filter nothing passes."""
         keys = [d.where for d in docs]
-        live = self.stores.live.now().num_live  # the pictures a filter cuts (the block below narrows them)
         out: list = [None] * len(docs)
         for key in dict.fromkeys(keys):
             at = [i for i, k in enumerate(keys) if k == key]
             part = [docs[i] for i in at] if len(at) < len(docs) else list(docs)
-            with self.applied(key) as (rows, note):
-                results = empty(note, len(part)) if rows is not None and not rows.num_live else retrieve(part)
+            rows, note = self.rows(key, live)
+            results = empty(note, len(part)) if key and not rows.num_live else retrieve(part, rows)
             for i, r in zip(at, results):
                 if note and rows.num_live:
                     r.note = "; ".join(n for n in (r.note, note) if n)
-                if rows is not None:  # the note's count, as a field (`Retrieval.passed`)
-                    r.passed = (rows.num_live, live)
+                if key:  # the note's count, as a field (`Retrieval.passed`)
+                    r.passed = (rows.num_live, live.num_live)
                 out[i] = r
         return out

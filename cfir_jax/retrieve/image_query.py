@@ -25,7 +25,6 @@ with no entities.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import threading
 import time
@@ -39,6 +38,7 @@ from cfir_jax.core.query_rule import QueryRefused, check_top_k
 from cfir_jax.retrieve.pipeline import RankedImage, Retrieval, Retriever
 from cfir_jax.retrieve.queries import read_bounded
 from cfir_jax.search.knn import ScannSearcher, search_with_tail
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.integrity import check_embeddings, check_scores, row_norm_bound
 
 __all__ = ["Expired", "PictureSearch", "PictureTooLarge", "UnknownPicture", "UnsupportedPicture", "UnusablePicture",
@@ -193,13 +193,13 @@ class PictureSearch:
             raise UnknownPicture(f"image id {shown} was removed (index.py --remove): it answers no query and is none")
         return row
 
-    def nearest(self, query: np.ndarray, top_k: int) -> tuple[np.ndarray, np.ndarray]:
-        """The query's top_k live rows: (scores [k'], rows [k']), best first, padding dropped."""
+    def nearest(self, query: np.ndarray, top_k: int, live: LiveRows) -> tuple[np.ndarray, np.ndarray]:
+        """The query's top_k rows of `live` (the live rows, or a filter's): (scores [k'], rows [k']), best first,
+        padding dropped."""
         if self.searcher is not None:
-            scores, rows = search_with_tail(self.searcher, self.cache.embeddings, query, top_k,
-                                            self.stores.live.removed)
+            scores, rows = search_with_tail(self.searcher, self.cache.embeddings, query, top_k, live.removed)
         else:
-            scores, rows = self.sr.exact_search(query, top_k)
+            scores, rows = self.sr.exact_search(query, top_k, live)
         scores, rows = np.asarray(scores[0]), np.asarray(rows[0])
         return scores[rows >= 0], rows[rows >= 0]
 
@@ -269,9 +269,9 @@ def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: 
             query = engine.cache.gather([engine.row_of(image_id)])
             times["lookup"], query_norm = 1e3 * (time.perf_counter() - t0), engine.norm
         t1 = time.perf_counter()
-        with retriever.filters.applied(where) if where else contextlib.nullcontext((None, "")) as (_, note):
-            scores, rows = engine.nearest(query, top_k)
-            searched = engine.stores.live.num_live
+        live, note = retriever.filters.rows(tuple(where), engine.stores.live) if where else (engine.stores.live, "")
+        scores, rows = engine.nearest(query, top_k, live)
+        searched = live.num_live
         t2 = time.perf_counter()
     check_scores(scores, query_norm * engine.norm, str(engine.cache.path))  # a damaged row: one line, never a hit
     ids = engine.cache.ids

@@ -16,6 +16,7 @@ import numpy as np
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.languages import REFERENCE
 from cfir_jax.search.bm25 import BM25Search, Pruning, Ranked, top_k
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.search.topk import unique_sorted
 from cfir_jax.stores.lexical import LexicalIndex
 
@@ -41,18 +42,19 @@ class LexicalSearch:
         self.search = BM25Search(self.store.indptr, self.store.indices, self.store.data, self.store.num_rows,
                                  live=live, pruning=pruning)
 
-    def search_many(self, texts: Sequence[str], k: int | None = None, langs: Sequence[str | None] = ()
-                    ) -> list[Ranked]:
-        """Each text's top k (default retrieval.lexical.top_k) live pictures: (scores, rows), best first; `langs`:
-        each text's language (English where not given)."""
+    def search_many(self, texts: Sequence[str], k: int | None = None, langs: Sequence[str | None] = (),
+                    live: LiveRows | None = None) -> list[Ranked]:
+        """Each text's top k (default retrieval.lexical.top_k) pictures of `live` (None: the version's live rows):
+        (scores, rows), best first; `langs`: each text's language (English where not given)."""
         k = int(k or self.cfg.top_k)
         langs = list(langs) + [None] * (len(texts) - len(langs))
-        return [self.search.search(*self.store.query_terms(t, lang or REFERENCE, self.union), k)
+        return [self.search.search(*self.store.query_terms(t, lang or REFERENCE, self.union), k, live)
                 for t, lang in zip(texts, langs)]
 
-    def search_docs(self, docs) -> list[Ranked]:
-        """`search_many` of documents (each with its `text` and `lang`, as retrieval's DocumentInput)."""
-        return self.search_many([d.text for d in docs], langs=[d.lang for d in docs])
+    def search_docs(self, docs, live: LiveRows) -> list[Ranked]:
+        """`search_many` of documents (each with its `text` and `lang`, as retrieval's DocumentInput) over the rows
+        `live` (the call's)."""
+        return self.search_many([d.text for d in docs], langs=[d.lang for d in docs], live=live)
 
     def model_note(self, methods) -> str:
         """What a CFIR row adds to its model column (the --compare table)."""

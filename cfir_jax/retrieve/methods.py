@@ -17,6 +17,7 @@ import numpy as np
 
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.registry import Registry
+from cfir_jax.search.live_rows import LiveRows
 
 Ranked = tuple[np.ndarray, np.ndarray]
 NO_ENTITY_NOTE = "no usable entity: searched the whole cache with the summary embedding"
@@ -58,9 +59,10 @@ class Method:
         """Which model scored this method's queries (the --compare table)."""
         return f"{model_kind(stores)}, {self.rcfg.max_text_len} tokens"
 
-    def rank(self, retriever, query: np.ndarray | None, lists: list[np.ndarray], used: list[str],
+    def rank(self, retriever, query: np.ndarray | None, lists: list[np.ndarray], used: list[str], live: LiveRows,
              lexical: Ranked | None = None) -> tuple[Ranked | None, str]:
-        """lexical: the document's BM25 ranking, for the methods that search W/lexical."""
+        """live: the rows a whole-cache search may return (the call's: `cfir_jax.search.live_rows`); lexical: the
+        document's BM25 ranking, for the methods that search W/lexical."""
         raise NotImplementedError
 
 
@@ -86,10 +88,10 @@ class Cfir(Method):
     uses_entities = True
     summarizes = True
 
-    def rank(self, retriever, query, lists, used, lexical=None):
+    def rank(self, retriever, query, lists, used, live, lexical=None):
         if lists:
             return None, ""
-        return retriever.sr.full_search(query, self.rcfg.top_k), NO_ENTITY_NOTE
+        return retriever.sr.full_search(query, self.rcfg.top_k, live), NO_ENTITY_NOTE
 
 
 @METHODS.register
@@ -111,8 +113,8 @@ class DenseDocument(Method):
     def model_label(self, stores) -> str:
         return f"{model_kind(stores)}, {stores.doc_encoder.max_len} tokens"
 
-    def rank(self, retriever, query, lists, used, lexical=None):
-        return retriever.sr.full_search(query, self.rcfg.top_k), ""
+    def rank(self, retriever, query, lists, used, live, lexical=None):
+        return retriever.sr.full_search(query, self.rcfg.top_k, live), ""
 
 
 @METHODS.register
@@ -122,8 +124,8 @@ class DenseSummary(Method):
     name = "dense_summary"
     summarizes = True
 
-    def rank(self, retriever, query, lists, used, lexical=None):
-        return retriever.sr.full_search(query, self.rcfg.top_k), ""
+    def rank(self, retriever, query, lists, used, live, lexical=None):
+        return retriever.sr.full_search(query, self.rcfg.top_k, live), ""
 
 
 @METHODS.register
@@ -139,7 +141,7 @@ class EntityOnly(Method):
     def model_label(self, stores) -> str:
         return f"frozen index encoder, {stores.entity_encoder.max_len} tokens"
 
-    def rank(self, retriever, query, lists, used, lexical=None):
+    def rank(self, retriever, query, lists, used, live, lexical=None):
         return retriever.entities.entity_only_ranking(lists, used, self.rcfg.top_k), ""
 
 
@@ -164,7 +166,7 @@ class Bm25(Method):
 
         return label(stores.extra["lexical"], self.rcfg.lexical)
 
-    def rank(self, retriever, query, lists, used, lexical=None):
+    def rank(self, retriever, query, lists, used, live, lexical=None):
         k = int(self.rcfg.top_k)
         return (lexical[0][:k], lexical[1][:k]), ""
 
@@ -230,13 +232,13 @@ class CfirTextConvex(Cfir):
         where = f"fitted on {self.fitted.split}" if self.fitted is not None else "retrieval.fusion.alpha"
         return f"{super().model_label(stores)}, fused with image text (convex, alpha={fusion.alpha:g}, {where})"
 
-    def rank(self, retriever, query, lists, used, lexical=None):
+    def rank(self, retriever, query, lists, used, live, lexical=None):
         fusion = self.scorer(retriever.stores)
         if lists:
             return fusion.rank(query, lists, int(self.rcfg.top_k)), ""
         if fusion.kept is not None:  # a fit's documents stay in step with what it keeps
             fusion.kept.append(None)
-        return super().rank(retriever, query, lists, used, lexical)
+        return super().rank(retriever, query, lists, used, live, lexical)
 
 
 def method_of(name: str, rcfg) -> Method:

@@ -21,8 +21,9 @@ built when the Retriever is constructed, so per-query times measure queries: `en
 (which entities brought each hit in), with the third stage `rerank_encode` and `rerank`, with BM25 `lexical`.
 
 Images removed from the collection (`index.py --remove`) are never returned by any method: the stores carry the
-live rows (`Stores.live`, `cfir_jax.search.live_rows`), which ER applies where the candidate lists are formed and SR's
-whole-cache search where its answers come back; the third stage re-orders SR's live list."""
+live rows (`Stores.live`, `cfir_jax.search.live_rows`); a call's rows (those, narrowed by its filter) are an argument
+of each stage, which ER applies where the candidate lists are formed and SR's whole-cache search where its answers
+come back; the third stage re-orders SR's live list."""
 from __future__ import annotations
 
 import dataclasses
@@ -45,10 +46,10 @@ from cfir_jax.retrieve.lexical import LexicalSearch
 from cfir_jax.retrieve.methods import METHODS, method_of
 from cfir_jax.retrieve.query_language import QueryLanguages
 from cfir_jax.retrieve.ranking import Ranking
-from cfir_jax.retrieve.results import shown
 from cfir_jax.retrieve.sr import SRFrontEnd
 from cfir_jax.retrieve.stores import open_stores
 from cfir_jax.retrieve.third_stage import ThirdStage
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.convex_fusion import fitted
 from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
@@ -67,11 +68,6 @@ class RankedImage:
     row: int  # row of the image cache
     entities: tuple[str, ...] = ()  # the document entities whose candidate lists brought this image in
     duplicates: tuple[str, ...] = ()  # its near-duplicates folded under it (cfir_jax.retrieve.duplicates.fold)
-
-    @property
-    def id(self) -> str:
-        """The image's id, as `results.Hit` names it (what a run file reads: `cfir_jax.eval.runs.run_of`)."""
-        return self.image_id
 
 
 @dataclasses.dataclass
@@ -163,7 +159,7 @@ class Retriever:
         self._load_nlp = load_nlp
         # what is shown of the images last shown, least recently used out (a service runs for months)
         self._caption = functools.lru_cache(maxsize=max(0, int(self.rcfg.caption_cache)))(
-            lambda n: shown(self.corpus.image(n)))
+            lambda n: _shown(self.corpus.image(n)))
         self._warm = False
         if cfir:
             self.sr.prepare()  # the compact copy (or the device copy) now (minutes at scale), not in a query's time
@@ -235,25 +231,22 @@ class Retriever:
             self._summarizer = make_summarizer(self.config, self.rcfg.summarizer or None)
         return self._summarizer
 
-    def _candidates(self, entities: list[str]) -> tuple[list[np.ndarray], list[str], list[str]]:
-        """Candidate lists per usable entity, the usable entities, and the unknown ones."""
-        lists, _, used, unknown = self.entities.candidates(entities, with_scores=False)
-        return lists, used, unknown
-
-    def _scored_candidates(self, entities: list[str], with_scores: bool = True):  # `_candidates`, with the scores
-        return self.entities.candidates(entities, with_scores)
-
     def retrieve(self, doc: DocumentInput | str) -> Retrieval:
         return self.retrieve_many([doc if isinstance(doc, DocumentInput) else DocumentInput(doc)])[0]
 
-    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False) -> list[Retrieval]:
+    def retrieve_many(self, docs: Sequence[DocumentInput], progress: bool = False, live: LiveRows | None = None
+                      ) -> list[Retrieval]:
         """Runs the method for every document (its language read, its `where` applied first: `retrieve.filters`),
-        retrieval.batch_size at a time (stages batched); progress: a bar with documents/s (`core.progress`)."""
+        retrieval.batch_size at a time (stages batched); progress: a bar with documents/s (`core.progress`). live:
+        the rows the call may return (None: the version's live rows, `Stores.live`; fewer: folding's refill); each
+        document's filter narrows them, and the rows that leaves are an argument of every stage (ER, BM25, SR's
+        whole-cache searches)."""
         self._warm_up()
-        return self.filters.run(docs, lambda part: self._retrieve_all(part, progress),
+        return self.filters.run(docs, self.stores.live if live is None else live,
+                                lambda part, rows: self._retrieve_all(part, progress, rows),
                                 lambda note, n: [Retrieval([], [], [], "", note) for _ in range(n)])
 
-    def _retrieve_all(self, docs: Sequence[DocumentInput], progress: bool) -> list[Retrieval]:
+    def _retrieve_all(self, docs: Sequence[DocumentInput], progress: bool, live: LiveRows) -> list[Retrieval]:
         docs = self.languages.read(docs, self.entities is not None, self.methods.uses_summary())
         size = max(1, int(self.rcfg.batch_size))
         entities = self.entities.stream(docs) if self.entities is not None else iter([[] for _ in docs])
@@ -264,14 +257,14 @@ class Retriever:
                 batch = docs[b0 : b0 + size]
                 t0 = time.perf_counter()
                 batch_entities = [next(entities) for _ in batch]
-                results += self._retrieve_batch(batch, batch_entities, time.perf_counter() - t0)
+                results += self._retrieve_batch(batch, batch_entities, time.perf_counter() - t0, live)
                 bar.update(len(batch))
         return self.languages.annotate(docs, results, self.entities is not None)
 
-    def _retrieve_batch(self, docs: Sequence[DocumentInput], entities: list[list[str]], entity_s: float
-                        ) -> list[Retrieval]:
-        """One batch: summaries and encoding batched, each document ranked by its method (ER, fallbacks), then SR of
-        every union of the batch at once, the third stage, and the results."""
+    def _retrieve_batch(self, docs: Sequence[DocumentInput], entities: list[list[str]], entity_s: float,
+                        live: LiveRows) -> list[Retrieval]:
+        """One batch: summaries and encoding batched, each document ranked by its method (ER, fallbacks) over the
+        rows `live`, then SR of every union of the batch at once, the third stage, and the results."""
         t1 = time.perf_counter()
         summaries = self._summaries(docs) if self.methods.uses_summary() else [""] * len(docs)
         t2 = time.perf_counter()
@@ -279,11 +272,11 @@ class Retriever:
         if queries is not None:  # a damaged model is named here, before its NaN scores could blame the cache
             check_embeddings(queries, self.stores.model_dir or self.stores.layout.model)
         t3 = time.perf_counter()
-        lexical = self.lexical.search_docs(docs) if self.methods.uses_lexical else None
+        lexical = self.lexical.search_docs(docs, live) if self.methods.uses_lexical else None
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs),
                       **({"lexical": 1e3 * (time.perf_counter() - t3) / len(docs)} if lexical else {})}
-        ranked = [self._rank_one(entities[i], queries[i] if queries is not None else None,
+        ranked = [self._rank_one(entities[i], queries[i] if queries is not None else None, live,
                                  lexical[i] if lexical else None) for i in range(len(docs))]
         self._score_unions(queries, ranked)
         for r in ranked if self.methods.dot_scores else ():  # a damaged row scores NaN or far above 1: refused
@@ -298,14 +291,15 @@ class Retriever:
         self.lexical.fuse_all(ranked, lexical, self.rcfg.top_k, self.methods.convex) \
             if self.methods.lexical_fused else None
         return [self._result(r, entities[i], summaries[i], dict(per_doc_ms, **r.times_ms), rerank_ms[i], features[i],
-                             bool(docs[i].facets)) for i, r in enumerate(ranked)]
+                             live, bool(docs[i].facets)) for i, r in enumerate(ranked)]
 
-    def _rank_one(self, entities: list[str], query: np.ndarray | None, lexical=None) -> Ranking:
-        """ER (entity methods; with BM25's `lexical` ranking's top M) and the method's ranking; SR left to the batch."""
+    def _rank_one(self, entities: list[str], query: np.ndarray | None, live: LiveRows, lexical=None) -> Ranking:
+        """ER (entity methods; with BM25's `lexical` ranking's top M) and the method's ranking over the rows `live`;
+        SR left to the batch."""
         t_start = time.perf_counter()
         r = Ranking()
         if self.entities is not None:
-            r.lists, r.scores, r.used, r.unknown = self.entities.candidates(entities, self.third is not None)
+            r.lists, r.scores, r.used, r.unknown = self.entities.candidates(entities, live, self.third is not None)
             r.union = union_of(r.lists)
             if r.union is not None:
                 check_rows(r.union, len(self.embeddings), self.stores.layout.entity_index)  # sorted: two numbers
@@ -314,7 +308,7 @@ class Retriever:
         elif lexical is not None:
             r.union = np.sort(lexical[1])
         t_er = time.perf_counter()
-        r.ranked, r.note = self.methods.rank(self, query, r.lists, r.used, lexical)
+        r.ranked, r.note = self.methods.rank(self, query, r.lists, r.used, live, lexical)
         r.times_ms = {"er": 1e3 * (t_er - t_start), "score": 1e3 * (time.perf_counter() - t_er)}
         return r
 
@@ -335,13 +329,13 @@ class Retriever:
                 r.agreement = self.sr.agreement(queries[i], r.union, pair[1])
 
     def _result(self, r: Ranking, entities: list[str], summary: str, times: dict[str, float],
-                rerank_ms: dict[str, float], features, faceted: bool = False) -> Retrieval:
+                rerank_ms: dict[str, float], features, live: LiveRows, faceted: bool = False) -> Retrieval:
         t_hits = time.perf_counter()
         scores, rows = r.ranked
         hits = [RankedImage(j + 1, self.image_ids[int(row)], float(s), int(row), by)
                 for j, (s, row, by) in enumerate(zip(scores, rows, brought_by(rows, r.lists, r.used)))]
         times = dict(times, hits=1e3 * (time.perf_counter() - t_hits), **rerank_ms)
-        num = len(r.union) if r.union is not None else self.stores.live.num_live  # a whole-cache search's rows
+        num = len(r.union) if r.union is not None else live.num_live  # a whole-cache search's rows
         return Retrieval(hits, list(entities), r.unknown, summary, r.note, num + r.added * self.methods.lexical_fused,
                          times, r.agreement, features, r.added, ranked_rows=r.union if faceted else None)
 
@@ -368,7 +362,7 @@ class Retriever:
         return self.shown(image_id)[:2]
 
     def shown(self, image_id: str) -> tuple[str, str, dict]:
-        """(caption, url, own fields) of an image of the corpus, as a hit shows it (`results.shown`; unknown: '')."""
+        """(caption, url, own fields) of an image of the corpus, as a hit shows it (`_shown`; unknown: '')."""
         if not hasattr(self, "_corpus_row"):
             self._corpus_row = {i: n for n, i in enumerate(self.corpus.image_ids)}
         n = self._corpus_row.get(image_id)
@@ -397,3 +391,9 @@ class Retriever:
                                       summaries.summary(i) if summaries is not None else None, doc.lang))
         return docs
 
+
+
+def _shown(image) -> tuple[str, str, dict]:
+    """What a hit shows of a picture of the corpus (`cfir_jax.data.corpus.Image`): its caption, url and own fields,
+    their nulls left out (a null is no value, docs/filters.md)."""
+    return image.caption, image.url, {k: v for k, v in image.fields.items() if v is not None}

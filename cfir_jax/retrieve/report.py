@@ -12,7 +12,6 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cfir_jax.retrieve.pipeline import Retrieval
 from cfir_jax.retrieve.results import Result
 from cfir_jax.retrieve.sr import ScoredBy
 
@@ -49,7 +48,7 @@ def lexical_line(rows: Sequence[EvalRow]) -> str:
 class EvalRow:
     label: str
     metrics: dict[str, float]  # aggregate measures of EVAL_MEASURES
-    results: list[Retrieval]
+    results: list[Result]
     model: str  # which model encoded the queries (Retriever.model_used)
     train_time: str = "-"  # training time per epoch of that model, with its hardware (the paper's T-t)
     # What the row did with query entities the entity index never saw: 'ignore' (dropped, the paper), 'search'
@@ -89,7 +88,7 @@ def mean_line(complete: bool) -> str:
             "search = searched over the cache")
 
 
-def sr_line(scored: Sequence[ScoredBy], results: Sequence[Sequence[Result | Retrieval]]) -> str:
+def sr_line(scored: Sequence[ScoredBy], results: Sequence[Sequence[Result]]) -> str:
     """How SR scored the unions, as the rows' SR front ends say (`cfir_jax.retrieve.sr.SRFrontEnd.scored_by`:
     exactly on the CPU, the paper's; exactly on the device, with the dtype of its copy; or the CPU's fast scorer with
     its measured top-k agreement with exact scoring). Rows that scored alike say it once."""
@@ -149,7 +148,7 @@ def as_json(result: Result, top: int) -> str:
     return json.dumps(dataclasses.replace(result, hits=result.hits[:top]).to_json(), ensure_ascii=False)
 
 
-def unknown_summary(results: Sequence[Result | Retrieval], policy: str) -> str:
+def unknown_summary(results: Sequence[Result], policy: str) -> str:
     """One line: how many query entities the entity index had never seen, over all results, and what became of them.
 
     With the paper's protocol (index built from the train documents) these are the test entities it drops
@@ -164,7 +163,7 @@ def unknown_summary(results: Sequence[Result | Retrieval], policy: str) -> str:
             f"{what} (retrieval.unknown_entities={policy})")
 
 
-def unknown_rules_line(rules: dict[str, tuple[Sequence[Retrieval], Sequence[str]]]) -> str:
+def unknown_rules_line(rules: dict[str, tuple[Sequence[Result], Sequence[str]]]) -> str:
     """One line: how many query entities the index never saw, and per rule ('ignore', 'search') how many of them it
     dropped or searched and in which rows. rules: rule -> (one row's results under it, the labels of its rows)."""
     results = next(iter(rules.values()))[0]

@@ -14,15 +14,12 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["Hit", "Result", "shown"]
+if TYPE_CHECKING:  # the annotation of `Result.of` only: the client imports this module without the pipeline's JAX
+    from cfir_jax.retrieve.pipeline import Retrieval
 
-
-def shown(image: Any) -> tuple[str, str, dict[str, Any]]:
-    """What a hit shows of a picture of the corpus (`cfir_jax.data.corpus.Image`): its caption, url and own fields,
-    their nulls left out (a null is no value, docs/filters.md)."""
-    return image.caption, image.url, {k: v for k, v in image.fields.items() if v is not None}
+__all__ = ["Hit", "Result"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -65,30 +62,36 @@ class Result:
     # pictures the query ranked (near-duplicates folded count once); None: none asked (the JSON then has neither)
     facets: Mapping[str, Mapping[str, int]] | None = None
     ranked: int | None = None
+    # What evaluation and the fits read beyond the JSON (never sent, not compared): the hits' cache rows (a fit
+    # re-fuses its lists by row), the re-ranker's features of SR's top-N ([n, F], when the index collects them),
+    # and the candidates BM25 added beyond ER's union.
+    rows: tuple[int, ...] = dataclasses.field(default=(), compare=False)
+    rerank_features: Any = dataclasses.field(default=None, compare=False)
+    lexical_added: int = dataclasses.field(default=0, compare=False)
 
     @classmethod
-    def of(cls, doc_id: str, result: Any, describe: Callable[[str], tuple[str, str]], top: int,
+    def of(cls, doc_id: str, result: Retrieval, describe: Callable[[str], tuple[str, str]], top: int,
            version: int | None = None, described: int | None = None,
            fields: Callable[[str], Mapping[str, Any]] | None = None) -> Result:
         """The record of the pipeline's answer (`cfir_jax.retrieve.pipeline.Retrieval`), its first `top` hits,
         with each hit's (caption, url) from `describe(image_id)` and its own fields from `fields(image_id)` (none
-        when None) for the first `described` hits (all when None; the rest, kept for a run file, have none);
-        version: the index version that answered. Only the library's `Index` calls this: it is the one conversion
-        of a result."""
+        when None) for the first `described` hits (all when None; the rest, kept for a run file or a measure, have
+        none); version: the index version that answered. Only the library's `Index` calls this: it is the one
+        conversion of a result."""
         described = top if described is None else described
-        passed = getattr(result, "passed", None)  # (pass, of the live) where a filter applied
-        counted = getattr(result, "facets", None)  # (facets, ranked) where facets were asked
+        passed, counted = result.passed, result.facets  # (pass, of the live) of a filter; (facets, ranked) asked
         hits = []
         for n, h in enumerate(result.hits[:top]):
             caption, url = describe(h.image_id) if n < described else ("", "")
             own = dict(fields(h.image_id)) if fields is not None and n < described else {}
-            hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities),
-                            tuple(getattr(h, "duplicates", ())), own))
+            hits.append(Hit(h.rank, h.image_id, h.score, caption, url, tuple(h.entities), tuple(h.duplicates), own))
         return cls(doc_id, tuple(hits), tuple(result.entities), tuple(result.unknown_entities), result.summary,
                    result.note, result.num_candidates, dict(result.times_ms), version,
-                   sr_agreement=result.sr_agreement, lang=getattr(result, "lang", "en"),
+                   sr_agreement=result.sr_agreement, lang=result.lang,
                    passed=passed[0] if passed else None, live=passed[1] if passed else None,
-                   facets=counted[0] if counted else None, ranked=counted[1] if counted else None)
+                   facets=counted[0] if counted else None, ranked=counted[1] if counted else None,
+                   rows=tuple(h.row for h in result.hits[:top]), rerank_features=result.rerank_features,
+                   lexical_added=result.lexical_added)
 
     def to_json(self) -> dict:
         """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order; "facets"

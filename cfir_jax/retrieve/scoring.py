@@ -21,6 +21,8 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from cfir_jax.search.live_rows import LiveRows
+
 Ranked = tuple[np.ndarray, np.ndarray]  # (scores, cache rows), best first
 
 
@@ -42,11 +44,13 @@ class Scoring(Protocol):
     def score_unions(self, queries: np.ndarray, unions: list[np.ndarray]) -> list[Ranked]:
         """SR of sorted unique unions (queries [Q, D], Q unions [M_i]): each query's top-k (scores, rows)."""
 
-    def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0)) -> Ranked:
-        """Exact top-k over the live rows, queries [Q, D] -> (scores, rows) [Q, k'], padding row -1."""
+    def exact_search(self, queries: np.ndarray, k: int, live: LiveRows, weights: tuple[float, float] = (1.0, 0.0)
+                     ) -> Ranked:
+        """Exact top-k over the rows `live` (the call's: the version's live rows, or fewer under a filter), queries
+        [Q, D] -> (scores, rows) [Q, k'], padding row -1."""
 
-    def full_search(self, query: np.ndarray, k: int) -> Ranked:
-        """One query [D] over the whole cache (fused when SR is): (scores [k'], rows [k'])."""
+    def full_search(self, query: np.ndarray, k: int, live: LiveRows) -> Ranked:
+        """One query [D] over the rows `live` of the whole cache (fused when SR is): (scores [k'], rows [k'])."""
 
     def agreement(self, query: np.ndarray, union: np.ndarray, ranked_rows: np.ndarray) -> float:
         """Fast SR's top-k overlap with exact scoring of the same union (evaluation)."""

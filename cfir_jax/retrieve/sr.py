@@ -29,6 +29,7 @@ from cfir_jax.search import device_sr
 from cfir_jax.search.compact import CompactCache, build_compact
 from cfir_jax.search.cpu_sr import SRScorer
 from cfir_jax.search.fused import FusedRows, fused_queries
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.search.topk import exact_top_k, exact_topk, span_topk, subset_topk
 from cfir_jax.stores.contract import manifest_digest
 
@@ -76,7 +77,6 @@ class SRFrontEnd:
         self.rcfg, self.stores, self.fusion, self.fused = rcfg, stores, fusion, fused
         self.mode = rcfg.sr
         self.embeddings = stores.embeddings
-        self.live = stores.live  # the rows a search may return: every one but the removed
         self.rows = self.embeddings  # what SR and the device cache score: [N, D], or [N, 2D] when fused
         if fused:
             self.rows = FusedRows(self.embeddings, stores.extra["image_text"].embeddings)
@@ -189,12 +189,12 @@ class SRFrontEnd:
         _, exact_rows = exact_top_k(self.rows, self.query_rows(query[None])[0], union, self.rcfg.top_k)
         return len(np.intersect1d(ranked_rows, exact_rows)) / max(len(exact_rows), 1)
 
-    def exact_search(self, queries: np.ndarray, k: int, weights: tuple[float, float] = (1.0, 0.0),
+    def exact_search(self, queries: np.ndarray, k: int, live: LiveRows, weights: tuple[float, float] = (1.0, 0.0),
                      span: tuple[int, int] | None = None) -> Ranked:
-        """Exact top-k over the live rows of the whole cache, queries [Q, D] -> [Q, k'] each, k' = min(k, live
-        rows): on the devices when SR runs there. Removed rows (and a filter's failing ones) are never returned:
-        with few of them, k + (removed rows) are searched and the live ones kept, else the live rows alone are
-        scored (`cfir_jax.search.live_rows`).
+        """Exact top-k over the rows `live` of the whole cache (the call's: the version's live rows, or a filter's),
+        queries [Q, D] -> [Q, k'] each, k' = min(k, live rows): on the devices when SR runs there. Removed rows (and
+        a filter's failing ones) are never returned: with few of them, k + (removed rows) are searched and the live
+        ones kept, else the live rows alone are scored (`cfir_jax.search.live_rows`).
 
         weights: (w_img, w_txt) of a fused retriever's search; the default scores the images alone.
         span: rows [lo, hi) only (a shard's, `cfir_jax.cluster.shard`), searched on the host in the whole cache's
@@ -205,17 +205,17 @@ class SRFrontEnd:
             # The device holds the fused matrix only: an image-only search is the query [q, 0] against it.
             queries, rows = fused_queries(queries, *weights), self.rows
         if span is not None:
-            return self.live.search(lambda fetch: span_topk(queries, rows, *span, fetch), k)
+            return live.search(lambda fetch: span_topk(queries, rows, *span, fetch), k)
         if self.backend() == "device":
             cache = self.device_cache()
-            return self.live.search(lambda fetch: cache.full_topk(queries, fetch), k,
+            return live.search(lambda fetch: cache.full_topk(queries, fetch), k,
                                     lambda ids, kk: cache.subset_topk(queries, ids, kk))
-        return self.live.search(lambda fetch: exact_topk(queries, rows, min(fetch, len(rows))), k,
+        return live.search(lambda fetch: exact_topk(queries, rows, min(fetch, len(rows))), k,
                                 lambda ids, kk: subset_topk(queries, rows, ids, kk))
 
-    def full_search(self, query: np.ndarray, k: int) -> Ranked:
-        """One query [D] over the whole cache, fused when SR is."""
-        scores, rows = self.exact_search(query[None], k, self.fusion if self.fused else (1.0, 0.0))
+    def full_search(self, query: np.ndarray, k: int, live: LiveRows) -> Ranked:
+        """One query [D] over the rows `live` of the whole cache, fused when SR is."""
+        scores, rows = self.exact_search(query[None], k, live, self.fusion if self.fused else (1.0, 0.0))
         return scores[0], rows[0]
 
 

@@ -21,7 +21,7 @@ import ml_collections
 from cfir_jax.core.config import RETRIEVAL_TEXT_LENGTHS, check_text_lengths
 from cfir_jax.core.errors import CfirError
 from cfir_jax.model.tokenizer import resolve_tokenizer
-from cfir_jax.search.live_rows import LiveRows, ScopedRows
+from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores import readers, versions
 from cfir_jax.stores.contract import check_derived
 from cfir_jax.stores.entity_index import EntityIndex
@@ -117,8 +117,9 @@ def _open(config, layout: Layout, reads_document: bool, entities: bool) -> Store
     cache = _open_cache(config, layout, model, model_dir, model_manifest, full)
     stores = _with_encoders(config, layout, corpus, cache, model, model_manifest, document_model, full, untrained)
     stores.model_dir, stores.encoder_dir = Path(model_dir), Path(encoder_dir) if encoder_dir else Path(model_dir)
-    # Removed images: never returned by any method; a filtered call narrows them further (cfir_jax.search.live_rows).
-    stores.live = ScopedRows(LiveRows.of(cache))
+    # Removed images: never returned by any method; a filtered call narrows them in its own LiveRows, an argument of
+    # the scoring (cfir_jax.search.live_rows).
+    stores.live = LiveRows.of(cache)
     if entities:
         _open_entity_index(config, stores, encoder_dir)
     return stores

@@ -61,8 +61,9 @@ class BM25Search:
             order = order[: max(1, int(np.searchsorted(read, p.max_postings, side="right")))]
         return order
 
-    def search(self, cols: np.ndarray, weights: np.ndarray, k: int) -> Ranked:
-        """The k best live rows for query terms `cols` [u] weighted by `weights` [u] (their counts in the query)."""
+    def search(self, cols: np.ndarray, weights: np.ndarray, k: int, live: LiveRows | None = None) -> Ranked:
+        """The k best rows of `live` (None: this search's own live rows) for query terms `cols` [u] weighted by
+        `weights` [u] (their counts in the query)."""
         acc, seen = self._buffers()
         touched = []
         for i in self.chosen_terms(np.asarray(cols)):
@@ -75,7 +76,7 @@ class BM25Search:
         rows = np.concatenate(touched) if touched else np.zeros(0, np.int32)
         scores = acc[rows].copy()
         acc[rows], seen[rows] = 0.0, False
-        rows, scores = self.live.keep(rows, scores)
+        rows, scores = (self.live if live is None else live).keep(rows, scores)
         return top_k(scores, rows, k)
 
 

@@ -15,16 +15,16 @@ object, built once when the stores open:
 
 With nothing removed every method is the identity (no copy, no extra rows fetched).
 
-A filter on the pictures' fields (`cfir_jax.retrieve.filters`) narrows the rows for one call: `ScopedRows`, what the
-stores hand every part, answers as the rows `only(...)` set for the length of a block (in this context: a thread or
-task of its own sees its own), else as the live rows; the rows a filter fails count as removed there.
+A filter on the pictures' fields (`cfir_jax.retrieve.filters`) narrows the rows for one call: the rows it fails
+count as removed in the `LiveRows` it makes, and that object is an argument of every part the call runs (ER's lists,
+BM25, SR's whole-cache searches, the result's count; `cfir_jax.retrieve.pipeline.Retriever.retrieve_many(docs,
+live=...)`), so a reader and a static trace see which rows a search may return. The stores hold the version's own
+(`Stores.live`), the default of a call that narrows nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 
@@ -99,6 +99,12 @@ class LiveRows:
         would more than double the k it sorts) and some live."""
         return self.num_removed > int(k) and self.num_live > 0
 
+    def without(self, rows: np.ndarray) -> LiveRows:
+        """These rows with `rows` counted as removed as well (the pictures a folded search set aside)."""
+        removed = np.zeros(self.num_rows, bool) if self.removed is None else self.removed.copy()
+        removed[np.asarray(rows, np.int64)] = True
+        return LiveRows(removed, self.num_rows)
+
     def search(self, search: Callable[[int], Ranked], k: int,
                among: Callable[[np.ndarray, int], Ranked] | None = None) -> Ranked:
         """The top k live rows of a whole-cache search. search(k') -> (scores, rows) [Q, k'] over the whole cache,
@@ -107,48 +113,3 @@ class LiveRows:
         if among is not None and self.scores_live_only(k):
             return self.top(*among(self.ids(), min(int(k), self.num_live)), k)
         return self.top(*search(self.fetch(k)), k)
-
-
-# {id(base rows): the rows of this context's call}: a filtered call's rows, seen by its own thread or task only.
-_CALL_ROWS: contextvars.ContextVar[dict[int, LiveRows] | None] = contextvars.ContextVar("cfir_call_rows",
-                                                                                        default=None)
-
-
-class ScopedRows:
-    """The live rows `base`, or within `only(rows)` the rows given (a filtered call), as one LiveRows to its users."""
-
-    def __init__(self, base: LiveRows):
-        self.base = base
-
-    def now(self) -> LiveRows:
-        return (_CALL_ROWS.get() or {}).get(id(self.base), self.base)
-
-    @property
-    def scoped(self) -> bool:
-        """Whether a call narrowed the rows (a filter) in this context."""
-        return id(self.base) in (_CALL_ROWS.get() or {})
-
-    def __getattr__(self, name: str):
-        return getattr(self.now(), name)
-
-    def __repr__(self) -> str:
-        return f"ScopedRows({self.now()!r})"
-
-    def without(self, rows: np.ndarray) -> LiveRows:
-        """The rows now, with `rows` counted as removed as well (the pictures a folded search set aside)."""
-        now = self.now()
-        removed = np.zeros(now.num_rows, bool) if now.removed is None else now.removed.copy()
-        removed[np.asarray(rows, np.int64)] = True
-        return LiveRows(removed, now.num_rows)
-
-    @contextlib.contextmanager
-    def only(self, rows: LiveRows | None) -> Iterator[None]:
-        """The rows `rows` for the length of the block in this context (None: the live rows)."""
-        if rows is None:
-            yield
-            return
-        token = _CALL_ROWS.set({**(_CALL_ROWS.get() or {}), id(self.base): rows})
-        try:
-            yield
-        finally:
-            _CALL_ROWS.reset(token)

@@ -135,7 +135,7 @@ def test_scann_answers_shorter_than_k_never_reach_retrieval(workdir, tmp_path):
     unseen = DocumentInput(doc.text, "q", entities=["Zanzibar Quokka Society", *doc.entities], summary=doc.summary)
     res = r.retrieve(unseen)
     assert "Zanzibar Quokka Society" in res.unknown_entities
-    lists, _, _ = r._candidates(unseen.entities)
+    lists, _, _, _ = r.entities.candidates(unseen.entities, r.stores.live, False)
     for lst in lists:
         assert len(lst) and lst.min() >= 0 and len(np.unique(lst)) == len(lst)
     union = set(np.concatenate(lists).tolist())
@@ -263,7 +263,8 @@ def test_exact_sr_equals_brute_force_and_fast_sr_reports_its_agreement(workdir, 
     cfg.retrieval.sr = "fast"
     fast = Retriever(cfg, workdir, measure_agreement=True)
     for doc, e, f in zip(docs, exact.retrieve_many(docs), fast.retrieve_many(docs)):
-        lists, _, _ = exact._candidates(doc.entities)  # known entities' lists and unseen ones' searches
+        # known entities' lists and unseen ones' searches
+        lists, _, _, _ = exact.entities.candidates(doc.entities, exact.stores.live, False)
         union = np.unique(np.concatenate(lists))
         scores = np.asarray(exact.embeddings[union], np.float32) @ exact.query_encoder.encode([doc.summary])[0]
         want = union[np.argsort(-scores, kind="stable")[:5]].tolist()
@@ -312,7 +313,7 @@ def test_fused_sr_equals_numpy_over_the_retrievers_own_union(workdir, config, ba
     assert 0 < text.has_text.sum() < len(text.has_text)
     docs = r.corpus_documents("test")
     for doc, res in zip(docs, r.retrieve_many(docs)):
-        lists, _, _ = r._candidates(doc.entities)
+        lists, _, _, _ = r.entities.candidates(doc.entities, r.stores.live, False)
         union = np.unique(np.concatenate(lists))
         q = r.query_encoder.encode([doc.summary])[0]
         s = (np.asarray(r.embeddings[union], np.float32) @ q
@@ -371,8 +372,8 @@ def test_entity_text_match_adds_the_images_that_name_an_entity_to_its_list(workd
     qrels = r.corpus.qrels("train")
     found = {"plain": 0, "matched": 0}
     for doc in docs:
-        lists, scores, used, _ = r._scored_candidates(doc.entities)
-        base, base_scores, _, _ = plain._scored_candidates(doc.entities)
+        lists, scores, used, _ = r.entities.candidates(doc.entities, r.stores.live)
+        base, base_scores, _, _ = plain.entities.candidates(doc.entities, plain.stores.live)
         for got, s, top, ts in zip(lists, scores, base, base_scores):  # the re-ranker's ER evidence stays aligned
             assert len(s) == len(got)
             np.testing.assert_array_equal(s[: len(top)], ts)

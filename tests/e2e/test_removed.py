@@ -96,7 +96,7 @@ def test_searched_and_stored_lists_hold_live_rows_only_and_sr_is_exact_over_them
     unseen = ["Zanzibar Quokka Society"]
     for doc in docs[:-1]:  # the test documents (the last: no entity)
         doc = DocumentInput(doc.text, doc.doc_id, entities=unseen + (doc.entities or []), summary=doc.summary)
-        lists, used, _ = r._candidates(doc.entities)
+        lists, _, used, _ = r.entities.candidates(doc.entities, r.stores.live, False)
         for entity, lst in zip(used, lists):
             row = r.entity_index.row(entity)
             if row is None:
@@ -119,7 +119,7 @@ def test_a_cut_index_still_reads_k_live_candidates_per_entity(removal, config):
     whole = r.entity_index.with_k(0)
     filled = 0
     for doc in docs[:-1]:
-        lists, used, _ = r._candidates(doc.entities)
+        lists, _, used, _ = r.entities.candidates(doc.entities, r.stores.live, False)
         for entity, lst in zip(used, lists):
             stored = whole.candidates([r.entity_index.row(entity)])[0].tolist()
             want = [c for c in stored if c not in removed][:10]

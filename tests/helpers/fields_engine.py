@@ -17,7 +17,7 @@ from cfir_jax.builders.image_fields import columns_of
 from cfir_jax.core.picture_fields import FieldTypes
 from cfir_jax.retrieve.filters import RowFilter
 from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
-from cfir_jax.search.live_rows import LiveRows, ScopedRows
+from cfir_jax.search.live_rows import LiveRows
 
 BOOM = "boom: this document fails its batch"
 HOLD = "hold: this document waits for the gate"
@@ -34,7 +34,7 @@ class FieldsFilter(RowFilter):
     """The real RowFilter over a Fields store given (not a workdir's)."""
 
     def __init__(self, fields: Fields):
-        super().__init__(SimpleNamespace(live=ScopedRows(LiveRows(None, fields.num_rows))))
+        super().__init__(SimpleNamespace(live=LiveRows(None, fields.num_rows)))
         self._fields = fields
         self.checked = 0
 
@@ -56,16 +56,17 @@ class FieldsEngine:
         self.batches: list[list[str]] = []
         self.gate = threading.Event()
 
-    def retrieve_many(self, docs, progress=False):
-        return self.filters.run(docs, self._ranked, lambda note, n: [Retrieval([], [], [], "", note) for _ in range(n)])
+    def retrieve_many(self, docs, progress=False, live=None):
+        return self.filters.run(docs, self.filters.stores.live if live is None else live, self._ranked,
+                                lambda note, n: [Retrieval([], [], [], "", note) for _ in range(n)])
 
-    def _ranked(self, docs):
+    def _ranked(self, docs, live):
         self.batches.append([d.doc_id for d in docs])
         if any(d.text == HOLD for d in docs):
             self.gate.wait(30)
         if any(d.text == BOOM for d in docs):
             raise RuntimeError("the engine fell over on one document")
-        rows = self.filters.stores.live.keep(np.arange(len(self.ids)))
+        rows = live.keep(np.arange(len(self.ids)))
         hits = [RankedImage(n + 1, self.ids[int(r)], 1.0 - n / 1e6, int(r)) for n, r in enumerate(rows)]
         return [Retrieval(list(hits), [], [], "", times_ms={"er": 0.1}, lang=d.lang or "en") for d in docs]
 

@@ -11,8 +11,10 @@ from standin_service import settings
 from cfir_jax.api.index import Index
 from cfir_jax.core.errors import CfirError
 from cfir_jax.core.query_rule import Condition, Query, QueryRefused
+from cfir_jax.eval import runs
 from cfir_jax.retrieve import image_query
 from cfir_jax.retrieve.pipeline import DocumentInput, RankedImage, Retrieval
+from cfir_jax.retrieve.results import Result
 
 
 class Pictures:
@@ -128,3 +130,15 @@ def test_evaluation_s_filter_is_held_to_its_limits_and_checked_before_it_runs(tm
     index.retrieve(docs, where=["license=cc0"])
     assert checked == [(Condition("license", "=", ("cc0",)),)]
     assert [d.where for d in made["cfir"].batches[-1]] == [(Condition("license", "=", ("cc0",)),)] * 2
+
+
+def test_evaluation_reads_the_public_result_with_every_hit_and_its_rows(tmp_path):
+    """One result shape crosses the door: `Index.retrieve` (evaluation's, the fits', a warm-up's) answers with
+    `Result`s, every hit the pipeline ranked, no caption read, the hits' cache rows a field; a run file is made of
+    them (`eval.runs.run_of`) with no second list of ids. Before, it handed out the pipeline's `Retrieval`s."""
+    index, _, made = _served(tmp_path)
+    got = index.retrieve([DocumentInput("text", "a"), DocumentInput("text", "b")])
+    assert [type(r) for r in got] == [Result, Result] and [r.id for r in got] == ["a", "b"]
+    assert got[0].ids == [f"img-{n}" for n in range(5)] and got[0].rows == (0, 1, 2, 3, 4)
+    assert {h.caption for r in got for h in r.hits} == {""}  # measured, not shown: no caption read
+    assert runs.run_of(got)["b"] == [(f"img-{n}", 1.0 - n / 10) for n in range(5)]

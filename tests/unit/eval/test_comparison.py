@@ -74,11 +74,11 @@ def test_the_papers_rows_drop_unseen_entities_and_the_rows_beyond_follow_the_con
 
 
 def test_the_unknown_entities_line_counts_what_each_rule_did():
-    from cfir_jax.retrieve.pipeline import Retrieval
     from cfir_jax.retrieve.report import EvalRow, eval_table, unknown_rules_line
+    from cfir_jax.retrieve.results import Result
 
-    results = [Retrieval([], ["A", "B", "C"], ["C"], ""), Retrieval([], ["D"], [], ""),
-               Retrieval([], ["E", "F"], ["E", "F"], "")]
+    results = [Result("a", (), ("A", "B", "C"), ("C",)), Result("b", (), ("D",)),
+               Result("c", (), ("E", "F"), ("E", "F"))]
     line = unknown_rules_line({"ignore": (results, ["entities only", "full CFIR"]),
                                "search": (results, ["CFIR + image text"])})
     assert "\n" not in line

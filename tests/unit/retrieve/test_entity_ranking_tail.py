@@ -41,7 +41,7 @@ def test_unseen_entities_search_the_tree_and_the_appended_tail_without_removed_r
     config = ml_collections.ConfigDict(dict(retrieval=dict(unknown_entities="search")))
     ranking = EntityRanking(config, stores, exact_search=None)
     shutil.rmtree(tmp_path / "new" / "scann")  # an update replaced the directory after the ranking opened it
-    lists, scores, used, unknown = ranking.candidates(["never indexed"])
+    lists, scores, used, unknown = ranking.candidates(["never indexed"], stores.live)
     assert unknown == used == ["never indexed"] and len(lists[0]) == 10
     assert lists[0][0] == n_old + 11 and n_old + 12 not in lists[0]
     assert np.all(np.diff(scores[0]) <= 0)

@@ -11,13 +11,13 @@ from cfir_jax.core.query_rule import conditions
 from cfir_jax.retrieve.filters import RowFilter
 from cfir_jax.retrieve.pipeline import Retrieval
 from cfir_jax.retrieve.results import Result
-from cfir_jax.search.live_rows import LiveRows, ScopedRows
+from cfir_jax.search.live_rows import LiveRows
 
 ROWS = [{"s": "a"}, {"s": "b"}, {"s": "a"}, {"s": "c"}, {"s": "a"}]
 
 
 def _filter(removed=None) -> RowFilter:
-    stores = SimpleNamespace(live=ScopedRows(LiveRows(removed, len(ROWS))))
+    stores = SimpleNamespace(live=LiveRows(removed, len(ROWS)))
     rows = RowFilter(stores)
     rows._fields = SimpleNamespace(columns=columns_of(ROWS, FieldTypes(None).kinds), num_rows=len(ROWS))
     return rows
@@ -28,7 +28,7 @@ def _doc(where=None) -> SimpleNamespace:
 
 
 def _run(rows: RowFilter, docs) -> list[Retrieval]:
-    return rows.run(docs, lambda part: [Retrieval([], [], [], "", note="ranked") for _ in part],
+    return rows.run(docs, rows.stores.live, lambda part, live: [Retrieval([], [], [], "", note="ranked") for _ in part],
                     lambda note, n: [Retrieval([], [], [], "", note) for _ in range(n)])
 
 

@@ -3,9 +3,10 @@ equal to the same condition written out by hand (hypothesis over columns and con
 for the length of a block, in that thread alone."""
 
 import datetime as dt
+import inspect
 import operator
 import re
-import threading
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -14,8 +15,10 @@ from hypothesis import strategies as st
 
 from cfir_jax.builders.image_fields import columns_of, concat
 from cfir_jax.core.picture_fields import FieldTypes
-from cfir_jax.retrieve.filters import Condition, Filter, FilterError, parse
-from cfir_jax.search.live_rows import LiveRows, ScopedRows
+from cfir_jax.core.query_rule import conditions
+from cfir_jax.retrieve.filters import Condition, Filter, FilterError, RowFilter, parse
+from cfir_jax.search import live_rows
+from cfir_jax.search.live_rows import LiveRows
 
 QUICK = settings(max_examples=150, deadline=None, database=None)
 OPS = {"=": operator.eq, "!=": operator.ne, "<": operator.lt, "<=": operator.le, ">": operator.gt,
@@ -157,17 +160,21 @@ def test_an_addition_keeps_the_columns_right():
             assert Filter([line]).mask(s).tolist() == Filter([line]).mask(whole).tolist(), line
 
 
-def test_a_calls_rows_are_its_own_thread_s_and_end_with_the_block():
-    rows = ScopedRows(LiveRows(np.array([False, True, False, False]), 4))
-    narrowed = LiveRows(np.array([True, True, False, False]), 4)
+def test_a_calls_rows_are_an_argument_each_filter_group_gets_its_own():
+    """The rows a filtered call may return are what `RowFilter.run` hands its retrieval, per group of one filter:
+    the base rows narrowed by that filter, never state another call (a thread beside it) could see."""
+    base = LiveRows(np.array([False, True, False, False]), 4)  # row 1 removed
+    rows = RowFilter(SimpleNamespace(live=base))
+    rows._fields = SimpleNamespace(columns=columns_of([{"s": "a"}, {"s": "a"}, {"s": "b"}, {"s": "a"}],
+                                                      FieldTypes(None).kinds), num_rows=4)
     seen = {}
 
-    def other():
-        seen["other"] = rows.num_live
+    def retrieve(part, live):
+        seen[part[0].where] = live.keep(np.arange(4)).tolist()
+        return [SimpleNamespace(note="") for _ in part]
 
-    with rows.only(narrowed):
-        t = threading.Thread(target=other)
-        t.start()
-        t.join()
-        assert rows.num_live == 2 and rows.scoped and rows.keep(np.arange(4)).tolist() == [2, 3]
-    assert seen["other"] == 3 and rows.num_live == 3 and not rows.scoped
+    docs = [SimpleNamespace(where=conditions(["s=a"])), SimpleNamespace(where=())]
+    rows.run(docs, base, retrieve, lambda note, n: [])
+    assert seen == {conditions(["s=a"]): [0, 3], (): [0, 2, 3]}
+    assert base.keep(np.arange(4)).tolist() == [0, 2, 3]  # the base rows are untouched
+    assert not any("contextvars" in line for line in inspect.getsource(live_rows).splitlines())

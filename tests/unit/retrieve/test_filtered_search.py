@@ -12,7 +12,7 @@ import pytest
 from cfir_jax.core.config import retrieval_config
 from cfir_jax.retrieve import sr
 from cfir_jax.search import device_sr
-from cfir_jax.search.live_rows import LiveRows, ScopedRows
+from cfir_jax.search.live_rows import LiveRows
 
 # More rows than one block of the whole search (32,768): several blocks, the last one partial.
 N, D, K = 40_000, 16, 25
@@ -45,7 +45,7 @@ def _front(rows, backend: str, removed: np.ndarray | None = None, name: str = "r
     rcfg.update(dict(sr="exact", sr_backend=backend, top_k=K, sr_buckets=(32, 128), sr_query_batch=4))
     # the process's device copy is found by the fingerprint: one per array
     cache = types.SimpleNamespace(content_fingerprint=f"filtered-{name}", num_images=N, embeddings=rows)
-    stores = types.SimpleNamespace(embeddings=rows, live=ScopedRows(LiveRows(removed, N)), extra={}, cache=cache)
+    stores = types.SimpleNamespace(embeddings=rows, live=LiveRows(removed, N), extra={}, cache=cache)
     return sr.SRFrontEnd(rcfg, stores, (1.0, 0.0), False)
 
 
@@ -65,10 +65,10 @@ def test_a_filtered_search_equals_the_unfiltered_one_minus_the_failing_rows(rows
     passing = np.random.default_rng(2).random(N) < share
     passing[[0, 32_767, 32_768, N - 1]] = True  # block edges
     queries = _queries()
-    all_s, all_r = front.exact_search(queries, N)  # every row, ranked
-    with front.live.only(LiveRows(~passing, N)):
-        assert front.live.scores_live_only(K)
-        got_s, got_r = front.exact_search(queries, K)
+    all_s, all_r = front.exact_search(queries, N, front.stores.live)  # every row, ranked
+    filtered = LiveRows(~passing, N)  # a filter's rows: the argument of the search
+    assert filtered.scores_live_only(K)
+    got_s, got_r = front.exact_search(queries, K, filtered)
     assert got_r.shape == (3, min(K, int(passing.sum())))
     for q in range(len(queries)):
         want_s, want_r = _minus(all_s[q], all_r[q], ~passing, K)
@@ -82,8 +82,7 @@ def test_ties_go_to_the_lower_row_among_the_passing_rows():
     passing[::7] = True
     for backend in ("cpu", "device"):
         front = _front(same, backend, name="ties")
-        with front.live.only(LiveRows(~passing, N)):
-            _, got = front.exact_search(np.eye(D, dtype=np.float32)[:1], K)
+        _, got = front.exact_search(np.eye(D, dtype=np.float32)[:1], K, LiveRows(~passing, N))
         assert got[0].tolist() == list(range(0, 7 * K, 7)), backend
 
 
@@ -92,8 +91,7 @@ def test_on_the_host_a_filtered_search_reads_only_the_passing_rows(rows):
     front = _front(counted, "cpu")
     passing = np.zeros(N, bool)
     passing[::10] = True
-    with front.live.only(LiveRows(~passing, N)):
-        front.exact_search(_queries(), K)
+    front.exact_search(_queries(), K, LiveRows(~passing, N))
     assert counted.read == passing.sum()  # before: every row of the cache (k + 36,000 asked of the whole search)
 
 
@@ -104,8 +102,7 @@ def test_on_the_device_a_filtered_search_never_asks_the_whole_cache_for_more_tha
     front = _front(rows, "device")
     passing = np.zeros(N, bool)
     passing[::10] = True
-    with front.live.only(LiveRows(~passing, N)):
-        front.exact_search(_queries(), K)
+    front.exact_search(_queries(), K, LiveRows(~passing, N))
     assert asked == []  # before: one full search asked for K + 36,000 rows
 
 
@@ -113,11 +110,10 @@ def test_a_few_removed_rows_still_over_fetch_and_no_live_row_is_an_empty_answer(
     removed = np.zeros(N, bool)
     removed[:5] = True
     front = _front(rows, "cpu", removed)
-    assert not front.live.scores_live_only(K)
-    _, got = front.exact_search(_queries(), K)
+    assert not front.stores.live.scores_live_only(K)
+    _, got = front.exact_search(_queries(), K, front.stores.live)
     assert got.shape == (3, K) and got.min() >= 5
-    with front.live.only(LiveRows(np.ones(N, bool), N)):
-        s, r = front.exact_search(_queries(), K)
+    s, r = front.exact_search(_queries(), K, LiveRows(np.ones(N, bool), N))
     assert r.shape == (3, 0) and s.shape == (3, 0)
 
 

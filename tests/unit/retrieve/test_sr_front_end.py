@@ -11,7 +11,7 @@ import pytest
 
 from cfir_jax.core.config import retrieval_config
 from cfir_jax.retrieve import report, sr
-from cfir_jax.retrieve.pipeline import Retrieval
+from cfir_jax.retrieve.results import Result
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.serve import resident
 
@@ -89,7 +89,7 @@ class _ServedIndex:
 
     def retrieve(self, docs, method):
         self.batches.append(len(docs))
-        return [Retrieval([], ["an entity"], [], "")]
+        return [Result("q", (), ("an entity",))]
 
     def warm_scoring(self, max_batch: int, method: str) -> None:
         self.sr.warm_up(max_batch)
@@ -122,7 +122,7 @@ def test_every_method_of_a_process_scores_on_one_device_copy_of_a_cache():
 
 def _line(front: sr.SRFrontEnd, **agreement) -> str:
     front.score_unions(np.ones((1, D), np.float32), _unions([20]))
-    return report.sr_line([front.scored_by()], [[Retrieval([], [], [], "", **agreement)]])
+    return report.sr_line([front.scored_by()], [[Result("q", (), **agreement)]])
 
 
 def test_the_report_names_the_device_and_the_dtype_of_its_copy():
