@@ -107,6 +107,8 @@ def test_a_search_by_picture_answers_the_gallery_with_every_hits_pixels(pictured
         assert f'<img {src} alt="{image_id}" data-image-id="{image_id}">' in figures[image_id]
     assert f'<img src="{html.escape(URLS["img-c"])}" alt="img-c" data-image-id="img-c"' in figures["img-c"]
     assert '<div class="noimg">no image</div>' in figures["img-d"] and "data-image-id" not in figures["img-d"]
+    metrics = httpx.get(f"{pictured}/metrics", timeout=30).text  # counted under its own endpoint
+    assert 'cfir_requests_total{endpoint="/v1/search/image/html",status="200"}' in metrics
 
 
 @pytest.mark.parametrize("form", ["upload", "raw", "form"])
