@@ -312,6 +312,8 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
             result = index.search(text, top_k=5)
             assert result.hits and all(h.fields == _own(fields[h.id]) for h in result.hits)
             top = index.picture(result.ids[0])
+            alike_ids = index.search(image_id=result.ids[0], top_k=3, where=["source!=afp"]).ids  # what a click shows
+            alike_pixels = {i: index.picture(i) for i in alike_ids}
         assert cfir_jax.Client(service.url).search(text, top_k=5) == result  # the fields read back equal
         answer = httpx.post(f"{service.url}/v1/search", json={"text": text, "top_k": 5}, timeout=120).json()
         assert [h["fields"] for h in answer["hits"]] == [_own(fields[h.id]) for h in result.hits]
@@ -329,9 +331,6 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
                                                   text=True).stdout)
         alike_shot = tmp_path / "by_picture.png"
         subprocess.run([*run, f"--screenshot={alike_shot}"], check=True, timeout=120, capture_output=True)
-        with cfir_jax.open(built) as index:
-            alike_ids = index.search(image_id=result.ids[0], top_k=3, where=["source!=afp"]).ids
-            alike_pixels = {i: index.picture(i) for i in alike_ids}
     finally:
         log = service.stop()
     assert "Traceback" not in log, log[-3000:]
