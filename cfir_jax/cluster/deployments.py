@@ -147,9 +147,9 @@ class Front:
         return await _status(self.service.answer(docs, method, top_k, html))
 
     async def picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str,
-                      where: tuple = (), fold: bool = True, facets: tuple = ()):
-        """A picture request the gateway checked, as `answer` answers."""
-        return await _status(self.service.search_picture(picture, image_id, top_k, qid, where, fold, facets))
+                      where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
+        """A picture request the gateway checked, as `answer` answers (the gallery when `html`)."""
+        return await _status(self.service.search_picture(picture, image_id, top_k, qid, where, fold, facets, html))
 
     def readiness(self) -> tuple[bool, dict]:
         return self.service.readiness()

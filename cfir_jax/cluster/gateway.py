@@ -78,9 +78,10 @@ class GatewayService:
         return await self._answered("answer", docs, method, top_k, html)
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str,
-                             where: tuple = (), fold: bool = True, facets: tuple = ()):
-        """A checked picture request, searched by a front (which embeds it and asks every shard)."""
-        return await self._answered("picture", picture, image_id, top_k, qid, where, fold, facets)
+                             where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
+        """A checked picture request, searched by a front (which embeds it and asks every shard; its corpus draws
+        the gallery when `html`)."""
+        return await self._answered("picture", picture, image_id, top_k, qid, where, fold, facets, html)
 
     async def _answered(self, op: str, *args):
         """A front's (200, answer, headers) as (answer, headers); its refusal (status, one line, headers: the table of

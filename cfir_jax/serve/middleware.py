@@ -34,7 +34,8 @@ from cfir_jax.serve.metrics import Metrics
 DRAIN_S = 10.0  # how long an early answer's connection reads the rest of the body, so the client reads the answer
 DRAIN_BYTES = 1 << 30  # and at most how many of its bytes
 ENDPOINTS = ("/", "/v1/search", "/v1/search/batch", "/v1/search/html", "/healthz", "/readyz", "/metrics",
-             "/v1/admin/reload", "/docs", "/openapi.json", "/v1/search/image")
+             "/v1/admin/reload", "/docs", "/openapi.json", "/v1/search/image",
+             "/v1/search/image/html")
 
 
 def http_protocol(kind: str = "auto"):

@@ -9,10 +9,11 @@ As a picture desk uses it (docs/filters.md): the gallery shows each hit's own fi
 the page asks the counts (facets) of the fields it has seen on hits, every kind but a number's, and shows them above
 the hits; a click on a value adds `field=value` to the filters and searches again (a date's month, `date=2020-06`,
 which a filter reads at month precision); a click on a hit's picture searches by that picture (POST
-/v1/search/image with its id and the filters; that door answers JSON, so its hits show the pixels of the pictures
-a gallery of this page showed, else their http(s) url, else their id). Which fields to count is learned from the
-hits rather than asked of the index: it needs no door of its own on either engine, and a collection without fields
-asks none and shows what it showed before. Every value drawn from an answer is escaped (`esc`).
+/v1/search/image/html with its id and the filters: the same gallery, each hit's pixels inline as a text search's, else
+its http(s) url), and a click on one of those searches again. Which fields to count is learned from the hits rather
+than asked of the index: it needs no door of its own on either engine, and a collection without fields asks none and
+shows what it showed before. The page draws no value of an answer itself: both galleries are the service's, each
+value escaped by `cfir_jax.retrieve.report.html_page`, and an error is shown as text (textContent).
 """
 
 PAGE = """<!doctype html>
@@ -47,9 +48,6 @@ const gallery = document.getElementById("gallery"), box = document.getElementByI
 const whereBox = document.getElementById("where");
 let counted = [];  // the fields whose values the page counts: those seen on hits, every kind but a number's
 let last = null;   // the last search (text or picture), run again when a filter or a counted field is added
-const pictures = new Map();  // image id -> the picture's src in a gallery shown, for a search by picture's hits
-const esc = (s) => String(s).replace(/[&<>"']/g, (c) => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;",
-  "'": "&#39;"})[c]);
 const filters = () => whereBox.value.split(";").map((w) => w.trim()).filter(Boolean);
 const options = () => ({top_k: parseInt(document.getElementById("top_k").value || "20"), where: filters(),
   fold: document.getElementById("fold").checked, ...(counted.length ? {facets: counted} : {})});
@@ -72,31 +70,10 @@ async function search() {
   const r = await ask("/v1/search/html", {text: box.value, ...options()});
   if (r) { gallery.srcdoc = await r.text(); gallery.hidden = false; }
 }
-function ownFields(fields) {  // as the gallery shows them (cfir_jax.retrieve.report._own_fields)
-  return Object.entries(fields || {}).map(([k, v]) => `<span class="own" data-field="${esc(k)}" data-facet="${
-    typeof v === "number" ? 0 : 1}">${esc(k)}: ${esc(Array.isArray(v) ? v.join(", ") || "(none)" : v)}</span>`
-  ).join("; ");
-}
-function drawn(a, title) {  // a search by picture's JSON answer as a gallery, the pictures from those shown
-  const facets = Object.entries(a.facets || {}).map(([f, c]) => `<p><b>${esc(f)}</b>: ${Object.entries(c).map(
-    ([v, n]) => `<a href="#" class="facet" data-field="${esc(f)}" data-value="${esc(v)}">${esc(v)}</a>&nbsp;(${n})`
-  ).join(" ") || "(no picture has it)"}</p>`).join("");
-  const src = (h) => pictures.get(h.image_id) || (/^https?:[/][/]/.test(h.url) ? h.url : "");
-  const hits = a.hits.map((h) => `<figure>${src(h) ? `<img src="${esc(src(h))}" alt="${esc(h.image_id)
-    }" data-image-id="${esc(h.image_id)}">` : `<div class="noimg">${esc(h.image_id)}</div>`}<figcaption><b>#${
-    h.rank}</b> ${esc(h.image_id)} <code>${h.score.toFixed(4)}</code><br>${esc(h.caption)
-    }<div class="fields">${ownFields(h.fields)}</div></figcaption></figure>`).join("");
-  return `<!doctype html><html><head><meta charset="utf-8"><style>body{font-family:sans-serif;margin:2em}
-figure{display:inline-block;width:220px;margin:8px;vertical-align:top}img{max-width:220px;max-height:220px}
-.noimg{width:220px;height:120px;background:#eee;text-align:center;line-height:120px;color:#888}
-figcaption{font-size:12px}.fields{margin-top:4px;color:#333}.facets{font-size:13px}</style></head><body>
-<h1>${esc(title)}</h1>${a.note ? `<p><b>Note:</b> ${esc(a.note)}</p>` : ""}${a.facets ? `<div class="facets"><p>Counts
- over the ${a.ranked} pictures ranked:</p>${facets}</div>` : ""}${hits}</body></html>`;
-}
-async function byPicture(id) {
+async function byPicture(id) {  // the gallery of the pictures like it, drawn as a text search's
   last = () => byPicture(id);
-  const r = await ask("/v1/search/image", {image_id: id, ...options()});
-  if (r) { gallery.srcdoc = drawn(await r.json(), `pictures like ${id}`); gallery.hidden = false; }
+  const r = await ask("/v1/search/image/html", {image_id: id, id: `pictures like ${id}`, ...options()});
+  if (r) { gallery.srcdoc = await r.text(); gallery.hidden = false; }
 }
 function addFilter(field, value) {
   const line = `${field}=${value}`;
@@ -106,7 +83,6 @@ function addFilter(field, value) {
 gallery.addEventListener("load", () => {  // wires the gallery's values and pictures; learns the fields to count
   const d = gallery.contentDocument;
   if (!d) { return; }
-  d.querySelectorAll("img[alt]").forEach((img) => pictures.set(img.alt, img.getAttribute("src")));
   d.querySelectorAll("a.facet").forEach((a) => a.addEventListener("click", (e) => {
     e.preventDefault(); addFilter(a.dataset.field, a.dataset.value); }));
   d.querySelectorAll("img[data-image-id]").forEach((img) => {

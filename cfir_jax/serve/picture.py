@@ -27,6 +27,7 @@ import asyncio
 import base64
 import binascii
 import concurrent.futures
+import dataclasses
 import threading
 import time
 from typing import Any
@@ -34,7 +35,7 @@ from typing import Any
 import pydantic
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import HTMLResponse, Response
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictStr
 from starlette.datastructures import UploadFile
 
@@ -190,6 +191,16 @@ async def read_request(request: Request, max_bytes: int, max_conditions: int
     return picture, fields
 
 
+@dataclasses.dataclass(frozen=True)
+class Shown:
+    """How a picture search's answer shows its hits: near-duplicates folded under each (`fold`), the values of
+    `facets` counted, and as JSON or, when `html`, as the gallery (POST /v1/search/image/html)."""
+
+    fold: bool = True
+    facets: tuple[str, ...] = ()
+    html: bool = False
+
+
 class PictureQueue:
     """Picture searches in WORKERS threads of their own (one decodes while another embeds; the tower runs one picture
     at a time), never the event loop's default pool, at most `size` searching or waiting: past it 503 with
@@ -215,11 +226,10 @@ class PictureQueue:
             self.pending -= 1
 
     async def answer(self, holder, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                     where: tuple[Condition, ...] = (), fold: bool = True, facets: tuple[str, ...] = ()
-                     ) -> tuple[str, int]:
-        """The answer's JSON of a checked picture request, searched by the index `holder` serves (a Ray front's
-        search runs on its shards), with the version of the index that answered it; the queue's own serve
-        settings (its deadline, the filter's limits)."""
+                     where: tuple[Condition, ...] = (), shown: Shown = Shown()) -> tuple[str, int]:
+        """The answer of a checked picture request, as `shown` says (JSON, or the HTML gallery), searched by the
+        index `holder` serves (a Ray front's search runs on its shards), with the version of the index that answered
+        it; the queue's own serve settings (its deadline, the filter's limits)."""
         settings = self.settings
         current = holder.current
         top_k = check_top_k(min(SHOWN, current.max_top_k) if top_k is None else top_k, current.max_top_k)
@@ -233,8 +243,7 @@ class PictureQueue:
                 raise Busy(why, 1)
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
-        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, fold,
-                                   facets)
+        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, shown)
         future.add_done_callback(self._release)
         try:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
@@ -247,26 +256,39 @@ class PictureQueue:
 
 
 def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
-            where: tuple[Condition, ...] = (), fold: bool = True, facets: tuple[str, ...] = ()) -> str:
-    """One picture search of the index's default method (its first served) and its JSON answer, in a queue's
-    thread; its pixels held to the index config's serve.max_image_pixels; near-duplicates folded unless not `fold`."""
-    query = Query(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where, fold=fold, facets=facets)
+            where: tuple[Condition, ...] = (), shown: Shown = Shown()) -> str:
+    """One picture search of the index's default method (its first served) and its JSON answer, or when
+    `shown.html` the gallery `retrieve.py --query-image --html` draws (each hit's pixels from the corpus, else its
+    http(s) url), in a queue's thread; its pixels held to the index config's serve.max_image_pixels."""
+    query = Query(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where, fold=shown.fold,
+                  facets=shown.facets)
     index.check(query)
     result = index.search_picture(query, deadline)
-    return report.as_json(result, top_k)
+    return report.html_page(result, index.picture, top_k) if shown.html else report.as_json(result, top_k)
+
+
+async def _answered(request: Request, html: bool) -> tuple[str, dict]:
+    """A picture request read and checked here, searched by the app's service (`search_picture`: the resident
+    index, or on Ray a front): its answer (JSON, or the HTML gallery) and headers."""
+    svc = request.app.state.service
+    picture, fields = await read_request(request, int(svc.settings.max_image_bytes),
+                                         int(svc.settings.max_filter_conditions))
+    where = FilterLimits.of(svc.settings).read(fields.where)  # parsed once, here; carried as conditions
+    return await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id, where, fields.fold,
+                                    check_facets(fields.facets), html)
 
 
 def picture_routes(app: FastAPI) -> None:
-    """Adds POST /v1/search/image to the app: the request read and checked here, searched by the app's service
-    (`search_picture`: the resident index, or on Ray a front)."""
+    """Adds POST /v1/search/image (JSON) and POST /v1/search/image/html (the gallery) to the app."""
 
     @app.post("/v1/search/image", summary="the nearest pictures of a picture (a multipart upload with the file field "
               "image, JSON {image: base64} or {image_id}, or the picture as the body with Content-Type image/*)")
     async def search_by_picture(request: Request) -> Response:
-        svc = request.app.state.service
-        picture, fields = await read_request(request, int(svc.settings.max_image_bytes),
-                                             int(svc.settings.max_filter_conditions))
-        where = FilterLimits.of(svc.settings).read(fields.where)  # parsed once, here; carried as conditions
-        answer, headers = await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id, where,
-                                                   fields.fold, check_facets(fields.facets))
+        answer, headers = await _answered(request, html=False)
         return Response(answer, media_type="application/json", headers=headers)
+
+    @app.post("/v1/search/image/html", response_class=HTMLResponse, summary="the HTML gallery of a picture's nearest "
+              "pictures (the request of /v1/search/image), each hit's pixels inline as /v1/search/html has them")
+    async def search_by_picture_html(request: Request) -> HTMLResponse:
+        answer, headers = await _answered(request, html=True)
+        return HTMLResponse(answer, headers=headers)

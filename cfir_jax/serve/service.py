@@ -24,7 +24,7 @@ from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull
 from cfir_jax.serve.errors import Busy, ClientGone, DeadlinePassed, Refused
 from cfir_jax.serve.metrics import Metrics
-from cfir_jax.serve.picture import PictureQueue, body_limit
+from cfir_jax.serve.picture import PictureQueue, Shown, body_limit
 from cfir_jax.serve.resident import IndexHolder
 from cfir_jax.serve.verifier import BackgroundVerifier
 
@@ -68,7 +68,8 @@ class SearchService(Protocol):
                      gone_when: Callable[[], Awaitable] | None = None) -> tuple[object, dict]: ...
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                             where: tuple = (), fold: bool = True, facets: tuple = ()) -> tuple[str, dict]: ...
+                             where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False
+                             ) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
 
@@ -158,12 +159,12 @@ class Service:
         raise DeadlinePassed(f"deadline of {self.settings.deadline_ms:g} ms passed (serve.deadline_ms)")
 
     async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                             where: tuple = (), fold: bool = True, facets: tuple = ()):
-        """A checked picture request's answer and headers (`cfir_jax.serve.picture`), from the resident index,
-        through the bounded picture queue; only pictures passing `where` answer, folded unless not `fold`, with the
-        `facets` asked."""
-        answer, version = await self.pictures.answer(self.holder, picture, image_id, top_k, qid, where, fold,
-                                                     facets)
+                             where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
+        """A checked picture request's answer (JSON, or the HTML gallery when `html`) and headers
+        (`cfir_jax.serve.picture`), from the resident index, through the bounded picture queue; only pictures
+        passing `where` answer, folded unless not `fold`, with the `facets` asked."""
+        answer, version = await self.pictures.answer(self.holder, picture, image_id, top_k, qid, where,
+                                                     Shown(fold, facets, html))
         return answer, {VERSION_HEADER: str(version)}
 
     def refresh_metrics(self) -> None:

@@ -4,6 +4,7 @@ only pictures that pass, top_k of them where that many pass; the library, the se
 answers (four filters in a multipart upload too); an unknown field is one line, exit 2; an add, a remove and a
 compact keep the filters right."""
 
+import base64
 import html
 import io
 import json
@@ -295,7 +296,8 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
                                                                                             tmp_path):
     """Each hit carries its picture's own fields (nulls left out) at the library and every door of the service; in
     Chromium, the page learns the countable fields from its hits, asks their counts and shows them, value by value,
-    above the hits, each hit with its fields (its screenshot: docs/images/facets.png)."""
+    above the hits, each hit with its fields (its screenshot: docs/images/facets.png); a search by a hit's picture
+    shows every hit's pixels, fields and counts (docs/images/by_picture.png)."""
     from urllib.parse import quote
 
     from PIL import Image as PILImage
@@ -310,6 +312,8 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
             result = index.search(text, top_k=5)
             assert result.hits and all(h.fields == _own(fields[h.id]) for h in result.hits)
             top = index.picture(result.ids[0])
+            alike_ids = index.search(image_id=result.ids[0], top_k=3, where=["source!=afp"]).ids  # what a click shows
+            alike_pixels = {i: index.picture(i) for i in alike_ids}
         assert cfir_jax.Client(service.url).search(text, top_k=5) == result  # the fields read back equal
         answer = httpx.post(f"{service.url}/v1/search", json={"text": text, "top_k": 5}, timeout=120).json()
         assert [h["fields"] for h in answer["hits"]] == [_own(fields[h.id]) for h in result.hits]
@@ -325,6 +329,8 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
         run[-1] = f"{service.url}/#image_id={quote(result.ids[0])}&top_k=3&where=source!=afp"  # what a click runs
         by_picture = html.unescape(subprocess.run([*run, "--dump-dom"], check=True, timeout=120, capture_output=True,
                                                   text=True).stdout)
+        alike_shot = tmp_path / "by_picture.png"
+        subprocess.run([*run, f"--screenshot={alike_shot}"], check=True, timeout=120, capture_output=True)
     finally:
         log = service.stop()
     assert "Traceback" not in log, log[-3000:]
@@ -334,11 +340,16 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
     first = result.hits[0].fields
     assert f'data-field="source" data-facet="1">source: {first["source"]}</span>' in dom
     assert f'data-field="date" data-facet="1">date: {first["date"]}</span>' in dom
-    assert f"pictures like {result.ids[0]}" in by_picture and 'class="facet" data-field="tags"' in by_picture
-    drawn = by_picture.split(f"pictures like {result.ids[0]}")[1].split("</body>")[0].split("<figure>")[1:]
+    assert f"<h1>pictures like {result.ids[0]}</h1>" in by_picture and 'class="facet" data-field="tags"' in by_picture
+    drawn = by_picture.split(f"<h1>pictures like {result.ids[0]}</h1>")[1].split("</body>")[0].split("<figure>")[1:]
     assert len(drawn) == 3 and all('data-field="source" data-facet="1">source: ' in f for f in drawn)
     assert "source: afp" not in by_picture and 'data-value="afp"' not in by_picture  # the filter applied
-    screen = {tuple(c) for c in np.asarray(PILImage.open(shot).convert("RGB")).reshape(-1, 3)}
-    pixels = np.asarray(PILImage.open(io.BytesIO(top)).convert("RGB")).reshape(-1, 3)
-    colours, counts = np.unique(pixels, axis=0, return_counts=True)
-    assert all(tuple(c) in screen for c in colours[np.argsort(-counts)[:2]])  # the top hit's picture is painted
+    for image_id, figure in zip(alike_ids, drawn):  # every hit's pixels, clickable to search again
+        inline = f'<img src="data:image/png;base64,{base64.b64encode(alike_pixels[image_id]).decode()}"'
+        assert figure.startswith(f'{inline} alt="{image_id}" data-image-id="{image_id}"'), figure[:200]
+    for png, pictures in ((shot, [top]), (alike_shot, alike_pixels.values())):
+        screen = {tuple(c) for c in np.asarray(PILImage.open(png).convert("RGB")).reshape(-1, 3)}
+        for picture in pictures:  # painted: its two commonest colours are on the screen
+            pixels = np.asarray(PILImage.open(io.BytesIO(picture)).convert("RGB")).reshape(-1, 3)
+            colours, counts = np.unique(pixels, axis=0, return_counts=True)
+            assert all(tuple(c) in screen for c in colours[np.argsort(-counts)[:2]]), png.name

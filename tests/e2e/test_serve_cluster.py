@@ -188,7 +188,11 @@ def test_filtered_answers_equal_one_process(cluster, index, documents):
 @pytest.mark.slow
 def test_a_picture_through_the_gateway_equals_one_process(cluster, index):
     """The gateway reads the form and hands it to a front, which searches both shards (the world's cache was
-    imported, so a picture's bytes are refused in one line and an id is the query)."""
+    imported, so a picture's bytes are refused in one line and an id is the query); the gallery door's hits are the
+    same, each with its pixels, drawn by the front."""
+    import base64
+
+    from cfir_jax.retrieve.report import image_mime
     from cfir_jax.retrieve.results import Result
 
     image_id = index.image_ids[7]
@@ -196,6 +200,14 @@ def test_a_picture_through_the_gateway_equals_one_process(cluster, index):
     r = cluster.client.post("/v1/search/image", data={"image_id": image_id, "top_k": "10", "id": image_id})
     assert r.status_code == 200 and r.headers["x-index-version"] == "1", r.text
     assert Result.from_json(r.json()) == want and want.hits[0].id == image_id
+    page = cluster.client.post("/v1/search/image/html", json={"image_id": image_id, "top_k": 10})
+    assert page.status_code == 200 and page.headers["x-index-version"] == "1", page.text[:300]
+    figures = page.text.split("<figure>")[1:]
+    assert len(figures) == len(want.hits)
+    for hit, figure in zip(want.hits, figures):
+        data = index.picture(hit.id)
+        assert data and figure.startswith(f'<img src="data:{image_mime(data)};base64,{base64.b64encode(data).decode()}'
+                                          f'" alt="{hit.id}" data-image-id="{hit.id}">'), figure[:200]
     upload = cluster.client.post("/v1/search/image", files={"image": ("p.png", b"\x89PNG\r\n\x1a\n" + bytes(64))})
     assert upload.status_code == 422 and "embeddings were imported" in upload.json()["error"], upload.text
 
