@@ -9,12 +9,31 @@ bash scripts/setup.sh demo
 WORK=${WORK:-demo_work}
 python index.py --config configs/demo.py --workdir "$WORK"
 python train.py --config configs/demo.py --workdir "$WORK"
-echo; echo "== retrieve.py --query examples/doc.txt"
-python retrieve.py --index "$WORK" --query examples/doc.txt --top-k 10 --html "$WORK/doc.html"
-echo; echo "== beyond the paper: fit the re-ranker of SR's top 100 on the train split"
-python retrieve.py --index "$WORK" --fit-reranker
-echo; echo "== beyond the paper: fit the convex fusion's weight of SR and BM25 on the train split"
-python retrieve.py --index "$WORK" --fit-fusion
+# The query and the two fits read the trained index and each writes its own store (W/sr_compact, W/reranker,
+# W/convex_fusion, each atomically; none takes the writer lock), and none reads another's: they run side by side, so
+# that each one's single-threaded stretches fill the other core. Their printouts follow in this order when all three
+# have finished; when one failed, the demo stops after printing them.
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+# Each command's stdout and stderr go to one log, unbuffered, in the order a terminal would have shown them.
+side() { local name=$1; shift; PYTHONUNBUFFERED=1 "$@" >"$LOGS/$name.log" 2>&1 & echo $! >"$LOGS/$name.pid"; }
+echo; echo "== the query, the re-ranker's fit and the fusion's fit, side by side (about a minute)"
+side query python retrieve.py --index "$WORK" --query examples/doc.txt --top-k 10 --html "$WORK/doc.html"
+side reranker python retrieve.py --index "$WORK" --fit-reranker
+side fusion python retrieve.py --index "$WORK" --fit-fusion
+failed=""
+for name in query reranker fusion; do
+  wait "$(cat "$LOGS/$name.pid")" || failed="$failed $name"
+done
+for name in query reranker fusion; do
+  case $name in
+    query) echo; echo "== retrieve.py --query examples/doc.txt" ;;
+    reranker) echo; echo "== beyond the paper: fit the re-ranker of SR's top 100 on the train split" ;;
+    fusion) echo; echo "== beyond the paper: fit the convex fusion's weight of SR and BM25 on the train split" ;;
+  esac
+  cat "$LOGS/$name.log"
+done
+if [ -n "$failed" ]; then echo "demo.sh: failed:$failed" >&2; exit 1; fi
 echo; echo "== evaluation on the synthetic test split"
 python retrieve.py --index "$WORK" --evaluate test --compare --plot "$WORK/recall.png"
 # The paper's Figure 7 entities (issue 29): SOURCES="spacy+categories categories" bash scripts/demo.sh also rebuilds

@@ -36,6 +36,7 @@ from cfir_jax.stores.image_cache import ImageCache
 from cfir_jax.stores.layout import Layout
 
 GRID = tuple(round(a, 2) for a in np.linspace(0.0, 1.0, 21))
+CUT = 10  # the fit's measure is MRR@10
 Ranked = tuple[np.ndarray, np.ndarray]
 
 
@@ -52,13 +53,27 @@ def _ranked(result: Result) -> Ranked:
     return np.array([h.score for h in result.hits], np.float32), np.array(result.rows, np.int32)
 
 
+def head(ranked: Ranked, cut: int = CUT) -> Ranked:
+    """The hits of a list that can be among its first `cut` ranks: every hit scoring at least its cut-th best score.
+    trec_eval ranks by score (ties by id), so a hit below that score ranks after `cut` others and never changes
+    MRR@cut: the head gives the whole list's MRR@cut to the last bit, without a thousand hits per document for each
+    alpha of the grid."""
+    scores, rows = ranked
+    if len(scores) <= cut:
+        return ranked
+    keep = scores >= np.partition(scores, len(scores) - cut)[len(scores) - cut]
+    return scores[keep], rows[keep]
+
+
 def _sweep(index: Index, docs: list, split: str, fused: Callable[[int, float], Ranked]) -> dict:
     """The fit of one pair: fused(i, alpha) is document i's list at weight alpha; MRR@10 on `split` at each."""
     qrels, ids = index.qrels(split), index.image_ids
     mrr = {}
     for alpha in GRID:
-        run = {d.doc_id: [(ids[int(row)], float(s)) for s, row in zip(*fused(i, alpha))] for i, d in enumerate(docs)}
-        mrr[alpha] = round(metrics.evaluate(run, qrels, measures=("mrr@10",), complete=True).aggregate["mrr@10"], 4)
+        run = {d.doc_id: [(ids[int(row)], float(s)) for s, row in zip(*head(fused(i, alpha)))]
+               for i, d in enumerate(docs)}
+        measure = f"mrr@{CUT}"
+        mrr[alpha] = round(metrics.evaluate(run, qrels, measures=(measure,), complete=True).aggregate[measure], 4)
     best = max(GRID, key=lambda a: (mrr[a], -abs(a - 0.5)))
     return {"alpha": float(best), "split": split, "documents": len(docs), "mrr10": {f"{a:g}": mrr[a] for a in GRID}}
 
