@@ -262,9 +262,9 @@ def html_page(result: Result, image_bytes: Callable[[str], bytes], top: int) -> 
              "background:#eee;text-align:center;line-height:120px;color:#888}figcaption{font-size:12px}"
              ".dups{margin-top:4px;color:#555}.dups img{width:40px;height:40px;object-fit:cover;margin:2px 2px 0 0;"
              "border:1px solid #ccc}.fields{margin-top:4px;color:#333}.facets{font-size:13px}")
+    document = (f"<p><b>Entities:</b> {html.escape(', '.join(result.entities) or '(none)')}</p>"
+                f"<p><b>Summary:</b> {html.escape(result.summary)}</p>") if result.summary else ""  # a picture: none
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>CFIR: {html.escape(doc_id)}</title>"
-            f"<style>{style}</style></head><body><h1>{html.escape(doc_id)}</h1>"
-            f"<p><b>Entities:</b> {html.escape(', '.join(result.entities) or '(none)')}</p>"
-            f"<p><b>Summary:</b> {html.escape(result.summary)}</p>"
+            f"<style>{style}</style></head><body><h1>{html.escape(doc_id)}</h1>{document}"
             f"{'<p><b>Note:</b> ' + html.escape(result.note) + '</p>' if result.note else ''}"
             + _facets(result) + "".join(cards) + "</body></html>")

@@ -40,6 +40,12 @@ def test_html_without_bytes_or_url_says_no_image():
     assert "<img" not in page and "no image" in page
 
 
+def test_a_documents_gallery_says_its_entities_and_summary_and_a_pictures_says_neither():
+    assert "<b>Entities:</b> x" in _gallery(1) and "<b>Summary:</b> a summary" in _gallery(1)
+    by_picture = html_page(Result("pictures like img1", (Hit(1, "x", 0.5, "cap", ""),)), lambda i: b"", 1)
+    assert "Entities:" not in by_picture and "Summary:" not in by_picture
+
+
 def test_gallery_screenshot_in_headless_chromium_shows_the_pictures(tmp_path):
     """The page as Chromium paints it: each picture's colours appear on screen, not a broken-image icon."""
     from PIL import Image as PILImage
