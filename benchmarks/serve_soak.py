@@ -21,6 +21,7 @@ import argparse
 import json
 import os
 import random
+import re
 import shutil
 import signal
 import subprocess
@@ -64,11 +65,11 @@ def processes(sessions: set[int]) -> dict[int, str]:
 def _role(cmd: str, comm: str) -> str:
     if "entity_worker_main" in cmd:
         return "entity worker"
-    if cmd.startswith("ray::ServeReplica:cfir:"):
-        name = cmd.split(":")[3].split()[0]
-        return name.rstrip("0123456789") if name.startswith("IndexShard") else name
+    replica = re.match(r"ray::ServeReplica:cfir:([A-Za-z]+)", cmd)  # its title: ...:Front.handle_request...
+    if replica:
+        return replica.group(1)
     if cmd.startswith("ray::"):
-        return cmd.split()[0][5:]
+        return cmd.split()[0][5:].split(".")[0]
     if "retrieve.py" in cmd:
         return "command"
     return comm

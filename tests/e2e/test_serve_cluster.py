@@ -218,10 +218,12 @@ def test_the_clients_answers_equal_index_search(cluster, index, documents):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("victim", ["IndexShard1", "Front"])
+@pytest.mark.parametrize("victim", ["IndexShard1", "Front", "Gateway"])
 def test_a_replica_killed_under_load_costs_no_request(cluster, documents, expected, victim):
     """One replica at a time, under load; every original front dies in turn (the reload test then shows that the
-    cluster's version is the command's, not any front's: the fronts that replaced them serve it)."""
+    cluster's version is the command's, not any front's: the fronts that replaced them serve it). A gateway (the
+    ingress) killed with requests in flight: Ray's proxy answers those a plain-text 500, which the command's door
+    (cfir_jax.cluster.door) sends again to the other gateway."""
     original = _replica_pids(victim)
     assert len(original) == 2, original
     for pid in original if victim == "Front" else original[:1]:
