@@ -144,13 +144,14 @@ class Chaos:
     """The killer and the changer, each a thread until `end`; what they did, with when."""
 
     def __init__(self, args, cmd: Command, workdir: Path, reference: Reference, t0: float, end: float,
-                 scratch: Path):
-        self.args, self.cmd, self.workdir, self.reference = args, cmd, workdir, reference
+                 scratch: Path, rows: list[dict]):
+        self.args, self.cmd, self.workdir, self.reference, self.rows = args, cmd, workdir, reference, rows
         self.t0, self.end, self.scratch = t0, end, scratch
         self.events: list[tuple[float, str]] = []
         self.removed: set[str] = set()
         self.added: set[str] = set()
         self.rng = random.Random(59)
+        self.kills = 0
 
     def say(self, what: str) -> None:
         self.events.append((time.monotonic() - self.t0, what))
@@ -163,7 +164,11 @@ class Chaos:
             choices = [r for r in roles if any(v == r for v in live.values())]
             if not choices:
                 continue
-            role = self.rng.choice(choices)
+            order = self.args.kill_order
+            role = order[self.kills % len(order)] if order else self.rng.choice(choices)
+            self.kills += 1
+            if role not in choices:
+                continue
             victim = self.rng.choice([p for p, v in live.items() if v == role])
             try:
                 os.kill(victim, signal.SIGKILL)
@@ -190,7 +195,7 @@ class Chaos:
             flags, what = ["--remove", str(ids)], f"remove {image}"
             self.removed.add(image)
         elif kind == "add":
-            new = write_addition(self.scratch / f"add{turn}", _example_rows(turn), turn)
+            new = write_addition(self.scratch / f"add{turn}", self.rows[2 * turn % len(self.rows):][:2], turn)
             flags, what = ["--add", str(self.scratch / f"add{turn}")], f"add {', '.join(new)}"
             self.added.update(new)
         else:
@@ -214,17 +219,10 @@ class Chaos:
         return True
 
 
-def _example_rows(turn: int) -> list[dict]:
-    """Two rows of examples/collection/images.jsonl (pictures with 64-dimension embeddings, as the demo's), their
-    picture file named by `source`."""
-    folder = ROOT / "examples/collection"
-    rows = [json.loads(line) for line in (folder / "images.jsonl").read_text().splitlines() if line.strip()]
-    picked = [rows[(2 * turn + k) % len(rows)] for k in range(2)]
-    return [{**r, "source": folder / r["path"]} for r in picked]
-
-
-def prepare(args) -> tuple[Path, Path, list, list, bytes]:
-    """The soak's copy of the workdir (fields written), its scratch folder, documents, picture ids, an upload."""
+def prepare(args) -> tuple[Path, Path, list, list, bytes, list]:
+    """The soak's copy of the workdir (fields written), its scratch folder, documents, picture ids, an upload, and
+    the rows its adds take (pictures of the workdir's own cache again, with their embeddings: imported or not, an
+    add of precomputed embeddings needs no vision tower)."""
     from cfir_jax.builders.image_fields import columns_of, write_store
     from cfir_jax.data.corpus import Corpus
     from cfir_jax.stores.image_cache import ImageCache
@@ -238,8 +236,12 @@ def prepare(args) -> tuple[Path, Path, list, list, bytes]:
     corpus = Corpus.open(workdir / "corpus")
     documents = [(corpus.doc_ids[i], corpus.document(i).text[:6000]) for i in range(min(6, len(corpus.doc_ids)))]
     image_ids = [cache.ids[i] for i in (7, cache.num_images // 2, cache.num_images - 3)]
-    picture = sorted((ROOT / "examples/collection/images").glob("*.png"))[-1].read_bytes()
-    return scratch, workdir, documents, image_ids, picture
+    pictures = sorted((ROOT / "examples/collection/images").glob("*.png"))
+    imported = corpus.embeddings() if corpus.embedding_dim else None  # the collection's own, as it imported them
+    rows = [{"caption": f"A picture like {cache.ids[r]}", "source": pictures[r % len(pictures)],
+             **({"embedding": [float(x) for x in imported[r]]} if imported is not None else {})}
+            for r in range(0, 40, 3)]
+    return scratch, workdir, documents, image_ids, pictures[-1].read_bytes(), rows
 
 
 def report(args, counts: dict, rss: tuple[dict, dict], code, left: int, chaos: Chaos, records, reference) -> bool:
@@ -283,13 +285,15 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=30.0)
     ap.add_argument("--concurrency", type=int, default=6)
     ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between two kills, on average")
+    ap.add_argument("--kill-order", type=lambda v: v.split(","), default=None,
+                    help="roles killed in turn (\"Front,IndexShard,Gateway,entity worker\"); default: at random")
     ap.add_argument("--change-every", type=float, default=150.0, help="seconds between two committed changes")
     ap.add_argument("--timeout", type=float, default=60.0, help="per request (the client's deadline), seconds")
     ap.add_argument("--scratch", default=None, help="where the workdir's copy goes (default: the temp dir)")
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("server_args", nargs="*", help="more arguments for the command (--config.serve.x=y)")
     args = ap.parse_args()
-    scratch, workdir, documents, image_ids, picture = prepare(args)
+    scratch, workdir, documents, image_ids, picture, rows = prepare(args)
     print(f"{hardware_description()}; load {os.getloadavg()[0]:.2f} at the start; workdir copy {workdir}", flush=True)
     reference = Reference(documents, image_ids, picture)
     print(f"reference: version {reference.record(str(workdir))} ({EXACT})", flush=True)
@@ -299,7 +303,7 @@ def main() -> None:
     print(f"{args.engine} service at {cmd.url} ready in {time.perf_counter() - t_start:.0f} s", flush=True)
     t0 = time.monotonic()
     end = t0 + 60 * args.minutes
-    chaos = Chaos(args, cmd, workdir, reference, t0, end, scratch)
+    chaos = Chaos(args, cmd, workdir, reference, t0, end, scratch, rows)
     traffic = Traffic(cmd.url, make_asks(documents, image_ids, picture), end, t0, args.timeout)
     rss: list[dict] = []
 

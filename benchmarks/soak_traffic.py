@@ -206,11 +206,14 @@ def tally(records: list[Record], reference: Reference) -> dict:
         if r.status >= 500 and r.status != 503 and r.status != 504:
             out["http_500"] += r.status == 500
             out["other_5xx"] += r.status != 500
-        if r.ask.kind == "hostile":
-            if 400 <= r.status < 500 and not str(r.got).startswith("not one JSON line"):
+        if r.ask.kind == "hostile":  # refused in one JSON line: 4xx, or 503/504 when it waited past its deadline
+            if str(r.got).startswith("not one JSON line") or not (400 <= r.status < 500 or r.status in (503, 504)):
+                wrong.append(r)
+            elif r.status < 500:
                 out["hostile_refused"] += 1
             else:
-                wrong.append(r)
+                out["refused"] += 1
+                kinds[refusal_kind(r.status, str(r.got))] += 1
             continue
         if str(r.got).startswith("not one JSON line"):
             out["not_one_line"] += 1
@@ -260,7 +263,7 @@ def write_addition(folder: Path, rows: list[dict], turn: int) -> list[str]:
         image_id = f"soak{turn:03d}x{k}"
         shutil.copy(row["source"], folder / "images" / f"{image_id}.png")
         out.append({"id": image_id, "path": f"images/{image_id}.png", "caption": f"{row['caption']} ({turn}.{k})",
-                    "embedding": row["embedding"], "n": k % 4})
+                    **({"embedding": row["embedding"]} if "embedding" in row else {}), "n": k % 4})
         ids.append(image_id)
     (folder / "images.jsonl").write_text("".join(json.dumps(r) + "\n" for r in out))
     return ids

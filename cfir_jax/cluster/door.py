@@ -25,6 +25,9 @@ import socket
 import threading
 import time
 
+import httpx
+import uvicorn
+
 from cfir_jax.core.errors import CfirError
 from cfir_jax.serve.errors import http_answer
 from cfir_jax.serve.metrics import Metrics
@@ -71,8 +74,6 @@ class Door:
 
     async def forward(self, scope, body: bytes) -> tuple[int, dict[str, str], bytes]:
         """Ray's proxy's answer to the request, sent again while it was lost (module docstring)."""
-        import httpx
-
         if self._client is None:
             self._client = httpx.AsyncClient(timeout=None, limits=httpx.Limits(max_connections=512))
         method, path = scope["method"], scope["path"]
@@ -114,8 +115,6 @@ class DoorServer:
     Ray starts)."""
 
     def __init__(self, door: Door, sock: socket.socket):
-        import uvicorn  # why: uvicorn loads with the service, not with the config's check
-
         self.door, self.sock = door, sock
         self.server = uvicorn.Server(uvicorn.Config(door.app, log_level="warning", access_log=False, lifespan="off",
                                                     timeout_keep_alive=5, http=http_protocol()))

@@ -2,11 +2,11 @@
 from an empty HOME with the default CPUs per replica, over the session's tiny world with exact SR, 2 shards x 2
 replicas, 2 fronts and 2 gateways (the documented command): answers equal `retrieve.py --format
 json`, and a picture's (by its id, through the gateways) `Index.search(image_id=...)`'s, and so do `cfir_jax.Client`'s
-answers, for documents and a picture, and its refusals; a shard replica and a front
-replica SIGKILLed under load cost no request; a shard with no live replica makes
+answers, for documents and a picture, and its refusals; a shard with no live replica makes
 the requests that need it 503 `shard s unavailable` within the deadline and /readyz names it; a reload flips every
 shard at once and every answer names one version; SIGTERM to the command's process group drains, exits 0 and leaves no
-process of the Ray it started."""
+process of the Ray it started. (Replicas SIGKILLed under load, each kind in turn, with changes reloaded:
+tests/e2e/test_serve_soak.py.)"""
 
 import collections
 import json
@@ -215,34 +215,6 @@ def test_the_clients_answers_equal_index_search(cluster, index, documents):
     assert client.search(image_id=picture) == index.search(image_id=picture)
     with pytest.raises(CfirError, match="^text is empty$"):
         client.search(" ")
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("victim", ["IndexShard1", "Front", "Gateway"])
-def test_a_replica_killed_under_load_costs_no_request(cluster, documents, expected, victim):
-    """One replica at a time, under load; every original front dies in turn (the reload test then shows that the
-    cluster's version is the command's, not any front's: the fronts that replaced them serve it). A gateway (the
-    ingress) killed with requests in flight: Ray's proxy answers those a plain-text 500, which the command's door
-    (cfir_jax.cluster.door) sends again to the other gateway."""
-    original = _replica_pids(victim)
-    assert len(original) == 2, original
-    for pid in original if victim == "Front" else original[:1]:
-        load = Load(cluster.url, documents)
-        try:
-            time.sleep(3)
-            before = len(load.answers)
-            os.kill(pid, signal.SIGKILL)
-            time.sleep(8)
-        finally:
-            answers = load.finish()
-        assert len(answers) > before + 4  # requests ran while the replica was dead and being replaced
-        failed = [a for a in answers if a[0] != 200]
-        assert not failed, (len(answers), failed[:3])
-        assert all(a[3] == expected[a[2]]["hits"] for a in answers)
-        deadline = time.monotonic() + 180
-        while len(_replica_pids(victim)) < 2:  # Ray replaces it
-            assert time.monotonic() < deadline, f"{victim} not replaced"
-            time.sleep(1)
 
 
 @pytest.mark.slow
