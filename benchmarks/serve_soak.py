@@ -307,9 +307,15 @@ def main() -> None:
     traffic = Traffic(cmd.url, make_asks(documents, image_ids, picture), end, t0, args.timeout)
     rss: list[dict] = []
 
-    def sample_rss():
+    def sample_rss():  # after the first minute (warmed), then a line a minute: RSS by role, MiB
         time.sleep(min(60.0, 30 * args.minutes))
         rss.append({p: (r, rss_mib(p)) for p, r in processes(cmd.sessions).items()})
+        while time.monotonic() < end - 60:
+            time.sleep(60)
+            by_role: dict[str, float] = {}
+            for p, r in processes(cmd.sessions).items():
+                by_role[r] = by_role.get(r, 0.0) + rss_mib(p)
+            chaos.say("RSS " + ", ".join(f"{r} {v:.0f}" for r, v in sorted(by_role.items()) if v > 100))
 
     threads = [threading.Thread(target=f, daemon=True) for f in (chaos.killer, chaos.changer, sample_rss)]
     for t in threads:
