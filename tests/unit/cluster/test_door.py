@@ -122,3 +122,12 @@ def test_a_body_over_the_bound_or_not_http_is_refused_by_the_door_itself(door):
         answer = conn.recv(4096)
     assert answer.startswith(b"HTTP/1.1 400 ") and b'{"error": "malformed HTTP request: ' in answer
     assert upstream.seen == []
+
+
+def test_an_idle_connection_outlives_the_clients_own_keep_alive():
+    """The client's pool closes an idle connection first (httpx: 5 s): with equal timeouts the door closed one as a
+    client sent on it, and that request was lost unanswered (the soak's one lost request in 921)."""
+    sock = bind("127.0.0.1", 0)
+    server = DoorServer(Door(SETTINGS, "http://127.0.0.1:9"), sock)
+    sock.close()
+    assert server.server.config.timeout_keep_alive > httpx.Limits(max_connections=1).keepalive_expiry
