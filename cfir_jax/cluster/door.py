@@ -31,7 +31,7 @@ import uvicorn
 from cfir_jax.core.errors import CfirError
 from cfir_jax.serve.errors import http_answer
 from cfir_jax.serve.metrics import Metrics
-from cfir_jax.serve.middleware import RequestGuard, http_protocol
+from cfir_jax.serve.middleware import KEEP_ALIVE_S, RequestGuard, http_protocol
 from cfir_jax.serve.service import max_body
 
 log = logging.getLogger("cfir_jax.serve")
@@ -40,10 +40,6 @@ RESEND_WAIT_S = (0.05, 1.0)  # the first wait before a lost request is sent agai
 RETRY_AFTER_S = 2  # what a 503 of the door asks a client to wait (an ingress replica is being replaced)
 GRACE_S = 10.0  # beyond a request's deadline, how long the door waits for the service's own 504
 RELOAD_S = 30.0  # beyond serve.ready_timeout_s, how long an admin reload may take
-# An idle connection is kept this long: longer than the clients' own pools keep one (httpx 5 s), so that the client
-# closes it first. Equal timeouts race: the door closing a connection as the client sends on it is a request lost
-# unanswered (the soak met one in 921 requests at 5 s).
-KEEP_ALIVE_S = 75
 HOP = {b"connection", b"keep-alive", b"transfer-encoding", b"te", b"upgrade", b"host", b"content-length", b"expect",
        b"proxy-connection", b"trailer"}  # headers of one hop, never passed on
 
