@@ -28,6 +28,7 @@ import threading
 import time
 from collections.abc import Sequence
 
+from cfir_jax.cluster.door import Door, DoorServer, bind
 from cfir_jax.cluster.ray_head import RayHead, free_port
 from cfir_jax.cluster.reload import Coordinator, Outcome, Reloader, Target
 from cfir_jax.cluster.shard import committed_id
@@ -82,6 +83,7 @@ class _Run:
     serve: object = None
     submitted: bool = False  # the application was handed to Serve
     serving: bool = False  # every replica was ready
+    door: DoorServer | None = None  # the command's HTTP server, in front of Ray's proxy (cfir_jax.cluster.door)
 
 
 class DiskWorkdir:
@@ -118,9 +120,10 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
     methods = list(dict.fromkeys([method, *s.methods]))
     need = needs(s)
     host, port = host or s.host, s.port if port is None else port
-    port = port or free_port(host)
     address = address or s.address or None
     cpus = head_cpus(s, need, os.cpu_count() or 1) if address is None else 0  # refused before anything starts
+    sock = bind(host, port)  # the door's: a taken port is said before Ray starts
+    port, inner = sock.getsockname()[1], free_port("127.0.0.1")  # Ray's proxy listens behind the door
     t0 = time.perf_counter()
     signals = _Signals()
     run, lost, ended = _Run(), None, False
@@ -134,7 +137,7 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
             run.head.launch()
             address = run.head.address
         _connect(run, address, need, signals)
-        run.serve.start(http_options={"host": host, "port": port})
+        run.serve.start(http_options={"host": "127.0.0.1", "port": inner})
         reloader = _reloader(deployments, workdir, config, config_spec, config_overrides(argv))
         app = deployments.build_app(workdir, config, config_spec, config_overrides(argv), methods,
                                     reloader.relay.actor)
@@ -143,6 +146,8 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
                            wait_for_ingress_deployment_creation=False, wait_for_applications_running=False)
         _wait_ready(run, float(s.ready_timeout_s), reloader)
         run.serving = True
+        run.door = DoorServer(Door(s, f"http://127.0.0.1:{inner}"), sock)
+        run.door.start()
         print(f"serving {workdir} (methods {', '.join(methods)}; version {reloader.coordinator.target.version}; "
               f"{_layout(s)} on Ray at {address}) at http://{host}:{port}: loaded and warmed in "
               f"{time.perf_counter() - t0:.1f} s; ready", file=sys.stderr, flush=True)
@@ -154,6 +159,7 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
     finally:
         signals.stopping = True  # a second signal no longer interrupts the stop
         _stop(run, lost, keep_logs=not ended)
+        sock.close()
     if lost:
         raise CfirError(f"the Ray this command started lost its {lost}: every replica on it is gone; its logs: "
                         f"{run.head.logs}; exiting so that a process manager restarts the service")
@@ -320,8 +326,12 @@ def _stop(run: _Run, lost: str | None, keep_logs: bool) -> None:
         run.head.stop(keep_logs=True, grace_s=0)
     try:
         if run.ray is not None and run.ray.is_initialized() and not lost:
+            if run.door is not None:
+                run.door.door.stopping = True  # a request lost from now on is a 503 at once, never sent again
             if run.submitted and (run.serving or run.head is None):
                 run.serve.delete(APP)  # drains: replicas finish their requests (graceful_shutdown_timeout_s)
+            if run.door is not None:
+                run.door.stop()  # the requests it accepted are answered (Ray's proxy's 404s: one JSON line each)
             if run.head is not None and run.serving:
                 run.serve.shutdown()
         if run.ray is not None:
@@ -329,5 +339,7 @@ def _stop(run: _Run, lost: str | None, keep_logs: bool) -> None:
     except Exception as e:  # noqa: BLE001 - the stop goes on; the head is ended below whatever Ray said
         print(f"stopping: {type(e).__name__}: {first_line(e) if str(e).strip() else ''}", file=sys.stderr, flush=True)
     finally:
+        if run.door is not None:
+            run.door.stop(timeout_s=5.0)
         if run.head is not None:
             run.head.stop(keep_logs=keep_logs)

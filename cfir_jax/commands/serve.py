@@ -64,7 +64,7 @@ def serve_http(config: ml_collections.ConfigDict, workdir: str, sock: socket.soc
     import uvicorn
 
     from cfir_jax.serve.app import create_app
-    from cfir_jax.serve.middleware import http_protocol
+    from cfir_jax.serve.middleware import KEEP_ALIVE_S, http_protocol
     from cfir_jax.serve.resident import IndexHolder, config_overrides
     from cfir_jax.serve.service import Service
 
@@ -80,7 +80,7 @@ def serve_http(config: ml_collections.ConfigDict, workdir: str, sock: socket.soc
     print(f"serving {workdir} (index {holder.current.fingerprint}, methods {', '.join(methods)}) at {url}: "
           f"loaded and warmed in {time.perf_counter() - t0:.1f} s; ready", file=sys.stderr, flush=True)
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                           timeout_keep_alive=5, http=http_protocol()))
+                                           timeout_keep_alive=KEEP_ALIVE_S, http=http_protocol()))
     # uvicorn re-raises the signal that stopped it once it has drained; it then reaches these no-op handlers, so a
     # graceful stop exits 0, whether SIGTERM or SIGINT (Ctrl-C, systemctl stop, a container's init: often sent to
     # the whole process group, whose entity workers ignore both and leave the stop to this process).
