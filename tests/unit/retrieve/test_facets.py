@@ -5,6 +5,7 @@ line (422 at the service). The library, the service (in-process) and the client 
 facets count only passing pictures; near-duplicates folded count once; an answer without facets is unchanged."""
 
 import asyncio
+import collections
 import json
 import re
 import time
@@ -14,6 +15,8 @@ import httpx
 import numpy as np
 import pytest
 from fields_engine import HOLD, Fields, FieldsEngine, together_and_alone
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from standin_service import serving, standin_index
 
 import cfir_jax
@@ -186,3 +189,18 @@ def test_the_ray_front_answers_facets_and_refuses_a_bad_field_as_the_service_doe
     assert [status for status, _, _ in answers] == [200, 422, 200]
     assert json.loads(answers[0][1][0])["facets"] == {"source": {"afp": 10, "ap": 10, "reuters": 10}}
     assert answers[1][1].startswith("facets: unknown field 'colour'") and "facets" not in json.loads(answers[2][1][0])
+
+
+@settings(max_examples=60, deadline=None, database=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(lists=st.lists(st.one_of(st.none(), st.lists(st.sampled_from([f"v{i}" for i in range(300)]), max_size=12)),
+                      min_size=1, max_size=40), data=st.data(), padded=st.booleans())
+def test_a_list_fields_counts_equal_a_plain_count_by_either_path(monkeypatch, lists, data, padded):
+    """Each picture counts each value it holds once, whether the field's rows are kept as a padded table (few values
+    a row) or gathered ragged (TABLE_PADDING 0: never a table), over any rows asked, in any order; past 127
+    distinct values the codes are wider than a byte."""
+    monkeypatch.setattr(facets_lib, "TABLE_PADDING", 4 if padded else 0)
+    rows = [{"tags": v} for v in lists]
+    asked = data.draw(st.lists(st.integers(0, len(rows) - 1), unique=True))
+    counted = facets_lib.Facets(Fields(rows, {"tags": "list"})).count(np.asarray(asked, np.int64), ["tags"])["tags"]
+    plain = collections.Counter(v for r in asked for v in set(lists[r] or ()))
+    assert counted == dict(sorted(plain.items(), key=lambda kv: (-kv[1], kv[0]))[:facets_lib.MAX_VALUES])
