@@ -35,6 +35,40 @@ def pytest_unconfigure(config):
         shutil.rmtree(config.cfir_cache_dir, ignore_errors=True)
 
 
+# The files that take longest, longest first (their share of the suite's time, from a run's JUnit XML:
+# benchmarks/suite_tiers.py lists the heaviest files). xdist's --dist loadfile hands each worker the next whole file in
+# collection order, so a long file collected last (tests/unit/training/, minutes) keeps one worker busy alone while
+# the other has nothing left: longest first, the two finish about together (a tenth of the suite's wall time).
+LONGEST_FIRST = (
+    "tests/e2e/test_index.py",
+    "tests/unit/training/test_trainer.py",
+    "tests/unit/model/test_model.py",
+    "tests/unit/serve/test_doors.py",
+    "tests/e2e/test_filters.py",
+    "tests/e2e/test_serve_soak.py",
+    "tests/unit/training/test_full_step.py",
+    "tests/unit/nlp/test_entity_workers.py",
+    "tests/e2e/test_image_search.py",
+    "tests/e2e/test_api.py",
+    "tests/unit/aot/test_compile_only.py",
+    "tests/unit/search/test_sr_device.py",
+    "tests/unit/nlp/test_summaries.py",
+    "tests/unit/nlp/test_bart.py",
+    "tests/e2e/test_serve.py",
+    "tests/e2e/test_pipeline.py",
+    "tests/e2e/test_serve_cluster.py",
+    "tests/e2e/test_reliability.py",
+    "tests/e2e/test_full_train.py",
+)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The files of LONGEST_FIRST first, in its order; every other file after them in collection order, and the tests
+    of a file in theirs (a stable sort)."""
+    rank = {path: n for n, path in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.nodeid.split("::")[0], len(LONGEST_FIRST)))
+
+
 @pytest.fixture(scope="session")
 def synthetic_spm(tmp_path_factory) -> Path:
     """The tiny synthetic world's sentencepiece model (beit3.spm's id conventions): a tokenizer for every test that

@@ -25,7 +25,7 @@ from cfir_jax.retrieve import image_query
 
 QUICK = settings(max_examples=40, deadline=None, database=None, suppress_health_check=[HealthCheck.too_slow,
                                                                                        HealthCheck.data_too_large])
-LONG = settings(QUICK, max_examples=300)
+LONG = settings(QUICK, max_examples=120)
 MAX_TOP_K = 50
 
 
