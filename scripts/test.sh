@@ -15,4 +15,6 @@ bash scripts/setup.sh test
 ruff check --quiet .
 # Two workers (pytest-xdist), each taking whole test files (their module fixtures built once): most tests wait on
 # the commands they run in subprocesses, so two keep both cores busy; 1.7x the single worker's pace on 2 cores.
-exec python -m pytest -q -rs -n 2 --dist loadfile "${selection[@]}" "$@"
+# Files in collection order, which puts the longest first (tests/conftest.py LONGEST_FIRST); xdist's own order (most
+# tests first) left a one-test file of minutes, the soak, for the end.
+exec python -m pytest -q -rs -n 2 --dist loadfile --no-loadscope-reorder "${selection[@]}" "$@"
