@@ -28,12 +28,13 @@ import threading
 import time
 from collections.abc import Sequence
 
-from cfir_jax.cluster.door import Door, DoorServer, bind
+from cfir_jax.cluster.door import Door, DoorServer
 from cfir_jax.cluster.ray_head import RayHead, free_port
 from cfir_jax.cluster.reload import Coordinator, Outcome, Reloader, Target
 from cfir_jax.cluster.shard import committed_id
 from cfir_jax.cluster.sizing import Needs, check_reachable, check_room, head_cpus, needs
 from cfir_jax.core.errors import CfirError, first_line
+from cfir_jax.serve.middleware import bind
 from cfir_jax.serve.resident import check_complete, check_intact, config_overrides, load_config, model_family
 
 APP = "cfir"

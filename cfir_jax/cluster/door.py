@@ -28,7 +28,6 @@ import time
 import httpx
 import uvicorn
 
-from cfir_jax.core.errors import CfirError
 from cfir_jax.serve.errors import http_answer
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.middleware import KEEP_ALIVE_S, RequestGuard, http_protocol
@@ -133,18 +132,6 @@ class DoorServer:
             self.thread.join(timeout_s)
         self.sock.close()
 
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (0: one the system picks), or one line naming the taken port."""
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise CfirError(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port") from None
-    sock.listen(2048)
-    return sock
 
 
 async def _body(receive) -> bytes:

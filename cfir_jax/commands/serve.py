@@ -21,7 +21,6 @@ from collections.abc import Sequence
 import ml_collections
 
 from cfir_jax.core.config_check import SERVE_ENGINES, ServeEngine
-from cfir_jax.core.errors import CfirError
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,7 +51,11 @@ def serve_local(workdir: str, config: ml_collections.ConfigDict, config_spec: st
     settings = config.serve
     host = host or settings.host
     port = settings.port if port is None else port
+    # why: the service's modules load with the service, after the flags are read (as serve_http's do)
+    from cfir_jax.serve.middleware import bind
+
     sock = bind(host, port)  # before minutes of loading: a taken port is said at once
+    sock.set_inheritable(True)
     serve_http(config, workdir, sock, config_spec=config_spec, argv=argv, method=method)
 
 
@@ -89,20 +92,6 @@ def serve_http(config: ml_collections.ConfigDict, workdir: str, sock: socket.soc
     server.run(sockets=[sock])
     print("stopped: every accepted request was answered", file=sys.stderr, flush=True)
 
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening socket on host:port (IPv6 when the host has a colon), or one line naming the taken port."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as e:
-        sock.close()
-        raise CfirError(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port") from None
-    sock.listen(2048)
-    sock.set_inheritable(True)
-    return sock
 
 
 SERVE_ENGINES.register(ServeEngine("local", serve_local))  # this one process (FastAPI on uvicorn)

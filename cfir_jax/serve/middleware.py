@@ -26,8 +26,10 @@ from __future__ import annotations
 import asyncio
 import importlib.util
 import json
+import socket
 import time
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.serve.errors import Refused
 from cfir_jax.serve.metrics import Metrics
 
@@ -191,3 +193,17 @@ class _Answer:
                          "headers": [(b"content-type", b"application/json"),
                                      (b"content-length", str(len(data)).encode()), (b"connection", b"close")]})
         await self.send({"type": "http.response.body", "body": data, "more_body": False})
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket on host:port (0: one the system picks; IPv6 when the host has a colon), or one line naming
+    the taken port: both servers (the single process's and the Ray command's door) bind before they load."""
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise CfirError(f"cannot listen on {host}:{port}: {e.strerror}; pick another --port") from None
+    sock.listen(2048)
+    return sock

@@ -11,7 +11,8 @@ import httpx
 import ml_collections
 import pytest
 
-from cfir_jax.cluster.door import Door, DoorServer, bind
+from cfir_jax.cluster.door import Door, DoorServer
+from cfir_jax.serve.middleware import bind
 
 
 class Upstream:

@@ -7,8 +7,9 @@ import socket
 
 import pytest
 
-from cfir_jax.commands import flags, serve, verify
+from cfir_jax.commands import flags, verify
 from cfir_jax.core.errors import CfirError
+from cfir_jax.serve import middleware
 
 
 def _args(*argv: str) -> argparse.Namespace:
@@ -77,10 +78,10 @@ def test_a_taken_port_is_one_line_before_anything_loads():
     taken.listen(1)
     try:
         with pytest.raises(CfirError, match=rf"cannot listen on 127.0.0.1:{taken.getsockname()[1]}: .*pick another"):
-            serve.bind("127.0.0.1", taken.getsockname()[1])
+            middleware.bind("127.0.0.1", taken.getsockname()[1])
     finally:
         taken.close()
-    free = serve.bind("127.0.0.1", 0)
+    free = middleware.bind("127.0.0.1", 0)
     assert free.getsockname()[1] > 0
     free.close()
 
