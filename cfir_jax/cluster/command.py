@@ -139,7 +139,7 @@ def serve_cluster(workdir: str, config, config_spec: str = "", argv: Sequence[st
             address = run.head.address
         _connect(run, address, need, signals)
         run.serve.start(http_options={"host": "127.0.0.1", "port": inner})
-        reloader = _reloader(deployments, workdir, config, config_spec, config_overrides(argv))
+        reloader = _reloader(run, deployments, workdir, config, config_spec, config_overrides(argv))
         app = deployments.build_app(workdir, config, config_spec, config_overrides(argv), methods,
                                     reloader.relay.actor)
         run.submitted = True
@@ -176,16 +176,17 @@ def _layout(s) -> str:
     return f"{shards}{s.front_replicas} front{'s' if int(s.front_replicas) > 1 else ''}{gateways}"
 
 
-def _reloader(deployments, workdir: str, config, config_spec: str, overrides: list[str]) -> Reloader:
-    """The relay actor with the version served at start published, and the command's side of the protocol."""
+def _reloader(run: _Run, deployments, workdir: str, config, config_spec: str, overrides: list[str]) -> Reloader:
+    """The relay actor with the version served at start published, and the command's side of the protocol. An actor
+    not started by serve.ready_timeout_s is the start's deadline passed: the same line as replicas not running."""
     actor = deployments.make_relay()
     target = Target(1, committed_id(workdir))
     started = float(config.serve.ready_timeout_s)  # the first call waits for the actor's process to start
     try:
         deployments.RemoteRelay(actor, timeout_s=started).publish(target)
     except Exception as e:  # noqa: BLE001 - Ray's GetTimeoutError or the actor's death, types of Ray's
-        raise CfirError(f"the relay actor did not start in {started:g} s (serve.ready_timeout_s): "
-                        f"{type(e).__name__}: {first_line(e)}") from None
+        raise CfirError(f"not ready after {started:g} s (serve.ready_timeout_s): the relay actor has not started "
+                        f"({type(e).__name__}: {first_line(e)}){_logs(run)}") from None
     relay = deployments.RemoteRelay(actor, timeout_s=2.0)  # once started, a tick never waits long on it
     shards = int(config.serve.shards)
     coordinator = Coordinator(DiskWorkdir(workdir, config_spec, overrides),
