@@ -33,7 +33,7 @@ from accelerator_serve import stage_totals
 from common import hardware_description  # also puts the repository root on sys.path
 
 from cfir_jax.cluster.scoring import ShardedSR
-from cfir_jax.cluster.shard import LocalShards, ShardIndex
+from cfir_jax.cluster.shard import LocalShards, ShardSearch
 from cfir_jax.core import cli
 from cfir_jax.core.cli import cli_main
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
@@ -155,7 +155,7 @@ def front(config, workdir: str, shards, method: str = "cfir") -> Retriever:
 def shard_bytes(workdir: str, docs: list[tuple[str, str]], shards: int) -> tuple[float, float]:
     """(bytes sent to each shard, bytes each shard returns) per query, one query per call."""
     config = cli.apply_overrides(cli.workdir_config(workdir), ["--config.retrieval.sr=exact"])
-    client = CountingShards([ShardIndex(config, workdir, s, shards) for s in range(shards)])
+    client = CountingShards([ShardSearch(config, workdir, s, shards) for s in range(shards)])
     retriever = front(config, workdir, client)
     for doc_id, text in docs:
         retriever.retrieve(DocumentInput(text, doc_id))
@@ -169,7 +169,7 @@ def fast_sr_agreement(workdir: str, docs: list[tuple[str, str]], shards: int, to
                                                                f"--config.retrieval.top_k={top_k}"])
     inputs = [DocumentInput(text, doc_id) for doc_id, text in docs]
     one = Retriever(config, workdir, "cfir").retrieve_many(inputs)
-    parts = LocalShards([ShardIndex(config, workdir, s, shards) for s in range(shards)])
+    parts = LocalShards([ShardSearch(config, workdir, s, shards) for s in range(shards)])
     many = front(config, workdir, parts).retrieve_many(inputs)
     shares = [len({h.row for h in a.hits} & {h.row for h in b.hits}) / max(1, len(a.hits)) for a, b in zip(one, many)]
     return statistics.mean(shares)

@@ -95,7 +95,7 @@ def top_rows(workdir: str, docs: list[tuple[str, str]], sr: str, shards: int = 0
     """Each document's top-1000 rows with retrieval.sr=`sr`: one process's Retriever (shards 0), or `shards` shards
     in this process merged by the cluster's retriever (the code the Ray fronts and shards run)."""
     # why: the in-process retrievers (jax, the stores) are only needed here
-    from cfir_jax.cluster.shard import LocalShards, ShardIndex
+    from cfir_jax.cluster.shard import LocalShards, ShardSearch
     from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 
     config = cli.apply_overrides(cli.workdir_config(workdir), [f"--config.retrieval.sr={sr}",
@@ -104,7 +104,7 @@ def top_rows(workdir: str, docs: list[tuple[str, str]], sr: str, shards: int = 0
     if shards == 0:
         results = Retriever(config, workdir, "cfir").retrieve_many(inputs)
     else:
-        parts = LocalShards([ShardIndex(config, workdir, s, shards) for s in range(shards)])
+        parts = LocalShards([ShardSearch(config, workdir, s, shards) for s in range(shards)])
         results = serve_cluster.front(config, workdir, parts).retrieve_many(inputs)
     return [{h.row for h in r.hits} for r in results]
 

@@ -40,7 +40,7 @@ RAY = ["--engine", "ray", "--config.serve.shards=2", "--config.serve.shard_repli
        "--config.serve.front_replicas=2", "--config.serve.gateway_replicas=2", "--config.serve.shard_num_cpus=0.1",
        "--config.serve.front_num_cpus=0.1", "--config.serve.gateway_num_cpus=0.1",
        "--config.serve.object_store_mb=300", "--config.serve.shard_timeout_s=10"]
-RAY_ROLES = ("Front", "IndexShard", "Gateway")  # the replicas the killer picks from, beside entity workers
+RAY_ROLES = ("Front", "ShardReplica", "Gateway")  # the replicas the killer picks from, beside entity workers
 CHANGES = ("remove", "add", "remove", "compact")
 GROWTH_GOAL = 0.10
 
@@ -286,7 +286,7 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, default=6)
     ap.add_argument("--kill-every", type=float, default=60.0, help="seconds between two kills, on average")
     ap.add_argument("--kill-order", type=lambda v: v.split(","), default=None,
-                    help="roles killed in turn (\"Front,IndexShard,Gateway,entity worker\"); default: at random")
+                    help="roles killed in turn (\"Front,ShardReplica,Gateway,entity worker\"); default: at random")
     ap.add_argument("--change-every", type=float, default=150.0, help="seconds between two committed changes")
     ap.add_argument("--timeout", type=float, default=60.0, help="per request (the client's deadline), seconds")
     ap.add_argument("--scratch", default=None, help="where the workdir's copy goes (default: the temp dir)")

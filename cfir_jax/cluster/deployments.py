@@ -7,15 +7,15 @@ Behind one HTTP API (the single process's `app`: the same JSON, errors and heade
 - `Front` (serve.front_replicas, serve.front_num_gpus each): the single process's Service over the single process's
   Retrievers (`cfir_jax.cluster.front`), whose candidates the shards score. With one front, the front is the HTTP
   ingress itself.
-- `IndexShard<s>` for s < serve.shards (serve.shard_replicas each), only with 2 shards or more: rows [lo, hi) of the
+- `ShardReplica<s>` for s < serve.shards (serve.shard_replicas each), only with 2 shards or more: rows [lo, hi) of the
   image cache (`cfir_jax.cluster.shard`). With one shard, each front scores its candidates itself (one hop fewer).
 
 What of Ray Serve they use (docs/serving.md says why, and why not the rest):
 
 - model multiplexing, with a version id as the model id: a shard replica loads a version on its first request for
-  it (`IndexShard.index`), when the workdir holds it, and keeps the last SHARD_VERSIONS; Ray routes every call to a
-  replica that holds the version it asks for. Every replica also loads the cluster's target on its own, so that each
-  holds the served version;
+  it (`ShardReplica.at_version`), when the workdir holds it, and keeps the last SHARD_VERSIONS; Ray routes every call
+  to a replica that holds the version it asks for. Every replica also loads the cluster's target on its own, so that
+  each holds the served version;
 - health checks: a front whose batches cannot run, or which failed to follow the cluster's version for long, fails
   `check_health`, and Ray replaces it;
 - one actor of the command's own, the `Relay` of the reload protocol (`cfir_jax.cluster.reload`), which every part
@@ -38,7 +38,7 @@ from cfir_jax.cluster.front import describe, start_front
 from cfir_jax.cluster.gateway import GatewayService
 from cfir_jax.cluster.ray_shards import RayShards
 from cfir_jax.cluster.reload import Relay, VersionGone
-from cfir_jax.cluster.shard import ShardIndex, committed_id, shard_bounds
+from cfir_jax.cluster.shard import ShardSearch, committed_id, shard_bounds
 from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.retrieve.stores import cache_path
 from cfir_jax.serve.app import create_app
@@ -66,9 +66,10 @@ class RemoteRelay:
         return lambda *args: ray.get(method.remote(*args), timeout=self.timeout_s)
 
 
-class IndexShard:
-    """Shard `shard` of `shards`: a ShardIndex per version it holds, loaded when asked for (Ray Serve's model
-    multiplexing, the version id the model id) and only when the workdir holds it (`ShardVersions`)."""
+class ShardReplica:
+    """One replica of shard `shard` of `shards` (a Ray Serve deployment's replica): a ShardSearch per version it
+    holds, loaded when asked for (Ray Serve's model multiplexing, the version id the model id) and only when the
+    workdir holds it (`ShardVersions`)."""
 
     async def __init__(self, workdir: str, config_spec: str, overrides: Sequence[str], shard: int, shards: int,
                        relay):
@@ -85,7 +86,7 @@ class IndexShard:
         try:
             vid = self.versions.wanted(await asyncio.wait_for(self.relay.target.remote(), RELAY_TIMEOUT_S))
             if vid is not None:
-                await self.index(vid)
+                await self.at_version(vid)
         except VersionGone:  # a replica started after a commit: a front asks for a reload past it
             pass
         except Exception as e:  # noqa: BLE001 - the relay restarting, a load that failed: the next period tries again
@@ -96,28 +97,29 @@ class IndexShard:
             await asyncio.sleep(FOLLOW_PERIOD_S)
             await self._follow()
 
-    def _open(self, vid: str) -> ShardIndex:
+    def _open(self, vid: str) -> ShardSearch:
         config = load_config(self.workdir, self.config_spec, self.overrides)
-        index = ShardIndex(config, self.workdir, self.shard, self.shards, vid)
-        index.warm_up(int(config.serve.max_batch))
-        log.info("shard %d: holding version %s (rows %d-%d)", self.shard, vid, index.lo, index.hi - 1)
-        return index
+        opened = ShardSearch(config, self.workdir, self.shard, self.shards, vid)
+        opened.warm_up(int(config.serve.max_batch))
+        log.info("shard %d: holding version %s (rows %d-%d)", self.shard, vid, opened.lo, opened.hi - 1)
+        return opened
 
     @serve.multiplexed(max_num_models_per_replica=SHARD_VERSIONS)
-    async def index(self, vid: str) -> ShardIndex:
+    async def at_version(self, vid: str) -> ShardSearch:
+        """This shard's search at version `vid` (loaded on a miss, when the workdir holds it)."""
         return await asyncio.to_thread(self.versions.load, vid)
 
     async def prepare(self) -> str:
         """Loads the version the call is routed by (a reload's, before any front serves it)."""
-        return (await self.index(serve.get_multiplexed_model_id())).vid
+        return (await self.at_version(serve.get_multiplexed_model_id())).vid
 
     async def score(self, fused: bool, queries, parts):
-        index = await self.index(serve.get_multiplexed_model_id())
-        return await asyncio.to_thread(index.score, fused, queries, parts)
+        shard = await self.at_version(serve.get_multiplexed_model_id())
+        return await asyncio.to_thread(shard.score, fused, queries, parts)
 
     async def search(self, queries, k: int, weights):
-        index = await self.index(serve.get_multiplexed_model_id())
-        return await asyncio.to_thread(index.search, queries, k, weights)
+        shard = await self.at_version(serve.get_multiplexed_model_id())
+        return await asyncio.to_thread(shard.search, queries, k, weights)
 
     def ping(self) -> int:
         return self.shard
@@ -211,7 +213,7 @@ class ShardPreparer:
 
     def prepare(self, vid: str, timeout_s: float) -> None:
         if not self.handles:
-            self.handles = [serve.get_deployment_handle(f"IndexShard{s}", self.app) for s in range(self.shards)]
+            self.handles = [serve.get_deployment_handle(f"ShardReplica{s}", self.app) for s in range(self.shards)]
         calls = [h.options(multiplexed_model_id=vid).prepare.remote() for h in self.handles]
         for s, call in enumerate(calls):
             try:
@@ -221,13 +223,13 @@ class ShardPreparer:
 
 
 def build_app(workdir: str, config, config_spec: str, overrides: Sequence[str], methods: Sequence[str], relay):
-    """The bound application: serve.shards IndexShard deployments (with 2 or more) behind serve.front_replicas
+    """The bound application: serve.shards ShardReplica deployments (with 2 or more) behind serve.front_replicas
     Fronts, behind the gateways (or, with one front, the front as the ingress). relay: the command's Relay actor."""
     s = config.serve
     num_rows = ImageCache.open(cache_path(config, Layout.of(workdir))).num_images
     shard_bounds(num_rows, int(s.shards))  # a bad shard count is refused here, in one line
-    shard_cls = serve.deployment(IndexShard)
-    shards = [shard_cls.options(name=f"IndexShard{n}", num_replicas=int(s.shard_replicas),
+    shard_cls = serve.deployment(ShardReplica)
+    shards = [shard_cls.options(name=f"ShardReplica{n}", num_replicas=int(s.shard_replicas),
                                 ray_actor_options={"num_cpus": float(s.shard_num_cpus)},
                                 health_check_period_s=2, health_check_timeout_s=10, graceful_shutdown_timeout_s=30)
               .bind(workdir, config_spec, list(overrides), n, int(s.shards), relay)

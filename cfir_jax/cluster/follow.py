@@ -26,8 +26,9 @@ from cfir_jax.core.errors import first_line
 log = logging.getLogger("cfir_jax.serve")
 
 
-class FrontIndex(Protocol):
-    """What a Follower needs of its front."""
+class FollowingFront(Protocol):
+    """A front as its Follower sees it: what it serves, and how it follows a newer target (a Service implements it:
+    `cfir_jax.cluster.front.FrontService`)."""
 
     def serving(self) -> Target | None:
         """The target the front serves (None before its first load)."""
@@ -41,7 +42,7 @@ class Follower:
     """A front's side: its reports, its follows of a newer target, and its asks when the version it serves or
     follows is gone from the workdir. spawn(fn): runs a follow beside the reports (a thread; the tests call it)."""
 
-    def __init__(self, relay, front: FrontIndex, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, relay, front: FollowingFront, clock: Callable[[], float] = time.monotonic,
                  spawn: Callable[[Callable[[], None]], object] | None = None, period_s: float = FRONT_PERIOD_S):
         self.relay, self.front, self.clock, self.period_s = relay, front, clock, period_s
         self.spawn = spawn or (lambda fn: threading.Thread(target=fn, name="cfir-follow", daemon=True).start())
@@ -96,14 +97,14 @@ class Follower:
 
 class ShardVersions:
     """A shard replica's rule for loading a version: only the one the workdir holds now. current() -> the
-    committed version's id; open_index(vid) -> the shard's index of the committed version (VersionGone when it moved
-    past vid while opening).
+    committed version's id; open_shard(vid) -> the shard's search at the committed version (VersionGone when it
+    moved past vid while opening).
 
     Besides the versions its calls ask for, a replica loads the cluster's target on its own (`wanted`, every
     period): every replica of a shard then holds the served version, and a dead one costs no request."""
 
-    def __init__(self, current: Callable[[], str], open_index: Callable[[str], object], where: str = ""):
-        self.current, self.open_index, self.where = current, open_index, where
+    def __init__(self, current: Callable[[], str], open_shard: Callable[[str], object], where: str = ""):
+        self.current, self.open_shard, self.where = current, open_shard, where
         self.gone = ""  # the last version found gone: not loaded again on the replica's own initiative
 
     def load(self, vid: str):
@@ -111,7 +112,7 @@ class ShardVersions:
         if now != vid:
             self.gone = vid
             raise VersionGone(vid, now, self.where)
-        return self.open_index(vid)
+        return self.open_shard(vid)
 
     def wanted(self, target: Target | None) -> str | None:
         """The target's version, which this replica loads (or keeps, its most recently used) on its own; None when

@@ -85,7 +85,7 @@ class FrontService(Service):
         self._stop = threading.Event()
         threading.Thread(target=self._poll, name="cfir-front-report", daemon=True).start()
 
-    # the Follower's view of this front (`cfir_jax.cluster.reload.FrontIndex`)
+    # the Follower's view of this front (`cfir_jax.cluster.follow.FollowingFront`)
     def serving(self) -> Target | None:
         return self.holder.target
 

@@ -93,9 +93,9 @@ def committed_id(workdir: str | Path) -> str:
         return version_id(version, index_fingerprint(workdir))
 
 
-class ShardIndex:
-    """Shard `shard` of `shards` of the workdir's committed version (read-only, memory-mapped). vid: the version id
-    asked for; VersionGone when the workdir holds another."""
+class ShardSearch:
+    """The search of shard `shard` of `shards` at the workdir's committed version: its rows (read-only,
+    memory-mapped) scored and searched. vid: the version id asked for; VersionGone when the workdir holds another."""
 
     def __init__(self, config: ml_collections.ConfigDict, workdir: str, shard: int, shards: int, vid: str = ""):
         with versions.reading(workdir) as version:
@@ -157,7 +157,7 @@ _EMPTY: Ranked = (np.zeros(0, np.float32), np.zeros(0, np.int32))
 
 @runtime_checkable
 class ShardClient(Protocol):
-    """How a front asks the shards, every call at one version id; each returns per shard what `ShardIndex` answers,
+    """How a front asks the shards, every call at one version id; each returns per shard what `ShardSearch` answers,
     checked to be of that version (CfirError otherwise)."""
 
     shards: int  # how many; shard s holds rows shard_bounds(N, shards)[s] of a version of N rows
@@ -178,9 +178,9 @@ def checked(s: int, vid: str, answer: Answer):
 
 
 class LocalShards:
-    """The shards as objects of this process (`ShardIndex`es of one version): the tests' and benchmarks'."""
+    """The shards as objects of this process (`ShardSearch`es of one version): the tests' and benchmarks'."""
 
-    def __init__(self, shards: Sequence[ShardIndex]):
+    def __init__(self, shards: Sequence[ShardSearch]):
         self.parts = list(shards)
         self.shards = len(self.parts)
 

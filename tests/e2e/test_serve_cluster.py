@@ -397,7 +397,7 @@ def test_a_shard_with_no_live_replica_is_503_within_the_deadline_and_named_in_re
     """Both replicas of shard 1 killed (what R = 1 meets with one kill): the requests that need it are answered 503
     `shard 1 unavailable` within the deadline, never hang, /readyz names the shard; Ray replaces them."""
     assert cluster.search(documents[0][1]).status_code == 200
-    for pid in _replica_pids("IndexShard1"):
+    for pid in _replica_pids("ShardReplica1"):
         os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
     r = cluster.search(documents[0][1])
@@ -410,7 +410,7 @@ def test_a_shard_with_no_live_replica_is_503_within_the_deadline_and_named_in_re
         ready = cluster.client.get("/readyz")
         assert ready.status_code == 503 and "shard 1 unavailable" in ready.json()["reason"], ready.text
     deadline = time.monotonic() + 240
-    while cluster.search(documents[0][1]).status_code != 200 or len(_replica_pids("IndexShard1")) < 2:
+    while cluster.search(documents[0][1]).status_code != 200 or len(_replica_pids("ShardReplica1")) < 2:
         assert time.monotonic() < deadline, "the shard was not replaced"
         time.sleep(1)
 

@@ -156,7 +156,7 @@ def _round(cluster, load, w, ids, doc_id, victim, removed) -> tuple[float, int, 
 
 
 def _recovers_without_a_sighup(cluster, w, ids, documents, removed) -> int:
-    """A removal committed, every replica of IndexShard0 SIGKILLed, no SIGHUP: searches answer again within 90 s,
+    """A removal committed, every replica of ShardReplica0 SIGKILLed, no SIGHUP: searches answer again within 90 s,
     at the committed version, the removed picture gone. Returns that version."""
     from cfir_jax.stores import versions
 
@@ -167,7 +167,7 @@ def _recovers_without_a_sighup(cluster, w, ids, documents, removed) -> int:
     run_script("index.py", "--workdir", str(w), "--remove", str(ids))
     version = versions.current_version(w)
     removed[image] = version
-    victims = cluster.replicas("IndexShard0")
+    victims = cluster.replicas("ShardReplica0")
     for pid in victims:
         os.kill(pid, signal.SIGKILL)
     t0 = time.monotonic()
@@ -181,7 +181,7 @@ def _recovers_without_a_sighup(cluster, w, ids, documents, removed) -> int:
             pass
         time.sleep(1.0)
     print(f"served version {version} {time.monotonic() - t0:.1f} s after the kill, with no SIGHUP")
-    assert image not in got.ids and not set(victims) & set(cluster.replicas("IndexShard0"))
+    assert image not in got.ids and not set(victims) & set(cluster.replicas("ShardReplica0"))
     return version
 
 
@@ -225,7 +225,7 @@ def test_three_removals_reloaded_under_load_with_a_replica_killed_each_time(work
         load = Load(cluster.url, documents)
         try:
             _wait_for(lambda: len(load.answers) >= 8, 120, "the first answers")
-            for n, victim in enumerate(["Front", "IndexShard1", "Gateway"]):
+            for n, victim in enumerate(["Front", "ShardReplica1", "Gateway"]):
                 rounds.append(_round(cluster, load, w, tmp_path / f"remove{n}.txt", documents[n][0], victim, removed))
         finally:
             answers = load.finish()

@@ -1,6 +1,6 @@
 """The cluster's reload over the session's tiny index, in one process (no Ray): the command's Coordinator with its
 real checks (`DiskWorkdir`), two shards whose replicas load versions by the real rule (`ShardVersions` over
-`ShardIndex`, loading on a miss as Ray's multiplexing does), and a front (`FrontHolder`) whose Retrievers score on
+`ShardSearch`, loading on a miss as Ray's multiplexing does), and a front (`FrontHolder`) whose Retrievers score on
 them. A reload its checks refuse (a model of another family) never reaches the shards, and the served version keeps
 answering; a good one is loaded by every shard before the front follows it, and the front then answers as one
 process does; a replica started after a commit refuses the version the workdir no longer holds."""
@@ -15,7 +15,7 @@ from cfir_jax.cluster import command
 from cfir_jax.cluster.follow import ShardVersions
 from cfir_jax.cluster.front import FrontHolder
 from cfir_jax.cluster.reload import Coordinator, Relay, Target, VersionGone
-from cfir_jax.cluster.shard import LocalShards, ShardIndex, checked, committed_id
+from cfir_jax.cluster.shard import LocalShards, ShardSearch, checked, committed_id
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.serve import resident
 from cfir_jax.stores import lock, versions
@@ -42,12 +42,12 @@ class Replicas(LocalShards):
     def __init__(self, w, shards: int = 2):
         config = resident.load_config(str(w), "", OVERRIDES)
         self.rules = [ShardVersions(lambda: committed_id(w),
-                                    lambda vid, s=s: ShardIndex(config, str(w), s, shards, vid), f"shard {s}: ")
+                                    lambda vid, s=s: ShardSearch(config, str(w), s, shards, vid), f"shard {s}: ")
                       for s in range(shards)]
         self.held: list[dict] = [{} for _ in range(shards)]
         self.shards, self.prepared = shards, []
 
-    def _at(self, s: int, vid: str) -> ShardIndex:
+    def _at(self, s: int, vid: str) -> ShardSearch:
         if vid not in self.held[s]:
             self.held[s][vid] = self.rules[s].load(vid)
         return self.held[s][vid]

@@ -15,7 +15,7 @@ from removals import commit_removal
 
 from cfir_jax.cluster.reload import VersionGone
 from cfir_jax.cluster.scoring import ShardedSR, merge_ranked, split_union
-from cfir_jax.cluster.shard import LocalShards, ShardClient, ShardIndex, shard_bounds
+from cfir_jax.cluster.shard import LocalShards, ShardClient, ShardSearch, shard_bounds
 from cfir_jax.core.errors import CfirError
 from cfir_jax.retrieve.image_query import UnknownPicture, search_image
 from cfir_jax.retrieve.methods import METHODS
@@ -50,7 +50,7 @@ def removed_copy(workdir, config, tmp_path_factory):
 
 
 def _front(cfg, w, method, shards: int) -> Retriever:
-    parts = LocalShards([ShardIndex(cfg, str(w), s, shards) for s in range(shards)])
+    parts = LocalShards([ShardSearch(cfg, str(w), s, shards) for s in range(shards)])
     return Retriever(cfg, str(w), method, scoring=ShardedSR.factory(parts, parts.parts[0].vid))
 
 
@@ -87,7 +87,7 @@ def test_a_front_over_the_shards_holds_no_copy_of_the_cache(removed_copy, config
     all (so no device copy and no compact copy), and answers as one process does on the device."""
     w, docs, _ = removed_copy
     cfg = _config(config, **dict(EXACT, sr_backend="device"))
-    parts = LocalShards([ShardIndex(cfg, str(w), s, 2) for s in range(2)])
+    parts = LocalShards([ShardSearch(cfg, str(w), s, 2) for s in range(2)])
     made = []
     monkeypatch.setattr(SRFrontEnd, "prepare", lambda self: made.append(self))
     front = Retriever(cfg, str(w), "cfir", scoring=ShardedSR.factory(parts, parts.parts[0].vid))
@@ -104,7 +104,7 @@ def test_a_shard_on_the_device_compiles_every_shape_before_it_answers(removed_co
     query batch up to serve.max_batch, and the search of its rows: a batch of any such shape compiles nothing."""
     w, _, _ = removed_copy
     cfg = _config(config, **dict(EXACT, sr_backend="device", sr_buckets=[8, 32, 128], sr_query_batch=4))
-    part = ShardIndex(cfg, str(w), 1, 2)
+    part = ShardSearch(cfg, str(w), 1, 2)
     part.warm_up(max_batch=4)
     cache = part.sr[False].device_cache()
     warmed = cache.traces
@@ -136,10 +136,10 @@ def test_merge_orders_by_score_then_lower_row_and_drops_padding():
 def test_a_shard_answers_at_the_version_it_holds_or_not_at_all(removed_copy, config):
     w, docs, _ = removed_copy
     cfg = _config(config, **EXACT)
-    part = ShardIndex(cfg, str(w), 0, 2)
+    part = ShardSearch(cfg, str(w), 0, 2)
     with pytest.raises(VersionGone, match="no longer in the workdir"):
-        ShardIndex(cfg, str(w), 0, 2, vid="1:another")
-    client = LocalShards([part, ShardIndex(cfg, str(w), 1, 2)])
+        ShardSearch(cfg, str(w), 0, 2, vid="1:another")
+    client = LocalShards([part, ShardSearch(cfg, str(w), 1, 2)])
     assert isinstance(client, ShardClient)
     front = Retriever(cfg, str(w), "cfir", scoring=ShardedSR.factory(client, "1:another"))  # a front of another one
     with pytest.raises(CfirError, match="answered at version"):

@@ -25,7 +25,7 @@ def test_three_minutes_of_the_ray_engine_under_kills_and_changes_lose_nothing(wo
     proc = subprocess.run(
         [sys.executable, "benchmarks/serve_soak.py", "--workdir", str(workdir), "--engine", "ray", "--minutes", "3",
          "--concurrency", "4", "--kill-every", "25", "--change-every", "20", "--scratch", str(tmp_path),
-         "--kill-order", "Gateway,IndexShard,Front,entity worker,Front,Gateway", "--json", str(out), "--",
+         "--kill-order", "Gateway,ShardReplica,Front,entity worker,Front,Gateway", "--json", str(out), "--",
          "--config.serve.deadline_ms=30000",
          "--config.entity_workers.serve=1", "--config.serve.verify_mb_per_s=0"],
         cwd=ROOT, capture_output=True, text=True, timeout=1500)
@@ -39,7 +39,7 @@ def test_three_minutes_of_the_ray_engine_under_kills_and_changes_lose_nothing(wo
     assert counts.get("not_one_line", 0) == 0 and counts.get("hostile_refused", 0) > 0, log
     assert all(kind.split()[0] in ("503", "504") for kind in soak["refusals"]), soak["refusals"]
     killed = {e.split()[1] for _, e in soak["events"] if e.startswith("SIGKILL")}
-    assert {"Gateway", "IndexShard", "Front"} <= killed, soak["events"]
+    assert {"Gateway", "ShardReplica", "Front"} <= killed, soak["events"]
     committed = [e for _, e in soak["events"] if "committed version" in e]  # how many: the machine's pace
     assert committed and not [e for _, e in soak["events"] if " failed: " in e], soak["events"]
     assert soak["exit"] == 0 and soak["left"] == 0, log  # SIGTERM to the group: drained, nothing of its Ray left

@@ -94,7 +94,9 @@ class Workdir:
 
 
 @dataclasses.dataclass(frozen=True)
-class Index:
+class ShardSearch:
+    """A stand-in for `cfir_jax.cluster.shard.ShardSearch`: the version it was opened at."""
+
     vid: str
 
 
@@ -103,35 +105,35 @@ class ShardReplica:
 
     def __init__(self, shard: int, disk: Disk, clock: Clock, relay):
         self.shard, self.disk, self.clock = shard, disk, clock
-        self.models: collections.OrderedDict[str, Index] = collections.OrderedDict()
+        self.models: collections.OrderedDict[str, ShardSearch] = collections.OrderedDict()
         self.load_s = 0.0  # the next load's time (a slow load)
         self.versions = ShardVersions(lambda: disk.current, self._open, f"shard {shard}: ")
         self.alive, self.relay = True, relay
-        self.poll()  # as IndexShard.__init__ loads the target before it answers
+        self.poll()  # as the deployment's ShardReplica.__init__ loads the target before it answers
 
     def poll(self) -> None:
-        """As IndexShard._follow, every period: the target loaded when the disk holds it."""
+        """As the deployment's ShardReplica._follow, every period: the target loaded when the disk holds it."""
         try:
             vid = self.versions.wanted(self.relay.target())
             if vid is not None:
-                self.index(vid)
+                self.at_version(vid)
         except (TimeoutError, CfirError):  # the relay restarting, the version gone
             pass
 
-    def _open(self, vid: str) -> Index:
+    def _open(self, vid: str) -> ShardSearch:
         self.clock.advance(self.load_s)
         self.load_s = 0.0
-        return Index(vid)
+        return ShardSearch(vid)
 
-    def index(self, vid: str) -> Index:
+    def at_version(self, vid: str) -> ShardSearch:
         if vid in self.models:
             self.models.move_to_end(vid)
             return self.models[vid]
-        index = self.versions.load(vid)  # VersionGone when the disk holds another
+        opened = self.versions.load(vid)  # VersionGone when the disk holds another
         if len(self.models) >= SHARD_VERSIONS:
             self.models.popitem(last=False)
-        self.models[vid] = index
-        return index
+        self.models[vid] = opened
+        return opened
 
 
 class Shards:
@@ -154,7 +156,7 @@ class Shards:
             if not route:
                 raise CfirError(f"shard {s} could not load version {vid}: no live replica")
             start = self.clock()
-            route[0].index(vid)  # VersionGone when the disk moved on
+            route[0].at_version(vid)  # VersionGone when the disk moved on
             if self.clock() - start > timeout_s:
                 raise CfirError(f"shard {s} could not load version {vid}: not in {timeout_s:g} s")
 
@@ -197,7 +199,7 @@ class Front:
         why = "no live replica"
         for replica in self.shards.route(s, vid):
             try:
-                return replica.index(vid).vid
+                return replica.at_version(vid).vid
             except VersionGone as e:
                 why = str(e)
                 self.follower.gone(vid, why)
