@@ -3,7 +3,7 @@
     python benchmarks/collection_updates.py --model-workdir demo_work            # 1M images (the issue's size)
     python benchmarks/collection_updates.py --model-workdir demo_work --n-images 100000 --out /tmp/cu
 
-A synthetic collection of `--n-images` pictures with precomputed embeddings (the demo world's 5,000 image
+A synthetic collection of `--n-images` images with precomputed embeddings (the demo world's 5,000 image
 embeddings, each drawn again with noise: clustered as real ones are) and the demo world's 2,000 documents, indexed
 with the demo's model (`--model-workdir`, made by the README's demo command) through the commands a user runs:
 
@@ -41,7 +41,7 @@ CONFIG = "configs/collection.py"
 
 
 def _images(base: np.ndarray, n: int, start: int, rng: np.random.Generator) -> pa.Table:
-    """n pictures around the world's own: each a world image's embedding plus noise, re-normalised."""
+    """n images around the world's own: each a world image's embedding plus noise, re-normalised."""
     rows = base[rng.integers(0, len(base), n)] + 0.35 * rng.standard_normal((n, base.shape[1])).astype(np.float32) \
         / np.sqrt(base.shape[1])
     rows /= np.linalg.norm(rows, axis=1, keepdims=True)

@@ -1,5 +1,5 @@
 """What grouping near-duplicates costs at index time (docs/duplicates.md), against the entity index's build over the
-same image cache, in one run: the ratio, at the demo's size and at synthetic sizes up to 1M pictures.
+same image cache, in one run: the ratio, at the demo's size and at synthetic sizes up to 1M images.
 
     flock /tmp/cfir-bench.lock python benchmarks/duplicates.py --demo demo_work --sizes 100000,1000000
 
@@ -7,10 +7,10 @@ Demo size: the demo's own cache and its own entity index settings (its entities'
 them, its K and backend), timed as index.py builds them (`build_entity_index`, `build_duplicates`; the text encoder's
 time to embed the entities is left out: the ratio is larger than index.py's). A synthetic size N: the demo's rows, then
 clustered unit rows (`search.knn.synthetic_embeddings`, the demo's dim) of which 1% are planted copies of another row
-with tiny noise (cosine ~0.999); entities: N x the demo's entities per picture, clustered unit rows too, K = the
+with tiny noise (cosine ~0.999); entities: N x the demo's entities per image, clustered unit rows too, K = the
 demo's K; each on its `auto` backend's CPU choice (the entity index: ScaNN; the grouping: 'partition'). Printed per
 size: both times, the ratio (goal: at most 2), the groups found, the planted pairs grouped together and, up to
-60,000 pictures, the share of all near pairs (exact search, untimed) that the grouping found.
+60,000 images, the share of all near pairs (exact search, untimed) that the grouping found.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def one_size(images: np.ndarray, entities: np.ndarray, k: int, backend: str, set
         truth_set, got = {tuple(e) for e in truth.tolist()}, {tuple(e) for e in store.edges.tolist()}
         recall = len(truth_set & got) / len(truth_set) if truth_set else 1.0
     shutil.rmtree(tmp / "entity_index"), shutil.rmtree(tmp / "duplicates")
-    return {"pictures": len(images), "dim": images.shape[1], "entities": len(entities), "k": k, "backend": backend,
+    return {"images": len(images), "dim": images.shape[1], "entities": len(entities), "k": k, "backend": backend,
             "entity_index_s": round(base_s, 2), "grouping_s": round(group_s, 2), "ratio": round(group_s / base_s, 3),
             "groups": store.manifest["num_groups"], "folded": store.manifest["num_folded"],
             "planted_pairs_grouped": found, "near_pairs_found": recall}
@@ -107,22 +107,22 @@ def main() -> None:
         rows.append({"size": "demo", **one_size(base, np.asarray(ents, np.float32), int(ei["k"]), ei["backend"],
                                                  settings, Path(tmp), None)})
         print(json.dumps(rows[-1]), flush=True)
-        per_picture = int(ei["n_entities"]) / cache.num_images
+        per_image = int(ei["n_entities"]) / cache.num_images
         for n in [int(s) for s in args.sizes.split(",") if s]:
             images, planted = synthetic(base, n)
-            entities = synthetic_embeddings(round(n * per_picture), cache.dim, seed=2)
+            entities = synthetic_embeddings(round(n * per_image), cache.dim, seed=2)
             backend = resolve_backend("auto")  # the CPU's choice for both: exact top-K of 1M is hours on 2 cores
             rows.append({"size": "synthetic", **one_size(images, entities, int(ei["k"]), backend, settings, Path(tmp),
                                                           planted)})
             print(json.dumps(rows[-1]), flush=True)
     print(f"uptime: {subprocess.run(['uptime'], capture_output=True, text=True).stdout.strip()}")
     print(f"grouping backend: {settings['backend']}")
-    print(f"{'pictures':>10} {'entities':>9} {'backend':>8} {'entity index s':>15} {'grouping s':>11} {'ratio':>6} "
+    print(f"{'images':>10} {'entities':>9} {'backend':>8} {'entity index s':>15} {'grouping s':>11} {'ratio':>6} "
           f"{'groups':>7} {'planted grouped':>16} {'near pairs found':>17}")
     for r in rows:
         planted = "-" if r["planted_pairs_grouped"] is None else f"{r['planted_pairs_grouped']:.4f}"
         found = "-" if r["near_pairs_found"] is None else f"{r['near_pairs_found']:.4f}"
-        print(f"{r['pictures']:>10,} {r['entities']:>9,} {r['backend']:>8} {r['entity_index_s']:>15} "
+        print(f"{r['images']:>10,} {r['entities']:>9,} {r['backend']:>8} {r['entity_index_s']:>15} "
               f"{r['grouping_s']:>11} {r['ratio']:>6} {r['groups']:>7,} {planted:>16} {found:>17}")
 
 

@@ -1,5 +1,5 @@
-"""What a filter on the pictures' own fields costs a query (docs/filters.md): p50 per document of the unfiltered
-query and of the same query under a filter passing ~10% of the pictures, interleaved, in one run; and the size of
+"""What a filter on the images' own fields costs a query (docs/filters.md): p50 per document of the unfiltered
+query and of the same query under a filter passing ~10% of the images, interleaved, in one run; and the size of
 the candidate union under each (a filter must not grow it beyond what ER gives: `union_grew` counts the documents
 whose filtered union is larger than their unfiltered one, and must be 0).
 
@@ -7,7 +7,7 @@ whose filtered union is larger than their unfiltered one, and must be 0).
     flock /tmp/cfir-bench.lock python benchmarks/filters.py --demo demo_work --million /tmp/w1m --docs 100
     flock /tmp/cfir-bench.lock python benchmarks/filters.py --demo demo_work --million /tmp/w1m --docs 100 --facets
 
-The demo world's pictures carry no fields, so the copy of W this runs on gets a column `n` = row mod 10 (written
+The demo world's images carry no fields, so the copy of W this runs on gets a column `n` = row mod 10 (written
 with the builder's own `write_store`), and the filter is `n=0`. Methods: cfir (ER's union, then SR) and
 dense_summary (a whole-cache search, which under a filter scores only the passing rows). With --million, the same
 on the synthetic 1M-image index that `serve_load.make_million` makes from the demo (made or reused at that path,
@@ -110,7 +110,7 @@ def run(w: Path, args, label: str) -> None:
     rows = with_column(w, args.facets)
     load = subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()
     what = f"facets on {', '.join(FACETS)}" if args.facets else "filter n=0 (10%)"
-    print(f"== {label}: {rows:,} pictures, {what}; {load}", flush=True)
+    print(f"== {label}: {rows:,} images, {what}; {load}", flush=True)
     for method in ("cfir", "dense_summary"):
         if args.facets:
             print(measure_facets(w, method, args.rounds, args.docs, args.sr_backend), flush=True)

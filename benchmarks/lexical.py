@@ -1,4 +1,4 @@
-"""What BM25 over the pictures' own text costs (W/lexical): build time and memory, query ms per document, and SR's
+"""What BM25 over the images' own text costs (W/lexical): build time and memory, query ms per document, and SR's
 time for the union BM25's candidates grow.
 
     flock /tmp/cfir-bench.lock python benchmarks/lexical.py --demo demo_work --synthetic 4000000
@@ -80,7 +80,7 @@ def synthetic_documents(q: int, vocab: int, names: list[str], seed: int = 1) -> 
 
 
 def _build_child(source: tuple, out: str, queue) -> None:
-    """Makes the captions (synthetic, or a workdir's pictures' text), then builds the store from them."""
+    """Makes the captions (synthetic, or a workdir's images' text), then builds the store from them."""
     if source[0] == "synthetic":
         captions = synthetic_captions(*source[1:])[0]
     else:
@@ -137,7 +137,7 @@ def query_table(store: LexicalIndex, docs: list[str], named: list[np.ndarray] | 
     document names are in each top 10."""
     lc = retrieval_config().lexical
     pruned, pruned_top = query_times(store, docs, Pruning(lc.max_terms, lc.max_postings))
-    exact, exact_top = query_times(store, docs[:EXACT_QUERIES], Pruning())  # seconds each at millions of pictures
+    exact, exact_top = query_times(store, docs[:EXACT_QUERIES], Pruning())  # seconds each at millions of images
     overlap = np.mean([len(np.intersect1d(a, b)) / max(1, len(b)) for a, b in zip(pruned_top, exact_top)])
     print(_row(f"BM25 top 1000, pruned ({lc.max_terms} terms, {lc.max_postings:,} postings)", pruned))
     print(_row(f"BM25 top 1000, exact (every term), {len(exact)} documents", exact))
@@ -190,7 +190,7 @@ def demo(workdir: str) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         terms_s, score_s, rss = build_in_child(("workdir", workdir), f"{tmp}/lexical")
         rows = LexicalIndex.open(tmp + "/lexical").num_rows
-        print(f"demo {workdir}: {rows:,} pictures; build: terms {terms_s:.2f} s, bm25s scoring + write "
+        print(f"demo {workdir}: {rows:,} images; build: terms {terms_s:.2f} s, bm25s scoring + write "
               f"{score_s:.2f} s, peak RSS {rss:.2f} GiB")
     config = workdir_config(workdir)
     base = Retriever(config, workdir, "cfir")

@@ -1,9 +1,9 @@
 """The service soaked, either engine: `--minutes` of mixed traffic (`soak_traffic`: text searches with filters,
-without folding and in French, batches, pictures by id and uploaded, `cfir_jax.Client` searches with its retries,
+without folding and in French, batches, images by id and uploaded, `cfir_jax.Client` searches with its retries,
 hostile bodies) while its parts are SIGKILLed at random every `--kill-every` seconds (entity workers; on Ray also a
 front, a shard replica or a gateway) and changes commit and reload every `--change-every` seconds (`index.py
 --remove`, `--add`, `--remove`, `--compact` in turn, then SIGHUP), against the real command on 127.0.0.1 only, over a
-copy of `--workdir` (each picture given a field `n`, which the filters read).
+copy of `--workdir` (each image given a field `n`, which the filters read).
 
     python benchmarks/serve_soak.py --workdir demo_work --engine ray              # 30 minutes
     python benchmarks/serve_soak.py --workdir demo_work --engine single --minutes 3 --kill-every 20 --change-every 40
@@ -220,8 +220,8 @@ class Chaos:
 
 
 def prepare(args) -> tuple[Path, Path, list, list, bytes, list]:
-    """The soak's copy of the workdir (fields written), its scratch folder, documents, picture ids, an upload, and
-    the rows its adds take (pictures of the workdir's own cache again, with their embeddings: imported or not, an
+    """The soak's copy of the workdir (fields written), its scratch folder, documents, image ids, an upload, and
+    the rows its adds take (images of the workdir's own cache again, with their embeddings: imported or not, an
     add of precomputed embeddings needs no vision tower)."""
     from cfir_jax.builders.image_fields import columns_of, write_store
     from cfir_jax.data.corpus import Corpus
@@ -236,12 +236,12 @@ def prepare(args) -> tuple[Path, Path, list, list, bytes, list]:
     corpus = Corpus.open(workdir / "corpus")
     documents = [(corpus.doc_ids[i], corpus.document(i).text[:6000]) for i in range(min(6, len(corpus.doc_ids)))]
     image_ids = [cache.ids[i] for i in (7, cache.num_images // 2, cache.num_images - 3)]
-    pictures = sorted((ROOT / "examples/collection/images").glob("*.png"))
+    images = sorted((ROOT / "examples/collection/images").glob("*.png"))
     imported = corpus.embeddings() if corpus.embedding_dim else None  # the collection's own, as it imported them
-    rows = [{"caption": f"A picture like {cache.ids[r]}", "source": pictures[r % len(pictures)],
+    rows = [{"caption": f"An image like {cache.ids[r]}", "source": images[r % len(images)],
              **({"embedding": [float(x) for x in imported[r]]} if imported is not None else {})}
             for r in range(0, 40, 3)]
-    return scratch, workdir, documents, image_ids, pictures[-1].read_bytes(), rows
+    return scratch, workdir, documents, image_ids, images[-1].read_bytes(), rows
 
 
 def report(args, counts: dict, rss: tuple[dict, dict], code, left: int, chaos: Chaos, records, reference) -> bool:
@@ -293,9 +293,9 @@ def main() -> None:
     ap.add_argument("--json", help="also write the figures here")
     ap.add_argument("server_args", nargs="*", help="more arguments for the command (--config.serve.x=y)")
     args = ap.parse_args()
-    scratch, workdir, documents, image_ids, picture, rows = prepare(args)
+    scratch, workdir, documents, image_ids, image, rows = prepare(args)
     print(f"{hardware_description()}; load {os.getloadavg()[0]:.2f} at the start; workdir copy {workdir}", flush=True)
-    reference = Reference(documents, image_ids, picture)
+    reference = Reference(documents, image_ids, image)
     print(f"reference: version {reference.record(str(workdir))} ({EXACT})", flush=True)
     (scratch / "home").mkdir()
     t_start = time.perf_counter()
@@ -304,7 +304,7 @@ def main() -> None:
     t0 = time.monotonic()
     end = t0 + 60 * args.minutes
     chaos = Chaos(args, cmd, workdir, reference, t0, end, scratch, rows)
-    traffic = Traffic(cmd.url, make_asks(documents, image_ids, picture), end, t0, args.timeout)
+    traffic = Traffic(cmd.url, make_asks(documents, image_ids, image), end, t0, args.timeout)
     rss: list[dict] = []
 
     def sample_rss():  # after the first minute (warmed), then a line a minute: RSS by role, MiB

@@ -1,5 +1,5 @@
 """The soak's traffic and its checks (`benchmarks/serve_soak.py`): the requests it sends (text searches, with filters,
-without folding, in French; batches; pictures by id and uploaded; `cfir_jax.Client` searches with its retries; a
+without folding, in French; batches; images by id and uploaded; `cfir_jax.Client` searches with its retries; a
 few hostile bodies), what one process answers to each at every committed version (`Reference`, an in-process
 `cfir_jax.Index` opened once per version), and the tally of every answer against it (ids and order at the version
 the answer names; refusals by kind; 500s; requests never answered)."""
@@ -52,7 +52,7 @@ class Record:
     latency_s: float
 
 
-def make_asks(documents: list[tuple[str, str]], image_ids: list[str], picture: bytes) -> list[Ask]:
+def make_asks(documents: list[tuple[str, str]], image_ids: list[str], image: bytes) -> list[Ask]:
     """The mix, as weights by repetition: text searches most, then each other kind."""
     asks = []
     for i, t in documents:
@@ -73,7 +73,7 @@ def make_asks(documents: list[tuple[str, str]], image_ids: list[str], picture: b
         asks.append(Ask("image_id", (f"image:{image_id}",), "/v1/search/image",
                         data={"image_id": image_id, "top_k": str(TOP_K)}))
     asks += [Ask("upload", ("upload",), "/v1/search/image", data={"top_k": str(TOP_K)},
-                 files={"image": ("p.png", picture, "image/png")})] * 2
+                 files={"image": ("p.png", image, "image/png")})] * 2
     asks += [Ask("hostile", (), HOSTILE_PATHS[n % len(HOSTILE_PATHS)], raw=h) for n, h in enumerate(HOSTILE)]
     return asks
 
@@ -81,8 +81,8 @@ def make_asks(documents: list[tuple[str, str]], image_ids: list[str], picture: b
 class Reference:
     """What one process answers at each committed version: {version: {key: hit ids, or ("refused", line)}}."""
 
-    def __init__(self, documents, image_ids, picture: bytes):
-        self.documents, self.image_ids, self.picture = documents, image_ids, picture
+    def __init__(self, documents, image_ids, image: bytes):
+        self.documents, self.image_ids, self.image = documents, image_ids, image
         self.answers: dict[int, dict[str, object]] = {}
         self.seconds: list[float] = []
 
@@ -109,7 +109,7 @@ class Reference:
                 keep(f"fr:{n}", t, id=f"fr{n}", lang="fr")
             for image_id in self.image_ids:
                 keep(f"image:{image_id}", image_id=image_id)
-            keep("upload", image=self.picture)
+            keep("upload", image=self.image)
             version = index.version
         self.answers[version] = out
         self.seconds.append(time.monotonic() - t0)
@@ -240,7 +240,7 @@ def tally(records: list[Record], reference: Reference) -> dict:
 
 
 def removal_candidate(reference: Reference, removed: set[str], added: set[str], turn: int) -> str | None:
-    """A picture the latest version answers a text search with (so that its removal shows), not removed yet."""
+    """An image the latest version answers a text search with (so that its removal shows), not removed yet."""
     latest = reference.answers[max(reference.answers)]
     keys = sorted(k for k in latest if k.startswith("text:"))
     for k in keys[turn % len(keys):] + keys[:turn % len(keys)]:
@@ -253,7 +253,7 @@ def removal_candidate(reference: Reference, removed: set[str], added: set[str], 
 
 
 def write_addition(folder: Path, rows: list[dict], turn: int) -> list[str]:
-    """A folder `index.py --add` takes: rows of an images file (their picture and precomputed embedding, as the
+    """A folder `index.py --add` takes: rows of an images file (their image and precomputed embedding, as the
     collection's carry them), each under a new id with a field n (the filter's)."""
     import shutil
 

@@ -7,7 +7,7 @@
   python retrieve.py --config configs/demo.py --index demo_work --evaluate test
 
 `configs/demo.py:full` is the D-BEiT-3 Full baseline on the demo world (issue 22): the same tiny model with both
-towers trained from the world's pictures (64 px here, 16 patches) and the documents' text, from the seed, at CPU
+towers trained from the world's images (64 px here, 16 patches) and the documents' text, from the seed, at CPU
 scale: batch 64, 300 steps, lr 6e-4 (at 1e-3 it collapsed to the uniform loss, log 64), about 75 s on 2 cores
 (README, "D-BEiT-3 Full"). It needs only W/corpus (index.py's first stage) and writes W/train_full and
 W/model_full, never W/train or W/model:
@@ -58,7 +58,7 @@ def get_config(arg=None):
     cfg.train.update(text="summary", max_text_len=64, global_batch=32 if tiny else 128,
                      num_steps=20 if tiny else 300, lr=1e-3, warmup_steps=5 if tiny else 30, layer_decay=1.0,
                      log_every=10, eval_every=10 if tiny else 100, checkpoint_every=10 if tiny else 100, eval_batch=128)
-    if full:  # D-BEiT-3 Full at CPU scale: both towers from 64 px pictures and the documents' text, from the seed
+    if full:  # D-BEiT-3 Full at CPU scale: both towers from 64 px images and the documents' text, from the seed
         cfg.model.update(image_size=32 if tiny else 64, remat=False)
         cfg.train.update(text="document", init_model="", global_batch=16 if tiny else 64, num_steps=4 if tiny else 300,
                          lr=6e-4, warmup_steps=2 if tiny else 30, log_every=2 if tiny else 30,

@@ -113,7 +113,7 @@ def config():
 
 @pytest.fixture(scope="module")
 def world_corpus(tmp_path_factory):
-    """The tiny synthetic world (real PNG pictures) with the first two train pairs' images broken: one corrupt, one
+    """The tiny synthetic world (real PNG images) with the first two train pairs' images broken: one corrupt, one
     missing (empty bytes). Returns (corpus, pairs, rows of the broken images)."""
     from atomic_fixtures import CORRUPT
 

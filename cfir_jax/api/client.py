@@ -3,13 +3,13 @@ over HTTP to `retrieve.py --index W --serve` (one process or `--engine ray`: the
 
     client = cfir_jax.Client("http://127.0.0.1:8080")
     result = client.search("The Eiffel Tower in Paris ...", top_k=5)
-    alike = client.search(image="photo.jpg", top_k=5)       # search by picture: its bytes or a file
-    same = client.search(image_id="img0000013", top_k=5)     # or an indexed picture's id (never read as a file)
+    alike = client.search(image="photo.jpg", top_k=5)       # search by image: its bytes or a file
+    same = client.search(image_id="img0000013", top_k=5)     # or an indexed image's id (never read as a file)
 
 A busy service answers 503 with `Retry-After`: the client waits that long (at least RETRY_AFTER_MIN_S) and asks
 again, as long as the call's deadline (`deadline_s`) allows; any other refusal (and a 503 past the deadline) is a
 `ServiceError`, a `CfirError` whose message is the service's one-line reason. An answer the service sent before the
-client had sent the whole body (a 413 for a picture over its limit) is read and raised at once: the body is not sent
+client had sent the whole body (a 413 for an image over its limit) is read and raised at once: the body is not sent
 on, and never sent again. A search that the service never answered is sent again: the connection failed
 mid-request (reset, closed, refused while the service restarts), or a proxy answered a 5xx that is not the service's
 own JSON (Ray's HTTP proxy answers a plain-text 500 when the ingress replica holding the request died). A search is
@@ -98,12 +98,12 @@ class Client:
                id: str = "query", deadline_s: float | None = None, lang: str | None = None,
                where: Sequence | None = None) -> Result:  # noqa: A002
         """The images of one document (`POST /v1/search`; a path is read as a UTF-8 text file, its stem the id; `lang`
-        its language, None: the service finds it; `where`: filters on the pictures' fields, docs/filters.md), or
-        of one picture (`POST /v1/search/image`): `image` is its bytes or a picture file (its stem the id),
-        `image_id` the id of an indexed picture, as `Index.search` takes them; or of a `Query`
+        its language, None: the service finds it; `where`: filters on the images' fields, docs/filters.md), or
+        of one image (`POST /v1/search/image`): `image` is its bytes or an image file (its stem the id),
+        `image_id` the id of an indexed image, as `Index.search` takes them; or of a `Query`
         (`cfir_jax.core.query_rule`), which also says the method and whether near-duplicates are folded (`fold`,
         on here: each hit shown with its near-duplicates under it, `Hit.duplicates`, docs/duplicates.md) and the
-        fields whose values are counted over every picture ranked (`facets`: `Result.facets`, docs/filters.md)."""
+        fields whose values are counted over every image ranked (`facets`: `Result.facets`, docs/filters.md)."""
         method, fold, facets = None, True, ()
         if isinstance(text, Query):
             q = text
@@ -113,7 +113,7 @@ class Client:
             raise CfirError(QUERY_KINDS)
         counted = {"facets": list(check_facets(facets))} if facets else {}
         if text is None:
-            body = {**_picture(image, image_id), "top_k": check_top_k(top_k),
+            body = {**_image(image, image_id), "top_k": check_top_k(top_k),
                     **({"where": _where(where)} if where else {}), **({} if fold else {"fold": False}), **counted}
             answer, version = self._post("/v1/search/image", body, deadline_s)
             return _result(answer, version, f"{self.url}/v1/search/image")
@@ -308,12 +308,12 @@ def _text(text: str | os.PathLike, doc_id: str) -> tuple[str, str]:
     return text, check_id(doc_id, "id")
 
 
-def _picture(image: bytes | str | os.PathLike | None, image_id: str | None) -> dict:
-    """The JSON fields of a picture query, named as `Index.search` names its answer: bytes (base64, id "query"), a
-    picture file (its stem the id) or an indexed image's id (the id; never read as a file)."""
+def _image(image: bytes | str | os.PathLike | None, image_id: str | None) -> dict:
+    """The JSON fields of an image query, named as `Index.search` names its answer: bytes (base64, id "query"), an
+    image file (its stem the id) or an indexed image's id (the id; never read as a file)."""
     if image_id is not None:
         if not isinstance(image_id, str):
-            raise CfirError(f"image_id: expected an indexed picture's id (str), got {type(image_id).__name__}")
+            raise CfirError(f"image_id: expected an indexed image's id (str), got {type(image_id).__name__}")
         return {"image_id": image_id, "id": image_id}
     if isinstance(image, (bytes, bytearray, memoryview)):
         return {"image": base64.b64encode(bytes(image)).decode(), "id": "query"}
@@ -322,8 +322,8 @@ def _picture(image: bytes | str | os.PathLike | None, image_id: str | None) -> d
         try:
             return {"image": base64.b64encode(path.read_bytes()).decode(), "id": path.stem or "query"}
         except (OSError, ValueError) as e:  # missing, a folder, a name too long or with a NUL
-            raise CfirError(f"{str(path)[:200]}: cannot read the picture ({_reason(e)})") from None
-    raise CfirError(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
+            raise CfirError(f"{str(path)[:200]}: cannot read the image ({_reason(e)})") from None
+    raise CfirError(f"image: expected an image's bytes or an image file, got {type(image).__name__}")
 
 
 def _where(where: Sequence) -> list[list]:

@@ -85,7 +85,7 @@ class Index:
                          **({"scoring": scoring} if scoring is not None else {})}
         self._make = make
         self._retrievers: dict[str, Retriever] = {}
-        self._picture_rows: dict[str, int] | None = None  # the corpus' row of each image id (the HTML page)
+        self._image_rows: dict[str, int] | None = None  # the corpus' row of each image id (the HTML page)
         self._version = 0
 
     def __enter__(self) -> Index:
@@ -97,7 +97,7 @@ class Index:
     def close(self) -> None:
         """Lets go of the opened stores and models (a later search opens them again)."""
         self._retrievers.clear()
-        self._picture_rows = None
+        self._image_rows = None
 
     def __repr__(self) -> str:
         return f"Index({os.fspath(self.workdir)!r}, method={self.method!r}, version={self.version})"
@@ -129,7 +129,7 @@ class Index:
         if method not in self._retrievers:
             with versions.reading(self.workdir) as version:  # every store of one version
                 retriever = self._open(method)
-                image_query.prepare(retriever)  # the picture search's stores, of this version too
+                image_query.prepare(retriever)  # the image search's stores, of this version too
                 duplicates.prepare(retriever)  # and the near-duplicates' groups
             if self._retrievers and version != self._version:  # the workdir changed since: one version for all
                 self.close()
@@ -148,7 +148,7 @@ class Index:
         return tuple(self._retrievers)
 
     def open_methods(self, methods: Sequence[str]) -> int:
-        """Opens `methods` together, all of one version of the workdir, with the picture search's
+        """Opens `methods` together, all of one version of the workdir, with the image search's
         stores of the first, which becomes the default method (a service's served methods); returns the version."""
         with versions.reading(self.workdir) as version:  # nests inside a caller's reading of the same workdir
             opened = {method: self._open(method) for method in methods}
@@ -171,12 +171,12 @@ class Index:
                 retriever.cache_summaries(summary_cache)
         image_query.warm(self._retriever())
 
-    def picture(self, image_id: str) -> bytes:
-        """The encoded bytes of an indexed picture (b"" when the corpus has none): the HTML page's images."""
+    def image_bytes(self, image_id: str) -> bytes:
+        """The encoded bytes of an indexed image (b"" when the corpus has none): the HTML page's images."""
         corpus = self._retriever().corpus
-        if self._picture_rows is None:
-            self._picture_rows = {i: n for n, i in enumerate(corpus.image_ids)}
-        n = self._picture_rows.get(image_id)
+        if self._image_rows is None:
+            self._image_rows = {i: n for n, i in enumerate(corpus.image_ids)}
+        n = self._image_rows.get(image_id)
         return corpus.image(n).image if n is not None else b""
 
     def corpus_documents(self, split: str, method: str | None = None) -> list[DocumentInput]:
@@ -188,16 +188,16 @@ class Index:
                image_id: str | None = None, top_k: int = 20, id: str | None = None, lang: str | None = None,
                where: Sequence[Any] | None = None, facets: Sequence[str] | None = None) -> Result:  # noqa: A002
         """The images of one document: `text` (a string; or a path, read as `retrieve.py --query` reads it, its
-        stem the id; `lang` its language, None: found, docs/languages.md), or of one picture: `image` (its bytes, or
-        a picture file: a path) or `image_id` (the id of an indexed picture: never read as a file); or of a `Query`
+        stem the id; `lang` its language, None: found, docs/languages.md), or of one image: `image` (its bytes, or
+        an image file: a path) or `image_id` (the id of an indexed image: never read as a file); or of a `Query`
         (`cfir_jax.core.query_rule`), which also says the method and whether near-duplicates are folded (`fold`,
-        on here: each group shows its best-ranked picture, the others listed under it, `Hit.duplicates`;
-        docs/duplicates.md). where: filters on the pictures' fields, joined by AND: lines
+        on here: each group shows its best-ranked image, the others listed under it, `Hit.duplicates`;
+        docs/duplicates.md). where: filters on the images' fields, joined by AND: lines
         (`["date<=2020-06-30", "license in cc-by,cc0"]`, parsed) or `(field, op, value | [values])` triples (taken
         as they are: a value's commas, spaces and quotes are its own; docs/filters.md). id: the query's id in the
         answer (default: a path's stem, else "query"); top_k counts the shown hits; facets: fields whose values are
-        counted over every picture the query ranked (`Result.facets`, `.ranked`; docs/filters.md). A picture search
-        with a deadline (a service's) is `search_picture`."""
+        counted over every image the query ranked (`Result.facets`, `.ranked`; docs/filters.md). An image search
+        with a deadline (a service's) is `search_image`."""
         if isinstance(text, Query):
             query = text  # checked when it was made, whoever made it
         elif isinstance(text, os.PathLike):  # read at this door: its text, its stem the id, its language
@@ -209,7 +209,7 @@ class Index:
                           facets=facets)
         self.check(query)
         if query.text is None:
-            return self.search_picture(query)
+            return self.search_image(query)
         text = check_text(query.text, "text", int(self.config.serve.max_text_bytes))  # a Query made by hand too
         doc = DocumentInput(text, check_id(query.id or "query", "id"), lang=query.lang, where=query.where,
                             fold=query.fold, facets=query.facets)
@@ -305,7 +305,7 @@ class Index:
         """The records of `docs` with every hit the pipeline ranked (ids, scores, `Result.rows`; SR's agreement, the
         re-ranker's features where collected; no captions read), for evaluation (`retrieve.py --evaluate`), which
         scores every hit and shows none, the fits and a service's warm-up; where: as `search`'s, for every
-        document; fold: near-duplicates folded (off: evaluation counts every picture, as the paper does)."""
+        document; fold: near-duplicates folded (off: evaluation counts every image, as the paper does)."""
         retriever = self._retriever(method)
         conds = conditions(where)
         if conds:
@@ -323,17 +323,17 @@ class Index:
     def _top(self, top_k: int) -> int:
         return check_top_k(top_k, self.max_top_k)  # the one rule of a query, in the service's words
 
-    def search_picture(self, query: Query, deadline: float | None = None) -> Result:
-        """Search by picture (`cfir_jax.retrieve.image_query.search_image`) over the live rows passing the query's
-        conditions: `query.image` is a picture's bytes or a picture file (within serve.max_image_bytes),
-        `query.image_id` the id of an indexed picture; the answer's id: the query's, else the indexed picture's id,
+    def search_image(self, query: Query, deadline: float | None = None) -> Result:
+        """Search by image (`cfir_jax.retrieve.image_query.search_image`) over the live rows passing the query's
+        conditions: `query.image` is an image's bytes or an image file (within serve.max_image_bytes),
+        `query.image_id` the id of an indexed image; the answer's id: the query's, else the indexed image's id,
         the file's stem, or "query". deadline: a time.monotonic() past which the search stops before its next stage
         (a service's). `search` checks the query first; a caller of this checks it with `check`."""
         serve = self.config.serve
         if query.image_id is not None:
             asked, what = {"image_id": query.image_id}, query.image_id
         elif isinstance(query.image, Path):
-            asked = {"image": image_query.read_picture(query.image, int(serve.max_image_bytes))}
+            asked = {"image": image_query.read_image(query.image, int(serve.max_image_bytes))}
             what = query.image.stem or "query"
         else:
             asked, what = {"image": query.image}, "query"
@@ -438,7 +438,7 @@ class Index:
                 "sr_fusion": list(retriever.fusion if retriever.fused else (1.0, 0.0))}
 
     def bm25_lists(self, texts: Sequence[str]) -> list[tuple[np.ndarray, np.ndarray]]:
-        """BM25's ranking (scores, cache rows) of each text over the live pictures' own text (W/lexical): what the
+        """BM25's ranking (scores, cache rows) of each text over the live images' own text (W/lexical): what the
         convex fusion of SR and BM25 is fitted against."""
         retriever = self._retriever()
         search = LexicalSearch(retriever.rcfg, lexical.READER.open_for(retriever.stores), retriever.stores.live)
@@ -467,5 +467,5 @@ def _document(text: str | os.PathLike, doc_id: str, limit: int, lang: str | None
 
 
 def _own_fields(retriever) -> Callable[[str], dict[str, Any]] | None:
-    """A picture's own fields by id (`Hit.fields`), where the engine reads them (the Retriever's `shown`)."""
+    """An image's own fields by id (`Hit.fields`), where the engine reads them (the Retriever's `shown`)."""
     return (lambda image_id: retriever.shown(image_id)[2]) if hasattr(retriever, "shown") else None

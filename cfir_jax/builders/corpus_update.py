@@ -62,7 +62,7 @@ def _documents_sha(corpus: Corpus) -> str:
 @dataclasses.dataclass(frozen=True)
 class Addition:
     """What `index.py --add PATH` names: a documents file, an images file or tree, a qrels directory (each or None);
-    `image_files`: the pictures of the tree to read when not all of it (those beside a documents file)."""
+    `image_files`: the images of the tree to read when not all of it (those beside a documents file)."""
 
     path: Path
     documents: Path | None = None
@@ -86,9 +86,9 @@ def _named(paths: list[Path], root: Path) -> str:
 def resolve_addition(path: str | os.PathLike) -> Addition:
     """The forms of --add PATH: (a) a directory with documents.jsonl|.parquet and/or images.jsonl|.parquet or an
     images/ tree, and optional qrels/ (with both, the rows file is read: its `path`s point into images/, as in
-    examples/collection/); pictures beside a documents file, with no images file or folder, are read as a tree of
+    examples/collection/); images beside a documents file, with no images file or folder, are read as a tree of
     image files; (b) a directory of image files only; (c) a .jsonl/.parquet file of image rows. One line when PATH
-    is none of these, and when pictures sit where nothing would read them (beside images/, or named by no row of
+    is none of these, and when images sit where nothing would read them (beside images/, or named by no row of
     the images file)."""
     path = Path(path)
     if path.is_file():
@@ -104,12 +104,12 @@ def resolve_addition(path: str | os.PathLike) -> Addition:
         named = row_paths(images)
         loose = [p for p in loose if p.resolve() not in named]
         if loose:
-            raise CfirError(f"{path}: no row of {images.name} names the pictures {_named(loose, path)}; add rows "
+            raise CfirError(f"{path}: no row of {images.name} names the images {_named(loose, path)}; add rows "
                             f"for them to {images.name}, or move them out of {path}")
     if images is None and (path / "images").is_dir():
         images = path / "images"
         if loose:
-            raise CfirError(f"{path}: the pictures {_named(loose, path)} sit beside images/, which alone is read; "
+            raise CfirError(f"{path}: the images {_named(loose, path)} sit beside images/, which alone is read; "
                             "move them into images/")
     if images is None and loose:
         return Addition(path, documents, path, qrels, image_files=tuple(loose))

@@ -31,7 +31,7 @@ declare(Directory("lexical", made_from=("image_cache", "corpus"), config="index.
 declare(Directory("image_cache_full", made_from=("corpus", "model_full"),
                   about="the image cache encoded by W/model_full's vision tower (index.py --stages image_cache_full)"))
 declare(Directory("image_fields", made_from=("image_cache", "corpus"), config="index.fields",
-                  about="the pictures' own fields (date, source, ...) as typed columns, for filters "
+                  about="the images' own fields (date, source, ...) as typed columns, for filters "
                         "(cfir_jax.stores.image_fields)"))
 declare(Directory("duplicates", made_from=("image_cache",), config="index.duplicates",
-                  about="near-duplicate pictures as groups, folded at query time (cfir_jax.stores.duplicates)"))
+                  about="near-duplicate images as groups, folded at query time (cfir_jax.stores.duplicates)"))

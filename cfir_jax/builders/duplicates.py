@@ -1,18 +1,18 @@
-"""The duplicates stage's build: near-duplicate pictures grouped, for the store `cfir_jax.stores.duplicates` that a
+"""The duplicates stage's build: near-duplicate images grouped, for the store `cfir_jax.stores.duplicates` that a
 search folds with (docs/duplicates.md).
 
-A group is a connected component of the threshold graph: pictures are joined when the cosine of their (L2-normalised)
+A group is a connected component of the threshold graph: images are joined when the cosine of their (L2-normalised)
 image cache rows is at least `index.duplicates.threshold`. The edges are never found by an [N, N] matmul:
 - 'partition' (a CPU's default): rows put into sqrt(N) leaves by their 3 nearest k-means centres, each leaf's pairs
   scored exactly (`partition_pairs`);
 - 'exact' (a GPU's or TPU's) and 'scann': every row searched for its `neighbours` nearest; a row whose last
   neighbour is still within the threshold is searched again with four times as many, up to `max_neighbours`, so
-  every edge is found as long as no picture has more near-duplicates than that (and the search finds them).
+  every edge is found as long as no image has more near-duplicates than that (and the search finds them).
 Union-find over the edges is scipy's connected components: O(N + E).
 
 - build: every row searched against every row.
 - after an add: the new rows searched against the whole cache (exactly), their edges added, groups made again.
-- after a remove: the same edges, groups made again over the live rows (a removed picture leaves its group, and a
+- after a remove: the same edges, groups made again over the live rows (a removed image leaves its group, and a
   group it alone held together splits).
 - after a compact: the edges of the kept rows re-numbered by the image cache's row map, groups made again.
 """
@@ -44,7 +44,7 @@ from cfir_jax.stores.duplicates import FORMAT_VERSION, KIND, Duplicates
 Search = Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]]
 QUERY_CHUNK = 16384  # rows searched per call (bounds the [Q, k] answers and exact search's memory)
 # backend 'partition': each row goes into the leaves of its 3 nearest centres (2 lost 0.5% of the near pairs on the
-# benchmark's mix at 50,000 pictures, 3 none; benchmarks/duplicates.py)
+# benchmark's mix at 50,000 images, 3 none; benchmarks/duplicates.py)
 SPILL = 3
 
 
@@ -218,7 +218,7 @@ def duplicates_after_add(change: ChangeRun, out: Path) -> dict:
 
 
 def duplicates_after_removal(change: ChangeRun, out: Path) -> dict:
-    """W/duplicates regrouped over the live rows: a removed picture leaves its group."""
+    """W/duplicates regrouped over the live rows: a removed image leaves its group."""
     old, cache = change.old("duplicates"), change.new("image_cache")
     settings = {k: old.manifest[k] for k in ("threshold", "neighbours", "max_neighbours", "backend")}
     store = write_store(out, old.edges, cache, settings, time.time())
@@ -248,7 +248,7 @@ def stage_summary(store: Duplicates) -> str:
     """The stage's line of index.py's closing table."""
     m = store.manifest
     return (f"{m['num_groups']:,} groups of near-duplicates (cosine >= {m['threshold']:g}), {m['num_folded']:,} of "
-            f"{m['num_rows']:,} pictures folded under another")
+            f"{m['num_rows']:,} images folded under another")
 
 
 declare(Stage("duplicates", reader=Duplicates.open,

@@ -1,8 +1,8 @@
-"""The image_fields stage's build: the pictures' own fields (date, source, license, ...) of every image cache row as
+"""The image_fields stage's build: the images' own fields (date, source, license, ...) of every image cache row as
 the typed columns that `cfir_jax.stores.image_fields` reads and the filters mask with (docs/filters.md).
 
 - build: every cached row's fields read from the corpus, typed by the collection's types (the corpus manifest's
-  `image_fields`, fixed on first sight by `cfir_jax.core.picture_fields`).
+  `image_fields`, fixed on first sight by `cfir_jax.core.image_field_types`).
 - after an add: the new rows appended; a field first seen in the addition becomes a column, MISSING for older rows.
 - after a remove: nothing (removed rows are never returned: `cfir_jax.search.live_rows`).
 - after a compact: the rows the image cache keeps, in its order.
@@ -23,7 +23,7 @@ import numpy as np
 from cfir_jax.builders.descriptor import EXTEND, REMAP, Build, Changes, Stage, StageRun, Step, declare
 from cfir_jax.builders.image_cache_update import row_map
 from cfir_jax.builders.store_update import ChangeRun
-from cfir_jax.core.picture_fields import LIST, STRING, FieldTypes, value_of
+from cfir_jax.core.image_field_types import LIST, STRING, FieldTypes, value_of
 from cfir_jax.stores.contract import StoreError, atomic_dir, write_manifest
 from cfir_jax.stores.image_fields import (
     DTYPES,
@@ -46,7 +46,7 @@ def _ids_sha(ids: Sequence[str]) -> str:
 
 
 def row_fields(corpus: Corpus, ids: Sequence[str]) -> list[dict[str, Any]]:
-    """The raw fields of each picture `ids` (cache rows) names, {} where it has none."""
+    """The raw fields of each image `ids` (cache rows) names, {} where it has none."""
     if not corpus.manifest.get("image_fields"):
         return [{} for _ in ids]
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}

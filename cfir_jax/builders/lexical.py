@@ -1,4 +1,4 @@
-"""The lexical stage's build (beyond the paper): each cached picture's own text as BM25 terms, scored once by
+"""The lexical stage's build (beyond the paper): each cached image's own text as BM25 terms, scored once by
 `bm25s` into the store that `cfir_jax.stores.lexical` reads, and the store's three changes of the collection.
 
 - build (`build_lexical`): the terms of every row of the image cache (`cfir_jax.stores.lexical.terms`), then bm25s's
@@ -58,13 +58,13 @@ def _ids_sha(ids: Sequence[str]) -> str:
 
 
 def row_texts(corpus: Corpus, ids: Sequence[str], fields: Sequence[str]) -> list[str]:
-    """The own text of each picture `ids` (cache rows) names, '' where it has none."""
+    """The own text of each image `ids` (cache rows) names, '' where it has none."""
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}
     return [image_text(corpus.image(row_of[i]), fields) for i in ids]
 
 
 def row_langs(corpus: Corpus, ids: Sequence[str]) -> list[str] | None:
-    """The language of each picture `ids` names ('' without text), or None when the corpus' are all English."""
+    """The language of each image `ids` names ('' without text), or None when the corpus' are all English."""
     if not corpus.image_langs:
         return None
     row_of = {image_id: r for r, image_id in enumerate(corpus.image_ids)}

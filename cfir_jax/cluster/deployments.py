@@ -148,10 +148,10 @@ class Front:
         """(200, the answer, its headers) or (status, the one-line error, headers), as the app would answer."""
         return await _status(self.service.answer(docs, method, top_k, html))
 
-    async def picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str,
-                      where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
-        """A picture request the gateway checked, as `answer` answers (the gallery when `html`)."""
-        return await _status(self.service.search_picture(picture, image_id, top_k, qid, where, fold, facets, html))
+    async def search_image(self, image: bytes | None, image_id: str | None, top_k: int | None, qid: str,
+                           where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
+        """An image request the gateway checked, as `answer` answers (the gallery when `html`)."""
+        return await _status(self.service.search_image(image, image_id, top_k, qid, where, fold, facets, html))
 
     def readiness(self) -> tuple[bool, dict]:
         return self.service.readiness()

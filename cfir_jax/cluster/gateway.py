@@ -2,7 +2,7 @@
 each request and hands it to a front replica, again to another one when the replica it reached died.
 
 It holds no model and no index: what it checks (text, method, top_k) needs only the served methods and
-retrieval.top_k, which it asks a front once; a picture (POST /v1/search/image) is read and checked here and searched
+retrieval.top_k, which it asks a front once; an image (POST /v1/search/image) is read and checked here and searched
 by a front. A search is idempotent, so a request whose front replica died mid-way
 (SIGKILL, an OOM, a lost node) is sent again, until serve.deadline_ms; only then is it answered 503 `front
 unavailable`. /readyz is the fronts' readiness (shards included), polled every second.
@@ -77,11 +77,11 @@ class GatewayService:
         drops a request at its deadline)."""
         return await self._answered("answer", docs, method, top_k, html)
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: int | None, qid: str,
-                             where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
-        """A checked picture request, searched by a front (which embeds it and asks every shard; its corpus draws
+    async def search_image(self, image: bytes | None, image_id: str | None, top_k: int | None, qid: str,
+                           where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
+        """A checked image request, searched by a front (which embeds it and asks every shard; its corpus draws
         the gallery when `html`)."""
-        return await self._answered("picture", picture, image_id, top_k, qid, where, fold, facets, html)
+        return await self._answered("search_image", image, image_id, top_k, qid, where, fold, facets, html)
 
     async def _answered(self, op: str, *args):
         """A front's (200, answer, headers) as (answer, headers); its refusal (status, one line, headers: the table of

@@ -8,7 +8,7 @@ stage, the results. What it would score over the whole cache goes to the shards 
    holds part of one is sent the batch's queries and its parts in one call, and each query's top-k of every shard
    merge into its answer (`merge_ranked`: by score, ties to the lower row, as `cfir_jax.search.topk` orders);
 2. an exact search over the live rows (`exact_search`: the dense methods, CFIR's no-entity fallback, the unseen
-   entities' search when the index kept no ScaNN searcher, search by picture): every shard searches its rows, and
+   entities' search when the index kept no ScaNN searcher, search by image): every shard searches its rows, and
    the merge keeps each query's k best.
 
 With exact SR the answers equal one process's: ids, order and scores bit for bit (each shard scores a row as one

@@ -9,7 +9,7 @@ SR fuses with it, and the live rows, and answers two questions with the single p
   exactly as one process forms it): exact, fused or the two-pass fast scorer (which then shortlists on this shard's
   part alone), on the CPU or the devices; each query's top-k;
 - `search`: an exact search of its own live rows (`SRFrontEnd.exact_search(..., span=(lo, hi))`): the dense methods,
-  CFIR's no-entity fallback, the unseen entities' lists, search by picture.
+  CFIR's no-entity fallback, the unseen entities' lists, search by image.
 
 Every answer names the version it was computed at, and a shard answers at exactly the version asked for or not at
 all. The front merges the shards' answers into the single process's (`cfir_jax.cluster.scoring.ShardedSR`).

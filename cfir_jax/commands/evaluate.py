@@ -27,9 +27,9 @@ from cfir_jax.stores.layout import Layout
 
 @dataclasses.dataclass(frozen=True)
 class Topics:
-    """The queries an evaluation asks: the topics of the qrels `split`, each ranking only the pictures that pass
+    """The queries an evaluation asks: the topics of the qrels `split`, each ranking only the images that pass
     `where` (docs/filters.md), with `fold` near-duplicates folded before scoring (off by default: the paper's
-    measures count every picture; docs/duplicates.md)."""
+    measures count every image; docs/duplicates.md)."""
 
     split: str
     where: list[str] | None = None
@@ -80,10 +80,10 @@ def train_time_of(index: Index) -> str:
 
 
 def _filtered(where: list[str], first: Result) -> str:
-    """The topics line's filter part: how many pictures pass `where` (every topic's filter is the same)."""
+    """The topics line's filter part: how many images pass `where` (every topic's filter is the same)."""
     if first.passed is None:
         return ""
-    return f", filtered by {Filter(where)}: {first.passed:,} of {first.live:,} pictures pass"
+    return f", filtered by {Filter(where)}: {first.passed:,} of {first.live:,} images pass"
 
 
 def evaluate(config: ml_collections.ConfigDict, workdir, topics: Topics, rows: Sequence[Row],

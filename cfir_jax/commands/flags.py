@@ -47,9 +47,9 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     what = p.add_mutually_exclusive_group()
     what.add_argument("--query", help="a plain-text document")
     what.add_argument("--queries", help='JSON lines {"id": ..., "text": ...}')
-    what.add_argument("--query-image", metavar="FILE", help="a picture (JPEG, PNG, WebP, ...): its nearest pictures, "
-                      "embedded by the index's own vision tower (docs/retrieval.md, search by picture)")
-    what.add_argument("--query-image-id", metavar="ID", help="an indexed picture's id: its nearest pictures, by its "
+    what.add_argument("--query-image", metavar="FILE", help="an image (JPEG, PNG, WebP, ...): its nearest images, "
+                      "embedded by the index's own vision tower (docs/retrieval.md, search by image)")
+    what.add_argument("--query-image-id", metavar="ID", help="an indexed image's id: its nearest images, by its "
                       "cached embedding")
     what.add_argument("--evaluate", metavar="SPLIT", help="retrieve for the corpus' SPLIT topics and evaluate")
     what.add_argument("--fit-reranker", action="store_true", help="fit the re-ranker of SR's top-N "
@@ -75,16 +75,16 @@ def retrieve_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--top-k", type=int, default=None,
                    help=f"hits to show and write, >= 1 (default: {SHOWN} on stdout in every --format; retrieval.top_k, "
                    "1000, in --output run files and --evaluate, which R@1000 needs)")
-    p.add_argument("--where", action="append", default=None, metavar="EXPR", help="only pictures whose own fields "
+    p.add_argument("--where", action="append", default=None, metavar="EXPR", help="only images whose own fields "
                    "pass EXPR: 'date<=2020-06-30', 'source=reuters', 'license in cc-by,cc0' (ops = != < <= > >= in); "
                    "repeat to AND them; with --query, --queries, --query-image(-id) and --evaluate (docs/filters.md)")
     p.add_argument("--facets", default=None, metavar="F1,F2", help="with --query, --queries and --query-image(-id): "
-                   "count the values of these fields over every picture the query ranked, the 20 largest of each "
+                   "count the values of these fields over every image the query ranked, the 20 largest of each "
                    "(a date by month; docs/filters.md)")
     p.add_argument("--fold-duplicates", action=argparse.BooleanOptionalAction, default=None, help="show each group "
-                   "of near-duplicate pictures as its best-ranked one, the others listed under it (default: on for "
+                   "of near-duplicate images as its best-ranked one, the others listed under it (default: on for "
                    "--query/--queries shown on stdout and --query-image(-id); off with --output/--qrels and "
-                   "--evaluate, so the measures count every picture; docs/duplicates.md)")
+                   "--evaluate, so the measures count every image; docs/duplicates.md)")
     p.add_argument("--format", default="table", help="table | json | trec (stdout)")
     p.add_argument("--lang", default=None, metavar="CODE", help="with --query/--queries: the documents' language "
                    "(ISO 639-1: en, fr, ...; a --queries row's own \"lang\" wins); default: found where the collection "
@@ -109,7 +109,7 @@ def check_retrieve(args: argparse.Namespace) -> None:
     if sum(bool(c) for c in chosen) != 1:
         raise CfirError("give exactly one of --query, --queries, --evaluate, --fit-reranker, --fit-fusion, --serve, "
                         "--compile-only, --query-image, --query-image-id")
-    _check_picture(args)
+    _check_image(args)
     if args.format not in FORMATS:
         raise CfirError(f"unknown format {args.format!r}: use table, json or trec")
     if args.plot and not args.evaluate:
@@ -138,16 +138,16 @@ def check_retrieve(args: argparse.Namespace) -> None:
             raise CfirError(str(e)) from None
 
 
-def _check_picture(args: argparse.Namespace) -> None:
-    """A picture's hits print on stdout: there is no run of documents to write or score, nor a document's language.
-    --facets (parsed here) counts what a query ranked: a document's or a picture's, not an evaluation's."""
+def _check_image(args: argparse.Namespace) -> None:
+    """An image's hits print on stdout: there is no run of documents to write or score, nor a document's language.
+    --facets (parsed here) counts what a query ranked: a document's or an image's, not an evaluation's."""
     args.facets = list(check_facets(args.facets)) or None
     if args.facets and not (args.query or args.queries or args.query_image or args.query_image_id):
         raise CfirError("--facets counts what a query ranked: use it with --query, --queries or --query-image(-id)")
     if args.lang is not None and not (args.query or args.queries):
         raise CfirError("--lang states the language of --query or --queries documents; give one of them")
     if (args.query_image or args.query_image_id) and (args.output or args.qrels):
-        raise CfirError("--output and --qrels write and score a run of documents; a picture's hits print on stdout "
+        raise CfirError("--output and --qrels write and score a run of documents; an image's hits print on stdout "
                         "(--format trec for TREC lines)")
 
 

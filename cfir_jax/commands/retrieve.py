@@ -26,10 +26,10 @@ from cfir_jax.retrieve.methods import METHODS
 @dataclasses.dataclass(frozen=True)
 class Asked:
     """The documents a run asks for, and how: the document in the file `query` or the JSON lines of `queries`, in
-    `lang` where they state none (None: found); only pictures passing the conditions `where` (parsed from --where by
+    `lang` where they state none (None: found); only images passing the conditions `where` (parsed from --where by
     `commands.flags`; docs/filters.md) are ranked; near-duplicates are folded under their best-ranked one when `fold`
     (None: when the hits are only shown, not written to a run file nor scored, so the measures count every
-    picture); `facets`: the fields counted over what each query ranked (docs/filters.md)."""
+    image); `facets`: the fields counted over what each query ranked (docs/filters.md)."""
 
     query: str = ""
     queries: str = ""
@@ -74,7 +74,7 @@ def run(config: ml_collections.ConfigDict, workdir, method: str, asked: Asked, d
     results = index.search_file(query or queries, jsonl=not query, top_k=kept, described=shown, lang=lang,
                                 where=where, fold=fold, facets=facets)
     sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
-    page = "".join(report.html_page(r, index.picture, shown) for r in results) if html else ""
+    page = "".join(report.html_page(r, index.image_bytes, shown) for r in results) if html else ""
     said = []  # what a scored run's lines add after its measures
     if qrels and METHODS[method].uses_entities:
         said.append(report.unknown_summary(results, config.retrieval.unknown_entities))

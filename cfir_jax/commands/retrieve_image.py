@@ -1,4 +1,4 @@
-"""Search by picture (`retrieve.py --query-image photo.jpg` / `--query-image-id ID`): a picture's nearest pictures
+"""Search by image (`retrieve.py --query-image photo.jpg` / `--query-image-id ID`): an image's nearest images
 over the index's live rows, through the library's `Index.search(image=...)`, shown as `--query`'s hits are (a table,
 JSON or TREC lines; optionally an HTML page)."""
 
@@ -16,13 +16,13 @@ from cfir_jax.retrieve import report
 
 
 def run(config: ml_collections.ConfigDict, workdir, query: Query, shown: Shown) -> None:
-    """Searches by the picture of `query` (its file or an indexed picture's id; the flags' Query, `query.top_k` the
+    """Searches by the image of `query` (its file or an indexed image's id; the flags' Query, `query.top_k` the
     hits shown) by `query.method` and prints its hits as `shown` says, near-duplicates folded under their
     best-ranked one unless not `query.fold`, `query.facets` counted over what it ranked."""
-    index = Index(config, workdir, query.method)  # the picture is read before minutes of loading, then the stores open
+    index = Index(config, workdir, query.method)  # the image is read before minutes of loading, then the stores open
     result = index.search(query)
     sys.stderr.write("".join(f"note: {note}\n" for note in index.notes))  # what the retriever decided
     print(report.shown(result, shown.fmt, query.top_k, shown.tag))
     if shown.html:
-        Path(shown.html).write_text(report.html_page(result, index.picture, query.top_k), encoding="utf-8")
+        Path(shown.html).write_text(report.html_page(result, index.image_bytes, query.top_k), encoding="utf-8")
         print(f"wrote {shown.html}", file=sys.stderr)

@@ -80,8 +80,8 @@ def retrieve_main():
 
         python retrieve.py --index W --query doc.txt [--top-k 20] [--format table|json|trec] [--html out.html]
         python retrieve.py --index W --queries docs.jsonl --output run.trec [--qrels qrels.txt]
-        python retrieve.py --index W --query-image photo.jpg [--top-k 20] [--format table|json|trec]   # by picture
-        python retrieve.py --index W --query-image-id IMAGE_ID          # the nearest pictures of an indexed picture
+        python retrieve.py --index W --query-image photo.jpg [--top-k 20] [--format table|json|trec]   # by image
+        python retrieve.py --index W --query-image-id IMAGE_ID          # the nearest images of an indexed image
         python retrieve.py --index W --evaluate test [--compare]        # the corpus' own split; Table 3's rows (+ the
                                                                         # fused, re-ranked rows: W/image_text, reranker)
         python retrieve.py --index W --evaluate test --compare-k 1000,5000,10000,15000   # Table 4 from one index
@@ -104,7 +104,7 @@ def retrieve_main():
     if args.compile_only or args.serve:
         return _compile_only_or_serve(args, config)
     if args.query_image or args.query_image_id:
-        return _retrieve_by_picture(args, config)
+        return _retrieve_by_image(args, config)
     faults.on_sigterm()  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
     top, shown = flags.hit_budget(config, args.top_k)
     measures = args.measures or config.retrieval.measures
@@ -158,8 +158,8 @@ def _reads_entities(method: str) -> bool:
     return method in METHODS and bool(METHODS[method].uses_entities)
 
 
-def _retrieve_by_picture(args, config) -> None:
-    """`--query-image FILE` / `--query-image-id ID`: the picture's nearest pictures, shown as `--query`'s hits."""
+def _retrieve_by_image(args, config) -> None:
+    """`--query-image FILE` / `--query-image-id ID`: the image's nearest images, shown as `--query`'s hits."""
     # why: the Retriever's stack and the vision tower load once the flags and the config are read
     from cfir_jax.commands import retrieve_image
     from cfir_jax.commands.retrieve import Shown

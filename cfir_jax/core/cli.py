@@ -21,7 +21,7 @@ from ml_collections import config_flags
 
 from cfir_jax.core import compile_cache, faults, progress
 from cfir_jax.core.config_check import check
-from cfir_jax.core.config_upgrade import MOVED, upgrade
+from cfir_jax.core.config_upgrade import MOVED, moved_line, upgrade
 from cfir_jax.core.errors import CfirError, os_error_line, quiet_abandoned_async_work
 
 F = TypeVar("F", bound=Callable)
@@ -155,7 +155,7 @@ def _field(config: ml_collections.ConfigDict, key: str, prefix: str):
     """The value of the config field `key` ("a.b.c"), or one CfirError line when there is no such field (or when
     it moved: the line names its new name)."""
     if key in MOVED:
-        raise CfirError(f"{prefix}{key} has moved: use {prefix}{MOVED[key]} (the config's entity_workers section)")
+        raise CfirError(moved_line(key, prefix))
     node = config
     for part in key.split("."):
         if not isinstance(node, ml_collections.ConfigDict) or part not in node:

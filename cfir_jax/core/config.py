@@ -97,7 +97,7 @@ def train_config(runlocal: bool = False) -> ml_collections.ConfigDict:
             # the accelerators) or 'pixels' (D-BEiT-3 Full: the whole model, each batch's images encoded by the
             # vision expert in the step; cfir_jax/training/full_step.py).
             images="cache",
-            # images='pixels': grain worker processes decoding and augmenting the pictures (0: in the training
+            # images='pixels': grain worker processes decoding and augmenting the images (0: in the training
             # process; the batches are the same for any count, cfir_jax/data/image_pipeline.py).
             image_workers=0,
             # images='pixels': BEiT-3's RandAugment(2, 7) after the crop and flip (its retrieval fine-tuning passes
@@ -173,7 +173,7 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 # documents, images and optional qrels from plain files, cfir_jax/data/files.py, docs/collection.md)
                 source="atomic",
                 texts="",  # AToMiC-Texts-v0.2.1 directory (or parquet files, comma-separated)
-                images="",  # AToMiC-Images-v0.2 directory; files: a directory tree of pictures or .jsonl/.parquet
+                images="",  # AToMiC-Images-v0.2 directory; files: a directory tree of images or .jsonl/.parquet
                 qrels="",  # AToMiC-Qrels-v0.2 directory; files: a directory of <split>.qrels (optional)
                 documents="",  # files: a .jsonl or .parquet of rows id, text, [title, metadata fields]
                 setting=_experiment(str),  # small | base | large (AToMiC's settings: see cfir_jax/data/atomic.py)
@@ -264,10 +264,10 @@ def index_config(runlocal: bool = False) -> ml_collections.ConfigDict:
                 b=0.75,
                 stemmer="english",
             ),
-            # The pictures' own fields (W/image_fields, docs/filters.md): the IANA zone ('UTC', 'America/New_York') a
+            # The images' own fields (W/image_fields, docs/filters.md): the IANA zone ('UTC', 'America/New_York') a
             # date without an offset is read in, in the rows and the filters; a change rebuilds W/image_fields.
             fields=dict(timezone="UTC"),
-            # Beyond the paper: pictures at cosine >= threshold grouped into W/duplicates (docs/duplicates.md)
+            # Beyond the paper: images at cosine >= threshold grouped into W/duplicates (docs/duplicates.md)
             duplicates=dict(threshold=0.98, neighbours=8, max_neighbours=256, backend="auto"),
             # Each document's and caption's language and what it gets (NER, stemmer, summarizer): docs/languages.md.
             languages=languages_config(),

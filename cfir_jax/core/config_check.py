@@ -15,13 +15,13 @@ from collections.abc import Callable, Sequence
 import ml_collections
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.image_field_types import zone_of
 from cfir_jax.core.languages import check_languages
-from cfir_jax.core.picture_fields import zone_of
 from cfir_jax.core.registry import Registry
 
 # train.text: what the language expert reads of a train document (or an image's caption, the demo's pretraining).
 TRAIN_TEXTS = ("summary", "document", "caption")
-# train.images -> the tower trained: the cached embeddings train the text tower, the pictures both (D-BEiT-3 Full).
+# train.images -> the tower trained: the cached embeddings train the text tower, the images both (D-BEiT-3 Full).
 TOWERS = {"cache": "text", "pixels": "dual"}
 SR_MODES = ("exact", "fast")  # retrieval.sr and retrieval.eval_sr
 SR_BACKENDS = ("auto", "device", "cpu")
@@ -89,7 +89,7 @@ def check_index(i: ml_collections.ConfigDict) -> None:
             raise CfirError(f"index.fields.timezone: {e}") from None
     d = i.get("duplicates")
     if d is not None and not 0.0 < float(d.threshold) <= 1.0:
-        raise CfirError(f"index.duplicates.threshold={d.threshold}: a cosine in (0, 1] (0.98: near-identical pictures)")
+        raise CfirError(f"index.duplicates.threshold={d.threshold}: a cosine in (0, 1] (0.98: near-identical images)")
     if d is not None and not 1 <= int(d.neighbours) <= int(d.max_neighbours):
         raise CfirError(f"index.duplicates.neighbours={d.neighbours}: at least 1 and at most max_neighbours="
                         f"{d.max_neighbours}")
@@ -118,7 +118,7 @@ def check_serve(s: ml_collections.ConfigDict) -> None:
                         "batch request could never be queued")
     _one_of("serve", s, "engine", SERVE_ENGINES)
     for key in ("shards", "shard_replicas", "front_replicas", "gateway_replicas", "max_image_bytes", "max_text_bytes",
-                "max_image_pixels", "picture_queue_size", "max_filter_conditions", "max_filter_values",
+                "max_image_pixels", "image_queue_size", "max_filter_conditions", "max_filter_values",
                 "max_filter_bytes"):
         if s[key] < 1:
             raise CfirError(f"serve.{key}={s[key]}: at least 1")

@@ -21,7 +21,7 @@ def serve_config() -> ml_collections.ConfigDict:
             queue_size=64,  # documents waiting at most; past it a request is answered 503 with Retry-After
             deadline_ms=10000.0,  # a request not answered by then gets 504 (and is dropped if not yet started)
             # A request's whole body must arrive by then, from its start, whatever its pace; past it 408 and the
-            # connection closed (a body dripped a byte at a time holds nothing longer). Raise it for large pictures
+            # connection closed (a body dripped a byte at a time holds nothing longer). Raise it for large images
             # over slow links: serve.max_image_bytes at the clients' rate.
             body_deadline_ms=5000.0,
             max_text_bytes=65536,  # UTF-8 bytes of a query's text at every door (commands, library, service): 413
@@ -31,9 +31,9 @@ def serve_config() -> ml_collections.ConfigDict:
             max_filter_conditions=16,
             max_filter_values=1024,
             max_filter_bytes=16384,
-            max_image_bytes=20 << 20,  # bytes of one query picture (POST /v1/search/image, --query-image); past it 413
-            max_image_pixels=50_000_000,  # a query picture's pixels, read from its header before decoding; past it 413
-            picture_queue_size=8,  # pictures waiting to be searched at most; past it a request is answered 503
+            max_image_bytes=20 << 20,  # bytes of one query image (POST /v1/search/image, --query-image); past it 413
+            max_image_pixels=50_000_000,  # a query image's pixels, read from its header before decoding; past it 413
+            image_queue_size=8,  # images waiting to be searched at most; past it a request is answered 503
             summary_cache=1024,  # query summaries kept by document hash (0: none); each costs a summary's text
             admin_token="",  # enables POST /v1/admin/reload (Bearer token); also read from CFIR_ADMIN_TOKEN
             # The cluster (serve.engine="ray": Ray Serve, cfir_jax.cluster; pip install -e ".[cluster]").

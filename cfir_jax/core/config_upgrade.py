@@ -22,14 +22,23 @@ _LEGACY_VALUES = {"train": {"document_fields": "all"},
                   "index": {"entities": {"sources": "spacy"}}}
 # Fields that moved (old -> new): a workdir that recorded the old one keeps its value under the new name, and an
 # override of the old one is refused in one line naming the new (`cfir_jax.core.cli`). The spaCy processes' three
-# homes became one section (issue 52).
+# homes became one section (issue 52); the image search's queue is named with the product's one word for images.
 MOVED = {"serve.entity_workers": "entity_workers.serve",
          "serve.entity_deadline_ms": "entity_workers.serve_deadline_ms",
          "serve.entity_max_restarts": "entity_workers.max_restarts",
          "serve.entity_restart_window_s": "entity_workers.restart_window_s",
          "retrieval.entity_workers": "entity_workers.bulk",
          "retrieval.entity_deadline_ms": "entity_workers.deadline_ms",
-         "index.entities.n_process": "entity_workers.index"}
+         "index.entities.n_process": "entity_workers.index",
+         "serve.picture_queue_size": "serve.image_queue_size"}
+# Why the fields of each new section moved, said where an override of an old name is refused.
+_WHY = {"entity_workers": "the config's entity_workers section", "serve": "one word for images, issue 58"}
+
+
+def moved_line(old: str, prefix: str = "") -> str:
+    """The one line that refuses an override of the MOVED field `old`: its new name and why it moved."""
+    new = MOVED[old]
+    return f"{prefix}{old} has moved: use {prefix}{new} ({_WHY[new.split('.')[0]]})"
 
 
 def upgrade(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:

@@ -1,6 +1,6 @@
 """The languages of a collection: the config section `index.languages` and what each language gets.
 
-Every document and every picture's own text has a language (ISO 639-1 codes, as fastText's lid.176 names them:
+Every document and every image's own text has a language (ISO 639-1 codes, as fastText's lid.176 names them:
 "en", "fr", "id"), stated by the collection (`"lang"` in a documents or images JSONL row) or detected when the corpus
 is written (`cfir_jax.nlp.language_detect`). Each language is read by the entry of `index.languages.table` that names
 it: its NER (a spaCy pipeline, or none: the fallback rule), its stemmer for BM25 and its summarizer. English's entry

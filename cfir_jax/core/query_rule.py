@@ -46,7 +46,7 @@ __all__ = ["OPS", "QUERY_KINDS", "Condition", "FilterError", "FilterLimits", "Qu
            "check_facets", "check_lang", "check_text", "check_top_k", "conditions", "parse", "parse_line"]
 
 # What a search takes, one of: the refusal of `Index.search` and `Client.search` given none or several.
-QUERY_KINDS = "give one of text= (a document), image= (a picture's bytes or file) or image_id= (an indexed picture)"
+QUERY_KINDS = "give one of text= (a document), image= (an image's bytes or file) or image_id= (an indexed image)"
 
 _SURROGATE = re.compile("[\ud800-\udfff]")
 _BINARY = re.compile("[\x00-\x08\x0e-\x1f\x7f]")  # C0 controls but \t \n \v \f \r, and DEL
@@ -288,7 +288,7 @@ def _checked(field: str, op: str, values: tuple[str, ...], said: str) -> Conditi
 
 
 def check_facets(facets: object) -> tuple[str, ...]:
-    """The fields a query counts its ranked pictures' values of (`facets`: docs/filters.md), each named once, in
+    """The fields a query counts its ranked images' values of (`facets`: docs/filters.md), each named once, in
     the order given: None or [] -> none; a line "source,tags" or a list of names. Whether each is a field of the
     index, and of a kind it counts, is the index's to say (`Index.check`)."""
     if facets is None:
@@ -316,11 +316,11 @@ def conditions(where: Sequence[Any] | str | Condition | None) -> tuple[Condition
 
 @dataclasses.dataclass(frozen=True)
 class Query:
-    """One query, made once at its door and carried unchanged to the index: a document's `text`, or a picture:
-    `image` (its bytes, or a picture file's path) or `image_id` (an indexed picture's id); `id`, echoed in the
+    """One query, made once at its door and carried unchanged to the index: a document's `text`, or an image:
+    `image` (its bytes, or an image file's path) or `image_id` (an indexed image's id); `id`, echoed in the
     answer (None: the door's default); `method` (None: the index's); `top_k`; `lang` (a text's language, its primary
     subtag; None: found); `where`, the typed conditions; `fold`, near-duplicates folded under each hit shown;
-    `facets`, the fields whose values are counted over the pictures it ranked (docs/filters.md).
+    `facets`, the fields whose values are counted over the images it ranked (docs/filters.md).
 
     Made from a door's loose values (exactly one of text, image and image_id, then keywords: `where` lines, triples
     or Conditions, parsed here, once; `lang` a language code; `image` a path as str too) and held to the rules every
@@ -349,9 +349,9 @@ class Query:
             elif isinstance(image, (str, os.PathLike)):
                 image = Path(image)
             else:
-                raise QueryRefused(f"image: expected a picture's bytes or a picture file, got {type(image).__name__}")
+                raise QueryRefused(f"image: expected an image's bytes or an image file, got {type(image).__name__}")
         if self.image_id is not None and not isinstance(self.image_id, str):
-            raise QueryRefused(f"image_id: expected an indexed picture's id (str), got {type(self.image_id).__name__}")
+            raise QueryRefused(f"image_id: expected an indexed image's id (str), got {type(self.image_id).__name__}")
         if not isinstance(self.fold, bool):
             raise QueryRefused(f"fold: expected true or false, got {type(self.fold).__name__}")
         # frozen: the checked forms are set once, here (a replace() checks them again, unchanged)

@@ -91,13 +91,13 @@ class Image:
     # caption_attribution_description, each a list of strings), embedded by the image-text stage (index.image_text).
     texts: Mapping[str, tuple[str, ...]] = dataclasses.field(default_factory=dict, hash=False)
     lang: str = ""  # the language of its own text, as Document.lang ('' for an image without text)
-    # The picture's own fields (date, source, tags, ...: cfir_jax.core.picture_fields), raw as given; the
+    # The image's own fields (date, source, tags, ...: cfir_jax.core.image_field_types), raw as given; the
     # image_fields stage keeps them as typed columns for the filters.
     fields: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
 
 def own_text(image: Image) -> str:
-    """What a picture says about itself, its language's evidence: its caption and every text field, each once."""
+    """What an image says about itself, its language's evidence: its caption and every text field, each once."""
     seen = dict.fromkeys(t.strip() for t in (image.caption, *(t for f in sorted(image.texts)
                                                                for t in image.texts[f])) if t and t.strip())
     return " ".join(seen)

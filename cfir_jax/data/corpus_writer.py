@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from cfir_jax.core.errors import CfirError
+from cfir_jax.core.image_field_types import FieldTypes
 from cfir_jax.core.languages import REFERENCE
-from cfir_jax.core.picture_fields import FieldTypes
 from cfir_jax.data.corpus import (
     FORMAT_VERSION,
     KIND,
@@ -69,7 +69,7 @@ def _image_examples(
 ) -> Iterator[dict]:
     """Record dicts of the images; `with_text` collects the rows that have any non-empty text field, `langs` the
     language of each row's own text ('' without text), detected among the languages `among` (the documents'), `types`
-    the type of each of the pictures' own fields (a conflicting one is refused, naming the image)."""
+    the type of each of the images' own fields (a conflicting one is refused, naming the image)."""
     seen: set[str] = set()
     among = frozenset(among)
     types = types if types is not None else FieldTypes()

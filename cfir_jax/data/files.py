@@ -10,10 +10,10 @@
   `id` and then `path` (relative to that file's directory) or `bytes` (parquet: binary; JSONL: base64), optional
   caption fields (`caption`, kept as AToMiC's `caption_reference_description`, or any of IMAGE_TEXT_FIELDS, read by
   the image-text stages), an optional `lang` (their language) and an optional precomputed `embedding` (a list of
-  floats; all rows or none). A row with an embedding needs no `path` or `bytes` (the picture itself is then not
+  floats; all rows or none). A row with an embedding needs no `path` or `bytes` (the image itself is then not
   kept).
-  Any other field of an image row is one of the picture's own fields (`date`, `source`, `tags`, ...), typed on first
-  sight (ISO date, number, string, boolean or list of strings; null is no value: `cfir_jax.core.picture_fields`) and
+  Any other field of an image row is one of the image's own fields (`date`, `source`, `tags`, ...), typed on first
+  sight (ISO date, number, string, boolean or list of strings; null is no value: `cfir_jax.core.image_field_types`) and
   filtered on at query time (docs/filters.md); a value of another type than the field's first, a nested object or a
   list of non-strings is one line naming the field and the row.
 - Qrels (`index.corpus.qrels`, optional): a directory of TREC qrels `<split>.qrels` or `<split>.txt` for the splits
@@ -47,9 +47,9 @@ import numpy as np
 
 from cfir_jax.core.config import IMAGE_TEXT_FIELDS
 from cfir_jax.core.errors import CfirError, first_line
+from cfir_jax.core.image_field_types import FieldTypes
 from cfir_jax.core.jsonl import read_json_lines
 from cfir_jax.core.languages import check_code
-from cfir_jax.core.picture_fields import FieldTypes
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_languages import Detect
 from cfir_jax.data.corpus_writer import Qrels, corpus_is_complete, write_corpus
@@ -60,7 +60,7 @@ QRELS_SUFFIXES = (".qrels", ".txt")
 ROW_FILE_SUFFIXES = (".jsonl", ".parquet")
 # Fields of an image row that are not caption text.
 IMAGE_ROW_FIELDS = ("id", "path", "bytes", "embedding", "url", "lang")
-# Every other field of an image row is one of the picture's own fields (date, source, ...: core.picture_fields).
+# Every other field of an image row is one of the image's own fields (date, source, ...: core.image_field_types).
 _NOT_FIELDS = frozenset((*IMAGE_ROW_FIELDS, "caption", *IMAGE_TEXT_FIELDS))
 
 Row = tuple[str, dict[str, Any]]  # (where: "file:line" or "file: row n", the row's fields)
@@ -163,7 +163,7 @@ def _escaped(c: str) -> bool:
 
 
 def image_id_of_path(relative: str, ascii_only: bool = False) -> str:
-    """The image id of a picture at `relative` (a POSIX path under the images folder, its suffix removed): the path
+    """The image id of an image at `relative` (a POSIX path under the images folder, its suffix removed): the path
     with every character an id cannot carry (`ascii_only`: and every non-ASCII one) percent-encoded as UTF-8
     (`Grace Hopper` -> `Grace%20Hopper`)."""
     return "".join("".join(f"%{b:02X}" for b in c.encode("utf-8", "surrogateescape"))
@@ -171,12 +171,12 @@ def image_id_of_path(relative: str, ascii_only: bool = False) -> str:
 
 
 def path_of_image_id(image_id: str) -> str:
-    """The relative path (without its suffix) an image id of a folder of pictures was made from."""
+    """The relative path (without its suffix) an image id of a folder of images was made from."""
     return unquote(image_id, errors="surrogateescape")
 
 
 def image_files(root: Path) -> list[Path]:
-    """The picture files (IMAGE_SUFFIXES, any case) under `root`, in path order."""
+    """The image files (IMAGE_SUFFIXES, any case) under `root`, in path order."""
     return sorted(p for p in root.rglob("*") if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
 
 
@@ -270,7 +270,7 @@ def _row_images(path: Path, existing: Container[str], known_fields: Mapping[str,
 
 def read_images(path: str | os.PathLike, existing: Container[str] = (), files: list[Path] | None = None,
                 known_fields: Mapping[str, str] | None = None) -> Iterator[Image]:
-    """The images of a directory tree of image files (or of the picture `files` under it) or of a JSONL/parquet file
+    """The images of a directory tree of image files (or of the image `files` under it) or of a JSONL/parquet file
     of rows (module docstring); an id in `existing` is refused like a duplicate."""
     path = Path(path)
     if path.is_dir():
@@ -279,7 +279,7 @@ def read_images(path: str | os.PathLike, existing: Container[str] = (), files: l
 
 
 def row_paths(path: str | os.PathLike) -> set[Path]:
-    """The picture files the rows of an images JSONL/parquet file name by `path` (resolved)."""
+    """The image files the rows of an images JSONL/parquet file name by `path` (resolved)."""
     path = Path(path)
     return {(path.parent / row["path"]).resolve() for _, row in _rows(path, "images")
             if isinstance(row.get("path"), str) and row["path"]}

@@ -4,9 +4,9 @@
 It sits in the data floor because both stages stand on it: the pipeline crops the decoded image before resizing it,
 the eval transform resizes it whole, and both must agree on what counts as an unusable image.
 
-Pictures are decoded from FORMATS alone (JPEG, PNG, WebP, GIF, BMP, TIFF: what a folder of pictures holds,
+Images are decoded from FORMATS alone (JPEG, PNG, WebP, GIF, BMP, TIFF: what a folder of images holds,
 `data.files.IMAGE_SUFFIXES`). Pillow reads some forty formats, some through code few look at (EPS, which it hands to
-Ghostscript where that is installed); a picture in another one is refused in one line (`UnsupportedImageFormat`),
+Ghostscript where that is installed); an image in another one is refused in one line (`UnsupportedImageFormat`),
 before any of its bytes reach that format's reader.
 """
 
@@ -34,7 +34,7 @@ class UnsupportedImageFormat(ImageDecodeError):
     """An image in a format Pillow knows but FORMATS does not hold (EPS, PSD, ...): refused unread."""
 
 
-FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # Pillow's names of the formats pictures are decoded from
+FORMATS = ("JPEG", "PNG", "WEBP", "GIF", "BMP", "TIFF")  # Pillow's names of the formats images are decoded from
 SHOWN_FORMATS = "JPEG, PNG, WebP, GIF, BMP or TIFF"
 
 
@@ -85,7 +85,7 @@ def decode_rgb(data: bytes, max_pixels: int | None = None) -> PILImage.Image:
     except PILImage.UnidentifiedImageError:
         refused = _refused_format(data)
         if refused is not None:
-            raise UnsupportedImageFormat(f"a {refused} image: pictures are read from {SHOWN_FORMATS} only") from None
+            raise UnsupportedImageFormat(f"a {refused} image: images are read from {SHOWN_FORMATS} only") from None
         raise ImageDecodeError("not a recognised image format") from None
     except (OSError, ValueError, SyntaxError, EOFError, struct.error, IndexError, KeyError, ZeroDivisionError) as e:
         # Past the header, PIL signals bad data with OSError("image file is truncated"), and its format plugins

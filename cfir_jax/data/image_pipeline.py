@@ -12,7 +12,7 @@ epoch that does not fill a global batch B is dropped), and process p takes the c
 the one-process batch, and a resumed stream is the uninterrupted one.
 
 Decoding and augmentation run in grain worker processes when `workers > 0` (`mp_prefetch`); an image whose bytes are
-empty or undecodable becomes a zero picture with `valid` False (the loss masks it), counted in `skipped`.
+empty or undecodable becomes a zero image with `valid` False (the loss masks it), counted in `skipped`.
 """
 
 from __future__ import annotations

@@ -38,7 +38,7 @@ def image_features(embedding_dim: int | None) -> tfds.features.FeaturesDict:
         "image": tfds.features.Tensor(shape=(), dtype=np.object_),
         "entities": tfds.features.Sequence(tfds.features.Text()),
         "texts": tfds.features.Text(),  # JSON {column: [strings]}
-        "fields": tfds.features.Text(),  # JSON {field: value}: the picture's own flat fields
+        "fields": tfds.features.Text(),  # JSON {field: value}: the image's own flat fields
     }
     if embedding_dim is not None:
         spec["embedding"] = tfds.features.Tensor(shape=(embedding_dim,), dtype=np.float32)

@@ -15,7 +15,7 @@ Generative story (every draw comes from one `numpy.random.Generator` seeded by `
    (circle: person, triangle: place, square: organisation) in that entity's own colour with its initials, so
    images of one entity look alike and the gallery of a retrieval shows what was found. The caption names the
    entities ("A photo of Mary Walker near Lake Ashford."). The demo imports the embeddings (they stand in for a
-   pretrained vision tower that would see these pictures); the cache's vision-tower path runs on the pixels.
+   pretrained vision tower that would see these images); the cache's vision-tower path runs on the pixels.
 4. Documents. Each document is relevant to 1-`max_relevant` images (the second one from the first one's topic,
    images drawn without replacement while they last). Its text mentions every entity of its relevant images two or
    three times and a few distractor entities once, in sentence templates, interleaved with topic filler sentences
@@ -39,7 +39,7 @@ Generative story (every draw comes from one `numpy.random.Generator` seeded by `
    drawn, so the rest of the world is exactly what it was without them (`index.entities.sources` reads them).
 
 9. Languages (`SyntheticConfig.languages`, e.g. (("fr", 0.15), ("id", 0.1))): a share of the documents and of the
-   pictures' text is written in French or Indonesian (`cfir_jax.data.synthetic_languages`), each chosen from its own
+   images' text is written in French or Indonesian (`cfir_jax.data.synthetic_languages`), each chosen from its own
    stream and rendered from the very draws of the English text, so everything else is the English world's. The
    languages are not stated: the corpus stage detects them (`World.doc_langs` and `image_langs` hold the truth).
 
@@ -62,8 +62,8 @@ from cfir_jax.core.errors import CfirError
 from cfir_jax.core.spm import train_tokenizer
 from cfir_jax.data.corpus import SPLITS, Corpus, Document, Image
 from cfir_jax.data.corpus_writer import corpus_is_complete, write_corpus
+from cfir_jax.data.synthetic_images import IMAGE_SIZE, render_image  # noqa: F401 (IMAGE_SIZE: the images' side)
 from cfir_jax.data.synthetic_languages import AT, CREDIT, SCENE, caption, draw_languages, noun_forms, render
-from cfir_jax.data.synthetic_pictures import IMAGE_SIZE, render_image  # noqa: F401 (IMAGE_SIZE: the pictures' side)
 from cfir_jax.data.synthetic_words import (
     CAPTION_TEMPLATES,
     FILLER_TEMPLATES,
@@ -83,7 +83,7 @@ NAME = "synthetic"
 
 # Persons take what the place and organisation pools (1,000 names each) leave; 60 x 60 person names cover it.
 MAX_ENTITIES = 5000
-# Bump when the pictures change, so a corpus generated with older pixels is regenerated instead of reused.
+# Bump when the images change, so a corpus generated with older pixels is regenerated instead of reused.
 RENDER_VERSION = 1
 # The image-side text's own random stream (see the docstring), and its version: a corpus generated before images
 # had text (or with other text) is regenerated instead of reused.
@@ -152,7 +152,7 @@ class World:
     images: list[Image]
     qrels: dict[str, dict[str, dict[str, int]]]
     doc_langs: list[str] = dataclasses.field(default_factory=list)  # each document's language (the truth)
-    image_langs: list[str] = dataclasses.field(default_factory=list)  # each picture's text's language
+    image_langs: list[str] = dataclasses.field(default_factory=list)  # each image's text's language
 
 
 def _normalise(x: np.ndarray) -> np.ndarray:

@@ -3,7 +3,7 @@ spaCy pipeline (the extra lang-fr), and Indonesian, which has none here (its ent
 
 Each sentence and caption template of `cfir_jax.data.synthetic_words` has its translation at the same position, so a
 document or caption in another language is drawn with exactly the draws of the English one and rendered from the
-translated template: the world's random stream, qrels and pictures are the English world's. Names stay as they are
+translated template: the world's random stream, qrels and images are the English world's. Names stay as they are
 (persons, places and institutions keep their names across languages, as CFIR's entities mostly do); the topics'
 nouns are translated (French with its article: "le port" gives "du port", "au port").
 """
@@ -112,7 +112,7 @@ TEMPLATES = {
         CAPTION_TEMPLATES: ("Foto {}.", "Gambar yang memperlihatkan {}.", "Foto lama {}.", "Pemandangan {}."),
     },
 }
-# A picture's other text fields: its scene ("at the harbour"), the scene alone (alt text), its credit.
+# An image's other text fields: its scene ("at the harbour"), the scene alone (alt text), its credit.
 AND = {"en": "and", "fr": "et", "id": "dan"}
 AT = {"en": "at the {n}", "fr": "{a_n}", "id": "di {n}"}
 SCENE = {"en": "The {n}", "fr": "{N}", "id": "{N}"}
@@ -156,7 +156,7 @@ def caption(lang: str, k: int, names: list[str]) -> str:
 
 
 def draw_languages(shares, num_documents: int, num_images: int, seed: int) -> tuple[list[str], list[str]]:
-    """The language of each document and of each picture's text: English, or one of `shares` ((code, share), ...)
+    """The language of each document and of each image's text: English, or one of `shares` ((code, share), ...)
     with that probability, from the languages' own stream; all English, with no draw, when `shares` is empty."""
     if not shares:
         return ["en"] * num_documents, ["en"] * num_images

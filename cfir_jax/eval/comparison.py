@@ -72,7 +72,7 @@ RERANK = Row("rerank", "cfir", {**NO_FUSION, **NO_TEXT_MATCH, "retrieval.rerank.
 FUSED_RERANK = Row("image_text_rerank", "cfir", {**NO_TEXT_MATCH, "retrieval.rerank.enabled": True},
                    "CFIR + image text + re-rank")
 
-# Beyond the paper, over the pictures' own text (W/lexical): BM25 alone, BM25's top M in CFIR's union, and CFIR's
+# Beyond the paper, over the images' own text (W/lexical): BM25 alone, BM25's top M in CFIR's union, and CFIR's
 # ranking fused with BM25's. Each changes one thing from "full CFIR" (the paper's settings otherwise).
 LEXICAL = (Row("bm25", "bm25", PAPER_SETTINGS, "BM25 (image text)"),
            Row("bm25_candidates", "cfir_bm25", PAPER_SETTINGS, "CFIR + BM25 candidates"),

@@ -1,4 +1,4 @@
-"""Pictures of an evaluation: recall@k curves of every method on one split, for a reader who would rather look."""
+"""Images of an evaluation: recall@k curves of every method on one split, for a reader who would rather look."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The frozen vision tower as a batched encoder: pixels [B, S, S, 3] -> embeddings [B, D], the batch sharded over the
 local devices. One program serves every caller of a model structure: the image cache's build
-(`cfir_jax.builders.image_encoding`), its compile-only check (`cfir_jax.aot.programs`) and search by picture
-(`cfir_jax.retrieve.image_query`) embed a picture the same way, so a query picture meets its own cached row.
+(`cfir_jax.builders.image_encoding`), its compile-only check (`cfir_jax.aot.programs`) and search by image
+(`cfir_jax.retrieve.image_query`) embed an image the same way, so a query image meets its own cached row.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Named entities of a document: spaCy NER (every label, or those a picture can show), surface forms kept, keys
+"""Named entities of a document: spaCy NER (every label, or those an image can show), surface forms kept, keys
 case-folded."""
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ EXTRACTION_VERSION = 2
 
 # The paper extracts "spaCy named entities" with no filter, so every label the NER gives is kept by default
 # (`index.entities.labels="all"`). The option `"picturable"` keeps only the entity types whose mentions can be
-# depicted, or whose pictures are in Wikipedia: people, groups, places, buildings, organisations (logos,
+# depicted, or whose images are in Wikipedia: people, groups, places, buildings, organisations (logos,
 # headquarters), products, events, works of art, laws (signing ceremonies) and languages (scripts), leaving out the
 # numeric types (DATE, TIME, PERCENT, MONEY, QUANTITY, ORDINAL, CARDINAL): "1889" or "three" name nothing visible,
 # and their candidate lists are near-random images shared by many documents (README: the measured union sizes).
@@ -37,7 +37,7 @@ PICTURABLE_LABELS: tuple[str, ...] = (
     "LANGUAGE",
 )
 # The labels of the pipelines trained on WikiNER (spaCy's French and most other languages' `*_core_news_*`): each
-# names a thing a picture can show (MISC: events, works, products, nationalities), so "picturable" keeps them all.
+# names a thing an image can show (MISC: events, works, products, nationalities), so "picturable" keeps them all.
 WIKINER_LABELS = ("LOC", "MISC", "ORG", "PER")
 # Named label sets of `index.entities.labels` (an explicit tuple of labels is accepted too). The empty tuple is how
 # configs written before "all" became the default spelled the picturable set, and keeps that meaning.

@@ -80,7 +80,7 @@ class LanguageDetector:
         return found[0][0] if found and found[0][1] >= self.short_min_score else main
 
     def caption(self, text: str, among: Collection[str] = ()) -> str:
-        """The language of a picture's own text: the best of `among` (its collection's documents' languages) and
+        """The language of an image's own text: the best of `among` (its collection's documents' languages) and
         the known ones, `undetected` when that scores below min_score."""
         allowed = self.known | set(among)
         best = next(((code, score) for code, score in self._ranked(text, _CANDIDATES) if code in allowed), None)

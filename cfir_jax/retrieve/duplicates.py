@@ -1,10 +1,10 @@
-"""Near-duplicates folded at query time: each group of near-identical pictures (W/duplicates,
+"""Near-duplicates folded at query time: each group of near-identical images (W/duplicates,
 `cfir_jax.stores.duplicates`) shows its best-ranked member, the others of the ranking listed under it
 (docs/duplicates.md).
 
 `fold_positions` is the one rule, a pure function over a ranking's cache rows; `fold` applies it to the pipeline's
 `Retrieval` (ranks renumbered over the shown hits, each hit's folded duplicates' ids in `RankedImage.duplicates`);
-`folded` is what every door calls (the library's `Index`, the service's batcher and picture search) with the
+`folded` is what every door calls (the library's `Index`, the service's batcher and image search) with the
 retriever's stores. Folding happens after ranking, over the whole list the pipeline returned (retrieval.top_k), and
 the caller then cuts to its top_k: top_k counts the shown hits.
 """
@@ -107,7 +107,7 @@ def folded(retriever: Retriever, retrievals: list[Retrieval], fold_them: bool | 
     or each ranking's own: a service's batch of requests) and the workdir has one, else as they are. With `docs`
     (the documents retrieved) and `top` (the hits to show: one for all, or each's), a ranking that folding left
     shorter than its top, and that the pipeline had cut at retrieval.top_k, is retrieved again with the folded
-    pictures set aside, as a filter sets rows aside (`refilled`), so that many hits show where that many groups
+    images set aside, as a filter sets rows aside (`refilled`), so that many hits show where that many groups
     exist."""
     n = len(retrievals)
     folds = [bool(fold_them)] * n if isinstance(fold_them, bool) else [bool(f) for f in fold_them]
@@ -126,7 +126,7 @@ def folded(retriever: Retriever, retrievals: list[Retrieval], fold_them: bool | 
 def refilled(retriever: Retriever, group: np.ndarray, doc: DocumentInput, shown: Retrieval, top: int,
              rounds: int = 4) -> Retrieval:
     """`shown` (a folded ranking of `doc` short of `top` hits) filled up: the document retrieved again with the
-    pictures folded so far counted as removed for the call (the call's rows, `retrieve_many(..., live=...)`,
+    images folded so far counted as removed for the call (the call's rows, `retrieve_many(..., live=...)`,
     narrowed by the document's own filter), its new ranking folded, each shown hit keeping the duplicates folded
     under it before. At most `rounds` more retrievals; it stops when a ranking brings nothing new."""
     live = retriever.stores.live
@@ -141,7 +141,7 @@ def refilled(retriever: Retriever, group: np.ndarray, doc: DocumentInput, shown:
         if len(hits) <= len(shown.hits) and not new - hidden:
             break
         shown, hidden = dataclasses.replace(again, hits=hits, note=shown.note, facets=shown.facets), hidden | new
-        # the first note and facets: a filter's count of passing pictures, not of those left beside the folded ones
+        # the first note and facets: a filter's count of passing images, not of those left beside the folded ones
         if len(shown.hits) >= top or len(raw.hits) < int(retriever.rcfg.top_k):
             break
     return shown

@@ -1,16 +1,16 @@
-"""Facets: how many of the pictures a query ranked hold each value of a field (docs/filters.md), the counts a search
+"""Facets: how many of the images a query ranked hold each value of a field (docs/filters.md), the counts a search
 page shows beside its hits, as Elasticsearch's terms aggregations or Solr's facets do.
 
 A query asks for fields (`Query.facets`, `DocumentInput.facets`); its answer carries, per field, the
-`MAX_VALUES` values most pictures hold (ties by value) and `ranked`, the number of pictures counted. They are
+`MAX_VALUES` values most images hold (ties by value) and `ranked`, the number of images counted. They are
 counted over the rows the query ranked, before the cut to top_k (`ranked_rows`): CFIR's union that SR scored (its
-candidates, which ER formed of passing pictures only), or a method's whole ranking up to retrieval.top_k (the dense
-methods, CFIR's no-entity fallback, BM25, search by picture). With folding, each group of near-duplicates counts once,
+candidates, which ER formed of passing images only), or a method's whole ranking up to retrieval.top_k (the dense
+methods, CFIR's no-entity fallback, BM25, search by image). With folding, each group of near-duplicates counts once,
 as its best-ranked member (the one shown).
 
 Counting is numpy over image cache rows: each field's codes per row are made once per opened store (`Facets`), then a
 query's counts are one `np.bincount` per field. A string or a boolean counts its value, a list each value it holds
-(once per picture), a date its month in the store's zone ("2020-06"); a number field is refused in one line, and so
+(once per image), a date its month in the store's zone ("2020-06"); a number field is refused in one line, and so
 is an unknown field (`FacetError`: exit 2, 422). A Retriever's `RowFilter.facets()` holds its `Facets`.
 """
 
@@ -23,12 +23,12 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cfir_jax.core.picture_fields import BOOLEAN, DATE, LIST, NUMBER
+from cfir_jax.core.image_field_types import BOOLEAN, DATE, LIST, NUMBER
 from cfir_jax.core.query_rule import QueryRefused
 
 __all__ = ["MAX_VALUES", "FacetError", "Facets", "ranked_rows"]
 
-MAX_VALUES = 20  # the values shown per field, most pictures first (issue 61: a search page's list)
+MAX_VALUES = 20  # the values shown per field, most images first (issue 61: a search page's list)
 # A list field's rows are also kept as a padded table [rows, the most values a row holds] when it is at most this
 # many times its values' count: a query then counts with one gather instead of a ragged one (4x faster at 1M rows)
 TABLE_PADDING = 4
@@ -105,14 +105,14 @@ class Facets:
     def __init__(self, store):
         self.store = store
         self._codes: dict[str, _Codes] = {}
-        self._lock = threading.Lock()  # the batcher's thread and the picture queue's threads share the codes
+        self._lock = threading.Lock()  # the batcher's thread and the image queue's threads share the codes
 
     def check(self, names: Sequence[str]) -> None:
         for name in names:
             column = self.store.columns.get(name)
             if column is None:
-                known = ", ".join(sorted(self.store.columns)) or "none: no picture of this index carries fields"
-                raise FacetError(f"facets: unknown field {name!r} (the pictures' fields: {known})")
+                known = ", ".join(sorted(self.store.columns)) or "none: no image of this index carries fields"
+                raise FacetError(f"facets: unknown field {name!r} (the images' fields: {known})")
             if column.kind == NUMBER:
                 raise FacetError(f"facets: {name} is a number field, which is not counted; ask a string, list, "
                                  "boolean or date field")
@@ -124,7 +124,7 @@ class Facets:
             return self._codes[name]
 
     def count(self, rows: np.ndarray, names: Sequence[str]) -> dict[str, dict[str, int]]:
-        """{field: {value: pictures of `rows` holding it}}, the MAX_VALUES largest by count, ties by value."""
+        """{field: {value: images of `rows` holding it}}, the MAX_VALUES largest by count, ties by value."""
         self.check(names)
         return {name: _largest(self._counts(self._field(name), rows), self._field(name).vocab) for name in names}
 

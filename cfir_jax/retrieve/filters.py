@@ -1,16 +1,16 @@
-"""Filters on the pictures' own fields (docs/filters.md): `date<=2020-06-30`, `source=reuters`, `license in cc-by,cc0`.
+"""Filters on the images' own fields (docs/filters.md): `date<=2020-06-30`, `source=reuters`, `license in cc-by,cc0`.
 
 A filter is a list of conditions joined by AND, each `FIELD OP VALUE` with OP one of `= != < <= > >=`, or
 `FIELD in V1,V2,...`. It becomes one boolean mask over the image cache's rows (`Filter.mask`, from the image_fields
 store, `cfir_jax.stores.image_fields`), which retrieval applies before ranking: the rows that fail it are treated
-as removed (`cfir_jax.search.live_rows`), so ER's union, BM25, SR's whole-cache searches and search by picture only
-ever hold pictures that pass, and `top_k` counts only those.
+as removed (`cfir_jax.search.live_rows`), so ER's union, BM25, SR's whole-cache searches and search by image only
+ever hold images that pass, and `top_k` counts only those.
 
 Values take their field's type: a date field compares ISO dates, each covering its span at its own precision (a
 year, a month, a day, a minute, a second: `date<=2020-06-30T14:05` keeps 14:05:30), read in the index's zone unless
 it carries an offset; a number field numbers; a string field strings (exactly); a list field holds a value or not
 (`tags=sport`, `tags!=sport`, `tags in a,b`); a boolean is `true` or `false`.
-A picture without the field fails every condition on it, `!=` included. An unknown field, an operator a line does
+An image without the field fails every condition on it, `!=` included. An unknown field, an operator a line does
 not hold, or a value of the wrong type is one line (`FilterError`, a CfirError: exit 2 on the command line, 422 on
 the service).
 """
@@ -24,7 +24,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from cfir_jax.core.picture_fields import BOOLEAN, DATE, LIST, NUMBER, date_span
+from cfir_jax.core.image_field_types import BOOLEAN, DATE, LIST, NUMBER, date_span
 from cfir_jax.core.query_rule import OPS, Condition, FilterError, conditions, parse
 from cfir_jax.retrieve.facets import Facets
 from cfir_jax.search.live_rows import LiveRows
@@ -114,7 +114,7 @@ def _number_mask(cond: Condition, column) -> np.ndarray:
 
 
 def condition_mask(cond: Condition, column) -> np.ndarray:
-    """bool [N]: the rows of `column` (a stores.image_fields.Column) that pass `cond`; a picture without the field
+    """bool [N]: the rows of `column` (a stores.image_fields.Column) that pass `cond`; an image without the field
     fails every condition on it, `!=` included. `=`, `!=` and `in` look each of the condition's values up once in
     the field's vocabulary (cost: the values plus the rows, never values x vocabulary)."""
     if column.kind == DATE:
@@ -145,8 +145,8 @@ class Filter:
         for cond in self.conditions:
             column = store.columns.get(cond.field)
             if column is None:
-                known = ", ".join(sorted(store.columns)) or "none: no picture of this index carries fields"
-                raise FilterError(f"filter '{cond}': unknown field {cond.field!r} (the pictures' fields: {known})")
+                known = ", ".join(sorted(store.columns)) or "none: no image of this index carries fields"
+                raise FilterError(f"filter '{cond}': unknown field {cond.field!r} (the images' fields: {known})")
             passed &= condition_mask(cond, column)
         return passed
 
@@ -161,7 +161,7 @@ class RowFilter:
         self._fields = None
         self._facets: Facets | None = None
         self._masks: collections.OrderedDict[tuple[Condition, ...], np.ndarray] = collections.OrderedDict()
-        self._lock = threading.Lock()  # the batcher's thread and the picture queue's threads share the masks
+        self._lock = threading.Lock()  # the batcher's thread and the image queue's threads share the masks
 
     def fields(self):
         if self._fields is None:
@@ -205,8 +205,8 @@ class RowFilter:
             removed |= live.removed
         rows = LiveRows(removed, live.num_rows)
         if rows.num_live == 0:
-            return rows, f"no picture passes the filter {shown}: nothing to rank"
-        return rows, f"filtered by {shown}: {rows.num_live:,} of {live.num_live:,} pictures pass"
+            return rows, f"no image passes the filter {shown}: nothing to rank"
+        return rows, f"filtered by {shown}: {rows.num_live:,} of {live.num_live:,} images pass"
 
     def run(self, docs: Sequence, live: LiveRows, retrieve: Callable[[list, LiveRows], list],
             empty: Callable[[str, int], list]) -> list:

@@ -1,9 +1,9 @@
-"""Search by picture: the nearest pictures of a picture over the live rows of the image cache.
+"""Search by image: the nearest images of an image over the live rows of the image cache.
 
-A picture given as encoded bytes is decoded with the cache's own preprocessing (`cfir_jax.model.preprocess`) and
+An image given as encoded bytes is decoded with the cache's own preprocessing (`cfir_jax.model.preprocess`) and
 embedded by the vision tower that built the cache (`cfir_jax.model.image_tower`, at the cache's compute dtype): the
 tower of the model that scores the Retriever's queries, whose vision fingerprint the cache's must equal
-(`cfir_jax.retrieve.stores`). A picture already indexed may be named by its id instead: its cache row is the query.
+(`cfir_jax.retrieve.stores`). An image already indexed may be named by its id instead: its cache row is the query.
 
 The answer is the query's nearest live rows by dot product, searched as the entity index's switch
 `index.entity_index.backend` says: 'scann' with the ScaNN searcher the entity index kept over this cache (rows
@@ -13,11 +13,11 @@ searcher (or an entity index: the dense methods open none) the search is exact, 
 search answered. Removed rows never answer (`cfir_jax.search.live_rows`). A Ray front embeds here and searches its
 shards, through its Retriever's scoring (`cfir_jax.cluster.scoring.ShardedSR`).
 
-What a picture search reads is opened with the Retriever (`prepare`, called where the Retriever is opened, under
+What an image search reads is opened with the Retriever (`prepare`, called where the Retriever is opened, under
 the same version's reading: the library's `Index`, the service's load and reload): a later commit that replaces the
 entity index cannot pair this cache with another version's ScaNN tree. The tower is made by `warm` (the service, at
-load: its one program, a batch of one picture padded to the local device count, compiles then) or on the first
-picture. A picture's pixels are counted from its header before it is decoded (`max_pixels`: serve.max_image_pixels),
+load: its one program, a batch of one image padded to the local device count, compiles then) or on the first
+image. An image's pixels are counted from its header before it is decoded (`max_pixels`: serve.max_image_pixels),
 and it is decoded outside the lock that serialises the tower, so a slow decode holds no other search back; past its
 `deadline` a search stops before its next stage. The records are the pipeline's `Retrieval` and `RankedImage`,
 with no entities.
@@ -41,38 +41,38 @@ from cfir_jax.search.knn import ScannSearcher, search_with_tail
 from cfir_jax.search.live_rows import LiveRows
 from cfir_jax.stores.integrity import check_embeddings, check_scores, row_norm_bound
 
-__all__ = ["Expired", "PictureSearch", "PictureTooLarge", "UnknownPicture", "UnsupportedPicture", "UnusablePicture",
-           "prepare", "read_picture", "search_image", "warm"]
+__all__ = ["Expired", "ImageSearch", "QueryImageTooLarge", "UnknownImage", "UnsupportedImage", "UnusableImage",
+           "prepare", "read_image", "search_image", "warm"]
 
 
-class UnusablePicture(CfirError):
-    """The picture cannot be searched with: empty, undecodable, too large, or this index has no tower to embed it."""
+class UnusableImage(CfirError):
+    """The image cannot be searched with: empty, undecodable, too large, or this index has no tower to embed it."""
 
 
-class PictureTooLarge(UnusablePicture):
-    """The picture announces more pixels than serve.max_image_pixels (or PIL's bomb limit): refused undecoded."""
+class QueryImageTooLarge(UnusableImage):
+    """The image announces more pixels than serve.max_image_pixels (or PIL's bomb limit): refused undecoded."""
 
 
-class UnsupportedPicture(UnusablePicture):
-    """The picture is in a format outside JPEG, PNG, WebP, GIF, BMP and TIFF: refused unread (a service's 415)."""
+class UnsupportedImage(UnusableImage):
+    """The image is in a format outside JPEG, PNG, WebP, GIF, BMP and TIFF: refused unread (a service's 415)."""
 
 
-class UnknownPicture(CfirError):
-    """No live picture of the index has the id given."""
+class UnknownImage(CfirError):
+    """No live image of the index has the id given."""
 
 
 class Expired(CfirError):
     """The search's deadline passed before its next stage: it stopped there."""
 
 
-def read_picture(path: str | Path, limit: int) -> bytes:
-    """The bytes of a picture file, refused in one line when missing, not a file, empty or over `limit` bytes."""
-    return read_bounded(path, "picture", limit, lambda size: f"{size:,} bytes, over serve.max_image_bytes={limit:,}",
-                        UnusablePicture)
+def read_image(path: str | Path, limit: int) -> bytes:
+    """The bytes of an image file, refused in one line when missing, not a file, empty or over `limit` bytes."""
+    return read_bounded(path, "image", limit, lambda size: f"{size:,} bytes, over serve.max_image_bytes={limit:,}",
+                        UnusableImage)
 
 
-class PictureSearch:
-    """What one Retriever's picture queries share: its stores, the tower (made on the first picture), the searcher.
+class ImageSearch:
+    """What one Retriever's image queries share: its stores, the tower (made on the first image), the searcher.
     A subclass may search elsewhere: `_searcher` (which search, its note) and `nearest` (query [1, D] -> hits)."""
 
     def __init__(self, retriever: Retriever):
@@ -87,7 +87,7 @@ class PictureSearch:
 
     def exact_note(self) -> str:
         """The result's note when every live row is searched exactly."""
-        return f"nearest pictures: exact search over {self.stores.live.num_live:,} live pictures"
+        return f"nearest images: exact search over {self.stores.live.num_live:,} live images"
 
     def wants_scann(self, backend: str) -> bool:
         """Whether `backend` (index.entity_index.backend) asks for ScaNN: 'scann', or 'auto' when the entity index
@@ -109,22 +109,22 @@ class PictureSearch:
                 "searcher over this cache)"
         loaded = self.entities.searcher if self.entities is not None else None
         return loaded or ScannSearcher.load(index.searcher_dir()), (
-            f"nearest pictures: ScaNN over {self.stores.live.num_live:,} live pictures (the entity index's searcher, "
+            f"nearest images: ScaNN over {self.stores.live.num_live:,} live images (the entity index's searcher, "
             f"index.entity_index.backend={backend})")
 
     @property
     def has_tower(self) -> bool:
-        """Whether the cache was made by this index's vision tower (not imported), so a new picture can be embedded."""
+        """Whether the cache was made by this index's vision tower (not imported), so a new image can be embedded."""
         manifest = self.cache.manifest
         return manifest.get("source", "model") == "model" and not str(self.cache.fingerprint).startswith("precomputed:")
 
     def check_tower(self) -> None:
-        """Refuses (one line) a picture that this index cannot embed: its cache was imported."""
+        """Refuses (one line) an image that this index cannot embed: its cache was imported."""
         if not self.has_tower:
-            raise UnusablePicture(
+            raise UnusableImage(
                 f"{self.cache.path}: its embeddings were imported (index.image_cache.precomputed), not made by a "
-                "vision tower of this index, so a new picture cannot be embedded like them: query an indexed "
-                "picture by its id, or rebuild the cache with --config.index.image_cache.precomputed= --stages "
+                "vision tower of this index, so a new image cannot be embedded like them: query an indexed "
+                "image by its id, or rebuild the cache with --config.index.image_cache.precomputed= --stages "
                 "image_cache")
 
     def encoder(self) -> tuple[object, float]:
@@ -133,20 +133,20 @@ class PictureSearch:
             return self._encoder, 0.0
         self.check_tower()
         manifest = self.cache.manifest
-        # why: flax and the vision tower load only when a tower is made (the service's load, or a first picture)
+        # why: flax and the vision tower load only when a tower is made (the service's load, or a first image)
         from cfir_jax.model.image_tower import ImageEncoder
 
         t0 = time.perf_counter()
         encoder = ImageEncoder(self.stores.model, str(manifest.get("compute_dtype", "float32")), batch_size=1)
-        # The one compile, now: the zero picture's shape is every query's.
+        # The one compile, now: the zero image's shape is every query's.
         np.asarray(encoder(np.zeros((encoder.batch_size, encoder.image_size, encoder.image_size, 3), np.float32)))
         self._encoder = encoder
         return encoder, 1e3 * (time.perf_counter() - t0)
 
     def decode(self, image: bytes, max_pixels: int | None, times: dict[str, float]) -> np.ndarray:
-        """Encoded picture bytes -> its pixels [S, S, 3] float32 (the cache's preprocessing), the ms into `times`;
-        refused undecoded past `max_pixels` (PictureTooLarge) and when this index has no tower to embed them."""
-        # why: PIL loads only when a picture is decoded
+        """Encoded image bytes -> its pixels [S, S, 3] float32 (the cache's preprocessing), the ms into `times`;
+        refused undecoded past `max_pixels` (QueryImageTooLarge) and when this index has no tower to embed them."""
+        # why: PIL loads only when an image is decoded
         from cfir_jax.model.preprocess import ImageDecodeError, ImageTooLarge, UnsupportedImageFormat, decode_image
 
         self.check_tower()
@@ -154,17 +154,17 @@ class PictureSearch:
         try:
             pixels = decode_image(image, int(self.image_size), max_pixels)
         except ImageTooLarge as e:
-            raise PictureTooLarge(f"the picture ({len(image):,} bytes) is too large: {e}") from None
+            raise QueryImageTooLarge(f"the image ({len(image):,} bytes) is too large: {e}") from None
         except UnsupportedImageFormat as e:
-            raise UnsupportedPicture(f"the picture ({len(image):,} bytes) cannot be used: {e}") from None
+            raise UnsupportedImage(f"the image ({len(image):,} bytes) cannot be used: {e}") from None
         except ImageDecodeError as e:
-            raise UnusablePicture(f"the picture ({len(image):,} bytes) cannot be used: {e}") from None
+            raise UnusableImage(f"the image ({len(image):,} bytes) cannot be used: {e}") from None
         times["decode"] = 1e3 * (time.perf_counter() - t0)
         return pixels
 
     @property
     def image_size(self) -> int:
-        """The side the tower takes (the model's image size): what a picture is resized to."""
+        """The side the tower takes (the model's image size): what an image is resized to."""
         return int(self.stores.model.config.image_size)
 
     def embed(self, pixels: np.ndarray, times: dict[str, float]) -> np.ndarray:
@@ -178,19 +178,19 @@ class PictureSearch:
         t1 = time.perf_counter()
         query = np.asarray(encoder(batch))[:1]
         times["tower"] = 1e3 * (time.perf_counter() - t1)
-        check_embeddings(query, self.stores.model_dir or self.stores.layout.model, "picture")
+        check_embeddings(query, self.stores.model_dir or self.stores.layout.model, "image")
         return query
 
     def row_of(self, image_id: str) -> int:
-        """The cache row of a live picture, refused (UnknownPicture) when unknown, skipped or removed; the refusal
+        """The cache row of a live image, refused (UnknownImage) when unknown, skipped or removed; the refusal
         names the id, never the workdir's path (a service answers it to anyone)."""
         row = self.cache.row(image_id) if isinstance(image_id, str) else None
         shown = repr(image_id) if len(repr(image_id)) <= 80 else repr(image_id)[:77] + "..."
         if row is None:
-            raise UnknownPicture(f"image id {shown} is not in the index (unknown, or skipped when the image cache "
-                                 "was built: its skipped.tsv says why)")
+            raise UnknownImage(f"image id {shown} is not in the index (unknown, or skipped when the image cache "
+                               "was built: its skipped.tsv says why)")
         if self.stores.live.is_removed(np.asarray([row]))[0]:
-            raise UnknownPicture(f"image id {shown} was removed (index.py --remove): it answers no query and is none")
+            raise UnknownImage(f"image id {shown} was removed (index.py --remove): it answers no query and is none")
         return row
 
     def nearest(self, query: np.ndarray, top_k: int, live: LiveRows) -> tuple[np.ndarray, np.ndarray]:
@@ -204,29 +204,29 @@ class PictureSearch:
         return scores[rows >= 0], rows[rows >= 0]
 
 
-_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Retriever -> PictureSearch
+_SEARCHES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # Retriever -> ImageSearch
 _SEARCHES_LOCK = threading.Lock()
 
 
-def prepare(retriever: Retriever) -> PictureSearch:
-    """The retriever's picture search, opened now (call it where the Retriever is opened, under the same version's
-    reading): a PictureSearch, or what the retriever's class names as its `picture_search` (a stand-in's). A
-    Retriever never prepared gets one on its first picture."""
+def prepare(retriever: Retriever) -> ImageSearch:
+    """The retriever's image search, opened now (call it where the Retriever is opened, under the same version's
+    reading): an ImageSearch, or what the retriever's class names as its `image_search` (a stand-in's). A
+    Retriever never prepared gets one on its first image."""
     with _SEARCHES_LOCK:
         if retriever not in _SEARCHES:
-            _SEARCHES[retriever] = getattr(type(retriever), "picture_search", PictureSearch)(retriever)
+            _SEARCHES[retriever] = getattr(type(retriever), "image_search", ImageSearch)(retriever)
         return _SEARCHES[retriever]
 
 
 def warm(retriever: Retriever) -> float:
-    """Makes the retriever's tower and runs one small picture through decoding and the tower (its one program
+    """Makes the retriever's tower and runs one small image through decoding and the tower (its one program
     compiled), as a service does before it says it is ready; the seconds it took. The search itself is the text
     path's (its warm-up runs it; a cluster's shards load their version only later). Nothing to do (0) when the
     cache was imported."""
     engine = prepare(retriever)
     if not engine.has_tower:
         return 0.0
-    # why: PIL loads only to make the warm-up's picture
+    # why: PIL loads only to make the warm-up's image
     from PIL import Image as PILImage
 
     t0 = time.perf_counter()
@@ -240,27 +240,27 @@ def warm(retriever: Retriever) -> float:
 
 def search_image(retriever: Retriever, *, image: bytes | None = None, image_id: str | None = None, top_k: int,
                  max_pixels: int | None = None, deadline: float | None = None, where=None) -> Retrieval:
-    """The top_k nearest live pictures of a picture: given as encoded bytes (`image`: JPEG, PNG, WebP, ...; embedded
-    by the index's vision tower) or as the id of an indexed picture (`image_id`: its cached row). max_pixels: the
-    most pixels a picture's header may announce (serve.max_image_pixels; None: PIL's own limit); deadline: a
-    time.monotonic() past which the search stops before its next stage. Raises UnusablePicture (bad bytes, no
-    tower; PictureTooLarge past max_pixels), UnknownPicture (no live picture of that id), Expired, or CfirError
-    (arguments). where: filters on the pictures' fields (`cfir_jax.retrieve.filters`): only pictures that pass
-    answer (the query picture itself need not pass).
+    """The top_k nearest live images of an image: given as encoded bytes (`image`: JPEG, PNG, WebP, ...; embedded
+    by the index's vision tower) or as the id of an indexed image (`image_id`: its cached row). max_pixels: the
+    most pixels an image's header may announce (serve.max_image_pixels; None: PIL's own limit); deadline: a
+    time.monotonic() past which the search stops before its next stage. Raises UnusableImage (bad bytes, no
+    tower; QueryImageTooLarge past max_pixels), UnknownImage (no live image of that id), Expired, or CfirError
+    (arguments). where: filters on the images' fields (`cfir_jax.retrieve.filters`): only images that pass
+    answer (the query image itself need not pass).
 
     times_ms: decode, tower (and tower_load on the query that made it) or lookup; search; hits."""
     if (image is None) == (image_id is None):
-        raise CfirError("give a picture's bytes (image) or an indexed picture's id (image_id), not both or neither")
+        raise CfirError("give an image's bytes (image) or an indexed image's id (image_id), not both or neither")
     if check_top_k(top_k) < 1:  # an int; the doors held it to retrieval.top_k (the rule), a search needs one hit
         raise QueryRefused(f"top_k={top_k} out of range: at least 1")
     if image is not None and not (isinstance(image, (bytes, bytearray, memoryview)) and len(image)):
-        raise UnusablePicture("the picture is empty" if isinstance(image, (bytes, bytearray, memoryview))
-                              else f"image must be the picture's bytes, got {type(image).__name__}")
+        raise UnusableImage("the image is empty" if isinstance(image, (bytes, bytearray, memoryview))
+                            else f"image must be the image's bytes, got {type(image).__name__}")
     engine = prepare(retriever)
     times: dict[str, float] = {}
     pixels = engine.decode(bytes(image), max_pixels, times) if image is not None else None  # outside the lock
     with engine.lock:
-        _in_time(deadline, "embedding the picture" if image is not None else "its search")
+        _in_time(deadline, "embedding the image" if image is not None else "its search")
         if pixels is not None:
             query, query_norm = engine.embed(pixels, times), 1.0
             _in_time(deadline, "its search")

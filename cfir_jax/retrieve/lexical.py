@@ -1,10 +1,10 @@
-"""BM25 at query time (beyond the paper): the document as the query over the pictures' own text (W/lexical).
+"""BM25 at query time (beyond the paper): the document as the query over the images' own text (W/lexical).
 
 Three uses, one method each (`cfir_jax.retrieve.methods`): `bm25` answers with BM25's top `retrieval.lexical.top_k`;
 `cfir_bm25` adds each document's top M (`retrieval.lexical.candidates`) to CFIR's candidate union, which SR scores
 like any other candidate; `cfir_bm25_fused` fuses SR's ranking with BM25's by reciprocal rank,
-w_sr / (rrf_k + rank_sr) + fuse_weight / (rrf_k + rank_bm25) with w_sr = 1 (a list a picture is missing from adds
-nothing). Removed pictures are dropped inside the search (`cfir_jax.search.bm25`), so no use returns one.
+w_sr / (rrf_k + rank_sr) + fuse_weight / (rrf_k + rank_bm25) with w_sr = 1 (a list an image is missing from adds
+nothing). Removed images are dropped inside the search (`cfir_jax.search.bm25`), so no use returns one.
 """
 
 from __future__ import annotations
@@ -44,7 +44,7 @@ class LexicalSearch:
 
     def search_many(self, texts: Sequence[str], k: int | None = None, langs: Sequence[str | None] = (),
                     live: LiveRows | None = None) -> list[Ranked]:
-        """Each text's top k (default retrieval.lexical.top_k) pictures of `live` (None: the version's live rows):
+        """Each text's top k (default retrieval.lexical.top_k) images of `live` (None: the version's live rows):
         (scores, rows), best first; `langs`: each text's language (English where not given)."""
         k = int(k or self.cfg.top_k)
         langs = list(langs) + [None] * (len(texts) - len(langs))

@@ -4,7 +4,7 @@ A method says what it reads (entities, the summary, the document), how it encode
 ranks one document given its candidate lists: CFIR leaves the union to SR (batched by the Retriever) and falls back
 to the whole cache when the document has no usable entity; `dense_document` and `dense_summary` search the whole
 cache exactly with the full document's or the summary's embedding; `entity_only` ranks the union by each image's
-best entity score. Beyond the paper, over the pictures' own text (W/lexical, `cfir_jax.retrieve.lexical`): `bm25`
+best entity score. Beyond the paper, over the images' own text (W/lexical, `cfir_jax.retrieve.lexical`): `bm25`
 answers with BM25's ranking of the document; `cfir_bm25` is CFIR with BM25's top M in the union; `cfir_bm25_fused` is
 CFIR's ranking fused with BM25's.
 """
@@ -147,7 +147,7 @@ class EntityOnly(Method):
 
 @METHODS.register
 class Bm25(Method):
-    """BM25 of the document over the pictures' own text: its top retrieval.lexical.top_k, cut to retrieval.top_k (no
+    """BM25 of the document over the images' own text: its top retrieval.lexical.top_k, cut to retrieval.top_k (no
     model, no entities)."""
 
     name = "bm25"
@@ -173,7 +173,7 @@ class Bm25(Method):
 
 @METHODS.register
 class CfirBm25(Cfir):
-    """CFIR with each document's top retrieval.lexical.candidates BM25 pictures in the union SR scores."""
+    """CFIR with each document's top retrieval.lexical.candidates BM25 images in the union SR scores."""
 
     name = "cfir_bm25"
     uses_lexical = True

@@ -10,7 +10,7 @@ The parts: the stores, opened and checked once (`cfir_jax.retrieve.stores`); ER,
 no-entity fallback to the whole cache, which the result's note states; the SR front end (CPU or device, exact or
 fast, fused with the image text or not); the third stage; and one small class per method
 (`cfir_jax.retrieve.methods`: cfir, dense_document, dense_summary, entity_only; beyond the paper, BM25 over the
-pictures' own text, `cfir_jax.retrieve.lexical`: bm25, cfir_bm25, cfir_bm25_fused). `retrieve` is `retrieve_many`.
+images' own text, `cfir_jax.retrieve.lexical`: bm25, cfir_bm25, cfir_bm25_fused). `retrieve` is `retrieve_many`.
 
 SR scores the union exactly, as the paper does (`retrieval.sr="exact"`), or through the compact int8 copy and an
 exact re-rank of a shortlist (`"fast"`, ~16x faster at 4M images, top-1000 agreement ~0.9998). Evaluation uses
@@ -85,9 +85,9 @@ class Retrieval:
     rerank_features: np.ndarray | None = None  # [n, F] of SR's top-n, when the retriever collects them (fitting)
     lexical_added: int = 0  # candidates BM25 added beyond ER's union (cfir_bm25, cfir_bm25_fused)
     lang: str = "en"  # the document's language (stated or found: cfir_jax.retrieve.query_language)
-    passed: tuple[int, int] | None = None  # a filter's count: (pictures that pass it, of the live); None: no filter
+    passed: tuple[int, int] | None = None  # a filter's count: (images that pass it, of the live); None: no filter
     ranked_rows: np.ndarray | None = None  # the union SR scored, kept where the document asks for facets
-    facets: tuple[dict, int] | None = None  # (counts, pictures counted) where asked (cfir_jax.retrieve.facets)
+    facets: tuple[dict, int] | None = None  # (counts, images counted) where asked (cfir_jax.retrieve.facets)
 
 
 @dataclasses.dataclass
@@ -99,7 +99,7 @@ class DocumentInput:
     entities: list[str] | None = None
     summary: str | None = None
     lang: str | None = None  # its language: the corpus', or stated; None: found (cfir_jax.retrieve.query_language)
-    where: tuple[Condition, ...] = ()  # only pictures passing these conditions are ranked (its query's `where`)
+    where: tuple[Condition, ...] = ()  # only images passing these conditions are ranked (its query's `where`)
     fold: bool = True  # its query's: near-duplicates folded under each one shown (cfir_jax.retrieve.duplicates)
     facets: tuple[str, ...] = ()  # its query's: the fields counted over what it ranked (cfir_jax.retrieve.facets)
 
@@ -394,6 +394,6 @@ class Retriever:
 
 
 def _shown(image) -> tuple[str, str, dict]:
-    """What a hit shows of a picture of the corpus (`cfir_jax.data.corpus.Image`): its caption, url and own fields,
+    """What a hit shows of an image of the corpus (`cfir_jax.data.corpus.Image`): its caption, url and own fields,
     their nulls left out (a null is no value, docs/filters.md)."""
     return image.caption, image.url, {k: v for k, v in image.fields.items() if v is not None}

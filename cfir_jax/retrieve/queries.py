@@ -21,7 +21,7 @@ MAX_QUERIES_BYTES = 1 << 30
 
 def read_bounded(path: str | Path, what: str, limit: int, too_large: Callable[[int], str],
                  error: type[CfirError] = CfirError) -> bytes:
-    """The bytes of a file a user named (`what`: "query file", "picture"), refused in one line (`error`) when
+    """The bytes of a file a user named (`what`: "query file", "image"), refused in one line (`error`) when
     missing, not a regular file, empty, or over `limit` bytes (`too_large(size)`: what the refusal says after
     "is")."""
     path = Path(path)

@@ -119,9 +119,9 @@ def table(result: Result, top: int) -> str:
         lines.append(f"note: {result.note}")
     lines.append(f"candidates: {result.num_candidates:,}; " +
                  ", ".join(f"{k} {v:.1f} ms" for k, v in result.times_ms.items()))
-    for field, counts in (result.facets or {}).items():  # the facets asked, over the pictures the query ranked
+    for field, counts in (result.facets or {}).items():  # the facets asked, over the images the query ranked
         lines.append(f"facet {field} (of {result.ranked:,} ranked): " +
-                     (", ".join(f"{v} {n:,}" for v, n in counts.items()) or "(no picture has it)"))
+                     (", ".join(f"{v} {n:,}" for v, n in counts.items()) or "(no image has it)"))
     rows = [("rank", "image", "score", "caption / url", "brought in by")]
     for h in result.hits[:top]:
         folded = f" (+{len(h.duplicates)} near-duplicate{'s' * (len(h.duplicates) > 1)})" if h.duplicates else ""
@@ -226,15 +226,15 @@ def _own_fields(fields) -> str:
 
 
 def _facets(result: Result) -> str:
-    """The counts of the facets asked (over the pictures ranked), each value a link the page turns into a filter."""
+    """The counts of the facets asked (over the images ranked), each value a link the page turns into a filter."""
     if not result.facets:
         return ""
     rows = []
     for name, counts in result.facets.items():
         values = " ".join(f'<a href="#" class="facet" data-field="{html.escape(name)}" data-value="{html.escape(v)}">'
                           f'{html.escape(v)}</a>&nbsp;({n:,})' for v, n in counts.items())
-        rows.append(f"<p><b>{html.escape(name)}</b>: {values or '(no picture has it)'}</p>")
-    return f'<div class="facets"><p>Counts over the {result.ranked or 0:,} pictures ranked:</p>{"".join(rows)}</div>'
+        rows.append(f"<p><b>{html.escape(name)}</b>: {values or '(no image has it)'}</p>")
+    return f'<div class="facets"><p>Counts over the {result.ranked or 0:,} images ranked:</p>{"".join(rows)}</div>'
 
 
 def html_page(result: Result, image_bytes: Callable[[str], bytes], top: int) -> str:
@@ -263,7 +263,7 @@ def html_page(result: Result, image_bytes: Callable[[str], bytes], top: int) -> 
              ".dups{margin-top:4px;color:#555}.dups img{width:40px;height:40px;object-fit:cover;margin:2px 2px 0 0;"
              "border:1px solid #ccc}.fields{margin-top:4px;color:#333}.facets{font-size:13px}")
     document = (f"<p><b>Entities:</b> {html.escape(', '.join(result.entities) or '(none)')}</p>"
-                f"<p><b>Summary:</b> {html.escape(result.summary)}</p>") if result.summary else ""  # a picture: none
+                f"<p><b>Summary:</b> {html.escape(result.summary)}</p>") if result.summary else ""  # an image: none
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>CFIR: {html.escape(doc_id)}</title>"
             f"<style>{style}</style></head><body><h1>{html.escape(doc_id)}</h1>{document}"
             f"{'<p><b>Note:</b> ' + html.escape(result.note) + '</p>' if result.note else ''}"

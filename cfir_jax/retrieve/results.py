@@ -33,14 +33,14 @@ class Hit:
     url: str  # where the image comes from ('' when unknown)
     entities: tuple[str, ...] = ()  # the document's entities whose candidate lists brought this image in
     duplicates: tuple[str, ...] = ()  # the ids of its near-duplicates folded under it, best first (docs/duplicates.md)
-    # the picture's own fields as its images row gave them (date, source, license, tags, ...: docs/filters.md), its
+    # the image's own fields as its images row gave them (date, source, license, tags, ...: docs/filters.md), its
     # nulls left out; empty for a collection without fields (the JSON then has no "fields", as before)
     fields: Mapping[str, Any] = dataclasses.field(default_factory=dict, hash=False)
 
 
 @dataclasses.dataclass(frozen=True)
 class Result:
-    """The answer for one document (or picture): its hits and how they were found."""
+    """The answer for one document (or image): its hits and how they were found."""
 
     id: str  # the query's id (a document's, or "query")
     hits: tuple[Hit, ...]
@@ -54,12 +54,12 @@ class Result:
     # fast SR's top-k overlap with exact scoring, when measured (`retrieve.py --qrels`); not in the JSON
     sr_agreement: float | None = dataclasses.field(default=None, compare=False)
     lang: str = "en"  # the document's language, stated or found (docs/languages.md)
-    # a filter's count: the pictures that pass the query's filters, of the live pictures (None: no filter); the note
+    # a filter's count: the images that pass the query's filters, of the live images (None: no filter); the note
     # says it in words, the JSON carries the note only
     passed: int | None = dataclasses.field(default=None, compare=False)
     live: int | None = dataclasses.field(default=None, compare=False)
-    # the facets asked (docs/filters.md): {field: {value: pictures}}, the 20 largest values of each, over the `ranked`
-    # pictures the query ranked (near-duplicates folded count once); None: none asked (the JSON then has neither)
+    # the facets asked (docs/filters.md): {field: {value: images}}, the 20 largest values of each, over the `ranked`
+    # images the query ranked (near-duplicates folded count once); None: none asked (the JSON then has neither)
     facets: Mapping[str, Mapping[str, int]] | None = None
     ranked: int | None = None
     # What evaluation and the fits read beyond the JSON (never sent, not compared): the hits' cache rows (a fit
@@ -95,7 +95,7 @@ class Result:
 
     def to_json(self) -> dict:
         """The JSON object of `retrieve.py --format json` and of `POST /v1/search` (keys in that order; "facets"
-        and "ranked" last, only where facets were asked; a hit's "fields" last, only where its picture has any)."""
+        and "ranked" last, only where facets were asked; a hit's "fields" last, only where its image has any)."""
         counted = {} if self.facets is None else {
             "facets": {f: dict(c) for f, c in self.facets.items()}, "ranked": self.ranked}
         return {

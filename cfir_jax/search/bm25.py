@@ -1,7 +1,7 @@
 """BM25 search over a term-major score matrix (`cfir_jax.stores.lexical`): a query touches only its terms' postings.
 
 A document used as a query is long (~400 words, ~150 distinct terms after stop words), and its common terms each
-post to a large share of the collection: summing every posting and then taking the top k of all N pictures would
+post to a large share of the collection: summing every posting and then taking the top k of all N images would
 cost O(N) per query (~40 ms at 4M for the top-k alone). Instead:
 
 - only the touched rows are accumulated, in a float32 buffer of N kept per thread and reset after each query, and the

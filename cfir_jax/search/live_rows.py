@@ -8,14 +8,14 @@ object, built once when the stores open:
 - where a whole-cache search comes back (the dense baselines, CFIR's no-entity fallback, unseen entities searched at
   query time, exact or ScaNN): with few rows removed (R <= k), the search is asked for k + R rows (`fetch`) and
   `top` keeps each query's first k live ones. At most R of the k + R best are removed, so the top k stays exact,
-  and the search programs stay as they are. With more removed (a filter that passes 10% of 1M pictures fails
+  and the search programs stay as they are. With more removed (a filter that passes 10% of 1M images fails
   900k), over-fetching would sort k + R scores per query, so `search` scores the live rows alone (`ids`: their
   sorted row ids, gathered by the search, which numbers its answers as the cache does). Both ways give the same
   rows and bit-equal scores: the gathered rows are scored in the whole search's block shapes.
 
 With nothing removed every method is the identity (no copy, no extra rows fetched).
 
-A filter on the pictures' fields (`cfir_jax.retrieve.filters`) narrows the rows for one call: the rows it fails
+A filter on the images' fields (`cfir_jax.retrieve.filters`) narrows the rows for one call: the rows it fails
 count as removed in the `LiveRows` it makes, and that object is an argument of every part the call runs (ER's lists,
 BM25, SR's whole-cache searches, the result's count; `cfir_jax.retrieve.pipeline.Retriever.retrieve_many(docs,
 live=...)`), so a reader and a static trace see which rows a search may return. The stores hold the version's own
@@ -100,7 +100,7 @@ class LiveRows:
         return self.num_removed > int(k) and self.num_live > 0
 
     def without(self, rows: np.ndarray) -> LiveRows:
-        """These rows with `rows` counted as removed as well (the pictures a folded search set aside)."""
+        """These rows with `rows` counted as removed as well (the images a folded search set aside)."""
         removed = np.zeros(self.num_rows, bool) if self.removed is None else self.removed.copy()
         removed[np.asarray(rows, np.int64)] = True
         return LiveRows(removed, self.num_rows)

@@ -32,9 +32,9 @@ from cfir_jax.core.errors import CfirError, first_line
 from cfir_jax.core.query_rule import FilterLimits, check_facets, check_id, check_lang
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.errors import ClientGone, Refused, ServiceError, http_answer
+from cfir_jax.serve.image_search import image_routes
 from cfir_jax.serve.middleware import RequestGuard
 from cfir_jax.serve.page import PAGE
-from cfir_jax.serve.picture import picture_routes
 from cfir_jax.serve.service import SearchService
 
 log = logging.getLogger("cfir_jax.serve")
@@ -43,8 +43,8 @@ SHOWN = 20  # hits a request gets by default, as retrieve.py shows on stdout
 TEXT = Field(description="the document (plain UTF-8 text)", json_schema_extra={"type": "string"})
 TOP_K = Field(SHOWN, description="hits to return, 1 .. retrieval.top_k", json_schema_extra={"type": "integer"})
 LANG = Field(None, description="its language (ISO 639-1); default: found", json_schema_extra={"type": "string"})
-WHERE = Field(None, description="the pictures' filters, AND: lines ('source=ap') or [field, op, value(s)] triples")
-FACETS = Field(None, description="fields whose values are counted over the pictures ranked ('source', 'tags')")
+WHERE = Field(None, description="the images' filters, AND: lines ('source=ap') or [field, op, value(s)] triples")
+FACETS = Field(None, description="fields whose values are counted over the images ranked ('source', 'tags')")
 
 
 class SearchRequest(BaseModel):
@@ -138,7 +138,7 @@ def create_app(svc: SearchService) -> FastAPI:
 
     _error_handlers(app)
     _search_routes(app)
-    picture_routes(app)  # POST /v1/search/image: search by picture
+    image_routes(app)  # POST /v1/search/image: search by image
 
     @app.get("/healthz", summary="alive")
     async def healthz() -> dict:

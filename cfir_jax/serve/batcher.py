@@ -221,7 +221,7 @@ class MicroBatcher:
                     result.times_ms["entities"] = result.times_ms.get("entities", 0.0) + entity_ms
                 self.metrics.observe_stages(result.times_ms)
             if job.html:  # the HTML report's gallery (`retrieve.py --html`), the images inline from the corpus
-                answers.append(report.html_page(mine[0], index.picture, job.top_k))
+                answers.append(report.html_page(mine[0], index.image_bytes, job.top_k))
             else:
                 answers.append([report.as_json(result, job.top_k) for result in mine])
         for job, answer in zip(jobs, answers):

@@ -1,8 +1,8 @@
 """The service's refusals as the project's own errors, and the one table that answers each over HTTP.
 
-The Service and the parts under it (`cfir_jax.serve.service`, the picture queue, the request guard) raise these, never
+The Service and the parts under it (`cfir_jax.serve.service`, the image queue, the request guard) raise these, never
 an HTTP exception; `STATUSES` says the status of each (and of the library's refusals a search can meet: the query
-rule's, a picture's, a store's), and `http_answer` makes an error the (status, one line, headers) every door answers
+rule's, an image's, a store's), and `http_answer` makes an error the (status, one line, headers) every door answers
 with. Two readers use it: the app's exception handlers (`cfir_jax.serve.app`), and a Ray front, whose refusal crosses
 Ray as that triple and is raised again at the gateway as `Refused` (`cfir_jax.cluster.deployments`,
 `cfir_jax.cluster.gateway`), so both engines answer a refusal alike.
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from cfir_jax.core.errors import CfirError, StoreError, first_line
 from cfir_jax.core.query_rule import QueryRefused
-from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, UnsupportedPicture
+from cfir_jax.retrieve.image_query import Expired, QueryImageTooLarge, UnknownImage, UnsupportedImage
 
 __all__ = ["STATUSES", "Busy", "ClientGone", "DeadlinePassed", "Refused", "ServiceError", "Unavailable",
            "http_answer"]
@@ -73,14 +73,14 @@ STATUSES: tuple[tuple[type[BaseException], int | None], ...] = (
     (QueryRefused, None),  # the one rule of a query (and a filter): 413 or 422
     (Busy, 503),  # with Retry-After
     (DeadlinePassed, 504),
-    (Expired, 504),  # a picture search stopped at its next stage past the deadline
+    (Expired, 504),  # an image search stopped at its next stage past the deadline
     (ClientGone, 499),
     (Unavailable, 503),
     (StoreError, 503),  # damage on disk met by a query (CorruptStore), a store gone: /readyz says so too
-    (PictureTooLarge, 413),
-    (UnsupportedPicture, 415),  # a format outside the allow-list (cfir_jax.data.image_decode.FORMATS), unread
-    (UnknownPicture, 404),
-    (CfirError, 422),  # any other refusal of what the request gave (a picture that does not decode)
+    (QueryImageTooLarge, 413),
+    (UnsupportedImage, 415),  # a format outside the allow-list (cfir_jax.data.image_decode.FORMATS), unread
+    (UnknownImage, 404),
+    (CfirError, 422),  # any other refusal of what the request gave (an image that does not decode)
 )
 
 

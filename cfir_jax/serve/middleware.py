@@ -6,12 +6,12 @@ answer made readable, and its count, status and latency in /metrics.
   passes the bound, and a body that stops arriving for serve.deadline_ms is refused 408: a client that sends half a
   body and waits holds no handler. A body must also arrive whole within serve.body_deadline_ms of its request's
   start, whatever its pace: a body dripped a byte at a time, each byte in time for the stall's bound, is refused 408
-  there too, and its connection closed. A search takes a slot (the batcher's queue, the picture queue) only once
+  there too, and its connection closed. A search takes a slot (the batcher's queue, the image queue) only once
   its body is read, so dripping connections hold none.
-- An answer sent before the body was read whole (those two, a 404, a refused picture) is followed by reading the
+- An answer sent before the body was read whole (those two, a 404, a refused image) is followed by reading the
   rest of the body and dropping it, for up to `DRAIN_S`, before the answer ends. A server that closes a connection
   with unread data in it makes its TCP reset the connection, and a client still sending then loses the answer: it
-  sees a reset, takes the request for unanswered, and sends it again (the issue 51 client sent a 32 MB picture 8
+  sees a reset, takes the request for unanswered, and sends it again (the issue 51 client sent a 32 MB image 8
   times in 4 s and never saw the 413). A client that asked `Expect: 100-continue` sends no body after an early
   answer, so nothing is read then.
 - A client that goes away mid-body ends its request quietly (499 in the counts): no handler error, no traceback.

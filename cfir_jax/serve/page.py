@@ -1,14 +1,14 @@
 """The page at `GET /`: paste a document, see the gallery `retrieve.py --html` draws (POST /v1/search/html).
 
 `/#q=TEXT` (URL-encoded) fills the box and searches at once: a link to a query, and how the screenshot test drives it;
-`&where=F1;F2` fills the filters on the pictures' fields (docs/filters.md) first, `&top_k=N` the hits; `&fold=0`
+`&where=F1;F2` fills the filters on the images' fields (docs/filters.md) first, `&top_k=N` the hits; `&fold=0`
 shows near-duplicates in a row instead of folded under the best-ranked of each group (docs/duplicates.md);
-`/#image_id=ID` searches by that indexed picture instead.
+`/#image_id=ID` searches by that indexed image instead.
 
 As a picture desk uses it (docs/filters.md): the gallery shows each hit's own fields (date, source, license, tags);
 the page asks the counts (facets) of the fields it has seen on hits, every kind but a number's, and shows them above
 the hits; a click on a value adds `field=value` to the filters and searches again (a date's month, `date=2020-06`,
-which a filter reads at month precision); a click on a hit's picture searches by that picture (POST
+which a filter reads at month precision); a click on a hit's image searches by that image (POST
 /v1/search/image/html with its id and the filters: the same gallery, each hit's pixels inline as a text search's, else
 its http(s) url), and a click on one of those searches again. Which fields to count is learned from the hits rather
 than asked of the index: it needs no door of its own on either engine, and a collection without fields asks none and
@@ -35,9 +35,9 @@ images and ranks them with the document's summary. API: <code>POST /v1/search</c
 <form id="form">
 <textarea id="text" placeholder="Paste a document here" required></textarea>
 <div class="row"><label>hits <input id="top_k" type="number" min="1" value="20" style="width:5em"></label>
-<label>only pictures with <input id="where" placeholder="date<=2020-06-30; source=reuters; license in cc-by,cc0"
- style="width:28em" title="filters on the pictures' own fields, separated by ';' and joined by AND"></label>
-<label title="show each group of near-identical pictures once, the others under it"><input id="fold"
+<label>only images with <input id="where" placeholder="date<=2020-06-30; source=reuters; license in cc-by,cc0"
+ style="width:28em" title="filters on the images' own fields, separated by ';' and joined by AND"></label>
+<label title="show each group of near-identical images once, the others under it"><input id="fold"
  type="checkbox" checked> fold near-duplicates</label>
 <button type="submit">Search</button><span id="status"></span></div>
 </form>
@@ -47,7 +47,7 @@ const form = document.getElementById("form"), status = document.getElementById("
 const gallery = document.getElementById("gallery"), box = document.getElementById("text");
 const whereBox = document.getElementById("where");
 let counted = [];  // the fields whose values the page counts: those seen on hits, every kind but a number's
-let last = null;   // the last search (text or picture), run again when a filter or a counted field is added
+let last = null;   // the last search (text or image), run again when a filter or a counted field is added
 const filters = () => whereBox.value.split(";").map((w) => w.trim()).filter(Boolean);
 const options = () => ({top_k: parseInt(document.getElementById("top_k").value || "20"), where: filters(),
   fold: document.getElementById("fold").checked, ...(counted.length ? {facets: counted} : {})});
@@ -70,9 +70,9 @@ async function search() {
   const r = await ask("/v1/search/html", {text: box.value, ...options()});
   if (r) { gallery.srcdoc = await r.text(); gallery.hidden = false; }
 }
-async function byPicture(id) {  // the gallery of the pictures like it, drawn as a text search's
-  last = () => byPicture(id);
-  const r = await ask("/v1/search/image/html", {image_id: id, id: `pictures like ${id}`, ...options()});
+async function byImage(id) {  // the gallery of the images like it, drawn as a text search's
+  last = () => byImage(id);
+  const r = await ask("/v1/search/image/html", {image_id: id, id: `images like ${id}`, ...options()});
   if (r) { gallery.srcdoc = await r.text(); gallery.hidden = false; }
 }
 function addFilter(field, value) {
@@ -80,14 +80,14 @@ function addFilter(field, value) {
   if (!filters().includes(line)) { whereBox.value = filters().concat([line]).join("; "); }
   if (last) { last(); }
 }
-gallery.addEventListener("load", () => {  // wires the gallery's values and pictures; learns the fields to count
+gallery.addEventListener("load", () => {  // wires the gallery's values and images; learns the fields to count
   const d = gallery.contentDocument;
   if (!d) { return; }
   d.querySelectorAll("a.facet").forEach((a) => a.addEventListener("click", (e) => {
     e.preventDefault(); addFilter(a.dataset.field, a.dataset.value); }));
   d.querySelectorAll("img[data-image-id]").forEach((img) => {
-    img.style.cursor = "pointer"; img.title = "search by this picture";
-    img.addEventListener("click", () => byPicture(img.dataset.imageId)); });
+    img.style.cursor = "pointer"; img.title = "search by this image";
+    img.addEventListener("click", () => byImage(img.dataset.imageId)); });
   const seen = [...d.querySelectorAll("span.own[data-facet='1']")].map((s) => s.dataset.field);
   const fresh = [...new Set(seen)].filter((f) => !counted.includes(f));
   if (fresh.length && last) { counted = counted.concat(fresh); last(); }  // once per new field: then counted
@@ -97,7 +97,7 @@ const hash = new URLSearchParams(location.hash.slice(1)), q = hash.get("q");
 if (hash.get("where")) { document.getElementById("where").value = hash.get("where"); }
 if (hash.get("top_k")) { document.getElementById("top_k").value = hash.get("top_k"); }
 if (hash.get("fold") === "0") { document.getElementById("fold").checked = false; }
-if (hash.get("image_id")) { byPicture(hash.get("image_id")); } else if (q) { box.value = q; search(); }
+if (hash.get("image_id")) { byImage(hash.get("image_id")); } else if (q) { box.value = q; search(); }
 </script>
 </body></html>
 """

@@ -1,4 +1,4 @@
-"""The service a process serves, without HTTP: the resident index, the micro-batcher, the picture queue, the metrics,
+"""The service a process serves, without HTTP: the resident index, the micro-batcher, the image queue, the metrics,
 the background verification and the reloads (`Service`), and the interface the HTTP app calls (`SearchService`), which
 a Ray gateway implements too (`cfir_jax.cluster.gateway.GatewayService`).
 
@@ -23,8 +23,8 @@ from cfir_jax.core.query_rule import check_text as rule_text
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.batcher import Dropped, Job, MicroBatcher, QueueFull
 from cfir_jax.serve.errors import Busy, ClientGone, DeadlinePassed, Refused
+from cfir_jax.serve.image_search import ImageQueue, Shown, body_limit
 from cfir_jax.serve.metrics import Metrics
-from cfir_jax.serve.picture import PictureQueue, Shown, body_limit
 from cfir_jax.serve.resident import IndexHolder
 from cfir_jax.serve.verifier import BackgroundVerifier
 
@@ -37,7 +37,7 @@ def check_text(settings, text: object, what: str) -> str:
 
 
 def max_body(settings) -> int:
-    """The largest request body a service reads: a batch of documents (JSON escapes) or a picture (base64)."""
+    """The largest request body a service reads: a batch of documents (JSON escapes) or an image (base64)."""
     return max(8 * settings.max_text_bytes * max(1, settings.max_batch_docs), body_limit(settings.max_image_bytes))
 
 
@@ -67,9 +67,9 @@ class SearchService(Protocol):
     async def answer(self, docs: list[DocumentInput], method: str, top_k: int, html: bool = False,
                      gone_when: Callable[[], Awaitable] | None = None) -> tuple[object, dict]: ...
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                             where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False
-                             ) -> tuple[str, dict]: ...
+    async def search_image(self, image: bytes | None, image_id: str | None, top_k: object, qid: str,
+                           where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False
+                           ) -> tuple[str, dict]: ...
 
     def readiness(self) -> tuple[bool, dict]: ...
 
@@ -95,7 +95,7 @@ class Service:
         self.verifier = BackgroundVerifier(lambda: self.holder.current.workdir, float(settings.verify_mb_per_s),
                                            float(settings.verify_interval_s))
         self.max_body = max_body(settings)
-        self.pictures = PictureQueue(settings, self.metrics)
+        self.images = ImageQueue(settings, self.metrics)
 
     def watch_pool(self, index) -> None:
         """Counts the entity pool's worker restarts in /metrics (each is also logged in one line by the pool)."""
@@ -158,13 +158,13 @@ class Service:
             raise ClientGone()
         raise DeadlinePassed(f"deadline of {self.settings.deadline_ms:g} ms passed (serve.deadline_ms)")
 
-    async def search_picture(self, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
-                             where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
-        """A checked picture request's answer (JSON, or the HTML gallery when `html`) and headers
-        (`cfir_jax.serve.picture`), from the resident index, through the bounded picture queue; only pictures
+    async def search_image(self, image: bytes | None, image_id: str | None, top_k: object, qid: str,
+                           where: tuple = (), fold: bool = True, facets: tuple = (), html: bool = False):
+        """A checked image request's answer (JSON, or the HTML gallery when `html`) and headers
+        (`cfir_jax.serve.image_search`), from the resident index, through the bounded image queue; only images
         passing `where` answer, folded unless not `fold`, with the `facets` asked."""
-        answer, version = await self.pictures.answer(self.holder, picture, image_id, top_k, qid, where,
-                                                     Shown(fold, facets, html))
+        answer, version = await self.images.answer(self.holder, image, image_id, top_k, qid, where,
+                                                   Shown(fold, facets, html))
         return answer, {VERSION_HEADER: str(version)}
 
     def refresh_metrics(self) -> None:
@@ -197,5 +197,5 @@ class Service:
         self.stopping = True
         self.verifier.stop()
         await asyncio.to_thread(self.batcher.stop)
-        await asyncio.to_thread(self.pictures.stop)
+        await asyncio.to_thread(self.images.stop)
         await asyncio.to_thread(self.holder.close)

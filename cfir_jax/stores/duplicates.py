@@ -1,15 +1,15 @@
-"""Near-duplicate pictures as groups, one label per image cache row: what a search folds (docs/duplicates.md).
+"""Near-duplicate images as groups, one label per image cache row: what a search folds (docs/duplicates.md).
 
 Layout of the store directory (kind "duplicates"), rows in the image cache's row order:
   edges.npy       int32 [E, 2]: the pairs (i < j) of rows whose embeddings' cosine is at least the threshold, as the
                   neighbour search found them (removed rows included: a removal or a compaction regroups from them)
-  group.npy       int32 [N]: each live row's group, named by its smallest live row (a picture alone is its own
+  group.npy       int32 [N]: each live row's group, named by its smallest live row (an image alone is its own
                   group: group[r] == r); -1 for a removed row
-  manifest.json   format version, threshold, neighbours, num_rows, num_edges, num_groups (of two or more pictures),
-                  num_folded (pictures a search can fold under another), the image cache build it follows
+  manifest.json   format version, threshold, neighbours, num_rows, num_edges, num_groups (of two or more images),
+                  num_folded (images a search can fold under another), the image cache build it follows
                   (cache_fingerprint), its ids (ids_sha) and its removals (removed_sha)
 
-A group is a connected component of the threshold graph over the live pictures (`cfir_jax.builders.duplicates`
+A group is a connected component of the threshold graph over the live images (`cfir_jax.builders.duplicates`
 builds it and follows each change of the collection).
 """
 

@@ -2,7 +2,7 @@
 
 CFIR's coarse stage starts from the named entities of a document: each entity text is encoded by the frozen text
 path and its top-K images form a candidate list; the union of the lists of a document's entities is what the
-summary embedding scores. This module finds the entities (spaCy NER, only the labels of things a picture can show)
+summary embedding scores. This module finds the entities (spaCy NER, only the labels of things an image can show)
 and writes them as a compressed-sparse-row store: one shared entity vocabulary and, per document, the ids of its
 entities. An entity keeps the surface form spaCy gives (whitespace collapsed), which is what gets encoded: "The Who",
 "The Hague", "McDonald's" and "St. John's" are names, and stripping "The" or "'s" would encode another string. Only

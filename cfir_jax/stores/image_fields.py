@@ -1,4 +1,4 @@
-"""The pictures' own fields as typed columns, one row per image cache row: what the filters read (docs/filters.md).
+"""The images' own fields as typed columns, one row per image cache row: what the filters read (docs/filters.md).
 
 Layout of the store directory (kind "image_fields"), rows in the image cache's row order:
   col-0000.npy        one array [N] per field, in the manifest's `columns` order: a date as int64 UTC seconds, a
@@ -11,7 +11,7 @@ Layout of the store directory (kind "image_fields"), rows in the image cache's r
                       (timezone: index.fields.timezone), the image cache build it follows (cache_fingerprint) and its
                       ids (ids_sha)
 
-A field's type is the collection's (`cfir_jax.core.picture_fields`). The builder is `cfir_jax.builders.image_fields`;
+A field's type is the collection's (`cfir_jax.core.image_field_types`). The builder is `cfir_jax.builders.image_fields`;
 an add appends rows (new fields become columns, MISSING for the older rows), a compact keeps the rows the image cache
 keeps, and a removal needs nothing (removed rows are never returned: `cfir_jax.search.live_rows`). Format 2 added
 booleans, lists and the zone; a store of format 1 is refused in one line (index.py rebuilds it).
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
-from cfir_jax.core.picture_fields import BOOLEAN, DATE, LIST, NUMBER, STRING
+from cfir_jax.core.image_field_types import BOOLEAN, DATE, LIST, NUMBER, STRING
 from cfir_jax.stores.contract import Store
 
 KIND = "image_fields"

@@ -98,7 +98,7 @@ def write_checksums(directory: str | os.PathLike, linked_from: str | os.PathLike
 
     linked_from: the store a new version was made from by hard links (a change of the collection): a file that is
     the very same file there (same inode) keeps the checksum recorded there instead of being read again, so staging
-    a grown corpus reads its new rows, not every picture it already had."""
+    a grown corpus reads its new rows, not every image it already had."""
     directory = Path(directory)
     known = _linked_records(directory, Path(linked_from)) if linked_from is not None else {}
     files = {}

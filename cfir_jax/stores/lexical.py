@@ -1,29 +1,29 @@
-"""The lexical store: BM25 over what each picture says about itself, for names the text tower never learned.
+"""The lexical store: BM25 over what each image says about itself, for names the text tower never learned.
 
-Beyond the paper. ER finds an entity's pictures by embedding its name; a name the frozen text tower never learned (a
-local councillor, a village) finds noise. A picture's own text (AToMiC's three caption fields; `caption` of a files
+Beyond the paper. ER finds an entity's images by embedding its name; a name the frozen text tower never learned (a
+local councillor, a village) finds noise. An image's own text (AToMiC's three caption fields; `caption` of a files
 collection, kept as `caption_reference_description`) often names it. This store scores those texts with BM25 so that a
-document can be the query: the `bm25` method (the document alone), and CFIR with BM25's top M pictures in its union
+document can be the query: the `bm25` method (the document alone), and CFIR with BM25's top M images in its union
 (`cfir_bm25`) or its ranking fused with BM25's (`cfir_bm25_fused`; `cfir_jax.retrieve.methods`).
 
-Text to terms (`terms`, the same for pictures and queries): NFC-normalised (an "ü" typed as "u" and a combining
+Text to terms (`terms`, the same for images and queries): NFC-normalised (an "ü" typed as "u" and a combining
 diaeresis is one letter, not a split), lower-cased, split by bm25s's default pattern
 `(?u)\\b\\w\\w+\\b` (words of two or more word characters), bm25s's English stop words dropped
 (`bm25s.stopwords.STOPWORDS_EN`), then stemmed by PyStemmer's Snowball English stemmer (`stemmer=""`: no stemming).
-The BM25 scores of every (term, picture) pair are computed once by `bm25s` (eager sparse scoring) with
+The BM25 scores of every (term, image) pair are computed once by `bm25s` (eager sparse scoring) with
 `method`, `k1`, `b` from the config; "robertson" (the default) is idf = log((N - df + 0.5) / (df + 0.5)) floored at 0,
 tf part tf / (tf + k1 (1 - b + b |d| / avgdl)), which equals `rank_bm25.BM25Okapi(epsilon=0)` divided by (k1 + 1)
 (tests/unit/stores/test_lexical.py holds them equal). "lucene" and "atire" are also accepted (no non-occurrence
-scores: a picture without a query term gets nothing from it).
+scores: an image without a query term gets nothing from it).
 
 Layout of the store (kind "lexical", format 2: format 1 read its terms without NFC; index.py rebuilds such a store),
 rows in the image cache's row order:
   vocab.json        [V] the terms; column j of the score matrix is vocab[j]
   indptr.npy        int64 [V + 1]  term j's postings are indices/data[indptr[j]:indptr[j + 1]]
-  indices.npy       int32 [P]      picture rows, ascending within a term
-  data.npy          float32 [P]    BM25 score of (term, picture)
-  doc_offsets.npy   int64 [N + 1]  picture r's terms are doc_terms[doc_offsets[r]:doc_offsets[r + 1]]
-  doc_terms.npy     int32 [T]      the term ids of every picture, in text order (a change of the collection re-scores
+  indices.npy       int32 [P]      image rows, ascending within a term
+  data.npy          float32 [P]    BM25 score of (term, image)
+  doc_offsets.npy   int64 [N + 1]  image r's terms are doc_terms[doc_offsets[r]:doc_offsets[r + 1]]
+  doc_terms.npy     int32 [T]      the term ids of every image, in text order (a change of the collection re-scores
                                    from them without reading the corpus again)
   manifest.json     fields, method, k1, b, stemmer, the image cache build it follows, counts
 

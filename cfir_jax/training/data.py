@@ -109,7 +109,7 @@ class FullData:
 
 def load_full_data(config: ml_collections.ConfigDict, workdir) -> FullData:
     """The train pairs of W/corpus for D-BEiT-3 Full: each pair's document text tokenised (`train.document_fields`,
-    as the text task's document baseline) and the image pipeline over the pairs' pictures. Close `batches` after."""
+    as the text task's document baseline) and the image pipeline over the pairs' images. Close `batches` after."""
     layout = Layout.of(workdir)
     if not layout.corpus.is_dir():
         raise CfirError(f"{layout.corpus}: no corpus; build it first with index.py --config CONFIG --workdir "

@@ -3,11 +3,11 @@
     python examples/collection/make.py                       # this folder, from the demo world (configs/demo.py)
     python examples/collection/make.py --size tiny --out DIR # from the tests' tiny world (configs/demo.py:tiny)
 
-It writes 10 documents of the world's test split (documents.jsonl: id, title, text), about 40 of its pictures as
-PNG files (images/<id>.png: each document's relevant pictures, then other pictures of the entities it mentions), a
-captions file (images.jsonl: id, path, caption, and the world's precomputed embedding of the picture, which is what
+It writes 10 documents of the world's test split (documents.jsonl: id, title, text), about 40 of its images as
+PNG files (images/<id>.png: each document's relevant images, then other images of the entities it mentions), a
+captions file (images.jsonl: id, path, caption, and the world's precomputed embedding of the image, which is what
 the demo's frozen vision tower stands for), the relevance judgements (qrels/test.qrels) and query.txt (the first
-document). `more/` holds the next day's batch in the same layout: 3 further documents and their 12 pictures, for
+document). `more/` holds the next day's batch in the same layout: 3 further documents and their 12 images, for
 `index.py --add`. Deterministic: the world is seeded, so a rerun rewrites the same bytes.
 """
 
@@ -31,7 +31,7 @@ MORE_DOCUMENTS = 3  # the next day's batch (more/), added with index.py --add
 
 def _pick(world, num_documents: int, per_document: int):
     """(documents, images of each document, {doc_id: {image_id: rel}}): test documents and, for each, its relevant
-    pictures first, then other pictures of its planted entities, up to `per_document` new ones."""
+    images first, then other images of its planted entities, up to `per_document` new ones."""
     test = world.qrels["test"]
     by_id = {d.doc_id: d for d in world.documents}
     depicting: dict[str, list] = {}

@@ -1,7 +1,7 @@
 """The library over the session's tiny world: `Index.search` answers what `retrieve.py --format json` prints, the
 client's answers equal `Index.search`'s (the real service in a subprocess, one process, over HTTP and through a TLS
-proxy; on Ray Serve the same check is tests/e2e/test_serve_cluster.py's, over its cluster), for documents and for a
-picture by its id, their refusals
+proxy; on Ray Serve the same check is tests/e2e/test_serve_cluster.py's, over its cluster), for documents and for an
+image by its id, their refusals
 are the same lines, a
 removed image is never returned again, and every `python` block of docs/python.md runs as written (on the tiny
 world: configs/demo.py is its tiny variant, the service's URL the one started here)."""
@@ -69,9 +69,9 @@ def test_the_clients_answers_equal_index_search(service, index, documents):
     batch = client.search_many([t for _, t in documents], ids=ids, batch=3)
     assert batch == index.search_many([t for _, t in documents], ids=ids)
     assert {r.version for r in batch} == {index.version}
-    picture = index.search(documents[0][1], top_k=1).ids[0]
-    alike = client.search(image_id=picture, top_k=5)
-    assert alike == index.search(image_id=picture, top_k=5) and alike.ids[0] == picture
+    image = index.search(documents[0][1], top_k=1).ids[0]
+    alike = client.search(image_id=image, top_k=5)
+    assert alike == index.search(image_id=image, top_k=5) and alike.ids[0] == image
 
 
 @pytest.mark.parametrize("version", [ssl.TLSVersion.TLSv1_3, ssl.TLSVersion.TLSv1_2], ids=["tls1.3", "tls1.2"])
@@ -87,11 +87,11 @@ def test_the_client_through_a_tls_proxy_answers_as_index_search(service, index, 
         ids = [i for i, _ in documents[:3]]
         assert client.search_many([t for _, t in documents[:3]], ids=ids) == \
             index.search_many([t for _, t in documents[:3]], ids=ids)
-        picture = index.search(text, top_k=1).ids[0]
-        assert client.search(image_id=picture, top_k=5) == index.search(image_id=picture, top_k=5)
+        image = index.search(text, top_k=1).ids[0]
+        assert client.search(image_id=image, top_k=5) == index.search(image_id=image, top_k=5)
 
 
-def test_a_picture_the_index_cannot_embed_is_refused_in_the_same_line_by_both(service, index):
+def test_an_image_the_index_cannot_embed_is_refused_in_the_same_line_by_both(service, index):
     refusals = []
     for door in (cfir_jax.Client(service.url), index):
         with pytest.raises(CfirError) as refused:
@@ -134,7 +134,7 @@ def test_the_library_and_the_client_agree_on_odd_texts(service, index):
 
 
 def test_an_id_over_255_bytes_is_one_line_at_both_doors(service, index):
-    """An indexed picture's id is never read as a file (a 300-byte name raised a bare OSError); as a picture file, such
+    """An indexed image's id is never read as a file (a 300-byte name raised a bare OSError); as an image file, such
     a name is one line too."""
     long_id = "img-" + "x" * 300
     refusals = []
@@ -142,7 +142,7 @@ def test_an_id_over_255_bytes_is_one_line_at_both_doors(service, index):
         with pytest.raises(CfirError) as unknown:
             door.search(image_id=long_id, top_k=3)
         refusals.append(str(unknown.value))
-        with pytest.raises(CfirError, match=r"cannot read the picture \(File name too long\)"):
+        with pytest.raises(CfirError, match=r"cannot read the image \(File name too long\)"):
             door.search(image=long_id, top_k=3)
     assert refusals[0] == refusals[1] and "is not in the index" in refusals[0] and "\n" not in refusals[0]
 
@@ -188,7 +188,7 @@ def test_every_example_of_docs_python_md_runs(api_workdir, service, tmp_path):
     out = proc.stdout
     assert "no_such_work: no index here (missing directory); build it with index.py" in out
     assert "text is empty" in out and "'images_added': 3" in out and "'images_removed': 1" in out
-    assert out.count("True") >= 4  # the service ready, a picture found first, two versions later, the stores intact
+    assert out.count("True") >= 4  # the service ready, an image found first, two versions later, the stores intact
 
 
 def test_a_query_file_is_searched_as_search_many_with_captions_for_the_shown_hits(index, documents, tmp_path):

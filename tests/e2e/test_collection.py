@@ -1,7 +1,7 @@
 """Your own collection (index.corpus.source='files') through the commands: a collection cut from the tiny world is
 indexed with the session workdir's model (index.encoder names that workdir) and a planted document finds its own
-pictures; an image folder with an unreadable file is indexed with that file skipped and listed; a folder of
-pictures named as people name them (spaces, nested folders, a GIF) is indexed, and pictures handed to --add beside a
+images; an image folder with an unreadable file is indexed with that file skipped and listed; a folder of
+images named as people name them (spaces, nested folders, a GIF) is indexed, and images handed to --add beside a
 documents file are added with it."""
 
 import json
@@ -27,7 +27,7 @@ def _index(workdir: Path, model_workdir: Path, documents: Path, images: Path, *e
                       f"--config.index.corpus.images={images}", *extra)
 
 
-def test_a_collection_from_files_is_indexed_with_another_workdirs_model_and_finds_its_pictures(
+def test_a_collection_from_files_is_indexed_with_another_workdirs_model_and_finds_its_images(
         workdir, collection, tmp_path):
     w = tmp_path / "w"
     _index(w, workdir, collection / "documents.jsonl", collection / "images.jsonl",
@@ -65,12 +65,12 @@ def test_a_changed_model_in_the_other_workdir_is_refused_in_one_line(workdir, co
     assert len(lines) == 1 and f"the model at {(workdir / 'model').absolute()}" in lines[0], proc.stderr[-2000:]
 
 
-def test_an_unreadable_picture_in_a_folder_is_skipped_and_listed_and_the_run_goes_on(workdir, collection, tmp_path):
-    images = tmp_path / "pictures"
+def test_an_unreadable_image_in_a_folder_is_skipped_and_listed_and_the_run_goes_on(workdir, collection, tmp_path):
+    images = tmp_path / "images"
     (images / "sub").mkdir(parents=True)
     for p in sorted((collection / "images").glob("*.png"))[:3]:
         shutil.copy(p, images / "sub" / p.name)
-    (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not a picture")
+    (images / "broken.png").write_bytes(b"\x89PNG\r\n\x1a\n not an image")
     w = tmp_path / "w"
     proc = _index(w, workdir, collection / "documents.jsonl", images, "--config.index.image_cache.precomputed=",
                   "--config.index.corpus.qrels=")
@@ -105,7 +105,7 @@ def photos(workdir, collection, tmp_path_factory) -> tuple[Path, str]:
     return root / "w", proc.stdout
 
 
-def test_a_folder_of_pictures_named_as_people_name_them_is_indexed(photos, collection):
+def test_a_folder_of_images_named_as_people_name_them_is_indexed(photos, collection):
     w, out = photos
     skipped = (w / "image_cache" / "skipped.tsv").read_text().splitlines()[1:]
     assert [line.split("\t")[0] for line in skipped] == ["broken", "empty"] and "2 skipped" in out
@@ -117,21 +117,21 @@ def test_a_folder_of_pictures_named_as_people_name_them_is_indexed(photos, colle
     assert sorted(hits) == ids
 
 
-def test_an_add_reads_the_pictures_beside_its_documents_file(photos, collection, tmp_path):
+def test_an_add_reads_the_images_beside_its_documents_file(photos, collection, tmp_path):
     w = tmp_path / "w"
     shutil.copytree(photos[0], w)
     new = tmp_path / "new"
     new.mkdir()
     (new / "documents.jsonl").write_text(json.dumps({"id": "doc-new", "text": "Grace Hopper at the harbour."}) + "\n")
     for k, png in enumerate(sorted((collection / "images").glob("*.png"))[3:6]):
-        shutil.copy(png, new / f"new picture {k}.png")
+        shutil.copy(png, new / f"new image {k}.png")
     proc = run_script("index.py", "--workdir", str(w), "--add", str(new))
     assert "images added 3" in proc.stdout and "documents added 1" in proc.stdout, proc.stdout
     ids = (w / "image_cache" / "ids.txt").read_text().split("\n")[:-1]
-    assert ids[3:] == [f"new%20picture%20{k}" for k in range(3)]
-    (new / "images").mkdir()  # pictures beside an images/ folder would be ignored: refused, naming them
-    shutil.move(new / "new picture 0.png", new / "images" / "inside.png")
+    assert ids[3:] == [f"new%20image%20{k}" for k in range(3)]
+    (new / "images").mkdir()  # images beside an images/ folder would be ignored: refused, naming them
+    shutil.move(new / "new image 0.png", new / "images" / "inside.png")
     proc = run_script("index.py", "--workdir", str(w), "--add", str(new), check=False)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert proc.returncode != 0 and len(lines) == 1 and "new picture 1.png" in lines[0], proc.stderr[-2000:]
+    assert proc.returncode != 0 and len(lines) == 1 and "new image 1.png" in lines[0], proc.stderr[-2000:]
     assert json.loads((w / "index.json").read_text())["version"] == 2

@@ -21,8 +21,8 @@ EXACT = "--config.index.entity_index.backend=exact"
 
 @pytest.fixture(scope="module")
 def split(tmp_path_factory) -> dict[str, Path]:
-    """The tiny world's example collection as make.py cuts it: a base of 3 documents with their pictures, the next
-    day's batch (more/: the 4th document and its pictures, the way a user hands them over), and the union of both
+    """The tiny world's example collection as make.py cuts it: a base of 3 documents with their images, the next
+    day's batch (more/: the 4th document and its images, the way a user hands them over), and the union of both
     written in one go, base rows first."""
     out = tmp_path_factory.mktemp("split")
     source = out / "source"
@@ -109,7 +109,7 @@ def test_an_add_equals_a_from_scratch_build_over_the_union_with_the_exact_backen
     assert "index: every stage current, nothing to do" in proc.stdout, proc.stdout
 
 
-def test_an_added_document_finds_its_added_pictures(split, added, tmp_path):
+def test_an_added_document_finds_its_added_images(split, added, tmp_path):
     first = json.loads((split["addition"] / "documents.jsonl").read_text().splitlines()[0])
     relevant = {line.split()[2] for line in (split["addition"] / "qrels" / "test.qrels").read_text().splitlines()
                 if line.split()[0] == first["id"]}
@@ -165,7 +165,7 @@ def test_removed_images_are_never_returned_and_compact_drops_their_rows(split, a
     after = {m: _hits(w, query, "--method", m) for m in methods}
     for m, hits in after.items():
         assert not set(hits) & set(gone), (m, hits, gone)
-    # The exact whole-cache search: still a full top 10 of the live pictures, in the order it had.
+    # The exact whole-cache search: still a full top 10 of the live images, in the order it had.
     survivors = [h for h in before["dense_summary"] if h not in gone]
     assert len(after["dense_summary"]) == min(10, live)
     assert after["dense_summary"][: len(survivors)] == survivors

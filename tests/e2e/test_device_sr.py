@@ -67,7 +67,7 @@ def test_every_door_with_sr_on_the_device_answers_as_the_cpu_backend(workdir, do
     assert cpu["no-entity"]["note"] and cpu[documents[0][0]]["hits"][0]["entities"]  # both paths compared
     one = _json_lines("--index", w, "--query", str(queries / "doc.txt"), DEVICE)
     _same_answer(next(iter(one.values())), cpu[documents[0][0]])
-    # --query-image-id: an indexed picture's nearest pictures, a whole-cache search on the device
+    # --query-image-id: an indexed image's nearest images, a whole-cache search on the device
     image = cpu[documents[0][0]]["hits"][0]["image_id"]
     by_image = [_json_lines("--index", w, "--query-image-id", image, backend) for backend in (CPU, DEVICE)]
     _same_hits(*(next(iter(b.values()))["hits"] for b in reversed(by_image)))

@@ -1,4 +1,4 @@
-"""Near-duplicates folded, run as a new user would (docs/duplicates.md): a collection where every picture has a
+"""Near-duplicates folded, run as a new user would (docs/duplicates.md): a collection where every image has a
 planted copy (its embedding with tiny noise) indexes into groups equal to the threshold graph's components;
 `retrieve.py --query`, the library, the service, its page and the client fold them, `--evaluate` and run files do
 not; an add, a remove (the group's next member shows) and a compact keep the groups right."""
@@ -24,7 +24,7 @@ THRESHOLD = 0.98
 
 
 def _copies(path: Path, rng: np.random.Generator) -> list[dict]:
-    """Each row of the images file `path` followed by its copy `<id>-copy`: the same picture, the embedding with
+    """Each row of the images file `path` followed by its copy `<id>-copy`: the same image, the embedding with
     tiny noise (cosine ~0.9995)."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
     out = []
@@ -61,7 +61,7 @@ def collection(tmp_path_factory) -> Path:
     _copies(source / "images.jsonl", rng)
     more = [json.loads(line) for line in (source / "more" / "images.jsonl").read_text().splitlines()]
     first = json.loads((source / "images.jsonl").read_text().splitlines()[0])
-    # The next batch brings a third copy of the first picture: an add joins an existing group.
+    # The next batch brings a third copy of the first image: an add joins an existing group.
     more.append({**first, "id": f"{first['id']}-late", "path": str((source / first["path"]).absolute())})
     (source / "more" / "images.jsonl").write_text("".join(json.dumps(r) + "\n" for r in more))
     return source
@@ -116,7 +116,7 @@ def test_a_query_shows_each_group_once_with_the_others_under_it_and_a_run_file_d
     assert len(by_hand) < 10  # retrieval.top_k is 10 here: folding the ten it ranks leaves fewer
     assert [h["image_id"] for h in folded[: len(by_hand)]] == [a for a, _ in by_hand]
     assert all(h["duplicates"][: len(b)] == b for h, (_, b) in zip(folded, by_hand))
-    # ... so the document was retrieved again with the folded pictures set aside: top_k groups shown
+    # ... so the document was retrieved again with the folded images set aside: top_k groups shown
     assert len(folded) == 10 and len({group[h["image_id"]] for h in folded}) == 10
     assert [h["rank"] for h in folded] == list(range(1, 11)) and any(h["duplicates"] for h in folded)
     assert not {d for h in folded for d in h["duplicates"]} & {h["image_id"] for h in folded}
@@ -125,7 +125,7 @@ def test_a_query_shows_each_group_once_with_the_others_under_it_and_a_run_file_d
     assert [line.split()[2] for line in run.read_text().splitlines()] == [h["image_id"] for h in every]
 
 
-def test_evaluate_counts_every_picture_unless_asked(built, tmp_path):
+def test_evaluate_counts_every_image_unless_asked(built, tmp_path):
     runs = {}
     for name, flags in (("default", ()), ("unfolded", ("--no-fold-duplicates",)), ("folded", ("--fold-duplicates",))):
         runs[name] = tmp_path / f"{name}.trec"
@@ -146,22 +146,22 @@ def test_the_library_the_service_its_page_and_the_client_fold_alike(built, colle
             assert any(h.duplicates for h in folded.hits) and not any(h.duplicates for h in every.hits)
             assert client.search(text, top_k=5) == folded and client.search(unfolded) == every
             assert client.search_many([text], ids=["query"], top_k=5) == [folded]
-            picture = folded.hits[0].id
-            alike = index.search(image_id=picture, top_k=3)
-            assert client.search(image_id=picture, top_k=3) == alike
+            image = folded.hits[0].id
+            alike = index.search(image_id=image, top_k=3)
+            assert client.search(image_id=image, top_k=3) == alike
             assert len({h.id.removesuffix("-copy") for h in alike.hits}) == len(alike.hits)  # one of each pair
-            side_by_side = index.search(cfir_jax.Query(image_id=picture, top_k=3, fold=False))
-            pair = {picture.removesuffix("-copy"), picture.removesuffix("-copy") + "-copy"}
-            assert set(side_by_side.ids[:2]) == pair  # the picture and its copy side by side
-            assert client.search(cfir_jax.Query(image_id=picture, top_k=3, fold=False)) == side_by_side
+            side_by_side = index.search(cfir_jax.Query(image_id=image, top_k=3, fold=False))
+            pair = {image.removesuffix("-copy"), image.removesuffix("-copy") + "-copy"}
+            assert set(side_by_side.ids[:2]) == pair  # the image and its copy side by side
+            assert client.search(cfir_jax.Query(image_id=image, top_k=3, fold=False)) == side_by_side
             url = service.url + "/v1/search/image"
-            for body in (json.dumps({"image_id": picture, "top_k": 3, "fold": False}).encode(),
-                         f"image_id={picture}&top_k=3&fold=0".encode()):
+            for body in (json.dumps({"image_id": image, "top_k": 3, "fold": False}).encode(),
+                         f"image_id={image}&top_k=3&fold=0".encode()):
                 kind = "application/json" if body.startswith(b"{") else "application/x-www-form-urlencoded"
                 answer = json.loads(_post(url, body, kind))
                 assert [h["image_id"] for h in answer["hits"]] == side_by_side.ids
             with pytest.raises(urllib.error.HTTPError) as refused:
-                _post(url, f"image_id={picture}&fold=maybe".encode(), "application/x-www-form-urlencoded")
+                _post(url, f"image_id={image}&fold=maybe".encode(), "application/x-www-form-urlencoded")
             assert refused.value.code == 422 and "fold: expected 1 or 0" in refused.value.read().decode()
         page = _post(service.url + "/v1/search/html", {"text": text, "top_k": 5})
         shown = next(h for h in folded.hits if h.duplicates)

@@ -1,8 +1,8 @@
-"""Facets on a real index (issue 61 item 4; docs/filters.md), run as a new user would: a collection whose pictures
+"""Facets on a real index (issue 61 item 4; docs/filters.md), run as a new user would: a collection whose images
 carry a source, tags (a list) and a date indexes; `retrieve.py --facets`, the library and the service (and the
-client) give equal counts over every picture the query ranked (CFIR: the union SR scored; a dense method: its ranking
+client) give equal counts over every image the query ranked (CFIR: the union SR scored; a dense method: its ranking
 up to retrieval.top_k), not only the shown top_k; a single-valued field's counts sum to `ranked`; a date counts by
-month; a filter's facets count only passing pictures; search by picture counts too; an unknown field is one line,
+month; a filter's facets count only passing images; search by image counts too; an unknown field is one line,
 exit 2."""
 
 import json
@@ -28,7 +28,7 @@ def _fields(n: int) -> dict:
 
 @pytest.fixture(scope="module")
 def built(workdir, tmp_path_factory) -> tuple[Path, Path, dict]:
-    """(the workdir, the collection, each picture's fields by id)."""
+    """(the workdir, the collection, each image's fields by id)."""
     source = tmp_path_factory.mktemp("facets") / "collection"
     run_script("examples/collection/make.py", "--size", "tiny", "--documents", "3", "--out", str(source))
     path = source / "images.jsonl"
@@ -58,10 +58,10 @@ def test_facets_count_what_the_query_ranked_equal_at_every_door(built):
         with cfir_jax.open(w) as index:
             for method in ("cfir", "dense_summary"):
                 got = index.search(Query(text, top_k=3, method=method, facets=FACETS, fold=False))
-                assert len(got.hits) <= 3 < got.ranked, (method, got.ranked)  # every picture ranked, not the shown
+                assert len(got.hits) <= 3 < got.ranked, (method, got.ranked)  # every image ranked, not the shown
                 if method == "cfir" and got.entities:
                     assert got.ranked == got.num_candidates  # CFIR: the union SR scored
-                assert sum(got.facets["source"].values()) == got.ranked  # one value each, every picture has one
+                assert sum(got.facets["source"].values()) == got.ranked  # one value each, every image has one
                 assert set(got.facets["date"]) <= {"2020-01", "2020-02", "2020-03", "2020-04"}
                 assert sum(got.facets["date"].values()) == got.ranked
                 assert set(got.facets["tags"]) <= {"news", "sport", "weather"}
@@ -72,31 +72,31 @@ def test_facets_count_what_the_query_ranked_equal_at_every_door(built):
             folded = index.search(text, top_k=3, facets=FACETS)  # near-duplicates folded count once
             assert folded.ranked <= index.search(Query(text, top_k=3, facets=FACETS, fold=False)).ranked
             assert client.search(Query(text, top_k=3, facets=FACETS)) == folded
-            # Under a filter, only the passing pictures count.
+            # Under a filter, only the passing images count.
             only = index.search(Query(text, top_k=3, method="dense_summary", where=["source=ap"],
                                      facets=["source", "tags"]))
             assert only.facets["source"] == {"ap": only.ranked} and only.ranked == only.passed
             assert client.search(Query(text, top_k=3, method="dense_summary", where=["source=ap"],
                                        facets=["source", "tags"])) == only
-            # Search by picture counts its ranking too.
-            picture = got.ids[0]
-            alike = index.search(Query(image_id=picture, top_k=2, facets=["source"], fold=False))
+            # Search by image counts its ranking too.
+            image = got.ids[0]
+            alike = index.search(Query(image_id=image, top_k=2, facets=["source"], fold=False))
             assert alike.ranked > 2 and sum(alike.facets["source"].values()) == alike.ranked
-            assert client.search(Query(image_id=picture, top_k=2, facets=["source"], fold=False)) == alike
+            assert client.search(Query(image_id=image, top_k=2, facets=["source"], fold=False)) == alike
             # An answer without facets has neither key.
             plain = client.search(text, top_k=3)
             assert plain.facets is None and plain == index.search(text, top_k=3)
         with pytest.raises(cfir_jax.CfirError, match="^facets: unknown field 'colour'"):
             client.search(Query(text, top_k=3, facets=["colour"]))
         with pytest.raises(cfir_jax.CfirError, match="^facets: rating is a number field"):
-            client.search(Query(image_id=picture, top_k=3, facets=["rating"]))
+            client.search(Query(image_id=image, top_k=3, facets=["rating"]))
     finally:
         log = service.stop()
     assert "Traceback" not in log, log[-3000:]
 
 
 @pytest.mark.parametrize("facets, says", [
-    ("colour", "facets: unknown field 'colour' (the pictures' fields: date, rating, source, tags)"),
+    ("colour", "facets: unknown field 'colour' (the images' fields: date, rating, source, tags)"),
     ("source,rating", "facets: rating is a number field, which is not counted"),
 ])
 def test_an_unknown_or_a_number_facet_field_is_one_line_exit_2(built, facets, says):

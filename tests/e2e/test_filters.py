@@ -1,6 +1,6 @@
-"""Filters on the pictures' own fields, run as a new user would (docs/filters.md): a collection whose pictures carry
+"""Filters on the images' own fields, run as a new user would (docs/filters.md): a collection whose images carry
 dates, sources, licences, tags (lists), a flag (a boolean) and times with offsets indexes; `retrieve.py --where` gives
-only pictures that pass, top_k of them where that many pass; the library, the service and the client give the same
+only images that pass, top_k of them where that many pass; the library, the service and the client give the same
 answers (four filters in a multipart upload too); an unknown field is one line, exit 2; an add, a remove and a
 compact keep the filters right."""
 
@@ -29,7 +29,7 @@ SOURCES, LICENCES = ("reuters", "ap", "afp"), ("cc-by", "cc0", "all-rights")
 
 
 def _fields(n: int) -> dict:
-    """A picture's fields as archives write them: a list (a lone string or null in some rows), a boolean, a time
+    """An image's fields as archives write them: a list (a lone string or null in some rows), a boolean, a time
     with seconds and an offset."""
     tags = [["news", "sport"], "sport", ["weather"], None, []][n % 5]
     return {"date": f"2020-{1 + n % 12:02d}-{1 + n % 28:02d}", "source": SOURCES[n % 3],
@@ -50,7 +50,7 @@ def _with_fields(path: Path, fields) -> dict[str, dict]:
 
 @pytest.fixture(scope="module")
 def collection(tmp_path_factory) -> tuple[Path, dict[str, dict]]:
-    """The example collection with a date, a source and a licence on every picture (its next batch, more/, with
+    """The example collection with a date, a source and a licence on every image (its next batch, more/, with
     dates of 2021, source reuters, licence cc0 and a field of its own, credit)."""
     source = tmp_path_factory.mktemp("filters") / "collection"
     run_script("examples/collection/make.py", "--size", "tiny", "--documents", "3", "--out", str(source))
@@ -92,7 +92,7 @@ WHERE = ("date<=2020-06-30", "source=reuters", "license in cc-by,cc0")
 
 
 @pytest.mark.parametrize("where", WHERE)
-def test_where_gives_only_passing_pictures_top_k_of_them(built, collection, where):
+def test_where_gives_only_passing_images_top_k_of_them(built, collection, where):
     source, fields = collection
     query = source / "query.txt"
     base = [i for i in (built / "image_cache" / "ids.txt").read_text().split()]
@@ -102,8 +102,8 @@ def test_where_gives_only_passing_pictures_top_k_of_them(built, collection, wher
         got = _retrieve(built, query, "--method", method, "--where", where, "--top-k", "5")
         ids = [h["image_id"] for h in got["hits"]]
         assert ids and all(_passes(fields[i], where) for i in ids), (method, ids)
-        assert f"filtered by {where}: {len(passing)} of {len(base)} pictures pass" in got["note"]
-    # The whole-cache search: the unfiltered ranking's passing pictures, in its order, top_k of them.
+        assert f"filtered by {where}: {len(passing)} of {len(base)} images pass" in got["note"]
+    # The whole-cache search: the unfiltered ranking's passing images, in its order, top_k of them.
     everything = _retrieve(built, query, "--method", "dense_summary", "--top-k", str(len(base)))
     expected = [h["image_id"] for h in everything["hits"] if _passes(fields[h["image_id"]], where)][:5]
     assert ids == expected and len(ids) == min(5, len(passing))
@@ -112,7 +112,7 @@ def test_where_gives_only_passing_pictures_top_k_of_them(built, collection, wher
 @pytest.mark.parametrize("where", ["tags=sport", "tags!=sport", "featured=true", "taken<=2020-06-30T14:05"])
 def test_lists_booleans_and_times_filter_as_archives_mean_them(built, collection, where):
     """A list holds a value or not, a boolean is true or false, a time covers its minute (10:05:30-04:00 is
-    14:05:30 UTC: it passes <=14:05); every passing picture is returned where top_k reaches them all."""
+    14:05:30 UTC: it passes <=14:05); every passing image is returned where top_k reaches them all."""
     source, fields = collection
     base = (built / "image_cache" / "ids.txt").read_text().split()
     passing = {i for i in base if _passes(fields[i], where)}
@@ -123,7 +123,7 @@ def test_lists_booleans_and_times_filter_as_archives_mean_them(built, collection
 
 
 def test_a_date_without_an_offset_is_read_in_index_fields_timezone(workdir, built, collection, tmp_path):
-    """With America/New_York, `taken<=2020-06-30T10:05` is New York's 10:05 (14:05 UTC), which the pictures taken
+    """With America/New_York, `taken<=2020-06-30T10:05` is New York's 10:05 (14:05 UTC), which the images taken
     at 10:05:xx-04:00 pass; in UTC (the default) none does. index.py rebuilds W/image_fields when the key changes."""
     source, fields = collection
     w = tmp_path / "W"
@@ -143,11 +143,11 @@ def test_filters_join_by_and_and_none_passing_is_an_empty_answer_with_a_note(bui
     got = _retrieve(built, source / "query.txt", "--method", "dense_summary", *flags, "--top-k", "40")
     assert got["hits"] and all(all(_passes(fields[h["image_id"]], w) for w in WHERE) for h in got["hits"])
     empty = _retrieve(built, source / "query.txt", "--where", "date<1999-01-01")
-    assert empty["hits"] == [] and "no picture passes the filter date<1999-01-01" in empty["note"]
+    assert empty["hits"] == [] and "no image passes the filter date<1999-01-01" in empty["note"]
 
 
 @pytest.mark.parametrize("where, says", [
-    ("colour=red", "unknown field 'colour' (the pictures' fields: date, featured, license, source, tags, taken)"),
+    ("colour=red", "unknown field 'colour' (the images' fields: date, featured, license, source, tags, taken)"),
     ("tags<sport", "tags is a list of strings (a list holds a value or not); use =, != or in, not <"),
     ("date<=yesterday", "'yesterday' is not an ISO 8601 date"),
     ("source~reuters", "expected FIELD OP VALUE"),
@@ -173,10 +173,10 @@ def test_the_library_the_service_and_the_client_agree(built, collection):
             assert index.search(text, top_k=5, where=typed) == expected == client.search(text, top_k=5, where=typed)
             assert client.search_many([text, text], ids=["a", "b"], top_k=5, where=where) == \
                 index.search_many([text, text], ids=["a", "b"], top_k=5, where=where)
-            picture = expected.ids[0]
-            alike = index.search(image_id=picture, top_k=5, where=["source=reuters"])
-            assert alike.hits and client.search(image_id=picture, top_k=5, where=["source=reuters"]) == alike
-            query_string = client_get_json(service.url, picture)
+            image = expected.ids[0]
+            alike = index.search(image_id=image, top_k=5, where=["source=reuters"])
+            assert alike.hits and client.search(image_id=image, top_k=5, where=["source=reuters"]) == alike
+            query_string = client_get_json(service.url, image)
             assert [h["image_id"] for h in query_string["hits"]] == alike.ids[:3]
             # A triple's values are its own at every door: a comma, the spaces around a value, its quotes.
             for own in ([("license", "in", ["cc-by,cc0"])], [("source", "=", " reuters ")],
@@ -209,9 +209,9 @@ def test_four_filters_in_a_multipart_upload_answer_as_the_library(built, collect
     service = Service(built, "--config.entity_workers.serve=0", "--config.serve.verify_mb_per_s=0")
     try:
         with cfir_jax.open(built) as index:
-            picture = index.search((collection[0] / "query.txt").read_text(), top_k=1).ids[0]
-            expected = index.search(image_id=picture, top_k=5, where=where)
-        fields = [("image_id", (None, picture)), ("top_k", (None, "5")), ("id", (None, "four")), ("fold", (None, "1"))]
+            image = index.search((collection[0] / "query.txt").read_text(), top_k=1).ids[0]
+            expected = index.search(image_id=image, top_k=5, where=where)
+        fields = [("image_id", (None, image)), ("top_k", (None, "5")), ("id", (None, "four")), ("fold", (None, "1"))]
         fields += [("where", (None, w)) for w in where]  # eight plain fields: the parser took six
         answer = httpx.post(f"{service.url}/v1/search/image", files=fields, timeout=120)
         assert answer.status_code == 200, answer.text
@@ -222,7 +222,7 @@ def test_four_filters_in_a_multipart_upload_answer_as_the_library(built, collect
 
 
 def client_get_json(url: str, image_id: str) -> dict:
-    """A picture search as a form with repeated fields (curl -d image_id=ID -d where=...)."""
+    """An image search as a form with repeated fields (curl -d image_id=ID -d where=...)."""
     data = urllib.parse.urlencode([("image_id", image_id), ("top_k", "3"), ("where", "source=reuters")]).encode()
     request = urllib.request.Request(f"{url}/v1/search/image", data=data,
                                      headers={"Content-Type": "application/x-www-form-urlencoded"})
@@ -241,7 +241,7 @@ def test_add_remove_and_compact_keep_the_filters_right(built, collection, tmp_pa
     for where in ("date>=2021-01-01", "credit=desk"):
         got = [h["image_id"] for h in _retrieve(w, query, "--method", "dense_summary", "--where", where,
                                                  "--top-k", "40")["hits"]]
-        assert sorted(got) == sorted(new), where  # exactly the added pictures: the only ones of 2021, with credit
+        assert sorted(got) == sorted(new), where  # exactly the added images: the only ones of 2021, with credit
     weather = {i for i, f in fields.items() if _passes(f, "tags=weather")}
     got = _retrieve(w, query, "--method", "dense_summary", "--where", "tags=weather", "--top-k", "80")["hits"]
     assert {h["image_id"] for h in got} == weather and set(new) < weather  # a lone string added to a list field
@@ -269,7 +269,7 @@ def test_a_field_of_another_type_is_refused_naming_the_field_and_the_row(built, 
     source, _ = collection
     bad = tmp_path / "bad.jsonl"
     row = json.loads((source / "more" / "images.jsonl").read_text().splitlines()[0])
-    row.update(id="new-picture", path=os.fspath((source / "more" / row["path"]).absolute()), date=2021)
+    row.update(id="new-image", path=os.fspath((source / "more" / row["path"]).absolute()), date=2021)
     bad.write_text(json.dumps(row) + "\n")
     proc = run_script("index.py", "--workdir", str(built), "--add", str(bad), check=False)
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -277,27 +277,27 @@ def test_a_field_of_another_type_is_refused_naming_the_field_and_the_row(built, 
     assert f"{bad}:1: field 'date' is a number (2021) but earlier rows made it a date" in lines[0]
 
 
-def test_evaluate_says_how_many_pictures_pass_from_the_answers_count(built, collection):
-    """`--evaluate --where` names how many pictures pass: the answers' count (`Retrieval.passed`), not their note."""
+def test_evaluate_says_how_many_images_pass_from_the_answers_count(built, collection):
+    """`--evaluate --where` names how many images pass: the answers' count (`Retrieval.passed`), not their note."""
     _, fields = collection
     base = (built / "image_cache" / "ids.txt").read_text().split()
     passing = [i for i in base if _passes(fields[i], "source=reuters")]
     proc = run_script("retrieve.py", "--index", str(built), "--evaluate", "test", "--where", "source=reuters")
     first = proc.stdout.splitlines()[0]
     assert first.startswith("test split, ") and \
-        first.endswith(f", filtered by source=reuters: {len(passing)} of {len(base)} pictures pass"), first
+        first.endswith(f", filtered by source=reuters: {len(passing)} of {len(base)} images pass"), first
 
 
 def _own(fields: dict) -> dict:
-    return {k: v for k, v in fields.items() if v is not None}  # a null is no value: the picture lacks the field
+    return {k: v for k, v in fields.items() if v is not None}  # a null is no value: the image lacks the field
 
 
 def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headless_chromium(built, collection,
                                                                                             tmp_path):
-    """Each hit carries its picture's own fields (nulls left out) at the library and every door of the service; in
+    """Each hit carries its image's own fields (nulls left out) at the library and every door of the service; in
     Chromium, the page learns the countable fields from its hits, asks their counts and shows them, value by value,
-    above the hits, each hit with its fields (its screenshot: docs/images/facets.png); a search by a hit's picture
-    shows every hit's pixels, fields and counts (docs/images/by_picture.png)."""
+    above the hits, each hit with its fields (its screenshot: docs/images/facets.png); a search by a hit's image
+    shows every hit's pixels, fields and counts (docs/images/by_image.png)."""
     from urllib.parse import quote
 
     from PIL import Image as PILImage
@@ -311,9 +311,9 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
         with cfir_jax.open(built) as index:
             result = index.search(text, top_k=5)
             assert result.hits and all(h.fields == _own(fields[h.id]) for h in result.hits)
-            top = index.picture(result.ids[0])
+            top = index.image_bytes(result.ids[0])
             alike_ids = index.search(image_id=result.ids[0], top_k=3, where=["source!=afp"]).ids  # what a click shows
-            alike_pixels = {i: index.picture(i) for i in alike_ids}
+            alike_pixels = {i: index.image_bytes(i) for i in alike_ids}
         assert cfir_jax.Client(service.url).search(text, top_k=5) == result  # the fields read back equal
         answer = httpx.post(f"{service.url}/v1/search", json={"text": text, "top_k": 5}, timeout=120).json()
         assert [h["fields"] for h in answer["hits"]] == [_own(fields[h.id]) for h in result.hits]
@@ -327,9 +327,9 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
         shot = tmp_path / "facets.png"
         subprocess.run([*run, f"--screenshot={shot}"], check=True, timeout=120, capture_output=True)
         run[-1] = f"{service.url}/#image_id={quote(result.ids[0])}&top_k=3&where=source!=afp"  # what a click runs
-        by_picture = html.unescape(subprocess.run([*run, "--dump-dom"], check=True, timeout=120, capture_output=True,
-                                                  text=True).stdout)
-        alike_shot = tmp_path / "by_picture.png"
+        by_image = html.unescape(subprocess.run([*run, "--dump-dom"], check=True, timeout=120, capture_output=True,
+                                                text=True).stdout)
+        alike_shot = tmp_path / "by_image.png"
         subprocess.run([*run, f"--screenshot={alike_shot}"], check=True, timeout=120, capture_output=True)
     finally:
         log = service.stop()
@@ -340,16 +340,16 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
     first = result.hits[0].fields
     assert f'data-field="source" data-facet="1">source: {first["source"]}</span>' in dom
     assert f'data-field="date" data-facet="1">date: {first["date"]}</span>' in dom
-    assert f"<h1>pictures like {result.ids[0]}</h1>" in by_picture and 'class="facet" data-field="tags"' in by_picture
-    drawn = by_picture.split(f"<h1>pictures like {result.ids[0]}</h1>")[1].split("</body>")[0].split("<figure>")[1:]
+    assert f"<h1>images like {result.ids[0]}</h1>" in by_image and 'class="facet" data-field="tags"' in by_image
+    drawn = by_image.split(f"<h1>images like {result.ids[0]}</h1>")[1].split("</body>")[0].split("<figure>")[1:]
     assert len(drawn) == 3 and all('data-field="source" data-facet="1">source: ' in f for f in drawn)
-    assert "source: afp" not in by_picture and 'data-value="afp"' not in by_picture  # the filter applied
+    assert "source: afp" not in by_image and 'data-value="afp"' not in by_image  # the filter applied
     for image_id, figure in zip(alike_ids, drawn):  # every hit's pixels, clickable to search again
         inline = f'<img src="data:image/png;base64,{base64.b64encode(alike_pixels[image_id]).decode()}"'
         assert figure.startswith(f'{inline} alt="{image_id}" data-image-id="{image_id}"'), figure[:200]
-    for png, pictures in ((shot, [top]), (alike_shot, alike_pixels.values())):
+    for png, images in ((shot, [top]), (alike_shot, alike_pixels.values())):
         screen = {tuple(c) for c in np.asarray(PILImage.open(png).convert("RGB")).reshape(-1, 3)}
-        for picture in pictures:  # painted: its two commonest colours are on the screen
-            pixels = np.asarray(PILImage.open(io.BytesIO(picture)).convert("RGB")).reshape(-1, 3)
+        for image in images:  # painted: its two commonest colours are on the screen
+            pixels = np.asarray(PILImage.open(io.BytesIO(image)).convert("RGB")).reshape(-1, 3)
             colours, counts = np.unique(pixels, axis=0, return_counts=True)
             assert all(tuple(c) in screen for c in colours[np.argsort(-counts)[:2]]), png.name

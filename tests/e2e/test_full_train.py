@@ -1,4 +1,4 @@
-"""train.py on a Full config (configs/demo.py:tiny,full): D-BEiT-3 Full trained from the tiny world's pictures in
+"""train.py on a Full config (configs/demo.py:tiny,full): D-BEiT-3 Full trained from the tiny world's images in
 W/train_full, exported whole to W/model_full; resumed runs equal uninterrupted ones; one writer per workdir."""
 
 import json

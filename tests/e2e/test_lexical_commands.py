@@ -1,4 +1,4 @@
-"""BM25 over the pictures' own text, through the commands: a picture whose caption holds a name no model learned is
+"""BM25 over the images' own text, through the commands: an image whose caption holds a name no model learned is
 found by a document naming it (built, then added through the change loop), a removed one is never returned, before
 and after a compaction, and the store is verified."""
 
@@ -25,7 +25,7 @@ def _article(name: str) -> str:
 
 @pytest.fixture(scope="module")
 def collection(tmp_path_factory) -> Path:
-    """The example collection with one picture's caption naming a person no model has seen."""
+    """The example collection with one image's caption naming a person no model has seen."""
     out = tmp_path_factory.mktemp("lexical_collection")
     shutil.copytree(ROOT / "examples" / "collection", out, dirs_exist_ok=True, ignore=shutil.ignore_patterns("more"))
     rows = [json.loads(line) for line in (out / "images.jsonl").read_text().splitlines()]
@@ -60,7 +60,7 @@ def test_a_name_in_a_caption_is_found_by_a_document_naming_it(built, tmp_path):
     assert "lexical" in proc.stdout, proc.stdout
 
 
-def test_added_picture_is_found_and_a_removed_one_never_returned(built, tmp_path):
+def test_added_image_is_found_and_a_removed_one_never_returned(built, tmp_path):
     w0, named = built
     w = tmp_path / "w"
     shutil.copytree(w0, w, symlinks=True)

@@ -39,7 +39,7 @@ def _built_stores() -> tuple[str, ...]:
 
 BUILT = _built_stores()
 VERIFIED = len(BUILT)  # what --verify counts
-# The stores damaged byte by byte here: all but the pictures' fields (none in this world; its own tests damage it).
+# The stores damaged byte by byte here: all but the images' fields (none in this world; its own tests damage it).
 STORE_KINDS = tuple(s for s in BUILT if s != "image_fields")
 
 

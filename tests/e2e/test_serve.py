@@ -21,7 +21,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from repo import ROOT, run_script
 from serving import wait_ready
-from standin_service import NoPictures, standin_index
+from standin_service import NoImages, standin_index
 
 from cfir_jax.core.query_rule import QueryRefused, check_text, check_top_k
 
@@ -357,7 +357,7 @@ def test_sigterm_under_load_answers_every_accepted_request_and_exits_0(workdir, 
 
 
 def test_the_page_shows_the_gallery_after_a_query_in_headless_chromium(server, workdir, documents, tmp_path):
-    """GET / with a query in its URL, as Chromium paints it after the search: the top hits' pictures on screen."""
+    """GET / with a query in its URL, as Chromium paints it after the search: the top hits' images on screen."""
     from urllib.parse import quote
 
     from PIL import Image as PILImage
@@ -386,7 +386,7 @@ class _FakeRetriever:
     """Answers instantly; records the documents of each batch (the batcher's own behaviour under test)."""
 
     entities = None
-    picture_search = NoPictures
+    image_search = NoImages
 
     def __init__(self):
         self.batches: list[list[str]] = []

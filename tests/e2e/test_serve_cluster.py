@@ -1,8 +1,8 @@
 """The service on Ray Serve (`retrieve.py --serve --engine ray`), run as the real command on a localhost Ray it starts,
 from an empty HOME with the default CPUs per replica, over the session's tiny world with exact SR, 2 shards x 2
 replicas, 2 fronts and 2 gateways (the documented command): answers equal `retrieve.py --format
-json`, and a picture's (by its id, through the gateways) `Index.search(image_id=...)`'s, and so do `cfir_jax.Client`'s
-answers, for documents and a picture, and its refusals; a shard with no live replica makes
+json`, and an image's (by its id, through the gateways) `Index.search(image_id=...)`'s, and so do `cfir_jax.Client`'s
+answers, for documents and an image, and its refusals; a shard with no live replica makes
 the requests that need it 503 `shard s unavailable` within the deadline and /readyz names it; a reload flips every
 shard at once and every answer names one version; SIGTERM to the command's process group drains, exits 0 and leaves no
 process of the Ray it started. Before it reloads or stops, the cluster meets hostile input (malformed bodies,
@@ -25,9 +25,9 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pictures import small_png
 from ray_processes import clean_env, session_processes
 from repo import ROOT, run_script
+from sample_images import small_png
 from serving import wait_ready
 from test_serve import _malformed
 
@@ -109,7 +109,7 @@ class Load:
 def cluster_workdir(workdir, tmp_path_factory):
     w = tmp_path_factory.mktemp("cluster") / "W"
     shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train", "pretrain"))
-    # Every picture carries a field of its own (the tiny world's have none), so a filter has something to pass.
+    # Every image carries a field of its own (the tiny world's have none), so a filter has something to pass.
     cache = ImageCache.open(w / "image_cache")
     write_store(w / "image_fields", columns_of([{"n": r % 4} for r in range(cache.num_images)], {}), cache, 0.0)
     return w
@@ -172,7 +172,7 @@ def index(cluster_workdir):
 @pytest.mark.slow
 def test_filtered_answers_equal_one_process(cluster, index, documents):
     """A filter travels with its documents through a gateway and a front to the shards' searches: the answers are
-    the library's, only passing pictures, and an unknown field is the same one line (422)."""
+    the library's, only passing images, and an unknown field is the same one line (422)."""
     where = ["n<=1"]
     for doc_id, text in documents:
         r = cluster.search(text, id=doc_id, where=where)
@@ -185,18 +185,18 @@ def test_filtered_answers_equal_one_process(cluster, index, documents):
                                                           "where": where})
     assert [[h["image_id"] for h in a["hits"]] for a in batch.json()["results"]] == \
         [index.search(t, id=i, top_k=20, where=where).ids for i, t in documents]
-    picture = index.search(documents[0][1], top_k=1).ids[0]
-    alike = cluster.client.post("/v1/search/image", json={"image_id": picture, "top_k": 5, "where": ["n>=2"]})
+    image = index.search(documents[0][1], top_k=1).ids[0]
+    alike = cluster.client.post("/v1/search/image", json={"image_id": image, "top_k": 5, "where": ["n>=2"]})
     assert alike.status_code == 200, alike.text
-    assert [h["image_id"] for h in alike.json()["hits"]] == index.search(image_id=picture, top_k=5, where=["n>=2"]).ids
+    assert [h["image_id"] for h in alike.json()["hits"]] == index.search(image_id=image, top_k=5, where=["n>=2"]).ids
     refused = cluster.search(documents[0][1], where=["colour=red"])
     assert refused.status_code == 422 and refused.json()["error"].startswith("filter 'colour=red': unknown field")
 
 
 @pytest.mark.slow
-def test_a_picture_through_the_gateway_equals_one_process(cluster, index):
+def test_an_image_through_the_gateway_equals_one_process(cluster, index):
     """The gateway reads the form and hands it to a front, which searches both shards (the world's cache was
-    imported, so a picture's bytes are refused in one line and an id is the query); the gallery door's hits are the
+    imported, so an image's bytes are refused in one line and an id is the query); the gallery door's hits are the
     same, each with its pixels, drawn by the front."""
     import base64
 
@@ -213,7 +213,7 @@ def test_a_picture_through_the_gateway_equals_one_process(cluster, index):
     figures = page.text.split("<figure>")[1:]
     assert len(figures) == len(want.hits)
     for hit, figure in zip(want.hits, figures):
-        data = index.picture(hit.id)
+        data = index.image_bytes(hit.id)
         assert data and figure.startswith(f'<img src="data:{image_mime(data)};base64,{base64.b64encode(data).decode()}'
                                           f'" alt="{hit.id}" data-image-id="{hit.id}">'), figure[:200]
     upload = cluster.client.post("/v1/search/image", files={"image": ("p.png", b"\x89PNG\r\n\x1a\n" + bytes(64))})
@@ -223,7 +223,7 @@ def test_a_picture_through_the_gateway_equals_one_process(cluster, index):
 @pytest.mark.slow
 def test_the_clients_answers_equal_index_search(cluster, index, documents):
     """`cfir_jax.Client` on the Ray engine answers what `Index.search` answers in one process, for documents and for
-    a picture by its id, and refuses in the same line (the one-process engine's side: tests/e2e/test_api.py)."""
+    an image by its id, and refuses in the same line (the one-process engine's side: tests/e2e/test_api.py)."""
     import cfir_jax
     from cfir_jax.core.errors import CfirError
 
@@ -231,8 +231,8 @@ def test_the_clients_answers_equal_index_search(cluster, index, documents):
     assert client.ready()
     for doc_id, text in documents:
         assert client.search(text, id=doc_id) == index.search(text, id=doc_id), doc_id
-    picture = index.search(documents[1][1], top_k=1).ids[0]  # by id: the shards search, the front merges
-    assert client.search(image_id=picture) == index.search(image_id=picture)
+    image = index.search(documents[1][1], top_k=1).ids[0]  # by id: the shards search, the front merges
+    assert client.search(image_id=image) == index.search(image_id=image)
     with pytest.raises(CfirError, match="^text is empty$"):
         client.search(" ")
 
@@ -315,9 +315,9 @@ FORM_NAMES = st.sampled_from(["image", "image_id", "top_k", "id", "where", "fold
            st.binary(max_size=80), st.binary(max_size=40).map(lambda b: small_png()[:40] + b))), max_size=2),
        data=st.dictionaries(FORM_NAMES, st.one_of(st.text(max_size=10), TOP_KS.map(str)), max_size=3),
        whole=st.booleans())
-def test_fuzz_any_picture_upload_is_answered_or_refused_in_one_line(cluster, files, data, whole):
-    """A multipart upload (the world's cache was imported: a picture's bytes are refused in one line, an id is
-    searched) or a raw picture body."""
+def test_fuzz_any_image_upload_is_answered_or_refused_in_one_line(cluster, files, data, whole):
+    """A multipart upload (the world's cache was imported: an image's bytes are refused in one line, an id is
+    searched) or a raw image body."""
     if whole:
         r = cluster.client.post("/v1/search/image", content=small_png(), headers={"content-type": "image/png"},
                                 params=data)

@@ -3,7 +3,7 @@ an empty HOME): 2 shards x 2 replicas, 2 fronts, 2 gateways; two clients search 
 `index.py --remove` and SIGHUP run, each round with one replica SIGKILLed (a front, a shard replica, a gateway). The
 clients are `cfir_jax.Client`: a search in flight on the gateway replica at its SIGKILL gets Ray's HTTP proxy's
 plain-text 500 (the proxy does not send it again), and the client sends it again. No search fails; every answer
-carries the new version within 30 s of each SIGHUP; a removed picture never answers at or after its removal's
+carries the new version within 30 s of each SIGHUP; a removed image never answers at or after its removal's
 version. Then, with no SIGHUP: a removal committed and every replica of a shard SIGKILLed (what one replica meets
 with one kill): the searches answer again within 90 s, at the committed version. Then a backup of the first version
 restored and one SIGHUP: that version is served, and no reload follows. The final answers equal `retrieve.py
@@ -127,7 +127,7 @@ def _wait_for(predicate, timeout, what):
 
 
 def _round(cluster, load, w, ids, doc_id, victim, removed) -> tuple[float, int, float]:
-    """`index.py --remove` of a picture that answers doc_id now, SIGHUP, one replica of `victim` SIGKILLed; returns
+    """`index.py --remove` of an image that answers doc_id now, SIGHUP, one replica of `victim` SIGKILLed; returns
     SETTLE_S after every answer carries the new version and Ray replaced the replica: (SIGHUP at, the new version,
     settled at)."""
     from cfir_jax.stores import versions
@@ -157,7 +157,7 @@ def _round(cluster, load, w, ids, doc_id, victim, removed) -> tuple[float, int, 
 
 def _recovers_without_a_sighup(cluster, w, ids, documents, removed) -> int:
     """A removal committed, every replica of ShardReplica0 SIGKILLed, no SIGHUP: searches answer again within 90 s,
-    at the committed version, the removed picture gone. Returns that version."""
+    at the committed version, the removed image gone. Returns that version."""
     from cfir_jax.stores import versions
 
     client = cfir_jax.Client(cluster.url, deadline_s=30)

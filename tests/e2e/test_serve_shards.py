@@ -3,7 +3,7 @@ in one process: with exact SR the answers equal one Retriever's (ids, order, sco
 brought each hit in, the union's size, the note) with 1, 2 and 4 shards, for every method of `retrieve.py --method`
 (CFIR with unseen entities searched over every shard and the no-entity fallback over every shard's rows, fused SR
 with entity-text matches, the dense and entity-only baselines, BM25 and CFIR with BM25), on a copy of the tiny index
-with rows removed (removed rows never come back from any shard); and so does search by picture. A shard answers at
+with rows removed (removed rows never come back from any shard); and so does search by image. A shard answers at
 exactly the version it holds; the front's Retriever over the shards builds no copy of the cache."""
 
 import copy
@@ -17,7 +17,7 @@ from cfir_jax.cluster.reload import VersionGone
 from cfir_jax.cluster.scoring import ShardedSR, merge_ranked, split_union
 from cfir_jax.cluster.shard import LocalShards, ShardClient, ShardSearch, shard_bounds
 from cfir_jax.core.errors import CfirError
-from cfir_jax.retrieve.image_query import UnknownPicture, search_image
+from cfir_jax.retrieve.image_query import UnknownImage, search_image
 from cfir_jax.retrieve.methods import METHODS
 from cfir_jax.retrieve.pipeline import DocumentInput, Retriever
 from cfir_jax.retrieve.scoring import Scoring
@@ -147,14 +147,14 @@ def test_a_shard_answers_at_the_version_it_holds_or_not_at_all(removed_copy, con
 
 
 @pytest.mark.slow
-def test_a_picture_search_on_1_2_and_4_shards_equals_one_process(removed_copy, config):
-    """Exact on every shard count, a dense method's shards included, as one process searches by picture."""
+def test_an_image_search_on_1_2_and_4_shards_equals_one_process(removed_copy, config):
+    """Exact on every shard count, a dense method's shards included, as one process searches by image."""
     w, _, removed = removed_copy
     ids = ImageCache.open(w / "image_cache").ids
     asked = [ids[r] for r in range(0, len(ids), max(1, len(ids) // 5)) if r not in removed][:4]
     cfg = _config(config, **EXACT)
     cfg.index.entity_index.backend = "exact"
-    one = Retriever(cfg, w)  # the single process's exact picture search
+    one = Retriever(cfg, w)  # the single process's exact image search
     expected = [search_image(one, image_id=i, top_k=25) for i in asked]
     for shards, method in ((1, "cfir"), (2, "dense_document"), (4, "cfir")):
         front = _front(cfg, w, method, shards)
@@ -165,5 +165,5 @@ def test_a_picture_search_on_1_2_and_4_shards_equals_one_process(removed_copy, c
                 [(h.rank, h.image_id, h.row, h.score) for h in want.hits]  # scores bit-equal
             assert got.num_candidates == want.num_candidates and not removed & {h.row for h in got.hits}
             assert got.note == want.note
-        with pytest.raises(UnknownPicture, match="was removed"):
+        with pytest.raises(UnknownImage, match="was removed"):
             search_image(front, image_id=ids[min(removed)], top_k=3)

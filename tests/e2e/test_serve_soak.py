@@ -1,6 +1,6 @@
 """The soak's short profile (benchmarks/serve_soak.py; its 30-minute runs are in benchmarks/RESULTS.md): 3 minutes of
 the Ray engine over the session's tiny world (2 shards x 2 replicas, 2 fronts, 2 gateways), mixed traffic (text
-searches with filters, without folding and in French, batches, pictures by id and uploaded, `cfir_jax.Client` with
+searches with filters, without folding and in French, batches, images by id and uploaded, `cfir_jax.Client` with
 its retries, hostile bodies) while a front, a shard replica, a gateway and an entity worker are SIGKILLed in turn and
 changes commit and reload (`index.py --remove`, `--add`, `--remove`, `--compact` in turn as time allows, each then
 SIGHUP). Every answer equals one process's at the version it

@@ -2,7 +2,7 @@
 the command's Coordinator and Reloader, the Relay, each front's Follower, each shard replica's ShardVersions) over
 fakes of what surrounds them, on a fake clock:
 
-- `Disk`: the workdir, holding its newest version only: commits (a picture removed), a restore of an older version
+- `Disk`: the workdir, holding its newest version only: commits (an image removed), a restore of an older version
   (a backup: the same id as before), a rebuild from scratch (version 1 again, another id), a damaged version;
 - `ShardReplica`: Ray Serve's model multiplexing as Ray runs it (a version loaded on its first request, the last
   SHARD_VERSIONS kept, least recently used out) over the real load rule; a load may be slow;
@@ -10,7 +10,7 @@ fakes of what surrounds them, on a fake clock:
   (a replica that holds the version first, any other next; a version found gone told to the follower);
 - routing as Ray's: a call goes to a live replica that holds the version, else to any live one.
 
-Every answer is recorded with the version each shard answered at and the pictures it can show."""
+Every answer is recorded with the version each shard answered at and the images it can show."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from cfir_jax.cluster.reload import Coordinator, Relay, Reloader, Target, Versio
 from cfir_jax.core.errors import CfirError
 
 SHARD_VERSIONS = 2  # cfir_jax.cluster.deployments.SHARD_VERSIONS
-PICTURES = tuple(f"p{i}" for i in range(8))
+IMAGES = tuple(f"p{i}" for i in range(8))
 
 
 class Clock:
@@ -51,7 +51,7 @@ class Disk:
         self.branch, self.number, self.made = 0, 0, 0
         self.bad: set[str] = set()  # ids that fail the command's checks (damaged, another model family)
         self.current = self._new(frozenset())
-        self.removals: list[tuple[str, str]] = []  # (picture, the id that removed it)
+        self.removals: list[tuple[str, str]] = []  # (image, the id that removed it)
 
     def _new(self, removed: frozenset) -> str:
         self.number, self.made = self.number + 1, self.made + 1
@@ -59,11 +59,11 @@ class Disk:
         self.content[vid] = Content(removed, self.branch)
         return vid
 
-    def commit(self, picture: str | None = None, bad: bool = False) -> str:
-        removed = self.content[self.current].removed | ({picture} if picture else set())
+    def commit(self, image: str | None = None, bad: bool = False) -> str:
+        removed = self.content[self.current].removed | ({image} if image else set())
         self.current = self._new(frozenset(removed))
-        if picture:
-            self.removals.append((picture, self.current))
+        if image:
+            self.removals.append((image, self.current))
         if bad:
             self.bad.add(self.current)
         return self.current
@@ -206,7 +206,7 @@ class Front:
         raise CfirError(f"shard {s} unavailable: {why}")
 
     def search(self) -> tuple[str, list[str], frozenset] | None:
-        """(the front's version, each shard's answering version, the pictures shown), or None: 503."""
+        """(the front's version, each shard's answering version, the images shown), or None: 503."""
         if self.target is None:
             return None
         vid = self.target.vid
@@ -214,7 +214,7 @@ class Front:
             answered = [self._ask(s, vid) for s in range(len(self.shards.replicas))]
         except CfirError:
             return None
-        shown = frozenset(PICTURES) - self.disk.content[vid].removed
+        shown = frozenset(IMAGES) - self.disk.content[vid].removed
         return vid, answered, shown
 
 

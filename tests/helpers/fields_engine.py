@@ -1,4 +1,4 @@
-"""A stand-in engine whose pictures carry fields, filtered by the real `RowFilter` (`cfir_jax.retrieve.filters`: the
+"""A stand-in engine whose images carry fields, filtered by the real `RowFilter` (`cfir_jax.retrieve.filters`: the
 masks, the live rows, the notes) over real columns (`builders.image_fields.columns_of`): the library's `Index`, the
 service (`standin_service.serving(retriever=...)`) and the client answer a filtered query with the ids of the rows
 that pass, best first (row order), without a model. A document whose text is BOOM fails while its batch runs; one
@@ -11,10 +11,10 @@ import threading
 from types import SimpleNamespace
 
 import numpy as np
-from standin_service import NoPictures
+from standin_service import NoImages
 
 from cfir_jax.builders.image_fields import columns_of
-from cfir_jax.core.picture_fields import FieldTypes
+from cfir_jax.core.image_field_types import FieldTypes
 from cfir_jax.retrieve.filters import RowFilter
 from cfir_jax.retrieve.pipeline import RankedImage, Retrieval
 from cfir_jax.search.live_rows import LiveRows
@@ -47,7 +47,7 @@ class FieldsEngine:
     """A Retriever's surface: each document's ranking is every live row that passes its filter, row 0 first."""
 
     entities = None
-    picture_search = NoPictures
+    image_search = NoImages
 
     def __init__(self, rows: list[dict], kinds: dict[str, str] | None = None, max_top_k: int = 50):
         self.filters = FieldsFilter(Fields(rows, kinds))

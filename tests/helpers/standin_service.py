@@ -1,6 +1,6 @@
-"""The service's HTTP app (`cfir_jax.serve.app`: the real Service, batcher, picture queue and middleware) over a
+"""The service's HTTP app (`cfir_jax.serve.app`: the real Service, batcher, image queue and middleware) over a
 stand-in index, served by uvicorn on 127.0.0.1 in a thread of the test's process: the doors without a model, for the
-quick tier's tests and fuzzing. A text's "result" is one hit; a picture is really decoded (the cache's preprocessing,
+quick tier's tests and fuzzing. A text's "result" is one hit; an image is really decoded (the cache's preprocessing,
 its pixels counted first) and embedded by a stand-in tower, and searched over four stand-in rows."""
 
 import contextlib
@@ -26,7 +26,7 @@ SIDE = 8  # the stand-in tower's image size
 
 
 class StandInTower:
-    """The tower's interface (batch_size, image_size, __call__): every picture embeds as one fixed unit row, after
+    """The tower's interface (batch_size, image_size, __call__): every image embeds as one fixed unit row, after
     `delay_s` (a slow tower)."""
 
     batch_size, image_size = 1, SIDE
@@ -40,8 +40,8 @@ class StandInTower:
         return np.full((len(pixels), 4), 0.5, np.float32)
 
 
-class StandInPictures(image_query.PictureSearch):
-    """A picture search over IDS without stores: the real decode (pixels counted from the header), the lock, the
+class StandInImages(image_query.ImageSearch):
+    """An image search over IDS without stores: the real decode (pixels counted from the header), the lock, the
     deadline's checks; the stand-in tower; every row scores 0.5."""
 
     def __init__(self, retriever):
@@ -64,10 +64,10 @@ class StandInPictures(image_query.PictureSearch):
 
 
 class StandInRetriever:
-    """A Retriever's surface for the service: each document's result is one hit; pictures by StandInPictures."""
+    """A Retriever's surface for the service: each document's result is one hit; images by StandInImages."""
 
     entities = None
-    picture_search = StandInPictures
+    image_search = StandInImages
 
     def __init__(self, tower: StandInTower, max_top_k: int):
         self.tower = tower
@@ -82,8 +82,8 @@ class StandInRetriever:
         return f"the caption of {image_id}", ""
 
 
-class NoPictures:
-    """A stand-in engine's picture search (`image_query.prepare` makes it): none; its text path is under test."""
+class NoImages:
+    """A stand-in engine's image search (`image_query.prepare` makes it): none; its text path is under test."""
 
     def __init__(self, retriever):
         pass

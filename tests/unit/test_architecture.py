@@ -273,7 +273,7 @@ def _annotations(node: ast.AST) -> list[ast.expr]:
 
 
 def test_only_the_query_core_makes_a_retriever_or_a_result():
-    """The commands, the services (the batcher, the picture queue, the resident index, the Ray front) and the fits
+    """The commands, the services (the batcher, the image queue, the resident index, the Ray front) and the fits
     reach retrieval through `cfir_jax.api.index.Index`: no other file constructs a Retriever or calls Result.of."""
     found = [line for module, path in MODULES.items() for line in _core_bypasses(module, path)]
     assert not found, "past the one query core:\n" + "\n".join(found)
@@ -358,7 +358,7 @@ def _names_http_exceptions(path: Path) -> list[str]:
 
 
 def test_at_most_one_module_of_serve_names_http_exceptions():
-    """The Service, the picture queue and the request guard raise `cfir_jax.serve.errors`' errors; the app answers
+    """The Service, the image queue and the request guard raise `cfir_jax.serve.errors`' errors; the app answers
     them through that module's one table, as the Ray gateway does."""
     naming = {path.name: hits for path in sorted((PACKAGE / "serve").glob("*.py"))
               if (hits := _names_http_exceptions(path))}

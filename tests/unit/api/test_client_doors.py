@@ -1,6 +1,6 @@
 """The client against hostile or broken services on 127.0.0.1 (issue 51): its token never follows a redirect off the
 service's origin, an answer the service sent before the body's end (a 413) is raised once and the body never sent
-again, a Retry-After of 0 is no tight loop, a malformed 200 is one line, an indexed picture's id is never read as a
+again, a Retry-After of 0 is no tight loop, a malformed 200 is one line, an indexed image's id is never read as a
 file, and a query the rule refuses is refused before anything is sent, in the library's words."""
 
 import json
@@ -174,19 +174,19 @@ def test_a_malformed_batch_answer_is_one_line(services):
         Client(url).search_many(["one", "two"])
 
 
-def test_an_indexed_pictures_id_is_never_read_as_a_file(services, tmp_path, monkeypatch):
+def test_an_indexed_images_id_is_never_read_as_a_file(services, tmp_path, monkeypatch):
     url, seen = services(_json(200, ANSWER))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "img7").write_bytes(b"the bytes of a local file named like the id")
     client = Client(url)
     client.search(image_id="img7", top_k=3)
     assert json.loads(seen[-1][3]) == {"image_id": "img7", "id": "img7", "top_k": 3}
-    client.search(image="img7", top_k=3)  # image= is a picture: its bytes, or a file
+    client.search(image="img7", top_k=3)  # image= is an image: its bytes, or a file
     assert set(json.loads(seen[-1][3])) == {"image", "id", "top_k"}
     long_id = "x" * 300  # over the 255 bytes of a file name: an id, sent as it is
     client.search(image_id=long_id)
     assert json.loads(seen[-1][3])["image_id"] == long_id
-    with pytest.raises(CfirError, match=r"^x{200}: cannot read the picture \(File name too long\)$"):
+    with pytest.raises(CfirError, match=r"^x{200}: cannot read the image \(File name too long\)$"):
         client.search(image=long_id)  # as a file: one line, no OSError
     with pytest.raises(CfirError, match="^give one of text= .*, image= .* or image_id= "):
         client.search(image=b"x", image_id="img7")

@@ -1,6 +1,6 @@
 """The client over HTTPS (issue 59): through a TLS-terminating proxy with a self-signed certificate in front of the
 service (its real app over a stand-in index), TLS 1.3, whose session tickets make the socket readable before any
-answer, and TLS 1.2; search, batch and picture answer as over plain HTTP, an early answer (a 413) still stops the body,
+answer, and TLS 1.2; search, batch and image answer as over plain HTTP, an early answer (a 413) still stops the body,
 and a certificate the client was not told to trust is one line."""
 
 import ssl
@@ -9,7 +9,7 @@ import pytest
 
 from cfir_jax.api.client import Client, ServiceError
 from cfir_jax.core.errors import CfirError
-from tests.helpers.pictures import small_png
+from tests.helpers.sample_images import small_png
 from tests.helpers.standin_service import serving
 from tests.helpers.tls_proxy import self_signed, tls_proxy
 
@@ -32,7 +32,7 @@ def _seen(result) -> tuple:
 
 
 @pytest.mark.parametrize("version", VERSIONS, ids=["tls1.3", "tls1.2"])
-def test_search_batch_and_picture_answer_over_tls_as_over_http(service, certificate, version):
+def test_search_batch_and_image_answer_over_tls_as_over_http(service, certificate, version):
     plain = Client(service, deadline_s=20)
     with tls_proxy(service, *certificate, version=version) as url:
         client = Client(url, deadline_s=20, ca=certificate[0])
@@ -42,8 +42,8 @@ def test_search_batch_and_picture_answer_over_tls_as_over_http(service, certific
         docs = ["A report on the mill.", "The village and the school.", "A regatta."]
         assert [_seen(r) for r in client.search_many(docs, top_k=2)] == \
             [_seen(r) for r in plain.search_many(docs, top_k=2)]
-        picture = small_png()
-        assert _seen(client.search(image=picture, top_k=2)) == _seen(plain.search(image=picture, top_k=2))
+        image = small_png()
+        assert _seen(client.search(image=image, top_k=2)) == _seen(plain.search(image=image, top_k=2))
         assert _seen(client.search(image_id="img-b", top_k=2)) == _seen(plain.search(image_id="img-b", top_k=2))
 
 

@@ -1,7 +1,7 @@
 """What the services ask of the library's `Index` (the one query core), over a stand-in engine: the served methods
 opened together at one version, the default first; warmed by the service's hook, then the summary cache, then the
-picture tower; a batch of several requests' documents answered by one `retrieve_many`, each document with its own
-top_k, language and filters; a picture answered with the request's id."""
+image tower; a batch of several requests' documents answered by one `retrieve_many`, each document with its own
+top_k, language and filters; an image answered with the request's id."""
 
 from types import SimpleNamespace
 
@@ -17,8 +17,8 @@ from cfir_jax.retrieve.pipeline import DocumentInput, RankedImage, Retrieval
 from cfir_jax.retrieve.results import Result
 
 
-class Pictures:
-    """A stand-in engine's picture search with no tower (an imported cache): warming it has nothing to make."""
+class Images:
+    """A stand-in engine's image search with no tower (an imported cache): warming it has nothing to make."""
 
     has_tower = False
 
@@ -30,7 +30,7 @@ class Engine:
     """A method's engine: five hits per document, each batch recorded with the documents as the engine saw them."""
 
     entities = None
-    picture_search = Pictures
+    image_search = Images
     filters = SimpleNamespace(check=lambda where: None)  # every field known
 
     def __init__(self, method: str, summarises: bool = False):
@@ -74,7 +74,7 @@ def test_warm_up_runs_the_hook_per_method_then_keeps_summaries(tmp_path):
     index.warm_up(warmed.append, summary_cache=32)
     assert warmed == ["cfir", "bm25"]
     assert made["cfir"].summary_cache == made["bm25"].summary_cache == 32
-    assert isinstance(image_query.prepare(made["cfir"]), Pictures)  # prepared when opened, warmed (no tower)
+    assert isinstance(image_query.prepare(made["cfir"]), Images)  # prepared when opened, warmed (no tower)
 
 
 def test_a_batch_of_requests_is_one_retrieval_with_each_documents_top_k_language_and_filters(tmp_path):
@@ -98,7 +98,7 @@ def test_a_batch_refuses_a_top_k_past_the_index_and_a_count_that_does_not_match(
         index.search_documents(docs, [1])
 
 
-def test_a_picture_is_answered_with_the_requests_id_by_the_default_method(tmp_path, monkeypatch):
+def test_an_image_is_answered_with_the_requests_id_by_the_default_method(tmp_path, monkeypatch):
     index, _, made = _served(tmp_path)
     asked = {}
 
@@ -107,10 +107,10 @@ def test_a_picture_is_answered_with_the_requests_id_by_the_default_method(tmp_pa
         return Retrieval([RankedImage(1, "img-3", 0.5, 3)], [], [], "")
 
     monkeypatch.setattr(image_query, "search_image", search_image)
-    query = Query(image_id="img-3", top_k=2, id="picture-7", where=[("license", "=", "cc0")])
+    query = Query(image_id="img-3", top_k=2, id="image-7", where=[("license", "=", "cc0")])
     index.check(query)
-    result = index.search_picture(query, 12.5)  # a service's picture search, with its deadline
-    assert (result.id, [h.id for h in result.hits]) == ("picture-7", ["img-3"])
+    result = index.search_image(query, 12.5)  # a service's image search, with its deadline
+    assert (result.id, [h.id for h in result.hits]) == ("image-7", ["img-3"])
     assert asked["retriever"] is made["cfir"] and asked["deadline"] == 12.5 and asked["top_k"] == 2
     assert index.search(image=b"\x89PNG", top_k=1).id == "query"  # no id given: the door's default
 

@@ -1,7 +1,7 @@
 """One filter, one meaning at every door (issue 58): for random conditions whose values hold commas, spaces, quotes
 and any Unicode, the library (`Index.search`, `search_many`), the client (`Client.search`, `search_many`: JSON
 triples over HTTP) and the service's batching path (the micro-batcher, `Index.search_documents`) answer the same
-ids: those of the pictures that pass, written out by hand. Before, the client wrote a triple as a line that the
+ids: those of the images that pass, written out by hand. Before, the client wrote a triple as a line that the
 service parsed again: `("license", "in", ["a,b", "c"])` became three values, `" x "` lost its spaces, `'"q"'` its
 quotes."""
 
@@ -35,7 +35,7 @@ CONDITION = st.one_of(
 
 
 def _passes(row: dict, field: str, op: str, value) -> bool:
-    if field not in row:  # a picture without the field fails every condition on it, != included
+    if field not in row:  # an image without the field fails every condition on it, != included
         return False
     values = value if isinstance(value, list) else [value]
     return row[field] != values[0] if op == "!=" else row[field] in values
@@ -43,7 +43,7 @@ def _passes(row: dict, field: str, op: str, value) -> bool:
 
 @pytest.fixture(scope="module")
 def doors():
-    """(the library's Index, the client of a service over the same pictures)."""
+    """(the library's Index, the client of a service over the same images)."""
     with serving(retriever=FieldsEngine(ROWS), max_top_k=50) as (url, _, _):
         yield standin_index(FieldsEngine(ROWS), 50), cfir_jax.Client(url)
 

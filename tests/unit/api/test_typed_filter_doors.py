@@ -2,7 +2,7 @@
 quotes, Unicode), a boolean (Python's True and False, "true" and "FALSE" strings) and dates at a year's, a month's, a
 day's and a minute's precision (a string, an int year), the library (`Index.search`), the client (JSON triples), the
 client through a TLS 1.3 proxy and HTTP's own JSON (triples, and the condition as a line where a line can say it)
-answer the same ids: those of the pictures that pass, written out by hand. A refusal (an order on a list, a boolean
+answer the same ids: those of the images that pass, written out by hand. A refusal (an order on a list, a boolean
 that is neither, a filter past a limit) is the same one line at the library and, with its status, through the client
 and the proxy."""
 
@@ -47,7 +47,7 @@ def _at(text) -> int:
 
 
 def _passes(row: dict, field: str, op: str, value) -> bool:
-    if row.get(field) is None:  # a picture without the field fails every condition on it, != included
+    if row.get(field) is None:  # an image without the field fails every condition on it, != included
         return False
     values = value if isinstance(value, list) else [value]
     if field == "tags":

@@ -191,7 +191,7 @@ def test_resolve_removals_reads_ids_prefixes_and_skips_removed(tmp_path, base):
 
 
 def test_removal_lines_name_ids_in_either_unicode_form(tmp_path):
-    """Ids are NFC (cfir_jax.data.files): a --remove line typed in NFD names the same picture."""
+    """Ids are NFC (cfir_jax.data.files): a --remove line typed in NFD names the same image."""
     nfc = write_corpus(tmp_path / "c", "toy", _docs(["d0"]), [Image("Z\u00fcrich", image=b"png")], {})
     ids = tmp_path / "ids.txt"
     ids.write_text("Zu\u0308rich\n", encoding="utf-8")
@@ -222,7 +222,7 @@ def test_a_grown_files_corpus_is_still_current_for_index_py(tmp_path):
     assert again.num_documents == 4 and again.qrels("train") == {"d2": {"i3": 1}}
 
 
-def test_pictures_beside_a_documents_file_are_added_with_it(tmp_path):
+def test_images_beside_a_documents_file_are_added_with_it(tmp_path):
     base = write_corpus(tmp_path / "c", "toy", _docs(["d0"]), _images(["i0"], dim=None), {})
     new = _addition(tmp_path / "new", docs=("d1",), images=(), qrels="")
     for name in ("a.png", "b c.png", "sub/d.gif"):
@@ -236,12 +236,12 @@ def test_pictures_beside_a_documents_file_are_added_with_it(tmp_path):
     assert grown.image_ids == ["i0", "a", "b%20c", "sub/d"] and grown.image(2).image == b"b c.png"
 
 
-def test_pictures_that_nothing_would_read_are_refused_naming_them(tmp_path):
+def test_images_that_nothing_would_read_are_refused_naming_them(tmp_path):
     beside_folder = _addition(tmp_path / "f", images=(), qrels="")
     (beside_folder / "images").mkdir()
     (beside_folder / "images" / "in.png").write_bytes(b"x")
     (beside_folder / "loose.png").write_bytes(b"x")
-    with pytest.raises(CfirError, match=r"pictures loose\.png sit beside images/") as e:
+    with pytest.raises(CfirError, match=r"images loose\.png sit beside images/") as e:
         resolve_addition(beside_folder)
     assert "\n" not in str(e.value)
     unnamed = _addition(tmp_path / "r", qrels="")
@@ -249,9 +249,9 @@ def test_pictures_that_nothing_would_read_are_refused_naming_them(tmp_path):
     (unnamed / "images.jsonl").write_text("".join(rows))
     for k in range(6):
         (unnamed / f"p{k}.png").write_bytes(b"x")
-    with pytest.raises(CfirError, match=r"no row of images\.jsonl names the pictures p2\.png, p3\.png, p4\.png and 1 "
+    with pytest.raises(CfirError, match=r"no row of images\.jsonl names the images p2\.png, p3\.png, p4\.png and 1 "
                                         r"more"):
         resolve_addition(unnamed)
     for k in range(2, 6):
         (unnamed / f"p{k}.png").unlink()
-    assert resolve_addition(unnamed).images == unnamed / "images.jsonl"  # every picture named by a row: read
+    assert resolve_addition(unnamed).images == unnamed / "images.jsonl"  # every image named by a row: read

@@ -1,6 +1,6 @@
 """Near-duplicate groups (W/duplicates, docs/duplicates.md): a group is a connected component of the threshold graph,
-found by a neighbour search of a few neighbours per picture (never an [N, N] matmul), equal to brute force; the store
-follows a removal (a removed picture leaves its group) and a compaction, and refuses impossible labels."""
+found by a neighbour search of a few neighbours per image (never an [N, N] matmul), equal to brute force; the store
+follows a removal (a removed image leaves its group) and a compaction, and refuses impossible labels."""
 
 import types
 
@@ -35,7 +35,7 @@ def _brute_groups(x: np.ndarray, threshold: float, removed=None) -> np.ndarray:
 
 
 def _planted(seed: int, n: int, groups: int, size: int, dim: int = 16, noise: float = 0.004) -> np.ndarray:
-    """n unit rows, of which `groups` sets of `size` are one picture's copies with tiny noise."""
+    """n unit rows, of which `groups` sets of `size` are one image's copies with tiny noise."""
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n, dim)).astype(np.float32)
     rows = rng.permutation(n)[: groups * size].reshape(groups, size) if groups * size <= n else np.zeros((0, size))
@@ -70,7 +70,7 @@ def test_groups_are_the_connected_components_of_the_threshold_graph(seed, n, gro
 @settings(max_examples=15, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 30), drop=st.integers(0, 2 ** 30))
 def test_a_removal_regroups_over_the_live_rows(seed, n, drop):
-    """A removed picture leaves its group, and a group it alone held together splits (components of the live rows)."""
+    """A removed image leaves its group, and a group it alone held together splits (components of the live rows)."""
     x = _planted(seed, n, 2, 3)
     if not _no_ties(x, 0.5):
         return

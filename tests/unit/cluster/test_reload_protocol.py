@@ -3,7 +3,7 @@ a fake clock (tests/helpers/cluster_world.py): a case for each failure of the pr
 interleavings (hypothesis.stateful) of every step the cluster meets, with the invariants that must hold after each:
 
 - every answer comes from the version its shards hold;
-- a removed picture never answers at or after its removal's version (of the same branch of the workdir's history);
+- a removed image never answers at or after its removal's version (of the same branch of the workdir's history);
 - once the steps stop, the cluster serves the newest version that passed its checks within a bounded number of
   reloads, with no 503 (unless the workdir holds a version that fails its checks and the served one is gone);
 - a reload never raises: a failed one is a line, and the served version stays."""
@@ -12,7 +12,7 @@ import threading
 import time
 
 import pytest
-from cluster_world import PICTURES, World
+from cluster_world import IMAGES, World
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, rule
@@ -176,9 +176,9 @@ class Cluster(RuleBasedStateMachine):
     def start(self, seed, per_shard, fronts):
         self.w = World(shards=2, per_shard=per_shard, fronts=fronts, seed=seed)
 
-    @rule(picture=st.sampled_from(PICTURES), bad=st.booleans())
-    def commit(self, picture, bad):
-        self.w.disk.commit(picture, bad=bad and self.w.rng.random() < 0.3)
+    @rule(image=st.sampled_from(IMAGES), bad=st.booleans())
+    def commit(self, image, bad):
+        self.w.disk.commit(image, bad=bad and self.w.rng.random() < 0.3)
 
     @rule(n=st.integers(1, 2))
     def sighup(self, n):
@@ -248,16 +248,16 @@ class Cluster(RuleBasedStateMachine):
     def every_answer_is_of_the_version_its_shards_hold(self):
         for vid, answered, shown in self.w.answers:
             assert answered == [vid] * len(answered), (vid, answered)
-            assert shown == frozenset(PICTURES) - self.w.disk.content[vid].removed
+            assert shown == frozenset(IMAGES) - self.w.disk.content[vid].removed
 
     @invariant()
-    def a_removed_picture_never_answers_at_or_after_its_removal(self):
+    def a_removed_image_never_answers_at_or_after_its_removal(self):
         disk = self.w.disk
-        for picture, removed_at in disk.removals:
+        for image, removed_at in disk.removals:
             branch, at = disk.content[removed_at].branch, version_number(removed_at)
             for vid, _, shown in self.w.answers:
                 if disk.content[vid].branch == branch and version_number(vid) >= at:
-                    assert picture not in shown, (picture, removed_at, vid)
+                    assert image not in shown, (image, removed_at, vid)
 
     @invariant()
     def every_live_shard_replica_holds_the_served_version(self):

@@ -49,10 +49,11 @@ def test_a_workdir_recorded_with_the_old_keys_opens_with_its_values_under_the_ne
     assert "n_process" not in config.index.entities
     assert Settings.of(config, "serve") == Settings(4, 2.5, 7, 30.0)
     assert Settings.of(config, "bulk") == Settings(3, 90.0, 7, 30.0) and Settings.of(config, "query").workers == 1
-    assert set(MOVED.values()) == {f"entity_workers.{k}" for k in entity_workers_config()}  # every field has a past
+    moved = {new for new in MOVED.values() if new.startswith("entity_workers.")}
+    assert moved == {f"entity_workers.{k}" for k in entity_workers_config()}  # every field has a past
 
 
-@pytest.mark.parametrize("old, new", sorted(MOVED.items()))
+@pytest.mark.parametrize("old, new", sorted((o, n) for o, n in MOVED.items() if n.startswith("entity_workers.")))
 def test_an_override_of_an_old_key_is_one_line_naming_the_new_one(old_workdir, old, new):
     with pytest.raises(CfirError) as e:
         cli.load("", old_workdir, [f"--config.{old}=1"])
@@ -67,3 +68,18 @@ def test_the_command_line_refuses_an_old_key_in_one_line_and_exit_2(old_workdir)
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr.strip().splitlines() == ["error: --config.serve.entity_workers has moved: use "
                                                 "--config.entity_workers.serve (the config's entity_workers section)"]
+
+
+def test_the_image_queues_old_name_keeps_a_recorded_value_and_refuses_an_override(old_workdir):
+    """serve.picture_queue_size became serve.image_queue_size (issue 58: one word for images): a workdir that
+    recorded the old name keeps its value under the new one, and an override of the old name names the new."""
+    recorded = json.loads((old_workdir / "index.json").read_text())
+    recorded["config"]["serve"]["picture_queue_size"] = 5
+    del recorded["config"]["serve"]["image_queue_size"]
+    (old_workdir / "index.json").write_text(json.dumps(recorded))
+    config = cli.load("", old_workdir)
+    assert config.serve.image_queue_size == 5 and "picture_queue_size" not in config.serve
+    with pytest.raises(CfirError) as e:
+        cli.load("", old_workdir, ["--config.serve.picture_queue_size=2"])
+    assert str(e.value) == ("--config.serve.picture_queue_size has moved: use --config.serve.image_queue_size "
+                            "(one word for images, issue 58)")

@@ -41,7 +41,7 @@ def test_an_english_corpus_records_no_language_and_keeps_its_digest(tmp_path, de
     assert not (found.path / IMAGE_LANGS).exists()
     assert found.manifest["documents_sha"] == plain.manifest["documents_sha"]
     assert [found.document(i).lang for i in range(2)] == ["en", "en"]
-    assert [found.image(i).lang for i in range(2)] == ["en", ""]  # a picture without text has no language
+    assert [found.image(i).lang for i in range(2)] == ["en", ""]  # an image without text has no language
 
 
 def test_a_collection_in_two_languages_records_each_rows(tmp_path, detect):

@@ -185,7 +185,7 @@ def _gif() -> bytes:
     return out.getvalue()
 
 
-def test_pictures_named_as_people_name_them_get_reversible_ids_and_keep_their_paths(tmp_path):
+def test_images_named_as_people_name_them_get_reversible_ids_and_keep_their_paths(tmp_path):
     from cfir_jax.data.files import image_id_of_path, path_of_image_id
 
     imgs = tmp_path / "imgs"
@@ -211,7 +211,7 @@ def test_pictures_named_as_people_name_them_get_reversible_ids_and_keep_their_pa
     assert image_id_of_path("plain/name-1_x.y") == "plain/name-1_x.y"
 
 
-def test_a_pictures_lists_booleans_and_nulls_read_alike_from_jsonl_and_parquet(tmp_path):
+def test_an_images_lists_booleans_and_nulls_read_alike_from_jsonl_and_parquet(tmp_path):
     """Fields as archives export them (issue 61): a list of strings, a boolean, a date with an offset, a null; a
     parquet file's list and bool columns (null where a row has none) read as the JSONL's."""
     rows = [{"id": "a", "bytes": "", "tags": ["news", "sport"], "featured": True, "date": "2020-06-30T21:00-04:00"},

@@ -1,5 +1,5 @@
-"""Pictures are decoded from an allow-list of formats (issue 59, cfir_jax/data/image_decode.py): JPEG, PNG, WebP, GIF,
-BMP and TIFF decode; a picture in any other format Pillow reads (EPS, which it hands to Ghostscript, PSD, ICO, ...)
+"""Images are decoded from an allow-list of formats (issue 59, cfir_jax/data/image_decode.py): JPEG, PNG, WebP, GIF,
+BMP and TIFF decode; an image in any other format Pillow reads (EPS, which it hands to Ghostscript, PSD, ICO, ...)
 is refused in one line naming its format, before that format's reader ever sees its bytes."""
 
 import io
@@ -11,12 +11,12 @@ from PIL import Image as PILImage
 from cfir_jax.data.image_decode import FORMATS, ImageDecodeError, UnsupportedImageFormat, decode_rgb
 from cfir_jax.model.preprocess import decode_image
 
-PICTURE = PILImage.new("RGB", (8, 6), (200, 120, 40))
+IMAGE = PILImage.new("RGB", (8, 6), (200, 120, 40))
 
 
 def _encoded(fmt: str) -> bytes:
     out = io.BytesIO()
-    PICTURE.save(out, fmt)
+    IMAGE.save(out, fmt)
     return out.getvalue()
 
 
@@ -36,11 +36,11 @@ def test_another_format_is_refused_in_one_line_naming_it(fmt):
     with pytest.raises(UnsupportedImageFormat) as e:
         decode_rgb(data)
     message = str(e.value)
-    assert "\n" not in message and message.endswith("pictures are read from JPEG, PNG, WebP, GIF, BMP or TIFF only")
+    assert "\n" not in message and message.endswith("images are read from JPEG, PNG, WebP, GIF, BMP or TIFF only")
     assert message.startswith("a ") and isinstance(e.value, ImageDecodeError)
 
 
-def test_an_eps_picture_never_reaches_the_eps_reader(monkeypatch):
+def test_an_eps_image_never_reaches_the_eps_reader(monkeypatch):
     def never(self):
         raise AssertionError("the EPS reader was called on a query's bytes")
 
@@ -57,5 +57,5 @@ def test_a_format_pillow_knows_by_no_signature_is_not_read(fmt):
 
 def test_bytes_of_no_format_are_still_undecodable_not_unsupported():
     with pytest.raises(ImageDecodeError, match="^not a recognised image format$") as e:
-        decode_rgb(b"these are not the bytes of any picture")
+        decode_rgb(b"these are not the bytes of any image")
     assert not isinstance(e.value, UnsupportedImageFormat)

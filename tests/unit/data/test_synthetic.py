@@ -78,9 +78,9 @@ def test_captions_name_the_depicted_entities(corpus):
         assert all(name in image.caption for name in image.entities)
 
 
-def test_images_are_pictures_drawn_from_their_entities(corpus):
+def test_images_are_drawn_from_their_entities(corpus):
     """Every image has decodable PNG pixels; one entity keeps its colour across the images that depict it alone,
-    two different single entities get different pictures, and rendering is a pure function (same bytes again)."""
+    two different single entities get different images, and rendering is a pure function (same bytes again)."""
     import io
 
     from PIL import Image as PILImage
@@ -89,7 +89,7 @@ def test_images_are_pictures_drawn_from_their_entities(corpus):
 
     world = build_world(TINY)
     index = {e.name: k for k, e in enumerate(world.entities)}
-    pictures = {}
+    shapes = {}
     for k, image in enumerate(_all_records(corpus)[1]):
         assert image.image == world.images[k].image and not image.url
         with PILImage.open(io.BytesIO(image.image)) as im:
@@ -100,10 +100,10 @@ def test_images_are_pictures_drawn_from_their_entities(corpus):
             colours, counts = np.unique(pixels.reshape(-1, 3), axis=0, return_counts=True)
             shape = [tuple(c) for c, _ in sorted(zip(colours, counts), key=lambda x: -x[1]) if tuple(c) !=
                      tuple(pixels[0, 0])][0]
-            pictures.setdefault(image.entities[0], []).append(shape)
-    assert len(pictures) >= 5
-    assert all(len(set(colours)) == 1 for colours in pictures.values())
-    assert len({c[0] for c in pictures.values()}) == len(pictures)
+            shapes.setdefault(image.entities[0], []).append(shape)
+    assert len(shapes) >= 5
+    assert all(len(set(colours)) == 1 for colours in shapes.values())
+    assert len({c[0] for c in shapes.values()}) == len(shapes)
     first = world.images[0]
     again = render_image(world.entities, [index[n] for n in first.entities], world.entities[index[first.entities[0]]]
                          .topic, 0, TINY.seed)

@@ -110,7 +110,7 @@ def test_categories_asked_of_a_corpus_without_them_is_one_line(tmp_path):
     from cfir_jax.data.corpus_writer import write_corpus
 
     docs = [Document(f"d{i}", f"Alpha met Beta in town {i}.") for i in range(3)]
-    corpus = write_corpus(tmp_path / "c", "plain", docs, [Image("i0", caption="a picture")],
+    corpus = write_corpus(tmp_path / "c", "plain", docs, [Image("i0", caption="an image")],
                           {"train": {"d0": {"i0": 1}}})
     with pytest.raises(CfirError, match="carry no category names") as e:
         entities.build_entities(_config("spacy+categories"), Layout.of(tmp_path / "W"), corpus)

@@ -1,8 +1,8 @@
-"""Facets (issue 61 item 4; docs/filters.md): the values of a field counted over the pictures a query ranked, the 20
+"""Facets (issue 61 item 4; docs/filters.md): the values of a field counted over the images a query ranked, the 20
 largest by count (ties by value), with `ranked`. A string counts its value, a list each value it holds once per
-picture, a boolean "true"/"false", a date its month in the store's zone; a number field and an unknown field are one
+image, a boolean "true"/"false", a date its month in the store's zone; a number field and an unknown field are one
 line (422 at the service). The library, the service (in-process) and the client give equal facets; a filter's
-facets count only passing pictures; near-duplicates folded count once; an answer without facets is unchanged."""
+facets count only passing images; near-duplicates folded count once; an answer without facets is unchanged."""
 
 import asyncio
 import collections
@@ -48,7 +48,7 @@ def test_each_kind_counts_as_a_search_page_shows_it():
     assert got["tags"] == {"sport": 16, "news": 8}  # "news" twice in one list counts once; [] and null count none
     assert got["featured"] == {"false": 24, "true": 6}
     assert got["date"] == {"2020-01": 10, "2020-02": 10, "2020-03": 10}
-    assert got["credit"] == {"desk": 15}  # the pictures without the field are not counted
+    assert got["credit"] == {"desk": 15}  # the images without the field are not counted
     assert sum(got["source"].values()) == len(ROWS)
 
 
@@ -68,7 +68,7 @@ def test_a_date_is_counted_by_its_month_in_the_store_s_zone():
 def test_a_number_or_an_unknown_field_is_one_line():
     with pytest.raises(facets_lib.FacetError, match=r"^facets: n is a number field, which is not counted"):
         _counted(ROWS, ["n"])
-    with pytest.raises(facets_lib.FacetError, match=r"^facets: unknown field 'colour' \(the pictures' fields: "
+    with pytest.raises(facets_lib.FacetError, match=r"^facets: unknown field 'colour' \(the images' fields: "
                                                     r"credit, date, featured, n, source, tags\)$"):
         _counted(ROWS, ["colour"])
 
@@ -92,7 +92,7 @@ def served():
 def test_the_library_the_service_and_the_client_give_equal_facets(served):
     index, client, url = served
     got = index.search("text", top_k=3, facets=["source", "tags", "date"])
-    assert got.ranked == len(ROWS) and len(got.hits) == 3  # over every picture ranked, not the three shown
+    assert got.ranked == len(ROWS) and len(got.hits) == 3  # over every image ranked, not the three shown
     assert got.facets["source"] == {"afp": 10, "ap": 10, "reuters": 10}
     assert sum(got.facets["source"].values()) == got.ranked
     assert client.search(Query("text", top_k=3, facets=["source", "tags", "date"])) == got
@@ -102,7 +102,7 @@ def test_the_library_the_service_and_the_client_give_equal_facets(served):
     assert [r.facets for r in many] == [{"featured": {"false": 24, "true": 6}}] * 2
 
 
-def test_facets_under_a_filter_count_only_the_passing_pictures(served):
+def test_facets_under_a_filter_count_only_the_passing_images(served):
     index, client, _ = served
     got = index.search("text", top_k=5, where=["source=ap"], facets=["source", "featured"])
     assert got.facets["source"] == {"ap": 10} and got.ranked == 10 == sum(got.facets["featured"].values())
@@ -195,7 +195,7 @@ def test_the_ray_front_answers_facets_and_refuses_a_bad_field_as_the_service_doe
 @given(lists=st.lists(st.one_of(st.none(), st.lists(st.sampled_from([f"v{i}" for i in range(300)]), max_size=12)),
                       min_size=1, max_size=40), data=st.data(), padded=st.booleans())
 def test_a_list_fields_counts_equal_a_plain_count_by_either_path(monkeypatch, lists, data, padded):
-    """Each picture counts each value it holds once, whether the field's rows are kept as a padded table (few values
+    """Each image counts each value it holds once, whether the field's rows are kept as a padded table (few values
     a row) or gathered ragged (TABLE_PADDING 0: never a table), over any rows asked, in any order; past 127
     distinct values the codes are wider than a byte."""
     monkeypatch.setattr(facets_lib, "TABLE_PADDING", 4 if padded else 0)

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from cfir_jax.builders.image_fields import columns_of
-from cfir_jax.core.picture_fields import FieldTypes
+from cfir_jax.core.image_field_types import FieldTypes
 from cfir_jax.core.query_rule import conditions
 from cfir_jax.retrieve.filters import RowFilter
 from cfir_jax.retrieve.pipeline import Retrieval
@@ -32,17 +32,17 @@ def _run(rows: RowFilter, docs) -> list[Retrieval]:
                     lambda note, n: [Retrieval([], [], [], "", note) for _ in range(n)])
 
 
-def test_each_answer_carries_how_many_pictures_passed_its_filter_of_the_live_ones():
+def test_each_answer_carries_how_many_images_passed_its_filter_of_the_live_ones():
     removed = np.array([False, False, False, False, True])  # row 4 (an "a") was removed
     docs = [_doc(["s=a"]), _doc(["s in b,c"]), _doc(), _doc(["s=z"])]
     got = _run(_filter(removed), docs)
     assert [r.passed for r in got] == [(2, 4), (2, 4), None, (0, 4)]
-    assert got[0].note == "ranked; filtered by s=a: 2 of 4 pictures pass"  # the words say the same
+    assert got[0].note == "ranked; filtered by s=a: 2 of 4 images pass"  # the words say the same
     result = Result.of("q", got[0], lambda i: ("", ""), 5)
     assert (result.passed, result.live) == (2, 4)
     assert Result.from_json(result.to_json()) == result  # not in the JSON (the note says it), not compared
 
 
-def test_every_live_picture_counts_when_none_was_removed():
+def test_every_live_image_counts_when_none_was_removed():
     got = _run(_filter(), [_doc(["s!=a"])])
     assert got[0].passed == (2, 5)

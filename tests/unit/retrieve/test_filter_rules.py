@@ -1,4 +1,4 @@
-"""Filters on the pictures' own fields: each line parsed or refused in one line, and its mask over a column store
+"""Filters on the images' own fields: each line parsed or refused in one line, and its mask over a column store
 equal to the same condition written out by hand (hypothesis over columns and conditions); the call's rows narrowed
 for the length of a block, in that thread alone."""
 
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from cfir_jax.builders.image_fields import columns_of, concat
-from cfir_jax.core.picture_fields import FieldTypes
+from cfir_jax.core.image_field_types import FieldTypes
 from cfir_jax.core.query_rule import conditions
 from cfir_jax.retrieve.filters import Condition, Filter, FilterError, RowFilter, parse
 from cfir_jax.search import live_rows
@@ -68,7 +68,7 @@ KINDS = {"date": "date", "n": "number", "s": "string", "tags": "list", "flag": "
 
 def _by_hand(row: dict, field: str, op: str, values: list) -> bool:
     """The condition written out: ISO dates compare as strings; a list holds a value or not (a lone string is a list
-    of one); a picture without the field fails."""
+    of one); an image without the field fails."""
     if field not in row:
         return False
     if field == "tags":
@@ -104,7 +104,7 @@ def test_a_date_alone_covers_its_day_and_filters_join_by_and():
     assert Filter(["date>2020-06-30"]).mask(store).tolist() == [False, True, False, False]
     assert Filter(["date<=2020-06-30", "s=ap"]).mask(store).tolist() == [True, False, False, False]
     assert Filter(["s!=afp"]).mask(store).tolist() == [True, True, False, True]
-    with pytest.raises(FilterError, match=r"^filter 'x=1': unknown field 'x' \(the pictures' fields: date, s\)$"):
+    with pytest.raises(FilterError, match=r"^filter 'x=1': unknown field 'x' \(the images' fields: date, s\)$"):
         Filter(["x=1"]).mask(store)
     with pytest.raises(FilterError, match="date is a date; 'soon' is not an ISO 8601 date"):
         Filter(["date<soon"]).mask(store)

@@ -1,7 +1,7 @@
 """A filtered whole-cache search (the dense methods, CFIR's no-entity fallback, unseen entities) scores only the
 rows its filter passes, on the host and on the device (forced on the CPU: JAX's CPU is a device), and answers
 exactly as the unfiltered search minus the failing rows: the same rows, scores bit-equal. Before, it searched
-every row for k + (failing rows) and dropped the failing ones: at 1M pictures and a filter passing 10%, 900k
+every row for k + (failing rows) and dropped the failing ones: at 1M images and a filter passing 10%, 900k
 scores sorted per query."""
 
 import types

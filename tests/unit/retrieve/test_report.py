@@ -40,14 +40,14 @@ def test_html_without_bytes_or_url_says_no_image():
     assert "<img" not in page and "no image" in page
 
 
-def test_a_documents_gallery_says_its_entities_and_summary_and_a_pictures_says_neither():
+def test_a_documents_gallery_says_its_entities_and_summary_and_an_images_says_neither():
     assert "<b>Entities:</b> x" in _gallery(1) and "<b>Summary:</b> a summary" in _gallery(1)
-    by_picture = html_page(Result("pictures like img1", (Hit(1, "x", 0.5, "cap", ""),)), lambda i: b"", 1)
-    assert "Entities:" not in by_picture and "Summary:" not in by_picture
+    by_image = html_page(Result("images like img1", (Hit(1, "x", 0.5, "cap", ""),)), lambda i: b"", 1)
+    assert "Entities:" not in by_image and "Summary:" not in by_image
 
 
-def test_gallery_screenshot_in_headless_chromium_shows_the_pictures(tmp_path):
-    """The page as Chromium paints it: each picture's colours appear on screen, not a broken-image icon."""
+def test_gallery_screenshot_in_headless_chromium_shows_the_images(tmp_path):
+    """The page as Chromium paints it: each image's colours appear on screen, not a broken-image icon."""
     from PIL import Image as PILImage
 
     assert shutil.which("chromium"), "chromium is part of the test set: bash scripts/setup.sh test installs it " \
@@ -80,7 +80,7 @@ def test_the_gallery_shows_each_hits_own_fields_and_the_facets_as_links_escaped(
     assert 'data-field="featured" data-facet="1">featured: true<' in page
     assert 'data-field="width" data-facet="0">width: 640<' in page
     assert 'class="facet" data-field="date" data-value="2020-06">2020-06</a>&nbsp;(4)' in page
-    assert 'data-value="&lt;b&gt;reuters&lt;/b&gt;"' in page and "Counts over the 4 pictures ranked" in page
+    assert 'data-value="&lt;b&gt;reuters&lt;/b&gt;"' in page and "Counts over the 4 images ranked" in page
     assert 'data-image-id="img1"' in page and page.count('class="fields"') == 1  # img2 has none: nothing drawn
     plain = html_page(Result("d", hits[1:]), lambda i: b"", 1)
     assert 'class="facets"' not in plain and 'class="fields"' not in plain

@@ -81,9 +81,9 @@ def test_the_package_has_one_result_class_and_one_hit_class():
     assert "row" not in {f.name for f in dataclasses.fields(Hit)}  # the cache row stays inside retrieval
 
 
-def test_a_hit_carries_its_pictures_own_fields_in_the_json_only_where_it_has_any():
+def test_a_hit_carries_its_images_own_fields_in_the_json_only_where_it_has_any():
     """`Hit.fields` (date, source, license, tags: docs/filters.md) from the retriever's rows, in a hit's JSON last and
-    only where the picture has fields, so that an answer of a collection without fields is unchanged."""
+    only where the image has fields, so that an answer of a collection without fields is unchanged."""
     own = {"img1": {"date": "2020-06-12T14:05:30-04:00", "source": "reuters", "tags": ["news", "sport"],
                     "featured": True}}
     record = Result.of("doc", _pipeline_result(), _describe, 3, fields=lambda i: own.get(i, {}))

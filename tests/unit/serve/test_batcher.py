@@ -9,7 +9,7 @@ import time
 from types import SimpleNamespace
 
 import pytest
-from standin_service import NoPictures, standin_index
+from standin_service import NoImages, standin_index
 
 from cfir_jax.core.query_rule import Condition
 from cfir_jax.retrieve.pipeline import DocumentInput
@@ -23,7 +23,7 @@ class StandIn:
     """A Retriever's batched path: each document's 'result' is its text upper-cased; batches are recorded."""
 
     entities = None
-    picture_search = NoPictures
+    image_search = NoImages
 
     def __init__(self, gate: threading.Event | None = None, fail: bool = False):
         self.batches, self.gate, self.fail = [], gate, fail
@@ -169,7 +169,7 @@ class Hits:
     """A Retriever's batched path answering five ranked images per document (the real records, no monkeypatching)."""
 
     entities = None
-    picture_search = NoPictures
+    image_search = NoImages
 
     def __init__(self, gate: threading.Event):
         self.batches, self.gate = [], gate

@@ -1,8 +1,8 @@
 """The service's HTTP doors against hostile input (issue 51), on the real app over a stand-in index (no model:
-tests/helpers/standin_service.py): pictures bounded before they are decoded and decoded outside the tower's lock, a
-bounded picture queue (503 with Retry-After) whose deadline stops the work, bodies that lie about their length or
+tests/helpers/standin_service.py): images bounded before they are decoded and decoded outside the tower's lock, a
+bounded image queue (503 with Retry-After) whose deadline stops the work, bodies that lie about their length or
 stop, a client gone mid-body, a body far over the limit answered 413 and readable by a client that sends it whole;
-then hypothesis fuzzing every door (texts, top_k, ids, JSON bodies of any shape, multipart uploads, raw picture
+then hypothesis fuzzing every door (texts, top_k, ids, JSON bodies of any shape, multipart uploads, raw image
 bodies): never a 500, never a logged error, every refusal one JSON line with its status, a text or top_k answered
 exactly when the one rule accepts it (the library's rule: cfir_jax/core/query_rule.py), and the service ready after.
 The real service over a real index: tests/e2e/test_serve.py, tests/e2e/test_image_search.py."""
@@ -17,7 +17,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from pictures import bomb_png, small_png
+from sample_images import bomb_png, small_png
 from standin_service import serving
 
 from cfir_jax.core.query_rule import QueryRefused, check_id, check_text, check_top_k
@@ -50,7 +50,7 @@ def _still_ready(url: str, svc) -> None:
     assert not errors, [r.getMessage() for r in errors]
 
 
-# ------------------------------------------------------------------------------------------------------ pictures
+# ------------------------------------------------------------------------------------------------------ images
 
 
 def test_a_decompression_bomb_is_refused_from_its_header_without_decoding(door):
@@ -59,34 +59,34 @@ def test_a_decompression_bomb_is_refused_from_its_header_without_decoding(door):
     t0 = time.monotonic()
     answer = httpx.post(f"{url}/v1/search/image", content=bomb, headers={"content-type": "image/png"}, timeout=30)
     assert answer.status_code == 413 and time.monotonic() - t0 < 5, answer.text  # decoded, it was a 200, later
-    assert _one_line(answer) == (f"the picture ({len(bomb):,} bytes) is too large: 13,000 x 13,000 = 169,000,000 "
+    assert _one_line(answer) == (f"the image ({len(bomb):,} bytes) is too large: 13,000 x 13,000 = 169,000,000 "
                                  "pixels, over serve.max_image_pixels=50,000,000")
     _still_ready(url, svc)
 
 
-def test_a_picture_is_decoded_outside_the_lock_the_tower_holds(door):
+def test_an_image_is_decoded_outside_the_lock_the_tower_holds(door):
     url, _, retriever = door
     engine = image_query.prepare(retriever)
-    with engine.lock:  # the tower busy with another picture: a bad picture is refused all the same
+    with engine.lock:  # the tower busy with another image: a bad image is refused all the same
         answer = httpx.post(f"{url}/v1/search/image", content=bomb_png(), headers={"content-type": "image/png"},
                             timeout=30)
     assert answer.status_code == 413, answer.text
 
 
-def test_a_full_picture_queue_answers_503_with_retry_after_at_once():
-    with serving(tower_delay_s=3.0, picture_queue_size=1, deadline_ms=10000) as (url, svc, retriever):
+def test_a_full_image_queue_answers_503_with_retry_after_at_once():
+    with serving(tower_delay_s=3.0, image_queue_size=1, deadline_ms=10000) as (url, svc, retriever):
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             answers = list(pool.map(lambda _: httpx.post(f"{url}/v1/search/image", content=small_png(),
                                                          headers={"content-type": "image/png"}, timeout=30), range(3)))
         busy = [a for a in answers if a.status_code == 503]
         assert sorted(a.status_code for a in answers) == [200, 503, 503], [a.text for a in answers]
-        assert all(a.headers["retry-after"] == "1" and _one_line(a).startswith("busy: 1 pictures") for a in busy)
+        assert all(a.headers["retry-after"] == "1" and _one_line(a).startswith("busy: 1 images") for a in busy)
         assert retriever.tower.calls == 1
         _still_ready(url, svc)
 
 
-def test_a_picture_past_its_deadline_is_answered_504_and_its_work_stops():
-    with serving(tower_delay_s=1.0, picture_queue_size=4, deadline_ms=400) as (url, svc, retriever):
+def test_an_image_past_its_deadline_is_answered_504_and_its_work_stops():
+    with serving(tower_delay_s=1.0, image_queue_size=4, deadline_ms=400) as (url, svc, retriever):
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
             answers = list(pool.map(lambda _: httpx.post(f"{url}/v1/search/image", content=small_png(),
                                                          headers={"content-type": "image/png"}, timeout=30), range(3)))
@@ -94,7 +94,7 @@ def test_a_picture_past_its_deadline_is_answered_504_and_its_work_stops():
         assert all(_one_line(a) == "deadline of 400 ms passed (serve.deadline_ms)" for a in answers)
         time.sleep(2.5)  # what the threads would still do
         assert retriever.tower.calls <= 1  # at most the first reached the tower; the others stopped before it
-        assert svc.pictures.pending == 0
+        assert svc.images.pending == 0
         _still_ready(url, svc)
 
 
@@ -244,38 +244,38 @@ def _any_body(door, body, path, content_type):
 
 
 FORM_NAMES = st.sampled_from(["image", "image_id", "top_k", "id", "other", ""])
-PICTURES = {"bomb": bomb_png(8000), "small": small_png()}  # named, so that a failing example prints short
+IMAGES = {"bomb": bomb_png(8000), "small": small_png()}  # named, so that a failing example prints short
 UPLOADS = dict(
     files=st.dictionaries(FORM_NAMES, st.tuples(st.text(max_size=8), st.one_of(
         st.binary(max_size=100), st.binary(max_size=60).map(lambda b: small_png()[:40] + b))), max_size=2),
-    named=st.sampled_from([None, *sorted(PICTURES)]),
+    named=st.sampled_from([None, *sorted(IMAGES)]),
     data=st.dictionaries(FORM_NAMES, st.one_of(st.text(max_size=10), TOP_KS.map(str)), max_size=3))
 
 
 def _any_upload(door, files, named, data):
-    if named is not None:  # a whole picture, or a bomb, as the file field image
-        files = {**files, "image": ("p.png", PICTURES[named])}
+    if named is not None:  # a whole image, or a bomb, as the file field image
+        files = {**files, "image": ("p.png", IMAGES[named])}
     response = httpx.post(f"{door[0]}/v1/search/image", files=files or None, data=data or None, timeout=30)
     assert response.status_code in (200, 400, 404, 413, 415, 422), response.text[:300]  # 400: nothing sent, no form
     if response.status_code != 200:
         _one_line(response)
 
 
-RAW_PICTURES = dict(picture=st.one_of(st.binary(max_size=300), st.integers(1, 200), st.sampled_from(sorted(PICTURES))),
-                    as_json=st.booleans(), top_k=st.one_of(st.none(), TOP_KS))
+RAW_IMAGES = dict(image=st.one_of(st.binary(max_size=300), st.integers(1, 200), st.sampled_from(sorted(IMAGES))),
+                  as_json=st.booleans(), top_k=st.one_of(st.none(), TOP_KS))
 
 
-def _any_raw_picture(door, picture, as_json, top_k):
-    """picture: its bytes, a small picture cut after n bytes, or a named one; as the body, or base64 in JSON."""
+def _any_raw_image(door, image, as_json, top_k):
+    """image: its bytes, a small image cut after n bytes, or a named one; as the body, or base64 in JSON."""
     url = door[0]
-    picture = small_png()[:picture] if isinstance(picture, int) else PICTURES.get(picture, picture)
+    image = small_png()[:image] if isinstance(image, int) else IMAGES.get(image, image)
     if as_json:
-        body = {"image": base64.b64encode(picture).decode(), **({"top_k": top_k} if top_k is not None else {})}
+        body = {"image": base64.b64encode(image).decode(), **({"top_k": top_k} if top_k is not None else {})}
         response = httpx.post(f"{url}/v1/search/image", content=_dumps(body),
                               headers={"content-type": "application/json"}, timeout=30)
     else:
         query = {"top_k": str(top_k)} if top_k is not None else {}
-        response = httpx.post(f"{url}/v1/search/image", params=query, content=picture,
+        response = httpx.post(f"{url}/v1/search/image", params=query, content=image,
                               headers={"content-type": "image/png"}, timeout=30)
     huge = response.status_code == 400 and top_k == HUGE and as_json  # more digits than JSON's reader takes
     assert response.status_code in (200, 413, 415, 422) or huge, response.text[:300]  # 415: a format not read
@@ -287,11 +287,11 @@ def _any_raw_picture(door, picture, as_json, top_k):
 test_fuzz_a_search_is_answered_exactly_when_the_rule_accepts_it = QUICK(given(**SEARCHES)(_search_door))
 test_fuzz_any_body_at_any_door_is_answered_or_refused_in_one_line = QUICK(given(**BODIES)(_any_body))
 test_fuzz_any_multipart_upload_is_answered_or_refused_in_one_line = QUICK(given(**UPLOADS)(_any_upload))
-test_fuzz_any_raw_picture_is_answered_or_refused_in_one_line = QUICK(given(**RAW_PICTURES)(_any_raw_picture))
+test_fuzz_any_raw_image_is_answered_or_refused_in_one_line = QUICK(given(**RAW_IMAGES)(_any_raw_image))
 test_fuzz_long_searches = pytest.mark.slow(LONG(given(**SEARCHES)(_search_door)))
 test_fuzz_long_bodies = pytest.mark.slow(LONG(given(**BODIES)(_any_body)))
 test_fuzz_long_uploads = pytest.mark.slow(LONG(given(**UPLOADS)(_any_upload)))
-test_fuzz_long_raw_pictures = pytest.mark.slow(LONG(given(**RAW_PICTURES)(_any_raw_picture)))
+test_fuzz_long_raw_images = pytest.mark.slow(LONG(given(**RAW_IMAGES)(_any_raw_image)))
 
 
 def test_zz_after_the_fuzzing_the_service_is_ready_and_logged_no_error(door):

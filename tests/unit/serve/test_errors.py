@@ -7,7 +7,7 @@ import pytest
 from cfir_jax.core.errors import CfirError, StoreError, first_line
 from cfir_jax.core.query_rule import QueryRefused
 from cfir_jax.retrieve.filters import FilterError
-from cfir_jax.retrieve.image_query import Expired, PictureTooLarge, UnknownPicture, UnusablePicture
+from cfir_jax.retrieve.image_query import Expired, QueryImageTooLarge, UnknownImage, UnusableImage
 from cfir_jax.serve.errors import Busy, ClientGone, DeadlinePassed, Refused, Unavailable, http_answer
 from cfir_jax.stores.integrity import CorruptStore
 
@@ -22,16 +22,16 @@ ANSWERS = [
     (Refused("documents is empty", 422), 422, "documents is empty", {}),
     (QueryRefused("text is 9 bytes, over serve.max_text_bytes=8", 413), 413, "text is 9 bytes, over "
      "serve.max_text_bytes=8", {}),
-    (FilterError("filter 'x=1': unknown field 'x' (the pictures' fields: date)"), 422,
-     "filter 'x=1': unknown field 'x' (the pictures' fields: date)", {}),
+    (FilterError("filter 'x=1': unknown field 'x' (the images' fields: date)"), 422,
+     "filter 'x=1': unknown field 'x' (the images' fields: date)", {}),
     (CorruptStore("W/image_cache/embeddings.npy: checksum mismatch\nmore"), 503,
      "W/image_cache/embeddings.npy: checksum mismatch", {}),
     (StoreError("W/fields: missing"), 503, "W/fields: missing", {}),
-    (PictureTooLarge("the picture has 90,000,000 pixels"), 413, "the picture has 90,000,000 pixels", {}),
-    (UnknownPicture("no live picture has the id 'x'"), 404, "no live picture has the id 'x'", {}),
+    (QueryImageTooLarge("the image has 90,000,000 pixels"), 413, "the image has 90,000,000 pixels", {}),
+    (UnknownImage("no live image has the id 'x'"), 404, "no live image has the id 'x'", {}),
     (Expired("the deadline passed before the search's next stage"), 504,
      "the deadline passed before the search's next stage", {}),
-    (UnusablePicture("the picture does not decode"), 422, "the picture does not decode", {}),
+    (UnusableImage("the image does not decode"), 422, "the image does not decode", {}),
     (CfirError("anything else the request gave"), 422, "anything else the request gave", {}),
 ]
 

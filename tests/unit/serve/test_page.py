@@ -1,7 +1,7 @@
 """The page at `GET /` as a picture desk uses it (docs/filters.md): it asks the counts of the fields seen on hits,
-turns a click on a value into a filter, a click on a picture into a search by that picture, whose gallery
+turns a click on a value into a filter, a click on an image into a search by that image, whose gallery
 (POST /v1/search/image/html, over the stand-in service: tests/helpers/standin_service.py) shows every hit's pixels,
-its own fields and the facets, every value escaped, in each form the picture door takes. Chromium runs the page in
+its own fields and the facets, every value escaped, in each form the image door takes. Chromium runs the page in
 tests/e2e/test_filters.py, the Ray engine's door tests/e2e/test_serve_cluster.py."""
 
 import base64
@@ -12,17 +12,17 @@ from types import SimpleNamespace
 
 import httpx
 import pytest
-from pictures import small_png
+from sample_images import small_png
 from standin_service import IDS, StandInRetriever, StandInTower, serving
 
 from cfir_jax.serve.page import PAGE
 
 HOSTILE = '<script>alert("x")</script>&\'"'  # in a caption, a url, a field's name and value, a facet's value
 PIXELS = {"img-a": small_png(colour=(10, 200, 30)), "img-b": small_png(colour=(250, 5, 90))}  # img-c: a url only
-URLS = {"img-a": "", "img-b": "", "img-c": "https://pictures.example/c.jpg?w=1&h=2", "img-d": HOSTILE}
+URLS = {"img-a": "", "img-b": "", "img-c": "https://images.example/c.jpg?w=1&h=2", "img-d": HOSTILE}
 
 
-class PicturedRetriever(StandInRetriever):
+class RetrieverWithImages(StandInRetriever):
     """The stand-in engine with a corpus as the gallery reads it: img-a and img-b with their bytes, img-c with an
     http(s) url only, img-d with neither (and a hostile url); hostile captions and fields; facets counted as given."""
 
@@ -46,9 +46,9 @@ class PicturedRetriever(StandInRetriever):
 
 
 @pytest.fixture(scope="module")
-def pictured():
-    """The stand-in service over PicturedRetriever: its url."""
-    with serving(retriever=PicturedRetriever()) as (url, _, _):
+def served_images():
+    """The stand-in service over RetrieverWithImages: its url."""
+    with serving(retriever=RetrieverWithImages()) as (url, _, _):
         yield url
 
 
@@ -63,14 +63,14 @@ def test_the_page_asks_the_counts_of_the_fields_seen_on_hits_but_a_numbers():
     assert 'fetch(url, {method: "POST"' in script and '"/v1/search/html"' in script
 
 
-def test_a_click_on_a_value_adds_its_filter_and_a_click_on_a_picture_searches_by_it():
+def test_a_click_on_a_value_adds_its_filter_and_a_click_on_an_image_searches_by_it():
     script = _script()
     assert 'querySelectorAll("a.facet")' in script and "addFilter(a.dataset.field, a.dataset.value)" in script
     assert "`${field}=${value}`" in script and 'join("; ")' in script  # the filter box's own separator
-    assert 'querySelectorAll("img[data-image-id]")' in script and "byPicture(img.dataset.imageId)" in script
-    by_picture = script[script.index("async function byPicture"):script.index("function addFilter")]
-    assert 'ask("/v1/search/image/html", {image_id: id, id: `pictures like ${id}`, ...options()})' in by_picture
-    assert "gallery.srcdoc = await r.text()" in by_picture  # the service's gallery, as a text search's
+    assert 'querySelectorAll("img[data-image-id]")' in script and "byImage(img.dataset.imageId)" in script
+    by_image = script[script.index("async function byImage"):script.index("function addFilter")]
+    assert 'ask("/v1/search/image/html", {image_id: id, id: `images like ${id}`, ...options()})' in by_image
+    assert "gallery.srcdoc = await r.text()" in by_image  # the service's gallery, as a text search's
 
 
 def test_the_page_draws_no_value_of_an_answer_itself():
@@ -83,7 +83,7 @@ def test_the_page_draws_no_value_of_an_answer_itself():
 
 
 def _figures(page: str) -> dict[str, str]:
-    """Each hit's <figure> of a gallery, by its picture's id (data-image-id, else the noimg box's hit)."""
+    """Each hit's <figure> of a gallery, by its image's id (data-image-id, else the noimg box's hit)."""
     figures = page.split("<figure>")[1:]
     out = {}
     for f in figures:
@@ -92,14 +92,14 @@ def _figures(page: str) -> dict[str, str]:
     return out
 
 
-def test_a_search_by_picture_answers_the_gallery_with_every_hits_pixels(pictured):
-    """POST /v1/search/image/html: the JSON door's hits in its order, each picture's bytes inline (a data URI of
+def test_a_search_by_image_answers_the_gallery_with_every_hits_pixels(served_images):
+    """POST /v1/search/image/html: the JSON door's hits in its order, each image's bytes inline (a data URI of
     its type), else its http(s) url, else a box; each image clickable (data-image-id); the version header."""
-    body = {"image_id": "img-a", "top_k": 4, "id": "pictures like img-a"}
-    page = httpx.post(f"{pictured}/v1/search/image/html", json=body, timeout=30)
+    body = {"image_id": "img-a", "top_k": 4, "id": "images like img-a"}
+    page = httpx.post(f"{served_images}/v1/search/image/html", json=body, timeout=30)
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html"), page.text[:300]
-    assert page.headers["x-index-version"] == "3" and "<h1>pictures like img-a</h1>" in page.text
-    answer = httpx.post(f"{pictured}/v1/search/image", json=body, timeout=30).json()
+    assert page.headers["x-index-version"] == "3" and "<h1>images like img-a</h1>" in page.text
+    answer = httpx.post(f"{served_images}/v1/search/image", json=body, timeout=30).json()
     figures = _figures(page.text)
     assert list(figures) == [h["image_id"] for h in answer["hits"]] == IDS
     for image_id, data in PIXELS.items():
@@ -107,19 +107,19 @@ def test_a_search_by_picture_answers_the_gallery_with_every_hits_pixels(pictured
         assert f'<img {src} alt="{image_id}" data-image-id="{image_id}">' in figures[image_id]
     assert f'<img src="{html.escape(URLS["img-c"])}" alt="img-c" data-image-id="img-c"' in figures["img-c"]
     assert '<div class="noimg">no image</div>' in figures["img-d"] and "data-image-id" not in figures["img-d"]
-    metrics = httpx.get(f"{pictured}/metrics", timeout=30).text  # counted under its own endpoint
+    metrics = httpx.get(f"{served_images}/metrics", timeout=30).text  # counted under its own endpoint
     assert 'cfir_requests_total{endpoint="/v1/search/image/html",status="200"}' in metrics
 
 
 @pytest.mark.parametrize("form", ["upload", "raw", "form"])
-def test_the_gallery_answers_each_form_the_picture_door_takes(pictured, form):
+def test_the_gallery_answers_each_form_the_image_door_takes(served_images, form):
     """A multipart upload, a raw image/* body, a urlencoded form with an id: the same gallery, with the filters'
     and facets' fields of each form; a refusal is the JSON door's one line."""
-    url, picture = f"{pictured}/v1/search/image/html", small_png()
+    url, image = f"{served_images}/v1/search/image/html", small_png()
     if form == "upload":
-        page = httpx.post(url, files={"image": ("p.png", picture)}, data={"top_k": "2", "facets": "source"})
+        page = httpx.post(url, files={"image": ("p.png", image)}, data={"top_k": "2", "facets": "source"})
     elif form == "raw":
-        page = httpx.post(f"{url}?top_k=2&facets=source", content=picture, headers={"content-type": "image/png"})
+        page = httpx.post(f"{url}?top_k=2&facets=source", content=image, headers={"content-type": "image/png"})
     else:
         page = httpx.post(url, data={"image_id": "img-b", "top_k": "2", "facets": "source"})
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html"), page.text[:300]
@@ -130,10 +130,10 @@ def test_the_gallery_answers_each_form_the_picture_door_takes(pictured, form):
     assert list(json.loads(unknown.content)) == ["error"] and "img-z" in unknown.json()["error"]
 
 
-def test_every_value_of_the_picture_gallery_is_escaped(pictured):
+def test_every_value_of_the_image_gallery_is_escaped(served_images):
     """A caption, a url, a field's name and value and a facet's value holding markup are drawn as text."""
-    page = httpx.post(f"{pictured}/v1/search/image/html", json={"image_id": "img-a", "top_k": 4, "id": HOSTILE,
-                                                                "facets": ["source"]}, timeout=30).text
+    page = httpx.post(f"{served_images}/v1/search/image/html", json={"image_id": "img-a", "top_k": 4, "id": HOSTILE,
+                                                                     "facets": ["source"]}, timeout=30).text
     assert "<script>" not in page and html.escape(HOSTILE) in page
     assert page.count(html.escape(HOSTILE)) >= 4 * 3 + 2  # each hit's caption, field name and value; title, facet
     assert f'class="facet" data-field="source" data-value="{html.escape(HOSTILE)}"' in page

@@ -169,7 +169,7 @@ def test_corrupt_and_empty_images_are_skipped_and_listed(cache):
 
 
 def test_a_folder_name_in_another_unicode_form_is_named_in_skipped_tsv(tmp_path, model):
-    """Zürich.png in NFD and NFC in one folder (cfir_jax.data.files): one picture cached under the NFC id, the other
+    """Zürich.png in NFD and NFC in one folder (cfir_jax.data.files): one image cached under the NFC id, the other
     named in skipped.tsv; ids.txt and skipped.tsv are UTF-8."""
     from cfir_jax.data.files import build_files_corpus
 

@@ -174,7 +174,7 @@ def test_store_is_reused_checked_and_refused_when_damaged(tmp_path):
 
 def test_nfd_and_nfc_spellings_are_one_term_on_both_sides(tmp_path):
     """"Zürich" typed with a combining diaeresis (NFD) and as one letter (NFC) find each other: terms are NFC on the
-    picture's side and on the query's."""
+    image's side and on the query's."""
     nfc, nfd = "Z\u00fcrich", "Zu\u0308rich"
     texts = random_texts(40, seed=5)
     texts[11] += f" the old town of {nfc}"

@@ -1,4 +1,4 @@
-"""The synthetic world's pictures: each image drawn from the facts it depicts, so the vision tower has something to
+"""The synthetic world's images: each image drawn from the facts it depicts, so the vision tower has something to
 learn (the topic's background colour, one shape per depicted entity with its colour and initials)."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ IMAGE_SIZE = 96  # px, square: small enough for 5,000 PNGs in a few seconds, lar
 
 
 class Depicted(Protocol):
-    """What a picture needs of an entity (`synthetic.Entity` is one): its name and kind."""
+    """What an image needs of an entity (`synthetic.Entity` is one): its name and kind."""
 
     name: str
     kind: str  # "person", "place" or "org"
@@ -30,7 +30,7 @@ def _initials(name: str) -> str:
 
 
 def render_image(entities: Sequence[Depicted], members: list[int], topic: int, image_index: int, seed: int) -> bytes:
-    """The picture of one image: PNG bytes [IMAGE_SIZE, IMAGE_SIZE, 3], a pure function of its arguments.
+    """The image of one image: PNG bytes [IMAGE_SIZE, IMAGE_SIZE, 3], a pure function of its arguments.
 
     The background hue follows the topic; each depicted entity (`members`, indices into `entities`) is a shape
     by kind (circle person, triangle place, square organisation) filled with the entity's colour (hue by golden
@@ -38,7 +38,7 @@ def render_image(entities: Sequence[Depicted], members: list[int], topic: int, i
     (its own generator, not the world's, so adding pixels changed no other draw) keeps images of one entity from
     being byte-identical.
     """
-    # why: Pillow loads only when a world draws its pictures
+    # why: Pillow loads only when a world draws its images
     from PIL import Image as PILImage
     from PIL import ImageDraw
 

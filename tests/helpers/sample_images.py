@@ -1,5 +1,5 @@
-"""Pictures an attacker or a careless user sends: a decompression bomb (a small PNG whose header announces a huge
-picture) made without ever holding its pixels, and a small real picture."""
+"""Images an attacker or a careless user sends: a decompression bomb (a small PNG whose header announces a huge
+image) made without ever holding its pixels, and a small real image."""
 
 import io
 import struct

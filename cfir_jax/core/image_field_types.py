@@ -1,4 +1,4 @@
-"""The pictures' own fields (`date`, `source`, `tags`, `featured`, ...): their types and values, in one place.
+"""The images' own fields (`date`, `source`, `tags`, `featured`, ...): their types and values, in one place.
 
 An images file's row may carry fields beside `id`, `path` and the caption (docs/filters.md). Each field is typed on
 first sight and keeps that type for the whole collection, additions included:
@@ -12,7 +12,7 @@ first sight and keeps that type for the whole collection, additions included:
 
 `null` is no value (the field absent), in a list too. A nested object or a list of anything but strings is refused,
 and so is a value of another type than its field's: one line naming the field and the row. The corpus keeps each
-picture's raw values; the image_fields store (`cfir_jax.stores.image_fields`) keeps them as typed columns; the
+image's raw values; the image_fields store (`cfir_jax.stores.image_fields`) keeps them as typed columns; the
 filters (`cfir_jax.retrieve.filters`) read dates with the same `date_span`, so a filter's date means what a row's does.
 """
 

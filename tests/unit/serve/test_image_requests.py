@@ -1,4 +1,4 @@
-"""POST /v1/search/image's reading of a request (cfir_jax/serve/picture.py), on real Starlette requests: a picture
+"""POST /v1/search/image's reading of a request (cfir_jax/serve/image_search.py), on real Starlette requests: an image
 as a multipart upload (as httpx, and so curl -F, encodes it), as base64 JSON or as the raw body (Content-Type
 image/*), each bad form refused with its one-line status before any index is touched, and a body read no further
 than its limit. The route over a served index is tests/e2e/test_image_search.py."""
@@ -14,7 +14,7 @@ from starlette.requests import Request
 
 from cfir_jax.core.query_rule import FilterError, FilterLimits
 from cfir_jax.serve.errors import Refused
-from cfir_jax.serve.picture import _body, _parse, read_request
+from cfir_jax.serve.image_search import _body, _parse, read_request
 
 PNG = b"\x89PNG\r\n\x1a\nnot really"
 
@@ -31,28 +31,28 @@ def _request(content_type: str, query: str = "", chunks=()) -> Request:
     return Request(scope, receive)
 
 
-def test_a_raw_picture_body_takes_top_k_and_id_from_the_query_string():
-    picture, fields = _parse(_request("image/png", "top_k=3&id=mine"), PNG, max_bytes=1000)
-    assert picture == PNG and (fields.top_k, fields.id, fields.image_id) == (3, "mine", None)
-    picture, fields = _parse(_request("image/jpeg; charset=binary"), PNG, max_bytes=1000)
-    assert picture == PNG and (fields.top_k, fields.id) == (None, "picture")  # the route's default
+def test_a_raw_image_body_takes_top_k_and_id_from_the_query_string():
+    image, fields = _parse(_request("image/png", "top_k=3&id=mine"), PNG, max_bytes=1000)
+    assert image == PNG and (fields.top_k, fields.id, fields.image_id) == (3, "mine", None)
+    image, fields = _parse(_request("image/jpeg; charset=binary"), PNG, max_bytes=1000)
+    assert image == PNG and (fields.top_k, fields.id) == (None, "image")  # the route's default
 
 
-def test_a_json_picture_is_base64_or_an_id():
+def test_a_json_image_is_base64_or_an_id():
     body = json.dumps({"image": base64.b64encode(PNG).decode(), "top_k": 4}).encode()
-    picture, fields = _parse(_request("application/json"), body, max_bytes=1000)
-    assert picture == PNG and fields.top_k == 4
-    picture, fields = _parse(_request("application/json"), b'{"image_id": "img7"}', max_bytes=1000)
-    assert picture is None and fields.image_id == "img7"
+    image, fields = _parse(_request("application/json"), body, max_bytes=1000)
+    assert image == PNG and fields.top_k == 4
+    image, fields = _parse(_request("application/json"), b'{"image_id": "img7"}', max_bytes=1000)
+    assert image is None and fields.image_id == "img7"
 
 
 @pytest.mark.parametrize("content_type, query, body, status, message", [
-    ("image/png", "", b"x" * 11, 413, "the picture is 11 bytes, over serve.max_image_bytes=10"),
-    ("image/png", "", b"", 422, "the picture is empty"),
+    ("image/png", "", b"x" * 11, 413, "the image is 11 bytes, over serve.max_image_bytes=10"),
+    ("image/png", "", b"", 422, "the image is empty"),
     ("application/json", "", json.dumps({"image": base64.b64encode(b"x" * 11).decode()}).encode(), 413,
      "over serve.max_image_bytes=10"),
     ("application/json", "", b'{"image": "not base64!"}', 422, "image is not base64"),
-    ("application/json", "", b'{"top_k": 3}', 422, "give the picture (image: base64) or an indexed picture's id"),
+    ("application/json", "", b'{"top_k": 3}', 422, "give the image (image: base64) or an indexed image's id"),
     ("application/json", "", b'{"image": "eA==", "image_id": "a"}', 422, "one"),
 ])
 def test_each_bad_request_is_one_line_with_its_status(content_type, query, body, status, message):
@@ -86,22 +86,22 @@ def _read(request: Request, max_bytes: int = 1000, max_conditions: int = 32):
 
 
 def test_an_upload_takes_the_file_image_and_the_fields_top_k_and_id():
-    picture = PNG + bytes(range(256)) + b"\r\n--not-the-boundary\r\n"  # binary, line breaks, a boundary look-alike
-    got, fields = _read(_upload(files={"image": ("photo.png", picture, "image/png")}, data={"top_k": "3", "id": "me"}))
-    assert got == picture and (fields.top_k, fields.id, fields.image_id) == (3, "me", None)
+    image = PNG + bytes(range(256)) + b"\r\n--not-the-boundary\r\n"  # binary, line breaks, a boundary look-alike
+    got, fields = _read(_upload(files={"image": ("photo.png", image, "image/png")}, data={"top_k": "3", "id": "me"}))
+    assert got == image and (fields.top_k, fields.id, fields.image_id) == (3, "me", None)
     got, fields = _read(_upload(files={"image": ("p.png", PNG)}))
-    assert got == PNG and (fields.top_k, fields.id) == (None, "picture")
+    assert got == PNG and (fields.top_k, fields.id) == (None, "image")
     got, fields = _read(_upload(data={"image_id": "img7"}))
     assert got is None and fields.image_id == "img7"
 
 
 @pytest.mark.parametrize("files, data, status, message", [
-    ({"image": ("p.png", b"x" * 11)}, None, 413, "the picture is 11 bytes, over serve.max_image_bytes=10"),
-    ({"image": ("p.png", b"")}, None, 422, "the picture is empty"),
+    ({"image": ("p.png", b"x" * 11)}, None, 413, "the image is 11 bytes, over serve.max_image_bytes=10"),
+    ({"image": ("p.png", b"")}, None, 422, "the image is empty"),
     (None, {"image": "not a file"}, 422, "image is a file field (curl -F image=@photo.jpg)"),
     ({"top_k": ("k.txt", b"3")}, {"image_id": "a"}, 422, "are plain fields, not top_k"),
-    (None, {"top_k": "3"}, 422, "give the picture (the file field image) or an indexed picture's id (image_id), one"),
-    ({"image": ("p.png", PNG[:5])}, {"image_id": "a"}, 422, "or an indexed picture's id (image_id), one"),
+    (None, {"top_k": "3"}, 422, "give the image (the file field image) or an indexed image's id (image_id), one"),
+    ({"image": ("p.png", PNG[:5])}, {"image_id": "a"}, 422, "or an indexed image's id (image_id), one"),
     ({"image": ("p.png", PNG[:5])}, {"colour": "red"}, 422, "unknown form field 'colour'"),
     ({"image": ("p.png", PNG[:5]), "other": ("q.png", PNG[:5])}, None, 422, "malformed multipart upload: Too many"),
 ])
@@ -132,7 +132,7 @@ WHERE = ["date<=2020-06-30", "source=reuters", "license in cc-by,cc0", "width>10
 
 
 def _forms(where: list[str]) -> dict:
-    """One picture request in each form, with `where` repeated (a form's fields, the query string) or a JSON list."""
+    """One image request in each form, with `where` repeated (a form's fields, the query string) or a JSON list."""
     query = "&".join(f"where={w}" for w in where).replace(" ", "+").replace(",", "%2C")
     return {
         "multipart": _upload(files={"image": ("p.png", PNG)}, data={"where": where, "top_k": "2", "id": "me",

@@ -1,23 +1,23 @@
-"""Search by picture over HTTP: POST /v1/search/image, on both engines (`cfir_jax.retrieve.image_query` answers).
+"""Search by image over HTTP: POST /v1/search/image, on both engines (`cfir_jax.retrieve.image_query` answers).
 
-The picture comes in one of three forms, each within serve.max_image_bytes:
+The image comes in one of three forms, each within serve.max_image_bytes:
 - a multipart upload (`curl -F image=@photo.jpg -F top_k=5`): the file field `image`, the optional form fields
   `top_k` and `id` (or a field `image_id` instead of the file, also as a urlencoded form), parsed by Starlette's
   form parsers (python-multipart, FastAPI's own);
-- JSON `{"image": BASE64, "top_k": 20, "id": "..."}`, or `{"image_id": ID}` for an indexed picture;
+- JSON `{"image": BASE64, "top_k": 20, "id": "..."}`, or `{"image_id": ID}` for an indexed image;
 - the request body itself with a `Content-Type: image/...` header (`?top_k=&id=` in the query string).
-Each form may add filters on the pictures' own fields (`where`: a JSON list, or repeated form / query-string fields;
-docs/filters.md), up to serve.max_filter_conditions of them in every form (413 past it): only pictures that pass answer.
+Each form may add filters on the images' own fields (`where`: a JSON list, or repeated form / query-string fields;
+docs/filters.md), up to serve.max_filter_conditions of them in every form (413 past it): only images that pass answer.
 
-The body is read no further than its limit (413 past it, whatever Content-Length said); a picture over
+The body is read no further than its limit (413 past it, whatever Content-Length said); an image over
 serve.max_image_bytes, or whose header announces more than serve.max_image_pixels, is 413 (refused before it is
 decoded), one in a format outside JPEG, PNG, WebP, GIF, BMP and TIFF 415 (refused unread), an undecodable one or a
 malformed upload 422, an unknown or removed id 404, each one line; the answer is
 the JSON of `retrieve.py --query-image ... --format json`, made by the library's `Index` (`search(image=...)`, the
-one query core) of the resident index. Searches go through a bounded queue (`PictureQueue`: past
-serve.picture_queue_size, 503 with Retry-After, as a text search's queue answers) to threads of their own, and a
+one query core) of the resident index. Searches go through a bounded queue (`ImageQueue`: past
+serve.image_queue_size, 503 with Retry-After, as a text search's queue answers) to threads of their own, and a
 search stops at its next stage once serve.deadline_ms has passed (504). The single process searches its resident
-index; on Ray (`--engine ray`) the gateway hands the checked picture to a front, whose queue this is, which embeds it
+index; on Ray (`--engine ray`) the gateway hands the checked image to a front, whose queue this is, which embeds it
 and asks every shard for its nearest live rows (its Retriever's scoring, `cfir_jax.cluster.scoring.ShardedSR`).
 """
 
@@ -51,22 +51,22 @@ FORMS = ("multipart/form-data", "application/x-www-form-urlencoded")  # read as 
 
 class ImageSearchRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    image: StrictStr | None = Field(None, description="the picture's bytes (JPEG, PNG, WebP, ...), base64")
-    image_id: StrictStr | None = Field(None, description="or an indexed picture's id (its cached embedding)")
+    image: StrictStr | None = Field(None, description="the image's bytes (JPEG, PNG, WebP, ...), base64")
+    image_id: StrictStr | None = Field(None, description="or an indexed image's id (its cached embedding)")
     top_k: Any = Field(None, description="hits to return, 1 .. retrieval.top_k (default: 20, or retrieval.top_k "
                        "when smaller)", json_schema_extra={"type": "integer"})  # the rule checks it
-    id: StrictStr = Field("picture", description="the query's id, echoed in the answer")
-    where: list[StrictStr | list] | None = Field(None, description="filters on the pictures' own fields, joined by "
+    id: StrictStr = Field("image", description="the query's id, echoed in the answer")
+    where: list[StrictStr | list] | None = Field(None, description="filters on the images' own fields, joined by "
                                                  "AND: lines, or [field, op, value] triples (docs/filters.md); a "
                                                  "form or a query string repeats `where` (lines)")
     fold: StrictBool = Field(True, description="near-duplicates folded under each one shown (docs/duplicates.md); "
                              "a form or a query string says fold=0 to list them")
-    facets: list[StrictStr] | None = Field(None, description="fields whose values are counted over the pictures "
+    facets: list[StrictStr] | None = Field(None, description="fields whose values are counted over the images "
                                            "ranked (docs/filters.md); a form or a query string says facets=F1,F2")
 
 
 def body_limit(max_image_bytes: int) -> int:
-    """The most bytes a picture request's body is read to: the base64 of the largest picture and what surrounds it
+    """The most bytes an image request's body is read to: the base64 of the largest image and what surrounds it
     (the JSON around it, a multipart upload's headers and fields)."""
     return 4 * -(-int(max_image_bytes) // 3) + 65536
 
@@ -77,7 +77,7 @@ async def _body(request: Request, limit: int) -> bytes:
     async for chunk in request.stream():
         size += len(chunk)
         if size > limit:
-            raise Refused(f"body over the {limit:,} bytes a picture of serve.max_image_bytes takes", 413)
+            raise Refused(f"body over the {limit:,} bytes an image of serve.max_image_bytes takes", 413)
         chunks.append(chunk)
     return b"".join(chunks)
 
@@ -103,19 +103,19 @@ def _fold(given: str | None) -> bool:
     raise Refused(f"fold: expected 1 or 0 (true or false), got {given[:40]!r}", 422)
 
 
-def _checked(picture: bytes | None, fields: ImageSearchRequest, max_bytes: int):
-    if picture is not None and len(picture) > max_bytes:
-        raise Refused(f"the picture is {len(picture):,} bytes, over serve.max_image_bytes={max_bytes:,}", 413)
-    if picture is not None and not picture:
-        raise Refused("the picture is empty", 422)
-    return picture, fields
+def _checked(image: bytes | None, fields: ImageSearchRequest, max_bytes: int):
+    if image is not None and len(image) > max_bytes:
+        raise Refused(f"the image is {len(image):,} bytes, over serve.max_image_bytes={max_bytes:,}", 413)
+    if image is not None and not image:
+        raise Refused("the image is empty", 422)
+    return image, fields
 
 
 def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None, ImageSearchRequest]:
-    """(picture bytes or None, the request's fields) from a JSON body or a raw image/* body."""
+    """(image bytes or None, the request's fields) from a JSON body or a raw image/* body."""
     if _kind(request).startswith("image/"):
         fields = ImageSearchRequest(top_k=_top_k(request.query_params.get("top_k")),
-                                    id=request.query_params.get("id", "picture"),
+                                    id=request.query_params.get("id", "image"),
                                     where=request.query_params.getlist("where") or None,
                                     fold=_fold(request.query_params.get("fold")),
                                     facets=list(check_facets(request.query_params.get("facets"))) or None)
@@ -125,19 +125,19 @@ def _parse(request: Request, body: bytes, max_bytes: int) -> tuple[bytes | None,
     except pydantic.ValidationError as e:
         raise RequestValidationError(e.errors()) from None  # the app's one-line 400 / 422
     if (fields.image is None) == (fields.image_id is None):
-        raise Refused("give the picture (image: base64) or an indexed picture's id (image_id), one", 422)
+        raise Refused("give the image (image: base64) or an indexed image's id (image_id), one", 422)
     try:
-        picture = base64.b64decode(fields.image, validate=True) if fields.image is not None else None
+        image = base64.b64decode(fields.image, validate=True) if fields.image is not None else None
     except (binascii.Error, ValueError):
         raise Refused("image is not base64", 422) from None
-    return _checked(picture, fields, max_bytes)
+    return _checked(image, fields, max_bytes)
 
 
 async def _form(request: Request, body: bytes, max_bytes: int, max_conditions: int
                 ) -> tuple[bytes | None, ImageSearchRequest]:
-    """(picture bytes or None, the fields) of a multipart/form-data upload already read (`body`): the file field
+    """(image bytes or None, the fields) of a multipart/form-data upload already read (`body`): the file field
     `image` (or a field `image_id`), the fields `top_k` and `id`, `where` repeated; a malformed upload is one 422. A
-    urlencoded form (no file) may name an indexed picture."""
+    urlencoded form (no file) may name an indexed image."""
     # why: Starlette's form parsers import python-multipart, needed only when a form arrives
     from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
 
@@ -169,31 +169,31 @@ async def _form(request: Request, body: bytes, max_bytes: int, max_conditions: i
         raise Refused("image is a file field (curl -F image=@photo.jpg); image_id, top_k and id are plain fields"
                       f"{f', not {plain[0]}' if plain else ''}", 422)
     if (upload is None) == (image_id is None):
-        raise Refused("give the picture (the file field image) or an indexed picture's id (image_id), one", 422)
-    fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "picture"),
+        raise Refused("give the image (the file field image) or an indexed image's id (image_id), one", 422)
+    fields = ImageSearchRequest(image_id=image_id, top_k=_top_k(form.get("top_k")), id=form.get("id", "image"),
                                 where=[str(w) for w in form.getlist("where")] or None, fold=_fold(form.get("fold")),
                                 facets=list(check_facets(form.get("facets"))) or None)
-    picture = await upload.read() if upload is not None else None
+    image = await upload.read() if upload is not None else None
     await form.close()
-    return _checked(picture, fields, max_bytes)
+    return _checked(image, fields, max_bytes)
 
 
 async def read_request(request: Request, max_bytes: int, max_conditions: int
                        ) -> tuple[bytes | None, ImageSearchRequest]:
-    """The picture (or None for an id) and the fields of a POST /v1/search/image, checked, in any of its forms; at
+    """The image (or None for an id) and the fields of a POST /v1/search/image, checked, in any of its forms; at
     `where` repeated up to `max_conditions` times and one more (serve.max_filter_conditions) in every form, so a
     request over the limit meets the limit's own refusal (`FilterLimits.read`, 413), not the form parser's."""
     body = await _body(request, body_limit(max_bytes))
     if _kind(request) in FORMS:
-        picture, fields = await _form(request, body, max_bytes, max_conditions)
+        image, fields = await _form(request, body, max_bytes, max_conditions)
     else:
-        picture, fields = _parse(request, body, max_bytes)
-    return picture, fields
+        image, fields = _parse(request, body, max_bytes)
+    return image, fields
 
 
 @dataclasses.dataclass(frozen=True)
 class Shown:
-    """How a picture search's answer shows its hits: near-duplicates folded under each (`fold`), the values of
+    """How an image search's answer shows its hits: near-duplicates folded under each (`fold`), the values of
     `facets` counted, and as JSON or, when `html`, as the gallery (POST /v1/search/image/html)."""
 
     fold: bool = True
@@ -201,8 +201,8 @@ class Shown:
     html: bool = False
 
 
-class PictureQueue:
-    """Picture searches in WORKERS threads of their own (one decodes while another embeds; the tower runs one picture
+class ImageQueue:
+    """Image searches in WORKERS threads of their own (one decodes while another embeds; the tower runs one image
     at a time), never the event loop's default pool, at most `size` searching or waiting: past it 503 with
     Retry-After at once. A search not answered by serve.deadline_ms is answered 504 and stops at its next stage (a
     queued one never starts). `stop` waits for the searches accepted."""
@@ -210,8 +210,8 @@ class PictureQueue:
     WORKERS = 2
 
     def __init__(self, settings, metrics):
-        self.settings, self.size, self.metrics = settings, int(settings.picture_queue_size), metrics
-        self._pool = concurrent.futures.ThreadPoolExecutor(self.WORKERS, thread_name_prefix="cfir-picture")
+        self.settings, self.size, self.metrics = settings, int(settings.image_queue_size), metrics
+        self._pool = concurrent.futures.ThreadPoolExecutor(self.WORKERS, thread_name_prefix="cfir-image")
         self._lock = threading.Lock()
         self.pending = 0
         self._stopping = False
@@ -225,9 +225,9 @@ class PictureQueue:
         with self._lock:
             self.pending -= 1
 
-    async def answer(self, holder, picture: bytes | None, image_id: str | None, top_k: object, qid: str,
+    async def answer(self, holder, image: bytes | None, image_id: str | None, top_k: object, qid: str,
                      where: tuple[Condition, ...] = (), shown: Shown = Shown()) -> tuple[str, int]:
-        """The answer of a checked picture request, as `shown` says (JSON, or the HTML gallery), searched by the
+        """The answer of a checked image request, as `shown` says (JSON, or the HTML gallery), searched by the
         index `holder` serves (a Ray front's search runs on its shards), with the version of the index that answered
         it; the queue's own serve settings (its deadline, the filter's limits)."""
         settings = self.settings
@@ -238,57 +238,57 @@ class PictureQueue:
         with self._lock:
             if self._stopping or self.pending >= self.size:
                 self.metrics.rejected.inc()
-                why = "stopping" if self._stopping else f"{self.pending} pictures are being searched or waiting " \
-                    f"(serve.picture_queue_size={self.size})"
+                why = "stopping" if self._stopping else f"{self.pending} images are being searched or waiting " \
+                    f"(serve.image_queue_size={self.size})"
                 raise Busy(why, 1)
             self.pending += 1
         deadline = time.monotonic() + float(settings.deadline_ms) / 1e3
-        future = self._pool.submit(_search, current.index, picture, image_id, top_k, qid, deadline, where, shown)
+        future = self._pool.submit(_search, current.index, image, image_id, top_k, qid, deadline, where, shown)
         future.add_done_callback(self._release)
         try:
             answer = await asyncio.wait_for(asyncio.wrap_future(future), timeout=max(0.0, deadline - time.monotonic()))
         except (TimeoutError, Expired):  # a queued search is cancelled; a running one stops at its next stage
             self.metrics.dropped.labels("deadline").inc()
             raise DeadlinePassed(f"deadline of {settings.deadline_ms:g} ms passed (serve.deadline_ms)") from None
-        # any other refusal (damage on disk, a shard down, a picture too large or unknown, an unknown filter field)
+        # any other refusal (damage on disk, a shard down, an image too large or unknown, an unknown filter field)
         # is answered by `cfir_jax.serve.errors`' table, as a text search's
         return answer, current.version
 
 
-def _search(index, picture: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
+def _search(index, image: bytes | None, image_id: str | None, top_k: int, qid: str, deadline: float,
             where: tuple[Condition, ...] = (), shown: Shown = Shown()) -> str:
-    """One picture search of the index's default method (its first served) and its JSON answer, or when
+    """One image search of the index's default method (its first served) and its JSON answer, or when
     `shown.html` the gallery `retrieve.py --query-image --html` draws (each hit's pixels from the corpus, else its
     http(s) url), in a queue's thread; its pixels held to the index config's serve.max_image_pixels."""
-    query = Query(image=picture, image_id=image_id, top_k=top_k, id=qid, where=where, fold=shown.fold,
+    query = Query(image=image, image_id=image_id, top_k=top_k, id=qid, where=where, fold=shown.fold,
                   facets=shown.facets)
     index.check(query)
-    result = index.search_picture(query, deadline)
-    return report.html_page(result, index.picture, top_k) if shown.html else report.as_json(result, top_k)
+    result = index.search_image(query, deadline)
+    return report.html_page(result, index.image_bytes, top_k) if shown.html else report.as_json(result, top_k)
 
 
 async def _answered(request: Request, html: bool) -> tuple[str, dict]:
-    """A picture request read and checked here, searched by the app's service (`search_picture`: the resident
+    """An image request read and checked here, searched by the app's service (`search_image`: the resident
     index, or on Ray a front): its answer (JSON, or the HTML gallery) and headers."""
     svc = request.app.state.service
-    picture, fields = await read_request(request, int(svc.settings.max_image_bytes),
-                                         int(svc.settings.max_filter_conditions))
+    image, fields = await read_request(request, int(svc.settings.max_image_bytes),
+                                       int(svc.settings.max_filter_conditions))
     where = FilterLimits.of(svc.settings).read(fields.where)  # parsed once, here; carried as conditions
-    return await svc.search_picture(picture, fields.image_id, fields.top_k, fields.id, where, fields.fold,
-                                    check_facets(fields.facets), html)
+    return await svc.search_image(image, fields.image_id, fields.top_k, fields.id, where, fields.fold,
+                                  check_facets(fields.facets), html)
 
 
-def picture_routes(app: FastAPI) -> None:
+def image_routes(app: FastAPI) -> None:
     """Adds POST /v1/search/image (JSON) and POST /v1/search/image/html (the gallery) to the app."""
 
-    @app.post("/v1/search/image", summary="the nearest pictures of a picture (a multipart upload with the file field "
-              "image, JSON {image: base64} or {image_id}, or the picture as the body with Content-Type image/*)")
-    async def search_by_picture(request: Request) -> Response:
+    @app.post("/v1/search/image", summary="the nearest images of an image (a multipart upload with the file field "
+              "image, JSON {image: base64} or {image_id}, or the image as the body with Content-Type image/*)")
+    async def search_by_image(request: Request) -> Response:
         answer, headers = await _answered(request, html=False)
         return Response(answer, media_type="application/json", headers=headers)
 
-    @app.post("/v1/search/image/html", response_class=HTMLResponse, summary="the HTML gallery of a picture's nearest "
-              "pictures (the request of /v1/search/image), each hit's pixels inline as /v1/search/html has them")
-    async def search_by_picture_html(request: Request) -> HTMLResponse:
+    @app.post("/v1/search/image/html", response_class=HTMLResponse, summary="the HTML gallery of an image's nearest "
+              "images (the request of /v1/search/image), each hit's pixels inline as /v1/search/html has them")
+    async def search_by_image_html(request: Request) -> HTMLResponse:
         answer, headers = await _answered(request, html=True)
         return HTMLResponse(answer, headers=headers)

@@ -1,4 +1,4 @@
-"""The pictures' own fields: typed on first sight (ISO date, number, string, boolean, list of strings), a value of
+"""The images' own fields: typed on first sight (ISO date, number, string, boolean, list of strings), a value of
 another type refused in one line naming the field and the row; dates kept as UTC seconds, each covering its span at
 its own precision (a year ... a second), read in the index's zone unless it carries an offset."""
 
@@ -10,7 +10,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from cfir_jax.core.errors import CfirError
-from cfir_jax.core.picture_fields import (
+from cfir_jax.core.image_field_types import (
     BOOLEAN,
     DATE,
     DAY,
@@ -80,17 +80,17 @@ FORMATS = ("%Y", "%Y-%m", "%Y-%m-%d", "%Y-%m-%dT%H", "%Y-%m-%dT%H:%M", "%Y-%m-%d
 @settings(max_examples=300, deadline=None, database=None)
 @given(instant=st.integers(-1_500_000_000, 4_000_000_000), fmt=st.sampled_from(FORMATS),
        zone=st.sampled_from(ZONES), own=st.sampled_from(ZONES))
-def test_a_filter_at_a_pictures_own_precision_covers_it(instant, fmt, zone, own):
-    """A picture taken at `instant` (written with its own zone's offset), and a filter value of that instant at any
+def test_a_filter_at_an_images_own_precision_covers_it(instant, fmt, zone, own):
+    """An image taken at `instant` (written with its own zone's offset), and a filter value of that instant at any
     precision, written without an offset in the index's zone: `=` and `<=` hold, `>=` too, `>` and `<` do not."""
     when = dt.datetime.fromtimestamp(instant, dt.UTC)
-    picture = value_of(DATE, when.astimezone(zoneinfo.ZoneInfo(own)).isoformat(), zone)
-    assert picture == instant
+    image = value_of(DATE, when.astimezone(zoneinfo.ZoneInfo(own)).isoformat(), zone)
+    assert image == instant
     local = when.astimezone(zone_of(zone))
     # A clock time that a daylight-saving change shows twice is read as its first showing (docs/filters.md).
     assume(local.fold == 0 or FORMATS.index(fmt) < 3)
     lo, hi = date_span(local.strftime(fmt), zone)
-    assert lo <= picture < hi  # `=`, `<=` (picture < hi), `>=` (picture >= lo); so neither `>` nor `<`
+    assert lo <= image < hi  # `=`, `<=` (image < hi), `>=` (image >= lo); so neither `>` nor `<`
 
 
 def test_a_conflicting_type_is_one_line_naming_the_field_and_the_row():
