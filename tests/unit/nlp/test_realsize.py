@@ -11,6 +11,7 @@ import realsize  # benchmarks/realsize.py (pyproject's pytest pythonpath names b
 from repo import ROOT
 
 
+@pytest.mark.benchmark
 @pytest.mark.slow  # 65 s at load 11 (the encoder's init and BART's first compile); the session workdir apart
 def test_tiny_realsize_workdir_opens_and_answers_with_bart(tmp_path, workdir):
     from cfir_jax.core.cli import workdir_config
@@ -55,6 +56,7 @@ def test_realsize_refuses_an_output_inside_the_repository():
     assert not (ROOT / "rs").exists()
 
 
+@pytest.mark.benchmark
 @pytest.mark.slow  # the session workdir (index.py and train.py on the tiny world); the build itself takes seconds
 def test_a_world_larger_than_the_rows_asked_keeps_every_image_it_has(tmp_path, workdir):
     """`accelerator.sh --parts serve --world W` with a world of more images than --serve-rows built a cache cut to

@@ -83,10 +83,11 @@ def test_dripped_bodies_are_408_at_their_deadline_and_searches_beside_them_keep_
             for conn in conns:
                 conn.close()
         took = time.monotonic() - t0
-        # Within 1.5x, give or take 2 ms: the stand-in answers in about 1.5 ms, where the loop's time reading 50 drips
-        # (and the other xdist worker's load between the two medians) is of the same size; a dripped body holding a
-        # search's slot would cost its whole body deadline (2 s)
-        assert beside <= 1.5 * alone + 0.002, (beside, alone)
+        # A dripped body holding a search's slot would cost the searches its whole body deadline (2 s); the stand-in
+        # answers in about 2 ms, where the loop's time reading 50 drips and the other xdist worker's load between the
+        # two medians move a median by several ms (8 ms against 2 ms alone in one suite run): within 1.5x, give or
+        # take 100 ms, a twentieth of one held slot
+        assert beside <= 1.5 * alone + 0.1, (beside, alone)
         for data, closed in answers:
             assert data.startswith(b"HTTP/1.1 408 "), data[:200]
             error = json.loads(data.split(b"\r\n\r\n", 1)[1])["error"]

@@ -270,6 +270,7 @@ def test_interrupted_full_run_resumes_bit_equal_with_the_pipeline_position(world
     assert straight.metrics == resumed.metrics and straight.metrics["skipped_images"] == whole.skipped
 
 
+@pytest.mark.benchmark
 @pytest.mark.slow  # out of the quick tier: 20-45 s each on the shared 2-core machine
 def test_throughput_benchmark_times_the_same_trained_set_as_torchscale():
     """benchmarks/train_throughput.py --step full at tiny size: it refuses to compare when the two sides train
