@@ -25,6 +25,7 @@ import ml_collections
 from cfir_jax.api.index import Index
 from cfir_jax.core import cli
 from cfir_jax.core.errors import CfirError, first_line
+from cfir_jax.core.memory import release_freed
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings, label_spec
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.verifier import store_problems
@@ -230,6 +231,10 @@ class IndexHolder:
             old, self.current = self.current, fresh  # one reference swap: the next batch reads the new index
             if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:
                 old.entity_pool.close()  # a batch parsing with it parses the rest in its own thread (PoolClosed)
+            # The pages the previous generation freed go back to the system (glibc keeps them otherwise: a 30-minute
+            # soak's server grew 31% over its reloads; 6 reloads of the demo's index, 369 -> 461 MiB without, 363 ->
+            # 411 with; cfir_jax.core.memory)
+            release_freed()
         except Exception as e:  # noqa: BLE001 - whatever failed, the old index keeps serving
             reason = first_line(e) if isinstance(e, CfirError) else f"{type(e).__name__}: {e}"
             self.last_reload = {"ok": False, "at": at, "error": reason}
