@@ -303,7 +303,7 @@ def test_the_protocol_over_many_long_interleavings():
     """The same machine, longer (the slow tier)."""
     from hypothesis.stateful import run_state_machine_as_test
 
-    # 400 sequences of up to 80 steps: a minute of the suite at 1,000 (18 s alone now), where the quick tier runs 60 of 30
+    # 400 sequences of up to 80 steps (1,000 took a minute of the suite; 18 s alone now); the quick tier runs 60 of 30
     run_state_machine_as_test(Cluster, settings=settings(SHORT, max_examples=400, stateful_step_count=80))
 
 
