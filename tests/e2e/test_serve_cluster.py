@@ -430,15 +430,17 @@ def test_sigterm_to_the_group_drains_and_stops_its_ray(cluster, documents):
     assert code == 0, log[-3000:]
     assert "stopped: every accepted request was answered" in log
     statuses = collections.Counter(a[0] for a in answers)
-    # Requests were answered 200 or refused, never a 5xx but 503: 503 while the replicas drained, 404 (Ray's proxy's,
+    # Requests were answered 200 or refused, never a 5xx but 503 and 504: 503 while the replicas drained, 504 for a
+    # request whose deadline passed while they drained (one in a suite run on 2 loaded cores), 404 (Ray's proxy's,
     # one JSON line through the door) once the application was gone, then no connection at all once the door closed.
     cut = {"ReadError", "RemoteProtocolError"}  # a connection closed on a request
-    assert statuses[200] > 0 and set(statuses) <= {200, 503, 404, "ConnectError", *cut}, statuses
+    assert statuses[200] > 0 and set(statuses) <= {200, 503, 504, 404, "ConnectError", *cut}, statuses
     # A request is cut off only while the command's door stops (an idle connection it closes), after the drain
     # began: each load thread (one request at a time) met a 503 or a 404 before any cut, so no request the
     # application accepted was cut.
     for n in range(len(load.threads)):
         mine = [a[0] for a in answers if a[4] == n]
         first_cut = next((i for i, status in enumerate(mine) if status in cut), len(mine))
-        assert {404, 503} & set(mine[:first_cut]) or first_cut == len(mine), (n, collections.Counter(mine[:first_cut]))
+        assert {404, 503, 504} & set(mine[:first_cut]) or first_cut == len(mine), \
+            (n, collections.Counter(mine[:first_cut]))
     assert not session_processes(session), session_processes(session)  # the head's, its workers' too: none left
