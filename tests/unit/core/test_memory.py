@@ -22,4 +22,4 @@ def test_the_pages_a_freed_generation_held_go_back_to_the_system():
     assert release_freed()  # glibc: the machines this runs on
     after = _rss_mib()
     assert freed - after > 100, (freed, after)  # most of the 175 MiB freed came back
-    assert len(kept) == 6_400
+    del kept  # alive until here: the survivors the freed pages sat among
