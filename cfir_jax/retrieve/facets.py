@@ -39,16 +39,25 @@ class FacetError(QueryRefused):
 
 
 class _Codes:
-    """One field as facets count it: `codes` [N] int (-1: none) and `vocab`; a list field its `items` and `starts`,
-    and, where its rows hold few values each, `table` [N, most values a row holds] (-1: padding)."""
+    """One field as facets count it. A string, boolean or date: `codes` [N], each row's value's code plus one (0:
+    none), and `vocab`; a list: `codes` [N], the values each row holds (-1: none), its `items` and `starts`, and, where
+    its rows hold few values each, `table` [N, most values a row holds], each value's code plus one (0: padding).
+    Shifted by one so that a query's count is a gather and one bincount, with no mask to drop the rows without."""
 
     def __init__(self, codes: np.ndarray, vocab: list[str], items: np.ndarray | None = None,
                  starts: np.ndarray | None = None, table: np.ndarray | None = None):
-        # The narrowest integers that hold them: a query's gathers read scattered rows, so fewer bytes, fewer misses.
-        widest = len(vocab) if items is None else int(codes.max(initial=0))  # a list's codes: its values per row
-        narrow = np.min_scalar_type(-max(widest, 1))  # signed: -1 is none
-        self.codes, self.vocab, self.items, self.starts = codes.astype(narrow), vocab, items, starts
-        self.table = None if table is None else table.astype(np.min_scalar_type(-max(len(vocab), 1)))
+        self.vocab, self.items, self.starts = vocab, items, starts
+        if items is None:
+            self.codes = _shifted(codes, len(vocab))
+        else:  # signed, -1 none, in the narrowest integers that hold the most values a row holds
+            self.codes = codes.astype(np.min_scalar_type(-max(int(codes.max(initial=0)), 1)))
+        self.table = None if table is None else _shifted(table, len(vocab))
+
+
+def _shifted(codes: np.ndarray, size: int) -> np.ndarray:
+    """codes + 1 (-1 becomes 0) in the narrowest unsigned integers that hold them: a query's gather reads scattered
+    rows, so fewer bytes, fewer cache misses."""
+    return (codes.astype(np.int64) + 1).astype(np.min_scalar_type(size))
 
 
 def _months(column) -> _Codes:
@@ -142,12 +151,11 @@ class Facets:
         size = max(1, len(field.vocab))
         if not len(rows):  # a query that ranked nothing (its filter passed none): no counts
             return np.zeros(size, np.int64)
+        # np.take, not rows as an index: 5x faster on a table's rows (numpy's fancy indexing copies a row at a time)
         if field.items is None:
-            codes = field.codes[rows]
-            return np.bincount(codes[codes >= 0], minlength=size)
-        if field.table is not None:  # a list, few values a row: its rows' values, padding dropped
-            values = field.table[rows].ravel()
-            return np.bincount(values[values >= 0], minlength=size)
+            return np.bincount(np.take(field.codes, rows), minlength=size + 1)[1:]
+        if field.table is not None:  # a list, few values a row: its rows' values, padding counted at 0 and dropped
+            return np.bincount(np.take(field.table, rows, axis=0).ravel(), minlength=size + 1)[1:]
         take = np.maximum(field.codes[rows], 0)  # a list: each value it holds (once: `_distinct_items`)
         at = np.repeat(field.starts[rows] - np.concatenate([[0], np.cumsum(take)[:-1]]), take) + \
             np.arange(int(take.sum()))
@@ -171,8 +179,7 @@ def ranked_rows(retrieval, group: np.ndarray | None) -> np.ndarray:
     union = getattr(retrieval, "ranked_rows", None)
     if union is not None and len(union):
         union = np.asarray(union, np.int64)
-        # the union's order (its rows, ascending); a table lookup, not a compare of every union row with every hit
-        rows = np.concatenate([rows, union[~np.isin(union, rows, kind="table")]]) if len(rows) else union
+        rows = np.concatenate([rows, _without(union, rows)]) if len(rows) else union
     if group is None or not len(rows):
         return rows
     labels = np.where(rows < len(group), group[np.minimum(rows, len(group) - 1)], -1)
@@ -181,3 +188,12 @@ def ranked_rows(retrieval, group: np.ndarray | None) -> np.ndarray:
     keep = labels < 0
     keep[grouped[first]] = True
     return rows[keep]
+
+
+def _without(union: np.ndarray, hits: np.ndarray) -> np.ndarray:
+    """The rows of `union` that are not `hits` (a few), in the union's order. The union is ascending (ER's and BM25's
+    unions are made sorted): each hit found by a binary search, O(hits x log union); else a table lookup."""
+    if len(union) > 1 and not (union[1:] >= union[:-1]).all():
+        return union[~np.isin(union, hits, kind="table")]
+    at = np.minimum(np.searchsorted(union, hits), len(union) - 1)
+    return np.delete(union, at[union[at] == hits])
