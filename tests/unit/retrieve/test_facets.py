@@ -82,6 +82,32 @@ def test_folded_near_duplicates_count_once_as_the_one_shown():
     assert facets_lib.ranked_rows(retrieval, None).tolist() == [1, 3, 0, 2, 4, 5]
 
 
+@settings(max_examples=200, deadline=None, database=None)
+@given(union=st.lists(st.integers(0, 60), unique=True, max_size=40), ordered=st.booleans(),
+       hits=st.lists(st.integers(0, 60), unique=True, max_size=8))
+def test_the_rows_ranked_are_the_hits_then_the_rest_of_the_union_in_its_order(union, ordered, hits):
+    """Whether the union is ascending (ER's, BM25's: the hits are found by binary search) or not (a table lookup), and
+    whether each hit is in it or not."""
+    union = sorted(union) if ordered else union
+    retrieval = Retrieval([RankedImage(k + 1, f"img-{r}", 1.0, r) for k, r in enumerate(hits)], [], [], "",
+                          ranked_rows=np.array(union, np.int64))
+    assert facets_lib.ranked_rows(retrieval, None).tolist() == (hits + [r for r in union if r not in hits]
+                                                                 if hits else union)
+
+
+@settings(max_examples=60, deadline=None, database=None)
+@given(values=st.lists(st.one_of(st.none(), st.sampled_from([f"s{i}" for i in range(300)])), min_size=1,
+                       max_size=40), data=st.data())
+def test_a_string_fields_counts_equal_a_plain_count(values, data):
+    """An image without the field counts nowhere (its code shifted to 0); past 255 distinct values the codes are wider
+    than a byte."""
+    asked = data.draw(st.lists(st.integers(0, len(values) - 1), unique=True))
+    counted = facets_lib.Facets(Fields([{"source": v} for v in values], {"source": "string"})).count(
+        np.asarray(asked, np.int64), ["source"])["source"]
+    plain = collections.Counter(values[r] for r in asked if values[r] is not None)
+    assert counted == dict(sorted(plain.items(), key=lambda kv: (-kv[1], kv[0]))[:facets_lib.MAX_VALUES])
+
+
 @pytest.fixture(scope="module")
 def served():
     engine = FieldsEngine(ROWS, KINDS, max_top_k=50)
