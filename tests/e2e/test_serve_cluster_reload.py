@@ -1,11 +1,12 @@
 """Reloads of the service on Ray Serve under load and chaos (`retrieve.py --serve --engine ray`, the real command from
-an empty HOME): 2 shards x 2 replicas, 2 fronts, 2 gateways; two clients search without pause while three rounds of
-`index.py --remove` and SIGHUP run, each round with one replica SIGKILLed (a front, a shard replica, a gateway). The
+an empty HOME): 2 shards x 2 replicas, 2 fronts, 2 gateways; two clients search without pause while two rounds of
+`index.py --remove` and SIGHUP run, each round with one replica SIGKILLed (a front, then a gateway). The
 clients are `cfir_jax.Client`: a search in flight on the gateway replica at its SIGKILL gets Ray's HTTP proxy's
 plain-text 500 (the proxy does not send it again), and the client sends it again. No search fails; every answer
 carries the new version within 30 s of each SIGHUP; a removed image never answers at or after its removal's
 version. Then, with no SIGHUP: a removal committed and every replica of a shard SIGKILLed (what one replica meets
-with one kill): the searches answer again within 90 s, at the committed version. Then a backup of the first version
+with one kill): the searches answer again within 90 s, at the committed version (the shard replicas' round: a
+replacement loads the version committed while it was down). Then a backup of the first version
 restored and one SIGHUP: that version is served, and no reload follows. The final answers equal `retrieve.py
 --format json`. The deadline is 60 s: the suite's machine is loaded (a shard call gets half of it)."""
 
@@ -212,7 +213,7 @@ def _expected(w, documents, tmp_path) -> dict:
 
 
 @pytest.mark.slow
-def test_three_removals_reloaded_under_load_with_a_replica_killed_each_time(workdir, documents, tmp_path):
+def test_two_removals_reloaded_under_load_with_a_replica_killed_each_time(workdir, documents, tmp_path):
     w, backup = tmp_path / "W", tmp_path / "backup"
     shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train", "pretrain"))
     shutil.copytree(w, backup)
@@ -225,7 +226,7 @@ def test_three_removals_reloaded_under_load_with_a_replica_killed_each_time(work
         load = Load(cluster.url, documents)
         try:
             _wait_for(lambda: len(load.answers) >= 8, 120, "the first answers")
-            for n, victim in enumerate(["Front", "ShardReplica1", "Gateway"]):
+            for n, victim in enumerate(["Front", "Gateway"]):
                 rounds.append(_round(cluster, load, w, tmp_path / f"remove{n}.txt", documents[n][0], victim, removed))
         finally:
             answers = load.finish()

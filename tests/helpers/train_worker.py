@@ -1,6 +1,6 @@
 """Subprocess entry points for the trainer tests (device count and jax.distributed are fixed per process).
 
-    python train_worker.py sharded OUT.npz            # one vs 8 devices, in one process with 8 CPU devices
+    python train_worker.py sharded OUT.npz            # one vs 8 devices (data x fsdp), in one process with 8
     python train_worker.py single OUT.npz             # the same two steps on one device
     python train_worker.py run WORKDIR OUT.npz STALL   # train; STALL > 0 blocks before that step (to be killed)
     python train_worker.py dist PID PORT OUT.npz       # one of 2 processes x 4 devices (jax.distributed)
@@ -83,18 +83,15 @@ def initialize_two_processes(pid: int, port: str) -> None:
 def main():
     mode = sys.argv[1]
     if mode == "sharded":
-        out = {}
-        for name, kw in (("dp", dict()), ("fsdp", dict(fsdp=2, data=4))):
-            cfg = tiny_config(global_batch=16)
-            cfg.mesh.update(kw)
-            if kw:
-                cfg.mesh.logical_axis_rules = mesh_config("large").logical_axis_rules
-            one_cfg = tiny_config(global_batch=16)
-            one_loss, one = steps(one_cfg, jax.devices()[:1])
-            many_loss, many = steps(cfg, jax.devices())
-            out[f"{name}_loss_1"], out[f"{name}_loss_8"] = one_loss, many_loss
-            for k in one:
-                out[f"{name}_1/{k}"], out[f"{name}_8/{k}"] = one[k], many[k]
+        # data=4 x fsdp=2 with the large config's rules; pure data parallelism over 8 devices is the `dist` mode's
+        # (2 processes x 4 devices), against the same one-device run
+        cfg = tiny_config(global_batch=16)
+        cfg.mesh.update(fsdp=2, data=4, logical_axis_rules=mesh_config("large").logical_axis_rules)
+        one_loss, one = steps(tiny_config(global_batch=16), jax.devices()[:1])
+        many_loss, many = steps(cfg, jax.devices())
+        out = {"fsdp_loss_1": one_loss, "fsdp_loss_8": many_loss}
+        for k in one:
+            out[f"fsdp_1/{k}"], out[f"fsdp_8/{k}"] = one[k], many[k]
         np.savez(sys.argv[2], **out)
     elif mode == "single":
         loss, params = steps(tiny_config(global_batch=16), jax.devices()[:1])

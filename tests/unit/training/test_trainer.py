@@ -57,16 +57,17 @@ def _assert_same_params(a: dict, b: dict, rtol: float = 1e-5):
 
 @pytest.mark.slow
 def test_sharded_step_equals_single_device(tmp_path):
-    """8 fake CPU devices (pure data parallel, and 4 x 2 data x fsdp with sharded params) vs one device."""
+    """8 fake CPU devices (4 x 2 data x fsdp, parameters sharded) vs one device; pure data parallelism over 8 devices:
+    test_two_processes_equal_single_device."""
     out = tmp_path / "sharded.npz"
     proc = _worker("sharded", out, devices=8)
     assert proc.returncode == 0, proc.stderr[-3000:]
     z = np.load(out)
-    for name in ("dp", "fsdp"):
-        np.testing.assert_allclose(z[f"{name}_loss_8"], z[f"{name}_loss_1"], rtol=1e-5)
-        one = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(f"{name}_1/")}
-        many = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith(f"{name}_8/")}
-        _assert_same_params(one, many)
+    np.testing.assert_allclose(z["fsdp_loss_8"], z["fsdp_loss_1"], rtol=1e-5)
+    one = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("fsdp_1/")}
+    many = {k.split("/", 1)[1]: z[k] for k in z.files if k.startswith("fsdp_8/")}
+    assert len(one) > 10
+    _assert_same_params(one, many)
 
 
 def _free_port() -> int:
