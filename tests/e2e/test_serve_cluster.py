@@ -7,7 +7,7 @@ the requests that need it 503 `shard s unavailable` within the deadline and /rea
 shard at once and every answer names one version; SIGTERM to the command's process group drains, exits 0 and leaves no
 process of the Ray it started. Before it reloads or stops, the cluster meets hostile input (malformed bodies,
 hypothesis searches, bodies and uploads, bytes that are not HTTP) and answers each in one JSON line, never a 500.
-(Replicas SIGKILLed under load, a front and a gateway, each during a reload, and a shard's replicas after a commit:
+(Replicas SIGKILLed under load during a reload, a front with a shard replica and a gateway:
 tests/e2e/test_serve_cluster_reload.py; the mixed traffic of every door under random kills and changes for 30 minutes:
 benchmarks/serve_soak.py --engine ray, its runs in benchmarks/RESULTS.md.)"""
 

@@ -1,14 +1,13 @@
 """Reloads of the service on Ray Serve under load and chaos (`retrieve.py --serve --engine ray`, the real command from
 an empty HOME): 2 shards x 2 replicas, 2 fronts, 2 gateways; two clients search without pause while two rounds of
-`index.py --remove` and SIGHUP run, each round with one replica SIGKILLed (a front, then a gateway). The
-clients are `cfir_jax.Client`: a search in flight on the gateway replica at its SIGKILL gets Ray's HTTP proxy's
-plain-text 500 (the proxy does not send it again), and the client sends it again. No search fails; every answer
-carries the new version within 30 s of each SIGHUP; a removed image never answers at or after its removal's
+`index.py --remove` and SIGHUP run, the first with a front and a shard replica SIGKILLed at once, the second with a
+gateway. The clients are `cfir_jax.Client`: a search in flight on the gateway replica at its SIGKILL gets Ray's HTTP
+proxy's plain-text 500 (the proxy does not send it again), and the client sends it again. No search fails; every
+answer carries the new version within 30 s of each SIGHUP; a removed image never answers at or after its removal's
 version. Then, with no SIGHUP: a removal committed and every replica of a shard SIGKILLed (what one replica meets
-with one kill): the searches answer again within 90 s, at the committed version (the shard replicas' round: a
-replacement loads the version committed while it was down). Then a backup of the first version
-restored and one SIGHUP: that version is served, and no reload follows. The final answers equal `retrieve.py
---format json`. The deadline is 60 s: the suite's machine is loaded (a shard call gets half of it)."""
+with one kill): the searches answer again within 90 s, at the committed version. Then a backup of the first version
+restored and one SIGHUP: that version is served, and no reload follows. The final answers equal `retrieve.py --format
+json`. The deadline is 60 s: the suite's machine is loaded (a shard call gets half of it)."""
 
 import json
 import logging
@@ -127,14 +126,14 @@ def _wait_for(predicate, timeout, what):
         time.sleep(0.5)
 
 
-def _round(cluster, load, w, ids, doc_id, victim, removed) -> tuple[float, int, float]:
-    """`index.py --remove` of an image that answers doc_id now, SIGHUP, one replica of `victim` SIGKILLed; returns
-    SETTLE_S after every answer carries the new version and Ray replaced the replica: (SIGHUP at, the new version,
-    settled at)."""
+def _round(cluster, load, w, ids, doc_id, victims, removed) -> tuple[float, int, float]:
+    """`index.py --remove` of an image that answers doc_id now, SIGHUP, one replica of each deployment of `victims`
+    SIGKILLed at once; returns SETTLE_S after every answer carries the new version and Ray replaced the replicas:
+    (SIGHUP at, the new version, settled at)."""
     from cfir_jax.stores import versions
 
-    before = cluster.replicas(victim)
-    assert len(before) == 2, (victim, before)
+    before = {victim: cluster.replicas(victim) for victim in victims}
+    assert all(len(pids) == 2 for pids in before.values()), before
     hits = next(a[4] for a in reversed(load.answers) if a[1] == 200 and a[3] == doc_id)
     image = next(h for h in hits if h not in removed)
     ids.write_text(f"image:{image}\n")
@@ -144,15 +143,17 @@ def _round(cluster, load, w, ids, doc_id, victim, removed) -> tuple[float, int, 
     reloads = sum("reload:" in line for line in cluster.log)
     at = time.monotonic()
     os.kill(cluster.proc.pid, signal.SIGHUP)
-    if victim == "Gateway":  # the gateway that carries the command's reload: killed once it answered
+    if "Gateway" in victims:  # the gateway that carries the command's reload: killed once it answered
         _wait_for(lambda: sum("reload:" in line for line in cluster.log) > reloads, 120, "the reload")
     else:
         time.sleep(1.0)  # while the fronts reload
-    os.kill(before[0], signal.SIGKILL)
-    _wait_for(lambda: all(a[2] >= version for a in load.answers[-4:]) and len(cluster.replicas(victim)) == 2, 240,
-              f"{victim} replaced and version {version} everywhere")
+    for pids in before.values():
+        os.kill(pids[0], signal.SIGKILL)
+    _wait_for(lambda: all(a[2] >= version for a in load.answers[-4:])
+              and all(len(cluster.replicas(victim)) == 2 for victim in victims), 240,
+              f"{' and '.join(victims)} replaced and version {version} everywhere")
     settled = time.monotonic()
-    time.sleep(SETTLE_S)  # answers from every replica, the new one included, for the check that none goes back
+    time.sleep(SETTLE_S)  # answers from every replica, the new ones included, for the check that none goes back
     return at, version, settled
 
 
@@ -213,7 +214,7 @@ def _expected(w, documents, tmp_path) -> dict:
 
 
 @pytest.mark.slow
-def test_two_removals_reloaded_under_load_with_a_replica_killed_each_time(workdir, documents, tmp_path):
+def test_two_removals_reloaded_under_load_with_replicas_killed_each_time(workdir, documents, tmp_path):
     w, backup = tmp_path / "W", tmp_path / "backup"
     shutil.copytree(workdir, w, ignore=shutil.ignore_patterns("train", "pretrain"))
     shutil.copytree(w, backup)
@@ -226,8 +227,8 @@ def test_two_removals_reloaded_under_load_with_a_replica_killed_each_time(workdi
         load = Load(cluster.url, documents)
         try:
             _wait_for(lambda: len(load.answers) >= 8, 120, "the first answers")
-            for n, victim in enumerate(["Front", "Gateway"]):
-                rounds.append(_round(cluster, load, w, tmp_path / f"remove{n}.txt", documents[n][0], victim, removed))
+            for n, victims in enumerate([("Front", "ShardReplica1"), ("Gateway",)]):
+                rounds.append(_round(cluster, load, w, tmp_path / f"remove{n}.txt", documents[n][0], victims, removed))
         finally:
             answers = load.finish()
         failed = [a for a in answers if a[1] != 200]
