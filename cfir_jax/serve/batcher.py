@@ -59,7 +59,7 @@ class Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     html: bool = False  # the gallery page instead of JSON (GET /'s page)
-    cancelled: bool = False  # set by the handler when the client disconnects or the deadline passes
+    cancelled: bool = False  # set by `MicroBatcher.withdraw` when the client disconnects or the deadline passes
     version: int | None = None  # the index version that answered it (set before the future is)
     enqueued: float = dataclasses.field(default_factory=time.monotonic)
 
@@ -115,6 +115,20 @@ class MicroBatcher:
             self.metrics.queue_depth.set(self._waiting_docs)
             self._cv.notify()
 
+    def withdraw(self, job: Job) -> bool:
+        """Gives `job` up (its client went away, or its deadline passed; its handler answers and counts the drop):
+        taken out of the queue if it still waits, so that an abandoned request holds no place another could take;
+        True when it did. A job already taken into a batch is skipped there if the batch has not run it yet."""
+        with self._cv:
+            job.cancelled = True
+            try:
+                self._queue.remove(job)
+            except ValueError:
+                return False
+            self._waiting_docs -= len(job.docs)
+            self.metrics.queue_depth.set(self._waiting_docs)
+            return True
+
     def stop(self, timeout: float | None = None) -> None:
         with self._cv:
             self._stopping = True
@@ -152,9 +166,11 @@ class MicroBatcher:
             now = time.monotonic()
             live = []
             for job in batch:
-                if job.cancelled or now > job.deadline:
-                    job.settle(error=Dropped("deadline passed" if now > job.deadline else "client went away"))
-                    self.metrics.dropped.labels("deadline" if now > job.deadline else "disconnected").inc()
+                if job.cancelled:  # given up by its handler once in this batch: answered and counted there
+                    job.settle(error=Dropped("withdrawn"))
+                elif now > job.deadline:
+                    job.settle(error=Dropped("deadline passed"))
+                    self.metrics.dropped.labels("deadline").inc()
                 else:
                     live.append(job)
                     self.metrics.queue_wait.observe(now - job.enqueued)

@@ -152,10 +152,12 @@ class Service:
                 return job.future.result(), {VERSION_HEADER: str(job.version)}
             except Dropped as e:
                 raise DeadlinePassed(f"not answered: {e}") from None
-        job.cancelled = True
+        withdrawn = self.batcher.withdraw(job)  # its place in the queue free for the next request
         if gone in done:
             self.metrics.dropped.labels("disconnected").inc()
             raise ClientGone()
+        if withdrawn:  # dropped unrun (one the batch had taken runs, late: not a drop)
+            self.metrics.dropped.labels("deadline").inc()
         raise DeadlinePassed(f"deadline of {self.settings.deadline_ms:g} ms passed (serve.deadline_ms)")
 
     async def search_image(self, image: bytes | None, image_id: str | None, top_k: object, qid: str,

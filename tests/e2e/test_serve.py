@@ -277,7 +277,10 @@ def test_a_client_that_disconnects_mid_request_is_dropped_and_the_server_keeps_s
         if dropped:
             break
     assert dropped, "no disconnected request was dropped in three tries"
-    assert small_server.search(documents[1][1]).status_code == 200
+    # at once: the abandoned requests left the queue when their clients went (MicroBatcher.withdraw), so none holds
+    # a place (a suite run on 2 loaded cores met a 503 busy here when they still did)
+    answer = small_server.search(documents[1][1])
+    assert answer.status_code == 200, answer.text
 
 
 def test_a_full_queue_answers_503_with_retry_after(small_server, documents):

@@ -101,6 +101,37 @@ def test_the_queue_is_bounded_in_documents(answers_as_text):
     asyncio.run(run())
 
 
+def test_a_withdrawn_request_frees_its_place_at_once_and_never_runs(answers_as_text):
+    """Two requests fill the queue behind a running batch and their clients go (the handler withdraws them): the next
+    request is queued, not refused busy, and only it runs after the first; the batcher counts no drop of its own (the
+    handler counts each once)."""
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = StandIn(gate)
+        mb = _batcher(retriever, queue_size=2)
+        mb.submit(_job(loop, ["running"]))
+        while not retriever.batches:
+            await asyncio.sleep(0.01)
+        gone = [_job(loop, ["gone1"]), _job(loop, ["gone2"])]
+        for job in gone:
+            mb.submit(job)
+        with pytest.raises(batcher_lib.QueueFull):
+            mb.submit(_job(loop, ["refused"]))
+        assert [mb.withdraw(job) for job in gone] == [True, True] and mb.depth == 0
+        assert not mb.withdraw(gone[0])  # once: it is no longer queued
+        nxt = _job(loop, ["next"])
+        mb.submit(nxt)
+        gate.set()
+        answer = await nxt.future
+        mb.stop(5)
+        dropped = mb.metrics.registry.get_sample_value("cfir_dropped_requests_total", {"reason": "disconnected"})
+        return retriever.batches, answer, dropped, [j.future.done() for j in gone]
+
+    batches, answer, dropped, settled = asyncio.run(run())
+    assert batches == [["running"], ["next"]] and answer == ["next=TEXT NEXT"]
+    assert dropped is None and settled == [False, False]  # never run, never answered by the batcher
+
+
 def test_a_request_past_its_deadline_is_dropped_unrun(answers_as_text):
     async def run():
         loop = asyncio.get_running_loop()
