@@ -30,7 +30,11 @@ def _drip(url: str, path: str, count: int, stop: threading.Event) -> list[socket
     def drip():
         dripping = list(conns)
         while dripping and not stop.wait(DRIP_S):
-            answered = select.select(dripping, [], [], 0)[0]  # a byte after the answer would reset its connection
+            dripping = [conn for conn in dripping if conn.fileno() >= 0]  # the test closes those it has read
+            try:
+                answered = select.select(dripping, [], [], 0)[0]  # a byte after the answer would reset it
+            except (OSError, ValueError):  # one closed between the two lines: the next round leaves it out
+                continue
             dripping = [conn for conn in dripping if conn not in answered]
             for conn in dripping:
                 try:
