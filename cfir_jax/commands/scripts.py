@@ -8,7 +8,7 @@ import gc
 import sys
 
 from cfir_jax.commands import flags
-from cfir_jax.core import cli, faults
+from cfir_jax.core import cli, faults, memory
 from cfir_jax.core.cli import cli_main
 from cfir_jax.nlp import entity_workers
 
@@ -44,6 +44,7 @@ def index_main():
         from cfir_jax.commands import compile_only
 
         return compile_only.run("index", config, args.topology)
+    memory.reuse_freed_memory()  # the pretraining's and the encoders' steps reuse one scratch space (before JAX)
     cli.maybe_initialize_distributed()
     # why: the builders (JAX, flax, spaCy) load once the flags and the config are read
     from cfir_jax.commands import build
@@ -67,6 +68,7 @@ def train_main():
         from cfir_jax.commands import compile_only
 
         return compile_only.run("train", config, args.topology)
+    memory.reuse_freed_memory()  # each step reuses the last one's scratch space (before JAX starts its threads)
     cli.maybe_initialize_distributed()
     # why: JAX, flax and orbax load once the flags and the config are read
     from cfir_jax.commands import train
@@ -103,6 +105,7 @@ def retrieve_main():
         gc.enable()
     if args.compile_only or args.serve:
         return _compile_only_or_serve(args, config)
+    memory.reuse_freed_memory()  # the fits', the evaluation's and the bulk run's encoders: one scratch space
     if args.query_image or args.query_image_id:
         return _retrieve_by_image(args, config)
     faults.on_sigterm()  # SIGTERM, to this process or its group (the entity workers ignore it): one line, exit 143
