@@ -88,8 +88,12 @@ class RayHead:
         return os.path.join(self.temp_dir, "session_latest", "logs")
 
     def driver_env(self) -> dict[str, str]:
-        """What the head, this driver and the workers are given: token auth with this head's token file."""
-        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path}
+        """What the head, this driver and the workers are given: token auth with this head's token file, and no task
+        events. Ray records every task's events in the GCS for its dashboard and state API, which this command reads
+        neither of, up to 100,000 tasks (`task_events_max_num_task_in_gcs`): each search is a few actor tasks, so the
+        GCS server grew 56 -> 110 MiB over a 30-minute soak's 24,000 requests (benchmarks/RESULTS.md)."""
+        return {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": self.token_path,
+                "RAY_task_events_report_interval_ms": "0"}
 
     def launch(self) -> None:
         """`ray start --head`, sized to num_cpus logical CPUs; CfirError in one line if it fails."""

@@ -90,7 +90,8 @@ def test_the_head_token_is_a_fresh_0600_file_in_its_own_temp_dir():
             assert os.stat(head.token_path).st_mode & 0o777 == 0o600
             assert re.fullmatch(r"[0-9a-f]{64}", open(head.token_path).read())
             assert os.path.dirname(head.token_path) == head.temp_dir
-            assert head.driver_env() == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": head.token_path}
+            assert head.driver_env() == {"RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": head.token_path,
+                                         "RAY_task_events_report_interval_ms": "0"}  # no task kept in the GCS
         assert open(a.token_path).read() != open(b.token_path).read()
     finally:
         a.stop(keep_logs=False)
