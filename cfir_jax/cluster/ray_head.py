@@ -141,14 +141,21 @@ class RayHead:
         if self.session:
             steps = [(signal.SIGTERM, grace_s)] if grace_s > 0 else []
             for sig, wait_s in [*steps, (signal.SIGKILL, 5.0)]:
-                pids = session_pids(self.session)
-                for pid in pids:
-                    try:
-                        os.kill(pid, sig)
-                    except ProcessLookupError:
-                        pass
+                # Every process found on each look is signalled, not only those of the first: a process forked while
+                # the session was being signalled (a worker the raylet was starting, an entity worker a front was
+                # replacing) was left running after the command had exited.
+                signalled: set[int] = set()
                 end = time.monotonic() + wait_s
-                while pids and time.monotonic() < end:
+                pids = session_pids(self.session)
+                while pids:
+                    for pid in set(pids) - signalled:
+                        try:
+                            os.kill(pid, sig)
+                        except ProcessLookupError:
+                            pass
+                        signalled.add(pid)
+                    if time.monotonic() >= end:
+                        break
                     time.sleep(0.1)
                     pids = session_pids(self.session)
                 if not pids:

@@ -139,3 +139,34 @@ def test_no_session_of_the_kernel_or_init_is_read_as_a_head():
     for session in (0, 1):
         with pytest.raises(ValueError):
             session_pids(session)
+
+
+# A session whose leader ignores SIGTERM and forks children (that ignore it too) as fast as it can, as a raylet
+# starting workers or a front replacing entity workers may while its session is being stopped.
+_SPAWNER = """
+import signal, subprocess
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+for _ in range(2000):
+    subprocess.Popen(["sleep", "60"])
+signal.pause()
+"""
+
+
+def test_a_process_forked_while_the_session_is_being_stopped_is_stopped_too():
+    """The stop signals every process it finds on each look, not only those of its first: before, a child forked
+    while the session's processes were being signalled outlived the stop (a soak of the Ray engine left 3 processes
+    after the command's SIGTERM had exited 0)."""
+    leader = subprocess.Popen([sys.executable, "-c", _SPAWNER], start_new_session=True)
+    head = RayHead(2, 100)
+    try:
+        while len(session_pids(leader.pid)) < 30:
+            time.sleep(0.02)
+        head.session = leader.pid
+        head.stop(keep_logs=False, grace_s=0.2)
+        leader.wait(10)
+        assert session_pids(leader.pid) == []
+    finally:
+        if session_pids(leader.pid):
+            os.killpg(leader.pid, signal.SIGKILL)
+        head.session = None
+        head.stop(keep_logs=False)
