@@ -39,15 +39,17 @@ x = jnp.full((2048, 8192), 0.5, jnp.float32)
 program = step.lower(x).compile()
 for _ in range(5):  # the heap's first blocks taken (a run may start before the last one's scratch is freed)
     float(program(x))
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+faults = []
 for _ in range(5):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     float(program(x))
-print(applied, program.memory_analysis().temp_size_in_bytes, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-      - before) // 5)
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(applied, program.memory_analysis().temp_size_in_bytes, min(faults))
 """
 
 
 def _faults_per_run(mode: str) -> tuple[bool, int, int]:
+    """(applied, the scratch space's bytes, the fewest page faults of the 5 runs)."""
     env = {k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES"} | {"JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", _STEPS, mode], env=env, capture_output=True, text=True, check=True)
     applied, temp, faults = out.stdout.split()
@@ -57,13 +59,14 @@ def _faults_per_run(mode: str) -> tuple[bool, int, int]:
 def test_a_program_run_step_after_step_reuses_its_scratch_space_instead_of_faulting_it_in_again():
     """glibc maps a block this large afresh for each run and unmaps it after (every page faulted in again: the demo's
     training step spent more time in the kernel than in its own arithmetic); with reuse_freed_memory the runs share
-    one block."""
+    the heap's blocks (the heap may still grow at a run that overlaps the last one's, on a busy machine: the fewest
+    faults of 5 runs are compared)."""
     applied, temp, plain = _faults_per_run("plain")
     assert not applied and temp >= 128 << 20
-    assert plain >= 0.9 * temp / 4096, (plain, temp)  # every page of the scratch space, each run
+    assert plain >= 0.9 * temp / 4096, (plain, temp)  # every page of the scratch space, even the best run
     applied, _, reused = _faults_per_run("reuse")
     assert applied
-    assert reused < plain / 3, (reused, plain)
+    assert reused < plain / 10, (reused, plain)
 
 
 def test_the_heap_is_left_as_it_is_off_the_cpu_and_where_the_user_tuned_it():
