@@ -159,6 +159,13 @@ class Index:
         self._retrievers, self._version, self.method = opened, version, methods[0]
         return version
 
+    def parse_entities_with(self, pool) -> None:
+        """Every open method's documents are parsed for entities by `pool` (a service's `EntityWorkers`; None: in
+        the retrieving thread, or bulk retrieval's own workers) while their queries are encoded."""
+        for retriever in self._retrievers.values():
+            if retriever.entities is not None:
+                retriever.entities.parse_with(pool)
+
     def warm_up(self, warm: Callable[[str], object] | None = None, summary_cache: int = 0) -> None:
         """Readies every open method before a service says it is ready: `warm(method)` runs the shapes it will send
         (`cfir_jax.serve.resident.warm_up`, through this index's verbs), then the methods that summarise keep up to

@@ -231,8 +231,8 @@ class EntityWorkers:
         return list(self._gather(texts, list(zip(bounds, bounds[1:]))))
 
     def stream(self, texts: Sequence[str], chunk: int) -> Iterator[list[str]]:
-        """Each text's entities in order, lazily: the workers parse ahead (two chunks each) while the caller
-        encodes and scores the documents already yielded."""
+        """Each text's entities in order, lazily: the workers start at once and parse ahead (two chunks each) while
+        the caller encodes and scores (the documents already yielded, or the batch before it reads the first)."""
         chunk = max(1, chunk)
         return self._gather(texts, [(a, min(a + chunk, len(texts))) for a in range(0, len(texts), chunk)])
 
@@ -252,6 +252,7 @@ class EntityWorkers:
                 self._texts[self._next_id] = list(texts[a:b])
                 self._pending.append(self._next_id)
                 self._next_id += 1
+        self._assign()  # the workers start now: the caller may do other work before it reads the first answer
         return self._answers(ids)
 
     def _answers(self, ids: list[int]) -> Iterator[list[str]]:

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
-from cfir_jax.retrieve.pipeline import DocumentInput, Retrieval, Retriever
+from cfir_jax.retrieve.pipeline import DocumentInput, RankedImage, Retrieval, Retriever
 from cfir_jax.stores.duplicates import Duplicates
 
 log = logging.getLogger(__name__)
@@ -29,27 +29,44 @@ def fold_positions(rows: Sequence[int], group: np.ndarray) -> list[tuple[int, li
     """rows [M]: a ranking's cache rows, best first; group [N]: each row's group label (-1: none, as a row outside
     it). Returns, best first, (position of each group's best-ranked row, [positions of its other rows, best
     first])."""
-    shown: dict[int, tuple[int, list[int]]] = {}
-    out: list[tuple[int, list[int]]] = []
-    n = len(group)
-    for pos, row in enumerate(rows):
-        label = int(group[row]) if 0 <= row < n else -1
-        key = label if label >= 0 else -1 - pos  # a row without a group is a group of its own
-        if key in shown:
-            shown[key][1].append(pos)
-        else:
-            shown[key] = (pos, [])
-            out.append(shown[key])
-    return out
+    shown, others = _folded_positions(rows, group)
+    return [(p, others.get(p, [])) for p in shown]
 
 
-def fold(retrieval, group: np.ndarray):
+def _folded_positions(rows: Sequence[int], group: np.ndarray) -> tuple[list[int], dict[int, list[int]]]:
+    """`fold_positions` as the positions shown, best first, and the others of those that fold some: found with
+    numpy, as a ranking is 1,000 hits folded for every search."""
+    rows = np.asarray(rows, np.int64)
+    inside = (rows >= 0) & (rows < len(group))
+    labels = np.full(len(rows), -1, np.int64)
+    labels[inside] = group[rows[inside]]
+    grouped = np.flatnonzero(labels >= 0)
+    if not len(grouped):
+        return list(range(len(rows))), {}
+    # the grouped positions by label and, within a label, best first: a label's first is the one shown
+    order = grouped[np.argsort(labels[grouped], kind="stable")]
+    starts = np.flatnonzero(np.concatenate([[True], labels[order][1:] != labels[order][:-1]]))
+    ends = np.append(starts[1:], len(order))
+    others = {int(order[a]): order[a + 1 : b].tolist() for a, b in zip(starts.tolist(), ends.tolist()) if b > a + 1}
+    first = np.ones(len(rows), bool)
+    first[grouped] = False
+    first[order[starts]] = True
+    return np.flatnonzero(first).tolist(), others
+
+
+def fold(retrieval, group: np.ndarray, limit: int | None = None):
     """The `Retrieval` with each group's best-ranked hit shown (ranks 1, 2, ... over the shown hits) and its other
-    hits' image ids in its `duplicates`, best first."""
+    hits' image ids in its `duplicates`, best first; its first `limit` shown hits only when given (a search shows its
+    top_k of the 1,000 it ranked). A hit whose rank and duplicates stay is kept as it is."""
     hits = retrieval.hits
-    kept = fold_positions([h.row for h in hits], group)
-    shown = [dataclasses.replace(hits[p], rank=n + 1, duplicates=tuple(hits[q].image_id for q in others))
-             for n, (p, others) in enumerate(kept)]
+    shown_at, others = _folded_positions([h.row for h in hits], group)
+    shown = []
+    for n, p in enumerate(shown_at[:limit]):
+        h = hits[p]
+        if p in others or h.rank != n + 1 or h.duplicates:
+            h = RankedImage(n + 1, h.image_id, h.score, h.row, h.entities,
+                            tuple(hits[q].image_id for q in others.get(p, ())))
+        shown.append(h)
     return dataclasses.replace(retrieval, hits=shown)
 
 
@@ -116,7 +133,9 @@ def folded(retriever: Retriever, retrievals: list[Retrieval], fold_them: bool | 
     store = store_of(stores) if any(folds) and stores is not None else None
     if store is None:
         return list(retrievals)
-    out = [fold(r, store.group) if f else r for r, f in zip(retrievals, folds)]
+    # With docs, the caller shows each ranking's top: the shown hits past it are never made
+    out = [fold(r, store.group, tops[i] if docs is not None and tops[i] > 0 else None) if f else r
+           for i, (r, f) in enumerate(zip(retrievals, folds))]
     for i, (raw, shown) in enumerate(zip(retrievals, out)):
         if folds[i] and docs is not None and len(shown.hits) < tops[i] and len(raw.hits) >= int(retriever.rcfg.top_k):
             out[i] = refilled(retriever, store.group, docs[i], shown, tops[i])
@@ -135,7 +154,7 @@ def refilled(retriever: Retriever, group: np.ndarray, doc: DocumentInput, shown:
         rows = live.without([retriever.stores.cache.index_of(i) for i in hidden])
         raw = retriever.retrieve_many([doc], live=rows)[0]
         before = {h.image_id: h.duplicates for h in shown.hits}
-        again = fold(raw, group)
+        again = fold(raw, group, top)
         hits = [dataclasses.replace(h, duplicates=before.get(h.image_id, ()) + h.duplicates) for h in again.hits]
         new = {d for h in again.hits for d in h.duplicates}
         if len(hits) <= len(shown.hits) and not new - hidden:

@@ -10,7 +10,7 @@ enter a list (stored, text-matched or searched), so neither the union nor any me
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
@@ -39,6 +39,7 @@ class EntityRanking:
         self._exact_search = exact_search
         self._nlp = None
         self._pool = None
+        self._serving: EntityWorkers | None = None  # a service's workers (`parse_with`)
         # Loaded now, with the index: a later update that replaces the index directory cannot pair this index's
         # lists with another version's tree. It covers cache rows [0, searcher_rows); rows appended since are
         # searched exactly, and removed rows are never returned (`search_with_tail`).
@@ -73,25 +74,45 @@ class EntityRanking:
             self._pool = EntityWorkers(e.spacy_model, e.labels, Settings.of(self.config, "bulk"))
         return self._pool
 
+    def parse_with(self, pool: EntityWorkers | None) -> None:
+        """A service's entity workers (`entity_workers.serve`, one pool per index generation; None: none) parse the
+        documents of its batches from now on (`stream`)."""
+        self._serving = pool
+
     def stream(self, docs: Sequence) -> Iterator[list[str]]:
-        """The entities of each document in order, lazily. When many need them (at least two retrieval batches) and
-        entity_workers.bulk > 1, the worker processes parse them ahead of encoding and SR; else this thread parses
-        them with one spaCy nlp.pipe."""
+        """The entities of each document in order, lazily. A service's workers (`parse_with`) parse any two or more,
+        starting now, while the caller encodes them (`Retriever`: summaries and queries before entities); bulk
+        retrieval's (entity_workers.bulk > 1) parse ahead of encoding and SR when many need them (at least two
+        retrieval batches); else this thread parses them with one spaCy nlp.pipe."""
         missing = [d.text for d in docs if d.entities is None]
         found: Iterator[list[str]] = iter(())
         if missing:
             workers = int(self.config.entity_workers.bulk)
-            if len(missing) >= 2 * self.rcfg.batch_size and workers > 1:
+            if self._serving is not None and not self._serving.degraded and len(missing) >= 2:
+                found = parsed_by(self._serving, missing, lambda rest: self.extractor().extract(rest))
+            elif len(missing) >= 2 * self.rcfg.batch_size and workers > 1:
                 found = self.workers().stream(missing, max(1, self.rcfg.batch_size // workers))
             else:
                 found = self.extractor().extract(missing)
         return (d.entities if d.entities is not None else next(found) for d in docs)
 
-    def candidates(self, entities: list[str], live: LiveRows, with_scores: bool = True
+    def encode_unseen(self, entities: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
+        """The embeddings [D] of the entities the index has never seen, of every document of a batch at once, where
+        they are searched (`retrieval.unknown_entities="search"`; else none): the encoder runs batches of a fixed
+        size, so one call for the batch costs what one document's did."""
+        if self.rcfg.unknown_entities != "search":
+            return {}
+        unseen = list(dict.fromkeys(e for doc in entities for e in doc if self.index.row(e) is None))
+        return dict(zip(unseen, self.encoder.encode(unseen)))  # checked where they are searched
+
+    def candidates(self, entities: list[str], live: LiveRows, with_scores: bool = True,
+                   encoded: Mapping[str, np.ndarray] | None = None
                    ) -> tuple[list[np.ndarray], list[np.ndarray] | None, list[str], list[str]]:
         """Candidate lists per usable entity, with each list's entity-image scores [k_j] (stored by the index; the
         query-time search's for unseen entities) when with_scores, else None: (lists, scores, used, unknown). Only
-        rows of `live` enter a list (the call's rows: removed images and a filter's failing ones never do)."""
+        rows of `live` enter a list (the call's rows: removed images and a filter's failing ones never do).
+        encoded: the unseen entities' embeddings made for the batch (`encode_unseen`); those missing are encoded
+        here."""
         known_rows, known, unknown = [], [], []
         for e in entities:
             r = self.index.row(e)
@@ -107,7 +128,7 @@ class EntityRanking:
             lists, scores = self._with_text_matches(rows_known, lists, scores, live)
         searched: list[str] = []
         if unknown and self.rcfg.unknown_entities == "search":
-            found, rows = self._search(unknown, live)
+            found, rows = self._search(unknown, live, encoded or {})
             lists += drop_padding(rows)  # ScaNN may find fewer than K: its padding never reaches the union
             if with_scores:
                 scores += [np.asarray(s[r >= 0], np.float32) for s, r in zip(found, np.asarray(rows))]
@@ -141,11 +162,12 @@ class EntityRanking:
                       for s, x in zip(scores, extra)]
         return [np.concatenate([c, x]) for c, x in zip(lists, extra)], scores
 
-    def _search(self, unknown: list[str], live: LiveRows) -> Ranked:
+    def _search(self, unknown: list[str], live: LiveRows, encoded: Mapping[str, np.ndarray]) -> Ranked:
         """Unseen entities' top-K live rows over the cache: the index's ScaNN searcher when it kept one (with exact
         search over the rows appended since it was built, removed rows filtered), else exact (which keeps the live
-        ones itself)."""
-        emb = self.encoder.encode(unknown)
+        ones itself). encoded: embeddings made already (`encode_unseen`)."""
+        emb = np.stack([encoded[e] for e in unknown]) if all(e in encoded for e in unknown) else \
+            self.encoder.encode(unknown)
         check_embeddings(emb, self.encoder_dir, "entity")  # a damaged encoder, named as such
         if self._searcher is not None:
             return search_with_tail(self._searcher, self.embeddings, emb, self.index.k, live.removed)
@@ -166,6 +188,24 @@ class EntityRanking:
         return scores[keep], rows[keep]
 
 
+def parsed_by(pool: EntityWorkers, texts: list[str], here: Callable[[list[str]], Iterator[list[str]]]
+              ) -> Iterator[list[str]]:
+    """texts' entities, in order, parsed by a service's pool, its workers started now, in chunks (two per worker:
+    they finish together); those left when a reload closes the pool mid-batch are parsed by `here` (this thread)."""
+    parsed = pool.stream(texts, -(-len(texts) // (pool.workers * entity_workers.PIPELINE_DEPTH)))
+
+    def answers() -> Iterator[list[str]]:
+        done = 0
+        try:
+            for entities in parsed:
+                yield entities
+                done += 1
+        except entity_workers.PoolClosed:
+            yield from here(texts[done:])
+
+    return answers()
+
+
 def union_of(lists: list[np.ndarray]) -> np.ndarray | None:
     """The candidate union once, de-duplicated and sorted (the scorers' gathers want sorted ids anyway); None when
     there is no list."""
@@ -174,14 +214,17 @@ def union_of(lists: list[np.ndarray]) -> np.ndarray | None:
 
 def brought_by(rows: np.ndarray, lists: list[np.ndarray], used: list[str]) -> list[tuple[str, ...]]:
     """Which entities' lists hold each of rows [k]: binary search in each sorted list (~0.1 ms per 10,000-candidate
-    list; Python sets or np.isin cost ~1 ms per list)."""
+    list; Python sets or np.isin cost ~1 ms per list). Rows brought by the same entities share one tuple: a ranking
+    has 1,000 rows and a document a few entities, so the tuples are made per pattern, not per row."""
     rows = np.asarray(rows, np.int64)
-    members = []
-    for lst in lists:
+    members = np.zeros((len(lists), len(rows)), bool)
+    for j, lst in enumerate(lists):
         ordered = np.sort(np.asarray(lst, np.int64))
-        if not len(ordered):  # a list a filter (or removals) emptied brings nothing in
-            members.append(np.zeros(len(rows), bool))
-            continue
-        at = np.minimum(np.searchsorted(ordered, rows), len(ordered) - 1)
-        members.append(ordered[at] == rows)
-    return [tuple(e for e, m in zip(used, members) if m[i]) for i in range(len(rows))]
+        if len(ordered):  # a list a filter (or removals) emptied brings nothing in
+            at = np.minimum(np.searchsorted(ordered, rows), len(ordered) - 1)
+            members[j] = ordered[at] == rows
+    if not 0 < len(lists) < 63:  # more entities than an int64's bits: a tuple per row
+        return [tuple(e for e, m in zip(used, members[:, i]) if m) for i in range(len(rows))]
+    codes = (members.T.astype(np.int64) << np.arange(len(lists))).sum(axis=1)  # each row's entities as bits
+    made = {c: tuple(e for j, e in enumerate(used) if c >> j & 1) for c in np.unique(codes).tolist()}
+    return [made[c] for c in codes.tolist()]

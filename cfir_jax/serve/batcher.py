@@ -6,10 +6,11 @@ threads at once).
 A batch takes every request that queued while the previous one ran, up to `max_batch` documents. When the previous
 batch had company (more than one document: requests are arriving together), the first request also waits up to
 `max_wait_ms` for others to join it; a lone request (concurrency 1) runs at once, so batching costs it nothing. A
-batch's documents are parsed for entities by the index's `EntityWorkers` (every core) when it has one, then run as
-one batch through the Retriever (batched encoding, batched SR). The queue is bounded in documents: a request
-that would overflow it is refused at once (the service answers 503 with Retry-After) rather than waiting without
-bound. A request past its deadline, or whose client went away, is dropped before its batch runs.
+batch runs as one batch through the Retriever (batched encoding, batched SR), its documents' entities parsed by the
+index's `EntityWorkers` (every core) while it encodes them, when it has one (`LoadedIndex.use_pool`). The queue is
+bounded in documents: a request that would overflow it is refused at once (the service answers 503 with Retry-After)
+rather than waiting without bound. A request past its deadline, or whose client went away, is dropped before its
+batch runs.
 
 A request fails alone. Before it joins its batch, the index version the batch runs on says every refusal its query
 can meet (`Index.admit`: top_k, language, its filter's size, fields and values' types), answered to that request
@@ -30,7 +31,6 @@ import time
 from collections.abc import Callable
 
 from cfir_jax.core.errors import first_line
-from cfir_jax.nlp.entity_workers import PoolClosed
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.errors import Unavailable
@@ -221,20 +221,18 @@ class MicroBatcher:
         return isinstance(e, (CorruptStore, Unavailable))
 
     def _answer(self, loaded, method: str, jobs: list[Job]) -> None:
-        """The jobs' documents parsed by the entity pool when it helps, then answered by the index as one batch,
-        each job's with its top_k (`Index.search_documents`); every answer is made before any is settled."""
+        """The jobs' documents answered by the index as one batch, each job's with its top_k
+        (`Index.search_documents`; the index's entity pool parses them while it encodes them); every answer is made
+        before any is settled."""
         index = loaded.index
         docs = [d for j in jobs for d in j.docs]
         self.metrics.batch_docs.observe(len(docs))
-        docs, entity_ms = _with_entities(loaded.entity_pool, index, method, docs)
         results = index.search_documents(docs, [j.top_k for j in jobs for _ in j.docs], method)
         answers, at = [], 0
         for job in jobs:
             mine = results[at : at + len(job.docs)]
             at += len(job.docs)
             for result in mine:
-                if entity_ms:  # parsed by the pool: its wall time per document, as retrieve_many reports its own
-                    result.times_ms["entities"] = result.times_ms.get("entities", 0.0) + entity_ms
                 self.metrics.observe_stages(result.times_ms)
             if job.html:  # the HTML report's gallery (`retrieve.py --html`), the images inline from the corpus
                 answers.append(report.html_page(mine[0], index.image_bytes, job.top_k))
@@ -242,24 +240,3 @@ class MicroBatcher:
                 answers.append([report.as_json(result, job.top_k) for result in mine])
         for job, answer in zip(jobs, answers):
             job.settle(answer)
-
-
-def _with_entities(pool, index, method: str, docs: list[DocumentInput]) -> tuple[list[DocumentInput], float]:
-    """The documents with their language and their entities, parsed by the pool (in parallel; the English ones, the
-    pool's pipeline) when there is one, the method reads entities and at least two documents need them; else
-    unchanged (the Retriever parses them in this thread). Also the pool's wall time per document in ms (0 unused)."""
-    if pool is None or pool.degraded or not index.reads_entities(method):
-        return docs, 0.0
-    docs = index.read_languages(docs, method)  # another language's entities: its own NER's, not the pool's
-    missing = [i for i, d in enumerate(docs) if d.entities is None]
-    if len(missing) < 2:
-        return docs, 0.0
-    t0 = time.perf_counter()
-    try:
-        found = pool.entities([docs[i].text for i in missing])
-    except PoolClosed:  # a reload closed this index's pool mid-batch: the Retriever parses them, as without one
-        return docs, 0.0
-    docs = list(docs)
-    for i, entities in zip(missing, found):
-        docs[i] = dataclasses.replace(docs[i], entities=entities)
-    return docs, 1e3 * (time.perf_counter() - t0) / len(missing)

@@ -154,6 +154,11 @@ class LoadedIndex:
         """The served methods, the default first."""
         return self.index.methods
 
+    def use_pool(self, pool) -> None:
+        """`pool` (`entity_pool_for`'s) parses this generation's batches, while the index encodes them."""
+        self.entity_pool = pool
+        self.index.parse_entities_with(pool)
+
     def describe(self) -> dict:
         return {"workdir": self.workdir, "version": self.version, "fingerprint": self.fingerprint,
                 "methods": list(self.methods),
@@ -189,7 +194,7 @@ class IndexHolder:
         self.methods, self.max_batch = tuple(methods), max_batch
         config = config if config is not None else load_config(workdir, config_spec, overrides)
         self.current = self.load(workdir, config)
-        self.current.entity_pool = entity_pool_for(config, self.current, None)
+        self.current.use_pool(entity_pool_for(config, self.current, None))
         self.last_reload: dict | None = None  # {"ok": bool, "at": ..., "error"/"fingerprint": ...}
         self._lock = threading.Lock()
 
@@ -227,7 +232,7 @@ class IndexHolder:
                                     if fresh.family[k] != self.current.family[k])
                 raise CfirError(f"{self.workdir}: the new index's model is of another family ({changed}); restart "
                                 "the service to serve it")
-            fresh.entity_pool = entity_pool_for(config, fresh, self.current.entity_pool)
+            fresh.use_pool(entity_pool_for(config, fresh, self.current.entity_pool))
             old, self.current = self.current, fresh  # one reference swap: the next batch reads the new index
             if old.entity_pool is not None and old.entity_pool is not fresh.entity_pool:
                 old.entity_pool.close()  # a batch parsing with it parses the rest in its own thread (PoolClosed)

@@ -470,6 +470,49 @@ def test_entity_pool_finds_what_the_retrieval_thread_finds(workdir, documents):
         pool.close()
 
 
+def test_a_batch_is_parsed_by_the_pool_while_the_index_encodes_it_and_answers_as_without(workdir, documents):
+    """The service's pool (`Index.parse_entities_with`, as `LoadedIndex.use_pool` sets it): every chunk of a batch is
+    with a worker before the index encodes the batch's queries, so the workers parse while this thread encodes; the
+    batch's unseen entities are encoded in one call; the answers are those of the retrieving thread's own parse, hit
+    for hit and score for score."""
+    import cfir_jax
+    from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
+    from cfir_jax.retrieve.pipeline import DocumentInput
+
+    docs = [DocumentInput(f"{text} ({n})", f"d{n}") for n in range(3) for _, text in documents]
+    with cfir_jax.open(workdir) as alone:
+        expected = [r.to_json() for r in alone.search_documents(docs, 10)]
+        labels = alone.config.index.entities.labels
+    pool = EntityWorkers("", labels, Settings(workers=2))
+    seen, unseen = [], []
+    try:
+        with cfir_jax.open(workdir) as index:
+            retriever = index._retriever()
+            index.search_documents(docs[:1], 1)  # warmed, as a service is before its first batch
+            index.parse_entities_with(pool)
+            encode, encode_entities = retriever.methods.encode, retriever.entities.encoder.encode
+
+            def encoding(*args):  # what the pool holds when the queries are encoded
+                seen.append(([len(w.inflight) for w in pool._workers], len(pool._pending)))
+                return encode(*args)
+
+            def encoding_entities(texts):  # the entities the index has never seen, searched at query time
+                unseen.append(list(texts))
+                return encode_entities(texts)
+
+            retriever.methods.encode, retriever.entities.encoder.encode = encoding, encoding_entities
+            got = [r.to_json() for r in index.search_documents(docs, 10)]
+    finally:
+        pool.close()
+    assert seen == [([2, 2], 0)], seen  # 12 documents, 4 chunks: two with each worker, none waiting
+    # the unseen entities of the whole batch encoded in one call of the encoder's fixed batch, each once
+    assert len(unseen) == 1 and sorted(unseen[0]) == sorted({e for a in got for e in a["unknown_entities"]}), unseen
+    assert unseen[0], "the documents name no unseen entity: the batch's encoding went untested"
+    for answer in (*expected, *got):
+        answer.pop("times_ms")
+    assert got == expected
+
+
 def _stage_summaries_copy(change, workdir, note: str) -> None:
     """A new version of W/summaries: the same summaries, its manifest saying `note` (what a change would rewrite)."""
     with change.stage("summaries") as tmp:

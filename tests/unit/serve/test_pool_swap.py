@@ -1,7 +1,7 @@
 """A reload whose entity settings changed swaps the service's entity pool while a batch is parsing with the old one
-(`serve/resident.py`'s `IndexHolder.reload`, `serve/batcher.py`'s `_with_entities`): the batch in flight gets its
-documents back at once, unparsed, for the Retriever to parse in its own thread; the old pool's workers are gone, the
-new pool parses with the new settings, and no other process is left."""
+(`serve/resident.py`'s `IndexHolder.reload`, `retrieve/entity_ranking.py`'s `parsed_by`): the batch in flight gets the
+documents not yet parsed back at once, for the Retriever to parse in its own thread; the old pool's workers are gone,
+the new pool parses with the new settings, and no other process is left."""
 
 import os
 import signal
@@ -14,12 +14,13 @@ import ml_collections
 from cfir_jax.core.config_workers import entity_workers_config
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
+from cfir_jax.retrieve import entity_ranking
 from cfir_jax.retrieve.pipeline import DocumentInput
-from cfir_jax.serve import batcher, resident
+from cfir_jax.serve import resident
 
-# The index's verbs the batcher and entity_pool_for ask (`Index.reads_entities`, `Index.read_languages`): every
-# document English, read by the pool.
-INDEX = SimpleNamespace(reads_entities=lambda method=None: True, read_languages=lambda docs, method=None: list(docs))
+# The index's verbs entity_pool_for and the holder ask (`Index.reads_entities`, `Index.parse_entities_with`).
+INDEX = SimpleNamespace(methods=("cfir",), reads_entities=lambda method=None: True,
+                        parse_entities_with=lambda pool: None)
 
 
 def _config(labels: str) -> ml_collections.ConfigDict:
@@ -29,9 +30,14 @@ def _config(labels: str) -> ml_collections.ConfigDict:
                                           index=dict(entities=dict(spacy_model="", labels=labels))))
 
 
-def _loaded(version: int) -> SimpleNamespace:  # a LoadedIndex as the holder and entity_pool_for read it
-    return SimpleNamespace(index=INDEX, methods=("cfir",),
-                           family={"embed_dim": 64}, version=version, fingerprint=f"v{version}", load_seconds=0.0)
+def _loaded(version: int) -> resident.LoadedIndex:  # over the stand-in index, as the holder and entity_pool_for read it
+    return resident.LoadedIndex("W", INDEX, f"v{version}", {"embed_dim": 64}, 0.0, 0.0, 10, version=version)
+
+
+def _with_entities(pool, docs: list[DocumentInput]) -> list[list[str] | None]:
+    """The documents' entities as a batch reads them from the pool: those it did not parse are the batch thread's
+    (None here)."""
+    return list(entity_ranking.parsed_by(pool, [d.text for d in docs], lambda rest: iter([None] * len(rest))))
 
 
 class Holder(resident.IndexHolder):
@@ -61,7 +67,7 @@ def test_a_reload_that_changes_entity_settings_swaps_the_pool_under_a_batch(monk
     outcome: dict = {}
 
     def batch():
-        outcome["docs"], _ = batcher._with_entities(old, INDEX, "cfir", docs)
+        outcome["docs"] = _with_entities(old, docs)
         outcome["at"] = time.monotonic()
 
     thread = threading.Thread(target=batch, daemon=True)
@@ -73,7 +79,7 @@ def test_a_reload_that_changes_entity_settings_swaps_the_pool_under_a_batch(monk
         thread.join(10)
         assert not thread.is_alive(), "the batch still waits on the pool the reload closed"
         assert outcome["at"] - swapped < 2.0
-        assert outcome["docs"] == docs  # unparsed: the Retriever parses them in the batch's thread
+        assert outcome["docs"] == [None] * len(docs)  # unparsed: the Retriever parses them in the batch's thread
         assert fresh.entity_pool is not old and fresh.entity_pool.key == ("", "picturable")
         assert old.describe()["pids"] == [] and all(_gone(pid) for pid in old_pids)
         assert fresh.entity_pool.entities(["Marie Curie worked in Paris."]) == [["Marie Curie", "Paris"]]
@@ -97,8 +103,7 @@ def test_batches_run_without_pause_through_reloads_that_change_the_entity_settin
     def batches():
         while not stop.is_set():
             try:
-                found, _ = batcher._with_entities(holder.current.entity_pool, INDEX, "cfir", docs)
-                outcomes.append([d.entities for d in found])
+                outcomes.append(_with_entities(holder.current.entity_pool, docs))
             except Exception as e:  # noqa: BLE001 - the test reads what a batch raised
                 outcomes.append(e)
 
@@ -121,7 +126,10 @@ def test_batches_run_without_pause_through_reloads_that_change_the_entity_settin
     assert len(outcomes) >= 3 and not [o for o in outcomes if isinstance(o, Exception)], outcomes
     texts = [d.text for d in docs]
     parsed = [list(EntityExtractor(load_spacy(None), labels).extract(texts)) for labels in ("all", "picturable")]
-    assert all(o in (*parsed, [None] * len(docs)) for o in outcomes), outcomes  # a pool's, or the batch thread's to do
+    # each document a pool's, or (from where a reload closed the pool that was parsing) the batch thread's to do
+    for o in outcomes:
+        assert all(e in (parsed[0][i], parsed[1][i], None) for i, e in enumerate(o)), o
+        assert None not in o or all(e is None for e in o[o.index(None):]), o
     assert len({id(pool) for pool in pools}) == 3 and set(_children()) <= others
 
 
