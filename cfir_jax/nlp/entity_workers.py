@@ -230,18 +230,18 @@ class EntityWorkers:
         bounds = [len(texts) * i // n for i in range(n + 1)]
         return list(self._gather(texts, list(zip(bounds, bounds[1:]))))
 
-    def stream(self, texts: Sequence[str], chunk: int) -> Iterator[list[str]]:
+    def stream(self, texts: Sequence[str], chunk: int) -> Stream:
         """Each text's entities in order, lazily: the workers start at once and parse ahead (two chunks each) while
         the caller encodes and scores (the documents already yielded, or the batch before it reads the first)."""
         chunk = max(1, chunk)
         return self._gather(texts, [(a, min(a + chunk, len(texts))) for a in range(0, len(texts), chunk)])
 
-    def extract(self, texts: Iterable[str]) -> Iterator[list[str]]:
+    def extract(self, texts: Iterable[str]) -> Stream:
         """As `EntityExtractor.extract`: per text, its unique entity surface forms in order of first mention."""
         texts = list(texts)
         return self.stream(texts, -(-len(texts) // (self.workers * PIPELINE_DEPTH)))
 
-    def _gather(self, texts: Sequence[str], spans: list[tuple[int, int]]) -> Iterator[list[str]]:
+    def _gather(self, texts: Sequence[str], spans: list[tuple[int, int]]) -> Stream:
         for i, text in enumerate(texts):
             if not isinstance(text, str):
                 raise CfirError(f"document #{i}: text is {type(text).__name__}, expected str; fix the corpus reader")
@@ -253,7 +253,15 @@ class EntityWorkers:
                 self._pending.append(self._next_id)
                 self._next_id += 1
         self._assign()  # the workers start now: the caller may do other work before it reads the first answer
-        return self._answers(ids)
+        return Stream(self._answers(ids), lambda: self._forget(ids))
+
+    def _forget(self, ids: list[int]) -> None:
+        """A stream's chunks given up: those still with workers are dropped when they come back."""
+        for task_id in ids:
+            self._texts.pop(task_id, None)
+            self._done.pop(task_id, None)
+            self._attempts.pop(task_id, None)
+        self._pending = collections.deque(t for t in self._pending if t in self._texts)
 
     def _answers(self, ids: list[int]) -> Iterator[list[str]]:
         try:
@@ -271,12 +279,8 @@ class EntityWorkers:
                 if isinstance(result, BaseException):
                     raise result
                 yield from result
-        finally:  # an abandoned stream: its chunks still with workers are dropped when they come back
-            for task_id in ids:
-                self._texts.pop(task_id, None)
-                self._done.pop(task_id, None)
-                self._attempts.pop(task_id, None)
-            self._pending = collections.deque(t for t in self._pending if t in self._texts)
+        finally:  # read to its end, or abandoned part way
+            self._forget(ids)
 
     def _parse_here(self, task_id: int) -> None:
         if task_id in self._pending:
@@ -384,6 +388,25 @@ class EntityWorkers:
         for w in workers:
             w.kill()
         self._inbox.put((None, None))  # wakes a call waiting for its workers' lines
+
+
+class Stream:
+    """The entities of a call's texts, in order, as the pool's workers answer (`EntityWorkers.stream`). The workers
+    start on them when it is made; `close` gives up what has not been read, even before the first read (a batch that
+    raised first: its chunks would otherwise wait in the pool, and the next call's behind them, for good)."""
+
+    def __init__(self, answers: Iterator[list[str]], forget: Callable[[], None]):
+        self._answers, self._forget = answers, forget
+
+    def __iter__(self) -> Stream:
+        return self
+
+    def __next__(self) -> list[str]:
+        return next(self._answers)
+
+    def close(self) -> None:
+        self._answers.close()  # a started read gives up its chunks itself; one never started does here
+        self._forget()
 
 
 def _exit_text(code: int | None) -> str:

@@ -89,12 +89,12 @@ class EntityRanking:
         if missing:
             workers = int(self.config.entity_workers.bulk)
             if self._serving is not None and not self._serving.degraded and len(missing) >= 2:
-                found = parsed_by(self._serving, missing, lambda rest: self.extractor().extract(rest))
+                found = ParsedBy(self._serving, missing, lambda rest: self.extractor().extract(rest))
             elif len(missing) >= 2 * self.rcfg.batch_size and workers > 1:
                 found = self.workers().stream(missing, max(1, self.rcfg.batch_size // workers))
             else:
                 found = self.extractor().extract(missing)
-        return (d.entities if d.entities is not None else next(found) for d in docs)
+        return Entities(docs, found)
 
     def encode_unseen(self, entities: Sequence[Sequence[str]]) -> dict[str, np.ndarray]:
         """The embeddings [D] of the entities the index has never seen, of every document of a batch at once, where
@@ -188,22 +188,55 @@ class EntityRanking:
         return scores[keep], rows[keep]
 
 
-def parsed_by(pool: EntityWorkers, texts: list[str], here: Callable[[list[str]], Iterator[list[str]]]
-              ) -> Iterator[list[str]]:
-    """texts' entities, in order, parsed by a service's pool, its workers started now, in chunks (two per worker:
-    they finish together); those left when a reload closes the pool mid-batch are parsed by `here` (this thread)."""
-    parsed = pool.stream(texts, -(-len(texts) // (pool.workers * entity_workers.PIPELINE_DEPTH)))
+class Entities:
+    """Each document's entities in order: its own when given, else the next of `found` (`EntityRanking.stream`).
+    `close` gives up what `found` has not answered (a batch that raised before it read them: worker processes
+    would otherwise go on with them while the next batch waits)."""
 
-    def answers() -> Iterator[list[str]]:
-        done = 0
-        try:
-            for entities in parsed:
-                yield entities
-                done += 1
-        except entity_workers.PoolClosed:
-            yield from here(texts[done:])
+    def __init__(self, docs: Sequence, found: Iterator[list[str]]):
+        self._docs, self._found = iter(docs), found
 
-    return answers()
+    def __iter__(self) -> Entities:
+        return self
+
+    def __next__(self) -> list[str]:
+        d = next(self._docs)
+        return d.entities if d.entities is not None else next(self._found)
+
+    def close(self) -> None:
+        close = getattr(self._found, "close", None)  # a generator, or the pool's Stream; an empty iterator has none
+        if close is not None:
+            close()
+
+
+class ParsedBy:
+    """texts' entities, in order, parsed by a service's pool, its workers started when this is made, in chunks (two
+    per worker: they finish together); those left when a reload closes the pool mid-batch are parsed by `here` (this
+    thread)."""
+
+    def __init__(self, pool: EntityWorkers, texts: list[str], here: Callable[[list[str]], Iterator[list[str]]]):
+        self._texts, self._here, self._read = texts, here, 0
+        self._parsed = pool.stream(texts, -(-len(texts) // (pool.workers * entity_workers.PIPELINE_DEPTH)))
+        self._rest: Iterator[list[str]] | None = None
+
+    def __iter__(self) -> ParsedBy:
+        return self
+
+    def __next__(self) -> list[str]:
+        if self._rest is None:
+            try:
+                entities = next(self._parsed)
+            except entity_workers.PoolClosed:
+                self._rest = iter(self._here(self._texts[self._read :]))
+            else:
+                self._read += 1
+                return entities
+        return next(self._rest)
+
+    def close(self) -> None:
+        self._parsed.close()
+        if self._rest is not None and hasattr(self._rest, "close"):
+            self._rest.close()
 
 
 def union_of(lists: list[np.ndarray]) -> np.ndarray | None:

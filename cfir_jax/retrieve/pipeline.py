@@ -254,17 +254,21 @@ class Retriever:
     def _retrieve_all(self, docs: Sequence[DocumentInput], progress: bool, live: LiveRows) -> list[Retrieval]:
         docs = self.languages.read(docs, self.entities is not None, self.methods.uses_summary())
         size = max(1, int(self.rcfg.batch_size))
-        entities = self.entities.stream(docs) if self.entities is not None else iter([[] for _ in docs])
+        entities = self.entities.stream(docs) if self.entities is not None else None
         results: list[Retrieval] = []
-        with progress_bar(total=len(docs), unit="doc", desc=f"retrieve ({self.method})",
-                          show=None if progress else False) as bar:
-            for b0 in range(0, len(docs), size):
-                batch = docs[b0 : b0 + size]
-                results += self._retrieve_batch(batch, entities, live)
-                bar.update(len(batch))
+        try:
+            with progress_bar(total=len(docs), unit="doc", desc=f"retrieve ({self.method})",
+                              show=None if progress else False) as bar:
+                for b0 in range(0, len(docs), size):
+                    batch = docs[b0 : b0 + size]
+                    results += self._retrieve_batch(batch, entities, live)
+                    bar.update(len(batch))
+        finally:  # what workers still parse for a call that raised is given up, not left before the next call's
+            if entities is not None:
+                entities.close()
         return self.languages.annotate(docs, results, self.entities is not None)
 
-    def _retrieve_batch(self, docs: Sequence[DocumentInput], stream: Iterator[list[str]], live: LiveRows
+    def _retrieve_batch(self, docs: Sequence[DocumentInput], stream: Iterator[list[str]] | None, live: LiveRows
                         ) -> list[Retrieval]:
         """One batch: summaries and encoding batched, then the documents' entities read from `stream` (worker
         processes parse them meanwhile where there are: `EntityRanking.stream`), each document ranked by its method
@@ -279,7 +283,7 @@ class Retriever:
         t3 = time.perf_counter()
         lexical = self.lexical.search_docs(docs, live) if self.methods.uses_lexical else None
         t4 = time.perf_counter()
-        entities = [next(stream) for _ in docs]
+        entities = [next(stream) if stream is not None else [] for _ in docs]
         entity_s = time.perf_counter() - t4
         per_doc_ms = {"entities": 1e3 * entity_s / len(docs), "summary": 1e3 * (t2 - t1) / len(docs),
                       "encode": 1e3 * (t3 - t2) / len(docs),

@@ -513,6 +513,41 @@ def test_a_batch_is_parsed_by_the_pool_while_the_index_encodes_it_and_answers_as
     assert got == expected
 
 
+def test_a_batch_that_raises_before_it_reads_its_entities_leaves_nothing_in_the_pool(workdir, documents):
+    """The pool's workers start on a batch before the index encodes it; a batch that raises then (a damaged model
+    found after encoding, a failure the batcher answers by running each request alone) gives up what they parse
+    for it: nothing is left in the pool, and the next batch is answered as it would be without the failure."""
+    import cfir_jax
+    from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
+    from cfir_jax.retrieve.pipeline import DocumentInput
+
+    docs = [DocumentInput(f"{text} ({n})", f"d{n}") for n in range(8) for _, text in documents]
+    with cfir_jax.open(workdir) as index:
+        expected = [r.to_json() for r in index.search_documents(docs[:4], 10)]
+        pool = EntityWorkers("", index.config.index.entities.labels, Settings(workers=2))
+        try:
+            retriever = index._retriever()
+            index.parse_entities_with(pool)
+            summaries = retriever._summaries
+
+            def failing(batch):
+                raise RuntimeError("the summarizer fell over")
+
+            retriever._summaries = failing
+            for _ in range(3):
+                with pytest.raises(RuntimeError, match="fell over"):
+                    index.search_documents(docs, 10)
+                assert pool._texts == {} and not pool._pending, (pool._texts, pool._pending)
+            retriever._summaries = summaries
+            got = [r.to_json() for r in index.search_documents(docs[:4], 10)]
+            assert pool._texts == {} and pool._done == {}
+        finally:
+            pool.close()
+    for answer in (*expected, *got):
+        answer.pop("times_ms")
+    assert got == expected
+
+
 def _stage_summaries_copy(change, workdir, note: str) -> None:
     """A new version of W/summaries: the same summaries, its manifest saying `note` (what a change would rewrite)."""
     with change.stage("summaries") as tmp:

@@ -69,6 +69,21 @@ def test_a_killed_worker_is_replaced_and_its_chunks_parsed_again(pool, expected)
     assert list(pool.stream(TEXTS, 3)) == expected
 
 
+def test_a_stream_closed_before_its_first_read_leaves_nothing_in_the_pool(pool, expected):
+    """A stream's workers start when it is made; a caller that raises before it reads (a batch whose encoding
+    failed) closes it: its chunks are given up, and the next call is answered without waiting behind them."""
+    given_up = pool.stream(TEXTS, 2)
+    assert any(w.inflight for w in pool._workers)  # parsing before the first read
+    given_up.close()
+    assert pool._texts == {} and not pool._pending and pool._done == {}
+    t0 = time.monotonic()
+    assert pool.entities(TEXTS[:4]) == expected[:4]
+    alone = time.monotonic() - t0
+    assert pool._texts == {} and pool._done == {}
+    assert list(pool.stream(TEXTS, 3)) == expected  # read to its end: nothing left either
+    assert pool._texts == {} and pool._done == {} and alone < 30
+
+
 def test_a_stopped_worker_is_killed_at_its_deadline_and_replaced(pool, expected):
     victim = pool.describe()["pids"][1]
     os.kill(victim, signal.SIGSTOP)

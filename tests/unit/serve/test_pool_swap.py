@@ -1,5 +1,5 @@
 """A reload whose entity settings changed swaps the service's entity pool while a batch is parsing with the old one
-(`serve/resident.py`'s `IndexHolder.reload`, `retrieve/entity_ranking.py`'s `parsed_by`): the batch in flight gets the
+(`serve/resident.py`'s `IndexHolder.reload`, `retrieve/entity_ranking.py`'s `ParsedBy`): the batch in flight gets the
 documents not yet parsed back at once, for the Retriever to parse in its own thread; the old pool's workers are gone,
 the new pool parses with the new settings, and no other process is left."""
 
@@ -37,7 +37,7 @@ def _loaded(version: int) -> resident.LoadedIndex:  # over the stand-in index, a
 def _with_entities(pool, docs: list[DocumentInput]) -> list[list[str] | None]:
     """The documents' entities as a batch reads them from the pool: those it did not parse are the batch thread's
     (None here)."""
-    return list(entity_ranking.parsed_by(pool, [d.text for d in docs], lambda rest: iter([None] * len(rest))))
+    return list(entity_ranking.ParsedBy(pool, [d.text for d in docs], lambda rest: iter([None] * len(rest))))
 
 
 class Holder(resident.IndexHolder):
