@@ -391,11 +391,6 @@ class Index:
         """Whether `method` reads a document's entities (a service's entity pool may parse them ahead for it)."""
         return self._retriever(method).entities is not None
 
-    def read_languages(self, docs: Sequence[DocumentInput], method: str | None = None) -> list[DocumentInput]:
-        """`docs` with their language (stated, or found) and, in a language other than English, their entities by
-        its own NER: what `method` reads that a service's (English) entity pool does not parse."""
-        return self._retriever(method).languages.read(docs, True, False)
-
     def sample_text(self) -> str | None:
         """The text of the corpus' first document (a warm-up's query that finds entities), None without one."""
         corpus = getattr(self._retriever(), "corpus", None)
