@@ -166,6 +166,15 @@ class Index:
             if retriever.entities is not None:
                 retriever.entities.parse_with(pool)
 
+    def parse_entities_ahead(self, docs: Sequence[DocumentInput]) -> None:
+        """The pool of `parse_entities_with` starts on `docs`' entities before a search asks for them (from any
+        thread): a service's request queued behind the batch that runs, parsed while that batch is encoded, ranked
+        and answered. Nothing without a pool."""
+        for retriever in self._retrievers.values():
+            if retriever.entities is not None:
+                retriever.entities.parse_ahead(docs, retriever.languages.language)
+                return
+
     def warm_up(self, warm: Callable[[str], object] | None = None, summary_cache: int = 0) -> None:
         """Readies every open method before a service says it is ready: `warm(method)` runs the shapes it will send
         (`cfir_jax.serve.resident.warm_up`, through this index's verbs), then the methods that summarise keep up to

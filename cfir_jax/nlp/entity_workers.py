@@ -77,20 +77,23 @@ class Settings:
     max_restarts: int = 5
     restart_window_s: float = 60.0
     start_timeout_s: float = 120.0
+    ahead_texts: int = 0  # texts `ahead` holds that no call asked for yet, at most (0: none parsed ahead)
 
     @classmethod
     def of(cls, config, use: str, documents: int | None = None) -> Settings:
         """The config's `entity_workers` section for one use: "serve", "bulk", "index" (their worker counts; index's
         0: `usable_cores()`, no more than the `documents` it will parse fill at DOCUMENTS_PER_WORKER each: the one
         place it is resolved), or "query" (one worker); the service's deadline is serve_deadline_ms, the others'
-        deadline_ms."""
+        deadline_ms; the service's pool parses up to its queue's documents ahead (`ahead`)."""
         w = config.entity_workers
         workers = 1 if use == "query" else int(w[use])
         if use == "index" and workers == 0:
             fill = usable_cores() if documents is None else documents // DOCUMENTS_PER_WORKER
             workers = max(1, min(usable_cores(), fill))
         deadline_s = float(w.serve_deadline_ms if use == "serve" else w.deadline_ms) / 1e3
-        return cls(workers, deadline_s, int(w.max_restarts), float(w.restart_window_s))
+        # the service's: its queue and a batch that runs (the requests `ahead` parses queue behind it)
+        ahead_texts = int(config.serve.queue_size) + int(config.serve.max_batch) if use == "serve" else 0
+        return cls(workers, deadline_s, int(w.max_restarts), float(w.restart_window_s), ahead_texts=ahead_texts)
 
 
 def usable_cores() -> int:
@@ -186,13 +189,16 @@ class EntityWorkers:
         self._recent: collections.deque[float] = collections.deque()  # times of recent restarts
         self._inbox: queue.Queue = queue.Queue()
         self._next_id, self._started = 0, False  # _started: a worker loaded; a load failing from then is a restart
-        self._texts: dict[int, list[str]] = {}  # the current call's chunks not yet parsed
+        self._texts: dict[int, list[str]] = {}  # the chunks of the current call and of `ahead`, until given up
+        self._ahead: dict[str, tuple[int, int]] = {}  # a text `ahead` parses -> (its chunk, its place there)
         self._pending: collections.deque[int] = collections.deque()  # of those, not given to a worker
         self._done: dict[int, list[list[str]] | BaseException] = {}
         self._attempts: collections.Counter[int] = collections.Counter()
         self._local = None  # this process's EntityExtractor, once the calling thread had to parse
         self._workers: list[_Worker] = []
-        self._lock, self._closed = threading.Lock(), False  # close() (any thread) against a replacement's start
+        # The pool's state, against close() and a replacement's start and `ahead` (any thread); _texts, _pending,
+        # _done and a worker's inflight change only under it.
+        self._lock, self._closed = threading.RLock(), False
         self._finalizer = weakref.finalize(self, _kill_all, self._workers)
         self._workers += [_Worker(i, _key(*self.key), self._inbox) for i in range(self.workers)]
         if wait:
@@ -226,82 +232,138 @@ class EntityWorkers:
 
     def entities(self, texts: Sequence[str]) -> list[list[str]]:
         """Each text's entities, the texts split in `workers` contiguous slices parsed at once."""
-        n = max(1, min(self.workers, len(texts)))
-        bounds = [len(texts) * i // n for i in range(n + 1)]
-        return list(self._gather(texts, list(zip(bounds, bounds[1:]))))
+        return list(self._gather(texts, None))
 
     def stream(self, texts: Sequence[str], chunk: int) -> Stream:
         """Each text's entities in order, lazily: the workers start at once and parse ahead (two chunks each) while
         the caller encodes and scores (the documents already yielded, or the batch before it reads the first)."""
-        chunk = max(1, chunk)
-        return self._gather(texts, [(a, min(a + chunk, len(texts))) for a in range(0, len(texts), chunk)])
+        return self._gather(texts, max(1, chunk))
 
     def extract(self, texts: Iterable[str]) -> Stream:
         """As `EntityExtractor.extract`: per text, its unique entity surface forms in order of first mention."""
         texts = list(texts)
         return self.stream(texts, -(-len(texts) // (self.workers * PIPELINE_DEPTH)))
 
-    def _gather(self, texts: Sequence[str], spans: list[tuple[int, int]]) -> Stream:
-        for i, text in enumerate(texts):
-            if not isinstance(text, str):
-                raise CfirError(f"document #{i}: text is {type(text).__name__}, expected str; fix the corpus reader")
-        ids = []
-        for a, b in spans:
-            if b > a:
-                ids.append(self._next_id)
-                self._texts[self._next_id] = list(texts[a:b])
-                self._pending.append(self._next_id)
-                self._next_id += 1
-        self._assign()  # the workers start now: the caller may do other work before it reads the first answer
-        return Stream(self._answers(ids), lambda: self._forget(ids))
+    def ahead(self, texts: Sequence[str], chunk: int) -> None:
+        """Starts parsing `texts` (in chunks of `chunk`) before any call asks for them, from any thread: a service's
+        request as it queues behind the batch that runs (`cfir_jax.serve.batcher`), so that the workers parse it
+        while the driving thread encodes, ranks and answers that batch. A later call (`stream`, `entities`) that
+        asks for a text parsed ahead takes its chunk (the chunk's other texts are parsed again if asked later).
+        Past `settings.ahead_texts` texts not asked for, the oldest chunks are given up (a request withdrawn or
+        refused never asks for its own): a pool of the default settings parses nothing ahead."""
+        _check_texts(texts)
+        chunk = max(1, chunk)
+        with self._lock:
+            if self._closed or not self.settings.ahead_texts:
+                return
+            new = [t for t in dict.fromkeys(texts) if t not in self._ahead]
+            for a in range(0, len(new), chunk):
+                task = self._add(new[a : a + chunk])
+                self._ahead.update((text, (task, i)) for i, text in enumerate(self._texts[task]))
+            while len(self._ahead) > self.settings.ahead_texts:
+                self._forget([self._claim(next(iter(self._ahead.values()))[0])])
+            self._assign()
+
+    def parsed_ahead(self, texts: Sequence[str]) -> bool:
+        """Whether `ahead` parses (or parsed) every one of `texts`, none of them asked for since."""
+        return all(t in self._ahead for t in texts)
+
+    def _claim(self, task: int) -> int:
+        """A chunk `ahead` made, taken out of what it holds."""
+        for text in self._texts.get(task, ()):
+            if self._ahead.get(text, (None,))[0] == task:
+                del self._ahead[text]
+        return task
+
+    def _add(self, texts: list[str]) -> int:
+        task, self._next_id = self._next_id, self._next_id + 1
+        self._texts[task] = texts
+        self._pending.append(task)
+        return task
+
+    def _gather(self, texts: Sequence[str], chunk: int | None) -> Stream:
+        """texts' entities, from the chunks `ahead` made for some (this call takes them) and from chunks of the
+        others (`chunk` texts each; None: `workers` even slices); the chunks it needs go to the workers first, in
+        order."""
+        _check_texts(texts)
+        with self._lock:
+            rest = [t for t in texts if t not in self._ahead]
+            if chunk is None:
+                n = max(1, min(self.workers, len(rest)))
+                bounds = [len(rest) * i // n for i in range(n + 1)]
+                spans = list(zip(bounds, bounds[1:]))
+            else:
+                spans = [(a, min(a + chunk, len(rest))) for a in range(0, len(rest), chunk)]
+            made = [self._add(rest[a:b]) for a, b in spans if b > a]
+            places = iter((task, i) for task in made for i in range(len(self._texts[task])))
+            refs = [self._ahead[t] if t in self._ahead else next(places) for t in texts]
+            needed = list(dict.fromkeys(task for task, _ in refs))
+            owned = [self._claim(task) for task in needed]
+            first = {task: n for n, task in enumerate(needed)}
+            self._pending = collections.deque(sorted(self._pending, key=lambda t: first.get(t, len(first))))
+            self._assign()  # the workers start now: the caller may do other work before it reads the first answer
+        return Stream(self._answers(refs, owned, set(made)), lambda: self._forget(owned))
 
     def _forget(self, ids: list[int]) -> None:
-        """A stream's chunks given up: those still with workers are dropped when they come back."""
-        for task_id in ids:
-            self._texts.pop(task_id, None)
-            self._done.pop(task_id, None)
-            self._attempts.pop(task_id, None)
-        self._pending = collections.deque(t for t in self._pending if t in self._texts)
-
-    def _answers(self, ids: list[int]) -> Iterator[list[str]]:
-        try:
+        """Chunks given up (a call's, or the oldest `ahead` holds): those still with workers are dropped when they
+        come back."""
+        with self._lock:
             for task_id in ids:
+                self._texts.pop(task_id, None)
+                self._done.pop(task_id, None)
+                self._attempts.pop(task_id, None)
+            self._pending = collections.deque(t for t in self._pending if t in self._texts)
+
+    def _answers(self, refs: list[tuple[int, int]], owned: list[int], made: set[int]) -> Iterator[list[str]]:
+        """Each text's entities, its place (chunk, index) waited for in turn. A chunk the call made is given up once
+        its last text is read (a long stream holds little); the others it took from `ahead`, at its end."""
+        try:
+            for task_id, i in refs:
                 while task_id not in self._done:
                     if self._closed:
                         raise PoolClosed("the entity workers were closed while parsing (stopped, none restarted)")
+                    if task_id not in self._texts:  # given up meanwhile: never, in one thread
+                        raise CfirError(f"entity chunk {task_id} was given up while a call waited for it")
                     if self.degraded or self._attempts[task_id] >= MAX_ATTEMPTS:
                         self._parse_here(task_id)
                         break
                     self._assign()
                     self._pump(_POLL_S)
-                result = self._done.pop(task_id)
-                del self._texts[task_id]
+                result = self._done[task_id]
                 if isinstance(result, BaseException):
                     raise result
-                yield from result
+                if task_id in made and i == len(result) - 1:
+                    self._forget([task_id])
+                yield result[i]
         finally:  # read to its end, or abandoned part way
-            self._forget(ids)
+            self._forget(owned)
 
     def _parse_here(self, task_id: int) -> None:
-        if task_id in self._pending:
-            self._pending.remove(task_id)
+        with self._lock:
+            if task_id in self._pending:
+                self._pending.remove(task_id)
+            texts = self._texts[task_id]
         if self._local is None:
             # why: spaCy loads in this process only when its workers could not parse
             from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 
             self._local = EntityExtractor(load_spacy(self.key[0] or None), self.key[1])
-        self._done[task_id] = list(self._local.extract(self._texts[task_id]))
+        found = list(self._local.extract(texts))
+        with self._lock:
+            if task_id in self._texts:
+                self._done[task_id] = found
 
     def _assign(self) -> None:
-        now = time.monotonic()
-        for depth in range(1, PIPELINE_DEPTH + 1):  # one chunk to every worker before a second to any
-            for w in list(self._workers):
-                if self._pending and w.ready and len(w.inflight) < depth:
-                    task_id = self._pending.popleft()
-                    if not w.inflight:
-                        w.progress = now
-                    w.inflight.append(task_id)
-                    w.send(task_id, self._texts[task_id])
+        with self._lock:
+            now = time.monotonic()
+            for depth in range(1, PIPELINE_DEPTH + 1):  # one chunk to every worker before a second to any
+                for w in list(self._workers):
+                    if self._pending and w.ready and len(w.inflight) < depth:
+                        task_id = self._pending.popleft()
+                        if not w.inflight:
+                            w.progress = now
+                        w.inflight.append(task_id)
+                        w.send(task_id, self._texts[task_id])
 
     def _pump(self, timeout: float) -> None:
         """Reads the workers' lines for up to `timeout`; replaces the dead and those past their deadline."""
@@ -327,24 +389,27 @@ class EntityWorkers:
                 self._replace(w, "start", f"did not load the pipeline in {self.settings.start_timeout_s:g} s")
 
     def _receive(self, w: _Worker, line: str) -> None:
-        message = _parsed(line)
-        if not w.ready:
-            if message == READY:
-                w.ready, w.progress, self._started = True, time.monotonic(), True
-            elif isinstance(message, dict) and not self._started:  # spaCy or its pipeline missing: one line
-                raise CfirError(str(message.get("error")))
-            else:
-                self._replace(w, "start", f"could not load the pipeline ({line.strip()[:80]})")
-            return
-        if not (isinstance(message, list) and len(message) == 2 and message[0] in w.inflight
-                and isinstance(message[1], (list, dict))):
-            return self._replace(w, "answer", f"answered {line.strip()[:60]!r}, not a chunk's entities")
-        task_id, value = message
-        w.inflight.remove(task_id)
-        w.progress = time.monotonic()
-        if task_id in self._texts and task_id not in self._done:
-            self._done[task_id] = value if isinstance(value, list) else CfirError(str(value.get("error")))
-            self._attempts.pop(task_id, None)
+        with self._lock:
+            message = _parsed(line)
+            if not w.ready:
+                if message == READY:
+                    w.ready, w.progress, self._started = True, time.monotonic(), True
+                elif isinstance(message, dict) and not self._started:  # spaCy or its pipeline missing: one line
+                    raise CfirError(str(message.get("error")))
+                else:
+                    self._replace(w, "start", f"could not load the pipeline ({line.strip()[:80]})")
+                return
+            # a chunk's entities (one list per text) or its error
+            if not (isinstance(message, list) and len(message) == 2 and message[0] in w.inflight
+                    and (isinstance(message[1], dict) or isinstance(message[1], list)
+                         and len(message[1]) == len(self._texts.get(message[0], message[1])))):
+                return self._replace(w, "answer", f"answered {line.strip()[:60]!r}, not a chunk's entities")
+            task_id, value = message
+            w.inflight.remove(task_id)
+            w.progress = time.monotonic()
+            if task_id in self._texts and task_id not in self._done:
+                self._done[task_id] = value if isinstance(value, list) else CfirError(str(value.get("error")))
+                self._attempts.pop(task_id, None)
 
     def _replace(self, w: _Worker, reason: str, what: str) -> None:
         pid = w.proc.pid
@@ -407,6 +472,12 @@ class Stream:
     def close(self) -> None:
         self._answers.close()  # a started read gives up its chunks itself; one never started does here
         self._forget()
+
+
+def _check_texts(texts: Sequence[str]) -> None:
+    for i, text in enumerate(texts):
+        if not isinstance(text, str):
+            raise CfirError(f"document #{i}: text is {type(text).__name__}, expected str; fix the corpus reader")
 
 
 def _exit_text(code: int | None) -> str:

@@ -14,6 +14,8 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 
 import numpy as np
 
+from cfir_jax.core.errors import CfirError
+from cfir_jax.core.languages import REFERENCE
 from cfir_jax.nlp import entity_workers
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
@@ -79,16 +81,38 @@ class EntityRanking:
         documents of its batches from now on (`stream`)."""
         self._serving = pool
 
+    def parse_ahead(self, docs: Sequence, language: Callable[[object], str]) -> None:
+        """A service's workers (`parse_with`) start on the entities of `docs` (a request queued behind the batch
+        that runs, from any thread) before `stream` asks for them: they parse the next batch while this one is
+        encoded, ranked and answered. language(doc): its code (`QueryLanguage.language`); only English documents
+        without entities go (the others' entities are their language's NER's), and one whose language is refused
+        is left to its own refusal."""
+        if self._serving is None or self._serving.degraded:
+            return
+        texts = []
+        for d in docs:
+            if d.entities is None:
+                try:
+                    english = language(d) == REFERENCE
+                except CfirError:  # its own refusal comes when its batch admits it
+                    continue
+                if english:
+                    texts.append(d.text)
+        if texts:  # in chunks as `ParsedBy`'s: two a worker
+            self._serving.ahead(texts, -(-len(texts) // (self._serving.workers * entity_workers.PIPELINE_DEPTH)))
+
     def stream(self, docs: Sequence) -> Iterator[list[str]]:
-        """The entities of each document in order, lazily. A service's workers (`parse_with`) parse any two or more,
-        starting now, while the caller encodes them (`Retriever`: summaries and queries before entities); bulk
-        retrieval's (entity_workers.bulk > 1) parse ahead of encoding and SR when many need them (at least two
-        retrieval batches); else this thread parses them with one spaCy nlp.pipe."""
+        """The entities of each document in order, lazily. A service's workers (`parse_with`) parse any two or more
+        (or one they parsed ahead: `parse_ahead`), starting now if not before, while the caller encodes them
+        (`Retriever`: summaries and queries before entities); bulk retrieval's (entity_workers.bulk > 1) parse ahead
+        of encoding and SR when many need them (at least two retrieval batches); else this thread parses them with
+        one spaCy nlp.pipe."""
         missing = [d.text for d in docs if d.entities is None]
         found: Iterator[list[str]] = iter(())
         if missing:
             workers = int(self.config.entity_workers.bulk)
-            if self._serving is not None and not self._serving.degraded and len(missing) >= 2:
+            if self._serving is not None and not self._serving.degraded and \
+                    (len(missing) >= 2 or self._serving.parsed_ahead(missing)):
                 found = ParsedBy(self._serving, missing, lambda rest: self.extractor().extract(rest))
             elif len(missing) >= 2 * self.rcfg.batch_size and workers > 1:
                 found = self.workers().stream(missing, max(1, self.rcfg.batch_size // workers))

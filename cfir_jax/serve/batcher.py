@@ -7,7 +7,9 @@ A batch takes every request that queued while the previous one ran, up to `max_b
 batch had company (more than one document: requests are arriving together), the first request also waits up to
 `max_wait_ms` for others to join it; a lone request (concurrency 1) runs at once, so batching costs it nothing. A
 batch runs as one batch through the Retriever (batched encoding, batched SR), its documents' entities parsed by the
-index's `EntityWorkers` (every core) while it encodes them, when it has one (`LoadedIndex.use_pool`). The queue is
+index's `EntityWorkers` (every core), when it has one (`LoadedIndex.use_pool`): a request that queues behind a
+running batch has them parsed at once (`Index.parse_entities_ahead`), so that the workers parse the next batch while
+this one is encoded, ranked and answered. The queue is
 bounded in documents: a request that would overflow it is refused at once (the service answers 503 with Retry-After)
 rather than waiting without bound. A request past its deadline, or whose client went away, is dropped before its
 batch runs.
@@ -90,6 +92,7 @@ class MicroBatcher:
         self._stopping = False
         self.damage = ""  # the last impossible value a batch met (a damaged store or model): /readyz is 503
         self._last_size = 0  # documents in the previous batch: > 1 means requests arrive together, worth waiting for
+        self._busy = False  # a batch runs or gathers: a request that queues meanwhile has its entities parsed ahead
         self._thread = threading.Thread(target=self._run, name="cfir-retrieval", daemon=True)
         self._thread.start()
 
@@ -114,6 +117,19 @@ class MicroBatcher:
             self._waiting_docs += len(job.docs)
             self.metrics.queue_depth.set(self._waiting_docs)
             self._cv.notify()
+            behind = self._busy
+        if behind:
+            self._parse_ahead(job)
+
+    def _parse_ahead(self, job: Job) -> None:
+        """The entity pool starts on a job that queues behind a running batch (`Index.parse_entities_ahead`): its
+        workers parse it while that batch is encoded, ranked and answered, where they would idle."""
+        index = self._current().index
+        try:
+            if index.reads_entities(job.method):
+                index.parse_entities_ahead(job.docs)
+        except Exception:  # noqa: BLE001 - a head start only: the job's batch meets the same failure, answered to it
+            log.debug("entities not parsed ahead for a queued request", exc_info=True)
 
     def withdraw(self, job: Job) -> bool:
         """Gives `job` up (its client went away, or its deadline passed; its handler answers and counts the drop):
@@ -141,7 +157,9 @@ class MicroBatcher:
             while not self._queue:
                 if self._stopping:
                     return None
+                self._busy = False
                 self._cv.wait()
+            self._busy = True
             batch = [self._queue.popleft()]
             size = len(batch[0].docs)
             close_at = time.monotonic() + (self.max_wait if self._last_size > 1 else 0.0)

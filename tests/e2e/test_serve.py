@@ -12,6 +12,7 @@ import socket
 import subprocess
 import threading
 import time
+from types import SimpleNamespace
 
 import command_server
 import httpx
@@ -546,6 +547,70 @@ def test_a_batch_that_raises_before_it_reads_its_entities_leaves_nothing_in_the_
     for answer in (*expected, *got):
         answer.pop("times_ms")
     assert got == expected
+
+
+def test_requests_queued_behind_a_running_batch_are_parsed_ahead_and_answered_as_alone(workdir, documents):
+    """The service's batcher over the index with the service's pool (`Settings.of(config, "serve")`, the defaults):
+    requests that queue while a batch runs are handed to the pool at once (`Index.parse_entities_ahead`), before
+    their batch is taken; their answers are those each document gets alone, hit for hit and score for score, and the
+    pool keeps nothing after."""
+    import asyncio
+
+    import cfir_jax
+    from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
+    from cfir_jax.retrieve import report
+    from cfir_jax.retrieve.pipeline import DocumentInput
+    from cfir_jax.serve.batcher import Job, MicroBatcher
+    from cfir_jax.serve.metrics import Metrics
+
+    docs = [DocumentInput(f"{text} ({n})", f"d{n}") for n in range(3) for _, text in documents]
+
+    def answer(result) -> dict:
+        out = json.loads(report.as_json(result, 10))
+        out.pop("times_ms")
+        return out
+
+    with cfir_jax.open(workdir) as alone:
+        expected = [answer(alone.search_documents([d], 10)[0]) for d in docs]
+    with cfir_jax.open(workdir) as index:
+        entities = index.config.index.entities
+        pool = EntityWorkers(entities.spacy_model, entities.labels, Settings.of(index.config, "serve"))
+        index.parse_entities_with(pool)
+        gate, handed = threading.Event(), []
+        search = index.search_documents
+
+        def held_first(batch, *args):  # the first batch runs until the others have queued behind it
+            if not handed:
+                handed.append(None)
+                gate.wait(60)
+            return search(batch, *args)
+
+        index.search_documents = held_first
+        loaded = SimpleNamespace(index=index, version=1)
+
+        async def run():
+            loop = asyncio.get_running_loop()
+            mb = MicroBatcher(lambda: loaded, 16, 0.0, 64, Metrics())
+            jobs = [Job([d], "cfir", 10, time.monotonic() + 120, loop.create_future(), loop) for d in docs]
+            mb.submit(jobs[0])
+            while not handed:
+                await asyncio.sleep(0.01)
+            for job in jobs[1:]:
+                mb.submit(job)
+            queued_ahead = pool.parsed_ahead([d.text for d in docs[1:]])
+            gate.set()
+            answers = [await job.future for job in jobs]
+            mb.stop(10)
+            return queued_ahead, answers
+
+        try:
+            queued_ahead, answers = asyncio.run(run())
+            left = (dict(pool._texts), dict(pool._ahead))
+        finally:
+            pool.close()
+    assert queued_ahead, "the requests queued behind the running batch were not handed to the pool"
+    assert left == ({}, {}), left
+    assert [{k: v for k, v in json.loads(a[0]).items() if k != "times_ms"} for a in answers] == expected
 
 
 def _stage_summaries_copy(change, workdir, note: str) -> None:

@@ -20,6 +20,7 @@ import ml_collections
 import pytest
 from repo import ROOT
 
+from cfir_jax.core.config_serve import serve_config
 from cfir_jax.core.config_workers import entity_workers_config
 from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp import entity_workers
@@ -174,7 +175,7 @@ def test_a_pool_closed_from_another_thread_fails_its_call_at_once_and_leaves_no_
 @pytest.mark.parametrize(("index", "workers"), [(0, 3), (1, 1), (5, 5)])
 def test_index_workers_default_to_the_usable_cores_and_a_number_wins(monkeypatch, index, workers):
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2, 5})  # 3 of the host's cores usable
-    config = ml_collections.ConfigDict(dict(entity_workers=entity_workers_config()))
+    config = ml_collections.ConfigDict(dict(entity_workers=entity_workers_config(), serve=serve_config()))
     assert config.entity_workers.index == 0  # the default: every usable core
     config.entity_workers.index = index
     assert Settings.of(config, "index").workers == workers
@@ -182,6 +183,9 @@ def test_index_workers_default_to_the_usable_cores_and_a_number_wins(monkeypatch
     assert Settings.of(config, "index", 2 * DOCUMENTS_PER_WORKER).workers == (2 if index == 0 else workers)
     assert Settings.of(config, "index", DOCUMENTS_PER_WORKER - 1).workers == (1 if index == 0 else workers)
     assert Settings.of(config, "serve").workers == config.entity_workers.serve  # the others keep their number
+    # the service's pool parses ahead what its queue and a running batch hold (`EntityWorkers.ahead`); no other does
+    assert Settings.of(config, "serve").ahead_texts == config.serve.queue_size + config.serve.max_batch > 0
+    assert Settings.of(config, "bulk").ahead_texts == Settings.of(config, "index").ahead_texts == 0
 
 
 def test_a_worker_answering_nonsense_is_replaced(pool, expected):

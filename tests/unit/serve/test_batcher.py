@@ -245,3 +245,47 @@ def test_jobs_of_one_batch_get_their_own_top_k_and_filters_through_the_index():
     shown = [[(json.loads(a)["id"], len(json.loads(a)["hits"])) for a in job] for job in answers]
     assert shown == [[("a", 1)], [("b", 4), ("c", 4)]]
     assert json.loads(answers[0][0])["hits"][0]["caption"] == "caption of img-0"
+
+
+class WithEntities(StandIn):
+    """A stand-in whose method reads entities: the documents handed to its pool ahead are recorded (one list per
+    call), and the head start fails for a document whose id is "broken"."""
+
+    def __init__(self, gate: threading.Event | None = None):
+        super().__init__(gate)
+        self.ahead: list[list[str]] = []
+        self.entities = SimpleNamespace(parse_ahead=self.parse_ahead)
+        self.languages = SimpleNamespace(language=lambda doc: "en")
+
+    def parse_ahead(self, docs, language):
+        if any(d.doc_id == "broken" for d in docs):
+            raise RuntimeError("the pool fell over")
+        self.ahead.append([d.doc_id for d in docs if language(d) == "en"])
+
+
+def test_requests_queued_behind_a_running_batch_are_handed_to_the_entity_pool_at_once(answers_as_text):
+    """A request that arrives while a batch runs has its documents' entities parsed ahead (so the pool works while
+    the batch is ranked and answered); one that finds the batcher idle is taken at once and parses in its own batch;
+    a head start that fails leaves the request to its batch, answered as the others."""
+
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = WithEntities(gate)
+        mb = _batcher(retriever)
+        first = _job(loop, ["a"])
+        mb.submit(first)
+        while not retriever.batches:
+            await asyncio.sleep(0.01)
+        later = [_job(loop, ["b", "c"]), _job(loop, ["broken"]), _job(loop, ["d"])]
+        for job in later:
+            mb.submit(job)
+        handed = [list(ids) for ids in retriever.ahead]  # before the running batch ends
+        gate.set()
+        results = [await job.future for job in (first, *later)]
+        mb.stop(5)
+        return retriever.batches, handed, results
+
+    batches, handed, results = asyncio.run(run())
+    assert handed == [["b", "c"], ["d"]]
+    assert batches == [["a"], ["b", "c", "broken", "d"]]
+    assert results == [["a=TEXT A"], ["b=TEXT B", "c=TEXT C"], ["broken=TEXT BROKEN"], ["d=TEXT D"]]

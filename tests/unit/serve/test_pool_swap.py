@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import ml_collections
 
+from cfir_jax.core.config_serve import serve_config
 from cfir_jax.core.config_workers import entity_workers_config
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
@@ -26,7 +27,7 @@ INDEX = SimpleNamespace(methods=("cfir",), reads_entities=lambda method=None: Tr
 def _config(labels: str) -> ml_collections.ConfigDict:
     workers = entity_workers_config()
     workers.serve_deadline_ms = 600_000.0  # the stopped workers are never replaced: the batch waits on them
-    return ml_collections.ConfigDict(dict(entity_workers=workers,
+    return ml_collections.ConfigDict(dict(entity_workers=workers, serve=serve_config(),
                                           index=dict(entities=dict(spacy_model="", labels=labels))))
 
 

@@ -1,0 +1,160 @@
+"""The entity pool's head start (`EntityWorkers.ahead`, cfir_jax/nlp/entity_workers.py): a service's request queued
+behind the running batch is parsed at once, from the event loop's thread, and the batch that asks for it later takes
+what the workers found: the same entities as a call of its own, nothing parsed twice, nothing kept past the setting,
+whatever the order of heads start, calls and give-ups, and from two threads at once."""
+
+import os
+import random
+import signal
+import threading
+import time
+
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+from cfir_jax.nlp.entities import EntityExtractor, load_spacy
+from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
+
+TEXTS = [f"Ada Lovelace wrote to Charles Babbage from London, letter {i}." for i in range(8)] + \
+    ["Nothing named here.", "Marie Curie worked in Paris and Warsaw.", "Angela Merkel met Barack Obama in Berlin."]
+HELD = 6  # texts a pool of these tests holds ahead at most
+
+
+@pytest.fixture(scope="module")
+def expected():
+    return dict(zip(TEXTS, EntityExtractor(load_spacy(None), "all").extract(TEXTS)))
+
+
+@pytest.fixture(scope="module")
+def pool():
+    p = EntityWorkers("", "all", Settings(workers=2, deadline_s=2.0, ahead_texts=HELD))
+    yield p
+    p.close()
+
+
+def _settled(pool: EntityWorkers, chunks: int, within: float = 30.0) -> None:
+    """Waits until `chunks` answers wait in the pool's inbox, unread (the workers parsed them; nobody pumped)."""
+    end = time.monotonic() + within
+    while pool._inbox.qsize() < chunks and time.monotonic() < end:
+        time.sleep(0.05)
+    assert pool._inbox.qsize() >= chunks, "the workers did not parse what was handed them ahead"
+
+
+def test_what_is_parsed_ahead_is_answered_when_the_workers_can_no_longer_parse(expected):
+    """ahead() hands the texts to the workers at once; stopped afterwards, the workers could parse nothing more, yet
+    the call that asks for those texts is answered from what they found, past no deadline, and keeps nothing."""
+    pool = EntityWorkers("", "all", Settings(workers=2, deadline_s=2.0, ahead_texts=HELD))
+    texts = TEXTS[:4]
+    try:
+        pool.ahead(texts, 1)  # four chunks: two with each worker
+        _settled(pool, 4)
+        pids = pool.describe()["pids"]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        assert pool.parsed_ahead(texts)
+        t0 = time.monotonic()
+        assert list(pool.stream(texts, 2)) == [expected[t] for t in texts]
+        assert time.monotonic() - t0 < 1.0 and sum(pool.restarts.values()) == 0
+        assert pool._texts == {} and pool._ahead == {} and pool._done == {} and not pool._pending
+        assert not pool.parsed_ahead(texts[:1])  # taken: a later call parses it again
+    finally:
+        for pid in pool.describe()["pids"]:
+            os.kill(pid, signal.SIGCONT)
+        pool.close()
+
+
+def test_a_call_asking_for_some_texts_ahead_and_some_not_gets_each_in_order(pool, expected):
+    pool.ahead(TEXTS[2:7], 2)  # chunks (2, 3), (4, 5), (6,)
+    asked = [TEXTS[0], TEXTS[3], TEXTS[3], TEXTS[9], TEXTS[2], TEXTS[4]]
+    assert pool.entities(asked) == [expected[t] for t in asked]
+    assert not pool.parsed_ahead([TEXTS[5]])  # in a chunk the call took (with TEXTS[4])
+    assert pool.parsed_ahead([TEXTS[6]]) and len(pool._texts) == 1  # not asked for: still held
+    assert pool.entities(TEXTS[5:7]) == [expected[t] for t in TEXTS[5:7]]
+    assert pool._texts == {} and pool._ahead == {} and pool._done == {}
+
+
+def test_the_pool_holds_at_most_its_setting_ahead_giving_up_the_oldest(pool, expected):
+    pool.ahead(TEXTS[:HELD + 3], 1)
+    assert len(pool._ahead) == HELD and len(pool._texts) == HELD
+    assert pool.parsed_ahead(TEXTS[3 : HELD + 3]) and not pool.parsed_ahead(TEXTS[:1])
+    assert list(pool.stream(TEXTS[: HELD + 3], 2)) == [expected[t] for t in TEXTS[: HELD + 3]]
+    assert pool._texts == {} and pool._ahead == {}
+    plain = EntityWorkers("", "all", Settings(workers=1), wait=False)  # the default: nothing parsed ahead
+    try:
+        plain.ahead(TEXTS, 1)
+        assert not plain.parsed_ahead(TEXTS[:1]) and plain._texts == {}
+    finally:
+        plain.close()
+
+
+def test_ahead_from_another_thread_while_calls_stream_answers_every_text_as_alone(pool, expected):
+    """The service's event loop hands queued requests ahead while its retrieval thread reads a batch's entities."""
+    stop, failures = threading.Event(), []
+    rng = random.Random(0)
+
+    def hand_ahead():
+        try:
+            while not stop.is_set():
+                pool.ahead(rng.sample(TEXTS, 3), rng.choice([1, 2]))
+                time.sleep(0.002)
+        except Exception as e:  # noqa: BLE001 - reported below, in the test's thread
+            failures.append(e)
+
+    other = threading.Thread(target=hand_ahead)
+    other.start()
+    try:
+        for n in range(25):
+            asked = [rng.choice(TEXTS) for _ in range(rng.randint(1, 6))]
+            got = pool.stream(asked, rng.choice([1, 2, 3]))
+            if n % 5 == 4:  # given up part way, as a batch that raises
+                next(got)
+                got.close()
+                continue
+            assert list(got) == [expected[t] for t in asked]
+    finally:
+        stop.set()
+        other.join()
+    assert not failures, failures
+    assert len(pool._ahead) <= HELD and set(pool._texts) == {task for task, _ in pool._ahead.values()}
+    assert sum(pool.restarts.values()) == 0
+
+
+class AheadAndCalls(RuleBasedStateMachine):
+    """Random interleavings of heads start, calls read to their end, calls given up before or part way through their
+    reading, and the pool's answers; after each step the pool holds only what ahead() keeps, within its setting."""
+
+    pool: EntityWorkers
+    expected: dict
+
+    @rule(texts=st.lists(st.sampled_from(TEXTS), max_size=5), chunk=st.integers(1, 3))
+    def ahead(self, texts, chunk):
+        self.pool.ahead(texts, chunk)
+
+    @rule(texts=st.lists(st.sampled_from(TEXTS), min_size=1, max_size=5), chunk=st.integers(1, 3))
+    def call(self, texts, chunk):
+        assert list(self.pool.stream(texts, chunk)) == [self.expected[t] for t in texts]
+
+    @rule(texts=st.lists(st.sampled_from(TEXTS), min_size=1, max_size=5), read=st.integers(0, 4))
+    def call_given_up(self, texts, read):
+        got = self.pool.stream(texts, 2)
+        for _ in range(min(read, len(texts))):
+            next(got)
+        got.close()
+
+    @invariant()
+    def holds_only_what_ahead_keeps(self):
+        ahead_chunks = {task for task, _ in self.pool._ahead.values()}
+        assert len(self.pool._ahead) <= HELD
+        assert set(self.pool._texts) == ahead_chunks and set(self.pool._done) <= ahead_chunks
+        assert set(self.pool._pending) <= ahead_chunks
+
+
+def test_random_interleavings_of_ahead_calls_and_give_ups(pool, expected):
+    AheadAndCalls.pool, AheadAndCalls.expected = pool, expected
+    runner = AheadAndCalls.TestCase
+    runner.settings = settings(max_examples=12, stateful_step_count=8, deadline=None,
+                               suppress_health_check=list(HealthCheck))
+    runner().runTest()
+    assert sum(pool.restarts.values()) == 0
