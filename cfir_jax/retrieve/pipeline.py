@@ -60,7 +60,7 @@ from cfir_jax.stores.entities import EntityStore
 from cfir_jax.stores.integrity import check_embeddings, check_rows, check_scores, row_norm_bound
 from cfir_jax.stores.summaries import SummaryStore
 
-__all__ = ["METHODS", "SR_MODES", "DocumentInput", "RankedImage", "Retrieval", "Retriever"]
+__all__ = ["METHODS", "SR_MODES", "DocumentInput", "Hits", "RankedImage", "Retrieval", "Retriever"]
 
 
 @dataclasses.dataclass
@@ -75,11 +75,46 @@ class RankedImage:
     duplicates: tuple[str, ...] = ()  # its near-duplicates folded under it (cfir_jax.retrieve.duplicates.fold)
 
 
+class Hits(Sequence):
+    """A ranking's hits, each made when it is read: a search ranks 1,000 images and shows its top_k, so the scores,
+    rows and ids stay arrays and a `RankedImage` is made for each hit read (1,000 of them cost about a third of a
+    service's CPU per document, with the collector's passes over them). Equal to a list of the same hits; pickled as
+    that list."""
+
+    def __init__(self, scores: np.ndarray, rows: np.ndarray, ids: Sequence[str], by: Sequence[tuple[str, ...]]):
+        self.rows = np.asarray(rows, np.int64)  # cache rows, best first (folding reads them without the hits)
+        self._scores, self._ids, self._by = np.asarray(scores, np.float64), ids, by
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, at):
+        if isinstance(at, slice):
+            return [self._hit(j) for j in range(*at.indices(len(self)))]
+        j = at + len(self) if at < 0 else at
+        if not 0 <= j < len(self):
+            raise IndexError(at)
+        return self._hit(j)
+
+    def _hit(self, j: int) -> RankedImage:
+        row = int(self.rows[j])
+        return RankedImage(j + 1, self._ids[row], float(self._scores[j]), row, self._by[j])
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, (list, Hits)) and list(self) == list(other)
+
+    def __repr__(self) -> str:
+        return repr(list(self))
+
+    def __reduce__(self):
+        return list, (list(self),)
+
+
 @dataclasses.dataclass
 class Retrieval:
     """One document's ranking by cache row (internal: `Index` alone makes the public `results.Result` of it)."""
 
-    hits: list[RankedImage]
+    hits: Sequence[RankedImage]  # `Hits` as ranked; a list once folded or re-ranked
     entities: list[str]  # entities found in the document (normalised)
     unknown_entities: list[str]  # of those, the ones the index had not seen
     summary: str
@@ -351,11 +386,7 @@ class Retriever:
                 rerank_ms: dict[str, float], features, live: LiveRows, faceted: bool = False) -> Retrieval:
         t_hits = time.perf_counter()
         scores, rows = r.ranked
-        ids = self.image_ids
-        hits = [RankedImage(j + 1, ids[row], s, row, by)  # numpy's values as Python's first: 1,000 hits a search
-                for j, (s, row, by) in enumerate(zip(np.asarray(scores, np.float64).tolist(),
-                                                     np.asarray(rows, np.int64).tolist(),
-                                                     brought_by(rows, r.lists, r.used)))]
+        hits = Hits(scores, rows, self.image_ids, brought_by(rows, r.lists, r.used))
         times = dict(times, hits=1e3 * (time.perf_counter() - t_hits), **rerank_ms)
         num = len(r.union) if r.union is not None else live.num_live  # a whole-cache search's rows
         return Retrieval(hits, list(entities), r.unknown, summary, r.note, num + r.added * self.methods.lexical_fused,
