@@ -77,7 +77,9 @@ class Settings:
     max_restarts: int = 5
     restart_window_s: float = 60.0
     start_timeout_s: float = 120.0
-    ahead_texts: int = 0  # texts `ahead` holds that no call asked for yet, at most (0: none parsed ahead)
+    # texts `ahead` holds that no call asked for yet, at most (0: none parsed ahead); not compared: a reload that
+    # changes the service's queue keeps its pool (and its running batcher, the queue it had)
+    ahead_texts: int = dataclasses.field(default=0, compare=False)
 
     @classmethod
     def of(cls, config, use: str, documents: int | None = None) -> Settings:
@@ -268,6 +270,10 @@ class EntityWorkers:
         """Whether `ahead` parses (or parsed) every one of `texts`, none of them asked for since."""
         return all(t in self._ahead for t in texts)
 
+    def _held_ahead(self, task: int) -> bool:
+        """Whether `task` is a chunk `ahead` made that no call has taken."""
+        return any(self._ahead.get(text, (None,))[0] == task for text in self._texts.get(task, ()))
+
     def _claim(self, task: int) -> int:
         """A chunk `ahead` made, taken out of what it holds."""
         for text in self._texts.get(task, ()):
@@ -418,6 +424,14 @@ class EntityWorkers:
             if self._closed:
                 return
             lost = [t for t in w.inflight if t in self._texts and t not in self._done]
+            # a chunk parsed ahead that no call took yet is given up, not tried again: its request may never run
+            # (withdrawn, refused), and the calls behind would retry it past MAX_ATTEMPTS; a call that asks for its
+            # texts later makes its own chunk
+            dropped = [self._claim(t) for t in lost if self._held_ahead(t)]
+            lost = [t for t in lost if t not in dropped]
+            for task_id in dropped:
+                self._texts.pop(task_id, None)
+                self._attempts.pop(task_id, None)
             for task_id in lost:
                 self._attempts[task_id] += 1
             self._pending.extendleft(reversed(lost))  # first in line again, in order

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from cfir_jax.core.errors import StoreError
-from cfir_jax.retrieve.pipeline import DocumentInput, Hits, RankedImage, Retrieval, Retriever
+from cfir_jax.retrieve.pipeline import DocumentInput, RankedImage, Retrieval, Retriever
 from cfir_jax.stores.duplicates import Duplicates
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ def fold(retrieval, group: np.ndarray, limit: int | None = None):
     hits' image ids in its `duplicates`, best first; its first `limit` shown hits only when given (a search shows its
     top_k of the 1,000 it ranked). A hit whose rank and duplicates stay is kept as it is."""
     hits = retrieval.hits
-    shown_at, others = _folded_positions(hits.rows if isinstance(hits, Hits) else [h.row for h in hits], group)
+    shown_at, others = _folded_positions(retrieval.hit_rows(), group)
     shown = []
     for n, p in enumerate(shown_at[:limit]):
         h = hits[p]

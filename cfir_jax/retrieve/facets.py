@@ -175,7 +175,7 @@ def _largest(counts: np.ndarray, vocab: list[str]) -> dict[str, int]:
 def ranked_rows(retrieval, group: np.ndarray | None) -> np.ndarray:
     """The cache rows a query ranked: its hits' rows, then the rest of what it ranked (`Retrieval.ranked_rows`, CFIR's
     union) in its order; with `group` (near-duplicates' labels), each group once, as its first (best-ranked) row."""
-    rows = np.array([h.row for h in retrieval.hits], np.int64)
+    rows = retrieval.hit_rows()
     union = getattr(retrieval, "ranked_rows", None)
     if union is not None and len(union):
         union = np.asarray(union, np.int64)

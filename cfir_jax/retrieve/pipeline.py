@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
@@ -91,6 +92,7 @@ class Hits(Sequence):
     def __getitem__(self, at):
         if isinstance(at, slice):
             return [self._hit(j) for j in range(*at.indices(len(self)))]
+        at = operator.index(at)  # a numpy integer reads as the int it is (a hit's rank stays an int)
         j = at + len(self) if at < 0 else at
         if not 0 <= j < len(self):
             raise IndexError(at)
@@ -128,6 +130,11 @@ class Retrieval:
     passed: tuple[int, int] | None = None  # a filter's count: (images that pass it, of the live); None: no filter
     ranked_rows: np.ndarray | None = None  # the union SR scored, kept where the document asks for facets
     facets: tuple[dict, int] | None = None  # (counts, images counted) where asked (cfir_jax.retrieve.facets)
+
+    def hit_rows(self) -> np.ndarray:
+        """The hits' cache rows, best first, without making a hit (folding and facets read them)."""
+        hits = self.hits
+        return hits.rows if isinstance(hits, Hits) else np.array([h.row for h in hits], np.int64)
 
 
 @dataclasses.dataclass

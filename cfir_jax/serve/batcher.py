@@ -113,13 +113,12 @@ class MicroBatcher:
                 raise QueueFull("shutting down")
             if self._waiting_docs + len(job.docs) > self.queue_size:
                 raise QueueFull(f"{self._waiting_docs} documents are waiting (serve.queue_size={self.queue_size})")
+            if self._busy:  # before it queues: a batch that takes it at once finds it parsing, not parses it again
+                self._parse_ahead(job)
             self._queue.append(job)
             self._waiting_docs += len(job.docs)
             self.metrics.queue_depth.set(self._waiting_docs)
             self._cv.notify()
-            behind = self._busy
-        if behind:
-            self._parse_ahead(job)
 
     def _parse_ahead(self, job: Job) -> None:
         """The entity pool starts on a job that queues behind a running batch (`Index.parse_entities_ahead`): its

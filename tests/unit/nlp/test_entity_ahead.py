@@ -14,6 +14,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from cfir_jax.nlp import entity_workers
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
 
@@ -158,3 +159,32 @@ def test_random_interleavings_of_ahead_calls_and_give_ups(pool, expected):
                                suppress_health_check=list(HealthCheck))
     runner().runTest()
     assert sum(pool.restarts.values()) == 0
+
+
+def test_a_chunk_parsed_ahead_that_kills_its_worker_is_given_up_not_retried_by_the_calls_behind(monkeypatch, expected):
+    """A text handed ahead for a request that then never runs (withdrawn, refused) and that takes its worker down (a
+    crash, or past the deadline): no call owns its chunk, so none may retry it. It costs one restart and is given
+    up; the calls behind are answered and the pool stays healthy (retried, it killed worker after worker until the
+    pool degraded: found by review)."""
+    poison = "Ada Lovelace wrote a text that takes its worker down."
+    real_send = entity_workers._Worker.send
+
+    def send(w, task, texts):  # whichever worker is handed the text dies before it answers
+        if poison in texts:
+            os.kill(w.proc.pid, signal.SIGKILL)
+        real_send(w, task, texts)
+
+    monkeypatch.setattr(entity_workers._Worker, "send", send)
+    pool = EntityWorkers("", "all", Settings(workers=2, deadline_s=10.0, max_restarts=2, ahead_texts=HELD))
+    try:
+        pool.ahead([poison], 1)
+        for n in range(5):  # later batches; each waits for the replacement to load, so that it is handed work
+            end = time.monotonic() + 60
+            while pool.state != "healthy" and time.monotonic() < end:
+                time.sleep(0.05)
+            texts = TEXTS[n : n + 3]
+            assert pool.entities(texts) == [expected[t] for t in texts]
+        assert dict(pool.restarts) == {"died": 1} and not pool.degraded
+        assert not pool.parsed_ahead([poison]) and pool._texts == {} and not pool._pending
+    finally:
+        pool.close()

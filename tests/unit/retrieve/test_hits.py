@@ -26,6 +26,10 @@ def rankings(draw):
     return np.asarray(scores, np.float32), np.asarray(rows, np.int32), by
 
 
+def rows_of(hits) -> list[int]:
+    return [h.row for h in hits]
+
+
 def _eager(scores, rows, by) -> list[RankedImage]:
     """The pipeline's hits before: every one made at once, numpy's values as Python's."""
     return [RankedImage(j + 1, IDS[row], s, row, b)
@@ -39,16 +43,16 @@ def test_hits_read_in_any_way_are_the_eager_list(ranking, a, b, top):
     assert len(hits) == len(eager) and list(hits) == eager and hits == eager and hits == Hits(*ranking[:2], IDS,
                                                                                                ranking[2])
     assert hits[a:b] == eager[a:b] and hits[:top] == eager[:top] and hits[::-1] == eager[::-1]
-    for at in (a, b):
+    for at in (a, b, np.int64(a), np.int32(b)):  # numpy's integers index as Python's, a rank stays an int
         if -len(eager) <= at < len(eager):
-            assert hits[at] == eager[at]
+            assert hits[at] == eager[at] and type(hits[at].rank) is int
         else:
             with pytest.raises(IndexError):
                 hits[at]
     assert pickle.loads(pickle.dumps(hits)) == eager and type(pickle.loads(pickle.dumps(hits))) is list
     assert all(type(h.score) is float and type(h.row) is int for h in hits)
     lazy, listed = Retrieval(hits, ["harbour"], [], "s"), Retrieval(eager, ["harbour"], [], "s")
-    assert lazy == listed
+    assert lazy == listed and lazy.hit_rows().tolist() == listed.hit_rows().tolist() == rows_of(eager)
     for limit in (None, top):
         assert fold(lazy, GROUP, limit) == fold(listed, GROUP, limit)
     describe = lambda image_id: (f"caption of {image_id}", "")  # noqa: E731

@@ -153,3 +153,17 @@ def _children() -> list[int]:
         if int(fields[1]) == os.getpid() and fields[0] != "Z":
             out.append(int(entry))
     return out
+
+
+def test_a_reload_that_changes_only_the_queue_keeps_the_pool(monkeypatch):
+    """The pool's ahead bound follows serve.queue_size and serve.max_batch, which a running batcher never reads
+    again: a reload that changes only those keeps the pool (and its workers) as it keeps the batcher (found by
+    review: it swapped the pool under a running batch)."""
+    made = []
+    monkeypatch.setattr(resident, "EntityWorkers", lambda *a: made.append(a) or "a new pool")
+    before, after = _config("all"), _config("all")
+    after.serve.queue_size, after.serve.max_batch = 8, 4
+    old = SimpleNamespace(key=("", "all"), settings=Settings.of(before, "serve"), degraded=False)
+    assert Settings.of(after, "serve").ahead_texts != old.settings.ahead_texts
+    assert resident.entity_pool_for(after, _loaded(2), old) is old and not made
+    assert resident.entity_pool_for(_config("picturable"), _loaded(2), old) == "a new pool"  # the labels: a new one
