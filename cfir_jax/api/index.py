@@ -175,6 +175,14 @@ class Index:
                 retriever.entities.parse_ahead(docs, retriever.languages.language)
                 return
 
+    def give_up_entities_ahead(self, docs: Sequence[DocumentInput]) -> None:
+        """What `parse_entities_ahead` started for `docs` is given up: a request that will never run (withdrawn,
+        past its deadline, refused). A chunk of the pool that also holds other documents' texts is kept."""
+        for retriever in self._retrievers.values():
+            if retriever.entities is not None:
+                retriever.entities.give_up_ahead(docs)
+                return
+
     def warm_up(self, warm: Callable[[str], object] | None = None, summary_cache: int = 0) -> None:
         """Readies every open method before a service says it is ready: `warm(method)` runs the shapes it will send
         (`cfir_jax.serve.resident.warm_up`, through this index's verbs), then the methods that summarise keep up to

@@ -266,6 +266,16 @@ class EntityWorkers:
                 self._forget([self._claim(next(iter(self._ahead.values()))[0])])
             self._assign()
 
+    def give_up(self, texts: Sequence[str]) -> None:
+        """The chunks `ahead` made of `texts` (their request withdrawn, past its deadline or refused: no call will
+        ask), given up: those not yet with a worker are never parsed, and the bound holds the others' texts. A
+        chunk that also holds texts not given up is kept."""
+        with self._lock:
+            gone = set(texts)
+            tasks = {self._ahead[t][0] for t in gone if t in self._ahead}
+            dropped = [self._claim(t) for t in tasks if gone.issuperset(self._texts.get(t, ()))]
+            self._forget(dropped)
+
     def parsed_ahead(self, texts: Sequence[str]) -> bool:
         """Whether `ahead` parses (or parsed) every one of `texts`, none of them asked for since."""
         return all(t in self._ahead for t in texts)

@@ -101,6 +101,11 @@ class EntityRanking:
         if texts:  # in chunks as `ParsedBy`'s: two a worker
             self._serving.ahead(texts, -(-len(texts) // (self._serving.workers * entity_workers.PIPELINE_DEPTH)))
 
+    def give_up_ahead(self, docs: Sequence) -> None:
+        """What `parse_ahead` handed the service's workers for `docs` is given up (their request will never run)."""
+        if self._serving is not None:
+            self._serving.give_up([d.text for d in docs if d.entities is None])
+
     def stream(self, docs: Sequence) -> Iterator[list[str]]:
         """The entities of each document in order, lazily. A service's workers (`parse_with`) parse any two or more
         (or one they parsed ahead: `parse_ahead`), starting now if not before, while the caller encodes them

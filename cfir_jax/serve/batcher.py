@@ -31,6 +31,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 
 from cfir_jax.core.errors import first_line
 from cfir_jax.retrieve import report
@@ -63,6 +64,7 @@ class Job:
     html: bool = False  # the gallery page instead of JSON (GET /'s page)
     cancelled: bool = False  # set by `MicroBatcher.withdraw` when the client disconnects or the deadline passes
     version: int | None = None  # the index version that answered it (set before the future is)
+    ahead: Any = None  # the Index whose entity pool parses its documents ahead (`MicroBatcher._parse_ahead`)
     enqueued: float = dataclasses.field(default_factory=time.monotonic)
 
     def settle(self, value=None, error: BaseException | None = None) -> None:
@@ -126,9 +128,22 @@ class MicroBatcher:
         index = self._current().index
         try:
             if index.reads_entities(job.method):
+                job.ahead = index
                 index.parse_entities_ahead(job.docs)
         except Exception:  # noqa: BLE001 - a head start only: the job's batch meets the same failure, answered to it
             log.debug("entities not parsed ahead for a queued request", exc_info=True)
+
+    @staticmethod
+    def _give_up_ahead(job: Job) -> None:
+        """A job parsed ahead that will never run (withdrawn, past its deadline, refused): what its pool has not
+        parsed yet is never parsed, and its place under the pool's bound goes to the requests behind it (an
+        overloaded service's timed-out requests would otherwise take the workers' time from the live ones)."""
+        if job.ahead is not None:
+            try:
+                job.ahead.give_up_entities_ahead(job.docs)
+            except Exception:  # noqa: BLE001 - parsed for nothing at worst
+                log.debug("entities parsed ahead not given up", exc_info=True)
+            job.ahead = None
 
     def withdraw(self, job: Job) -> bool:
         """Gives `job` up (its client went away, or its deadline passed; its handler answers and counts the drop):
@@ -142,7 +157,8 @@ class MicroBatcher:
                 return False
             self._waiting_docs -= len(job.docs)
             self.metrics.queue_depth.set(self._waiting_docs)
-            return True
+        self._give_up_ahead(job)
+        return True
 
     def stop(self, timeout: float | None = None) -> None:
         with self._cv:
@@ -184,8 +200,10 @@ class MicroBatcher:
             live = []
             for job in batch:
                 if job.cancelled:  # given up by its handler once in this batch: answered and counted there
+                    self._give_up_ahead(job)
                     job.settle(error=Dropped("withdrawn"))
                 elif now > job.deadline:
+                    self._give_up_ahead(job)
                     job.settle(error=Dropped("deadline passed"))
                     self.metrics.dropped.labels("deadline").inc()
                 else:
@@ -206,6 +224,7 @@ class MicroBatcher:
         try:
             loaded.index.admit(job.docs, job.top_k, job.method)
         except Exception as e:  # noqa: BLE001 - a refusal (one line), or a failure: this request's alone
+            MicroBatcher._give_up_ahead(job)
             job.version = loaded.version
             job.settle(error=e)
             return False

@@ -144,6 +144,14 @@ class AheadAndCalls(RuleBasedStateMachine):
             next(got)
         got.close()
 
+    @rule(texts=st.lists(st.sampled_from(TEXTS), max_size=5))
+    def give_up(self, texts):
+        held = dict(self.pool._ahead)
+        self.pool.give_up(texts)
+        for text, (task, _) in held.items():  # a chunk goes when every text it holds is given up, else it stays
+            whole = set(self.pool._texts.get(task, ())) <= set(texts) if text in self.pool._ahead else True
+            assert (text in self.pool._ahead) == (text not in texts or not whole)
+
     @invariant()
     def holds_only_what_ahead_keeps(self):
         ahead_chunks = {task for task, _ in self.pool._ahead.values()}
@@ -187,4 +195,29 @@ def test_a_chunk_parsed_ahead_that_kills_its_worker_is_given_up_not_retried_by_t
         assert dict(pool.restarts) == {"died": 1} and not pool.degraded
         assert not pool.parsed_ahead([poison]) and pool._texts == {} and not pool._pending
     finally:
+        pool.close()
+
+
+def test_chunks_given_up_before_a_worker_takes_them_are_never_parsed(expected):
+    """A request parsed ahead that will never run gives its chunks up (`give_up`): those still waiting for a worker
+    never reach one, those with a worker are dropped when they come back, and a later call parses the texts anew."""
+    pool = EntityWorkers("", "all", Settings(workers=2, deadline_s=30.0, ahead_texts=HELD))
+    texts = TEXTS[:6]
+    try:
+        pool.entities(TEXTS[6:8])  # the workers loaded and ready
+        pids = pool.describe()["pids"]
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        pool.ahead(texts, 1)  # six chunks: two with each stopped worker, two waiting
+        assert len(pool._pending) == 2 and pool.parsed_ahead(texts)
+        pool.give_up(texts[:5] + ["a text never handed ahead"])  # the last chunk's text stays
+        assert pool.parsed_ahead(texts[5:]) and not any(pool.parsed_ahead([t]) for t in texts[:5])
+        assert set(pool._texts) == {pool._ahead[texts[5]][0]} and list(pool._pending) == [pool._ahead[texts[5]][0]]
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+        assert pool.entities(texts) == [expected[t] for t in texts]
+        assert pool._texts == {} and pool._ahead == {} and sum(pool.restarts.values()) == 0
+    finally:
+        for pid in pool.describe()["pids"]:
+            os.kill(pid, signal.SIGCONT)
         pool.close()

@@ -4,6 +4,7 @@ past its deadline is dropped unrun; a failing batch answers every request with t
 `--config.*` arguments are the ones a reload applies again."""
 
 import asyncio
+import contextlib
 import threading
 import time
 from types import SimpleNamespace
@@ -254,7 +255,9 @@ class WithEntities(StandIn):
     def __init__(self, gate: threading.Event | None = None):
         super().__init__(gate)
         self.ahead: list[list[str]] = []
-        self.entities = SimpleNamespace(parse_ahead=self.parse_ahead)
+        self.given_up: list[list[str]] = []
+        self.entities = SimpleNamespace(parse_ahead=self.parse_ahead,
+                                        give_up_ahead=lambda docs: self.given_up.append([d.doc_id for d in docs]))
         self.languages = SimpleNamespace(language=lambda doc: "en")
 
     def parse_ahead(self, docs, language):
@@ -289,3 +292,38 @@ def test_requests_queued_behind_a_running_batch_are_handed_to_the_entity_pool_at
     assert handed == [["b", "c"], ["d"]]
     assert batches == [["a"], ["b", "c", "broken", "d"]]
     assert results == [["a=TEXT A"], ["b=TEXT B", "c=TEXT C"], ["broken=TEXT BROKEN"], ["d=TEXT D"]]
+
+
+def test_a_request_parsed_ahead_that_will_never_run_gives_its_head_start_up(answers_as_text):
+    """A request parsed ahead and then withdrawn (its client went away), past its deadline when its batch starts,
+    or refused by the index gives up what the pool had not parsed yet (an overloaded service's timed-out requests
+    would take the workers' time from the live ones); one that runs, and one never parsed ahead, give nothing up."""
+
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = WithEntities(gate)
+        mb = _batcher(retriever)
+        first = _job(loop, ["a"])
+        mb.submit(first)
+        while not retriever.batches:
+            await asyncio.sleep(0.01)
+        gone, late, live = _job(loop, ["gone"]), _job(loop, ["late"], deadline_s=0.2), _job(loop, ["live"])
+        refused = _job(loop, ["refused"])
+        refused.top_k = 0
+        for job in (gone, late, refused, live):
+            mb.submit(job)
+        assert mb.withdraw(gone)
+        given_up_while_running = [list(ids) for ids in retriever.given_up]
+        await asyncio.sleep(0.3)  # the late one's deadline passes while the first batch runs
+        gate.set()
+        for job in (first, live, refused):
+            with contextlib.suppress(Exception):
+                await job.future
+        mb.stop(5)
+        return retriever, given_up_while_running, refused.future.exception()
+
+    retriever, while_running, refusal = asyncio.run(run())
+    assert retriever.ahead == [["gone"], ["late"], ["refused"], ["live"]] and refusal is not None
+    assert while_running == [["gone"]]
+    assert retriever.given_up == [["gone"], ["late"], ["refused"]]
+    assert retriever.batches == [["a"], ["live"]]
