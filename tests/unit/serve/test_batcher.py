@@ -266,6 +266,16 @@ class WithEntities(StandIn):
         self.ahead.append([d.doc_id for d in docs if language(d) == "en"])
 
 
+async def _running_a_batch(retriever: StandIn) -> tuple[batcher_lib.MicroBatcher, batcher_lib.Job]:
+    """A batcher over `retriever` and its first request, whose batch runs (held at the retriever's gate)."""
+    mb = _batcher(retriever)
+    first = _job(asyncio.get_running_loop(), ["a"])
+    mb.submit(first)
+    while not retriever.batches:
+        await asyncio.sleep(0.01)
+    return mb, first
+
+
 def test_requests_queued_behind_a_running_batch_are_handed_to_the_entity_pool_at_once(answers_as_text):
     """A request that arrives while a batch runs has its documents' entities parsed ahead (so the pool works while
     the batch is ranked and answered); one that finds the batcher idle is taken at once and parses in its own batch;
@@ -274,11 +284,7 @@ def test_requests_queued_behind_a_running_batch_are_handed_to_the_entity_pool_at
     async def run():
         loop, gate = asyncio.get_running_loop(), threading.Event()
         retriever = WithEntities(gate)
-        mb = _batcher(retriever)
-        first = _job(loop, ["a"])
-        mb.submit(first)
-        while not retriever.batches:
-            await asyncio.sleep(0.01)
+        mb, first = await _running_a_batch(retriever)
         later = [_job(loop, ["b", "c"]), _job(loop, ["broken"]), _job(loop, ["d"])]
         for job in later:
             mb.submit(job)
@@ -302,11 +308,7 @@ def test_a_request_parsed_ahead_that_will_never_run_gives_its_head_start_up(answ
     async def run():
         loop, gate = asyncio.get_running_loop(), threading.Event()
         retriever = WithEntities(gate)
-        mb = _batcher(retriever)
-        first = _job(loop, ["a"])
-        mb.submit(first)
-        while not retriever.batches:
-            await asyncio.sleep(0.01)
+        mb, first = await _running_a_batch(retriever)
         gone, late, live = _job(loop, ["gone"]), _job(loop, ["late"], deadline_s=0.2), _job(loop, ["live"])
         refused = _job(loop, ["refused"])
         refused.top_k = 0
