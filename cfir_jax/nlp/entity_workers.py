@@ -193,6 +193,7 @@ class EntityWorkers:
         self._next_id, self._started = 0, False  # _started: a worker loaded; a load failing from then is a restart
         self._texts: dict[int, list[str]] = {}  # the chunks of the current call and of `ahead`, until given up
         self._ahead: dict[str, tuple[int, int]] = {}  # a text `ahead` parses -> (its chunk, its place there)
+        self._holders: collections.Counter[str] = collections.Counter()  # a text in `_ahead` -> `ahead` calls for it
         self._pending: collections.deque[int] = collections.deque()  # of those, not given to a worker
         self._done: dict[int, list[list[str]] | BaseException] = {}
         self._attempts: collections.Counter[int] = collections.Counter()
@@ -251,13 +252,14 @@ class EntityWorkers:
         request as it queues behind the batch that runs (`cfir_jax.serve.batcher`), so that the workers parse it
         while the driving thread encodes, ranks and answers that batch. A later call (`stream`, `entities`) that
         asks for a text parsed ahead takes its chunk (the chunk's other texts are parsed again if asked later).
-        Past `settings.ahead_texts` texts not asked for, the oldest chunks are given up (a request withdrawn or
-        refused never asks for its own): a pool of the default settings parses nothing ahead."""
+        Past `settings.ahead_texts` texts not asked for, the oldest chunks are given up (`give_up` says which will
+        never be asked for): a pool of the default settings parses nothing ahead."""
         _check_texts(texts)
         chunk = max(1, chunk)
         with self._lock:
             if self._closed or not self.settings.ahead_texts:
                 return
+            self._holders.update(dict.fromkeys(texts, 1))
             new = [t for t in dict.fromkeys(texts) if t not in self._ahead]
             for a in range(0, len(new), chunk):
                 task = self._add(new[a : a + chunk])
@@ -267,13 +269,14 @@ class EntityWorkers:
             self._assign()
 
     def give_up(self, texts: Sequence[str]) -> None:
-        """The chunks `ahead` made of `texts` (their request withdrawn, past its deadline or refused: no call will
-        ask), given up: those not yet with a worker are never parsed, and the bound holds the others' texts. A
-        chunk that also holds texts not given up is kept."""
+        """One `ahead` call's `texts` no call will ask for (its request withdrawn, past its deadline, refused, or
+        answered without its entities): a chunk none of whose texts another `ahead` call still holds is given up,
+        never parsed if no worker has it yet, and the bound holds the others' texts."""
         with self._lock:
-            gone = set(texts)
-            tasks = {self._ahead[t][0] for t in gone if t in self._ahead}
-            dropped = [self._claim(t) for t in tasks if gone.issuperset(self._texts.get(t, ()))]
+            held = [t for t in dict.fromkeys(texts) if t in self._ahead]
+            self._holders.subtract(held)
+            tasks = {self._ahead[t][0] for t in held}
+            dropped = [self._claim(t) for t in tasks if all(self._holders[x] <= 0 for x in self._texts.get(t, ()))]
             self._forget(dropped)
 
     def parsed_ahead(self, texts: Sequence[str]) -> bool:
@@ -289,6 +292,7 @@ class EntityWorkers:
         for text in self._texts.get(task, ()):
             if self._ahead.get(text, (None,))[0] == task:
                 del self._ahead[text]
+                del self._holders[text]
         return task
 
     def _add(self, texts: list[str]) -> int:

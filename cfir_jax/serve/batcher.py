@@ -135,9 +135,10 @@ class MicroBatcher:
 
     @staticmethod
     def _give_up_ahead(job: Job) -> None:
-        """A job parsed ahead that will never run (withdrawn, past its deadline, refused): what its pool has not
-        parsed yet is never parsed, and its place under the pool's bound goes to the requests behind it (an
-        overloaded service's timed-out requests would otherwise take the workers' time from the live ones)."""
+        """A job parsed ahead that will never run (withdrawn, past its deadline, refused), or has run: what its
+        pool has not parsed yet and no other job holds is never parsed, and its place under the pool's bound goes to
+        the requests behind it (an overloaded service's timed-out requests would otherwise take the workers' time
+        from the live ones)."""
         if job.ahead is not None:
             try:
                 job.ahead.give_up_entities_ahead(job.docs)
@@ -212,9 +213,13 @@ class MicroBatcher:
             if not live:
                 continue
             index = self._current()  # a reload between batches: this batch runs wholly on one index
-            live = [job for job in live if self._admitted(index, job)]
-            for method in dict.fromkeys(j.method for j in live):
-                self._run_method(index, method, [j for j in live if j.method == method])
+            try:
+                admitted = [job for job in live if self._admitted(index, job)]
+                for method in dict.fromkeys(j.method for j in admitted):
+                    self._run_method(index, method, [j for j in admitted if j.method == method])
+            finally:  # answered without reading its entities (a filter no image passes): none left parsed ahead
+                for job in live:
+                    self._give_up_ahead(job)
 
     @staticmethod
     def _admitted(loaded, job: Job) -> bool:

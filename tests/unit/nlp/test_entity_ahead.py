@@ -3,6 +3,7 @@ behind the running batch is parsed at once, from the event loop's thread, and th
 what the workers found: the same entities as a call of its own, nothing parsed twice, nothing kept past the setting,
 whatever the order of heads start, calls and give-ups, and from two threads at once."""
 
+import collections
 import os
 import random
 import signal
@@ -129,8 +130,15 @@ class AheadAndCalls(RuleBasedStateMachine):
     pool: EntityWorkers
     expected: dict
 
+    def __init__(self):
+        super().__init__()
+        while self.pool._ahead:  # the shared pool, as the example before left it: each of its holders gives up
+            self.pool.give_up(list(self.pool._ahead))
+        self.holders: collections.Counter = collections.Counter()  # the ahead() calls not given up, per text
+
     @rule(texts=st.lists(st.sampled_from(TEXTS), max_size=5), chunk=st.integers(1, 3))
     def ahead(self, texts, chunk):
+        self.holders.update(dict.fromkeys(texts, 1))
         self.pool.ahead(texts, chunk)
 
     @rule(texts=st.lists(st.sampled_from(TEXTS), min_size=1, max_size=5), chunk=st.integers(1, 3))
@@ -146,14 +154,19 @@ class AheadAndCalls(RuleBasedStateMachine):
 
     @rule(texts=st.lists(st.sampled_from(TEXTS), max_size=5))
     def give_up(self, texts):
-        held = dict(self.pool._ahead)
+        """As one request's give-up: a chunk goes when no text of it is held by an ahead() call not given up."""
+        held = {t: task for t, (task, _) in self.pool._ahead.items()}
+        holders = collections.Counter({t: n for t, n in self.holders.items() if t in held})
+        holders.subtract(t for t in dict.fromkeys(texts) if t in held)
         self.pool.give_up(texts)
-        for text, (task, _) in held.items():  # a chunk goes when every text it holds is given up, else it stays
-            whole = set(self.pool._texts.get(task, ())) <= set(texts) if text in self.pool._ahead else True
-            assert (text in self.pool._ahead) == (text not in texts or not whole)
+        for text, task in held.items():
+            kept = any(holders[t] > 0 for t, other in held.items() if other == task)
+            assert (text in self.pool._ahead) == kept
+        self.holders = holders
 
     @invariant()
     def holds_only_what_ahead_keeps(self):
+        self.holders = collections.Counter({t: n for t, n in self.holders.items() if t in self.pool._ahead})
         ahead_chunks = {task for task, _ in self.pool._ahead.values()}
         assert len(self.pool._ahead) <= HELD
         assert set(self.pool._texts) == ahead_chunks and set(self.pool._done) <= ahead_chunks
@@ -210,7 +223,10 @@ def test_chunks_given_up_before_a_worker_takes_them_are_never_parsed(expected):
             os.kill(pid, signal.SIGSTOP)
         pool.ahead(texts, 1)  # six chunks: two with each stopped worker, two waiting
         assert len(pool._pending) == 2 and pool.parsed_ahead(texts)
+        pool.ahead(texts[:1], 1)  # a second request with the first text: its chunk is held twice
         pool.give_up(texts[:5] + ["a text never handed ahead"])  # the last chunk's text stays
+        assert pool.parsed_ahead(texts[:1]) and not any(pool.parsed_ahead([t]) for t in texts[1:5])
+        pool.give_up(texts[:1])  # the second request's: nobody holds the first chunk now
         assert pool.parsed_ahead(texts[5:]) and not any(pool.parsed_ahead([t]) for t in texts[:5])
         assert set(pool._texts) == {pool._ahead[texts[5]][0]} and list(pool._pending) == [pool._ahead[texts[5]][0]]
         for pid in pids:

@@ -303,7 +303,8 @@ def test_requests_queued_behind_a_running_batch_are_handed_to_the_entity_pool_at
 def test_a_request_parsed_ahead_that_will_never_run_gives_its_head_start_up(answers_as_text):
     """A request parsed ahead and then withdrawn (its client went away), past its deadline when its batch starts,
     or refused by the index gives up what the pool had not parsed yet (an overloaded service's timed-out requests
-    would take the workers' time from the live ones); one that runs, and one never parsed ahead, give nothing up."""
+    would take the workers' time from the live ones); one that ran gives up what its batch left (a filter that no
+    image passes answers it without its entities), and one never parsed ahead gives nothing up."""
 
     async def run():
         loop, gate = asyncio.get_running_loop(), threading.Event()
@@ -318,7 +319,7 @@ def test_a_request_parsed_ahead_that_will_never_run_gives_its_head_start_up(answ
         given_up_while_running = [list(ids) for ids in retriever.given_up]
         await asyncio.sleep(0.3)  # the late one's deadline passes while the first batch runs
         gate.set()
-        for job in (first, live, refused):
+        for job in (first, late, live, refused):
             with contextlib.suppress(Exception):
                 await job.future
         mb.stop(5)
@@ -327,5 +328,5 @@ def test_a_request_parsed_ahead_that_will_never_run_gives_its_head_start_up(answ
     retriever, while_running, refusal = asyncio.run(run())
     assert retriever.ahead == [["gone"], ["late"], ["refused"], ["live"]] and refusal is not None
     assert while_running == [["gone"]]
-    assert retriever.given_up == [["gone"], ["late"], ["refused"]]
+    assert retriever.given_up == [["gone"], ["late"], ["refused"], ["live"]]  # the one that ran: what it left
     assert retriever.batches == [["a"], ["live"]]
