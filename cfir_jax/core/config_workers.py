@@ -23,7 +23,9 @@ def entity_workers_config() -> ml_collections.ConfigDict:
             # (os.sched_getaffinity), no more than one per 100 documents to parse (a worker's start must pay:
             # entity_workers.DOCUMENTS_PER_WORKER; resolved by entity_workers.Settings.of), 1: the main thread parses
             index=0,
-            serve_deadline_ms=5000.0,  # a service's worker holding a batch's chunk longer is killed and replaced
+            # a service's worker holding a batch's chunk longer (or a second per entity_workers.CHARS_PER_S
+            # characters of it, where that is more) is killed and replaced
+            serve_deadline_ms=5000.0,
             deadline_ms=60000.0,  # the same for bulk retrieval, index.py and a query's helper
             max_restarts=5,  # more worker restarts than this within restart_window_s: the calling thread parses
             restart_window_s=60.0,

@@ -49,6 +49,10 @@ MAX_ATTEMPTS = 3  # workers a chunk may take down with it before the calling thr
 # parse of about 45 documents in one process: 2 workers overtake the main thread from about 110; RESULTS.md)
 DOCUMENTS_PER_WORKER = 100
 _POLL_S = 0.5  # the supervisor's longest wait between two looks at its workers' deadlines
+# The slowest parse a chunk's deadline allows for: a chunk of more characters than deadline x this has that many
+# seconds (spaCy's small English pipeline parses about 50,000 characters a second on one core here), so that a
+# request of long texts (a service's 64 of 64 KiB: 16 to a chunk, ~20 s) is never taken for a stuck worker
+CHARS_PER_S = 16_000
 # The worker's program: this process's `cfir_jax` loaded from its folder (argv[1]) by path, so that nothing else is
 # put on the worker's path (-P keeps the working folder off it, -E ignores PYTHONPATH).
 _PROGRAM = ("import importlib.util, sys; p = sys.argv[1]; s = importlib.util.spec_from_file_location("
@@ -403,10 +407,14 @@ class EntityWorkers:
                 self._receive(w, line)
         now = time.monotonic()
         for w in list(self._workers):
-            if w.ready and w.inflight and now - w.progress > self.settings.deadline_s:
-                self._replace(w, "deadline", f"held a chunk past its deadline of {self.settings.deadline_s:g} s")
+            if w.ready and w.inflight and now - w.progress > (deadline := self._deadline(w.inflight[0])):
+                self._replace(w, "deadline", f"held a chunk past its deadline of {round(deadline, 1):g} s")
             elif not w.ready and now - w.started > self.settings.start_timeout_s:
                 self._replace(w, "start", f"did not load the pipeline in {self.settings.start_timeout_s:g} s")
+
+    def _deadline(self, task_id: int) -> float:
+        """Seconds a worker may hold chunk `task_id`: the settings' deadline, or its characters at CHARS_PER_S."""
+        return max(self.settings.deadline_s, sum(map(len, self._texts.get(task_id, ()))) / CHARS_PER_S)
 
     def _receive(self, w: _Worker, line: str) -> None:
         with self._lock:

@@ -139,11 +139,29 @@ def test_a_stopped_worker_sent_a_chunk_past_the_pipe_buffer_is_replaced_at_its_d
         thread, outcome = _in_thread(lambda: list(p.stream(BIG, len(BIG))))
         thread.join(30)
         assert not thread.is_alive(), "the pool's thread blocked writing to a stopped worker"
-        assert replaced and replaced[0][0] == "deadline" and replaced[0][1] - t0 < 2.0 + 3.0, replaced
+        deadline = max(2.0, sum(map(len, BIG)) / entity_workers.CHARS_PER_S)  # its characters' (12.5 s)
+        assert replaced and replaced[0][0] == "deadline" and deadline - 0.5 < replaced[0][1] - t0 < deadline + 3.0
         assert victim not in p.describe()["pids"]
     finally:
         p.close()
     assert outcome["value"] == list(EntityExtractor(load_spacy(None), "all").extract(BIG))
+
+
+def test_a_chunk_of_long_texts_has_the_time_its_characters_need_not_a_stopped_workers_deadline():
+    """A deadline far shorter than a long text's parse (a service's 64 KiB texts, 16 to a chunk: ~20 s against 5):
+    the chunk's deadline is its characters at CHARS_PER_S, so its worker is not taken for a stuck one, killed and
+    the chunk parsed again (three times, then in the calling thread, 3 of the restarts a window allows)."""
+    long = " ".join(f"Marie Curie wrote to Pierre Curie from Warsaw in {1890 + i}." for i in range(1700))  # ~100k
+    p = EntityWorkers("", "all", Settings(workers=2, deadline_s=0.3))
+    try:
+        p.entities(["Ada Lovelace."])  # the workers loaded
+        t0 = time.monotonic()
+        found = p.entities([long])
+        took = time.monotonic() - t0
+    finally:
+        p.close()
+    assert took > 0.3 and sum(p.restarts.values()) == 0, (took, dict(p.restarts))
+    assert found == list(EntityExtractor(load_spacy(None), "all").extract([long]))
 
 
 def test_a_pool_closed_from_another_thread_fails_its_call_at_once_and_leaves_no_process():
