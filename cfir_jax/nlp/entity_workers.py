@@ -451,9 +451,7 @@ class EntityWorkers:
             # texts later makes its own chunk
             dropped = [self._claim(t) for t in lost if self._held_ahead(t)]
             lost = [t for t in lost if t not in dropped]
-            for task_id in dropped:
-                self._texts.pop(task_id, None)
-                self._attempts.pop(task_id, None)
+            self._forget(dropped)
             for task_id in lost:
                 self._attempts[task_id] += 1
             self._pending.extendleft(reversed(lost))  # first in line again, in order
