@@ -31,13 +31,16 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING
 
 from cfir_jax.core.errors import first_line
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
 from cfir_jax.serve.errors import Unavailable
 from cfir_jax.stores.integrity import CorruptStore
+
+if TYPE_CHECKING:
+    from cfir_jax.api.index import Index
 
 log = logging.getLogger("cfir_jax.serve")
 
@@ -64,7 +67,7 @@ class Job:
     html: bool = False  # the gallery page instead of JSON (GET /'s page)
     cancelled: bool = False  # set by `MicroBatcher.withdraw` when the client disconnects or the deadline passes
     version: int | None = None  # the index version that answered it (set before the future is)
-    ahead: Any = None  # the Index whose entity pool parses its documents ahead (`MicroBatcher._parse_ahead`)
+    ahead: Index | None = None  # the Index whose entity pool parses its documents ahead (`MicroBatcher._parse_ahead`)
     enqueued: float = dataclasses.field(default_factory=time.monotonic)
 
     def settle(self, value=None, error: BaseException | None = None) -> None:
