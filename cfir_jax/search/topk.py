@@ -25,14 +25,19 @@ DEFAULT_BLOCK_SIZE = 32768
 DEFAULT_QUERY_BLOCK = 256
 _ROW_GROUP = 16  # rows per BLAS group in `_row_scores`
 # float16 bit pattern -> float32 value (256 KiB, stays in L2): numpy's own astype is a scalar loop. `cast_f16` takes it
-# only for a chunk holding an infinity or a NaN (a damaged row), whose bits it keeps as numpy's astype does.
+# where its integer passes cannot be exact: a chunk holding an infinity or a NaN (a damaged row), whose bits it keeps as
+# numpy's astype does, a thread that reads subnormal inputs as zero, and a dst that overlaps its src.
 _F16_TO_F32 = np.arange(1 << 16, dtype=np.uint16).view(np.float16).astype(np.float32)
 # float16's 15 bits below the sign, shifted left 13, are a float32 whose exponent is 112 too small: bit 31 keeps the
 # sign (an int16 sign-extends into bits 31-28) and bits 30-28 are cleared; one multiply by 2**112 rebiases the exponent
-# and normalises a subnormal, exactly. An infinity or a NaN (exponent all ones) lands at 65536 or above.
+# and normalises a subnormal, exactly. An infinity or a NaN (exponent all ones) lands at 65536 or above in magnitude.
 _SIGN_AND_LOW_28 = np.int32(-0x70000001)  # 0x8FFFFFFF as int32
 _REBIAS = np.float32(2.0**112)
 _SPECIAL = 65536.0
+# The smallest float32 subnormal: times 2**112 it is 0 on a thread whose CPU reads subnormal inputs as zero (DAZ: XLA
+# sets it while a jitted computation runs, so inside a host callback), where the multiply would zero float16's 2,046
+# subnormals.
+_SUBNORMAL = np.array([1e-45], np.float32)
 # torch parallelises copies above 32,768 elements (and its pool then fights the scorer's own threads: 1000x slower
 # under load); casting at most that many values at a time keeps it on the calling thread without touching torch's
 # process-wide thread setting, whatever the row width (768, or 1536 for fused rows).
@@ -47,11 +52,16 @@ def _torch():
 
 
 def cast_f16(src: np.ndarray, dst: np.ndarray) -> None:
-    """dst[...] = src (float16 -> float32), bit for bit numpy's astype, vectorised: torch's F16C loop if loaded, else
-    four integer and float passes of numpy (3x the lookup table's speed, `benchmarks/f16_cast.py`), and the lookup
-    table for a chunk with an infinity or a NaN."""
+    """dst[...] = src (float16 -> float32, the same shape), bit for bit numpy's astype, vectorised: torch's F16C loop
+    if loaded, else four integer and float passes of numpy and a min/max check (2.7x the lookup table's speed,
+    `benchmarks/f16_cast.py`), or the lookup table where the passes cannot be exact (see `_F16_TO_F32`)."""
+    if src.shape != dst.shape:
+        raise ValueError(f"cast_f16: src {src.shape} and dst {dst.shape} differ")
     torch = _torch()
     if torch is None:
+        if np.may_share_memory(src, dst) or not np.multiply(_SUBNORMAL, _REBIAS)[0]:
+            np.take(_F16_TO_F32, src.view(np.uint16), out=dst)
+            return
         bits = dst.view(np.int32)
         np.copyto(bits, src.view(np.int16))  # sign-extended
         np.left_shift(bits, 13, out=bits)

@@ -190,11 +190,12 @@ def _cast_in_thread(src: np.ndarray) -> np.ndarray:
     return dst
 
 
-def test_float16_cast_is_numpys_for_every_bit_pattern_after_jax_ran(monkeypatch):
+def test_float16_cast_is_numpys_for_every_bit_pattern_on_every_thread(monkeypatch):
     """Every one of the 65,536 float16 bit patterns, cast without torch, has numpy's float32 bits: the 63,488 finite
     ones (subnormals and both zeros included) by the integer passes, and a chunk with an infinity or a NaN (payloads
-    kept) by the lookup table; in the calling thread and in a scorer's worker thread, after a jitted computation ran
-    (a thread that flushed subnormals to zero would round 2,046 of them to 0)."""
+    kept) by the lookup table; in the calling thread and in a scorer's worker thread after a jitted computation ran,
+    and inside a host callback of a jitted computation, where XLA has the CPU read subnormal inputs as zero (the
+    passes' multiply would zero the 2,046 nonzero subnormals there)."""
     import cfir_jax.search.topk as sr
 
     monkeypatch.setattr(sr, "_torch", lambda: None)
@@ -203,11 +204,32 @@ def test_float16_cast_is_numpys_for_every_bit_pattern_after_jax_ran(monkeypatch)
     special = (patterns & 0x7C00) == 0x7C00
     finite = patterns[~special].view(np.float16).reshape(-1, 64)
     chunks = [finite, patterns.view(np.float16).reshape(512, 128), patterns[special].view(np.float16)[None]]
+    assert finite.size == 63488 and np.count_nonzero(finite.view(np.uint16) & 0x7C00 == 0) == 2048
     with concurrent.futures.ThreadPoolExecutor(1) as pool:
         for src in chunks:
-            for dst in (_cast_in_thread(src), pool.submit(_cast_in_thread, src).result()):
+            in_callback = jax.jit(lambda x, src=src: jax.pure_callback(
+                lambda _: _cast_in_thread(src), jax.ShapeDtypeStruct(src.shape, np.float32), x))
+            for dst in (_cast_in_thread(src), pool.submit(_cast_in_thread, src).result(),
+                        np.asarray(in_callback(np.float32(0)))):
                 np.testing.assert_array_equal(dst.view(np.uint32), src.astype(np.float32).view(np.uint32))
-    assert finite.size == 63488 and np.count_nonzero(finite.view(np.uint16) & 0x7C00 == 0) == 2048
+
+
+def test_float16_cast_into_memory_it_reads_or_another_shape(monkeypatch):
+    """A dst over src's own bytes (the widening would overwrite what it has yet to read) takes the lookup table, which
+    reads before it writes; a dst of another shape is refused rather than broadcast."""
+    import cfir_jax.search.topk as sr
+
+    monkeypatch.setattr(sr, "_torch", lambda: None)
+    values = np.array([1.5, -2.0, 6e-8, np.inf, 0.25, -0.0, 3.0, 65504.0], np.float16)
+    for half, finite in ((slice(0, 8), values), (slice(8, 16), values), (slice(0, 8), np.nan_to_num(values))):
+        buffer = np.zeros(8, np.float32)
+        src = buffer.view(np.float16)[half]
+        src[...] = finite
+        want = src.astype(np.float32)
+        sr.cast_f16(src, buffer)
+        np.testing.assert_array_equal(buffer.view(np.uint32), want.view(np.uint32))
+    with pytest.raises(ValueError, match="differ"):
+        sr.cast_f16(values, np.empty((2, 8), np.float32))
 
 
 @pytest.mark.parametrize("width", [768, 1536])
