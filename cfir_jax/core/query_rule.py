@@ -143,11 +143,14 @@ class Condition:
     values: tuple[str, ...]
 
     def __str__(self) -> str:
-        """The condition as a note or a refusal names it (shown to people; never parsed again): its control
-        characters escaped (`a\\nb`), so that a refusal naming a value with a line break stays one line."""
+        """The condition as a note or a refusal names it, a line a person reads: a value quoted where a line would
+        read it otherwise (`source=' x '`, `license in 'a,b',c`: `_written`), and control characters escaped
+        (`a\\nb`), so that a refusal naming a value with a line break stays one line. It is never parsed again;
+        without a control character, a comparison's line, or an `in` whose values hold no comma, reads back as this
+        condition (`parse_line`)."""
         if self.op == "in":
-            return _escaped(f"{self.field} in {','.join(self.values)}")
-        return _escaped(f"{self.field}{self.op}{self.values[0]}")
+            return _escaped(f"{self.field} in {','.join(_written(v, listed=True) for v in self.values)}")
+        return _escaped(f"{self.field}{self.op}{_written(self.values[0], listed=False)}")
 
     def to_json(self) -> list:
         """The JSON triple it crosses the wire as: `[field, op, value]`, `[field, "in", [values]]`."""
@@ -207,6 +210,17 @@ class FilterLimits:
 def _escaped(text: str) -> str:
     """`text` with its control characters (line breaks, NUL, DEL) written as Python escapes them."""
     return _CONTROL.sub(lambda found: repr(found.group())[1:-1], text)
+
+
+def _written(value: str, listed: bool) -> str:
+    """A value as a line writes it: quoted where a line would read it otherwise (outer spaces or quotes, which a line's
+    value loses; a leading '=', which `<` or `>` would take as theirs; a ';', which separates the page's lines; a ','
+    in an `in` list, which separates its values)."""
+    plain = value == value.strip() and value[:1] not in "'\"=" and value[-1:] not in "'\"" and ";" not in value
+    if plain and not (listed and "," in value):
+        return value
+    quote = '"' if "'" in value and '"' not in value else "'"
+    return f"{quote}{value}{quote}"
 
 
 def _unquote(text: str) -> str:

@@ -9,6 +9,7 @@ import html
 import io
 import json
 import os
+import re
 import shutil
 import subprocess
 import urllib.parse
@@ -25,7 +26,9 @@ from workdirs import index_collection
 import cfir_jax
 
 CONFIG = "configs/collection.py"
-SOURCES, LICENCES = ("reuters", "ap", "afp"), ("cc-by", "cc0", "all-rights")
+# a source as a desk may write one: outer spaces, a semicolon, quotes (the page's click must filter on it as it is)
+ODD_SOURCE = " ap; 'pool' "
+SOURCES, LICENCES = ("reuters", ODD_SOURCE, "afp"), ("cc-by", "cc0", "all-rights")
 
 
 def _fields(n: int) -> dict:
@@ -331,6 +334,12 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
                                                 text=True).stdout)
         alike_shot = tmp_path / "by_image.png"
         subprocess.run([*run, f"--screenshot={alike_shot}"], check=True, timeout=120, capture_output=True)
+        pick = json.dumps([["source", "=", ODD_SOURCE]])  # what a click on that value of the gallery picks
+        run[-1] = f"{service.url}/#q={quote(text)}&top_k=8&pick={quote(pick)}"
+        picked_dom = html.unescape(subprocess.run([*run, "--dump-dom"], check=True, timeout=120,
+                                                  capture_output=True, text=True).stdout)
+        with cfir_jax.open(built) as index:
+            picked_ids = index.search(text, top_k=8, where=[("source", "=", ODD_SOURCE)]).ids
     finally:
         log = service.stop()
     assert "Traceback" not in log, log[-3000:]
@@ -344,6 +353,10 @@ def test_the_page_shows_each_hits_fields_and_the_counts_of_the_fields_in_headles
     drawn = by_image.split(f"<h1>images like {result.ids[0]}</h1>")[1].split("</body>")[0].split("<figure>")[1:]
     assert len(drawn) == 3 and all('data-field="source" data-facet="1">source: ' in f for f in drawn)
     assert "source: afp" not in by_image and 'data-value="afp"' not in by_image  # the filter applied
+    assert picked_ids and all(fields[i]["source"] == ODD_SOURCE for i in picked_ids)
+    shown = re.findall(r'data-image-id="([^"]+)"', picked_dom.split("</h1>", 2)[-1])
+    assert shown == picked_ids, (shown, picked_ids)  # the page's pick is the library's triple, value as it is
+    assert f'source = {json.dumps(ODD_SOURCE)} \u00d7</button>' in picked_dom  # its button
     for image_id, figure in zip(alike_ids, drawn):  # every hit's pixels, clickable to search again
         inline = f'<img src="data:image/png;base64,{base64.b64encode(alike_pixels[image_id]).decode()}"'
         assert figure.startswith(f'{inline} alt="{image_id}" data-image-id="{image_id}"'), figure[:200]

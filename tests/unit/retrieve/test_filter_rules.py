@@ -178,3 +178,25 @@ def test_a_calls_rows_are_an_argument_each_filter_group_gets_its_own():
     assert seen == {conditions(["s=a"]): [0, 3], (): [0, 2, 3]}
     assert base.keep(np.arange(4)).tolist() == [0, 2, 3]  # the base rows are untouched
     assert not any("contextvars" in line for line in inspect.getsource(live_rows).splitlines())
+
+
+_FIELD = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp"), blacklist_characters="=<>!,"),
+                 min_size=1, max_size=8).filter(lambda f: f.strip() == f and f.split() == [f])
+_VALUE = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=12).filter(
+    lambda v: v.strip() and "\x85" not in v)
+
+
+@settings(max_examples=300, deadline=None)
+@given(field=_FIELD, op=st.sampled_from(["=", "!=", "<", "<=", ">", ">="]), value=_VALUE)
+def test_a_comparisons_line_as_a_note_writes_it_reads_back_as_it_whatever_its_value(field, op, value):
+    """A note names a condition as a line (`str`): its value quoted where a line would read it otherwise (outer
+    spaces or quotes, a leading '=', a ';'), so that a person who copies the line filters on the same value."""
+    cond = Condition(field, op, (value,))
+    assert parse(str(cond)) == cond, str(cond)
+
+
+@settings(max_examples=200, deadline=None)
+@given(field=_FIELD, values=st.lists(_VALUE.filter(lambda v: "," not in v), min_size=1, max_size=4))
+def test_an_in_lists_line_reads_back_as_it_where_no_value_holds_a_comma(field, values):
+    cond = Condition(field, "in", tuple(values))
+    assert parse(str(cond)) == cond, str(cond)
