@@ -9,10 +9,11 @@ and scoring them exactly costs ~100 ms on 2 CPU cores; CFIR's budget is ~5 ms. S
    top-k is taken with argpartition over the shortlist.
 
 Why this shape: the approximate pass is bound by memory latency (one random 128-byte row per candidate), recall
-comes from the number of PCA dims rather than the quantisation, and the exact pass's cost is the float16 -> float32
-cast, done by torch's vectorised cast when torch is loaded (optional, never required) and otherwise by four integer
-and float passes of numpy (`cfir_jax.search.topk.cast_f16`), with no jit in the per-query path. Stage times and the
-rejected designs are in the README's Measured.
+comes from the number of PCA dims rather than the quantisation, and the exact pass's cost is gathering the shortlist's
+float16 rows and casting them to float32: torch's vectorised cast when torch is loaded (optional, never required),
+otherwise four integer and float passes of numpy (`cfir_jax.search.topk.cast_f16`), with no jit in the per-query
+path. Stage times, and what was tried and measured slower (a 64-dim copy, two threads), are in docs/retrieval.md
+("SR: exact or fast") and benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations

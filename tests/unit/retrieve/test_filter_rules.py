@@ -180,10 +180,11 @@ def test_a_calls_rows_are_an_argument_each_filter_group_gets_its_own():
     assert not any("contextvars" in line for line in inspect.getsource(live_rows).splitlines())
 
 
+# a field name has no space, operator or comma (`parse_line`'s); a value is any text without a control character (which
+# a note escapes) or a lone surrogate (which is refused), spaces alone included
 _FIELD = st.text(st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp"), blacklist_characters="=<>!,"),
-                 min_size=1, max_size=8).filter(lambda f: f.strip() == f and f.split() == [f])
-_VALUE = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=12).filter(
-    lambda v: v.strip() and "\x85" not in v)
+                 min_size=1, max_size=8)
+_VALUE = st.text(st.characters(blacklist_categories=("Cc", "Cs")), min_size=1, max_size=12)
 
 
 @settings(max_examples=300, deadline=None)
