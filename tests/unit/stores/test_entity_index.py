@@ -157,7 +157,9 @@ def test_candidates_of_unknown_row_is_an_error(tmp_path, data):
 
 
 def _starved_scann(k: int) -> ScannConfig:
-    """A tree searched in one of 60 leaves: far fewer than k points are reachable, so ScaNN pads its answers."""
+    """A tree searched in one of 60 leaves: far fewer than k points are reachable, so ScaNN pads its answers. ScaNN's
+    k-means is not seeded: in some builds a leaf is empty and an entity routed to it gets no candidates at all (seen
+    once in about a dozen builds), a list of length 0 that the store and ER's union hold like any other."""
     return ScannConfig(num_leaves=60, num_leaves_to_search=1, reorder=k, min_rows_for_tree=1)
 
 
@@ -171,12 +173,14 @@ def test_scann_short_answers_are_stored_ragged_without_padding(tmp_path, data):
     assert index.lengths.min() < k, "the test needs ScaNN to return fewer than K for some entity"
     assert index.lengths.max() <= k and len(index.candidates_array) == index.lengths.sum()
     for row, (cand, sc) in enumerate(zip(lists, scores)):
-        assert len(cand) == index.lengths[row] and cand.min() >= 0 and cand.max() < len(images)
+        assert len(cand) == index.lengths[row] and np.all((cand >= 0) & (cand < len(images)))
         assert len(np.unique(cand)) == len(cand) and np.all(np.isfinite(sc))
         # Each stored candidate's score is its real dot product (ScaNN's padding was id 0 with a NaN distance).
         np.testing.assert_allclose(sc, images[cand].astype(np.float32) @ ents[row], atol=2e-2)
     _, found = ScannSearcher.load(index.searcher_dir()).search(ents[:8], k)
-    assert (found == -1).any() and all(len(r) and r.min() >= 0 for r in drop_padding(found))
+    kept = drop_padding(found)
+    assert (found == -1).any() and sum(map(len, kept)) > 0 and all(np.all(r >= 0) for r in kept)
+    assert [len(r) for r in kept] == [int((row >= 0).sum()) for row in found]
 
 
 def test_index_of_the_padded_format_is_refused_in_one_line(tmp_path, data):
