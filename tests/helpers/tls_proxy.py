@@ -35,7 +35,7 @@ async def _pump(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
 @contextlib.contextmanager
 def tls_proxy(upstream: str, cert: Path, key: Path, version: ssl.TLSVersion = ssl.TLSVersion.TLSv1_3):
     """Yields the https URL of a proxy speaking only TLS `version` that forwards each connection to `upstream`
-    ("http://127.0.0.1:PORT"); stops it after."""
+    ("http://127.0.0.1:PORT"); after, ends its connections, stops it and closes its event loop."""
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     context.load_cert_chain(cert, key)
     context.minimum_version = context.maximum_version = version
@@ -56,6 +56,15 @@ def tls_proxy(upstream: str, cert: Path, key: Path, version: ssl.TLSVersion = ss
         holder["server"] = await asyncio.start_server(forward, "127.0.0.1", 0, ssl=context)
         started.set()
 
+    async def stop():
+        # Every connection ends both ways (its pumps close their writers), so the service behind sees its clients
+        # go and its own shutdown waits for none of them.
+        holder["server"].close()
+        tasks = [task for task in asyncio.all_tasks() if task is not asyncio.current_task()]
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
     def run():
         loop.run_until_complete(start())
         loop.run_forever()
@@ -66,6 +75,7 @@ def tls_proxy(upstream: str, cert: Path, key: Path, version: ssl.TLSVersion = ss
     try:
         yield f"https://127.0.0.1:{holder['server'].sockets[0].getsockname()[1]}"
     finally:
-        loop.call_soon_threadsafe(holder["server"].close)
+        asyncio.run_coroutine_threadsafe(stop(), loop).result(10)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(10)
+        loop.close()
