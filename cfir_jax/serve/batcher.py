@@ -80,7 +80,10 @@ class Job:
                 else:
                     self.future.set_result(value)
 
-        self.loop.call_soon_threadsafe(set_it)
+        try:
+            self.loop.call_soon_threadsafe(set_it)
+        except RuntimeError:  # its event loop closed (its server stopped): nobody is left to read the answer
+            pass
 
 
 class MicroBatcher:

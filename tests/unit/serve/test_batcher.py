@@ -1,6 +1,7 @@
 """The micro-batcher (cfir_jax/serve/batcher.py) over a stand-in Retriever: requests that queue while a batch runs go
 through `retrieve_many` together and each gets its own answers in order; the queue is bounded in documents; a request
-past its deadline is dropped unrun; a failing batch answers every request with the error; the resident service's
+past its deadline is dropped unrun; a failing batch answers every request with the error; a request whose event loop
+closed is dropped alone and the worker lives; the resident service's
 `--config.*` arguments are the ones a reload applies again."""
 
 import asyncio
@@ -330,3 +331,36 @@ def test_a_request_parsed_ahead_that_will_never_run_gives_its_head_start_up(answ
     assert while_running == [["gone"]]
     assert retriever.given_up == [["gone"], ["late"], ["refused"], ["live"]]  # the one that ran: what it left
     assert retriever.batches == [["a"], ["live"]]
+
+
+def test_a_request_whose_event_loop_closed_fails_alone_and_the_worker_lives(answers_as_text):
+    """A request's handler loop closed before its batch answered (its server stopped, its thread gone): settling it
+    raised in the worker thread, which died, and every later request waited forever. Its answer is dropped; its
+    neighbours in the batch and the requests after are answered."""
+    gone = asyncio.new_event_loop()
+    orphan = _job(gone, ["orphan"])
+    gone.close()
+
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = StandIn(gate)
+        mb = _batcher(retriever)
+        first = _job(loop, ["a"])
+        mb.submit(first)
+        while not retriever.batches:
+            await asyncio.sleep(0.01)
+        beside = _job(loop, ["b"])
+        for job in (orphan, beside):
+            mb.submit(job)
+        gate.set()
+        answered = [await asyncio.wait_for(job.future, 5) for job in (first, beside)]
+        after = _job(loop, ["c"])
+        mb.submit(after)
+        answered.append(await asyncio.wait_for(after.future, 5))
+        alive = mb.alive
+        mb.stop(5)
+        return retriever.batches, answered, alive
+
+    batches, answered, alive = asyncio.run(run())
+    assert batches == [["a"], ["orphan", "b"], ["c"]]
+    assert answered == [["a=TEXT A"], ["b=TEXT B"], ["c=TEXT C"]] and alive
