@@ -1,8 +1,8 @@
 """The micro-batcher (cfir_jax/serve/batcher.py) over a stand-in Retriever: requests that queue while a batch runs go
 through `retrieve_many` together and each gets its own answers in order; the queue is bounded in documents; a request
 past its deadline is dropped unrun; a failing batch answers every request with the error; a request whose event loop
-closed is dropped alone and the worker lives; the resident service's
-`--config.*` arguments are the ones a reload applies again."""
+closed is dropped alone and the worker lives; the resident service's `--config.*` arguments are the ones a reload
+applies again."""
 
 import asyncio
 import contextlib
