@@ -6,7 +6,8 @@ missing fields and bad values 422, text over serve.max_text_bytes or a body too 
 arriving 408, a full queue 503 with Retry-After, a passed deadline 504). The service and the parts under it raise the
 project's errors, and this module, the only one of `serve/` that names HTTP's exceptions, answers each once through
 the one table of `cfir_jax.serve.errors`. An internal error is logged with its traceback, answered 500 with an id to
-find it there. Every request passes `cfir_jax.serve.middleware.RequestGuard` first.
+find it there, and its connection stays open for the client's next request (`_InternalErrors`). Every request passes
+`cfir_jax.serve.middleware.RequestGuard` first.
 """
 
 from __future__ import annotations
@@ -134,6 +135,7 @@ def create_app(svc: SearchService) -> FastAPI:
     app = FastAPI(title="cfir-jax", version="1", lifespan=lifespan,
                   description="CFIR retrieval over a resident index: POST /v1/search with a document's text.")
     app.state.service = svc
+    app.add_middleware(_InternalErrors)  # inside the guard, which counts its 500s
     app.add_middleware(RequestGuard, service=svc)  # bounds, drains and counts every request (its docstring)
 
     _error_handlers(app)
@@ -189,17 +191,46 @@ def _error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ServiceError)
     @app.exception_handler(CfirError)
     async def _refused(request: Request, exc: Exception):  # the service's refusals, the query rule's: the one table
-        return _answer(exc) or await _internal(request, exc)
+        return _answer(exc) or _internal(request.method, request.url.path, exc)
 
     @app.exception_handler(ClientDisconnect)
     async def _gone(request: Request, exc: ClientDisconnect):  # mid-body: nobody reads the answer; no traceback
         return _answer(ClientGone())
 
-    @app.exception_handler(Exception)
-    async def _internal(request: Request, exc: Exception):
-        error_id = uuid.uuid4().hex[:12]
-        log.error("internal error %s on %s %s", error_id, request.method, request.url.path, exc_info=exc)
-        return _error(500, f"internal error (id {error_id}; the service's log has its traceback)")
+
+
+def _internal(method: str, path: str, exc: BaseException) -> Response:
+    """An error no table knows: logged with its traceback and an id, answered 500 with that id."""
+    error_id = uuid.uuid4().hex[:12]
+    log.error("internal error %s on %s %s", error_id, method, path, exc_info=exc)
+    return _error(500, f"internal error (id {error_id}; the service's log has its traceback)")
+
+
+class _InternalErrors:
+    """The ASGI middleware that answers an error no handler knows (`_internal`) and ends the request there. Starlette's
+    own handler of Exception answers it, then raises it again to the server, which closes the connection: a client's
+    next request on that kept-alive connection met a reset, and the log held a second traceback."""
+
+    def __init__(self, app):
+        self.app = app
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def sending(message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        except Exception as exc:
+            if started:  # an answer half sent cannot become another: the server ends the connection
+                raise
+            await _internal(scope.get("method", ""), scope.get("path", ""), exc)(scope, receive, send)
 
 
 def _search_routes(app: FastAPI) -> None:

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING
 from cfir_jax.core.errors import first_line
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.pipeline import DocumentInput
-from cfir_jax.serve.errors import Unavailable
+from cfir_jax.serve.errors import Unavailable, answerable
 from cfir_jax.stores.integrity import CorruptStore
 
 if TYPE_CHECKING:
@@ -98,11 +98,23 @@ class MicroBatcher:
         self._waiting_docs = 0
         self._cv = threading.Condition()
         self._stopping = False
-        self.damage = ""  # the last impossible value a batch met (a damaged store or model): /readyz is 503
+        self._damage: tuple[object, str] | None = None  # (the index generation, the line): `damage_of`
         self._last_size = 0  # documents in the previous batch: > 1 means requests arrive together, worth waiting for
         self._busy = False  # a batch runs or gathers: a request that queues meanwhile has its entities parsed ahead
         self._thread = threading.Thread(target=self._run, name="cfir-retrieval", daemon=True)
         self._thread.start()
+
+    def damage_of(self, loaded) -> str:
+        """The line of the last impossible value (a damaged store or model) a batch met on the index generation
+        `loaded`, '' if none: /readyz is 503 while that generation serves, and a reload's fresh one is not blamed for
+        a batch that ran on its predecessor."""
+        damage = self._damage
+        if damage is None:
+            return ""
+        if damage[0] is not loaded:  # a generation no longer served, held by nothing else: let it go
+            self._damage = None
+            return ""
+        return damage[1]
 
     @property
     def alive(self) -> bool:
@@ -234,10 +246,10 @@ class MicroBatcher:
         answered its one line alone, and its neighbours run without it."""
         try:
             loaded.index.admit(job.docs, job.top_k, job.method)
-        except Exception as e:  # noqa: BLE001 - a refusal (one line), or a failure: this request's alone
+        except BaseException as e:  # noqa: BLE001 - a refusal (one line), or a failure: this request's alone
             MicroBatcher._give_up_ahead(job)
             job.version = loaded.version
-            job.settle(error=e)
+            job.settle(error=answerable(e))
             return False
         return True
 
@@ -249,22 +261,24 @@ class MicroBatcher:
             job.version = loaded.version
         try:
             self._answer(loaded, method, jobs)
-        except Exception as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none hangs
-            if len(jobs) == 1 or self._shared(e):
+        except BaseException as e:  # noqa: BLE001 - every request of the batch is answered (500 with an id), none
+            # hangs, and the worker lives on whatever the engine raised (SystemExit would end its thread)
+            if self._shared(e, loaded) or len(jobs) == 1:
                 for job in jobs:
-                    job.settle(error=e)
+                    job.settle(error=answerable(e))
                 return
             for job in jobs:
                 try:
                     self._answer(loaded, method, [job])
-                except Exception as alone:  # noqa: BLE001 - this request's own failure, answered to it alone
-                    self._shared(alone)
-                    job.settle(error=alone)
+                except BaseException as alone:  # noqa: BLE001 - this request's own failure, answered to it alone
+                    self._shared(alone, loaded)
+                    job.settle(error=answerable(alone))
 
-    def _shared(self, e: BaseException) -> bool:
-        """Whether a failure is every request's (damage on disk, recorded for /readyz; a shard down), not one's."""
-        if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so from now on
-            self.damage = first_line(e)
+    def _shared(self, e: BaseException, loaded) -> bool:
+        """Whether a failure is every request's (damage on disk, recorded against the generation `loaded` for
+        /readyz; a shard down), not one's."""
+        if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so while it serves
+            self._damage = (loaded, first_line(e))
         return isinstance(e, (CorruptStore, Unavailable))
 
     def _answer(self, loaded, method: str, jobs: list[Job]) -> None:

@@ -18,7 +18,7 @@ from cfir_jax.core.query_rule import QueryRefused
 from cfir_jax.retrieve.image_query import Expired, QueryImageTooLarge, UnknownImage, UnsupportedImage
 
 __all__ = ["STATUSES", "Busy", "ClientGone", "DeadlinePassed", "Refused", "ServiceError", "Unavailable",
-           "http_answer"]
+           "answerable", "http_answer"]
 
 
 class ServiceError(Exception):
@@ -91,3 +91,14 @@ def http_answer(e: BaseException) -> tuple[int, str, dict[str, str]] | None:
             headers = e.headers() if isinstance(e, ServiceError) else {}
             return (int(e.status) if status is None else status), first_line(e), headers  # type: ignore[attr-defined]
     return None
+
+
+def answerable(e: BaseException) -> Exception:
+    """e as a request may be answered with it: an Exception as it is; SystemExit, KeyboardInterrupt or another
+    BaseException that a worker thread met (and that the awaiting handler's task would raise out of the event loop)
+    as a RuntimeError that names it, answered 500 with an id."""
+    if isinstance(e, Exception):
+        return e
+    error = RuntimeError(f"the engine raised {type(e).__name__}" + (f": {first_line(e)}" if str(e) else ""))
+    error.__cause__ = e
+    return error

@@ -42,7 +42,7 @@ from starlette.datastructures import UploadFile
 from cfir_jax.core.query_rule import Condition, FilterError, FilterLimits, Query, check_facets, check_id, check_top_k
 from cfir_jax.retrieve import report
 from cfir_jax.retrieve.image_query import Expired
-from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused
+from cfir_jax.serve.errors import Busy, DeadlinePassed, Refused, answerable
 
 SHOWN = 20  # hits a request gets by default (at most retrieval.top_k)
 FORM_FIELDS = ("image", "image_id", "top_k", "id", "where", "fold", "facets")  # what a multipart upload may hold
@@ -262,9 +262,14 @@ def _search(index, image: bytes | None, image_id: str | None, top_k: int, qid: s
     http(s) url), in a queue's thread; its pixels held to the index config's serve.max_image_pixels."""
     query = Query(image=image, image_id=image_id, top_k=top_k, id=qid, where=where, fold=shown.fold,
                   facets=shown.facets)
-    index.check(query)
-    result = index.search_image(query, deadline)
-    return report.html_page(result, index.image_bytes, top_k) if shown.html else report.as_json(result, top_k)
+    try:
+        index.check(query)
+        result = index.search_image(query, deadline)
+        return report.html_page(result, index.image_bytes, top_k) if shown.html else report.as_json(result, top_k)
+    except Exception:
+        raise
+    except BaseException as e:  # noqa: BLE001 - SystemExit from an engine: this request's 500, not the server's end
+        raise answerable(e) from e
 
 
 async def _answered(request: Request, html: bool) -> tuple[str, dict]:

@@ -113,8 +113,10 @@ class Service:
             problems.append("stopping: SIGTERM received, answering the requests already accepted")
         if verification.get("problems"):
             problems.append(f"store damaged: {verification['problems'][0]}")
-        if self.batcher.damage:
-            problems.append(self.batcher.damage)
+        if not self.batcher.alive and not self.stopping:
+            problems.append("the worker thread that runs the batches is gone: restart the service")
+        if damage := self.batcher.damage_of(current):
+            problems.append(damage)
         body = {"ready": not problems, **({"reason": problems[0]} if problems else {}), **current.describe(),
                 "entity_pool": pool, "verification": verification, "queue_depth": self.batcher.depth,
                 "reloading": self.holder.reloading, "last_reload": self.holder.last_reload}
@@ -145,6 +147,10 @@ class Service:
         try:
             done, _ = await asyncio.wait({job.future, gone}, timeout=max(0.0, deadline - time.monotonic()),
                                          return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:  # its handler cancelled (Ray Serve's, when the client goes): nobody waits
+            if self.batcher.withdraw(job):
+                self.metrics.dropped.labels("disconnected").inc()
+            raise
         finally:
             gone.cancel()
         if job.future in done:
@@ -187,11 +193,11 @@ class Service:
         return {"reloaded": True, **fresh.describe()}
 
     def swapped(self, fresh) -> None:
-        """What follows a reload that swapped `fresh` in: its metrics, its entity pool watched, damage forgotten."""
+        """What follows a reload that swapped `fresh` in: its metrics, its entity pool watched, its verification anew
+        (damage a batch met is its generation's: `MicroBatcher.damage_of`)."""
         self.metrics.reloads.labels("ok").inc()
         self.metrics.set_index(fresh)
         self.watch_pool(fresh)
-        self.batcher.damage = ""  # the new index was verified before it was swapped in
         self.verifier.reset()
 
     async def shutdown(self) -> None:

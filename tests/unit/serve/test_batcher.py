@@ -344,11 +344,7 @@ def test_a_request_whose_event_loop_closed_fails_alone_and_the_worker_lives(answ
     async def run():
         loop, gate = asyncio.get_running_loop(), threading.Event()
         retriever = StandIn(gate)
-        mb = _batcher(retriever)
-        first = _job(loop, ["a"])
-        mb.submit(first)
-        while not retriever.batches:
-            await asyncio.sleep(0.01)
+        mb, first = await _running_a_batch(retriever)
         beside = _job(loop, ["b"])
         for job in (orphan, beside):
             mb.submit(job)
@@ -364,3 +360,44 @@ def test_a_request_whose_event_loop_closed_fails_alone_and_the_worker_lives(answ
     batches, answered, alive = asyncio.run(run())
     assert batches == [["a"], ["orphan", "b"], ["c"]]
     assert answered == [["a=TEXT A"], ["b=TEXT B"], ["c=TEXT C"]] and alive
+
+
+@pytest.mark.parametrize("raised", [SystemExit(3), KeyboardInterrupt()], ids=["SystemExit", "KeyboardInterrupt"])
+def test_an_engine_raising_what_is_not_an_exception_fails_its_request_alone_and_the_worker_lives(answers_as_text,
+                                                                                               raised):
+    """SystemExit or KeyboardInterrupt out of one request's engine call (a library's exit) ended the worker thread:
+    its neighbour and every later request waited for their deadlines. Now the request is answered a RuntimeError that
+    names what was raised (a 500 with an id), in its batch and alone; the others are answered."""
+    class Raises(StandIn):
+        def retrieve_many(self, docs, progress=False):
+            out = super().retrieve_many(docs, progress)
+            if any(d.doc_id == "bad" for d in docs):
+                raise raised
+            return out
+
+    async def run():
+        loop, gate = asyncio.get_running_loop(), threading.Event()
+        retriever = Raises(gate)
+        mb, first = await _running_a_batch(retriever)
+        bad, beside = _job(loop, ["bad"]), _job(loop, ["b"])
+        for job in (bad, beside):
+            mb.submit(job)
+        gate.set()
+        answered = [await asyncio.wait_for(job.future, 5) for job in (first, beside)]
+        alone = _job(loop, ["bad"])
+        mb.submit(alone)
+        refused = [await asyncio.wait_for(asyncio.gather(job.future, return_exceptions=True), 5)
+                   for job in (bad, alone)]
+        last = _job(loop, ["c"])
+        mb.submit(last)
+        answered.append(await asyncio.wait_for(last.future, 5))
+        alive = mb.alive
+        mb.stop(5)
+        return retriever.batches, answered, [r[0] for r in refused], alive
+
+    batches, answered, refused, alive = asyncio.run(run())
+    assert batches == [["a"], ["bad", "b"], ["bad"], ["b"], ["bad"], ["c"]] and alive
+    assert answered == [["a=TEXT A"], ["b=TEXT B"], ["c=TEXT C"]]
+    for error in refused:
+        assert isinstance(error, RuntimeError) and str(error).startswith(f"the engine raised {type(raised).__name__}")
+        assert error.__cause__ is raised
