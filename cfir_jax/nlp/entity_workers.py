@@ -343,17 +343,15 @@ class EntityWorkers:
         its last text is read (a long stream holds little); the others it took from `ahead`, at its end."""
         try:
             for task_id, i in refs:
-                while task_id not in self._done:
-                    if self._closed:
-                        raise PoolClosed("the entity workers were closed while parsing (stopped, none restarted)")
-                    if task_id not in self._texts:  # given up meanwhile: never, in one thread
-                        raise CfirError(f"entity chunk {task_id} was given up while a call waited for it")
-                    if self.degraded or self._attempts[task_id] >= MAX_ATTEMPTS:
-                        self._parse_here(task_id)
-                        break
-                    self._assign()
-                    self._pump(_POLL_S)
-                result = self._done[task_id]
+                result = self._wait(task_id)
+                if isinstance(result, BaseException) and task_id not in made and len(self._texts[task_id]) > 1:
+                    # a chunk `ahead` made may hold another request's texts, and its failure be theirs: this text
+                    # is parsed again alone, so that it fails only for what it is
+                    with self._lock:
+                        task_id, i = self._add([self._texts[task_id][i]]), 0
+                        owned.append(task_id)
+                    made.add(task_id)
+                    result = self._wait(task_id)
                 if isinstance(result, BaseException):
                     raise result
                 if task_id in made and i == len(result) - 1:
@@ -361,6 +359,21 @@ class EntityWorkers:
                 yield result[i]
         finally:  # read to its end, or abandoned part way
             self._forget(owned)
+
+    def _wait(self, task_id: int) -> list[list[str]] | BaseException:
+        """Chunk `task_id`'s entities (one list per text) or its error, once a worker (or, past MAX_ATTEMPTS or
+        degraded, this thread) has parsed it."""
+        while task_id not in self._done:
+            if self._closed:
+                raise PoolClosed("the entity workers were closed while parsing (stopped, none restarted)")
+            if task_id not in self._texts:  # given up meanwhile: never, in one thread
+                raise CfirError(f"entity chunk {task_id} was given up while a call waited for it")
+            if self.degraded or self._attempts[task_id] >= MAX_ATTEMPTS:
+                self._parse_here(task_id)
+                break
+            self._assign()
+            self._pump(_POLL_S)
+        return self._done[task_id]
 
     def _parse_here(self, task_id: int) -> None:
         with self._lock:

@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
+from cfir_jax.core.errors import CfirError
 from cfir_jax.nlp import entity_workers
 from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 from cfir_jax.nlp.entity_workers import EntityWorkers, Settings
@@ -207,6 +208,37 @@ def test_a_chunk_parsed_ahead_that_kills_its_worker_is_given_up_not_retried_by_t
             assert pool.entities(texts) == [expected[t] for t in texts]
         assert dict(pool.restarts) == {"died": 1} and not pool.degraded
         assert not pool.parsed_ahead([poison]) and pool._texts == {} and not pool._pending
+    finally:
+        pool.close()
+
+
+def test_a_chunk_ahead_that_failed_for_another_request_s_text_is_parsed_again_for_the_call_that_asks(monkeypatch,
+                                                                                                    expected):
+    """Two queued requests share a text, parsed ahead once in the first one's chunk beside a text spaCy raises on;
+    the first is withdrawn (its chunk kept: the second holds a text of it). The second's call took the failed chunk
+    and was answered the other request's error (found by review); it now parses its text again alone, and the text
+    that raises still fails its own call."""
+    poison = "Ada Lovelace wrote a text spaCy raises on."
+    shared = TEXTS[9]
+    pool = EntityWorkers("", "all", Settings(workers=2, deadline_s=10.0, ahead_texts=HELD))
+    real = entity_workers._parsed
+
+    def parsed(line):  # the workers' answer to a chunk holding the poison: spaCy's error, as a worker sends it
+        message = real(line)
+        if isinstance(message, list) and len(message) == 2 and poison in pool._texts.get(message[0], ()):
+            return [message[0], {"error": "ValueError: spaCy raised on a text"}]
+        return message
+
+    monkeypatch.setattr(entity_workers, "_parsed", parsed)
+    try:
+        pool.ahead([poison, shared], 2)  # the first request: one chunk of both
+        pool.ahead([shared], 1)  # the second: its text is in that chunk
+        pool.give_up([poison, shared])  # the first withdrawn
+        assert pool.parsed_ahead([shared])
+        assert pool.entities([shared]) == [expected[shared]]
+        with pytest.raises(CfirError, match="spaCy raised on a text"):
+            pool.entities([poison])
+        assert pool._texts == {} and pool._ahead == {} and sum(pool.restarts.values()) == 0
     finally:
         pool.close()
 
