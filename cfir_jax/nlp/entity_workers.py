@@ -12,7 +12,8 @@ supervises its workers:
   is killed and replaced, in one log line, and counted (`restarts`, `on_restart`); the chunks it held are parsed
   again by another (one that took `MAX_ATTEMPTS` workers down is parsed in the calling thread);
 - more than `max_restarts` replacements within `restart_window_s` is a crash loop: the pool stops its workers and
-  the calling thread parses from then on (`state == "degraded"`), rather than failing.
+  the calling thread parses from then on (`state == "degraded"`), rather than failing. A chunk's second and third
+  kills are that chunk's (a text that kills spaCy), not the pool's, and are not counted toward it.
 A pool is driven from one thread; `state` and `describe` may be read from any, and `close` called from any: a call in
 flight then raises `PoolClosed` at once and no worker starts again. Its thread never writes to a worker's pipe (a
 writer thread per worker does): a stopped worker holds at most the pipe's 64 KB, so a write could block for ever where
@@ -465,13 +466,18 @@ class EntityWorkers:
             dropped = [self._claim(t) for t in lost if self._held_ahead(t)]
             lost = [t for t in lost if t not in dropped]
             self._forget(dropped)
+            # a worker lost while holding only chunks that took one down before is those chunks' doing (one
+            # request's text that kills spaCy), not the pool's: it is not counted toward the crash loop, so that
+            # one client's text cannot degrade the pool for every request until a reload
+            again = bool(lost) and all(self._attempts[t] >= 1 for t in lost)
             for task_id in lost:
                 self._attempts[task_id] += 1
             self._pending.extendleft(reversed(lost))  # first in line again, in order
             self._workers.remove(w)
             self.restarts[reason] += 1
             now = time.monotonic()
-            self._recent.append(now)
+            if not again:
+                self._recent.append(now)
             while self._recent and now - self._recent[0] > self.settings.restart_window_s:
                 self._recent.popleft()
             if self.on_restart is not None:

@@ -229,6 +229,30 @@ def test_a_crash_loop_degrades_to_the_calling_thread(expected):
         p.close()
 
 
+def test_texts_that_kill_every_worker_they_are_given_do_not_degrade_the_pool(monkeypatch, expected):
+    """Two requests' texts, each of which kills the worker it is handed (3 times, then parsed by the calling thread):
+    6 restarts, over max_restarts=3, degraded the pool for every request until a reload (found by review). A chunk's
+    second and third kills are that chunk's, not the pool's: 2 count, and the pool stays healthy."""
+    poison = [f"Ada Lovelace wrote text {i} that takes its worker down." for i in range(2)]
+    real_send = entity_workers._Worker.send
+
+    def send(w, task, texts):
+        if any(t in texts for t in poison):
+            os.kill(w.proc.pid, signal.SIGKILL)
+        real_send(w, task, texts)
+
+    monkeypatch.setattr(entity_workers._Worker, "send", send)
+    p = EntityWorkers("", "all", Settings(workers=2, deadline_s=10.0, max_restarts=3, restart_window_s=600))
+    try:
+        for text in poison:
+            assert p.entities([text]) == _own("all", [text], None)
+        assert dict(p.restarts) == {"died": 6} and not p.degraded
+        p.wait_ready()
+        assert p.entities(TEXTS) == expected and p.state == "healthy"
+    finally:
+        p.close()
+
+
 def test_an_extractor_with_workers_finds_what_it_finds_alone(expected):
     p = EntityWorkers("", "all", Settings(workers=2))
     try:
