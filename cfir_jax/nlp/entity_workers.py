@@ -386,7 +386,10 @@ class EntityWorkers:
             from cfir_jax.nlp.entities import EntityExtractor, load_spacy
 
             self._local = EntityExtractor(load_spacy(self.key[0] or None), self.key[1])
-        found = list(self._local.extract(texts))
+        try:
+            found: list | Exception = list(self._local.extract(texts))
+        except Exception as e:  # noqa: BLE001 - the chunk's error, kept as a worker's is: whose it is, `_answers` finds
+            found = e
         with self._lock:
             if task_id in self._texts:
                 self._done[task_id] = found

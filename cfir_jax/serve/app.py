@@ -173,6 +173,10 @@ def create_app(svc: SearchService) -> FastAPI:
 
 
 def _error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception):  # raised by RequestGuard itself, outside _InternalErrors:
+        return _internal(request.method, request.url.path, exc)  # the same 500 (Starlette then ends the connection)
+
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError):
         return _error(*_validation_message(exc))

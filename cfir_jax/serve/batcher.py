@@ -30,6 +30,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -98,7 +99,7 @@ class MicroBatcher:
         self._waiting_docs = 0
         self._cv = threading.Condition()
         self._stopping = False
-        self._damage: tuple[object, str] | None = None  # (the index generation, the line): `damage_of`
+        self._damage: tuple[Callable[[], object], str] | None = None  # (its index generation, its line): `damage_of`
         self._last_size = 0  # documents in the previous batch: > 1 means requests arrive together, worth waiting for
         self._busy = False  # a batch runs or gathers: a request that queues meanwhile has its entities parsed ahead
         self._thread = threading.Thread(target=self._run, name="cfir-retrieval", daemon=True)
@@ -109,12 +110,7 @@ class MicroBatcher:
         `loaded`, '' if none: /readyz is 503 while that generation serves, and a reload's fresh one is not blamed for
         a batch that ran on its predecessor."""
         damage = self._damage
-        if damage is None:
-            return ""
-        if damage[0] is not loaded:  # a generation no longer served, held by nothing else: let it go
-            self._damage = None
-            return ""
-        return damage[1]
+        return damage[1] if damage is not None and damage[0]() is loaded else ""
 
     @property
     def alive(self) -> bool:
@@ -278,7 +274,7 @@ class MicroBatcher:
         """Whether a failure is every request's (damage on disk, recorded against the generation `loaded` for
         /readyz; a shard down), not one's."""
         if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so while it serves
-            self._damage = (loaded, first_line(e))
+            self._damage = (_reference(loaded), first_line(e))
         return isinstance(e, (CorruptStore, Unavailable))
 
     def _answer(self, loaded, method: str, jobs: list[Job]) -> None:
@@ -301,3 +297,12 @@ class MicroBatcher:
                 answers.append([report.as_json(result, job.top_k) for result in mine])
         for job, answer in zip(jobs, answers):
             job.settle(answer)
+
+
+def _reference(loaded) -> Callable[[], object]:
+    """A reference to an index generation that lets it go with the reload that replaces it (held, for an object that
+    takes no weak references: a test's stand-in)."""
+    try:
+        return weakref.ref(loaded)
+    except TypeError:
+        return lambda: loaded

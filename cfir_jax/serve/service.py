@@ -148,8 +148,10 @@ class Service:
             done, _ = await asyncio.wait({job.future, gone}, timeout=max(0.0, deadline - time.monotonic()),
                                          return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:  # its handler cancelled (Ray Serve's, when the client goes): nobody waits
-            if self.batcher.withdraw(job):
-                self.metrics.dropped.labels("disconnected").inc()
+            self.batcher.withdraw(job)
+            self.metrics.dropped.labels("disconnected").inc()  # as a client gone is counted, taken into a batch or not
+            if job.future.done() and not job.future.cancelled():
+                job.future.exception()  # its batch's error, answered to nobody: read, so that asyncio logs nothing
             raise
         finally:
             gone.cancel()

@@ -99,13 +99,17 @@ def standin_index(engine, max_top_k: int = 50, serve=None) -> Index:
     return index
 
 
+class Generation(SimpleNamespace):
+    """A LoadedIndex's surface; like one, it takes weak references (the batcher holds damage against it by one)."""
+
+
 class StandInHolder:
     """The IndexHolder's surface: one loaded stand-in index, never reloaded."""
 
     reloading, last_reload = False, None
 
     def __init__(self, retriever: StandInRetriever, max_top_k: int, serve=None):
-        self.current = SimpleNamespace(
+        self.current = Generation(
             index=standin_index(retriever, max_top_k, serve), methods=("cfir",), version=3, entity_pool=None,
             max_top_k=max_top_k, workdir="W",
             fingerprint="standin", loaded_at=0.0,

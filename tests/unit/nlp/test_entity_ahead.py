@@ -243,6 +243,36 @@ def test_a_chunk_ahead_that_failed_for_another_request_s_text_is_parsed_again_fo
         pool.close()
 
 
+def test_a_degraded_pool_parses_a_shared_text_again_when_the_chunk_fails_in_the_calling_thread():
+    """The same two requests in a pool that parses in the calling thread (degraded): the chunk's error was raised
+    there, past the re-parse, so the second request was answered the first one's error (review)."""
+    poison, shared = "a text spaCy raises on", "Marie Curie worked in Paris and Warsaw."
+
+    class Local:  # the calling thread's spaCy
+        def extract(self, texts):
+            if poison in texts:
+                raise ValueError("spaCy raised on a text")
+            return [[t.split()[0]] for t in texts]
+
+    pool = EntityWorkers("", "all", Settings(workers=1, deadline_s=10.0, ahead_texts=HELD), wait=False)
+    with pool._lock:  # a crash loop's end (`_replace`): no workers, the calling thread parses
+        pool.degraded_reason = "6 worker restarts within 60 s: parsing in the calling thread"
+        for w in pool._workers:
+            w.kill()
+        pool._workers.clear()
+    pool._local = Local()
+    try:
+        pool.ahead([poison, shared], 2)
+        pool.ahead([shared], 1)
+        pool.give_up([poison, shared])
+        assert pool.entities([shared]) == [["Marie"]]
+        with pytest.raises(ValueError, match="spaCy raised on a text"):
+            pool.entities([poison])
+        assert pool._texts == {} and pool._done == {} and pool._ahead == {}
+    finally:
+        pool.close()
+
+
 def test_chunks_given_up_before_a_worker_takes_them_are_never_parsed(expected):
     """A request parsed ahead that will never run gives its chunks up (`give_up`): those still waiting for a worker
     never reach one, those with a worker are dropped when they come back, and a later call parses the texts anew."""

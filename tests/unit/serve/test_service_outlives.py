@@ -6,8 +6,11 @@ error closes no kept-alive connection and logs one traceback, an engine's System
 
 import asyncio
 import copy
+import gc
 import json
+import logging
 import threading
+import weakref
 
 import httpx
 import pytest
@@ -54,6 +57,23 @@ def test_an_internal_error_keeps_the_connection_and_logs_one_traceback(raised):
         assert logged == [f"internal error {error_id} on POST /v1/search"]
 
 
+def test_an_error_raised_by_the_request_guard_itself_is_the_same_json_500():
+    """The guard runs outside the app's own handling of internal errors; what it raises is still the one JSON line
+    with an id (Starlette's fallback, which then ends the connection)."""
+    class Broken:
+        def inc(self):
+            raise RuntimeError("a bug in the guard")
+
+        def dec(self):
+            pass
+
+    with serving(deadline_ms=5000) as (url, svc, _):
+        svc.metrics.in_flight = Broken()
+        with httpx.Client(base_url=url, timeout=10) as client:
+            answer = client.post("/v1/search", json={"text": "x"})
+        assert _internal_error(answer) and answer.headers["content-type"] == "application/json"
+
+
 def test_an_image_search_raising_systemexit_is_its_own_500(monkeypatch):
     real = Index.search_image
 
@@ -82,8 +102,8 @@ class Gated(StandInRetriever):
     def retrieve_many(self, docs, progress=False):
         self.started.set()
         self.gate.wait(10)
-        if self.raised is not None:
-            raise self.raised
+        if self.raised is not None:  # a fresh error each time, as a store raises (one kept would hold its frames)
+            raise type(self.raised)(*self.raised.args)
         return super().retrieve_many(docs, progress)
 
 
@@ -119,6 +139,34 @@ def test_a_cancelled_handler_gives_its_place_in_the_queue_up():
     assert depth == 0 and answers == ["a", "c"] and "abandoned" not in texts and dropped == 1
 
 
+def test_a_handler_cancelled_once_its_batch_took_it_is_counted_and_its_error_read(caplog):
+    """Cancelled after its batch took it (withdrawal too late), the request is counted gone as a client gone is; and
+    cancelled as its batch's error lands, that error is read, so asyncio logs no 'exception was never retrieved'."""
+    async def run():
+        engine = Gated(RuntimeError("the engine failed"))
+        serve = settings(deadline_ms=20000)
+        svc = Service(StandInHolder(engine, 50, serve), serve)
+        jobs = []
+        submit = svc.batcher.submit
+        svc.batcher.submit = lambda job: (jobs.append(job), submit(job))[1]
+        task = asyncio.create_task(svc.answer([DocumentInput("x", "a")], "cfir", 5))
+        await asyncio.to_thread(engine.started.wait, 5)  # taken into its batch
+        engine.gate.set()
+        while not jobs[0].future.done():
+            await asyncio.sleep(0)
+        task.cancel()  # the client goes as the answer arrives
+        await asyncio.gather(task, return_exceptions=True)
+        _stop(svc)
+        jobs.clear()
+        return task.cancelled(), svc.metrics.dropped.labels("disconnected")._value.get()
+
+    with caplog.at_level(logging.ERROR, logger="asyncio"):
+        cancelled, dropped = asyncio.run(run())
+        gc.collect()
+    assert cancelled and dropped == 1
+    assert not [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+
+
 @pytest.mark.parametrize("requests", [1, 2])
 def test_damage_a_batch_meets_is_its_index_s_until_a_reload_swaps_another_in(requests):
     """A lone request (concurrency 1) that met damage left /readyz 200 (the damage was recorded only when the batch
@@ -142,18 +190,24 @@ def test_damage_a_batch_meets_is_its_index_s_until_a_reload_swaps_another_in(req
         await asyncio.to_thread(engine.started.wait, 5)  # a batch of two runs on the damaged index ...
         fresh = copy.copy(holder.current)
         fresh.index = standin_index(StandInRetriever(StandInTower(), 50), 50, serve)
+        old = weakref.ref(holder.current)
         holder.current = fresh
         svc.swapped(fresh)  # ... when a reload swaps an intact one in
         engine.gate.set()
         answers += await asyncio.gather(*late, return_exceptions=True)
         after = svc.readiness()
+        await svc.answer([DocumentInput("y", "next")], "cfir", 5)  # the next batch runs on the new index
+        kinds = [type(a) for a in answers]
+        del answers, tasks, late  # the errors' tracebacks hold the frames that ran on the old index
+        gc.collect()
         _stop(svc)
-        return answers, damaged, after
+        return kinds, damaged, after, old() is None
 
-    answers, (ready, body), (ready_after, body_after) = asyncio.run(run())
-    assert all(isinstance(a, CorruptStore) for a in answers) and len(answers) == requests + 2
+    kinds, (ready, body), (ready_after, body_after), let_go = asyncio.run(run())
+    assert kinds == [CorruptStore] * (requests + 2)
     assert not ready and body["reason"] == DAMAGE
     assert ready_after and "reason" not in body_after
+    assert let_go, "the damage recorded against the old index kept it alive after the reload"
 
 
 def test_a_worker_thread_that_is_gone_is_readyz_s_503():
