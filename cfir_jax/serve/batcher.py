@@ -270,11 +270,15 @@ class MicroBatcher:
                     self._shared(alone, loaded)
                     job.settle(error=answerable(alone))
 
-    def _shared(self, e: BaseException, loaded) -> bool:
-        """Whether a failure is every request's (damage on disk, recorded against the generation `loaded` for
-        /readyz; a shard down), not one's."""
-        if isinstance(e, CorruptStore):  # damage the index cannot serve around: /readyz says so while it serves
+    def record_damage(self, e: BaseException, loaded) -> None:
+        """Damage the index cannot serve around (CorruptStore) that a search met on the generation `loaded` (a
+        batch's, or an image search's): /readyz says so while that generation serves (`damage_of`)."""
+        if isinstance(e, CorruptStore):
             self._damage = (_reference(loaded), first_line(e))
+
+    def _shared(self, e: BaseException, loaded) -> bool:
+        """Whether a failure is every request's (damage on disk, recorded for /readyz; a shard down), not one's."""
+        self.record_damage(e, loaded)
         return isinstance(e, (CorruptStore, Unavailable))
 
     def _answer(self, loaded, method: str, jobs: list[Job]) -> None:

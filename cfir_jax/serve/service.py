@@ -27,6 +27,7 @@ from cfir_jax.serve.image_search import ImageQueue, Shown, body_limit
 from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.resident import IndexHolder
 from cfir_jax.serve.verifier import BackgroundVerifier
+from cfir_jax.stores.integrity import CorruptStore
 
 VERSION_HEADER = "X-Index-Version"  # on every answer: the version of the index that answered it (index.json)
 
@@ -173,8 +174,13 @@ class Service:
         """A checked image request's answer (JSON, or the HTML gallery when `html`) and headers
         (`cfir_jax.serve.image_search`), from the resident index, through the bounded image queue; only images
         passing `where` answer, folded unless not `fold`, with the `facets` asked."""
-        answer, version = await self.images.answer(self.holder, image, image_id, top_k, qid, where,
-                                                   Shown(fold, facets, html))
+        searched = self.holder.current
+        try:
+            answer, version = await self.images.answer(self.holder, image, image_id, top_k, qid, where,
+                                                       Shown(fold, facets, html))
+        except CorruptStore as e:  # damage met by an image search makes /readyz 503 as a text search's does
+            self.batcher.record_damage(e, searched)
+            raise
         return answer, {VERSION_HEADER: str(version)}
 
     def refresh_metrics(self) -> None:

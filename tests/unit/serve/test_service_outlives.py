@@ -1,8 +1,8 @@
 """What one request cannot do to the service (`cfir_jax/serve/service.py`, `app.py`, `batcher.py`): its internal
 error closes no kept-alive connection and logs one traceback, an engine's SystemExit in an image search is its own
-500, a handler cancelled while it waits gives its place in the queue up, damage a lone request meets makes /readyz
-503 while that index serves and not after a reload swapped another in, and a worker thread that is gone is /readyz's
-503 too."""
+500, a handler cancelled while it waits gives its place in the queue up, damage a lone request or an image search
+meets makes /readyz 503 while that index serves and not after a reload swapped another in, and a worker thread that
+is gone is /readyz's 503 too."""
 
 import asyncio
 import copy
@@ -208,6 +208,19 @@ def test_damage_a_batch_meets_is_its_index_s_until_a_reload_swaps_another_in(req
     assert not ready and body["reason"] == DAMAGE
     assert ready_after and "reason" not in body_after
     assert let_go, "the damage recorded against the old index kept it alive after the reload"
+
+
+def test_damage_an_image_search_meets_makes_readyz_503(monkeypatch):
+    def search_image(self, query, deadline=None):
+        raise CorruptStore(DAMAGE)
+
+    monkeypatch.setattr(Index, "search_image", search_image)
+    with serving(deadline_ms=5000) as (url, svc, _):
+        with httpx.Client(base_url=url, timeout=10) as client:
+            answer = client.post("/v1/search/image", json={"image_id": "img-a"})
+            ready = client.get("/readyz")
+        assert answer.status_code == 503 and answer.json()["error"] == DAMAGE
+        assert ready.status_code == 503 and ready.json()["reason"] == DAMAGE
 
 
 def test_a_worker_thread_that_is_gone_is_readyz_s_503():
