@@ -14,7 +14,8 @@ answer made readable, and its count, status and latency in /metrics.
   sees a reset, takes the request for unanswered, and sends it again (the issue 51 client sent a 32 MB image 8
   times in 4 s and never saw the 413). A client that asked `Expect: 100-continue` sends no body after an early
   answer, so nothing is read then.
-- A client that goes away mid-body ends its request quietly (499 in the counts): no handler error, no traceback.
+- A client that goes away mid-body ends its request quietly (499 in the counts): no handler error, no traceback; a
+  request the server cancels (Ray Serve does when its client goes) is counted 499 too.
 
 Bytes that are not HTTP at all (a Content-Length shorter than the body sent leaves the rest to be read as the next
 request) never reach the app: uvicorn answers them itself, before it closes the connection. `http_protocol` makes
@@ -96,6 +97,9 @@ class RequestGuard:
                                          "reads")
             else:
                 await self.app(scope, body.receive, answer.send)
+        except asyncio.CancelledError:  # the server cancelled it (Ray Serve's, when its client goes): 499, not 500
+            body.gone = True
+            raise
         finally:
             if searching:
                 metrics.in_flight.dec()

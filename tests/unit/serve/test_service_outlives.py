@@ -18,6 +18,7 @@ from standin_service import StandInHolder, StandInRetriever, StandInTower, servi
 
 from cfir_jax.api.index import Index
 from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.serve.middleware import RequestGuard
 from cfir_jax.serve.service import Service
 from cfir_jax.stores.integrity import CorruptStore
 
@@ -231,3 +232,30 @@ def test_a_worker_thread_that_is_gone_is_readyz_s_503():
     ready, body = svc.readiness()
     _stop(svc)
     assert not ready and body["reason"].startswith("the worker thread that runs the batches is gone")
+
+
+def test_a_request_the_server_cancels_is_counted_499_not_500():
+    """Ray Serve cancels a request's task when its client goes; the guard counted that as an internal error."""
+    async def app(scope, receive, send):
+        await asyncio.Event().wait()  # a search that waits, until the task is cancelled
+
+    async def receive():
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    async def send(message):
+        pass
+
+    async def run(svc):
+        scope = {"type": "http", "method": "POST", "path": "/v1/search", "headers": [(b"content-length", b"2")]}
+        task = asyncio.create_task(RequestGuard(app, svc)(scope, receive, send))
+        await asyncio.sleep(0.05)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    serve = settings()
+    svc = Service(StandInHolder(StandInRetriever(StandInTower(), 50), 50, serve), serve)
+    asyncio.run(run(svc))
+    _stop(svc)
+    counted = {s.labels["status"]: s.value for m in svc.metrics.requests.collect() for s in m.samples
+               if s.name.endswith("_total")}
+    assert counted == {"499": 1.0}
