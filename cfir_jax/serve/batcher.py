@@ -272,8 +272,10 @@ class MicroBatcher:
 
     def record_damage(self, e: BaseException, loaded) -> None:
         """Damage the index cannot serve around (CorruptStore) that a search met on the generation `loaded` (a
-        batch's, or an image search's): /readyz says so while that generation serves (`damage_of`)."""
-        if isinstance(e, CorruptStore):
+        batch's, or an image search's): /readyz says so while that generation serves (`damage_of`). Damage met on a
+        generation a reload has replaced is not recorded: an image search finishing late on it would overwrite the
+        serving one's."""
+        if isinstance(e, CorruptStore) and loaded is self._current():
             self._damage = (_reference(loaded), first_line(e))
 
     def _shared(self, e: BaseException, loaded) -> bool:

@@ -14,10 +14,12 @@ import weakref
 
 import httpx
 import pytest
-from standin_service import StandInHolder, StandInRetriever, StandInTower, serving, settings, standin_index
+from standin_service import Generation, StandInHolder, StandInRetriever, StandInTower, serving, settings, standin_index
 
 from cfir_jax.api.index import Index
 from cfir_jax.retrieve.pipeline import DocumentInput
+from cfir_jax.serve.batcher import MicroBatcher
+from cfir_jax.serve.metrics import Metrics
 from cfir_jax.serve.middleware import RequestGuard
 from cfir_jax.serve.service import Service
 from cfir_jax.stores.integrity import CorruptStore
@@ -222,6 +224,19 @@ def test_damage_an_image_search_meets_makes_readyz_503(monkeypatch):
             ready = client.get("/readyz")
         assert answer.status_code == 503 and answer.json()["error"] == DAMAGE
         assert ready.status_code == 503 and ready.json()["reason"] == DAMAGE
+
+
+def test_damage_met_late_on_a_replaced_generation_leaves_the_serving_one_s():
+    """An image search still running on the old index (the image threads run beside the batches) ended after a
+    reload and a batch had recorded the new index's damage: it overwrote that record, /readyz 200 (review)."""
+    old, new = Generation(), Generation()
+    serving_now = [old]
+    batcher = MicroBatcher(lambda: serving_now[0], 8, 0.0, 64, Metrics())
+    serving_now[0] = new  # a reload
+    batcher.record_damage(CorruptStore("W/new: checksum mismatch"), new)
+    batcher.record_damage(CorruptStore("W/old: checksum mismatch"), old)  # the late image search's
+    batcher.stop(5)
+    assert batcher.damage_of(new) == "W/new: checksum mismatch" and batcher.damage_of(old) == ""
 
 
 def test_a_worker_thread_that_is_gone_is_readyz_s_503():
