@@ -202,7 +202,6 @@ def _error_handlers(app: FastAPI) -> None:
         return _answer(ClientGone())
 
 
-
 def _internal(method: str, path: str, exc: BaseException) -> Response:
     """An error no table knows: logged with its traceback and an id, answered 500 with that id."""
     error_id = uuid.uuid4().hex[:12]
